@@ -1,0 +1,143 @@
+# tulip — one Makefile for everything. `make help` lists the targets.
+#
+# Builds live under build/<variant>/: cpu (backend compiled out, -DTL_NO_CUDA), cuda (CPU + CUDA
+# backends; needs nvcc), asan (cpu with AddressSanitizer + UBSan). build/tulip is the best build
+# this machine can make: cuda when nvcc is found, cpu otherwise.
+
+MAKEFLAGS += -r
+CC        ?= cc
+NVCC      ?= nvcc
+CUDA_ARCH ?= sm_90a
+CUDA_ARCH_NUM := $(subst sm_,,$(CUDA_ARCH))
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+CUDA      ?= $(HAVE_NVCC)
+CUDA_HOME ?= $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))..)
+
+PKGS     := libmicrohttpd jansson libpcre2-8 libutf8proc
+PKG_CFL  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc)
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+CFLAGS  ?= -O2 -g
+CFL     := -std=c11 $(CFLAGS) -D_GNU_SOURCE -Iinclude -Isrc -Itests -MMD -MP -pthread $(WARN) $(PKG_CFL) $(EXTRA_CFLAGS)
+LDLIBS  := $(PKG_LIBS) -lm -pthread
+NVFLAGS := -O3 -lineinfo -g -std=c++17 -gencode arch=compute_$(CUDA_ARCH_NUM),code=$(CUDA_ARCH) \
+           -Iinclude -Isrc -Xcompiler -Wall,-Wno-unused-parameter -MMD -MP
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++
+
+LIB_SRC  := $(wildcard src/common/*.c src/model/*.c src/tokenizer/*.c src/cpu/*.c src/engine/*.c src/server/*.c)
+CLI_SRC  := $(wildcard src/cli/*.c)
+CU_SRC   := $(wildcard src/cuda/*.cu)
+TEST_SRC := $(wildcard tests/cpu/test_*.c)
+GTEST_SRC := $(wildcard tests/gpu/test_*.c)
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+
+objs = $(patsubst %.c,build/$(1)/%.o,$(2))
+
+CPU_LIB  := $(call objs,cpu,$(LIB_SRC))
+ASAN_LIB := $(call objs,asan,$(LIB_SRC))
+CUDA_LIB := $(call objs,cuda,$(LIB_SRC)) $(patsubst %.cu,build/cuda/%.o,$(CU_SRC))
+
+CPU_TESTS  := $(patsubst tests/cpu/%.c,build/cpu/tests/%,$(TEST_SRC))
+ASAN_TESTS := $(patsubst tests/cpu/%.c,build/asan/tests/%,$(TEST_SRC))
+GPU_TESTS  := $(patsubst tests/gpu/%.c,build/cuda/tests/%,$(GTEST_SRC))
+FUZZERS    := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
+
+ifeq ($(CUDA),1)
+BEST := build/cuda/tulip
+else
+BEST := build/cpu/tulip
+endif
+
+.PHONY: all help cpu cuda asan tests test test-c test-py test-gpu fuzz format format-check clean demo
+.DEFAULT_GOAL := all
+
+all: build/tulip
+
+help:
+	@echo "make            build build/tulip (CUDA backend if nvcc is found, else CPU only)"
+	@echo "make cpu        CPU-only build: build/cpu/tulip"
+	@echo "make cuda       CPU + CUDA build: build/cuda/tulip (CUDA_ARCH=$(CUDA_ARCH))"
+	@echo "make demo       build and run the bundled tiny demo model"
+	@echo "make test       CPU tests (C, ASan+UBSan, fuzz smoke, Python references); ends with 'N passed, N failed'"
+	@echo "make test-gpu   GPU tests (on a machine with an NVIDIA GPU)"
+	@echo "make fuzz       libFuzzer targets (clang); FUZZ_TIME=seconds per target"
+	@echo "make format / format-check"
+	@echo "make clean"
+
+build/tulip: $(BEST)
+	@ln -sf $(notdir $(patsubst build/%,%,$(dir $(BEST))))/tulip $@
+
+cpu: build/cpu/tulip
+cuda: build/cuda/tulip
+asan: build/asan/tulip $(ASAN_TESTS)
+tests: $(CPU_TESTS) $(ASAN_TESTS) build/cpu/tulip build/asan/tulip
+
+# ---- compile rules per variant ----
+build/cpu/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -DTL_NO_CUDA -c $< -o $@
+build/asan/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -DTL_NO_CUDA -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -c $< -o $@
+build/cuda/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -c $< -o $@
+build/cuda/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# ---- binaries ----
+build/cpu/tulip: $(CPU_LIB) $(call objs,cpu,$(CLI_SRC))
+	$(CC) $(CFL) $^ -o $@ $(LDLIBS)
+build/asan/tulip: $(ASAN_LIB) $(call objs,asan,$(CLI_SRC))
+	$(CC) $(CFL) -fsanitize=address,undefined $^ -o $@ $(LDLIBS)
+build/cuda/tulip: $(CUDA_LIB) $(call objs,cuda,$(CLI_SRC))
+	$(CC) $(CFL) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
+build/cpu/tests/%: build/cpu/tests/cpu/%.o $(CPU_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) $^ -o $@ $(LDLIBS)
+build/asan/tests/%: build/asan/tests/cpu/%.o $(ASAN_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -fsanitize=address,undefined $^ -o $@ $(LDLIBS)
+build/cuda/tests/%: build/cuda/tests/gpu/%.o $(CUDA_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
+# libFuzzer targets: clang, the library sources compiled in with the fuzzer's sanitizers.
+FUZZ_CFL := $(filter-out -MMD -MP,$(CFL)) -DTL_NO_CUDA -DTL_FUZZING -O1 -g -fsanitize=fuzzer,address,undefined
+build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFL) $^ -o $@ $(LDLIBS)
+
+# ---- tests ----
+test: tests
+	@bash tests/run.sh
+
+test-gpu: $(GPU_TESTS) build/cuda/tulip
+	@bash tests/run.sh --gpu
+
+fuzz: $(FUZZERS)
+	@for f in $(FUZZERS); do echo "== $$f"; $$f -max_total_time=$${FUZZ_TIME:-60} tests/fuzz/corpus/$$(basename $$f) || exit 1; done
+
+demo: build/tulip
+	./build/tulip run --model tests/data/tiny-a --allow-test-shape --prompt-ids 1,2,3,4 -n 16 --temperature 0 --print-ids
+
+format:
+	clang-format -i $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+format-check:
+	clang-format --dry-run --Werror $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)
+
+# Python virtualenv for the reference tests (pinned in requirements-test.txt).
+.PHONY: venv
+venv: .venv/bin/python
+.venv/bin/python: requirements-test.txt
+	python3 -m venv .venv
+	.venv/bin/pip install -q --disable-pip-version-check -r requirements-test.txt
+	@touch $@

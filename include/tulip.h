@@ -1,0 +1,108 @@
+/* tulip public API: a loaded model (tl_engine), one sequence's state (tl_session), the batched
+ * forward+sample step the scheduler drives, and status codes.
+ *
+ * Threading: an engine and its sessions are owned by one thread (the engine thread). Nothing
+ * here is safe to call concurrently on the same engine. Errors: 0 = success, negative tl_status
+ * = failure; functions that can fail for a caller-visible reason take (char *err, size_t errlen). */
+#ifndef TULIP_H
+#define TULIP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum tl_status {
+    TL_OK = 0,
+    TL_ERR_INVALID = -1,
+    TL_ERR_NOMEM = -2,
+    TL_ERR_IO = -3,
+    TL_ERR_FORMAT = -4,
+    TL_ERR_UNSUPPORTED = -5,
+    TL_ERR_CONTEXT_FULL = -6,
+    TL_ERR_BUSY = -7,
+    TL_ERR_CANCELLED = -8,
+    TL_ERR_CUDA = -9,
+    TL_ERR_DEVICE_LOST = -10,
+    TL_ERR_INTERNAL = -11,
+} tl_status;
+
+const char *tl_status_str(int st);
+
+typedef struct tl_engine tl_engine;
+typedef struct tl_session tl_session;
+struct tl_config;
+
+typedef enum tl_backend {
+    TL_BACKEND_AUTO = 0, /* CUDA when compiled in and a GPU is present, else CPU */
+    TL_BACKEND_CPU = 1,
+    TL_BACKEND_CUDA = 2,
+} tl_backend;
+
+typedef struct tl_engine_params {
+    const char *model_path; /* checkpoint directory (config.json + *.safetensors) */
+    tl_backend backend;
+    int allow_test_shape;   /* accept dimensions other than the production model's */
+    int n_threads;          /* CPU backend threads; 0 = all cores */
+    int max_seqs;           /* live sessions at once (state slots); 0 = default (16) */
+    int max_ctx;            /* tokens per session; 0 = default (min(model max, 32768)) */
+    int random_weights;     /* bench: build a full-size model from `seed`, no checkpoint */
+    uint64_t seed;
+    int weight_bits;        /* random weights: 16 (bf16) or 4 (affine g64) */
+} tl_engine_params;
+
+/* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.
+ * On failure *out is NULL and err names the file, tensor and field at fault. */
+int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t errlen);
+void tl_engine_close(tl_engine *e);
+const struct tl_config *tl_engine_config(const tl_engine *e);
+tl_backend tl_engine_backend(const tl_engine *e);
+int tl_engine_max_ctx(const tl_engine *e);
+int tl_engine_max_seqs(const tl_engine *e);
+
+/* A session is one sequence: its KV cache, conv state and recurrent state, and the tokens it
+ * has consumed. Opening one takes a state slot: TL_ERR_BUSY when all are taken. */
+int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen);
+void tl_session_close(tl_session *s);
+int tl_session_n_past(const tl_session *s); /* tokens consumed so far */
+void tl_session_reset(tl_session *s);       /* back to an empty sequence */
+
+/* Sampling parameters for one step. temperature <= 0 means greedy (argmax). */
+typedef struct tl_sample_params {
+    float temperature;
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float presence_penalty;   /* OpenAI: over tokens generated so far */
+    float frequency_penalty;  /* OpenAI: over tokens generated so far */
+    float repetition_penalty; /* HF/vLLM: over prompt and generated tokens; 1 = off */
+    uint64_t seed;            /* RNG stream of this sequence, seeded at its first sample */
+    int n_logprobs;           /* top logprobs to return, 0..TL_MAX_LOGPROBS */
+} tl_sample_params;
+
+#define TL_MAX_LOGPROBS 20
+
+typedef struct tl_sample_out {
+    int32_t token;
+    float logprob; /* log-softmax of the chosen token under the unmodified logits */
+    int n_top;
+    int32_t top_ids[TL_MAX_LOGPROBS];
+    float top_logprobs[TL_MAX_LOGPROBS];
+} tl_sample_out;
+
+/* One sequence's part of a batched step: append n_tok tokens to sess (a prefill chunk, or one
+ * decode token), then, if sample is non-NULL, sample the next token from the logits of the last
+ * one into *out, and, if logits is non-NULL, copy those logits ([n_vocab] f32) there.
+ * Generated tokens are not fed back automatically: the next step passes them in `tokens`. */
+typedef struct tl_batch_entry {
+    tl_session *sess;
+    const int32_t *tokens;
+    int n_tok;
+    const tl_sample_params *sample;
+    tl_sample_out *out;
+    float *logits;
+} tl_batch_entry;
+
+/* Runs one forward over all entries (each session at most once per call). On
+ * TL_ERR_CONTEXT_FULL no session was changed. */
+int tl_engine_step(tl_engine *e, tl_batch_entry *entries, int n, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,44 @@
+/* Small helpers shared by every subsystem: allocation that dies on OOM (bookkeeping only,
+ * never request-sized buffers), always-on asserts, timers, file reading. */
+#ifndef TL_UTIL_H
+#define TL_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TL_ASSERT(c)                                                                              \
+    do {                                                                                          \
+        if (!(c)) tl_assert_fail(__FILE__, __LINE__, #c);                                         \
+    } while (0)
+#ifdef TL_DEBUG
+#define TL_DASSERT(c) TL_ASSERT(c)
+#else
+#define TL_DASSERT(c) ((void)0)
+#endif
+#define TL_MIN(a, b)      ((a) < (b) ? (a) : (b))
+#define TL_MAX(a, b)      ((a) > (b) ? (a) : (b))
+#define TL_CEIL_DIV(a, b) (((a) + (b)-1) / (b))
+
+void tl_assert_fail(const char *file, int line, const char *expr) __attribute__((noreturn));
+void tl_die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+/* Monotonic clock in seconds. */
+double tl_time_s(void);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer. Returns 0 or a negative tl_status. */
+int tl_read_file(const char *path, char **out, size_t *len, char *err, size_t errlen);
+
+/* Number of online CPUs (at least 1). */
+int tl_n_cpus(void);
+
+/* bf16 / f16 <-> f32 (round to nearest even for f32 -> bf16). */
+float tl_bf16_to_f32(uint16_t h);
+uint16_t tl_f32_to_bf16(float f);
+float tl_f16_to_f32(uint16_t h);
+
+#endif
