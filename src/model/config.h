@@ -36,6 +36,8 @@ typedef struct tl_config {
     int mtp_n_layer;  /* mtp_num_hidden_layers (0 if absent) */
     int eos_ids[4];   /* stop ids: <|im_end|> and <|endoftext|> when known */
     int n_eos;
+    int quant_bits;   /* MLX "quantization".bits: 4 or 8 (0 = not quantized) */
+    int quant_group;  /* MLX "quantization".group_size */
     tl_layer_kind layer_kind[TL_MAX_LAYERS];
 } tl_config;
 

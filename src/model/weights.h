@@ -32,7 +32,7 @@ typedef enum tl_dtype {
 size_t tl_dtype_size(tl_dtype t);
 const char *tl_dtype_name(tl_dtype t);
 
-#define TL_MAX_DIMS 4
+#define TL_MAX_DIMS 8 /* safetensors allows any rank; vision conv weights are 5-D */
 
 /* One tensor as stored in a file (data points into the mapping). */
 typedef struct tl_tensor {
@@ -121,6 +121,8 @@ int tl_model_open(tl_model **out, const char *dir, char *err, size_t errlen);
 void tl_model_close(tl_model *m);
 /* Looks a tensor up by its name in the file (NULL if absent). */
 const tl_tensor *tl_model_find(const tl_model *m, const char *name);
+/* Path of the file holding t (an entry of m->tensors). */
+const char *tl_model_tensor_file(const tl_model *m, const tl_tensor *t);
 
 /* Element r of row-major float data of a dtype (F32/F16/BF16). */
 float tl_load_elem(const void *data, tl_dtype t, size_t i);
