@@ -31,15 +31,15 @@ typedef struct tl_engine tl_engine;
 typedef struct tl_session tl_session;
 struct tl_config;
 
-typedef enum tl_backend {
+typedef enum tl_backend_kind {
     TL_BACKEND_AUTO = 0, /* CUDA when compiled in and a GPU is present, else CPU */
     TL_BACKEND_CPU = 1,
     TL_BACKEND_CUDA = 2,
-} tl_backend;
+} tl_backend_kind;
 
 typedef struct tl_engine_params {
     const char *model_path; /* checkpoint directory (config.json + *.safetensors) */
-    tl_backend backend;
+    tl_backend_kind backend;
     int allow_test_shape;   /* accept dimensions other than the production model's */
     int n_threads;          /* CPU backend threads; 0 = all cores */
     int max_seqs;           /* live sessions at once (state slots); 0 = default (16) */
@@ -54,7 +54,7 @@ typedef struct tl_engine_params {
 int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t errlen);
 void tl_engine_close(tl_engine *e);
 const struct tl_config *tl_engine_config(const tl_engine *e);
-tl_backend tl_engine_backend(const tl_engine *e);
+tl_backend_kind tl_engine_backend(const tl_engine *e);
 int tl_engine_max_ctx(const tl_engine *e);
 int tl_engine_max_seqs(const tl_engine *e);
 
