@@ -1,0 +1,56 @@
+/* The Qwen3.6 chat template (../shared/data/qwen3.6-chat-template.jinja, MODEL.md 4.4) written
+ * out in C: OpenAI-style messages (+ tools) -> the prompt text, byte-identical to what Hugging
+ * Face's apply_chat_template renders with jinja2 (ImmutableSandboxedEnvironment, trim_blocks,
+ * lstrip_blocks, tojson = json.dumps(ensure_ascii=False)). tests/py/test_chat.py compares the
+ * two over a generated + hand-written corpus.
+ *
+ * One deliberate pre-processing step, the one servers (vLLM) do before applying the template:
+ * a tool call whose "arguments" is a JSON string is parsed into the object it encodes (the
+ * template iterates arguments|items, which fails on a string). A string that is not valid
+ * JSON is an error.
+ *
+ * Also here, because the parser (parse.c) writes arguments the same way: Python's
+ * json.dumps(value, ensure_ascii=False) with its default separators (", ", ": ").
+ */
+#ifndef TL_TOKENIZER_CHAT_H
+#define TL_TOKENIZER_CHAT_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+typedef struct tl_chat_opts {
+    int enable_thinking;       /* 1 (default); 0 = the template's enable_thinking=false */
+    int preserve_thinking;     /* 0 (default); 1 = keep <think> blocks of every assistant turn */
+    int add_generation_prompt; /* 1 (default): end with "<|im_start|>assistant\n<think>\n" */
+} tl_chat_opts;
+
+void tl_chat_opts_default(tl_chat_opts *o);
+
+/* Renders messages (a JSON array of message objects) and tools (NULL when the request has
+ * none; otherwise what the template receives as `tools`). On success *out is a malloc'd
+ * NUL-terminated string of *out_len bytes (it may contain NUL bytes if the messages do).
+ * Errors: TL_ERR_INVALID with err = the template's own message where the template raises one
+ * ("No user query found in messages.", "System message must be at the beginning.",
+ * "Unexpected message role.", ...), or a description of the type error jinja2 would raise;
+ * *out is NULL then. */
+int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,
+                   size_t *out_len, char *err, size_t errlen);
+
+/* Growable byte string (NUL-terminated after every append). */
+typedef struct tl_chat_buf {
+    char *s;
+    size_t len, cap;
+} tl_chat_buf;
+
+void tl_chat_buf_put(tl_chat_buf *b, const char *s, size_t n);
+void tl_chat_buf_puts(tl_chat_buf *b, const char *s);
+
+/* Appends Python's json.dumps(v, ensure_ascii=False) of a jansson value. */
+void tl_chat_json_dump(tl_chat_buf *b, const json_t *v);
+/* Appends the body of a JSON string literal (no quotes) as json.dumps escapes it: \" \\ \b \f
+ * \n \r \t, other bytes < 0x20 as \u00XX, everything else verbatim. */
+void tl_chat_json_escape(tl_chat_buf *b, const char *s, size_t n);
+/* Appends Python's repr() of a finite double (shortest round-trip digits, "1e+16", "0.0001"). */
+void tl_chat_py_float(tl_chat_buf *b, double x);
+
+#endif
