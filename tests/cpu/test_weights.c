@@ -297,8 +297,22 @@ static void test_fixtures(void) {
         CHECK(tl_model_find(m, "model.visual.patch_embed.proj.weight") == NULL);
         /* generation_config.json adds its eos list to config's */
         CHECK(m->cfg.n_eos >= 2);
+        const tl_tensor *nw = tl_model_find(m, "model.language_model.norm.weight");
+        CHECK(nw != NULL);
+        for (int j = 0; nw && j < m->cfg.n_embd; j++)
+            CHECK(m->out_norm[j] == 1.0f + tl_load_elem(nw->data, nw->dtype, (size_t)j));
         for (int il = 0; il < m->cfg.n_layer; il++) {
             const tl_layer *L = &m->layers[il];
+            char n[256];
+            int ff = m->cfg.n_ff_expert, d = m->cfg.n_embd;
+            snprintf(n, sizeof n, "model.language_model.layers.%d.mlp.experts.gate_up_proj", il);
+            const tl_tensor *gu = tl_model_find(m, n);
+            snprintf(n, sizeof n, "model.language_model.layers.%d.mlp.experts.1.up_proj.weight", il);
+            const tl_tensor *up1 = tl_model_find(m, n);
+            CHECK(gu || up1);
+            if (gu) /* expert 1's up half starts at row 2ff + ff of the fused tensor */
+                CHECK((const char *)L->exp_up[1].w == (const char *)gu->data + (size_t)(3 * ff) * d * 2);
+            if (up1) CHECK(L->exp_up[1].w == up1->data);
             CHECK(L->exp_gate && L->exp_up && L->exp_down);
             CHECK(L->attn_norm && L->ffn_norm);
             if (L->kind == TL_LAYER_GDN) CHECK(L->gdn_a_neg[0] < 0);
