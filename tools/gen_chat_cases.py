@@ -8,6 +8,11 @@ conversations from a fixed seed, so the file is reproducible:
 
     python3 tools/gen_chat_cases.py            # rewrites tests/data/chat/cases.jsonl
     python3 tools/gen_chat_cases.py --check    # exits 1 if the committed file differs
+
+It also writes tests/data/chat/expected.jsonl for tests/cpu/test_chat.c: the Jinja reference's
+render (tests/py/chat_ref.py, needs jinja2: run it with .venv/bin/python) of the hand-written
+cases and the first N_EXPECTED_RANDOM random ones, one {"name", "prompt"} or {"name", "error"}
+line each ("error" is the template's message, or null where jinja2 fails with a type error).
 """
 import json
 import os
@@ -18,6 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "data", "chat", "cases.jsonl")
 SEED = 20261202
 N_RANDOM = 320
+N_EXPECTED_RANDOM = 60
+EXPECTED = os.path.join(HERE, "..", "tests", "data", "chat", "expected.jsonl")
 
 # ---------------------------------------------------------------------------------- tools
 
@@ -302,12 +309,32 @@ def render_lines():
     return "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in all_cases())
 
 
+def expected_lines():
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "py"))
+    import chat_ref
+    tmpl = chat_ref.load_template()
+    n_hand = len(hand_cases())
+    lines = []
+    for c in all_cases()[:n_hand + N_EXPECTED_RANDOM]:
+        kind, out = chat_ref.render(tmpl, c)
+        rec = {"name": c["name"]}
+        if kind == "ok":
+            rec["prompt"] = out
+        else:
+            rec["error"] = out if kind == "raise" else None
+        lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+    return "".join(lines)
+
+
 if __name__ == "__main__":
-    text = render_lines()
+    text, expected = render_lines(), expected_lines()
     if "--check" in sys.argv:
-        with open(OUT, encoding="utf-8") as f:
-            sys.exit(0 if f.read() == text else 1)
+        with open(OUT, encoding="utf-8") as f, open(EXPECTED, encoding="utf-8") as g:
+            sys.exit(0 if f.read() == text and g.read() == expected else 1)
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w", encoding="utf-8") as f:
         f.write(text)
-    print("wrote %d cases to %s" % (len(all_cases()), os.path.relpath(OUT)))
+    with open(EXPECTED, "w", encoding="utf-8") as f:
+        f.write(expected)
+    print("wrote %d cases to %s, %d expected renders to %s" % (len(all_cases()), os.path.relpath(OUT),
+                                                              expected.count("\n"), os.path.relpath(EXPECTED)))

@@ -44,6 +44,9 @@ def test_corpus_is_reproducible():
     import gen_chat_cases
     with open(CASES, encoding="utf-8") as f:
         assert f.read() == gen_chat_cases.render_lines()
+    # tests/cpu/test_chat.c's expected renders are the current jinja2 reference's
+    with open(gen_chat_cases.EXPECTED, encoding="utf-8") as f:
+        assert f.read() == gen_chat_cases.expected_lines()
 
 
 def test_corpus_matches_jinja(template):

@@ -1,0 +1,191 @@
+/* Chat template (src/tokenizer/chat.c) against renders of the Jinja reference: the expected
+ * strings in tests/data/chat/expected.jsonl come from jinja2 set up as Hugging Face does
+ * (tools/gen_chat_cases.py + tests/py/chat_ref.py), for the hand-written edge cases and the
+ * first random conversations of tests/data/chat/cases.jsonl. The full corpus is compared by
+ * tests/py/test_chat.py; this binary runs the same code under ASan+UBSan. The Python-format
+ * expectations (float repr, json.dumps) below were printed by CPython 3.11. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include "t_check.h"
+#include "tokenizer/chat.h"
+#include "tulip.h"
+
+#define CASES    "tests/data/chat/cases.jsonl"
+#define EXPECTED "tests/data/chat/expected.jsonl"
+
+static json_t *load_lines(const char *path) {
+    FILE *f = fopen(path, "rb");
+    json_t *arr = json_array();
+    if (!f) {
+        fprintf(stderr, "cannot open %s (run from the repository root)\n", path);
+        return arr;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        json_error_t je;
+        json_t *v = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, &je);
+        if (v) json_array_append_new(arr, v);
+        else fprintf(stderr, "%s: %s\n", path, je.text);
+    }
+    free(line);
+    fclose(f);
+    return arr;
+}
+
+static int opt(const json_t *c, const char *k, int def) {
+    const json_t *v = json_object_get(c, k);
+    return v ? json_is_true(v) : def;
+}
+
+static void test_corpus_expected(void) {
+    json_t *cases = load_lines(CASES), *exp = load_lines(EXPECTED);
+    CHECK(json_array_size(cases) >= 100);
+    CHECK(json_array_size(exp) >= 100);
+    size_t n_same = 0;
+    for (size_t i = 0; i < json_array_size(exp); i++) {
+        const json_t *e = json_array_get(exp, i), *c = NULL;
+        const char *name = json_string_value(json_object_get(e, "name"));
+        for (size_t j = 0; j < json_array_size(cases) && !c; j++)
+            if (!strcmp(json_string_value(json_object_get(json_array_get(cases, j), "name")), name))
+                c = json_array_get(cases, j);
+        CHECK(c != NULL);
+        if (!c) continue;
+        tl_chat_opts o;
+        tl_chat_opts_default(&o);
+        o.enable_thinking = opt(c, "enable_thinking", 1);
+        o.preserve_thinking = opt(c, "preserve_thinking", 0);
+        o.add_generation_prompt = opt(c, "add_generation_prompt", 1);
+        char *out = NULL, err[512] = "";
+        size_t len = 0;
+        int st = tl_chat_render(json_object_get(c, "messages"), json_object_get(c, "tools"), &o, &out, &len,
+                                err, sizeof err);
+        const json_t *want = json_object_get(e, "prompt");
+        int same;
+        if (want) {
+            same = st == 0 && len == json_string_length(want) && !memcmp(out, json_string_value(want), len);
+        } else {
+            const json_t *msg = json_object_get(e, "error");
+            same = st == TL_ERR_INVALID && out == NULL && (json_is_null(msg) || !strcmp(err, json_string_value(msg)));
+        }
+        if (!same) fprintf(stderr, "case %s differs: st=%d err=%s\n", name, st, err);
+        n_same += same;
+        free(out);
+    }
+    CHECK_EQ_INT(n_same, json_array_size(exp));
+    printf("# %zu cases identical to the jinja2 reference\n", n_same);
+    json_decref(cases);
+    json_decref(exp);
+}
+
+static char *render(const char *msgs_json, const char *tools_json, int think, int preserve, int gen, int *st,
+                    char *err, size_t errlen) {
+    json_t *m = json_loads(msgs_json, 0, NULL), *t = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
+    tl_chat_opts o = {think, preserve, gen};
+    char *out = NULL;
+    *st = tl_chat_render(m, t, &o, &out, NULL, err, errlen);
+    json_decref(m);
+    json_decref(t);
+    return out;
+}
+
+/* Small cases written out by hand from the template text. */
+static void test_shapes(void) {
+    char err[256];
+    int st;
+    char *s = render("[{\"role\":\"user\",\"content\":\" Hi \"}]", NULL, 1, 0, 1, &st, err, sizeof err);
+    CHECK_STR(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    free(s);
+    s = render("[{\"role\":\"user\",\"content\":\"Hi\"}]", NULL, 0, 0, 1, &st, err, sizeof err);
+    CHECK_STR(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(s);
+    s = render("[{\"role\":\"user\",\"content\":\"Hi\"}]", NULL, 1, 0, 0, &st, err, sizeof err);
+    CHECK_STR(s, "<|im_start|>user\nHi<|im_end|>\n");
+    free(s);
+    /* history before the last query loses its reasoning; after it keeps it */
+    s = render("[{\"role\":\"user\",\"content\":\"q1\"},{\"role\":\"assistant\",\"content\":\"a1\","
+               "\"reasoning_content\":\"r1\"},{\"role\":\"user\",\"content\":\"q2\"},{\"role\":\"assistant\","
+               "\"content\":\"<think>r2</think>a2\"}]",
+               NULL, 1, 0, 0, &st, err, sizeof err);
+    CHECK_STR(s, "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2"
+                 "<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n");
+    free(s);
+    /* tool call with a JSON-string argument object; tool results merged into one user turn */
+    s = render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
+               "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1, \\\"b\\\": \\\"x\\\"}\"}}]},"
+               "{\"role\":\"tool\",\"content\":\"r1\"},{\"role\":\"tool\",\"content\":\"r2\"}]",
+               NULL, 1, 0, 0, &st, err, sizeof err);
+    CHECK_STR(s, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"
+                 "<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\nx\n</parameter>\n</function>\n"
+                 "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n"
+                 "<tool_response>\nr2\n</tool_response><|im_end|>\n");
+    free(s);
+}
+
+static void test_errors(void) {
+    char err[256];
+    int st;
+    char *s = render("[]", NULL, 1, 0, 1, &st, err, sizeof err);
+    CHECK(s == NULL);
+    CHECK_EQ_INT(st, TL_ERR_INVALID);
+    CHECK_STR(err, "No messages provided.");
+    s = render("[{\"role\":\"assistant\",\"content\":\"x\"}]", NULL, 1, 0, 1, &st, err, sizeof err);
+    CHECK_STR(err, "No user query found in messages.");
+    s = render("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\",\"content\":\"s\"}]", NULL, 1, 0, 1, &st,
+               err, sizeof err);
+    CHECK_STR(err, "System message must be at the beginning.");
+    s = render("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"bot\",\"content\":\"s\"}]", NULL, 1, 0, 1, &st,
+               err, sizeof err);
+    CHECK_STR(err, "Unexpected message role.");
+    s = render("[{\"role\":\"system\",\"content\":[{\"type\":\"image\"}]},{\"role\":\"user\",\"content\":\"x\"}]",
+               NULL, 1, 0, 1, &st, err, sizeof err);
+    CHECK_STR(err, "System message cannot contain images.");
+    CHECK(s == NULL);
+    char *out = (char *)1;
+    st = tl_chat_render(NULL, NULL, NULL, &out, NULL, err, sizeof err);
+    CHECK_EQ_INT(st, TL_ERR_INVALID);
+    CHECK(out == NULL);
+}
+
+static void check_float(double x, const char *want) {
+    tl_chat_buf b = {0};
+    tl_chat_py_float(&b, x);
+    CHECK_STR(b.s, want);
+    free(b.s);
+}
+
+static void test_python_formats(void) {
+    check_float(1e16, "1e+16");
+    check_float(1e15, "1000000000000000.0");
+    check_float(0.0001, "0.0001");
+    check_float(0.00001, "1e-05");
+    check_float(1.5, "1.5");
+    check_float(-0.0, "-0.0");
+    check_float(0.1, "0.1");
+    check_float(1.0 / 3, "0.3333333333333333");
+    check_float(5e-324, "5e-324");
+    check_float(1.7976931348623157e308, "1.7976931348623157e+308");
+    check_float(123456789012345678.0, "1.2345678901234568e+17");
+    check_float(2.5e-5, "2.5e-05");
+    check_float(100.0, "100.0");
+    check_float(1e22, "1e+22");
+    check_float(0.1 + 0.2, "0.30000000000000004");
+    check_float(-1.25e-10, "-1.25e-10");
+    json_t *v = json_loads("{\"a\":[1,\"x\\\"\\\\\\n\\t\\u0001\\u007f\\u00fc\",null,true,{}],\"b\":{},\"c\":[]}", 0,
+                           NULL);
+    tl_chat_buf b = {0};
+    tl_chat_json_dump(&b, v);
+    CHECK_STR(b.s, "{\"a\": [1, \"x\\\"\\\\\\n\\t\\u0001\x7f\xc3\xbc\", null, true, {}], \"b\": {}, \"c\": []}");
+    free(b.s);
+    json_decref(v);
+}
+
+int main(void) {
+    T_RUN(test_corpus_expected);
+    T_RUN(test_shapes);
+    T_RUN(test_errors);
+    T_RUN(test_python_formats);
+    return t_summary();
+}
