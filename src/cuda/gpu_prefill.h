@@ -76,25 +76,25 @@ int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const voi
                 int flags, void *stream);
 
 /* ====== MoE prefill (grouped GEMM over the 256 experts). ======
- * 1. tl_gpu_moe_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
- *    top-k ids [n_tok, 8] (i32). plan (i32, tl_gpu_moe_plan_ints(n_tok) entries) holds
+ * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
+ *    top-k ids [n_tok, 8] (i32). plan (i32, tl_gpu_moe_pf_plan_ints(n_tok) entries) holds
  *    expert offsets, tile offsets and the assignment list; its contents are private.
- * 2. tl_gpu_moe_gate_up: h[n_tok*8, F] bf16 = silu(x W_g^T) * (x W_u^T) per assignment, rows in
+ * 2. tl_gpu_moe_pf_gate_up: h[n_tok*8, F] bf16 = silu(x W_g^T) * (x W_u^T) per assignment, rows in
  *    plan order. w describes ONE expert (rows 2F interleaved, cols TL_N_EMBD); the 256 experts
  *    lie contiguously after it (stride = one expert's bytes of w and of sb).
- * 3. tl_gpu_moe_down: yslot[n_tok*8, cols_out] bf16, row tok*8+slot = h_row W_d^T (w: one
+ * 3. tl_gpu_moe_pf_down: yslot[n_tok*8, cols_out] bf16, row tok*8+slot = h_row W_d^T (w: one
  *    expert [TL_N_EMBD, F], experts contiguous as above).
- * 4. tl_gpu_moe_combine: out[t] = res[t] + sum_s wts[t,s] * yslot[t*8+s]
+ * 4. tl_gpu_moe_pf_combine: out[t] = res[t] + sum_s wts[t,s] * yslot[t*8+s]
  *                                 + sigmoid(sh_logit[t]) * shared[t]   (if shared != NULL)
  *    out/res bf16, or f32 with TL_GEMM_OUT_F32; res may be out or NULL; shared bf16 [n_tok,
  *    TL_N_EMBD]; wts f32 [n_tok, 8]; sh_logit f32 [n_tok]. Sums in slot order (deterministic). */
-size_t tl_gpu_moe_plan_ints(int n_tok);
-int tl_gpu_moe_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream);
-int tl_gpu_moe_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
+size_t tl_gpu_moe_pf_plan_ints(int n_tok);
+int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream);
+int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
                        const int32_t *plan, int n_tok, void *stream);
-int tl_gpu_moe_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
+int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
                     const int32_t *plan, int n_tok, void *stream);
-int tl_gpu_moe_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
+int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
                        const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
                        void *stream);
 

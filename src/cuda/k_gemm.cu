@@ -1,0 +1,548 @@
+/* Prefill GEMMs on the tensor cores: Y[n, rows] = X[n, cols] W^T with X bf16 activations and W
+ * either BF16 or 4-bit affine g64 (dequantized in the main loop), fp32 accumulation, bf16 or f32
+ * output and fused epilogues (residual add, SwiGLU). The same kernel runs the MoE grouped GEMMs
+ * (rows gathered by expert from a routing plan). Also owns the 4-bit repack from the MLX layout
+ * and the MoE plan / combine kernels. Launches only: never allocates, never synchronises.
+ * Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked at entry). */
+#include "cuda/gpu_prefill.h"
+#include "cuda/k_prefill_common.cuh"
+
+/* ====== Tiling. ======
+ * Block tile 128 (tokens) x 128 (weight rows) x 64 (k), 8 warps as 2 (M) x 4 (N), warp tile
+ * 64 x 32 = 4 x 4 mma.sync m16n8k16. A and bf16 B tiles live in shared memory with rows padded
+ * to 72 elements (144 B: the 8 row addresses of an ldmatrix hit 8 distinct 16-byte bank groups).
+ * note: 4-bit B tiles stay packed in shared memory (4 KB per stage instead of 16 KB) and each
+ * thread dequantizes its own B fragments into registers right before the mma (gpu_prefill.h
+ * describes the nibble order that makes this one 32-bit load per fragment pair). */
+#define GM_BM      128
+#define GM_BN      128
+#define GM_BK      64
+#define GM_LDS     72
+#define GM_THREADS 256
+
+enum { GM_DENSE = 0, GM_MOE_GATHER = 1, GM_MOE_SCATTER = 2 };
+
+typedef struct gemm_args {
+    const uint16_t *x; /* A rows, row stride K */
+    const uint8_t *w;  /* bf16 [N, K] or q4 words */
+    const uint32_t *sb;
+    void *y;
+    const void *res;
+    int M, N, K;
+    int ldy; /* elements per output row */
+    int flags;
+    int mode;             /* GM_DENSE / GM_MOE_GATHER / GM_MOE_SCATTER */
+    const int32_t *plan;  /* moe: offsets[257], tile_start[257], perm[M] */
+    long long w_estride;  /* bytes between experts' w */
+    long long sb_estride; /* u32 words between experts' sb */
+} gemm_args;
+
+template <int BITS> struct gm_cfg {
+    static constexpr int STAGES = BITS == 16 ? 3 : 4;
+    static constexpr int A_BYTES = GM_BM * GM_LDS * 2;
+    static constexpr int B_BYTES = BITS == 16 ? GM_BN * GM_LDS * 2 : GM_BN * GM_BK / 2 + GM_BN * 4;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int SMEM = STAGES * STAGE_BYTES;
+};
+
+static __device__ __forceinline__ float gm_silu(float x) {
+    return x / (1.0f + expf(-x));
+}
+
+/* ====== The GEMM kernel. ======
+ * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
+ * shapes: X bf16 [*, K]; W bf16 [N, K] or q4 tiled; Y bf16/f32 [*, ldy].
+ * threads: 256 per block, block (blockIdx.x = 128 weight rows, blockIdx.y = 128 token rows or one
+ *   expert tile of the plan); warp (wm, wn) owns rows wm*64.. and columns wn*32..; a lane holds
+ *   the mma C fragments (row lane/4 (+8), cols 2*(lane%4)+{0,1}).
+ * bytes: X read N/128 times (from L2), W read ceil(M/128) times (L2), Y written once.
+ * reference: cpu_matmul (tests/gpu/test_prefill_kernels.c). */
+template <int BITS>
+__global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
+    typedef gm_cfg<BITS> C;
+    extern __shared__ __align__(128) uint8_t gm_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int n0 = blockIdx.x * GM_BN;
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm = NULL;
+    int m0, m_end;
+    if (p.mode != GM_DENSE) {
+        const int32_t *off = p.plan, *ts = p.plan + 257;
+        perm = p.plan + 514;
+        int tile = blockIdx.y;
+        if (tile >= ts[256]) return;
+        int lo = 0, hi = 255;
+        while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
+            int mid = (lo + hi + 1) >> 1;
+            if (ts[mid] <= tile) lo = mid;
+            else hi = mid - 1;
+        }
+        m0 = off[lo] + (tile - ts[lo]) * GM_BM;
+        m_end = off[lo + 1];
+        wb += lo * p.w_estride;
+        if (BITS == 4) sbb += lo * p.sb_estride;
+    } else {
+        m0 = blockIdx.y * GM_BM;
+        m_end = p.M;
+    }
+
+    /* A source rows of this thread's 4 chunks: chunk c = tid + 256 j -> row c/8, 16 B column c%8 */
+    const uint16_t *a_src[4];
+    int a_ok[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int r = (tid >> 3) + 32 * j, m = m0 + r;
+        a_ok[j] = m < m_end;
+        int src = m;
+        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[m] >> 3;
+        a_src[j] = p.x + (size_t)(a_ok[j] ? src : 0) * p.K + (tid & 7) * 8;
+    }
+
+    const int KT = p.K / GM_BK;
+    auto load_stage = [&](int stage, int kt) {
+        uint8_t *s = gm_smem + stage * C::STAGE_BYTES;
+        uint16_t *sA = (uint16_t *)s;
+        const int k0 = kt * GM_BK;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r = (tid >> 3) + 32 * j;
+            pf_cp_async16(sA + r * GM_LDS + (tid & 7) * 8, a_src[j] + k0, a_ok[j] ? 16 : 0);
+        }
+        if (BITS == 16) {
+            uint16_t *sB = (uint16_t *)(s + C::A_BYTES);
+            const uint16_t *wg = (const uint16_t *)wb;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r = (tid >> 3) + 32 * j;
+                pf_cp_async16(sB + r * GM_LDS + (tid & 7) * 8,
+                              wg + (size_t)(n0 + r) * p.K + k0 + (tid & 7) * 8, 16);
+            }
+        } else {
+            uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
+            uint32_t *sS = sQ + GM_BN * GM_BK / 8;
+            const uint32_t *wq = (const uint32_t *)wb;
+            int rb = tid >> 4, ch = tid & 15;
+            pf_cp_async16(sQ + rb * 64 + ch * 4,
+                          wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
+            if (tid < 32) pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+        }
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++) {
+        if (s < KT) load_stage(s, s);
+        pf_cp_async_commit();
+    }
+
+    for (int kt = 0; kt < KT; kt++) {
+        pf_cp_async_wait<C::STAGES - 2>();
+        __syncthreads();
+        int nk = kt + C::STAGES - 1;
+        if (nk < KT) load_stage(nk % C::STAGES, nk);
+        pf_cp_async_commit();
+
+        const uint8_t *s = gm_smem + (kt % C::STAGES) * C::STAGE_BYTES;
+        const uint16_t *sA = (const uint16_t *)s;
+        uint32_t bq[4][4];
+#pragma unroll
+        for (int kk = 0; kk < GM_BK / 16; kk++) {
+            uint32_t af[4][4], bf[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+                pf_ldmatrix_x4(af[mi], sA + (wm * 64 + mi * 16 + (lane & 15)) * GM_LDS + kk * 16 +
+                                           (lane >> 4) * 8);
+            if (BITS == 16) {
+                const uint16_t *sB = (const uint16_t *)(s + C::A_BYTES);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    uint32_t r[4];
+                    pf_ldmatrix_x4(r, sB + (wn * 32 + np * 16 + (lane >> 4) * 8 + (lane & 7)) * GM_LDS +
+                                          kk * 16 + ((lane >> 3) & 1) * 8);
+                    bf[2 * np][0] = r[0];
+                    bf[2 * np][1] = r[1];
+                    bf[2 * np + 1][0] = r[2];
+                    bf[2 * np + 1][1] = r[3];
+                }
+            } else {
+                if ((kk & 1) == 0) {
+                    const uint32_t *sQ = (const uint32_t *)(s + C::A_BYTES);
+                    const uint32_t *sS = sQ + GM_BN * GM_BK / 8;
+                    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+#pragma unroll
+                    for (int nj = 0; nj < 4; nj++) {
+                        int rb = wn * 4 + nj;
+                        uint32_t word = sQ[(rb * 2 + (kk >> 1)) * 32 + lane];
+                        uint32_t sbw = sS[wn * 32 + nj * 8 + (lane >> 2)];
+                        uint32_t s2u = (sbw & 0xffffu) | (sbw << 16);
+                        uint32_t b2u = (sbw >> 16) | (sbw & 0xffff0000u);
+                        __nv_bfloat162 s2 = *(__nv_bfloat162 *)&s2u, b2 = *(__nv_bfloat162 *)&b2u;
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            uint32_t xu = ((word >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+                            __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
+                            xv = __hfma2(__hsub2(xv, k128), s2, b2);
+                            bq[nj][j] = *(uint32_t *)&xv;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int nj = 0; nj < 4; nj++) {
+                    bf[nj][0] = bq[nj][(kk & 1) * 2];
+                    bf[nj][1] = bq[nj][(kk & 1) * 2 + 1];
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int nj = 0; nj < 4; nj++) pf_mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
+        }
+    }
+    pf_cp_async_wait<0>();
+
+    /* ---- epilogue ---- */
+    const int out_f32 = p.flags & TL_GEMM_OUT_F32, swiglu = p.flags & TL_GEMM_SWIGLU;
+    const int add_res = p.flags & TL_GEMM_ADD_RES;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = wm * 64 + mi * 16 + (lane >> 2) + h * 8, m = m0 + r;
+            if (m >= m_end) continue;
+            size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+#pragma unroll
+            for (int nj = 0; nj < 4; nj++) {
+                float v0 = acc[mi][nj][2 * h], v1 = acc[mi][nj][2 * h + 1];
+                int col;
+                if (swiglu) {
+                    if (nj & 1) continue;
+                    float u0 = acc[mi][nj + 1][2 * h], u1 = acc[mi][nj + 1][2 * h + 1];
+                    v0 = gm_silu(v0) * u0;
+                    v1 = gm_silu(v1) * u1;
+                    col = (n0 + wn * 32 + nj * 8) / 2 + 2 * (lane & 3);
+                } else {
+                    col = n0 + wn * 32 + nj * 8 + 2 * (lane & 3);
+                }
+                size_t idx = orow + col;
+                if (out_f32) {
+                    if (add_res) {
+                        float2 rv = *(const float2 *)((const float *)p.res + idx);
+                        v0 += rv.x;
+                        v1 += rv.y;
+                    }
+                    *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
+                } else {
+                    if (add_res) {
+                        uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
+                        v0 += pf_bf16_lo(rv);
+                        v1 += pf_bf16_hi(rv);
+                    }
+                    *(uint32_t *)((uint16_t *)p.y + idx) = pf_pack_bf16(v0, v1);
+                }
+            }
+        }
+    }
+}
+
+template <int BITS> static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 gm_cfg<BITS>::SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    dim3 grid(p->N / GM_BN, grid_y);
+    gemm_mma_kernel<BITS><<<grid, GM_THREADS, gm_cfg<BITS>::SMEM, st>>>(*p);
+    PF_LAUNCH_CHECK();
+    return 0;
+}
+
+static int gemm_dispatch(const gemm_args *p, int bits, int grid_y, cudaStream_t st) {
+    if (grid_y <= 0) return 0;
+    if (grid_y > 65535) return TL_ERR_INVALID;
+    return bits == 4 ? launch_gemm<4>(p, grid_y, st) : launch_gemm<16>(p, grid_y, st);
+}
+
+static int gemm_w_ok(const tl_gpu_gemm_w *w) {
+    if (!w || !w->w || (w->bits != 16 && w->bits != 4)) return 0;
+    if (w->bits == 4 && !w->sb) return 0;
+    return w->rows > 0 && w->cols > 0 && w->rows % GM_BN == 0 && w->cols % GM_BK == 0;
+}
+
+extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
+                           int flags, void *stream) {
+    if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
+    if ((flags & TL_GEMM_ADD_RES) && !res) return TL_ERR_INVALID;
+    if (n == 0) return 0;
+    gemm_args p = {};
+    p.x = (const uint16_t *)x;
+    p.w = (const uint8_t *)w->w;
+    p.sb = (const uint32_t *)w->sb;
+    p.y = y;
+    p.res = res;
+    p.M = n;
+    p.N = w->rows;
+    p.K = w->cols;
+    p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
+    p.flags = flags;
+    p.mode = GM_DENSE;
+    return gemm_dispatch(&p, w->bits, (n + GM_BM - 1) / GM_BM, (cudaStream_t)stream);
+}
+
+/* ====== MoE: plan, grouped GEMMs, combine. ====== */
+
+/* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
+ * plan: off[257] (prefix of counts), ts[257] (prefix of ceil(count/128) = M tiles), perm[n*8].
+ * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
+ *   cannot change any result: each output row depends only on its own input row). */
+__global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
+    __shared__ int cnt[256], cur[256];
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
+        int e = ids[a];
+        if (e >= 0 && e < 256) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, t = 0;
+        for (int e = 0; e < 256; e++) {
+            plan[e] = o;
+            plan[257 + e] = t;
+            cur[e] = o;
+            o += cnt[e];
+            t += (cnt[e] + GM_BM - 1) / GM_BM;
+        }
+        plan[256] = o;
+        plan[257 + 256] = t;
+    }
+    __syncthreads();
+    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
+        int e = ids[a];
+        if (e >= 0 && e < 256) plan[514 + atomicAdd(&cur[e], 1)] = a;
+    }
+}
+
+extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) {
+    return 514 + (size_t)n_tok * 8;
+}
+
+extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream) {
+    if (!plan || !ids || n_tok < 0) return TL_ERR_INVALID;
+    moe_plan_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(plan, ids, n_tok * 8);
+    PF_LAUNCH_CHECK();
+    return 0;
+}
+
+static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
+                    int n_tok, int mode, int flags, void *stream) {
+    if (!y || !x || !plan || n_tok < 0 || !gemm_w_ok(w)) return TL_ERR_INVALID;
+    if (n_tok == 0) return 0;
+    gemm_args p = {};
+    p.x = x;
+    p.w = (const uint8_t *)w->w;
+    p.sb = (const uint32_t *)w->sb;
+    p.y = y;
+    p.M = n_tok * 8;
+    p.N = w->rows;
+    p.K = w->cols;
+    p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
+    p.flags = flags;
+    p.mode = mode;
+    p.plan = plan;
+    if (w->bits == 16) {
+        p.w_estride = (long long)w->rows * w->cols * 2;
+    } else {
+        p.w_estride = (long long)tl_gpu_q4_w_bytes(w->rows, w->cols);
+        p.sb_estride = (long long)tl_gpu_q4_sb_bytes(w->rows, w->cols) / 4;
+    }
+    /* upper bound on M tiles: every non-empty expert adds at most one partial tile */
+    int max_tiles = (p.M + GM_BM - 1) / GM_BM + (p.M < 256 ? p.M : 256);
+    return gemm_dispatch(&p, w->bits, max_tiles, (cudaStream_t)stream);
+}
+
+extern "C" int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
+                                  const int32_t *plan, int n_tok, void *stream) {
+    return moe_gemm(h, x, w_expert0, plan, n_tok, GM_MOE_GATHER, TL_GEMM_SWIGLU, stream);
+}
+
+extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
+                               const int32_t *plan, int n_tok, void *stream) {
+    return moe_gemm(yslot, h, w_expert0, plan, n_tok, GM_MOE_SCATTER, 0, stream);
+}
+
+/* math: out[t] = res[t] + sum_s w[t,s] y[t*8+s] + sigmoid(l[t]) sh[t], fp32, slots in order.
+ * threads: one block of 256 per token, 8 columns per thread (16-byte loads of yslot).
+ * bytes: n_tok * (8*2048*2 + 2048*(2|4)*2 + 2048*2) . */
+__global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *yslot,
+                                   const float *wts, const uint16_t *sh, const float *sh_logit,
+                                   int n_embd, int out_f32) {
+    const int t = blockIdx.x;
+    for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
+        float acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = 0.f;
+        for (int s = 0; s < 8; s++) {
+            float ws = wts[t * 8 + s];
+            uint4 v = *(const uint4 *)(yslot + ((size_t)t * 8 + s) * n_embd + c0);
+            uint32_t u[4] = {v.x, v.y, v.z, v.w};
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] += ws * pf_bf16_lo(u[i]);
+                acc[2 * i + 1] += ws * pf_bf16_hi(u[i]);
+            }
+        }
+        if (sh) {
+            float gs = 1.0f / (1.0f + expf(-sh_logit[t]));
+            uint4 v = *(const uint4 *)(sh + (size_t)t * n_embd + c0);
+            uint32_t u[4] = {v.x, v.y, v.z, v.w};
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] += gs * pf_bf16_lo(u[i]);
+                acc[2 * i + 1] += gs * pf_bf16_hi(u[i]);
+            }
+        }
+        size_t base = (size_t)t * n_embd + c0;
+        if (out_f32) {
+            for (int i = 0; i < 8; i++) {
+                float r = res ? ((const float *)res)[base + i] : 0.f;
+                ((float *)out)[base + i] = r + acc[i];
+            }
+        } else {
+            uint32_t o[4];
+            for (int i = 0; i < 4; i++) {
+                float r0 = 0.f, r1 = 0.f;
+                if (res) {
+                    r0 = pf_bf16(((const uint16_t *)res)[base + 2 * i]);
+                    r1 = pf_bf16(((const uint16_t *)res)[base + 2 * i + 1]);
+                }
+                o[i] = pf_pack_bf16(r0 + acc[2 * i], r1 + acc[2 * i + 1]);
+            }
+            *(uint4 *)((uint16_t *)out + base) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
+extern "C" int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot,
+                                  const float *wts, const uint16_t *shared, const float *sh_logit,
+                                  int n_tok, int flags, void *stream) {
+    if (!out || !yslot || !wts || n_tok < 0 || (shared && !sh_logit)) return TL_ERR_INVALID;
+    if (n_tok == 0) return 0;
+    moe_combine_kernel<<<n_tok, 256, 0, (cudaStream_t)stream>>>(
+        out, res, yslot, wts, shared, sh_logit, 2048, flags & TL_GEMM_OUT_F32);
+    PF_LAUNCH_CHECK();
+    return 0;
+}
+
+/* ====== 4-bit repack (MLX -> q4 tiled) and SwiGLU interleave. ====== */
+
+/* Source row of destination row r: plain, or the SwiGLU interleave by 8 (gate rows then up). */
+static __device__ __forceinline__ int rp_src_row(int r, int swiglu, int *is_up) {
+    if (!swiglu) {
+        *is_up = 0;
+        return r;
+    }
+    int g = r >> 4, w = r & 15;
+    *is_up = w >= 8;
+    return g * 8 + (w & 7);
+}
+
+/* threads: one per destination word (mat, rb, kb, lane) then one per (mat, group, row) scale. */
+__global__ void q4_repack_kernel(uint32_t *dw, uint32_t *dsb, tl_gpu_mlx_q4 s0, tl_gpu_mlx_q4 s1,
+                                 int n_mat, int rows, int cols, int swiglu) {
+    const int src_rows = swiglu ? rows / 2 : rows;
+    const long long n_words = (long long)rows * cols / 8, n_groups = (long long)rows * cols / 64;
+    const long long total = (long long)n_mat * (n_words + n_groups);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        int mat = (int)(i / (n_words + n_groups));
+        long long j = i % (n_words + n_groups);
+        if (j < n_words) {
+            int lane = (int)(j & 31);
+            long long blk = j >> 5;
+            int kb = (int)(blk % (cols / 32));
+            int rb = (int)(blk / (cols / 32));
+            int r = rb * 8 + lane / 4, t = lane & 3, up;
+            int sr = rp_src_row(r, swiglu, &up);
+            const uint32_t *src = (up ? s1.w : s0.w) + ((size_t)mat * src_rows + sr) * (cols / 8);
+            const int coff[8] = {0, 1, 8, 9, 16, 17, 24, 25};
+            const int pos[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+            uint32_t word = 0;
+            for (int q = 0; q < 8; q++) {
+                int c = kb * 32 + 2 * t + coff[q];
+                uint32_t nib = (src[c / 8] >> (4 * (c % 8))) & 0xF;
+                word |= nib << (4 * pos[q]);
+            }
+            dw[(size_t)mat * n_words + j] = word;
+        } else {
+            j -= n_words;
+            int g = (int)(j / rows), r = (int)(j % rows), up;
+            int sr = rp_src_row(r, swiglu, &up);
+            const tl_gpu_mlx_q4 *s = up ? &s1 : &s0;
+            size_t si = ((size_t)mat * src_rows + sr) * (cols / 64) + g;
+            dsb[(size_t)mat * n_groups + j] = (uint32_t)s->scales[si] | ((uint32_t)s->biases[si] << 16);
+        }
+    }
+}
+
+extern "C" size_t tl_gpu_q4_w_bytes(int rows, int cols) {
+    return (size_t)rows * cols / 2;
+}
+extern "C" size_t tl_gpu_q4_sb_bytes(int rows, int cols) {
+    return (size_t)rows * (cols / 64) * 4;
+}
+
+static int q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 s0, tl_gpu_mlx_q4 s1, int n_mat,
+                     int rows, int cols, int swiglu, void *stream) {
+    if (!dst_w || !dst_sb || !s0.w || !s0.scales || !s0.biases || n_mat < 0) return TL_ERR_INVALID;
+    if (rows <= 0 || cols <= 0 || rows % 16 || cols % 64) return TL_ERR_INVALID;
+    if (n_mat == 0) return 0;
+    q4_repack_kernel<<<4096, 256, 0, (cudaStream_t)stream>>>((uint32_t *)dst_w, (uint32_t *)dst_sb,
+                                                             s0, s1, n_mat, rows, cols, swiglu);
+    PF_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int tl_gpu_q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 src, int n_mat, int rows,
+                                int cols, void *stream) {
+    return q4_repack(dst_w, dst_sb, src, src, n_mat, rows, cols, 0, stream);
+}
+
+extern "C" int tl_gpu_q4_repack_swiglu(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 gate,
+                                       tl_gpu_mlx_q4 up, int n_mat, int F, int cols, void *stream) {
+    if (!up.w || !up.scales || !up.biases) return TL_ERR_INVALID;
+    return q4_repack(dst_w, dst_sb, gate, up, n_mat, 2 * F, cols, 1, stream);
+}
+
+/* threads: one per destination 16-byte chunk (8 bf16). */
+__global__ void bf16_pack_swiglu_kernel(uint16_t *dst, const uint16_t *gate, const uint16_t *up,
+                                        int n_mat, long long src_stride, int F, int cols) {
+    const long long per_mat = 2LL * F * cols / 8, total = n_mat * per_mat;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        int mat = (int)(i / per_mat);
+        long long j = i % per_mat;
+        int r = (int)(j / (cols / 8)), c8 = (int)(j % (cols / 8)), is_up;
+        int sr = rp_src_row(r, 1, &is_up);
+        const uint16_t *s = (is_up ? up : gate) + mat * src_stride + (size_t)sr * cols + c8 * 8;
+        *(uint4 *)(dst + (size_t)mat * 2 * F * cols + (size_t)r * cols + c8 * 8) = *(const uint4 *)s;
+    }
+}
+
+extern "C" int tl_gpu_bf16_pack_swiglu(uint16_t *dst, const uint16_t *gate, const uint16_t *up,
+                                       int n_mat, long long src_mat_stride, int F, int cols,
+                                       void *stream) {
+    if (!dst || !gate || !up || n_mat < 0 || F <= 0 || F % 8 || cols % 8) return TL_ERR_INVALID;
+    if (n_mat == 0) return 0;
+    bf16_pack_swiglu_kernel<<<4096, 256, 0, (cudaStream_t)stream>>>(dst, gate, up, n_mat,
+                                                                    src_mat_stride, F, cols);
+    PF_LAUNCH_CHECK();
+    return 0;
+}

@@ -1,0 +1,601 @@
+/* GPU tests of the prefill kernels (gpu_prefill.h) against the CPU oracle (src/cpu/cpu.h) on
+ * random inputs at production shapes. Inputs are drawn as bf16 and the oracle gets the same
+ * bf16-rounded values as f32, so the comparison measures only the kernels' arithmetic.
+ *
+ * Metrics and tolerances (STYLE.md C5; NMSE = sum (a-b)^2 / sum b^2):
+ *   GEMM, f32 out:   NMSE <= 1e-9. Products of bf16 are exact in fp32; only the fp32 summation
+ *                    order differs from the double-accumulating oracle (~1e-7 relative per dot).
+ *   GEMM, bf16 out:  NMSE <= 4e-6. Rounding the output to bf16 alone gives about
+ *                    (2^-9)^2 / 3 = 1.3e-6.
+ *   GEMM, 4-bit:     NMSE <= 1e-5 against the oracle's exact dequantisation (scale*q + bias in
+ *                    f32). The kernel rounds each dequantised weight to bf16 (relative 2^-9).
+ *   MoE grouped:     NMSE <= 2e-5: h and the per-slot outputs are bf16 (two more bf16 roundings).
+ *   attention:       NMSE <= 1e-4 (STYLE.md for bf16 KV); P is cast to bf16 for the P V product
+ *                    and the output is bf16, so ~1e-5 is expected.
+ *   GDN chunked:     NMSE <= 1e-5 on output and final state against cpu_gdn_step run token by
+ *                    token (STYLE.md); the kernel is fp32 throughout. */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "t_check.h"
+#include "tulip.h"
+#include "common/util.h"
+#include "cpu/cpu.h"
+#include "cuda/gpu_prefill.h"
+#include "model/shape.h"
+
+static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+
+#define CU(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(2);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static void *dmalloc(size_t n) {
+    void *p = NULL;
+    CU(cudaMalloc(&p, n));
+    return p;
+}
+static void *dup_to_dev(const void *h, size_t n) {
+    void *p = dmalloc(n);
+    CU(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice));
+    return p;
+}
+static void to_host(void *h, const void *d, size_t n) {
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+
+/* n random bf16 values uniform in [-a, a): bits into hb (if non-NULL), values into f. */
+static void rand_bf16(uint16_t *hb, float *f, size_t n, float a) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b = tl_f32_to_bf16(t_randf(&rng) * a);
+        if (hb) hb[i] = b;
+        if (f) f[i] = tl_bf16_to_f32(b);
+    }
+}
+static void bf16_to_f32(float *f, const uint16_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++) f[i] = tl_bf16_to_f32(b[i]);
+}
+
+/* NMSE over n values, also printed (so logs carry the measured numbers next to the bound). */
+static double report(const char *what, const float *got, const float *ref, size_t n) {
+    double e = t_nmse(got, ref, n);
+    int finite = 1;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(got[i])) finite = 0;
+    printf("  %-44s nmse %.3e  max|d| %.3e%s\n", what, e, t_max_abs_diff(got, ref, n),
+           finite ? "" : "  NON-FINITE");
+    CHECK(finite);
+    return finite ? e : 1.0;
+}
+
+/* ====== GEMM ====== */
+
+/* A random MLX 4-bit matrix [rows, cols] on the host, with scales ~ 0.01 and biases ~ -8 scale. */
+typedef struct mlx_host {
+    uint32_t *w;
+    uint16_t *s, *b;
+    int rows, cols;
+} mlx_host;
+
+static void mlx_rand(mlx_host *m, int rows, int cols) {
+    m->rows = rows, m->cols = cols;
+    size_t nw = (size_t)rows * cols / 8, ng = (size_t)rows * cols / 64;
+    m->w = xmalloc(nw * 4);
+    m->s = xmalloc(ng * 2);
+    m->b = xmalloc(ng * 2);
+    for (size_t i = 0; i < nw; i++) m->w[i] = (uint32_t)(t_rng_next(&rng) >> 17);
+    for (size_t i = 0; i < ng; i++) {
+        float sc = 0.004f + 0.004f * (t_randf(&rng) + 1.0f);
+        m->s[i] = tl_f32_to_bf16(sc);
+        m->b[i] = tl_f32_to_bf16(-7.5f * sc + 0.002f * t_randf(&rng));
+    }
+}
+static void mlx_free(mlx_host *m) {
+    free(m->w), free(m->s), free(m->b);
+}
+static tl_mat mlx_view(const mlx_host *m, int r0, int nrows) {
+    tl_mat w = {0};
+    w.w = m->w + (size_t)r0 * m->cols / 8;
+    w.scales = m->s + (size_t)r0 * m->cols / 64;
+    w.biases = m->b + (size_t)r0 * m->cols / 64;
+    w.wtype = TL_DT_U32, w.stype = TL_DT_BF16, w.bits = 4, w.group = 64;
+    w.rows = nrows, w.cols = m->cols;
+    return w;
+}
+static tl_mat bf16_view(const uint16_t *w, int cols, int r0, int nrows) {
+    tl_mat m = {0};
+    m.w = w + (size_t)r0 * cols;
+    m.wtype = TL_DT_BF16;
+    m.rows = nrows, m.cols = cols;
+    return m;
+}
+
+/* Uploads an MLX matrix (or n_mat stacked) and repacks it into a device q4 tl_gpu_gemm_w. */
+static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
+    size_t nw = (size_t)m->rows * m->cols / 8, ng = (size_t)m->rows * m->cols / 64;
+    tl_gpu_mlx_q4 src = {dup_to_dev(m->w, nw * 4), dup_to_dev(m->s, ng * 2), dup_to_dev(m->b, ng * 2)};
+    tl_gpu_gemm_w w = {0};
+    w.bits = 4, w.rows = rows, w.cols = m->cols;
+    w.w = dmalloc(tl_gpu_q4_w_bytes(rows, m->cols) * n_mat);
+    w.sb = dmalloc(tl_gpu_q4_sb_bytes(rows, m->cols) * n_mat);
+    CHECK_EQ_INT(tl_gpu_q4_repack((void *)w.w, (void *)w.sb, src, n_mat, rows, m->cols, NULL), 0);
+    CU(cudaDeviceSynchronize());
+    cudaFree((void *)src.w), cudaFree((void *)src.scales), cudaFree((void *)src.biases);
+    return w;
+}
+
+/* Runs y = x W^T on the GPU (f32 or bf16 out) and compares rows [r0, r0+nr) of every token with
+ * cpu_matmul on the oracle's view of W. */
+static void gemm_case(const char *name, const tl_gpu_gemm_w *gw, const tl_mat *ref_view, int r0,
+                      int n, int out_f32, double tol) {
+    int rows = gw->rows, cols = gw->cols, nr = ref_view->rows;
+    uint16_t *xb = xmalloc((size_t)n * cols * 2);
+    float *xf = xmalloc((size_t)n * cols * 4);
+    rand_bf16(xb, xf, (size_t)n * cols, 1.0f);
+    void *dx = dup_to_dev(xb, (size_t)n * cols * 2);
+    size_t ysz = (size_t)n * rows * (out_f32 ? 4 : 2);
+    void *dy = dmalloc(ysz);
+    CU(cudaMemset(dy, 0xff, ysz)); /* NaN poison: every element must be written */
+    CHECK_EQ_INT(tl_gpu_gemm(dy, dx, gw, n, NULL, out_f32 ? TL_GEMM_OUT_F32 : 0, NULL), 0);
+    void *hy = xmalloc(ysz);
+    to_host(hy, dy, ysz);
+    float *got = xmalloc((size_t)n * nr * 4), *ref = xmalloc((size_t)n * nr * 4);
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < nr; r++) {
+            size_t i = (size_t)t * rows + r0 + r;
+            got[(size_t)t * nr + r] = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
+        }
+    /* unchecked rows must still have been written (poison gone) */
+    int all_written = 1;
+    for (size_t i = 0; i < (size_t)n * rows; i++) {
+        float v = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
+        if (!isfinite(v)) all_written = 0;
+    }
+    CHECK(all_written);
+    cpu_matmul(ref, ref_view, xf, n);
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s n=%d %dx%d %s", name, n, rows, cols, out_f32 ? "f32" : "bf16");
+    CHECK(report(buf, got, ref, (size_t)n * nr) <= tol);
+    free(xb), free(xf), free(hy), free(got), free(ref);
+    cudaFree(dx), cudaFree(dy);
+}
+
+static void test_gemm_bf16_matches_oracle(void) {
+    static const int shapes[][3] = {
+        {8192, 2048, 300}, /* GDN qkv / attention q, ragged n */
+        {2048, 4096, 200}, /* GDN out / attention o */
+        {512, 2048, 77},   /* attention k/v, expert gate/up rows */
+        {2048, 512, 129},  /* expert down */
+    };
+    for (int s = 0; s < 4; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
+        uint16_t *wb = xmalloc((size_t)rows * cols * 2);
+        rand_bf16(wb, NULL, (size_t)rows * cols, 0.05f);
+        tl_gpu_gemm_w gw = {dup_to_dev(wb, (size_t)rows * cols * 2), NULL, 16, rows, cols};
+        tl_mat v = bf16_view(wb, cols, 0, rows);
+        gemm_case("bf16", &gw, &v, 0, n, 1, 1e-9);
+        gemm_case("bf16", &gw, &v, 0, n, 0, 4e-6);
+        cudaFree((void *)gw.w);
+        free(wb);
+    }
+}
+
+static void test_gemm_lm_head_rows(void) {
+    int rows = TL_N_VOCAB, cols = TL_N_EMBD, n = 40;
+    uint16_t *wb = xmalloc((size_t)rows * cols * 2);
+    rand_bf16(wb, NULL, (size_t)rows * cols, 0.05f);
+    tl_gpu_gemm_w gw = {dup_to_dev(wb, (size_t)rows * cols * 2), NULL, 16, rows, cols};
+    tl_mat v = bf16_view(wb, cols, rows - 1024, 1024); /* the last 1024 rows (grid edge) */
+    gemm_case("lm_head tail", &gw, &v, rows - 1024, n, 1, 1e-9);
+    cudaFree((void *)gw.w);
+    free(wb);
+}
+
+static void test_gemm_q4_matches_oracle(void) {
+    static const int shapes[][3] = {{8192, 2048, 300}, {2048, 4096, 130}, {2048, 512, 64}};
+    for (int s = 0; s < 3; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
+        mlx_host m;
+        mlx_rand(&m, rows, cols);
+        tl_gpu_gemm_w gw = q4_upload(&m, 1, rows);
+        tl_mat v = mlx_view(&m, 0, rows);
+        gemm_case("q4", &gw, &v, 0, n, 1, 1e-5);
+        gemm_case("q4", &gw, &v, 0, n, 0, 1e-5);
+        cudaFree((void *)gw.w), cudaFree((void *)gw.sb);
+        mlx_free(&m);
+    }
+}
+
+/* Residual add (in place, f32 and bf16) and the SwiGLU epilogue (bf16 and q4 weights). */
+static void test_gemm_epilogues(void) {
+    const int F = 512, cols = 2048, n = 150;
+    uint16_t *xb = xmalloc((size_t)n * cols * 2);
+    float *xf = xmalloc((size_t)n * cols * 4);
+    rand_bf16(xb, xf, (size_t)n * cols, 1.0f);
+    void *dx = dup_to_dev(xb, (size_t)n * cols * 2);
+
+    /* residual: y = x W^T + y, f32 and bf16 */
+    {
+        uint16_t *wb = xmalloc((size_t)F * cols * 2);
+        rand_bf16(wb, NULL, (size_t)F * cols, 0.05f);
+        tl_gpu_gemm_w gw = {dup_to_dev(wb, (size_t)F * cols * 2), NULL, 16, F, cols};
+        tl_mat v = bf16_view(wb, cols, 0, F);
+        float *ref = xmalloc((size_t)n * F * 4), *res = xmalloc((size_t)n * F * 4);
+        float *got = xmalloc((size_t)n * F * 4);
+        uint16_t *resb = xmalloc((size_t)n * F * 2);
+        rand_bf16(resb, res, (size_t)n * F, 2.0f);
+        cpu_matmul(ref, &v, xf, n);
+        for (size_t i = 0; i < (size_t)n * F; i++) ref[i] += res[i];
+        void *dy = dup_to_dev(res, (size_t)n * F * 4);
+        CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, dy, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, NULL), 0);
+        to_host(got, dy, (size_t)n * F * 4);
+        CHECK(report("residual f32 in place", got, ref, (size_t)n * F) <= 1e-9);
+        void *dyb = dup_to_dev(resb, (size_t)n * F * 2);
+        CHECK_EQ_INT(tl_gpu_gemm(dyb, dx, &gw, n, dyb, TL_GEMM_ADD_RES, NULL), 0);
+        to_host(resb, dyb, (size_t)n * F * 2);
+        bf16_to_f32(got, resb, (size_t)n * F);
+        CHECK(report("residual bf16 in place", got, ref, (size_t)n * F) <= 4e-6);
+        cudaFree(dy), cudaFree(dyb), cudaFree((void *)gw.w);
+        free(wb), free(ref), free(res), free(got), free(resb);
+    }
+
+    /* SwiGLU: reference silu(x G^T) * (x U^T) from two oracle matmuls */
+    for (int q4 = 0; q4 < 2; q4++) {
+        float *g = xmalloc((size_t)n * F * 4), *u = xmalloc((size_t)n * F * 4);
+        float *got = xmalloc((size_t)n * F * 4);
+        tl_gpu_gemm_w gw = {0};
+        mlx_host mg, mu;
+        uint16_t *gb = NULL, *ub = NULL;
+        if (q4) {
+            mlx_rand(&mg, F, cols);
+            mlx_rand(&mu, F, cols);
+            tl_mat vg = mlx_view(&mg, 0, F), vu = mlx_view(&mu, 0, F);
+            cpu_matmul(g, &vg, xf, n);
+            cpu_matmul(u, &vu, xf, n);
+            size_t nw = (size_t)F * cols / 8, ng = (size_t)F * cols / 64;
+            tl_gpu_mlx_q4 sg = {dup_to_dev(mg.w, nw * 4), dup_to_dev(mg.s, ng * 2), dup_to_dev(mg.b, ng * 2)};
+            tl_gpu_mlx_q4 su = {dup_to_dev(mu.w, nw * 4), dup_to_dev(mu.s, ng * 2), dup_to_dev(mu.b, ng * 2)};
+            gw.bits = 4, gw.rows = 2 * F, gw.cols = cols;
+            gw.w = dmalloc(tl_gpu_q4_w_bytes(2 * F, cols));
+            gw.sb = dmalloc(tl_gpu_q4_sb_bytes(2 * F, cols));
+            CHECK_EQ_INT(tl_gpu_q4_repack_swiglu((void *)gw.w, (void *)gw.sb, sg, su, 1, F, cols, NULL), 0);
+        } else {
+            gb = xmalloc((size_t)F * cols * 2), ub = xmalloc((size_t)F * cols * 2);
+            rand_bf16(gb, NULL, (size_t)F * cols, 0.05f);
+            rand_bf16(ub, NULL, (size_t)F * cols, 0.05f);
+            tl_mat vg = bf16_view(gb, cols, 0, F), vu = bf16_view(ub, cols, 0, F);
+            cpu_matmul(g, &vg, xf, n);
+            cpu_matmul(u, &vu, xf, n);
+            void *dg = dup_to_dev(gb, (size_t)F * cols * 2), *du = dup_to_dev(ub, (size_t)F * cols * 2);
+            gw.bits = 16, gw.rows = 2 * F, gw.cols = cols;
+            gw.w = dmalloc((size_t)2 * F * cols * 2);
+            CHECK_EQ_INT(tl_gpu_bf16_pack_swiglu((uint16_t *)gw.w, dg, du, 1, (long long)F * cols, F, cols, NULL), 0);
+        }
+        for (size_t i = 0; i < (size_t)n * F; i++) g[i] = cpu_silu(g[i]) * u[i];
+        void *dy = dmalloc((size_t)n * F * 4);
+        CU(cudaMemset(dy, 0xff, (size_t)n * F * 4));
+        CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, NULL, TL_GEMM_OUT_F32 | TL_GEMM_SWIGLU, NULL), 0);
+        to_host(got, dy, (size_t)n * F * 4);
+        CHECK(report(q4 ? "swiglu q4 f32" : "swiglu bf16 f32", got, g, (size_t)n * F) <=
+              (q4 ? 1e-5 : 1e-9));
+        cudaFree(dy), cudaFree((void *)gw.w);
+        if (q4) cudaFree((void *)gw.sb), mlx_free(&mg), mlx_free(&mu);
+        free(gb), free(ub), free(g), free(u), free(got);
+    }
+    CHECK_EQ_INT(tl_gpu_gemm(NULL, dx, NULL, n, NULL, 0, NULL), TL_ERR_INVALID);
+    cudaFree(dx);
+    free(xb), free(xf);
+}
+
+/* ====== MoE grouped GEMM ====== */
+
+/* Router ids: 8 distinct experts per token, skewed so some experts get > 128 tokens (several M
+ * tiles) and many get none. */
+static void moe_ids(int32_t *ids, float *wts, int n_tok) {
+    for (int t = 0; t < n_tok; t++) {
+        float sum = 0;
+        for (int s = 0; s < 8; s++) {
+            int e, dup;
+            do {
+                unsigned r = (unsigned)(t_rng_next(&rng) >> 20);
+                e = (r & 3) == 0 ? (int)(r >> 2) % 8 : (int)(r >> 2) % TL_N_EXPERT;
+                dup = 0;
+                for (int j = 0; j < s; j++) dup |= ids[t * 8 + j] == e;
+            } while (dup);
+            ids[t * 8 + s] = e;
+            wts[t * 8 + s] = 0.1f + (t_randf(&rng) + 1.0f);
+            sum += wts[t * 8 + s];
+        }
+        for (int s = 0; s < 8; s++) wts[t * 8 + s] /= sum;
+    }
+}
+
+static void moe_case(int q4, int n_tok) {
+    const int E = TL_N_EXPERT, F = TL_N_FF_EXPERT, D = TL_N_EMBD;
+    uint16_t *xb = xmalloc((size_t)n_tok * D * 2), *shb = xmalloc((size_t)n_tok * D * 2);
+    float *xf = xmalloc((size_t)n_tok * D * 4), *shf = xmalloc((size_t)n_tok * D * 4);
+    float *res = xmalloc((size_t)n_tok * D * 4), *shl = xmalloc((size_t)n_tok * 4);
+    rand_bf16(xb, xf, (size_t)n_tok * D, 1.0f);
+    rand_bf16(shb, shf, (size_t)n_tok * D, 0.5f);
+    for (size_t i = 0; i < (size_t)n_tok * D; i++) res[i] = t_randf(&rng);
+    for (int t = 0; t < n_tok; t++) shl[t] = 2.0f * t_randf(&rng);
+    int32_t *ids = xmalloc((size_t)n_tok * 8 * 4);
+    float *wts = xmalloc((size_t)n_tok * 8 * 4);
+    moe_ids(ids, wts, n_tok);
+
+    /* weights: gate, up [E][F, D] and down [E][D, F] */
+    tl_mat *vg = xmalloc(sizeof(tl_mat) * E), *vu = xmalloc(sizeof(tl_mat) * E);
+    tl_mat *vd = xmalloc(sizeof(tl_mat) * E);
+    tl_gpu_gemm_w wgu = {0}, wd = {0};
+    mlx_host mg, mu, md;
+    uint16_t *gb = NULL, *ub = NULL, *db = NULL;
+    if (q4) {
+        mlx_rand(&mg, E * F, D);
+        mlx_rand(&mu, E * F, D);
+        mlx_rand(&md, E * D, F);
+        for (int e = 0; e < E; e++) {
+            vg[e] = mlx_view(&mg, e * F, F), vu[e] = mlx_view(&mu, e * F, F);
+            vd[e] = mlx_view(&md, e * D, D);
+        }
+        size_t nw = (size_t)E * F * D / 8, ng = (size_t)E * F * D / 64;
+        tl_gpu_mlx_q4 sg = {dup_to_dev(mg.w, nw * 4), dup_to_dev(mg.s, ng * 2), dup_to_dev(mg.b, ng * 2)};
+        tl_gpu_mlx_q4 su = {dup_to_dev(mu.w, nw * 4), dup_to_dev(mu.s, ng * 2), dup_to_dev(mu.b, ng * 2)};
+        wgu.bits = 4, wgu.rows = 2 * F, wgu.cols = D;
+        wgu.w = dmalloc(tl_gpu_q4_w_bytes(2 * F, D) * E);
+        wgu.sb = dmalloc(tl_gpu_q4_sb_bytes(2 * F, D) * E);
+        CHECK_EQ_INT(tl_gpu_q4_repack_swiglu((void *)wgu.w, (void *)wgu.sb, sg, su, E, F, D, NULL), 0);
+        CU(cudaDeviceSynchronize());
+        cudaFree((void *)sg.w), cudaFree((void *)sg.scales), cudaFree((void *)sg.biases);
+        cudaFree((void *)su.w), cudaFree((void *)su.scales), cudaFree((void *)su.biases);
+        wd = q4_upload(&md, E, D);
+    } else {
+        size_t ne = (size_t)E * F * D;
+        gb = xmalloc(ne * 2), ub = xmalloc(ne * 2), db = xmalloc(ne * 2);
+        rand_bf16(gb, NULL, ne, 0.05f);
+        rand_bf16(ub, NULL, ne, 0.05f);
+        rand_bf16(db, NULL, ne, 0.05f);
+        for (int e = 0; e < E; e++) {
+            vg[e] = bf16_view(gb + (size_t)e * F * D, D, 0, F);
+            vu[e] = bf16_view(ub + (size_t)e * F * D, D, 0, F);
+            vd[e] = bf16_view(db + (size_t)e * F * D, F, 0, D);
+        }
+        void *dg = dup_to_dev(gb, ne * 2), *du = dup_to_dev(ub, ne * 2);
+        wgu.bits = 16, wgu.rows = 2 * F, wgu.cols = D;
+        wgu.w = dmalloc(ne * 4);
+        CHECK_EQ_INT(tl_gpu_bf16_pack_swiglu((uint16_t *)wgu.w, dg, du, E, (long long)F * D, F, D, NULL), 0);
+        CU(cudaDeviceSynchronize());
+        cudaFree(dg), cudaFree(du);
+        wd.bits = 16, wd.rows = D, wd.cols = F;
+        wd.w = dup_to_dev(db, ne * 2);
+    }
+
+    /* GPU */
+    int32_t *dids = dup_to_dev(ids, (size_t)n_tok * 8 * 4);
+    float *dwts = dup_to_dev(wts, (size_t)n_tok * 8 * 4);
+    int32_t *dplan = dmalloc(tl_gpu_moe_pf_plan_ints(n_tok) * 4);
+    void *dx = dup_to_dev(xb, (size_t)n_tok * D * 2), *dsh = dup_to_dev(shb, (size_t)n_tok * D * 2);
+    float *dshl = dup_to_dev(shl, (size_t)n_tok * 4);
+    uint16_t *dh = dmalloc((size_t)n_tok * 8 * F * 2), *dys = dmalloc((size_t)n_tok * 8 * D * 2);
+    float *dout = dup_to_dev(res, (size_t)n_tok * D * 4);
+    CU(cudaMemset(dys, 0xff, (size_t)n_tok * 8 * D * 2));
+    CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(dh, dx, &wgu, dplan, n_tok, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, n_tok, TL_GEMM_OUT_F32, NULL), 0);
+    float *got = xmalloc((size_t)n_tok * D * 4);
+    to_host(got, dout, (size_t)n_tok * D * 4);
+
+    /* oracle */
+    float *ref = xmalloc((size_t)n_tok * D * 4), *y = xmalloc((size_t)D * 4);
+    float *tmp = xmalloc((size_t)2 * F * 4);
+    for (int t = 0; t < n_tok; t++) {
+        float *r = ref + (size_t)t * D;
+        float sg = cpu_sigmoid(shl[t]);
+        for (int c = 0; c < D; c++) r[c] = res[(size_t)t * D + c] + sg * shf[(size_t)t * D + c];
+        for (int s = 0; s < 8; s++) {
+            int e = ids[t * 8 + s];
+            cpu_ffn_swiglu(y, &vg[e], &vu[e], &vd[e], xf + (size_t)t * D, tmp);
+            for (int c = 0; c < D; c++) r[c] += wts[t * 8 + s] * y[c];
+        }
+    }
+    char buf[96];
+    snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan, gate_up, down, combine)", q4 ? "q4" : "bf16", n_tok);
+    CHECK(report(buf, got, ref, (size_t)n_tok * D) <= 2e-5);
+
+    cudaFree(dids), cudaFree(dwts), cudaFree(dplan), cudaFree(dx), cudaFree(dsh), cudaFree(dshl);
+    cudaFree(dh), cudaFree(dys), cudaFree(dout), cudaFree((void *)wgu.w), cudaFree((void *)wd.w);
+    if (q4) cudaFree((void *)wgu.sb), cudaFree((void *)wd.sb), mlx_free(&mg), mlx_free(&mu), mlx_free(&md);
+    free(gb), free(ub), free(db), free(vg), free(vu), free(vd);
+    free(xb), free(shb), free(xf), free(shf), free(res), free(shl), free(ids), free(wts);
+    free(got), free(ref), free(y), free(tmp);
+}
+
+static void test_moe_grouped_matches_oracle(void) {
+    moe_case(1, 300);
+    moe_case(0, 100);
+}
+
+/* ====== Attention ====== */
+
+/* n queries at pos0 over a cache of pos0+n; paged: pages of 64 tokens in a shuffled pool. */
+static void attn_case(int n, int pos0, int paged, int with_gate) {
+    const int H = TL_N_HEAD, HKV = TL_N_HEAD_KV, D = TL_HEAD_DIM, kv_len = pos0 + n;
+    const int qstride = H * 2 * D; /* q_proj output layout: per head [query | gate] */
+    uint16_t *qb = xmalloc((size_t)n * qstride * 2);
+    rand_bf16(qb, NULL, (size_t)n * qstride, 1.0f);
+    float *qf = xmalloc((size_t)n * H * D * 4), *gf = xmalloc((size_t)n * H * D * 4);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < D; d++) {
+                qf[((size_t)t * H + h) * D + d] = tl_bf16_to_f32(qb[(size_t)t * qstride + h * 2 * D + d]);
+                gf[((size_t)t * H + h) * D + d] = tl_bf16_to_f32(qb[(size_t)t * qstride + h * 2 * D + D + d]);
+            }
+    size_t kvn = (size_t)kv_len * HKV * D;
+    uint16_t *kb = xmalloc(kvn * 2), *vb = xmalloc(kvn * 2);
+    float *kf = xmalloc(kvn * 4), *vf = xmalloc(kvn * 4);
+    rand_bf16(kb, kf, kvn, 1.0f);
+    rand_bf16(vb, vf, kvn, 1.0f);
+
+    tl_gpu_kv_view kv = {0};
+    void *dk, *dv, *dpages = NULL;
+    int n_pages = (kv_len + 63) / 64;
+    if (paged) {
+        /* pool of n_pages + 3 pages; logical page p lives at physical perm[p] */
+        int pool = n_pages + 3, tok_stride = HKV * D;
+        int32_t *perm = xmalloc(sizeof(int32_t) * pool);
+        for (int i = 0; i < pool; i++) perm[i] = i;
+        for (int i = pool - 1; i > 0; i--) {
+            int j = (int)(t_rng_next(&rng) % (unsigned)(i + 1)), tmp = perm[i];
+            perm[i] = perm[j], perm[j] = tmp;
+        }
+        size_t page_elems = (size_t)64 * tok_stride;
+        uint16_t *pk = xmalloc(pool * page_elems * 2), *pv = xmalloc(pool * page_elems * 2);
+        for (size_t i = 0; i < pool * page_elems; i++) pk[i] = pv[i] = 0x7fc0; /* NaN elsewhere */
+        for (int p = 0; p < kv_len; p++) {
+            size_t dst = (size_t)perm[p / 64] * page_elems + (size_t)(p % 64) * tok_stride;
+            memcpy(pk + dst, kb + (size_t)p * tok_stride, tok_stride * 2);
+            memcpy(pv + dst, vb + (size_t)p * tok_stride, tok_stride * 2);
+        }
+        dk = dup_to_dev(pk, pool * page_elems * 2);
+        dv = dup_to_dev(pv, pool * page_elems * 2);
+        dpages = dup_to_dev(perm, sizeof(int32_t) * pool);
+        kv.pages = dpages, kv.page_tokens = 64, kv.page_stride = (long long)page_elems;
+        kv.tok_stride = tok_stride;
+        free(pk), free(pv), free(perm);
+    } else {
+        dk = dup_to_dev(kb, kvn * 2);
+        dv = dup_to_dev(vb, kvn * 2);
+        kv.tok_stride = HKV * D;
+    }
+    kv.k = dk, kv.v = dv;
+    uint16_t *dq = dup_to_dev(qb, (size_t)n * qstride * 2);
+    uint16_t *dout = dmalloc((size_t)n * H * D * 2);
+    CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
+    CHECK_EQ_INT(tl_gpu_attn_prefill(dout, dq, with_gate ? dq + D : NULL, qstride, 2 * D, &kv, n,
+                                     pos0, NULL), 0);
+    uint16_t *ob = xmalloc((size_t)n * H * D * 2);
+    to_host(ob, dout, (size_t)n * H * D * 2);
+    float *got = xmalloc((size_t)n * H * D * 4), *ref = xmalloc((size_t)n * H * D * 4);
+    bf16_to_f32(got, ob, (size_t)n * H * D);
+    cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
+    if (with_gate)
+        for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
+    char buf[96];
+    snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s", n, pos0, paged ? " paged" : "",
+             with_gate ? " gated" : "");
+    CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
+    cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout);
+    if (dpages) cudaFree(dpages);
+    free(qb), free(qf), free(gf), free(kb), free(vb), free(kf), free(vf), free(ob), free(got), free(ref);
+}
+
+static void test_attn_prefill_matches_oracle(void) {
+    attn_case(300, 0, 0, 1);   /* whole prompt, ragged last tile */
+    attn_case(130, 650, 0, 0); /* chunked prefill: cache already holds 650 tokens */
+    attn_case(200, 333, 1, 1); /* paged cache, unaligned pos0 */
+    attn_case(1024, 0, 1, 1);
+}
+
+/* ====== Gated DeltaNet ====== */
+
+static void gdn_case(int T) {
+    const int HK = TL_GDN_N_K_HEAD, HV = TL_GDN_N_V_HEAD, DK = TL_GDN_K_DIM, DV = TL_GDN_V_DIM;
+    const int stride = 2 * HK * DK + HV * DV; /* conv output row: q | k | v */
+    uint16_t *cb = xmalloc((size_t)T * stride * 2);
+    rand_bf16(cb, NULL, (size_t)T * stride, 1.0f);
+    float *q = xmalloc((size_t)T * HK * DK * 4), *k = xmalloc((size_t)T * HK * DK * 4);
+    float *v = xmalloc((size_t)T * HV * DV * 4);
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < HK * DK; i++) {
+            q[(size_t)t * HK * DK + i] = tl_bf16_to_f32(cb[(size_t)t * stride + i]);
+            k[(size_t)t * HK * DK + i] = tl_bf16_to_f32(cb[(size_t)t * stride + HK * DK + i]);
+        }
+        for (int i = 0; i < HV * DV; i++)
+            v[(size_t)t * HV * DV + i] = tl_bf16_to_f32(cb[(size_t)t * stride + 2 * HK * DK + i]);
+        for (int h = 0; h < HK; h++) {
+            cpu_l2norm(q + ((size_t)t * HK + h) * DK, DK, 1e-6f);
+            cpu_l2norm(k + ((size_t)t * HK + h) * DK, DK, 1e-6f);
+            for (int d = 0; d < DK; d++) q[((size_t)t * HK + h) * DK + d] *= 1.0f / sqrtf((float)DK);
+        }
+    }
+    float *g = xmalloc((size_t)T * HV * 4), *beta = xmalloc((size_t)T * HV * 4);
+    for (int i = 0; i < T * HV; i++) {
+        /* g = -exp(A_log) softplus(a + dt_bias): mostly small decays, some strong ones */
+        float a = 2.0f * t_randf(&rng);
+        g[i] = -0.5f * cpu_softplus(a) * (i % 7 == 0 ? 6.0f : 1.0f);
+        beta[i] = cpu_sigmoid(2.0f * t_randf(&rng));
+    }
+    size_t ns = (size_t)HV * DK * DV;
+    float *S0 = xmalloc(ns * 4), *S_ref = xmalloc(ns * 4), *S_got = xmalloc(ns * 4);
+    for (size_t i = 0; i < ns; i++) S0[i] = 0.1f * t_randf(&rng);
+    memcpy(S_ref, S0, ns * 4);
+
+    /* oracle: token by token */
+    float *o_ref = xmalloc((size_t)T * HV * DV * 4);
+    for (int t = 0; t < T; t++)
+        cpu_gdn_step(o_ref + (size_t)t * HV * DV, S_ref, q + (size_t)t * HK * DK,
+                     k + (size_t)t * HK * DK, v + (size_t)t * HV * DV, g + (size_t)t * HV,
+                     beta + (size_t)t * HV, HK, HV, DK, DV);
+
+    uint16_t *dc = dup_to_dev(cb, (size_t)T * stride * 2);
+    float *dS = dup_to_dev(S0, ns * 4), *dg = dup_to_dev(g, (size_t)T * HV * 4);
+    float *db = dup_to_dev(beta, (size_t)T * HV * 4);
+    float *dof = dmalloc((size_t)T * HV * DV * 4);
+    CU(cudaMemset(dof, 0xff, (size_t)T * HV * DV * 4));
+    CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
+                                  TL_GDN_L2NORM | TL_GDN_OUT_F32, NULL), 0);
+    float *o_got = xmalloc((size_t)T * HV * DV * 4);
+    to_host(o_got, dof, (size_t)T * HV * DV * 4);
+    to_host(S_got, dS, ns * 4);
+    char buf[96];
+    snprintf(buf, sizeof buf, "gdn chunk T=%d output vs step", T);
+    CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 1e-5);
+    snprintf(buf, sizeof buf, "gdn chunk T=%d final state vs step", T);
+    CHECK(report(buf, S_got, S_ref, ns) <= 1e-5);
+
+    /* bf16 output path, from the same initial state */
+    CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
+    uint16_t *dob = dmalloc((size_t)T * HV * DV * 2);
+    CHECK_EQ_INT(tl_gpu_gdn_chunk(dob, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
+                                  TL_GDN_L2NORM, NULL), 0);
+    uint16_t *ob = xmalloc((size_t)T * HV * DV * 2);
+    to_host(ob, dob, (size_t)T * HV * DV * 2);
+    bf16_to_f32(o_got, ob, (size_t)T * HV * DV);
+    snprintf(buf, sizeof buf, "gdn chunk T=%d bf16 output vs step", T);
+    CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 4e-6 + 1e-5);
+
+    cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob);
+    free(cb), free(q), free(k), free(v), free(g), free(beta), free(S0), free(S_ref), free(S_got);
+    free(o_ref), free(o_got), free(ob);
+}
+
+static void test_gdn_chunk_matches_recurrence(void) {
+    gdn_case(200);
+    gdn_case(64);
+    gdn_case(1000);
+}
+
+int main(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("FAIL no CUDA device\n");
+        return 1;
+    }
+    T_RUN(test_gemm_bf16_matches_oracle);
+    T_RUN(test_gemm_lm_head_rows);
+    T_RUN(test_gemm_q4_matches_oracle);
+    T_RUN(test_gemm_epilogues);
+    T_RUN(test_moe_grouped_matches_oracle);
+    T_RUN(test_attn_prefill_matches_oracle);
+    T_RUN(test_gdn_chunk_matches_recurrence);
+    return t_summary();
+}
