@@ -38,7 +38,7 @@
  *       num*, float*                             -> number (integral values as integers, as
  *                                                   vLLM does), else string
  *       boolean/bool/binary                      -> true/false if the text is one, else string
- *       object/array/arr/dict*/list* and others  -> the JSON value if the text parses, else
+ *       object/array/arr/dict* / list* and others  -> the JSON value if the text parses, else
  *                                                   string
  *     A type list (["string","null"]) counts as string if it names a string type, else as its
  *     first non-null member. String values stream as they are generated; typed values arrive

@@ -1,0 +1,99 @@
+/* The engine thread: continuous batching over tl_engine_step. HTTP threads build a tl_job (prompt
+ * ids + sampling), submit it to a bounded queue, then read the token events the engine thread
+ * appends to the job, waiting on the job's eventfd and on their client socket at once. The
+ * engine thread is the only thread that touches the engine and the sessions. */
+#ifndef TL_SERVER_SCHED_H
+#define TL_SERVER_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include "tulip.h"
+
+struct tl_metrics;
+
+typedef enum tl_finish {
+    TL_FIN_NONE = 0,
+    TL_FIN_STOP,      /* end-of-sequence token */
+    TL_FIN_LENGTH,    /* max_tokens reached or the context is full */
+    TL_FIN_CANCELLED, /* the reader cancelled (client gone, stop string matched, shutdown) */
+    TL_FIN_ERROR,     /* err_status / err say why */
+} tl_finish;
+
+typedef struct tl_job {
+    /* Inputs: set by the submitting thread before tl_sched_submit, read-only afterwards. */
+    int32_t *prompt; /* owned */
+    int n_prompt;
+    tl_sample_params sample;
+    int max_tokens;  /* <= 0: until the context is full */
+    int ignore_eos;
+    int32_t *script; /* test mode: emitted instead of sampled tokens, then EOS (owned) */
+    int n_script;
+    /* Tokens forced after the reasoning ends (tool_choice required/named): when think_end_id
+     * is emitted, or from the start if !in_think, the next n_force tokens are these (owned). */
+    int32_t *force;
+    int n_force;
+    int think_end_id; /* -1: none */
+    int in_think;
+
+    /* Shared between the engine thread and the reader, under mu. */
+    pthread_mutex_t mu;
+    tl_sample_out *ev; /* events not yet taken by the reader */
+    int n_ev, cap_ev;
+    int finished;      /* a tl_finish once the engine thread is done with the job */
+    int err_status;
+    char err[256];
+    int n_gen;         /* tokens emitted so far */
+    double t_submit, t_admit, t_first, t_last;
+    int efd;           /* eventfd: written on every new event and at the end */
+    atomic_int cancel;
+    atomic_int refs;
+
+    /* Engine-thread private. */
+    tl_session *sess;
+    int n_fed;        /* prompt tokens consumed */
+    int32_t next_tok; /* decode input of the next step */
+    int force_pos;    /* next forced token; -1: forcing not active */
+    struct tl_job *next;
+} tl_job;
+
+/* A new job with one reference (the caller's). Returns NULL when no eventfd can be made. */
+tl_job *tl_job_new(void);
+void tl_job_ref(tl_job *j);
+void tl_job_unref(tl_job *j);
+/* Asks the engine thread to stop the job; it finishes as TL_FIN_CANCELLED within one step. */
+void tl_job_cancel(tl_job *j);
+
+/* Waits up to timeout_ms for new events or the end of the job, while watching sockfd (if >= 0)
+ * for a hang-up. Returns 1 (something to read), 0 (timeout) or -1 (the client went away). */
+int tl_job_wait(tl_job *j, int sockfd, int timeout_ms);
+
+/* Moves up to max pending events into out (oldest first) and returns how many; *finished gets
+ * the finish reason (TL_FIN_NONE while running). Finished is reported only once every event has
+ * been taken. */
+int tl_job_take(tl_job *j, tl_sample_out *out, int max, int *finished);
+
+typedef struct tl_sched_params {
+    int max_queue;   /* waiting jobs beyond this answer TL_ERR_BUSY (429) */
+    int step_tokens; /* token budget of one step: decode tokens + prefill chunk(s) */
+} tl_sched_params;
+
+typedef struct tl_sched tl_sched;
+
+/* Starts the engine thread on e (which it then owns until tl_sched_destroy). */
+int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, struct tl_metrics *m,
+                    char *err, size_t errlen);
+/* Queues a job (takes a reference). TL_ERR_BUSY: queue full; TL_ERR_DEVICE_LOST: the engine
+ * failed; TL_ERR_CANCELLED: shutting down. */
+int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen);
+/* Stops accepting jobs, lets running ones finish for up to grace_s seconds, cancels the rest,
+ * joins the engine thread. The engine stays open (the caller closes it). Submitting afterwards
+ * is safe (TL_ERR_CANCELLED) until tl_sched_free. */
+void tl_sched_shutdown(tl_sched *s, double grace_s);
+void tl_sched_free(tl_sched *s);
+/* 1 once a device error made the engine unusable. */
+int tl_sched_lost(const tl_sched *s);
+/* Snapshot: waiting jobs, running jobs, live sessions, tokens held in KV by live sessions. */
+void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long *kv_tokens);
+
+#endif

@@ -1,0 +1,45 @@
+/* SSE framing (see sse.h). JSON from tl_oai_dump never contains a raw newline (strings are
+ * escaped), so one data line per event is always correct. */
+#include <stdlib.h>
+#include <string.h>
+#include "common/util.h"
+#include "server/sse.h"
+
+void tl_sbuf_put(tl_sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->p = xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+void tl_sbuf_free(tl_sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+size_t tl_sbuf_read(tl_sbuf *b, char *out, size_t max) {
+    size_t k = TL_MIN(max, b->n - b->off);
+    memcpy(out, b->p + b->off, k);
+    b->off += k;
+    if (b->off == b->n) b->off = b->n = 0;
+    return k;
+}
+
+void tl_sse_data(tl_sbuf *b, const char *json) {
+    tl_sbuf_put(b, "data: ", 6);
+    tl_sbuf_put(b, json, strlen(json));
+    tl_sbuf_put(b, "\n\n", 2);
+}
+
+void tl_sse_done(tl_sbuf *b) {
+    tl_sbuf_put(b, "data: [DONE]\n\n", 14);
+}
+
+void tl_sse_comment(tl_sbuf *b, const char *text) {
+    tl_sbuf_put(b, ": ", 2);
+    tl_sbuf_put(b, text, strlen(text));
+    tl_sbuf_put(b, "\n\n", 2);
+}
