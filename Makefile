@@ -49,7 +49,7 @@ else
 BEST := build/cpu/tulip
 endif
 
-.PHONY: all help cpu cuda asan tests test test-c test-py test-gpu fuzz format format-check clean demo
+.PHONY: all help deps cpu cuda asan tests test test-c test-py test-gpu fuzz format format-check clean demo
 .DEFAULT_GOAL := all
 
 all: build/tulip
@@ -58,6 +58,7 @@ help:
 	@echo "make            build build/tulip (CUDA backend if nvcc is found, else CPU only)"
 	@echo "make cpu        CPU-only build: build/cpu/tulip"
 	@echo "make cuda       CPU + CUDA build: build/cuda/tulip (CUDA_ARCH=$(CUDA_ARCH))"
+	@echo "make deps       install the Debian packages tulip builds against (apt-get; root or sudo)"
 	@echo "make demo       build and run the bundled tiny demo model"
 	@echo "make test       CPU tests (C, ASan+UBSan, fuzz smoke, Python references); ends with 'N passed, N failed'"
 	@echo "make test-gpu   GPU tests (on a machine with an NVIDIA GPU)"
@@ -121,8 +122,17 @@ test-gpu: $(GPU_TESTS) build/cuda/tulip
 fuzz: $(FUZZERS)
 	@for f in $(FUZZERS); do echo "== $$f"; $$f -max_total_time=$${FUZZ_TIME:-60} tests/fuzz/corpus/$$(basename $$f) || exit 1; done
 
+APT_PKGS := build-essential pkg-config clang libclang-rt-14-dev python3 python3-venv \
+            libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
+deps:
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
+	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PKGS) >/dev/null
+
+# The tiny demo model (random weights made by transformers, tests/data/tiny-a): greedy ids from
+# prompt ids, then a chat message through the template, tokenizer and detokenizer.
 demo: build/tulip
 	./build/tulip run --model tests/data/tiny-a --allow-test-shape --prompt-ids 1,2,3,4 -n 16 --temperature 0 --print-ids
+	./build/tulip run --model tests/data/tiny-a --allow-test-shape -p "Hello, who are you?" -n 24 --seed 7
 
 format:
 	clang-format -i $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh')
