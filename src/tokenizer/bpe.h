@@ -100,7 +100,7 @@ typedef struct tl_detok_stream tl_detok_stream;
 int tl_detok_stream_create(const tl_tokenizer *tok, unsigned flags, tl_detok_stream **out);
 void tl_detok_stream_free(tl_detok_stream *s);
 
-/* Appends token id. *text/*len receive the newly complete UTF-8 (valid until the next call on
+/* Appends token id. *text and *len receive the newly complete UTF-8 (valid until the next call on
  * s). Returns 0, or TL_ERR_INVALID for an id out of range (nothing emitted, state unchanged),
  * or TL_ERR_NOMEM. */
 int tl_detok_stream_push(tl_detok_stream *s, int32_t id, const char **text, size_t *len);

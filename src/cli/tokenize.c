@@ -1,0 +1,268 @@
+/* tulip tokenize: text on stdin -> token ids, or ids -> text (--decode), for debugging prompts
+ * and for the reference tests (--batch: many strings through one process).
+ *
+ * Batch protocol, one JSON value per input line, one JSON line out per input line:
+ *   encode: "text"  or  {"hex": "616263"} (raw bytes, for invalid UTF-8)  ->  [ids...]
+ *   decode: [ids...]  ->  {"text": "...", "stream": "..."} where "stream" is the same ids through
+ *           the incremental detokenizer (the tests require both to be equal).
+ * A line that fails gives {"error": "..."} and the run continues. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+
+#include "cli/cli.h"
+#include "common/status.h"
+#include "common/util.h"
+#include "tokenizer/bpe.h"
+
+static void tokenize_usage(void) {
+    fprintf(stderr,
+            "usage: tulip tokenize --tokenizer PATH [--decode] [--batch] [--split-special]\n"
+            "                      [--skip-special] [--count]\n"
+            "  PATH             tokenizer.json, or a checkpoint directory containing one\n"
+            "  (default)        UTF-8 text on stdin -> ids on one line, separated by spaces\n"
+            "  --decode         ids on stdin (spaces, commas or newlines) -> text on stdout\n"
+            "  --batch          one JSON value per line (see src/cli/tokenize.c)\n"
+            "  --split-special  special added tokens in the text are tokenized as plain text\n"
+            "  --skip-special   --decode drops special tokens\n"
+            "  --count          print only the number of tokens\n");
+}
+
+static char *read_stdin(size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap + 1);
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - n, stdin)) > 0) {
+        n += r;
+        if (n == cap) {
+            cap *= 2;
+            buf = xrealloc(buf, cap + 1);
+        }
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static int hexval(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static void put_error_line(const char *msg) {
+    json_t *o = json_pack("{s:s}", "error", msg);
+    char *s = json_dumps(o, JSON_COMPACT);
+    printf("%s\n", s);
+    free(s);
+    json_decref(o);
+}
+
+static void batch_encode_line(const tl_tokenizer *tok, json_t *v, unsigned flags) {
+    char *bytes = NULL;
+    size_t len = 0;
+    if (json_is_string(v)) {
+        len = json_string_length(v);
+        bytes = xmalloc(len + 1);
+        memcpy(bytes, json_string_value(v), len);
+    } else if (json_is_string(json_object_get(v, "hex"))) {
+        const char *h = json_string_value(json_object_get(v, "hex"));
+        size_t hl = strlen(h);
+        bytes = xmalloc(hl / 2 + 1);
+        for (size_t i = 0; i + 1 < hl; i += 2) {
+            int a = hexval(h[i]), b = hexval(h[i + 1]);
+            if (a < 0 || b < 0) {
+                free(bytes);
+                put_error_line("bad hex");
+                return;
+            }
+            bytes[len++] = (char)(a * 16 + b);
+        }
+    } else {
+        put_error_line("expected a string or {\"hex\": ...}");
+        return;
+    }
+    tl_tok_ids ids = {0};
+    int n = tl_tokenize(tok, bytes, len, flags, &ids);
+    free(bytes);
+    if (n < 0) {
+        put_error_line(tl_status_str(n));
+        return;
+    }
+    putchar('[');
+    for (size_t i = 0; i < ids.n; i++) printf(i ? ",%d" : "%d", ids.ids[i]);
+    printf("]\n");
+    tl_tok_ids_free(&ids);
+}
+
+static void batch_decode_line(const tl_tokenizer *tok, json_t *v, unsigned flags) {
+    if (!json_is_array(v)) {
+        put_error_line("expected a list of ids");
+        return;
+    }
+    size_t n = json_array_size(v);
+    int32_t *ids = xmalloc((n ? n : 1) * sizeof *ids);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+        json_int_t x = json_is_integer(e) ? json_integer_value(e) : -1;
+        ids[i] = x < 0 || x > INT32_MAX ? -1 : (int32_t)x;
+    }
+    char *text;
+    size_t tl;
+    int st = tl_detokenize(tok, ids, n, flags, &text, &tl);
+    if (st) {
+        free(ids);
+        put_error_line(tl_status_str(st));
+        return;
+    }
+    tl_detok_stream *ds;
+    char *stream = NULL;
+    size_t sl = 0;
+    if (tl_detok_stream_create(tok, flags, &ds) == 0) {
+        stream = xmalloc(3 * tl + 16);
+        const char *piece;
+        size_t pl;
+        for (size_t i = 0; i < n; i++) {
+            if (tl_detok_stream_push(ds, ids[i], &piece, &pl)) break;
+            if (sl + pl > 3 * tl + 12) break; /* cannot happen when the stream is right */
+            memcpy(stream + sl, piece, pl);
+            sl += pl;
+        }
+        if (tl_detok_stream_flush(ds, &piece, &pl) == 0 && sl + pl <= 3 * tl + 12) {
+            memcpy(stream + sl, piece, pl);
+            sl += pl;
+        }
+        tl_detok_stream_free(ds);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "text", json_stringn(text, tl));
+    json_object_set_new(o, "stream", stream ? json_stringn(stream, sl) : json_null());
+    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    printf("%s\n", s ? s : "{\"error\":\"output is not UTF-8\"}");
+    free(s);
+    json_decref(o);
+    free(text);
+    free(stream);
+    free(ids);
+}
+
+static int run_batch(const tl_tokenizer *tok, int decode, unsigned flags) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        if (n && line[n - 1] == '\n') line[--n] = 0;
+        if (!n) continue;
+        json_error_t je;
+        json_t *v = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        if (!v) {
+            put_error_line(je.text);
+        } else if (decode) {
+            batch_decode_line(tok, v, flags);
+        } else {
+            batch_encode_line(tok, v, flags);
+        }
+        json_decref(v);
+        fflush(stdout);
+    }
+    free(line);
+    return 0;
+}
+
+static int run_decode(const tl_tokenizer *tok, unsigned flags) {
+    size_t len;
+    char *in = read_stdin(&len);
+    size_t n = 0, cap = 256;
+    int32_t *ids = xmalloc(cap * sizeof *ids);
+    char *p = in;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v >= tl_tokenizer_n_vocab(tok)) {
+            fprintf(stderr, "tulip tokenize: bad token id near \"%.20s\" (ids are 0..%d)\n", p,
+                    tl_tokenizer_n_vocab(tok) - 1);
+            free(ids);
+            free(in);
+            return 1;
+        }
+        if (n == cap) ids = xrealloc(ids, (cap *= 2) * sizeof *ids);
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    char *text;
+    size_t tl;
+    int st = tl_detokenize(tok, ids, n, flags, &text, &tl);
+    free(ids);
+    free(in);
+    if (st) {
+        fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(st));
+        return 1;
+    }
+    fwrite(text, 1, tl, stdout);
+    free(text);
+    return 0;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *path = NULL;
+    int decode = 0, batch = 0, count = 0;
+    unsigned eflags = 0, dflags = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (!strcmp(argv[i], "--batch")) batch = 1;
+        else if (!strcmp(argv[i], "--count")) count = 1;
+        else if (!strcmp(argv[i], "--split-special")) eflags |= TL_TOKENIZE_SPLIT_SPECIAL;
+        else if (!strcmp(argv[i], "--skip-special")) dflags |= TL_DETOK_SKIP_SPECIAL;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            tokenize_usage();
+            return 0;
+        } else {
+            fprintf(stderr, "tulip tokenize: unknown option '%s'\n", argv[i]);
+            tokenize_usage();
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "tulip tokenize: --tokenizer PATH is required\n");
+        tokenize_usage();
+        return 2;
+    }
+    char err[512];
+    tl_tokenizer *tok;
+    int st = tl_tokenizer_load(path, &tok, err, sizeof err);
+    if (st) {
+        fprintf(stderr, "tulip tokenize: %s\n", err);
+        if (st == TL_ERR_IO)
+            fprintf(stderr, "hint: PATH is a tokenizer.json file or a checkpoint directory that has one\n");
+        return 1;
+    }
+    int rc = 0;
+    if (batch) {
+        rc = run_batch(tok, decode, decode ? dflags : eflags);
+    } else if (decode) {
+        rc = run_decode(tok, dflags);
+    } else {
+        size_t len;
+        char *in = read_stdin(&len);
+        tl_tok_ids ids = {0};
+        int n = tl_tokenize(tok, in, len, eflags, &ids);
+        free(in);
+        if (n < 0) {
+            fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(n));
+            rc = 1;
+        } else if (count) {
+            printf("%zu\n", ids.n);
+        } else {
+            for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
+            printf("\n");
+        }
+        tl_tok_ids_free(&ids);
+    }
+    tl_tokenizer_free(tok);
+    return rc;
+}
