@@ -1,0 +1,73 @@
+/* The CUDA backend's private state, shared by cuda_runtime.cu (open, upload, state, graphs'
+ * storage) and cuda_forward.cu (the schedule of one step). Nothing outside src/cuda sees it. */
+#ifndef TL_CUDA_BACKEND_CUH
+#define TL_CUDA_BACKEND_CUH
+
+#include "cuda/cuda_common.cuh"
+
+#define CB_MAX_GRAPH_B 64 /* decode batch sizes captured as graphs */
+#define CB_DECODE_SPLIT 64 /* split-KV partials per (token, head) on the decode path */
+
+/* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
+typedef struct cb_layer {
+    tl_layer_kind kind;
+    float *attn_norm, *ffn_norm; /* [n_embd] (1+w) */
+    tl_gpu_gemm_w in;            /* gdn: rows q|k|v (conv_dim), z (val_dim), b, a (nv each),
+                                    padded to a multiple of 128; attn: q+gate (n_head*512), k, v */
+    tl_gpu_gemm_w out;           /* gdn out_proj [n_embd, val_dim] / attn o_proj [n_embd, n_head*256] */
+    float *q_norm, *k_norm;      /* [256] (1+w) */
+    float *conv_w;               /* [conv_dim, 4] */
+    float *dt_bias, *a_neg;      /* [nv] */
+    float *gdn_norm;             /* [128] */
+    tl_gpu_gemm_w router;        /* bf16 [n_expert + 1, n_embd]: router rows, then shared_expert_gate */
+    tl_gpu_gemm_w gate_up;       /* (n_expert + 1) experts [2F, n_embd], rows interleaved by 8 */
+    tl_gpu_gemm_w down;          /* (n_expert + 1) experts [n_embd, F] */
+    int st_idx;                  /* index among layers of its kind (KV / GDN state arrays) */
+} cb_layer;
+
+typedef struct cuda_be {
+    tl_backend base;
+    tl_config cfg;
+    int max_seqs, max_ctx, max_tok, max_out, part_rows;
+    int n_attn, n_gdn, conv_dim, val_dim, ld_gdn_in, ld_attn_in, n_valid;
+    int lost;
+    cb_layer L[TL_MAX_LAYERS];
+    tl_gpu_gemm_w embd, lm_head;
+    float *out_norm;
+
+    /* sequence state */
+    uint16_t *kc, *vc;   /* [n_attn][max_seqs][max_ctx][n_kv][256] bf16 */
+    float *conv_st;      /* [n_gdn][max_seqs][3][conv_dim] */
+    float *rec_st;       /* [n_gdn][max_seqs][nv][128][128] */
+
+    /* activations for max_tok tokens */
+    float *x, *proj, *conv_out, *y, *q, *part, *rlog, *wts, *wsh, *act, *xo, *logits;
+    int32_t *ids;
+
+    /* batch metadata: device and pinned host copies of the same layout */
+    int32_t *d_meta, *h_meta;
+    size_t meta_ints;
+
+    /* sampling */
+    tl_sample_params *d_params, *h_params;
+    uint64_t *d_keys, *h_keys;
+    tl_sample_out *d_out, *h_out;
+    int32_t *d_counts, *d_hist;
+    float *d_sscratch;
+
+    cudaStream_t stream;
+    cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
+    int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
+} cuda_be;
+
+/* cuda_forward.cu */
+int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen);
+/* cuda_runtime.cu */
+int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts, int n_parts,
+                int rows_pad, char *err, size_t errlen);
+int cb_parts_bits(const tl_mat *const *parts, int n_parts);
+int cb_prof_active(void);
+/* k_attn_decode.cu */
+int tl_gpu_attn_setup(void);
+
+#endif

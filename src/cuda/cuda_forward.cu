@@ -1,0 +1,275 @@
+/* The schedule of one batched step on the GPU: the entries' tokens are packed into micro-batches
+ * of at most max_tok tokens (a long prefill chunk spans several, in order), each runs through the
+ * 40 layers, the last token of every finished entry goes through the final norm and the LM head,
+ * and the device sampler picks the next tokens. Pure decode micro-batches (one token per
+ * sequence) replay a CUDA graph captured once per batch size.
+ *
+ * Per layer (decode, B tokens): GDN layer = in-proj GEMV (RMSNorm fused) -> conv1d -> GDN step
+ * (gates, L2 norms, delta rule, gated norm) -> out-proj GEMV (+residual); attention layer =
+ * in-proj GEMV -> q/k norm + RoPE + KV write -> split-KV attention -> combine*gate -> o-proj
+ * GEMV (+residual); MoE = router GEMV (norm fused) -> top-k -> experts gate/up (norm fused) ->
+ * experts down + weighted combine + shared expert (+residual). */
+#include <stdlib.h>
+#include <string.h>
+#include "cuda/cuda_backend.cuh"
+
+extern "C" {
+#include "common/util.h"
+}
+
+#define TRY(x)                                                                                    \
+    do {                                                                                          \
+        int st_ = (x);                                                                            \
+        if (st_) return st_;                                                                      \
+    } while (0)
+
+typedef struct mb_seg {
+    int entry, start, n;
+} mb_seg;
+
+/* Views of the metadata block (device or host base). */
+typedef struct meta_view {
+    int32_t *tokens, *tok_pos, *tok_slot, *tok_seg, *seg_tok0, *seg_n, *seg_slot, *seg_pos0, *out_rows;
+} meta_view;
+
+static meta_view meta_at(const cuda_be *be, int32_t *base) {
+    meta_view v;
+    int T = be->max_tok, S = be->max_seqs;
+    v.tokens = base, v.tok_pos = base + T, v.tok_slot = base + 2 * T, v.tok_seg = base + 3 * T;
+    v.seg_tok0 = base + 4 * T, v.seg_n = v.seg_tok0 + S, v.seg_slot = v.seg_n + S;
+    v.seg_pos0 = v.seg_slot + S, v.out_rows = v.seg_pos0 + S;
+    return v;
+}
+
+/* All launches of one micro-batch (graph-capturable: no host sync, no allocation). */
+static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+    const tl_config *c = &be->cfg;
+    meta_view d = meta_at(be, be->d_meta);
+    tl_gpu_seqs s;
+    s.tok_pos = d.tok_pos, s.tok_slot = d.tok_slot, s.tok_seg = d.tok_seg;
+    s.seg_tok0 = d.seg_tok0, s.seg_n = d.seg_n, s.seg_slot = d.seg_slot, s.seg_pos0 = d.seg_pos0;
+    s.n_tok = T, s.n_seg = n_seg;
+    int D = c->n_embd, nv = c->gdn_n_v_head, K = c->n_expert_used, E = c->n_expert;
+    float eps = c->rms_eps;
+    size_t kv_layer = (size_t)be->max_seqs * be->max_ctx * c->n_head_kv * 256;
+    size_t conv_layer = (size_t)be->max_seqs * 3 * be->conv_dim;
+    size_t rec_layer = (size_t)be->max_seqs * nv * 128 * 128;
+
+    TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T));
+    for (int il = 0; il < c->n_layer; il++) {
+        const cb_layer *L = &be->L[il];
+        if (L->kind == TL_LAYER_GDN) {
+            int ld = be->ld_gdn_in;
+            TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0));
+            TRY(tl_gpu_conv1d(be->conv_out, be->conv_st + L->st_idx * conv_layer, be->proj, ld,
+                              L->conv_w, be->conv_dim, &s));
+            int z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
+            TRY(tl_gpu_gdn(be->y, be->rec_st + L->st_idx * rec_layer, be->conv_out, be->proj, ld,
+                           z_off, b_off, a_off, L->dt_bias, L->a_neg, L->gdn_norm,
+                           c->gdn_n_k_head, nv, eps, &s));
+            TRY(tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1));
+        } else {
+            int ld = be->ld_attn_in;
+            uint16_t *kc = be->kc + L->st_idx * kv_layer, *vc = be->vc + L->st_idx * kv_layer;
+            TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0));
+            TRY(tl_gpu_qk_rope_kv(be->q, kc, vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
+                                  c->n_head_kv, be->max_ctx, c->rope_theta, eps, &s));
+            TRY(tl_gpu_attn(be->y, be->part, be->q, kc, vc, be->proj, ld, c->n_head, c->n_head_kv,
+                            be->max_ctx, n_split, &s));
+            TRY(tl_gpu_gemv(be->x, D, &L->out, be->y, c->n_head * 256, NULL, 0.0f, T, 1));
+        }
+        TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0));
+        TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->rlog, E + 1, E, K, T));
+        TRY(tl_gpu_moe_up(be->act, &L->gate_up, be->x, L->ffn_norm, eps, be->ids, K, E, T));
+        TRY(tl_gpu_moe_down(be->x, &L->down, be->act, be->ids, be->wts, be->wsh, K, E, T));
+    }
+    if (n_out > 0) {
+        TRY(tl_gpu_rmsnorm(be->xo, be->x, be->out_norm, d.out_rows, n_out, D, eps));
+        TRY(tl_gpu_gemv(be->logits + (size_t)out_row0 * c->n_vocab, c->n_vocab, &be->lm_head,
+                        be->xo, D, NULL, 0.0f, n_out, 0));
+    }
+    return 0;
+}
+
+/* Runs one micro-batch: fills the metadata, uploads it, then replays a graph or launches. */
+static int micro_step(cuda_be *be, const tl_fwd_entry *e, const mb_seg *segs, int n_seg,
+                      const int *row_of, int *n_out_total, char *err, size_t errlen) {
+    meta_view h = meta_at(be, be->h_meta);
+    int T = 0, n_out = 0, out_row0 = -1, all_single = 1, max_kv = 0;
+    for (int i = 0; i < n_seg; i++) {
+        const mb_seg *sg = &segs[i];
+        const tl_fwd_entry *en = &e[sg->entry];
+        h.seg_tok0[i] = T, h.seg_n[i] = sg->n, h.seg_slot[i] = en->slot;
+        h.seg_pos0[i] = en->pos + sg->start;
+        for (int j = 0; j < sg->n; j++, T++) {
+            h.tokens[T] = en->tokens[sg->start + j];
+            h.tok_pos[T] = en->pos + sg->start + j;
+            h.tok_slot[T] = en->slot;
+            h.tok_seg[T] = i;
+        }
+        max_kv = TL_MAX(max_kv, en->pos + sg->start + sg->n);
+        if (sg->n != 1) all_single = 0;
+        if (sg->start + sg->n == en->n_tok && row_of[sg->entry] >= 0) {
+            if (out_row0 < 0) out_row0 = row_of[sg->entry];
+            h.out_rows[n_out++] = T - 1;
+        }
+    }
+    if (out_row0 < 0) out_row0 = 0;
+    CUDA_TRY(cudaMemcpyAsync(be->d_meta, be->h_meta, be->meta_ints * 4, cudaMemcpyHostToDevice, be->stream));
+    int decode = all_single && T <= be->max_seqs;
+    int n_split = CB_DECODE_SPLIT;
+    if (!decode) {
+        n_split = TL_MAX(1, TL_MIN(CB_DECODE_SPLIT, be->part_rows / T));
+        n_split = TL_MIN(n_split, TL_MAX(1, TL_CEIL_DIV(max_kv, 32)));
+    }
+    int use_graph = decode && T <= CB_MAX_GRAPH_B && n_out == T && out_row0 == 0 &&
+                    !be->graphs_off && !cb_prof_active();
+    if (use_graph) {
+        if (!be->graph[T]) {
+            cudaGraph_t g;
+            CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
+            tl_cuda_capturing = 1;
+            int st = run_layers(be, T, n_seg, n_out, 0, n_split);
+            tl_cuda_capturing = 0;
+            cudaError_t ce = cudaStreamEndCapture(be->stream, &g);
+            if (st || ce != cudaSuccess)
+                return tl_errf(err, errlen, TL_ERR_CUDA, "graph capture failed (%s)",
+                               st ? tl_status_str(st) : cudaGetErrorString(ce));
+            ce = cudaGraphInstantiate(&be->graph[T], g, 0);
+            cudaGraphDestroy(g);
+            if (ce != cudaSuccess) {
+                be->graph[T] = NULL;
+                return tl_errf(err, errlen, TL_ERR_CUDA, "graph instantiate: %s", cudaGetErrorString(ce));
+            }
+        }
+        CUDA_TRY(cudaGraphLaunch(be->graph[T], be->stream));
+    } else {
+        int st = run_layers(be, T, n_seg, n_out, out_row0, n_split);
+        if (st) return tl_errf(err, errlen, st, "CUDA forward failed (see log)");
+    }
+    *n_out_total += n_out;
+    return 0;
+}
+
+static uint64_t rng_draw(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int has_penalty(const tl_sample_params *p) {
+    return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+           p->repetition_penalty != 1.0f;
+}
+
+static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    const tl_config *c = &be->cfg;
+    if (n > be->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch of %d entries, backend has %d slots", n, be->max_seqs);
+    int row_of[1024], n_rows = 0;
+    if (n > 1024) return tl_errf(err, errlen, TL_ERR_INVALID, "batch too large");
+    for (int i = 0; i < n; i++) {
+        const tl_fwd_entry *en = &e[i];
+        if (en->slot < 0 || en->slot >= be->max_seqs || en->pos < 0 || en->n_tok < 1)
+            return tl_errf(err, errlen, TL_ERR_INVALID, "entry %d: bad slot %d / pos %d / n_tok %d",
+                           i, en->slot, en->pos, en->n_tok);
+        if ((long)en->pos + en->n_tok > be->max_ctx)
+            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL, "entry %d: %d + %d tokens exceed the context of %d",
+                           i, en->pos, en->n_tok, be->max_ctx);
+        for (int j = 0; j < en->n_tok; j++)
+            if (en->tokens[j] < 0 || en->tokens[j] >= c->n_vocab)
+                return tl_errf(err, errlen, TL_ERR_INVALID, "entry %d: token id %d out of range [0, %d)",
+                               i, en->tokens[j], c->n_vocab);
+        row_of[i] = (en->logits || en->sample) ? n_rows++ : -1;
+    }
+    tl_cuda_stream = be->stream;
+    tl_cuda_prof_mark("start");
+
+    /* micro-batches */
+    mb_seg segs[1024];
+    int n_seg = 0, T = 0, n_out = 0;
+    for (int i = 0; i < n; i++) {
+        int off = 0;
+        while (off < e[i].n_tok) {
+            int take = TL_MIN(e[i].n_tok - off, be->max_tok - T);
+            segs[n_seg].entry = i, segs[n_seg].start = off, segs[n_seg].n = take;
+            n_seg++, T += take, off += take;
+            if (T == be->max_tok || n_seg == be->max_seqs) {
+                TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
+                n_seg = 0, T = 0;
+            }
+        }
+    }
+    if (n_seg > 0) TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
+
+    /* sampling */
+    if (n_rows > 0) {
+        int V = c->n_vocab, any_pen = 0, any_sample = 0;
+        for (int i = 0; i < n; i++) {
+            int r = row_of[i];
+            if (r < 0) continue;
+            tl_sample_params *p = &be->h_params[r];
+            if (e[i].sample) {
+                *p = *e[i].sample;
+                if (p->n_logprobs > TL_MAX_LOGPROBS) p->n_logprobs = TL_MAX_LOGPROBS;
+                if (p->n_logprobs < 0) p->n_logprobs = 0;
+                be->h_keys[r] = e[i].rng ? rng_draw(e[i].rng) : 0;
+                any_sample = 1;
+                if (has_penalty(p)) any_pen = 1;
+            } else {
+                memset(p, 0, sizeof *p);
+                p->top_p = 1.0f, p->repetition_penalty = 1.0f;
+                be->h_keys[r] = 0;
+            }
+        }
+        if (any_sample) {
+            CUDA_TRY(cudaMemcpyAsync(be->d_params, be->h_params, n_rows * sizeof(tl_sample_params),
+                                     cudaMemcpyHostToDevice, be->stream));
+            CUDA_TRY(cudaMemcpyAsync(be->d_keys, be->h_keys, n_rows * sizeof(uint64_t),
+                                     cudaMemcpyHostToDevice, be->stream));
+            if (any_pen) {
+                size_t hoff = 0;
+                for (int i = 0; i < n; i++) {
+                    int r = row_of[i];
+                    if (r < 0) continue;
+                    int use = e[i].sample && has_penalty(&be->h_params[r]) && e[i].history;
+                    int nh = use ? TL_MIN(e[i].n_history, be->max_ctx) : 0;
+                    if (nh > 0)
+                        CUDA_TRY(cudaMemcpyAsync(be->d_hist + hoff, e[i].history, nh * 4,
+                                                 cudaMemcpyHostToDevice, be->stream));
+                    TRY(tl_gpu_penalty_counts(be->d_counts + (size_t)r * V, be->d_hist + hoff, nh,
+                                              e[i].n_prompt, V));
+                    hoff += nh;
+                }
+            }
+            TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->d_keys,
+                              any_pen ? be->d_counts : NULL, be->d_sscratch, n_rows));
+            CUDA_TRY(cudaMemcpyAsync(be->h_out, be->d_out, n_rows * sizeof(tl_sample_out),
+                                     cudaMemcpyDeviceToHost, be->stream));
+        }
+        for (int i = 0; i < n; i++)
+            if (e[i].logits && row_of[i] >= 0)
+                CUDA_TRY(cudaMemcpyAsync(e[i].logits, be->logits + (size_t)row_of[i] * V,
+                                         sizeof(float) * V, cudaMemcpyDeviceToHost, be->stream));
+        CUDA_TRY(cudaStreamSynchronize(be->stream));
+        for (int i = 0; i < n; i++)
+            if (e[i].sample && e[i].out && row_of[i] >= 0) *e[i].out = be->h_out[row_of[i]];
+    }
+    CUDA_TRY(cudaStreamSynchronize(be->stream));
+    CUDA_TRY(cudaGetLastError());
+    (void)n_out;
+    return 0;
+}
+
+int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    if (err && errlen) err[0] = 0;
+    if (be->lost) return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost after an earlier error");
+    int st = forward_impl(be, e, n, err, errlen);
+    if (st == TL_ERR_CUDA) {
+        be->lost = 1;
+        if (err && errlen && !err[0]) tl_errf(err, errlen, st, "CUDA error during the forward (see log)");
+    }
+    return st;
+}

@@ -1,0 +1,727 @@
+/* CUDA backend runtime: device selection, memory helpers, weight upload (bf16, or 4-bit repacked
+ * into the q4 tiled layout), random full-size weights built on the device, per-slot sequence
+ * state, activation buffers, the per-kernel profiler, and tl_backend_cuda_open/close. The
+ * schedule of one step is in cuda_forward.cu. */
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <unistd.h>
+#include "cuda/cuda_backend.cuh"
+
+extern "C" {
+#include "common/util.h"
+#include "cpu/cpu.h"
+}
+
+cudaStream_t tl_cuda_stream = 0;
+int tl_cuda_sync_each = 0;
+int tl_cuda_capturing = 0;
+
+/* ====== Device and memory ====== */
+
+extern "C" int tl_gpu_init(char *err, size_t errlen) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "no CUDA device (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "count is 0");
+    cudaDeviceProp pr;
+    if (cudaGetDeviceProperties(&pr, 0) != cudaSuccess || cudaSetDevice(0) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot open CUDA device 0");
+    if (pr.major != 9)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "GPU %s is compute capability %d.%d; this build targets sm_90a (Hopper)",
+                       pr.name, pr.major, pr.minor);
+    const char *s = getenv("TL_CUDA_SYNC");
+    tl_cuda_sync_each = s && atoi(s) != 0;
+    return 0;
+}
+
+extern "C" void *tl_gpu_malloc(size_t n) {
+    void *p = NULL;
+    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+extern "C" void tl_gpu_free(void *p) {
+    if (p) cudaFree(p);
+}
+extern "C" int tl_gpu_upload(void *dst, const void *src, size_t n) {
+    CUDA_TRY(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    return 0;
+}
+extern "C" int tl_gpu_download(void *dst, const void *src, size_t n) {
+    CUDA_TRY(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    return 0;
+}
+extern "C" int tl_gpu_memset(void *dst, int v, size_t n) {
+    CUDA_TRY(cudaMemset(dst, v, n));
+    return 0;
+}
+extern "C" int tl_gpu_sync(void) {
+    CUDA_TRY(cudaDeviceSynchronize());
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+/* ====== Per-kernel profiler (eager steps only) ====== */
+
+#define PROF_MAX 8192
+static int prof_on, prof_n;
+static cudaEvent_t prof_ev[PROF_MAX];
+static const char *prof_name[PROF_MAX];
+
+void tl_cuda_prof_mark(const char *name) {
+    if (!prof_on || tl_cuda_capturing || prof_n >= PROF_MAX) return;
+    if (!prof_ev[prof_n]) cudaEventCreate(&prof_ev[prof_n]);
+    cudaEventRecord(prof_ev[prof_n], tl_cuda_stream);
+    prof_name[prof_n++] = name;
+}
+
+int cb_prof_active(void) { return prof_on; }
+
+extern "C" void tl_cuda_prof_enable(tl_backend *b, int on) {
+    prof_on = on;
+    prof_n = 0;
+}
+
+extern "C" void tl_cuda_prof_report(tl_backend *b, void *file) {
+    FILE *f = (FILE *)file;
+    cudaDeviceSynchronize();
+    const char *names[64];
+    double ms[64];
+    int calls[64], nn = 0;
+    double total = 0;
+    for (int i = 1; i < prof_n; i++) {
+        float dt = 0;
+        cudaEventElapsedTime(&dt, prof_ev[i - 1], prof_ev[i]);
+        int k = 0;
+        while (k < nn && strcmp(names[k], prof_name[i])) k++;
+        if (k == nn && nn < 64) names[nn] = prof_name[i], ms[nn] = 0, calls[nn] = 0, nn++;
+        if (k < 64) ms[k] += dt, calls[k]++;
+        total += dt;
+    }
+    for (int i = 0; i < nn; i++) /* sort by time, descending */
+        for (int j = i + 1; j < nn; j++)
+            if (ms[j] > ms[i]) {
+                double tm = ms[i];
+                ms[i] = ms[j], ms[j] = tm;
+                const char *tn = names[i];
+                names[i] = names[j], names[j] = tn;
+                int tc = calls[i];
+                calls[i] = calls[j], calls[j] = tc;
+            }
+    fprintf(f, "| kernel | calls | ms | share |\n|---|---:|---:|---:|\n");
+    for (int i = 0; i < nn; i++)
+        fprintf(f, "| %s | %d | %.4f | %.1f%% |\n", names[i], calls[i], ms[i],
+                total > 0 ? 100.0 * ms[i] / total : 0.0);
+    fprintf(f, "| total (launch gaps included) | | %.4f | 100%% |\n", total);
+    prof_on = 0;
+    prof_n = 0;
+}
+
+/* ====== Weight upload ====== */
+
+/* 4 when every part is MLX affine 4-bit, group 64, rows a multiple of 8; else 16. */
+int cb_parts_bits(const tl_mat *const *parts, int n_parts) {
+    for (int i = 0; i < n_parts; i++) {
+        const tl_mat *m = parts[i];
+        if (m->bits != 4 || m->group != 64 || m->rows % 8 || m->cols % 128) return 16;
+    }
+    return 4;
+}
+
+static uint16_t host_f2bf(float f) { return tl_f32_to_bf16(f); }
+
+/* Writes the parts, stacked by rows and zero-padded to rows_pad, into device memory dst_w
+ * (and dst_sb for bits 4) in the kernels' layout. Host staging, one copy per call. */
+int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts, int n_parts,
+                int rows_pad, char *err, size_t errlen) {
+    int cols = parts[0]->cols;
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i]->cols != cols)
+            return tl_errf(err, errlen, TL_ERR_FORMAT, "stacked parts differ in columns (%d vs %d)",
+                           parts[i]->cols, cols);
+    if (bits == 16) {
+        size_t n = (size_t)rows_pad * cols;
+        uint16_t *h = (uint16_t *)calloc(n, 2);
+        float *row = (float *)malloc(sizeof(float) * cols);
+        if (!h || !row) {
+            free(h), free(row);
+            return tl_errf(err, errlen, TL_ERR_NOMEM, "upload staging of %zu bytes", n * 2);
+        }
+        size_t r0 = 0;
+        for (int i = 0; i < n_parts; i++) {
+            const tl_mat *m = parts[i];
+            if (m->bits == 0 && m->wtype == TL_DT_BF16) {
+                memcpy(h + r0 * cols, m->w, (size_t)m->rows * cols * 2);
+            } else {
+                for (int r = 0; r < m->rows; r++) {
+                    cpu_mat_row(row, m, r);
+                    for (int c = 0; c < cols; c++) h[(r0 + r) * cols + c] = host_f2bf(row[c]);
+                }
+            }
+            r0 += m->rows;
+        }
+        cudaError_t e = cudaMemcpy(dst_w, h, n * 2, cudaMemcpyHostToDevice);
+        free(h), free(row);
+        if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    /* q4 tiled: word (rb, kb, lane) nibble n = column 32kb + 2(lane%4) + q4col(n) of row 8rb + lane/4 */
+    int KB = cols / 32, G = cols / 64;
+    size_t nw = (size_t)rows_pad / 8 * KB * 32, nsb = (size_t)G * rows_pad;
+    uint32_t *hw = (uint32_t *)calloc(nw, 4), *hsb = (uint32_t *)calloc(nsb, 4);
+    if (!hw || !hsb) {
+        free(hw), free(hsb);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "upload staging of %zu bytes", (nw + nsb) * 4);
+    }
+    static const int q4col[8] = {0, 8, 16, 24, 1, 9, 17, 25};
+    size_t r0 = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const tl_mat *m = parts[i];
+        const uint32_t *src = (const uint32_t *)m->w;
+        int wpr = cols / 8;
+        for (int r = 0; r < m->rows; r++) {
+            size_t gr = r0 + r, rb = gr / 8;
+            int r8 = (int)(gr % 8);
+            const uint32_t *sr = src + (size_t)r * wpr;
+            for (int kb = 0; kb < KB; kb++)
+                for (int t = 0; t < 4; t++) {
+                    uint32_t word = 0;
+                    for (int n = 0; n < 8; n++) {
+                        int c = 32 * kb + 2 * t + q4col[n];
+                        uint32_t q = (sr[c / 8] >> (4 * (c % 8))) & 15u;
+                        word |= q << (4 * n);
+                    }
+                    hw[(rb * KB + kb) * 32 + r8 * 4 + t] = word;
+                }
+            for (int g = 0; g < G; g++) {
+                float s = tl_load_elem(m->scales, m->stype, (size_t)r * G + g);
+                float b = tl_load_elem(m->biases, m->stype, (size_t)r * G + g);
+                hsb[(size_t)g * rows_pad + gr] = host_f2bf(s) | ((uint32_t)host_f2bf(b) << 16);
+            }
+        }
+        r0 += m->rows;
+    }
+    cudaError_t e = cudaMemcpy(dst_w, hw, nw * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dst_sb, hsb, nsb * 4, cudaMemcpyHostToDevice);
+    free(hw), free(hsb);
+    if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+static size_t mat_w_bytes(int bits, int rows, int cols) {
+    return bits == 4 ? (size_t)rows * cols / 2 : (size_t)rows * cols * 2;
+}
+static size_t mat_sb_bytes(int bits, int rows, int cols) {
+    return bits == 4 ? (size_t)rows * (cols / 64) * 4 : 0;
+}
+
+extern "C" size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m) {
+    return mat_w_bytes(m->bits, m->rows, m->cols) + mat_sb_bytes(m->bits, m->rows, m->cols);
+}
+
+static int mat_alloc(tl_gpu_gemm_w *m, int bits, int rows, int cols, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    m->bits = bits, m->rows = rows, m->cols = cols;
+    size_t wb = mat_w_bytes(bits, rows, cols), sbb = mat_sb_bytes(bits, rows, cols);
+    void *w = tl_gpu_malloc(wb), *sb = sbb ? tl_gpu_malloc(sbb) : NULL;
+    if (!w || (sbb && !sb)) {
+        tl_gpu_free(w), tl_gpu_free(sb);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of %zu bytes failed (weights)", wb + sbb);
+    }
+    m->w = w, m->sb = sb;
+    return 0;
+}
+
+extern "C" void tl_gpu_mat_free(tl_gpu_gemm_w *m) {
+    tl_gpu_free((void *)m->w);
+    tl_gpu_free((void *)m->sb);
+    memset(m, 0, sizeof *m);
+}
+
+extern "C" int tl_gpu_mat_upload(tl_gpu_gemm_w *out, const tl_mat *const *parts, int n_parts,
+                                 int rows_pad, char *err, size_t errlen) {
+    int rows = 0;
+    for (int i = 0; i < n_parts; i++) rows += parts[i]->rows;
+    if (rows_pad < rows) rows_pad = rows;
+    int bits = cb_parts_bits(parts, n_parts);
+    if (bits == 4 && rows_pad % 8) bits = 16;
+    int st = mat_alloc(out, bits, rows_pad, parts[0]->cols, err, errlen);
+    if (st) return st;
+    st = cb_mat_fill((void *)out->w, (void *)out->sb, bits, parts, n_parts, rows_pad, err, errlen);
+    if (st) tl_gpu_mat_free(out);
+    return st;
+}
+
+/* A view of rows r0 .. r0+n-1 of m. */
+static tl_mat mat_rows(const tl_mat *m, int r0, int n) {
+    tl_mat v = *m;
+    v.rows = n;
+    if (m->bits == 0) {
+        v.w = (const char *)m->w + (size_t)r0 * m->cols * tl_dtype_size(m->wtype);
+    } else {
+        v.w = (const uint32_t *)m->w + (size_t)r0 * m->cols * m->bits / 32;
+        size_t g = (size_t)r0 * (m->cols / m->group) * tl_dtype_size(m->stype);
+        v.scales = (const char *)m->scales + g;
+        v.biases = (const char *)m->biases + g;
+    }
+    return v;
+}
+
+/* ====== Random weights (bench): built on the device from a seed ====== */
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+__global__ void fill_bf16_kernel(uint16_t *p, size_t n, uint64_t seed, float amp) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = mix64(seed + 0x9E3779B97F4A7C15ull * (i + 1));
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+        p[i] = f2bf(amp * u);
+    }
+}
+__global__ void fill_u32_kernel(uint32_t *p, size_t n, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint32_t)(mix64(seed + 0x9E3779B97F4A7C15ull * (i + 1)) >> 16);
+}
+__global__ void fill_sb_kernel(uint32_t *p, size_t n, uint64_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = mix64(seed + 0x9E3779B97F4A7C15ull * (i + 1));
+        float s = scale * (0.75f + 0.5f * (float)(z >> 40) * (1.0f / 16777216.0f));
+        p[i] = (uint32_t)f2bf(s) | ((uint32_t)f2bf(-7.5f * s) << 16);
+    }
+}
+
+/* Values uniform with standard deviation std (bf16), or 4-bit s*(q - 7.5) with s ~ std*sqrt(3)/7.5. */
+static int mat_random(tl_gpu_gemm_w *m, int bits, int rows, int cols, uint64_t seed, float std,
+                      char *err, size_t errlen) {
+    int st = mat_alloc(m, bits, rows, cols, err, errlen);
+    if (st) return st;
+    float amp = std * sqrtf(3.0f);
+    if (bits == 16) {
+        fill_bf16_kernel<<<4096, 256>>>((uint16_t *)m->w, (size_t)rows * cols, seed, amp);
+    } else {
+        fill_u32_kernel<<<4096, 256>>>((uint32_t *)m->w, (size_t)rows * cols / 8, seed);
+        fill_sb_kernel<<<1024, 256>>>((uint32_t *)m->sb, (size_t)rows * (cols / 64), seed ^ 0x5bd1e995ull, amp / 7.5f);
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "random fill: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+static float *upload_f32(const float *h, size_t n) {
+    float *d = (float *)tl_gpu_malloc(n * sizeof(float));
+    if (d && tl_gpu_upload(d, h, n * sizeof(float))) {
+        tl_gpu_free(d);
+        return NULL;
+    }
+    return d;
+}
+static float *const_f32(size_t n, float v) {
+    float *h = (float *)xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = v;
+    float *d = upload_f32(h, n);
+    free(h);
+    return d;
+}
+static uint64_t host_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float host_uniform(uint64_t *s) { return (float)(host_rng(s) >> 40) * (1.0f / 16777216.0f); }
+
+/* ====== Backend open / close ====== */
+
+static void cb_close(tl_backend *b) {
+    if (!b) return;
+    cuda_be *be = (cuda_be *)b->impl;
+    if (be) {
+        cudaDeviceSynchronize();
+        for (int i = 0; i <= CB_MAX_GRAPH_B; i++)
+            if (be->graph[i]) cudaGraphExecDestroy(be->graph[i]);
+        for (int il = 0; il < be->cfg.n_layer; il++) {
+            cb_layer *L = &be->L[il];
+            tl_gpu_mat_free(&L->in), tl_gpu_mat_free(&L->out), tl_gpu_mat_free(&L->router);
+            tl_gpu_mat_free(&L->gate_up), tl_gpu_mat_free(&L->down);
+            float *vs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->conv_w, L->dt_bias, L->a_neg, L->gdn_norm};
+            for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) tl_gpu_free(vs[i]);
+        }
+        tl_gpu_mat_free(&be->embd), tl_gpu_mat_free(&be->lm_head);
+        void *ps[] = {be->out_norm, be->kc, be->vc, be->conv_st, be->rec_st, be->x, be->proj,
+                      be->conv_out, be->y, be->q, be->part, be->rlog, be->wts, be->wsh, be->act,
+                      be->xo, be->logits, be->ids, be->d_meta, be->d_params, be->d_keys,
+                      be->d_out, be->d_counts, be->d_hist, be->d_sscratch};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
+        if (be->h_meta) cudaFreeHost(be->h_meta);
+        if (be->h_params) cudaFreeHost(be->h_params);
+        if (be->h_keys) cudaFreeHost(be->h_keys);
+        if (be->h_out) cudaFreeHost(be->h_out);
+        if (be->stream) cudaStreamDestroy(be->stream);
+        tl_cuda_stream = 0;
+        free(be);
+    }
+    free(b);
+}
+
+static void cb_reset_slot(tl_backend *b, int slot) {
+    cuda_be *be = (cuda_be *)b->impl;
+    if (slot < 0 || slot >= be->max_seqs) return;
+    const tl_config *c = &be->cfg;
+    size_t rec = (size_t)c->gdn_n_v_head * 128 * 128, conv = (size_t)3 * be->conv_dim;
+    for (int g = 0; g < be->n_gdn; g++) {
+        cudaMemsetAsync(be->rec_st + ((size_t)g * be->max_seqs + slot) * rec, 0, rec * 4, be->stream);
+        cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4, be->stream);
+    }
+    cudaStreamSynchronize(be->stream);
+}
+
+/* The dimensions the kernels are specialised on (the CPU reference accepts any). */
+static int check_dims(const tl_config *c, char *err, size_t errlen) {
+#define NEED(cond, field, want)                                                                   \
+    if (!(cond))                                                                                  \
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,                                           \
+                       "config %s = %d, the CUDA kernels need %s", #field, (int)c->field, want);
+    NEED(c->head_dim == 256, head_dim, "256");
+    NEED(c->n_rot == 64, n_rot, "64 (head_dim * partial_rotary_factor)");
+    NEED(c->gdn_k_dim == 128, gdn_k_dim, "128");
+    NEED(c->gdn_v_dim == 128, gdn_v_dim, "128");
+    NEED(c->gdn_conv_k == 4, gdn_conv_k, "4");
+    NEED(c->n_head_kv > 0 && c->n_head % c->n_head_kv == 0 && c->n_head / c->n_head_kv <= 16, n_head,
+         "a multiple of n_head_kv, at most 16x");
+    NEED(c->gdn_n_k_head > 0 && c->gdn_n_v_head % c->gdn_n_k_head == 0, gdn_n_v_head, "a multiple of gdn_n_k_head");
+    NEED(c->n_embd % 256 == 0, n_embd, "a multiple of 256");
+    NEED(c->n_ff_expert % 64 == 0 && c->n_ff_expert % 256 == 0, n_ff_expert, "a multiple of 256");
+    NEED(c->n_ff_shared == c->n_ff_expert, n_ff_shared, "n_ff_expert (stacked with the experts)");
+    NEED(c->n_expert <= 1024, n_expert, "<= 1024");
+    NEED(c->n_expert_used <= 16 && c->n_expert_used >= 1, n_expert_used, "1..16");
+    NEED(c->n_layer <= TL_MAX_LAYERS, n_layer, "<= TL_MAX_LAYERS");
+#undef NEED
+    return 0;
+}
+
+/* Uploads one layer from a loaded model. */
+static int upload_layer(cuda_be *be, cb_layer *L, const tl_layer *src, char *err, size_t errlen) {
+    const tl_config *c = &be->cfg;
+    int st, F = c->n_ff_expert, E = c->n_expert;
+    size_t D = (size_t)c->n_embd;
+    L->attn_norm = upload_f32(src->attn_norm, D);
+    L->ffn_norm = upload_f32(src->ffn_norm, D);
+    if (L->kind == TL_LAYER_GDN) {
+        const tl_mat *parts[4] = {&src->gdn_qkv, &src->gdn_z, &src->gdn_b, &src->gdn_a};
+        if ((st = tl_gpu_mat_upload(&L->in, parts, 4, be->ld_gdn_in, err, errlen))) return st;
+        const tl_mat *po[1] = {&src->gdn_out};
+        if ((st = tl_gpu_mat_upload(&L->out, po, 1, 0, err, errlen))) return st;
+        L->conv_w = upload_f32(src->gdn_conv, (size_t)be->conv_dim * 4);
+        L->dt_bias = upload_f32(src->gdn_dt_bias, c->gdn_n_v_head);
+        L->a_neg = upload_f32(src->gdn_a_neg, c->gdn_n_v_head);
+        L->gdn_norm = upload_f32(src->gdn_norm, 128);
+    } else {
+        const tl_mat *parts[3] = {&src->attn_q, &src->attn_k, &src->attn_v};
+        if ((st = tl_gpu_mat_upload(&L->in, parts, 3, be->ld_attn_in, err, errlen))) return st;
+        const tl_mat *po[1] = {&src->attn_o};
+        if ((st = tl_gpu_mat_upload(&L->out, po, 1, 0, err, errlen))) return st;
+        L->q_norm = upload_f32(src->attn_q_norm, 256);
+        L->k_norm = upload_f32(src->attn_k_norm, 256);
+    }
+    /* router + shared gate: always bf16 (routing precision; 8-bit in MLX files is dequantized) */
+    {
+        tl_mat r = src->moe_router;
+        const tl_mat *parts[2] = {&r, &src->sh_gate_inp};
+        int rows = E + 1;
+        if ((st = mat_alloc(&L->router, 16, rows, c->n_embd, err, errlen))) return st;
+        if ((st = cb_mat_fill((void *)L->router.w, NULL, 16, parts, 2, rows, err, errlen))) return st;
+    }
+    /* experts, expert-major, shared expert last; gate/up rows interleaved by 8 */
+    {
+        const tl_mat *gparts[2 * 512 / 8 * 2];
+        int ng = 2 * F / 8;
+        if (ng > (int)(sizeof gparts / sizeof gparts[0]))
+            return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "n_ff_expert %d too large", F);
+        tl_mat views[2 * 512 / 8 * 2];
+        int bits = 4;
+        for (int e = 0; e <= E && bits == 4; e++) {
+            const tl_mat *g = e < E ? &src->exp_gate[e] : &src->sh_gate;
+            const tl_mat *u = e < E ? &src->exp_up[e] : &src->sh_up;
+            const tl_mat *d = e < E ? &src->exp_down[e] : &src->sh_down;
+            const tl_mat *three[3] = {g, u, d};
+            if (cb_parts_bits(three, 3) != 4) bits = 16;
+        }
+        if ((st = mat_alloc(&L->gate_up, bits, (E + 1) * 2 * F, c->n_embd, err, errlen))) return st;
+        if ((st = mat_alloc(&L->down, bits, (E + 1) * c->n_embd, F, err, errlen))) return st;
+        size_t gu_w = mat_w_bytes(bits, 2 * F, c->n_embd), gu_sb = mat_sb_bytes(bits, 2 * F, c->n_embd);
+        size_t dn_w = mat_w_bytes(bits, c->n_embd, F), dn_sb = mat_sb_bytes(bits, c->n_embd, F);
+        for (int e = 0; e <= E; e++) {
+            const tl_mat *g = e < E ? &src->exp_gate[e] : &src->sh_gate;
+            const tl_mat *u = e < E ? &src->exp_up[e] : &src->sh_up;
+            const tl_mat *d = e < E ? &src->exp_down[e] : &src->sh_down;
+            for (int i = 0; i < F / 8; i++) {
+                views[2 * i] = mat_rows(g, 8 * i, 8);
+                views[2 * i + 1] = mat_rows(u, 8 * i, 8);
+                gparts[2 * i] = &views[2 * i];
+                gparts[2 * i + 1] = &views[2 * i + 1];
+            }
+            char *gw = (char *)L->gate_up.w + e * gu_w, *gsb = bits == 4 ? (char *)L->gate_up.sb + e * gu_sb : NULL;
+            if ((st = cb_mat_fill(gw, gsb, bits, gparts, ng, 2 * F, err, errlen))) return st;
+            const tl_mat *dp[1] = {d};
+            char *dw = (char *)L->down.w + e * dn_w, *dsb = bits == 4 ? (char *)L->down.sb + e * dn_sb : NULL;
+            if ((st = cb_mat_fill(dw, dsb, bits, dp, 1, c->n_embd, err, errlen))) return st;
+        }
+    }
+    return 0;
+}
+
+static int random_layer(cuda_be *be, cb_layer *L, int bits, uint64_t *rs, char *err, size_t errlen) {
+    const tl_config *c = &be->cfg;
+    int st, F = c->n_ff_expert, E = c->n_expert, D = c->n_embd, nv = c->gdn_n_v_head;
+    const float std = 0.02f;
+    L->attn_norm = const_f32(D, 1.0f);
+    L->ffn_norm = const_f32(D, 1.0f);
+    if (L->kind == TL_LAYER_GDN) {
+        if ((st = mat_random(&L->in, bits, be->ld_gdn_in, D, host_rng(rs), std, err, errlen))) return st;
+        if ((st = mat_random(&L->out, bits, D, be->val_dim, host_rng(rs), std, err, errlen))) return st;
+        size_t nc = (size_t)be->conv_dim * 4;
+        float *h = (float *)xmalloc(sizeof(float) * nc);
+        for (size_t i = 0; i < nc; i++) h[i] = host_uniform(rs) - 0.5f; /* torch conv init bound 1/sqrt(4) */
+        L->conv_w = upload_f32(h, nc);
+        for (int i = 0; i < nv; i++) h[i] = -(1.0f + 15.0f * host_uniform(rs)); /* -A, A ~ U(1,16) */
+        L->a_neg = upload_f32(h, nv);
+        free(h);
+        L->dt_bias = const_f32(nv, 1.0f);
+        L->gdn_norm = const_f32(128, 1.0f);
+    } else {
+        if ((st = mat_random(&L->in, bits, be->ld_attn_in, D, host_rng(rs), std, err, errlen))) return st;
+        if ((st = mat_random(&L->out, bits, D, c->n_head * 256, host_rng(rs), std, err, errlen))) return st;
+        L->q_norm = const_f32(256, 1.0f);
+        L->k_norm = const_f32(256, 1.0f);
+    }
+    if ((st = mat_random(&L->router, 16, E + 1, D, host_rng(rs), std, err, errlen))) return st;
+    if ((st = mat_random(&L->gate_up, bits, (E + 1) * 2 * F, D, host_rng(rs), std, err, errlen))) return st;
+    if ((st = mat_random(&L->down, bits, (E + 1) * D, F, host_rng(rs), std, err, errlen))) return st;
+    return 0;
+}
+
+#define ALLOC(ptr, type, count)                                                                   \
+    do {                                                                                          \
+        size_t n_ = (size_t)(count) * sizeof(type);                                               \
+        if (!((ptr) = (type *)tl_gpu_malloc(n_))) {                                               \
+            st = tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of %zu bytes failed (%s)", n_, #ptr); \
+            goto fail;                                                                            \
+        }                                                                                         \
+    } while (0)
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
+                                    const tl_cuda_params *p, char *err, size_t errlen) {
+    *out = NULL;
+    const tl_config *c = m ? &m->cfg : cfg;
+    if (!c) return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: no model and no config");
+    if (!m && !p->random_weights) return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: no model");
+    int st = tl_gpu_init(err, errlen);
+    if (st) return st;
+    if ((st = check_dims(c, err, errlen))) return st;
+    if (p->max_seqs < 1 || p->max_ctx < 1)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: max_seqs and max_ctx must be >= 1");
+    if (p->random_weights && p->weight_bits != 4 && p->weight_bits != 16)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "random weights: bits must be 4 or 16, not %d", p->weight_bits);
+
+    tl_backend *b = (tl_backend *)xcalloc(1, sizeof *b);
+    cuda_be *be = (cuda_be *)xcalloc(1, sizeof *be);
+    b->name = "cuda";
+    b->can_sample = 1;
+    b->impl = be;
+    b->close = cb_close;
+    b->reset_slot = cb_reset_slot;
+    b->forward = cb_forward;
+    be->cfg = *c;
+    be->max_seqs = p->max_seqs;
+    be->max_ctx = p->max_ctx;
+    be->max_tok = 512;
+    if (getenv("TL_CUDA_MAX_TOK")) be->max_tok = TL_MAX(16, atoi(getenv("TL_CUDA_MAX_TOK")));
+    be->max_out = p->max_seqs;
+    be->part_rows = TL_MAX(p->max_seqs * CB_DECODE_SPLIT, be->max_tok * 4);
+    be->conv_dim = tl_config_gdn_conv_dim(c);
+    be->val_dim = tl_config_gdn_val_dim(c);
+    be->ld_gdn_in = round_up(be->conv_dim + be->val_dim + 2 * c->gdn_n_v_head, 128);
+    be->ld_attn_in = round_up(c->n_head * 512 + 2 * c->n_head_kv * 256, 128);
+    be->n_valid = TL_MIN(c->n_vocab, TL_N_VOCAB_TOKENS);
+    const char *ng = getenv("TL_CUDA_NO_GRAPH");
+    be->graphs_off = (ng && atoi(ng)) || tl_cuda_sync_each;
+    if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        st = tl_errf(err, errlen, TL_ERR_CUDA, "cudaStreamCreate failed");
+        goto fail;
+    }
+    tl_cuda_stream = be->stream;
+    if ((st = tl_gpu_attn_setup())) {
+        tl_errf(err, errlen, st, "attention kernel setup failed");
+        goto fail;
+    }
+
+    {
+        int ia = 0, ig = 0;
+        for (int il = 0; il < c->n_layer; il++) {
+            be->L[il].kind = c->layer_kind[il];
+            be->L[il].st_idx = c->layer_kind[il] == TL_LAYER_ATTN ? ia++ : ig++;
+        }
+        be->n_attn = ia, be->n_gdn = ig;
+    }
+
+    /* weights */
+    {
+        double t0 = tl_time_s();
+        if (p->random_weights) {
+            uint64_t rs = p->seed ? p->seed : 1;
+            int bits = p->weight_bits;
+            if ((st = mat_random(&be->embd, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err, errlen))) goto fail;
+            if ((st = mat_random(&be->lm_head, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err, errlen))) goto fail;
+            be->out_norm = const_f32(c->n_embd, 1.0f);
+            for (int il = 0; il < c->n_layer; il++)
+                if ((st = random_layer(be, &be->L[il], bits, &rs, err, errlen))) goto fail;
+        } else {
+            const tl_mat *pe[1] = {&m->tok_embd};
+            if ((st = tl_gpu_mat_upload(&be->embd, pe, 1, 0, err, errlen))) goto fail;
+            const tl_mat *po[1] = {&m->output};
+            if ((st = tl_gpu_mat_upload(&be->lm_head, po, 1, 0, err, errlen))) goto fail;
+            be->out_norm = upload_f32(m->out_norm, c->n_embd);
+            for (int il = 0; il < c->n_layer; il++) {
+                if ((st = upload_layer(be, &be->L[il], &m->layers[il], err, errlen))) goto fail;
+                if (isatty(2)) fprintf(stderr, "\rtulip: uploading layer %d/%d", il + 1, c->n_layer);
+            }
+            if (isatty(2)) fprintf(stderr, "\n");
+        }
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+            st = tl_errf(err, errlen, TL_ERR_CUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
+            goto fail;
+        }
+        if (getenv("TL_CUDA_VERBOSE"))
+            fprintf(stderr, "tulip: weights on GPU: %.2f GB in %.1f s\n",
+                    tl_cuda_weight_bytes(b) / 1e9, tl_time_s() - t0);
+    }
+
+    /* sequence state */
+    {
+        size_t kv = (size_t)be->n_attn * be->max_seqs * be->max_ctx * c->n_head_kv * 256;
+        ALLOC(be->kc, uint16_t, kv > 0 ? kv : 1);
+        ALLOC(be->vc, uint16_t, kv > 0 ? kv : 1);
+        size_t conv = (size_t)be->n_gdn * be->max_seqs * 3 * be->conv_dim;
+        size_t rec = (size_t)be->n_gdn * be->max_seqs * c->gdn_n_v_head * 128 * 128;
+        ALLOC(be->conv_st, float, conv > 0 ? conv : 1);
+        ALLOC(be->rec_st, float, rec > 0 ? rec : 1);
+        cudaMemset(be->conv_st, 0, conv * 4);
+        cudaMemset(be->rec_st, 0, rec * 4);
+    }
+    /* activations */
+    {
+        size_t T = be->max_tok, D = c->n_embd, K = c->n_expert_used, F = c->n_ff_expert;
+        size_t ldp = TL_MAX(be->ld_gdn_in, be->ld_attn_in);
+        size_t ydim = TL_MAX(be->val_dim, c->n_head * 256);
+        ALLOC(be->x, float, T * D);
+        ALLOC(be->proj, float, T * ldp);
+        ALLOC(be->conv_out, float, T * be->conv_dim);
+        ALLOC(be->y, float, T * ydim);
+        ALLOC(be->q, float, T * c->n_head * 256);
+        ALLOC(be->part, float, (size_t)be->part_rows * c->n_head * 258);
+        ALLOC(be->rlog, float, T * (c->n_expert + 1));
+        ALLOC(be->ids, int32_t, T * K);
+        ALLOC(be->wts, float, T * K);
+        ALLOC(be->wsh, float, T);
+        ALLOC(be->act, float, T * (K + 1) * F);
+        ALLOC(be->xo, float, (size_t)be->max_out * D);
+        ALLOC(be->logits, float, (size_t)be->max_out * c->n_vocab);
+        be->meta_ints = 4 * (size_t)be->max_tok + 5 * (size_t)be->max_seqs;
+        ALLOC(be->d_meta, int32_t, be->meta_ints);
+        ALLOC(be->d_params, tl_sample_params, be->max_out);
+        ALLOC(be->d_keys, uint64_t, be->max_out);
+        ALLOC(be->d_out, tl_sample_out, be->max_out);
+        ALLOC(be->d_counts, int32_t, (size_t)be->max_out * c->n_vocab);
+        ALLOC(be->d_hist, int32_t, (size_t)be->max_seqs * be->max_ctx);
+        ALLOC(be->d_sscratch, float, (size_t)be->max_out * 2 * c->n_vocab);
+        if (cudaMallocHost(&be->h_meta, be->meta_ints * 4) != cudaSuccess ||
+            cudaMallocHost(&be->h_params, be->max_out * sizeof(tl_sample_params)) != cudaSuccess ||
+            cudaMallocHost(&be->h_keys, be->max_out * sizeof(uint64_t)) != cudaSuccess ||
+            cudaMallocHost(&be->h_out, be->max_out * sizeof(tl_sample_out)) != cudaSuccess) {
+            st = tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMallocHost failed");
+            goto fail;
+        }
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        st = tl_errf(err, errlen, TL_ERR_CUDA, "CUDA backend init: %s", cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
+    *out = b;
+    return 0;
+fail:
+    cb_close(b);
+    return st;
+}
+
+/* ====== Bench helpers ====== */
+
+extern "C" size_t tl_cuda_weight_bytes(const tl_backend *b) {
+    const cuda_be *be = (const cuda_be *)b->impl;
+    size_t n = tl_gpu_mat_bytes(&be->embd) + tl_gpu_mat_bytes(&be->lm_head);
+    for (int il = 0; il < be->cfg.n_layer; il++) {
+        const cb_layer *L = &be->L[il];
+        n += tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) + tl_gpu_mat_bytes(&L->router) +
+             tl_gpu_mat_bytes(&L->gate_up) + tl_gpu_mat_bytes(&L->down);
+    }
+    return n;
+}
+
+extern "C" double tl_cuda_decode_bytes(const tl_backend *b, int kv_len) {
+    const cuda_be *be = (const cuda_be *)b->impl;
+    const tl_config *c = &be->cfg;
+    double n = (double)tl_gpu_mat_bytes(&be->embd) / c->n_vocab + (double)tl_gpu_mat_bytes(&be->lm_head);
+    for (int il = 0; il < c->n_layer; il++) {
+        const cb_layer *L = &be->L[il];
+        double per_exp = (double)(tl_gpu_mat_bytes(&L->gate_up) + tl_gpu_mat_bytes(&L->down)) / (c->n_expert + 1);
+        n += tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) + tl_gpu_mat_bytes(&L->router) +
+             per_exp * (c->n_expert_used + 1);
+        if (L->kind == TL_LAYER_ATTN)
+            n += (double)kv_len * c->n_head_kv * 256 * 2 * 2;
+        else
+            n += 2.0 * (c->gdn_n_v_head * 128.0 * 128.0 * 4 + 3.0 * be->conv_dim * 4);
+    }
+    return n;
+}
+
+__global__ void touch_kernel(float *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (float)(i & 1023);
+}
+
+extern "C" double tl_gpu_measure_bw(size_t bytes) {
+    void *a = tl_gpu_malloc(bytes), *bb = tl_gpu_malloc(bytes);
+    if (!a || !bb) {
+        tl_gpu_free(a), tl_gpu_free(bb);
+        return 0;
+    }
+    touch_kernel<<<4096, 256>>>((float *)a, bytes / 4);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    float best[7];
+    for (int i = 0; i < 7; i++) {
+        cudaEventRecord(e0);
+        cudaMemcpyAsync(bb, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&best[i], e0, e1);
+    }
+    for (int i = 0; i < 7; i++) /* median */
+        for (int j = i + 1; j < 7; j++)
+            if (best[j] < best[i]) {
+                float t = best[i];
+                best[i] = best[j], best[j] = t;
+            }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    tl_gpu_free(a), tl_gpu_free(bb);
+    return 2.0 * bytes / (best[3] * 1e-3);
+}

@@ -1,0 +1,95 @@
+/* Gated DeltaNet recurrent step (decode, and token-by-token prefill until the chunked kernel is
+ * wired in): gates, L2 norms, the delta rule on an fp32 state, and the gated RMSNorm of the output,
+ * fused in one kernel per (segment, value head). */
+#include "cuda/cuda_common.cuh"
+
+#define GDN_D 128 /* key and value head dim (shape.h TL_GDN_K_DIM, TL_GDN_V_DIM) */
+
+/* gdn_step_kernel  (MODEL.md §2.4 steps 4-8, HF torch_recurrent_gated_delta_rule)
+ *   beta = sigmoid(b);  g = a_neg * softplus(a + dt_bias)
+ *   q = l2norm(q) / sqrt(128);  k = l2norm(k)            (x * rsqrt(sum x^2 + 1e-6))
+ *   S <- exp(g) S;  d = beta (v - S^T k);  S <- S + k d^T;  o = S^T q
+ *   y = o / sqrt(mean(o^2) + eps) * norm_w * silu(z)
+ * Shapes: qkv [n_tok, 2*nk*128 + nv*128] (q | k | v, head-major); proj [n_tok, ld_proj] holds z
+ *   (nv*128 at z_off), b (nv at b_off), a (nv at a_off); S [n_slot][nv][128 (key)][128 (value)]
+ *   f32; y [n_tok, nv*128]. Value head h reads key head h / (nv/nk).
+ * Threads: one block of 512 per (value head, segment); thread i owns state column c = i/4 and
+ *   rows 32*(i%4) .. +31 in registers; the four owners of a column reduce with two shuffles.
+ *   Tokens of the segment run in order inside the block.
+ * Bytes: S read and written once per segment (64 KiB per head) + q, k, v, z per token.
+ * Tested against cpu_l2norm + cpu_gdn_step + cpu_rmsnorm_gated (test_kernels.c: test_gdn). */
+__global__ void __launch_bounds__(512)
+    gdn_step_kernel(float *y, float *S, const float *qkv, const float *proj, int ld_proj,
+                    int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
+                    const float *norm_w, int nk, int nv, float eps, tl_gpu_seqs s) {
+    __shared__ float sq[GDN_D], sk[GDN_D];
+    __shared__ float sbuf[32];
+    __shared__ float s_gate[2];
+    int h = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
+    int c = tid >> 2, rp = tid & 3, kh = h / (nv / nk);
+    int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
+    int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
+    float *Sh = S + ((size_t)slot * nv + h) * GDN_D * GDN_D;
+    float st[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) st[i] = Sh[(size_t)(rp * 32 + i) * GDN_D + c];
+    float nwc = norm_w[c], dtb = dt_bias[h], an = a_neg[h];
+    for (int i = 0; i < n; i++) {
+        size_t t = (size_t)(t0 + i);
+        const float *row = qkv + t * ld_qkv;
+        const float *pr = proj + t * ld_proj;
+        /* q in threads 0..127, k in 128..255: L2 norms by block reduction */
+        float val = 0.0f;
+        if (tid < GDN_D) val = row[kh * GDN_D + tid];
+        else if (tid < 2 * GDN_D) val = row[nk * GDN_D + kh * GDN_D + tid - GDN_D];
+        float sqq = block_sum(tid < GDN_D ? val * val : 0.0f, sbuf);
+        float skk = block_sum(tid >= GDN_D && tid < 2 * GDN_D ? val * val : 0.0f, sbuf);
+        if (tid < GDN_D) sq[tid] = val * rsqrtf(sqq + 1e-6f) * rsqrtf((float)GDN_D);
+        else if (tid < 2 * GDN_D) sk[tid - GDN_D] = val * rsqrtf(skk + 1e-6f);
+        if (tid == 0) {
+            s_gate[0] = sigmoid_f(pr[b_off + h]);
+            s_gate[1] = expf(an * softplus_f(pr[a_off + h] + dtb));
+        }
+        __syncthreads();
+        float beta = s_gate[0], decay = s_gate[1];
+        float vc = row[2 * nk * GDN_D + h * GDN_D + c];
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            st[j] *= decay;
+            m = fmaf(st[j], sk[rp * 32 + j], m);
+        }
+        m += __shfl_xor_sync(0xffffffffu, m, 1);
+        m += __shfl_xor_sync(0xffffffffu, m, 2);
+        float d = beta * (vc - m);
+        float o = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            st[j] = fmaf(sk[rp * 32 + j], d, st[j]);
+            o = fmaf(st[j], sq[rp * 32 + j], o);
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        o += __shfl_xor_sync(0xffffffffu, o, 2);
+        float oo = block_sum(rp == 0 ? o * o : 0.0f, sbuf);
+        if (rp == 0) {
+            float z = pr[z_off + h * GDN_D + c];
+            y[t * (nv * GDN_D) + h * GDN_D + c] = o * rsqrtf(oo / (float)GDN_D + eps) * nwc * silu_f(z);
+        }
+        __syncthreads(); /* sq/sk/s_gate are rewritten by the next token */
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) Sh[(size_t)(rp * 32 + i) * GDN_D + c] = st[i];
+}
+
+extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj,
+                          int z_off, int b_off, int a_off, const float *dt_bias,
+                          const float *a_neg, const float *norm_w, int n_k_head, int n_v_head,
+                          float eps, const tl_gpu_seqs *s) {
+    if (s->n_seg <= 0) return 0;
+    dim3 grid(n_v_head, s->n_seg);
+    gdn_step_kernel<<<grid, 512, 0, tl_cuda_stream>>>(y, S, qkv, proj, ld_proj, z_off, b_off,
+                                                        a_off, dt_bias, a_neg, norm_w, n_k_head,
+                                                        n_v_head, eps, *s);
+    LAUNCH_CHECK("gdn_step");
+    return 0;
+}
