@@ -297,6 +297,18 @@ static int bind_stack(bind_ctx *b, const char *module, int plain, int E, int tot
                            "%s: tensor '%s' is quantized (U32) but config.json has no "
                            "\"quantization\"",
                            tfile(b, w), w->name);
+        /* a per-module entry in config.json "quantization" must agree with the shapes */
+        json_t *ov = b->p->quant_json ? json_object_get(b->p->quant_json, module) : NULL;
+        if (ov && json_is_false(ov))
+            return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
+                           "%s: tensor '%s' is quantized but config.json quantization['%s'] is "
+                           "false",
+                           tfile(b, w), w->name, module);
+        int want_bits = 0, want_group = 0;
+        if (ov && json_is_object(ov)) {
+            want_bits = (int)json_integer_value(json_object_get(ov, "bits"));
+            want_group = (int)json_integer_value(json_object_get(ov, "group_size"));
+        }
         int64_t packed = w->ndim == nd ? w->shape[nd - 1] : 0;
         int bits = packed > 0 && (packed * 32) % cols == 0 ? (int)(packed * 32 / cols) : 0;
         if (bits != 4 && bits != 8) {
@@ -306,6 +318,11 @@ static int bind_stack(bind_ctx *b, const char *module, int plain, int E, int tot
                            "%s: tensor '%s': shape %s does not pack %d columns at 4 or 8 bits",
                            tfile(b, w), w->name, got, cols);
         }
+        if (want_bits && want_bits != bits)
+            return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
+                           "%s: tensor '%s' packs %d-bit values but config.json "
+                           "quantization['%s'].bits is %d",
+                           tfile(b, w), w->name, bits, module, want_bits);
         shape[i] = (int64_t)cols * bits / 32;
         int st = want_shape(b, w, nd, shape, NULL);
         if (st) return st;
@@ -320,6 +337,11 @@ static int bind_stack(bind_ctx *b, const char *module, int plain, int E, int tot
         shape[i] = ng;
         if ((st = want_shape(b, s, nd, shape, NULL)) || (st = want_shape(b, bi, nd, shape, NULL)))
             return st;
+        if (want_group && want_group != cols / ng)
+            return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
+                           "%s: tensor '%s' has groups of %lld but config.json "
+                           "quantization['%s'].group_size is %d",
+                           tfile(b, s), s->name, (long long)(cols / ng), module, want_group);
         if ((st = want_float(b, s)) || (st = want_float(b, bi))) return st;
         if (bi->dtype != s->dtype)
             return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
@@ -569,6 +591,13 @@ int tl_model_open(tl_model **out, const char *dir, char *err, size_t errlen) {
     p->dir = xstrdup(dir);
     char *cpath = path_join(dir, "config.json");
     int st = tl_config_load(&m->cfg, cpath, err, errlen);
+    if (!st && m->cfg.quant_bits) {
+        json_t *root = json_load_file(cpath, 0, NULL);
+        json_t *q = root ? json_object_get(root, "quantization") : NULL;
+        if (!q && root) q = json_object_get(root, "quantization_config");
+        if (json_is_object(q)) p->quant_json = json_incref(q);
+        json_decref(root);
+    }
     free(cpath);
     if (st || (st = tl_config_check(&m->cfg, err, errlen)) ||
         (st = open_files(m, dir, err, errlen)) || (st = build_directory(m, err, errlen)) ||
@@ -592,6 +621,7 @@ void tl_model_close(tl_model *m) {
         free(p->tfile);
         free(p->dir);
         free(p->index_path);
+        json_decref(p->quant_json);
         free(p);
     }
     free(m->tensors);

@@ -20,6 +20,7 @@ typedef struct tl_model_priv {
     size_t skipped_bytes;
     double norm_mean;   /* mean of the stored RMSNorm1p weights (offset check) */
     char prefix[32];    /* name prefix of the language model */
+    void *quant_json;   /* config.json "quantization" object (json_t *), NULL when absent */
 } tl_model_priv;
 
 /* Bytes of one packed row of `cols` values at `bits` bits (U32 words). */

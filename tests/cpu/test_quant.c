@@ -2,6 +2,7 @@
  * error bound, and `tulip quantize` end to end (HF checkpoint -> MLX checkpoint -> loader):
  * every dequantized weight is within the bound of the original, norms/conv/A_log carried over,
  * router and shared_expert_gate at 8 bits. */
+#include <jansson.h>
 #include <math.h>
 #include <unistd.h>
 #include "t_check.h"
@@ -406,6 +407,43 @@ static void test_quantized_forward_matches_dequantized(void) {
     tc_rmdir(ddir);
 }
 
+/* A quantized checkpoint whose config.json disagrees with its tensors is refused by name. */
+static void test_mlx_config_mismatch(void) {
+    char in[256], out[256], err[512] = "", cp[300];
+    tc_tmpdir(in, sizeof in, "mmin");
+    tc_tmpdir(out, sizeof out, "mmout");
+    tc_opts o = {0};
+    CHECK_EQ_INT(tc_write(in, &o), 0);
+    CHECK_EQ_INT(tl_quantize_checkpoint(in, out, 4, 64, 0, NULL, err, sizeof err), 0);
+    snprintf(cp, sizeof cp, "%s/config.json", out);
+    json_t *root = json_load_file(cp, 0, NULL);
+    CHECK(root != NULL);
+    if (!root) return;
+    const char *mod = "language_model.model.layers.2.mlp.gate";
+    json_t *q = json_object_get(root, "quantization");
+    /* router entry says 4 bits, tensors hold 8 */
+    json_object_set_new(json_object_get(q, mod), "bits", json_integer(4));
+    json_dump_file(root, cp, 0);
+    tl_model *m = NULL;
+    CHECK(tl_model_open(&m, out, err, sizeof err) < 0);
+    CHECK(strstr(err, "layers.2.mlp.gate.weight") && strstr(err, "8-bit") && strstr(err, ".bits is 4"));
+    /* module marked unquantized */
+    json_object_set_new(q, mod, json_false());
+    json_dump_file(root, cp, 0);
+    CHECK(tl_model_open(&m, out, err, sizeof err) < 0);
+    CHECK(strstr(err, "layers.2.mlp.gate.weight") && strstr(err, "false"));
+    /* no quantization at all */
+    json_object_del(root, "quantization");
+    json_object_del(root, "quantization_config");
+    json_dump_file(root, cp, 0);
+    CHECK(tl_model_open(&m, out, err, sizeof err) < 0);
+    CHECK(strstr(err, "no \"quantization\"") != NULL);
+    CHECK(m == NULL);
+    json_decref(root);
+    tc_rmdir(in);
+    tc_rmdir(out);
+}
+
 int main(void) {
     T_RUN(test_group_hand_cases);
     T_RUN(test_row_packing_and_bound);
@@ -413,5 +451,6 @@ int main(void) {
     T_RUN(test_quantize_fixtures);
     T_RUN(test_quantize_refusals);
     T_RUN(test_quantized_forward_matches_dequantized);
+    T_RUN(test_mlx_config_mismatch);
     return t_summary();
 }
