@@ -144,6 +144,7 @@ static int bbuf_reserve(bbuf *b, size_t extra) {
 }
 
 static int bbuf_put(bbuf *b, const void *s, size_t n) {
+    if (n == 0) return 0; /* memcpy to a still-NULL buffer is undefined even for 0 bytes */
     if (bbuf_reserve(b, n)) return TL_ERR_NOMEM;
     memcpy(b->p + b->n, s, n);
     b->n += n;
