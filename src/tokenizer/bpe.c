@@ -226,7 +226,7 @@ typedef struct {
     int32_t new_id;
 } merge_val;
 
-#define CACHE_SLOTS 65536 /* direct-mapped word cache; 64-byte slots = 4 MB */
+#define CACHE_SLOTS 262144 /* direct-mapped word cache; 64-byte slots = 16 MB, touched lazily */
 #define CACHE_LOCKS 64
 #define CACHE_MAX_LEN 26
 #define CACHE_MAX_IDS 8
@@ -619,7 +619,37 @@ static int32_t json_vocab_id(json_t *vocab, const char *s) {
     return id >= 0 && id < INT32_MAX ? (int32_t)id : -1;
 }
 
-static int load_merges(tl_tokenizer *t, json_t *vocab, json_t *merges, char *err, size_t errlen) {
+/* Byte-level string -> raw bytes appended to out; 0 if a character is outside the alphabet. */
+static int bl_to_raw(const int16_t u2b[324], const char *s, size_t n, bbuf *out) {
+    const uint8_t *p = (const uint8_t *)s;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        if (p[i] < 0x80) cp = p[i++];
+        else if ((p[i] & 0xE0) == 0xC0 && i + 1 < n) cp = (uint32_t)(p[i] & 0x1F) << 6 | (p[i + 1] & 0x3F), i += 2;
+        else return 0;
+        if (cp >= 324 || u2b[cp] < 0) return 0;
+        uint8_t byte = (uint8_t)u2b[cp];
+        if (bbuf_put(out, &byte, 1)) return 0;
+    }
+    return 1;
+}
+
+/* Id of vocabulary string s (byte-level form, n bytes): through the raw-bytes hash when s is
+ * all alphabet characters (the fast, common case), else through the JSON object. */
+static int32_t merge_tok_id(const tl_tokenizer *t, const int16_t u2b[324], const uint8_t *mapped,
+                            json_t *vocab, const char *s, size_t n, bbuf *tmp) {
+    tmp->n = 0;
+    if (bl_to_raw(u2b, s, n, tmp)) {
+        int32_t id = vocab_find(t, tmp->p, tmp->n);
+        if (id >= 0 && mapped[id]) return id;
+    }
+    tmp->n = 0;
+    if (bbuf_put(tmp, s, n) || bbuf_put(tmp, "", 1)) return -1;
+    return json_vocab_id(vocab, tmp->p);
+}
+
+static int load_merges(tl_tokenizer *t, const int16_t u2b[324], const uint8_t *mapped, json_t *vocab,
+                       json_t *merges, char *err, size_t errlen) {
     size_t n = json_array_size(merges);
     t->mcap = 16;
     while (t->mcap < 2 * n + 16) t->mcap *= 2;
@@ -627,13 +657,12 @@ static int load_merges(tl_tokenizer *t, json_t *vocab, json_t *merges, char *err
     t->mval = malloc(t->mcap * sizeof *t->mval);
     if (!t->mkey || !t->mval) return TL_ERR_NOMEM;
     memset(t->mkey, 0xff, t->mcap * sizeof *t->mkey);
-    bbuf cat = {0};
+    bbuf cat = {0}, tmp = {0};
     int st = 0;
     for (size_t i = 0; i < n && !st; i++) {
         json_t *m = json_array_get(merges, i);
         const char *a, *b;
         size_t la, lb;
-        char *split = NULL;
         if (json_is_string(m)) {
             const char *s = json_string_value(m);
             const char *sp = strchr(s, ' ');
@@ -641,11 +670,9 @@ static int load_merges(tl_tokenizer *t, json_t *vocab, json_t *merges, char *err
                 st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu \"%.40s\" is not two tokens", i, s);
                 break;
             }
-            split = xstrdup(s);
-            split[sp - s] = 0;
-            a = split;
+            a = s;
             la = (size_t)(sp - s);
-            b = split + la + 1;
+            b = sp + 1;
             lb = strlen(b);
         } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
                    json_is_string(json_array_get(m, 1))) {
@@ -657,23 +684,23 @@ static int load_merges(tl_tokenizer *t, json_t *vocab, json_t *merges, char *err
             st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu is neither \"a b\" nor [a, b]", i);
             break;
         }
-        int32_t ia = json_vocab_id(vocab, a), ib = json_vocab_id(vocab, b);
         cat.n = 0;
-        if (bbuf_put(&cat, a, la) || bbuf_put(&cat, b, lb) || bbuf_put(&cat, "", 1)) {
-            free(split);
+        if (bbuf_put(&cat, a, la) || bbuf_put(&cat, b, lb)) {
             st = TL_ERR_NOMEM;
             break;
         }
-        int32_t in = json_vocab_id(vocab, cat.p);
+        int32_t ia = merge_tok_id(t, u2b, mapped, vocab, a, la, &tmp);
+        int32_t ib = merge_tok_id(t, u2b, mapped, vocab, b, lb, &tmp);
+        int32_t in = merge_tok_id(t, u2b, mapped, vocab, cat.p, cat.n, &tmp);
         if (ia < 0 || ib < 0 || in < 0) {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu (\"%.40s\" \"%.40s\"): token %s not in the vocab", i, a, b,
-                         ia < 0 ? "left" : ib < 0 ? "right" : "merged");
+            st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu (\"%.*s\" \"%.*s\"): %s token not in the vocab", i,
+                         (int)TL_MIN(la, 40), a, (int)TL_MIN(lb, 40), b, ia < 0 ? "left" : ib < 0 ? "right" : "merged");
         } else {
             merge_insert(t, ia, ib, (uint32_t)i, in);
         }
-        free(split);
     }
     free(cat.p);
+    free(tmp.p);
     return st;
 }
 
@@ -795,7 +822,13 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
         for (size_t id = 0; id < nv; id++)
             if (t->present[id] && !(t->flags[id] & TOKF_ADDED) && mapped[id] == !pass && t->off[id + 1] > t->off[id])
                 vocab_insert(t, (int32_t)id);
+    {
+        json_t *none = merges ? NULL : json_array();
+        st = load_merges(t, u2b, mapped, vocab, merges ? merges : none, err, errlen);
+        json_decref(none);
+    }
     free(mapped);
+    if (st) goto done;
     for (int b = 0; b < 256; b++) {
         uint8_t u[4];
         size_t ul = utf8_encode(b2u[b], u);
@@ -808,9 +841,6 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
     json_t *unk = json_object_get(model, "unk_token");
     if (json_is_string(unk)) t->unk_id = json_vocab_id(vocab, json_string_value(unk));
 
-    if (merges) st = load_merges(t, vocab, merges, err, errlen);
-    else st = load_merges(t, vocab, json_array(), err, errlen);
-    if (st) goto done;
 
     /* tries; normalized added tokens are matched in NFC text, so their content is NFC'd too */
     trie_item *raw = calloc(n_added + 1, sizeof *raw), *norm = calloc(n_added + 1, sizeof *norm);
@@ -1250,25 +1280,40 @@ static int nfc_append(bbuf *b, const uint8_t *s, size_t n) {
     return st;
 }
 
-/* NFC of valid UTF-8 s into b (appended). */
+/* NFC of valid UTF-8 s, appended to b. Only the stretches that can change are given to
+ * utf8proc: a character below U+0300 has combining class 0 and is never the second half of a
+ * composition, so the text splits before it without changing the result. A stretch is a run of
+ * characters >= U+0300 plus the character just before it (a base letter may compose with the
+ * run's first mark). Opaque characters (above) end a stretch and are copied as they are. */
 static int nfc_hf(const uint8_t *s, size_t n, bbuf *b) {
-    size_t seg = 0, i = 0;
+    size_t i = 0, copied = 0, low = SIZE_MAX; /* low: start of the previous char if < U+0300 */
     while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
+        if (s[i] < 0xCC) {
+            low = i;
+            i += s[i] < 0x80 ? 1 : 2;
             continue;
         }
         utf8proc_int32_t cp;
         utf8proc_ssize_t k = utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &cp);
         if (k <= 0) return TL_ERR_INTERNAL;
         if (nfc_opaque((uint32_t)cp)) {
-            int st = nfc_append(b, s + seg, i - seg);
-            if (st || (st = bbuf_put(b, s + i, (size_t)k))) return st;
-            seg = i + (size_t)k;
+            low = SIZE_MAX;
+            i += (size_t)k;
+            continue;
         }
-        i += (size_t)k;
+        size_t r = low != SIZE_MAX ? low : i, j = i + (size_t)k;
+        while (j < n && s[j] >= 0xCC) {
+            k = utf8proc_iterate(s + j, (utf8proc_ssize_t)(n - j), &cp);
+            if (k <= 0) return TL_ERR_INTERNAL;
+            if (nfc_opaque((uint32_t)cp)) break;
+            j += (size_t)k;
+        }
+        int st = bbuf_put(b, s + copied, r - copied);
+        if (st || (st = nfc_append(b, s + r, j - r))) return st;
+        copied = i = j;
+        low = SIZE_MAX;
     }
-    return nfc_append(b, s + seg, n - seg);
+    return bbuf_put(b, s + copied, n - copied);
 }
 
 /* NFC, skipped when no byte could start a character >= U+0300: every code point below U+0300
