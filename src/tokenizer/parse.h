@@ -18,7 +18,7 @@
  *
  * Content and tool calls (opts.parse_tools = 1; with 0, content is the text verbatim):
  *   - a call starts at "<tool_call>", optional whitespace, "<function=NAME>" where NAME is
- *     1..TL_PARSE_MAX_NAME bytes without '<', '>', '\r', '\n'. Until that header is complete
+ *     1..TL_PARSE_MAX_NAME bytes without '<', '>', CR, LF or NUL. Until that header is complete
  *     the parser holds the text back; a "<tool_call>" not followed by a valid header (or cut
  *     off by the end of the output) is ordinary content, byte for byte.
  *   - once the header is complete the call is committed (TL_PARSE_TOOL_START with its name).

@@ -1,0 +1,819 @@
+/* Model output -> reasoning_content / content / tool_calls, incrementally (see parse.h for the
+ * exact rules). The parser is a state machine over a buffer of input not yet consumed. Each
+ * state looks for the tags it cares about in that buffer; text that cannot be part of a tag is
+ * emitted and consumed, and a suffix that could still become a tag (or whitespace whose fate
+ * depends on what follows) stays in the buffer until more text or the end arrives. Every
+ * decision depends only on the bytes, never on where the pieces were split, which is what
+ * makes the streamed result equal the whole-text result. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/util.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/parse.h"
+
+enum {
+    ST_REASON_START, /* strip leading "\n", a "<think>" and the "\n"s after it */
+    ST_REASON,
+    ST_CONTENT,
+    ST_BODY,     /* inside <function=...>, between parameters */
+    ST_VALUE,    /* inside a parameter value */
+    ST_AFTER_FN, /* after </function>, before </tool_call> */
+    ST_DONE,
+};
+
+enum { V_STR, V_INT, V_NUM, V_BOOL, V_JSON }; /* how a parameter value is typed */
+
+#define MAX_HEADER_WS 64 /* whitespace allowed between <tool_call> and <function= */
+
+typedef struct ev_rec { /* an event while it is being built: offsets into p->evtext */
+    tl_parse_event_kind kind;
+    int index;
+    size_t text, len, id;
+} ev_rec;
+
+typedef struct call_acc {
+    tl_chat_buf args;
+} call_acc;
+
+struct tl_parser {
+    tl_parse_opts o;
+    int state;
+    int start_step;    /* ST_REASON_START: 0 strip \n + <think>, 1 strip \n after <think> */
+    int strip_nl;      /* content: drop leading "\n"s (after </think>) */
+    int after_call;    /* content: a call has been seen */
+    int seg_started;   /* content: something emitted since the last call */
+    /* UTF-8 sanitizer: an incomplete sequence carried to the next piece */
+    unsigned char u8[4];
+    int u8n, u8need;
+    unsigned char u8lo, u8hi; /* allowed range of the next continuation byte */
+    /* unconsumed input */
+    tl_chat_buf in;
+    size_t pos;
+    /* the call being parsed */
+    const json_t *props; /* schema properties of the current function, or NULL */
+    int n_params;
+    int vtype, v_first, v_quote;
+    tl_chat_buf vbuf;
+    /* events of the current feed */
+    ev_rec *evs;
+    int nev, evcap;
+    tl_chat_buf evtext;
+    tl_parse_event *out;
+    int outcap;
+    /* accumulated result */
+    tl_chat_buf reasoning, content;
+    tl_parse_result res;
+    call_acc *acc;
+    int acccap;
+};
+
+/* ------------------------------------------------------------------ small helpers */
+
+static int is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Earliest full occurrence of any of tags[0..nt) in s[0..n): returns its index (-1 if none),
+ * *at its offset. *hold = length of the longest suffix of s that is a proper prefix of a tag
+ * (only meaningful when none is found). */
+static int find_tags(const char *s, size_t n, const char *const *tags, int nt, size_t *at, size_t *hold) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '<') continue;
+        for (int t = 0; t < nt; t++) {
+            size_t l = strlen(tags[t]);
+            if (i + l <= n && !memcmp(s + i, tags[t], l)) {
+                *at = i;
+                return t;
+            }
+        }
+    }
+    *hold = 0;
+    size_t start = n > 16 ? n - 16 : 0;
+    for (size_t i = start; i < n; i++) {
+        if (s[i] != '<') continue;
+        for (int t = 0; t < nt; t++) {
+            size_t l = strlen(tags[t]);
+            if (n - i < l && !memcmp(s + i, tags[t], n - i)) {
+                *hold = n - i;
+                return -1;
+            }
+        }
+    }
+    return -1;
+}
+
+static int ci_prefix_of(const char *s, size_t n, const char *word) {
+    size_t w = strlen(word);
+    if (n > w) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tolower((unsigned char)s[i]) != word[i]) return 0;
+    return 1;
+}
+
+static int ci_equal(const char *s, size_t n, const char *word) {
+    return n == strlen(word) && ci_prefix_of(s, n, word);
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* ------------------------------------------------------------------ events and the result */
+
+static void acc_put(tl_parser *p, tl_parse_event_kind kind, int index, const char *s, size_t n) {
+    if (kind == TL_PARSE_REASONING) tl_chat_buf_put(&p->reasoning, s, n);
+    else if (kind == TL_PARSE_CONTENT) tl_chat_buf_put(&p->content, s, n);
+    else if (kind == TL_PARSE_TOOL_ARGS) tl_chat_buf_put(&p->acc[index].args, s, n);
+}
+
+/* Appends a delta (merged into the previous event when it is the same kind and call). */
+static void emit(tl_parser *p, tl_parse_event_kind kind, int index, const char *s, size_t n) {
+    if (n == 0 && kind != TL_PARSE_TOOL_END) return;
+    acc_put(p, kind, index, s, n);
+    if (p->nev > 0) {
+        ev_rec *last = &p->evs[p->nev - 1];
+        if (last->kind == kind && last->index == index && kind != TL_PARSE_TOOL_START && kind != TL_PARSE_TOOL_END) {
+            p->evtext.len--; /* drop the NUL; the event's text is the tail of evtext */
+            tl_chat_buf_put(&p->evtext, s, n);
+            tl_chat_buf_put(&p->evtext, "", 1);
+            last->len += n;
+            return;
+        }
+    }
+    if (p->nev == p->evcap) {
+        p->evcap = p->evcap ? 2 * p->evcap : 16;
+        p->evs = xrealloc(p->evs, (size_t)p->evcap * sizeof *p->evs);
+    }
+    ev_rec *e = &p->evs[p->nev++];
+    e->kind = kind;
+    e->index = index;
+    e->id = 0;
+    e->text = p->evtext.len;
+    e->len = n;
+    tl_chat_buf_put(&p->evtext, s, n);
+    tl_chat_buf_put(&p->evtext, "", 1);
+}
+
+static void emit_args_str(tl_parser *p, const char *s) {
+    emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, s, strlen(s));
+}
+
+/* Appends the JSON-escaped body of s[0..n) as an arguments delta. */
+static void emit_args_escaped(tl_parser *p, const char *s, size_t n) {
+    tl_chat_buf b = {0};
+    tl_chat_json_escape(&b, s, n);
+    if (b.len) emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, b.s, b.len);
+    free(b.s);
+}
+
+static const json_t *tool_props(const json_t *tools, const char *name, size_t n) {
+    if (!json_is_array(tools)) return NULL;
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        const json_t *t = json_array_get(tools, i), *fn = json_object_get(t, "function");
+        if (!json_is_object(fn)) fn = t;
+        const json_t *nm = json_object_get(fn, "name");
+        if (!json_is_string(nm) || json_string_length(nm) != n || memcmp(json_string_value(nm), name, n)) continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        if (!json_is_object(params)) return NULL;
+        const json_t *props = json_object_get(params, "properties");
+        return json_is_object(props) ? props : params; /* vLLM: properties, else the dict itself */
+    }
+    return NULL;
+}
+
+static void start_call(tl_parser *p, const char *name, size_t n) {
+    int idx = p->res.n_calls;
+    if (idx == p->acccap) {
+        p->acccap = p->acccap ? 2 * p->acccap : 4;
+        p->acc = xrealloc(p->acc, (size_t)p->acccap * sizeof *p->acc);
+        p->res.calls = xrealloc(p->res.calls, (size_t)p->acccap * sizeof *p->res.calls);
+    }
+    memset(&p->acc[idx], 0, sizeof p->acc[idx]);
+    tl_chat_buf_put(&p->acc[idx].args, "", 0);
+    char id[32];
+    uint64_t x = p->o.id_seed ^ (0x632be59bd9b4e019ull * (uint64_t)(idx + 1)), a = splitmix64(&x), b = splitmix64(&x);
+    snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)a, (unsigned long long)(b >> 32));
+    tl_parse_tool_call *c = &p->res.calls[idx];
+    c->id = xstrdup(id);
+    c->name = xmalloc(n + 1);
+    memcpy(c->name, name, n);
+    c->name[n] = 0;
+    c->arguments = NULL;
+    p->res.n_calls++;
+    /* the event: text = name, id stored after it in evtext */
+    emit(p, TL_PARSE_TOOL_START, idx, name, n); /* never merged */
+    ev_rec *e = &p->evs[p->nev - 1];
+    e->id = p->evtext.len;
+    tl_chat_buf_put(&p->evtext, id, strlen(id) + 1);
+    p->props = tool_props(p->o.tools, name, n);
+    p->n_params = 0;
+    p->after_call = 1;
+}
+
+static void close_call(tl_parser *p) {
+    emit_args_str(p, p->n_params ? "}" : "{}");
+    emit(p, TL_PARSE_TOOL_END, p->res.n_calls - 1, "", 0);
+    p->seg_started = 0;
+    p->state = ST_CONTENT;
+}
+
+/* ------------------------------------------------------------------ parameter values */
+
+static int classify_type_name(const char *t) {
+    char low[32];
+    size_t n = 0;
+    while (isspace((unsigned char)*t)) t++;
+    for (; *t && n + 1 < sizeof low; t++) low[n++] = (char)tolower((unsigned char)*t);
+    while (n && isspace((unsigned char)low[n - 1])) n--;
+    low[n] = 0;
+    static const char *const strs[] = {"string", "str", "text", "varchar", "char", "enum"};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        if (!strcmp(low, strs[i])) return V_STR;
+    static const char *const ints[] = {"int", "uint", "long", "short", "unsigned"};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (!strncmp(low, ints[i], strlen(ints[i]))) return V_INT;
+    if (!strncmp(low, "num", 3) || !strncmp(low, "float", 5)) return V_NUM;
+    if (!strcmp(low, "boolean") || !strcmp(low, "bool") || !strcmp(low, "binary")) return V_BOOL;
+    return V_JSON;
+}
+
+static int param_type(const tl_parser *p, const char *name, size_t n) {
+    if (!p->props) return V_STR;
+    char key[TL_PARSE_MAX_NAME + 1];
+    memcpy(key, name, n);
+    key[n] = 0;
+    const json_t *prop = json_object_get(p->props, key);
+    const json_t *t = json_object_get(prop, "type");
+    if (json_is_string(t)) return classify_type_name(json_string_value(t));
+    if (json_is_array(t)) {
+        int first = -1;
+        for (size_t i = 0; i < json_array_size(t); i++) {
+            const json_t *x = json_array_get(t, i);
+            if (!json_is_string(x)) continue;
+            int c = classify_type_name(json_string_value(x));
+            if (c == V_STR) return V_STR;
+            if (first < 0 && strcmp(json_string_value(x), "null")) first = c;
+        }
+        return first < 0 ? V_JSON : first;
+    }
+    return V_STR;
+}
+
+/* Integer text -> normalised JSON integer (any size) in b; 0 if s is not one. */
+static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
+    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(s[n - 1])) n--;
+    int neg = 0;
+    if (n && (*s == '+' || *s == '-')) neg = *s == '-', s++, n--;
+    if (!n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    while (n > 1 && *s == '0') s++, n--;
+    if (neg && !(n == 1 && *s == '0')) tl_chat_buf_put(b, "-", 1);
+    tl_chat_buf_put(b, s, n);
+    return 1;
+}
+
+/* Number text -> a JSON number as vLLM writes it (integral values as integers). */
+static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
+    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(s[n - 1])) n--;
+    if (n == 0 || n > 400) return 0;
+    size_t i = 0, digits = 0;
+    if (s[i] == '+' || s[i] == '-') i++;
+    while (i < n && isdigit((unsigned char)s[i])) i++, digits++;
+    if (i < n && s[i] == '.') {
+        i++;
+        while (i < n && isdigit((unsigned char)s[i])) i++, digits++;
+    }
+    if (!digits) return 0;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        size_t e0 = i;
+        while (i < n && isdigit((unsigned char)s[i])) i++;
+        if (i == e0) return 0;
+    }
+    if (i != n) return 0;
+    char tmp[416];
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    double x = strtod(tmp, NULL);
+    if (!isfinite(x)) return 0;
+    if (x == trunc(x)) {
+        char out[400];
+        snprintf(out, sizeof out, "%.0f", x == 0 ? 0.0 : x); /* exact integer of the double */
+        tl_chat_buf_puts(b, out);
+    } else {
+        tl_chat_py_float(b, x);
+    }
+    return 1;
+}
+
+/* The typed JSON text of a finished non-string value (string when it does not convert). */
+static void emit_typed(tl_parser *p, const char *s, size_t n) {
+    tl_chat_buf b = {0};
+    int ok = 0;
+    if (ci_equal(s, n, "null")) {
+        tl_chat_buf_puts(&b, "null");
+        ok = 1;
+    } else if (p->vtype == V_INT) {
+        ok = conv_int(s, n, &b);
+    } else if (p->vtype == V_NUM) {
+        ok = conv_num(s, n, &b);
+    } else if (p->vtype == V_BOOL) {
+        size_t a = 0, z = n;
+        while (a < z && is_ws(s[a])) a++;
+        while (z > a && is_ws(s[z - 1])) z--;
+        if (ci_equal(s + a, z - a, "true")) tl_chat_buf_puts(&b, "true"), ok = 1;
+        else if (ci_equal(s + a, z - a, "false")) tl_chat_buf_puts(&b, "false"), ok = 1;
+    } else if (p->vtype == V_JSON) {
+        json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+        if (v) {
+            tl_chat_json_dump(&b, v);
+            json_decref(v);
+            ok = 1;
+        }
+    }
+    if (ok) {
+        emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, b.s, b.len);
+    } else {
+        emit_args_str(p, "\"");
+        emit_args_escaped(p, s, n);
+        emit_args_str(p, "\"");
+    }
+    free(b.s);
+}
+
+/* More text of the current value. String values stream, except while the value so far could
+ * still be "null" (which becomes JSON null). */
+static void value_add(tl_parser *p, const char *s, size_t n) {
+    if (!n) return;
+    if (p->vtype == V_STR && p->v_quote) {
+        emit_args_escaped(p, s, n);
+        return;
+    }
+    tl_chat_buf_put(&p->vbuf, s, n);
+    if (p->vtype == V_STR && !ci_prefix_of(p->vbuf.s, p->vbuf.len, "null")) {
+        emit_args_str(p, "\"");
+        emit_args_escaped(p, p->vbuf.s, p->vbuf.len);
+        p->v_quote = 1;
+        p->vbuf.len = 0;
+    }
+}
+
+static void value_end(tl_parser *p) {
+    if (p->vtype == V_STR && p->v_quote) emit_args_str(p, "\"");
+    else emit_typed(p, p->vbuf.s ? p->vbuf.s : "", p->vbuf.len);
+    p->vbuf.len = 0;
+    p->n_params++;
+}
+
+/* ------------------------------------------------------------------ the states */
+
+static const char *const T_THINK_END[] = {"</think>"};
+static const char *const T_TOOL_CALL[] = {"<tool_call>"};
+static const char *const T_BODY[] = {"<parameter=", "</function>", "</tool_call>"};
+static const char *const T_VALUE[] = {"</parameter>", "<parameter=", "</function>", "</tool_call>"};
+static const char *const T_AFTER_FN[] = {"</tool_call>", "<tool_call>"};
+
+enum { H_VALID, H_INVALID, H_INCOMPLETE };
+
+/* Bytes allowed in function and parameter names ('>' ends them). */
+static int name_byte_ok(char c) {
+    return c != '<' && c != '\n' && c != '\r' && c != 0;
+}
+
+/* s starts with "<tool_call>": is a complete "<function=NAME>" header next? */
+static int header_check(const char *s, size_t n, size_t *name, size_t *name_len, size_t *total) {
+    size_t i = 11, ws = 0;
+    while (i < n && is_ws(s[i])) {
+        if (++ws > MAX_HEADER_WS) return H_INVALID;
+        i++;
+    }
+    static const char fn[] = "<function=";
+    for (size_t k = 0; k < 10; k++, i++) {
+        if (i >= n) return H_INCOMPLETE;
+        if (s[i] != fn[k]) return H_INVALID;
+    }
+    size_t start = i;
+    for (; i < n && s[i] != '>'; i++) {
+        if (!name_byte_ok(s[i]) || i - start >= TL_PARSE_MAX_NAME) return H_INVALID;
+    }
+    if (i >= n) return H_INCOMPLETE;
+    if (i == start) return H_INVALID;
+    *name = start;
+    *name_len = i - start;
+    *total = i + 1;
+    return H_VALID;
+}
+
+/* "<parameter=" at s: is the name complete? (same rules as a function name) */
+static int pname_check(const char *s, size_t n, size_t *name_len, size_t *total) {
+    size_t i = 11;
+    for (; i < n && s[i] != '>'; i++)
+        if (!name_byte_ok(s[i]) || i - 11 >= TL_PARSE_MAX_NAME) return H_INVALID;
+    if (i >= n) return H_INCOMPLETE;
+    if (i == 11) return H_INVALID;
+    *name_len = i - 11;
+    *total = i + 1;
+    return H_VALID;
+}
+
+static void content_out(tl_parser *p, const char *s, size_t n) {
+    if (!n) return;
+    emit(p, TL_PARSE_CONTENT, 0, s, n);
+    p->seg_started = 1;
+}
+
+/* One step of the state machine over s[0..n) (the unconsumed input). Returns the number of
+ * bytes consumed, or -1 if it only changed state, or 0 if it needs more input. */
+static long step(tl_parser *p, const char *s, size_t n, int eof) {
+    size_t at = 0, hold = 0;
+    switch (p->state) {
+    case ST_REASON_START: {
+        size_t i = 0;
+        while (i < n && s[i] == '\n') i++;
+        if (i) return (long)i;
+        if (n == 0 && !eof) return 0;
+        if (p->start_step == 0) {
+            if (n >= 7 && !memcmp(s, "<think>", 7)) {
+                p->start_step = 1;
+                return 7;
+            }
+            if (!eof && n < 7 && !memcmp(s, "<think>", n)) return 0;
+        }
+        p->state = ST_REASON;
+        return -1;
+    }
+    case ST_REASON: {
+        int t = find_tags(s, n, T_THINK_END, 1, &at, &hold);
+        if (t >= 0) {
+            size_t e = at;
+            while (e && s[e - 1] == '\n') e--;
+            emit(p, TL_PARSE_REASONING, 0, s, e);
+            p->state = ST_CONTENT;
+            p->strip_nl = 1;
+            return (long)(at + 8);
+        }
+        size_t safe = eof ? n : n - hold, e = safe;
+        while (e && s[e - 1] == '\n') e--;
+        emit(p, TL_PARSE_REASONING, 0, s, e);
+        if (eof) {
+            p->state = ST_DONE;
+            return n ? (long)n : -1;
+        }
+        return (long)e;
+    }
+    case ST_CONTENT: {
+        if (p->strip_nl) {
+            size_t i = 0;
+            while (i < n && s[i] == '\n') i++;
+            if (i) return (long)i;
+            if (n == 0 && !eof) return 0;
+            p->strip_nl = 0;
+            return -1;
+        }
+        if (!p->o.parse_tools) {
+            emit(p, TL_PARSE_CONTENT, 0, s, n);
+            if (eof) {
+                p->state = ST_DONE;
+                return n ? (long)n : -1;
+            }
+            return (long)n;
+        }
+        if (p->after_call && !p->seg_started) { /* leading whitespace of a segment after a call */
+            size_t i = 0;
+            while (i < n && is_ws(s[i])) i++;
+            if (i) return (long)i;
+        }
+        int t = find_tags(s, n, T_TOOL_CALL, 1, &at, &hold);
+        if (t >= 0) {
+            size_t name = 0, name_len = 0, total = 0, e = at;
+            int h = header_check(s + at, n - at, &name, &name_len, &total);
+            while (e && is_ws(s[e - 1])) e--;
+            if (h == H_VALID) {
+                content_out(p, s, e);
+                start_call(p, s + at + name, name_len);
+                p->state = ST_BODY;
+                return (long)(at + total);
+            }
+            if (h == H_INCOMPLETE && !eof) {
+                content_out(p, s, e);
+                return (long)e;
+            }
+            content_out(p, s, at + 11); /* not a call: the tag is text */
+            return (long)(at + 11);
+        }
+        if (eof) {
+            size_t e = n;
+            if (p->after_call)
+                while (e && is_ws(s[e - 1])) e--;
+            content_out(p, s, e);
+            p->state = ST_DONE;
+            return n ? (long)n : -1;
+        }
+        size_t e = n - hold;
+        while (e && is_ws(s[e - 1])) e--;
+        content_out(p, s, e);
+        return (long)e;
+    }
+    case ST_BODY: {
+        int t = find_tags(s, n, T_BODY, 3, &at, &hold);
+        if (t < 0) {
+            if (eof) {
+                close_call(p);
+                return n ? (long)n : -1;
+            }
+            return (long)(n - hold); /* text between parameters is ignored */
+        }
+        if (t == 1) {
+            p->state = ST_AFTER_FN;
+            return (long)(at + 11);
+        }
+        if (t == 2) {
+            close_call(p);
+            return (long)(at + 12);
+        }
+        size_t name_len = 0, total = 0;
+        int h = pname_check(s + at, n - at, &name_len, &total);
+        if (h == H_INCOMPLETE && !eof) return (long)at;
+        if (h != H_VALID) return (long)(at + 11); /* skip a broken "<parameter=" */
+        emit_args_str(p, p->n_params ? ", \"" : "{\"");
+        emit_args_escaped(p, s + at + 11, name_len);
+        emit_args_str(p, "\": ");
+        p->vtype = param_type(p, s + at + 11, name_len);
+        p->v_first = 1;
+        p->v_quote = 0;
+        p->vbuf.len = 0;
+        p->state = ST_VALUE;
+        return (long)(at + total);
+    }
+    case ST_VALUE: {
+        if (p->v_first) {
+            if (n == 0 && !eof) return 0;
+            p->v_first = 0;
+            if (n && s[0] == '\n') return 1;
+            return -1;
+        }
+        int t = find_tags(s, n, T_VALUE, 4, &at, &hold);
+        if (t >= 0) {
+            size_t e = at;
+            if (e && s[e - 1] == '\n') e--;
+            value_add(p, s, e);
+            value_end(p);
+            p->state = ST_BODY;
+            return t == 0 ? (long)(at + 12) : (at ? (long)at : -1);
+        }
+        if (eof) {
+            size_t e = n;
+            if (e && s[e - 1] == '\n') e--;
+            value_add(p, s, e);
+            value_end(p);
+            close_call(p);
+            return n ? (long)n : -1;
+        }
+        size_t e = n - hold;
+        if (e && s[e - 1] == '\n') e--;
+        value_add(p, s, e);
+        return (long)e;
+    }
+    case ST_AFTER_FN: {
+        int t = find_tags(s, n, T_AFTER_FN, 2, &at, &hold);
+        if (t == 0) {
+            close_call(p);
+            return (long)(at + 12);
+        }
+        if (t == 1) {
+            close_call(p);
+            return at ? (long)at : -1;
+        }
+        if (eof) {
+            close_call(p);
+            return n ? (long)n : -1;
+        }
+        return (long)(n - hold);
+    }
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------------ UTF-8 sanitizer */
+
+static void put_fffd(tl_parser *p) {
+    tl_chat_buf_put(&p->in, "\xef\xbf\xbd", 3);
+}
+
+/* Appends valid UTF-8 to p->in: invalid bytes become U+FFFD (one per maximal invalid
+ * subpart, as Python's errors="replace"); an incomplete sequence at the end is kept. */
+static void sanitize(tl_parser *p, const unsigned char *s, size_t n) {
+    size_t run = 0; /* start of a pending run of plain ASCII / complete sequences */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (p->u8n) {
+            if (c >= p->u8lo && c <= p->u8hi) {
+                p->u8[p->u8n++] = c;
+                p->u8lo = 0x80;
+                p->u8hi = 0xbf;
+                if (p->u8n == p->u8need) {
+                    tl_chat_buf_put(&p->in, (const char *)p->u8, (size_t)p->u8n);
+                    p->u8n = 0;
+                }
+                run = i + 1;
+                continue;
+            }
+            put_fffd(p); /* the incomplete prefix; c starts afresh */
+            p->u8n = 0;
+            run = i;
+        }
+        if (c < 0x80) continue;
+        tl_chat_buf_put(&p->in, (const char *)s + run, i - run);
+        run = i + 1;
+        int need = 0;
+        unsigned char lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) need = 2;
+        else if (c >= 0xe0 && c <= 0xef) {
+            need = 3;
+            if (c == 0xe0) lo = 0xa0;
+            if (c == 0xed) hi = 0x9f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            need = 4;
+            if (c == 0xf0) lo = 0x90;
+            if (c == 0xf4) hi = 0x8f;
+        }
+        if (!need) {
+            put_fffd(p);
+            continue;
+        }
+        p->u8[0] = c;
+        p->u8n = 1;
+        p->u8need = need;
+        p->u8lo = lo;
+        p->u8hi = hi;
+    }
+    if (!p->u8n) tl_chat_buf_put(&p->in, (const char *)s + run, n - run);
+}
+
+/* ------------------------------------------------------------------ API */
+
+void tl_parse_opts_default(tl_parse_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->thinking = 1;
+    o->parse_tools = 1;
+}
+
+tl_parser *tl_parser_new(const tl_parse_opts *opts) {
+    tl_parser *p = xcalloc(1, sizeof *p);
+    if (opts) p->o = *opts;
+    else tl_parse_opts_default(&p->o);
+    p->state = p->o.thinking ? ST_REASON_START : ST_CONTENT;
+    tl_chat_buf_put(&p->reasoning, "", 0);
+    tl_chat_buf_put(&p->content, "", 0);
+    tl_chat_buf_put(&p->in, "", 0);
+    return p;
+}
+
+void tl_parser_free(tl_parser *p) {
+    if (!p) return;
+    for (int i = 0; i < p->res.n_calls; i++) {
+        free(p->res.calls[i].id);
+        free(p->res.calls[i].name);
+        free(p->acc[i].args.s);
+    }
+    free(p->res.calls);
+    free(p->acc);
+    free(p->in.s);
+    free(p->vbuf.s);
+    free(p->evs);
+    free(p->evtext.s);
+    free(p->out);
+    free(p->reasoning.s);
+    free(p->content.s);
+    free(p);
+}
+
+static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
+    for (;;) {
+        long k = step(p, p->in.s + p->pos, p->in.len - p->pos, eof);
+        if (k > 0) p->pos += (size_t)k;
+        else if (k == 0) break;
+        if (p->state == ST_DONE) break;
+    }
+    /* drop the consumed prefix */
+    memmove(p->in.s, p->in.s + p->pos, p->in.len - p->pos + 1);
+    p->in.len -= p->pos;
+    p->pos = 0;
+    /* publish the events */
+    if (p->nev > p->outcap) {
+        p->outcap = p->nev;
+        p->out = xrealloc(p->out, (size_t)p->outcap * sizeof *p->out);
+    }
+    for (int i = 0; i < p->nev; i++) {
+        const ev_rec *r = &p->evs[i];
+        p->out[i].kind = r->kind;
+        p->out[i].index = r->index;
+        p->out[i].text = p->evtext.s + r->text;
+        p->out[i].len = r->len;
+        p->out[i].id = r->kind == TL_PARSE_TOOL_START ? p->evtext.s + r->id : NULL;
+    }
+    int n = p->nev;
+    p->nev = 0;
+    p->evtext.len = 0;
+    /* refresh the result view */
+    p->res.reasoning = p->reasoning.s;
+    p->res.reasoning_len = p->reasoning.len;
+    p->res.content = p->content.s;
+    p->res.content_len = p->content.len;
+    for (int i = 0; i < p->res.n_calls; i++) p->res.calls[i].arguments = p->acc[i].args.s;
+    *ev = p->out;
+    return n;
+}
+
+int tl_parser_feed(tl_parser *p, const char *text, size_t len, const tl_parse_event **ev) {
+    if (p->state == ST_DONE) {
+        *ev = p->out;
+        return 0;
+    }
+    sanitize(p, (const unsigned char *)text, len);
+    return run(p, 0, ev);
+}
+
+int tl_parser_finish(tl_parser *p, const tl_parse_event **ev) {
+    if (p->state == ST_DONE) {
+        *ev = p->out;
+        return 0;
+    }
+    if (p->u8n) {
+        put_fffd(p);
+        p->u8n = 0;
+    }
+    return run(p, 1, ev);
+}
+
+const tl_parse_result *tl_parser_result(const tl_parser *p) {
+    return &p->res;
+}
+
+void tl_parse_text(const char *text, size_t len, const tl_parse_opts *opts, tl_parse_result *out) {
+    tl_parser *p = tl_parser_new(opts);
+    const tl_parse_event *ev;
+    tl_parser_feed(p, text, len, &ev);
+    tl_parser_finish(p, &ev);
+    memset(out, 0, sizeof *out);
+    out->reasoning_len = p->reasoning.len;
+    out->content = xmalloc(p->content.len + 1);
+    memcpy(out->content, p->content.s, p->content.len + 1);
+    out->content_len = p->content.len;
+    out->reasoning = xmalloc(p->reasoning.len + 1);
+    memcpy(out->reasoning, p->reasoning.s, p->reasoning.len + 1);
+    out->n_calls = p->res.n_calls;
+    out->calls = out->n_calls ? xcalloc((size_t)out->n_calls, sizeof *out->calls) : NULL;
+    for (int i = 0; i < out->n_calls; i++) {
+        out->calls[i].id = xstrdup(p->res.calls[i].id);
+        out->calls[i].name = xstrdup(p->res.calls[i].name);
+        out->calls[i].arguments = xstrdup(p->acc[i].args.s);
+    }
+    tl_parser_free(p);
+}
+
+void tl_parse_result_free(tl_parse_result *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_calls; i++) {
+        free(r->calls[i].id);
+        free(r->calls[i].name);
+        free(r->calls[i].arguments);
+    }
+    free(r->calls);
+    free(r->reasoning);
+    free(r->content);
+    memset(r, 0, sizeof *r);
+}
+
+json_t *tl_parse_result_message(const tl_parse_result *r) {
+    json_t *m = json_object();
+    json_object_set_new(m, "role", json_string("assistant"));
+    if (r->content_len || !r->n_calls) json_object_set_new(m, "content", json_stringn(r->content, r->content_len));
+    else json_object_set_new(m, "content", json_null());
+    if (r->reasoning_len)
+        json_object_set_new(m, "reasoning_content", json_stringn(r->reasoning, r->reasoning_len));
+    if (r->n_calls) {
+        json_t *calls = json_array();
+        for (int i = 0; i < r->n_calls; i++) {
+            json_t *c = json_object(), *fn = json_object();
+            json_object_set_new(fn, "name", json_string(r->calls[i].name));
+            json_object_set_new(fn, "arguments", json_string(r->calls[i].arguments));
+            json_object_set_new(c, "id", json_string(r->calls[i].id));
+            json_object_set_new(c, "type", json_string("function"));
+            json_object_set_new(c, "function", fn);
+            json_array_append_new(calls, c);
+        }
+        json_object_set_new(m, "tool_calls", calls);
+    }
+    return m;
+}
