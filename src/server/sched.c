@@ -81,9 +81,11 @@ int tl_job_wait(tl_job *j, int sockfd, int timeout_ms) {
 int tl_job_take(tl_job *j, tl_sample_out *out, int max, int *finished) {
     pthread_mutex_lock(&j->mu);
     int n = TL_MIN(max, j->n_ev);
-    memcpy(out, j->ev, (size_t)n * sizeof *out);
-    memmove(j->ev, j->ev + n, (size_t)(j->n_ev - n) * sizeof *out);
-    j->n_ev -= n;
+    if (n > 0) {
+        memcpy(out, j->ev, (size_t)n * sizeof *out);
+        memmove(j->ev, j->ev + n, (size_t)(j->n_ev - n) * sizeof *out);
+        j->n_ev -= n;
+    }
     *finished = j->n_ev == 0 ? j->finished : TL_FIN_NONE;
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -209,6 +211,10 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
     }
     if (s->m) tl_metrics_token(s->m, n_gen == 0, now - prev);
     n_gen++;
+    if (j->fail_after > 0 && n_gen >= j->fail_after) {
+        job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, "injected failure (tulip_test_fail_after)");
+        return 1;
+    }
     if (script_end || (!j->ignore_eos && is_eos(s, o->token))) {
         job_finish(s, j, TL_FIN_STOP, 0, NULL);
         return 1;

@@ -22,6 +22,7 @@ void tl_sbuf_free(tl_sbuf *b) {
 
 size_t tl_sbuf_read(tl_sbuf *b, char *out, size_t max) {
     size_t k = TL_MIN(max, b->n - b->off);
+    if (k == 0) return 0;
     memcpy(out, b->p + b->off, k);
     b->off += k;
     if (b->off == b->n) b->off = b->n = 0;

@@ -1,0 +1,226 @@
+/* The engine thread (src/server/sched.c) on the tiny model with the CPU backend: batched greedy
+ * decoding equals one-at-a-time decoding, cancellation frees the session within a step, the
+ * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH, scripted and
+ * forced tokens, injected failures, and shutdown cancels what is still running. */
+#include <unistd.h>
+#include "common/util.h"
+#include "server/metrics.h"
+#include "server/sched.h"
+#include "t_check.h"
+
+#define MODEL "tests/data/tiny-a"
+#define EOS   287 /* first eos id of tiny-a's config (<|endoftext|>) */
+
+static tl_engine *open_engine(int max_seqs, int max_ctx) {
+    tl_engine_params ep = {.model_path = MODEL, .backend = TL_BACKEND_CPU, .allow_test_shape = 1,
+                           .n_threads = 1, .max_seqs = max_seqs, .max_ctx = max_ctx};
+    char err[512];
+    tl_engine *e = NULL;
+    if (tl_engine_open(&e, &ep, err, sizeof err)) {
+        fprintf(stderr, "tl_engine_open: %s\n", err);
+        return NULL;
+    }
+    return e;
+}
+
+static tl_job *make_job(int seed, int n_prompt, int max_tokens) {
+    tl_job *j = tl_job_new();
+    j->prompt = xmalloc(sizeof(int32_t) * (size_t)n_prompt);
+    for (int i = 0; i < n_prompt; i++) j->prompt[i] = (int32_t)((seed * 37 + i * 11) % 250 + 3);
+    j->n_prompt = n_prompt;
+    j->sample = (tl_sample_params){.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    j->max_tokens = max_tokens;
+    j->ignore_eos = 1;
+    return j;
+}
+
+/* Reads a job to its end; returns the finish reason, tokens into out (up to max). */
+static int collect(tl_job *j, int32_t *out, int max, int *n_out) {
+    tl_sample_out ev[16];
+    int n = 0;
+    for (;;) {
+        int fin, k = tl_job_take(j, ev, 16, &fin);
+        for (int i = 0; i < k; i++)
+            if (n < max) out[n++] = ev[i].token;
+        if (fin) {
+            *n_out = n;
+            return fin;
+        }
+        if (!k && tl_job_wait(j, -1, 5000) == 0) {
+            *n_out = n;
+            return -1; /* stuck */
+        }
+    }
+}
+
+static void wait_sessions(tl_sched *s, int want) {
+    int sess = -1;
+    for (int i = 0; i < 500; i++) {
+        tl_sched_stats(s, NULL, NULL, &sess, NULL);
+        if (sess == want) return;
+        usleep(2000);
+    }
+    CHECK_EQ_INT(sess, want);
+}
+
+static void test_batched_equals_sequential(void) {
+    tl_engine *e = open_engine(4, 256);
+    CHECK(e != NULL);
+    if (!e) return;
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 16}; /* small budget: chunked prefill */
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    int32_t alone[4][12], batched[4][12];
+    int n;
+    for (int k = 0; k < 4; k++) {
+        tl_job *j = make_job(k, 20 + 9 * k, 12);
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, alone[k], 12, &n), TL_FIN_LENGTH);
+        CHECK_EQ_INT(n, 12);
+        tl_job_unref(j);
+    }
+    tl_job *js[4];
+    for (int k = 0; k < 4; k++) {
+        js[k] = make_job(k, 20 + 9 * k, 12);
+        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ_INT(collect(js[k], batched[k], 12, &n), TL_FIN_LENGTH);
+        CHECK_EQ_INT(n, 12);
+        CHECK(!memcmp(alone[k], batched[k], sizeof alone[k]));
+        tl_job_unref(js[k]);
+    }
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+static void test_cancel_and_queue_full(void) {
+    tl_engine *e = open_engine(2, 4096);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_metrics *m = tl_metrics_new();
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 1, .step_tokens = 64};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, m, err, sizeof err), 0);
+    tl_job *run[2], *queued, *extra;
+    for (int k = 0; k < 2; k++) {
+        run[k] = make_job(k, 8, 4000);
+        CHECK_EQ_INT(tl_sched_submit(s, run[k], err, sizeof err), 0);
+    }
+    CHECK_EQ_INT(tl_job_wait(run[0], -1, 5000), 1);
+    CHECK_EQ_INT(tl_job_wait(run[1], -1, 5000), 1);
+    wait_sessions(s, 2);
+    queued = make_job(5, 8, 4000);
+    CHECK_EQ_INT(tl_sched_submit(s, queued, err, sizeof err), 0);
+    extra = make_job(6, 8, 4);
+    CHECK_EQ_INT(tl_sched_submit(s, extra, err, sizeof err), TL_ERR_BUSY);
+    tl_job_unref(extra);
+
+    /* cancel a queued job: it never gets a session */
+    tl_job_cancel(queued);
+    int32_t toks[8];
+    int n;
+    CHECK_EQ_INT(collect(queued, toks, 8, &n), TL_FIN_CANCELLED);
+    CHECK_EQ_INT(n, 0);
+    /* cancel a running one: session freed */
+    tl_job_cancel(run[0]);
+    int32_t *buf = xmalloc(sizeof(int32_t) * 4000);
+    CHECK_EQ_INT(collect(run[0], buf, 4000, &n), TL_FIN_CANCELLED);
+    CHECK(n < 4000);
+    wait_sessions(s, 1);
+    free(buf);
+    tl_job_unref(queued);
+    tl_job_unref(run[0]);
+
+    /* shutdown cancels the one still running */
+    tl_sched_shutdown(s, 0);
+    tl_sample_out tmp[64];
+    int fin = 0;
+    while (tl_job_take(run[1], tmp, 64, &fin) > 0) {
+    }
+    CHECK_EQ_INT(fin, TL_FIN_CANCELLED);
+    extra = make_job(7, 8, 4);
+    CHECK_EQ_INT(tl_sched_submit(s, extra, err, sizeof err), TL_ERR_CANCELLED);
+    tl_job_unref(extra);
+    tl_job_unref(run[1]);
+    tl_sched_free(s);
+    char *txt = tl_metrics_render(m, &(tl_metrics_gauges){0});
+    CHECK(strstr(txt, "tulip_sequences_finished_total{reason=\"cancelled\"} 3\n"));
+    free(txt);
+    tl_metrics_free(m);
+    tl_engine_close(e);
+}
+
+static void test_limits_script_force_fail(void) {
+    tl_engine *e = open_engine(4, 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    int32_t toks[128];
+    int n;
+
+    /* context full: 60 prompt tokens in a 64-token context: 4 generated tokens are fed back and
+     * a 5th is sampled from the full context (it needs no KV slot) */
+    tl_job *j = make_job(1, 60, 0);
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(j, toks, 128, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(n, 64 - 60 + 1);
+    tl_job_unref(j);
+
+    /* script: emitted verbatim, then EOS, finish STOP (even with ignore_eos) */
+    j = make_job(2, 5, 50);
+    j->script = xmalloc(3 * sizeof(int32_t));
+    j->script[0] = 100, j->script[1] = 101, j->script[2] = 312;
+    j->n_script = 3;
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(j, toks, 128, &n), TL_FIN_STOP);
+    CHECK_EQ_INT(n, 4);
+    CHECK_EQ_INT(toks[0], 100);
+    CHECK_EQ_INT(toks[2], 312);
+    CHECK_EQ_INT(toks[3], EOS);
+    tl_job_unref(j);
+
+    /* forced tokens right after the think-end token */
+    j = make_job(3, 5, 10);
+    j->script = NULL;
+    j->force = xmalloc(2 * sizeof(int32_t));
+    j->force[0] = 50, j->force[1] = 51;
+    j->n_force = 2;
+    j->in_think = 0; /* not thinking: forced from the first token */
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(j, toks, 128, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(n, 10);
+    CHECK_EQ_INT(toks[0], 50);
+    CHECK_EQ_INT(toks[1], 51);
+    tl_job_unref(j);
+
+    /* injected failure */
+    j = make_job(4, 5, 20);
+    j->fail_after = 3;
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(j, toks, 128, &n), TL_FIN_ERROR);
+    CHECK_EQ_INT(n, 3);
+    CHECK_EQ_INT(j->err_status, TL_ERR_INTERNAL);
+    tl_job_unref(j);
+
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+int main(void) {
+    T_RUN(test_batched_equals_sequential);
+    T_RUN(test_cancel_and_queue_full);
+    T_RUN(test_limits_script_force_fail);
+    return t_summary();
+}
