@@ -67,7 +67,7 @@ help:
 	@echo "make clean"
 
 build/tulip: $(BEST)
-	@ln -sf $(notdir $(patsubst build/%,%,$(dir $(BEST))))/tulip $@
+	@ln -sfn $(patsubst build/%/tulip,%,$(BEST))/tulip $@
 
 cpu: build/cpu/tulip
 cuda: build/cuda/tulip

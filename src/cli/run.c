@@ -10,9 +10,9 @@
 #include "model/config.h"
 #include "tulip.h"
 
-#ifdef TL_RUN_TEXT
+#include <jansson.h>
 #include "tokenizer/bpe.h"
-#endif
+#include "tokenizer/chat.h"
 
 static void run_usage(void) {
     fprintf(stderr,
@@ -22,6 +22,9 @@ static void run_usage(void) {
             "  --top-k K --top-p P --min-p P --seed S\n"
             "  --presence-penalty X --frequency-penalty X --repetition-penalty X\n"
             "  --print-ids           print generated ids on one line, separated by spaces\n"
+            "  -p TEXT               a user message: rendered with the chat template, answer streamed\n"
+            "  --system TEXT         a system message before it   --no-thinking   --raw (no template)\n"
+            "  --tokenizer PATH      tokenizer.json (default: the one in the model directory)\n"
             "  --ignore-eos          do not stop at the model's stop tokens\n"
             "  --dump-logits FILE    write the f32 logits of every step (prefill last + each decode)\n"
             "  --backend cpu|cuda|auto   --threads N   --ctx N   --allow-test-shape\n");
@@ -51,8 +54,8 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 int cmd_run(int argc, char **argv) {
     tl_engine_params ep = {0};
     tl_sample_params sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
-    const char *ids_arg = NULL, *text = NULL, *dump = NULL;
-    int n_gen = 64, print_ids = 0, ignore_eos = 0;
+    const char *ids_arg = NULL, *text = NULL, *dump = NULL, *system = NULL, *tok_path = NULL;
+    int n_gen = 64, print_ids = 0, ignore_eos = 0, no_think = 0, raw = 0, temp_set = 0;
     ep.backend = TL_BACKEND_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -69,7 +72,11 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids")) { NEEDV; ids_arg = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDV; text = v; }
         else if (!strcmp(a, "-n")) { NEEDV; n_gen = atoi(v); }
-        else if (!strcmp(a, "--temperature")) { NEEDV; sp.temperature = strtof(v, NULL); }
+        else if (!strcmp(a, "--temperature")) { NEEDV; sp.temperature = strtof(v, NULL); temp_set = 1; }
+        else if (!strcmp(a, "--system")) { NEEDV; system = v; }
+        else if (!strcmp(a, "--tokenizer")) { NEEDV; tok_path = v; }
+        else if (!strcmp(a, "--no-thinking")) no_think = 1;
+        else if (!strcmp(a, "--raw")) raw = 1;
         else if (!strcmp(a, "--top-k")) { NEEDV; sp.top_k = atoi(v); }
         else if (!strcmp(a, "--top-p")) { NEEDV; sp.top_p = strtof(v, NULL); }
         else if (!strcmp(a, "--min-p")) { NEEDV; sp.min_p = strtof(v, NULL); }
@@ -106,23 +113,75 @@ int cmd_run(int argc, char **argv) {
         run_usage();
         return 2;
     }
+    int32_t *prompt = NULL;
+    int n_prompt = 0;
+    tl_tokenizer *tok = NULL;
+    char err[1024];
     if (text) {
-        fprintf(stderr, "tulip run: text prompts need the tokenizer (not in this build yet); use --prompt-ids\n");
-        return 2;
-    }
-    int32_t *prompt;
-    int n_prompt;
-    if (parse_ids(ids_arg, &prompt, &n_prompt)) {
+        char path[4096];
+        if (!tok_path) {
+            snprintf(path, sizeof path, "%s/tokenizer.json", ep.model_path);
+            tok_path = path;
+        }
+        if (tl_tokenizer_load(tok_path, &tok, err, sizeof err)) {
+            fprintf(stderr, "tulip: %s\n", err);
+            return 1;
+        }
+        char *rendered = NULL;
+        size_t rlen = 0;
+        if (raw) {
+            rendered = xstrdup(text);
+            rlen = strlen(text);
+        } else {
+            json_t *msgs = json_array();
+            if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", text));
+            tl_chat_opts co;
+            tl_chat_opts_default(&co);
+            co.enable_thinking = !no_think;
+            int rc = tl_chat_render(msgs, NULL, &co, &rendered, &rlen, err, sizeof err);
+            json_decref(msgs);
+            if (rc) {
+                fprintf(stderr, "tulip: chat template: %s\n", err);
+                tl_tokenizer_free(tok);
+                return 1;
+            }
+        }
+        tl_tok_ids ids = {0};
+        int rc = tl_tokenize(tok, rendered, rlen, 0, &ids);
+        free(rendered);
+        if (rc < 0 || ids.n == 0) {
+            fprintf(stderr, "tulip: tokenizing the prompt failed\n");
+            tl_tok_ids_free(&ids);
+            tl_tokenizer_free(tok);
+            return 1;
+        }
+        prompt = ids.ids;
+        n_prompt = (int)ids.n;
+        if (!temp_set) { /* the model's generation config defaults (MODEL.md §6) */
+            sp.temperature = no_think ? 0.7f : 1.0f;
+            sp.top_p = no_think ? 0.8f : 0.95f;
+            sp.top_k = 20;
+        }
+    } else if (parse_ids(ids_arg, &prompt, &n_prompt)) {
         fprintf(stderr, "tulip run: --prompt-ids must be a comma-separated list of token ids\n");
         return 2;
     }
     ep.max_seqs = 1;
     if (!ep.max_ctx) ep.max_ctx = n_prompt + n_gen + 1;
-    char err[1024];
     tl_engine *e;
     if (tl_engine_open(&e, &ep, err, sizeof err)) {
         fprintf(stderr, "tulip: %s\n", err);
         free(prompt);
+        tl_tokenizer_free(tok);
+        return 1;
+    }
+    tl_detok_stream *ds = NULL;
+    if (tok && tl_detok_stream_create(tok, TL_DETOK_SKIP_SPECIAL, &ds)) {
+        fprintf(stderr, "tulip: out of memory\n");
+        tl_engine_close(e);
+        free(prompt);
+        tl_tokenizer_free(tok);
         return 1;
     }
     const tl_config *cfg = tl_engine_config(e);
@@ -143,7 +202,7 @@ int cmd_run(int argc, char **argv) {
     int status = 0;
     const int32_t *feed = prompt;
     int n_feed = n_prompt;
-    int32_t tok;
+    int32_t next;
     for (int step = 0; !rc && step < n_gen; step++) {
         tl_sample_out out;
         tl_batch_entry be = {s, feed, n_feed, &sp, &out, logits};
@@ -154,16 +213,27 @@ int cmd_run(int argc, char **argv) {
             rc = -1;
             break;
         }
-        tok = out.token;
-        if (print_ids) printf(step ? " %d" : "%d", tok);
+        next = out.token;
+        if (print_ids) printf(step ? " %d" : "%d", next);
+        if (ds) {
+            const char *piece;
+            size_t plen;
+            if (tl_detok_stream_push(ds, next, &piece, &plen) == 0 && plen) fwrite(piece, 1, plen, stdout);
+        }
         fflush(stdout);
         int stop = 0;
-        for (int k = 0; k < cfg->n_eos && !ignore_eos; k++) stop |= tok == cfg->eos_ids[k];
+        for (int k = 0; k < cfg->n_eos && !ignore_eos; k++) stop |= next == cfg->eos_ids[k];
         if (stop) break;
-        feed = &tok;
+        feed = &next;
         n_feed = 1;
     }
-    if (print_ids) printf("\n");
+    if (ds) {
+        const char *piece;
+        size_t plen;
+        if (tl_detok_stream_flush(ds, &piece, &plen) == 0 && plen) fwrite(piece, 1, plen, stdout);
+        tl_detok_stream_free(ds);
+    }
+    if (print_ids || ds) printf("\n");
     if (rc) {
         fprintf(stderr, "tulip: %s\n", err);
         status = 1;
@@ -173,5 +243,6 @@ int cmd_run(int argc, char **argv) {
     tl_session_close(s);
     tl_engine_close(e);
     free(prompt);
+    tl_tokenizer_free(tok);
     return status;
 }
