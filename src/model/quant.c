@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,6 +242,38 @@ static int unit_entries(const unit *u, int group, tl_st_entry *e, char nb[3][208
     return 1;
 }
 
+/* One quantized unit being computed: rows [r0, r1) of the stacked output per worker. */
+typedef struct qjob {
+    const unit *u;
+    int group;
+    size_t nrows;
+    uint32_t *W;
+    uint16_t *S, *B;
+} qjob;
+
+typedef struct qpart {
+    qjob *job;
+    size_t r0, r1;
+} qpart;
+
+static void *quant_rows(void *arg) {
+    qpart *pt = arg;
+    const qjob *j = pt->job;
+    const unit *u = j->u;
+    int rows = u->mats[0].rows, cols = u->mats[0].cols, ng = cols / j->group;
+    size_t wpr = (size_t)cols * u->bits / 32;
+    float *x = xmalloc((size_t)cols * sizeof *x);
+    for (size_t orow = pt->r0; orow < pt->r1; orow++) {
+        const tl_mat *m = &u->mats[orow / (size_t)rows];
+        size_t base = (orow % (size_t)rows) * (size_t)cols;
+        for (int c = 0; c < cols; c++) x[c] = tl_load_elem(m->w, m->wtype, base + (size_t)c);
+        tl_quant_row(x, cols, u->bits, j->group, j->W + orow * wpr, j->S + orow * (size_t)ng,
+                     j->B + orow * (size_t)ng);
+    }
+    free(x);
+    return NULL;
+}
+
 static int write_unit(FILE *fp, const unit *u, int group, const char *path, char *err,
                       size_t errlen) {
     int ok = 1;
@@ -256,29 +289,36 @@ static int write_unit(FILE *fp, const unit *u, int group, const char *path, char
         }
     } else {
         const tl_mat *m0 = &u->mats[0];
-        int rows = m0->rows, cols = m0->cols, ng = cols / group;
-        size_t nrows = (size_t)u->n_mats * (size_t)rows, wpr = (size_t)cols * u->bits / 32;
-        uint32_t *W = malloc(nrows * wpr * 4);
-        uint16_t *S = malloc(nrows * (size_t)ng * 2), *B = malloc(nrows * (size_t)ng * 2);
-        float *x = malloc((size_t)cols * sizeof *x);
-        if (!W || !S || !B || !x) {
-            free(W), free(S), free(B), free(x);
+        int ng = m0->cols / group;
+        size_t nrows = (size_t)u->n_mats * (size_t)m0->rows, wpr = (size_t)m0->cols * u->bits / 32;
+        qjob job = {.u = u, .group = group, .nrows = nrows};
+        job.W = malloc(nrows * wpr * 4);
+        job.S = malloc(nrows * (size_t)ng * 2);
+        job.B = malloc(nrows * (size_t)ng * 2);
+        if (!job.W || !job.S || !job.B) {
+            free(job.W), free(job.S), free(job.B);
             return tl_errf(err, errlen, TL_ERR_NOMEM, "%s: out of memory quantizing '%s'", path,
                            u->name);
         }
-        for (int e = 0; e < u->n_mats; e++) {
-            const tl_mat *m = &u->mats[e];
-            for (int r = 0; r < rows; r++) {
-                size_t base = (size_t)r * (size_t)cols, orow = (size_t)e * rows + (size_t)r;
-                for (int c = 0; c < cols; c++) x[c] = tl_load_elem(m->w, m->wtype, base + (size_t)c);
-                tl_quant_row(x, cols, u->bits, group, W + orow * wpr, S + orow * (size_t)ng,
-                             B + orow * (size_t)ng);
-            }
+        /* rows are independent: split them over threads when there is enough work */
+        int nt = nrows * (size_t)m0->cols >= ((size_t)1 << 16) ? TL_MIN(tl_n_cpus(), 32) : 1;
+        pthread_t th[32];
+        qpart part[32];
+        int started = 0;
+        for (int t = 0; t < nt; t++) {
+            part[t] = (qpart){&job, nrows * (size_t)t / (size_t)nt, nrows * (size_t)(t + 1) / (size_t)nt};
+            if (t > 0 && pthread_create(&th[t], NULL, quant_rows, &part[t]) == 0)
+                started |= 1 << t;
+            else if (t > 0)
+                quant_rows(&part[t]);
         }
-        ok = fwrite(W, 4, nrows * wpr, fp) == nrows * wpr &&
-             fwrite(S, 2, nrows * (size_t)ng, fp) == nrows * (size_t)ng &&
-             fwrite(B, 2, nrows * (size_t)ng, fp) == nrows * (size_t)ng;
-        free(W), free(S), free(B), free(x);
+        quant_rows(&part[0]);
+        for (int t = 1; t < nt; t++)
+            if (started & (1 << t)) pthread_join(th[t], NULL);
+        ok = fwrite(job.W, 4, nrows * wpr, fp) == nrows * wpr &&
+             fwrite(job.S, 2, nrows * (size_t)ng, fp) == nrows * (size_t)ng &&
+             fwrite(job.B, 2, nrows * (size_t)ng, fp) == nrows * (size_t)ng;
+        free(job.W), free(job.S), free(job.B);
     }
     return ok ? TL_OK : tl_errf(err, errlen, TL_ERR_IO, "%s: write error", path);
 }
