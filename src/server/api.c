@@ -1,0 +1,454 @@
+/* The endpoints: /v1/chat/completions, /v1/completions (streaming and not), /v1/models, /health,
+ * /metrics. A generation request is parsed and validated (openai.c), rendered with the chat
+ * template and tokenized, checked against the context, then queued as a tl_job; this thread
+ * then reads the job's tokens through a tl_gen (text, stop strings, reasoning, tool calls) and
+ * writes the response or SSE chunks. The client socket is watched for a hang-up all along, so
+ * a client that leaves cancels its job within one engine step.
+ *
+ * Runs on libmicrohttpd's connection threads; shares only the tl_server (read-only after
+ * startup), the scheduler (thread-safe) and the tokenizer (thread-safe). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include "common/status.h"
+#include "common/util.h"
+#include "model/config.h"
+#include "server/gen.h"
+#include "server/metrics.h"
+#include "server/sched.h"
+#include "server/server.h"
+#include "server/sse.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/chat.h"
+
+#define EV_BATCH     64
+#define KEEPALIVE_MS 5000
+
+/* ====== Small replies. ====== */
+
+static void reply_json(tl_reply *out, int status, json_t *v) {
+    memset(out, 0, sizeof *out);
+    out->status = status;
+    out->content_type = "application/json";
+    out->body = tl_oai_dump(v);
+    out->body_len = strlen(out->body);
+}
+
+void tl_api_error(tl_reply *out, const tl_oai_error *e) {
+    memset(out, 0, sizeof *out);
+    out->status = e->http;
+    out->content_type = "application/json";
+    out->body = tl_oai_error_json(e);
+    out->body_len = strlen(out->body);
+}
+
+void tl_api_models(tl_server *s, tl_reply *out) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(s->model_name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->created));
+    json_object_set_new(m, "owned_by", json_string("tulip"));
+    json_object_set_new(m, "max_model_len", json_integer(s->max_ctx));
+    json_t *data = json_array();
+    json_array_append_new(data, m);
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "data", data);
+    reply_json(out, 200, o);
+}
+
+void tl_api_health(tl_server *s, tl_reply *out) {
+    int lost = tl_sched_lost(s->sched);
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string(lost ? "device lost" : "ok"));
+    reply_json(out, lost ? 503 : 200, o);
+}
+
+void tl_api_metrics(tl_server *s, tl_reply *out) {
+    tl_metrics_gauges g = {.max_seqs = tl_engine_max_seqs(s->eng)};
+    tl_sched_stats(s->sched, &g.queued, &g.running, &g.sessions, &g.kv_tokens);
+    g.kv_capacity = (long)g.max_seqs * s->max_ctx;
+    memset(out, 0, sizeof *out);
+    out->status = 200;
+    out->content_type = "text/plain; version=0.0.4";
+    out->body = tl_metrics_render(s->metrics, &g);
+    out->body_len = strlen(out->body);
+}
+
+/* ====== Request -> job. ====== */
+
+/* The normalised messages as the chat template takes them. */
+static json_t *messages_json(const tl_oai_req *r) {
+    static const char *roles[] = {"system", "user", "assistant", "tool"};
+    json_t *arr = json_array();
+    for (int i = 0; i < r->n_msgs; i++) {
+        const tl_oai_msg *m = &r->msgs[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "role", json_string(roles[m->role]));
+        json_object_set_new(o, "content", json_string(m->content));
+        if (m->reasoning_content)
+            json_object_set_new(o, "reasoning_content", json_string(m->reasoning_content));
+        if (m->name) json_object_set_new(o, "name", json_string(m->name));
+        if (m->tool_call_id) json_object_set_new(o, "tool_call_id", json_string(m->tool_call_id));
+        if (m->n_tool_calls) {
+            json_t *tcs = json_array();
+            for (int k = 0; k < m->n_tool_calls; k++) {
+                json_t *tc = json_object(), *fn = json_object();
+                if (m->tool_calls[k].id) json_object_set_new(tc, "id", json_string(m->tool_calls[k].id));
+                json_object_set_new(tc, "type", json_string("function"));
+                json_object_set_new(fn, "name", json_string(m->tool_calls[k].name));
+                json_object_set_new(fn, "arguments", json_string(m->tool_calls[k].arguments));
+                json_object_set_new(tc, "function", fn);
+                json_array_append_new(tcs, tc);
+            }
+            json_object_set_new(o, "tool_calls", tcs);
+        }
+        json_array_append_new(arr, o);
+    }
+    return arr;
+}
+
+static int tokenize_into(tl_server *s, const char *text, size_t len, tl_job *j, tl_oai_error *e) {
+    tl_tok_ids ids = {0};
+    int n = tl_tokenize(s->tok, text, len, 0, &ids);
+    if (n < 0) return tl_oai_fail(e, n, NULL, "tokenizer failed: %s", tl_status_str(n));
+    j->prompt = ids.ids;
+    j->n_prompt = (int)ids.n;
+    return 0;
+}
+
+/* Tokens that force a tool call once the reasoning is over (tool_choice required or named):
+ * the model then only chooses the name (required) or the arguments (named). */
+static int force_tokens(tl_server *s, const tl_oai_req *r, tl_job *j, tl_oai_error *e) {
+    if (r->tool_choice != TL_TOOL_REQUIRED && r->tool_choice != TL_TOOL_NAMED) return 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s<tool_call>\n<function=%s%s", r->enable_thinking ? "\n\n" : "",
+             r->tool_choice == TL_TOOL_NAMED ? r->tool_name : "",
+             r->tool_choice == TL_TOOL_NAMED ? ">\n" : "");
+    tl_tok_ids ids = {0};
+    int n = tl_tokenize(s->tok, buf, strlen(buf), 0, &ids);
+    if (n < 0) return tl_oai_fail(e, n, NULL, "tokenizer failed: %s", tl_status_str(n));
+    j->force = ids.ids;
+    j->n_force = (int)ids.n;
+    return 0;
+}
+
+/* Builds the job for a validated request: prompt ids, sampling, limits. */
+static int make_job(tl_server *s, tl_oai_req *r, tl_job **out, tl_oai_error *e) {
+    tl_job *j = tl_job_new();
+    if (!j) return tl_oai_fail(e, TL_ERR_INTERNAL, NULL, "cannot create an event fd");
+    int st = 0;
+    if (r->kind == TL_OAI_CHAT) {
+        json_t *msgs = messages_json(r);
+        tl_chat_opts co;
+        tl_chat_opts_default(&co);
+        co.enable_thinking = r->enable_thinking;
+        co.preserve_thinking = r->preserve_thinking;
+        char *text = NULL, err[256] = "";
+        size_t len = 0;
+        st = tl_chat_render(msgs, r->tool_choice == TL_TOOL_NONE ? NULL : r->tools, &co, &text,
+                            &len, err, sizeof err);
+        json_decref(msgs);
+        if (st) {
+            tl_oai_fail(e, st == TL_ERR_NOMEM ? st : TL_ERR_INVALID, "messages", "%s", err);
+        } else {
+            st = tokenize_into(s, text, len, j, e);
+            free(text);
+        }
+        if (!st) st = force_tokens(s, r, j, e);
+        j->think_end_id = r->enable_thinking ? s->think_end_id : -1;
+        j->in_think = r->enable_thinking;
+    } else if (r->prompt_text) {
+        st = tokenize_into(s, r->prompt_text, strlen(r->prompt_text), j, e);
+    } else {
+        for (int i = 0; i < r->n_prompt_ids && !st; i++)
+            if (r->prompt_ids[i] >= s->n_vocab)
+                st = tl_oai_fail(e, TL_ERR_INVALID, "prompt", "token id %d is not below %d",
+                                 r->prompt_ids[i], s->n_vocab);
+        if (!st) {
+            j->prompt = r->prompt_ids;
+            j->n_prompt = r->n_prompt_ids;
+            r->prompt_ids = NULL;
+            r->n_prompt_ids = 0;
+        }
+    }
+    if (!st && j->n_prompt == 0) st = tl_oai_fail(e, TL_ERR_INVALID, NULL, "the prompt is empty");
+    if (!st && (j->n_prompt >= s->max_ctx ||
+                (r->max_tokens > 0 && (long)j->n_prompt + r->max_tokens > s->max_ctx))) {
+        st = tl_oai_fail(e, TL_ERR_CONTEXT_FULL, r->kind == TL_OAI_CHAT ? "messages" : "prompt",
+                         "this model's maximum context length is %d tokens; the prompt has %d "
+                         "tokens%s",
+                         s->max_ctx, j->n_prompt,
+                         j->n_prompt < s->max_ctx ? " and max_tokens asks for more than the rest"
+                                                  : "");
+        e->n_prompt = j->n_prompt;
+        e->n_ctx = s->max_ctx;
+    }
+    if (st) {
+        tl_job_unref(j);
+        return st;
+    }
+    j->sample = r->sample;
+    j->max_tokens = r->max_tokens;
+    j->ignore_eos = r->ignore_eos;
+    j->fail_after = r->fail_after;
+    j->script = r->script;
+    j->n_script = r->n_script;
+    r->script = NULL;
+    r->n_script = 0;
+    *out = j;
+    return 0;
+}
+
+static uint64_t rand64(void) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)time(NULL);
+    return x;
+}
+
+/* Parses, builds and queues. On failure fills e and returns its status. */
+static int start(tl_server *s, tl_oai_kind kind, const char *body, size_t len, tl_oai_req *r,
+                 tl_job **j, tl_oai_error *e) {
+    int st = tl_oai_parse(r, kind, body, len, &s->oai, s->n_vocab, e);
+    if (st) return st;
+    st = make_job(s, r, j, e);
+    if (st) {
+        tl_oai_req_free(r);
+        return st;
+    }
+    char err[256] = "";
+    st = tl_sched_submit(s->sched, *j, err, sizeof err);
+    if (st) {
+        tl_oai_fail(e, st, NULL, "%s", err);
+        if (st == TL_ERR_CANCELLED) e->http = 503, e->type = "server_error";
+        tl_job_unref(*j);
+        *j = NULL;
+        tl_oai_req_free(r);
+        return st;
+    }
+    tl_metrics_prompt_tokens(s->metrics, (*j)->n_prompt);
+    return 0;
+}
+
+static void job_error(const tl_job *j, tl_oai_error *e) {
+    int st = j->err_status ? j->err_status : TL_ERR_INTERNAL;
+    tl_oai_fail(e, st, NULL, "generation failed: %s%s%s", tl_status_str(st), j->err[0] ? ": " : "",
+                j->err);
+}
+
+/* ====== Non-streaming. ====== */
+
+/* Reads the job to its end into g. Returns the tl_finish, or -1 when the client went away. */
+static int drain_job(tl_job *j, tl_gen *g, int fd) {
+    tl_sample_out ev[EV_BATCH];
+    for (;;) {
+        int fin, n = tl_job_take(j, ev, EV_BATCH, &fin);
+        for (int i = 0; i < n; i++)
+            if (tl_gen_push(g, &ev[i])) {
+                tl_job_cancel(j);
+                return TL_FIN_STOP;
+            }
+        if (fin) return fin;
+        if (n == EV_BATCH) continue;
+        if (tl_job_wait(j, fd, 1000) < 0) {
+            tl_job_cancel(j);
+            return -1;
+        }
+    }
+}
+
+static int run_blocking(tl_server *s, tl_oai_req *r, tl_job *j, int fd, tl_reply *out) {
+    tl_gen g;
+    tl_gen_init(&g, r, s->tok, s->think_end_id, rand64());
+    int fin = drain_job(j, &g, fd);
+    if (fin < 0) {
+        tl_gen_free(&g);
+        return -1;
+    }
+    if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
+        tl_oai_error e;
+        if (fin == TL_FIN_ERROR) job_error(j, &e);
+        else tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
+        if (fin == TL_FIN_CANCELLED) e.http = 503, e.type = "server_error";
+        tl_api_error(out, &e);
+        tl_gen_free(&g);
+        return 0;
+    }
+    tl_gen_end(&g);
+    char id[64];
+    tl_oai_make_id(id, sizeof id, r->kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (r->kind == TL_OAI_CHAT) json_object_set_new(choice, "message", tl_gen_message(&g));
+    else json_object_set_new(choice, "text", json_stringn(g.text ? g.text : "", g.n_text));
+    json_t *lp = tl_gen_take_logprobs(&g);
+    json_object_set_new(choice, "logprobs", lp ? lp : json_null());
+    json_object_set_new(choice, "finish_reason", json_string(tl_gen_finish_reason(&g, fin)));
+    tl_oai_usage u = {j->n_prompt, g.n_completion, g.n_reasoning};
+    json_t *resp = tl_oai_envelope(id, r->kind == TL_OAI_CHAT ? "chat.completion" : "text_completion",
+                                   (long)time(NULL), s->model_name, choice, tl_oai_usage_json(&u));
+    reply_json(out, 200, resp);
+    tl_gen_free(&g);
+    return 0;
+}
+
+/* ====== Streaming. ====== */
+
+struct tl_stream {
+    tl_server *s;
+    tl_oai_req req;
+    tl_job *job;
+    tl_gen gen;
+    int fd;
+    char id[64];
+    long created;
+    int started, done;
+    tl_sbuf out;
+};
+
+static void put_chunk(struct tl_stream *st, json_t *delta, json_t *lp, const char *finish) {
+    int chat = st->req.kind == TL_OAI_CHAT;
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat) {
+        json_object_set_new(choice, "delta", delta ? delta : json_object());
+    } else {
+        json_t *t = delta ? json_object_get(delta, "text") : NULL;
+        json_object_set_new(choice, "text", t ? json_incref(t) : json_string(""));
+        json_decref(delta);
+    }
+    json_object_set_new(choice, "logprobs", lp ? lp : json_null());
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *env = tl_oai_envelope(st->id, chat ? "chat.completion.chunk" : "text_completion",
+                                  st->created, st->s->model_name, choice, NULL);
+    char *txt = tl_oai_dump(env);
+    tl_sse_data(&st->out, txt);
+    free(txt);
+}
+
+/* Turns the deltas produced so far into chunks; pending logprobs ride on the last one. */
+static void flush_deltas(struct tl_stream *st) {
+    json_t *ds = tl_gen_take_deltas(&st->gen);
+    size_t n = json_array_size(ds);
+    for (size_t i = 0; i < n; i++) {
+        json_t *lp = i + 1 == n ? tl_gen_take_logprobs(&st->gen) : NULL;
+        put_chunk(st, json_incref(json_array_get(ds, i)), lp, NULL);
+    }
+    json_decref(ds);
+}
+
+static void stream_finish(struct tl_stream *st, int fin) {
+    if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
+        tl_oai_error e;
+        if (fin == TL_FIN_ERROR) job_error(st->job, &e);
+        else tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
+        char *txt = tl_oai_error_json(&e);
+        tl_sse_data(&st->out, txt);
+        free(txt);
+        st->done = 1;
+        return;
+    }
+    tl_gen_end(&st->gen);
+    flush_deltas(st);
+    put_chunk(st, NULL, tl_gen_take_logprobs(&st->gen), tl_gen_finish_reason(&st->gen, fin));
+    if (st->req.include_usage) {
+        tl_oai_usage u = {st->job->n_prompt, st->gen.n_completion, st->gen.n_reasoning};
+        json_t *env = tl_oai_envelope(st->id,
+                                      st->req.kind == TL_OAI_CHAT ? "chat.completion.chunk"
+                                                                  : "text_completion",
+                                      st->created, st->s->model_name, NULL, tl_oai_usage_json(&u));
+        char *txt = tl_oai_dump(env);
+        tl_sse_data(&st->out, txt);
+        free(txt);
+    }
+    tl_sse_done(&st->out);
+    st->done = 1;
+}
+
+long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
+    tl_sample_out ev[EV_BATCH];
+    for (;;) {
+        if (tl_sbuf_unread(&st->out)) return (long)tl_sbuf_read(&st->out, buf, max);
+        if (st->done) return -1;
+        if (!st->started) {
+            st->started = 1;
+            if (st->req.kind == TL_OAI_CHAT) {
+                json_t *d = json_object();
+                json_object_set_new(d, "role", json_string("assistant"));
+                json_object_set_new(d, "content", json_string(""));
+                put_chunk(st, d, NULL, NULL);
+            }
+            continue;
+        }
+        int fin, n = tl_job_take(st->job, ev, EV_BATCH, &fin), stopped = 0;
+        for (int i = 0; i < n && !stopped; i++) stopped = tl_gen_push(&st->gen, &ev[i]);
+        if (stopped) {
+            tl_job_cancel(st->job);
+            stream_finish(st, TL_FIN_STOP);
+            continue;
+        }
+        flush_deltas(st);
+        if (fin) {
+            stream_finish(st, fin);
+            continue;
+        }
+        if (n) continue;
+        int w = tl_job_wait(st->job, st->fd, KEEPALIVE_MS);
+        if (w < 0) {
+            tl_job_cancel(st->job);
+            return -2;
+        }
+        if (w == 0) tl_sse_comment(&st->out, "keepalive");
+    }
+}
+
+void tl_stream_free(struct tl_stream *st) {
+    if (!st) return;
+    tl_job_cancel(st->job); /* no-op when it already ended */
+    tl_job_unref(st->job);
+    tl_gen_free(&st->gen);
+    tl_oai_req_free(&st->req);
+    tl_sbuf_free(&st->out);
+    free(st);
+}
+
+/* ====== Entry points. ====== */
+
+static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len, int fd,
+                    tl_reply *out) {
+    tl_oai_req r;
+    tl_job *j = NULL;
+    tl_oai_error e;
+    if (start(s, kind, body, len, &r, &j, &e)) {
+        tl_api_error(out, &e);
+        return 0;
+    }
+    if (!r.stream) {
+        int rc = run_blocking(s, &r, j, fd, out);
+        tl_job_unref(j);
+        tl_oai_req_free(&r);
+        return rc;
+    }
+    struct tl_stream *st = xcalloc(1, sizeof *st);
+    st->s = s;
+    st->req = r;
+    st->job = j;
+    st->fd = fd;
+    st->created = (long)time(NULL);
+    tl_oai_make_id(st->id, sizeof st->id, kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
+    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, rand64());
+    memset(out, 0, sizeof *out);
+    out->status = 200;
+    out->stream = st;
+    return 0;
+}
+
+int tl_api_chat(tl_server *s, const char *body, size_t len, int fd, tl_reply *out) {
+    return generate(s, TL_OAI_CHAT, body, len, fd, out);
+}
+
+int tl_api_completions(tl_server *s, const char *body, size_t len, int fd, tl_reply *out) {
+    return generate(s, TL_OAI_COMPLETION, body, len, fd, out);
+}

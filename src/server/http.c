@@ -1,0 +1,273 @@
+/* libmicrohttpd glue: thread-per-connection daemon, routing, bounded request bodies, the API-key
+ * check, and SSE streams through a content-reader callback that blocks in the connection's own
+ * thread (api.c's reader polls the client socket while it waits for tokens).
+ *
+ * Never parses JSON or touches the engine: endpoints live in api.c. Per connection it keeps one
+ * tl_conn (body buffer, route) from the first handler call to the completion callback. */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include "common/status.h"
+#include "common/util.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+typedef enum route {
+    R_NONE = 0,
+    R_CHAT,
+    R_COMPLETIONS,
+    R_MODELS,
+    R_HEALTH,
+    R_METRICS,
+} route;
+
+static const char *route_label[] = {"other", "chat", "completions", "models", "health", "metrics"};
+
+typedef struct tl_conn {
+    route r;
+    char *body;
+    size_t n, cap;
+    int too_big;
+    int responded;
+} tl_conn;
+
+/* ====== Replies. ====== */
+
+static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r,
+                                   tl_reply *rep);
+
+static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    long n = tl_stream_read(cls, buf, max);
+    if (n == -1) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    return (ssize_t)n;
+}
+
+static void stream_free_cb(void *cls) {
+    tl_stream_free(cls);
+}
+
+static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r,
+                                   tl_reply *rep) {
+    struct MHD_Response *resp;
+    if (rep->stream) {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, rep->stream,
+                                                 stream_free_cb);
+        if (!resp) {
+            tl_stream_free(rep->stream);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    } else {
+        resp = MHD_create_response_from_buffer(rep->body_len, rep->body, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+            free(rep->body);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type",
+                                rep->content_type ? rep->content_type : "application/json");
+    }
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)rep->status, resp);
+    MHD_destroy_response(resp);
+    tl_metrics_request(s->metrics, route_label[r], rep->status);
+    return ret;
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, tl_server *s, route r, int st,
+                                   int http, const char *type, const char *code, const char *fmt,
+                                   ...) __attribute__((format(printf, 8, 9)));
+static enum MHD_Result reply_error(struct MHD_Connection *c, tl_server *s, route r, int st,
+                                   int http, const char *type, const char *code, const char *fmt,
+                                   ...) {
+    tl_oai_error e = {.status = st, .http = http, .type = type, .code = code};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    tl_reply rep;
+    tl_api_error(&rep, &e);
+    return queue_reply(c, s, r, &rep);
+}
+
+/* ====== Routing and auth. ====== */
+
+static route find_route(const char *url, const char *method, int *bad_method) {
+    static const struct {
+        const char *path, *method;
+        route r;
+    } tab[] = {
+        {"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/v1/models", "GET", R_MODELS},          {"/health", "GET", R_HEALTH},
+        {"/metrics", "GET", R_METRICS},
+    };
+    *bad_method = 0;
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+        if (strcmp(url, tab[i].path)) continue;
+        if (!strcmp(method, tab[i].method)) return tab[i].r;
+        *bad_method = 1;
+        return R_NONE;
+    }
+    return R_NONE;
+}
+
+/* Constant-time comparison of the bearer token with the key. */
+static int auth_ok(const tl_server *s, struct MHD_Connection *c) {
+    if (!s->p.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
+    h += 7;
+    while (*h == ' ') h++;
+    size_t n = strlen(h), m = strlen(s->p.api_key);
+    unsigned char diff = n != m;
+    for (size_t i = 0; i < n && i < m; i++) diff |= (unsigned char)(h[i] ^ s->p.api_key[i]);
+    return diff == 0;
+}
+
+/* ====== The access handler. ====== */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *data,
+                                  size_t *data_size, void **con_cls) {
+    tl_server *s = cls;
+    tl_conn *cn = *con_cls;
+    if (!cn) {
+        /* First call: headers only. Reject what we can before reading a body. */
+        cn = xcalloc(1, sizeof *cn);
+        *con_cls = cn;
+        int bad_method = 0;
+        cn->r = find_route(url, method, &bad_method);
+        if (cn->r == R_NONE) {
+            cn->responded = 1;
+            if (bad_method)
+                return reply_error(c, s, R_NONE, TL_ERR_INVALID, 405, "invalid_request_error", NULL,
+                                   "method %s is not allowed on %s", method, url);
+            return reply_error(c, s, R_NONE, TL_ERR_INVALID, 404, "invalid_request_error", NULL,
+                               "no such endpoint: %s %s", method, url);
+        }
+        if ((cn->r == R_CHAT || cn->r == R_COMPLETIONS || cn->r == R_MODELS) && !auth_ok(s, c)) {
+            cn->responded = 1;
+            return reply_error(c, s, cn->r, TL_ERR_INVALID, 401, "invalid_request_error",
+                               "invalid_api_key",
+                               "missing or invalid API key (send 'Authorization: Bearer KEY')");
+        }
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
+            cn->responded = 1;
+            return reply_error(c, s, cn->r, TL_ERR_INVALID, 413, "invalid_request_error", NULL,
+                               "request body of %s bytes is over the limit of %zu bytes", cl,
+                               s->p.max_body);
+        }
+        return MHD_YES;
+    }
+    if (*data_size) {
+        /* Body bytes (Content-Length or chunked). Over the limit: keep reading, drop them. */
+        if (!cn->too_big && !cn->responded) {
+            if (cn->n + *data_size > s->p.max_body) {
+                cn->too_big = 1;
+            } else {
+                if (cn->n + *data_size + 1 > cn->cap) {
+                    cn->cap = TL_MIN((cn->n + *data_size + 1) * 2, s->p.max_body + 1);
+                    cn->body = xrealloc(cn->body, cn->cap);
+                }
+                memcpy(cn->body + cn->n, data, *data_size);
+                cn->n += *data_size;
+            }
+        }
+        *data_size = 0;
+        return MHD_YES;
+    }
+    if (cn->responded) return MHD_YES;
+    cn->responded = 1;
+    if (cn->too_big)
+        return reply_error(c, s, cn->r, TL_ERR_INVALID, 413, "invalid_request_error", NULL,
+                           "request body is over the limit of %zu bytes", s->p.max_body);
+    if (atomic_load(&s->draining) && cn->r != R_METRICS && cn->r != R_HEALTH)
+        return reply_error(c, s, cn->r, TL_ERR_CANCELLED, 503, "server_error", NULL,
+                           "the server is shutting down");
+
+    tl_reply rep = {0};
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
+    switch (cn->r) {
+    case R_CHAT:
+    case R_COMPLETIONS: {
+        if (!cn->body) cn->body = xstrdup("");
+        int gone = cn->r == R_CHAT ? tl_api_chat(s, cn->body, cn->n, fd, &rep)
+                                   : tl_api_completions(s, cn->body, cn->n, fd, &rep);
+        if (gone) {
+            tl_metrics_request(s->metrics, route_label[cn->r], 499); /* nginx: client closed */
+            return MHD_NO;
+        }
+        break;
+    }
+    case R_MODELS: tl_api_models(s, &rep); break;
+    case R_HEALTH: tl_api_health(s, &rep); break;
+    case R_METRICS: tl_api_metrics(s, &rep); break;
+    default: return MHD_NO;
+    }
+    return queue_reply(c, s, cn->r, &rep);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    tl_conn *cn = *con_cls;
+    if (!cn) return;
+    free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+/* ====== Daemon. ====== */
+
+int tl_http_start(tl_server *s, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICHOST | AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->p.port);
+    int rc = getaddrinfo(s->p.host, port, &hints, &ai);
+    if (rc)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "--host %s: %s (give a numeric address)",
+                       s->p.host, gai_strerror(rc));
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_AUTO;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, on_request, s,
+                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_conns,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+                                 MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                                 MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->daemon)
+        return tl_errf(err, errlen, TL_ERR_IO,
+                       "cannot listen on %s:%d (port in use? try --port 0 for any free port)",
+                       s->p.host, s->p.port);
+    return 0;
+}
+
+int tl_http_port(tl_server *s) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    return di ? di->port : s->p.port;
+}
+
+void tl_http_quiesce(tl_server *s) {
+    if (!s->daemon) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void tl_http_stop(tl_server *s) {
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    s->daemon = NULL;
+}

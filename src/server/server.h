@@ -1,0 +1,91 @@
+/* tulip serve: the process-level pieces (engine, tokenizer, scheduler, metrics, HTTP daemon) and
+ * the request handlers' shared context. http.c is the libmicrohttpd glue, api.c the endpoints,
+ * server.c startup and shutdown. */
+#ifndef TL_SERVER_SERVER_H
+#define TL_SERVER_SERVER_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "server/openai.h"
+#include "tulip.h"
+
+typedef struct tl_server_params {
+    const char *model_path;
+    const char *tokenizer_path; /* NULL: tokenizer.json in the model directory */
+    const char *model_name;     /* NULL: the model directory's base name */
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* 0: any free port (printed at startup) */
+    const char *api_key;        /* NULL: no auth */
+    tl_backend_kind backend;
+    int allow_test_shape;
+    int n_threads;
+    int max_seqs, max_ctx;
+    int max_queue;              /* waiting requests beyond the running ones; default 64 */
+    int step_tokens;            /* engine step token budget; default 512 */
+    size_t max_body;            /* request body limit in bytes; default 8 MiB */
+    int max_conns;              /* concurrent connections; default 512 */
+    double drain_s;             /* SIGINT/SIGTERM: seconds running streams may finish */
+    int test_mode;              /* accept the tulip_test_script request extension */
+    int random_weights, weight_bits;
+    uint64_t seed;
+} tl_server_params;
+
+struct tl_tokenizer;
+struct tl_sched;
+struct tl_metrics;
+struct MHD_Daemon;
+
+typedef struct tl_server {
+    tl_server_params p;
+    tl_engine *eng;
+    struct tl_tokenizer *tok;
+    struct tl_sched *sched;
+    struct tl_metrics *metrics;
+    tl_oai_defaults defaults;
+    tl_oai_opts oai;
+    char model_name[256];
+    int n_vocab;      /* model embedding rows: token ids must be below */
+    int max_ctx;
+    int think_end_id; /* "</think>" or -1 */
+    long created;
+    struct MHD_Daemon *daemon;
+    atomic_int draining;
+} tl_server;
+
+/* Runs the server until SIGINT/SIGTERM (or a lost device). Prints startup errors with a hint and
+ * returns the process exit status. */
+int tl_server_run(const tl_server_params *p);
+
+/* ---- http.c ---- */
+int tl_http_start(tl_server *s, char *err, size_t errlen);
+void tl_http_quiesce(tl_server *s); /* stop accepting connections */
+void tl_http_stop(tl_server *s);
+int tl_http_port(tl_server *s);
+
+/* What an endpoint handler returns to http.c: a whole body, or a stream. */
+struct tl_stream;
+typedef struct tl_reply {
+    int status;               /* HTTP status */
+    const char *content_type;
+    char *body;               /* malloc'd; NULL for a stream */
+    size_t body_len;
+    struct tl_stream *stream; /* non-NULL: an SSE stream */
+} tl_reply;
+
+/* ---- api.c: endpoints. fd is the client socket (watched for hang-up while waiting). Each
+ * fills *out; returns 0, or -1 when the client went away and the connection is to be dropped. */
+int tl_api_chat(tl_server *s, const char *body, size_t len, int fd, tl_reply *out);
+int tl_api_completions(tl_server *s, const char *body, size_t len, int fd, tl_reply *out);
+void tl_api_models(tl_server *s, tl_reply *out);
+void tl_api_health(tl_server *s, tl_reply *out);
+void tl_api_metrics(tl_server *s, tl_reply *out);
+/* An OpenAI-shaped error reply. */
+void tl_api_error(tl_reply *out, const tl_oai_error *e);
+
+/* Streams: the reader produces up to max bytes; returns the count, 0 never (it blocks), or
+ * -1 at the end of the stream, -2 when the client went away. */
+long tl_stream_read(struct tl_stream *st, char *buf, size_t max);
+void tl_stream_free(struct tl_stream *st);
+
+#endif

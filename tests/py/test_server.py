@@ -1,0 +1,479 @@
+"""End to end: a real `tulip serve` (CPU backend, tests/data/tiny-a, the tiny tokenizer) driven by
+the official openai client and raw HTTP, once with the plain build and once with the ASan+UBSan
+build (every test is parametrized over both; the sanitizer run fails on any report at shutdown).
+
+A random tiny model never writes </think> or a tool call, so reasoning, tool-call and stop-string
+round trips use the test-only `tulip_test_script` request field (honoured only with --test-mode):
+the engine still runs the forward pass but emits the given token ids; template, tokenizer,
+detokenizer, stop matcher, parser, SSE and client are the real ones. Script ids come from Hugging
+Face tokenizers on the same tokenizer.json (the reference, not our BPE)."""
+import json
+import signal
+import socket
+import threading
+import time
+
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from srv_util import BINARIES, TOKENIZER, Server, sanitizer_report
+
+TOK = Tokenizer.from_file(TOKENIZER)
+MODEL_NAME = "tiny-a"
+EOS = [287, 289]  # <|endoftext|>, <|im_end|> (tiny tokenizer)
+USER = [{"role": "user", "content": "Hello there"}]
+
+
+def ids(text):
+    return TOK.encode(text, add_special_tokens=False).ids
+
+
+@pytest.fixture(scope="module", params=sorted(BINARIES))
+def srv(request):
+    s = Server(BINARIES[request.param], "--test-mode", "--ctx", "2048", "--max-seqs", "16",
+               "--queue", "32")
+    yield s
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return srv.client()
+
+
+# ---------------------------------------------------------------- basic endpoints
+
+def test_models_health_metrics(srv, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    st, body = srv.request("GET", "/health")[0], srv.request("GET", "/health")[2]
+    assert st == 200 and json.loads(body)["status"] == "ok"
+    m = srv.metrics()
+    for key in ["tulip_queue_depth", "tulip_running_sequences", "tulip_sessions_active",
+                "tulip_kv_usage_ratio", "tulip_generation_tokens_total",
+                "tulip_time_to_first_token_seconds_count", "tulip_inter_token_latency_seconds_count"]:
+        assert key in m, key
+    assert m["tulip_state_slots_total"] == 16
+    st, _, body = srv.request("GET", "/nope")
+    assert st == 404 and "error" in json.loads(body)
+    st, _, body = srv.request("GET", "/v1/chat/completions")
+    assert st == 405
+
+
+# ---------------------------------------------------------------- chat
+
+def test_chat_nonstream_and_usage(client):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=12,
+                                       temperature=0)
+    c = r.choices[0]
+    assert r.object == "chat.completion" and r.model == MODEL_NAME
+    assert c.finish_reason == "length"
+    assert c.message.role == "assistant"
+    # Thinking is on by default: a model that never closes </think> produced only reasoning.
+    assert r.usage.completion_tokens == 12
+    assert r.usage.completion_tokens_details.reasoning_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    # The prompt is the rendered template: <|im_start|>user\nHello there<|im_end|>\n
+    # <|im_start|>assistant\n<think>\n, tokenized by the reference tokenizer.
+    ref = ids("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert r.usage.prompt_tokens == len(ref)
+
+
+def test_chat_stream_matches_nonstream(client):
+    kw = dict(model=MODEL_NAME, messages=USER, max_tokens=16, temperature=0,
+              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True,
+                                                 stream_options={"include_usage": True}, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full.choices[0].message.content
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finals[-1] == "length" and all(f is None for f in finals[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 0
+    # without include_usage no usage chunk
+    plain = list(client.chat.completions.create(stream=True, **kw))
+    assert all(ch.choices for ch in plain)
+
+
+def test_seed_determinism(client):
+    kw = dict(model=MODEL_NAME, messages=USER, max_tokens=24, temperature=1.0, top_p=1.0,
+              extra_body={"top_k": 0})
+    a = client.chat.completions.create(seed=1234, **kw)
+    b = client.chat.completions.create(seed=1234, **kw)
+    assert a.choices[0].message.reasoning_content == b.choices[0].message.reasoning_content
+    others = {client.chat.completions.create(seed=s, **kw).choices[0].message.reasoning_content
+              for s in (1, 2, 3)}
+    assert len(others | {a.choices[0].message.reasoning_content}) > 1
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=6,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    assert len(lp) == 6
+    for t in lp:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        tops = [x.logprob for x in t.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        # greedy: the chosen token is the most likely one
+        assert abs(t.logprob - tops[0]) < 1e-5
+
+
+# ---------------------------------------------------------------- scripted output
+
+def scripted(client, text, stream=False, **kw):
+    extra = kw.pop("extra_body", {})
+    extra["tulip_test_script"] = ids(text)
+    return client.chat.completions.create(model=MODEL_NAME, messages=kw.pop("messages", USER),
+                                          stream=stream, extra_body=extra, **kw)
+
+
+def test_reasoning_round_trip(client):
+    text = "I think</think>\n\nThe answer"
+    r = scripted(client, text)
+    m = r.choices[0].message
+    assert m.reasoning_content == "I think"
+    assert m.content == "The answer"
+    assert r.choices[0].finish_reason == "stop"
+    n_reason = ids("I think</think>")
+    assert r.usage.completion_tokens == len(ids(text)) + 1  # + the EOS that ends the script
+    assert r.usage.completion_tokens_details.reasoning_tokens == len(n_reason)
+    chunks = list(scripted(client, text, stream=True))
+    reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or ""
+                        for ch in chunks if ch.choices)
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert reasoning == "I think" and content == "The answer"
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "days": {"type": "integer"}}}}}]
+CALL = ("Let me look.</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_tool_call_round_trip(client):
+    r = scripted(client, CALL, tools=TOOLS)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert c.message.reasoning_content == "Let me look."
+    assert not c.message.content
+    (tc,) = c.message.tool_calls
+    assert tc.type == "function" and tc.id.startswith("call_")
+    assert tc.function.name == "get_weather"
+    assert json.loads(tc.function.arguments) == {"city": "Paris", "days": 3}
+
+    # streaming, as OpenAI streams it: name first (with id), then argument deltas by index
+    chunks = list(scripted(client, CALL, stream=True, tools=TOOLS))
+    name, args, call_id = None, "", None
+    for ch in chunks:
+        if not ch.choices or not ch.choices[0].delta.tool_calls:
+            continue
+        for d in ch.choices[0].delta.tool_calls:
+            assert d.index == 0
+            if d.id:
+                call_id = d.id
+            if d.function.name:
+                name = d.function.name
+            args += d.function.arguments or ""
+    assert call_id and name == "get_weather"
+    assert json.loads(args) == {"city": "Paris", "days": 3}
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+
+    # the result goes back into the history and renders (template tool turn)
+    history = USER + [c.message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": tc.id, "content": "sunny"}]
+    r2 = scripted(client, "It is sunny.", messages=history, tools=TOOLS,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r2.choices[0].message.content == "It is sunny."
+    assert r2.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+def test_tool_choice_none_is_plain_text(client):
+    r = scripted(client, CALL, tools=TOOLS, tool_choice="none")
+    assert r.choices[0].finish_reason == "stop"
+    assert not r.choices[0].message.tool_calls
+    assert "<tool_call>" in r.choices[0].message.content
+
+
+def test_stop_strings_never_leak(client):
+    # "STOP" is four single-character tokens in the tiny vocabulary: it is split across tokens.
+    assert len(ids(" STOP")) >= 4
+    kw = dict(stop=["STOP", "zzz"], extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    r = scripted(client, "Hello STOP world", **kw)
+    assert r.choices[0].message.content == "Hello "
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(scripted(client, "Hello STOP world", stream=True, **kw))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "Hello "
+    # a partial match that does not complete is released
+    r = scripted(client, "a STOx b", **kw)
+    assert r.choices[0].message.content == "a STOx b"
+
+
+# ---------------------------------------------------------------- completions
+
+def test_completions_text_and_ids(srv, client):
+    r = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=5, temperature=0)
+    assert r.object == "text_completion"
+    assert r.usage.prompt_tokens == len(ids("Hello")) and r.usage.completion_tokens == 5
+    r2 = client.completions.create(model=MODEL_NAME, prompt=ids("Hello"), max_tokens=5,
+                                   temperature=0)
+    assert r2.choices[0].text == r.choices[0].text
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=5,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    r3 = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=3, temperature=0,
+                                   logprobs=2)
+    assert len(r3.choices[0].logprobs.token_logprobs) == 3
+    assert all(len(d) <= 2 for d in r3.choices[0].logprobs.top_logprobs)
+
+
+# ---------------------------------------------------------------- concurrency and aborts
+
+def test_16_concurrent_streams(srv):
+    results, errors = [None] * 16, []
+
+    def run(i):
+        try:
+            c = srv.client()
+            text, fin = "", None
+            for ch in c.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=20,
+                                                temperature=0, stream=True, seed=i):
+                if ch.choices:
+                    d = ch.choices[0].delta
+                    text += (d.content or "") + (getattr(d, "reasoning_content", None) or "")
+                    fin = ch.choices[0].finish_reason or fin
+            results[i] = (text, fin)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert all(r and r[1] == "length" for r in results)
+    # greedy decoding of one prompt: batching must not change the result
+    assert len({r[0] for r in results}) == 1
+
+
+def test_client_abort_frees_session(srv, client):
+    before = srv.metrics().get('tulip_sequences_finished_total{reason="cancelled"}', 0)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=400,
+                                            stream=True, extra_body={"ignore_eos": True})
+    got = 0
+    for ch in stream:
+        got += 1
+        if got == 3:
+            break
+    stream.close()
+    srv.wait_metric('tulip_sequences_finished_total{reason="cancelled"}', lambda v: v > before)
+    srv.wait_metric("tulip_sessions_active", lambda v: v == 0)
+    # the server still serves
+    r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=3)
+    assert r.usage.completion_tokens == 3
+
+
+def test_abort_nonstream_waiting_client(srv):
+    """A non-streaming client that hangs up while its request runs is cancelled too."""
+    before = srv.metrics().get('tulip_sequences_finished_total{reason="cancelled"}', 0)
+    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 450,
+                       "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(0.05)
+    s.close()
+    srv.wait_metric('tulip_sequences_finished_total{reason="cancelled"}', lambda v: v > before)
+    srv.wait_metric("tulip_sessions_active", lambda v: v == 0)
+
+
+def test_error_inside_stream(client):
+    """After the headers an error travels as a data frame; the official client raises it."""
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=50,
+                                            stream=True,
+                                            extra_body={"tulip_test_fail_after": 3})
+    with pytest.raises(openai.APIError) as ei:
+        for _ in stream:
+            pass
+    assert "injected failure" in str(ei.value)
+    # before the headers, the same failure is a plain 500 with an OpenAI-shaped body
+    with pytest.raises(openai.InternalServerError) as ei:
+        client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2,
+                                       extra_body={"tulip_test_fail_after": 1})
+    assert ei.value.body["type"] == "server_error"
+
+
+# ---------------------------------------------------------------- bad input
+
+def err_of(srv, path, body, **kw):
+    st, data = srv.post_json(path, body, **kw)
+    assert set(data) == {"error"}, data
+    e = data["error"]
+    assert {"message", "type", "param", "code"} <= set(e), e
+    return st, e
+
+
+def test_bad_input(srv, client):
+    chat = "/v1/chat/completions"
+    st, _, data = srv.request("POST", chat, b'{"messages": [')
+    assert st == 400 and json.loads(data)["error"]["type"] == "invalid_request_error"
+    st, _, data = srv.request("POST", chat, b"\xff\xfe garbage")
+    assert st == 400
+    st, e = err_of(srv, chat, {"messages": USER, "temperature": "hot"})
+    assert st == 400 and e["param"] == "temperature"
+    st, e = err_of(srv, chat, {"messages": USER, "max_tokens": -5})
+    assert st == 400 and e["param"] == "max_tokens"
+    st, e = err_of(srv, chat, {"messages": [{"role": "wizard", "content": "x"}]})
+    assert st == 400 and e["param"] == "messages[0].role"
+    st, e = err_of(srv, chat, {"messages": []})
+    assert st == 400 and e["param"] == "messages"
+    st, e = err_of(srv, chat, {"messages": [{"role": "user"}]})
+    assert st == 400 and e["param"] == "messages[0].content"
+    st, e = err_of(srv, chat, {"model": "gpt-4o", "messages": USER})
+    assert st == 404 and e["code"] == "model_not_found"
+    # template-level error: a system message that is not first
+    st, e = err_of(srv, chat, {"messages": USER + [{"role": "system", "content": "late"}]})
+    assert st == 400
+    # unsupported fields are named, through the official client too
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=MODEL_NAME, messages=USER, n=2)
+    assert ei.value.body["param"] == "n" and ei.value.body["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=MODEL_NAME, messages=USER,
+                                       extra_body={"guided_json": {}})
+    assert ei.value.body["param"] == "guided_json"
+    # over the context (2048): decided before queuing
+    long_text = " ".join("w%d" % i for i in range(2000))
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=MODEL_NAME,
+                                       messages=[{"role": "user", "content": long_text}])
+    assert ei.value.body["code"] == "context_length_exceeded"
+    assert ei.value.body["n_ctx"] == 2048 and ei.value.body["n_prompt_tokens"] > 2048
+    st, e = err_of(srv, "/v1/completions", {"prompt": [5] * 100, "max_tokens": 2000})
+    assert st == 400 and e["code"] == "context_length_exceeded"
+    st, e = err_of(srv, "/v1/completions", {"prompt": [5, 400]})
+    assert st == 400 and e["param"] == "prompt"
+    # nothing above disturbed the server
+    assert srv.metrics()["tulip_sessions_active"] == 0
+    r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+# ---------------------------------------------------------------- limits: auth, body, queue
+
+@pytest.fixture(scope="module", params=sorted(BINARIES))
+def strict(request):
+    s = Server(BINARIES[request.param], "--ctx", "4096", "--max-seqs", "1", "--queue", "1",
+               "--max-body", "65536", api_key="sk-test")
+    yield s
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+def test_api_key(strict):
+    with pytest.raises(openai.AuthenticationError):
+        strict.client(api_key="wrong").models.list()
+    st, _, data = strict.request("GET", "/v1/models", headers={"Authorization": ""})
+    assert st == 401 and json.loads(data)["error"]["code"] == "invalid_api_key"
+    assert strict.request("GET", "/health", headers={"Authorization": ""})[0] == 200
+    assert [m.id for m in strict.client().models.list().data] == [MODEL_NAME]
+
+
+def test_oversize_body(strict):
+    big = {"messages": [{"role": "user", "content": "x" * 100000}]}
+    st, _, data = strict.request("POST", "/v1/chat/completions", big)
+    assert st == 413 and "error" in json.loads(data)
+    # chunked upload without Content-Length: caught while reading
+    c = socket.create_connection(("127.0.0.1", strict.port))
+    c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+    for _ in range(20):
+        c.sendall(b"1000\r\n" + b"y" * 4096 + b"\r\n")
+    c.sendall(b"0\r\n\r\n")
+    reply = c.recv(4096)
+    c.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:100]
+
+
+def test_queue_full_429(strict):
+    cl = strict.client()
+    long = dict(model=MODEL_NAME, messages=USER, max_tokens=4000, stream=True,
+                extra_body={"ignore_eos": True})
+    a = cl.chat.completions.create(**long)
+    next(iter(a))  # running
+    release = threading.Event()
+
+    def start_b():  # queued behind a; kept open until the 429 was seen
+        b = cl.chat.completions.create(**long)
+        release.wait(60)
+        b.close()
+
+    tb = threading.Thread(target=start_b)
+    tb.start()
+    strict.wait_metric("tulip_queue_depth", lambda v: v == 1)
+    with pytest.raises(openai.RateLimitError) as ei:
+        cl.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2)
+    assert ei.value.body["type"] == "rate_limit_error"
+    release.set()
+    a.close()
+    tb.join(60)
+    strict.wait_metric("tulip_sessions_active", lambda v: v == 0)
+    strict.wait_metric("tulip_queue_depth", lambda v: v == 0)
+    r = cl.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+# ---------------------------------------------------------------- shutdown
+
+@pytest.mark.parametrize("which", sorted(BINARIES))
+def test_sigterm_drains(which):
+    s = Server(BINARIES[which], "--drain-timeout", "20")
+    cl = s.client()
+    stream = cl.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=300,
+                                        stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    s.proc.send_signal(signal.SIGTERM)
+    n = 0
+    fin = None
+    for ch in it:
+        if ch.choices and ch.choices[0].finish_reason:
+            fin = ch.choices[0].finish_reason
+        n += 1
+    assert fin == "length"  # the running stream was allowed to finish
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert "draining" in err
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+# ---------------------------------------------------------------- tulip chat
+
+@pytest.mark.parametrize("which", sorted(BINARIES))
+def test_tulip_chat_cli(which):
+    """Two turns and a /reset through `tulip chat` (stdin not a terminal: no prompts, no colour)."""
+    import subprocess
+    from srv_util import MODEL
+    p = subprocess.run([BINARIES[which], "chat", "--model", MODEL, "--tokenizer", TOKENIZER,
+                        "--allow-test-shape", "--backend", "cpu", "-n", "6", "--temperature", "0",
+                        "--no-thinking"],
+                       input="Hello\nHow are you\n/reset\nHello\n", capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert sanitizer_report(p.stderr) is None, p.stderr[-3000:]
+    answers = p.stdout.split("\n")
+    assert len([a for a in answers if a]) >= 2
+    # greedy, same single-turn conversation after /reset: same answer as the first turn
+    assert answers[0] == answers[2], answers
