@@ -1142,7 +1142,7 @@ static int bpe_piece(const tl_tokenizer *t, const uint8_t *s, size_t n, tl_tok_i
     pthread_mutex_unlock(lock);
     size_t before = out->n;
     int st = bpe_word(t, s, n, out);
-    if (st || out->n - before > CACHE_MAX_IDS) return st;
+    if (st || out->n == before || out->n - before > CACHE_MAX_IDS) return st;
     pthread_mutex_lock(lock);
     c->hash = (uint32_t)(h >> 32);
     c->len = (uint8_t)n;
