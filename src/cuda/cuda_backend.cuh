@@ -47,6 +47,7 @@ typedef struct cuda_be {
     /* batch metadata: device and pinned host copies of the same layout */
     int32_t *d_meta, *h_meta;
     size_t meta_ints;
+    cudaEvent_t meta_ev; /* recorded after each metadata upload: h_meta may be rewritten once it fired */
 
     /* sampling */
     tl_sample_params *d_params, *h_params;

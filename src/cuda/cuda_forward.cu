@@ -94,6 +94,7 @@ static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, in
 /* Runs one micro-batch: fills the metadata, uploads it, then replays a graph or launches. */
 static int micro_step(cuda_be *be, const tl_fwd_entry *e, const mb_seg *segs, int n_seg,
                       const int *row_of, int *n_out_total, char *err, size_t errlen) {
+    CUDA_TRY(cudaEventSynchronize(be->meta_ev)); /* the previous upload has read h_meta */
     meta_view h = meta_at(be, be->h_meta);
     int T = 0, n_out = 0, out_row0 = -1, all_single = 1, max_kv = 0;
     for (int i = 0; i < n_seg; i++) {
@@ -116,6 +117,7 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const mb_seg *segs, in
     }
     if (out_row0 < 0) out_row0 = 0;
     CUDA_TRY(cudaMemcpyAsync(be->d_meta, be->h_meta, be->meta_ints * 4, cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(cudaEventRecord(be->meta_ev, be->stream));
     int decode = all_single && T <= be->max_seqs;
     int n_split = CB_DECODE_SPLIT;
     if (!decode) {

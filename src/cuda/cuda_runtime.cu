@@ -364,6 +364,7 @@ static void cb_close(tl_backend *b) {
         if (be->h_params) cudaFreeHost(be->h_params);
         if (be->h_keys) cudaFreeHost(be->h_keys);
         if (be->h_out) cudaFreeHost(be->h_out);
+        if (be->meta_ev) cudaEventDestroy(be->meta_ev);
         if (be->stream) cudaStreamDestroy(be->stream);
         tl_cuda_stream = 0;
         free(be);
@@ -407,10 +408,40 @@ static int check_dims(const tl_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+extern "C" int tl_gpu_experts_upload(tl_gpu_gemm_w *gate_up, tl_gpu_gemm_w *down,
+                                     const tl_mat *const *gate, const tl_mat *const *up,
+                                     const tl_mat *const *dn, int n, char *err, size_t errlen) {
+    int F = gate[0]->rows, D = gate[0]->cols, st, bits = 4;
+    if (F % 8 || F / 8 > 256) return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "expert width %d", F);
+    for (int e = 0; e < n && bits == 4; e++) {
+        const tl_mat *three[3] = {gate[e], up[e], dn[e]};
+        if (cb_parts_bits(three, 3) != 4) bits = 16;
+    }
+    memset(gate_up, 0, sizeof *gate_up), memset(down, 0, sizeof *down);
+    if ((st = mat_alloc(gate_up, bits, n * 2 * F, D, err, errlen))) return st;
+    if ((st = mat_alloc(down, bits, n * D, F, err, errlen))) return st;
+    size_t gu_w = mat_w_bytes(bits, 2 * F, D), gu_sb = mat_sb_bytes(bits, 2 * F, D);
+    size_t dn_w = mat_w_bytes(bits, D, F), dn_sb = mat_sb_bytes(bits, D, F);
+    const tl_mat *parts[512];
+    tl_mat views[512];
+    for (int e = 0; e < n; e++) {
+        for (int i = 0; i < F / 8; i++) {
+            views[2 * i] = mat_rows(gate[e], 8 * i, 8);
+            views[2 * i + 1] = mat_rows(up[e], 8 * i, 8);
+            parts[2 * i] = &views[2 * i], parts[2 * i + 1] = &views[2 * i + 1];
+        }
+        char *gw = (char *)gate_up->w + e * gu_w, *gsb = bits == 4 ? (char *)gate_up->sb + e * gu_sb : NULL;
+        if ((st = cb_mat_fill(gw, gsb, bits, parts, 2 * F / 8, 2 * F, err, errlen))) return st;
+        char *dw = (char *)down->w + e * dn_w, *dsb = bits == 4 ? (char *)down->sb + e * dn_sb : NULL;
+        if ((st = cb_mat_fill(dw, dsb, bits, &dn[e], 1, D, err, errlen))) return st;
+    }
+    return 0;
+}
+
 /* Uploads one layer from a loaded model. */
 static int upload_layer(cuda_be *be, cb_layer *L, const tl_layer *src, char *err, size_t errlen) {
     const tl_config *c = &be->cfg;
-    int st, F = c->n_ff_expert, E = c->n_expert;
+    int st, E = c->n_expert;
     size_t D = (size_t)c->n_embd;
     L->attn_norm = upload_f32(src->attn_norm, D);
     L->ffn_norm = upload_f32(src->ffn_norm, D);
@@ -439,41 +470,15 @@ static int upload_layer(cuda_be *be, cb_layer *L, const tl_layer *src, char *err
         if ((st = mat_alloc(&L->router, 16, rows, c->n_embd, err, errlen))) return st;
         if ((st = cb_mat_fill((void *)L->router.w, NULL, 16, parts, 2, rows, err, errlen))) return st;
     }
-    /* experts, expert-major, shared expert last; gate/up rows interleaved by 8 */
+    /* experts, expert-major, shared expert last */
     {
-        const tl_mat *gparts[2 * 512 / 8 * 2];
-        int ng = 2 * F / 8;
-        if (ng > (int)(sizeof gparts / sizeof gparts[0]))
-            return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "n_ff_expert %d too large", F);
-        tl_mat views[2 * 512 / 8 * 2];
-        int bits = 4;
-        for (int e = 0; e <= E && bits == 4; e++) {
-            const tl_mat *g = e < E ? &src->exp_gate[e] : &src->sh_gate;
-            const tl_mat *u = e < E ? &src->exp_up[e] : &src->sh_up;
-            const tl_mat *d = e < E ? &src->exp_down[e] : &src->sh_down;
-            const tl_mat *three[3] = {g, u, d};
-            if (cb_parts_bits(three, 3) != 4) bits = 16;
-        }
-        if ((st = mat_alloc(&L->gate_up, bits, (E + 1) * 2 * F, c->n_embd, err, errlen))) return st;
-        if ((st = mat_alloc(&L->down, bits, (E + 1) * c->n_embd, F, err, errlen))) return st;
-        size_t gu_w = mat_w_bytes(bits, 2 * F, c->n_embd), gu_sb = mat_sb_bytes(bits, 2 * F, c->n_embd);
-        size_t dn_w = mat_w_bytes(bits, c->n_embd, F), dn_sb = mat_sb_bytes(bits, c->n_embd, F);
-        for (int e = 0; e <= E; e++) {
-            const tl_mat *g = e < E ? &src->exp_gate[e] : &src->sh_gate;
-            const tl_mat *u = e < E ? &src->exp_up[e] : &src->sh_up;
-            const tl_mat *d = e < E ? &src->exp_down[e] : &src->sh_down;
-            for (int i = 0; i < F / 8; i++) {
-                views[2 * i] = mat_rows(g, 8 * i, 8);
-                views[2 * i + 1] = mat_rows(u, 8 * i, 8);
-                gparts[2 * i] = &views[2 * i];
-                gparts[2 * i + 1] = &views[2 * i + 1];
-            }
-            char *gw = (char *)L->gate_up.w + e * gu_w, *gsb = bits == 4 ? (char *)L->gate_up.sb + e * gu_sb : NULL;
-            if ((st = cb_mat_fill(gw, gsb, bits, gparts, ng, 2 * F, err, errlen))) return st;
-            const tl_mat *dp[1] = {d};
-            char *dw = (char *)L->down.w + e * dn_w, *dsb = bits == 4 ? (char *)L->down.sb + e * dn_sb : NULL;
-            if ((st = cb_mat_fill(dw, dsb, bits, dp, 1, c->n_embd, err, errlen))) return st;
-        }
+        const tl_mat **g = (const tl_mat **)xmalloc(sizeof(tl_mat *) * 3 * (E + 1));
+        const tl_mat **u = g + (E + 1), **d = g + 2 * (E + 1);
+        for (int e = 0; e < E; e++) g[e] = &src->exp_gate[e], u[e] = &src->exp_up[e], d[e] = &src->exp_down[e];
+        g[E] = &src->sh_gate, u[E] = &src->sh_up, d[E] = &src->sh_down;
+        st = tl_gpu_experts_upload(&L->gate_up, &L->down, g, u, d, E + 1, err, errlen);
+        free(g);
+        if (st) return st;
     }
     return 0;
 }
@@ -560,6 +565,11 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         goto fail;
     }
     tl_cuda_stream = be->stream;
+    if (cudaEventCreateWithFlags(&be->meta_ev, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(be->meta_ev, be->stream) != cudaSuccess) {
+        st = tl_errf(err, errlen, TL_ERR_CUDA, "cudaEventCreate failed");
+        goto fail;
+    }
     if ((st = tl_gpu_attn_setup())) {
         tl_errf(err, errlen, st, "attention kernel setup failed");
         goto fail;

@@ -41,6 +41,13 @@ int tl_gpu_sync(void);
 int tl_gpu_mat_upload(tl_gpu_gemm_w *out, const tl_mat *const *parts, int n_parts, int rows_pad,
                       char *err, size_t errlen);
 void tl_gpu_mat_free(tl_gpu_gemm_w *m);
+/* Stacks n experts (gate, up [F, n_embd]; down [n_embd, F]; the shared expert is passed last)
+ * expert-major: gate_up [n * 2F, n_embd] with each expert's gate/up rows interleaved by 8, down
+ * [n * n_embd, F]; q4 when every matrix is MLX 4-bit g64, else bf16. Each expert's q4 scale/bias
+ * block is contiguous (gpu_prefill.h: "experts lie contiguously"). */
+int tl_gpu_experts_upload(tl_gpu_gemm_w *gate_up, tl_gpu_gemm_w *down, const tl_mat *const *gate,
+                          const tl_mat *const *up, const tl_mat *const *down_src, int n,
+                          char *err, size_t errlen);
 /* Size in bytes of a device matrix's weights (w + sb). */
 size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m);
 

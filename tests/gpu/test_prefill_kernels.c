@@ -133,8 +133,15 @@ static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
     return w;
 }
 
-/* Runs y = x W^T on the GPU (f32 or bf16 out) and compares rows [r0, r0+nr) of every token with
- * cpu_matmul on the oracle's view of W. */
+/* The GEMM tile shapes (k_gemm.cu): "" = the entry's own choice, then each forced one. */
+static const char *const tiles[] = {"", "0", "1", "2"};
+static void set_tile(const char *t) {
+    if (*t) setenv("TL_GEMM_TILE", t, 1);
+    else unsetenv("TL_GEMM_TILE");
+}
+
+/* Runs y = x W^T on the GPU (f32 or bf16 out) with every tile shape and compares rows
+ * [r0, r0+nr) of every token with cpu_matmul on the oracle's view of W. */
 static void gemm_case(const char *name, const tl_gpu_gemm_w *gw, const tl_mat *ref_view, int r0,
                       int n, int out_f32, double tol) {
     int rows = gw->rows, cols = gw->cols, nr = ref_view->rows;
@@ -144,27 +151,32 @@ static void gemm_case(const char *name, const tl_gpu_gemm_w *gw, const tl_mat *r
     void *dx = dup_to_dev(xb, (size_t)n * cols * 2);
     size_t ysz = (size_t)n * rows * (out_f32 ? 4 : 2);
     void *dy = dmalloc(ysz);
-    CU(cudaMemset(dy, 0xff, ysz)); /* NaN poison: every element must be written */
-    CHECK_EQ_INT(tl_gpu_gemm(dy, dx, gw, n, NULL, out_f32 ? TL_GEMM_OUT_F32 : 0, NULL), 0);
     void *hy = xmalloc(ysz);
-    to_host(hy, dy, ysz);
     float *got = xmalloc((size_t)n * nr * 4), *ref = xmalloc((size_t)n * nr * 4);
-    for (int t = 0; t < n; t++)
-        for (int r = 0; r < nr; r++) {
-            size_t i = (size_t)t * rows + r0 + r;
-            got[(size_t)t * nr + r] = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
-        }
-    /* unchecked rows must still have been written (poison gone) */
-    int all_written = 1;
-    for (size_t i = 0; i < (size_t)n * rows; i++) {
-        float v = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
-        if (!isfinite(v)) all_written = 0;
-    }
-    CHECK(all_written);
     cpu_matmul(ref, ref_view, xf, n);
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s n=%d %dx%d %s", name, n, rows, cols, out_f32 ? "f32" : "bf16");
-    CHECK(report(buf, got, ref, (size_t)n * nr) <= tol);
+    for (int ti = 0; ti < 4; ti++) {
+        set_tile(tiles[ti]);
+        CU(cudaMemset(dy, 0xff, ysz)); /* NaN poison: every element must be written */
+        CHECK_EQ_INT(tl_gpu_gemm(dy, dx, gw, n, NULL, out_f32 ? TL_GEMM_OUT_F32 : 0, NULL), 0);
+        to_host(hy, dy, ysz);
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < nr; r++) {
+                size_t i = (size_t)t * rows + r0 + r;
+                got[(size_t)t * nr + r] = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
+            }
+        /* unchecked rows must still have been written (poison gone) */
+        int all_written = 1;
+        for (size_t i = 0; i < (size_t)n * rows; i++) {
+            float v = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
+            if (!isfinite(v)) all_written = 0;
+        }
+        CHECK(all_written);
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s n=%d %dx%d %s tile=%s", name, n, rows, cols,
+                 out_f32 ? "f32" : "bf16", *tiles[ti] ? tiles[ti] : "auto");
+        CHECK(report(buf, got, ref, (size_t)n * nr) <= tol);
+    }
+    set_tile("");
     free(xb), free(xf), free(hy), free(got), free(ref);
     cudaFree(dx), cudaFree(dy);
 }
@@ -386,14 +398,7 @@ static void moe_case(int q4, int n_tok) {
     float *dshl = dup_to_dev(shl, (size_t)n_tok * 4);
     uint16_t *dh = dmalloc((size_t)n_tok * 8 * F * 2), *dys = dmalloc((size_t)n_tok * 8 * D * 2);
     float *dout = dup_to_dev(res, (size_t)n_tok * D * 4);
-    CU(cudaMemset(dys, 0xff, (size_t)n_tok * 8 * D * 2));
-    CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(dh, dx, &wgu, dplan, n_tok, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, n_tok, TL_GEMM_OUT_F32, NULL), 0);
     float *got = xmalloc((size_t)n_tok * D * 4);
-    to_host(got, dout, (size_t)n_tok * D * 4);
-
     /* oracle */
     float *ref = xmalloc((size_t)n_tok * D * 4), *y = xmalloc((size_t)D * 4);
     float *tmp = xmalloc((size_t)2 * F * 4);
@@ -407,9 +412,22 @@ static void moe_case(int q4, int n_tok) {
             for (int c = 0; c < D; c++) r[c] += wts[t * 8 + s] * y[c];
         }
     }
-    char buf[96];
-    snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan, gate_up, down, combine)", q4 ? "q4" : "bf16", n_tok);
-    CHECK(report(buf, got, ref, (size_t)n_tok * D) <= 2e-5);
+    for (int ti = 0; ti < 4; ti++) {
+        set_tile(tiles[ti]);
+        CU(cudaMemcpy(dout, res, (size_t)n_tok * D * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dys, 0xff, (size_t)n_tok * 8 * D * 2));
+        CU(cudaMemset(dplan, 0xff, tl_gpu_moe_pf_plan_ints(n_tok) * 4));
+        CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(dh, dx, &wgu, dplan, n_tok, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, n_tok, TL_GEMM_OUT_F32, NULL), 0);
+        to_host(got, dout, (size_t)n_tok * D * 4);
+        char buf[128];
+        snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan..combine) tile=%s", q4 ? "q4" : "bf16", n_tok,
+                 *tiles[ti] ? tiles[ti] : "auto");
+        CHECK(report(buf, got, ref, (size_t)n_tok * D) <= 2e-5);
+    }
+    set_tile("");
 
     cudaFree(dids), cudaFree(dwts), cudaFree(dplan), cudaFree(dx), cudaFree(dsh), cudaFree(dshl);
     cudaFree(dh), cudaFree(dys), cudaFree(dout), cudaFree((void *)wgu.w), cudaFree((void *)wd.w);
@@ -550,9 +568,10 @@ static void gdn_case(int T) {
     float *dS = dup_to_dev(S0, ns * 4), *dg = dup_to_dev(g, (size_t)T * HV * 4);
     float *db = dup_to_dev(beta, (size_t)T * HV * 4);
     float *dof = dmalloc((size_t)T * HV * DV * 4);
+    void *dws = dmalloc(tl_gpu_gdn_chunk_ws_bytes());
     CU(cudaMemset(dof, 0xff, (size_t)T * HV * DV * 4));
     CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
-                                  TL_GDN_L2NORM | TL_GDN_OUT_F32, NULL), 0);
+                                  TL_GDN_L2NORM | TL_GDN_OUT_F32, dws, NULL), 0);
     float *o_got = xmalloc((size_t)T * HV * DV * 4);
     to_host(o_got, dof, (size_t)T * HV * DV * 4);
     to_host(S_got, dS, ns * 4);
@@ -566,14 +585,14 @@ static void gdn_case(int T) {
     CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
     uint16_t *dob = dmalloc((size_t)T * HV * DV * 2);
     CHECK_EQ_INT(tl_gpu_gdn_chunk(dob, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
-                                  TL_GDN_L2NORM, NULL), 0);
+                                  TL_GDN_L2NORM, dws, NULL), 0);
     uint16_t *ob = xmalloc((size_t)T * HV * DV * 2);
     to_host(ob, dob, (size_t)T * HV * DV * 2);
     bf16_to_f32(o_got, ob, (size_t)T * HV * DV);
     snprintf(buf, sizeof buf, "gdn chunk T=%d bf16 output vs step", T);
     CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 4e-6 + 1e-5);
 
-    cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob);
+    cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob), cudaFree(dws);
     free(cb), free(q), free(k), free(v), free(g), free(beta), free(S0), free(S_ref), free(S_got);
     free(o_ref), free(o_got), free(ob);
 }
@@ -582,6 +601,7 @@ static void test_gdn_chunk_matches_recurrence(void) {
     gdn_case(200);
     gdn_case(64);
     gdn_case(1000);
+    gdn_case(2048 + 64 + 5); /* more than one workspace segment */
 }
 
 int main(void) {

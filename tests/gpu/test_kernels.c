@@ -1,0 +1,601 @@
+/* Every decode kernel (tl_gpu_* in src/cuda/gpu.h) against the CPU oracle (src/cpu/cpu.h) on
+ * random inputs at the production shapes (shape.h), except where a count is cut to keep host
+ * memory small (named in the test).
+ *
+ * Tolerances. The oracle accumulates in double; the kernels in fp32 with a different order. For
+ * a dot of K terms of random sign the fp32 rounding error is about sqrt(K) * 2^-24 relative to
+ * the sum of |terms|, so NMSE against the oracle is ~1e-13..1e-11 for K <= 4096: a bound of 1e-9
+ * leaves 100x headroom while still catching any indexing, layout or dequantization slip (those
+ * give NMSE ~ 1). Both sides read the same bf16 / 4-bit weights, so the weight format adds no
+ * error. Where the GPU stores bf16 (the KV cache) the check is against the oracle's value rounded
+ * to bf16, one ulp allowed. */
+#include <math.h>
+#include <stdio.h>
+#include "gpu_util.h"
+#include "model/shape.h"
+
+static unsigned long long rs = 0x1234567887654321ull;
+
+/* ---- GEMV ---- */
+
+static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, int accumulate) {
+    hmat W;
+    hmat_random(&W, rows, cols, bits, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    CHECK_EQ_INT(dW.bits, bits ? 4 : 16);
+    float *x = rand_vec((size_t)n_tok * cols, 1.0f, &rs);
+    float *nw = rand_vec(cols, 1.0f, &rs);
+    float *y0 = rand_vec((size_t)n_tok * rows, 1.0f, &rs);
+    float *ref = (float *)xmalloc(sizeof(float) * n_tok * rows);
+    float *xn = (float *)xmalloc(sizeof(float) * cols);
+    for (int t = 0; t < n_tok; t++) {
+        if (with_norm) cpu_rmsnorm(xn, x + (size_t)t * cols, nw, cols, 1e-6f);
+        else memcpy(xn, x + (size_t)t * cols, sizeof(float) * cols);
+        cpu_matvec(ref + (size_t)t * rows, &W.m, xn);
+        if (accumulate)
+            for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] += y0[(size_t)t * rows + r];
+    }
+    float *dx = dev_from(x, sizeof(float) * n_tok * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dy = dev_from(y0, sizeof(float) * n_tok * rows);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, with_norm ? dnw : NULL, 1e-6f, n_tok, accumulate), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    float *got = host_from(dy, (size_t)n_tok * rows);
+    char what[96];
+    snprintf(what, sizeof what, "gemv %s %dx%d t%d n%d a%d", bits ? "q4" : "bf16", rows, cols, n_tok,
+             with_norm, accumulate);
+    check_nmse(what, got, ref, (size_t)n_tok * rows, 1e-9);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy);
+    tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(y0), free(ref), free(xn), free(got);
+    hmat_free(&W);
+}
+
+static void test_gemv_bf16(void) {
+    gemv_case(2048, TL_N_EMBD, 0, 1, 0, 0);
+    gemv_case(9216, TL_N_EMBD, 0, 3, 1, 0);   /* attention in-proj, 3 tokens (tile of 2 + 1) */
+    gemv_case(2048, 4096, 0, 11, 0, 1);       /* out-proj + residual, tiles of 8 + 2 + 1 */
+    gemv_case(257, TL_N_EMBD, 0, 5, 1, 0);    /* router + shared gate: rows not a multiple of 8 */
+}
+
+static void test_gemv_q4(void) {
+    gemv_case(2048, TL_N_EMBD, 4, 1, 0, 0);
+    gemv_case(12416, TL_N_EMBD, 4, 2, 1, 0);  /* GDN in-proj padded to 128 rows */
+    gemv_case(2048, 4096, 4, 9, 0, 1);
+    gemv_case(2048, TL_N_FF_EXPERT, 4, 4, 0, 0); /* expert down shape */
+}
+
+/* ---- embedding, RMSNorm ---- */
+
+static void test_embed(void) {
+    for (int bits = 0; bits <= 4; bits += 4) {
+        int rows = 4096, cols = TL_N_EMBD;
+        hmat E;
+        hmat_random(&E, rows, cols, bits, 0.1f, &rs);
+        const tl_mat *parts[1] = {&E.m};
+        tl_gpu_gemm_w dE;
+        char err[256];
+        CHECK_EQ_INT(tl_gpu_mat_upload(&dE, parts, 1, 0, err, sizeof err), 0);
+        int32_t tok[5] = {0, 7, 4095, 1234, 8};
+        int32_t *dt = dev_from(tok, sizeof tok);
+        float *dx = tl_gpu_malloc(sizeof(float) * 5 * cols);
+        CHECK_EQ_INT(tl_gpu_embed(dx, &dE, dt, 5), 0);
+        float *got = host_from(dx, 5 * (size_t)cols), *ref = xmalloc(sizeof(float) * 5 * cols);
+        for (int t = 0; t < 5; t++) cpu_mat_row(ref + (size_t)t * cols, &E.m, tok[t]);
+        double ma = t_max_abs_diff(got, ref, 5 * (size_t)cols);
+        printf("# embed %s max_abs=%.3e\n", bits ? "q4" : "bf16", ma);
+        CHECK(ma <= 1e-6); /* s*q+b in fp32 on both sides: only fma contraction may differ */
+        tl_gpu_free(dt), tl_gpu_free(dx), tl_gpu_mat_free(&dE);
+        free(got), free(ref), hmat_free(&E);
+    }
+}
+
+static void test_rmsnorm(void) {
+    int n = TL_N_EMBD, rows = 6;
+    float *x = rand_vec((size_t)rows * n, 3.0f, &rs), *w = rand_vec(n, 1.0f, &rs);
+    int32_t pick[3] = {5, 0, 2};
+    float *dx = dev_from(x, sizeof(float) * rows * n), *dw = dev_from(w, sizeof(float) * n);
+    int32_t *dp = dev_from(pick, sizeof pick);
+    float *dy = tl_gpu_malloc(sizeof(float) * 3 * n);
+    CHECK_EQ_INT(tl_gpu_rmsnorm(dy, dx, dw, dp, 3, n, 1e-6f), 0);
+    float *got = host_from(dy, 3 * (size_t)n), *ref = xmalloc(sizeof(float) * 3 * n);
+    for (int i = 0; i < 3; i++) cpu_rmsnorm(ref + (size_t)i * n, x + (size_t)pick[i] * n, w, n, 1e-6f);
+    /* elementwise fp32: atol 1e-6 + rtol 1e-5 (STYLE.md C5); the sum of squares differs only in order */
+    for (int i = 0; i < 3 * n; i++) CHECK_CLOSE(got[i], ref[i], 1e-6, 1e-5);
+    tl_gpu_free(dx), tl_gpu_free(dw), tl_gpu_free(dp), tl_gpu_free(dy);
+    free(x), free(w), free(got), free(ref);
+}
+
+/* ---- batch metadata on the device ---- */
+
+typedef struct dseqs {
+    tl_gpu_seqs s;
+    int32_t *buf;
+} dseqs;
+
+/* Segments: n_seg of (slot, pos0, n). */
+static dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n) {
+    int T = 0;
+    for (int i = 0; i < n_seg; i++) T += n[i];
+    int32_t *h = xcalloc((size_t)3 * T + 4 * n_seg + 8, 4);
+    int32_t *tp = h, *ts = h + T, *tg = h + 2 * T, *s0 = h + 3 * T, *sn = s0 + n_seg, *ss = sn + n_seg, *sp = ss + n_seg;
+    int t = 0;
+    for (int i = 0; i < n_seg; i++) {
+        s0[i] = t, sn[i] = n[i], ss[i] = slot[i], sp[i] = pos0[i];
+        for (int j = 0; j < n[i]; j++, t++) tp[t] = pos0[i] + j, ts[t] = slot[i], tg[t] = i;
+    }
+    dseqs d;
+    size_t bytes = sizeof(int32_t) * ((size_t)3 * T + 4 * n_seg + 8);
+    d.buf = dev_from(h, bytes);
+    int32_t *b = d.buf;
+    d.s.tok_pos = b, d.s.tok_slot = b + T, d.s.tok_seg = b + 2 * T;
+    d.s.seg_tok0 = b + 3 * T, d.s.seg_n = b + 3 * T + n_seg, d.s.seg_slot = b + 3 * T + 2 * n_seg;
+    d.s.seg_pos0 = b + 3 * T + 3 * n_seg;
+    d.s.n_tok = T, d.s.n_seg = n_seg;
+    free(h);
+    return d;
+}
+
+/* ---- conv1d ---- */
+
+static void test_conv1d(void) {
+    int C = 2 * TL_GDN_N_K_HEAD * TL_GDN_K_DIM + TL_GDN_N_V_HEAD * TL_GDN_V_DIM, ld = C + 64;
+    int slot[2] = {1, 0}, pos0[2] = {3, 0}, n[2] = {5, 1}, T = 6, n_slot = 2;
+    float *in = rand_vec((size_t)T * ld, 1.0f, &rs), *w = rand_vec((size_t)C * 4, 0.5f, &rs);
+    float *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
+    float *ref = xmalloc(sizeof(float) * T * C), *st_ref = xmalloc(sizeof(float) * n_slot * 3 * C);
+    memcpy(st_ref, st, sizeof(float) * n_slot * 3 * C);
+    int t = 0;
+    for (int g = 0; g < 2; g++)
+        for (int j = 0; j < n[g]; j++, t++)
+            cpu_conv1d_step(ref + (size_t)t * C, st_ref + (size_t)slot[g] * 3 * C, in + (size_t)t * ld, w, C, 4);
+    dseqs d = make_seqs(2, slot, pos0, n);
+    float *din = dev_from(in, sizeof(float) * T * ld), *dw = dev_from(w, sizeof(float) * C * 4);
+    float *dst = dev_from(st, sizeof(float) * n_slot * 3 * C), *dout = tl_gpu_malloc(sizeof(float) * T * C);
+    CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, din, ld, dw, C, &d.s), 0);
+    float *got = host_from(dout, (size_t)T * C), *gst = host_from(dst, (size_t)n_slot * 3 * C);
+    check_nmse("conv1d out", got, ref, (size_t)T * C, 1e-12);
+    check_nmse("conv1d state", gst, st_ref, (size_t)n_slot * 3 * C, 0.0); /* a copy: exact */
+    tl_gpu_free(din), tl_gpu_free(dw), tl_gpu_free(dst), tl_gpu_free(dout), tl_gpu_free(d.buf);
+    free(in), free(w), free(st), free(ref), free(st_ref), free(got), free(gst);
+}
+
+/* ---- GDN step ---- */
+
+static void test_gdn(void) {
+    const int nk = TL_GDN_N_K_HEAD, nv = TL_GDN_N_V_HEAD, Dd = 128;
+    int conv_dim = 2 * nk * Dd + nv * Dd, val = nv * Dd;
+    int ld_proj = conv_dim + val + 2 * nv + 16, z_off = conv_dim, b_off = conv_dim + val, a_off = b_off + nv;
+    int slot[2] = {0, 2}, pos0[2] = {0, 7}, n[2] = {3, 1}, T = 4, n_slot = 3;
+    float eps = 1e-6f;
+    float *qkv = rand_vec((size_t)T * conv_dim, 1.0f, &rs), *proj = rand_vec((size_t)T * ld_proj, 2.0f, &rs);
+    float *dtb = rand_vec(nv, 1.0f, &rs), *aneg = xmalloc(sizeof(float) * nv), *nw = rand_vec(Dd, 1.0f, &rs);
+    for (int h = 0; h < nv; h++) aneg[h] = -(1.0f + 15.0f * (0.5f + 0.5f * t_randf(&rs)));
+    size_t SN = (size_t)n_slot * nv * Dd * Dd;
+    float *S = rand_vec(SN, 0.3f, &rs), *S_ref = xmalloc(SN * sizeof(float));
+    memcpy(S_ref, S, SN * sizeof(float));
+    float *ref = xmalloc(sizeof(float) * T * val);
+    float q[16 * 128], k[16 * 128], g[32], beta[32];
+    int t = 0;
+    for (int sg = 0; sg < 2; sg++)
+        for (int j = 0; j < n[sg]; j++, t++) {
+            const float *row = qkv + (size_t)t * conv_dim, *pr = proj + (size_t)t * ld_proj;
+            memcpy(q, row, sizeof(float) * nk * Dd);
+            memcpy(k, row + nk * Dd, sizeof(float) * nk * Dd);
+            for (int h = 0; h < nk; h++) {
+                cpu_l2norm(q + h * Dd, Dd, 1e-6f);
+                cpu_l2norm(k + h * Dd, Dd, 1e-6f);
+                for (int d = 0; d < Dd; d++) q[h * Dd + d] *= 1.0f / sqrtf((float)Dd);
+            }
+            for (int h = 0; h < nv; h++) {
+                beta[h] = cpu_sigmoid(pr[b_off + h]);
+                g[h] = aneg[h] * cpu_softplus(pr[a_off + h] + dtb[h]);
+            }
+            float *o = ref + (size_t)t * val;
+            cpu_gdn_step(o, S_ref + (size_t)slot[sg] * nv * Dd * Dd, q, k, row + 2 * nk * Dd, g, beta, nk, nv, Dd, Dd);
+            for (int h = 0; h < nv; h++) cpu_rmsnorm_gated(o + h * Dd, o + h * Dd, pr + z_off + h * Dd, nw, Dd, eps);
+        }
+    dseqs d = make_seqs(2, slot, pos0, n);
+    float *dqkv = dev_from(qkv, sizeof(float) * T * conv_dim), *dproj = dev_from(proj, sizeof(float) * T * ld_proj);
+    float *ddtb = dev_from(dtb, sizeof(float) * nv), *daneg = dev_from(aneg, sizeof(float) * nv);
+    float *dnw = dev_from(nw, sizeof(float) * Dd), *dS = dev_from(S, SN * sizeof(float));
+    float *dy = tl_gpu_malloc(sizeof(float) * T * val);
+    CHECK_EQ_INT(tl_gpu_gdn(dy, dS, dqkv, dproj, ld_proj, z_off, b_off, a_off, ddtb, daneg, dnw, nk, nv, eps, &d.s), 0);
+    float *got = host_from(dy, (size_t)T * val), *gS = host_from(dS, SN);
+    /* STYLE.md C5 starts the GDN step at NMSE 1e-7; fp32 state vs double oracle measures ~1e-13 */
+    check_nmse("gdn output", got, ref, (size_t)T * val, 1e-9);
+    check_nmse("gdn state", gS, S_ref, SN, 1e-9);
+    tl_gpu_free(dqkv), tl_gpu_free(dproj), tl_gpu_free(ddtb), tl_gpu_free(daneg), tl_gpu_free(dnw);
+    tl_gpu_free(dS), tl_gpu_free(dy), tl_gpu_free(d.buf);
+    free(qkv), free(proj), free(dtb), free(aneg), free(nw), free(S), free(S_ref), free(ref), free(got), free(gS);
+}
+
+/* ---- attention prologue and attention ---- */
+
+static float bf16r(float x) { return tl_bf16_to_f32(tl_f32_to_bf16(x)); }
+
+static void test_qk_rope(void) {
+    const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 300000;
+    int ld = H * 2 * HD + 2 * Hk * HD;
+    int slot[1] = {0}, pos0[1] = {262140}, n[1] = {3}, T = 3; /* long positions: fp32 angles as HF */
+    float *proj = rand_vec((size_t)T * ld, 2.0f, &rs), *qn = rand_vec(HD, 1.0f, &rs), *kn = rand_vec(HD, 1.0f, &rs);
+    dseqs d = make_seqs(1, slot, pos0, n);
+    float *dproj = dev_from(proj, sizeof(float) * T * ld), *dqn = dev_from(qn, HD * 4), *dkn = dev_from(kn, HD * 4);
+    float *dq = tl_gpu_malloc(sizeof(float) * T * H * HD);
+    size_t kvn = (size_t)max_ctx * Hk * HD;
+    uint16_t *dk = tl_gpu_malloc(kvn * 2), *dv = tl_gpu_malloc(kvn * 2);
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, max_ctx, TL_ROPE_THETA, 1e-6f, &d.s), 0);
+    float *got = host_from(dq, (size_t)T * H * HD), *ref = xmalloc(sizeof(float) * T * H * HD);
+    uint16_t *gk = xmalloc((size_t)T * Hk * HD * 2), *gv = xmalloc((size_t)T * Hk * HD * 2);
+    tl_gpu_download(gk, dk + (size_t)pos0[0] * Hk * HD, (size_t)T * Hk * HD * 2);
+    tl_gpu_download(gv, dv + (size_t)pos0[0] * Hk * HD, (size_t)T * Hk * HD * 2);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        const float *pr = proj + (size_t)t * ld;
+        for (int h = 0; h < H; h++) {
+            float *o = ref + ((size_t)t * H + h) * HD;
+            cpu_rmsnorm(o, pr + h * 2 * HD, qn, HD, 1e-6f);
+            cpu_rope_neox(o, TL_N_ROT, pos0[0] + t, TL_ROPE_THETA);
+        }
+        for (int h = 0; h < Hk; h++) {
+            float kk[256];
+            cpu_rmsnorm(kk, pr + H * 2 * HD + h * HD, kn, HD, 1e-6f);
+            cpu_rope_neox(kk, TL_N_ROT, pos0[0] + t, TL_ROPE_THETA);
+            for (int i = 0; i < HD; i++) {
+                float gkv = tl_bf16_to_f32(gk[((size_t)t * Hk + h) * HD + i]);
+                float gvv = tl_bf16_to_f32(gv[((size_t)t * Hk + h) * HD + i]);
+                float rv = pr[H * 2 * HD + Hk * HD + h * HD + i];
+                /* bf16 storage: the oracle's value rounded to bf16, or one ulp (2^-8 relative) away */
+                if (fabsf(gkv - bf16r(kk[i])) > fabsf(kk[i]) * (1.0f / 128.0f) + 1e-6f) bad++;
+                if (gvv != bf16r(rv)) bad++;
+            }
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    /* RoPE angles up to 2.6e5 rad: cosf/sinf on device vs host agree to ~1 ulp of the angle
+     * reduction; per element atol 1e-5 */
+    double ma = t_max_abs_diff(got, ref, (size_t)T * H * HD);
+    printf("# qk_rope q max_abs=%.3e\n", ma);
+    CHECK(ma <= 1e-5);
+    tl_gpu_free(dproj), tl_gpu_free(dqn), tl_gpu_free(dkn), tl_gpu_free(dq), tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(d.buf);
+    free(proj), free(qn), free(kn), free(got), free(ref), free(gk), free(gv);
+}
+
+static void attn_case(int n_split) {
+    const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 3000, n_slot = 2;
+    int ld = H * 2 * HD + 2 * Hk * HD;
+    /* five queries: positions 0, 31, 32, 1000 (slot 1) and 2999 (slot 0) */
+    int slot[5] = {1, 1, 1, 1, 0}, pos0[5] = {0, 31, 32, 1000, 2999}, n[5] = {1, 1, 1, 1, 1}, T = 5;
+    size_t kvn = (size_t)n_slot * max_ctx * Hk * HD;
+    uint16_t *kc = xmalloc(kvn * 2), *vc = xmalloc(kvn * 2);
+    float *kf = xmalloc(kvn * 4), *vf = xmalloc(kvn * 4);
+    for (size_t i = 0; i < kvn; i++) {
+        kc[i] = tl_f32_to_bf16(2.0f * t_randf(&rs)), vc[i] = tl_f32_to_bf16(t_randf(&rs));
+        kf[i] = tl_bf16_to_f32(kc[i]), vf[i] = tl_bf16_to_f32(vc[i]);
+    }
+    float *q = rand_vec((size_t)T * H * HD, 1.0f, &rs), *proj = rand_vec((size_t)T * ld, 2.0f, &rs);
+    float *ref = xmalloc(sizeof(float) * T * H * HD);
+    for (int t = 0; t < T; t++) {
+        const float *kbase = kf + (size_t)slot[t] * max_ctx * Hk * HD, *vbase = vf + (size_t)slot[t] * max_ctx * Hk * HD;
+        /* one query at position pos over keys 0..pos: cpu_attention with n_q = 1, pos0 = pos */
+        cpu_attention(ref + (size_t)t * H * HD, q + (size_t)t * H * HD, kbase, vbase, 1, pos0[t], H, Hk, HD, 1.0f / 16.0f);
+        for (int h = 0; h < H; h++)
+            for (int dd = 0; dd < HD; dd++)
+                ref[((size_t)t * H + h) * HD + dd] *= cpu_sigmoid(proj[(size_t)t * ld + h * 2 * HD + HD + dd]);
+    }
+    dseqs d = make_seqs(5, slot, pos0, n);
+    uint16_t *dk = dev_from(kc, kvn * 2), *dv = dev_from(vc, kvn * 2);
+    float *dq = dev_from(q, sizeof(float) * T * H * HD), *dproj = dev_from(proj, sizeof(float) * T * ld);
+    float *dpart = tl_gpu_malloc(sizeof(float) * T * H * n_split * 258), *dout = tl_gpu_malloc(sizeof(float) * T * H * HD);
+    CHECK_EQ_INT(tl_gpu_attn(dout, dpart, dq, dk, dv, dproj, ld, H, Hk, max_ctx, n_split, &d.s), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    float *got = host_from(dout, (size_t)T * H * HD);
+    char what[64];
+    snprintf(what, sizeof what, "attention n_split=%d", n_split);
+    /* same bf16 K/V on both sides, fp32 softmax: STYLE.md allows 1e-4 for bf16 KV; we see ~1e-12 */
+    check_nmse(what, got, ref, (size_t)T * H * HD, 1e-9);
+    tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(dq), tl_gpu_free(dproj), tl_gpu_free(dpart), tl_gpu_free(dout), tl_gpu_free(d.buf);
+    free(kc), free(vc), free(kf), free(vf), free(q), free(proj), free(ref), free(got);
+}
+
+static void test_attn(void) {
+    attn_case(64);
+    attn_case(3);
+    attn_case(1);
+}
+
+/* ---- MoE ---- */
+
+static void test_moe_route(void) {
+    const int E = TL_N_EXPERT, K = TL_N_EXPERT_USED, T = 7, ld = E + 1;
+    float *lg = rand_vec((size_t)T * ld, 4.0f, &rs);
+    for (int e = 0; e < E; e++) lg[6 * ld + e] = 0.25f * (float)(e % 3); /* token 6: many exact ties */
+    float *dl = dev_from(lg, sizeof(float) * T * ld);
+    int32_t *dids = tl_gpu_malloc(4 * T * K);
+    float *dw = tl_gpu_malloc(4 * T * K), *dsh = tl_gpu_malloc(4 * T);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, dl, ld, E, K, T), 0);
+    int32_t ids[7 * 8];
+    float w[7 * 8], sh[7];
+    tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w), tl_gpu_download(sh, dsh, sizeof sh);
+    for (int t = 0; t < T; t++) {
+        int rid[8];
+        float rw[8];
+        cpu_moe_route(rid, rw, lg + (size_t)t * ld, E, K);
+        /* same ids in the same order (ties go to the lower id on both sides), weights to fp32 rounding */
+        for (int j = 0; j < K; j++) {
+            CHECK_EQ_INT(ids[t * K + j], rid[j]);
+            CHECK_CLOSE(w[t * K + j], rw[j], 1e-6, 1e-5);
+        }
+        CHECK_CLOSE(sh[t], cpu_sigmoid(lg[(size_t)t * ld + E]), 1e-7, 1e-6);
+    }
+    tl_gpu_free(dl), tl_gpu_free(dids), tl_gpu_free(dw), tl_gpu_free(dsh);
+    free(lg);
+}
+
+/* Experts at production per-expert dims (n_embd 2048, F 512) but 16 experts (host memory). */
+static void moe_case(int bits) {
+    const int E = 16, K = TL_N_EXPERT_USED, D = TL_N_EMBD, F = TL_N_FF_EXPERT, T = 3;
+    hmat g[17], u[17], dn[17], router, shg;
+    for (int e = 0; e <= E; e++) {
+        hmat_random(&g[e], F, D, bits, 0.05f, &rs);
+        hmat_random(&u[e], F, D, bits, 0.05f, &rs);
+        hmat_random(&dn[e], D, F, bits, 0.05f, &rs);
+    }
+    hmat_random(&router, E, D, 0, 0.05f, &rs);
+    hmat_random(&shg, 1, D, 0, 0.05f, &rs);
+    tl_layer L;
+    memset(&L, 0, sizeof L);
+    tl_mat eg[16], eu[16], ed[16];
+    for (int e = 0; e < E; e++) eg[e] = g[e].m, eu[e] = u[e].m, ed[e] = dn[e].m;
+    L.exp_gate = eg, L.exp_up = eu, L.exp_down = ed;
+    L.sh_gate = g[E].m, L.sh_up = u[E].m, L.sh_down = dn[E].m;
+    L.moe_router = router.m, L.sh_gate_inp = shg.m;
+    float *h = rand_vec((size_t)T * D, 1.0f, &rs), *nw = rand_vec(D, 1.0f, &rs);
+    /* oracle: MODEL.md §2.5 with the CPU functions */
+    float *ref = xmalloc(sizeof(float) * T * D), *xn = xmalloc(sizeof(float) * D), *tmp = xmalloc(sizeof(float) * 2 * F);
+    float *y = xmalloc(sizeof(float) * D), lg[17];
+    for (int t = 0; t < T; t++) {
+        cpu_rmsnorm(xn, h + (size_t)t * D, nw, D, 1e-6f);
+        cpu_matvec(lg, &router.m, xn);
+        cpu_matvec(lg + E, &shg.m, xn);
+        int ids[8];
+        float w[8];
+        cpu_moe_route(ids, w, lg, E, K);
+        double acc[2048] = {0};
+        for (int j = 0; j < K; j++) {
+            cpu_ffn_swiglu(y, &eg[ids[j]], &eu[ids[j]], &ed[ids[j]], xn, tmp);
+            for (int i = 0; i < D; i++) acc[i] += (double)w[j] * y[i];
+        }
+        cpu_ffn_swiglu(y, &g[E].m, &u[E].m, &dn[E].m, xn, tmp);
+        float sg = cpu_sigmoid(lg[E]);
+        for (int i = 0; i < D; i++) ref[(size_t)t * D + i] = h[(size_t)t * D + i] + (float)acc[i] + sg * y[i];
+    }
+    /* device: the backend's upload path (expert-major, shared expert last) */
+    tl_gpu_gemm_w dgu, ddn, drt;
+    char err[256];
+    const tl_mat *gp[17], *up_[17], *dp[17];
+    for (int e = 0; e <= E; e++) gp[e] = &g[e].m, up_[e] = &u[e].m, dp[e] = &dn[e].m;
+    CHECK_EQ_INT(tl_gpu_experts_upload(&dgu, &ddn, gp, up_, dp, E + 1, err, sizeof err), 0);
+    CHECK_EQ_INT(dgu.bits, bits ? 4 : 16);
+    const tl_mat *rp[2] = {&router.m, &shg.m};
+    CHECK_EQ_INT(tl_gpu_mat_upload(&drt, rp, 2, 0, err, sizeof err), 0);
+    float *dh = dev_from(h, sizeof(float) * T * D), *dnwv = dev_from(nw, sizeof(float) * D);
+    float *dlg = tl_gpu_malloc(sizeof(float) * T * (E + 1)), *dwt = tl_gpu_malloc(sizeof(float) * T * K);
+    float *dsh = tl_gpu_malloc(sizeof(float) * T), *dact = tl_gpu_malloc(sizeof(float) * T * (K + 1) * F);
+    int32_t *dids = tl_gpu_malloc(sizeof(int32_t) * T * K);
+    CHECK_EQ_INT(tl_gpu_gemv(dlg, E + 1, &drt, dh, D, dnwv, 1e-6f, T, 0), 0);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dwt, dsh, dlg, E + 1, E, K, T), 0);
+    CHECK_EQ_INT(tl_gpu_moe_up(dact, &dgu, dh, dnwv, 1e-6f, dids, K, E, T), 0);
+    CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    float *got = host_from(dh, (size_t)T * D);
+    check_nmse(bits ? "moe q4 (16 experts)" : "moe bf16 (16 experts)", got, ref, (size_t)T * D, 1e-9);
+    tl_gpu_mat_free(&dgu), tl_gpu_mat_free(&ddn), tl_gpu_mat_free(&drt);
+    tl_gpu_free(dh), tl_gpu_free(dnwv), tl_gpu_free(dlg), tl_gpu_free(dwt), tl_gpu_free(dsh), tl_gpu_free(dact), tl_gpu_free(dids);
+    for (int e = 0; e <= E; e++) hmat_free(&g[e]), hmat_free(&u[e]), hmat_free(&dn[e]);
+    hmat_free(&router), hmat_free(&shg);
+    free(h), free(nw), free(ref), free(xn), free(tmp), free(y), free(got);
+}
+
+static void test_moe(void) {
+    moe_case(0);
+    moe_case(4);
+}
+
+/* ---- sampling ---- */
+
+static tl_sample_params greedy_params(void) {
+    tl_sample_params p;
+    memset(&p, 0, sizeof p);
+    p.top_p = 1.0f, p.repetition_penalty = 1.0f;
+    return p;
+}
+
+/* Runs the sampler on rows of logits with per-row params/keys; returns the outputs. */
+static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid, const tl_sample_params *p,
+                       const uint64_t *keys, const int32_t *counts, int rows) {
+    float *dl = dev_from(lg, sizeof(float) * (size_t)rows * V);
+    tl_sample_params *dp = dev_from(p, sizeof(tl_sample_params) * rows);
+    uint64_t *dk = dev_from(keys, 8 * (size_t)rows);
+    int32_t *dc = counts ? dev_from(counts, 4 * (size_t)rows * V) : NULL;
+    float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
+    tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, scr, rows), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
+    tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr), tl_gpu_free(dout);
+}
+
+static void test_sample_greedy_logprobs(void) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    float *lg = rand_vec((size_t)2 * V, 5.0f, &rs);
+    lg[V - 1] = 100.0f;            /* a padding id: must never be picked */
+    lg[V + 777] = lg[V + 778] = 9.0f; /* exact tie in row 1: lower id wins */
+    tl_sample_params p[2] = {greedy_params(), greedy_params()};
+    p[0].n_logprobs = 5, p[1].n_logprobs = 3;
+    uint64_t keys[2] = {1, 2};
+    tl_sample_out out[2];
+    run_sample(out, lg, V, nv, p, keys, NULL, 2);
+    for (int r = 0; r < 2; r++) {
+        const float *l = lg + (size_t)r * V;
+        int best = 0;
+        double mx = -1e30, s = 0;
+        for (int i = 0; i < nv; i++)
+            if (l[i] > l[best]) best = i;
+        for (int i = 0; i < nv; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < nv; i++) s += exp((double)l[i] - mx);
+        double lse = mx + log(s);
+        CHECK_EQ_INT(out[r].token, best);
+        CHECK_CLOSE(out[r].logprob, l[best] - lse, 1e-4, 1e-5);
+        CHECK_EQ_INT(out[r].n_top, p[r].n_logprobs);
+        CHECK_EQ_INT(out[r].top_ids[0], best);
+        for (int j = 1; j < p[r].n_logprobs; j++) {
+            int a = out[r].top_ids[j - 1], b = out[r].top_ids[j];
+            CHECK(l[b] < l[a] || (l[b] == l[a] && b > a));
+            CHECK_CLOSE(out[r].top_logprobs[j], l[b] - lse, 1e-4, 1e-5);
+        }
+    }
+    CHECK_EQ_INT(out[1].token, 777);
+    CHECK_EQ_INT(out[1].top_ids[1], 778);
+    free(lg);
+}
+
+/* Many draws of a small distribution: frequencies within 5 sigma of the renormalised target. */
+static void sample_dist_case(const char *name, float temp, int top_k, float top_p, float min_p) {
+    const int V = 8, rows = 4000;
+    float base[8] = {0.0f, 1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 2.2f, -3.0f};
+    float *lg = xmalloc(sizeof(float) * V * rows);
+    tl_sample_params *p = xmalloc(sizeof(tl_sample_params) * rows);
+    uint64_t *keys = xmalloc(8 * rows);
+    for (int r = 0; r < rows; r++) {
+        memcpy(lg + (size_t)r * V, base, sizeof base);
+        p[r] = greedy_params();
+        p[r].temperature = temp, p[r].top_k = top_k, p[r].top_p = top_p, p[r].min_p = min_p;
+        keys[r] = 0x9E3779B97F4A7C15ull * (uint64_t)(r + 1);
+    }
+    tl_sample_out *out = xmalloc(sizeof(tl_sample_out) * rows);
+    run_sample(out, lg, V, V, p, keys, NULL, rows);
+    double pr[8], mx = -1e30, s = 0;
+    for (int i = 0; i < V; i++) mx = base[i] / temp > mx ? base[i] / temp : mx;
+    for (int i = 0; i < V; i++) s += pr[i] = exp(base[i] / temp - mx);
+    for (int i = 0; i < V; i++) pr[i] /= s;
+    /* the kernel's order: top-k and min-p (relative to the best token), then top-p over the
+     * survivors */
+    int keep[8];
+    double pmax = 0;
+    for (int i = 0; i < V; i++) pmax = pr[i] > pmax ? pr[i] : pmax;
+    for (int i = 0; i < V; i++) {
+        int rank = 0;
+        for (int j = 0; j < V; j++) rank += pr[j] > pr[i];
+        keep[i] = (top_k <= 0 || rank < top_k) && (min_p <= 0 || pr[i] >= min_p * pmax);
+    }
+    if (top_p < 1.0f) { /* smallest set of the top tokens with mass >= top_p of the kept mass */
+        double kept = 0;
+        for (int i = 0; i < V; i++) kept += keep[i] ? pr[i] : 0;
+        for (int i = 0; i < V; i++) {
+            if (!keep[i]) continue;
+            double above = 0;
+            for (int j = 0; j < V; j++)
+                if (keep[j] && pr[j] > pr[i]) above += pr[j];
+            if (above >= top_p * kept) keep[i] = 0;
+        }
+    }
+    double z = 0;
+    for (int i = 0; i < V; i++) z += keep[i] ? pr[i] : 0;
+    int cnt[8] = {0};
+    for (int r = 0; r < rows; r++) {
+        CHECK(out[r].token >= 0 && out[r].token < V);
+        if (out[r].token >= 0 && out[r].token < V) cnt[out[r].token]++;
+    }
+    int bad = 0;
+    for (int i = 0; i < V; i++) {
+        double q = keep[i] ? pr[i] / z : 0, f = (double)cnt[i] / rows;
+        double sigma = sqrt(q * (1 - q) / rows) + 1e-9;
+        if (!keep[i] && cnt[i]) bad++;
+        if (keep[i] && fabs(f - q) > 5 * sigma + 1e-3) bad++;
+    }
+    printf("# sample %-10s freq:", name);
+    for (int i = 0; i < V; i++) printf(" %.3f", (double)cnt[i] / rows);
+    printf("\n");
+    CHECK_EQ_INT(bad, 0);
+    free(lg), free(p), free(keys), free(out);
+}
+
+static void test_sample_distribution(void) {
+    sample_dist_case("T=1", 1.0f, 0, 1.0f, 0.0f);
+    sample_dist_case("T=0.7", 0.7f, 0, 1.0f, 0.0f);
+    sample_dist_case("top_k=3", 1.0f, 3, 1.0f, 0.0f);
+    sample_dist_case("top_p=0.6", 1.0f, 0, 0.6f, 0.0f);
+    sample_dist_case("min_p=0.2", 1.0f, 0, 1.0f, 0.2f);
+    sample_dist_case("k4,p0.8", 1.0f, 4, 0.8f, 0.0f);
+}
+
+static void test_sample_determinism_penalties(void) {
+    const int V = TL_N_VOCAB;
+    float *lg = rand_vec((size_t)3 * V, 3.0f, &rs);
+    tl_sample_params p[3];
+    for (int r = 0; r < 3; r++) {
+        p[r] = greedy_params();
+        p[r].temperature = 1.0f, p[r].top_k = 50, p[r].top_p = 0.95f;
+    }
+    memcpy(lg + V, lg, sizeof(float) * V); /* rows 0 and 1 identical with the same key */
+    uint64_t keys[3] = {42, 42, 43};
+    tl_sample_out a[3], b[3];
+    run_sample(a, lg, V, TL_N_VOCAB_TOKENS, p, keys, NULL, 3);
+    run_sample(b, lg, V, TL_N_VOCAB_TOKENS, p, keys, NULL, 3);
+    for (int r = 0; r < 3; r++) CHECK_EQ_INT(a[r].token, b[r].token);
+    CHECK_EQ_INT(a[0].token, a[1].token);
+    /* penalties: token 5 best by 0.5, token 6 second; repetition 2.0 on a prompt token 5 halves
+     * its positive logit -> 6 wins; presence 1.0 on generated 6 then -> back to 5 for row 2 */
+    float *l2 = xcalloc((size_t)3 * V, sizeof(float));
+    for (int r = 0; r < 3; r++) l2[(size_t)r * V + 5] = 4.0f, l2[(size_t)r * V + 6] = 3.5f;
+    int32_t *cnt = xcalloc((size_t)3 * V, 4);
+    tl_sample_params q[3] = {greedy_params(), greedy_params(), greedy_params()};
+    q[1].repetition_penalty = 2.0f;
+    cnt[(size_t)V + 5] = 1 << 30;
+    q[2].presence_penalty = 1.0f;
+    q[2].repetition_penalty = 1.0f;
+    cnt[(size_t)2 * V + 5] = (1 << 30) | 1;
+    uint64_t k3[3] = {1, 2, 3};
+    tl_sample_out o[3];
+    run_sample(o, l2, V, TL_N_VOCAB_TOKENS, q, k3, cnt, 3);
+    CHECK_EQ_INT(o[0].token, 5);
+    CHECK_EQ_INT(o[1].token, 6);
+    CHECK_EQ_INT(o[2].token, 6);
+    /* the device count builder from a history: prompt [5, 9], generated [6, 6] */
+    int32_t hist[4] = {5, 9, 6, 6};
+    int32_t *dh = dev_from(hist, sizeof hist), *dc = tl_gpu_malloc(4 * (size_t)V);
+    CHECK_EQ_INT(tl_gpu_penalty_counts(dc, dh, 4, 2, V), 0);
+    int32_t c5, c6, c9, c7;
+    tl_gpu_download(&c5, dc + 5, 4), tl_gpu_download(&c6, dc + 6, 4), tl_gpu_download(&c9, dc + 9, 4), tl_gpu_download(&c7, dc + 7, 4);
+    CHECK_EQ_INT(c5, 1 << 30);
+    CHECK_EQ_INT(c9, 1 << 30);
+    CHECK_EQ_INT(c6, (1 << 30) | 2);
+    CHECK_EQ_INT(c7, 0);
+    tl_gpu_free(dh), tl_gpu_free(dc);
+    free(lg), free(l2), free(cnt);
+}
+
+int main(void) {
+    char err[256];
+    if (tl_gpu_init(err, sizeof err)) {
+        printf("FAIL gpu_init: %s\n", err);
+        return 1;
+    }
+    T_RUN(test_gemv_bf16);
+    T_RUN(test_gemv_q4);
+    T_RUN(test_embed);
+    T_RUN(test_rmsnorm);
+    T_RUN(test_conv1d);
+    T_RUN(test_gdn);
+    T_RUN(test_qk_rope);
+    T_RUN(test_attn);
+    T_RUN(test_moe_route);
+    T_RUN(test_moe);
+    T_RUN(test_sample_greedy_logprobs);
+    T_RUN(test_sample_distribution);
+    T_RUN(test_sample_determinism_penalties);
+    return t_summary();
+}
