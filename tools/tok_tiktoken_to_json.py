@@ -9,7 +9,10 @@ and the Qwen3.5 pre-tokenizer regex come from the package and MODEL.md 4.1-4.2.
 Used by tests/py/test_tokenizer.py (into a temp dir) and for the 248K load benchmark; the output
 is never committed (it is the package's data).
 
-    tools/tok_tiktoken_to_json.py OUT.json
+    tools/tok_tiktoken_to_json.py OUT.json [--one-merge]
+
+--one-merge keeps one merge per token (its split with the lowest-ranked parts), about the size of
+a real Qwen tokenizer.json (248K merges instead of 500K); used only to time loading.
 """
 import base64
 import json
@@ -41,7 +44,7 @@ def package_resources():
     return path, QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
 
-def build(tiktoken_path, pattern, specials):
+def build(tiktoken_path, pattern, specials, one_merge=False):
     ranks = {}
     with open(tiktoken_path, "rb") as f:
         for line in f:
@@ -61,7 +64,7 @@ def build(tiktoken_path, pattern, specials):
             if l in ranks and r in ranks:
                 local.append((ranks[l], ranks[r], rank, l, r))
         local.sort()
-        merges.extend(local)
+        merges.extend(local[:1] if one_merge else local)
     merges.sort(key=lambda m: m[2])
     added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": c not in NOT_SPECIAL} for i, c in specials]
@@ -82,13 +85,14 @@ def build(tiktoken_path, pattern, specials):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = [a for a in sys.argv[1:] if a != "--one-merge"]
+    if len(args) != 1:
         sys.exit(__doc__)
     path, pattern, specials = package_resources()
-    d = build(path, pattern, specials)
-    with open(sys.argv[1], "w", encoding="utf-8") as f:
+    d = build(path, pattern, specials, one_merge="--one-merge" in sys.argv)
+    with open(args[0], "w", encoding="utf-8") as f:
         json.dump(d, f, ensure_ascii=False)
-    print(f"{sys.argv[1]}: {len(d['model']['vocab'])} tokens, {len(d['model']['merges'])} merges, "
+    print(f"{args[0]}: {len(d['model']['vocab'])} tokens, {len(d['model']['merges'])} merges, "
           f"{len(d['added_tokens'])} added", file=sys.stderr)
 
 
