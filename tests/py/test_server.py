@@ -196,6 +196,33 @@ def test_tool_call_round_trip(client):
     assert r2.usage.prompt_tokens > r.usage.prompt_tokens
 
 
+def test_tool_choice_named_forces_the_call(client):
+    """Named tool_choice: once the reasoning is over (here: thinking off, so at once) the server
+    forces '<tool_call>\n<function=NAME>\n'; even a random model then produces that call."""
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=USER, tools=TOOLS, max_tokens=40, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    (tc,) = r.choices[0].message.tool_calls
+    assert tc.function.name == "get_weather"
+    assert isinstance(json.loads(tc.function.arguments), dict)
+
+
+def test_parallel_tool_calls_false_keeps_first(client):
+    two = CALL + "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n" \
+                 "</function>\n</tool_call>"
+    r = scripted(client, two, tools=TOOLS)
+    assert [json.loads(t.function.arguments)["city"] for t in r.choices[0].message.tool_calls] == \
+        ["Paris", "Rome"]
+    r = scripted(client, two, tools=TOOLS, parallel_tool_calls=False)
+    assert [json.loads(t.function.arguments)["city"] for t in r.choices[0].message.tool_calls] == \
+        ["Paris"]
+    chunks = list(scripted(client, two, stream=True, tools=TOOLS, parallel_tool_calls=False))
+    idx = {d.index for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls
+           for d in ch.choices[0].delta.tool_calls}
+    assert idx == {0}
+
+
 def test_tool_choice_none_is_plain_text(client):
     r = scripted(client, CALL, tools=TOOLS, tool_choice="none")
     assert r.choices[0].finish_reason == "stop"
