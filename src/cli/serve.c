@@ -21,6 +21,7 @@ static void serve_usage(void) {
             "  --max-body BYTES       request body limit (default 8388608)\n"
             "  --max-conns N          concurrent HTTP connections (default 512)\n"
             "  --drain-timeout S      on SIGINT/SIGTERM, seconds running requests may finish (10)\n"
+            "  --idle-timeout S       close connections idle this long (default 300)\n"
             "  --backend auto|cpu|cuda\n"
             "  --threads N            CPU backend threads (default: all cores)\n"
             "  --allow-test-shape     accept a model with non-production dimensions (tests)\n"
@@ -52,6 +53,7 @@ int cmd_serve(int argc, char **argv) {
         else if (OPT("--max-body")) p.max_body = (size_t)strtoull(v, NULL, 10);
         else if (OPT("--max-conns")) p.max_conns = atoi(v);
         else if (OPT("--drain-timeout")) p.drain_s = atof(v);
+        else if (OPT("--idle-timeout")) p.idle_timeout_s = atoi(v);
         else if (OPT("--threads")) p.n_threads = atoi(v);
         else if (OPT("--weight-bits")) p.weight_bits = atoi(v);
         else if (OPT("--seed")) p.seed = strtoull(v, NULL, 10);

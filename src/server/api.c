@@ -44,13 +44,25 @@ void tl_api_error(tl_reply *out, const tl_oai_error *e) {
     out->body_len = strlen(out->body);
 }
 
-void tl_api_models(tl_server *s, tl_reply *out) {
+void tl_api_models(tl_server *s, const char *id, tl_reply *out) {
+    if (id && strcmp(id, s->model_name)) {
+        tl_oai_error e;
+        tl_oai_fail(&e, TL_ERR_INVALID, "model", "the model '%s' does not exist", id);
+        e.http = 404;
+        e.code = "model_not_found";
+        tl_api_error(out, &e);
+        return;
+    }
     json_t *m = json_object();
     json_object_set_new(m, "id", json_string(s->model_name));
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->created));
     json_object_set_new(m, "owned_by", json_string("tulip"));
     json_object_set_new(m, "max_model_len", json_integer(s->max_ctx));
+    if (id) {
+        reply_json(out, 200, m);
+        return;
+    }
     json_t *data = json_array();
     json_array_append_new(data, m);
     json_t *o = json_object();

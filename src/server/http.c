@@ -25,9 +25,11 @@ typedef enum route {
     R_MODELS,
     R_HEALTH,
     R_METRICS,
+    R_MODEL, /* /v1/models/{id} */
 } route;
 
-static const char *route_label[] = {"other", "chat", "completions", "models", "health", "metrics"};
+static const char *route_label[] = {"other",  "chat",    "completions", "models",
+                                    "health", "metrics", "models"};
 
 typedef struct tl_conn {
     route r;
@@ -109,6 +111,11 @@ static route find_route(const char *url, const char *method, int *bad_method) {
         {"/metrics", "GET", R_METRICS},
     };
     *bad_method = 0;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        if (!strcmp(method, "GET")) return R_MODEL;
+        *bad_method = 1;
+        return R_NONE;
+    }
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
         if (strcmp(url, tab[i].path)) continue;
         if (!strcmp(method, tab[i].method)) return tab[i].r;
@@ -152,7 +159,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return reply_error(c, s, R_NONE, TL_ERR_INVALID, 404, "invalid_request_error", NULL,
                                "no such endpoint: %s %s", method, url);
         }
-        if ((cn->r == R_CHAT || cn->r == R_COMPLETIONS || cn->r == R_MODELS) && !auth_ok(s, c)) {
+        if (cn->r != R_HEALTH && cn->r != R_METRICS && !auth_ok(s, c)) {
             cn->responded = 1;
             return reply_error(c, s, cn->r, TL_ERR_INVALID, 401, "invalid_request_error",
                                "invalid_api_key",
@@ -209,7 +216,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         break;
     }
-    case R_MODELS: tl_api_models(s, &rep); break;
+    case R_MODELS: tl_api_models(s, NULL, &rep); break;
+    case R_MODEL: tl_api_models(s, url + 11, &rep); break;
     case R_HEALTH: tl_api_health(s, &rep); break;
     case R_METRICS: tl_api_metrics(s, &rep); break;
     default: return MHD_NO;
@@ -245,7 +253,7 @@ int tl_http_start(tl_server *s, char *err, size_t errlen) {
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_conns,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.idle_timeout_s,
                                  MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                                  MHD_OPTION_END);
     freeaddrinfo(ai);

@@ -26,6 +26,7 @@ typedef struct tl_server_params {
     size_t max_body;            /* request body limit in bytes; default 8 MiB */
     int max_conns;              /* concurrent connections; default 512 */
     double drain_s;             /* SIGINT/SIGTERM: seconds running streams may finish */
+    int idle_timeout_s;         /* close a connection idle this long (default 300) */
     int test_mode;              /* accept the tulip_test_script request extension */
     int random_weights, weight_bits;
     uint64_t seed;
@@ -77,7 +78,8 @@ typedef struct tl_reply {
  * fills *out; returns 0, or -1 when the client went away and the connection is to be dropped. */
 int tl_api_chat(tl_server *s, const char *body, size_t len, int fd, tl_reply *out);
 int tl_api_completions(tl_server *s, const char *body, size_t len, int fd, tl_reply *out);
-void tl_api_models(tl_server *s, tl_reply *out);
+/* The model list, or (id non-NULL) one model object or a 404. */
+void tl_api_models(tl_server *s, const char *id, tl_reply *out);
 void tl_api_health(tl_server *s, tl_reply *out);
 void tl_api_metrics(tl_server *s, tl_reply *out);
 /* An OpenAI-shaped error reply. */

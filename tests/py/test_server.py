@@ -49,6 +49,9 @@ def client(srv):
 def test_models_health_metrics(srv, client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     st, body = srv.request("GET", "/health")[0], srv.request("GET", "/health")[2]
     assert st == 200 and json.loads(body)["status"] == "ok"
     m = srv.metrics()
@@ -460,6 +463,21 @@ def test_queue_full_429(strict):
     strict.wait_metric("tulip_queue_depth", lambda v: v == 0)
     r = cl.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2)
     assert r.usage.completion_tokens == 2
+
+
+def test_long_request_outlives_idle_timeout():
+    """--idle-timeout closes idle connections only: a non-streaming request that generates for
+    longer than the timeout still gets its answer."""
+    s = Server(BINARIES["cpu"], "--idle-timeout", "1")
+    try:
+        t0 = time.time()
+        st, body = s.post_json("/v1/completions", {"prompt": "hi", "max_tokens": 4000,
+                                                   "ignore_eos": True}, timeout=120)
+        assert st == 200 and body["usage"]["completion_tokens"] == 4000
+        assert time.time() - t0 > 1.0, "too fast to test the timeout; raise max_tokens"
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err[-2000:]
 
 
 # ---------------------------------------------------------------- shutdown
