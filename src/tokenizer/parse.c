@@ -52,6 +52,9 @@ struct tl_parser {
     /* unconsumed input */
     tl_chat_buf in;
     size_t pos;
+    /* the first ws_known bytes of the unconsumed input are a whitespace run that a state held
+     * back last time (contains no '<'); ws_next is what the current step leaves for the next */
+    size_t ws_known, ws_next;
     /* the call being parsed */
     const json_t *props; /* schema properties of the current function, or NULL */
     int n_params;
@@ -80,8 +83,8 @@ static int is_ws(char c) {
  * *at its offset. *hold = length of the longest suffix of s that is a proper prefix of a tag
  * (only meaningful when none is found). */
 static int find_tags(const char *s, size_t n, const char *const *tags, int nt, size_t *at, size_t *hold) {
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '<') continue;
+    for (const char *q = s; (q = memchr(q, '<', n - (size_t)(q - s))) != NULL; q++) {
+        size_t i = (size_t)(q - s);
         for (int t = 0; t < nt; t++) {
             size_t l = strlen(tags[t]);
             if (i + l <= n && !memcmp(s + i, tags[t], l)) {
@@ -453,22 +456,27 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         return -1;
     }
     case ST_REASON: {
-        int t = find_tags(s, n, T_THINK_END, 1, &at, &hold);
+        size_t k0 = TL_MIN(p->ws_known, n); /* a held run of "\n": no tag starts in it */
+        int t = find_tags(s + k0, n - k0, T_THINK_END, 1, &at, &hold);
+        at += k0;
         if (t >= 0) {
             size_t e = at;
-            while (e && s[e - 1] == '\n') e--;
+            while (e > k0 && s[e - 1] == '\n') e--;
+            if (e == k0) e = 0;
             emit(p, TL_PARSE_REASONING, 0, s, e);
             p->state = ST_CONTENT;
             p->strip_nl = 1;
             return (long)(at + 8);
         }
         size_t safe = eof ? n : n - hold, e = safe;
-        while (e && s[e - 1] == '\n') e--;
+        while (e > k0 && s[e - 1] == '\n') e--;
+        if (e == k0) e = 0;
         emit(p, TL_PARSE_REASONING, 0, s, e);
         if (eof) {
             p->state = ST_DONE;
             return n ? (long)n : -1;
         }
+        p->ws_next = safe - e;
         return (long)e;
     }
     case ST_CONTENT: {
@@ -493,11 +501,14 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
             while (i < n && is_ws(s[i])) i++;
             if (i) return (long)i;
         }
-        int t = find_tags(s, n, T_TOOL_CALL, 1, &at, &hold);
+        size_t k0 = TL_MIN(p->ws_known, n); /* a held whitespace run: no tag starts in it */
+        int t = find_tags(s + k0, n - k0, T_TOOL_CALL, 1, &at, &hold);
+        at += k0;
         if (t >= 0) {
             size_t name = 0, name_len = 0, total = 0, e = at;
             int h = header_check(s + at, n - at, &name, &name_len, &total);
-            while (e && is_ws(s[e - 1])) e--;
+            while (e > k0 && is_ws(s[e - 1])) e--;
+            if (e == k0) e = 0;
             if (h == H_VALID) {
                 content_out(p, s, e);
                 start_call(p, s + at + name, name_len);
@@ -520,8 +531,10 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
             return n ? (long)n : -1;
         }
         size_t e = n - hold;
-        while (e && is_ws(s[e - 1])) e--;
+        while (e > k0 && is_ws(s[e - 1])) e--;
+        if (e == k0) e = 0;
         content_out(p, s, e);
+        p->ws_next = n - hold - e;
         return (long)e;
     }
     case ST_BODY: {
@@ -700,7 +713,9 @@ void tl_parser_free(tl_parser *p) {
 
 static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
     for (;;) {
+        p->ws_next = 0;
         long k = step(p, p->in.s + p->pos, p->in.len - p->pos, eof);
+        p->ws_known = p->ws_next;
         if (k > 0) p->pos += (size_t)k;
         else if (k == 0) break;
         if (p->state == ST_DONE) break;
