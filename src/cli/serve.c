@@ -17,7 +17,7 @@ static void serve_usage(void) {
             "  --max-seqs N           concurrent sequences (state slots; default: engine's)\n"
             "  --ctx N                tokens per sequence (default: engine's)\n"
             "  --queue N              requests that may wait for a slot (default 64; then 429)\n"
-            "  --step-tokens N        token budget of one engine step (default 512)\n"
+            "  --step-tokens N        token budget of one engine step (default 2048)\n"
             "  --max-body BYTES       request body limit (default 8388608)\n"
             "  --max-conns N          concurrent HTTP connections (default 512)\n"
             "  --drain-timeout S      on SIGINT/SIGTERM, seconds running requests may finish (10)\n"

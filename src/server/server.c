@@ -75,7 +75,7 @@ int tl_server_run(const tl_server_params *p) {
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (!s->p.max_queue) s->p.max_queue = 64;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
-    if (!s->p.step_tokens) s->p.step_tokens = 512;
+    if (!s->p.step_tokens) s->p.step_tokens = 2048;
     if (!s->p.max_body) s->p.max_body = 8u << 20;
     if (!s->p.max_conns) s->p.max_conns = 512;
     if (s->p.drain_s <= 0) s->p.drain_s = 10;

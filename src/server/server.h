@@ -22,7 +22,7 @@ typedef struct tl_server_params {
     int n_threads;
     int max_seqs, max_ctx;
     int max_queue;              /* waiting requests beyond the running ones; default 64 */
-    int step_tokens;            /* engine step token budget; default 512 */
+    int step_tokens;            /* engine step token budget; default 2048 */
     size_t max_body;            /* request body limit in bytes; default 8 MiB */
     int max_conns;              /* concurrent connections; default 512 */
     double drain_s;             /* SIGINT/SIGTERM: seconds running streams may finish */
