@@ -12,6 +12,7 @@
 #include "../../src/cuda/k_gemm.cu"
 #include "../../src/cuda/k_attn_prefill.cu"
 #include "../../src/cuda/k_gdn_chunk.cu"
+#include "gdn_chunk_v1.cu"
 
 #define PEAK_TFLOPS 790.0
 
@@ -171,10 +172,22 @@ static void bench_gemm(void) {
                 g.flags = sh[s].flags;
                 g.x = rand_bf16_dev((size_t)n * sh[s].cols, 1.0f, 3);
                 g.y = rand_bf16_dev((size_t)n * sh[s].rows, 1.0f, 5);
-                float ms = time_ms(gemm_run, &g, 15);
+                double flop = 2.0 * n * sh[s].rows * sh[s].cols;
                 char name[96];
                 snprintf(name, sizeof name, "gemm %s %s n=%d", bits == 16 ? "bf16" : "q4", sh[s].name, n);
-                row(name, ms, 2.0 * n * sh[s].rows * sh[s].cols);
+                float ms = time_ms(gemm_run, &g, 15);
+                row(name, ms, flop);
+                /* the three tile shapes forced (TFLOP/s): 128x128, 64x128, 128x256 */
+                printf("    tiles 128x128 / 64x128 / 128x256:");
+                for (int t = 0; t < 3; t++) {
+                    char v[4];
+                    snprintf(v, sizeof v, "%d", t);
+                    setenv("TL_GEMM_TILE", v, 1);
+                    float mt = time_ms(gemm_run, &g, 9);
+                    printf(" %7.1f", flop / (mt * 1e-3) / 1e12);
+                }
+                unsetenv("TL_GEMM_TILE");
+                printf("\n");
                 free_w(&g.w);
                 cudaFree(g.x), cudaFree(g.y);
             }
@@ -227,6 +240,16 @@ static void bench_moe(void) {
             row(name, time_ms(moe_run, &m, 15), flop);
             snprintf(name, sizeof name, "moe %s n=%d gate_up+down only", bits == 16 ? "bf16" : "q4", m.n);
             row(name, time_ms(moe_gemms_only, &m, 15), flop);
+            printf("    tiles 128x128 / 64x128 / 128x256:");
+            for (int t = 0; t < 3; t++) {
+                char v[4];
+                snprintf(v, sizeof v, "%d", t);
+                setenv("TL_GEMM_TILE", v, 1);
+                float mt = time_ms(moe_gemms_only, &m, 9);
+                printf(" %7.1f", flop / (mt * 1e-3) / 1e12);
+            }
+            unsetenv("TL_GEMM_TILE");
+            printf("\n");
             free_w(&m.gu), free_w(&m.dn);
             cudaFree(m.ids), cudaFree(m.plan), cudaFree(m.wts), cudaFree(m.out);
             cudaFree(m.x), cudaFree(m.h), cudaFree(m.ys);
@@ -242,7 +265,7 @@ typedef struct {
 } attn_ctx;
 static void attn_run(void *c) {
     attn_ctx *a = (attn_ctx *)c;
-    OK(tl_gpu_attn_prefill(a->o, a->q, a->q + 256, 16 * 512, 512, &a->kv, a->n, a->pos0, NULL));
+    OK(tl_gpu_attn_prefill(a->o, a->q, a->q + 256, 16 * 512, 512, &a->kv, a->n, a->pos0, 0, NULL));
 }
 static void bench_attn(void) {
     static const int cases[][2] = {{512, 0}, {4096, 0}, {4096, 28672}, {8192, 0}};
@@ -270,12 +293,35 @@ typedef struct {
     uint16_t *c;
     float *S, *g, *b;
     uint16_t *o;
+    void *ws;
     int T;
 } gdn_ctx;
 static void gdn_run(void *p) {
     gdn_ctx *g = (gdn_ctx *)p;
     OK(tl_gpu_gdn_chunk(g->o, g->S, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, g->T,
-                        TL_GDN_L2NORM, NULL));
+                        TL_GDN_L2NORM, g->ws, NULL));
+}
+/* the two halves of v2 alone (same launches as tl_gpu_gdn_chunk) */
+static void gdn_run_prep(void *p) {
+    gdn_ctx *g = (gdn_ctx *)p;
+    for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
+        int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
+        gdn_prep_kernel<<<dim3(n_chunks, GC_NH), GC_THREADS, GP_SMEM>>>(
+            (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0);
+    }
+}
+static void gdn_run_seq(void *p) {
+    gdn_ctx *g = (gdn_ctx *)p;
+    for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
+        int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
+        gdn_seq_kernel<<<dim3(GC_DK / GC_DVB, GC_NH), GC_THREADS, GS_SMEM>>>(
+            g->o, g->S, (const float *)g->ws, t_seg, n_chunks, g->T, 0);
+    }
+}
+static void gdn_run_v1(void *p) {
+    gdn_ctx *g = (gdn_ctx *)p;
+    OK(tl_gpu_gdn_chunk_v1(g->o, g->S, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, g->T,
+                           TL_GDN_L2NORM, NULL));
 }
 static void bench_gdn(void) {
     static const int Ts[] = {512, 4096};
@@ -290,17 +336,22 @@ static void bench_gdn(void) {
         g.b = (float *)dalloc((size_t)g.T * 32 * 4);
         fill_f32<<<256, 256>>>(g.b, (size_t)g.T * 32, 0.1f, 0.9f, 44);
         g.o = (uint16_t *)dalloc((size_t)g.T * 4096 * 2);
+        g.ws = dalloc(tl_gpu_gdn_chunk_ws_bytes());
         /* useful flop of the chunked form per head and chunk of 64 (fp32, not tensor cores):
          * kk^T, qk^T, W, U, W S, q S, Aqk v_new, state update */
         double per_chunk = 2.0 * (64.0 * 64 * 128 * 2 + 64.0 * 64 * 128 + 64.0 * 64 * 128 +
                                   64.0 * 128 * 128 * 2 + 64.0 * 64 * 128 + 64.0 * 128 * 128);
         double flop = per_chunk * 32 * ((g.T + 63) / 64);
         char name[96];
-        snprintf(name, sizeof name, "gdn chunk T=%d (fp32 CUDA cores)", g.T);
-        float ms = time_ms(gdn_run, &g, 10);
-        row(name, ms, flop);
-        printf("    -> %.0f tok/s per layer, 30 layers: %.2f ms\n", g.T / (ms * 1e-3), 30 * ms);
-        cudaFree(g.c), cudaFree(g.S), cudaFree(g.g), cudaFree(g.b), cudaFree(g.o);
+        for (int ver = 1; ver <= 2; ver++) {
+            snprintf(name, sizeof name, "gdn chunk v%d T=%d (fp32 CUDA cores)", ver, g.T);
+            float ms = time_ms(ver == 1 ? gdn_run_v1 : gdn_run, &g, 10);
+            row(name, ms, flop);
+            printf("    -> %.0f tok/s per layer, 30 layers: %.2f ms\n", g.T / (ms * 1e-3), 30 * ms);
+        }
+        printf("    v2 prep only %.3f ms, sequential only %.3f ms\n", time_ms(gdn_run_prep, &g, 10),
+               time_ms(gdn_run_seq, &g, 10));
+        cudaFree(g.c), cudaFree(g.S), cudaFree(g.g), cudaFree(g.b), cudaFree(g.o), cudaFree(g.ws);
     }
 }
 

@@ -113,28 +113,34 @@ typedef struct tl_gpu_kv_view {
 
 /* o[t, h*256 + d] = sigmoid(gate[t,h,d]) * sum_j softmax_j(q_t . k_j / 16) v_j[d], j <= pos0+t,
  * for n queries at positions pos0..pos0+n-1 over the cache 0..pos0+n-1 (which must already hold
- * this chunk's K and V). q/gate bf16: element (t, h, d) at q[t*q_tok_stride + h*q_head_stride + d]
- * (q after q_norm and RoPE); gate may be NULL (no gate). o bf16 [n, 16*256]. fp32 softmax. */
-int tl_gpu_attn_prefill(uint16_t *o, const uint16_t *q, const uint16_t *gate, int q_tok_stride,
-                        int q_head_stride, const tl_gpu_kv_view *kv, int n, int pos0,
+ * this chunk's K and V). q/gate bf16 (f32 with TL_ATTN_IN_F32; q is rounded to bf16 for the
+ * tensor cores): element (t, h, d) at q[t*q_tok_stride + h*q_head_stride + d] (q after q_norm
+ * and RoPE); gate uses the same strides, or is NULL (no gate). o bf16 [n, 16*256]. fp32 softmax. */
+enum { TL_ATTN_IN_F32 = 1 };
+int tl_gpu_attn_prefill(uint16_t *o, const void *q, const void *gate, int q_tok_stride,
+                        int q_head_stride, const tl_gpu_kv_view *kv, int n, int pos0, int flags,
                         void *stream);
 
 /* ====== Chunked Gated DeltaNet (chunk 64). ======
  * The delta rule of MODEL.md §2.4 step 7 over T tokens of one sequence, equal to cpu_gdn_step
- * applied token by token. q,k bf16: element (t, hk, d) at q[t*tok_stride + hk*128 + d] (16 key
- * heads); v bf16: (t, hv, d) at v[t*tok_stride + hv*128 + d] (32 value heads, head hv reads key
- * head hv/2) -- e.g. q, k, v = conv_out + 0, 2048, 4096 with tok_stride 8192. g (log decay) and
- * beta f32 [T, 32]. state f32 [32][128 (key dim)][128 (value dim)], read and written in place.
- * o [T, 32, 128] bf16 (f32 with TL_GDN_OUT_F32).
+ * applied token by token. q,k bf16 (f32 with TL_GDN_IN_F32): element (t, hk, d) at
+ * q[t*tok_stride + hk*128 + d] (16 key heads); v likewise: (t, hv, d) at v[t*tok_stride + hv*128
+ * + d] (32 value heads, head hv reads key head hv/2) -- e.g. q, k, v = conv_out + 0, 2048, 4096
+ * with tok_stride 8192. g (log decay) and beta f32 [T, 32]. state f32 [32][128 (key dim)][128
+ * (value dim)], read and written in place. o [T, 32, 128] bf16 (f32 with TL_GDN_OUT_F32).
  * TL_GDN_L2NORM: q and k are raw; the kernel L2-normalises them (eps 1e-6, fp32) and scales q by
- * 1/sqrt(128), as HF's use_qk_l2norm_in_kernel. Without it they must be normalised already. */
+ * 1/sqrt(128), as HF's use_qk_l2norm_in_kernel. Without it they must be normalised already.
+ * ws: device scratch of tl_gpu_gdn_chunk_ws_bytes() bytes (fixed, ~150 MB; any T), owned by the
+ * caller, free again when the work on `stream` is done. */
 enum {
     TL_GDN_L2NORM = 1,
     TL_GDN_OUT_F32 = 2,
+    TL_GDN_IN_F32 = 4,
 };
-int tl_gpu_gdn_chunk(void *o, float *state, const uint16_t *q, const uint16_t *k,
-                     const uint16_t *v, int tok_stride, const float *g, const float *beta, int T,
-                     int flags, void *stream);
+size_t tl_gpu_gdn_chunk_ws_bytes(void);
+int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
+                     int tok_stride, const float *g, const float *beta, int T, int flags, void *ws,
+                     void *stream);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@
 #define AP_SMEM    (3 * AP_TILE_ELEMS * 2)
 
 /* math: o[t,h,:] = sigmoid(gate[t,h,:]) * sum_{j <= pos0+t} softmax_j(q[t,h].k[j,h/8] / 16) v[j,h/8]
- * shapes: q/gate bf16 (t, h, d) at [t*q_tok_stride + h*q_head_stride + d]; K/V through the
+ * shapes: q/gate bf16 or f32, (t, h, d) at [t*q_tok_stride + h*q_head_stride + d]; K/V through the
  *   tl_gpu_kv_view; o bf16 [n, 16*256].
  * threads: block = (64 queries, one q head), 4 warps; warp w owns query rows 16w..16w+15 (mma
  *   fragments: a lane holds rows lane/4 and lane/4+8). S = Q K^T per 64-key tile (16 x 64 per
@@ -26,8 +26,8 @@
  * bytes: Q once; K, V of the causal prefix once per query tile (8 q heads re-read them from L2).
  * reference: cpu_attention with bf16-rounded inputs (tests/gpu/test_prefill_kernels.c). */
 __global__ void __launch_bounds__(AP_THREADS, 2)
-attn_prefill_kernel(uint16_t *o, const uint16_t *q, const uint16_t *gate, int q_tok_stride,
-                    int q_head_stride, tl_gpu_kv_view kv, int n, int pos0) {
+attn_prefill_kernel(uint16_t *o, const void *qv, const void *gatev, int q_tok_stride,
+                    int q_head_stride, tl_gpu_kv_view kv, int n, int pos0, int in_f32) {
     extern __shared__ __align__(128) uint16_t ap_smem[];
     uint16_t *sQ = ap_smem, *sK = ap_smem + AP_TILE_ELEMS, *sV = ap_smem + 2 * AP_TILE_ELEMS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -37,11 +37,27 @@ attn_prefill_kernel(uint16_t *o, const uint16_t *q, const uint16_t *gate, int q_
     const int q_last = pos0 + min(n, q0 + AP_BQ) - 1; /* last query position of this tile */
     const int n_kt = q_last / AP_BK + 1;
 
-    /* Q tile: 64 rows x 32 chunks of 16 B; rows past n are zero */
-    for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
-        int r = c >> 5, ch = c & 31, t = q0 + r;
-        const uint16_t *src = q + (size_t)(t < n ? t : 0) * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
-        pf_cp_async16(sQ + r * AP_LDS + ch * 8, src, t < n ? 16 : 0);
+    /* Q tile: 64 rows x 32 chunks of 8 dims; rows past n are zero. f32 q is rounded to bf16 here. */
+    if (!in_f32) {
+        const uint16_t *q = (const uint16_t *)qv;
+        for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
+            int r = c >> 5, ch = c & 31, t = q0 + r;
+            const uint16_t *src = q + (size_t)(t < n ? t : 0) * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
+            pf_cp_async16(sQ + r * AP_LDS + ch * 8, src, t < n ? 16 : 0);
+        }
+    } else {
+        const float *q = (const float *)qv;
+        for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
+            int r = c >> 5, ch = c & 31, t = q0 + r;
+            uint4 packed = make_uint4(0, 0, 0, 0);
+            if (t < n) {
+                const float *src = q + (size_t)t * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
+                float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+                packed = make_uint4(pf_pack_bf16(a.x, a.y), pf_pack_bf16(a.z, a.w),
+                                    pf_pack_bf16(b.x, b.y), pf_pack_bf16(b.z, b.w));
+            }
+            *(uint4 *)(sQ + r * AP_LDS + ch * 8) = packed;
+        }
     }
     pf_cp_async_commit();
 
@@ -176,25 +192,32 @@ attn_prefill_kernel(uint16_t *o, const uint16_t *q, const uint16_t *gate, int q_
         int t = q0 + warp * 16 + (lane >> 2) + hr * 8;
         if (t >= n) continue;
         float inv = 1.0f / lrow[hr];
-        const uint16_t *gp = gate ? gate + (size_t)t * q_tok_stride + (size_t)h * q_head_stride : NULL;
+        size_t goff = (size_t)t * q_tok_stride + (size_t)h * q_head_stride;
         uint16_t *op = o + (size_t)t * (TL_N_HEAD * AP_D) + h * AP_D;
 #pragma unroll
         for (int nt = 0; nt < 32; nt++) {
             int d = nt * 8 + 2 * (lane & 3);
             float v0 = oacc[nt][2 * hr] * inv, v1 = oacc[nt][2 * hr + 1] * inv;
-            if (gp) {
-                uint32_t gv = *(const uint32_t *)(gp + d);
-                v0 *= 1.0f / (1.0f + expf(-pf_bf16_lo(gv)));
-                v1 *= 1.0f / (1.0f + expf(-pf_bf16_hi(gv)));
+            if (gatev) {
+                float g0, g1;
+                if (in_f32) {
+                    float2 gv = *(const float2 *)((const float *)gatev + goff + d);
+                    g0 = gv.x, g1 = gv.y;
+                } else {
+                    uint32_t gv = *(const uint32_t *)((const uint16_t *)gatev + goff + d);
+                    g0 = pf_bf16_lo(gv), g1 = pf_bf16_hi(gv);
+                }
+                v0 *= 1.0f / (1.0f + expf(-g0));
+                v1 *= 1.0f / (1.0f + expf(-g1));
             }
             *(uint32_t *)(op + d) = pf_pack_bf16(v0, v1);
         }
     }
 }
 
-extern "C" int tl_gpu_attn_prefill(uint16_t *o, const uint16_t *q, const uint16_t *gate,
+extern "C" int tl_gpu_attn_prefill(uint16_t *o, const void *q, const void *gate,
                                    int q_tok_stride, int q_head_stride, const tl_gpu_kv_view *kv,
-                                   int n, int pos0, void *stream) {
+                                   int n, int pos0, int flags, void *stream) {
     if (!o || !q || !kv || !kv->k || !kv->v || n < 0 || pos0 < 0) return TL_ERR_INVALID;
     if (q_tok_stride % 8 || q_head_stride % 8 || kv->tok_stride % 8 || kv->tok_stride < 512)
         return TL_ERR_INVALID;
@@ -210,7 +233,7 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const uint16_t *q, const uint16_
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
     attn_prefill_kernel<<<grid, AP_THREADS, AP_SMEM, (cudaStream_t)stream>>>(
-        o, q, gate, q_tok_stride, q_head_stride, *kv, n, pos0);
+        o, q, gate, q_tok_stride, q_head_stride, *kv, n, pos0, flags & TL_ATTN_IN_F32);
     PF_LAUNCH_CHECK();
     return 0;
 }

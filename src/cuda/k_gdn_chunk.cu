@@ -1,259 +1,361 @@
 /* Chunked Gated DeltaNet for prefill (chunk 64, WY / UT-transform form of HF
- * torch_chunk_gated_delta_rule), fp32 throughout. Owns one kernel and its entry
- * tl_gpu_gdn_chunk; never allocates, never synchronises. Invariant: the result equals the
- * token-by-token recurrence (cpu_gdn_step) up to fp32 rounding; chunks of one head run in order
- * inside one block, so the state never leaves shared memory between chunks. */
+ * torch_chunk_gated_delta_rule), fp32 throughout. Two kernels per segment of up to 2048 tokens:
+ * a prep kernel computes every chunk's state-independent matrices (T, W, U, masked q k^T) in
+ * parallel over (chunk, head) into the caller's workspace, then a sequential kernel walks the
+ * chunks of each head in order applying them to the state, which stays in shared memory.
+ * Never allocates, never synchronises. Invariant: equals the token-by-token recurrence
+ * (cpu_gdn_step) up to fp32 rounding. dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
 #include "cuda/gpu_prefill.h"
 #include "cuda/k_prefill_common.cuh"
 #include "model/shape.h"
 
-#define GC_L   64  /* chunk length */
-#define GC_DK  128 /* key dim */
-#define GC_DVB 32  /* value columns per block */
+#define GC_L       64   /* chunk length */
+#define GC_DK      128  /* key dim = value dim */
+#define GC_DVB     32   /* value columns per block of the sequential kernel */
 #define GC_THREADS 256
+#define GC_KT_LD   65   /* row stride of the k transpose: odd, so its column writes spread banks */
+#define GC_SEG     2048 /* tokens per prep/sequential launch pair (bounds the workspace) */
+#define GC_NH      TL_GDN_N_V_HEAD
+#define TL_MIN_INT(a, b) ((a) < (b) ? (a) : (b))
 
-/* Shared memory of one block, in floats. */
-#define GC_OFF_K    0                        /* K  [64][128]  (L2-normalised keys) */
-#define GC_OFF_KT   (GC_OFF_K + GC_L * GC_DK)  /* Kt [128][64]  (transpose of K) */
-#define GC_OFF_Q    (GC_OFF_KT + GC_L * GC_DK) /* Q  [64][128]  (normalised, scaled) */
-#define GC_OFF_W    (GC_OFF_Q + GC_L * GC_DK)  /* W  [64][128]  T (k beta e^gc) */
-#define GC_OFF_A    (GC_OFF_W + GC_L * GC_DK)  /* A  [64][64]   -beta k k^T decay, then T beta */
-#define GC_OFF_AQK  (GC_OFF_A + GC_L * GC_L)   /* Aqk [64][64]  q k^T decay (j <= i) */
-#define GC_OFF_V    (GC_OFF_AQK + GC_L * GC_L) /* V  [64][32]   value slice */
-#define GC_OFF_U    (GC_OFF_V + GC_L * GC_DVB) /* U  [64][32]   T v beta, then v_new */
-#define GC_OFF_S    (GC_OFF_U + GC_L * GC_DVB) /* S  [128][32]  state slice */
-#define GC_OFF_G    (GC_OFF_S + GC_DK * GC_DVB) /* gc[64] cumulative log decay */
-#define GC_OFF_B    (GC_OFF_G + GC_L)           /* beta[64] */
-#define GC_FLOATS   (GC_OFF_B + GC_L)
-#define GC_SMEM     (GC_FLOATS * 4)
+/* Workspace per (chunk, head), floats: W [64][128], Aqk [64][64] (contiguous with W: one copy),
+ * U [64][128], gc [64], Qg = q e^gc [64][128], Kd = k e^{gc_63 - gc} [64][128]. */
+#define GC_WS_W    0
+#define GC_WS_AQK  (GC_WS_W + GC_L * GC_DK)
+#define GC_WS_U    (GC_WS_AQK + GC_L * GC_L)
+#define GC_WS_G    (GC_WS_U + GC_L * GC_DK)
+#define GC_WS_QG   (GC_WS_G + GC_L)
+#define GC_WS_KD   (GC_WS_QG + GC_L * GC_DK)
+#define GC_WS_FLOATS (GC_WS_KD + GC_L * GC_DK)
 
-/* math (per value head h, chunk of tokens i = 0..63, gc_i = sum_{t<=i} g_t, HF notation):
- *   A    = -(beta k) k^T * exp(gc_i - gc_j), strictly lower
- *   T    = (I - ...)^-1 by forward substitution: T[i][j] = A[i][j] + sum_m A[i][m] T[m][j], + I
- *   W    = T (k beta e^gc),   U = T (v beta)
- *   v_new = U - W S,  o = (q e^gc) S + (q k^T * exp(gc_i - gc_j), j <= i) v_new
- *   S    = e^{gc_63} S + (k e^{gc_63 - gc})^T v_new
- * shapes: q,k bf16 (t, hk, d) at [t*stride + hk*128 + d]; v bf16 (t, h, c) at [t*stride + h*128
- *   + c]; g, beta f32 [T, 32]; S f32 [32][128][128]; o [T, 32, 128] bf16 or f32.
- * threads: block = (value-column slice of 32, value head), 256 threads; each step maps warp w to
- *   rows 8w..8w+7 of a chunk matrix and the lane to a column (comments at each step). Chunk-local
- *   matrices (A, T, W) are recomputed by each of the 4 slice blocks of a head.
- * bytes: reads q, k (2 x T x 2048 x 2 B, 4 times), v once, S once; writes o, S once.
- * reference: cpu_gdn_step token by token and cpu_gdn_chunked (tests/gpu/test_prefill_kernels.c). */
+/* Loads rows 8w..8w+7 of a chunk's q and k (key head hk) into f32 [64][128] shared arrays
+ * (optionally L2-normalised, q scaled by 1/sqrt(128)); rows past T are zero. Lane holds dims
+ * 4*lane..4*lane+3. Kt (if non-NULL) receives the transpose of k, [128][GC_KT_LD]. */
+/* 4 consecutive values of a bf16 (in_f32 = 0) or f32 row, as f32. */
+static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, int in_f32) {
+    if (in_f32) return *(const float4 *)((const float *)base + idx);
+    uint2 r = *(const uint2 *)((const uint16_t *)base + idx);
+    return make_float4(pf_bf16_lo(r.x), pf_bf16_hi(r.x), pf_bf16_lo(r.y), pf_bf16_hi(r.y));
+}
+
+static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt,
+                                                  const void *q, const void *k, int tok_stride,
+                                                  int hk, int t0, int T, int l2, int in_f32,
+                                                  int warp, int lane) {
+    for (int u = 0; u < 8; u++) {
+        int i = warp * 8 + u, t = t0 + i;
+        float kv[4] = {0, 0, 0, 0}, qv[4] = {0, 0, 0, 0};
+        if (t < T) {
+            size_t idx = (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
+            float4 kr = gc_load4(k, idx, in_f32), qr = gc_load4(q, idx, in_f32);
+            kv[0] = kr.x, kv[1] = kr.y, kv[2] = kr.z, kv[3] = kr.w;
+            qv[0] = qr.x, qv[1] = qr.y, qv[2] = qr.z, qv[3] = qr.w;
+            if (l2) {
+                float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
+                float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
+                for (int off = 16; off > 0; off >>= 1) {
+                    sk += __shfl_xor_sync(0xffffffffu, sk, off);
+                    sq += __shfl_xor_sync(0xffffffffu, sq, off);
+                }
+                float rk = 1.0f / sqrtf(sk + 1e-6f);
+                float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
+                for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
+            }
+        }
+        *(float4 *)(sK + i * GC_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+        *(float4 *)(sQ + i * GC_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+        if (sKt)
+            for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * GC_KT_LD + i] = kv[e];
+    }
+}
+
+/* ====== Prep: chunk-local WY matrices, parallel over (chunk, head). ======
+ * math (chunk tokens i, j = 0..63, gc_i = sum_{t<=i} g_t, HF notation):
+ *   A   = -(beta k) k^T * exp(gc_i - gc_j), strictly lower
+ *   T   = forward substitution T[i][j] = A[i][j] + sum_m A[i][m] T[m][j], then + I
+ *   W   = T (k beta e^gc),  U = T (v beta),  Aqk = q k^T * exp(gc_i - gc_j) for j <= i
+ * shapes: q, k, v bf16 or f32 (gpu_prefill.h); ws chunk-head record (GC_WS_*), floats.
+ * threads: block = (chunk, value head), 256 threads; warp w owns rows 8w..8w+7, the lane columns
+ *   lane + 32c; threads 0..63 run the forward substitution, one column of T each.
+ * bytes: reads q, k (twice per key head), v once; writes 82 KB per chunk and head.
+ * reference: through tl_gpu_gdn_chunk against cpu_gdn_step (tests/gpu/test_prefill_kernels.c). */
+#define GP_OFF_K   0
+#define GP_OFF_KT  (GP_OFF_K + GC_L * GC_DK)
+#define GP_OFF_Q   (GP_OFF_KT + GC_DK * GC_KT_LD)
+#define GP_OFF_V   (GP_OFF_Q + GC_L * GC_DK)
+#define GP_OFF_A   (GP_OFF_V + GC_L * GC_DK)
+#define GP_OFF_G   (GP_OFF_A + GC_L * GC_L)
+#define GP_OFF_B   (GP_OFF_G + GC_L)
+#define GP_SMEM    ((GP_OFF_B + GC_L) * 4)
+
 __global__ void __launch_bounds__(GC_THREADS, 1)
-gdn_chunk_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                 int tok_stride, const float *g, const float *beta, int T, int flags) {
-    extern __shared__ __align__(16) float gc_smem[];
-    float *sK = gc_smem + GC_OFF_K, *sKt = gc_smem + GC_OFF_KT, *sQ = gc_smem + GC_OFF_Q;
-    float *sW = gc_smem + GC_OFF_W, *sA = gc_smem + GC_OFF_A, *sAqk = gc_smem + GC_OFF_AQK;
-    float *sV = gc_smem + GC_OFF_V, *sU = gc_smem + GC_OFF_U, *sS = gc_smem + GC_OFF_S;
-    float *sG = gc_smem + GC_OFF_G, *sB = gc_smem + GC_OFF_B;
-
+gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
+                const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
+    extern __shared__ __align__(16) float gp_smem[];
+    float *sK = gp_smem + GP_OFF_K, *sKt = gp_smem + GP_OFF_KT, *sQ = gp_smem + GP_OFF_Q;
+    float *sV = gp_smem + GP_OFF_V, *sA = gp_smem + GP_OFF_A, *sG = gp_smem + GP_OFF_G;
+    float *sB = gp_smem + GP_OFF_B;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int h = blockIdx.y, hk = h / (TL_GDN_N_V_HEAD / TL_GDN_N_K_HEAD);
+    const int c = blockIdx.x, h = blockIdx.y, hk = h / (TL_GDN_N_V_HEAD / TL_GDN_N_K_HEAD);
+    const int t0 = t_seg + c * GC_L;
+    float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
+
+    gc_load_qk(sQ, sK, sKt, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
+    for (int u = 0; u < 8; u++) {
+        int i = warp * 8 + u, t = t0 + i;
+        float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < T) vv = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
+        *(float4 *)(sV + i * GC_DK + 4 * lane) = vv;
+    }
+    if (warp == 0) {
+        /* inclusive scan of g over the chunk (2 values per lane); padded tokens: g = 0, beta = 0 */
+        float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
+        int ta = t0 + 2 * lane, tb = ta + 1;
+        if (ta < T) g0 = g[(size_t)ta * GC_NH + h], b0 = beta[(size_t)ta * GC_NH + h];
+        if (tb < T) g1 = g[(size_t)tb * GC_NH + h], b1 = beta[(size_t)tb * GC_NH + h];
+        float s = g0 + g1;
+        for (int off = 1; off < 32; off <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, s, off);
+            if (lane >= off) s += y;
+        }
+        float excl = s - (g0 + g1);
+        sG[2 * lane] = excl + g0;
+        sG[2 * lane + 1] = excl + g0 + g1;
+        sB[2 * lane] = b0;
+        sB[2 * lane + 1] = b1;
+        rec[GC_WS_G + 2 * lane] = excl + g0;
+        rec[GC_WS_G + 2 * lane + 1] = excl + g0 + g1;
+    }
+    __syncthreads();
+    for (int u = 0; u < 8; u++) {
+        int i = warp * 8 + u;
+        float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
+        float4 qv = *(const float4 *)(sQ + i * GC_DK + 4 * lane);
+        float4 kv = *(const float4 *)(sK + i * GC_DK + 4 * lane);
+        *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) = make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
+        *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) = make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
+    }
+
+    /* A (to smem) and Aqk (to ws): rows i = 8w+u, columns j = lane, lane+32 */
+    {
+        float ak[8][2], aq[8][2];
+        for (int u = 0; u < 8; u++) ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
+        for (int d = 0; d < GC_DK; d += 4) {
+            float kt[4][2];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                kt[e][0] = sKt[(d + e) * GC_KT_LD + lane];
+                kt[e][1] = sKt[(d + e) * GC_KT_LD + lane + 32];
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = warp * 8 + u;
+                float4 kr = *(const float4 *)(sK + i * GC_DK + d);
+                float4 qr = *(const float4 *)(sQ + i * GC_DK + d);
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++) {
+                    ak[u][cc] += kr.x * kt[0][cc] + kr.y * kt[1][cc] + kr.z * kt[2][cc] + kr.w * kt[3][cc];
+                    aq[u][cc] += qr.x * kt[0][cc] + qr.y * kt[1][cc] + qr.z * kt[2][cc] + qr.w * kt[3][cc];
+                }
+            }
+        }
+        for (int u = 0; u < 8; u++) {
+            int i = warp * 8 + u;
+            float gi = sG[i], bi = sB[i];
+            for (int cc = 0; cc < 2; cc++) {
+                int j = lane + 32 * cc;
+                float dec = j <= i ? expf(gi - sG[j]) : 0.f;
+                sA[i * GC_L + j] = j < i ? -bi * ak[u][cc] * dec : 0.f;
+                rec[GC_WS_AQK + i * GC_L + j] = aq[u][cc] * dec;
+            }
+        }
+    }
+    __syncthreads();
+
+    /* T by forward substitution, one column per thread (threads 0..63).
+     * note: column j of T depends only on column j of the rows above it, so 64 threads solve
+     * independently; A rows are read as warp-wide broadcasts and x[] stays in registers (fully
+     * unrolled); x[i] = 0 for i <= j falls out of the recurrence without masking. */
+    if (tid < GC_L) {
+        const int j = tid;
+        float x[GC_L];
+#pragma unroll
+        for (int i = 0; i < GC_L; i++) {
+            float s = sA[i * GC_L + j];
+#pragma unroll
+            for (int m = 0; m < i; m++) s += sA[i * GC_L + m] * x[m];
+            x[i] = s;
+        }
+        asm volatile("bar.sync 1, 64;\n" ::);
+        float bj = sB[j];
+#pragma unroll
+        for (int i = 0; i < GC_L; i++) sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+    }
+    __syncthreads();
+
+    /* W = (T beta)(k e^gc), U = (T beta) v: rows i = 8w+u, columns lane + 32c */
+    {
+        float w[8][4], uu[8][4];
+        for (int u = 0; u < 8; u++)
+            for (int cc = 0; cc < 4; cc++) w[u][cc] = uu[u][cc] = 0.f;
+        for (int j = 0; j < GC_L; j += 4) {
+            float kr[4][4], vr[4][4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float eg = expf(sG[j + e]);
+#pragma unroll
+                for (int cc = 0; cc < 4; cc++) {
+                    kr[e][cc] = sK[(j + e) * GC_DK + lane + 32 * cc] * eg;
+                    vr[e][cc] = sV[(j + e) * GC_DK + lane + 32 * cc];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                float4 t4 = *(const float4 *)(sA + (warp * 8 + u) * GC_L + j);
+                float tt[4] = {t4.x, t4.y, t4.z, t4.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+#pragma unroll
+                    for (int cc = 0; cc < 4; cc++) {
+                        w[u][cc] += tt[e] * kr[e][cc];
+                        uu[u][cc] += tt[e] * vr[e][cc];
+                    }
+            }
+        }
+        for (int u = 0; u < 8; u++) {
+            int i = warp * 8 + u;
+            for (int cc = 0; cc < 4; cc++) {
+                rec[GC_WS_W + i * GC_DK + lane + 32 * cc] = w[u][cc];
+                rec[GC_WS_U + i * GC_DK + lane + 32 * cc] = uu[u][cc];
+            }
+        }
+    }
+}
+
+/* ====== Sequential pass over the chunks of one head. ======
+ * math: v_new = U - W S;  o = Qg S + Aqk v_new;  S = e^{gc_63} S + Kd^T v_new
+ *   (Qg = q e^gc, Kd = k e^{gc_63 - gc} from the prep kernel)
+ * shapes: state f32 [32][128][128] (slice of 32 value columns per block); o [T, 32, 128].
+ * threads: block = (value-column slice, value head), 256 threads; the first two steps map warp w
+ *   to rows 8w..8w+7 and the lane to a column; the state update maps warp w to state rows
+ *   16w..16w+15. Every input of the next chunk is fetched with cp.async while this one computes:
+ *   W, Aqk, U slice, gc into a second buffer at the start, Qg once step 1 is done with Q, Kd after
+ *   the state update (it is only needed at the end of the next chunk).
+ * bytes: per chunk W 32 KB + Aqk 16 KB + U slice 8 KB + Qg, Kd 64 KB (the 4 slice blocks of a
+ *   head share them through L2); S read and written once.
+ * reference: through tl_gpu_gdn_chunk against cpu_gdn_step (tests/gpu/test_prefill_kernels.c). */
+#define GS_OFF_K   0
+#define GS_OFF_Q   (GS_OFF_K + GC_L * GC_DK)
+#define GS_OFF_S   (GS_OFF_Q + GC_L * GC_DK)
+#define GS_OFF_BUF (GS_OFF_S + GC_DK * GC_DVB) /* 2 buffers of W, Aqk, U slice, gc */
+#define GS_BUF_W   0
+#define GS_BUF_AQK (GS_BUF_W + GC_L * GC_DK)
+#define GS_BUF_U   (GS_BUF_AQK + GC_L * GC_L)
+#define GS_BUF_G   (GS_BUF_U + GC_L * GC_DVB)
+#define GS_BUF_FLOATS (GS_BUF_G + GC_L)
+#define GS_SMEM    ((GS_OFF_BUF + 2 * GS_BUF_FLOATS) * 4)
+
+__global__ void __launch_bounds__(GC_THREADS, 1)
+gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, int T, int flags) {
+    extern __shared__ __align__(16) float gs_smem[];
+    float *sK = gs_smem + GS_OFF_K, *sQ = gs_smem + GS_OFF_Q, *sS = gs_smem + GS_OFF_S;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.y;
     const int c0 = blockIdx.x * GC_DVB;
-    const int l2 = flags & TL_GDN_L2NORM, out_f32 = flags & TL_GDN_OUT_F32;
+    const int out_f32 = flags & TL_GDN_OUT_F32;
     float *Sg = state + (size_t)h * GC_DK * GC_DK;
 
-    /* state slice: thread owns rows d = warp*16 + u, column lane */
+    auto rec_of = [&](int c) { return ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS; };
+    auto fetch_buf = [&](int c) { /* W, Aqk, U slice, gc of chunk c */
+        if (c >= n_chunks) return;
+        float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
+        const float *rec = rec_of(c);
+        for (int i = tid; i < (GC_L * GC_DK + GC_L * GC_L) / 4; i += GC_THREADS)
+            pf_cp_async16(buf + 4 * i, rec + GC_WS_W + 4 * i, 16);
+        for (int i = tid; i < GC_L * GC_DVB / 4; i += GC_THREADS) {
+            int r = i / (GC_DVB / 4), cc = i % (GC_DVB / 4);
+            pf_cp_async16(buf + GS_BUF_U + r * GC_DVB + 4 * cc, rec + GC_WS_U + r * GC_DK + c0 + 4 * cc, 16);
+        }
+        if (tid < GC_L / 4) pf_cp_async16(buf + GS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
+    };
+    auto fetch_rows = [&](float *dst, int c, int off) { /* Qg or Kd of chunk c */
+        if (c >= n_chunks) return;
+        const float *src = rec_of(c) + off;
+        for (int i = tid; i < GC_L * GC_DK / 4; i += GC_THREADS) pf_cp_async16(dst + 4 * i, src + 4 * i, 16);
+    };
+
     for (int u = 0; u < 16; u++) {
         int d = warp * 16 + u;
         sS[d * GC_DVB + lane] = Sg[(size_t)d * GC_DK + c0 + lane];
     }
+    /* note: cp.async groups, in commit order: buf_0, Q_0, K_0, then per chunk c: buf_{c+1},
+     * Q_{c+1}, K_{c+1} (empty past the end), so "all but the newest 1 / 2" below name exactly the
+     * groups each step needs. */
+    fetch_buf(0);
+    pf_cp_async_commit();
+    fetch_rows(sQ, 0, GC_WS_QG);
+    pf_cp_async_commit();
+    fetch_rows(sK, 0, GC_WS_KD);
+    pf_cp_async_commit();
 
-    for (int t0 = 0; t0 < T; t0 += GC_L) {
-        /* ---- 1. load the chunk: warp w loads rows 8w..8w+7, lane holds dims 4*lane..+3 ---- */
+    for (int c = 0; c < n_chunks; c++) {
+        const int t0 = t_seg + c * GC_L;
+        float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
+        const float *sW = buf + GS_BUF_W, *sAqk = buf + GS_BUF_AQK, *sG = buf + GS_BUF_G;
+        float *sU = buf + GS_BUF_U;
+        pf_cp_async_wait<1>(); /* buf_c and Q_c (K_c may still be in flight) */
+        __syncthreads();
+        fetch_buf(c + 1);
+        pf_cp_async_commit();
+
+        /* v_new = U - W S; o = Qg S: rows i = 8w+u, column lane */
+        float vp[8], oi[8];
+        for (int u = 0; u < 8; u++) vp[u] = oi[u] = 0.f;
+        for (int d = 0; d < GC_DK; d += 4) {
+            float s4[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * GC_DVB + lane];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = warp * 8 + u;
+                float4 wr = *(const float4 *)(sW + i * GC_DK + d);
+                float4 qr = *(const float4 *)(sQ + i * GC_DK + d);
+                vp[u] += wr.x * s4[0] + wr.y * s4[1] + wr.z * s4[2] + wr.w * s4[3];
+                oi[u] += qr.x * s4[0] + qr.y * s4[1] + qr.z * s4[2] + qr.w * s4[3];
+            }
+        }
+        for (int u = 0; u < 8; u++) sU[(warp * 8 + u) * GC_DVB + lane] -= vp[u];
+        __syncthreads(); /* v_new complete; Q free */
+        fetch_rows(sQ, c + 1, GC_WS_QG);
+        pf_cp_async_commit();
+
+        /* o += Aqk v_new */
+        for (int j = 0; j < GC_L; j += 4) {
+            float vn[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * GC_DVB + lane];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                float4 a4 = *(const float4 *)(sAqk + (warp * 8 + u) * GC_L + j);
+                oi[u] += a4.x * vn[0] + a4.y * vn[1] + a4.z * vn[2] + a4.w * vn[3];
+            }
+        }
         for (int u = 0; u < 8; u++) {
-            int i = warp * 8 + u, t = t0 + i;
-            float kv[4] = {0, 0, 0, 0}, qv[4] = {0, 0, 0, 0};
-            if (t < T) {
-                const uint16_t *kp = k + (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
-                const uint16_t *qp = q + (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
-                uint2 kr = *(const uint2 *)kp, qr = *(const uint2 *)qp;
-                kv[0] = pf_bf16_lo(kr.x), kv[1] = pf_bf16_hi(kr.x);
-                kv[2] = pf_bf16_lo(kr.y), kv[3] = pf_bf16_hi(kr.y);
-                qv[0] = pf_bf16_lo(qr.x), qv[1] = pf_bf16_hi(qr.x);
-                qv[2] = pf_bf16_lo(qr.y), qv[3] = pf_bf16_hi(qr.y);
-                if (l2) {
-                    float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
-                    float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
-                    for (int off = 16; off > 0; off >>= 1) {
-                        sk += __shfl_xor_sync(0xffffffffu, sk, off);
-                        sq += __shfl_xor_sync(0xffffffffu, sq, off);
-                    }
-                    float rk = 1.0f / sqrtf(sk + 1e-6f);
-                    float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
-                    for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
-                }
-            }
-            *(float4 *)(sK + i * GC_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
-            *(float4 *)(sQ + i * GC_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
-            for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * GC_L + i] = kv[e];
-            float vv = 0.f;
-            if (t < T) vv = pf_bf16(v[(size_t)t * tok_stride + h * GC_DK + c0 + lane]);
-            sV[i * GC_DVB + lane] = vv;
+            int t = t0 + warp * 8 + u;
+            if (t >= T) continue;
+            size_t idx = ((size_t)t * GC_NH + h) * GC_DK + c0 + lane;
+            if (out_f32) ((float *)o)[idx] = oi[u];
+            else ((__nv_bfloat16 *)o)[idx] = __float2bfloat16_rn(oi[u]);
         }
-        if (warp == 0) {
-            /* inclusive scan of g over the chunk (2 values per lane) */
-            float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
-            int ta = t0 + 2 * lane, tb = ta + 1;
-            if (ta < T) g0 = g[(size_t)ta * TL_GDN_N_V_HEAD + h], b0 = beta[(size_t)ta * TL_GDN_N_V_HEAD + h];
-            if (tb < T) g1 = g[(size_t)tb * TL_GDN_N_V_HEAD + h], b1 = beta[(size_t)tb * TL_GDN_N_V_HEAD + h];
-            float s = g0 + g1;
-            for (int off = 1; off < 32; off <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, s, off);
-                if (lane >= off) s += y;
-            }
-            float excl = s - (g0 + g1);
-            sG[2 * lane] = excl + g0;
-            sG[2 * lane + 1] = excl + g0 + g1;
-            sB[2 * lane] = b0;
-            sB[2 * lane + 1] = b1;
-        }
+
+        /* S = e^{gL} S + Kd^T v_new: rows d = 16w+u, column lane */
+        pf_cp_async_wait<2>(); /* K_c */
         __syncthreads();
-
-        /* ---- 2. A and Aqk: thread rows i = 8w+u, columns j = lane, lane+32 ---- */
         {
-            float ak[8][2], aq[8][2];
-            for (int u = 0; u < 8; u++) ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
-            for (int d = 0; d < GC_DK; d += 4) {
-                float kt[4][2];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    kt[e][0] = sKt[(d + e) * GC_L + lane];
-                    kt[e][1] = sKt[(d + e) * GC_L + lane + 32];
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    int i = warp * 8 + u;
-                    float4 kr = *(const float4 *)(sK + i * GC_DK + d);
-                    float4 qr = *(const float4 *)(sQ + i * GC_DK + d);
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        ak[u][c] += kr.x * kt[0][c] + kr.y * kt[1][c] + kr.z * kt[2][c] + kr.w * kt[3][c];
-                        aq[u][c] += qr.x * kt[0][c] + qr.y * kt[1][c] + qr.z * kt[2][c] + qr.w * kt[3][c];
-                    }
-                }
-            }
-            for (int u = 0; u < 8; u++) {
-                int i = warp * 8 + u;
-                float gi = sG[i], bi = sB[i];
-                for (int c = 0; c < 2; c++) {
-                    int j = lane + 32 * c;
-                    float dec = j <= i ? expf(gi - sG[j]) : 0.f;
-                    sA[i * GC_L + j] = j < i ? -bi * ak[u][c] * dec : 0.f;
-                    sAqk[i * GC_L + j] = aq[u][c] * dec;
-                }
-            }
-        }
-        __syncthreads();
-
-        /* ---- 3. T by forward substitution, one column per thread (threads 0..63) ----
-         * note: column j of T only depends on column j of the rows above it, so 64 threads solve
-         * independently; A rows are read as warp-wide broadcasts; x[] stays in registers (fully
-         * unrolled). x[i] = 0 for i <= j falls out of the recurrence without masking. */
-        if (tid < GC_L) {
-            const int j = tid;
-            float x[GC_L];
-#pragma unroll
-            for (int i = 0; i < GC_L; i++) {
-                float s = sA[i * GC_L + j];
-#pragma unroll
-                for (int m = 0; m < i; m++) s += sA[i * GC_L + m] * x[m];
-                x[i] = s;
-            }
-            asm volatile("bar.sync 1, 64;\n" ::);
-            float bj = sB[j];
-#pragma unroll
-            for (int i = 0; i < GC_L; i++) sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
-        }
-        __syncthreads();
-
-        /* ---- 4. W = (T beta) (k e^gc) and U = (T beta) v: rows i = 8w+u, cols lane (+32v) ---- */
-        {
-            float w[8][4], uu[8];
-            for (int u = 0; u < 8; u++) {
-                uu[u] = 0.f;
-                for (int c = 0; c < 4; c++) w[u][c] = 0.f;
-            }
-            for (int j = 0; j < GC_L; j += 4) {
-                float kr[4][4], vr[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float eg = expf(sG[j + e]);
-#pragma unroll
-                    for (int c = 0; c < 4; c++) kr[e][c] = sK[(j + e) * GC_DK + lane + 32 * c] * eg;
-                    vr[e] = sV[(j + e) * GC_DVB + lane];
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    float4 t4 = *(const float4 *)(sA + (warp * 8 + u) * GC_L + j);
-                    float tt[4] = {t4.x, t4.y, t4.z, t4.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-#pragma unroll
-                        for (int c = 0; c < 4; c++) w[u][c] += tt[e] * kr[e][c];
-                        uu[u] += tt[e] * vr[e];
-                    }
-                }
-            }
-            for (int u = 0; u < 8; u++) {
-                int i = warp * 8 + u;
-                for (int c = 0; c < 4; c++) sW[i * GC_DK + lane + 32 * c] = w[u][c];
-                sU[i * GC_DVB + lane] = uu[u];
-            }
-        }
-        __syncthreads();
-
-        /* ---- 5. v_new = U - W S; o = (q e^gc) S + Aqk v_new: rows i = 8w+u, column lane ---- */
-        {
-            float vp[8], oi[8];
-            for (int u = 0; u < 8; u++) vp[u] = oi[u] = 0.f;
-            for (int d = 0; d < GC_DK; d += 4) {
-                float s4[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * GC_DVB + lane];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    int i = warp * 8 + u;
-                    float4 wr = *(const float4 *)(sW + i * GC_DK + d);
-                    float4 qr = *(const float4 *)(sQ + i * GC_DK + d);
-                    vp[u] += wr.x * s4[0] + wr.y * s4[1] + wr.z * s4[2] + wr.w * s4[3];
-                    oi[u] += qr.x * s4[0] + qr.y * s4[1] + qr.z * s4[2] + qr.w * s4[3];
-                }
-            }
-            for (int u = 0; u < 8; u++) {
-                int i = warp * 8 + u;
-                sU[i * GC_DVB + lane] -= vp[u];
-                oi[u] *= expf(sG[i]);
-            }
-            __syncthreads();
-            for (int j = 0; j < GC_L; j += 4) {
-                float vn[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * GC_DVB + lane];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    float4 a4 = *(const float4 *)(sAqk + (warp * 8 + u) * GC_L + j);
-                    oi[u] += a4.x * vn[0] + a4.y * vn[1] + a4.z * vn[2] + a4.w * vn[3];
-                }
-            }
-            for (int u = 0; u < 8; u++) {
-                int t = t0 + warp * 8 + u;
-                if (t >= T) continue;
-                size_t idx = ((size_t)t * TL_GDN_N_V_HEAD + h) * GC_DK + c0 + lane;
-                if (out_f32) ((float *)o)[idx] = oi[u];
-                else ((__nv_bfloat16 *)o)[idx] = __float2bfloat16_rn(oi[u]);
-            }
-        }
-
-        /* ---- 6. S = e^{gL} S + (k e^{gL - gc})^T v_new: rows d = 16w+u, column lane ---- */
-        {
-            const float gl = sG[GC_L - 1];
             float acc[16];
             for (int u = 0; u < 16; u++) acc[u] = 0.f;
             for (int j = 0; j < GC_L; j++) {
-                float vn = sU[j * GC_DVB + lane] * expf(gl - sG[j]);
+                float vn = sU[j * GC_DVB + lane];
 #pragma unroll
                 for (int u4 = 0; u4 < 4; u4++) {
                     float4 kr = *(const float4 *)(sK + j * GC_DK + warp * 16 + 4 * u4);
@@ -263,14 +365,17 @@ gdn_chunk_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k, co
                     acc[4 * u4 + 3] += kr.w * vn;
                 }
             }
-            float egl = expf(gl);
+            float egl = expf(sG[GC_L - 1]);
             for (int u = 0; u < 16; u++) {
                 int d = warp * 16 + u;
                 sS[d * GC_DVB + lane] = sS[d * GC_DVB + lane] * egl + acc[u];
             }
         }
-        __syncthreads();
+        __syncthreads(); /* K free, S updated */
+        fetch_rows(sK, c + 1, GC_WS_KD);
+        pf_cp_async_commit();
     }
+    pf_cp_async_wait<0>();
 
     for (int u = 0; u < 16; u++) {
         int d = warp * 16 + u;
@@ -278,22 +383,36 @@ gdn_chunk_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k, co
     }
 }
 
-extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const uint16_t *q, const uint16_t *k,
-                                const uint16_t *v, int tok_stride, const float *g,
-                                const float *beta, int T, int flags, void *stream) {
-    if (!o || !state || !q || !k || !v || !g || !beta || T < 0) return TL_ERR_INVALID;
-    if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k) % 8) return TL_ERR_INVALID;
+extern "C" size_t tl_gpu_gdn_chunk_ws_bytes(void) {
+    return (size_t)(GC_SEG / GC_L) * GC_NH * GC_WS_FLOATS * 4;
+}
+
+extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k,
+                                const void *v, int tok_stride, const float *g, const float *beta,
+                                int T, int flags, void *ws, void *stream) {
+    if (!o || !state || !q || !k || !v || !g || !beta || !ws || T < 0) return TL_ERR_INVALID;
+    if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16)
+        return TL_ERR_INVALID;
     if (T == 0) return 0;
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gdn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 GC_SMEM) != cudaSuccess)
+        if (cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 GP_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(gdn_seq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 GS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
-    dim3 grid(GC_DK / GC_DVB, TL_GDN_N_V_HEAD);
-    gdn_chunk_kernel<<<grid, GC_THREADS, GC_SMEM, (cudaStream_t)stream>>>(
-        o, state, q, k, v, tok_stride, g, beta, T, flags);
-    PF_LAUNCH_CHECK();
+    cudaStream_t st = (cudaStream_t)stream;
+    for (int t_seg = 0; t_seg < T; t_seg += GC_SEG) {
+        int n_chunks = (TL_MIN_INT(T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
+        gdn_prep_kernel<<<dim3(n_chunks, GC_NH), GC_THREADS, GP_SMEM, st>>>(
+            (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, flags & TL_GDN_L2NORM,
+            flags & TL_GDN_IN_F32);
+        PF_LAUNCH_CHECK();
+        gdn_seq_kernel<<<dim3(GC_DK / GC_DVB, GC_NH), GC_THREADS, GS_SMEM, st>>>(
+            o, state, (const float *)ws, t_seg, n_chunks, T, flags);
+        PF_LAUNCH_CHECK();
+    }
     return 0;
 }

@@ -4,23 +4,33 @@
  * (rows gathered by expert from a routing plan). Also owns the 4-bit repack from the MLX layout
  * and the MoE plan / combine kernels. Launches only: never allocates, never synchronises.
  * Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked at entry). */
+#include <stdlib.h>
+
 #include "cuda/gpu_prefill.h"
 #include "cuda/k_prefill_common.cuh"
 
 /* ====== Tiling. ======
- * Block tile 128 (tokens) x 128 (weight rows) x 64 (k), 8 warps as 2 (M) x 4 (N), warp tile
- * 64 x 32 = 4 x 4 mma.sync m16n8k16. A and bf16 B tiles live in shared memory with rows padded
- * to 72 elements (144 B: the 8 row addresses of an ldmatrix hit 8 distinct 16-byte bank groups).
- * note: 4-bit B tiles stay packed in shared memory (4 KB per stage instead of 16 KB) and each
- * thread dequantizes its own B fragments into registers right before the mma (gpu_prefill.h
+ * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 64*WM and BN = 32*NJ: 4*WM warps
+ * as WM (M) x 4 (N), warp tile 64 x 8*NJ = 4 x NJ mma.sync m16n8k16. Configurations in use:
+ * 128x128 (WM 2, NJ 4), 64x128 (WM 1, NJ 4: small grids and MoE with few tokens per expert) and
+ * 128x256 (WM 2, NJ 8: large problems; fewer shared-memory reads per mma). A and bf16 B tiles
+ * live in shared memory with rows padded to 72 elements (144 B: the 8 row addresses of an
+ * ldmatrix hit 8 distinct 16-byte bank groups).
+ * note: 4-bit B tiles stay packed in shared memory (BN*32 B per stage instead of BN*128 B) and
+ * each thread dequantizes its own B fragments into registers right before the mma (gpu_prefill.h
  * describes the nibble order that makes this one 32-bit load per fragment pair). */
-#define GM_BM      128
-#define GM_BN      128
-#define GM_BK      64
-#define GM_LDS     72
-#define GM_THREADS 256
+#define GM_BK  64
+#define GM_LDS 72
+#define GM_ROW_ALIGN 128 /* rows must be a multiple of this (smallest BN) */
 
 enum { GM_DENSE = 0, GM_MOE_GATHER = 1, GM_MOE_SCATTER = 2 };
+
+/* MoE plan layout (ints): off[257], tile starts for 128-row tiles [257], for 64-row tiles
+ * [257], then perm[n_tok*8] (assignment ids grouped by expert). */
+#define PLAN_OFF   0
+#define PLAN_TS128 257
+#define PLAN_TS64  514
+#define PLAN_PERM  771
 
 typedef struct gemm_args {
     const uint16_t *x; /* A rows, row stride K */
@@ -32,16 +42,17 @@ typedef struct gemm_args {
     int ldy; /* elements per output row */
     int flags;
     int mode;             /* GM_DENSE / GM_MOE_GATHER / GM_MOE_SCATTER */
-    const int32_t *plan;  /* moe: offsets[257], tile_start[257], perm[M] */
+    const int32_t *plan;  /* moe plan (above) */
     long long w_estride;  /* bytes between experts' w */
     long long sb_estride; /* u32 words between experts' sb */
 } gemm_args;
 
-template <int BITS> struct gm_cfg {
-    static constexpr int STAGES = BITS == 16 ? 3 : 4;
-    static constexpr int A_BYTES = GM_BM * GM_LDS * 2;
-    static constexpr int B_BYTES = BITS == 16 ? GM_BN * GM_LDS * 2 : GM_BN * GM_BK / 2 + GM_BN * 4;
+template <int BITS, int WM, int NJ> struct gm_cfg {
+    static constexpr int BM = 64 * WM, BN = 32 * NJ, THREADS = 128 * WM;
+    static constexpr int A_BYTES = BM * GM_LDS * 2;
+    static constexpr int B_BYTES = BITS == 16 ? BN * GM_LDS * 2 : BN * GM_BK / 2 + BN * 4;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr int STAGES = (3 * STAGE_BYTES <= 120 * 1024 || BITS == 4) ? 4 : 3;
     static constexpr int SMEM = STAGES * STAGE_BYTES;
 };
 
@@ -52,25 +63,26 @@ static __device__ __forceinline__ float gm_silu(float x) {
 /* ====== The GEMM kernel. ======
  * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
  * shapes: X bf16 [*, K]; W bf16 [N, K] or q4 tiled; Y bf16/f32 [*, ldy].
- * threads: 256 per block, block (blockIdx.x = 128 weight rows, blockIdx.y = 128 token rows or one
- *   expert tile of the plan); warp (wm, wn) owns rows wm*64.. and columns wn*32..; a lane holds
+ * threads: 4*WM warps per block (blockIdx.x = BN weight rows, blockIdx.y = BM token rows or one
+ *   expert tile of the plan); warp (wm, wn) owns rows wm*64.. and columns wn*8*NJ..; a lane holds
  *   the mma C fragments (row lane/4 (+8), cols 2*(lane%4)+{0,1}).
- * bytes: X read N/128 times (from L2), W read ceil(M/128) times (L2), Y written once.
+ * bytes: X read N/BN times (from L2), W read ceil(M/BM) times (L2), Y written once.
  * reference: cpu_matmul (tests/gpu/test_prefill_kernels.c). */
-template <int BITS>
-__global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
-    typedef gm_cfg<BITS> C;
+template <int BITS, int WM, int NJ>
+__global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
+    typedef gm_cfg<BITS, WM, NJ> C;
+    constexpr int BM = C::BM, BN = C::BN, THREADS = C::THREADS;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
-    const int n0 = blockIdx.x * GM_BN;
+    const int n0 = blockIdx.x * BN;
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm = NULL;
     int m0, m_end;
     if (p.mode != GM_DENSE) {
-        const int32_t *off = p.plan, *ts = p.plan + 257;
-        perm = p.plan + 514;
+        const int32_t *off = p.plan + PLAN_OFF, *ts = p.plan + (BM == 128 ? PLAN_TS128 : PLAN_TS64);
+        perm = p.plan + PLAN_PERM;
         int tile = blockIdx.y;
         if (tile >= ts[256]) return;
         int lo = 0, hi = 255;
@@ -79,21 +91,21 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
             if (ts[mid] <= tile) lo = mid;
             else hi = mid - 1;
         }
-        m0 = off[lo] + (tile - ts[lo]) * GM_BM;
+        m0 = off[lo] + (tile - ts[lo]) * BM;
         m_end = off[lo + 1];
         wb += lo * p.w_estride;
         if (BITS == 4) sbb += lo * p.sb_estride;
     } else {
-        m0 = blockIdx.y * GM_BM;
+        m0 = blockIdx.y * BM;
         m_end = p.M;
     }
 
-    /* A source rows of this thread's 4 chunks: chunk c = tid + 256 j -> row c/8, 16 B column c%8 */
+    /* A source rows of this thread's 4 chunks: chunk c = tid + THREADS j -> row c/8, 16 B column c%8 */
     const uint16_t *a_src[4];
     int a_ok[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int r = (tid >> 3) + 32 * j, m = m0 + r;
+        int r = (tid >> 3) + (THREADS / 8) * j, m = m0 + r;
         a_ok[j] = m < m_end;
         int src = m;
         if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[m] >> 3;
@@ -107,34 +119,37 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
         const int k0 = kt * GM_BK;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            int r = (tid >> 3) + 32 * j;
+            int r = (tid >> 3) + (THREADS / 8) * j;
             pf_cp_async16(sA + r * GM_LDS + (tid & 7) * 8, a_src[j] + k0, a_ok[j] ? 16 : 0);
         }
         if (BITS == 16) {
             uint16_t *sB = (uint16_t *)(s + C::A_BYTES);
             const uint16_t *wg = (const uint16_t *)wb;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int r = (tid >> 3) + 32 * j;
+            for (int j = 0; j < BN * 8 / THREADS; j++) {
+                int r = (tid >> 3) + (THREADS / 8) * j;
                 pf_cp_async16(sB + r * GM_LDS + (tid & 7) * 8,
                               wg + (size_t)(n0 + r) * p.K + k0 + (tid & 7) * 8, 16);
             }
         } else {
             uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
-            uint32_t *sS = sQ + GM_BN * GM_BK / 8;
+            uint32_t *sS = sQ + BN * GM_BK / 8;
             const uint32_t *wq = (const uint32_t *)wb;
-            int rb = tid >> 4, ch = tid & 15;
-            pf_cp_async16(sQ + rb * 64 + ch * 4,
-                          wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
-            if (tid < 32) pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+#pragma unroll
+            for (int j = 0; j < 2 * BN / THREADS; j++) {
+                int c = tid + THREADS * j, rb = c >> 4, ch = c & 15;
+                pf_cp_async16(sQ + rb * 64 + ch * 4,
+                              wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
+            }
+            if (tid < BN / 4) pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
         }
     };
 
-    float acc[4][4][4];
+    float acc[4][NJ][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
@@ -153,10 +168,10 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
 
         const uint8_t *s = gm_smem + (kt % C::STAGES) * C::STAGE_BYTES;
         const uint16_t *sA = (const uint16_t *)s;
-        uint32_t bq[4][4];
+        uint32_t bq[NJ][4];
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++) {
-            uint32_t af[4][4], bf[4][2];
+            uint32_t af[4][4], bf[NJ][2];
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
                 pf_ldmatrix_x4(af[mi], sA + (wm * 64 + mi * 16 + (lane & 15)) * GM_LDS + kk * 16 +
@@ -164,9 +179,9 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
             if (BITS == 16) {
                 const uint16_t *sB = (const uint16_t *)(s + C::A_BYTES);
 #pragma unroll
-                for (int np = 0; np < 2; np++) {
+                for (int np = 0; np < NJ / 2; np++) {
                     uint32_t r[4];
-                    pf_ldmatrix_x4(r, sB + (wn * 32 + np * 16 + (lane >> 4) * 8 + (lane & 7)) * GM_LDS +
+                    pf_ldmatrix_x4(r, sB + (wn * 8 * NJ + np * 16 + (lane >> 4) * 8 + (lane & 7)) * GM_LDS +
                                           kk * 16 + ((lane >> 3) & 1) * 8);
                     bf[2 * np][0] = r[0];
                     bf[2 * np][1] = r[1];
@@ -176,13 +191,13 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
             } else {
                 if ((kk & 1) == 0) {
                     const uint32_t *sQ = (const uint32_t *)(s + C::A_BYTES);
-                    const uint32_t *sS = sQ + GM_BN * GM_BK / 8;
+                    const uint32_t *sS = sQ + BN * GM_BK / 8;
                     const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
 #pragma unroll
-                    for (int nj = 0; nj < 4; nj++) {
-                        int rb = wn * 4 + nj;
+                    for (int nj = 0; nj < NJ; nj++) {
+                        int rb = wn * NJ + nj;
                         uint32_t word = sQ[(rb * 2 + (kk >> 1)) * 32 + lane];
-                        uint32_t sbw = sS[wn * 32 + nj * 8 + (lane >> 2)];
+                        uint32_t sbw = sS[rb * 8 + (lane >> 2)];
                         uint32_t s2u = (sbw & 0xffffu) | (sbw << 16);
                         uint32_t b2u = (sbw >> 16) | (sbw & 0xffff0000u);
                         __nv_bfloat162 s2 = *(__nv_bfloat162 *)&s2u, b2 = *(__nv_bfloat162 *)&b2u;
@@ -196,7 +211,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
                     }
                 }
 #pragma unroll
-                for (int nj = 0; nj < 4; nj++) {
+                for (int nj = 0; nj < NJ; nj++) {
                     bf[nj][0] = bq[nj][(kk & 1) * 2];
                     bf[nj][1] = bq[nj][(kk & 1) * 2 + 1];
                 }
@@ -204,7 +219,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-                for (int nj = 0; nj < 4; nj++) pf_mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
+                for (int nj = 0; nj < NJ; nj++) pf_mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
         }
     }
     pf_cp_async_wait<0>();
@@ -220,7 +235,7 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
             if (m >= m_end) continue;
             size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
 #pragma unroll
-            for (int nj = 0; nj < 4; nj++) {
+            for (int nj = 0; nj < NJ; nj++) {
                 float v0 = acc[mi][nj][2 * h], v1 = acc[mi][nj][2 * h + 1];
                 int col;
                 if (swiglu) {
@@ -228,9 +243,9 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
                     float u0 = acc[mi][nj + 1][2 * h], u1 = acc[mi][nj + 1][2 * h + 1];
                     v0 = gm_silu(v0) * u0;
                     v1 = gm_silu(v1) * u1;
-                    col = (n0 + wn * 32 + nj * 8) / 2 + 2 * (lane & 3);
+                    col = (n0 + wn * 8 * NJ + nj * 8) / 2 + 2 * (lane & 3);
                 } else {
-                    col = n0 + wn * 32 + nj * 8 + 2 * (lane & 3);
+                    col = n0 + wn * 8 * NJ + nj * 8 + 2 * (lane & 3);
                 }
                 size_t idx = orow + col;
                 if (out_f32) {
@@ -253,30 +268,65 @@ __global__ void __launch_bounds__(GM_THREADS, 1) gemm_mma_kernel(gemm_args p) {
     }
 }
 
-template <int BITS> static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
+template <int BITS, int WM, int NJ> static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
+    typedef gm_cfg<BITS, WM, NJ> C;
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 gm_cfg<BITS>::SMEM) != cudaSuccess)
+        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
-    dim3 grid(p->N / GM_BN, grid_y);
-    gemm_mma_kernel<BITS><<<grid, GM_THREADS, gm_cfg<BITS>::SMEM, st>>>(*p);
+    if (grid_y <= 0) return 0;
+    if (grid_y > 65535) return TL_ERR_INVALID;
+    dim3 grid(p->N / C::BN, grid_y);
+    gemm_mma_kernel<BITS, WM, NJ><<<grid, C::THREADS, C::SMEM, st>>>(*p);
     PF_LAUNCH_CHECK();
     return 0;
 }
 
-static int gemm_dispatch(const gemm_args *p, int bits, int grid_y, cudaStream_t st) {
-    if (grid_y <= 0) return 0;
-    if (grid_y > 65535) return TL_ERR_INVALID;
-    return bits == 4 ? launch_gemm<4>(p, grid_y, st) : launch_gemm<16>(p, grid_y, st);
+/* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256. */
+enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2 };
+
+static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaStream_t st) {
+#define GM_CASE(B, T, WM, NJ)                                                                     \
+    if (bits == B && tile == T) return launch_gemm<B, WM, NJ>(p, grid_y, st);
+    GM_CASE(16, GM_T128, 2, 4)
+    GM_CASE(16, GM_T64, 1, 4)
+    GM_CASE(16, GM_T256, 2, 8)
+    GM_CASE(4, GM_T128, 2, 4)
+    GM_CASE(4, GM_T64, 1, 4)
+    GM_CASE(4, GM_T256, 2, 8)
+#undef GM_CASE
+    return TL_ERR_INVALID;
+}
+
+/* note: tile choice, from the forced-tile sweep in notes/2026-12-02-prefill-kernels.md (run 2).
+ * 4-bit: 64x128 (two blocks per SM hide the dequantisation) wins everywhere except K = 512
+ * (expert/shared down), where 128x256 is 2x faster. bf16: 128x256 when that gives >= 128 blocks,
+ * else 128x128 when that does, else 64x128. TL_GEMM_TILE (0 = 128x128, 1 = 64x128, 2 = 128x256)
+ * forces one, for the tests and the dev bench. */
+static int gemm_forced_tile(int rows) {
+    const char *e = getenv("TL_GEMM_TILE");
+    int f = e && *e ? atoi(e) : -1;
+    return f >= 0 && f <= 2 && !(f == GM_T256 && rows % 256) ? f : -1;
+}
+
+static int gemm_pick_tile(int n, int rows, int cols, int bits) {
+    int forced = gemm_forced_tile(rows);
+    if (forced >= 0) return forced;
+    long b128 = (long)(rows / 128) * ((n + 127) / 128);
+    long b256 = rows % 256 ? 0 : (long)(rows / 256) * ((n + 127) / 128);
+    if (bits == 4) return cols <= 512 && b256 >= 128 ? GM_T256 : GM_T64;
+    if (b256 >= 128) return GM_T256;
+    if (b128 >= 128) return GM_T128;
+    return GM_T64;
 }
 
 static int gemm_w_ok(const tl_gpu_gemm_w *w) {
     if (!w || !w->w || (w->bits != 16 && w->bits != 4)) return 0;
     if (w->bits == 4 && !w->sb) return 0;
-    return w->rows > 0 && w->cols > 0 && w->rows % GM_BN == 0 && w->cols % GM_BK == 0;
+    return w->rows > 0 && w->cols > 0 && w->rows % GM_ROW_ALIGN == 0 && w->cols % GM_BK == 0;
 }
 
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
@@ -296,13 +346,14 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
     p.flags = flags;
     p.mode = GM_DENSE;
-    return gemm_dispatch(&p, w->bits, (n + GM_BM - 1) / GM_BM, (cudaStream_t)stream);
+    int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits), bm = tile == GM_T64 ? 64 : 128;
+    return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, (cudaStream_t)stream);
 }
 
 /* ====== MoE: plan, grouped GEMMs, combine. ====== */
 
 /* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
- * plan: off[257] (prefix of counts), ts[257] (prefix of ceil(count/128) = M tiles), perm[n*8].
+ * plan: off[257] (prefix of counts), tile prefixes for 128- and 64-row tiles, perm[n*8].
  * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
  *   cannot change any result: each output row depends only on its own input row). */
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
@@ -315,26 +366,29 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int o = 0, t = 0;
+        int o = 0, t = 0, t64 = 0;
         for (int e = 0; e < 256; e++) {
-            plan[e] = o;
-            plan[257 + e] = t;
+            plan[PLAN_OFF + e] = o;
+            plan[PLAN_TS128 + e] = t;
+            plan[PLAN_TS64 + e] = t64;
             cur[e] = o;
             o += cnt[e];
-            t += (cnt[e] + GM_BM - 1) / GM_BM;
+            t += (cnt[e] + 127) / 128;
+            t64 += (cnt[e] + 63) / 64;
         }
-        plan[256] = o;
-        plan[257 + 256] = t;
+        plan[PLAN_OFF + 256] = o;
+        plan[PLAN_TS128 + 256] = t;
+        plan[PLAN_TS64 + 256] = t64;
     }
     __syncthreads();
     for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
         int e = ids[a];
-        if (e >= 0 && e < 256) plan[514 + atomicAdd(&cur[e], 1)] = a;
+        if (e >= 0 && e < 256) plan[PLAN_PERM + atomicAdd(&cur[e], 1)] = a;
     }
 }
 
 extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) {
-    return 514 + (size_t)n_tok * 8;
+    return PLAN_PERM + (size_t)n_tok * 8;
 }
 
 extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream) {
@@ -366,9 +420,14 @@ static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, cons
         p.w_estride = (long long)tl_gpu_q4_w_bytes(w->rows, w->cols);
         p.sb_estride = (long long)tl_gpu_q4_sb_bytes(w->rows, w->cols) / 4;
     }
-    /* upper bound on M tiles: every non-empty expert adds at most one partial tile */
-    int max_tiles = (p.M + GM_BM - 1) / GM_BM + (p.M < 256 ? p.M : 256);
-    return gemm_dispatch(&p, w->bits, max_tiles, (cudaStream_t)stream);
+    /* note: 64x128 tiles measured fastest for every MoE case (n_tok 512 and 4096, bf16 and q4);
+     * grid = upper bound on M tiles (every non-empty expert adds at most one partial tile), the
+     * blocks past the plan's tile count exit at once. */
+    int tile = gemm_forced_tile(w->rows);
+    if (tile < 0) tile = GM_T64;
+    int bm = tile == GM_T64 ? 64 : 128;
+    int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256);
+    return gemm_launch(&p, w->bits, tile, max_tiles, (cudaStream_t)stream);
 }
 
 extern "C" int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,

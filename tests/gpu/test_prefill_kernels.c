@@ -445,7 +445,7 @@ static void test_moe_grouped_matches_oracle(void) {
 /* ====== Attention ====== */
 
 /* n queries at pos0 over a cache of pos0+n; paged: pages of 64 tokens in a shuffled pool. */
-static void attn_case(int n, int pos0, int paged, int with_gate) {
+static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     const int H = TL_N_HEAD, HKV = TL_N_HEAD_KV, D = TL_HEAD_DIM, kv_len = pos0 + n;
     const int qstride = H * 2 * D; /* q_proj output layout: per head [query | gate] */
     uint16_t *qb = xmalloc((size_t)n * qstride * 2);
@@ -496,10 +496,21 @@ static void attn_case(int n, int pos0, int paged, int with_gate) {
     }
     kv.k = dk, kv.v = dv;
     uint16_t *dq = dup_to_dev(qb, (size_t)n * qstride * 2);
+    float *dqf = NULL;
+    if (in_f32) { /* the same bf16 values as f32 (the kernel rounds q to bf16 anyway) */
+        float *qall = xmalloc((size_t)n * qstride * 4);
+        bf16_to_f32(qall, qb, (size_t)n * qstride);
+        dqf = dup_to_dev(qall, (size_t)n * qstride * 4);
+        free(qall);
+    }
     uint16_t *dout = dmalloc((size_t)n * H * D * 2);
     CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
-    CHECK_EQ_INT(tl_gpu_attn_prefill(dout, dq, with_gate ? dq + D : NULL, qstride, 2 * D, &kv, n,
-                                     pos0, NULL), 0);
+    if (in_f32)
+        CHECK_EQ_INT(tl_gpu_attn_prefill(dout, dqf, with_gate ? dqf + D : NULL, qstride, 2 * D, &kv,
+                                         n, pos0, TL_ATTN_IN_F32, NULL), 0);
+    else
+        CHECK_EQ_INT(tl_gpu_attn_prefill(dout, dq, with_gate ? dq + D : NULL, qstride, 2 * D, &kv,
+                                         n, pos0, 0, NULL), 0);
     uint16_t *ob = xmalloc((size_t)n * H * D * 2);
     to_host(ob, dout, (size_t)n * H * D * 2);
     float *got = xmalloc((size_t)n * H * D * 4), *ref = xmalloc((size_t)n * H * D * 4);
@@ -508,19 +519,21 @@ static void attn_case(int n, int pos0, int paged, int with_gate) {
     if (with_gate)
         for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
     char buf[96];
-    snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s", n, pos0, paged ? " paged" : "",
-             with_gate ? " gated" : "");
+    snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s%s", n, pos0, paged ? " paged" : "",
+             with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
     CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout);
+    if (dqf) cudaFree(dqf);
     if (dpages) cudaFree(dpages);
     free(qb), free(qf), free(gf), free(kb), free(vb), free(kf), free(vf), free(ob), free(got), free(ref);
 }
 
 static void test_attn_prefill_matches_oracle(void) {
-    attn_case(300, 0, 0, 1);   /* whole prompt, ragged last tile */
-    attn_case(130, 650, 0, 0); /* chunked prefill: cache already holds 650 tokens */
-    attn_case(200, 333, 1, 1); /* paged cache, unaligned pos0 */
-    attn_case(1024, 0, 1, 1);
+    attn_case(300, 0, 0, 1, 0);   /* whole prompt, ragged last tile */
+    attn_case(130, 650, 0, 0, 0); /* chunked prefill: cache already holds 650 tokens */
+    attn_case(200, 333, 1, 1, 0); /* paged cache, unaligned pos0 */
+    attn_case(1024, 0, 1, 1, 0);
+    attn_case(300, 100, 0, 1, 1); /* f32 q and gate */
 }
 
 /* ====== Gated DeltaNet ====== */
@@ -591,6 +604,24 @@ static void gdn_case(int T) {
     bf16_to_f32(o_got, ob, (size_t)T * HV * DV);
     snprintf(buf, sizeof buf, "gdn chunk T=%d bf16 output vs step", T);
     CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 4e-6 + 1e-5);
+
+    /* f32 inputs (the same values), f32 output */
+    {
+        float *cf = xmalloc((size_t)T * stride * 4);
+        bf16_to_f32(cf, cb, (size_t)T * stride);
+        float *dcf = dup_to_dev(cf, (size_t)T * stride * 4);
+        CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
+        CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dcf, dcf + HK * DK, dcf + 2 * HK * DK, stride, dg, db,
+                                      T, TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32, dws, NULL), 0);
+        to_host(o_got, dof, (size_t)T * HV * DV * 4);
+        to_host(S_got, dS, ns * 4);
+        snprintf(buf, sizeof buf, "gdn chunk T=%d f32 in: output vs step", T);
+        CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 1e-5);
+        snprintf(buf, sizeof buf, "gdn chunk T=%d f32 in: state vs step", T);
+        CHECK(report(buf, S_got, S_ref, ns) <= 1e-5);
+        cudaFree(dcf);
+        free(cf);
+    }
 
     cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob), cudaFree(dws);
     free(cb), free(q), free(k), free(v), free(g), free(beta), free(S0), free(S_ref), free(S_got);
