@@ -87,8 +87,8 @@ int cmd_info(int argc, char **argv) {
     if (c->quant_bits)
         printf("quantization affine, %d-bit, group %d (per-module overrides honoured from shapes)\n",
                c->quant_bits, c->quant_group);
-    printf("files        %d%s (prefix \"%s\"), opened in %.3f s\n", p->n_files,
-           p->index_path ? " shards via model.safetensors.index.json" : " (model.safetensors)",
+    printf("files        %d safetensors file%s%s (prefix \"%s\"), opened in %.3f s\n", p->n_files,
+           p->n_files == 1 ? "" : "s", p->index_path ? " via model.safetensors.index.json" : "",
            p->prefix, t_load);
     printf("dims         hidden %d, layers %d, vocab %d, max_pos %d, rms_eps %g\n", c->n_embd,
            c->n_layer, c->n_vocab, c->max_pos, (double)c->rms_eps);

@@ -72,7 +72,7 @@ typedef struct unit {
     unit_kind kind;
     const tl_mat *mats;  /* QMAT/FMAT: n_mats views; stacked along a leading dim when > 1 */
     int n_mats, stacked, bits;
-    const float *vec;    /* U_VEC: f32 values */
+    const float *vec;    /* U_VEC: f32 values, written as bf16 */
     const tl_tensor *raw; /* U_RAW: bytes copied as stored */
     int ndim;
     int64_t shape[3];    /* U_VEC/U_RAW output shape */
@@ -133,8 +133,8 @@ static void plan_vec(plan *p, const char *name, const float *v, int n) {
     u->vec = v;
     u->ndim = 1;
     u->shape[0] = n;
-    u->bytes = (size_t)n * 4;
-    u->align4 = 1;
+    u->bytes = (size_t)n * 2;
+    u->align4 = u->bytes % 4 == 0;
 }
 
 static int plan_raw(plan *p, const tl_model *m, const char *src, const char *dst, int ndim,
@@ -237,7 +237,7 @@ static int unit_entries(const unit *u, int group, tl_st_entry *e, char nb[3][208
     }
     snprintf(nb[0], 208, "%s", u->name);
     e[0] = (tl_st_entry){.name = nb[0], .ndim = u->ndim};
-    e[0].dtype = u->kind == U_VEC ? TL_DT_F32 : u->raw->dtype;
+    e[0].dtype = u->kind == U_VEC ? TL_DT_BF16 : u->raw->dtype;
     for (int d = 0; d < u->ndim; d++) e[0].shape[d] = u->shape[d];
     return 1;
 }
@@ -278,7 +278,11 @@ static int write_unit(FILE *fp, const unit *u, int group, const char *path, char
                       size_t errlen) {
     int ok = 1;
     if (u->kind == U_VEC) {
-        ok = fwrite(u->vec, 4, (size_t)u->shape[0], fp) == (size_t)u->shape[0];
+        /* 1+w rounded to bf16: what mlx's sanitize computes (w + 1.0 on a bf16 array) */
+        for (int64_t i = 0; ok && i < u->shape[0]; i++) {
+            uint16_t h = tl_f32_to_bf16(u->vec[i]);
+            ok = fwrite(&h, 2, 1, fp) == 1;
+        }
     } else if (u->kind == U_RAW) {
         ok = !u->bytes || fwrite(u->raw->data, 1, u->bytes, fp) == u->bytes;
     } else if (u->kind == U_FMAT) {

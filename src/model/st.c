@@ -124,7 +124,7 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
     f->tensors = xcalloc(n ? n : 1, sizeof *f->tensors);
     f->names = xmalloc(names_len + 1);
     size_t npos = 0;
-    int nt = 0;
+    int nt = 0, misaligned = 0;
     json_object_foreach(root, key, val) {
         if (!strcmp(key, "__metadata__")) continue;
         tl_tensor *t = &f->tensors[nt];
@@ -200,13 +200,7 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
         }
         t->data = f->data + beg;
         t->nbytes = (size_t)bytes;
-        if (bytes && (uintptr_t)t->data % tl_dtype_size(t->dtype)) {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT,
-                         "%s: tensor '%s': data at offset %llu is not aligned to its %zu-byte "
-                         "elements",
-                         path, key, (unsigned long long)beg, tl_dtype_size(t->dtype));
-            goto fail;
-        }
+        if (bytes && (uintptr_t)t->data % tl_dtype_size(t->dtype)) misaligned = 1;
         size_t kl = strlen(key);
         memcpy(f->names + npos, key, kl + 1);
         t->name = f->names + npos;
@@ -233,11 +227,30 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
     }
     free(order);
     json_decref(root);
+    /* Writers that do not pad the header (mlx's does not) leave every tensor at an odd address.
+     * Consumers read words and floats directly, so such a file gets an aligned private copy of
+     * its data section (costs memory and one copy; the mapping is released by tl_st_open). */
+    if (misaligned) {
+        size_t cap = (f->data_size + 63) & ~(size_t)63;
+        uint8_t *own = aligned_alloc(64, cap ? cap : 64);
+        if (!own) {
+            st = tl_errf(err, errlen, TL_ERR_NOMEM,
+                         "%s: out of memory copying the %zu-byte data section into alignment",
+                         path, f->data_size);
+            goto fail_names;
+        }
+        memcpy(own, f->data, f->data_size);
+        for (int i = 0; i < nt; i++)
+            f->tensors[i].data = own + ((const uint8_t *)f->tensors[i].data - f->data);
+        f->data = own;
+        f->own = own;
+    }
     f->path = xstrdup(path);
     return TL_OK;
 fail:
     free(order);
     json_decref(root);
+fail_names:
     free(f->tensors);
     free(f->names);
     memset(f, 0, sizeof *f);
@@ -267,6 +280,10 @@ int tl_st_open(tl_st_file *f, const char *path, char *err, size_t errlen) {
         munmap(map, size);
         return st;
     }
+    if (f->own) { /* the data now lives in the aligned copy */
+        munmap(map, size);
+        return TL_OK;
+    }
     f->map = map;
     f->map_size = size;
     return TL_OK;
@@ -275,6 +292,7 @@ int tl_st_open(tl_st_file *f, const char *path, char *err, size_t errlen) {
 void tl_st_close(tl_st_file *f) {
     if (!f) return;
     if (f->map) munmap(f->map, f->map_size);
+    free(f->own);
     free(f->tensors);
     free(f->names);
     free(f->path);

@@ -120,6 +120,10 @@ static int mat_close(const tl_mat *q, const tl_mat *f, double *max_rel) {
     return ok;
 }
 
+static float bf16r(float x) {
+    return tl_bf16_to_f32(tl_f32_to_bf16(x));
+}
+
 static void compare_models(const tl_model *h, const tl_model *q, int bits, int group) {
     const tl_config *c = &h->cfg;
     double mr = 0;
@@ -130,19 +134,20 @@ static void compare_models(const tl_model *h, const tl_model *q, int bits, int g
     CHECK(mat_close(&q->tok_embd, &h->tok_embd, &mr));
     CHECK(mat_close(&q->output, &h->output, &mr));
     CHECK_EQ_INT(q->tok_embd.bits, c->n_embd % group ? 0 : bits);
-    for (int i = 0; i < c->n_embd; i++) CHECK(q->out_norm[i] == h->out_norm[i]);
+    for (int i = 0; i < c->n_embd; i++) CHECK(q->out_norm[i] == bf16r(h->out_norm[i]));
     for (int il = 0; il < c->n_layer; il++) {
         const tl_layer *a = &h->layers[il], *b = &q->layers[il];
         CHECK_EQ_INT(b->kind, a->kind);
-        for (int i = 0; i < c->n_embd; i++) CHECK(a->attn_norm[i] == b->attn_norm[i]);
-        for (int i = 0; i < c->n_embd; i++) CHECK(a->ffn_norm[i] == b->ffn_norm[i]);
+        /* norms are stored as bf16(1 + w), as mlx's conversion rounds them */
+        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
+        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
         if (a->kind == TL_LAYER_ATTN) {
             CHECK(mat_close(&b->attn_q, &a->attn_q, &mr));
             CHECK(mat_close(&b->attn_k, &a->attn_k, &mr));
             CHECK(mat_close(&b->attn_v, &a->attn_v, &mr));
             CHECK(mat_close(&b->attn_o, &a->attn_o, &mr));
-            for (int i = 0; i < c->head_dim; i++) CHECK(a->attn_q_norm[i] == b->attn_q_norm[i]);
-            for (int i = 0; i < c->head_dim; i++) CHECK(a->attn_k_norm[i] == b->attn_k_norm[i]);
+            for (int i = 0; i < c->head_dim; i++) CHECK(bf16r(a->attn_q_norm[i]) == b->attn_q_norm[i]);
+            for (int i = 0; i < c->head_dim; i++) CHECK(bf16r(a->attn_k_norm[i]) == b->attn_k_norm[i]);
         } else {
             CHECK(mat_close(&b->gdn_qkv, &a->gdn_qkv, &mr));
             CHECK(mat_close(&b->gdn_z, &a->gdn_z, &mr));
@@ -276,6 +281,13 @@ static void dq_raw(dq_list *L, const tl_model *h, const char *name) {
     L->buf[L->n++] = NULL;
 }
 
+static void dq_norm(dq_list *L, const char *name, const float *v, int n) {
+    float *x = xmalloc((size_t)n * sizeof *x);
+    for (int i = 0; i < n; i++) x[i] = v[i] - 1.0f;
+    L->e[L->n] = (tl_st_entry){.name = xstrdup(name), .dtype = TL_DT_F32, .ndim = 1, .shape = {n}, .data = x};
+    L->buf[L->n++] = x;
+}
+
 /* Writes q's weights dequantized to F32 under HF names (per-expert form); vectors copied from h. */
 static int write_dequantized(const tl_model *q, const tl_model *h, const char *in, const char *dir) {
     dq_list *L = xcalloc(1, sizeof *L);
@@ -310,23 +322,27 @@ static int write_dequantized(const tl_model *q, const tl_model *h, const char *i
             dq_mat(L, NM("%slayers.%d.mlp.experts.%d.down_proj.weight", P, il, e), &Y->exp_down[e]);
         }
     }
-    /* 2-byte tensors last so every F32 stays aligned */
-    int first_raw = L->n;
-    dq_raw(L, h, NM("%snorm.weight", P));
+    /* RMSNorm1p weights back to HF's zero-centred form: bf16(1+w) - 1 is exact in f32 and the
+     * HF loader's +1 restores the MLX value bit for bit */
+    dq_norm(L, NM("%snorm.weight", P), q->out_norm, c->n_embd);
     for (int il = 0; il < c->n_layer; il++) {
-        dq_raw(L, h, NM("%slayers.%d.input_layernorm.weight", P, il));
-        dq_raw(L, h, NM("%slayers.%d.post_attention_layernorm.weight", P, il));
-        if (q->layers[il].kind == TL_LAYER_ATTN) {
-            dq_raw(L, h, NM("%slayers.%d.self_attn.q_norm.weight", P, il));
-            dq_raw(L, h, NM("%slayers.%d.self_attn.k_norm.weight", P, il));
-        } else {
+        const tl_layer *Y = &q->layers[il];
+        dq_norm(L, NM("%slayers.%d.input_layernorm.weight", P, il), Y->attn_norm, c->n_embd);
+        dq_norm(L, NM("%slayers.%d.post_attention_layernorm.weight", P, il), Y->ffn_norm, c->n_embd);
+        if (Y->kind == TL_LAYER_ATTN) {
+            dq_norm(L, NM("%slayers.%d.self_attn.q_norm.weight", P, il), Y->attn_q_norm, c->head_dim);
+            dq_norm(L, NM("%slayers.%d.self_attn.k_norm.weight", P, il), Y->attn_k_norm, c->head_dim);
+        }
+    }
+    /* 2-byte tensors last so every F32 stays aligned */
+    for (int il = 0; il < c->n_layer; il++) {
+        if (q->layers[il].kind != TL_LAYER_ATTN) {
             dq_raw(L, h, NM("%slayers.%d.linear_attn.conv1d.weight", P, il));
             dq_raw(L, h, NM("%slayers.%d.linear_attn.dt_bias", P, il));
             dq_raw(L, h, NM("%slayers.%d.linear_attn.A_log", P, il));
             dq_raw(L, h, NM("%slayers.%d.linear_attn.norm.weight", P, il));
         }
     }
-    (void)first_raw;
 #undef NM
     char err[512], p[300], src[300];
     mkdir(dir, 0755);
@@ -444,6 +460,47 @@ static void test_mlx_config_mismatch(void) {
     tc_rmdir(out);
 }
 
+/* tests/data/tiny-a-mlx was written by mlx-lm's own converter from tiny-a: the loader reads it
+ * (unpadded header, so the data is misaligned in the file) and `tulip quantize` of tiny-a writes
+ * the very same tensors, byte for byte. */
+static void test_matches_mlx_lm_conversion(void) {
+    const char *ref = "tests/data/tiny-a-mlx";
+    if (access("tests/data/tiny-a-mlx/config.json", R_OK) || access("tests/data/tiny-a/config.json", R_OK)) {
+        printf("# fixtures not present\n");
+        return;
+    }
+    char out[256], err[512] = "";
+    tc_tmpdir(out, sizeof out, "vsmlx");
+    CHECK_EQ_INT(tl_quantize_checkpoint("tests/data/tiny-a", out, 4, 64, 0, NULL, err, sizeof err), 0);
+    tl_model *r = NULL, *o = NULL;
+    int st = tl_model_open(&r, ref, err, sizeof err);
+    if (st) fprintf(stderr, "open %s: %s\n", ref, err);
+    CHECK_EQ_INT(st, 0);
+    CHECK_EQ_INT(tl_model_open(&o, out, err, sizeof err), 0);
+    if (r && o) {
+        CHECK_EQ_INT(r->format, TL_CKPT_MLX);
+        CHECK_EQ_INT(r->n_tensors, o->n_tensors);
+        int same = 0;
+        for (int i = 0; i < r->n_tensors; i++) {
+            const tl_tensor *a = &r->tensors[i], *b = tl_model_find(o, a->name);
+            int ok = b && a->dtype == b->dtype && a->ndim == b->ndim && a->nbytes == b->nbytes &&
+                     !memcmp(a->shape, b->shape, sizeof a->shape) &&
+                     !memcmp(a->data, b->data, a->nbytes);
+            if (!ok) fprintf(stderr, "differs from mlx-lm: %s\n", a->name);
+            same += ok;
+        }
+        printf("# %d of %d tensors identical to mlx-lm's conversion\n", same, r->n_tensors);
+        CHECK_EQ_INT(same, r->n_tensors);
+        CHECK(same > 100);
+        CHECK_EQ_INT(r->layers[0].moe_router.bits, 8);
+        CHECK_EQ_INT(r->layers[0].exp_down[3].bits, 0); /* ff 32 < group 64: left bf16 */
+        CHECK_EQ_INT(r->layers[3].attn_q.bits, 4);
+    }
+    tl_model_close(r);
+    tl_model_close(o);
+    tc_rmdir(out);
+}
+
 int main(void) {
     T_RUN(test_group_hand_cases);
     T_RUN(test_row_packing_and_bound);
@@ -452,5 +509,6 @@ int main(void) {
     T_RUN(test_quantize_refusals);
     T_RUN(test_quantized_forward_matches_dequantized);
     T_RUN(test_mlx_config_mismatch);
+    T_RUN(test_matches_mlx_lm_conversion);
     return t_summary();
 }
