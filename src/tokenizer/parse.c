@@ -268,7 +268,7 @@ static int param_type(const tl_parser *p, const char *name, size_t n) {
     return V_STR;
 }
 
-/* Integer text -> normalised JSON integer (any size) in b; 0 if s is not one. */
+/* Integer text -> normalised JSON integer in b; 0 if s is not one (or is outside int64). */
 static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
     while (n && is_ws(*s)) s++, n--;
     while (n && is_ws(s[n - 1])) n--;
@@ -278,6 +278,8 @@ static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
     for (size_t i = 0; i < n; i++)
         if (s[i] < '0' || s[i] > '9') return 0;
     while (n > 1 && *s == '0') s++, n--;
+    /* int64 only (vLLM's Python ints are unbounded; beyond int64 JSON readers lose or reject them) */
+    if (n > 19 || (n == 19 && memcmp(s, neg ? "9223372036854775808" : "9223372036854775807", 19) > 0)) return 0;
     if (neg && !(n == 1 && *s == '0')) tl_chat_buf_put(b, "-", 1);
     tl_chat_buf_put(b, s, n);
     return 1;
@@ -309,7 +311,7 @@ static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
     tmp[n] = 0;
     double x = strtod(tmp, NULL);
     if (!isfinite(x)) return 0;
-    if (x == trunc(x)) {
+    if (x == trunc(x) && fabs(x) < 9223372036854775808.0) { /* integral: as an integer, within int64 */
         char out[400];
         snprintf(out, sizeof out, "%.0f", x == 0 ? 0.0 : x); /* exact integer of the double */
         tl_chat_buf_puts(b, out);

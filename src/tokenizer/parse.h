@@ -34,9 +34,10 @@
  *     "type" in function.parameters.properties), following vLLM's qwen3_coder parser:
  *       "null" (any case)                        -> null, whatever the type
  *       string/str/text/varchar/char/enum, unknown parameter, no schema -> string
- *       int*, uint*, long*, short*, unsigned*    -> integer if the text is one, else string
- *       num*, float*                             -> number (integral values as integers, as
- *                                                   vLLM does), else string
+ *       int*, uint*, long*, short*, unsigned*    -> integer if the text is one (int64), else
+ *                                                   string
+ *       num*, float*                             -> number (integral values within int64 as
+ *                                                   integers, as vLLM does), else string
  *       boolean/bool/binary                      -> true/false if the text is one, else string
  *       object/array/arr/dict* / list* and others  -> the JSON value if the text parses, else
  *                                                   string

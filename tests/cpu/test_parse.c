@@ -247,11 +247,15 @@ static void test_tool_calls(void) {
     parse("</think><tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n"
           "<parameter=ratio>\n3.0\n</parameter>\n<parameter=metric>\nyes\n</parameter>\n"
           "<parameter=opts>\n{broken\n</parameter>\n<parameter=tags>\n1e400\n</parameter>\n"
-          "<parameter=maybe>\nNULL\n</parameter>\n</function>\n</tool_call>",
+          "<parameter=maybe>\nNULL\n</parameter>\n<parameter=days>\n-9223372036854775808\n</parameter>\n"
+          "<parameter=days>\n9223372036854775808\n</parameter>\n<parameter=ratio>\n1e20\n</parameter>\n"
+          "<parameter=ratio>\n-0.0\n</parameter>\n</function>\n</tool_call>",
           &o, &r);
     if (r.n_calls == 1)
         CHECK_STR(r.calls[0].arguments, "{\"days\": \"three\", \"ratio\": 3, \"metric\": \"yes\", \"opts\": "
-                                        "\"{broken\", \"tags\": \"1e400\", \"maybe\": null}");
+                                        "\"{broken\", \"tags\": \"1e400\", \"maybe\": null, \"days\": "
+                                        "-9223372036854775808, \"days\": \"9223372036854775808\", \"ratio\": 1e+20, "
+                                        "\"ratio\": 0}");
     tl_parse_result_free(&r);
 
     /* no schema: strings; multi-line values keep inner newlines; escapes */
