@@ -265,7 +265,8 @@ typedef struct {
 } attn_ctx;
 static void attn_run(void *c) {
     attn_ctx *a = (attn_ctx *)c;
-    OK(tl_gpu_attn_prefill(a->o, a->q, a->q + 256, 16 * 512, 512, &a->kv, a->n, a->pos0, 0, NULL));
+    tl_gpu_heads q = {a->q, 16 * 512, 512}, g = {a->q + 256, 16 * 512, 512};
+    OK(tl_gpu_attn_prefill(a->o, &q, &g, &a->kv, a->n, a->pos0, 0, NULL));
 }
 static void bench_attn(void) {
     static const int cases[][2] = {{512, 0}, {4096, 0}, {4096, 28672}, {8192, 0}};

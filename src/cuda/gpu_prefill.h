@@ -87,7 +87,9 @@ int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const voi
  * 4. tl_gpu_moe_pf_combine: out[t] = res[t] + sum_s wts[t,s] * yslot[t*8+s]
  *                                 + sigmoid(sh_logit[t]) * shared[t]   (if shared != NULL)
  *    out/res bf16, or f32 with TL_GEMM_OUT_F32; res may be out or NULL; shared bf16 [n_tok,
- *    TL_N_EMBD]; wts f32 [n_tok, 8]; sh_logit f32 [n_tok]. Sums in slot order (deterministic). */
+ *    TL_N_EMBD]; wts f32 [n_tok, 8]; sh_logit f32 [n_tok] = shared_expert_gate . x (the kernel
+ *    applies the sigmoid). Sums in slot order (deterministic).
+ * The shared expert itself is two dense GEMMs: tl_gpu_gemm(TL_GEMM_SWIGLU) then tl_gpu_gemm. */
 size_t tl_gpu_moe_pf_plan_ints(int n_tok);
 int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream);
 int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
@@ -95,8 +97,8 @@ int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w
 int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
                     const int32_t *plan, int n_tok, void *stream);
 int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
-                       const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
-                       void *stream);
+                          const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
+                          void *stream);
 
 /* ====== Causal prefill attention (gated, head_dim 256, 16 q heads / 2 kv heads). ======
  * note: KV cache view. Position p, kv head h, dim d of K lives at
@@ -114,12 +116,16 @@ typedef struct tl_gpu_kv_view {
 /* o[t, h*256 + d] = sigmoid(gate[t,h,d]) * sum_j softmax_j(q_t . k_j / 16) v_j[d], j <= pos0+t,
  * for n queries at positions pos0..pos0+n-1 over the cache 0..pos0+n-1 (which must already hold
  * this chunk's K and V). q/gate bf16 (f32 with TL_ATTN_IN_F32; q is rounded to bf16 for the
- * tensor cores): element (t, h, d) at q[t*q_tok_stride + h*q_head_stride + d] (q after q_norm
- * and RoPE); gate uses the same strides, or is NULL (no gate). o bf16 [n, 16*256]. fp32 softmax. */
+ * tensor cores): element (t, h, d) at q[t*q->tok_stride + h*q->head_stride + d] (q after q_norm
+ * and RoPE), gate likewise with its own strides, or gate->p == NULL (no gate). Strides are in
+ * elements, multiples of 8. o bf16 [n, 16*256]. fp32 softmax. */
 enum { TL_ATTN_IN_F32 = 1 };
-int tl_gpu_attn_prefill(uint16_t *o, const void *q, const void *gate, int q_tok_stride,
-                        int q_head_stride, const tl_gpu_kv_view *kv, int n, int pos0, int flags,
-                        void *stream);
+typedef struct tl_gpu_heads {
+    const void *p;
+    int tok_stride, head_stride;
+} tl_gpu_heads;
+int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
+                        const tl_gpu_kv_view *kv, int n, int pos0, int flags, void *stream);
 
 /* ====== Chunked Gated DeltaNet (chunk 64). ======
  * The delta rule of MODEL.md §2.4 step 7 over T tokens of one sequence, equal to cpu_gdn_step
@@ -138,6 +144,11 @@ enum {
     TL_GDN_IN_F32 = 4,
 };
 size_t tl_gpu_gdn_chunk_ws_bytes(void);
+/* Gates from the projections (MODEL.md §2.4 step 4), fp32: for token t and value head h,
+ * g[t,h] = a_neg[h] * softplus(a[t*ld + h] + dt_bias[h]), beta[t,h] = sigmoid(b[t*ld + h]);
+ * a, b f32 rows of stride ld (e.g. columns of the fused in-projection output); a_neg = -exp(A_log). */
+int tl_gpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int ld,
+                     const float *dt_bias, const float *a_neg, int T, void *stream);
 int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
                      int tok_stride, const float *g, const float *beta, int T, int flags, void *ws,
                      void *stream);

@@ -16,7 +16,7 @@
 #define AP_SMEM    (3 * AP_TILE_ELEMS * 2)
 
 /* math: o[t,h,:] = sigmoid(gate[t,h,:]) * sum_{j <= pos0+t} softmax_j(q[t,h].k[j,h/8] / 16) v[j,h/8]
- * shapes: q/gate bf16 or f32, (t, h, d) at [t*q_tok_stride + h*q_head_stride + d]; K/V through the
+ * shapes: q/gate bf16 or f32, (t, h, d) at [t*tok_stride + h*head_stride + d]; K/V through the
  *   tl_gpu_kv_view; o bf16 [n, 16*256].
  * threads: block = (64 queries, one q head), 4 warps; warp w owns query rows 16w..16w+15 (mma
  *   fragments: a lane holds rows lane/4 and lane/4+8). S = Q K^T per 64-key tile (16 x 64 per
@@ -26,8 +26,10 @@
  * bytes: Q once; K, V of the causal prefix once per query tile (8 q heads re-read them from L2).
  * reference: cpu_attention with bf16-rounded inputs (tests/gpu/test_prefill_kernels.c). */
 __global__ void __launch_bounds__(AP_THREADS, 2)
-attn_prefill_kernel(uint16_t *o, const void *qv, const void *gatev, int q_tok_stride,
-                    int q_head_stride, tl_gpu_kv_view kv, int n, int pos0, int in_f32) {
+attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
+                    int pos0, int in_f32) {
+    const void *qv = qh.p, *gatev = gh.p;
+    const int q_tok_stride = qh.tok_stride, q_head_stride = qh.head_stride;
     extern __shared__ __align__(128) uint16_t ap_smem[];
     uint16_t *sQ = ap_smem, *sK = ap_smem + AP_TILE_ELEMS, *sV = ap_smem + 2 * AP_TILE_ELEMS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -192,7 +194,7 @@ attn_prefill_kernel(uint16_t *o, const void *qv, const void *gatev, int q_tok_st
         int t = q0 + warp * 16 + (lane >> 2) + hr * 8;
         if (t >= n) continue;
         float inv = 1.0f / lrow[hr];
-        size_t goff = (size_t)t * q_tok_stride + (size_t)h * q_head_stride;
+        size_t goff = (size_t)t * gh.tok_stride + (size_t)h * gh.head_stride;
         uint16_t *op = o + (size_t)t * (TL_N_HEAD * AP_D) + h * AP_D;
 #pragma unroll
         for (int nt = 0; nt < 32; nt++) {
@@ -215,11 +217,14 @@ attn_prefill_kernel(uint16_t *o, const void *qv, const void *gatev, int q_tok_st
     }
 }
 
-extern "C" int tl_gpu_attn_prefill(uint16_t *o, const void *q, const void *gate,
-                                   int q_tok_stride, int q_head_stride, const tl_gpu_kv_view *kv,
-                                   int n, int pos0, int flags, void *stream) {
-    if (!o || !q || !kv || !kv->k || !kv->v || n < 0 || pos0 < 0) return TL_ERR_INVALID;
-    if (q_tok_stride % 8 || q_head_stride % 8 || kv->tok_stride % 8 || kv->tok_stride < 512)
+extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
+                                   const tl_gpu_kv_view *kv, int n, int pos0, int flags,
+                                   void *stream) {
+    if (!o || !q || !q->p || !kv || !kv->k || !kv->v || n < 0 || pos0 < 0) return TL_ERR_INVALID;
+    tl_gpu_heads g = {NULL, 0, 0};
+    if (gate && gate->p) g = *gate;
+    if (q->tok_stride % 8 || q->head_stride % 8 || g.tok_stride % 8 || g.head_stride % 8 ||
+        kv->tok_stride % 8 || kv->tok_stride < 512)
         return TL_ERR_INVALID;
     if (kv->pages && (kv->page_tokens <= 0 || kv->page_tokens % AP_BK || kv->page_stride % 8))
         return TL_ERR_INVALID;
@@ -233,7 +238,7 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const void *q, const void *gate,
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
     attn_prefill_kernel<<<grid, AP_THREADS, AP_SMEM, (cudaStream_t)stream>>>(
-        o, q, gate, q_tok_stride, q_head_stride, *kv, n, pos0, flags & TL_ATTN_IN_F32);
+        o, *q, g, *kv, n, pos0, flags & TL_ATTN_IN_F32);
     PF_LAUNCH_CHECK();
     return 0;
 }

@@ -383,6 +383,29 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
     }
 }
 
+/* math: g = a_neg softplus(a + dt_bias) (torch softplus, threshold 20), beta = sigmoid(b).
+ * threads: one per (token, head). reference: cpu_softplus / cpu_sigmoid in the test. */
+__global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b, int ld,
+                                 const float *dt_bias, const float *a_neg, int T) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * GC_NH) return;
+    int t = i / GC_NH, h = i % GC_NH;
+    float x = a[(size_t)t * ld + h] + dt_bias[h];
+    float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = a_neg[h] * sp;
+    beta[i] = 1.0f / (1.0f + expf(-b[(size_t)t * ld + h]));
+}
+
+extern "C" int tl_gpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int ld,
+                                const float *dt_bias, const float *a_neg, int T, void *stream) {
+    if (!g || !beta || !a || !b || !dt_bias || !a_neg || T < 0 || ld < GC_NH) return TL_ERR_INVALID;
+    if (T == 0) return 0;
+    gdn_gates_kernel<<<(T * GC_NH + 255) / 256, 256, 0, (cudaStream_t)stream>>>(g, beta, a, b, ld,
+                                                                                dt_bias, a_neg, T);
+    PF_LAUNCH_CHECK();
+    return 0;
+}
+
 extern "C" size_t tl_gpu_gdn_chunk_ws_bytes(void) {
     return (size_t)(GC_SEG / GC_L) * GC_NH * GC_WS_FLOATS * 4;
 }

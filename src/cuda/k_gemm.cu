@@ -490,8 +490,8 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
 }
 
 extern "C" int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot,
-                                  const float *wts, const uint16_t *shared, const float *sh_logit,
-                                  int n_tok, int flags, void *stream) {
+                                     const float *wts, const uint16_t *shared, const float *sh_logit,
+                                     int n_tok, int flags, void *stream) {
     if (!out || !yslot || !wts || n_tok < 0 || (shared && !sh_logit)) return TL_ERR_INVALID;
     if (n_tok == 0) return 0;
     moe_combine_kernel<<<n_tok, 256, 0, (cudaStream_t)stream>>>(

@@ -505,12 +505,10 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     }
     uint16_t *dout = dmalloc((size_t)n * H * D * 2);
     CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
-    if (in_f32)
-        CHECK_EQ_INT(tl_gpu_attn_prefill(dout, dqf, with_gate ? dqf + D : NULL, qstride, 2 * D, &kv,
-                                         n, pos0, TL_ATTN_IN_F32, NULL), 0);
-    else
-        CHECK_EQ_INT(tl_gpu_attn_prefill(dout, dq, with_gate ? dq + D : NULL, qstride, 2 * D, &kv,
-                                         n, pos0, 0, NULL), 0);
+    tl_gpu_heads qh = {in_f32 ? (const void *)dqf : (const void *)dq, qstride, 2 * D};
+    tl_gpu_heads gh = {NULL, qstride, 2 * D};
+    if (with_gate) gh.p = in_f32 ? (const void *)(dqf + D) : (const void *)(dq + D);
+    CHECK_EQ_INT(tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
     uint16_t *ob = xmalloc((size_t)n * H * D * 2);
     to_host(ob, dout, (size_t)n * H * D * 2);
     float *got = xmalloc((size_t)n * H * D * 4), *ref = xmalloc((size_t)n * H * D * 4);
@@ -628,6 +626,37 @@ static void gdn_case(int T) {
     free(o_ref), free(o_got), free(ob);
 }
 
+/* g and beta from projection columns (fused in-proj layout: a, b at offsets of a wide row). */
+static void test_gdn_gates_match_oracle(void) {
+    const int T = 333, HV = TL_GDN_N_V_HEAD, ld = 100;
+    float *proj = xmalloc((size_t)T * ld * 4), *dtb = xmalloc(HV * 4), *aneg = xmalloc(HV * 4);
+    for (int i = 0; i < T * ld; i++) proj[i] = 12.0f * t_randf(&rng); /* crosses softplus' 20 */
+    for (int h = 0; h < HV; h++) dtb[h] = 10.0f * t_randf(&rng), aneg[h] = -expf(t_randf(&rng));
+    float *dp = dup_to_dev(proj, (size_t)T * ld * 4), *ddt = dup_to_dev(dtb, HV * 4);
+    float *dan = dup_to_dev(aneg, HV * 4), *dg = dmalloc((size_t)T * HV * 4), *db = dmalloc((size_t)T * HV * 4);
+    CHECK_EQ_INT(tl_gpu_gdn_gates(dg, db, dp + 3, dp + 3 + HV, ld, ddt, dan, T, NULL), 0);
+    float *g = xmalloc((size_t)T * HV * 4), *b = xmalloc((size_t)T * HV * 4);
+    float *gr = xmalloc((size_t)T * HV * 4), *br = xmalloc((size_t)T * HV * 4);
+    to_host(g, dg, (size_t)T * HV * 4);
+    to_host(b, db, (size_t)T * HV * 4);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HV; h++) {
+            gr[t * HV + h] = aneg[h] * cpu_softplus(proj[(size_t)t * ld + 3 + h] + dtb[h]);
+            br[t * HV + h] = cpu_sigmoid(proj[(size_t)t * ld + 3 + HV + h]);
+        }
+    /* elementwise fp32 (STYLE.md): |d| <= 1e-6 + 1e-5 |ref| */
+    int bad = 0;
+    for (int i = 0; i < T * HV; i++) {
+        if (!(fabsf(g[i] - gr[i]) <= 1e-6f + 1e-5f * fabsf(gr[i]))) bad++;
+        if (!(fabsf(b[i] - br[i]) <= 1e-6f + 1e-5f * fabsf(br[i]))) bad++;
+    }
+    report("gdn gates g", g, gr, (size_t)T * HV);
+    report("gdn gates beta", b, br, (size_t)T * HV);
+    CHECK_EQ_INT(bad, 0);
+    cudaFree(dp), cudaFree(ddt), cudaFree(dan), cudaFree(dg), cudaFree(db);
+    free(proj), free(dtb), free(aneg), free(g), free(b), free(gr), free(br);
+}
+
 static void test_gdn_chunk_matches_recurrence(void) {
     gdn_case(200);
     gdn_case(64);
@@ -647,6 +676,7 @@ int main(void) {
     T_RUN(test_gemm_epilogues);
     T_RUN(test_moe_grouped_matches_oracle);
     T_RUN(test_attn_prefill_matches_oracle);
+    T_RUN(test_gdn_gates_match_oracle);
     T_RUN(test_gdn_chunk_matches_recurrence);
     return t_summary();
 }
