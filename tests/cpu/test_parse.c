@@ -450,6 +450,85 @@ static void test_streaming_holds_tags(void) {
     tl_parser_free(p);
 }
 
+/* Template and parser are inverses: an assistant message with tool calls rendered by chat.c
+ * (the template's own format) parses back into the same content and the same arguments, typed
+ * by a schema that matches the values. */
+static json_t *rand_value(unsigned long long *seed, const char **type) {
+    static const char *words[] = {"Paris", "multi\nline", " spaced ", "\u4e2d\u6587 \"q\" \\", "<b>x</b>", "nul", "a\tb"};
+    switch (t_rng_next(seed) % 6) {
+    case 0: *type = "integer"; return json_integer((json_int_t)(t_rng_next(seed) % 2000001) - 1000000);
+    case 1: *type = "number"; return json_real((double)(t_rng_next(seed) % 100000) / 64.0 + 1.0 / 128);
+    case 2: *type = "boolean"; return json_boolean(t_rng_next(seed) & 1);
+    case 3: *type = "object"; return json_pack("{s:i,s:[s,f,n]}", "k", 1, "l", "x", 2.5);
+    case 4: *type = "array"; return json_pack("[i,s,{s:b}]", 7, "y", "z", 1);
+    default: *type = "string"; return json_string(words[t_rng_next(seed) % 7]);
+    }
+}
+
+static void test_roundtrip_template(void) {
+    unsigned long long seed = 12345;
+    int bad = 0, n_calls_total = 0;
+    for (int c = 0; c < 200; c++) {
+        json_t *props = json_object(), *calls = json_array(), *want_args = json_array();
+        int nc = 1 + (int)(t_rng_next(&seed) % 3);
+        for (int k = 0; k < nc; k++) {
+            json_t *args = json_object();
+            int np = (int)(t_rng_next(&seed) % 5);
+            for (int j = 0; j < np; j++) {
+                char key[32];
+                const char *type;
+                snprintf(key, sizeof key, "p%d_%d", k, j);
+                json_object_set_new(args, key, rand_value(&seed, &type));
+                json_object_set_new(props, key, json_pack("{s:s}", "type", type));
+            }
+            json_array_append_new(calls, json_pack("{s:s,s:{s:s,s:O}}", "type", "function", "function", "name",
+                                                   "fn", "arguments", args));
+            json_array_append(want_args, args);
+            json_decref(args);
+        }
+        const char *content = (t_rng_next(&seed) & 1) ? "Let me check that." : "";
+        json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s,s:O}]", "role", "user", "content", "q", "role", "assistant",
+                                 "content", content, "tool_calls", calls);
+        json_t *tools = json_pack("[{s:s,s:{s:s,s:{s:s,s:O}}}]", "type", "function", "function", "name", "fn",
+                                  "parameters", "type", "object", "properties", props);
+        tl_chat_opts co = {0, 0, 0};
+        char *prompt = NULL, err[256];
+        if (tl_chat_render(msgs, tools, &co, &prompt, NULL, err, sizeof err)) {
+            fprintf(stderr, "render failed: %s\n", err);
+            bad++;
+        } else {
+            /* the assistant turn's text, as the model would have generated it */
+            const char *a = strstr(prompt, "<|im_start|>assistant\n");
+            a = a ? a + strlen("<|im_start|>assistant\n") : prompt;
+            const char *th = strstr(a, "</think>\n\n"); /* after the last query: an empty think block */
+            if (th) a = th + strlen("</think>\n\n");
+            const char *z = strstr(a, "<|im_end|>");
+            tl_parse_opts o = opts(0, 1, tools);
+            tl_parse_result r;
+            tl_parse_text(a, z ? (size_t)(z - a) : strlen(a), &o, &r);
+            int ok = r.n_calls == nc && !strcmp(r.content, content);
+            for (int k = 0; ok && k < nc; k++) {
+                json_t *got = json_loads(r.calls[k].arguments, 0, NULL);
+                ok = got && json_equal(got, json_array_get(want_args, (size_t)k)) && !strcmp(r.calls[k].name, "fn");
+                if (!ok) fprintf(stderr, "roundtrip: %s\n  vs %s\n", r.calls[k].arguments,
+                                 json_dumps(json_array_get(want_args, (size_t)k), JSON_COMPACT));
+                json_decref(got);
+            }
+            bad += !ok;
+            n_calls_total += r.n_calls;
+            tl_parse_result_free(&r);
+        }
+        free(prompt);
+        json_decref(msgs);
+        json_decref(tools);
+        json_decref(props);
+        json_decref(calls);
+        json_decref(want_args);
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(n_calls_total >= 300);
+}
+
 int main(void) {
     T_RUN(test_reasoning_split);
     T_RUN(test_tool_calls);
@@ -458,5 +537,6 @@ int main(void) {
     T_RUN(test_every_split);
     T_RUN(test_random_splits);
     T_RUN(test_streaming_holds_tags);
+    T_RUN(test_roundtrip_template);
     return t_summary();
 }
