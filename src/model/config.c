@@ -11,6 +11,7 @@
  * positive integer". */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,6 +366,27 @@ int tl_config_check(const tl_config *c, char *err, size_t errlen) {
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
                        "config.json: num_hidden_layers=%d is above the limit %d", c->n_layer,
                        TL_MAX_LAYERS);
+    if (c->n_expert > 65536)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "config.json: num_experts=%d is above the limit 65536", c->n_expert);
+    /* every matrix dimension the loader derives must fit an int (tl_mat rows/cols) */
+    const struct {
+        const char *what;
+        int64_t v;
+    } derived[] = {
+        {"num_attention_heads*head_dim*2", (int64_t)c->n_head * c->head_dim * 2},
+        {"num_key_value_heads*head_dim", (int64_t)c->n_head_kv * c->head_dim},
+        {"2*linear_num_key_heads*linear_key_head_dim + linear_num_value_heads*linear_value_head_dim",
+         2 * (int64_t)c->gdn_n_k_head * c->gdn_k_dim + (int64_t)c->gdn_n_v_head * c->gdn_v_dim},
+        {"linear_conv_kernel_dim x conv channels",
+         (2 * (int64_t)c->gdn_n_k_head * c->gdn_k_dim + (int64_t)c->gdn_n_v_head * c->gdn_v_dim) *
+             c->gdn_conv_k},
+        {"moe_intermediate_size*2", (int64_t)c->n_ff_expert * 2},
+    };
+    for (size_t i = 0; i < sizeof derived / sizeof derived[0]; i++)
+        if (derived[i].v > INT32_MAX)
+            return tl_errf(err, errlen, TL_ERR_FORMAT, "config.json: %s = %lld is too large",
+                           derived[i].what, (long long)derived[i].v);
     if (c->n_head % c->n_head_kv)
         return tl_errf(err, errlen, TL_ERR_FORMAT,
                        "config.json: num_attention_heads=%d is not a multiple of "

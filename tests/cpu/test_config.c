@@ -154,6 +154,11 @@ static void test_check(void) {
     CHECK(tl_config_check(&b, err, sizeof err) < 0);
     CHECK(strstr(err, "num_experts_per_tok=300") != NULL);
     b = c;
+    b.head_dim = 1 << 28; /* 16 heads x 2^28 x 2 overflows an int */
+    b.n_rot = 64;
+    CHECK(tl_config_check(&b, err, sizeof err) < 0);
+    CHECK(strstr(err, "num_attention_heads*head_dim*2") && strstr(err, "too large"));
+    b = c;
     b.n_layer = TL_MAX_LAYERS + 1;
     CHECK(tl_config_check(&b, err, sizeof err) < 0);
     CHECK(strstr(err, "num_hidden_layers") != NULL);
