@@ -7,6 +7,7 @@
 
 #define CB_MAX_GRAPH_B 64 /* decode batch sizes captured as graphs */
 #define CB_DECODE_SPLIT 64 /* split-KV partials per (token, head) on the decode path */
+#define CB_PF_MIN 16       /* a sequence's chunk of at least this many tokens takes the GEMM path */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
 typedef struct cb_layer {
@@ -44,6 +45,14 @@ typedef struct cuda_be {
     float *x, *proj, *conv_out, *y, *q, *part, *rlog, *wts, *wsh, *act, *xo, *logits;
     int32_t *ids;
 
+    /* prefill path (production shapes only: the prefill kernels of gpu_prefill.h are built for
+     * them): bf16 activations for the tensor-core GEMMs, GDN gates, MoE plan and slots */
+    int pf_ok;
+    uint16_t *xb, *yb, *hexp, *yslot, *hs, *ys;
+    float *gg, *gbeta, *shl;
+    int32_t *plan;
+    void *gdn_ws;
+
     /* batch metadata: device and pinned host copies of the same layout */
     int32_t *d_meta, *h_meta;
     size_t meta_ints;
@@ -68,6 +77,10 @@ int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts,
                 int rows_pad, char *err, size_t errlen);
 int cb_parts_bits(const tl_mat *const *parts, int n_parts);
 int cb_prof_active(void);
+/* prefill helpers (k_norm.cu) */
+int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps);
+int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
+                              int z_off, const float *w, int nv, int n, float eps);
 /* k_attn_decode.cu */
 int tl_gpu_attn_setup(void);
 

@@ -93,24 +93,37 @@ __device__ __forceinline__ float block_max(float v, float *sbuf) {
  * 32*kb + 2*(lane%4) + Q4_COL[n] of row 8*rb + lane/4. */
 __device__ __forceinline__ int q4_col(int n) { return (n & 3) * 8 + (n >> 2); }
 
-/* Dot of row block rb (8 rows) of a q4 tiled matrix with NT input rows. Lane L handles row
- * 8*rb + L%8 and, per step, the 32 columns of kb = 4*step + L/8 (16 bytes: the 4 words of that
- * row's lanes). x[t] points at input row t; xw (or NULL) multiplies x elementwise (RMSNorm
- * weight). After the call acc[t] holds this lane's partial sum; reduce with q4_reduce. */
-template <int NT>
-__device__ __forceinline__ void q4_rowblock_dot(float (&acc)[NT], const uint32_t *w,
-                                                const uint32_t *sb, int rows, int K, int rb,
-                                                const float *const (&x)[NT], const float *xw,
-                                                int nt) {
-    int lane = threadIdx.x & 31, r8 = lane & 7, kq = lane >> 3;
-    int KB = K >> 5, row = rb * 8 + r8;
-    const uint4 *wp = (const uint4 *)(w + ((size_t)rb * KB) * 32) + r8;
+/* Dot of row block rb (8 rows) of a q4 tiled matrix with NT input rows x[t] (times xw, the
+ * RMSNorm weight, when non-NULL). Lane mapping: LPK = 32/RS lanes per row group; lane L handles
+ * rows part*NR .. part*NR+NR-1 of the block (part = L / LPK, NR = 8/RS) and, per step, the 32
+ * columns of kb = L % LPK + step*LPK, i.e. it reads the NR consecutive 16-byte lane words of those
+ * rows in the (rb, kb) tile: NR*16 contiguous bytes, and the 32 x values once for NR rows.
+ * ss[t] accumulates x[t]^2 over the lane's columns (raw x), so a lane group sees all of x.
+ * Afterwards reduce with q4_group_reduce (xor offsets below LPK). */
+template <int NT, int RS>
+__device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], float (&ss)[NT],
+                                          const uint32_t *w, const uint32_t *sb, int rows, int K,
+                                          int rb, const float *const (&x)[NT], const float *xw,
+                                          int nt) {
+    constexpr int LPK = 32 / RS, NR = 8 / RS;
+    int lane = threadIdx.x & 31, kl = lane % LPK, part = lane / LPK;
+    int KB = K >> 5;
+    const uint4 *wp = (const uint4 *)(w + (size_t)rb * KB * 32) + part * NR;
+    const uint32_t *sbp = sb + (size_t)rb * 8 + part * NR;
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (int kb = kq; kb < KB; kb += 4) {
-        uint4 q = __ldg(wp + (size_t)kb * 8);
-        uint32_t s2 = __ldg(sb + (size_t)(kb >> 1) * rows + row);
-        float sc = __uint_as_float(s2 << 16), bi = __uint_as_float(s2 & 0xffff0000u);
+    for (int t = 0; t < NT; t++) {
+        ss[t] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NR; i++) acc[i][t] = 0.0f;
+    }
+#pragma unroll(NT == 1 ? 2 : 1)
+    for (int kb = kl; kb < KB; kb += LPK) {
+        uint4 q[NR];
+        uint32_t s2[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) q[i] = __ldg(wp + (size_t)kb * 8 + i);
+#pragma unroll
+        for (int i = 0; i < NR; i++) s2[i] = __ldg(sbp + (size_t)(kb >> 1) * rows + i);
         float xw_[32];
         if (xw) {
             const float4 *p = (const float4 *)(xw + kb * 32);
@@ -120,7 +133,6 @@ __device__ __forceinline__ void q4_rowblock_dot(float (&acc)[NT], const uint32_t
                 xw_[4 * i] = v.x, xw_[4 * i + 1] = v.y, xw_[4 * i + 2] = v.z, xw_[4 * i + 3] = v.w;
             }
         }
-        uint32_t qw[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
@@ -131,79 +143,81 @@ __device__ __forceinline__ void q4_rowblock_dot(float (&acc)[NT], const uint32_t
                 float4 v = __ldg(p + i);
                 xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
             }
-            if (xw) {
+            float sx = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 32; i++) xv[i] *= xw_[i];
+            for (int i = 0; i < 32; i++) {
+                ss[t] = fmaf(xv[i], xv[i], ss[t]);
+                if (xw) xv[i] *= xw_[i];
+                sx += xv[i];
             }
-            float sq = 0.0f, sx = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int r = 0; r < NR; r++) {
+                uint32_t qw[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+                float sq = 0.0f;
 #pragma unroll
-                for (int n = 0; n < 8; n++) {
-                    float xx = xv[2 * j + q4_col(n)];
-                    sq = fmaf((float)((qw[j] >> (4 * n)) & 15u), xx, sq);
+                for (int j = 0; j < 4; j++) {
+#pragma unroll
+                    for (int n = 0; n < 8; n++)
+                        sq = fmaf((float)((qw[j] >> (4 * n)) & 15u), xv[2 * j + q4_col(n)], sq);
                 }
+                float sc = __uint_as_float(s2[r] << 16), bi = __uint_as_float(s2[r] & 0xffff0000u);
+                acc[r][t] = fmaf(sc, sq, fmaf(bi, sx, acc[r][t]));
             }
-#pragma unroll
-            for (int i = 0; i < 32; i++) sx += xv[i];
-            acc[t] = fmaf(sc, sq, fmaf(bi, sx, acc[t]));
         }
     }
 }
-/* Sum the partials of the 4 lanes sharing a row: afterwards lanes 0..7 hold rows 0..7. */
-template <int NT> __device__ __forceinline__ void q4_reduce(float (&acc)[NT]) {
+/* Sum over the LPK lanes of a row group (xor offsets 1 .. LPK/2). */
+template <int N> __device__ __forceinline__ void group_reduce(float *v, int lpk) {
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 8);
-        acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], 16);
-    }
+    for (int i = 0; i < N; i++)
+        for (int o = 1; o < lpk; o <<= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
 }
 
-/* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs: lane covers 8 consecutive
- * columns per 256-column step. After the call acc[r][t] holds the full sum in every lane. */
+/* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs over the columns
+ * c = (slice*32 + lane)*8 + j*256*n_slices (16 bytes per row per lane per step); n_slices = 1
+ * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
+ * per-lane partial sums (reduce with warp_sum or across warps). */
 template <int NT>
-__device__ __forceinline__ void bf16_rows8_dot(float (&acc)[8][NT], const uint16_t *w, int K,
-                                               int r0, int n_rows, const float *const (&x)[NT],
-                                               const float *xw, int nt) {
+__device__ __forceinline__ void bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT],
+                                               const uint16_t *w, int K, int r0, int n_rows,
+                                               const float *const (&x)[NT], const float *xw,
+                                               int nt, int slice, int n_slices) {
     int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < 8; r++)
+    for (int t = 0; t < NT; t++) {
+        ss[t] = 0.0f;
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    for (int c = lane * 8; c < K; c += 256) {
-        float xv[NT][8];
+        for (int r = 0; r < 8; r++) acc[r][t] = 0.0f;
+    }
+    for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * n_slices) {
+        uint4 q[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c)) : make_uint4(0, 0, 0, 0);
         float4 wa = make_float4(1, 1, 1, 1), wb = wa;
         if (xw) wa = __ldg((const float4 *)(xw + c)), wb = __ldg((const float4 *)(xw + c + 4));
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
             float4 a = __ldg((const float4 *)(x[t] + c)), b = __ldg((const float4 *)(x[t] + c + 4));
-            xv[t][0] = a.x * wa.x, xv[t][1] = a.y * wa.y, xv[t][2] = a.z * wa.z, xv[t][3] = a.w * wa.w;
-            xv[t][4] = b.x * wb.x, xv[t][5] = b.y * wb.y, xv[t][6] = b.z * wb.z, xv[t][7] = b.w * wb.w;
-        }
+            float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float xm[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (r0 + r >= n_rows) break;
-            uint4 q = __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c));
-            uint32_t u[4] = {q.x, q.y, q.z, q.w};
-            float wf[8];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                wf[2 * i] = __uint_as_float(u[i] << 16);
-                wf[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+            for (int i = 0; i < 8; i++) {
+                ss[t] = fmaf(xv[i], xv[i], ss[t]);
+                xv[i] *= xm[i];
             }
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= nt) break;
+            for (int r = 0; r < 8; r++) {
+                uint32_t u[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[r][t] = fmaf(wf[i], xv[t][i], acc[r][t]);
+                for (int i = 0; i < 4; i++) {
+                    acc[r][t] = fmaf(__uint_as_float(u[i] << 16), xv[2 * i], acc[r][t]);
+                    acc[r][t] = fmaf(__uint_as_float(u[i] & 0xffff0000u), xv[2 * i + 1], acc[r][t]);
+                }
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < 8; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
 /* 1/rms of NT input rows of length K computed by the whole block into s_inv[NT]. */

@@ -79,9 +79,103 @@ static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, in
             TRY(tl_gpu_gemv(be->x, D, &L->out, be->y, c->n_head * 256, NULL, 0.0f, T, 1));
         }
         TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0));
-        TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->rlog, E + 1, E, K, T));
+        TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, K, T));
         TRY(tl_gpu_moe_up(be->act, &L->gate_up, be->x, L->ffn_norm, eps, be->ids, K, E, T));
         TRY(tl_gpu_moe_down(be->x, &L->down, be->act, be->ids, be->wts, be->wsh, K, E, T));
+    }
+    if (n_out > 0) {
+        TRY(tl_gpu_rmsnorm(be->xo, be->x, be->out_norm, d.out_rows, n_out, D, eps));
+        TRY(tl_gpu_gemv(be->logits + (size_t)out_row0 * c->n_vocab, c->n_vocab, &be->lm_head,
+                        be->xo, D, NULL, 0.0f, n_out, 0));
+    }
+    return 0;
+}
+
+/* Expert e of a stacked expert matrix as a one-expert tl_gpu_gemm_w (rows_e rows). */
+static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
+    tl_gpu_gemm_w r = *W;
+    size_t K = (size_t)W->cols;
+    r.rows = rows_e;
+    if (W->bits == 4) {
+        r.w = (const char *)W->w + (size_t)e * rows_e * K / 2;
+        r.sb = (const char *)W->sb + (size_t)e * rows_e * (K / 64) * 4;
+    } else {
+        r.w = (const char *)W->w + (size_t)e * rows_e * K * 2;
+    }
+    return r;
+}
+
+/* One prefill chunk of one sequence (T tokens at slot, pos0) on the tensor-core path: bf16
+ * activations into the GEMMs of gpu_prefill.h (residual stream stays f32), chunked GDN, flash
+ * attention, grouped MoE. Same math as run_layers; rounding differs (bf16 GEMM inputs). */
+static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int out_row0) {
+    const tl_config *c = &be->cfg;
+    meta_view d = meta_at(be, be->d_meta);
+    tl_gpu_seqs s;
+    s.tok_pos = d.tok_pos, s.tok_slot = d.tok_slot, s.tok_seg = d.tok_seg;
+    s.seg_tok0 = d.seg_tok0, s.seg_n = d.seg_n, s.seg_slot = d.seg_slot, s.seg_pos0 = d.seg_pos0;
+    s.n_tok = T, s.n_seg = 1;
+    int D = c->n_embd, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head, K = c->n_expert_used;
+    int E = c->n_expert, F = c->n_ff_expert;
+    float eps = c->rms_eps;
+    void *st = (void *)be->stream;
+    size_t kv_layer = (size_t)be->max_seqs * be->max_ctx * c->n_head_kv * 256;
+    size_t kv_slot = (size_t)be->max_ctx * c->n_head_kv * 256;
+    size_t conv_layer = (size_t)be->max_seqs * 3 * be->conv_dim;
+    size_t rec_layer = (size_t)be->max_seqs * nv * 128 * 128;
+
+    TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T));
+    for (int il = 0; il < c->n_layer; il++) {
+        const cb_layer *L = &be->L[il];
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->attn_norm, T, D, eps));
+        if (L->kind == TL_LAYER_GDN) {
+            int ld = be->ld_gdn_in, z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
+            TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, st));
+            tl_cuda_prof_mark("gemm_in");
+            TRY(tl_gpu_conv1d(be->conv_out, be->conv_st + L->st_idx * conv_layer, be->proj, ld,
+                              L->conv_w, be->conv_dim, &s));
+            TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + a_off, be->proj + b_off, ld,
+                                 L->dt_bias, L->a_neg, T, st));
+            float *S = be->rec_st + L->st_idx * rec_layer + (size_t)slot * nv * 128 * 128;
+            TRY(tl_gpu_gdn_chunk(be->y, S, be->conv_out, be->conv_out + nk * 128,
+                                 be->conv_out + 2 * nk * 128, be->conv_dim, be->gg, be->gbeta, T,
+                                 TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32, be->gdn_ws, st));
+            tl_cuda_prof_mark("gdn_chunk");
+            TRY(tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, z_off, L->gdn_norm, nv, T, eps));
+        } else {
+            int ld = be->ld_attn_in;
+            uint16_t *kc = be->kc + L->st_idx * kv_layer, *vc = be->vc + L->st_idx * kv_layer;
+            TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, st));
+            tl_cuda_prof_mark("gemm_in");
+            TRY(tl_gpu_qk_rope_kv(NULL, kc, vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
+                                  c->n_head_kv, be->max_ctx, c->rope_theta, eps, &s));
+            tl_gpu_kv_view kv;
+            memset(&kv, 0, sizeof kv);
+            kv.k = kc + (size_t)slot * kv_slot, kv.v = vc + (size_t)slot * kv_slot;
+            kv.tok_stride = c->n_head_kv * 256;
+            tl_gpu_heads qh = {be->proj, ld, 512}, gh = {be->proj + 256, ld, 512};
+            TRY(tl_gpu_attn_prefill(be->yb, &qh, &gh, &kv, T, pos0, TL_ATTN_IN_F32, st));
+            tl_cuda_prof_mark("attn_prefill");
+        }
+        TRY(tl_gpu_gemm(be->x, be->yb, &L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, st));
+        tl_cuda_prof_mark("gemm_out");
+        /* MoE */
+        TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0));
+        TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T));
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps));
+        TRY(tl_gpu_moe_pf_plan(be->plan, be->ids, T, st));
+        tl_gpu_gemm_w gu0 = expert_w(&L->gate_up, 0, 2 * F), dn0 = expert_w(&L->down, 0, D);
+        TRY(tl_gpu_moe_pf_gate_up(be->hexp, be->xb, &gu0, be->plan, T, st));
+        tl_cuda_prof_mark("moe_pf_gate_up");
+        TRY(tl_gpu_moe_pf_down(be->yslot, be->hexp, &dn0, be->plan, T, st));
+        tl_cuda_prof_mark("moe_pf_down");
+        tl_gpu_gemm_w gus = expert_w(&L->gate_up, E, 2 * F), dns = expert_w(&L->down, E, D);
+        TRY(tl_gpu_gemm(be->hs, be->xb, &gus, T, NULL, TL_GEMM_SWIGLU, st));
+        TRY(tl_gpu_gemm(be->ys, be->hs, &dns, T, NULL, 0, st));
+        tl_cuda_prof_mark("gemm_shared");
+        TRY(tl_gpu_moe_pf_combine(be->x, be->x, be->yslot, be->wts, be->ys, be->shl, T,
+                                  TL_GEMM_OUT_F32, st));
+        tl_cuda_prof_mark("moe_pf_combine");
     }
     if (n_out > 0) {
         TRY(tl_gpu_rmsnorm(be->xo, be->x, be->out_norm, d.out_rows, n_out, D, eps));
@@ -126,7 +220,10 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const mb_seg *segs, in
     }
     int use_graph = decode && T <= CB_MAX_GRAPH_B && n_out == T && out_row0 == 0 &&
                     !be->graphs_off && !cb_prof_active();
-    if (use_graph) {
+    if (be->pf_ok && n_seg == 1 && T >= CB_PF_MIN) {
+        int st = run_prefill(be, T, h.seg_slot[0], h.seg_pos0[0], n_out, out_row0);
+        if (st) return tl_errf(err, errlen, st, "CUDA prefill failed (see log)");
+    } else if (use_graph) {
         if (!be->graph[T]) {
             cudaGraph_t g;
             CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
@@ -188,16 +285,25 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
     tl_cuda_stream = be->stream;
     tl_cuda_prof_mark("start");
 
-    /* micro-batches */
+    /* micro-batches: on the GEMM path (pf_ok) a long chunk of one sequence runs alone; short
+     * ones (decode tokens) are batched together. Different sequences are independent, so the
+     * order between them does not matter. */
     mb_seg segs[1024];
     int n_seg = 0, T = 0, n_out = 0;
+    for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < n; i++) {
+        int big = be->pf_ok && e[i].n_tok >= CB_PF_MIN;
+        if (big != pass) continue;
+        if (big && n_seg > 0) {
+            TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
+            n_seg = 0, T = 0;
+        }
         int off = 0;
         while (off < e[i].n_tok) {
             int take = TL_MIN(e[i].n_tok - off, be->max_tok - T);
             segs[n_seg].entry = i, segs[n_seg].start = off, segs[n_seg].n = take;
             n_seg++, T += take, off += take;
-            if (T == be->max_tok || n_seg == be->max_seqs) {
+            if (T == be->max_tok || n_seg == be->max_seqs || big) {
                 TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
                 n_seg = 0, T = 0;
             }

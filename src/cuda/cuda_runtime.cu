@@ -358,7 +358,9 @@ static void cb_close(tl_backend *b) {
         void *ps[] = {be->out_norm, be->kc, be->vc, be->conv_st, be->rec_st, be->x, be->proj,
                       be->conv_out, be->y, be->q, be->part, be->rlog, be->wts, be->wsh, be->act,
                       be->xo, be->logits, be->ids, be->d_meta, be->d_params, be->d_keys,
-                      be->d_out, be->d_counts, be->d_hist, be->d_sscratch};
+                      be->d_out, be->d_counts, be->d_hist, be->d_sscratch, be->xb, be->yb,
+                      be->hexp, be->yslot, be->hs, be->ys, be->gg, be->gbeta, be->shl, be->plan,
+                      be->gdn_ws};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
         if (be->h_meta) cudaFreeHost(be->h_meta);
         if (be->h_params) cudaFreeHost(be->h_params);
@@ -549,10 +551,14 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     be->cfg = *c;
     be->max_seqs = p->max_seqs;
     be->max_ctx = p->max_ctx;
-    be->max_tok = 512;
+    be->pf_ok = c->n_embd == TL_N_EMBD && c->n_head == TL_N_HEAD && c->n_head_kv == TL_N_HEAD_KV &&
+                c->gdn_n_k_head == TL_GDN_N_K_HEAD && c->gdn_n_v_head == TL_GDN_N_V_HEAD &&
+                c->n_expert == TL_N_EXPERT && c->n_expert_used == TL_N_EXPERT_USED &&
+                c->n_ff_expert == TL_N_FF_EXPERT && !getenv("TL_CUDA_NO_PREFILL_GEMM");
+    be->max_tok = be->pf_ok ? 2048 : 512;
     if (getenv("TL_CUDA_MAX_TOK")) be->max_tok = TL_MAX(16, atoi(getenv("TL_CUDA_MAX_TOK")));
     be->max_out = p->max_seqs;
-    be->part_rows = TL_MAX(p->max_seqs * CB_DECODE_SPLIT, be->max_tok * 4);
+    be->part_rows = TL_MAX(p->max_seqs * CB_DECODE_SPLIT, 2048);
     be->conv_dim = tl_config_gdn_conv_dim(c);
     be->val_dim = tl_config_gdn_val_dim(c);
     be->ld_gdn_in = round_up(be->conv_dim + be->val_dim + 2 * c->gdn_n_v_head, 128);
@@ -646,6 +652,20 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         ALLOC(be->act, float, T * (K + 1) * F);
         ALLOC(be->xo, float, (size_t)be->max_out * D);
         ALLOC(be->logits, float, (size_t)be->max_out * c->n_vocab);
+        if (be->pf_ok) {
+            size_t yd = TL_MAX(be->val_dim, c->n_head * 256);
+            ALLOC(be->xb, uint16_t, T * D);
+            ALLOC(be->yb, uint16_t, T * yd);
+            ALLOC(be->hexp, uint16_t, T * K * F);
+            ALLOC(be->yslot, uint16_t, T * K * D);
+            ALLOC(be->hs, uint16_t, T * F);
+            ALLOC(be->ys, uint16_t, T * D);
+            ALLOC(be->gg, float, T * c->gdn_n_v_head);
+            ALLOC(be->gbeta, float, T * c->gdn_n_v_head);
+            ALLOC(be->shl, float, T);
+            ALLOC(be->plan, int32_t, tl_gpu_moe_pf_plan_ints((int)T));
+            ALLOC(be->gdn_ws, char, tl_gpu_gdn_chunk_ws_bytes());
+        }
         be->meta_ints = 4 * (size_t)be->max_tok + 5 * (size_t)be->max_seqs;
         ALLOC(be->d_meta, int32_t, be->meta_ints);
         ALLOC(be->d_params, tl_sample_params, be->max_out);

@@ -86,7 +86,8 @@ int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_p
                int b_off, int a_off, const float *dt_bias, const float *a_neg,
                const float *norm_w, int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s);
 /* Attention prologue: q/k RMSNorm1p + NeoX RoPE (64 dims) from proj [n_tok, ld_proj] (per head
- * [query 256 | gate 256], then K (n_kv*256), then V); q_out [n_tok, n_head, 256] f32; K and V
+ * [query 256 | gate 256], then K (n_kv*256), then V); q_out [n_tok, n_head, 256] f32 (NULL: q is
+ * written back in place of the raw query inside proj); K and V
  * written to the caches kc/vc [n_slot][max_ctx][n_kv][256] bf16 at (slot, pos). */
 int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj, int ld_proj,
                       const float *q_norm, const float *k_norm, int n_head, int n_kv,
@@ -99,9 +100,9 @@ int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc, con
                 const tl_gpu_seqs *s);
 /* Router from logits [n_tok, ld] (n_expert router logits, then the shared-expert gate logit):
  * fp32 softmax, top-k (ties: lower id), renormalised; ids/w [n_tok, k]; w_sh [n_tok] =
- * sigmoid(shared gate logit). */
-int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, const float *logits, int ld,
-                     int n_expert, int k, int n_tok);
+ * sigmoid(shared gate logit); sh_logit (NULL or [n_tok]) = the raw shared gate logit. */
+int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_logit, const float *logits,
+                     int ld, int n_expert, int k, int n_tok);
 /* Experts: act [n_tok, k+1, F] = silu(gate_e x) * (up_e x) for the k routed experts of each token
  * and the shared one (expert n_expert of the stack), x = rmsnorm(h; norm_w). gate_up: the stacked
  * experts, each [2F, n_embd] with gate/up rows interleaved by 8 (gpu_prefill.h). Then

@@ -3,85 +3,124 @@
  * embedding lookup. */
 #include "cuda/cuda_common.cuh"
 
-/* gemv_rows8_kernel
+/* gemv_q4_kernel
  *   y[t, r] = (acc ? y[t, r] : 0) + inv_t * sum_c W[r, c] * x[t, c] * nw[c]
  *   inv_t = 1/sqrt(mean(x[t]^2) + eps) and nw = RMSNorm weight when nw != NULL, else 1.
- * W: bf16 [rows, K] or q4 tiled (rows % 8 == 0, K % 128 == 0); x [n_tok, ldx] f32; y [n_tok, ldy].
- * Threads: 256 = 8 warps; warp w of block b owns rows 64b + 8w .. +7 and the block's NT tokens
- *   (blockIdx.y picks the token tile). bf16: lane reads 16 B of each row per 256-column step;
- *   q4: lane reads 16 B (32 columns of one row) per step (see q4_rowblock_dot).
- * Bytes: the weights once per token tile (rows*K*2, or rows*K/2 + rows*K/16), x from L1/L2.
- * Tested against cpu_matvec (tests/gpu/test_kernels.c: test_gemv_*). */
-template <int BITS, int NT>
+ * W: q4 tiled [rows, K] (rows % 8 == 0, K % 128 == 0); x [n_tok, ldx] f32; y [n_tok, ldy].
+ * Threads: 256 = 8 warps; warp w of block b owns row block rb = 8b + w (8 rows) and the block's NT
+ *   tokens (blockIdx.y = token tile); lanes split as in q4_rb_dot (RS = 1: each lane reads the
+ *   128 contiguous bytes of one (rb, kb) tile per step; RS = 2 for K = 512: 64 bytes). The RMS of
+ *   x is summed by the same lanes while they read x: no block-wide prologue.
+ * Bytes: rows*K/2 + rows*K/16 per token tile; x from L1/L2.
+ * Tested against cpu_matvec (tests/gpu/test_kernels.c: test_gemv_q4). */
+template <int NT, int RS>
 __global__ void __launch_bounds__(256)
-    gemv_rows8_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx,
-                      const float *nw, float eps, int n_tok, int accumulate) {
-    __shared__ float s_inv[NT];
-    __shared__ float sbuf[32];
+    gemv_q4_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx, const float *nw,
+                   float eps, int n_tok, int accumulate) {
+    constexpr int LPK = 32 / RS, NR = 8 / RS;
     int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
-    const float *xp[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
-    if (nw) block_inv_rms<NT>(s_inv, xp, W.cols, nt, eps, sbuf);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int rb = blockIdx.x * 8 + warp;
     if (rb * 8 >= W.rows) return;
-    if (BITS == 4) {
-        float acc[NT];
-        q4_rowblock_dot<NT>(acc, (const uint32_t *)W.w, (const uint32_t *)W.sb, W.rows, W.cols, rb,
-                            xp, nw, nt);
-        q4_reduce<NT>(acc);
-        if (lane < 8) {
-            int r = rb * 8 + lane;
+    const float *xp[NT];
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= nt) break;
-                float v = acc[t] * (nw ? s_inv[t] : 1.0f);
-                float *o = y + (size_t)(t0 + t) * ldy + r;
-                *o = accumulate ? *o + v : v;
-            }
-        }
-    } else {
-        float acc[8][NT];
-        bf16_rows8_dot<NT>(acc, (const uint16_t *)W.w, W.cols, rb * 8, W.rows, xp, nw, nt);
+    for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
+    float acc[NR][NT], ss[NT];
+    q4_rb_dot<NT, RS>(acc, ss, (const uint32_t *)W.w, (const uint32_t *)W.sb, W.rows, W.cols, rb,
+                      xp, nw, nt);
+    group_reduce<NR * NT>(&acc[0][0], LPK);
+    group_reduce<NT>(ss, LPK);
+    if (lane % LPK) return;
+    int part = lane / LPK;
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (lane != r || rb * 8 + r >= W.rows) continue;
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        float inv = nw ? rsqrtf(ss[t] / (float)W.cols + eps) : 1.0f;
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= nt) break;
-                float v = acc[r][t] * (nw ? s_inv[t] : 1.0f);
-                float *o = y + (size_t)(t0 + t) * ldy + rb * 8 + r;
-                *o = accumulate ? *o + v : v;
-            }
+        for (int i = 0; i < NR; i++) {
+            float *o = y + (size_t)(t0 + t) * ldy + rb * 8 + part * NR + i;
+            float v = acc[i][t] * inv;
+            *o = accumulate ? *o + v : v;
         }
     }
 }
 
-template <int BITS>
-static int launch_gemv_bits(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
-                            const float *nw, float eps, int n_tok, int acc) {
-    int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
-    dim3 grid(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, nt));
-    switch (nt) {
-    case 8: gemv_rows8_kernel<BITS, 8><<<grid, 256, 0, tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); break;
-    case 4: gemv_rows8_kernel<BITS, 4><<<grid, 256, 0, tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); break;
-    case 2: gemv_rows8_kernel<BITS, 2><<<grid, 256, 0, tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); break;
-    default: gemv_rows8_kernel<BITS, 1><<<grid, 256, 0, tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); break;
+/* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows).
+ * Threads: 256 = 8 warps on the same 8 rows; warp w takes the 16-byte column chunks
+ *   (w*32 + lane)*8 + j*2048 of each row (split-K), partial sums meet in shared memory and are
+ *   added in warp order (deterministic). grid.x = ceil(rows/8): enough blocks even for the
+ *   257-row router.
+ * Bytes: rows*K*2 per token tile. Tested against cpu_matvec (test_gemv_bf16). */
+template <int NT>
+__global__ void __launch_bounds__(256)
+    gemv_bf16_splitk_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx,
+                            const float *nw, float eps, int n_tok, int accumulate) {
+    __shared__ float s_part[8][8 * NT + NT];
+    int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * 8;
+    const float *xp[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
+    float acc[8][NT], ss[NT];
+    bf16_rows8_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) ss[t] = warp_sum(ss[t]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) s_part[warp][r * NT + t] = acc[r][t];
+#pragma unroll
+        for (int t = 0; t < NT; t++) s_part[warp][8 * NT + t] = ss[t];
     }
-    LAUNCH_CHECK(BITS == 4 ? "gemv_q4" : "gemv_bf16");
+    __syncthreads();
+    int i = threadIdx.x;
+    if (i >= 8 * NT) return;
+    int r = i / NT, t = i % NT;
+    if (t >= nt || r0 + r >= W.rows) return;
+    float v = 0.0f, sq = 0.0f;
+    for (int w = 0; w < 8; w++) v += s_part[w][i], sq += s_part[w][8 * NT + t];
+    if (nw) v *= rsqrtf(sq / (float)W.cols + eps);
+    float *o = y + (size_t)(t0 + t) * ldy + r0 + r;
+    *o = accumulate ? *o + v : v;
+}
+
+#define GEMV_CASE(NT_)                                                                            \
+    case NT_:                                                                                     \
+        if (W->bits == 16)                                                                        \
+            gemv_bf16_splitk_kernel<NT_><<<dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), 256, 0, \
+                                           tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); \
+        else if (W->cols % 1024 == 0 && NT_ <= 2)                                                 \
+            gemv_q4_kernel<NT_, 1><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, 0,   \
+                                     tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
+        else                                                                                      \
+            gemv_q4_kernel<NT_, 2><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, 0,   \
+                                     tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
+        break;
+
+static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
+                       const float *nw, float eps, int n_tok, int acc) {
+    int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
+    switch (nt) {
+        GEMV_CASE(8)
+        GEMV_CASE(4)
+        GEMV_CASE(2)
+        GEMV_CASE(1)
+    }
+    LAUNCH_CHECK(W->bits == 4 ? "gemv_q4" : "gemv_bf16");
     return 0;
 }
 
 extern "C" int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                            const float *norm_w, float eps, int n_tok, int accumulate) {
     if (n_tok <= 0) return 0;
-    if (W->bits == 4) {
-        if (W->rows % 8 || W->cols % 128) return TL_ERR_INVALID;
-        return launch_gemv_bits<4>(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate);
-    }
-    if (W->cols % 256) return TL_ERR_INVALID;
-    return launch_gemv_bits<16>(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate);
+    if (W->bits == 4 && (W->rows % 8 || W->cols % 256)) return TL_ERR_INVALID;
+    if (W->bits == 16 && W->cols % 256) return TL_ERR_INVALID;
+    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate);
 }
 
 /* embed_row_kernel

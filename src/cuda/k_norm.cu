@@ -1,7 +1,7 @@
 /* RMSNorm (the 1+w form: the loader already folded the offset into w). The gated RMSNorm of the
  * GDN output is fused into k_gdn_decode.cu, and the pre-projection norms into the GEMVs
  * (k_gemv.cu, k_moe.cu); this standalone kernel serves the final norm before the LM head. */
-#include "cuda/cuda_common.cuh"
+#include "cuda/cuda_backend.cuh"
 
 /* rmsnorm_row_kernel
  *   y[i, c] = x[r, c] / sqrt(mean_c(x[r]^2) + eps) * w[c],  r = rows ? rows[i] : i
@@ -25,5 +25,51 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
     if (n_out <= 0) return 0;
     rmsnorm_row_kernel<<<n_out, 256, 0, tl_cuda_stream>>>(y, x, w, rows, n, eps);
     LAUNCH_CHECK("rmsnorm");
+    return 0;
+}
+
+/* rmsnorm_bf16_kernel: the same RMSNorm written as bf16, the activation format of the prefill
+ * GEMMs (gpu_prefill.h). y [n_rows, n] bf16. One block of 256 per row.
+ * Tested through the whole prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode). */
+__global__ void rmsnorm_bf16_kernel(uint16_t *y, const float *x, const float *w, int n, float eps) {
+    __shared__ float sbuf[32];
+    int i = blockIdx.x;
+    const float *xr = x + (size_t)i * n;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
+    s = block_sum(s, sbuf);
+    float inv = rsqrtf(s / (float)n + eps);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) y[(size_t)i * n + c] = f2bf(xr[c] * inv * w[c]);
+}
+
+int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps) {
+    if (n_rows <= 0) return 0;
+    rmsnorm_bf16_kernel<<<n_rows, 256, 0, tl_cuda_stream>>>(y, x, w, n, eps);
+    LAUNCH_CHECK("rmsnorm_bf16");
+    return 0;
+}
+
+/* gated_rmsnorm_bf16_kernel  (MODEL.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
+ *   y[t, h*128 + c] = o[t,h,c] / sqrt(mean_c(o[t,h]^2) + eps) * w[c] * silu(z[t, h*128 + c])
+ * Shapes: o [n, nv*128] f32; z at proj[t*ld_proj + z_off + ...]; y [n, nv*128] bf16.
+ * Threads: one block of 128 per (token, head). Tested with the prefill path. */
+__global__ void gated_rmsnorm_bf16_kernel(uint16_t *y, const float *o, const float *proj,
+                                          int ld_proj, int z_off, const float *w, int nv,
+                                          float eps) {
+    __shared__ float sbuf[32];
+    int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
+    size_t i = ((size_t)t * nv + h) * 128 + c;
+    float v = o[i];
+    float ss = block_sum(v * v, sbuf);
+    float z = proj[(size_t)t * ld_proj + z_off + h * 128 + c];
+    y[i] = f2bf(v * rsqrtf(ss / 128.0f + eps) * w[c] * silu_f(z));
+}
+
+int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
+                              int z_off, const float *w, int nv, int n, float eps) {
+    if (n <= 0) return 0;
+    gated_rmsnorm_bf16_kernel<<<dim3(n, nv), 128, 0, tl_cuda_stream>>>(y, o, proj, ld_proj, z_off,
+                                                                      w, nv, eps);
+    LAUNCH_CHECK("gated_rmsnorm_bf16");
     return 0;
 }

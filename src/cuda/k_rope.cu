@@ -37,7 +37,9 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
         x = d < N_ROT / 2 ? sx[d] * c - sx[d + N_ROT / 2] * sn : sx[d] * c + sx[d - N_ROT / 2] * sn;
     }
     if (is_q) {
-        q_out[((size_t)t * n_head + h) * HD + d] = x;
+        __syncthreads(); /* every thread has read its element before the in-place write */
+        if (q_out) q_out[((size_t)t * n_head + h) * HD + d] = x;
+        else ((float *)proj)[(size_t)t * ld_proj + h * 2 * HD + d] = x;
     } else {
         size_t off = (((size_t)slot * max_ctx + pos) * n_kv + h) * HD + d;
         kc[off] = f2bf(x);

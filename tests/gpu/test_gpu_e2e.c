@@ -6,10 +6,12 @@
  * token, determinism (same prompt twice, graph replay vs eager), batched == alone, seeded
  * sampling, context-full errors.
  *
- * Tolerance: the oracle accumulates in double, the GPU in fp32 in other orders; through a few
- * layers that is NMSE ~1e-12..1e-10 on the logits. STYLE.md C5 starts the tiny e2e check at
- * 1e-6; we use 1e-7 (what the measured spread allows with >100x headroom) and require identical
- * greedy tokens whenever the oracle's top-2 margin exceeds 1e-3 (otherwise a near-tie). */
+ * Tolerance: the oracle keeps the KV cache in fp32, the GPU in bf16 (DESIGN.md numerics): K and
+ * V rounded to 8 mantissa bits (relative error <= 2^-9) move the logits by NMSE 3.5e-7..7.2e-7
+ * on these 4-layer models (measured on the H200, 2026-12-02; every single kernel alone agrees to
+ * ~1e-14, tests/gpu/test_kernels.c). STYLE.md C5 starts the tiny e2e check at 1e-6 and allows
+ * 1e-4 for bf16 KV attention; we use 5e-6 (~7x the measured spread) and require identical greedy
+ * tokens whenever the oracle's top-2 margin exceeds 1e-3 (otherwise a near-tie). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,7 +202,7 @@ static void e2e_case(int full, int bits, int n_steps) {
     }
     printf("# e2e %s %s: %d steps, worst logits nmse %.3e, greedy decided %d, mismatches %d\n",
            full ? "full-width" : "small", bits ? "q4" : "bf16", n_steps, worst, decided, mismatch);
-    CHECK(worst <= 1e-7);
+    CHECK(worst <= 5e-6);
     CHECK_EQ_INT(mismatch, 0);
     CHECK(decided >= n_steps / 2);
     b->close(b);
@@ -385,6 +387,49 @@ static void test_sampling_and_errors(void) {
     rm_free(&r);
 }
 
+/* The production-shape prefill path (bf16 tensor-core GEMMs, chunked GDN, flash attention,
+ * grouped MoE; gpu_prefill.h) against the decode path (f32 GEMVs, recurrent GDN) on the full
+ * 40-layer model with random 4-bit weights: a 300-token prompt in one chunk vs token by token.
+ * Tolerance: the GEMM path rounds every GEMM input to bf16 (relative 2^-9 per activation) and
+ * the GDN chunk works in another association order; through 40 random layers that is expected
+ * around NMSE 1e-4 on the logits. 1e-2 still catches any layout or indexing error (NMSE ~1). */
+static void test_prefill_gemm_vs_decode(void) {
+    tl_config c;
+    memset(&c, 0, sizeof c);
+    c.n_embd = TL_N_EMBD, c.n_layer = TL_N_LAYER, c.n_vocab = TL_N_VOCAB, c.n_head = TL_N_HEAD;
+    c.n_head_kv = TL_N_HEAD_KV, c.head_dim = TL_HEAD_DIM, c.n_rot = TL_N_ROT, c.rope_theta = TL_ROPE_THETA;
+    c.gdn_n_k_head = TL_GDN_N_K_HEAD, c.gdn_n_v_head = TL_GDN_N_V_HEAD, c.gdn_k_dim = TL_GDN_K_DIM;
+    c.gdn_v_dim = TL_GDN_V_DIM, c.gdn_conv_k = TL_GDN_CONV_K, c.n_expert = TL_N_EXPERT;
+    c.n_expert_used = TL_N_EXPERT_USED, c.n_ff_expert = c.n_ff_shared = TL_N_FF_EXPERT;
+    c.rms_eps = TL_RMS_EPS, c.max_pos = TL_MAX_POS;
+    for (int il = 0; il < c.n_layer; il++) c.layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+    tl_cuda_params p = {2, 512, 1, 7, 4};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err), 0);
+    if (!b) {
+        printf("# %s\n", err);
+        return;
+    }
+    int V = c.n_vocab, n = 300;
+    int32_t *tok = xmalloc(sizeof(int32_t) * (n + 8));
+    for (int i = 0; i < n + 8; i++) tok[i] = (int32_t)(t_rng_next(&rs) % TL_N_VOCAB_TOKENS);
+    float *la = xmalloc(sizeof(float) * V), *lb = xmalloc(sizeof(float) * V);
+    CHECK_EQ_INT(fwd1(b, 0, 0, tok, n, la), 0);
+    for (int i = 0; i < n; i++) CHECK_EQ_INT(fwd1(b, 1, i, tok + i, 1, i == n - 1 ? lb : NULL), 0);
+    float ma, mb;
+    int ta = argmax_margin(la, V, &ma), tb = argmax_margin(lb, V, &mb);
+    printf("# prefill GEMM path vs decode path: top-1 %d vs %d (margin %.3f)\n", ta, tb, mb);
+    check_nmse("prefill gemm vs decode logits", la, lb, V, 1e-2);
+    for (int s = 0; s < 8; s++) {
+        CHECK_EQ_INT(fwd1(b, 0, n + s, tok + n + s, 1, la), 0);
+        CHECK_EQ_INT(fwd1(b, 1, n + s, tok + n + s, 1, lb), 0);
+    }
+    check_nmse("... then 8 decode steps", la, lb, V, 1e-2);
+    b->close(b);
+    free(tok), free(la), free(lb);
+}
+
 int main(int argc, char **argv) {
     char err[256];
     if (tl_gpu_init(err, sizeof err)) {
@@ -402,5 +447,6 @@ int main(int argc, char **argv) {
     T_RUN(test_determinism);
     T_RUN(test_batched_eq_alone);
     T_RUN(test_sampling_and_errors);
+    if (!quick) T_RUN(test_prefill_gemm_vs_decode);
     return t_summary();
 }

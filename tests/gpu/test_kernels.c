@@ -315,7 +315,7 @@ static void test_moe_route(void) {
     float *dl = dev_from(lg, sizeof(float) * T * ld);
     int32_t *dids = tl_gpu_malloc(4 * T * K);
     float *dw = tl_gpu_malloc(4 * T * K), *dsh = tl_gpu_malloc(4 * T);
-    CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, dl, ld, E, K, T), 0);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, NULL, dl, ld, E, K, T), 0);
     int32_t ids[7 * 8];
     float w[7 * 8], sh[7];
     tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w), tl_gpu_download(sh, dsh, sizeof sh);
@@ -386,7 +386,7 @@ static void moe_case(int bits) {
     float *dsh = tl_gpu_malloc(sizeof(float) * T), *dact = tl_gpu_malloc(sizeof(float) * T * (K + 1) * F);
     int32_t *dids = tl_gpu_malloc(sizeof(int32_t) * T * K);
     CHECK_EQ_INT(tl_gpu_gemv(dlg, E + 1, &drt, dh, D, dnwv, 1e-6f, T, 0), 0);
-    CHECK_EQ_INT(tl_gpu_moe_route(dids, dwt, dsh, dlg, E + 1, E, K, T), 0);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dwt, dsh, NULL, dlg, E + 1, E, K, T), 0);
     CHECK_EQ_INT(tl_gpu_moe_up(dact, &dgu, dh, dnwv, 1e-6f, dids, K, E, T), 0);
     CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
