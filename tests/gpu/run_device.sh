@@ -17,12 +17,6 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
         build/cuda/tests/test_gpu_e2e --quick >"$O/memcheck.txt" 2>&1
     echo "memcheck rc=$? ($(grep -c 'Invalid\|ERROR SUMMARY' "$O/memcheck.txt") error lines): $(grep 'ERROR SUMMARY' "$O/memcheck.txt")"
 fi
-if [ "${HF:-0}" = 1 ]; then
-    echo "== tools/hf_fullwidth.py"
-    PYTHONUNBUFFERED=1 timeout "${HF_S:-200}" python3 tools/hf_fullwidth.py --out /tmp/fw --layers 4 --steps 32 >"$O/hf.txt" 2>&1
-    echo "rc=$?"
-    grep -E '^#|PASS|FAIL|Error|error' "$O/hf.txt" | tail -n 15
-fi
 n=0
 for args in "$@"; do
     n=$((n + 1))
@@ -31,3 +25,9 @@ for args in "$@"; do
     echo "rc=$?"
     cat "$O/bench$n.err" "$O/bench$n.txt"
 done
+if [ "${HF:-0}" = 1 ]; then
+    echo "== tools/hf_fullwidth.py"
+    PYTHONUNBUFFERED=1 timeout "${HF_S:-200}" python3 tools/hf_fullwidth.py --out /tmp/fw --layers 4 --steps 32 >"$O/hf.txt" 2>&1
+    echo "rc=$?"
+    grep -E '^#|PASS|FAIL|Error|error' "$O/hf.txt" | tail -n 15
+fi
