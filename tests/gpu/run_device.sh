@@ -21,9 +21,9 @@ n=0
 for args in "$@"; do
     n=$((n + 1))
     echo "== tulip bench $args"
-    timeout "${BENCH_S:-300}" build/cuda/tulip bench $args >"$O/bench$n.txt" 2>"$O/bench$n.err"
+    timeout "${BENCH_S:-300}" build/cuda/tulip bench $args >"$O/bench$n.txt" 2>&1
     echo "rc=$?"
-    cat "$O/bench$n.err" "$O/bench$n.txt"
+    cat "$O/bench$n.txt"
 done
 if [ "${HF:-0}" = 1 ]; then
     echo "== tools/hf_fullwidth.py"
