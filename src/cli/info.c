@@ -162,6 +162,9 @@ int cmd_info(int argc, char **argv) {
     }
     printf("linears      %d float, %d 4-bit, %d 8-bit (experts counted one per expert)\n", nb[0],
            nb[1], nb[2]);
+    printf("norm weights stored RMSNorm1p weights average %.4f (%s)\n", p->norm_mean,
+           m->format == TL_CKPT_HF ? "HF: zero-centred, expected near 0"
+                                   : "MLX: offset, expected near 1");
 
     /* decode reads per token: everything but the unchosen experts, one embedding row, no mtp */
     double active = total - gbytes[G_EMBD] - gbytes[G_MTP] - gbytes[G_EXPERTS] +

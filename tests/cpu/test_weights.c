@@ -187,6 +187,17 @@ static void test_wrong_dtype(void) {
 static void test_norm_offset_refused(void) {
     tc_opts o = {.add_offset = 1};
     expect_fail("offset", &o, "zero-centred", "average");
+    /* the diagnostic switch loads it anyway (and then the +1 is applied once more) */
+    char dir[256], err[512] = "";
+    tc_tmpdir(dir, sizeof dir, "offset-skip");
+    CHECK_EQ_INT(tc_write(dir, &o), 0);
+    setenv("TL_NORM_CHECK", "0", 1);
+    tl_model *m = NULL;
+    CHECK_EQ_INT(tl_model_open(&m, dir, err, sizeof err), 0);
+    unsetenv("TL_NORM_CHECK");
+    if (m) CHECK(m->out_norm[0] > 1.5f);
+    tl_model_close(m);
+    tc_rmdir(dir);
 }
 
 static void test_missing_config_field(void) {
