@@ -13,6 +13,7 @@
 #include "tokenizer/bpe.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
@@ -226,7 +227,8 @@ typedef struct {
     int32_t new_id;
 } merge_val;
 
-#define CACHE_SLOTS 262144 /* direct-mapped word cache; 64-byte slots = 16 MB, touched lazily */
+#define CACHE_SLOTS 262144 /* direct-mapped word cache; 64-byte slots = 16 MB, touched lazily;
+                            * 4096 slots for toy vocabularies (tests, fuzzing) */
 #define CACHE_LOCKS 64
 #define CACHE_MAX_LEN 26
 #define CACHE_MAX_IDS 8
@@ -263,6 +265,7 @@ struct tl_tokenizer {
     int jit;
     /* word cache */
     cache_slot *cache;
+    size_t cache_slots; /* a power of two */
     pthread_mutex_t locks[CACHE_LOCKS];
 };
 
@@ -611,96 +614,436 @@ static int load_pretokenizer(tl_tokenizer *t, json_t *p, char *err, size_t errle
     return tl_errf(err, errlen, TL_ERR_FORMAT, "Split pattern is neither Regex nor String");
 }
 
-/* Id of a vocabulary string (byte-level form) in the JSON vocab object, or -1. */
-static int32_t json_vocab_id(json_t *vocab, const char *s) {
-    json_t *v = json_object_get(vocab, s);
-    if (!json_is_integer(v)) return -1;
-    json_int_t id = json_integer_value(v);
-    return id >= 0 && id < INT32_MAX ? (int32_t)id : -1;
+/* ====== Reading tokenizer.json. ======
+ * The file is mostly model.vocab (an object of ~250K strings) and model.merges (~250K-500K
+ * strings or pairs). A DOM for those (jansson: two mallocs per value, a hash insert per key) was
+ * 60% of the load time, so this scanner reads the two directly into flat arrays and hands every
+ * other value (small) to jansson. It checks the whole text is well-formed JSON: errors name the
+ * byte offset. */
+
+typedef struct {
+    uint32_t off, len; /* key in strs */
+    int64_t id;
+} vocab_ent;
+
+typedef struct {
+    uint32_t a, la, b, lb; /* merge halves in strs */
+} merge_ent;
+
+typedef struct {
+    const char *p, *start, *end;
+    json_t *root, *model; /* the other values, parsed by jansson */
+    bbuf strs;            /* vocab keys and merge halves, NUL-terminated */
+    vocab_ent *vocab;
+    size_t n_vocab, cap_vocab;
+    merge_ent *merges;
+    size_t n_merges, cap_merges;
+    int has_vocab, has_merges, depth;
+    char *err;
+    size_t errlen;
+} tokjson;
+
+static int tj_fail(tokjson *j, const char *what) {
+    return tl_errf(j->err, j->errlen, TL_ERR_FORMAT, "tokenizer JSON at byte %zu: %s", (size_t)(j->p - j->start),
+                   what);
 }
 
-/* Byte-level string -> raw bytes appended to out; 0 if a character is outside the alphabet. */
-static int bl_to_raw(const int16_t u2b[324], const char *s, size_t n, bbuf *out) {
-    const uint8_t *p = (const uint8_t *)s;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        if (p[i] < 0x80) cp = p[i++];
-        else if ((p[i] & 0xE0) == 0xC0 && i + 1 < n) cp = (uint32_t)(p[i] & 0x1F) << 6 | (p[i + 1] & 0x3F), i += 2;
-        else return 0;
-        if (cp >= 324 || u2b[cp] < 0) return 0;
-        uint8_t byte = (uint8_t)u2b[cp];
-        if (bbuf_put(out, &byte, 1)) return 0;
+static void tj_ws(tokjson *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+}
+
+static int tj_expect(tokjson *j, char c) {
+    tj_ws(j);
+    if (j->p >= j->end || *j->p != c) {
+        char msg[32];
+        snprintf(msg, sizeof msg, "expected '%c'", c);
+        return tj_fail(j, msg);
     }
-    return 1;
+    j->p++;
+    return 0;
 }
 
-/* Id of vocabulary string s (byte-level form, n bytes): through the raw-bytes hash when s is
- * all alphabet characters (the fast, common case), else through the JSON object. */
-static int32_t merge_tok_id(const tl_tokenizer *t, const int16_t u2b[324], const uint8_t *mapped,
-                            json_t *vocab, const char *s, size_t n, bbuf *tmp) {
-    tmp->n = 0;
-    if (bl_to_raw(u2b, s, n, tmp)) {
-        int32_t id = vocab_find(t, tmp->p, tmp->n);
-        if (id >= 0 && mapped[id]) return id;
+static int hex4(const char *p, uint32_t *v) {
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = p[i], d = c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        *v = *v << 4 | (uint32_t)d;
     }
-    tmp->n = 0;
-    if (bbuf_put(tmp, s, n) || bbuf_put(tmp, "", 1)) return -1;
-    return json_vocab_id(vocab, tmp->p);
+    return 0;
 }
 
-static int load_merges(tl_tokenizer *t, const int16_t u2b[324], const uint8_t *mapped, json_t *vocab,
-                       json_t *merges, char *err, size_t errlen) {
-    size_t n = json_array_size(merges);
+/* Decodes a JSON string at j->p (the opening quote) and appends its UTF-8 plus a NUL to out;
+ * *len = its length without the NUL. Rejects what serde_json and jansson reject (raw control
+ * characters, bad escapes, lone surrogates, invalid UTF-8). */
+static int tj_string(tokjson *j, bbuf *out, uint32_t *len) {
+    tj_ws(j);
+    if (j->p >= j->end || *j->p != '"') return tj_fail(j, "expected a string");
+    j->p++;
+    size_t start = out->n;
+    for (;;) {
+        const char *q = j->p;
+        while (q < j->end && *q != '"' && *q != '\\' && (uint8_t)*q >= 0x20) q++;
+        if (q > j->p) {
+            if (utf8_valid_len((const uint8_t *)j->p, (size_t)(q - j->p)) != (size_t)(q - j->p))
+                return tj_fail(j, "invalid UTF-8 in a string");
+            if (bbuf_put(out, j->p, (size_t)(q - j->p))) return TL_ERR_NOMEM;
+            j->p = q;
+        }
+        if (j->p >= j->end) return tj_fail(j, "unterminated string");
+        char c = *j->p;
+        if (c == '"') {
+            j->p++;
+            break;
+        }
+        if (c != '\\') return tj_fail(j, "control character in a string");
+        if (j->p + 1 >= j->end) return tj_fail(j, "unterminated string");
+        char e = j->p[1], ch = 0;
+        j->p += 2;
+        switch (e) {
+        case '"': ch = '"'; break;
+        case '\\': ch = '\\'; break;
+        case '/': ch = '/'; break;
+        case 'b': ch = '\b'; break;
+        case 'f': ch = '\f'; break;
+        case 'n': ch = '\n'; break;
+        case 'r': ch = '\r'; break;
+        case 't': ch = '\t'; break;
+        case 'u': {
+            uint32_t cp, lo;
+            if (j->end - j->p < 4 || hex4(j->p, &cp)) return tj_fail(j, "bad \\u escape");
+            j->p += 4;
+            if (cp >= 0xDC00 && cp <= 0xDFFF) return tj_fail(j, "lone surrogate escape");
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || hex4(j->p + 2, &lo) || lo < 0xDC00 ||
+                    lo > 0xDFFF)
+                    return tj_fail(j, "lone surrogate escape");
+                j->p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            uint8_t u[4];
+            if (bbuf_put(out, u, utf8_encode(cp, u))) return TL_ERR_NOMEM;
+            continue;
+        }
+        default: return tj_fail(j, "bad escape");
+        }
+        if (bbuf_put(out, &ch, 1)) return TL_ERR_NOMEM;
+    }
+    if (out->n - start > UINT32_MAX / 2) return tj_fail(j, "string too long");
+    *len = (uint32_t)(out->n - start);
+    return bbuf_put(out, "", 1) ? TL_ERR_NOMEM : 0;
+}
+
+/* Skips one JSON value (checking its syntax roughly; jansson re-parses what is kept). */
+static int tj_skip(tokjson *j) {
+    tj_ws(j);
+    if (j->p >= j->end) return tj_fail(j, "unexpected end");
+    char c = *j->p;
+    if (c == '"') {
+        bbuf tmp = {0};
+        uint32_t l;
+        int st = tj_string(j, &tmp, &l);
+        free(tmp.p);
+        return st;
+    }
+    if (c == '{' || c == '[') {
+        if (++j->depth > 256) return tj_fail(j, "nested too deeply");
+        char close = c == '{' ? '}' : ']';
+        j->p++;
+        tj_ws(j);
+        if (j->p < j->end && *j->p == close) {
+            j->p++;
+            j->depth--;
+            return 0;
+        }
+        for (;;) {
+            int st;
+            if (c == '{') {
+                bbuf tmp = {0};
+                uint32_t l;
+                st = tj_string(j, &tmp, &l);
+                free(tmp.p);
+                if (st || (st = tj_expect(j, ':'))) return st;
+            }
+            if ((st = tj_skip(j))) return st;
+            tj_ws(j);
+            if (j->p < j->end && *j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if ((st = tj_expect(j, close))) return st;
+            j->depth--;
+            return 0;
+        }
+    }
+    const char *q = j->p; /* number, true, false, null */
+    while (q < j->end && (isalnum((unsigned char)*q) || *q == '-' || *q == '+' || *q == '.')) q++;
+    if (q == j->p) return tj_fail(j, "unexpected character");
+    j->p = q;
+    return 0;
+}
+
+/* Parses the value at j->p with jansson (small values only). */
+static int tj_jansson(tokjson *j, json_t **out) {
+    tj_ws(j);
+    const char *v0 = j->p;
+    int st = tj_skip(j);
+    if (st) return st;
+    json_error_t je;
+    *out = json_loadb(v0, (size_t)(j->p - v0), JSON_DECODE_ANY, &je);
+    if (!*out) {
+        j->p = v0 + (je.position > 0 ? je.position : 0);
+        return tj_fail(j, je.text);
+    }
+    return 0;
+}
+
+static int tj_vocab(tokjson *j) {
+    int st = tj_expect(j, '{');
+    if (st) return st;
+    j->has_vocab = 1;
+    j->n_vocab = 0;
+    tj_ws(j);
+    if (j->p < j->end && *j->p == '}') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        if (j->n_vocab == j->cap_vocab) {
+            size_t cap = j->cap_vocab ? 2 * j->cap_vocab : 1024;
+            vocab_ent *v = realloc(j->vocab, cap * sizeof *v);
+            if (!v) return TL_ERR_NOMEM;
+            j->vocab = v;
+            j->cap_vocab = cap;
+        }
+        vocab_ent *e = &j->vocab[j->n_vocab];
+        e->off = (uint32_t)j->strs.n;
+        if ((st = tj_string(j, &j->strs, &e->len)) || (st = tj_expect(j, ':'))) return st;
+        tj_ws(j);
+        const char *q = j->p;
+        int64_t v = 0;
+        while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30)) v = v * 10 + (*q++ - '0');
+        if (q == j->p || (q < j->end && (isalnum((unsigned char)*q) || *q == '.' || *q == '-')) || v >= (1 << 30)) {
+            char msg[80];
+            snprintf(msg, sizeof msg, "vocab entry \"%.40s\" has a bad id", j->strs.p + e->off);
+            return tj_fail(j, msg);
+        }
+        j->p = q;
+        e->id = v;
+        j->n_vocab++;
+        tj_ws(j);
+        if (j->p < j->end && *j->p == ',') {
+            j->p++;
+            continue;
+        }
+        return tj_expect(j, '}');
+    }
+}
+
+static int tj_merges(tokjson *j) {
+    int st = tj_expect(j, '[');
+    if (st) return st;
+    j->has_merges = 1;
+    j->n_merges = 0;
+    tj_ws(j);
+    if (j->p < j->end && *j->p == ']') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        if (j->n_merges == j->cap_merges) {
+            size_t cap = j->cap_merges ? 2 * j->cap_merges : 1024;
+            merge_ent *m = realloc(j->merges, cap * sizeof *m);
+            if (!m) return TL_ERR_NOMEM;
+            j->merges = m;
+            j->cap_merges = cap;
+        }
+        merge_ent *m = &j->merges[j->n_merges];
+        tj_ws(j);
+        if (j->p < j->end && *j->p == '[') {
+            j->p++;
+            m->a = (uint32_t)j->strs.n;
+            if ((st = tj_string(j, &j->strs, &m->la)) || (st = tj_expect(j, ','))) return st;
+            m->b = (uint32_t)j->strs.n;
+            if ((st = tj_string(j, &j->strs, &m->lb)) || (st = tj_expect(j, ']'))) return st;
+        } else {
+            uint32_t l;
+            m->a = (uint32_t)j->strs.n;
+            if ((st = tj_string(j, &j->strs, &l))) return st;
+            char *s = j->strs.p + m->a, *sp = memchr(s, ' ', l);
+            if (!sp || memchr(sp + 1, ' ', l - (size_t)(sp + 1 - s))) {
+                char msg[96];
+                snprintf(msg, sizeof msg, "merge %zu \"%.40s\" is not two tokens", j->n_merges, s);
+                return tj_fail(j, msg);
+            }
+            *sp = 0; /* "a b" -> "a\0b\0" */
+            m->la = (uint32_t)(sp - s);
+            m->b = m->a + m->la + 1;
+            m->lb = l - m->la - 1;
+        }
+        j->n_merges++;
+        tj_ws(j);
+        if (j->p < j->end && *j->p == ',') {
+            j->p++;
+            continue;
+        }
+        return tj_expect(j, ']');
+    }
+}
+
+/* Reads an object whose keys go to dst (jansson values), except the ones handled by `special`
+ * (returns 1 if it consumed the value, 0 if not, negative on error). */
+static int tj_object(tokjson *j, json_t *dst, int (*special)(tokjson *, const char *)) {
+    int st = tj_expect(j, '{');
+    if (st) return st;
+    tj_ws(j);
+    if (j->p < j->end && *j->p == '}') {
+        j->p++;
+        return 0;
+    }
+    bbuf key = {0};
+    for (;;) {
+        uint32_t kl;
+        key.n = 0;
+        if ((st = tj_string(j, &key, &kl)) || (st = tj_expect(j, ':'))) break;
+        st = special ? special(j, key.p) : 0;
+        if (st < 0) break;
+        if (st == 0) {
+            json_t *v;
+            if ((st = tj_jansson(j, &v))) break;
+            json_object_set_new(dst, key.p, v);
+        }
+        tj_ws(j);
+        if (j->p < j->end && *j->p == ',') {
+            j->p++;
+            continue;
+        }
+        st = tj_expect(j, '}');
+        break;
+    }
+    free(key.p);
+    return st;
+}
+
+static int tj_model_key(tokjson *j, const char *key) {
+    if (!strcmp(key, "vocab")) {
+        tj_ws(j);
+        if (j->p < j->end && *j->p != '{') return tj_fail(j, "model.vocab is not an object");
+        int st = tj_vocab(j);
+        return st ? st : 1;
+    }
+    if (!strcmp(key, "merges")) {
+        tj_ws(j);
+        if (j->p < j->end && *j->p != '[') return tj_fail(j, "model.merges is not a list");
+        int st = tj_merges(j);
+        return st ? st : 1;
+    }
+    return 0;
+}
+
+static int tj_root_key(tokjson *j, const char *key) {
+    if (strcmp(key, "model")) return 0;
+    tj_ws(j);
+    if (j->p < j->end && *j->p != '{') return tj_fail(j, "\"model\" is not an object");
+    if (j->model) return tj_fail(j, "two \"model\" keys");
+    j->model = json_object();
+    int st = tj_object(j, j->model, tj_model_key);
+    return st ? st : 1;
+}
+
+static void tj_free(tokjson *j) {
+    json_decref(j->root);
+    json_decref(j->model);
+    free(j->strs.p);
+    free(j->vocab);
+    free(j->merges);
+}
+
+static int tj_parse(tokjson *j, const char *json, size_t len) {
+    j->p = j->start = json;
+    j->end = json + len;
+    tj_ws(j);
+    if (j->p >= j->end) return tj_fail(j, "empty file");
+    if (*j->p != '{') return tj_fail(j, "top level is not an object");
+    j->root = json_object();
+    int st = tj_object(j, j->root, tj_root_key);
+    if (st) return st;
+    tj_ws(j);
+    if (j->p != j->end) return tj_fail(j, "text after the end");
+    if (!j->model) return tl_errf(j->err, j->errlen, TL_ERR_FORMAT, "no \"model\" object");
+    if (!j->has_vocab) return tl_errf(j->err, j->errlen, TL_ERR_FORMAT, "model.vocab missing");
+    return 0;
+}
+
+/* Byte-level vocabulary string -> id over the parsed entries (open addressing, index + 1).
+ * A key given twice keeps the later id, as HF's HashMap does. */
+typedef struct {
+    const tokjson *j;
+    uint32_t *slot;
+    size_t cap;
+} bl_map;
+
+static int bl_map_build(bl_map *m, const tokjson *j) {
+    m->j = j;
+    m->cap = 16;
+    while (m->cap < 2 * j->n_vocab + 16) m->cap *= 2;
+    m->slot = calloc(m->cap, sizeof *m->slot);
+    if (!m->slot) return TL_ERR_NOMEM;
+    for (size_t e = 0; e < j->n_vocab; e++) {
+        const char *s = j->strs.p + j->vocab[e].off;
+        size_t n = j->vocab[e].len, i = hash_bytes(s, n) & (m->cap - 1);
+        for (;;) {
+            uint32_t v = m->slot[i];
+            if (!v || (j->vocab[v - 1].len == n && !memcmp(j->strs.p + j->vocab[v - 1].off, s, n))) {
+                m->slot[i] = (uint32_t)e + 1;
+                break;
+            }
+            i = (i + 1) & (m->cap - 1);
+        }
+    }
+    return 0;
+}
+
+static int32_t bl_map_find(const bl_map *m, const char *s, size_t n) {
+    size_t i = hash_bytes(s, n) & (m->cap - 1);
+    for (;;) {
+        uint32_t v = m->slot[i];
+        if (!v) return -1;
+        const vocab_ent *e = &m->j->vocab[v - 1];
+        if (e->len == n && !memcmp(m->j->strs.p + e->off, s, n)) return (int32_t)e->id;
+        i = (i + 1) & (m->cap - 1);
+    }
+}
+
+static int load_merges(tl_tokenizer *t, const tokjson *j, const bl_map *bm, char *err, size_t errlen) {
+    size_t n = j->n_merges;
     t->mcap = 16;
     while (t->mcap < 2 * n + 16) t->mcap *= 2;
     t->mkey = malloc(t->mcap * sizeof *t->mkey);
     t->mval = malloc(t->mcap * sizeof *t->mval);
     if (!t->mkey || !t->mval) return TL_ERR_NOMEM;
     memset(t->mkey, 0xff, t->mcap * sizeof *t->mkey);
-    bbuf cat = {0}, tmp = {0};
+    bbuf cat = {0};
     int st = 0;
-    for (size_t i = 0; i < n && !st; i++) {
-        json_t *m = json_array_get(merges, i);
-        const char *a, *b;
-        size_t la, lb;
-        if (json_is_string(m)) {
-            const char *s = json_string_value(m);
-            const char *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' ')) {
-                st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu \"%.40s\" is not two tokens", i, s);
-                break;
-            }
-            a = s;
-            la = (size_t)(sp - s);
-            b = sp + 1;
-            lb = strlen(b);
-        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-                   json_is_string(json_array_get(m, 1))) {
-            a = json_string_value(json_array_get(m, 0));
-            b = json_string_value(json_array_get(m, 1));
-            la = strlen(a);
-            lb = strlen(b);
-        } else {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu is neither \"a b\" nor [a, b]", i);
-            break;
-        }
+    for (size_t i = 0; i < n; i++) {
+        const merge_ent *m = &j->merges[i];
+        const char *a = j->strs.p + m->a, *b = j->strs.p + m->b;
         cat.n = 0;
-        if (bbuf_put(&cat, a, la) || bbuf_put(&cat, b, lb)) {
+        if (bbuf_put(&cat, a, m->la) || bbuf_put(&cat, b, m->lb)) {
             st = TL_ERR_NOMEM;
             break;
         }
-        int32_t ia = merge_tok_id(t, u2b, mapped, vocab, a, la, &tmp);
-        int32_t ib = merge_tok_id(t, u2b, mapped, vocab, b, lb, &tmp);
-        int32_t in = merge_tok_id(t, u2b, mapped, vocab, cat.p, cat.n, &tmp);
+        int32_t ia = bl_map_find(bm, a, m->la), ib = bl_map_find(bm, b, m->lb);
+        int32_t in = bl_map_find(bm, cat.p ? cat.p : "", cat.n);
         if (ia < 0 || ib < 0 || in < 0) {
             st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu (\"%.*s\" \"%.*s\"): %s token not in the vocab", i,
-                         (int)TL_MIN(la, 40), a, (int)TL_MIN(lb, 40), b, ia < 0 ? "left" : ib < 0 ? "right" : "merged");
-        } else {
-            merge_insert(t, ia, ib, (uint32_t)i, in);
+                         (int)TL_MIN(m->la, 40), a, (int)TL_MIN(m->lb, 40), b,
+                         ia < 0 ? "left" : ib < 0 ? "right" : "merged");
+            break;
         }
+        merge_insert(t, ia, ib, (uint32_t)i, in);
     }
     free(cat.p);
-    free(tmp.p);
     return st;
 }
 
@@ -710,9 +1053,8 @@ typedef struct {
     int special, normalized;
 } added_def;
 
-static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
-    json_t *model = json_object_get(root, "model");
-    if (!json_is_object(model)) return tl_errf(err, errlen, TL_ERR_FORMAT, "no \"model\" object");
+static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errlen) {
+    json_t *model = j->model, *root = j->root;
     json_t *ty = json_object_get(model, "type");
     if (ty && !is_type(model, "BPE")) return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "model type %s (only BPE)", type_of(model));
     json_t *dropout = json_object_get(model, "dropout");
@@ -727,24 +1069,17 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
     }
     t->ignore_merges = jbool(model, "ignore_merges");
     t->fuse_unk = jbool(model, "fuse_unk");
-    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
-    if (!json_is_object(vocab)) return tl_errf(err, errlen, TL_ERR_FORMAT, "model.vocab is not an object");
-    if (merges && !json_is_array(merges)) return tl_errf(err, errlen, TL_ERR_FORMAT, "model.merges is not a list");
 
     /* id space: vocab ids and added-token ids */
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_array(added) && !json_is_null(added))
         return tl_errf(err, errlen, TL_ERR_FORMAT, "added_tokens is not a list");
     int64_t max_id = -1;
-    const char *key;
-    json_t *val;
-    json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 30))
-            return tl_errf(err, errlen, TL_ERR_FORMAT, "vocab entry \"%.40s\" has a bad id", key);
-        if (json_integer_value(val) > max_id) max_id = json_integer_value(val);
-    }
+    for (size_t e = 0; e < j->n_vocab; e++)
+        if (j->vocab[e].id > max_id) max_id = j->vocab[e].id;
     size_t n_added = json_array_size(added);
     added_def *defs = calloc(n_added ? n_added : 1, sizeof *defs);
+    bl_map bm = {0};
     if (!defs) return TL_ERR_NOMEM;
     int st = 0;
     for (size_t i = 0; i < n_added; i++) {
@@ -768,26 +1103,36 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
         if (defs[i].id > max_id) max_id = defs[i].id;
     }
     t->n_vocab = (int)(max_id + 1);
+    if ((st = bl_map_build(&bm, j))) goto done;
 
-    /* id -> bytes */
+    /* id -> bytes; vstr/vlen: the string each id stands for (the last vocab entry with that id
+     * whose key was not given again later, or the added token) */
     uint32_t b2u[256];
     int16_t u2b[324];
     bytelevel_tables(b2u, u2b);
     size_t nv = (size_t)t->n_vocab;
     const char **vstr = calloc(nv ? nv : 1, sizeof *vstr);
+    size_t *vlen = calloc(nv ? nv : 1, sizeof *vlen);
     t->off = calloc(nv + 1, sizeof *t->off);
     t->flags = calloc(nv ? nv : 1, 1);
     t->present = calloc(nv ? nv : 1, 1);
     uint8_t *mapped = calloc(nv ? nv : 1, 1);
-    if (!vstr || !t->off || !t->flags || !t->present || !mapped) {
+    if (!vstr || !vlen || !t->off || !t->flags || !t->present || !mapped) {
         free(vstr);
+        free(vlen);
         free(mapped);
         st = TL_ERR_NOMEM;
         goto done;
     }
-    json_object_foreach(vocab, key, val) vstr[json_integer_value(val)] = key;
+    for (size_t i = 0; i < bm.cap; i++) {
+        if (!bm.slot[i]) continue;
+        const vocab_ent *e = &j->vocab[bm.slot[i] - 1];
+        vstr[e->id] = j->strs.p + e->off;
+        vlen[e->id] = e->len;
+    }
     for (size_t i = 0; i < n_added; i++) {
         vstr[defs[i].id] = defs[i].content;
+        vlen[defs[i].id] = strlen(defs[i].content);
         t->flags[defs[i].id] = (uint8_t)(TOKF_ADDED | (defs[i].special ? TOKF_SPECIAL : 0));
     }
     bbuf arena = {0};
@@ -795,7 +1140,7 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
         t->off[id] = (uint32_t)arena.n;
         if (!vstr[id]) continue;
         t->present[id] = 1;
-        mapped[id] = (uint8_t)bytelevel_decode(u2b, vstr[id], strlen(vstr[id]), &arena);
+        mapped[id] = (uint8_t)bytelevel_decode(u2b, vstr[id], vlen[id], &arena);
         if (arena.n > UINT32_MAX / 2) {
             st = tl_errf(err, errlen, TL_ERR_FORMAT, "vocabulary too large");
             break;
@@ -804,6 +1149,7 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
     t->off[nv] = (uint32_t)arena.n;
     t->arena = arena.p ? arena.p : xmalloc(1);
     free(vstr);
+    free(vlen);
     if (st) {
         free(mapped);
         goto done;
@@ -822,25 +1168,16 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
         for (size_t id = 0; id < nv; id++)
             if (t->present[id] && !(t->flags[id] & TOKF_ADDED) && mapped[id] == !pass && t->off[id + 1] > t->off[id])
                 vocab_insert(t, (int32_t)id);
-    {
-        json_t *none = merges ? NULL : json_array();
-        st = load_merges(t, u2b, mapped, vocab, merges ? merges : none, err, errlen);
-        json_decref(none);
-    }
     free(mapped);
-    if (st) goto done;
+    if ((st = load_merges(t, j, &bm, err, errlen))) goto done;
     for (int b = 0; b < 256; b++) {
         uint8_t u[4];
         size_t ul = utf8_encode(b2u[b], u);
-        char s[5];
-        memcpy(s, u, ul);
-        s[ul] = 0;
-        t->byte_id[b] = json_vocab_id(vocab, s);
+        t->byte_id[b] = bl_map_find(&bm, (const char *)u, ul);
     }
     t->unk_id = -1;
     json_t *unk = json_object_get(model, "unk_token");
-    if (json_is_string(unk)) t->unk_id = json_vocab_id(vocab, json_string_value(unk));
-
+    if (json_is_string(unk)) t->unk_id = bl_map_find(&bm, json_string_value(unk), json_string_length(unk));
 
     /* tries; normalized added tokens are matched in NFC text, so their content is NFC'd too */
     trie_item *raw = calloc(n_added + 1, sizeof *raw), *norm = calloc(n_added + 1, sizeof *norm);
@@ -873,14 +1210,16 @@ static int load_model(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
     free(raw);
     free(norm);
 done:
+    free(bm.slot);
     free(defs);
     return st;
 }
 
-static int load_root(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
-    if (!json_is_object(root)) return tl_errf(err, errlen, TL_ERR_FORMAT, "top level is not an object");
-    int st = load_model(t, root, err, errlen);
-    if (!st) st = load_normalizer(t, json_object_get(root, "normalizer"), err, errlen);
+static int load_root(tl_tokenizer *t, const tokjson *j, char *err, size_t errlen) {
+    json_t *root = j->root;
+    /* the normalizer first: load_model NFCs the content of normalized added tokens */
+    int st = load_normalizer(t, json_object_get(root, "normalizer"), err, errlen);
+    if (!st) st = load_model(t, j, err, errlen);
     if (!st) st = load_pretokenizer(t, json_object_get(root, "pre_tokenizer"), err, errlen);
     if (st) return st;
     json_t *dec = json_object_get(root, "decoder");
@@ -894,19 +1233,25 @@ static int load_root(tl_tokenizer *t, json_t *root, char *err, size_t errlen) {
 
 int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err, size_t errlen) {
     *out = NULL;
-    json_error_t je;
-    json_t *root = json_loadb(json, len, 0, &je);
-    if (!root) return tl_errf(err, errlen, TL_ERR_FORMAT, "tokenizer JSON line %d column %d: %s", je.line, je.column, je.text);
+    tokjson j = {0};
+    j.err = err;
+    j.errlen = errlen;
+    int st = tj_parse(&j, json, len);
+    if (st) {
+        tj_free(&j);
+        return st;
+    }
     tl_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
-        json_decref(root);
+        tj_free(&j);
         return TL_ERR_NOMEM;
     }
     for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_init(&t->locks[i], NULL);
-    int st = load_root(t, root, err, errlen);
-    json_decref(root);
+    st = load_root(t, &j, err, errlen);
+    tj_free(&j);
     if (!st) {
-        t->cache = calloc(CACHE_SLOTS, sizeof *t->cache);
+        t->cache_slots = t->n_vocab > 4096 ? CACHE_SLOTS : 4096;
+        t->cache = calloc(t->cache_slots, sizeof *t->cache);
         if (!t->cache) st = TL_ERR_NOMEM;
     }
     if (st) {
@@ -1124,7 +1469,7 @@ static int bpe_piece(const tl_tokenizer *t, const uint8_t *s, size_t n, tl_tok_i
     }
     if (n > CACHE_MAX_LEN) return bpe_word(t, s, n, out);
     uint64_t h = hash_bytes(s, n);
-    size_t slot = (size_t)(h & (CACHE_SLOTS - 1));
+    size_t slot = (size_t)(h & (t->cache_slots - 1));
     pthread_mutex_t *lock = (pthread_mutex_t *)&t->locks[slot % CACHE_LOCKS];
     cache_slot *c = &t->cache[slot];
     pthread_mutex_lock(lock);

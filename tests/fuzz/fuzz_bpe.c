@@ -5,6 +5,9 @@
  *   - be stable: encode(decode(encode(x))) == encode(x),
  *   - round-trip to NFC(x) for valid UTF-8 without added tokens and with only code points below
  *     U+07FD (where utf8proc's NFC and HF's agree; above, bpe.c emulates HF's older tables).
+ * An input starting with '{' is instead a tokenizer.json for tl_tokenizer_load_json (the
+ * hand-written scanner for vocab/merges): it must load or fail with a message, never crash; a
+ * loaded one must encode and decode. The seed corpus holds the tiny tokenizer.json.
  * Run from the repository root (tests/run.sh does). */
 #include <stdint.h>
 #include <stdio.h>
@@ -37,6 +40,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     if (size == 0) return 0;
+    if (data[0] == '{') {
+        char err[256] = "";
+        tl_tokenizer *t = NULL;
+        int st = tl_tokenizer_load_json((const char *)data, size, &t, err, sizeof err);
+        if (st < 0 && (t || !err[0])) abort();
+        if (st == 0) {
+            tl_tok_ids ids = {0};
+            static const char probe[] = "Hello, world! <think> \xc3\xa9\xff";
+            if (tl_tokenize(t, probe, sizeof probe - 1, 0, &ids) < 0) abort();
+            char *dec;
+            size_t dl;
+            if (tl_detokenize(t, ids.ids, ids.n, 0, &dec, &dl)) abort();
+            free(dec);
+            tl_tok_ids_free(&ids);
+            tl_tokenizer_free(t);
+        }
+        return 0;
+    }
     unsigned flags = data[0] & 1 ? TL_TOKENIZE_SPLIT_SPECIAL : 0;
     unsigned dflags = data[0] & 2 ? TL_DETOK_SKIP_SPECIAL : 0;
     const char *text = (const char *)data + 1;
