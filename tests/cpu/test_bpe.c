@@ -361,6 +361,15 @@ static void test_bpe_load_errors(void) {
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\":"
         " \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"[\\\\S]\"},"
         " \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}}",
+        /* the loader's own scanner: trailing text, bad ids, bad escapes, truncation */
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}} x",
+        "{\"model\": {\"vocab\": {\"a\": 1.5}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"\\ud800\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"\\q\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": [\"a\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"x\": tru}}",
+        "{\"model\": {\"vocab\": {\"a\": 0, ",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"model\": {}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[256] = "";
@@ -383,6 +392,24 @@ static void test_bpe_load_errors(void) {
         tl_tok_ids ids = {0};
         CHECK_EQ_INT(tl_tokenize(t, "abxa", 4, 0, &ids), 2); /* x has no token: dropped, as HF */
         CHECK(ids.n == 2 && ids.ids[0] == 2 && ids.ids[1] == 0);
+        tl_tok_ids_free(&ids);
+        tl_tokenizer_free(t);
+    }
+    /* escapes decode; a key given twice keeps its later id (the earlier id is a hole); HF
+     * tokenizers gives [2, 3, 4] for "ab b" on this file too */
+    const char *esc = "{\"model\": {\"vocab\": {\"\\u0061\": 0, \"b\": 1, \"a\\u0062\": 2, \"b\": 4,"
+                      " \"\\u0120\": 3}, \"merges\": [\"a b\"]},"
+                      " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}";
+    CHECK_EQ_INT(tl_tokenizer_load_json(esc, strlen(esc), &t, err, sizeof err), 0);
+    if (t) {
+        size_t n;
+        CHECK_EQ_INT(tl_tokenizer_n_vocab(t), 5);
+        CHECK_EQ_INT(tl_token_id(t, "b"), 4);
+        CHECK(tl_token_str(t, 1, &n) == NULL);
+        CHECK_EQ_INT(tl_token_id(t, " "), 3); /* byte-level U+0120 is the space byte */
+        tl_tok_ids ids = {0};
+        CHECK_EQ_INT(tl_tokenize(t, "ab b", 4, 0, &ids), 3);
+        CHECK(ids.n == 3 && ids.ids[0] == 2 && ids.ids[1] == 3 && ids.ids[2] == 4);
         tl_tok_ids_free(&ids);
         tl_tokenizer_free(t);
     }

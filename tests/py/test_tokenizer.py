@@ -63,11 +63,19 @@ def tok_files(tmp_path_factory):
     with open(files["qwen3"], "w", encoding="utf-8") as f:
         json.dump(q3, f, ensure_ascii=False)
     split = q3["pre_tokenizer"]["pretokenizers"][0]
-    assert split["type"] == "Split" and "\\p{M}" not in split["pattern"]["Regex"]
+    split_regex = split["pattern"]["Regex"]
+    assert split["type"] == "Split" and "\\p{M}" not in split_regex
     split["pattern"]["Regex"] = QWEN35_REGEX
     files["qwen3-q35regex"] = str(d / "qwen3_q35.json")
     with open(files["qwen3-q35regex"], "w", encoding="utf-8") as f:
         json.dump(q3, f, ensure_ascii=False)
+    # the same vocabulary written differently: \u escapes everywhere, indentation, and merges in
+    # the older "a b" string form (exercises the loader's own JSON scanner)
+    q3["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = split_regex
+    q3["model"]["merges"] = [" ".join(m) for m in q3["model"]["merges"]]
+    files["qwen3-escaped"] = str(d / "qwen3_escaped.json")
+    with open(files["qwen3-escaped"], "w", encoding="ascii") as f:
+        json.dump(q3, f, ensure_ascii=True, indent=1)
     files["qwen36"] = str(d / "qwen36.json")
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "tok_tiktoken_to_json.py"), files["qwen36"]],
                    check=True, capture_output=True)
@@ -98,7 +106,7 @@ def diff_report(items, got, want, limit=5):
     return bad, "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3-q35regex", "qwen36", "tiny"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-q35regex", "qwen3-escaped", "qwen36", "tiny"])
 def test_encode_decode_match_hf(tok_files, name):
     path = tok_files[name]
     hf = Tokenizer.from_file(path)
