@@ -227,22 +227,29 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
     }
     free(order);
     json_decref(root);
-    /* Writers that do not pad the header (mlx's does not) leave every tensor at an odd address.
-     * Consumers read words and floats directly, so such a file gets an aligned private copy of
-     * its data section (costs memory and one copy; the mapping is released by tl_st_open). */
+    /* Writers that do not pad the header (mlx's does not) leave tensors at odd addresses.
+     * Consumers read words and floats directly, so such a file gets an aligned private copy:
+     * every tensor at a 64-byte boundary of one buffer (costs the file's size in memory and one
+     * copy; tl_st_open then releases the mapping). */
     if (misaligned) {
-        size_t cap = (f->data_size + 63) & ~(size_t)63;
-        uint8_t *own = aligned_alloc(64, cap ? cap : 64);
+        size_t cap = 64;
+        for (int i = 0; i < nt; i++) cap += (f->tensors[i].nbytes + 63) & ~(size_t)63;
+        uint8_t *own = aligned_alloc(64, cap);
         if (!own) {
             st = tl_errf(err, errlen, TL_ERR_NOMEM,
-                         "%s: out of memory copying the %zu-byte data section into alignment",
-                         path, f->data_size);
+                         "%s: out of memory copying %zu bytes of tensor data into alignment",
+                         path, cap);
             goto fail_names;
         }
-        memcpy(own, f->data, f->data_size);
-        for (int i = 0; i < nt; i++)
-            f->tensors[i].data = own + ((const uint8_t *)f->tensors[i].data - f->data);
+        size_t off = 0;
+        for (int i = 0; i < nt; i++) {
+            tl_tensor *t = &f->tensors[i];
+            if (t->nbytes) memcpy(own + off, t->data, t->nbytes);
+            t->data = own + off;
+            off += (t->nbytes + 63) & ~(size_t)63;
+        }
         f->data = own;
+        f->data_size = off;
         f->own = own;
     }
     f->path = xstrdup(path);

@@ -18,20 +18,21 @@ typedef struct tl_st_file {
     char *path;
     void *map; /* whole-file mapping (NULL when parsed from a caller buffer) */
     size_t map_size;
-    const uint8_t *data; /* start of the data section */
+    const uint8_t *data; /* start of the data section (or of f->own) */
     size_t data_size;
     tl_tensor *tensors; /* in header order; names point into `names` */
     int n_tensors;
     char *names;
-    void *own; /* aligned copy of the data section when the file's was misaligned, else NULL */
+    void *own; /* aligned copy of the tensors when the file had misaligned ones, else NULL */
 } tl_st_file;
 
 /* Parses a whole safetensors image held in buf[size] (no copy: tensor data points into buf).
  * path is used in messages only. Checks: header length inside the file, JSON syntax, duplicate
  * names, dtype names, non-negative dims, shape product overflow, shape x dtype size == end-begin,
  * offsets inside the data section, no overlapping tensors. When any tensor would sit at an address
- * not aligned to its element size (mlx's writer does not pad the header), the data section is
- * copied into an aligned buffer owned by f, so every tensor's data is always aligned. */
+ * not aligned to its element size (mlx's writer does not pad the header), every tensor is copied
+ * to a 64-byte boundary of a buffer owned by f (f->own; data/data_size then describe it), so a
+ * tensor's data is always aligned. */
 int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, char *err,
                 size_t errlen);
 /* Maps the file read-only and parses it. */
