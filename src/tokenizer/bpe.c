@@ -526,7 +526,7 @@ static int regex_compile(tl_tokenizer *t, const char *pat, int literal, char *er
     int ec;
     PCRE2_SIZE eo;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : 0);
-    t->re = pcre2_compile((PCRE2_SPTR)rw.p, rw.n, opts, &ec, &eo, NULL);
+    t->re = pcre2_compile((PCRE2_SPTR)(rw.p ? rw.p : ""), rw.n, opts, &ec, &eo, NULL);
     free(rw.p);
     if (!t->re) {
         PCRE2_UCHAR msg[160];
@@ -1544,6 +1544,7 @@ static int encode_pretok(enc_ctx *e, const uint8_t *s, size_t n) {
             off = last = m1;
         } else { /* empty match: splits the gap here; step one character */
             last = m0;
+            if (m0 >= n) break;
             size_t adv = 1;
             utf8_step(s + m0, n - m0, &adv);
             off = m0 + adv;

@@ -221,6 +221,26 @@ def test_tiny_tokenizer_layout():
     assert any(256 <= i < 287 for i in ids)  # the merges do apply
 
 
+@pytest.mark.parametrize("pattern", ["x*", "(?=b)", "\\b", "a|", "e\\s*", "", "$", "^", "(?<=a)", "\\s*",
+                                     "\\S+", "[\\s\\p{P}]", "(?i:'S|'T)|\\p{L}+"])
+def test_other_split_regexes_match_hf(tmp_path, pattern):
+    """The tiny tokenizer with other Split regexes (empty matches, look-arounds, \\S, classes with
+    \\s): the Isolated splitting and the \\s rewrite agree with HF."""
+    with open(TINY, encoding="utf-8") as f:
+        d = json.load(f)
+    d["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
+    path = str(tmp_path / "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(d, f)
+    hf = Tokenizer.from_file(path)
+    items = ["abxxc", "xx", "", "b", "the cat's", "x y  z\n", "ébé", "a\u0301b", "a\xa0\u2028b\u180e c\u3000",
+             "<think>a b</think>", " \t\r\n \x0b\x0c\x1c\x85x"] + CORPUS_TEXT[::40]
+    got = run_batch(path, items)
+    want = [e.ids for e in hf.encode_batch(items)]
+    bad, msg = diff_report(items, got, want)
+    assert not bad, msg
+
+
 # ---- the CLI as people use it ----
 
 def run_cli(args, stdin=b""):
