@@ -12,11 +12,21 @@
 #include "model/weights_priv.h"
 
 enum {
-    G_EMBD, G_LMHEAD, G_ATTN, G_GDN, G_ROUTER, G_EXPERTS, G_SHARED, G_NORMS, G_MTP, G_OTHER, G_COUNT
+    G_EMBD,
+    G_LMHEAD,
+    G_ATTN,
+    G_GDN,
+    G_ROUTER,
+    G_EXPERTS,
+    G_SHARED,
+    G_NORMS,
+    G_MTP,
+    G_OTHER,
+    G_COUNT
 };
 static const char *group_name[G_COUNT] = {
-    "embedding", "lm_head", "attention", "deltanet", "router", "experts", "shared expert",
-    "norms", "mtp", "other",
+    "embedding", "lm_head",       "attention", "deltanet", "router",
+    "experts",   "shared expert", "norms",     "mtp",      "other",
 };
 
 static int classify(const char *n) {
@@ -35,7 +45,8 @@ static int classify(const char *n) {
 static void human(char *buf, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int i = 0;
-    while (bytes >= 1024 && i < 4) bytes /= 1024, i++;
+    while (bytes >= 1024 && i < 4)
+        bytes /= 1024, i++;
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
 }
 
@@ -81,12 +92,13 @@ int cmd_info(int argc, char **argv) {
     char b1[32], b2[32];
 
     printf("model        %s\n", dir);
-    printf("format       %s\n",
-           m->format == TL_CKPT_HF ? "HF safetensors (zero-centred norms, +1 applied at load)"
-                                   : "MLX safetensors (norms stored offset)");
+    printf("format       %s\n", m->format == TL_CKPT_HF
+                                    ? "HF safetensors (zero-centred norms, +1 applied at load)"
+                                    : "MLX safetensors (norms stored offset)");
     if (c->quant_bits)
-        printf("quantization affine, %d-bit, group %d (per-module overrides honoured from shapes)\n",
-               c->quant_bits, c->quant_group);
+        printf(
+            "quantization affine, %d-bit, group %d (per-module overrides honoured from shapes)\n",
+            c->quant_bits, c->quant_group);
     printf("files        %d safetensors file%s%s (prefix \"%s\"), opened in %.3f s\n", p->n_files,
            p->n_files == 1 ? "" : "s", p->index_path ? " via model.safetensors.index.json" : "",
            p->prefix, t_load);
@@ -94,20 +106,25 @@ int cmd_info(int argc, char **argv) {
            c->n_layer, c->n_vocab, c->max_pos, (double)c->rms_eps);
     printf("attention    heads %d, kv heads %d, head_dim %d, rotary dims %d, rope_theta %g\n",
            c->n_head, c->n_head_kv, c->head_dim, c->n_rot, (double)c->rope_theta);
-    printf("deltanet     k heads %d, v heads %d, k dim %d, v dim %d, conv kernel %d (conv dim %d)\n",
-           c->gdn_n_k_head, c->gdn_n_v_head, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_k,
-           tl_config_gdn_conv_dim(c));
+    printf(
+        "deltanet     k heads %d, v heads %d, k dim %d, v dim %d, conv kernel %d (conv dim %d)\n",
+        c->gdn_n_k_head, c->gdn_n_v_head, c->gdn_k_dim, c->gdn_v_dim, c->gdn_conv_k,
+        tl_config_gdn_conv_dim(c));
     printf("moe          experts %d, top-%d, expert ff %d, shared ff %d\n", c->n_expert,
            c->n_expert_used, c->n_ff_expert, c->n_ff_shared);
-    printf("other        tied embeddings %s, mtp layers %d, eos ids", c->tie_embeddings ? "yes" : "no",
-           c->mtp_n_layer);
-    for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_ids[i]);
+    printf("other        tied embeddings %s, mtp layers %d, eos ids",
+           c->tie_embeddings ? "yes" : "no", c->mtp_n_layer);
+    for (int i = 0; i < c->n_eos; i++)
+        printf(" %d", c->eos_ids[i]);
     printf("\n");
 
     int n_attn = 0;
-    for (int i = 0; i < c->n_layer; i++) n_attn += c->layer_kind[i] == TL_LAYER_ATTN;
-    printf("layer kinds  %d linear_attention (L), %d full_attention (A): ", c->n_layer - n_attn, n_attn);
-    for (int i = 0; i < c->n_layer; i++) putchar(c->layer_kind[i] == TL_LAYER_ATTN ? 'A' : 'L');
+    for (int i = 0; i < c->n_layer; i++)
+        n_attn += c->layer_kind[i] == TL_LAYER_ATTN;
+    printf("layer kinds  %d linear_attention (L), %d full_attention (A): ", c->n_layer - n_attn,
+           n_attn);
+    for (int i = 0; i < c->n_layer; i++)
+        putchar(c->layer_kind[i] == TL_LAYER_ATTN ? 'A' : 'L');
     printf("\n");
 
     /* bytes by group and by dtype over the directory */
@@ -150,10 +167,11 @@ int cmd_info(int argc, char **argv) {
     count_bits(&m->output, nb);
     for (int il = 0; il < c->n_layer; il++) {
         const tl_layer *L = &m->layers[il];
-        const tl_mat *ms[] = {&L->attn_q, &L->attn_k, &L->attn_v, &L->attn_o, &L->gdn_qkv,
-                              &L->gdn_z, &L->gdn_b, &L->gdn_a, &L->gdn_out, &L->moe_router,
-                              &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_inp};
-        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) count_bits(ms[k], nb);
+        const tl_mat *ms[] = {&L->attn_q,  &L->attn_k, &L->attn_v,  &L->attn_o,     &L->gdn_qkv,
+                              &L->gdn_z,   &L->gdn_b,  &L->gdn_a,   &L->gdn_out,    &L->moe_router,
+                              &L->sh_gate, &L->sh_up,  &L->sh_down, &L->sh_gate_inp};
+        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++)
+            count_bits(ms[k], nb);
         for (int e = 0; e < c->n_expert; e++) {
             count_bits(&L->exp_gate[e], nb);
             count_bits(&L->exp_up[e], nb);

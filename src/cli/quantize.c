@@ -59,8 +59,8 @@ int cmd_quantize(int argc, char **argv) {
     if (!(shard_gb > 0)) shard_gb = 5;
     char err[1024];
     double t0 = tl_time_s();
-    int st = tl_quantize_checkpoint(in, out, bits, group, (size_t)(shard_gb * (1u << 30)),
-                                    progress, err, sizeof err);
+    int st = tl_quantize_checkpoint(in, out, bits, group, (size_t)(shard_gb * (1u << 30)), progress,
+                                    err, sizeof err);
     fprintf(stderr, "\n");
     if (st) {
         fprintf(stderr, "tulip quantize: %s\n", err);

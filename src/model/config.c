@@ -104,8 +104,8 @@ static int read_eos(tl_config *c, json_t *v, const char *path, const char *name,
         return TL_OK;
     }
     if (!json_is_array(v))
-        return tl_errf(err, errlen, TL_ERR_FORMAT, "%s: %s: expected an integer or a list",
-                       path, name);
+        return tl_errf(err, errlen, TL_ERR_FORMAT, "%s: %s: expected an integer or a list", path,
+                       name);
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e) {
@@ -241,8 +241,8 @@ int tl_config_parse(tl_config *c, const char *json, const char *path, char *err,
             goto done;
     }
     if (prf > 1.0) {
-        st = tl_errf(err, errlen, TL_ERR_FORMAT, "%s: %spartial_rotary_factor: %g is above 1",
-                     path, pre, prf);
+        st = tl_errf(err, errlen, TL_ERR_FORMAT, "%s: %spartial_rotary_factor: %g is above 1", path,
+                     pre, prf);
         goto done;
     }
     c->n_rot = (int)lround(c->head_dim * prf);
@@ -262,8 +262,8 @@ int tl_config_parse(tl_config *c, const char *json, const char *path, char *err,
     if (lt && !json_is_null(lt)) {
         if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layer) {
             st = tl_errf(err, errlen, TL_ERR_FORMAT,
-                         "%s: %slayer_types: expected a list of num_hidden_layers=%d strings",
-                         path, pre, c->n_layer);
+                         "%s: %slayer_types: expected a list of num_hidden_layers=%d strings", path,
+                         pre, c->n_layer);
             goto done;
         }
         for (int i = 0; i < c->n_layer; i++) {
@@ -296,9 +296,8 @@ int tl_config_parse(tl_config *c, const char *json, const char *path, char *err,
     snprintf(name, sizeof name, "%seos_token_id", pre);
     if ((st = read_eos(c, json_object_get(x.tc, "eos_token_id"), path, name, err, errlen)))
         goto done;
-    if (x.tc != root &&
-        (st = read_eos(c, json_object_get(root, "eos_token_id"), path, "eos_token_id", err,
-                       errlen)))
+    if (x.tc != root && (st = read_eos(c, json_object_get(root, "eos_token_id"), path,
+                                       "eos_token_id", err, errlen)))
         goto done;
     if ((st = read_quant(c, &x))) goto done;
 done:
@@ -342,10 +341,10 @@ done:
 }
 
 int tl_config_check(const tl_config *c, char *err, size_t errlen) {
-#define POS(f, key)                                                                               \
-    if (c->f <= 0)                                                                                \
-        return tl_errf(err, errlen, TL_ERR_FORMAT, "config.json: %s=%d: expected a positive value", \
-                       key, c->f);
+#define POS(f, key)                                                                                \
+    if (c->f <= 0)                                                                                 \
+        return tl_errf(err, errlen, TL_ERR_FORMAT,                                                 \
+                       "config.json: %s=%d: expected a positive value", key, c->f);
     POS(n_embd, "hidden_size")
     POS(n_layer, "num_hidden_layers")
     POS(n_vocab, "vocab_size")
@@ -376,7 +375,8 @@ int tl_config_check(const tl_config *c, char *err, size_t errlen) {
     } derived[] = {
         {"num_attention_heads*head_dim*2", (int64_t)c->n_head * c->head_dim * 2},
         {"num_key_value_heads*head_dim", (int64_t)c->n_head_kv * c->head_dim},
-        {"2*linear_num_key_heads*linear_key_head_dim + linear_num_value_heads*linear_value_head_dim",
+        {"2*linear_num_key_heads*linear_key_head_dim + "
+         "linear_num_value_heads*linear_value_head_dim",
          2 * (int64_t)c->gdn_n_k_head * c->gdn_k_dim + (int64_t)c->gdn_n_v_head * c->gdn_v_dim},
         {"linear_conv_kernel_dim x conv channels",
          (2 * (int64_t)c->gdn_n_k_head * c->gdn_k_dim + (int64_t)c->gdn_n_v_head * c->gdn_v_dim) *
@@ -415,8 +415,7 @@ int tl_config_check(const tl_config *c, char *err, size_t errlen) {
                        c->max_pos);
     for (int i = 0; i < c->n_layer; i++)
         if (c->layer_kind[i] != TL_LAYER_GDN && c->layer_kind[i] != TL_LAYER_ATTN)
-            return tl_errf(err, errlen, TL_ERR_FORMAT, "config.json: layer_types[%d]: bad kind",
-                           i);
+            return tl_errf(err, errlen, TL_ERR_FORMAT, "config.json: layer_types[%d]: bad kind", i);
     if (c->quant_bits) {
         if (c->quant_bits != 4 && c->quant_bits != 8)
             return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
@@ -431,10 +430,10 @@ int tl_config_check(const tl_config *c, char *err, size_t errlen) {
 
 int tl_config_check_production(const tl_config *c, char *err, size_t errlen) {
     static const char hint[] = "is this the Qwen3.6-35B-A3B checkpoint?";
-#define EQ(f, key, want)                                                                          \
-    if (c->f != (want))                                                                           \
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,                                           \
-                       "config.json has %s=%d, this engine is built for %d: %s", key, c->f,       \
+#define EQ(f, key, want)                                                                           \
+    if (c->f != (want))                                                                            \
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,                                            \
+                       "config.json has %s=%d, this engine is built for %d: %s", key, c->f,        \
                        (int)(want), hint);
     EQ(n_embd, "hidden_size", TL_N_EMBD)
     EQ(n_layer, "num_hidden_layers", TL_N_LAYER)
@@ -464,12 +463,13 @@ int tl_config_check_production(const tl_config *c, char *err, size_t errlen) {
     for (int i = 0; i < c->n_layer; i++) {
         tl_layer_kind want = (i + 1) % TL_FULL_ATTN_EVERY == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
         if (c->layer_kind[i] != want)
-            return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
-                           "config.json has layer_types[%d]=%s, this engine is built for %s "
-                           "(full attention every %d layers): %s",
-                           i, c->layer_kind[i] == TL_LAYER_ATTN ? "full_attention" : "linear_attention",
-                           want == TL_LAYER_ATTN ? "full_attention" : "linear_attention",
-                           TL_FULL_ATTN_EVERY, hint);
+            return tl_errf(
+                err, errlen, TL_ERR_UNSUPPORTED,
+                "config.json has layer_types[%d]=%s, this engine is built for %s "
+                "(full attention every %d layers): %s",
+                i, c->layer_kind[i] == TL_LAYER_ATTN ? "full_attention" : "linear_attention",
+                want == TL_LAYER_ATTN ? "full_attention" : "linear_attention", TL_FULL_ATTN_EVERY,
+                hint);
     }
     return TL_OK;
 }

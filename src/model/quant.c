@@ -68,16 +68,16 @@ void tl_quant_row(const float *x, int n, int bits, int group, uint32_t *words, u
 typedef enum { U_QMAT, U_FMAT, U_VEC, U_RAW } unit_kind;
 
 typedef struct unit {
-    char name[192];      /* module (QMAT: ".weight/.scales/.biases" appended) or tensor name */
+    char name[192]; /* module (QMAT: ".weight/.scales/.biases" appended) or tensor name */
     unit_kind kind;
-    const tl_mat *mats;  /* QMAT/FMAT: n_mats views; stacked along a leading dim when > 1 */
+    const tl_mat *mats; /* QMAT/FMAT: n_mats views; stacked along a leading dim when > 1 */
     int n_mats, stacked, bits;
-    const float *vec;    /* U_VEC: f32 values, written as bf16 */
+    const float *vec;     /* U_VEC: f32 values, written as bf16 */
     const tl_tensor *raw; /* U_RAW: bytes copied as stored */
     int ndim;
-    int64_t shape[3];    /* U_VEC/U_RAW output shape */
+    int64_t shape[3]; /* U_VEC/U_RAW output shape */
     size_t bytes;
-    int align4;          /* keeps 4-byte alignment when laid back to back */
+    int align4; /* keeps 4-byte alignment when laid back to back */
     int shard;
 } unit;
 
@@ -144,7 +144,8 @@ static int plan_raw(plan *p, const tl_model *m, const char *src, const char *dst
     unit *u = plan_add(p, dst, U_RAW);
     u->raw = t;
     u->ndim = ndim ? ndim : t->ndim;
-    for (int d = 0; d < u->ndim && d < 3; d++) u->shape[d] = ndim ? shape[d] : t->shape[d];
+    for (int d = 0; d < u->ndim && d < 3; d++)
+        u->shape[d] = ndim ? shape[d] : t->shape[d];
     u->bytes = t->nbytes;
     u->align4 = tl_dtype_size(t->dtype) % 4 == 0 || t->nbytes % 4 == 0;
     if (tl_dtype_size(t->dtype) == 1) u->align4 = 0;
@@ -182,14 +183,14 @@ static int build_plan(plan *p, const tl_model *m, char *err, size_t errlen) {
             plan_mat(p, OUT("linear_attn.in_proj_z"), &L->gdn_z, 1, 0, p->bits, 0);
             plan_mat(p, OUT("linear_attn.in_proj_b"), &L->gdn_b, 1, 0, p->bits, 0);
             plan_mat(p, OUT("linear_attn.in_proj_a"), &L->gdn_a, 1, 0, p->bits, 0);
-            if ((st = plan_raw(p, m, SRC("linear_attn.conv1d.weight"), OUT("linear_attn.conv1d.weight"), 3,
-                               conv_shape, err, errlen)) ||
-                (st = plan_raw(p, m, SRC("linear_attn.dt_bias"), OUT("linear_attn.dt_bias"), 0, NULL,
+            if ((st = plan_raw(p, m, SRC("linear_attn.conv1d.weight"),
+                               OUT("linear_attn.conv1d.weight"), 3, conv_shape, err, errlen)) ||
+                (st = plan_raw(p, m, SRC("linear_attn.dt_bias"), OUT("linear_attn.dt_bias"), 0,
+                               NULL, err, errlen)) ||
+                (st = plan_raw(p, m, SRC("linear_attn.A_log"), OUT("linear_attn.A_log"), 0, NULL,
                                err, errlen)) ||
-                (st = plan_raw(p, m, SRC("linear_attn.A_log"), OUT("linear_attn.A_log"), 0, NULL, err,
-                               errlen)) ||
-                (st = plan_raw(p, m, SRC("linear_attn.norm.weight"), OUT("linear_attn.norm.weight"), 0,
-                               NULL, err, errlen)))
+                (st = plan_raw(p, m, SRC("linear_attn.norm.weight"), OUT("linear_attn.norm.weight"),
+                               0, NULL, err, errlen)))
                 return st;
             plan_mat(p, OUT("linear_attn.out_proj"), &L->gdn_out, 1, 0, p->bits, 0);
         }
@@ -238,7 +239,8 @@ static int unit_entries(const unit *u, int group, tl_st_entry *e, char nb[3][208
     snprintf(nb[0], 208, "%s", u->name);
     e[0] = (tl_st_entry){.name = nb[0], .ndim = u->ndim};
     e[0].dtype = u->kind == U_VEC ? TL_DT_BF16 : u->raw->dtype;
-    for (int d = 0; d < u->ndim; d++) e[0].shape[d] = u->shape[d];
+    for (int d = 0; d < u->ndim; d++)
+        e[0].shape[d] = u->shape[d];
     return 1;
 }
 
@@ -266,7 +268,8 @@ static void *quant_rows(void *arg) {
     for (size_t orow = pt->r0; orow < pt->r1; orow++) {
         const tl_mat *m = &u->mats[orow / (size_t)rows];
         size_t base = (orow % (size_t)rows) * (size_t)cols;
-        for (int c = 0; c < cols; c++) x[c] = tl_load_elem(m->w, m->wtype, base + (size_t)c);
+        for (int c = 0; c < cols; c++)
+            x[c] = tl_load_elem(m->w, m->wtype, base + (size_t)c);
         tl_quant_row(x, cols, u->bits, j->group, j->W + orow * wpr, j->S + orow * (size_t)ng,
                      j->B + orow * (size_t)ng);
     }
@@ -310,7 +313,8 @@ static int write_unit(FILE *fp, const unit *u, int group, const char *path, char
         qpart part[32];
         int started = 0;
         for (int t = 0; t < nt; t++) {
-            part[t] = (qpart){&job, nrows * (size_t)t / (size_t)nt, nrows * (size_t)(t + 1) / (size_t)nt};
+            part[t] =
+                (qpart){&job, nrows * (size_t)t / (size_t)nt, nrows * (size_t)(t + 1) / (size_t)nt};
             if (t > 0 && pthread_create(&th[t], NULL, quant_rows, &part[t]) == 0)
                 started |= 1 << t;
             else if (t > 0)
@@ -426,13 +430,14 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
         paths[s] = join(out_dir, fname);
         /* order: 4-aligned units first, then the 2-byte ones, so every tensor stays aligned */
         int cnt = 0;
-        for (int i = 0; i < p.n; i++) cnt += p.u[i].shard == s;
+        for (int i = 0; i < p.n; i++)
+            cnt += p.u[i].shard == s;
         int *ord = xmalloc((size_t)(cnt ? cnt : 1) * sizeof *ord), k = 0;
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < p.n; i++)
                 if (p.u[i].shard == s && p.u[i].align4 == !pass) ord[k++] = i;
         tl_st_entry *ent = xcalloc((size_t)cnt * 3 + 1, sizeof *ent);
-        char (*names)[208] = xcalloc((size_t)cnt * 3 + 1, sizeof *names);
+        char(*names)[208] = xcalloc((size_t)cnt * 3 + 1, sizeof *names);
         int ne = 0;
         for (int i = 0; i < cnt; i++) {
             const unit *u = &p.u[ord[i]];
@@ -463,7 +468,8 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
                 st = write_unit(fp, u, group, paths[s], err, errlen);
                 total += u->bytes;
             }
-            if (fclose(fp) && !st) st = tl_errf(err, errlen, TL_ERR_IO, "%s: write error", paths[s]);
+            if (fclose(fp) && !st)
+                st = tl_errf(err, errlen, TL_ERR_IO, "%s: write error", paths[s]);
         }
         free(ord);
         free(ent);
@@ -483,9 +489,10 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
     json_decref(wmap);
     if (!st) st = write_config(in_dir, out_dir, p.qcfg, err, errlen);
     /* the files a server needs besides weights */
-    static const char *aux[] = {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                                "special_tokens_map.json", "vocab.json", "merges.txt",
-                                "chat_template.jinja", "chat_template.json"};
+    static const char *aux[] = {
+        "generation_config.json",  "tokenizer.json",    "tokenizer_config.json",
+        "special_tokens_map.json", "vocab.json",        "merges.txt",
+        "chat_template.jinja",     "chat_template.json"};
     for (size_t i = 0; !st && i < sizeof aux / sizeof aux[0]; i++) {
         char *a = join(in_dir, aux[i]), *b = join(out_dir, aux[i]);
         struct stat sb;
@@ -494,7 +501,8 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
         free(b);
     }
 done:
-    for (int s = 0; paths && s < n_shards; s++) free(paths[s]);
+    for (int s = 0; paths && s < n_shards; s++)
+        free(paths[s]);
     free(paths);
     free(p.u);
     json_decref(p.qcfg);

@@ -20,10 +20,10 @@ static const struct {
     const char *name;
     size_t size;
 } dtype_info[TL_DT_COUNT] = {
-    [TL_DT_F32] = {"F32", 4},    [TL_DT_F16] = {"F16", 2},   [TL_DT_BF16] = {"BF16", 2},
-    [TL_DT_U32] = {"U32", 4},    [TL_DT_I32] = {"I32", 4},   [TL_DT_U8] = {"U8", 1},
-    [TL_DT_I8] = {"I8", 1},      [TL_DT_I64] = {"I64", 8},   [TL_DT_U16] = {"U16", 2},
-    [TL_DT_I16] = {"I16", 2},    [TL_DT_F64] = {"F64", 8},   [TL_DT_BOOL] = {"BOOL", 1},
+    [TL_DT_F32] = {"F32", 4},         [TL_DT_F16] = {"F16", 2}, [TL_DT_BF16] = {"BF16", 2},
+    [TL_DT_U32] = {"U32", 4},         [TL_DT_I32] = {"I32", 4}, [TL_DT_U8] = {"U8", 1},
+    [TL_DT_I8] = {"I8", 1},           [TL_DT_I64] = {"I64", 8}, [TL_DT_U16] = {"U16", 2},
+    [TL_DT_I16] = {"I16", 2},         [TL_DT_F64] = {"F64", 8}, [TL_DT_BOOL] = {"BOOL", 1},
     [TL_DT_F8_E4M3] = {"F8_E4M3", 1},
 };
 
@@ -62,7 +62,9 @@ float tl_load_elem(const void *data, tl_dtype t, size_t i) {
         memcpy(&h, p + 2 * i, 2);
         return tl_f16_to_f32(h);
     }
-    default: TL_ASSERT(!"tl_load_elem: not a float dtype"); return 0;
+    default:
+        TL_ASSERT(!"tl_load_elem: not a float dtype");
+        return 0;
     }
 }
 
@@ -91,7 +93,8 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
         return tl_errf(err, errlen, TL_ERR_FORMAT,
                        "%s: file is %zu bytes, too short for the 8-byte header length", path, size);
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b[i];
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | b[i];
     if (hlen > size - 8)
         return tl_errf(err, errlen, TL_ERR_FORMAT,
                        "%s: header length %llu runs past the end of the file (%zu bytes): "
@@ -136,8 +139,8 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
         json_t *dt = json_object_get(val, "dtype"), *sh = json_object_get(val, "shape");
         json_t *off = json_object_get(val, "data_offsets");
         if (!json_is_string(dt)) {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT, "%s: tensor '%s': dtype: missing or not a string",
-                         path, key);
+            st = tl_errf(err, errlen, TL_ERR_FORMAT,
+                         "%s: tensor '%s': dtype: missing or not a string", path, key);
             goto fail;
         }
         if (tl_dtype_parse(json_string_value(dt), &t->dtype)) {
@@ -178,17 +181,17 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
         if (!json_is_array(off) || json_array_size(off) != 2 ||
             json_u64(json_array_get(off, 0), INT64_MAX, &beg) ||
             json_u64(json_array_get(off, 1), INT64_MAX, &end) || beg > end) {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT,
-                         "%s: tensor '%s': data_offsets: expected [begin, end] with 0 <= begin <= end",
-                         path, key);
+            st = tl_errf(
+                err, errlen, TL_ERR_FORMAT,
+                "%s: tensor '%s': data_offsets: expected [begin, end] with 0 <= begin <= end", path,
+                key);
             goto fail;
         }
         if (end > f->data_size) {
             st = tl_errf(err, errlen, TL_ERR_FORMAT,
                          "%s: tensor '%s': data_offsets [%llu, %llu] run past the data section "
                          "(%zu bytes): truncated file?",
-                         path, key, (unsigned long long)beg, (unsigned long long)end,
-                         f->data_size);
+                         path, key, (unsigned long long)beg, (unsigned long long)end, f->data_size);
             goto fail;
         }
         if (end - beg != bytes) {
@@ -211,7 +214,8 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
 
     /* Overlaps: sort by start; each non-empty tensor must end before the next one starts. */
     order = xmalloc((size_t)(nt ? nt : 1) * sizeof *order);
-    for (int i = 0; i < nt; i++) order[i] = &f->tensors[i];
+    for (int i = 0; i < nt; i++)
+        order[i] = &f->tensors[i];
     qsort(order, (size_t)nt, sizeof *order, cmp_begin);
     const tl_tensor *prev = NULL;
     for (int i = 0; i < nt; i++) {
@@ -233,12 +237,13 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
      * copy; tl_st_open then releases the mapping). */
     if (misaligned) {
         size_t cap = 64;
-        for (int i = 0; i < nt; i++) cap += (f->tensors[i].nbytes + 63) & ~(size_t)63;
+        for (int i = 0; i < nt; i++)
+            cap += (f->tensors[i].nbytes + 63) & ~(size_t)63;
         uint8_t *own = aligned_alloc(64, cap);
         if (!own) {
             st = tl_errf(err, errlen, TL_ERR_NOMEM,
-                         "%s: out of memory copying %zu bytes of tensor data into alignment",
-                         path, cap);
+                         "%s: out of memory copying %zu bytes of tensor data into alignment", path,
+                         cap);
             goto fail_names;
         }
         size_t off = 0;
@@ -281,7 +286,8 @@ int tl_st_open(tl_st_file *f, const char *path, char *err, size_t errlen) {
     }
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (map == MAP_FAILED) return tl_errf(err, errlen, TL_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+    if (map == MAP_FAILED)
+        return tl_errf(err, errlen, TL_ERR_IO, "%s: mmap: %s", path, strerror(errno));
     int st = tl_st_parse(f, map, size, path, err, errlen);
     if (st) {
         munmap(map, size);
@@ -310,7 +316,8 @@ void tl_st_close(tl_st_file *f) {
 
 size_t tl_st_entry_nbytes(const tl_st_entry *e) {
     size_t n = tl_dtype_size(e->dtype);
-    for (int d = 0; d < e->ndim; d++) n *= (size_t)e->shape[d];
+    for (int d = 0; d < e->ndim; d++)
+        n *= (size_t)e->shape[d];
     return n;
 }
 
@@ -320,7 +327,8 @@ int tl_st_write_header(FILE *fp, const tl_st_entry *e, int n, const char *path, 
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         json_t *t = json_object(), *sh = json_array(), *o = json_array();
-        for (int d = 0; d < e[i].ndim; d++) json_array_append_new(sh, json_integer(e[i].shape[d]));
+        for (int d = 0; d < e[i].ndim; d++)
+            json_array_append_new(sh, json_integer(e[i].shape[d]));
         size_t nb = tl_st_entry_nbytes(&e[i]);
         if (nb && off % tl_dtype_size(e[i].dtype)) {
             json_decref(t);
@@ -345,9 +353,11 @@ int tl_st_write_header(FILE *fp, const tl_st_entry *e, int n, const char *path, 
     if (!text) return tl_errf(err, errlen, TL_ERR_NOMEM, "%s: cannot format header", path);
     size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
     uint8_t lenb[8];
-    for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int ok = fwrite(lenb, 1, 8, fp) == 8 && fwrite(text, 1, len, fp) == len;
-    for (size_t i = len; ok && i < padded; i++) ok = fputc(' ', fp) != EOF;
+    for (size_t i = len; ok && i < padded; i++)
+        ok = fputc(' ', fp) != EOF;
     free(text);
     if (!ok) return tl_errf(err, errlen, TL_ERR_IO, "%s: write error", path);
     return TL_OK;

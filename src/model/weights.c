@@ -32,7 +32,8 @@
 
 static uint64_t hash_str(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
     return h;
 }
 
@@ -73,13 +74,16 @@ static int skipped_name(const char *n) {
 static int build_directory(tl_model *m, char *err, size_t errlen) {
     tl_model_priv *p = m->priv;
     size_t total = 0;
-    for (int f = 0; f < p->n_files; f++) total += (size_t)p->files[f].n_tensors;
+    for (int f = 0; f < p->n_files; f++)
+        total += (size_t)p->files[f].n_tensors;
     m->tensors = xcalloc(total ? total : 1, sizeof *m->tensors);
     p->tfile = xcalloc(total ? total : 1, sizeof *p->tfile);
     p->hcap = 16;
-    while (p->hcap < 2 * total) p->hcap *= 2;
+    while (p->hcap < 2 * total)
+        p->hcap *= 2;
     p->hash = xmalloc(p->hcap * sizeof *p->hash);
-    for (size_t i = 0; i < p->hcap; i++) p->hash[i] = -1;
+    for (size_t i = 0; i < p->hcap; i++)
+        p->hash[i] = -1;
     int n = 0;
     for (int f = 0; f < p->n_files; f++) {
         for (int i = 0; i < p->files[f].n_tensors; i++) {
@@ -92,9 +96,8 @@ static int build_directory(tl_model *m, char *err, size_t errlen) {
             size_t h = hash_str(t->name) & (p->hcap - 1);
             while (p->hash[h] >= 0) {
                 if (!strcmp(m->tensors[p->hash[h]].name, t->name))
-                    return tl_errf(err, errlen, TL_ERR_FORMAT,
-                                   "tensor '%s' is in both %s and %s", t->name,
-                                   p->files[p->tfile[p->hash[h]]].path, p->files[f].path);
+                    return tl_errf(err, errlen, TL_ERR_FORMAT, "tensor '%s' is in both %s and %s",
+                                   t->name, p->files[p->tfile[p->hash[h]]].path, p->files[f].path);
                 h = (h + 1) & (p->hcap - 1);
             }
             p->hash[h] = n;
@@ -149,7 +152,9 @@ static int open_files(tl_model *m, const char *dir, char *err, size_t errlen) {
     json_error_t je;
     root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
     free(text);
-    if (!root) return tl_errf(err, errlen, TL_ERR_FORMAT, "%s: bad JSON at line %d: %s", ipath, je.line, je.text);
+    if (!root)
+        return tl_errf(err, errlen, TL_ERR_FORMAT, "%s: bad JSON at line %d: %s", ipath, je.line,
+                       je.text);
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
         st = tl_errf(err, errlen, TL_ERR_FORMAT, "%s: weight_map: missing, empty or not an object",
@@ -172,7 +177,8 @@ static int open_files(tl_model *m, const char *dir, char *err, size_t errlen) {
             goto done;
         }
         int seen = 0;
-        for (int i = 0; i < ns && !seen; i++) seen = !strcmp(shards[i], s);
+        for (int i = 0; i < ns && !seen; i++)
+            seen = !strcmp(shards[i], s);
         if (!seen) shards[ns++] = s;
     }
     p->files = xcalloc((size_t)ns, sizeof *p->files);
@@ -257,7 +263,8 @@ static int missing(bind_ctx *b, const char *name) {
 static int want_shape(bind_ctx *b, const tl_tensor *t, int ndim, const int64_t *shape,
                       const char *why) {
     int ok = t->ndim == ndim;
-    for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
+    for (int d = 0; ok && d < ndim; d++)
+        ok = t->shape[d] == shape[d];
     if (ok) return TL_OK;
     char got[96], want[96];
     shape_str(got, sizeof got, t->shape, t->ndim);
@@ -279,7 +286,8 @@ static int want_float(bind_ctx *b, const tl_tensor *t) {
 static int bind_stack(bind_ctx *b, const char *module, int plain, int E, int total, int row0,
                       int rows, int cols, tl_mat *views) {
     char name[512];
-    const tl_tensor *w = tl_model_find(b->m, plain ? module : fmt_name(name, sizeof name, "%s.weight", module));
+    const tl_tensor *w =
+        tl_model_find(b->m, plain ? module : fmt_name(name, sizeof name, "%s.weight", module));
     if (!w) return missing(b, plain ? module : name);
     int nd = E ? 3 : 2, nv = E ? E : 1;
     int64_t shape[3];
@@ -425,10 +433,12 @@ static int bind_conv(bind_ctx *b, const char *name, int C, int K, float **out) {
         st = want_shape(b, t, 3, hf, NULL);
     else
         st = want_shape(b, t, 3, b->m->format == TL_CKPT_MLX ? mlx : hf,
-                        b->m->format == TL_CKPT_MLX ? "(MLX stores [C, K, 1])" : "(HF stores [C, 1, K])");
+                        b->m->format == TL_CKPT_MLX ? "(MLX stores [C, K, 1])"
+                                                    : "(HF stores [C, 1, K])");
     if (st || (st = want_float(b, t))) return st;
     float *v = keep(b->p, xmalloc((size_t)C * (size_t)K * sizeof *v));
-    for (size_t i = 0; i < (size_t)C * (size_t)K; i++) v[i] = tl_load_elem(t->data, t->dtype, i);
+    for (size_t i = 0; i < (size_t)C * (size_t)K; i++)
+        v[i] = tl_load_elem(t->data, t->dtype, i);
     *out = v;
     return TL_OK;
 }
@@ -493,7 +503,8 @@ static int bind_layer(bind_ctx *b, int il) {
             (st = bind_mat(b, MOD("self_attn.k_proj"), c->n_head_kv * hd, d, &L->attn_k)) ||
             (st = bind_mat(b, MOD("self_attn.v_proj"), c->n_head_kv * hd, d, &L->attn_v)) ||
             (st = bind_mat(b, MOD("self_attn.o_proj"), d, c->n_head * hd, &L->attn_o)) ||
-            (st = bind_vec(b, MOD("self_attn.q_norm.weight"), hd, VEC_NORM1P, 0, &L->attn_q_norm)) ||
+            (st =
+                 bind_vec(b, MOD("self_attn.q_norm.weight"), hd, VEC_NORM1P, 0, &L->attn_q_norm)) ||
             (st = bind_vec(b, MOD("self_attn.k_norm.weight"), hd, VEC_NORM1P, 0, &L->attn_k_norm)))
             return st;
     } else {
@@ -502,10 +513,12 @@ static int bind_layer(bind_ctx *b, int il) {
             (st = bind_mat(b, MOD("linear_attn.in_proj_z"), vd, d, &L->gdn_z)) ||
             (st = bind_mat(b, MOD("linear_attn.in_proj_b"), nv, d, &L->gdn_b)) ||
             (st = bind_mat(b, MOD("linear_attn.in_proj_a"), nv, d, &L->gdn_a)) ||
-            (st = bind_conv(b, MOD("linear_attn.conv1d.weight"), conv, c->gdn_conv_k, &L->gdn_conv)) ||
+            (st = bind_conv(b, MOD("linear_attn.conv1d.weight"), conv, c->gdn_conv_k,
+                            &L->gdn_conv)) ||
             (st = bind_vec(b, MOD("linear_attn.dt_bias"), nv, VEC_PLAIN, 0, &L->gdn_dt_bias)) ||
             (st = bind_vec(b, MOD("linear_attn.A_log"), nv, VEC_ALOG, 0, &L->gdn_a_neg)) ||
-            (st = bind_vec(b, MOD("linear_attn.norm.weight"), c->gdn_v_dim, VEC_PLAIN, 0, &L->gdn_norm)) ||
+            (st = bind_vec(b, MOD("linear_attn.norm.weight"), c->gdn_v_dim, VEC_PLAIN, 0,
+                           &L->gdn_norm)) ||
             (st = bind_mat(b, MOD("linear_attn.out_proj"), d, vd, &L->gdn_out)))
             return st;
     }
@@ -534,17 +547,21 @@ static int bind_model(tl_model *m, char *err, size_t errlen) {
     };
     int li = -1;
     for (int i = 0; i < 3 && li < 0; i++)
-        if (tl_model_find(m, fmt_name(n, sizeof n, "%sembed_tokens.weight", layouts[i].pre))) li = i;
+        if (tl_model_find(m, fmt_name(n, sizeof n, "%sembed_tokens.weight", layouts[i].pre)))
+            li = i;
     if (li < 0)
-        return tl_errf(err, errlen, TL_ERR_FORMAT,
-                       "%s: tensor 'model.language_model.embed_tokens.weight' is missing (also "
-                       "looked for 'model.embed_tokens.weight', 'language_model.model.embed_tokens.weight')",
-                       b.p->index_path ? b.p->index_path : b.p->files[0].path);
+        return tl_errf(
+            err, errlen, TL_ERR_FORMAT,
+            "%s: tensor 'model.language_model.embed_tokens.weight' is missing (also "
+            "looked for 'model.embed_tokens.weight', 'language_model.model.embed_tokens.weight')",
+            b.p->index_path ? b.p->index_path : b.p->files[0].path);
     b.pre = layouts[li].pre;
     b.lmhead = layouts[li].lmhead;
     m->format = layouts[li].fmt;
     /* an MLX conversion of a text-only export keeps "model." but stacks experts as switch_mlp */
-    if (m->format == TL_CKPT_HF && tl_model_find(m, fmt_name(n, sizeof n, "%slayers.0.mlp.switch_mlp.gate_proj.weight", b.pre)))
+    if (m->format == TL_CKPT_HF &&
+        tl_model_find(m,
+                      fmt_name(n, sizeof n, "%slayers.0.mlp.switch_mlp.gate_proj.weight", b.pre)))
         m->format = TL_CKPT_MLX;
     snprintf(b.p->prefix, sizeof b.p->prefix, "%s", b.pre);
 
@@ -620,9 +637,11 @@ void tl_model_close(tl_model *m) {
     if (!m) return;
     tl_model_priv *p = m->priv;
     if (p) {
-        for (int f = 0; f < p->n_files; f++) tl_st_close(&p->files[f]);
+        for (int f = 0; f < p->n_files; f++)
+            tl_st_close(&p->files[f]);
         free(p->files);
-        for (size_t i = 0; i < p->n_allocs; i++) free(p->allocs[i]);
+        for (size_t i = 0; i < p->n_allocs; i++)
+            free(p->allocs[i]);
         free(p->allocs);
         free(p->hash);
         free(p->tfile);

@@ -8,19 +8,19 @@
 
 typedef struct tl_model_priv {
     char *dir;
-    char *index_path;   /* model.safetensors.index.json when sharded, else NULL */
+    char *index_path; /* model.safetensors.index.json when sharded, else NULL */
     tl_st_file *files;
     int n_files;
-    int *tfile;         /* [n_tensors] file index of each directory entry */
-    int *hash;          /* open addressing over names, -1 = empty */
+    int *tfile; /* [n_tensors] file index of each directory entry */
+    int *hash;  /* open addressing over names, -1 = empty */
     size_t hcap;
-    void **allocs;      /* f32 vectors and expert view arrays */
+    void **allocs; /* f32 vectors and expert view arrays */
     size_t n_allocs, cap_allocs;
-    int n_skipped;      /* vision tensors left out of the directory */
+    int n_skipped; /* vision tensors left out of the directory */
     size_t skipped_bytes;
-    double norm_mean;   /* mean of the stored RMSNorm1p weights (offset check) */
-    char prefix[32];    /* name prefix of the language model */
-    void *quant_json;   /* config.json "quantization" object (json_t *), NULL when absent */
+    double norm_mean; /* mean of the stored RMSNorm1p weights (offset check) */
+    char prefix[32];  /* name prefix of the language model */
+    void *quant_json; /* config.json "quantization" object (json_t *), NULL when absent */
 } tl_model_priv;
 
 /* Bytes of one packed row of `cols` values at `bits` bits (U32 words). */

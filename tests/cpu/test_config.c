@@ -6,19 +6,20 @@
 #include "model/config.h"
 
 /* The production text_config (MODEL.md §1.3), with a hole where a test splices extra keys. */
-#define PROD_FIELDS                                                                               \
-    "\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 2048, \"num_hidden_layers\": 40, "   \
-    "\"vocab_size\": 248320, \"num_attention_heads\": 16, \"num_key_value_heads\": 2, "          \
-    "\"head_dim\": 256, \"linear_num_key_heads\": 16, \"linear_num_value_heads\": 32, "          \
-    "\"linear_key_head_dim\": 128, \"linear_value_head_dim\": 128, "                             \
-    "\"linear_conv_kernel_dim\": 4, \"num_experts\": 256, \"num_experts_per_tok\": 8, "          \
-    "\"moe_intermediate_size\": 512, \"shared_expert_intermediate_size\": 512, "                 \
-    "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 262144, \"eos_token_id\": 248044, "   \
+#define PROD_FIELDS                                                                                \
+    "\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 2048, \"num_hidden_layers\": 40, "     \
+    "\"vocab_size\": 248320, \"num_attention_heads\": 16, \"num_key_value_heads\": 2, "            \
+    "\"head_dim\": 256, \"linear_num_key_heads\": 16, \"linear_num_value_heads\": 32, "            \
+    "\"linear_key_head_dim\": 128, \"linear_value_head_dim\": 128, "                               \
+    "\"linear_conv_kernel_dim\": 4, \"num_experts\": 256, \"num_experts_per_tok\": 8, "            \
+    "\"moe_intermediate_size\": 512, \"shared_expert_intermediate_size\": 512, "                   \
+    "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 262144, \"eos_token_id\": 248044, "     \
     "\"full_attention_interval\": 4, \"mtp_num_hidden_layers\": 1"
 
-#define PROD_ROPE                                                                                 \
-    "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, "               \
-    "\"partial_rotary_factor\": 0.25, \"mrope_section\": [11, 11, 10], \"mrope_interleaved\": true}"
+#define PROD_ROPE                                                                                  \
+    "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, "                 \
+    "\"partial_rotary_factor\": 0.25, \"mrope_section\": [11, 11, 10], \"mrope_interleaved\": "    \
+    "true}"
 
 static int parse(tl_config *c, const char *json, char *err, size_t n) {
     err[0] = 0;
@@ -42,7 +43,8 @@ static void test_published_wrapper(void) {
     CHECK_EQ_INT(c.eos_ids[0], 248044);
     CHECK_EQ_INT(c.tie_embeddings, 0);
     CHECK_EQ_INT(c.quant_bits, 0);
-    for (int i = 0; i < 40; i++) CHECK_EQ_INT(c.layer_kind[i], (i + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN);
+    for (int i = 0; i < 40; i++)
+        CHECK_EQ_INT(c.layer_kind[i], (i + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN);
     CHECK_EQ_INT(tl_config_check(&c, err, sizeof err), 0);
     CHECK_EQ_INT(tl_config_check_production(&c, err, sizeof err), 0);
 }
@@ -50,16 +52,17 @@ static void test_published_wrapper(void) {
 static void test_text_only_legacy_rope(void) {
     /* flat text export; rope keys at the top level instead of rope_parameters; explicit
      * layer_types with another pattern; eos as a list */
-    const char *j = "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 64, "
-                    "\"num_hidden_layers\": 3, \"vocab_size\": 50, \"num_attention_heads\": 4, "
-                    "\"num_key_value_heads\": 2, \"head_dim\": 16, \"linear_num_key_heads\": 2, "
-                    "\"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, "
-                    "\"linear_value_head_dim\": 8, \"linear_conv_kernel_dim\": 4, "
-                    "\"num_experts\": 4, \"num_experts_per_tok\": 2, "
-                    "\"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 16, "
-                    "\"rope_theta\": 1000000.0, \"partial_rotary_factor\": 0.5, "
-                    "\"eos_token_id\": [5, 6, 5], \"tie_word_embeddings\": true, "
-                    "\"layer_types\": [\"full_attention\", \"linear_attention\", \"full_attention\"]}";
+    const char *j =
+        "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 64, "
+        "\"num_hidden_layers\": 3, \"vocab_size\": 50, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 16, \"linear_num_key_heads\": 2, "
+        "\"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, "
+        "\"linear_value_head_dim\": 8, \"linear_conv_kernel_dim\": 4, "
+        "\"num_experts\": 4, \"num_experts_per_tok\": 2, "
+        "\"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 16, "
+        "\"rope_theta\": 1000000.0, \"partial_rotary_factor\": 0.5, "
+        "\"eos_token_id\": [5, 6, 5], \"tie_word_embeddings\": true, "
+        "\"layer_types\": [\"full_attention\", \"linear_attention\", \"full_attention\"]}";
     tl_config c;
     char err[256];
     CHECK_EQ_INT(parse(&c, j, err, sizeof err), 0);
@@ -105,13 +108,15 @@ static void test_errors(void) {
         "\"linear_num_key_heads\": 1, \"linear_num_value_heads\": 1, \"linear_key_head_dim\": 8, "
         "\"linear_value_head_dim\": 8, \"linear_conv_kernel_dim\": 4, \"num_experts\": 0}",
         "config.json: num_experts", "positive integer");
-    bad("{\"text_config\": {" PROD_FIELDS "}}", "text_config.rope_parameters.rope_theta", "missing");
+    bad("{\"text_config\": {" PROD_FIELDS "}}", "text_config.rope_parameters.rope_theta",
+        "missing");
     bad("{\"text_config\": {" PROD_FIELDS ", \"rope_parameters\": {\"rope_theta\": -1}}}",
         "text_config.rope_parameters.rope_theta", "positive number");
-    bad("{\"text_config\": {" PROD_FIELDS ", " PROD_ROPE ", \"layer_types\": [\"full_attention\"]}}",
+    bad("{\"text_config\": {" PROD_FIELDS ", " PROD_ROPE
+        ", \"layer_types\": [\"full_attention\"]}}",
         "text_config.layer_types", "40");
-    bad("{\"text_config\": {" PROD_FIELDS ", " PROD_ROPE ", \"eos_token_id\": \"x\"}}",
-        "duplicate", NULL);
+    bad("{\"text_config\": {" PROD_FIELDS ", " PROD_ROPE ", \"eos_token_id\": \"x\"}}", "duplicate",
+        NULL);
     bad("{\"text_config\": {\"model_type\": \"llama\"}}", "model_type \"llama\"", NULL);
     bad("{\"quantization\": {\"bits\": 3, \"group_size\": 64}, \"text_config\": {" PROD_FIELDS
         ", " PROD_ROPE "}}",
@@ -119,9 +124,10 @@ static void test_errors(void) {
 }
 
 static void test_quantization(void) {
-    const char *j = "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"affine\", "
-                    "\"language_model.model.layers.0.mlp.gate\": {\"group_size\": 64, \"bits\": 8}}, "
-                    "\"text_config\": {" PROD_FIELDS ", " PROD_ROPE "}}";
+    const char *j =
+        "{\"quantization\": {\"group_size\": 64, \"bits\": 4, \"mode\": \"affine\", "
+        "\"language_model.model.layers.0.mlp.gate\": {\"group_size\": 64, \"bits\": 8}}, "
+        "\"text_config\": {" PROD_FIELDS ", " PROD_ROPE "}}";
     tl_config c;
     char err[256];
     CHECK_EQ_INT(parse(&c, j, err, sizeof err), 0);
@@ -193,7 +199,8 @@ static void test_load_generation_config(void) {
     CHECK_EQ_INT(tl_config_load(&c, p, err, sizeof err), 0);
     CHECK_EQ_INT(c.n_eos, 2); /* 287 from config.json, 289 added from generation_config.json */
     int has287 = 0, has289 = 0;
-    for (int i = 0; i < c.n_eos; i++) has287 |= c.eos_ids[i] == 287, has289 |= c.eos_ids[i] == 289;
+    for (int i = 0; i < c.n_eos; i++)
+        has287 |= c.eos_ids[i] == 287, has289 |= c.eos_ids[i] == 289;
     CHECK(has287 && has289);
     CHECK_EQ_INT(tl_config_check(&c, err, sizeof err), 0);
     CHECK(tl_config_load(&c, "/nonexistent/config.json", err, sizeof err) < 0);

@@ -63,7 +63,8 @@ static void test_group_hand_cases(void) {
     CHECK(fabsf(s) == 1e-7f);
     CHECK_EQ_INT(q[5], 0);
     /* 8 bits: 255 levels */
-    for (int i = 0; i < 64; i++) x[i] = (float)i / 63.0f - 0.25f;
+    for (int i = 0; i < 64; i++)
+        x[i] = (float)i / 63.0f - 0.25f;
     tl_quant_group(x, 64, 8, q, &s, &b);
     CHECK(b == 0.75f);
     CHECK_EQ_INT(q[63], 0);
@@ -83,8 +84,15 @@ static void test_row_packing_and_bound(void) {
                    (trial % 7 == 0 ? 0.8f : 0.0f); /* some all-positive groups */
         }
         tl_quant_row(x, N, 4, G, w, s, b);
-        tl_mat m = {.w = w, .scales = s, .biases = b, .wtype = TL_DT_U32, .stype = TL_DT_BF16,
-                    .bits = 4, .group = G, .rows = 1, .cols = N};
+        tl_mat m = {.w = w,
+                    .scales = s,
+                    .biases = b,
+                    .wtype = TL_DT_U32,
+                    .stype = TL_DT_BF16,
+                    .bits = 4,
+                    .group = G,
+                    .rows = 1,
+                    .cols = N};
         for (int c = 0; c < N; c++) {
             float sc = tl_bf16_to_f32(s[c / G]), bi = tl_bf16_to_f32(b[c / G]);
             double bound = qbound(sc, bi, 4);
@@ -96,7 +104,8 @@ static void test_row_packing_and_bound(void) {
         uint8_t q[G];
         float s0, b0;
         tl_quant_group(x + G, G, 4, q, &s0, &b0);
-        for (int i = 0; i < G; i++) CHECK_EQ_INT((w[(G + i) / 8] >> (4 * (i % 8))) & 15, q[i]);
+        for (int i = 0; i < G; i++)
+            CHECK_EQ_INT((w[(G + i) / 8] >> (4 * (i % 8))) & 15, q[i]);
     }
 }
 
@@ -115,7 +124,8 @@ static int mat_close(const tl_mat *q, const tl_mat *f, double *max_rel) {
                 bound = qbound(s, b, q->bits);
             }
             if (fabs(got - want) > bound) ok = 0;
-            if (bound > 0 && fabs(got - want) / bound > *max_rel) *max_rel = fabs(got - want) / bound;
+            if (bound > 0 && fabs(got - want) / bound > *max_rel)
+                *max_rel = fabs(got - want) / bound;
         }
     return ok;
 }
@@ -134,20 +144,25 @@ static void compare_models(const tl_model *h, const tl_model *q, int bits, int g
     CHECK(mat_close(&q->tok_embd, &h->tok_embd, &mr));
     CHECK(mat_close(&q->output, &h->output, &mr));
     CHECK_EQ_INT(q->tok_embd.bits, c->n_embd % group ? 0 : bits);
-    for (int i = 0; i < c->n_embd; i++) CHECK(q->out_norm[i] == bf16r(h->out_norm[i]));
+    for (int i = 0; i < c->n_embd; i++)
+        CHECK(q->out_norm[i] == bf16r(h->out_norm[i]));
     for (int il = 0; il < c->n_layer; il++) {
         const tl_layer *a = &h->layers[il], *b = &q->layers[il];
         CHECK_EQ_INT(b->kind, a->kind);
         /* norms are stored as bf16(1 + w), as mlx's conversion rounds them */
-        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
-        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
+        for (int i = 0; i < c->n_embd; i++)
+            CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
+        for (int i = 0; i < c->n_embd; i++)
+            CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
         if (a->kind == TL_LAYER_ATTN) {
             CHECK(mat_close(&b->attn_q, &a->attn_q, &mr));
             CHECK(mat_close(&b->attn_k, &a->attn_k, &mr));
             CHECK(mat_close(&b->attn_v, &a->attn_v, &mr));
             CHECK(mat_close(&b->attn_o, &a->attn_o, &mr));
-            for (int i = 0; i < c->head_dim; i++) CHECK(bf16r(a->attn_q_norm[i]) == b->attn_q_norm[i]);
-            for (int i = 0; i < c->head_dim; i++) CHECK(bf16r(a->attn_k_norm[i]) == b->attn_k_norm[i]);
+            for (int i = 0; i < c->head_dim; i++)
+                CHECK(bf16r(a->attn_q_norm[i]) == b->attn_q_norm[i]);
+            for (int i = 0; i < c->head_dim; i++)
+                CHECK(bf16r(a->attn_k_norm[i]) == b->attn_k_norm[i]);
         } else {
             CHECK(mat_close(&b->gdn_qkv, &a->gdn_qkv, &mr));
             CHECK(mat_close(&b->gdn_z, &a->gdn_z, &mr));
@@ -155,10 +170,14 @@ static void compare_models(const tl_model *h, const tl_model *q, int bits, int g
             CHECK(mat_close(&b->gdn_a, &a->gdn_a, &mr));
             CHECK(mat_close(&b->gdn_out, &a->gdn_out, &mr));
             int conv = tl_config_gdn_conv_dim(c);
-            for (int i = 0; i < conv * c->gdn_conv_k; i++) CHECK(a->gdn_conv[i] == b->gdn_conv[i]);
-            for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_a_neg[i] == b->gdn_a_neg[i]);
-            for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_dt_bias[i] == b->gdn_dt_bias[i]);
-            for (int i = 0; i < c->gdn_v_dim; i++) CHECK(a->gdn_norm[i] == b->gdn_norm[i]);
+            for (int i = 0; i < conv * c->gdn_conv_k; i++)
+                CHECK(a->gdn_conv[i] == b->gdn_conv[i]);
+            for (int i = 0; i < c->gdn_n_v_head; i++)
+                CHECK(a->gdn_a_neg[i] == b->gdn_a_neg[i]);
+            for (int i = 0; i < c->gdn_n_v_head; i++)
+                CHECK(a->gdn_dt_bias[i] == b->gdn_dt_bias[i]);
+            for (int i = 0; i < c->gdn_v_dim; i++)
+                CHECK(a->gdn_norm[i] == b->gdn_norm[i]);
         }
         CHECK(mat_close(&b->moe_router, &a->moe_router, &mr));
         CHECK(mat_close(&b->sh_gate_inp, &a->sh_gate_inp, &mr));
@@ -255,7 +274,6 @@ static void test_quantize_refusals(void) {
     tc_rmdir("/tmp/tulip-q-none");
 }
 
-
 /* ---- end to end: the 4-bit model and its dequantized F32 copy give the same logits ---- */
 
 typedef struct dq_list {
@@ -267,29 +285,38 @@ typedef struct dq_list {
 static void dq_mat(dq_list *L, const char *name, const tl_mat *m) {
     float *v = xmalloc((size_t)m->rows * m->cols * sizeof *v);
     for (int r = 0; r < m->rows; r++)
-        for (int c = 0; c < m->cols; c++) v[(size_t)r * m->cols + c] = deq(m, r, c);
-    L->e[L->n] = (tl_st_entry){.name = xstrdup(name), .dtype = TL_DT_F32, .ndim = 2,
-                               .shape = {m->rows, m->cols}, .data = v};
+        for (int c = 0; c < m->cols; c++)
+            v[(size_t)r * m->cols + c] = deq(m, r, c);
+    L->e[L->n] = (tl_st_entry){.name = xstrdup(name),
+                               .dtype = TL_DT_F32,
+                               .ndim = 2,
+                               .shape = {m->rows, m->cols},
+                               .data = v};
     L->buf[L->n++] = v;
 }
 
 static void dq_raw(dq_list *L, const tl_model *h, const char *name) {
     const tl_tensor *t = tl_model_find(h, name);
     TL_ASSERT(t);
-    L->e[L->n] = (tl_st_entry){.name = xstrdup(name), .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
-    for (int d = 0; d < t->ndim; d++) L->e[L->n].shape[d] = t->shape[d];
+    L->e[L->n] =
+        (tl_st_entry){.name = xstrdup(name), .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+    for (int d = 0; d < t->ndim; d++)
+        L->e[L->n].shape[d] = t->shape[d];
     L->buf[L->n++] = NULL;
 }
 
 static void dq_norm(dq_list *L, const char *name, const float *v, int n) {
     float *x = xmalloc((size_t)n * sizeof *x);
-    for (int i = 0; i < n; i++) x[i] = v[i] - 1.0f;
-    L->e[L->n] = (tl_st_entry){.name = xstrdup(name), .dtype = TL_DT_F32, .ndim = 1, .shape = {n}, .data = x};
+    for (int i = 0; i < n; i++)
+        x[i] = v[i] - 1.0f;
+    L->e[L->n] = (tl_st_entry){
+        .name = xstrdup(name), .dtype = TL_DT_F32, .ndim = 1, .shape = {n}, .data = x};
     L->buf[L->n++] = x;
 }
 
 /* Writes q's weights dequantized to F32 under HF names (per-expert form); vectors copied from h. */
-static int write_dequantized(const tl_model *q, const tl_model *h, const char *in, const char *dir) {
+static int write_dequantized(const tl_model *q, const tl_model *h, const char *in,
+                             const char *dir) {
     dq_list *L = xcalloc(1, sizeof *L);
     char n[256];
     const char *P = "model.language_model.";
@@ -328,10 +355,13 @@ static int write_dequantized(const tl_model *q, const tl_model *h, const char *i
     for (int il = 0; il < c->n_layer; il++) {
         const tl_layer *Y = &q->layers[il];
         dq_norm(L, NM("%slayers.%d.input_layernorm.weight", P, il), Y->attn_norm, c->n_embd);
-        dq_norm(L, NM("%slayers.%d.post_attention_layernorm.weight", P, il), Y->ffn_norm, c->n_embd);
+        dq_norm(L, NM("%slayers.%d.post_attention_layernorm.weight", P, il), Y->ffn_norm,
+                c->n_embd);
         if (Y->kind == TL_LAYER_ATTN) {
-            dq_norm(L, NM("%slayers.%d.self_attn.q_norm.weight", P, il), Y->attn_q_norm, c->head_dim);
-            dq_norm(L, NM("%slayers.%d.self_attn.k_norm.weight", P, il), Y->attn_k_norm, c->head_dim);
+            dq_norm(L, NM("%slayers.%d.self_attn.q_norm.weight", P, il), Y->attn_q_norm,
+                    c->head_dim);
+            dq_norm(L, NM("%slayers.%d.self_attn.k_norm.weight", P, il), Y->attn_k_norm,
+                    c->head_dim);
         }
     }
     /* 2-byte tensors last so every F32 stays aligned */
@@ -371,8 +401,12 @@ static int write_dequantized(const tl_model *q, const tl_model *h, const char *i
 
 /* Prefill logits of a prompt through the CPU engine. */
 static int engine_logits(const char *dir, const int32_t *ids, int n, float *logits) {
-    tl_engine_params ep = {.model_path = dir, .backend = TL_BACKEND_CPU, .allow_test_shape = 1,
-                           .n_threads = 1, .max_seqs = 1, .max_ctx = 64};
+    tl_engine_params ep = {.model_path = dir,
+                           .backend = TL_BACKEND_CPU,
+                           .allow_test_shape = 1,
+                           .n_threads = 1,
+                           .max_seqs = 1,
+                           .max_ctx = 64};
     tl_engine *e = NULL;
     tl_session *s = NULL;
     char err[512];
@@ -413,7 +447,8 @@ static void test_quantized_forward_matches_dequantized(void) {
     /* Same weight values (s*q+b in f32 both ways); only the order of float operations inside
      * the matvec may differ, so logits agree to f32 rounding (~1e-6 relative). */
     double md = t_max_abs_diff(lq, ld, (size_t)nv), mx = 0;
-    for (int i = 0; i < nv; i++) mx = fmax(mx, fabs(ld[i]));
+    for (int i = 0; i < nv; i++)
+        mx = fmax(mx, fabs(ld[i]));
     printf("# 4-bit vs dequantized f32: max |logit diff| %.3g (max |logit| %.3g)\n", md, mx);
     CHECK(mx > 0.1);
     CHECK(md <= 1e-4 * (1 + mx));
@@ -442,7 +477,8 @@ static void test_mlx_config_mismatch(void) {
     json_dump_file(root, cp, 0);
     tl_model *m = NULL;
     CHECK(tl_model_open(&m, out, err, sizeof err) < 0);
-    CHECK(strstr(err, "layers.2.mlp.gate.weight") && strstr(err, "8-bit") && strstr(err, ".bits is 4"));
+    CHECK(strstr(err, "layers.2.mlp.gate.weight") && strstr(err, "8-bit") &&
+          strstr(err, ".bits is 4"));
     /* module marked unquantized */
     json_object_set_new(q, mod, json_false());
     json_dump_file(root, cp, 0);
@@ -465,13 +501,15 @@ static void test_mlx_config_mismatch(void) {
  * the very same tensors, byte for byte. */
 static void test_matches_mlx_lm_conversion(void) {
     const char *ref = "tests/data/tiny-a-mlx";
-    if (access("tests/data/tiny-a-mlx/config.json", R_OK) || access("tests/data/tiny-a/config.json", R_OK)) {
+    if (access("tests/data/tiny-a-mlx/config.json", R_OK) ||
+        access("tests/data/tiny-a/config.json", R_OK)) {
         printf("# fixtures not present\n");
         return;
     }
     char out[256], err[512] = "";
     tc_tmpdir(out, sizeof out, "vsmlx");
-    CHECK_EQ_INT(tl_quantize_checkpoint("tests/data/tiny-a", out, 4, 64, 0, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_quantize_checkpoint("tests/data/tiny-a", out, 4, 64, 0, NULL, err, sizeof err),
+                 0);
     tl_model *r = NULL, *o = NULL;
     int st = tl_model_open(&r, ref, err, sizeof err);
     if (st) fprintf(stderr, "open %s: %s\n", ref, err);

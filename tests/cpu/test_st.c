@@ -10,7 +10,8 @@
 /* Builds [8-byte length][json][data] in buf; returns its size. */
 static size_t image(uint8_t *buf, size_t cap, const char *json, const void *data, size_t dlen) {
     size_t n = strlen(json);
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
     TL_ASSERT(8 + n + dlen <= cap);
     memcpy(buf + 8, json, n);
     if (dlen) memcpy(buf + 8 + n, data, dlen);
@@ -40,7 +41,8 @@ static void bad(const char *json, const char *s1, const char *s2) {
 }
 
 static void test_valid(void) {
-    for (int i = 0; i < 256; i++) g_data[i] = (uint8_t)i;
+    for (int i = 0; i < 256; i++)
+        g_data[i] = (uint8_t)i;
     const char *json = "{\"__metadata__\":{\"format\":\"pt\"},"
                        "\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
                        "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
@@ -110,28 +112,37 @@ static void test_bad_json(void) {
 }
 
 static void test_bad_dtype(void) {
-    bad("{\"w\":{\"dtype\":\"F4\",\"shape\":[1],\"data_offsets\":[0,1]}}", "tensor 'w'", "dtype \"F4\"");
+    bad("{\"w\":{\"dtype\":\"F4\",\"shape\":[1],\"data_offsets\":[0,1]}}", "tensor 'w'",
+        "dtype \"F4\"");
     bad("{\"w\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,1]}}", "tensor 'w'", "dtype");
     bad("{\"w\":{\"shape\":[1],\"data_offsets\":[0,1]}}", "tensor 'w'", "dtype");
 }
 
 static void test_bad_shape(void) {
-    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1,2],\"data_offsets\":[0,8]}}", "tensor 'w'", "shape[0]");
-    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,1.5],\"data_offsets\":[0,8]}}", "tensor 'w'", "shape[1]");
-    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":\"2\",\"data_offsets\":[0,8]}}", "tensor 'w'", "shape");
+    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1,2],\"data_offsets\":[0,8]}}", "tensor 'w'",
+        "shape[0]");
+    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,1.5],\"data_offsets\":[0,8]}}", "tensor 'w'",
+        "shape[1]");
+    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":\"2\",\"data_offsets\":[0,8]}}", "tensor 'w'",
+        "shape");
     bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],\"data_offsets\":[0,8]}}",
         "tensor 'w'", "overflows");
-    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", "tensor 'w'",
-        "at most 8");
+    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+        "tensor 'w'", "at most 8");
     /* shape x dtype size != end - begin */
-    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", "tensor 'w'", "needs 12");
+    bad("{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", "tensor 'w'",
+        "needs 12");
 }
 
 static void test_bad_offsets(void) {
-    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,4]}}", "tensor 'w'", "data_offsets");
-    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[-4,0]}}", "tensor 'w'", "data_offsets");
-    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0]}}", "tensor 'w'", "data_offsets");
-    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[60,68]}}", "tensor 'w'", "past the data section");
+    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,4]}}", "tensor 'w'",
+        "data_offsets");
+    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[-4,0]}}", "tensor 'w'",
+        "data_offsets");
+    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0]}}", "tensor 'w'",
+        "data_offsets");
+    bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[60,68]}}", "tensor 'w'",
+        "past the data section");
     bad("{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[18446744073709551615,0]}}",
         "bad JSON", "too big"); /* jansson refuses integers beyond int64 */
     /* overlapping */
@@ -146,7 +157,8 @@ static void test_misaligned_data(void) {
     const char *json = "{\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,6]},"
                        "\"w\":{\"dtype\":\"U32\",\"shape\":[2],\"data_offsets\":[8,16]}}";
     uint8_t data[16];
-    for (int i = 0; i < 16; i++) data[i] = (uint8_t)(i * 7 + 1);
+    for (int i = 0; i < 16; i++)
+        data[i] = (uint8_t)(i * 7 + 1);
     char hdr[256];
     for (int pad = 0; pad < 4; pad++) { /* data section at every offset mod 4 */
         snprintf(hdr, sizeof hdr, "%s%.*s", json, pad, "   ");
@@ -171,7 +183,8 @@ static void test_misaligned_offset(void) {
     const char *json = "{\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,6]},"
                        "\"w\":{\"dtype\":\"U32\",\"shape\":[2],\"data_offsets\":[6,14]}}";
     uint8_t data[14];
-    for (int i = 0; i < 14; i++) data[i] = (uint8_t)(i * 13 + 5);
+    for (int i = 0; i < 14; i++)
+        data[i] = (uint8_t)(i * 13 + 5);
     char hdr[256];
     size_t n = strlen(json);
     snprintf(hdr, sizeof hdr, "%s%.*s", json, (int)((8 - n % 8) % 8), "       ");

@@ -41,13 +41,16 @@ static void check_views(tl_model *m, const char *pre) {
     CHECK(mat_matches(&m->tok_embd, n, 0));
     CHECK(mat_matches(&m->output, "lm_head.weight", 0));
     snprintf(n, sizeof n, "%snorm.weight", pre);
-    for (int i = 0; i < TC_EMBD; i++) CHECK(m->out_norm[i] == 1.0f + tc_val(n, i));
+    for (int i = 0; i < TC_EMBD; i++)
+        CHECK(m->out_norm[i] == 1.0f + tc_val(n, i));
     for (int il = 0; il < TC_LAYERS; il++) {
         const tl_layer *L = &m->layers[il];
         snprintf(n, sizeof n, "%slayers.%d.input_layernorm.weight", pre, il);
-        for (int i = 0; i < TC_EMBD; i++) CHECK(L->attn_norm[i] == 1.0f + tc_val(n, i));
+        for (int i = 0; i < TC_EMBD; i++)
+            CHECK(L->attn_norm[i] == 1.0f + tc_val(n, i));
         snprintf(n, sizeof n, "%slayers.%d.post_attention_layernorm.weight", pre, il);
-        for (int i = 0; i < TC_EMBD; i++) CHECK(L->ffn_norm[i] == 1.0f + tc_val(n, i));
+        for (int i = 0; i < TC_EMBD; i++)
+            CHECK(L->ffn_norm[i] == 1.0f + tc_val(n, i));
         if (tc_is_attn(il)) {
             CHECK_EQ_INT(L->kind, TL_LAYER_ATTN);
             snprintf(n, sizeof n, "%slayers.%d.self_attn.q_proj.weight", pre, il);
@@ -57,7 +60,8 @@ static void check_views(tl_model *m, const char *pre) {
             CHECK_EQ_INT(L->attn_o.cols, TC_HEAD * TC_HEAD_DIM);
             CHECK(mat_matches(&L->attn_o, n, 0));
             snprintf(n, sizeof n, "%slayers.%d.self_attn.k_norm.weight", pre, il);
-            for (int i = 0; i < TC_HEAD_DIM; i++) CHECK(L->attn_k_norm[i] == 1.0f + tc_val(n, i));
+            for (int i = 0; i < TC_HEAD_DIM; i++)
+                CHECK(L->attn_k_norm[i] == 1.0f + tc_val(n, i));
         } else {
             CHECK_EQ_INT(L->kind, TL_LAYER_GDN);
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.in_proj_qkv.weight", pre, il);
@@ -68,9 +72,11 @@ static void check_views(tl_model *m, const char *pre) {
             for (int i = 0; i < TC_VH; i++)
                 CHECK_CLOSE(L->gdn_a_neg[i], -exp((double)tc_val(n, i)), 0, 1e-6);
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.norm.weight", pre, il);
-            for (int i = 0; i < TC_VD; i++) CHECK(L->gdn_norm[i] == tc_val(n, i)); /* plain */
+            for (int i = 0; i < TC_VD; i++)
+                CHECK(L->gdn_norm[i] == tc_val(n, i)); /* plain */
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.dt_bias", pre, il);
-            for (int i = 0; i < TC_VH; i++) CHECK(L->gdn_dt_bias[i] == tc_val(n, i));
+            for (int i = 0; i < TC_VH; i++)
+                CHECK(L->gdn_dt_bias[i] == tc_val(n, i));
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.conv1d.weight", pre, il);
             /* [C, 1, K] element (ch, 0, k) -> gdn_conv[ch * K + k] */
             for (int ch = 0; ch < TC_CONV; ch++)
@@ -235,7 +241,8 @@ static void test_sharded(void) {
     snprintf(q, sizeof q, "%s/model-00001-of-00002.safetensors", dir);
     CHECK_EQ_INT(rename(p, q), 0);
     float extra[2] = {1, 2};
-    tl_st_entry e = {.name = "mtp.extra", .dtype = TL_DT_F32, .ndim = 1, .shape = {2}, .data = extra};
+    tl_st_entry e = {
+        .name = "mtp.extra", .dtype = TL_DT_F32, .ndim = 1, .shape = {2}, .data = extra};
     snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
     CHECK_EQ_INT(tl_st_write(p, &e, 1, err, sizeof err), 0);
     write_index(dir, "{\"metadata\": {}, \"weight_map\": {\"lm_head.weight\": "
@@ -262,7 +269,8 @@ static void test_sharded(void) {
     write_index(dir, "{\"metadata\": {}}");
     CHECK(tl_model_open(&m, dir, err, sizeof err) < 0);
     CHECK(strstr(err, "weight_map") != NULL);
-    write_index(dir, "{\"weight_map\": {\"lm_head.weight\": \"model-00009-of-00009.safetensors\"}}");
+    write_index(dir,
+                "{\"weight_map\": {\"lm_head.weight\": \"model-00009-of-00009.safetensors\"}}");
     CHECK(tl_model_open(&m, dir, err, sizeof err) < 0);
     CHECK(strstr(err, "model-00009-of-00009.safetensors") != NULL);
     write_index(dir, "{\"weight_map\": {\"lm_head.weight\": \"../../etc/passwd\"}}");
@@ -282,8 +290,9 @@ static void test_sharded(void) {
     e.data = z;
     CHECK_EQ_INT(tl_st_write(p, &e, 1, err, sizeof err), 0);
     free(z);
-    write_index(dir, "{\"weight_map\": {\"lm_head.weight\": \"model-00002-of-00002.safetensors\", "
-                     "\"model.language_model.norm.weight\": \"model-00001-of-00002.safetensors\"}}");
+    write_index(dir,
+                "{\"weight_map\": {\"lm_head.weight\": \"model-00002-of-00002.safetensors\", "
+                "\"model.language_model.norm.weight\": \"model-00001-of-00002.safetensors\"}}");
     CHECK(tl_model_open(&m, dir, err, sizeof err) < 0);
     CHECK(strstr(err, "lm_head.weight") && strstr(err, "both"));
     CHECK(m == NULL);
@@ -318,11 +327,13 @@ static void test_fixtures(void) {
             int ff = m->cfg.n_ff_expert, d = m->cfg.n_embd;
             snprintf(n, sizeof n, "model.language_model.layers.%d.mlp.experts.gate_up_proj", il);
             const tl_tensor *gu = tl_model_find(m, n);
-            snprintf(n, sizeof n, "model.language_model.layers.%d.mlp.experts.1.up_proj.weight", il);
+            snprintf(n, sizeof n, "model.language_model.layers.%d.mlp.experts.1.up_proj.weight",
+                     il);
             const tl_tensor *up1 = tl_model_find(m, n);
             CHECK(gu || up1);
             if (gu) /* expert 1's up half starts at row 2ff + ff of the fused tensor */
-                CHECK((const char *)L->exp_up[1].w == (const char *)gu->data + (size_t)(3 * ff) * d * 2);
+                CHECK((const char *)L->exp_up[1].w ==
+                      (const char *)gu->data + (size_t)(3 * ff) * d * 2);
             if (up1) CHECK(L->exp_up[1].w == up1->data);
             CHECK(L->exp_gate && L->exp_up && L->exp_down);
             CHECK(L->attn_norm && L->ffn_norm);

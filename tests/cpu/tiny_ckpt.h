@@ -18,15 +18,30 @@
 
 /* tiny dims */
 enum {
-    TC_EMBD = 64, TC_LAYERS = 4, TC_VOCAB = 40, TC_HEAD = 4, TC_HEAD_KV = 2, TC_HEAD_DIM = 16,
-    TC_KH = 2, TC_VH = 4, TC_KD = 8, TC_VD = 8, TC_CONVK = 4, TC_EXP = 4, TC_EXP_USED = 2,
-    TC_FF = 16, TC_FF_SH = 32,
-    TC_KEYDIM = TC_KH * TC_KD, TC_VALDIM = TC_VH * TC_VD, TC_CONV = 2 * TC_KEYDIM + TC_VALDIM,
+    TC_EMBD = 64,
+    TC_LAYERS = 4,
+    TC_VOCAB = 40,
+    TC_HEAD = 4,
+    TC_HEAD_KV = 2,
+    TC_HEAD_DIM = 16,
+    TC_KH = 2,
+    TC_VH = 4,
+    TC_KD = 8,
+    TC_VD = 8,
+    TC_CONVK = 4,
+    TC_EXP = 4,
+    TC_EXP_USED = 2,
+    TC_FF = 16,
+    TC_FF_SH = 32,
+    TC_KEYDIM = TC_KH * TC_KD,
+    TC_VALDIM = TC_VH * TC_VD,
+    TC_CONV = 2 * TC_KEYDIM + TC_VALDIM,
 };
 
 static inline uint32_t tc_hash(const char *s) {
     uint32_t h = 2166136261u;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
     return h;
 }
 
@@ -48,12 +63,12 @@ static inline float tc_val(const char *name, size_t i) {
 }
 
 typedef struct tc_opts {
-    int per_expert;         /* write mlp.experts.{e}.*_proj.weight instead of fused 3-D */
-    const char *omit;       /* leave this tensor out */
-    const char *bad_shape;  /* add 1 to dim 0 of this tensor */
-    const char *bad_dtype;  /* store this tensor as I32 */
-    int text_only;          /* "model." prefix and a flat config */
-    int add_offset;         /* store norms already offset by +1 (wrongly, for HF) */
+    int per_expert;              /* write mlp.experts.{e}.*_proj.weight instead of fused 3-D */
+    const char *omit;            /* leave this tensor out */
+    const char *bad_shape;       /* add 1 to dim 0 of this tensor */
+    const char *bad_dtype;       /* store this tensor as I32 */
+    int text_only;               /* "model." prefix and a flat config */
+    int add_offset;              /* store norms already offset by +1 (wrongly, for HF) */
     const char *config_override; /* whole config.json text, if set */
 } tc_opts;
 
@@ -75,7 +90,8 @@ static inline void tc_add(tc_list *L, const tc_opts *o, const char *name, int nd
         e->shape[d] = dims[d];
         n *= (size_t)dims[d];
     }
-    if (o->bad_shape && !strcmp(o->bad_shape, name)) e->shape[0] += 1, n = n / (size_t)dims[0] * (size_t)(dims[0] + 1);
+    if (o->bad_shape && !strcmp(o->bad_shape, name))
+        e->shape[0] += 1, n = n / (size_t)dims[0] * (size_t)(dims[0] + 1);
     int bad_dt = o->bad_dtype && !strcmp(o->bad_dtype, name);
     e->dtype = bad_dt ? TL_DT_I32 : TL_DT_BF16;
     if (bad_dt) {
@@ -84,7 +100,8 @@ static inline void tc_add(tc_list *L, const tc_opts *o, const char *name, int nd
     } else {
         uint16_t *p = xmalloc(n * 2);
         size_t nn = strlen(name);
-        int is_norm1p = strstr(name, "layernorm") || (strstr(name, "norm.weight") && !strstr(name, "linear_attn.norm"));
+        int is_norm1p = strstr(name, "layernorm") ||
+                        (strstr(name, "norm.weight") && !strstr(name, "linear_attn.norm"));
         for (size_t i = 0; i < n; i++) {
             float v = tc_raw(name, i);
             if (o->add_offset && is_norm1p) v += 1.0f;
@@ -105,7 +122,9 @@ static inline void tc_free(tc_list *L) {
     L->n = 0;
 }
 
-static inline int tc_is_attn(int il) { return (il + 1) % 4 == 0; }
+static inline int tc_is_attn(int il) {
+    return (il + 1) % 4 == 0;
+}
 
 static inline void tc_config(const char *dir, const tc_opts *o) {
     char path[512];
@@ -153,31 +172,46 @@ static inline int tc_write(const char *dir, const tc_opts *o) {
         tc_add(L, o, NM("%slayers.%d.input_layernorm.weight", pre, il), 1, TC_EMBD, 0, 0);
         tc_add(L, o, NM("%slayers.%d.post_attention_layernorm.weight", pre, il), 1, TC_EMBD, 0, 0);
         if (tc_is_attn(il)) {
-            tc_add(L, o, NM("%slayers.%d.self_attn.q_proj.weight", pre, il), 2, TC_HEAD * TC_HEAD_DIM * 2, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.k_proj.weight", pre, il), 2, TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.v_proj.weight", pre, il), 2, TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.o_proj.weight", pre, il), 2, TC_EMBD, TC_HEAD * TC_HEAD_DIM, 0);
+            tc_add(L, o, NM("%slayers.%d.self_attn.q_proj.weight", pre, il), 2,
+                   TC_HEAD * TC_HEAD_DIM * 2, TC_EMBD, 0);
+            tc_add(L, o, NM("%slayers.%d.self_attn.k_proj.weight", pre, il), 2,
+                   TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
+            tc_add(L, o, NM("%slayers.%d.self_attn.v_proj.weight", pre, il), 2,
+                   TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
+            tc_add(L, o, NM("%slayers.%d.self_attn.o_proj.weight", pre, il), 2, TC_EMBD,
+                   TC_HEAD * TC_HEAD_DIM, 0);
             tc_add(L, o, NM("%slayers.%d.self_attn.q_norm.weight", pre, il), 1, TC_HEAD_DIM, 0, 0);
             tc_add(L, o, NM("%slayers.%d.self_attn.k_norm.weight", pre, il), 1, TC_HEAD_DIM, 0, 0);
         } else {
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, il), 2, TC_CONV, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_z.weight", pre, il), 2, TC_VALDIM, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_b.weight", pre, il), 2, TC_VH, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_a.weight", pre, il), 2, TC_VH, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.conv1d.weight", pre, il), 3, TC_CONV, 1, TC_CONVK);
+            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, il), 2, TC_CONV,
+                   TC_EMBD, 0);
+            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_z.weight", pre, il), 2, TC_VALDIM,
+                   TC_EMBD, 0);
+            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_b.weight", pre, il), 2, TC_VH, TC_EMBD,
+                   0);
+            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_a.weight", pre, il), 2, TC_VH, TC_EMBD,
+                   0);
+            tc_add(L, o, NM("%slayers.%d.linear_attn.conv1d.weight", pre, il), 3, TC_CONV, 1,
+                   TC_CONVK);
             tc_add(L, o, NM("%slayers.%d.linear_attn.dt_bias", pre, il), 1, TC_VH, 0, 0);
             tc_add(L, o, NM("%slayers.%d.linear_attn.A_log", pre, il), 1, TC_VH, 0, 0);
             tc_add(L, o, NM("%slayers.%d.linear_attn.norm.weight", pre, il), 1, TC_VD, 0, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.out_proj.weight", pre, il), 2, TC_EMBD, TC_VALDIM, 0);
+            tc_add(L, o, NM("%slayers.%d.linear_attn.out_proj.weight", pre, il), 2, TC_EMBD,
+                   TC_VALDIM, 0);
         }
         tc_add(L, o, NM("%slayers.%d.mlp.gate.weight", pre, il), 2, TC_EXP, TC_EMBD, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, il), 2, TC_FF_SH, TC_EMBD, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.up_proj.weight", pre, il), 2, TC_FF_SH, TC_EMBD, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.down_proj.weight", pre, il), 2, TC_EMBD, TC_FF_SH, 0);
+        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, il), 2, TC_FF_SH,
+               TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.up_proj.weight", pre, il), 2, TC_FF_SH,
+               TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.down_proj.weight", pre, il), 2, TC_EMBD,
+               TC_FF_SH, 0);
         tc_add(L, o, NM("%slayers.%d.mlp.shared_expert_gate.weight", pre, il), 2, 1, TC_EMBD, 0);
         if (!o->per_expert) {
-            tc_add(L, o, NM("%slayers.%d.mlp.experts.gate_up_proj", pre, il), 3, TC_EXP, 2 * TC_FF, TC_EMBD);
-            tc_add(L, o, NM("%slayers.%d.mlp.experts.down_proj", pre, il), 3, TC_EXP, TC_EMBD, TC_FF);
+            tc_add(L, o, NM("%slayers.%d.mlp.experts.gate_up_proj", pre, il), 3, TC_EXP, 2 * TC_FF,
+                   TC_EMBD);
+            tc_add(L, o, NM("%slayers.%d.mlp.experts.down_proj", pre, il), 3, TC_EXP, TC_EMBD,
+                   TC_FF);
         } else {
             /* same values as the fused tensors: element (e, r, c) of the fused tensor */
             char fused[256];
@@ -185,7 +219,8 @@ static inline int tc_write(const char *dir, const tc_opts *o) {
                 const char *parts[3] = {"gate_proj", "up_proj", "down_proj"};
                 for (int k = 0; k < 3; k++) {
                     int rows = k == 2 ? TC_EMBD : TC_FF, cols = k == 2 ? TC_FF : TC_EMBD;
-                    tc_add(L, o, NM("%slayers.%d.mlp.experts.%d.%s.weight", pre, il, e, parts[k]), 2, rows, cols, 0);
+                    tc_add(L, o, NM("%slayers.%d.mlp.experts.%d.%s.weight", pre, il, e, parts[k]),
+                           2, rows, cols, 0);
                     tl_st_entry *en = &L->e[L->n - 1];
                     if (en->dtype != TL_DT_BF16 || strcmp(en->name, n)) continue;
                     snprintf(fused, sizeof fused, "%slayers.%d.mlp.experts.%s", pre, il,

@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             const uint8_t *p = t->data;
             /* inside the buffer, or inside the aligned copy of its data section */
             TL_ASSERT(p >= f.data && p + t->nbytes <= f.data + f.data_size);
-            TL_ASSERT(f.own ? f.data == f.own : (f.data >= buf && f.data + f.data_size <= buf + size));
+            TL_ASSERT(f.own ? f.data == f.own
+                            : (f.data >= buf && f.data + f.data_size <= buf + size));
             TL_ASSERT(!t->nbytes || (uintptr_t)p % tl_dtype_size(t->dtype) == 0);
             volatile uint8_t sink = 0;
             if (t->nbytes) sink ^= p[0] ^ p[t->nbytes - 1];
