@@ -22,17 +22,19 @@
 #include "tokenizer/chat.h"
 
 static void prompt_usage(void) {
-    fprintf(stderr,
-            "usage: tulip prompt --messages FILE.json [--tools FILE.json] [--no-thinking]\n"
-            "                    [--preserve-thinking] [--no-generation-prompt]\n"
-            "       tulip prompt --batch FILE.jsonl   (one JSON case per line -> one JSON result per line)\n");
+    fprintf(stderr, "usage: tulip prompt --messages FILE.json [--tools FILE.json] [--no-thinking]\n"
+                    "                    [--preserve-thinking] [--no-generation-prompt]\n"
+                    "       tulip prompt --batch FILE.jsonl   (one JSON case per line -> one JSON "
+                    "result per line)\n");
 }
 
 static json_t *load_json(const char *path, char *err, size_t errlen) {
     json_error_t je;
     json_t *v;
-    if (!strcmp(path, "-")) v = json_loadf(stdin, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    else v = json_load_file(path, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (!strcmp(path, "-"))
+        v = json_loadf(stdin, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    else
+        v = json_load_file(path, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!v) tl_errf(err, errlen, TL_ERR_FORMAT, "%s:%d: %s", path, je.line, je.text);
     return v;
 }
@@ -59,7 +61,8 @@ static int run_batch(const char *path) {
         json_t *c = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, &je), *res = json_object();
         char err[512] = "";
         if (!c || !json_is_object(c)) {
-            json_object_set_new(res, "error", json_sprintf("bad case line: %s", c ? "not an object" : je.text));
+            json_object_set_new(res, "error",
+                                json_sprintf("bad case line: %s", c ? "not an object" : je.text));
             rc = 1;
         } else {
             tl_chat_opts o;
@@ -69,8 +72,8 @@ static int run_batch(const char *path) {
             o.add_generation_prompt = opt_bool(c, "add_generation_prompt", 1);
             char *out;
             size_t len;
-            if (tl_chat_render(json_object_get(c, "messages"), json_object_get(c, "tools"), &o, &out, &len, err,
-                               sizeof err) == 0) {
+            if (tl_chat_render(json_object_get(c, "messages"), json_object_get(c, "tools"), &o,
+                               &out, &len, err, sizeof err) == 0) {
                 json_object_set_new(res, "prompt", json_stringn(out, len));
                 free(out);
             } else {
@@ -95,12 +98,18 @@ int cmd_prompt(int argc, char **argv) {
     tl_chat_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--messages") && i + 1 < argc) msgs_path = argv[++i];
-        else if (!strcmp(a, "--tools") && i + 1 < argc) tools_path = argv[++i];
-        else if (!strcmp(a, "--batch") && i + 1 < argc) batch = argv[++i];
-        else if (!strcmp(a, "--no-thinking")) o.enable_thinking = 0;
-        else if (!strcmp(a, "--preserve-thinking")) o.preserve_thinking = 1;
-        else if (!strcmp(a, "--no-generation-prompt")) o.add_generation_prompt = 0;
+        if (!strcmp(a, "--messages") && i + 1 < argc)
+            msgs_path = argv[++i];
+        else if (!strcmp(a, "--tools") && i + 1 < argc)
+            tools_path = argv[++i];
+        else if (!strcmp(a, "--batch") && i + 1 < argc)
+            batch = argv[++i];
+        else if (!strcmp(a, "--no-thinking"))
+            o.enable_thinking = 0;
+        else if (!strcmp(a, "--preserve-thinking"))
+            o.preserve_thinking = 1;
+        else if (!strcmp(a, "--no-generation-prompt"))
+            o.add_generation_prompt = 0;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             prompt_usage();
             return 0;

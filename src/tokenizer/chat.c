@@ -26,7 +26,8 @@
 void tl_chat_buf_put(tl_chat_buf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
+        while (cap < b->len + n + 1)
+            cap *= 2;
         b->s = xrealloc(b->s, cap);
         b->cap = cap;
     }
@@ -46,13 +47,27 @@ void tl_chat_json_escape(tl_chat_buf *b, const char *s, size_t n) {
         const char *rep = NULL;
         char tmp[8];
         switch (c) {
-        case '"': rep = "\\\""; break;
-        case '\\': rep = "\\\\"; break;
-        case '\b': rep = "\\b"; break;
-        case '\f': rep = "\\f"; break;
-        case '\n': rep = "\\n"; break;
-        case '\r': rep = "\\r"; break;
-        case '\t': rep = "\\t"; break;
+        case '"':
+            rep = "\\\"";
+            break;
+        case '\\':
+            rep = "\\\\";
+            break;
+        case '\b':
+            rep = "\\b";
+            break;
+        case '\f':
+            rep = "\\f";
+            break;
+        case '\n':
+            rep = "\\n";
+            break;
+        case '\r':
+            rep = "\\r";
+            break;
+        case '\t':
+            rep = "\\t";
+            break;
         default:
             if (c < 0x20) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", c);
@@ -95,18 +110,21 @@ void tl_chat_py_float(tl_chat_buf *b, double x) {
     for (; *q && *q != 'e'; q++)
         if (*q >= '0' && *q <= '9') dig[nd++] = *q;
     int e10 = atoi(q + 1);
-    while (nd > 1 && dig[nd - 1] == '0') nd--; /* %.*e may pad with zeros */
+    while (nd > 1 && dig[nd - 1] == '0')
+        nd--; /* %.*e may pad with zeros */
     dig[nd] = 0;
     int decpt = e10 + 1; /* x = 0.d1d2... * 10^decpt */
     if (neg) tl_chat_buf_put(b, "-", 1);
     if (decpt > -4 && decpt <= 16) {
         if (decpt <= 0) {
             tl_chat_buf_puts(b, "0.");
-            for (int i = 0; i < -decpt; i++) tl_chat_buf_put(b, "0", 1);
+            for (int i = 0; i < -decpt; i++)
+                tl_chat_buf_put(b, "0", 1);
             tl_chat_buf_put(b, dig, (size_t)nd);
         } else if (decpt >= nd) {
             tl_chat_buf_put(b, dig, (size_t)nd);
-            for (int i = nd; i < decpt; i++) tl_chat_buf_put(b, "0", 1);
+            for (int i = nd; i < decpt; i++)
+                tl_chat_buf_put(b, "0", 1);
             tl_chat_buf_puts(b, ".0");
         } else {
             tl_chat_buf_put(b, dig, (size_t)decpt);
@@ -161,10 +179,18 @@ void tl_chat_json_dump(tl_chat_buf *b, const json_t *v) {
         snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
         tl_chat_buf_puts(b, tmp);
         break;
-    case JSON_REAL: tl_chat_py_float(b, json_real_value(v)); break;
-    case JSON_TRUE: tl_chat_buf_puts(b, "true"); break;
-    case JSON_FALSE: tl_chat_buf_puts(b, "false"); break;
-    case JSON_NULL: tl_chat_buf_puts(b, "null"); break;
+    case JSON_REAL:
+        tl_chat_py_float(b, json_real_value(v));
+        break;
+    case JSON_TRUE:
+        tl_chat_buf_puts(b, "true");
+        break;
+    case JSON_FALSE:
+        tl_chat_buf_puts(b, "false");
+        break;
+    case JSON_NULL:
+        tl_chat_buf_puts(b, "null");
+        break;
     }
 }
 
@@ -179,8 +205,10 @@ static int py_printable(int32_t c) {
     case UTF8PROC_CATEGORY_CN:
     case UTF8PROC_CATEGORY_ZL:
     case UTF8PROC_CATEGORY_ZP:
-    case UTF8PROC_CATEGORY_ZS: return 0;
-    default: return 1;
+    case UTF8PROC_CATEGORY_ZS:
+        return 0;
+    default:
+        return 1;
     }
 }
 
@@ -191,7 +219,8 @@ static void py_repr_str(tl_chat_buf *b, const char *s, size_t n) {
     tl_chat_buf_put(b, &q, 1);
     for (size_t i = 0; i < n;) {
         utf8proc_int32_t c;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
         if (k <= 0) { /* jansson strings are valid UTF-8; be safe anyway */
             k = 1;
             c = (unsigned char)s[i];
@@ -211,9 +240,12 @@ static void py_repr_str(tl_chat_buf *b, const char *s, size_t n) {
         } else if (c < 0x80 || py_printable(c)) {
             tl_chat_buf_put(b, s + i, (size_t)k);
         } else {
-            if (c < 0x100) snprintf(tmp, sizeof tmp, "\\x%02x", (unsigned)c);
-            else if (c < 0x10000) snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)c);
-            else snprintf(tmp, sizeof tmp, "\\U%08x", (unsigned)c);
+            if (c < 0x100)
+                snprintf(tmp, sizeof tmp, "\\x%02x", (unsigned)c);
+            else if (c < 0x10000)
+                snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)c);
+            else
+                snprintf(tmp, sizeof tmp, "\\U%08x", (unsigned)c);
             tl_chat_buf_puts(b, tmp);
         }
         i += (size_t)k;
@@ -249,8 +281,10 @@ static void py_repr(tl_chat_buf *b, const json_t *v, int top) {
         tl_chat_buf_put(b, "]", 1);
         break;
     case JSON_STRING:
-        if (top) tl_chat_buf_put(b, json_string_value(v), json_string_length(v));
-        else py_repr_str(b, json_string_value(v), json_string_length(v));
+        if (top)
+            tl_chat_buf_put(b, json_string_value(v), json_string_length(v));
+        else
+            py_repr_str(b, json_string_value(v), json_string_length(v));
         break;
     case JSON_INTEGER:
         snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
@@ -258,14 +292,23 @@ static void py_repr(tl_chat_buf *b, const json_t *v, int top) {
         break;
     case JSON_REAL: {
         double x = json_real_value(v);
-        if (isnan(x)) tl_chat_buf_puts(b, "nan");
-        else if (isinf(x)) tl_chat_buf_puts(b, x > 0 ? "inf" : "-inf");
-        else tl_chat_py_float(b, x);
+        if (isnan(x))
+            tl_chat_buf_puts(b, "nan");
+        else if (isinf(x))
+            tl_chat_buf_puts(b, x > 0 ? "inf" : "-inf");
+        else
+            tl_chat_py_float(b, x);
         break;
     }
-    case JSON_TRUE: tl_chat_buf_puts(b, "True"); break;
-    case JSON_FALSE: tl_chat_buf_puts(b, "False"); break;
-    case JSON_NULL: tl_chat_buf_puts(b, "None"); break;
+    case JSON_TRUE:
+        tl_chat_buf_puts(b, "True");
+        break;
+    case JSON_FALSE:
+        tl_chat_buf_puts(b, "False");
+        break;
+    case JSON_NULL:
+        tl_chat_buf_puts(b, "None");
+        break;
     }
 }
 
@@ -281,7 +324,8 @@ static void py_strip(const char *s, size_t n, size_t *off, size_t *len) {
     size_t i = 0, first = n, end = 0;
     while (i < n) {
         utf8proc_int32_t c;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
         if (k <= 0) {
             k = 1;
             c = -1;
@@ -337,14 +381,16 @@ static const json_t *attr(const json_t *obj, const char *key) {
 
 /* `x == 'lit'` for a JSON value (undefined is NULL). */
 static int json_eq_str(const json_t *x, const char *lit) {
-    return json_is_string(x) && json_string_length(x) == strlen(lit) && !strcmp(json_string_value(x), lit);
+    return json_is_string(x) && json_string_length(x) == strlen(lit) &&
+           !strcmp(json_string_value(x), lit);
 }
 
 /* `'key' in item`: for a dict key membership, for a str substring, for a list element
  * equality. Other types raise a TypeError in Python: returns -1. */
 static int py_in(const char *key, const json_t *item) {
     switch (json_typeof(item)) {
-    case JSON_OBJECT: return json_object_get(item, key) != NULL;
+    case JSON_OBJECT:
+        return json_object_get(item, key) != NULL;
     case JSON_STRING: {
         span s = {json_string_value(item), json_string_length(item)};
         return span_find(s, key, 0) >= 0;
@@ -353,20 +399,28 @@ static int py_in(const char *key, const json_t *item) {
         for (size_t i = 0; i < json_array_size(item); i++)
             if (json_eq_str(json_array_get(item, i), key)) return 1;
         return 0;
-    default: return -1;
+    default:
+        return -1;
     }
 }
 
 static const char *py_type_name(const json_t *v) {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "dict";
-    case JSON_ARRAY: return "list";
-    case JSON_STRING: return "str";
-    case JSON_INTEGER: return "int";
-    case JSON_REAL: return "float";
+    case JSON_OBJECT:
+        return "dict";
+    case JSON_ARRAY:
+        return "list";
+    case JSON_STRING:
+        return "str";
+    case JSON_INTEGER:
+        return "int";
+    case JSON_REAL:
+        return "float";
     case JSON_TRUE:
-    case JSON_FALSE: return "bool";
-    case JSON_NULL: return "NoneType";
+    case JSON_FALSE:
+        return "bool";
+    case JSON_NULL:
+        return "NoneType";
     }
     return "object";
 }
@@ -375,19 +429,27 @@ static const char *py_type_name(const json_t *v) {
 static int truthy(const json_t *v) {
     if (!v) return 0;
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return json_object_size(v) > 0;
-    case JSON_ARRAY: return json_array_size(v) > 0;
-    case JSON_STRING: return json_string_length(v) > 0;
-    case JSON_INTEGER: return json_integer_value(v) != 0;
-    case JSON_REAL: return json_real_value(v) != 0;
-    case JSON_TRUE: return 1;
-    default: return 0;
+    case JSON_OBJECT:
+        return json_object_size(v) > 0;
+    case JSON_ARRAY:
+        return json_array_size(v) > 0;
+    case JSON_STRING:
+        return json_string_length(v) > 0;
+    case JSON_INTEGER:
+        return json_integer_value(v) != 0;
+    case JSON_REAL:
+        return json_real_value(v) != 0;
+    case JSON_TRUE:
+        return 1;
+    default:
+        return 0;
     }
 }
 
 /* L3-L41: macro render_content(content, do_vision_count, is_system_content). Images and
  * videos become placeholders (add_vision_id is never set by us, so no "Picture N: "). */
-static int render_content(tl_chat_buf *b, const json_t *content, int is_system, char *err, size_t errlen) {
+static int render_content(tl_chat_buf *b, const json_t *content, int is_system, char *err,
+                          size_t errlen) {
     if (!content || json_is_null(content)) return 0; /* L36-37 */
     if (json_is_string(content)) {                   /* L4-5 */
         tl_chat_buf_put(b, json_string_value(content), json_string_length(content));
@@ -403,11 +465,13 @@ static int render_content(tl_chat_buf *b, const json_t *content, int is_system, 
                            py_type_name(item));
         if (has_image || has_url || json_eq_str(attr(item, "type"), "image")) { /* L8 */
             if (is_system)
-                return tl_errf(err, errlen, TL_ERR_INVALID, "System message cannot contain images.");
-            tl_chat_buf_puts(b, "<|vision_start|><|image_pad|><|vision_end|>"); /* L18 */
+                return tl_errf(err, errlen, TL_ERR_INVALID,
+                               "System message cannot contain images.");
+            tl_chat_buf_puts(b, "<|vision_start|><|image_pad|><|vision_end|>");        /* L18 */
         } else if (py_in("video", item) || json_eq_str(attr(item, "type"), "video")) { /* L19 */
             if (is_system)
-                return tl_errf(err, errlen, TL_ERR_INVALID, "System message cannot contain videos.");
+                return tl_errf(err, errlen, TL_ERR_INVALID,
+                               "System message cannot contain videos.");
             tl_chat_buf_puts(b, "<|vision_start|><|video_pad|><|vision_end|>"); /* L29 */
         } else if (py_in("text", item)) { /* L30-31: {{ item.text }} is str(item.text) */
             const json_t *t = attr(item, "text");
@@ -420,8 +484,8 @@ static int render_content(tl_chat_buf *b, const json_t *content, int is_system, 
 }
 
 /* render_content(...)|trim into a fresh buffer: *out is malloc'd (or NULL when empty). */
-static int content_trimmed(const json_t *content, int is_system, tl_chat_buf *tmp, span *out, char *err,
-                           size_t errlen) {
+static int content_trimmed(const json_t *content, int is_system, tl_chat_buf *tmp, span *out,
+                           char *err, size_t errlen) {
     tmp->len = 0;
     if (tmp->s) tmp->s[0] = 0;
     int st = render_content(tmp, content, is_system, err, errlen);
@@ -433,14 +497,16 @@ static int content_trimmed(const json_t *content, int is_system, tl_chat_buf *tm
     return 0;
 }
 
-static const char TOOLS_PREAMBLE[] = "# Tools\n\nYou have access to the following functions:\n\n<tools>";
+static const char TOOLS_PREAMBLE[] =
+    "# Tools\n\nYou have access to the following functions:\n\n<tools>";
 
 static const char TOOLS_INSTRUCTIONS[] =
     "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
     "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n"
     "</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\n"
     "that can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\n"
-    "Reminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> "
+    "Reminder:\n- Function calls MUST follow the specified format: an inner "
+    "<function=...></function> "
     "block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be "
     "specified\n- You may provide optional reasoning for your function call in natural language "
     "BEFORE the function call, but NOT after\n- If there is no function call available, answer the "
@@ -448,8 +514,8 @@ static const char TOOLS_INSTRUCTIONS[] =
     "calls\n</IMPORTANT>";
 
 /* L45-66: the system turn (with the tools block when tools is a non-empty list). */
-static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *tools, tl_chat_buf *tmp,
-                         char *err, size_t errlen) {
+static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *tools,
+                         tl_chat_buf *tmp, char *err, size_t errlen) {
     const json_t *m0 = json_array_get(messages, 0);
     int sys0 = json_eq_str(attr(m0, "role"), "system");
     span c;
@@ -470,7 +536,8 @@ static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *t
             size_t n = json_string_length(tools);
             for (size_t i = 0; i < n;) {
                 utf8proc_int32_t cp;
-                utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+                utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
+                                                      (utf8proc_ssize_t)(n - i), &cp);
                 if (k <= 0) k = 1;
                 tl_chat_buf_puts(b, "\n\"");
                 tl_chat_json_escape(b, s + i, (size_t)k);
@@ -478,9 +545,9 @@ static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *t
                 i += (size_t)k;
             }
         }
-        tl_chat_buf_puts(b, "\n</tools>");      /* L52 */
+        tl_chat_buf_puts(b, "\n</tools>");       /* L52 */
         tl_chat_buf_puts(b, TOOLS_INSTRUCTIONS); /* L53 */
-        if (sys0) {                             /* L54-59 */
+        if (sys0) {                              /* L54-59 */
             int st = content_trimmed(attr(m0, "content"), 1, tmp, &c, err, errlen);
             if (st) return st;
             if (c.n) {
@@ -500,7 +567,8 @@ static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *t
 }
 
 /* L67-80: index of the last user message that is not only a <tool_response>. */
-static int last_query_index(const json_t *messages, tl_chat_buf *tmp, long *out, char *err, size_t errlen) {
+static int last_query_index(const json_t *messages, tl_chat_buf *tmp, long *out, char *err,
+                            size_t errlen) {
     size_t n = json_array_size(messages);
     for (size_t k = n; k-- > 0;) {
         const json_t *m = json_array_get(messages, k);
@@ -518,22 +586,28 @@ static int last_query_index(const json_t *messages, tl_chat_buf *tmp, long *out,
 
 /* A tool call's arguments as the template sees them: an object passes through; a JSON string
  * is parsed first (the servers' pre-processing, chat.h). *owned gets a new reference to free. */
-static int tool_args(const json_t *a, const json_t **out, json_t **owned, char *err, size_t errlen) {
+static int tool_args(const json_t *a, const json_t **out, json_t **owned, char *err,
+                     size_t errlen) {
     *owned = NULL;
     *out = a;
     if (!json_is_string(a)) return 0;
     json_error_t je;
-    json_t *v = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    if (!v) return tl_errf(err, errlen, TL_ERR_INVALID, "tool call arguments are not valid JSON: %s", je.text);
+    json_t *v = json_loadb(json_string_value(a), json_string_length(a),
+                           JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (!v)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "tool call arguments are not valid JSON: %s",
+                       je.text);
     *owned = v;
     *out = v;
     return 0;
 }
 
 /* L105-129: the tool calls of one assistant message. */
-static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, char *err, size_t errlen) {
+static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, char *err,
+                             size_t errlen) {
     /* L105: `tool_calls and tool_calls is iterable and tool_calls is not mapping` */
-    if (!truthy(calls) || json_is_object(calls) || !(json_is_array(calls) || json_is_string(calls))) return 0;
+    if (!truthy(calls) || json_is_object(calls) || !(json_is_array(calls) || json_is_string(calls)))
+        return 0;
     if (json_is_string(calls)) /* iterating a str: each character has no .name */
         return tl_errf(err, errlen, TL_ERR_INVALID, "'str object' has no attribute 'name'");
     size_t off, len;
@@ -545,8 +619,11 @@ static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, 
         const json_t *name = attr(tc, "name");
         if (!json_is_string(name)) /* str + undefined / str + non-str raises */
             return tl_errf(err, errlen, TL_ERR_INVALID, "tool call %zu has no string 'name'", i);
-        if (i == 0) tl_chat_buf_puts(b, len ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function="); /* L110-115 */
-        else tl_chat_buf_puts(b, "\n<tool_call>\n<function=");                                           /* L117 */
+        if (i == 0)
+            tl_chat_buf_puts(b, len ? "\n\n<tool_call>\n<function="
+                                    : "<tool_call>\n<function="); /* L110-115 */
+        else
+            tl_chat_buf_puts(b, "\n<tool_call>\n<function="); /* L117 */
         tl_chat_buf_put(b, json_string_value(name), json_string_length(name));
         tl_chat_buf_puts(b, ">\n");
         const json_t *args0 = attr(tc, "arguments");
@@ -557,7 +634,8 @@ static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, 
             if (st) return st;
             if (!json_is_object(args)) { /* arguments|items on a non-mapping */
                 json_decref(owned);
-                return tl_errf(err, errlen, TL_ERR_INVALID, "Can only get item pairs from a mapping.");
+                return tl_errf(err, errlen, TL_ERR_INVALID,
+                               "Can only get item pairs from a mapping.");
             }
             const char *k;
             json_t *v;
@@ -566,8 +644,10 @@ static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, 
                 tl_chat_buf_puts(b, k);
                 tl_chat_buf_puts(b, ">\n");
                 /* L122: strings verbatim, everything else tojson */
-                if (json_is_string(v)) tl_chat_buf_put(b, json_string_value(v), json_string_length(v));
-                else tl_chat_json_dump(b, v);
+                if (json_is_string(v))
+                    tl_chat_buf_put(b, json_string_value(v), json_string_length(v));
+                else
+                    tl_chat_json_dump(b, v);
                 tl_chat_buf_puts(b, "\n</parameter>\n");
             }
             json_decref(owned);
@@ -578,8 +658,8 @@ static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, 
 }
 
 /* L89-130: one assistant message; content is its trimmed rendered content. */
-static int render_assistant(tl_chat_buf *b, const json_t *m, span content, int with_think, char *err,
-                            size_t errlen) {
+static int render_assistant(tl_chat_buf *b, const json_t *m, span content, int with_think,
+                            char *err, size_t errlen) {
     span reasoning = {"", 0};
     const json_t *rc = attr(m, "reasoning_content");
     if (json_is_string(rc)) { /* L91-92 */
@@ -588,21 +668,24 @@ static int render_assistant(tl_chat_buf *b, const json_t *m, span content, int w
     } else if (span_find(content, "</think>", 0) >= 0) { /* L94-97 */
         long first = span_find(content, "</think>", 0), last = span_find(content, "</think>", 1);
         span r = {content.s, (size_t)first};
-        while (r.n && r.s[r.n - 1] == '\n') r.n--;    /* .rstrip('\n') */
-        long open = span_find(r, "<think>", 1);        /* .split('<think>')[-1] */
+        while (r.n && r.s[r.n - 1] == '\n')
+            r.n--;                              /* .rstrip('\n') */
+        long open = span_find(r, "<think>", 1); /* .split('<think>')[-1] */
         if (open >= 0) {
             r.s += open + 7;
             r.n -= (size_t)open + 7;
         }
-        while (r.n && r.s[0] == '\n') r.s++, r.n--;    /* .lstrip('\n') */
+        while (r.n && r.s[0] == '\n')
+            r.s++, r.n--; /* .lstrip('\n') */
         reasoning = r;
-        content.s += last + 8;                         /* content.split('</think>')[-1] */
+        content.s += last + 8; /* content.split('</think>')[-1] */
         content.n -= (size_t)last + 8;
-        while (content.n && content.s[0] == '\n') content.s++, content.n--;
+        while (content.n && content.s[0] == '\n')
+            content.s++, content.n--;
     }
     size_t off, len;
     py_strip(reasoning.s, reasoning.n, &off, &len); /* L99 */
-    if (with_think) {                                /* L100-101 */
+    if (with_think) {                               /* L100-101 */
         tl_chat_buf_puts(b, "<|im_start|>assistant\n<think>\n");
         tl_chat_buf_put(b, reasoning.s + off, len);
         tl_chat_buf_puts(b, "\n</think>\n\n");
@@ -631,9 +714,11 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
     }
     *out = NULL;
     if (out_len) *out_len = 0;
-    if (!messages || json_is_null(messages) || (json_is_array(messages) && json_array_size(messages) == 0))
+    if (!messages || json_is_null(messages) ||
+        (json_is_array(messages) && json_array_size(messages) == 0))
         return tl_errf(err, errlen, TL_ERR_INVALID, "No messages provided."); /* L42-44 */
-    if (!json_is_array(messages)) return tl_errf(err, errlen, TL_ERR_INVALID, "messages must be a list");
+    if (!json_is_array(messages))
+        return tl_errf(err, errlen, TL_ERR_INVALID, "messages must be a list");
 
     tl_chat_buf b = {0}, tmp = {0};
     long last_query = 0;
@@ -643,11 +728,14 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
     for (size_t i = 0; !st && i < n; i++) { /* L81-146 */
         const json_t *m = json_array_get(messages, i);
         span c;
-        st = content_trimmed(attr(m, "content"), 0, &tmp, &c, err, errlen); /* L82: do_vision_count, not system */
+        st = content_trimmed(attr(m, "content"), 0, &tmp, &c, err,
+                             errlen); /* L82: do_vision_count, not system */
         if (st) break;
         const json_t *role = attr(m, "role");
         if (json_eq_str(role, "system")) { /* L83-86 */
-            if (i != 0) st = tl_errf(err, errlen, TL_ERR_INVALID, "System message must be at the beginning.");
+            if (i != 0)
+                st = tl_errf(err, errlen, TL_ERR_INVALID,
+                             "System message must be at the beginning.");
         } else if (json_eq_str(role, "user")) { /* L87-88 */
             tl_chat_buf_puts(&b, "<|im_start|>user\n");
             tl_chat_buf_put(&b, c.s, c.n);

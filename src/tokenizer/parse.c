@@ -41,10 +41,10 @@ typedef struct call_acc {
 struct tl_parser {
     tl_parse_opts o;
     int state;
-    int start_step;    /* ST_REASON_START: 0 strip \n + <think>, 1 strip \n after <think> */
-    int strip_nl;      /* content: drop leading "\n"s (after </think>) */
-    int after_call;    /* content: a call has been seen */
-    int seg_started;   /* content: something emitted since the last call */
+    int start_step;  /* ST_REASON_START: 0 strip \n + <think>, 1 strip \n after <think> */
+    int strip_nl;    /* content: drop leading "\n"s (after </think>) */
+    int after_call;  /* content: a call has been seen */
+    int seg_started; /* content: something emitted since the last call */
     /* UTF-8 sanitizer: an incomplete sequence carried to the next piece */
     unsigned char u8[4];
     int u8n, u8need;
@@ -82,7 +82,8 @@ static int is_ws(char c) {
 /* Earliest full occurrence of any of tags[0..nt) in s[0..n): returns its index (-1 if none),
  * *at its offset. *hold = length of the longest suffix of s that is a proper prefix of a tag
  * (only meaningful when none is found). */
-static int find_tags(const char *s, size_t n, const char *const *tags, int nt, size_t *at, size_t *hold) {
+static int find_tags(const char *s, size_t n, const char *const *tags, int nt, size_t *at,
+                     size_t *hold) {
     for (const char *q = s; (q = memchr(q, '<', n - (size_t)(q - s))) != NULL; q++) {
         size_t i = (size_t)(q - s);
         for (int t = 0; t < nt; t++) {
@@ -130,9 +131,12 @@ static uint64_t splitmix64(uint64_t *x) {
 /* ------------------------------------------------------------------ events and the result */
 
 static void acc_put(tl_parser *p, tl_parse_event_kind kind, int index, const char *s, size_t n) {
-    if (kind == TL_PARSE_REASONING) tl_chat_buf_put(&p->reasoning, s, n);
-    else if (kind == TL_PARSE_CONTENT) tl_chat_buf_put(&p->content, s, n);
-    else if (kind == TL_PARSE_TOOL_ARGS) tl_chat_buf_put(&p->acc[index].args, s, n);
+    if (kind == TL_PARSE_REASONING)
+        tl_chat_buf_put(&p->reasoning, s, n);
+    else if (kind == TL_PARSE_CONTENT)
+        tl_chat_buf_put(&p->content, s, n);
+    else if (kind == TL_PARSE_TOOL_ARGS)
+        tl_chat_buf_put(&p->acc[index].args, s, n);
 }
 
 /* Appends a delta (merged into the previous event when it is the same kind and call). */
@@ -141,7 +145,8 @@ static void emit(tl_parser *p, tl_parse_event_kind kind, int index, const char *
     acc_put(p, kind, index, s, n);
     if (p->nev > 0) {
         ev_rec *last = &p->evs[p->nev - 1];
-        if (last->kind == kind && last->index == index && kind != TL_PARSE_TOOL_START && kind != TL_PARSE_TOOL_END) {
+        if (last->kind == kind && last->index == index && kind != TL_PARSE_TOOL_START &&
+            kind != TL_PARSE_TOOL_END) {
             p->evtext.len--; /* drop the NUL; the event's text is the tail of evtext */
             tl_chat_buf_put(&p->evtext, s, n);
             tl_chat_buf_put(&p->evtext, "", 1);
@@ -181,7 +186,9 @@ static const json_t *tool_props(const json_t *tools, const char *name, size_t n)
         const json_t *t = json_array_get(tools, i), *fn = json_object_get(t, "function");
         if (!json_is_object(fn)) fn = t;
         const json_t *nm = json_object_get(fn, "name");
-        if (!json_is_string(nm) || json_string_length(nm) != n || memcmp(json_string_value(nm), name, n)) continue;
+        if (!json_is_string(nm) || json_string_length(nm) != n ||
+            memcmp(json_string_value(nm), name, n))
+            continue;
         const json_t *params = json_object_get(fn, "parameters");
         if (!json_is_object(params)) return NULL;
         const json_t *props = json_object_get(params, "properties");
@@ -200,8 +207,10 @@ static void start_call(tl_parser *p, const char *name, size_t n) {
     memset(&p->acc[idx], 0, sizeof p->acc[idx]);
     tl_chat_buf_put(&p->acc[idx].args, "", 0);
     char id[32];
-    uint64_t x = p->o.id_seed ^ (0x632be59bd9b4e019ull * (uint64_t)(idx + 1)), a = splitmix64(&x), b = splitmix64(&x);
-    snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)a, (unsigned long long)(b >> 32));
+    uint64_t x = p->o.id_seed ^ (0x632be59bd9b4e019ull * (uint64_t)(idx + 1)), a = splitmix64(&x),
+             b = splitmix64(&x);
+    snprintf(id, sizeof id, "call_%016llx%08llx", (unsigned long long)a,
+             (unsigned long long)(b >> 32));
     tl_parse_tool_call *c = &p->res.calls[idx];
     c->id = xstrdup(id);
     c->name = xmalloc(n + 1);
@@ -231,9 +240,12 @@ static void close_call(tl_parser *p) {
 static int classify_type_name(const char *t) {
     char low[32];
     size_t n = 0;
-    while (isspace((unsigned char)*t)) t++;
-    for (; *t && n + 1 < sizeof low; t++) low[n++] = (char)tolower((unsigned char)*t);
-    while (n && isspace((unsigned char)low[n - 1])) n--;
+    while (isspace((unsigned char)*t))
+        t++;
+    for (; *t && n + 1 < sizeof low; t++)
+        low[n++] = (char)tolower((unsigned char)*t);
+    while (n && isspace((unsigned char)low[n - 1]))
+        n--;
     low[n] = 0;
     static const char *const strs[] = {"string", "str", "text", "varchar", "char", "enum"};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
@@ -270,16 +282,22 @@ static int param_type(const tl_parser *p, const char *name, size_t n) {
 
 /* Integer text -> normalised JSON integer in b; 0 if s is not one (or is outside int64). */
 static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
-    while (n && is_ws(*s)) s++, n--;
-    while (n && is_ws(s[n - 1])) n--;
+    while (n && is_ws(*s))
+        s++, n--;
+    while (n && is_ws(s[n - 1]))
+        n--;
     int neg = 0;
     if (n && (*s == '+' || *s == '-')) neg = *s == '-', s++, n--;
     if (!n) return 0;
     for (size_t i = 0; i < n; i++)
         if (s[i] < '0' || s[i] > '9') return 0;
-    while (n > 1 && *s == '0') s++, n--;
-    /* int64 only (vLLM's Python ints are unbounded; beyond int64 JSON readers lose or reject them) */
-    if (n > 19 || (n == 19 && memcmp(s, neg ? "9223372036854775808" : "9223372036854775807", 19) > 0)) return 0;
+    while (n > 1 && *s == '0')
+        s++, n--;
+    /* int64 only (vLLM's Python ints are unbounded; beyond int64 JSON readers lose or reject them)
+     */
+    if (n > 19 ||
+        (n == 19 && memcmp(s, neg ? "9223372036854775808" : "9223372036854775807", 19) > 0))
+        return 0;
     if (neg && !(n == 1 && *s == '0')) tl_chat_buf_put(b, "-", 1);
     tl_chat_buf_put(b, s, n);
     return 1;
@@ -287,22 +305,27 @@ static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
 
 /* Number text -> a JSON number as vLLM writes it (integral values as integers). */
 static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
-    while (n && is_ws(*s)) s++, n--;
-    while (n && is_ws(s[n - 1])) n--;
+    while (n && is_ws(*s))
+        s++, n--;
+    while (n && is_ws(s[n - 1]))
+        n--;
     if (n == 0 || n > 400) return 0;
     size_t i = 0, digits = 0;
     if (s[i] == '+' || s[i] == '-') i++;
-    while (i < n && isdigit((unsigned char)s[i])) i++, digits++;
+    while (i < n && isdigit((unsigned char)s[i]))
+        i++, digits++;
     if (i < n && s[i] == '.') {
         i++;
-        while (i < n && isdigit((unsigned char)s[i])) i++, digits++;
+        while (i < n && isdigit((unsigned char)s[i]))
+            i++, digits++;
     }
     if (!digits) return 0;
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         i++;
         if (i < n && (s[i] == '+' || s[i] == '-')) i++;
         size_t e0 = i;
-        while (i < n && isdigit((unsigned char)s[i])) i++;
+        while (i < n && isdigit((unsigned char)s[i]))
+            i++;
         if (i == e0) return 0;
     }
     if (i != n) return 0;
@@ -311,7 +334,8 @@ static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
     tmp[n] = 0;
     double x = strtod(tmp, NULL);
     if (!isfinite(x)) return 0;
-    if (x == trunc(x) && fabs(x) < 9223372036854775808.0) { /* integral: as an integer, within int64 */
+    if (x == trunc(x) &&
+        fabs(x) < 9223372036854775808.0) { /* integral: as an integer, within int64 */
         char out[400];
         snprintf(out, sizeof out, "%.0f", x == 0 ? 0.0 : x); /* exact integer of the double */
         tl_chat_buf_puts(b, out);
@@ -334,10 +358,14 @@ static void emit_typed(tl_parser *p, const char *s, size_t n) {
         ok = conv_num(s, n, &b);
     } else if (p->vtype == V_BOOL) {
         size_t a = 0, z = n;
-        while (a < z && is_ws(s[a])) a++;
-        while (z > a && is_ws(s[z - 1])) z--;
-        if (ci_equal(s + a, z - a, "true")) tl_chat_buf_puts(&b, "true"), ok = 1;
-        else if (ci_equal(s + a, z - a, "false")) tl_chat_buf_puts(&b, "false"), ok = 1;
+        while (a < z && is_ws(s[a]))
+            a++;
+        while (z > a && is_ws(s[z - 1]))
+            z--;
+        if (ci_equal(s + a, z - a, "true"))
+            tl_chat_buf_puts(&b, "true"), ok = 1;
+        else if (ci_equal(s + a, z - a, "false"))
+            tl_chat_buf_puts(&b, "false"), ok = 1;
     } else if (p->vtype == V_JSON) {
         json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
         if (v) {
@@ -374,8 +402,10 @@ static void value_add(tl_parser *p, const char *s, size_t n) {
 }
 
 static void value_end(tl_parser *p) {
-    if (p->vtype == V_STR && p->v_quote) emit_args_str(p, "\"");
-    else emit_typed(p, p->vbuf.s ? p->vbuf.s : "", p->vbuf.len);
+    if (p->vtype == V_STR && p->v_quote)
+        emit_args_str(p, "\"");
+    else
+        emit_typed(p, p->vbuf.s ? p->vbuf.s : "", p->vbuf.len);
     p->vbuf.len = 0;
     p->n_params++;
 }
@@ -444,7 +474,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
     switch (p->state) {
     case ST_REASON_START: {
         size_t i = 0;
-        while (i < n && s[i] == '\n') i++;
+        while (i < n && s[i] == '\n')
+            i++;
         if (i) return (long)i;
         if (n == 0 && !eof) return 0;
         if (p->start_step == 0) {
@@ -463,7 +494,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         at += k0;
         if (t >= 0) {
             size_t e = at;
-            while (e > k0 && s[e - 1] == '\n') e--;
+            while (e > k0 && s[e - 1] == '\n')
+                e--;
             if (e == k0) e = 0;
             emit(p, TL_PARSE_REASONING, 0, s, e);
             p->state = ST_CONTENT;
@@ -471,7 +503,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
             return (long)(at + 8);
         }
         size_t safe = eof ? n : n - hold, e = safe;
-        while (e > k0 && s[e - 1] == '\n') e--;
+        while (e > k0 && s[e - 1] == '\n')
+            e--;
         if (e == k0) e = 0;
         emit(p, TL_PARSE_REASONING, 0, s, e);
         if (eof) {
@@ -484,7 +517,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
     case ST_CONTENT: {
         if (p->strip_nl) {
             size_t i = 0;
-            while (i < n && s[i] == '\n') i++;
+            while (i < n && s[i] == '\n')
+                i++;
             if (i) return (long)i;
             if (n == 0 && !eof) return 0;
             p->strip_nl = 0;
@@ -500,7 +534,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         }
         if (p->after_call && !p->seg_started) { /* leading whitespace of a segment after a call */
             size_t i = 0;
-            while (i < n && is_ws(s[i])) i++;
+            while (i < n && is_ws(s[i]))
+                i++;
             if (i) return (long)i;
         }
         size_t k0 = TL_MIN(p->ws_known, n); /* a held whitespace run: no tag starts in it */
@@ -509,7 +544,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         if (t >= 0) {
             size_t name = 0, name_len = 0, total = 0, e = at;
             int h = header_check(s + at, n - at, &name, &name_len, &total);
-            while (e > k0 && is_ws(s[e - 1])) e--;
+            while (e > k0 && is_ws(s[e - 1]))
+                e--;
             if (e == k0) e = 0;
             if (h == H_VALID) {
                 content_out(p, s, e);
@@ -527,13 +563,15 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         if (eof) {
             size_t e = n;
             if (p->after_call)
-                while (e && is_ws(s[e - 1])) e--;
+                while (e && is_ws(s[e - 1]))
+                    e--;
             content_out(p, s, e);
             p->state = ST_DONE;
             return n ? (long)n : -1;
         }
         size_t e = n - hold;
-        while (e > k0 && is_ws(s[e - 1])) e--;
+        while (e > k0 && is_ws(s[e - 1]))
+            e--;
         if (e == k0) e = 0;
         content_out(p, s, e);
         p->ws_next = n - hold - e;
@@ -615,7 +653,8 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         }
         return (long)(n - hold);
     }
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -652,7 +691,8 @@ static void sanitize(tl_parser *p, const unsigned char *s, size_t n) {
         run = i + 1;
         int need = 0;
         unsigned char lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) need = 2;
+        if (c >= 0xc2 && c <= 0xdf)
+            need = 2;
         else if (c >= 0xe0 && c <= 0xef) {
             need = 3;
             if (c == 0xe0) lo = 0xa0;
@@ -685,8 +725,10 @@ void tl_parse_opts_default(tl_parse_opts *o) {
 
 tl_parser *tl_parser_new(const tl_parse_opts *opts) {
     tl_parser *p = xcalloc(1, sizeof *p);
-    if (opts) p->o = *opts;
-    else tl_parse_opts_default(&p->o);
+    if (opts)
+        p->o = *opts;
+    else
+        tl_parse_opts_default(&p->o);
     p->state = p->o.thinking ? ST_REASON_START : ST_CONTENT;
     tl_chat_buf_put(&p->reasoning, "", 0);
     tl_chat_buf_put(&p->content, "", 0);
@@ -718,8 +760,10 @@ static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
         p->ws_next = 0;
         long k = step(p, p->in.s + p->pos, p->in.len - p->pos, eof);
         p->ws_known = p->ws_next;
-        if (k > 0) p->pos += (size_t)k;
-        else if (k == 0) break;
+        if (k > 0)
+            p->pos += (size_t)k;
+        else if (k == 0)
+            break;
         if (p->state == ST_DONE) break;
     }
     /* drop the consumed prefix */
@@ -747,7 +791,8 @@ static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
     p->res.reasoning_len = p->reasoning.len;
     p->res.content = p->content.s;
     p->res.content_len = p->content.len;
-    for (int i = 0; i < p->res.n_calls; i++) p->res.calls[i].arguments = p->acc[i].args.s;
+    for (int i = 0; i < p->res.n_calls; i++)
+        p->res.calls[i].arguments = p->acc[i].args.s;
     *ev = p->out;
     return n;
 }
@@ -815,8 +860,10 @@ void tl_parse_result_free(tl_parse_result *r) {
 json_t *tl_parse_result_message(const tl_parse_result *r) {
     json_t *m = json_object();
     json_object_set_new(m, "role", json_string("assistant"));
-    if (r->content_len || !r->n_calls) json_object_set_new(m, "content", json_stringn(r->content, r->content_len));
-    else json_object_set_new(m, "content", json_null());
+    if (r->content_len || !r->n_calls)
+        json_object_set_new(m, "content", json_stringn(r->content, r->content_len));
+    else
+        json_object_set_new(m, "content", json_null());
     if (r->reasoning_len)
         json_object_set_new(m, "reasoning_content", json_stringn(r->reasoning, r->reasoning_len));
     if (r->n_calls) {

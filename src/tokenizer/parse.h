@@ -75,10 +75,10 @@
 #define TL_PARSE_MAX_NAME 256 /* bytes in a function or parameter name */
 
 typedef struct tl_parse_opts {
-    int thinking;         /* 1 (default): output starts inside reasoning */
-    int parse_tools;      /* 1 (default): parse <tool_call> blocks; 0: they are content */
-    const json_t *tools;  /* borrowed OpenAI tools array for typing values; NULL: strings */
-    uint64_t id_seed;     /* tool call ids: "call_" + 24 hex digits from (id_seed, index) */
+    int thinking;        /* 1 (default): output starts inside reasoning */
+    int parse_tools;     /* 1 (default): parse <tool_call> blocks; 0: they are content */
+    const json_t *tools; /* borrowed OpenAI tools array for typing values; NULL: strings */
+    uint64_t id_seed;    /* tool call ids: "call_" + 24 hex digits from (id_seed, index) */
 } tl_parse_opts;
 
 void tl_parse_opts_default(tl_parse_opts *o);
@@ -96,8 +96,8 @@ typedef enum tl_parse_event_kind {
  * one kind from one feed are merged into one event. */
 typedef struct tl_parse_event {
     tl_parse_event_kind kind;
-    int index;       /* tool call index, 0-based, for TL_PARSE_TOOL_* */
-    const char *id;  /* TL_PARSE_TOOL_START: "call_..." */
+    int index;      /* tool call index, 0-based, for TL_PARSE_TOOL_* */
+    const char *id; /* TL_PARSE_TOOL_START: "call_..." */
     const char *text;
     size_t len;
 } tl_parse_event;

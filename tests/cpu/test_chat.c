@@ -27,8 +27,10 @@ static json_t *load_lines(const char *path) {
     while ((n = getline(&line, &cap, f)) > 0) {
         json_error_t je;
         json_t *v = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, &je);
-        if (v) json_array_append_new(arr, v);
-        else fprintf(stderr, "%s: %s\n", path, je.text);
+        if (v)
+            json_array_append_new(arr, v);
+        else
+            fprintf(stderr, "%s: %s\n", path, je.text);
     }
     free(line);
     fclose(f);
@@ -60,15 +62,17 @@ static void test_corpus_expected(void) {
         o.add_generation_prompt = opt(c, "add_generation_prompt", 1);
         char *out = NULL, err[512] = "";
         size_t len = 0;
-        int st = tl_chat_render(json_object_get(c, "messages"), json_object_get(c, "tools"), &o, &out, &len,
-                                err, sizeof err);
+        int st = tl_chat_render(json_object_get(c, "messages"), json_object_get(c, "tools"), &o,
+                                &out, &len, err, sizeof err);
         const json_t *want = json_object_get(e, "prompt");
         int same;
         if (want) {
-            same = st == 0 && len == json_string_length(want) && !memcmp(out, json_string_value(want), len);
+            same = st == 0 && len == json_string_length(want) &&
+                   !memcmp(out, json_string_value(want), len);
         } else {
             const json_t *msg = json_object_get(e, "error");
-            same = st == TL_ERR_INVALID && out == NULL && (json_is_null(msg) || !strcmp(err, json_string_value(msg)));
+            same = st == TL_ERR_INVALID && out == NULL &&
+                   (json_is_null(msg) || !strcmp(err, json_string_value(msg)));
         }
         if (!same) fprintf(stderr, "case %s differs: st=%d err=%s\n", name, st, err);
         n_same += same;
@@ -80,9 +84,10 @@ static void test_corpus_expected(void) {
     json_decref(exp);
 }
 
-static char *render(const char *msgs_json, const char *tools_json, int think, int preserve, int gen, int *st,
-                    char *err, size_t errlen) {
-    json_t *m = json_loads(msgs_json, 0, NULL), *t = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
+static char *render(const char *msgs_json, const char *tools_json, int think, int preserve, int gen,
+                    int *st, char *err, size_t errlen) {
+    json_t *m = json_loads(msgs_json, 0, NULL),
+           *t = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
     tl_chat_opts o = {think, preserve, gen};
     char *out = NULL;
     *st = tl_chat_render(m, t, &o, &out, NULL, err, errlen);
@@ -95,7 +100,8 @@ static char *render(const char *msgs_json, const char *tools_json, int think, in
 static void test_shapes(void) {
     char err[256];
     int st;
-    char *s = render("[{\"role\":\"user\",\"content\":\" Hi \"}]", NULL, 1, 0, 1, &st, err, sizeof err);
+    char *s =
+        render("[{\"role\":\"user\",\"content\":\" Hi \"}]", NULL, 1, 0, 1, &st, err, sizeof err);
     CHECK_STR(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n");
     free(s);
     s = render("[{\"role\":\"user\",\"content\":\"Hi\"}]", NULL, 0, 0, 1, &st, err, sizeof err);
@@ -106,21 +112,29 @@ static void test_shapes(void) {
     free(s);
     /* history before the last query loses its reasoning; after it keeps it */
     s = render("[{\"role\":\"user\",\"content\":\"q1\"},{\"role\":\"assistant\",\"content\":\"a1\","
-               "\"reasoning_content\":\"r1\"},{\"role\":\"user\",\"content\":\"q2\"},{\"role\":\"assistant\","
+               "\"reasoning_content\":\"r1\"},{\"role\":\"user\",\"content\":\"q2\"},{\"role\":"
+               "\"assistant\","
                "\"content\":\"<think>r2</think>a2\"}]",
                NULL, 1, 0, 0, &st, err, sizeof err);
-    CHECK_STR(s, "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2"
-                 "<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n");
+    CHECK_STR(
+        s,
+        "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2"
+        "<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n");
     free(s);
     /* tool call with a JSON-string argument object; tool results merged into one user turn */
-    s = render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
-               "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1, \\\"b\\\": \\\"x\\\"}\"}}]},"
+    s = render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\","
+               "\"tool_calls\":"
+               "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": "
+               "1, \\\"b\\\": \\\"x\\\"}\"}}]},"
                "{\"role\":\"tool\",\"content\":\"r1\"},{\"role\":\"tool\",\"content\":\"r2\"}]",
                NULL, 1, 0, 0, &st, err, sizeof err);
-    CHECK_STR(s, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"
-                 "<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\nx\n</parameter>\n</function>\n"
-                 "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n"
-                 "<tool_response>\nr2\n</tool_response><|im_end|>\n");
+    CHECK_STR(
+        s,
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n"
+        "<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\nx\n</parameter>\n</"
+        "function>\n"
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n"
+        "<tool_response>\nr2\n</tool_response><|im_end|>\n");
     free(s);
 }
 
@@ -133,13 +147,14 @@ static void test_errors(void) {
     CHECK_STR(err, "No messages provided.");
     s = render("[{\"role\":\"assistant\",\"content\":\"x\"}]", NULL, 1, 0, 1, &st, err, sizeof err);
     CHECK_STR(err, "No user query found in messages.");
-    s = render("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\",\"content\":\"s\"}]", NULL, 1, 0, 1, &st,
-               err, sizeof err);
+    s = render("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\",\"content\":\"s\"}]",
+               NULL, 1, 0, 1, &st, err, sizeof err);
     CHECK_STR(err, "System message must be at the beginning.");
-    s = render("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"bot\",\"content\":\"s\"}]", NULL, 1, 0, 1, &st,
-               err, sizeof err);
+    s = render("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"bot\",\"content\":\"s\"}]", NULL,
+               1, 0, 1, &st, err, sizeof err);
     CHECK_STR(err, "Unexpected message role.");
-    s = render("[{\"role\":\"system\",\"content\":[{\"type\":\"image\"}]},{\"role\":\"user\",\"content\":\"x\"}]",
+    s = render("[{\"role\":\"system\",\"content\":[{\"type\":\"image\"}]},{\"role\":\"user\","
+               "\"content\":\"x\"}]",
                NULL, 1, 0, 1, &st, err, sizeof err);
     CHECK_STR(err, "System message cannot contain images.");
     CHECK(s == NULL);
@@ -173,11 +188,13 @@ static void test_python_formats(void) {
     check_float(1e22, "1e+22");
     check_float(0.1 + 0.2, "0.30000000000000004");
     check_float(-1.25e-10, "-1.25e-10");
-    json_t *v = json_loads("{\"a\":[1,\"x\\\"\\\\\\n\\t\\u0001\\u007f\\u00fc\",null,true,{}],\"b\":{},\"c\":[]}", 0,
-                           NULL);
+    json_t *v = json_loads(
+        "{\"a\":[1,\"x\\\"\\\\\\n\\t\\u0001\\u007f\\u00fc\",null,true,{}],\"b\":{},\"c\":[]}", 0,
+        NULL);
     tl_chat_buf b = {0};
     tl_chat_json_dump(&b, v);
-    CHECK_STR(b.s, "{\"a\": [1, \"x\\\"\\\\\\n\\t\\u0001\x7f\xc3\xbc\", null, true, {}], \"b\": {}, \"c\": []}");
+    CHECK_STR(b.s, "{\"a\": [1, \"x\\\"\\\\\\n\\t\\u0001\x7f\xc3\xbc\", null, true, {}], \"b\": "
+                   "{}, \"c\": []}");
     free(b.s);
     json_decref(v);
 }

@@ -22,7 +22,11 @@ typedef struct acc {
 static int utf8_ok(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
-        int k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        int k = c < 0x80                 ? 1
+                : c >= 0xc2 && c <= 0xdf ? 2
+                : c >= 0xe0 && c <= 0xef ? 3
+                : c >= 0xf0 && c <= 0xf4 ? 4
+                                         : 0;
         if (!k || i + (size_t)k > n) return 0;
         for (int j = 1; j < k; j++)
             if (((unsigned char)s[i + j] & 0xc0) != 0x80) return 0;
@@ -44,7 +48,9 @@ static void acc_events(acc *a, const tl_parse_event *ev, int n) {
             if (a->n_calls || a->c.len) a->bad++; /* reasoning comes first */
             tl_chat_buf_put(&a->r, e->text, e->len);
             break;
-        case TL_PARSE_CONTENT: tl_chat_buf_put(&a->c, e->text, e->len); break;
+        case TL_PARSE_CONTENT:
+            tl_chat_buf_put(&a->c, e->text, e->len);
+            break;
         case TL_PARSE_TOOL_START:
             if (e->index != a->n_calls || a->n_calls >= MAX_CALLS || !e->id) {
                 a->bad++;
@@ -56,12 +62,16 @@ static void acc_events(acc *a, const tl_parse_event *ev, int n) {
             a->n_calls++;
             break;
         case TL_PARSE_TOOL_ARGS:
-            if (e->index != a->n_calls - 1 || a->ended[e->index]) a->bad++;
-            else tl_chat_buf_put(&a->args[e->index], e->text, e->len);
+            if (e->index != a->n_calls - 1 || a->ended[e->index])
+                a->bad++;
+            else
+                tl_chat_buf_put(&a->args[e->index], e->text, e->len);
             break;
         case TL_PARSE_TOOL_END:
-            if (e->index != a->n_calls - 1 || a->ended[e->index]) a->bad++;
-            else a->ended[e->index] = 1;
+            if (e->index != a->n_calls - 1 || a->ended[e->index])
+                a->bad++;
+            else
+                a->ended[e->index] = 1;
             break;
         }
     }
@@ -80,19 +90,20 @@ static void acc_free(acc *a) {
 
 static int same_as(const acc *a, const tl_parse_result *w) {
     if (a->bad || a->n_calls != w->n_calls) return 0;
-    if (a->r.len != w->reasoning_len || (a->r.len && memcmp(a->r.s, w->reasoning, a->r.len))) return 0;
+    if (a->r.len != w->reasoning_len || (a->r.len && memcmp(a->r.s, w->reasoning, a->r.len)))
+        return 0;
     if (a->c.len != w->content_len || (a->c.len && memcmp(a->c.s, w->content, a->c.len))) return 0;
     for (int i = 0; i < a->n_calls; i++) {
-        if (!a->ended[i] || strcmp(a->name[i], w->calls[i].name) || strcmp(a->id[i], w->calls[i].id) ||
-            strcmp(a->args[i].s, w->calls[i].arguments))
+        if (!a->ended[i] || strcmp(a->name[i], w->calls[i].name) ||
+            strcmp(a->id[i], w->calls[i].id) || strcmp(a->args[i].s, w->calls[i].arguments))
             return 0;
     }
     return 1;
 }
 
 /* Feeds text cut at the given points; returns whether the events rebuild the whole result. */
-static int split_matches(const char *t, size_t n, const tl_parse_opts *o, const size_t *cuts, int ncut,
-                         const tl_parse_result *whole) {
+static int split_matches(const char *t, size_t n, const tl_parse_opts *o, const size_t *cuts,
+                         int ncut, const tl_parse_result *whole) {
     tl_parser *p = tl_parser_new(o);
     acc a = {0};
     const tl_parse_event *ev;
@@ -122,9 +133,11 @@ static int check_splits(const char *t, const tl_parse_opts *o) {
     tl_parse_result whole;
     tl_parse_text(t, n, o, &whole);
     int bad = 0;
-    for (size_t i = 0; i <= n; i++) bad += !split_matches(t, n, o, &i, 1, &whole);
+    for (size_t i = 0; i <= n; i++)
+        bad += !split_matches(t, n, o, &i, 1, &whole);
     size_t *all = calloc(n + 1, sizeof *all);
-    for (size_t i = 0; i < n; i++) all[i] = i + 1;
+    for (size_t i = 0; i < n; i++)
+        all[i] = i + 1;
     bad += !split_matches(t, n, o, all, n ? (int)n - 1 : 0, &whole);
     free(all);
     if (n <= 160)
@@ -139,9 +152,12 @@ static int check_splits(const char *t, const tl_parse_opts *o) {
 }
 
 static const char *TOOLS_JSON =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"ratio\":{\"type\":\"number\"},"
-    "\"metric\":{\"type\":\"boolean\"},\"opts\":{\"type\":\"object\"},\"tags\":{\"type\":\"array\"},"
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+    "\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"ratio\":{"
+    "\"type\":\"number\"},"
+    "\"metric\":{\"type\":\"boolean\"},\"opts\":{\"type\":\"object\"},\"tags\":{\"type\":\"array\"}"
+    ","
     "\"maybe\":{\"type\":[\"null\",\"integer\"]},\"either\":{\"type\":[\"integer\",\"string\"]},"
     "\"anything\":{\"description\":\"no type\"}}}}},"
     "{\"name\":\"flat\",\"parameters\":{\"n\":{\"type\":\"int64\"}}}]";
@@ -197,8 +213,10 @@ static void test_tool_calls(void) {
     tl_parse_opts o = opts(1, 1, tools);
     tl_parse_result r;
     parse("I need the weather.\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n"
-          "<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
-          "</tool_call>\n<tool_call>\n<function=flat>\n<parameter=n>\n-0042\n</parameter>\n</function>\n"
+          "<parameter=city>\nSan "
+          "Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+          "</tool_call>\n<tool_call>\n<function=flat>\n<parameter=n>\n-0042\n</parameter>\n</"
+          "function>\n"
           "</tool_call>",
           &o, &r);
     CHECK_STR(r.reasoning, "I need the weather.");
@@ -214,9 +232,12 @@ static void test_tool_calls(void) {
     }
     json_t *m = tl_parse_result_message(&r);
     char *s = json_dumps(m, JSON_COMPACT);
-    CHECK(strstr(s, "\"role\":\"assistant\",\"content\":\"Let me check.\",\"reasoning_content\":\"I need the "
+    CHECK(strstr(s, "\"role\":\"assistant\",\"content\":\"Let me "
+                    "check.\",\"reasoning_content\":\"I need the "
                     "weather.\",\"tool_calls\":[{\"id\":\"call_") != NULL);
-    CHECK(strstr(s, "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":") != NULL);
+    CHECK(
+        strstr(s, "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":") !=
+        NULL);
     free(s);
     json_decref(m);
     tl_parse_result_free(&r);
@@ -237,9 +258,11 @@ static void test_tool_calls(void) {
     parse(typed, &o, &r);
     CHECK_EQ_INT(r.n_calls, 1);
     if (r.n_calls == 1)
-        CHECK_STR(r.calls[0].arguments, "{\"city\": null, \"days\": 7, \"ratio\": 2.5, \"metric\": true, \"opts\": "
-                                        "{\"a\": [1, 2.0, \"x\"], \"b\": null}, \"tags\": [\"t1\", \"t2\"], \"maybe\": 5, "
-                                        "\"either\": \"5\", \"anything\": \"{\\\"x\\\": 1}\", \"unknown\": \"12\"}");
+        CHECK_STR(
+            r.calls[0].arguments,
+            "{\"city\": null, \"days\": 7, \"ratio\": 2.5, \"metric\": true, \"opts\": "
+            "{\"a\": [1, 2.0, \"x\"], \"b\": null}, \"tags\": [\"t1\", \"t2\"], \"maybe\": 5, "
+            "\"either\": \"5\", \"anything\": \"{\\\"x\\\": 1}\", \"unknown\": \"12\"}");
     tl_parse_result_free(&r);
     CHECK_EQ_INT(check_splits(typed, &o), 0);
 
@@ -247,24 +270,30 @@ static void test_tool_calls(void) {
     parse("</think><tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n"
           "<parameter=ratio>\n3.0\n</parameter>\n<parameter=metric>\nyes\n</parameter>\n"
           "<parameter=opts>\n{broken\n</parameter>\n<parameter=tags>\n1e400\n</parameter>\n"
-          "<parameter=maybe>\nNULL\n</parameter>\n<parameter=days>\n-9223372036854775808\n</parameter>\n"
-          "<parameter=days>\n9223372036854775808\n</parameter>\n<parameter=ratio>\n1e20\n</parameter>\n"
+          "<parameter=maybe>\nNULL\n</parameter>\n<parameter=days>\n-9223372036854775808\n</"
+          "parameter>\n"
+          "<parameter=days>\n9223372036854775808\n</parameter>\n<parameter=ratio>\n1e20\n</"
+          "parameter>\n"
           "<parameter=ratio>\n-0.0\n</parameter>\n</function>\n</tool_call>",
           &o, &r);
     if (r.n_calls == 1)
-        CHECK_STR(r.calls[0].arguments, "{\"days\": \"three\", \"ratio\": 3, \"metric\": \"yes\", \"opts\": "
-                                        "\"{broken\", \"tags\": \"1e400\", \"maybe\": null, \"days\": "
-                                        "-9223372036854775808, \"days\": \"9223372036854775808\", \"ratio\": 1e+20, "
-                                        "\"ratio\": 0}");
+        CHECK_STR(r.calls[0].arguments,
+                  "{\"days\": \"three\", \"ratio\": 3, \"metric\": \"yes\", \"opts\": "
+                  "\"{broken\", \"tags\": \"1e400\", \"maybe\": null, \"days\": "
+                  "-9223372036854775808, \"days\": \"9223372036854775808\", \"ratio\": 1e+20, "
+                  "\"ratio\": 0}");
     tl_parse_result_free(&r);
 
     /* no schema: strings; multi-line values keep inner newlines; escapes */
     o = opts(0, 1, NULL);
-    parse("<tool_call>\n<function=run>\n<parameter=code>\ndef f():\n\treturn \"\\\\\"\n\n</parameter>\n"
+    parse("<tool_call>\n<function=run>\n<parameter=code>\ndef f():\n\treturn "
+          "\"\\\\\"\n\n</parameter>\n"
           "<parameter=n>\n5\n</parameter>\n</function>\n</tool_call>",
           &o, &r);
     CHECK_EQ_INT(r.n_calls, 1);
-    if (r.n_calls == 1) CHECK_STR(r.calls[0].arguments, "{\"code\": \"def f():\\n\\treturn \\\"\\\\\\\\\\\"\\n\", \"n\": \"5\"}");
+    if (r.n_calls == 1)
+        CHECK_STR(r.calls[0].arguments,
+                  "{\"code\": \"def f():\\n\\treturn \\\"\\\\\\\\\\\"\\n\", \"n\": \"5\"}");
     tl_parse_result_free(&r);
     /* no parameters */
     parse("<tool_call>\n<function=now>\n</function>\n</tool_call>", &o, &r);
@@ -279,9 +308,15 @@ static void test_malformed(void) {
     tl_parse_result r;
     /* a <tool_call> without a valid header is content, byte for byte */
     const char *bad[] = {
-        "text <tool_call> more", "<tool_call>\n<function=>\n</function></tool_call>",
-        "<tool_call>\n<function=a\nb>", "<tool_call>\n<func=x>", "<tool_call>\n<function=unfinished",
-        "<tool_call>", "<tool_", "x <tool_call><tool_call>\n<function", "<tool_call>                                 "
+        "text <tool_call> more",
+        "<tool_call>\n<function=>\n</function></tool_call>",
+        "<tool_call>\n<function=a\nb>",
+        "<tool_call>\n<func=x>",
+        "<tool_call>\n<function=unfinished",
+        "<tool_call>",
+        "<tool_",
+        "x <tool_call><tool_call>\n<function",
+        "<tool_call>                                 "
         "                                                 <function=too_much_space>",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -296,11 +331,15 @@ static void test_malformed(void) {
     CHECK_EQ_INT(r.n_calls, 1);
     if (r.n_calls == 1) CHECK_STR(r.calls[0].arguments, "{\"a\": \"hal\"}");
     tl_parse_result_free(&r);
-    parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</function></tool_call>", &o, &r);
+    parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</function></tool_call>",
+          &o, &r);
     if (r.n_calls == 1) CHECK_STR(r.calls[0].arguments, "{\"a\": \"1\", \"b\": \"2\"}");
     tl_parse_result_free(&r);
-    parse("<tool_call>\n<function=f>\njunk<parameter=>x</parameter><parameter=k>v</parameter>\n</tool_call>"
-          "\n\n  <tool_call><function=g></function>\n<tool_call>\n<function=h>\n</function>\n</tool_call>\n\n",
+    parse("<tool_call>\n<function=f>\njunk<parameter=>x</parameter><parameter=k>v</parameter>\n</"
+          "tool_call>"
+          "\n\n  "
+          "<tool_call><function=g></function>\n<tool_call>\n<function=h>\n</function>\n</"
+          "tool_call>\n\n",
           &o, &r);
     CHECK_EQ_INT(r.n_calls, 3);
     CHECK_STR(r.content, "");
@@ -311,7 +350,8 @@ static void test_malformed(void) {
     }
     tl_parse_result_free(&r);
     /* text after a call is content (leading whitespace dropped) */
-    parse("Sure.  \n<tool_call>\n<function=f>\n</function>\n</tool_call>\n\nDone, see above. ", &o, &r);
+    parse("Sure.  \n<tool_call>\n<function=f>\n</function>\n</tool_call>\n\nDone, see above. ", &o,
+          &r);
     CHECK_STR(r.content, "Sure.Done, see above.");
     tl_parse_result_free(&r);
     /* parse_tools = 0: everything is content */
@@ -325,15 +365,25 @@ static void test_malformed(void) {
 static void test_utf8(void) {
     tl_parse_opts o = opts(0, 1, NULL);
     tl_parse_result r;
-    parse("a\xff" "b\xe4\xb8" "c\xed\xa0\x80" "d\xf0\x9f\x98\x80", &o, &r);
-    CHECK_STR(r.content, "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "d\xf0\x9f\x98\x80");
+    parse("a\xff"
+          "b\xe4\xb8"
+          "c\xed\xa0\x80"
+          "d\xf0\x9f\x98\x80",
+          &o, &r);
+    CHECK_STR(r.content, "a\xef\xbf\xbd"
+                         "b\xef\xbf\xbd"
+                         "c\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                         "d\xf0\x9f\x98\x80");
     tl_parse_result_free(&r);
     parse("\xe4\xb8\xad\xe6", &o, &r); /* incomplete at the end */
     CHECK_STR(r.content, "\xe4\xb8\xad\xef\xbf\xbd");
     tl_parse_result_free(&r);
     CHECK_EQ_INT(check_splits("x\xe4\xb8\xad\xf0\x9f\x98\x80y\xff\xc3", &o), 0);
-    CHECK_EQ_INT(check_splits("<tool_call>\n<function=\xe5\x90\x8d>\n<parameter=\xc3\xbc>\n\xe4\xb8\xad\n"
-                              "</parameter>\n</function>\n</tool_call>", &o), 0);
+    CHECK_EQ_INT(
+        check_splits("<tool_call>\n<function=\xe5\x90\x8d>\n<parameter=\xc3\xbc>\n\xe4\xb8\xad\n"
+                     "</parameter>\n</function>\n</tool_call>",
+                     &o),
+        0);
 }
 
 static void test_every_split(void) {
@@ -342,13 +392,17 @@ static void test_every_split(void) {
         "Think.\n</think>\n\nAnswer.",
         "\n\n<think>\nA\n\n</think>\n\n\nB\n",
         "r</think>pre \n<tool_call>\n<function=get_weather>\n<parameter=city>\nnull\n</parameter>\n"
-        "<parameter=days>\n12\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=flat>\n"
+        "<parameter=days>\n12\n</parameter>\n</function>\n</"
+        "tool_call>\n<tool_call>\n<function=flat>\n"
         "<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>",
-        "</think><tool_call>\n<function=get_weather>\n<parameter=city>\nnul\n</parameter>\n<parameter=city>"
+        "</think><tool_call>\n<function=get_weather>\n<parameter=city>\nnul\n</"
+        "parameter>\n<parameter=city>"
         "\nNull</parameter></function></tool_call> tail <tool_call> x",
-        "</think>a <tool_ b <tool_call>\n<functio c </think> <tool_call>\n<function=f>\n<parameter=p>\n\n\n"
+        "</think>a <tool_ b <tool_call>\n<functio c </think> "
+        "<tool_call>\n<function=f>\n<parameter=p>\n\n\n"
         "</parameter>\n<parameter=q>\n<parameter=r>x</parameter>",
-        "</think>\n<tool_call>\n<function=f>\n<parameter=p>\nv</paramete\n</parameter>\n</function>\n",
+        "</think>\n<tool_call>\n<function=f>\n<parameter=p>\nv</paramete\n</parameter>\n</"
+        "function>\n",
     };
     for (int th = 0; th < 2; th++)
         for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
@@ -361,9 +415,36 @@ static void test_every_split(void) {
 /* Random texts built from tag fragments, whitespace and words; random multi-piece splits. */
 static void test_random_splits(void) {
     static const char *frag[] = {
-        "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<think>",
-        "</think>", ">", "\n", "\n\n", " ", "\t", "<", "</", "<tool_", "</param", "null", "42", "3.5", "true",
-        "{\"a\": [1]}", "get_weather", "city", "days", "text", "\xe4\xb8\xad", "\xff", "\xf0\x9f", "\"\\",
+        "<tool_call>",
+        "</tool_call>",
+        "<function=",
+        "</function>",
+        "<parameter=",
+        "</parameter>",
+        "<think>",
+        "</think>",
+        ">",
+        "\n",
+        "\n\n",
+        " ",
+        "\t",
+        "<",
+        "</",
+        "<tool_",
+        "</param",
+        "null",
+        "42",
+        "3.5",
+        "true",
+        "{\"a\": [1]}",
+        "get_weather",
+        "city",
+        "days",
+        "text",
+        "\xe4\xb8\xad",
+        "\xff",
+        "\xf0\x9f",
+        "\"\\",
     };
     json_t *tools = json_loads(TOOLS_JSON, 0, NULL);
     unsigned long long seed = 0x9e3779b97f4a7c15ull;
@@ -386,7 +467,8 @@ static void test_random_splits(void) {
         for (int rep = 0; rep < 4; rep++) {
             size_t cuts[8];
             int ncut = (int)(t_rng_next(&seed) % 8);
-            for (int k = 0; k < ncut; k++) cuts[k] = n ? t_rng_next(&seed) % (n + 1) : 0;
+            for (int k = 0; k < ncut; k++)
+                cuts[k] = n ? t_rng_next(&seed) % (n + 1) : 0;
             for (int a = 0; a < ncut; a++) /* sort */
                 for (int b = a + 1; b < ncut; b++)
                     if (cuts[b] < cuts[a]) {
@@ -400,7 +482,9 @@ static void test_random_splits(void) {
             }
         }
         /* results are valid UTF-8 and arguments are valid JSON objects */
-        if (!utf8_ok(whole.content, whole.content_len) || !utf8_ok(whole.reasoning, whole.reasoning_len)) bad++;
+        if (!utf8_ok(whole.content, whole.content_len) ||
+            !utf8_ok(whole.reasoning, whole.reasoning_len))
+            bad++;
         for (int k = 0; k < whole.n_calls; k++) {
             json_t *v = json_loads(whole.calls[k].arguments, JSON_ALLOW_NUL, NULL);
             if (!json_is_object(v)) {
@@ -454,14 +538,27 @@ static void test_streaming_holds_tags(void) {
  * (the template's own format) parses back into the same content and the same arguments, typed
  * by a schema that matches the values. */
 static json_t *rand_value(unsigned long long *seed, const char **type) {
-    static const char *words[] = {"Paris", "multi\nline", " spaced ", "\u4e2d\u6587 \"q\" \\", "<b>x</b>", "nul", "a\tb"};
+    static const char *words[] = {"Paris",    "multi\nline", " spaced ", "\u4e2d\u6587 \"q\" \\",
+                                  "<b>x</b>", "nul",         "a\tb"};
     switch (t_rng_next(seed) % 6) {
-    case 0: *type = "integer"; return json_integer((json_int_t)(t_rng_next(seed) % 2000001) - 1000000);
-    case 1: *type = "number"; return json_real((double)(t_rng_next(seed) % 100000) / 64.0 + 1.0 / 128);
-    case 2: *type = "boolean"; return json_boolean(t_rng_next(seed) & 1);
-    case 3: *type = "object"; return json_pack("{s:i,s:[s,f,n]}", "k", 1, "l", "x", 2.5);
-    case 4: *type = "array"; return json_pack("[i,s,{s:b}]", 7, "y", "z", 1);
-    default: *type = "string"; return json_string(words[t_rng_next(seed) % 7]);
+    case 0:
+        *type = "integer";
+        return json_integer((json_int_t)(t_rng_next(seed) % 2000001) - 1000000);
+    case 1:
+        *type = "number";
+        return json_real((double)(t_rng_next(seed) % 100000) / 64.0 + 1.0 / 128);
+    case 2:
+        *type = "boolean";
+        return json_boolean(t_rng_next(seed) & 1);
+    case 3:
+        *type = "object";
+        return json_pack("{s:i,s:[s,f,n]}", "k", 1, "l", "x", 2.5);
+    case 4:
+        *type = "array";
+        return json_pack("[i,s,{s:b}]", 7, "y", "z", 1);
+    default:
+        *type = "string";
+        return json_string(words[t_rng_next(seed) % 7]);
     }
 }
 
@@ -481,16 +578,17 @@ static void test_roundtrip_template(void) {
                 json_object_set_new(args, key, rand_value(&seed, &type));
                 json_object_set_new(props, key, json_pack("{s:s}", "type", type));
             }
-            json_array_append_new(calls, json_pack("{s:s,s:{s:s,s:O}}", "type", "function", "function", "name",
-                                                   "fn", "arguments", args));
+            json_array_append_new(calls, json_pack("{s:s,s:{s:s,s:O}}", "type", "function",
+                                                   "function", "name", "fn", "arguments", args));
             json_array_append(want_args, args);
             json_decref(args);
         }
         const char *content = (t_rng_next(&seed) & 1) ? "Let me check that." : "";
-        json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s,s:O}]", "role", "user", "content", "q", "role", "assistant",
-                                 "content", content, "tool_calls", calls);
-        json_t *tools = json_pack("[{s:s,s:{s:s,s:{s:s,s:O}}}]", "type", "function", "function", "name", "fn",
-                                  "parameters", "type", "object", "properties", props);
+        json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s,s:O}]", "role", "user", "content", "q",
+                                 "role", "assistant", "content", content, "tool_calls", calls);
+        json_t *tools =
+            json_pack("[{s:s,s:{s:s,s:{s:s,s:O}}}]", "type", "function", "function", "name", "fn",
+                      "parameters", "type", "object", "properties", props);
         tl_chat_opts co = {0, 0, 0};
         char *prompt = NULL, err[256];
         if (tl_chat_render(msgs, tools, &co, &prompt, NULL, err, sizeof err)) {
@@ -500,7 +598,8 @@ static void test_roundtrip_template(void) {
             /* the assistant turn's text, as the model would have generated it */
             const char *a = strstr(prompt, "<|im_start|>assistant\n");
             a = a ? a + strlen("<|im_start|>assistant\n") : prompt;
-            const char *th = strstr(a, "</think>\n\n"); /* after the last query: an empty think block */
+            const char *th =
+                strstr(a, "</think>\n\n"); /* after the last query: an empty think block */
             if (th) a = th + strlen("</think>\n\n");
             const char *z = strstr(a, "<|im_end|>");
             tl_parse_opts o = opts(0, 1, tools);
@@ -509,9 +608,11 @@ static void test_roundtrip_template(void) {
             int ok = r.n_calls == nc && !strcmp(r.content, content);
             for (int k = 0; ok && k < nc; k++) {
                 json_t *got = json_loads(r.calls[k].arguments, 0, NULL);
-                ok = got && json_equal(got, json_array_get(want_args, (size_t)k)) && !strcmp(r.calls[k].name, "fn");
-                if (!ok) fprintf(stderr, "roundtrip: %s\n  vs %s\n", r.calls[k].arguments,
-                                 json_dumps(json_array_get(want_args, (size_t)k), JSON_COMPACT));
+                ok = got && json_equal(got, json_array_get(want_args, (size_t)k)) &&
+                     !strcmp(r.calls[k].name, "fn");
+                if (!ok)
+                    fprintf(stderr, "roundtrip: %s\n  vs %s\n", r.calls[k].arguments,
+                            json_dumps(json_array_get(want_args, (size_t)k), JSON_COMPACT));
                 json_decref(got);
             }
             bad += !ok;

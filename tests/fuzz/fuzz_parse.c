@@ -11,15 +11,21 @@
 #include "tokenizer/chat.h"
 #include "tokenizer/parse.h"
 
-static const char *SCHEMA =
-    "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{"
-    "\"s\":{\"type\":\"string\"},\"i\":{\"type\":\"integer\"},\"n\":{\"type\":\"number\"},\"b\":{\"type\":"
-    "\"boolean\"},\"o\":{\"type\":\"object\"},\"a\":{\"type\":\"array\"},\"u\":{\"type\":[\"null\",\"integer\"]}}}}}]";
+static const char *SCHEMA = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{"
+                            "\"type\":\"object\",\"properties\":{"
+                            "\"s\":{\"type\":\"string\"},\"i\":{\"type\":\"integer\"},\"n\":{"
+                            "\"type\":\"number\"},\"b\":{\"type\":"
+                            "\"boolean\"},\"o\":{\"type\":\"object\"},\"a\":{\"type\":\"array\"},"
+                            "\"u\":{\"type\":[\"null\",\"integer\"]}}}}}]";
 
 static int utf8_ok(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
-        int k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        int k = c < 0x80                 ? 1
+                : c >= 0xc2 && c <= 0xdf ? 2
+                : c >= 0xe0 && c <= 0xef ? 3
+                : c >= 0xf0 && c <= 0xf4 ? 4
+                                         : 0;
         if (!k || i + (size_t)k > n) return 0;
         for (int j = 1; j < k; j++)
             if (((unsigned char)s[i + j] & 0xc0) != 0x80) return 0;
@@ -41,8 +47,12 @@ static void take(acc *a, const tl_parse_event *ev, int n) {
     for (int i = 0; i < n; i++) {
         if (!utf8_ok(ev[i].text, ev[i].len)) abort();
         switch (ev[i].kind) {
-        case TL_PARSE_REASONING: tl_chat_buf_put(&a->r, ev[i].text, ev[i].len); break;
-        case TL_PARSE_CONTENT: tl_chat_buf_put(&a->c, ev[i].text, ev[i].len); break;
+        case TL_PARSE_REASONING:
+            tl_chat_buf_put(&a->r, ev[i].text, ev[i].len);
+            break;
+        case TL_PARSE_CONTENT:
+            tl_chat_buf_put(&a->c, ev[i].text, ev[i].len);
+            break;
         case TL_PARSE_TOOL_START:
             if (ev[i].index != a->n_calls) abort();
             if (a->n_calls < 64) tl_chat_buf_put(&a->args[a->n_calls], "", 0);
@@ -80,7 +90,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     tl_parse_result whole;
     tl_parse_text(text, n, &o, &whole);
-    if (!utf8_ok(whole.reasoning, whole.reasoning_len) || !utf8_ok(whole.content, whole.content_len)) abort();
+    if (!utf8_ok(whole.reasoning, whole.reasoning_len) ||
+        !utf8_ok(whole.content, whole.content_len))
+        abort();
     for (int i = 0; i < whole.n_calls; i++) {
         json_t *v = json_loads(whole.calls[i].arguments, JSON_ALLOW_NUL, NULL);
         if (!json_is_object(v)) abort();
@@ -101,14 +113,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int m = tl_parser_finish(p, &ev);
     take(&a, ev, m);
-    if (!buf_eq(&a.r, whole.reasoning, whole.reasoning_len) || !buf_eq(&a.c, whole.content, whole.content_len) ||
-        a.n_calls != whole.n_calls)
+    if (!buf_eq(&a.r, whole.reasoning, whole.reasoning_len) ||
+        !buf_eq(&a.c, whole.content, whole.content_len) || a.n_calls != whole.n_calls)
         abort();
     for (int i = 0; i < a.n_calls && i < 64; i++)
         if (strcmp(a.args[i].s, whole.calls[i].arguments)) abort();
     free(a.r.s);
     free(a.c.s);
-    for (int i = 0; i < 64; i++) free(a.args[i].s);
+    for (int i = 0; i < 64; i++)
+        free(a.args[i].s);
     tl_parser_free(p);
     tl_parse_result_free(&whole);
     return 0;
