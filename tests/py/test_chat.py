@@ -110,6 +110,19 @@ def test_cli_single_case(template, tmp_path):
         assert p.stdout.decode("utf-8") == want
 
 
+def test_cli_object_file_and_stdin(template, tmp_path):
+    """--messages also takes {"messages": [...], "tools": [...]}, and "-" reads stdin."""
+    case = next(c for c in load_cases() if c["name"] == "tool_calls_multiple")
+    body = json.dumps({"messages": case["messages"], "tools": case["tools"]}).encode()
+    (tmp_path / "c.json").write_bytes(body)
+    kind, want = chat_ref.render(template, case)
+    assert kind == "ok"
+    for args, stdin in [(["--messages", str(tmp_path / "c.json")], None), (["--messages", "-"], body)]:
+        p = subprocess.run([TULIP, "prompt", *args], input=stdin, capture_output=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.decode("utf-8") == want
+
+
 def test_cli_template_error(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps([{"role": "assistant", "content": "x"}]), encoding="utf-8")
     p = subprocess.run([TULIP, "prompt", "--messages", str(tmp_path / "m.json")], capture_output=True, timeout=30)
