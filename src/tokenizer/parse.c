@@ -733,6 +733,8 @@ tl_parser *tl_parser_new(const tl_parse_opts *opts) {
     tl_chat_buf_put(&p->reasoning, "", 0);
     tl_chat_buf_put(&p->content, "", 0);
     tl_chat_buf_put(&p->in, "", 0);
+    p->res.reasoning = p->reasoning.s;
+    p->res.content = p->content.s;
     return p;
 }
 

@@ -504,6 +504,7 @@ static void test_streaming_holds_tags(void) {
     tl_parse_opts o = opts(1, 1, NULL);
     tl_parser *p = tl_parser_new(&o);
     const tl_parse_event *ev;
+    CHECK_STR(tl_parser_result(p)->content, ""); /* never NULL, even before the first feed */
     int n = tl_parser_feed(p, "reason </thi", 12, &ev);
     CHECK_EQ_INT(n, 1);
     if (n == 1) CHECK_STR(ev[0].text, "reason ");
