@@ -83,6 +83,7 @@ static uint16_t *rand_bf16_dev(size_t n, float a, uint32_t seed) {
 }
 
 static void *flush_buf;
+static int bench_tiles = 5; /* TL_BENCH_TILES=3: skip the wgmma shapes */
 static const size_t FLUSH_BYTES = 256u << 20;
 
 typedef void (*bench_fn)(void *ctx);
@@ -178,8 +179,8 @@ static void bench_gemm(void) {
                 float ms = time_ms(gemm_run, &g, 15);
                 row(name, ms, flop);
                 /* the three tile shapes forced (TFLOP/s): 128x128, 64x128, 128x256 */
-                printf("    tiles 128x128 / 64x128 / 128x256:");
-                for (int t = 0; t < 3; t++) {
+                printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
+                for (int t = 0; t < bench_tiles; t++) {
                     char v[4];
                     snprintf(v, sizeof v, "%d", t);
                     setenv("TL_GEMM_TILE", v, 1);
@@ -240,8 +241,8 @@ static void bench_moe(void) {
             row(name, time_ms(moe_run, &m, 15), flop);
             snprintf(name, sizeof name, "moe %s n=%d gate_up+down only", bits == 16 ? "bf16" : "q4", m.n);
             row(name, time_ms(moe_gemms_only, &m, 15), flop);
-            printf("    tiles 128x128 / 64x128 / 128x256:");
-            for (int t = 0; t < 3; t++) {
+            printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
+            for (int t = 0; t < bench_tiles; t++) {
                 char v[4];
                 snprintf(v, sizeof v, "%d", t);
                 setenv("TL_GEMM_TILE", v, 1);
@@ -361,6 +362,7 @@ int main(int argc, char **argv) {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("# %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     flush_buf = dalloc(FLUSH_BYTES);
+    if (getenv("TL_BENCH_TILES")) bench_tiles = atoi(getenv("TL_BENCH_TILES"));
     const char *only = argc > 1 ? argv[1] : "";
     if (!*only || strstr(only, "gemm")) bench_gemm();
     if (!*only || strstr(only, "moe")) bench_moe();

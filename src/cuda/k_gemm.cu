@@ -285,8 +285,293 @@ template <int BITS, int WM, int NJ> static int launch_gemm(const gemm_args *p, i
     return 0;
 }
 
-/* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256. */
-enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2 };
+/* ====== The wgmma GEMM (Hopper warpgroup MMA). ======
+ * math, shapes, epilogue: as gemm_mma_kernel.
+ * threads: WGS warpgroups (128 threads each); warpgroup g owns token rows 64g..64g+63 of the
+ *   block tile (BM = 64*WGS) and all BN = 256 weight rows: one wgmma m64n256k16 per k16 step
+ *   with A and B read by the tensor cores straight from shared memory (descriptors), 128 fp32
+ *   accumulators per thread (row 16*warp + lane/4 (+8), cols 8j + 2*(lane%4) + {0,1}).
+ * note: shared tiles are K-major rows of 64 bf16 = 128 B with the 128-byte swizzle (16-byte
+ *   chunk c of row r stored at chunk c ^ (r % 8)), 1024-byte aligned, which is what the
+ *   descriptors (SBO 1024 B, swizzle mode 1) describe; the k16 step advances the start address
+ *   by 32 B. cp.async fills them (generic proxy), so every writer fences (fence.proxy.async)
+ *   before the barrier that precedes the wgmma.
+ * note: 4-bit weights arrive packed (q4 tiled) through the same cp.async pipeline; all threads
+ *   dequantize tile k+1 into one of two bf16 B buffers while the wgmma of tile k runs.
+ * pipeline (STAGES deep): top of step k waits for tile k, barrier, issues 4 wgmma, waits for
+ *   the wgmma of step k-1 (wait_group 1), barrier, then refills the stage step k-1 used.
+ * reference: cpu_matmul (tests/gpu/test_prefill_kernels.c, tiles 3 and 4). */
+#define WG_BN     256
+#define WG_STAGES 4
+
+template <int BITS, int WGS> struct wg_cfg {
+    static constexpr int BM = 64 * WGS, THREADS = 128 * WGS;
+    static constexpr int A_BYTES = BM * 128;
+    static constexpr int B_BYTES = BITS == 16 ? WG_BN * 128 : WG_BN * GM_BK / 2 + WG_BN * 4;
+    static constexpr int STAGE_BYTES = (A_BYTES + B_BYTES + 1023) / 1024 * 1024;
+    static constexpr int BBUF_BYTES = BITS == 16 ? 0 : 2 * WG_BN * 128;
+    static constexpr int SMEM = WG_STAGES * STAGE_BYTES + BBUF_BYTES + 1024; /* + alignment slack */
+};
+
+static __device__ __forceinline__ uint32_t wg_swz(int r, int c) { /* byte offset of chunk c, row r */
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    uint64_t d = 0;
+    d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
+    d |= (uint64_t)(16 >> 4) << 16;   /* leading byte offset (unused with 128B swizzle) */
+    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows x 128 B */
+    d |= 1ull << 62;                  /* 128-byte swizzle */
+    return d;
+}
+static __device__ __forceinline__ void wg_fence_proxy(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* d[0..127] += A(64x16, smem desc) * B(16x256, smem desc)^T, bf16 in, f32 accumulate. */
+static __device__ __forceinline__ void wg_mma_m64n256k16(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+                 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+                 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+                 "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+                 "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+                 "}, %128, %129, 1, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db));
+}
+
+template <int BITS, int WGS>
+__global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
+    typedef wg_cfg<BITS, WGS> C;
+    constexpr int BM = C::BM, THREADS = C::THREADS;
+    extern __shared__ uint8_t wg_smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;
+    const int n0 = blockIdx.x * WG_BN;
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm = NULL;
+    int m0, m_end;
+    if (p.mode != GM_DENSE) {
+        const int32_t *off = p.plan + PLAN_OFF, *ts = p.plan + (BM == 128 ? PLAN_TS128 : PLAN_TS64);
+        perm = p.plan + PLAN_PERM;
+        int tile = blockIdx.y;
+        if (tile >= ts[256]) return;
+        int lo = 0, hi = 255;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (ts[mid] <= tile) lo = mid;
+            else hi = mid - 1;
+        }
+        m0 = off[lo] + (tile - ts[lo]) * BM;
+        m_end = off[lo + 1];
+        wb += lo * p.w_estride;
+        if (BITS == 4) sbb += lo * p.sb_estride;
+    } else {
+        m0 = blockIdx.y * BM;
+        m_end = p.M;
+    }
+
+    /* A rows of this thread's chunks: chunk c = tid + THREADS j -> row c/8, 16-byte chunk c%8 */
+    constexpr int A_CH = BM * 8 / THREADS; /* 4 */
+    const uint16_t *a_src[A_CH];
+    int a_ok[A_CH];
+#pragma unroll
+    for (int j = 0; j < A_CH; j++) {
+        int r = (tid >> 3) + (THREADS / 8) * j, m = m0 + r;
+        a_ok[j] = m < m_end;
+        int src = m;
+        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[m] >> 3;
+        a_src[j] = p.x + (size_t)(a_ok[j] ? src : 0) * p.K + (tid & 7) * 8;
+    }
+    const int KT = p.K / GM_BK;
+    const uint32_t smem_s = pf_smem_u32(smem);
+    uint8_t *bbuf = smem + WG_STAGES * C::STAGE_BYTES;
+
+    auto load_stage = [&](int stage, int kt) {
+        uint8_t *s = smem + stage * C::STAGE_BYTES;
+        const int k0 = kt * GM_BK;
+#pragma unroll
+        for (int j = 0; j < A_CH; j++) {
+            int r = (tid >> 3) + (THREADS / 8) * j;
+            pf_cp_async16(s + wg_swz(r, tid & 7), a_src[j] + k0, a_ok[j] ? 16 : 0);
+        }
+        if (BITS == 16) {
+            const uint16_t *wg16 = (const uint16_t *)wb;
+#pragma unroll
+            for (int j = 0; j < WG_BN * 8 / THREADS; j++) {
+                int r = (tid >> 3) + (THREADS / 8) * j;
+                pf_cp_async16(s + C::A_BYTES + wg_swz(r, tid & 7),
+                              wg16 + (size_t)(n0 + r) * p.K + k0 + (tid & 7) * 8, 16);
+            }
+        } else {
+            uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
+            uint32_t *sS = sQ + WG_BN * GM_BK / 8;
+            const uint32_t *wq4 = (const uint32_t *)wb;
+#pragma unroll
+            for (int j = 0; j < 2 * WG_BN / THREADS; j++) {
+                int c = tid + THREADS * j, rb = c >> 4, ch = c & 15;
+                pf_cp_async16(sQ + rb * 64 + ch * 4,
+                              wq4 + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
+            }
+            if (tid < WG_BN / 4) pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+        }
+    };
+    /* q4: packed tile of stage -> bf16 swizzled B buffer. Unit = (row n, 32-column block kb):
+     * the 4 words of lanes 4(n%8)..+3 hold columns 2t + 8j + {0,1} (t = word, j = pair), so
+     * chunk j (8 consecutive columns) is pair j of the 4 words in order. */
+    auto dequant = [&](int stage, int buf) {
+        const uint32_t *sQ = (const uint32_t *)(smem + stage * C::STAGE_BYTES + C::A_BYTES);
+        const uint32_t *sS = sQ + WG_BN * GM_BK / 8;
+        uint8_t *dst = bbuf + buf * WG_BN * 128;
+        const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+#pragma unroll
+        for (int j = 0; j < 2 * WG_BN / THREADS; j++) {
+            int u = tid + THREADS * j, n = u >> 1, kb = u & 1;
+            uint4 w4 = *(const uint4 *)(sQ + ((n >> 3) * 2 + kb) * 32 + 4 * (n & 7));
+            uint32_t sbw = sS[n];
+            uint32_t s2u = (sbw & 0xffffu) | (sbw << 16), b2u = (sbw >> 16) | (sbw & 0xffff0000u);
+            __nv_bfloat162 s2 = *(__nv_bfloat162 *)&s2u, b2 = *(__nv_bfloat162 *)&b2u;
+            uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+            for (int pj = 0; pj < 4; pj++) {
+                uint32_t o[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    uint32_t xu = ((w[t] >> (4 * pj)) & 0x000F000Fu) | 0x43004300u;
+                    __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
+                    xv = __hfma2(__hsub2(xv, k128), s2, b2);
+                    o[t] = *(uint32_t *)&xv;
+                }
+                *(uint4 *)(dst + wg_swz(n, kb * 4 + pj)) = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
+    };
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < WG_STAGES - 1; s++) {
+        if (s < KT) load_stage(s, s);
+        pf_cp_async_commit();
+    }
+    if (BITS == 4) {
+        pf_cp_async_wait<WG_STAGES - 2>();
+        __syncthreads();
+        dequant(0, 0);
+    }
+
+    for (int kt = 0; kt < KT; kt++) {
+        pf_cp_async_wait<WG_STAGES - 2>(); /* tile kt */
+        wg_fence_proxy();
+        __syncthreads();
+        const uint32_t sa = smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + wg * 64 * 128;
+        const uint32_t sb = BITS == 16 ? smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + C::A_BYTES
+                                       : pf_smem_u32(bbuf) + (kt & 1) * WG_BN * 128;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < GM_BK / 16; kk++)
+            wg_mma_m64n256k16(acc, wg_desc(sa + kk * 32), wg_desc(sb + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        __syncthreads(); /* every warpgroup is done with step kt-1's stage and B buffer */
+        int nk = kt + WG_STAGES - 1;
+        if (nk < KT) load_stage(nk % WG_STAGES, nk);
+        pf_cp_async_commit();
+        if (BITS == 4 && kt + 1 < KT) {
+            pf_cp_async_wait<WG_STAGES - 2>(); /* tile kt+1 */
+            __syncthreads();
+            dequant((kt + 1) % WG_STAGES, (kt + 1) & 1);
+        }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    pf_cp_async_wait<0>();
+
+    /* ---- epilogue (fragment layout as mma.sync m16n8, warp wq of the warpgroup) ---- */
+    const int out_f32 = p.flags & TL_GEMM_OUT_F32, swiglu = p.flags & TL_GEMM_SWIGLU;
+    const int add_res = p.flags & TL_GEMM_ADD_RES;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = wg * 64 + wq * 16 + (lane >> 2) + h * 8, m = m0 + r;
+        if (m >= m_end) continue;
+        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+#pragma unroll
+        for (int nj = 0; nj < WG_BN / 8; nj++) {
+            float v0 = acc[4 * nj + 2 * h], v1 = acc[4 * nj + 2 * h + 1];
+            int col;
+            if (swiglu) {
+                if (nj & 1) continue;
+                float u0 = acc[4 * (nj + 1) + 2 * h], u1 = acc[4 * (nj + 1) + 2 * h + 1];
+                v0 = gm_silu(v0) * u0;
+                v1 = gm_silu(v1) * u1;
+                col = (n0 + nj * 8) / 2 + 2 * (lane & 3);
+            } else {
+                col = n0 + nj * 8 + 2 * (lane & 3);
+            }
+            size_t idx = orow + col;
+            if (out_f32) {
+                if (add_res) {
+                    float2 rv = *(const float2 *)((const float *)p.res + idx);
+                    v0 += rv.x;
+                    v1 += rv.y;
+                }
+                *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
+            } else {
+                if (add_res) {
+                    uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
+                    v0 += pf_bf16_lo(rv);
+                    v1 += pf_bf16_hi(rv);
+                }
+                *(uint32_t *)((uint16_t *)p.y + idx) = pf_pack_bf16(v0, v1);
+            }
+        }
+    }
+}
+
+template <int BITS, int WGS> static int launch_gemm_wg(const gemm_args *p, int grid_y, cudaStream_t st) {
+    typedef wg_cfg<BITS, WGS> C;
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(gemm_wg_kernel<BITS, WGS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    if (grid_y <= 0) return 0;
+    if (grid_y > 65535) return TL_ERR_INVALID;
+    dim3 grid(p->N / WG_BN, grid_y);
+    gemm_wg_kernel<BITS, WGS><<<grid, C::THREADS, C::SMEM, st>>>(*p);
+    PF_LAUNCH_CHECK();
+    return 0;
+}
+
+/* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma). */
+enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4 };
 
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaStream_t st) {
 #define GM_CASE(B, T, WM, NJ)                                                                     \
@@ -298,29 +583,30 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaS
     GM_CASE(4, GM_T64, 1, 4)
     GM_CASE(4, GM_T256, 2, 8)
 #undef GM_CASE
+    if (tile == GM_WG128) return bits == 4 ? launch_gemm_wg<4, 2>(p, grid_y, st) : launch_gemm_wg<16, 2>(p, grid_y, st);
+    if (tile == GM_WG64) return bits == 4 ? launch_gemm_wg<4, 1>(p, grid_y, st) : launch_gemm_wg<16, 1>(p, grid_y, st);
     return TL_ERR_INVALID;
 }
 
-/* note: tile choice, from the forced-tile sweep in notes/2026-12-02-prefill-kernels.md (run 2).
- * 4-bit: 64x128 (two blocks per SM hide the dequantisation) wins everywhere except K = 512
- * (expert/shared down), where 128x256 is 2x faster. bf16: 128x256 when that gives >= 128 blocks,
- * else 128x128 when that does, else 64x128. TL_GEMM_TILE (0 = 128x128, 1 = 64x128, 2 = 128x256)
- * forces one, for the tests and the dev bench. */
+/* note: tile choice, from the forced-tile sweeps in notes/2026-12-02-prefill-kernels.md (runs 2
+ * and 4). With >= 128 blocks of 128x256 the wgmma kernel wins by 1.3-1.9x (bf16 up to 543
+ * TFLOP/s, 4-bit up to 410). Below that: bf16 wgmma 64x256; 4-bit mma.sync 64x128 (two blocks
+ * per SM hide the in-register dequantisation better than the wgmma kernel's dequantise-to-
+ * shared step at low occupancy). TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128, 2 mma 128x256,
+ * 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
 static int gemm_forced_tile(int rows) {
     const char *e = getenv("TL_GEMM_TILE");
     int f = e && *e ? atoi(e) : -1;
-    return f >= 0 && f <= 2 && !(f == GM_T256 && rows % 256) ? f : -1;
+    return f >= 0 && f <= 4 && !(f >= GM_T256 && rows % 256) ? f : -1;
 }
 
 static int gemm_pick_tile(int n, int rows, int cols, int bits) {
     int forced = gemm_forced_tile(rows);
     if (forced >= 0) return forced;
-    long b128 = (long)(rows / 128) * ((n + 127) / 128);
-    long b256 = rows % 256 ? 0 : (long)(rows / 256) * ((n + 127) / 128);
-    if (bits == 4) return cols <= 512 && b256 >= 128 ? GM_T256 : GM_T64;
-    if (b256 >= 128) return GM_T256;
-    if (b128 >= 128) return GM_T128;
-    return GM_T64;
+    if (rows % 256) return GM_T64;
+    long b256 = (long)(rows / 256) * ((n + 127) / 128);
+    if (b256 >= 128) return GM_WG128;
+    return bits == 4 ? GM_T64 : GM_WG64;
 }
 
 static int gemm_w_ok(const tl_gpu_gemm_w *w) {
@@ -346,7 +632,8 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
     p.flags = flags;
     p.mode = GM_DENSE;
-    int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits), bm = tile == GM_T64 ? 64 : 128;
+    int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
+    int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
     return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, (cudaStream_t)stream);
 }
 
@@ -420,12 +707,13 @@ static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, cons
         p.w_estride = (long long)tl_gpu_q4_w_bytes(w->rows, w->cols);
         p.sb_estride = (long long)tl_gpu_q4_sb_bytes(w->rows, w->cols) / 4;
     }
-    /* note: 64x128 tiles measured fastest for every MoE case (n_tok 512 and 4096, bf16 and q4);
-     * grid = upper bound on M tiles (every non-empty expert adds at most one partial tile), the
-     * blocks past the plan's tile count exit at once. */
+    /* note: MoE tiles (run 4 sweep): at n_tok = 4096 (~128 tokens per expert) wgmma 128x256
+     * (bf16 286 TFLOP/s, 4-bit 240); at 512 mma.sync 64x128 (55 / 75). grid = upper bound on M
+     * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
+     * tile count exit at once. */
     int tile = gemm_forced_tile(w->rows);
-    if (tile < 0) tile = GM_T64;
-    int bm = tile == GM_T64 ? 64 : 128;
+    if (tile < 0) tile = n_tok >= 3072 && w->rows % 256 == 0 ? GM_WG128 : GM_T64;
+    int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
     int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256);
     return gemm_launch(&p, w->bits, tile, max_tiles, (cudaStream_t)stream);
 }

@@ -133,8 +133,11 @@ static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
     return w;
 }
 
-/* The GEMM tile shapes (k_gemm.cu): "" = the entry's own choice, then each forced one. */
-static const char *const tiles[] = {"", "0", "1", "2"};
+/* The GEMM tile shapes (k_gemm.cu): "" = the entry's own choice, then each forced one
+ * (0-2 mma.sync 128x128, 64x128, 128x256; 3-4 wgmma 128x256, 64x256). */
+#define N_TILES_ALL 6
+static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "3", "4"};
+static int N_TILES = N_TILES_ALL; /* TL_TEST_TILES=mma: only the mma.sync shapes (first 4) */
 static void set_tile(const char *t) {
     if (*t) setenv("TL_GEMM_TILE", t, 1);
     else unsetenv("TL_GEMM_TILE");
@@ -154,7 +157,7 @@ static void gemm_case(const char *name, const tl_gpu_gemm_w *gw, const tl_mat *r
     void *hy = xmalloc(ysz);
     float *got = xmalloc((size_t)n * nr * 4), *ref = xmalloc((size_t)n * nr * 4);
     cpu_matmul(ref, ref_view, xf, n);
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < N_TILES; ti++) {
         set_tile(tiles[ti]);
         CU(cudaMemset(dy, 0xff, ysz)); /* NaN poison: every element must be written */
         CHECK_EQ_INT(tl_gpu_gemm(dy, dx, gw, n, NULL, out_f32 ? TL_GEMM_OUT_F32 : 0, NULL), 0);
@@ -412,7 +415,7 @@ static void moe_case(int q4, int n_tok) {
             for (int c = 0; c < D; c++) r[c] += wts[t * 8 + s] * y[c];
         }
     }
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < N_TILES; ti++) {
         set_tile(tiles[ti]);
         CU(cudaMemcpy(dout, res, (size_t)n_tok * D * 4, cudaMemcpyHostToDevice));
         CU(cudaMemset(dys, 0xff, (size_t)n_tok * 8 * D * 2));
@@ -670,6 +673,8 @@ int main(void) {
         printf("FAIL no CUDA device\n");
         return 1;
     }
+    const char *tt = getenv("TL_TEST_TILES");
+    if (tt && !strcmp(tt, "mma")) N_TILES = 4;
     T_RUN(test_gemm_bf16_matches_oracle);
     T_RUN(test_gemm_lm_head_rows);
     T_RUN(test_gemm_q4_matches_oracle);
