@@ -254,7 +254,6 @@ int tl_http_start(tl_server *s, char *err, size_t errlen) {
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_conns,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.idle_timeout_s,
-                                 MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                                  MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
