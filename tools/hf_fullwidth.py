@@ -10,9 +10,11 @@ bf16 weights, no cache: the full sequence is recomputed each step); runs
 `build/cuda/tulip run --backend cuda --dump-logits` on the same prompt; compares, per step, the
 logits (NMSE, max abs, top-1) and the greedy tokens.
 
-Tolerances: tulip keeps the KV cache and nothing else in bf16 and accumulates in fp32; the
-reference is fp32 throughout. Expected logits NMSE ~1e-6; we require <= 1e-4 at every step and
-identical greedy tokens for all --steps steps (32 by default).
+Two tulip runs: the prompt through the decode kernels (TL_CUDA_NO_PREFILL_GEMM=1), which keep
+the KV cache and nothing else in bf16 and accumulate in fp32 -- expected logits NMSE ~1e-6 against
+the fp32 reference; required: <= 1e-4 at every step and identical greedy tokens for all --steps
+steps (32 by default) -- and through the tensor-core prefill path (bf16 GEMM inputs), required
+<= 1e-3 up to the first greedy divergence (reported with the reference's top-2 margin there).
 
 4-bit: not covered here (see the report); the 4-bit path is checked against the CPU oracle on
 the same dequantized weights at full width in tests/gpu/test_gpu_e2e.c.
@@ -93,34 +95,48 @@ def main():
     ref_logits, ref_toks = reference(model, prompt, a.steps)
     del model
     torch.cuda.empty_cache()
-    dump = os.path.join(a.out, "tulip_logits.f32")
-    cmd = [a.tulip, "run", "--model", a.out, "--allow-test-shape", "--backend", "cuda", "--prompt-ids",
-           ",".join(map(str, prompt)), "-n", str(a.steps), "--temperature", "0", "--ignore-eos",
-           "--print-ids", "--dump-logits", dump, "--ctx", "256"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        print("FAIL tulip run:", r.returncode, r.stderr[-2000:])
-        return 1
-    V = ref_logits.shape[1]
-    got = np.fromfile(dump, dtype=np.float32)
-    got = got.reshape(-1, V)[: a.steps]
-    toks = [int(x) for x in r.stdout.split()][: a.steps]
-    worst, agree = 0.0, 0
-    for s in range(min(len(got), a.steps)):
-        d = got[s].astype(np.float64) - ref_logits[s]
-        nmse = float((d * d).sum() / (ref_logits[s].astype(np.float64) ** 2).sum())
-        worst = max(worst, nmse)
-        agree += int(got[s].argmax() == ref_logits[s].argmax())
-        if s < 3 or s == a.steps - 1:
-            print(f"# step {s}: nmse {nmse:.3e} max_abs {np.abs(d).max():.3e} top1 {got[s].argmax()} vs {ref_logits[s].argmax()}")
-    same = toks == ref_toks
-    print(f"# full width bf16, {a.layers} layers: {len(got)} steps, worst nmse {worst:.3e}, top-1 agree {agree}/{len(got)}, greedy tokens identical: {same}")
-    ok = same and worst <= 1e-4 and len(got) == a.steps
-    print(("PASS" if ok else "FAIL") + " hf_fullwidth_bf16")
+    ok_all = True
+    results = {}
+    # two runs: the prompt through the decode kernels (TL_CUDA_NO_PREFILL_GEMM=1: f32 GEMVs, the
+    # reference-exact path) and through the tensor-core prefill path (bf16 GEMM inputs)
+    for mode, env_extra in (("decode-path prefill", {"TL_CUDA_NO_PREFILL_GEMM": "1"}), ("gemm-path prefill", {})):
+        dump = os.path.join(a.out, "tulip_logits.f32")
+        cmd = [a.tulip, "run", "--model", a.out, "--allow-test-shape", "--backend", "cuda", "--prompt-ids",
+               ",".join(map(str, prompt)), "-n", str(a.steps), "--temperature", "0", "--ignore-eos",
+               "--print-ids", "--dump-logits", dump, "--ctx", "256"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env_extra})
+        if r.returncode != 0:
+            print(f"FAIL tulip run ({mode}):", r.returncode, r.stderr[-2000:])
+            return 1
+        V = ref_logits.shape[1]
+        got = np.fromfile(dump, dtype=np.float32).reshape(-1, V)[: a.steps]
+        toks = [int(x) for x in r.stdout.split()][: a.steps]
+        worst, agree, first_div = 0.0, 0, None
+        for s in range(min(len(got), a.steps)):
+            if first_div is None and s < len(toks) and toks[s] != ref_toks[s]:
+                first_div = s
+            if first_div is not None and s > first_div:
+                break  # the sequences differ from here on: logits are no longer comparable
+            d = got[s].astype(np.float64) - ref_logits[s]
+            nmse = float((d * d).sum() / (ref_logits[s].astype(np.float64) ** 2).sum())
+            worst = max(worst, nmse)
+            agree += int(got[s].argmax() == ref_logits[s].argmax())
+            if s < 2 or s == a.steps - 1:
+                print(f"# {mode} step {s}: nmse {nmse:.3e} max_abs {np.abs(d).max():.3e} top1 {got[s].argmax()} vs {ref_logits[s].argmax()}")
+        srt = np.sort(ref_logits[first_div]) if first_div is not None else None
+        margin = float(srt[-1] - srt[-2]) if srt is not None else None
+        same = toks == ref_toks
+        print(f"# full width bf16, {a.layers} layers, {mode}: worst nmse {worst:.3e} over the common steps, "
+              f"greedy identical: {same} (first divergence at step {first_div}, reference top-2 margin there {margin})")
+        ok = same and worst <= 1e-4 if mode.startswith("decode") else worst <= 1e-3
+        print(("PASS" if ok else "FAIL") + f" hf_fullwidth_bf16 ({mode})")
+        ok_all = ok_all and ok
+        results[mode] = {"worst_nmse": worst, "same_tokens": same, "first_divergence": first_div,
+                         "margin": margin, "tulip_tokens": toks}
+    results["ref_tokens"] = ref_toks
     with open(os.path.join(a.out, "result.json"), "w") as f:
-        json.dump({"worst_nmse": worst, "agree": agree, "steps": len(got), "same_tokens": same,
-                   "ref_tokens": ref_toks, "tulip_tokens": toks}, f)
-    return 0 if ok else 1
+        json.dump(results, f)
+    return 0 if ok_all else 1
 
 
 if __name__ == "__main__":

@@ -92,6 +92,11 @@ __device__ __forceinline__ float block_max(float v, float *sbuf) {
 /* note: q4 tiled layout (gpu_prefill.h). In word (rb, kb, lane) nibble n holds column
  * 32*kb + 2*(lane%4) + Q4_COL[n] of row 8*rb + lane/4. */
 __device__ __forceinline__ int q4_col(int n) { return (n & 3) * 8 + (n >> 2); }
+/* 16^-n for nibbles 0..4 (read in place), 16^-(n-3) for 5..7 (read from w >> 12). */
+__device__ __forceinline__ float q4_nib_scale(int n) {
+    int e = n < 5 ? n : n - 3;
+    return e == 0 ? 1.0f : e == 1 ? 0.0625f : e == 2 ? 0.00390625f : e == 3 ? 0.000244140625f : 1.52587890625e-05f;
+}
 
 /* Dot of row block rb (8 rows) of a q4 tiled matrix with NT input rows x[t] (times xw, the
  * RMSNorm weight, when non-NULL). Lane mapping: LPK = 32/RS lanes per row group; lane L handles
@@ -150,15 +155,28 @@ __device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], float (&ss)[
                 if (xw) xv[i] *= xw_[i];
                 sx += xv[i];
             }
+            /* note: nibble -> float without I2F (1/8 rate on sm_90): (w & 0xF<<4n) | 0x4B000000
+             * is the float 2^23 + q*16^n exactly (n <= 4; nibbles 5..7 are read from w >> 12), so
+             * one LOP3 + FADD gives q*16^n and the 16^-n goes into x (exact power-of-2 scaling). */
+            float xs[4][8];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+                    xs[j][n] = xv[2 * j + q4_col(n)] * q4_nib_scale(n);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 uint32_t qw[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
                 float sq = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
+                    uint32_t lo = qw[j], hi = qw[j] >> 12;
 #pragma unroll
-                    for (int n = 0; n < 8; n++)
-                        sq = fmaf((float)((qw[j] >> (4 * n)) & 15u), xv[2 * j + q4_col(n)], sq);
+                    for (int n = 0; n < 8; n++) {
+                        uint32_t bits = n < 5 ? (lo & (15u << (4 * n))) : (hi & (15u << (4 * (n - 3))));
+                        float f = __uint_as_float(bits | 0x4B000000u) - 8388608.0f;
+                        sq = fmaf(f, xs[j][n], sq);
+                    }
                 }
                 float sc = __uint_as_float(s2[r] << 16), bi = __uint_as_float(s2[r] & 0xffff0000u);
                 acc[r][t] = fmaf(sc, sq, fmaf(bi, sx, acc[r][t]));

@@ -403,7 +403,7 @@ static int check_dims(const tl_config *c, char *err, size_t errlen) {
     NEED(c->n_embd % 256 == 0, n_embd, "a multiple of 256");
     NEED(c->n_ff_expert % 64 == 0 && c->n_ff_expert % 256 == 0, n_ff_expert, "a multiple of 256");
     NEED(c->n_ff_shared == c->n_ff_expert, n_ff_shared, "n_ff_expert (stacked with the experts)");
-    NEED(c->n_expert <= 1024, n_expert, "<= 1024");
+    NEED(c->n_expert <= 256, n_expert, "<= 256");
     NEED(c->n_expert_used <= 16 && c->n_expert_used >= 1, n_expert_used, "1..16");
     NEED(c->n_layer <= TL_MAX_LAYERS, n_layer, "<= TL_MAX_LAYERS");
 #undef NEED

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(256)
         if (W->bits == 16)                                                                        \
             gemv_bf16_splitk_kernel<NT_><<<dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), 256, 0, \
                                            tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); \
-        else if (W->cols % 1024 == 0 && NT_ <= 2)                                                 \
+        else if (W->cols % 1024 == 0 && NT_ == 1)                                                 \
             gemv_q4_kernel<NT_, 1><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, 0,   \
                                      tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
         else                                                                                      \

@@ -5,65 +5,65 @@
 #include "cuda/cuda_common.cuh"
 
 #define MAX_K 16
+#define ROUTE_PER 8 /* experts per lane: n_expert <= 256 */
 
 /* moe_route_kernel  (MODEL.md §2.5 steps 1-2)
  *   p = softmax(logits[0..n_expert)) in fp32; ids = top-k of p (ties: lower id);
  *   w = p[ids] / sum p[ids];  w_sh = sigmoid(logits[n_expert])
  * Shapes: logits [n_tok, ld]; ids, w [n_tok, k]; w_sh [n_tok]; sh_logit [n_tok] (raw, optional).
- * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 1024).
+ * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 256).
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
 __global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_logit,
                                  const float *logits, int ld, int n_expert, int k, int n_tok) {
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n_tok) return;
     const float *lg = logits + (size_t)t * ld;
-    float p[32];
-    int nper = CEIL_DIV(n_expert, 32);
+    float p[ROUTE_PER]; /* expert lane + 32 i, in registers (fully unrolled loops) */
     float mx = -INFINITY;
-    for (int i = 0; i < 32; i++) {
-        if (i >= nper) break;
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER; i++) {
         int e = lane + 32 * i;
         p[i] = e < n_expert ? lg[e] : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int i = 0; i < 32; i++) {
-        if (i >= nper) break;
-        p[i] = expf(p[i] - mx);
-        sum += p[i];
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER; i++) {
+        p[i] = lane + 32 * i < n_expert ? expf(p[i] - mx) : -1.0f;
+        sum += fmaxf(p[i], 0.0f);
     }
     sum = warp_sum(sum);
     float inv = 1.0f / sum;
-    for (int i = 0; i < 32; i++) {
-        if (i >= nper) break;
-        p[i] *= inv;
-    }
-    float sel_w[MAX_K];
-    int sel_id[MAX_K];
-    float wsum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER; i++)
+        if (p[i] >= 0.0f) p[i] *= inv;
+    float wsum = 0.0f, my_w = 0.0f;
+    int my_id = 0;
     for (int j = 0; j < k; j++) {
-        float best = -1.0f;
+        float best = -1.5f; /* below padding (-1) and taken (-2) never wins */
         int bid = 0x7fffffff;
-        for (int i = 0; i < 32; i++) {
-            if (i >= nper) break;
+#pragma unroll
+        for (int i = 0; i < ROUTE_PER; i++) {
             int e = lane + 32 * i;
-            if (e < n_expert && (p[i] > best || (p[i] == best && e < bid))) best = p[i], bid = e;
+            if (p[i] > best || (p[i] == best && e < bid)) best = p[i], bid = e;
         }
         for (int o = 16; o > 0; o >>= 1) {
             float ob = __shfl_xor_sync(0xffffffffu, best, o);
             int oi = __shfl_xor_sync(0xffffffffu, bid, o);
             if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
         }
-        sel_w[j] = best, sel_id[j] = bid;
         wsum += best;
-        if ((bid & 31) == lane) p[bid >> 5] = -2.0f; /* taken */
+        if (lane == j) my_w = best, my_id = bid;
+#pragma unroll
+        for (int i = 0; i < ROUTE_PER; i++)
+            if (lane + 32 * i == bid) p[i] = -2.0f; /* taken */
+    }
+    if (lane < k) {
+        ids[(size_t)t * k + lane] = my_id;
+        w[(size_t)t * k + lane] = my_w / wsum;
     }
     if (lane == 0) {
-        for (int j = 0; j < k; j++) {
-            ids[(size_t)t * k + j] = sel_id[j];
-            w[(size_t)t * k + j] = sel_w[j] / wsum;
-        }
         w_sh[t] = sigmoid_f(lg[n_expert]);
         if (sh_logit) sh_logit[t] = lg[n_expert];
     }
@@ -72,7 +72,7 @@ __global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_
 extern "C" int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_logit,
                                 const float *logits, int ld, int n_expert, int k, int n_tok) {
     if (n_tok <= 0) return 0;
-    if (k > MAX_K || n_expert > 1024) return TL_ERR_INVALID;
+    if (k > MAX_K || k > 32 || n_expert > 32 * ROUTE_PER) return TL_ERR_INVALID;
     moe_route_kernel<<<CEIL_DIV(n_tok, 4), 128, 0, tl_cuda_stream>>>(ids, w, w_sh, sh_logit,
                                                                       logits, ld, n_expert, k, n_tok);
     LAUNCH_CHECK("moe_route");
