@@ -82,8 +82,9 @@ static int chat_turn(chat_state *c) {
     free(text);
     int max_ctx = tl_engine_max_ctx(c->eng);
     if (rc < 0 || ids.n == 0 || (int)ids.n >= max_ctx) {
-        fprintf(stderr, "tulip chat: the conversation (%zu tokens) does not fit the context (%d); "
-                        "/reset to start over\n",
+        fprintf(stderr,
+                "tulip chat: the conversation (%zu tokens) does not fit the context (%d); "
+                "/reset to start over\n",
                 ids.n, max_ctx);
         tl_tok_ids_free(&ids);
         return TL_ERR_CONTEXT_FULL;
@@ -98,8 +99,8 @@ static int chat_turn(chat_state *c) {
     tl_detok_stream *ds;
     if (tl_detok_stream_create(c->tok, TL_DETOK_SKIP_SPECIAL, &ds)) TL_ASSERT(!"detok stream");
     tl_sample_out out;
-    tl_batch_entry be = {.sess = c->sess, .tokens = ids.ids, .n_tok = (int)ids.n,
-                         .sample = &c->sp, .out = &out};
+    tl_batch_entry be = {
+        .sess = c->sess, .tokens = ids.ids, .n_tok = (int)ids.n, .sample = &c->sp, .out = &out};
     int in_reason = 0, n_gen = 0;
     const tl_parse_event *ev;
     interrupted = 0;
@@ -111,7 +112,8 @@ static int chat_turn(chat_state *c) {
         }
         n_gen++;
         int eos = 0;
-        for (int i = 0; i < cfg->n_eos; i++) eos |= out.token == cfg->eos_ids[i];
+        for (int i = 0; i < cfg->n_eos; i++)
+            eos |= out.token == cfg->eos_ids[i];
         if (eos) break;
         const char *piece;
         size_t plen;
@@ -163,25 +165,43 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             chat_usage();
             return 0;
-        } else if (OPT("--model") || OPT("-m")) ep.model_path = v;
-        else if (OPT("--tokenizer")) tok_path = v;
-        else if (OPT("--system")) system = v;
-        else if (OPT("-n")) c.max_tokens = atoi(v);
-        else if (OPT("--temperature")) temp = strtof(v, NULL), t_set = 1;
-        else if (OPT("--top-k")) top_k = atoi(v), k_set = 1;
-        else if (OPT("--top-p")) top_p = strtof(v, NULL), p_set = 1;
-        else if (OPT("--min-p")) c.sp.min_p = strtof(v, NULL);
-        else if (OPT("--presence-penalty")) pres = strtof(v, NULL), pp_set = 1;
-        else if (OPT("--seed")) c.sp.seed = strtoull(v, NULL, 10);
-        else if (OPT("--ctx")) ep.max_ctx = atoi(v);
-        else if (OPT("--threads")) ep.n_threads = atoi(v);
+        } else if (OPT("--model") || OPT("-m"))
+            ep.model_path = v;
+        else if (OPT("--tokenizer"))
+            tok_path = v;
+        else if (OPT("--system"))
+            system = v;
+        else if (OPT("-n"))
+            c.max_tokens = atoi(v);
+        else if (OPT("--temperature"))
+            temp = strtof(v, NULL), t_set = 1;
+        else if (OPT("--top-k"))
+            top_k = atoi(v), k_set = 1;
+        else if (OPT("--top-p"))
+            top_p = strtof(v, NULL), p_set = 1;
+        else if (OPT("--min-p"))
+            c.sp.min_p = strtof(v, NULL);
+        else if (OPT("--presence-penalty"))
+            pres = strtof(v, NULL), pp_set = 1;
+        else if (OPT("--seed"))
+            c.sp.seed = strtoull(v, NULL, 10);
+        else if (OPT("--ctx"))
+            ep.max_ctx = atoi(v);
+        else if (OPT("--threads"))
+            ep.n_threads = atoi(v);
         else if (OPT("--backend")) {
-            if (!strcmp(v, "cpu")) ep.backend = TL_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) ep.backend = TL_BACKEND_CUDA;
-            else ep.backend = TL_BACKEND_AUTO;
-        } else if (!strcmp(a, "--no-thinking")) no_think = 1;
-        else if (!strcmp(a, "--hide-thinking")) c.hide_thinking = 1;
-        else if (!strcmp(a, "--allow-test-shape")) ep.allow_test_shape = 1;
+            if (!strcmp(v, "cpu"))
+                ep.backend = TL_BACKEND_CPU;
+            else if (!strcmp(v, "cuda"))
+                ep.backend = TL_BACKEND_CUDA;
+            else
+                ep.backend = TL_BACKEND_AUTO;
+        } else if (!strcmp(a, "--no-thinking"))
+            no_think = 1;
+        else if (!strcmp(a, "--hide-thinking"))
+            c.hide_thinking = 1;
+        else if (!strcmp(a, "--allow-test-shape"))
+            ep.allow_test_shape = 1;
         else {
             fprintf(stderr, "tulip chat: unknown or incomplete option '%s'\n\n", a);
             chat_usage();
@@ -226,7 +246,8 @@ int cmd_chat(int argc, char **argv) {
     tl_chat_opts_default(&c.co);
     c.co.enable_thinking = !no_think;
     c.msgs = json_array();
-    if (system) json_array_append_new(c.msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+    if (system)
+        json_array_append_new(c.msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
     struct sigaction sa = {.sa_handler = on_sigint};
     sigaction(SIGINT, &sa, NULL);
 
@@ -241,12 +262,14 @@ int cmd_chat(int argc, char **argv) {
         }
         ssize_t n = getline(&line, &cap, stdin);
         if (n < 0) break;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = 0;
         if (n == 0) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         if (!strcmp(line, "/reset")) {
             size_t keep = system ? 1 : 0;
-            while (json_array_size(c.msgs) > keep) json_array_remove(c.msgs, keep);
+            while (json_array_size(c.msgs) > keep)
+                json_array_remove(c.msgs, keep);
             continue;
         }
         json_t *um = json_pack("{s:s,s:s}", "role", "user", "content", line);
@@ -255,7 +278,8 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         json_array_append_new(c.msgs, um);
-        if (chat_turn(&c) == TL_ERR_CONTEXT_FULL) json_array_remove(c.msgs, json_array_size(c.msgs) - 1);
+        if (chat_turn(&c) == TL_ERR_CONTEXT_FULL)
+            json_array_remove(c.msgs, json_array_size(c.msgs) - 1);
     }
     free(line);
     json_decref(c.msgs);

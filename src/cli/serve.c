@@ -40,34 +40,57 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             serve_usage();
             return 0;
-        } else if (OPT("--model")) p.model_path = v;
-        else if (OPT("--tokenizer")) p.tokenizer_path = v;
-        else if (OPT("--served-model-name")) p.model_name = v;
-        else if (OPT("--host")) p.host = v;
-        else if (OPT("--port")) p.port = atoi(v);
-        else if (OPT("--api-key")) p.api_key = v;
-        else if (OPT("--max-seqs")) p.max_seqs = atoi(v);
-        else if (OPT("--ctx")) p.max_ctx = atoi(v);
-        else if (OPT("--queue")) p.max_queue = atoi(v) > 0 ? atoi(v) : -1;
-        else if (OPT("--step-tokens")) p.step_tokens = atoi(v);
-        else if (OPT("--max-body")) p.max_body = (size_t)strtoull(v, NULL, 10);
-        else if (OPT("--max-conns")) p.max_conns = atoi(v);
-        else if (OPT("--drain-timeout")) p.drain_s = atof(v);
-        else if (OPT("--idle-timeout")) p.idle_timeout_s = atoi(v);
-        else if (OPT("--threads")) p.n_threads = atoi(v);
-        else if (OPT("--weight-bits")) p.weight_bits = atoi(v);
-        else if (OPT("--seed")) p.seed = strtoull(v, NULL, 10);
+        } else if (OPT("--model"))
+            p.model_path = v;
+        else if (OPT("--tokenizer"))
+            p.tokenizer_path = v;
+        else if (OPT("--served-model-name"))
+            p.model_name = v;
+        else if (OPT("--host"))
+            p.host = v;
+        else if (OPT("--port"))
+            p.port = atoi(v);
+        else if (OPT("--api-key"))
+            p.api_key = v;
+        else if (OPT("--max-seqs"))
+            p.max_seqs = atoi(v);
+        else if (OPT("--ctx"))
+            p.max_ctx = atoi(v);
+        else if (OPT("--queue"))
+            p.max_queue = atoi(v) > 0 ? atoi(v) : -1;
+        else if (OPT("--step-tokens"))
+            p.step_tokens = atoi(v);
+        else if (OPT("--max-body"))
+            p.max_body = (size_t)strtoull(v, NULL, 10);
+        else if (OPT("--max-conns"))
+            p.max_conns = atoi(v);
+        else if (OPT("--drain-timeout"))
+            p.drain_s = atof(v);
+        else if (OPT("--idle-timeout"))
+            p.idle_timeout_s = atoi(v);
+        else if (OPT("--threads"))
+            p.n_threads = atoi(v);
+        else if (OPT("--weight-bits"))
+            p.weight_bits = atoi(v);
+        else if (OPT("--seed"))
+            p.seed = strtoull(v, NULL, 10);
         else if (OPT("--backend")) {
-            if (!strcmp(v, "cpu")) p.backend = TL_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) p.backend = TL_BACKEND_CUDA;
-            else if (!strcmp(v, "auto")) p.backend = TL_BACKEND_AUTO;
+            if (!strcmp(v, "cpu"))
+                p.backend = TL_BACKEND_CPU;
+            else if (!strcmp(v, "cuda"))
+                p.backend = TL_BACKEND_CUDA;
+            else if (!strcmp(v, "auto"))
+                p.backend = TL_BACKEND_AUTO;
             else {
                 fprintf(stderr, "tulip serve: --backend %s: expected auto, cpu or cuda\n", v);
                 return 2;
             }
-        } else if (!strcmp(a, "--allow-test-shape")) p.allow_test_shape = 1;
-        else if (!strcmp(a, "--random-weights")) p.random_weights = 1;
-        else if (!strcmp(a, "--test-mode")) p.test_mode = 1;
+        } else if (!strcmp(a, "--allow-test-shape"))
+            p.allow_test_shape = 1;
+        else if (!strcmp(a, "--random-weights"))
+            p.random_weights = 1;
+        else if (!strcmp(a, "--test-mode"))
+            p.test_mode = 1;
         else {
             fprintf(stderr, "tulip serve: unknown or incomplete option '%s'\n\n", a);
             serve_usage();

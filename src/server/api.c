@@ -108,7 +108,8 @@ static json_t *messages_json(const tl_oai_req *r) {
             json_t *tcs = json_array();
             for (int k = 0; k < m->n_tool_calls; k++) {
                 json_t *tc = json_object(), *fn = json_object();
-                if (m->tool_calls[k].id) json_object_set_new(tc, "id", json_string(m->tool_calls[k].id));
+                if (m->tool_calls[k].id)
+                    json_object_set_new(tc, "id", json_string(m->tool_calls[k].id));
                 json_object_set_new(tc, "type", json_string("function"));
                 json_object_set_new(fn, "name", json_string(m->tool_calls[k].name));
                 json_object_set_new(fn, "arguments", json_string(m->tool_calls[k].arguments));
@@ -281,8 +282,10 @@ static int run_blocking(tl_server *s, tl_oai_req *r, tl_job *j, int fd, tl_reply
     }
     if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
         tl_oai_error e;
-        if (fin == TL_FIN_ERROR) job_error(j, &e);
-        else tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
+        if (fin == TL_FIN_ERROR)
+            job_error(j, &e);
+        else
+            tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         if (fin == TL_FIN_CANCELLED) e.http = 503, e.type = "server_error";
         tl_api_error(out, &e);
         tl_gen_free(&g);
@@ -293,14 +296,17 @@ static int run_blocking(tl_server *s, tl_oai_req *r, tl_job *j, int fd, tl_reply
     tl_oai_make_id(id, sizeof id, r->kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
     json_t *choice = json_object();
     json_object_set_new(choice, "index", json_integer(0));
-    if (r->kind == TL_OAI_CHAT) json_object_set_new(choice, "message", tl_gen_message(&g));
-    else json_object_set_new(choice, "text", json_stringn(g.text ? g.text : "", g.n_text));
+    if (r->kind == TL_OAI_CHAT)
+        json_object_set_new(choice, "message", tl_gen_message(&g));
+    else
+        json_object_set_new(choice, "text", json_stringn(g.text ? g.text : "", g.n_text));
     json_t *lp = tl_gen_take_logprobs(&g);
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
     json_object_set_new(choice, "finish_reason", json_string(tl_gen_finish_reason(&g, fin)));
     tl_oai_usage u = {j->n_prompt, g.n_completion, g.n_reasoning};
-    json_t *resp = tl_oai_envelope(id, r->kind == TL_OAI_CHAT ? "chat.completion" : "text_completion",
-                                   (long)time(NULL), s->model_name, choice, tl_oai_usage_json(&u));
+    json_t *resp =
+        tl_oai_envelope(id, r->kind == TL_OAI_CHAT ? "chat.completion" : "text_completion",
+                        (long)time(NULL), s->model_name, choice, tl_oai_usage_json(&u));
     reply_json(out, 200, resp);
     tl_gen_free(&g);
     return 0;
@@ -354,8 +360,10 @@ static void flush_deltas(struct tl_stream *st) {
 static void stream_finish(struct tl_stream *st, int fin) {
     if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
         tl_oai_error e;
-        if (fin == TL_FIN_ERROR) job_error(st->job, &e);
-        else tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
+        if (fin == TL_FIN_ERROR)
+            job_error(st->job, &e);
+        else
+            tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         char *txt = tl_oai_error_json(&e);
         tl_sse_data(&st->out, txt);
         free(txt);
@@ -367,10 +375,9 @@ static void stream_finish(struct tl_stream *st, int fin) {
     put_chunk(st, NULL, tl_gen_take_logprobs(&st->gen), tl_gen_finish_reason(&st->gen, fin));
     if (st->req.include_usage) {
         tl_oai_usage u = {st->job->n_prompt, st->gen.n_completion, st->gen.n_reasoning};
-        json_t *env = tl_oai_envelope(st->id,
-                                      st->req.kind == TL_OAI_CHAT ? "chat.completion.chunk"
-                                                                  : "text_completion",
-                                      st->created, st->s->model_name, NULL, tl_oai_usage_json(&u));
+        json_t *env = tl_oai_envelope(
+            st->id, st->req.kind == TL_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
+            st->created, st->s->model_name, NULL, tl_oai_usage_json(&u));
         char *txt = tl_oai_dump(env);
         tl_sse_data(&st->out, txt);
         free(txt);
@@ -395,7 +402,8 @@ long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
             continue;
         }
         int fin, n = tl_job_take(st->job, ev, EV_BATCH, &fin), stopped = 0;
-        for (int i = 0; i < n && !stopped; i++) stopped = tl_gen_push(&st->gen, &ev[i]);
+        for (int i = 0; i < n && !stopped; i++)
+            stopped = tl_gen_push(&st->gen, &ev[i]);
         if (stopped) {
             tl_job_cancel(st->job);
             stream_finish(st, TL_FIN_STOP);

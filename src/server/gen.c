@@ -30,7 +30,8 @@ void tl_gen_init(tl_gen *g, const tl_oai_req *r, const tl_tokenizer *tok, int th
     }
     g->stop = r->stop;
     g->n_stop = r->n_stop;
-    for (int i = 0; i < r->n_stop; i++) g->max_stop_len = TL_MAX(g->max_stop_len, strlen(r->stop[i]));
+    for (int i = 0; i < r->n_stop; i++)
+        g->max_stop_len = TL_MAX(g->max_stop_len, strlen(r->stop[i]));
     g->want_logprobs = r->logprobs;
     g->deltas = json_array();
 }
@@ -208,7 +209,8 @@ json_t *tl_gen_take_logprobs(tl_gen *g) {
     if (!g->want_logprobs) return NULL;
     json_t *j = g->chat ? tl_oai_chat_logprobs_json(g->lps, g->n_lps)
                         : tl_oai_completion_logprobs_json(g->lps, g->n_lps, g->lp_offset);
-    for (int i = 0; i < g->n_lps; i++) g->lp_offset += g->lps[i].text_len;
+    for (int i = 0; i < g->n_lps; i++)
+        g->lp_offset += g->lps[i].text_len;
     g->n_lps = 0;
     return j;
 }

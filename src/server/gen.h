@@ -14,30 +14,30 @@ typedef struct tl_gen {
     int chat;
     const tl_tokenizer *tok;
     tl_detok_stream *dt;
-    tl_parser *parser;       /* chat only */
+    tl_parser *parser; /* chat only */
     int parallel_tool_calls;
-    int think_end_id;        /* -1 when thinking is off */
+    int think_end_id; /* -1 when thinking is off */
     int in_think;
 
     const char *const *stop; /* borrowed from the request */
     int n_stop;
     size_t max_stop_len;
-    char *held;              /* text held back by the stop matcher */
+    char *held; /* text held back by the stop matcher */
     size_t n_held;
-    int stopped;             /* a stop string matched: no more output */
+    int stopped; /* a stop string matched: no more output */
 
     int want_logprobs;
-    tl_oai_lp *lps;          /* records not yet attached to a chunk (streaming) or all (not) */
+    tl_oai_lp *lps; /* records not yet attached to a chunk (streaming) or all (not) */
     int n_lps, cap_lps;
-    int lp_offset;           /* completions: text offset of the next record */
+    int lp_offset; /* completions: text offset of the next record */
 
-    json_t *deltas;          /* array of delta objects produced since the last take */
-    char *text;              /* completions: all emitted text */
+    json_t *deltas; /* array of delta objects produced since the last take */
+    char *text;     /* completions: all emitted text */
     size_t n_text, cap_text;
-    int n_calls;             /* tool calls started (after the parallel_tool_calls filter) */
+    int n_calls; /* tool calls started (after the parallel_tool_calls filter) */
 
-    int n_completion;        /* tokens generated */
-    int n_reasoning;         /* of which reasoning (up to and including </think>) */
+    int n_completion; /* tokens generated */
+    int n_reasoning;  /* of which reasoning (up to and including </think>) */
 } tl_gen;
 
 /* Sets up g for request r. think_end_id: the tokenizer's "</think>" id (or -1). */

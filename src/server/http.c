@@ -41,8 +41,7 @@ typedef struct tl_conn {
 
 /* ====== Replies. ====== */
 
-static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r,
-                                   tl_reply *rep);
+static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r, tl_reply *rep);
 
 static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     long n = tl_stream_read(cls, buf, max);
@@ -55,8 +54,7 @@ static void stream_free_cb(void *cls) {
     tl_stream_free(cls);
 }
 
-static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r,
-                                   tl_reply *rep) {
+static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r, tl_reply *rep) {
     struct MHD_Response *resp;
     if (rep->stream) {
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, rep->stream,
@@ -131,10 +129,12 @@ static int auth_ok(const tl_server *s, struct MHD_Connection *c) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
     h += 7;
-    while (*h == ' ') h++;
+    while (*h == ' ')
+        h++;
     size_t n = strlen(h), m = strlen(s->p.api_key);
     unsigned char diff = n != m;
-    for (size_t i = 0; i < n && i < m; i++) diff |= (unsigned char)(h[i] ^ s->p.api_key[i]);
+    for (size_t i = 0; i < n && i < m; i++)
+        diff |= (unsigned char)(h[i] ^ s->p.api_key[i]);
     return diff == 0;
 }
 
@@ -216,11 +216,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         break;
     }
-    case R_MODELS: tl_api_models(s, NULL, &rep); break;
-    case R_MODEL: tl_api_models(s, url + 11, &rep); break;
-    case R_HEALTH: tl_api_health(s, &rep); break;
-    case R_METRICS: tl_api_metrics(s, &rep); break;
-    default: return MHD_NO;
+    case R_MODELS:
+        tl_api_models(s, NULL, &rep);
+        break;
+    case R_MODEL:
+        tl_api_models(s, url + 11, &rep);
+        break;
+    case R_HEALTH:
+        tl_api_health(s, &rep);
+        break;
+    case R_METRICS:
+        tl_api_metrics(s, &rep);
+        break;
+    default:
+        return MHD_NO;
     }
     return queue_reply(c, s, cn->r, &rep);
 }
@@ -237,7 +246,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 /* ====== Daemon. ====== */
 
 int tl_http_start(tl_server *s, char *err, size_t errlen) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICHOST | AI_PASSIVE};
     struct addrinfo *ai = NULL;
     char port[16];
@@ -246,15 +256,14 @@ int tl_http_start(tl_server *s, char *err, size_t errlen) {
     if (rc)
         return tl_errf(err, errlen, TL_ERR_INVALID, "--host %s: %s (give a numeric address)",
                        s->p.host, gai_strerror(rc));
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_AUTO;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG | MHD_USE_AUTO;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, on_request, s,
-                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_conns,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.idle_timeout_s,
-                                 MHD_OPTION_END);
+                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
+                                 on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)s->p.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)s->p.idle_timeout_s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
         return tl_errf(err, errlen, TL_ERR_IO,

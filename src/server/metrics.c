@@ -70,7 +70,8 @@ void tl_metrics_prompt_tokens(tl_metrics *m, long n) {
 
 static void hist_add(hist *h, const double *bounds, int nb, double v) {
     int i = 0;
-    while (i < nb && v > bounds[i]) i++;
+    while (i < nb && v > bounds[i])
+        i++;
     h->bucket[i]++; /* i == nb: only in +Inf */
     h->count++;
     h->sum += v;
@@ -79,8 +80,10 @@ static void hist_add(hist *h, const double *bounds, int nb, double v) {
 void tl_metrics_token(tl_metrics *m, int first, double dt) {
     pthread_mutex_lock(&m->mu);
     m->gen_tokens++;
-    if (first) hist_add(&m->ttft, ttft_bounds, N_TTFT, dt);
-    else hist_add(&m->itl, itl_bounds, N_ITL, dt);
+    if (first)
+        hist_add(&m->ttft, ttft_bounds, N_TTFT, dt);
+    else
+        hist_add(&m->itl, itl_bounds, N_ITL, dt);
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -17,21 +17,26 @@
 
 int tl_oai_http_status(int st) {
     switch (st) {
-    case TL_OK: return 200;
+    case TL_OK:
+        return 200;
     case TL_ERR_INVALID:
     case TL_ERR_UNSUPPORTED:
     case TL_ERR_CONTEXT_FULL:
-    case TL_ERR_FORMAT: return 400;
-    case TL_ERR_BUSY: return 429;
-    case TL_ERR_DEVICE_LOST: return 503;
-    default: return 500;
+    case TL_ERR_FORMAT:
+        return 400;
+    case TL_ERR_BUSY:
+        return 429;
+    case TL_ERR_DEVICE_LOST:
+        return 503;
+    default:
+        return 500;
     }
 }
 
 int tl_oai_fail(tl_oai_error *e, int st, const char *param, const char *fmt, ...) {
     e->status = st;
     e->http = tl_oai_http_status(st);
-    e->type = e->http == 429 ? "rate_limit_error"
+    e->type = e->http == 429   ? "rate_limit_error"
               : e->http >= 500 ? "server_error"
                                : "invalid_request_error";
     e->code = st == TL_ERR_UNSUPPORTED    ? "unsupported_parameter"
@@ -122,8 +127,8 @@ static int get_ids(json_t *v, const char *name, int n_vocab, int max_n, int32_t 
         json_t *x = json_array_get(v, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= n_vocab) {
             free(ids);
-            return tl_oai_fail(e, TL_ERR_INVALID, name,
-                               "'%s[%zu]' must be a token id in [0, %d)", name, i, n_vocab);
+            return tl_oai_fail(e, TL_ERR_INVALID, name, "'%s[%zu]' must be a token id in [0, %d)",
+                               name, i, n_vocab);
         }
         ids[i] = (int32_t)json_integer_value(x);
     }
@@ -143,7 +148,10 @@ static int unsupported(const char *name, tl_oai_error *e) {
 void tl_oai_defaults_init(tl_oai_defaults *d) {
     /* MODEL.md section 6: the model card's "thinking, general" and "non-thinking, general" rows;
      * completions follow generation_config.json (no presence penalty). */
-    tl_sample_params base = {.temperature = 1.0f, .top_k = 20, .top_p = 0.95f, .min_p = 0.0f,
+    tl_sample_params base = {.temperature = 1.0f,
+                             .top_k = 20,
+                             .top_p = 0.95f,
+                             .min_p = 0.0f,
                              .repetition_penalty = 1.0f};
     d->completion = base;
     d->thinking = base;
@@ -280,14 +288,18 @@ static int parse_message(json_t *mj, int idx, tl_oai_msg *m, tl_oai_error *e) {
     if (!role) return tl_oai_fail(e, TL_ERR_INVALID, name, "'%s' is required", name);
     if (!json_is_string(role)) return FAIL_TYPE(e, name, "a string");
     const char *r = json_string_value(role);
-    if (!strcmp(r, "system") || !strcmp(r, "developer")) m->role = TL_ROLE_SYSTEM;
-    else if (!strcmp(r, "user")) m->role = TL_ROLE_USER;
-    else if (!strcmp(r, "assistant")) m->role = TL_ROLE_ASSISTANT;
-    else if (!strcmp(r, "tool")) m->role = TL_ROLE_TOOL;
+    if (!strcmp(r, "system") || !strcmp(r, "developer"))
+        m->role = TL_ROLE_SYSTEM;
+    else if (!strcmp(r, "user"))
+        m->role = TL_ROLE_USER;
+    else if (!strcmp(r, "assistant"))
+        m->role = TL_ROLE_ASSISTANT;
+    else if (!strcmp(r, "tool"))
+        m->role = TL_ROLE_TOOL;
     else
-        return tl_oai_fail(e, TL_ERR_INVALID, name,
-                           "unknown role '%s' (expected system, developer, user, assistant or tool)",
-                           r);
+        return tl_oai_fail(
+            e, TL_ERR_INVALID, name,
+            "unknown role '%s' (expected system, developer, user, assistant or tool)", r);
 
     json_t *content = NULL;
     const char *k;
@@ -320,7 +332,8 @@ static int parse_message(json_t *mj, int idx, tl_oai_msg *m, tl_oai_error *e) {
             return tl_oai_fail(e, TL_ERR_INVALID, name, "'%s' is required for role '%s'", name, r);
         if (!m->n_tool_calls && !m->reasoning_content)
             return tl_oai_fail(e, TL_ERR_INVALID, name,
-                               "'%s' is required when the assistant message has no tool_calls", name);
+                               "'%s' is required when the assistant message has no tool_calls",
+                               name);
         m->content = xstrdup("");
     } else if (parse_content(content, name, &m->content, e)) {
         return e->status;
@@ -382,7 +395,8 @@ static int parse_tools(tl_oai_req *r, json_t *v, tl_oai_error *e) {
                 if (!json_is_null(kv) && !json_is_object(kv))
                     return FAIL_TYPE(e, name, "a JSON Schema object");
             } else if (!strcmp(k, "strict")) {
-                if (!json_is_null(kv) && !json_is_boolean(kv)) return FAIL_TYPE(e, name, "a boolean");
+                if (!json_is_null(kv) && !json_is_boolean(kv))
+                    return FAIL_TYPE(e, name, "a boolean");
             } else {
                 return unsupported(name, e);
             }
@@ -408,9 +422,12 @@ static int has_tool(const tl_oai_req *r, const char *name) {
 static int parse_tool_choice(tl_oai_req *r, json_t *v, tl_oai_error *e) {
     if (json_is_string(v)) {
         const char *s = json_string_value(v);
-        if (!strcmp(s, "auto")) r->tool_choice = TL_TOOL_AUTO;
-        else if (!strcmp(s, "none")) r->tool_choice = TL_TOOL_NONE;
-        else if (!strcmp(s, "required")) r->tool_choice = TL_TOOL_REQUIRED;
+        if (!strcmp(s, "auto"))
+            r->tool_choice = TL_TOOL_AUTO;
+        else if (!strcmp(s, "none"))
+            r->tool_choice = TL_TOOL_NONE;
+        else if (!strcmp(s, "required"))
+            r->tool_choice = TL_TOOL_REQUIRED;
         else
             return tl_oai_fail(e, TL_ERR_INVALID, "tool_choice",
                                "'tool_choice' is '%s', expected none, auto, required or an object",
@@ -474,8 +491,9 @@ static int parse_prompt(tl_oai_req *r, json_t *v, int n_vocab, tl_oai_error *e) 
     }
     if (json_is_array(v)) {
         if (json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0)))
-            return tl_oai_fail(e, TL_ERR_UNSUPPORTED, "prompt",
-                               "'prompt' with several prompts is not supported (send one at a time)");
+            return tl_oai_fail(
+                e, TL_ERR_UNSUPPORTED, "prompt",
+                "'prompt' with several prompts is not supported (send one at a time)");
         return get_ids(v, "prompt", n_vocab, 1 << 24, &r->prompt_ids, &r->n_prompt_ids, e);
     }
     return FAIL_TYPE(e, "prompt", "a string or an array of token ids");
@@ -528,8 +546,9 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
     if (!strcmp(k, "n")) {
         if (get_int(v, k, 1, 128, &x, e)) return e->status;
         if (x != 1)
-            return tl_oai_fail(e, TL_ERR_UNSUPPORTED, k, "'n' must be 1 (several choices are not "
-                                                         "supported)");
+            return tl_oai_fail(e, TL_ERR_UNSUPPORTED, k,
+                               "'n' must be 1 (several choices are not "
+                               "supported)");
         return 0;
     }
     if (!strcmp(k, "logprobs")) {
@@ -546,7 +565,8 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
     }
     if (!strcmp(k, "tools") && chat) return parse_tools(r, v, e);
     if (!strcmp(k, "tool_choice") && chat) return 0; /* after the loop: needs tools */
-    if (!strcmp(k, "parallel_tool_calls") && chat) return get_bool(v, k, &r->parallel_tool_calls, e);
+    if (!strcmp(k, "parallel_tool_calls") && chat)
+        return get_bool(v, k, &r->parallel_tool_calls, e);
     if (!strcmp(k, "enable_thinking") && chat) {
         if (get_bool(v, k, &b, e)) return e->status;
         if (!*thinking_set) r->enable_thinking = b;
@@ -639,9 +659,11 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
         }
     }
 
-    if (r->model && strcmp(r->model, o->model_name) && !(o->model_path && !strcmp(r->model, o->model_path))) {
-        tl_oai_fail(e, TL_ERR_INVALID, "model", "the model '%s' does not exist (this server serves '%s')",
-                    r->model, o->model_name);
+    if (r->model && strcmp(r->model, o->model_name) &&
+        !(o->model_path && !strcmp(r->model, o->model_path))) {
+        tl_oai_fail(e, TL_ERR_INVALID, "model",
+                    "the model '%s' does not exist (this server serves '%s')", r->model,
+                    o->model_name);
         e->http = 404;
         e->code = "model_not_found";
         goto err;
@@ -795,7 +817,8 @@ static json_t *lp_text(const char *s, int n) {
 
 static json_t *lp_bytes(const char *s, int n) {
     json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)s[i]));
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)s[i]));
     return a;
 }
 
@@ -864,8 +887,10 @@ void tl_oai_make_id(char *out, size_t outlen, const char *prefix) {
     static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     unsigned char rnd[24];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-        for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)(rand() & 0xff);
+        for (size_t i = 0; i < sizeof rnd; i++)
+            rnd[i] = (unsigned char)(rand() & 0xff);
     size_t p = (size_t)snprintf(out, outlen, "%s", prefix);
-    for (size_t i = 0; i < sizeof rnd && p + 1 < outlen; i++) out[p++] = al[rnd[i] % 62];
+    for (size_t i = 0; i < sizeof rnd && p + 1 < outlen; i++)
+        out[p++] = al[rnd[i] % 62];
     if (p < outlen) out[p] = 0;
 }

@@ -16,13 +16,13 @@
 /* A request-level error: the HTTP status, OpenAI type/code, the offending field and a message.
  * Filled by the parsers; rendered by tl_oai_error_json. */
 typedef struct tl_oai_error {
-    int status;         /* tl_status that caused it */
-    int http;           /* HTTP status */
-    const char *type;   /* "invalid_request_error", ... */
-    const char *code;   /* NULL or e.g. "unsupported_parameter" */
-    char param[96];     /* "" or the field, e.g. "messages[2].role" */
+    int status;       /* tl_status that caused it */
+    int http;         /* HTTP status */
+    const char *type; /* "invalid_request_error", ... */
+    const char *code; /* NULL or e.g. "unsupported_parameter" */
+    char param[96];   /* "" or the field, e.g. "messages[2].role" */
     char msg[512];
-    long n_prompt;      /* context_length_exceeded only: prompt tokens and the limit */
+    long n_prompt; /* context_length_exceeded only: prompt tokens and the limit */
     long n_ctx;
 } tl_oai_error;
 
@@ -52,7 +52,7 @@ typedef enum tl_oai_role {
 
 /* One tool call of an assistant message in the history. Strings point into the request JSON. */
 typedef struct tl_oai_tool_call {
-    const char *id;        /* may be NULL */
+    const char *id; /* may be NULL */
     const char *name;
     const char *arguments; /* JSON text as the client sent it */
 } tl_oai_tool_call;
@@ -64,7 +64,7 @@ typedef struct tl_oai_msg {
     const char *reasoning_content; /* assistant only; NULL when absent */
     tl_oai_tool_call *tool_calls;  /* owned array */
     int n_tool_calls;
-    const char *tool_call_id;      /* tool only */
+    const char *tool_call_id; /* tool only */
     const char *name;
 } tl_oai_msg;
 
@@ -87,38 +87,38 @@ typedef struct tl_oai_opts {
 typedef struct tl_oai_req {
     tl_oai_kind kind;
     json_t *root;
-    const char *model;      /* as sent, or NULL */
+    const char *model; /* as sent, or NULL */
 
     /* chat */
     tl_oai_msg *msgs;
     int n_msgs;
-    json_t *tools;          /* borrowed from root: array of {"type":"function","function":{...}} or NULL */
+    json_t *tools; /* borrowed from root: array of {"type":"function","function":{...}} or NULL */
     int n_tools;
     tl_oai_tool_choice tool_choice;
-    const char *tool_name;  /* TL_TOOL_NAMED */
+    const char *tool_name; /* TL_TOOL_NAMED */
     int parallel_tool_calls;
-    int enable_thinking;    /* default 1 */
-    int preserve_thinking;  /* default 0 */
+    int enable_thinking;   /* default 1 */
+    int preserve_thinking; /* default 0 */
 
     /* completions: text or token ids */
     const char *prompt_text;
-    int32_t *prompt_ids;    /* owned */
+    int32_t *prompt_ids; /* owned */
     int n_prompt_ids;
 
     /* generation */
     int stream;
     int include_usage;
-    int max_tokens;         /* -1: until the context is full */
+    int max_tokens; /* -1: until the context is full */
     tl_sample_params sample;
     int has_seed;
     const char *stop[TL_OAI_MAX_STOP];
     int n_stop;
-    int logprobs;           /* return logprobs of chosen tokens */
-    int top_logprobs;       /* 0..TL_MAX_LOGPROBS */
+    int logprobs;     /* return logprobs of chosen tokens */
+    int top_logprobs; /* 0..TL_MAX_LOGPROBS */
     int ignore_eos;
-    int32_t *script;        /* test mode: tokens to emit instead of sampled ones (owned) */
+    int32_t *script; /* test mode: tokens to emit instead of sampled ones (owned) */
     int n_script;
-    int fail_after;         /* test mode: the engine fails the job after this many tokens */
+    int fail_after; /* test mode: the engine fails the job after this many tokens */
 } tl_oai_req;
 
 /* Parse and validate a /v1/chat/completions or /v1/completions body. On failure e says why

@@ -107,9 +107,9 @@ struct tl_sched {
     tl_job *q_head, *q_tail;
     int n_queued;
     int accepting;
-    int stop;          /* 1: cancel everything and exit */
+    int stop; /* 1: cancel everything and exit */
     int lost;
-    int n_running;     /* mirrors the engine thread's count for stats */
+    int n_running; /* mirrors the engine thread's count for stats */
     int n_sessions;
     long kv_tokens;
 
@@ -245,7 +245,8 @@ static void publish_stats(tl_sched *s, int n_running) {
 
 /* Fails every running job (device lost or a batch-wide error). */
 static int fail_all(tl_sched *s, int n_running, int st, const char *msg) {
-    for (int i = 0; i < n_running; i++) job_release(s, s->running[i], TL_FIN_ERROR, st, msg);
+    for (int i = 0; i < n_running; i++)
+        job_release(s, s->running[i], TL_FIN_ERROR, st, msg);
     return 0;
 }
 
@@ -258,7 +259,8 @@ static void *engine_main(void *arg) {
         /* 1. Admission: move queued jobs into free slots; reap cancelled queued jobs. */
         int n_reaped = 0;
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->q_head && n_running == 0) pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stop && !s->q_head && n_running == 0)
+            pthread_cond_wait(&s->cv, &s->mu);
         int stop = s->stop;
         queue_reap(s, reaped, &n_reaped, 64);
         while (!stop && !s->lost && n_running < s->max_seqs && s->q_head) {
@@ -270,7 +272,8 @@ static void *engine_main(void *arg) {
             s->running[n_running++] = j;
         }
         pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < n_reaped; i++) job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
+        for (int i = 0; i < n_reaped; i++)
+            job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
         if (stop && n_running == 0) {
             pthread_mutex_lock(&s->mu);
             int empty = !s->q_head;
@@ -308,8 +311,12 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < n_running; i++) {
             tl_job *j = s->running[i];
             if (j->n_fed < j->n_prompt) continue;
-            s->entries[n] = (tl_batch_entry){.sess = j->sess, .tokens = &j->next_tok, .n_tok = 1,
-                                             .sample = &j->sample, .out = NULL, .logits = NULL};
+            s->entries[n] = (tl_batch_entry){.sess = j->sess,
+                                             .tokens = &j->next_tok,
+                                             .n_tok = 1,
+                                             .sample = &j->sample,
+                                             .out = NULL,
+                                             .logits = NULL};
             s->entry_job[n++] = j;
             budget--;
         }
@@ -320,8 +327,10 @@ static void *engine_main(void *arg) {
             if (budget <= 0 && prefill_moved) break;
             int chunk = TL_MIN(j->n_prompt - j->n_fed, TL_MAX(budget, 32));
             int last = j->n_fed + chunk == j->n_prompt;
-            s->entries[n] = (tl_batch_entry){.sess = j->sess, .tokens = j->prompt + j->n_fed,
-                                             .n_tok = chunk, .sample = last ? &j->sample : NULL};
+            s->entries[n] = (tl_batch_entry){.sess = j->sess,
+                                             .tokens = j->prompt + j->n_fed,
+                                             .n_tok = chunk,
+                                             .sample = last ? &j->sample : NULL};
             s->entry_job[n++] = j;
             budget -= chunk;
             prefill_moved = 1;
@@ -361,8 +370,10 @@ static void *engine_main(void *arg) {
         k = 0;
         for (int i = 0; i < n_running; i++) {
             tl_job *j = s->running[i];
-            if (j->finished) tl_job_unref(j); /* written by this thread: no lock needed */
-            else s->running[k++] = j;
+            if (j->finished)
+                tl_job_unref(j); /* written by this thread: no lock needed */
+            else
+                s->running[k++] = j;
         }
         n_running = k;
         publish_stats(s, n_running);
@@ -385,10 +396,12 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->max_ctx = tl_engine_max_ctx(e);
     const tl_config *c = tl_engine_config(e);
     s->n_eos = TL_MIN(c->n_eos, 4);
-    for (int i = 0; i < s->n_eos; i++) s->eos[i] = c->eos_ids[i];
+    for (int i = 0; i < s->n_eos; i++)
+        s->eos[i] = c->eos_ids[i];
     if (s->n_eos == 0) {
         free(s);
-        return tl_errf(err, errlen, TL_ERR_FORMAT, "the model config names no end-of-sequence token");
+        return tl_errf(err, errlen, TL_ERR_FORMAT,
+                       "the model config names no end-of-sequence token");
     }
     s->running = xcalloc((size_t)s->max_seqs, sizeof *s->running);
     s->entries = xcalloc((size_t)s->max_seqs, sizeof *s->entries);
@@ -411,7 +424,8 @@ int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
     pthread_mutex_lock(&s->mu);
     int st = 0;
     if (s->lost)
-        st = tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the engine failed; the server is restarting");
+        st =
+            tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the engine failed; the server is restarting");
     else if (!s->accepting)
         st = tl_errf(err, errlen, TL_ERR_CANCELLED, "the server is shutting down");
     else if (s->n_queued >= s->p.max_queue && s->n_running + s->n_queued >= s->max_seqs)
@@ -424,8 +438,10 @@ int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
     tl_job_ref(j);
     j->t_submit = tl_time_s();
     j->next = NULL;
-    if (s->q_tail) s->q_tail->next = j;
-    else s->q_head = j;
+    if (s->q_tail)
+        s->q_tail->next = j;
+    else
+        s->q_head = j;
     s->q_tail = j;
     s->n_queued++;
     pthread_cond_signal(&s->cv);

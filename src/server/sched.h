@@ -25,11 +25,11 @@ typedef struct tl_job {
     int32_t *prompt; /* owned */
     int n_prompt;
     tl_sample_params sample;
-    int max_tokens;  /* <= 0: until the context is full */
+    int max_tokens; /* <= 0: until the context is full */
     int ignore_eos;
     int32_t *script; /* test mode: emitted instead of sampled tokens, then EOS (owned) */
     int n_script;
-    int fail_after;  /* test mode: fail with TL_ERR_INTERNAL after this many tokens (0: off) */
+    int fail_after; /* test mode: fail with TL_ERR_INTERNAL after this many tokens (0: off) */
     /* Tokens forced after the reasoning ends (tool_choice required/named): when think_end_id
      * is emitted, or from the start if !in_think, the next n_force tokens are these (owned). */
     int32_t *force;
@@ -41,12 +41,12 @@ typedef struct tl_job {
     pthread_mutex_t mu;
     tl_sample_out *ev; /* events not yet taken by the reader */
     int n_ev, cap_ev;
-    int finished;      /* a tl_finish once the engine thread is done with the job */
+    int finished; /* a tl_finish once the engine thread is done with the job */
     int err_status;
     char err[256];
-    int n_gen;         /* tokens emitted so far */
+    int n_gen; /* tokens emitted so far */
     double t_submit, t_admit, t_first, t_last;
-    int efd;           /* eventfd: written on every new event and at the end */
+    int efd; /* eventfd: written on every new event and at the end */
     atomic_int cancel;
     atomic_int refs;
 

@@ -87,7 +87,8 @@ int tl_server_run(const tl_server_params *p) {
         char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s", s->p.model_path);
         size_t n = strlen(tmp);
-        while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+        while (n > 1 && tmp[n - 1] == '/')
+            tmp[--n] = 0;
         snprintf(s->model_name, sizeof s->model_name, "%s", basename(tmp));
     } else {
         snprintf(s->model_name, sizeof s->model_name, "qwen3.6-35b-a3b");

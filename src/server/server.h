@@ -21,13 +21,13 @@ typedef struct tl_server_params {
     int allow_test_shape;
     int n_threads;
     int max_seqs, max_ctx;
-    int max_queue;              /* waiting requests beyond the running ones; default 64 */
-    int step_tokens;            /* engine step token budget; default 2048 */
-    size_t max_body;            /* request body limit in bytes; default 8 MiB */
-    int max_conns;              /* concurrent connections; default 512 */
-    double drain_s;             /* SIGINT/SIGTERM: seconds running streams may finish */
-    int idle_timeout_s;         /* close a connection idle this long (default 300) */
-    int test_mode;              /* accept the tulip_test_script request extension */
+    int max_queue;      /* waiting requests beyond the running ones; default 64 */
+    int step_tokens;    /* engine step token budget; default 2048 */
+    size_t max_body;    /* request body limit in bytes; default 8 MiB */
+    int max_conns;      /* concurrent connections; default 512 */
+    double drain_s;     /* SIGINT/SIGTERM: seconds running streams may finish */
+    int idle_timeout_s; /* close a connection idle this long (default 300) */
+    int test_mode;      /* accept the tulip_test_script request extension */
     int random_weights, weight_bits;
     uint64_t seed;
 } tl_server_params;
@@ -46,7 +46,7 @@ typedef struct tl_server {
     tl_oai_defaults defaults;
     tl_oai_opts oai;
     char model_name[256];
-    int n_vocab;      /* model embedding rows: token ids must be below */
+    int n_vocab; /* model embedding rows: token ids must be below */
     int max_ctx;
     int think_end_id; /* "</think>" or -1 */
     long created;
@@ -67,9 +67,9 @@ int tl_http_port(tl_server *s);
 /* What an endpoint handler returns to http.c: a whole body, or a stream. */
 struct tl_stream;
 typedef struct tl_reply {
-    int status;               /* HTTP status */
+    int status; /* HTTP status */
     const char *content_type;
-    char *body;               /* malloc'd; NULL for a stream */
+    char *body; /* malloc'd; NULL for a stream */
     size_t body_len;
     struct tl_stream *stream; /* non-NULL: an SSE stream */
 } tl_reply;

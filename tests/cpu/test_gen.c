@@ -29,7 +29,8 @@ static void absorb(out *o, json_t *deltas) {
     json_t *d;
     json_array_foreach(deltas, i, d) {
         json_t *v;
-        if ((v = json_object_get(d, "reasoning_content"))) cat(o->reasoning, 512, json_string_value(v));
+        if ((v = json_object_get(d, "reasoning_content")))
+            cat(o->reasoning, 512, json_string_value(v));
         if ((v = json_object_get(d, "content"))) cat(o->content, 512, json_string_value(v));
         if ((v = json_object_get(d, "text"))) cat(o->text, 512, json_string_value(v));
         json_t *tcs = json_object_get(d, "tool_calls");
@@ -39,7 +40,8 @@ static void absorb(out *o, json_t *deltas) {
             if (idx > o->max_index) o->max_index = idx;
             if (json_object_get(fn, "name")) {
                 o->n_tool_starts++;
-                snprintf(o->name, sizeof o->name, "%s", json_string_value(json_object_get(fn, "name")));
+                snprintf(o->name, sizeof o->name, "%s",
+                         json_string_value(json_object_get(fn, "name")));
             }
             cat(o->args, 512, json_string_value(json_object_get(fn, "arguments")));
         }
@@ -70,8 +72,10 @@ static void run(const char *body, tl_oai_kind kind, const char *text, out *o, tl
     tl_gen_end(&g);
     absorb(o, tl_gen_take_deltas(&g));
     tl_tok_ids_free(&ids);
-    if (keep) *keep = g;
-    else tl_gen_free(&g);
+    if (keep)
+        *keep = g;
+    else
+        tl_gen_free(&g);
     tl_oai_req_free(&r);
 }
 
@@ -124,10 +128,10 @@ static void test_reasoning_and_usage(void) {
     CHECK_STR(o.content, "");
 }
 
-#define TOOLS                                                                                     \
-    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"   \
+#define TOOLS                                                                                      \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"    \
     "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]"
-#define CALL(city)                                                                                \
+#define CALL(city)                                                                                 \
     "<tool_call>\n<function=get_weather>\n<parameter=city>\n" city "\n</parameter>\n</function>\n" \
     "</tool_call>"
 
@@ -162,7 +166,8 @@ static void test_tool_calls(void) {
 
 static void test_completion_text(void) {
     out o;
-    run("{\"prompt\":\"x\",\"stop\":[\"\\n\\n\"]}", TL_OAI_COMPLETION, "one\ntwo\n\nthree", &o, NULL);
+    run("{\"prompt\":\"x\",\"stop\":[\"\\n\\n\"]}", TL_OAI_COMPLETION, "one\ntwo\n\nthree", &o,
+        NULL);
     CHECK_STR(o.text, "one\ntwo");
     /* special tokens are not text */
     run("{\"prompt\":\"x\"}", TL_OAI_COMPLETION, "a<|im_end|>b", &o, NULL);

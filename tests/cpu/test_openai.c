@@ -12,8 +12,10 @@ static tl_oai_opts opts;
 
 static void setup(int test_mode) {
     tl_oai_defaults_init(&defs);
-    opts = (tl_oai_opts){.model_name = "tiny", .model_path = "tests/data/tiny-a",
-                         .test_mode = test_mode, .defaults = &defs};
+    opts = (tl_oai_opts){.model_name = "tiny",
+                         .model_path = "tests/data/tiny-a",
+                         .test_mode = test_mode,
+                         .defaults = &defs};
 }
 
 /* Parses body as a chat (or completion) request; returns the status, e filled on failure. */
@@ -133,12 +135,12 @@ static void test_chat_bad_input(void) {
                 "messages[0].role");
     expect_fail(TL_OAI_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}",
                 TL_ERR_INVALID, 400, "messages[0].role");
-    expect_fail(TL_OAI_CHAT, "{\"messages\":[{\"role\":7,\"content\":\"x\"}]}", TL_ERR_INVALID,
-                400, "messages[0].role");
+    expect_fail(TL_OAI_CHAT, "{\"messages\":[{\"role\":7,\"content\":\"x\"}]}", TL_ERR_INVALID, 400,
+                "messages[0].role");
     expect_fail(TL_OAI_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", TL_ERR_INVALID, 400,
                 "messages[0].content");
-    expect_fail(TL_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}",
-                TL_ERR_INVALID, 400, "messages[0].content");
+    expect_fail(TL_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", TL_ERR_INVALID,
+                400, "messages[0].content");
     expect_fail(TL_OAI_CHAT,
                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
                 "\"image_url\":{\"url\":\"x\"}}]}]}",
@@ -163,8 +165,8 @@ static void test_chat_bad_input(void) {
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"stop\":[\"\"]}", TL_ERR_INVALID, 400, "stop");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"stop\":5}", TL_ERR_INVALID, 400, "stop");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"top_logprobs\":2}", TL_ERR_INVALID, 400, "top_logprobs");
-    expect_fail(TL_OAI_CHAT, "{" MSG ",\"top_logprobs\":21,\"logprobs\":true}", TL_ERR_INVALID,
-                400, "top_logprobs");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"top_logprobs\":21,\"logprobs\":true}", TL_ERR_INVALID, 400,
+                "top_logprobs");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"stream_options\":{\"include_usage\":true}}",
                 TL_ERR_INVALID, 400, "stream_options");
     /* unsupported fields: named, never ignored */
@@ -241,8 +243,7 @@ static void test_completion_prompts(void) {
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":\"\"}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,-2]}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,320]}", TL_ERR_INVALID, 400, "prompt");
-    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", TL_ERR_UNSUPPORTED, 400,
-                "prompt");
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", TL_ERR_UNSUPPORTED, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":{}}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":\"a\",\"echo\":true}", TL_ERR_UNSUPPORTED, 400,
                 "echo");
@@ -293,8 +294,8 @@ static void test_error_table_and_body(void) {
 
 static void test_response_json(void) {
     tl_oai_usage u = {10, 5, 3};
-    json_t *env = tl_oai_envelope("chatcmpl-x", "chat.completion", 1700000000, "tiny", json_object(),
-                                  tl_oai_usage_json(&u));
+    json_t *env = tl_oai_envelope("chatcmpl-x", "chat.completion", 1700000000, "tiny",
+                                  json_object(), tl_oai_usage_json(&u));
     char *s = tl_oai_dump(env);
     json_t *j = json_loads(s, 0, NULL);
     CHECK_STR(json_string_value(json_object_get(j, "object")), "chat.completion");
@@ -308,8 +309,13 @@ static void test_response_json(void) {
     free(s);
 
     /* logprobs: a token that is half a UTF-8 character still gives valid JSON + its bytes */
-    tl_oai_lp lp = {.text = "\xE2\x82", .text_len = 2, .logprob = -0.5f, .n_top = 1,
-                    .top_text = {"a"}, .top_len = {1}, .top_logprob = {-0.25f}};
+    tl_oai_lp lp = {.text = "\xE2\x82",
+                    .text_len = 2,
+                    .logprob = -0.5f,
+                    .n_top = 1,
+                    .top_text = {"a"},
+                    .top_len = {1},
+                    .top_logprob = {-0.25f}};
     json_t *c = tl_oai_chat_logprobs_json(&lp, 1);
     json_t *t0 = json_array_get(json_object_get(c, "content"), 0);
     CHECK(json_is_string(json_object_get(t0, "token")));
@@ -343,8 +349,12 @@ static void test_metrics_render(void) {
     tl_metrics_token(m, 1, 0.3);
     tl_metrics_token(m, 0, 0.004);
     tl_metrics_finish(m, 1);
-    tl_metrics_gauges g = {.queued = 2, .running = 1, .sessions = 1, .max_seqs = 4,
-                           .kv_tokens = 100, .kv_capacity = 400};
+    tl_metrics_gauges g = {.queued = 2,
+                           .running = 1,
+                           .sessions = 1,
+                           .max_seqs = 4,
+                           .kv_tokens = 100,
+                           .kv_capacity = 400};
     char *s = tl_metrics_render(m, &g);
     CHECK(strstr(s, "tulip_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"));
     CHECK(strstr(s, "tulip_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"));
