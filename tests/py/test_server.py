@@ -116,8 +116,11 @@ def test_seed_determinism(client):
 
 
 def test_logprobs(client):
+    # presence_penalty 0: logprobs are of the unmodified logits, so only then is the greedy
+    # choice their top entry
     r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=6,
-                                       temperature=0, logprobs=True, top_logprobs=3)
+                                       temperature=0, presence_penalty=0, logprobs=True,
+                                       top_logprobs=3)
     lp = r.choices[0].logprobs.content
     assert len(lp) == 6
     for t in lp:
