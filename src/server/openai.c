@@ -604,6 +604,14 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
                                json_string_value(ty));
         return 0;
     }
+    if (!strcmp(k, "logit_bias")) { /* only the default (no bias) */
+        if (!json_is_object(v)) return FAIL_TYPE(e, k, "an object");
+        return json_object_size(v) ? unsupported(k, e) : 0;
+    }
+    if (!strcmp(k, "store") && chat) { /* stored completions: only the default (off) */
+        if (get_bool(v, k, &b, e)) return e->status;
+        return b ? unsupported(k, e) : 0;
+    }
     if (!strcmp(k, "echo") && !chat) {
         if (get_bool(v, k, &b, e)) return e->status;
         return b ? unsupported(k, e) : 0;

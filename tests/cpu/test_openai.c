@@ -87,7 +87,7 @@ static void test_chat_all_fields(void) {
         "\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":{\"type\":\"function\","
         "\"function\":{\"name\":\"f\"}},\"parallel_tool_calls\":false,\"n\":1,\"user\":\"u\","
         "\"chat_template_kwargs\":{\"preserve_thinking\":true},\"ignore_eos\":true,"
-        "\"response_format\":{\"type\":\"text\"}}";
+        "\"response_format\":{\"type\":\"text\"},\"logit_bias\":{},\"store\":false}";
     CHECK_EQ_INT(parse(TL_OAI_CHAT, body, &r, &e), 0);
     if (e.msg[0]) fprintf(stderr, "%s\n", e.msg);
     CHECK_EQ_INT(r.n_msgs, 4);
@@ -173,6 +173,7 @@ static void test_chat_bad_input(void) {
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":2}", TL_ERR_UNSUPPORTED, 400, "n");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":{\"1\":5}}", TL_ERR_UNSUPPORTED, 400,
                 "logit_bias");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"store\":true}", TL_ERR_UNSUPPORTED, 400, "store");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"frobnicate\":true}", TL_ERR_UNSUPPORTED, 400,
                 "frobnicate");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"prompt\":\"x\"}", TL_ERR_UNSUPPORTED, 400, "prompt");
