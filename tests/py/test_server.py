@@ -525,3 +525,25 @@ def test_tulip_chat_cli(which):
     assert len([a for a in answers if a]) >= 2
     # greedy, same single-turn conversation after /reset: same answer as the first turn
     assert answers[0] == answers[2], answers
+
+
+@pytest.mark.parametrize("which", sorted(BINARIES))
+def test_sigterm_cancels_after_grace(which):
+    """A stream still running when --drain-timeout ends is cancelled: the client gets an error
+    frame (not a silent cut), and the server exits 0 promptly."""
+    s = Server(BINARIES[which], "--drain-timeout", "0.3")
+    cl = s.client()
+    stream = cl.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=4000,
+                                        stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(openai.APIError) as ei:
+        for _ in it:
+            pass
+    assert "cancelled" in str(ei.value)
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert time.time() - t0 < 10
+    assert sanitizer_report(err) is None, err[-5000:]
