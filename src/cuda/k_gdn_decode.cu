@@ -13,8 +13,9 @@
  * Shapes: qkv [n_tok, 2*nk*128 + nv*128] (q | k | v, head-major); proj [n_tok, ld_proj] holds z
  *   (nv*128 at z_off), b (nv at b_off), a (nv at a_off); S [n_slot][nv][128 (key)][128 (value)]
  *   f32; y [n_tok, nv*128]. Value head h reads key head h / (nv/nk).
- * Threads: one block of 512 per (value head, segment); thread i owns state column c = i/4 and
- *   rows 32*(i%4) .. +31 in registers; the four owners of a column reduce with two shuffles.
+ * Threads: one block of 512 per (value head, segment); thread i owns state column c = i%128 and
+ *   rows 32*(i/128) .. +31 in registers (a warp reads 128 contiguous bytes of one state row); the
+ *   four owners of a column add their partial sums through shared memory in a fixed order.
  *   Tokens of the segment run in order inside the block.
  * Bytes: S read and written once per segment (64 KiB per head) + q, k, v, z per token.
  * Tested against cpu_l2norm + cpu_gdn_step + cpu_rmsnorm_gated (test_kernels.c: test_gdn). */
@@ -23,10 +24,11 @@ __global__ void __launch_bounds__(512)
                     int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                     const float *norm_w, int nk, int nv, float eps, tl_gpu_seqs s) {
     __shared__ float sq[GDN_D], sk[GDN_D];
+    __shared__ float s_part[4][GDN_D];
     __shared__ float sbuf[32];
     __shared__ float s_gate[2];
     int h = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
-    int c = tid >> 2, rp = tid & 3, kh = h / (nv / nk);
+    int c = tid & (GDN_D - 1), rp = tid >> 7, kh = h / (nv / nk);
     int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
     int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
     float *Sh = S + ((size_t)slot * nv + h) * GDN_D * GDN_D;
@@ -59,8 +61,9 @@ __global__ void __launch_bounds__(512)
             st[j] *= decay;
             m = fmaf(st[j], sk[rp * 32 + j], m);
         }
-        m += __shfl_xor_sync(0xffffffffu, m, 1);
-        m += __shfl_xor_sync(0xffffffffu, m, 2);
+        s_part[rp][c] = m;
+        __syncthreads();
+        m = s_part[0][c] + s_part[1][c] + s_part[2][c] + s_part[3][c];
         float d = beta * (vc - m);
         float o = 0.0f;
 #pragma unroll
@@ -68,8 +71,10 @@ __global__ void __launch_bounds__(512)
             st[j] = fmaf(sk[rp * 32 + j], d, st[j]);
             o = fmaf(st[j], sq[rp * 32 + j], o);
         }
-        o += __shfl_xor_sync(0xffffffffu, o, 1);
-        o += __shfl_xor_sync(0xffffffffu, o, 2);
+        __syncthreads(); /* everyone has read m's partials */
+        s_part[rp][c] = o;
+        __syncthreads();
+        o = s_part[0][c] + s_part[1][c] + s_part[2][c] + s_part[3][c];
         float oo = block_sum(rp == 0 ? o * o : 0.0f, sbuf);
         if (rp == 0) {
             float z = pr[z_off + h * GDN_D + c];
