@@ -312,11 +312,11 @@ static void gdn_run_prep(void *p) {
             (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0);
     }
 }
-static void gdn_run_seq(void *p) {
+template <int NW> static void gdn_run_seq(void *p) {
     gdn_ctx *g = (gdn_ctx *)p;
     for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
-        gdn_seq_kernel<<<dim3(GC_DK / GC_DVB, GC_NH), GC_THREADS, GS_SMEM>>>(
+        gdn_seq_kernel<NW><<<dim3(GC_DK / GC_DVB, GC_NH), NW * 32, GS_SMEM>>>(
             g->o, g->S, (const float *)g->ws, t_seg, n_chunks, g->T, 0);
     }
 }
@@ -351,8 +351,9 @@ static void bench_gdn(void) {
             row(name, ms, flop);
             printf("    -> %.0f tok/s per layer, 30 layers: %.2f ms\n", g.T / (ms * 1e-3), 30 * ms);
         }
-        printf("    v2 prep only %.3f ms, sequential only %.3f ms\n", time_ms(gdn_run_prep, &g, 10),
-               time_ms(gdn_run_seq, &g, 10));
+        printf("    v2 prep only %.3f ms, sequential only %.3f ms (16 warps) / %.3f ms (8 warps)\n",
+               time_ms(gdn_run_prep, &g, 10), time_ms(gdn_run_seq<16>, &g, 10),
+               time_ms(gdn_run_seq<8>, &g, 10));
         cudaFree(g.c), cudaFree(g.S), cudaFree(g.g), cudaFree(g.b), cudaFree(g.o), cudaFree(g.ws);
     }
 }

@@ -5,6 +5,8 @@
  * chunks of each head in order applying them to the state, which stays in shared memory.
  * Never allocates, never synchronises. Invariant: equals the token-by-token recurrence
  * (cpu_gdn_step) up to fp32 rounding. dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
+#include <stdlib.h>
+
 #include "cuda/gpu_prefill.h"
 #include "cuda/k_prefill_common.cuh"
 #include "model/shape.h"
@@ -236,9 +238,10 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
  * math: v_new = U - W S;  o = Qg S + Aqk v_new;  S = e^{gc_63} S + Kd^T v_new
  *   (Qg = q e^gc, Kd = k e^{gc_63 - gc} from the prep kernel)
  * shapes: state f32 [32][128][128] (slice of 32 value columns per block); o [T, 32, 128].
- * threads: block = (value-column slice, value head), 256 threads; the first two steps map warp w
- *   to rows 8w..8w+7 and the lane to a column; the state update maps warp w to state rows
- *   16w..16w+15. Every input of the next chunk is fetched with cp.async while this one computes:
+ * threads: block = (value-column slice, value head), NW warps (8 by default); the first two
+ *   steps map warp w to chunk rows (64/NW)w.. and the lane to a column; the state update maps
+ *   warp w to state rows (128/NW)w... TL_GDN_SEQ_WARPS=16 selects 16 warps (more latency
+ *   hiding for this latency-bound pass; being measured, notes/2026-12-02-prefill-kernels.md). Every input of the next chunk is fetched with cp.async while this one computes:
  *   W, Aqk, U slice, gc into a second buffer at the start, Qg once step 1 is done with Q, Kd after
  *   the state update (it is only needed at the end of the next chunk).
  * bytes: per chunk W 32 KB + Aqk 16 KB + U slice 8 KB + Qg, Kd 64 KB (the 4 slice blocks of a
@@ -255,10 +258,12 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
 #define GS_BUF_FLOATS (GS_BUF_G + GC_L)
 #define GS_SMEM    ((GS_OFF_BUF + 2 * GS_BUF_FLOATS) * 4)
 
-__global__ void __launch_bounds__(GC_THREADS, 1)
+template <int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
 gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, int T, int flags) {
     extern __shared__ __align__(16) float gs_smem[];
     float *sK = gs_smem + GS_OFF_K, *sQ = gs_smem + GS_OFF_Q, *sS = gs_smem + GS_OFF_S;
+    constexpr int THREADS = NW * 32, RW = GC_L / NW, RS = GC_DK / NW; /* rows per warp */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.y;
     const int c0 = blockIdx.x * GC_DVB;
@@ -270,9 +275,9 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
         if (c >= n_chunks) return;
         float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
         const float *rec = rec_of(c);
-        for (int i = tid; i < (GC_L * GC_DK + GC_L * GC_L) / 4; i += GC_THREADS)
+        for (int i = tid; i < (GC_L * GC_DK + GC_L * GC_L) / 4; i += THREADS)
             pf_cp_async16(buf + 4 * i, rec + GC_WS_W + 4 * i, 16);
-        for (int i = tid; i < GC_L * GC_DVB / 4; i += GC_THREADS) {
+        for (int i = tid; i < GC_L * GC_DVB / 4; i += THREADS) {
             int r = i / (GC_DVB / 4), cc = i % (GC_DVB / 4);
             pf_cp_async16(buf + GS_BUF_U + r * GC_DVB + 4 * cc, rec + GC_WS_U + r * GC_DK + c0 + 4 * cc, 16);
         }
@@ -281,11 +286,11 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
     auto fetch_rows = [&](float *dst, int c, int off) { /* Qg or Kd of chunk c */
         if (c >= n_chunks) return;
         const float *src = rec_of(c) + off;
-        for (int i = tid; i < GC_L * GC_DK / 4; i += GC_THREADS) pf_cp_async16(dst + 4 * i, src + 4 * i, 16);
+        for (int i = tid; i < GC_L * GC_DK / 4; i += THREADS) pf_cp_async16(dst + 4 * i, src + 4 * i, 16);
     };
 
-    for (int u = 0; u < 16; u++) {
-        int d = warp * 16 + u;
+    for (int u = 0; u < RS; u++) {
+        int d = warp * RS + u;
         sS[d * GC_DVB + lane] = Sg[(size_t)d * GC_DK + c0 + lane];
     }
     /* note: cp.async groups, in commit order: buf_0, Q_0, K_0, then per chunk c: buf_{c+1},
@@ -309,22 +314,22 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
         pf_cp_async_commit();
 
         /* v_new = U - W S; o = Qg S: rows i = 8w+u, column lane */
-        float vp[8], oi[8];
-        for (int u = 0; u < 8; u++) vp[u] = oi[u] = 0.f;
+        float vp[RW], oi[RW];
+        for (int u = 0; u < RW; u++) vp[u] = oi[u] = 0.f;
         for (int d = 0; d < GC_DK; d += 4) {
             float s4[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * GC_DVB + lane];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = warp * 8 + u;
+            for (int u = 0; u < RW; u++) {
+                int i = warp * RW + u;
                 float4 wr = *(const float4 *)(sW + i * GC_DK + d);
                 float4 qr = *(const float4 *)(sQ + i * GC_DK + d);
                 vp[u] += wr.x * s4[0] + wr.y * s4[1] + wr.z * s4[2] + wr.w * s4[3];
                 oi[u] += qr.x * s4[0] + qr.y * s4[1] + qr.z * s4[2] + qr.w * s4[3];
             }
         }
-        for (int u = 0; u < 8; u++) sU[(warp * 8 + u) * GC_DVB + lane] -= vp[u];
+        for (int u = 0; u < RW; u++) sU[(warp * RW + u) * GC_DVB + lane] -= vp[u];
         __syncthreads(); /* v_new complete; Q free */
         fetch_rows(sQ, c + 1, GC_WS_QG);
         pf_cp_async_commit();
@@ -335,13 +340,13 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
 #pragma unroll
             for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * GC_DVB + lane];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                float4 a4 = *(const float4 *)(sAqk + (warp * 8 + u) * GC_L + j);
+            for (int u = 0; u < RW; u++) {
+                float4 a4 = *(const float4 *)(sAqk + (warp * RW + u) * GC_L + j);
                 oi[u] += a4.x * vn[0] + a4.y * vn[1] + a4.z * vn[2] + a4.w * vn[3];
             }
         }
-        for (int u = 0; u < 8; u++) {
-            int t = t0 + warp * 8 + u;
+        for (int u = 0; u < RW; u++) {
+            int t = t0 + warp * RW + u;
             if (t >= T) continue;
             size_t idx = ((size_t)t * GC_NH + h) * GC_DK + c0 + lane;
             if (out_f32) ((float *)o)[idx] = oi[u];
@@ -352,13 +357,13 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
         pf_cp_async_wait<2>(); /* K_c */
         __syncthreads();
         {
-            float acc[16];
-            for (int u = 0; u < 16; u++) acc[u] = 0.f;
+            float acc[RS];
+            for (int u = 0; u < RS; u++) acc[u] = 0.f;
             for (int j = 0; j < GC_L; j++) {
                 float vn = sU[j * GC_DVB + lane];
 #pragma unroll
-                for (int u4 = 0; u4 < 4; u4++) {
-                    float4 kr = *(const float4 *)(sK + j * GC_DK + warp * 16 + 4 * u4);
+                for (int u4 = 0; u4 < RS / 4; u4++) {
+                    float4 kr = *(const float4 *)(sK + j * GC_DK + warp * RS + 4 * u4);
                     acc[4 * u4 + 0] += kr.x * vn;
                     acc[4 * u4 + 1] += kr.y * vn;
                     acc[4 * u4 + 2] += kr.z * vn;
@@ -366,8 +371,8 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
                 }
             }
             float egl = expf(sG[GC_L - 1]);
-            for (int u = 0; u < 16; u++) {
-                int d = warp * 16 + u;
+            for (int u = 0; u < RS; u++) {
+                int d = warp * RS + u;
                 sS[d * GC_DVB + lane] = sS[d * GC_DVB + lane] * egl + acc[u];
             }
         }
@@ -377,8 +382,8 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
     }
     pf_cp_async_wait<0>();
 
-    for (int u = 0; u < 16; u++) {
-        int d = warp * 16 + u;
+    for (int u = 0; u < RS; u++) {
+        int d = warp * RS + u;
         Sg[(size_t)d * GC_DK + c0 + lane] = sS[d * GC_DVB + lane];
     }
 }
@@ -421,20 +426,28 @@ extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void
     if (!attr_set) {
         if (cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  GP_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gdn_seq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            cudaFuncSetAttribute(gdn_seq_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 GS_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(gdn_seq_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  GS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     cudaStream_t st = (cudaStream_t)stream;
+    const char *e = getenv("TL_GDN_SEQ_WARPS");
+    const int seq_warps = e && atoi(e) == 16 ? 16 : 8;
     for (int t_seg = 0; t_seg < T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
         gdn_prep_kernel<<<dim3(n_chunks, GC_NH), GC_THREADS, GP_SMEM, st>>>(
             (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, flags & TL_GDN_L2NORM,
             flags & TL_GDN_IN_F32);
         PF_LAUNCH_CHECK();
-        gdn_seq_kernel<<<dim3(GC_DK / GC_DVB, GC_NH), GC_THREADS, GS_SMEM, st>>>(
-            o, state, (const float *)ws, t_seg, n_chunks, T, flags);
+        if (seq_warps == 8)
+            gdn_seq_kernel<8><<<dim3(GC_DK / GC_DVB, GC_NH), 256, GS_SMEM, st>>>(
+                o, state, (const float *)ws, t_seg, n_chunks, T, flags);
+        else
+            gdn_seq_kernel<16><<<dim3(GC_DK / GC_DVB, GC_NH), 512, GS_SMEM, st>>>(
+                o, state, (const float *)ws, t_seg, n_chunks, T, flags);
         PF_LAUNCH_CHECK();
     }
     return 0;
