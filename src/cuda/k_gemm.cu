@@ -1,9 +1,11 @@
 /* Prefill GEMMs on the tensor cores: Y[n, rows] = X[n, cols] W^T with X bf16 activations and W
  * either BF16 or 4-bit affine g64 (dequantized in the main loop), fp32 accumulation, bf16 or f32
- * output and fused epilogues (residual add, SwiGLU). The same kernel runs the MoE grouped GEMMs
- * (rows gathered by expert from a routing plan). Also owns the 4-bit repack from the MLX layout
- * and the MoE plan / combine kernels. Launches only: never allocates, never synchronises.
- * Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked at entry). */
+ * output and fused epilogues (residual add, SwiGLU). Two kernels: mma.sync (any rows % 128) and
+ * wgmma (rows % 256, Hopper), picked per shape by gemm_pick_tile; the same kernels run the MoE
+ * grouped GEMMs (rows gathered by expert from a routing plan). Also owns the 4-bit repack from
+ * the MLX layout and the MoE plan / combine kernels. Launches only: never allocates, never
+ * synchronises. Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked
+ * at entry). Sections: tiling, mma.sync kernel, wgmma kernel, dispatch, MoE, repack. */
 #include <stdlib.h>
 
 #include "cuda/gpu_prefill.h"
