@@ -22,6 +22,7 @@ static void serve_usage(void) {
             "  --max-conns N          concurrent HTTP connections (default 512)\n"
             "  --drain-timeout S      on SIGINT/SIGTERM, seconds running requests may finish (10)\n"
             "  --idle-timeout S       close connections idle this long (default 300)\n"
+            "  --keepalive S          SSE ': keepalive' comment after S s without tokens (5)\n"
             "  --backend auto|cpu|cuda\n"
             "  --threads N            CPU backend threads (default: all cores)\n"
             "  --allow-test-shape     accept a model with non-production dimensions (tests)\n"
@@ -66,6 +67,8 @@ int cmd_serve(int argc, char **argv) {
             p.max_conns = atoi(v);
         else if (OPT("--drain-timeout"))
             p.drain_s = atof(v);
+        else if (OPT("--keepalive"))
+            p.keepalive_s = atof(v);
         else if (OPT("--idle-timeout"))
             p.idle_timeout_s = atoi(v);
         else if (OPT("--threads"))

@@ -23,8 +23,7 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/chat.h"
 
-#define EV_BATCH     64
-#define KEEPALIVE_MS 5000
+#define EV_BATCH 64
 
 /* ====== Small replies. ====== */
 
@@ -72,10 +71,13 @@ void tl_api_models(tl_server *s, const char *id, tl_reply *out) {
 }
 
 void tl_api_health(tl_server *s, tl_reply *out) {
-    int lost = tl_sched_lost(s->sched);
+    int lost = tl_sched_lost(s->sched), draining = atomic_load(&s->draining);
     json_t *o = json_object();
-    json_object_set_new(o, "status", json_string(lost ? "device lost" : "ok"));
-    reply_json(out, lost ? 503 : 200, o);
+    json_object_set_new(o, "status",
+                        json_string(lost       ? "device lost"
+                                    : draining ? "draining"
+                                               : "ok"));
+    reply_json(out, lost || draining ? 503 : 200, o);
 }
 
 void tl_api_metrics(tl_server *s, tl_reply *out) {
@@ -415,7 +417,7 @@ long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
             continue;
         }
         if (n) continue;
-        int w = tl_job_wait(st->job, st->fd, KEEPALIVE_MS);
+        int w = tl_job_wait(st->job, st->fd, (int)(st->s->p.keepalive_s * 1000));
         if (w < 0) {
             tl_job_cancel(st->job);
             return -2;

@@ -80,6 +80,7 @@ int tl_server_run(const tl_server_params *p) {
     if (!s->p.max_conns) s->p.max_conns = 512;
     if (s->p.drain_s <= 0) s->p.drain_s = 10;
     if (s->p.idle_timeout_s <= 0) s->p.idle_timeout_s = 300;
+    if (s->p.keepalive_s <= 0) s->p.keepalive_s = 5;
     s->created = (long)time(NULL);
     if (s->p.model_name) {
         snprintf(s->model_name, sizeof s->model_name, "%s", s->p.model_name);

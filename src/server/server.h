@@ -27,6 +27,7 @@ typedef struct tl_server_params {
     int max_conns;      /* concurrent connections; default 512 */
     double drain_s;     /* SIGINT/SIGTERM: seconds running streams may finish */
     int idle_timeout_s; /* close a connection idle this long (default 300) */
+    double keepalive_s; /* SSE comment after this long without a chunk (default 5) */
     int test_mode;      /* accept the tulip_test_script request extension */
     int random_weights, weight_bits;
     uint64_t seed;

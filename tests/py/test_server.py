@@ -408,7 +408,7 @@ def test_bad_input(srv, client):
 @pytest.fixture(scope="module", params=sorted(BINARIES))
 def strict(request):
     s = Server(BINARIES[request.param], "--ctx", "4096", "--max-seqs", "1", "--queue", "1",
-               "--max-body", "65536", api_key="sk-test")
+               "--max-body", "65536", "--keepalive", "0.2", api_key="sk-test")
     yield s
     rc, err = s.stop()
     assert rc == 0, err[-3000:]
@@ -481,6 +481,30 @@ def test_long_request_outlives_idle_timeout():
     finally:
         rc, err = s.stop()
     assert rc == 0, err[-2000:]
+
+
+def test_keepalive_while_queued(strict):
+    """A stream waiting for its first token (here: queued behind another) gets ': keepalive'
+    comments, and the client leaving the queue frees everything."""
+    cl = strict.client()
+    a = cl.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=4000, stream=True,
+                                   extra_body={"ignore_eos": True})
+    next(iter(a))
+    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 4, "stream": True})
+    c = socket.create_connection(("127.0.0.1", strict.port), timeout=10)
+    c.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n"
+               "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body)).encode())
+    got = b""
+    deadline = time.time() + 10
+    while b": keepalive" not in got and time.time() < deadline:
+        got += c.recv(4096)
+    assert got.startswith(b"HTTP/1.1 200") and b"text/event-stream" in got
+    assert b": keepalive" in got
+    c.close()
+    a.close()
+    strict.wait_metric("tulip_sessions_active", lambda v: v == 0)
+    strict.wait_metric("tulip_queue_depth", lambda v: v == 0)
 
 
 # ---------------------------------------------------------------- shutdown
