@@ -6,7 +6,7 @@
 #include "cuda/cuda_common.cuh"
 
 #define CB_MAX_GRAPH_B 64 /* decode batch sizes captured as graphs */
-#define CB_DECODE_SPLIT 64 /* split-KV partials per (token, head) on the decode path */
+#define CB_DECODE_SPLIT 128 /* split-KV partials per (token, head) on the decode path */
 #define CB_PF_MIN 16       /* a sequence's chunk of at least this many tokens takes the GEMM path */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
