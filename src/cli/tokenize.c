@@ -94,7 +94,8 @@ static void batch_encode_line(const tl_tokenizer *tok, json_t *v, unsigned flags
         return;
     }
     putchar('[');
-    for (size_t i = 0; i < ids.n; i++) printf(i ? ",%d" : "%d", ids.ids[i]);
+    for (size_t i = 0; i < ids.n; i++)
+        printf(i ? ",%d" : "%d", ids.ids[i]);
     printf("]\n");
     tl_tok_ids_free(&ids);
 }
@@ -190,7 +191,8 @@ static int run_bench(const char *path, const char *file) {
             fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(n));
             break;
         }
-        printf("encode pass %d: %zu bytes -> %d tokens in %.3f s wall = %.1f MB/s (cpu %.3f s = %.1f MB/s)\n",
+        printf("encode pass %d: %zu bytes -> %d tokens in %.3f s wall = %.1f MB/s (cpu %.3f s = "
+               "%.1f MB/s)\n",
                pass + 1, len, n, dt, len / dt / 1e6, dc, len / dc / 1e6);
         tl_tok_ids_free(&ids);
     }
@@ -229,7 +231,9 @@ static int run_decode(const tl_tokenizer *tok, unsigned flags) {
     int32_t *ids = xmalloc(cap * sizeof *ids);
     char *p = in;
     for (;;) {
-        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
+        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' ||
+               *p == ']')
+            p++;
         if (!*p) break;
         char *end;
         long v = strtol(p, &end, 10);
@@ -263,13 +267,20 @@ int cmd_tokenize(int argc, char **argv) {
     int decode = 0, batch = 0, count = 0;
     unsigned eflags = 0, dflags = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--decode")) decode = 1;
-        else if (!strcmp(argv[i], "--batch")) batch = 1;
-        else if (!strcmp(argv[i], "--count")) count = 1;
-        else if (!strcmp(argv[i], "--bench") && i + 1 < argc) bench = argv[++i];
-        else if (!strcmp(argv[i], "--split-special")) eflags |= TL_TOKENIZE_SPLIT_SPECIAL;
-        else if (!strcmp(argv[i], "--skip-special")) dflags |= TL_DETOK_SKIP_SPECIAL;
+        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+            path = argv[++i];
+        else if (!strcmp(argv[i], "--decode"))
+            decode = 1;
+        else if (!strcmp(argv[i], "--batch"))
+            batch = 1;
+        else if (!strcmp(argv[i], "--count"))
+            count = 1;
+        else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
+            bench = argv[++i];
+        else if (!strcmp(argv[i], "--split-special"))
+            eflags |= TL_TOKENIZE_SPLIT_SPECIAL;
+        else if (!strcmp(argv[i], "--skip-special"))
+            dflags |= TL_DETOK_SKIP_SPECIAL;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             tokenize_usage();
             return 0;
@@ -291,7 +302,8 @@ int cmd_tokenize(int argc, char **argv) {
     if (st) {
         fprintf(stderr, "tulip tokenize: %s\n", err);
         if (st == TL_ERR_IO)
-            fprintf(stderr, "hint: PATH is a tokenizer.json file or a checkpoint directory that has one\n");
+            fprintf(stderr,
+                    "hint: PATH is a tokenizer.json file or a checkpoint directory that has one\n");
         return 1;
     }
     int rc = 0;
@@ -311,7 +323,8 @@ int cmd_tokenize(int argc, char **argv) {
         } else if (count) {
             printf("%zu\n", ids.n);
         } else {
-            for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
+            for (size_t i = 0; i < ids.n; i++)
+                printf(i ? " %d" : "%d", ids.ids[i]);
             printf("\n");
         }
         tl_tok_ids_free(&ids);

@@ -45,7 +45,8 @@ static int utf8_step(const uint8_t *s, size_t n, size_t *adv) {
     }
     size_t need;
     uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 1;
     else if (c >= 0xE0 && c <= 0xEF) {
         need = 2;
         if (c == 0xE0) lo = 0xA0;
@@ -136,7 +137,8 @@ typedef struct {
 static int bbuf_reserve(bbuf *b, size_t extra) {
     if (b->n + extra <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra) cap *= 2;
+    while (cap < b->n + extra)
+        cap *= 2;
     char *p = realloc(b->p, cap);
     if (!p) return TL_ERR_NOMEM;
     b->p = p;
@@ -161,7 +163,8 @@ void tl_tok_ids_free(tl_tok_ids *v) {
 static int ids_reserve(tl_tok_ids *v, size_t extra) {
     if (v->n + extra <= v->cap) return 0;
     size_t cap = v->cap ? v->cap : 64;
-    while (cap < v->n + extra) cap *= 2;
+    while (cap < v->n + extra)
+        cap *= 2;
     int32_t *p = realloc(v->ids, cap * sizeof *p);
     if (!p) return TL_ERR_NOMEM;
     v->ids = p;
@@ -183,7 +186,8 @@ static uint64_t hash_bytes(const void *data, size_t n) {
         n -= 8;
     }
     uint64_t k = 0;
-    for (size_t i = 0; i < n; i++) k |= (uint64_t)p[i] << (8 * i);
+    for (size_t i = 0; i < n; i++)
+        k |= (uint64_t)p[i] << (8 * i);
     h = (h ^ (k * 0xBF58476D1CE4E5B9ull)) * 0x94D049BB133111EBull;
     h ^= h >> 31;
     return h;
@@ -227,9 +231,10 @@ typedef struct {
     int32_t new_id;
 } merge_val;
 
-#define CACHE_SLOTS 262144 /* direct-mapped word cache; 64-byte slots = 16 MB, touched lazily;
-                            * 4096 slots for toy vocabularies (tests, fuzzing) */
-#define CACHE_LOCKS 64
+#define CACHE_SLOTS                                                                                \
+    262144 /* direct-mapped word cache; 64-byte slots = 16 MB, touched lazily;                     \
+            * 4096 slots for toy vocabularies (tests, fuzzing) */
+#define CACHE_LOCKS   64
 #define CACHE_MAX_LEN 26
 #define CACHE_MAX_IDS 8
 
@@ -319,7 +324,8 @@ static const merge_val *merge_find(const tl_tokenizer *t, int32_t a, int32_t b) 
 static void merge_insert(tl_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     size_t mask = t->mcap - 1, i = hash_u64(key) & mask;
-    while (t->mkey[i] != UINT64_MAX && t->mkey[i] != key) i = (i + 1) & mask;
+    while (t->mkey[i] != UINT64_MAX && t->mkey[i] != key)
+        i = (i + 1) & mask;
     t->mkey[i] = key;
     t->mval[i].rank = rank;
     t->mval[i].new_id = new_id;
@@ -331,7 +337,8 @@ static void merge_insert(tl_tokenizer *t, int32_t a, int32_t b, uint32_t rank, i
 
 static void bytelevel_tables(uint32_t b2u[256], int16_t u2b[324]) {
     int n = 0;
-    for (int i = 0; i < 324; i++) u2b[i] = -1;
+    for (int i = 0; i < 324; i++)
+        u2b[i] = -1;
     for (int b = 0; b < 256; b++) {
         int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
         b2u[b] = keep ? (uint32_t)b : (uint32_t)(256 + n++);
@@ -383,11 +390,13 @@ static void trie_free(trie *t) {
 
 static int trie_build(trie *t, trie_item *items, size_t n) {
     memset(t, 0, sizeof *t);
-    for (int b = 0; b < 256; b++) t->root[b] = -1;
+    for (int b = 0; b < 256; b++)
+        t->root[b] = -1;
     t->n_tokens = (int)n;
     if (!n) return 0;
     size_t total = 1;
-    for (size_t i = 0; i < n; i++) total += items[i].n;
+    for (size_t i = 0; i < n; i++)
+        total += items[i].n;
     trie_tmp *tmp = malloc(total * sizeof *tmp);
     if (!tmp) return TL_ERR_NOMEM;
     int32_t n_nodes = 1;
@@ -426,7 +435,8 @@ static int trie_build(trie *t, trie_item *items, size_t n) {
             t->nodes[v].n_edge++;
         }
     }
-    for (int b = 0; b < 256; b++) t->root[b] = tmp[0].child[b];
+    for (int b = 0; b < 256; b++)
+        t->root[b] = tmp[0].child[b];
     t->n_nodes = n_nodes;
     free(tmp);
     return 0;
@@ -562,31 +572,38 @@ static int load_normalizer(tl_tokenizer *t, json_t *n, char *err, size_t errlen)
         json_t *list = json_object_get(n, "normalizers");
         size_t i;
         json_t *e;
-        if (!json_is_array(list)) return tl_errf(err, errlen, TL_ERR_FORMAT, "normalizer Sequence without a list");
+        if (!json_is_array(list))
+            return tl_errf(err, errlen, TL_ERR_FORMAT, "normalizer Sequence without a list");
         json_array_foreach(list, i, e) {
             if (!is_type(e, "NFC") || t->nfc)
-                return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "normalizer %s in a Sequence (only one NFC is supported)", type_of(e));
+                return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                               "normalizer %s in a Sequence (only one NFC is supported)",
+                               type_of(e));
             t->nfc = 1;
         }
         return 0;
     }
-    return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "normalizer %s (only NFC is supported)", type_of(n));
+    return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "normalizer %s (only NFC is supported)",
+                   type_of(n));
 }
 
 static int bytelevel_ok(json_t *b, int want_regex, char *err, size_t errlen) {
     if (jbool(b, "add_prefix_space"))
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "ByteLevel pre-tokenizer with add_prefix_space");
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "ByteLevel pre-tokenizer with add_prefix_space");
     json_t *ur = json_object_get(b, "use_regex");
     int use_regex = ur ? json_is_true(ur) : 1; /* HF default: true */
     if (use_regex != want_regex)
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "ByteLevel pre-tokenizer with use_regex=%s here",
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "ByteLevel pre-tokenizer with use_regex=%s here",
                        use_regex ? "true" : "false");
     return 0;
 }
 
 static int load_pretokenizer(tl_tokenizer *t, json_t *p, char *err, size_t errlen) {
     if (!p || json_is_null(p))
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "no pre_tokenizer (byte-level BPE needs one)");
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "no pre_tokenizer (byte-level BPE needs one)");
     if (is_type(p, "ByteLevel")) {
         int st = bytelevel_ok(p, 1, err, errlen);
         return st ? st : regex_compile(t, GPT2_REGEX, 0, err, errlen);
@@ -594,11 +611,15 @@ static int load_pretokenizer(tl_tokenizer *t, json_t *p, char *err, size_t errle
     if (!is_type(p, "Sequence"))
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "pre_tokenizer %s", type_of(p));
     json_t *list = json_object_get(p, "pretokenizers");
-    if (!json_is_array(list)) return tl_errf(err, errlen, TL_ERR_FORMAT, "pre_tokenizer Sequence without a list");
+    if (!json_is_array(list))
+        return tl_errf(err, errlen, TL_ERR_FORMAT, "pre_tokenizer Sequence without a list");
     size_t n = json_array_size(list);
-    if (n == 1 && is_type(json_array_get(list, 0), "ByteLevel")) return load_pretokenizer(t, json_array_get(list, 0), err, errlen);
-    if (n != 2 || !is_type(json_array_get(list, 0), "Split") || !is_type(json_array_get(list, 1), "ByteLevel"))
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "pre_tokenizer Sequence other than [Split, ByteLevel]");
+    if (n == 1 && is_type(json_array_get(list, 0), "ByteLevel"))
+        return load_pretokenizer(t, json_array_get(list, 0), err, errlen);
+    if (n != 2 || !is_type(json_array_get(list, 0), "Split") ||
+        !is_type(json_array_get(list, 1), "ByteLevel"))
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "pre_tokenizer Sequence other than [Split, ByteLevel]");
     json_t *sp = json_array_get(list, 0);
     int st = bytelevel_ok(json_array_get(list, 1), 0, err, errlen);
     if (st) return st;
@@ -606,7 +627,8 @@ static int load_pretokenizer(tl_tokenizer *t, json_t *p, char *err, size_t errle
     if (!json_is_string(beh) || strcmp(json_string_value(beh), "Isolated"))
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "Split behavior %s (only Isolated)",
                        json_is_string(beh) ? json_string_value(beh) : "(none)");
-    if (jbool(sp, "invert")) return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "Split with invert=true");
+    if (jbool(sp, "invert"))
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "Split with invert=true");
     json_t *pat = json_object_get(sp, "pattern");
     json_t *rx = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
     if (json_is_string(rx)) return regex_compile(t, json_string_value(rx), 0, err, errlen);
@@ -644,12 +666,13 @@ typedef struct {
 } tokjson;
 
 static int tj_fail(tokjson *j, const char *what) {
-    return tl_errf(j->err, j->errlen, TL_ERR_FORMAT, "tokenizer JSON at byte %zu: %s", (size_t)(j->p - j->start),
-                   what);
+    return tl_errf(j->err, j->errlen, TL_ERR_FORMAT, "tokenizer JSON at byte %zu: %s",
+                   (size_t)(j->p - j->start), what);
 }
 
 static void tj_ws(tokjson *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+        j->p++;
 }
 
 static int tj_expect(tokjson *j, char c) {
@@ -666,7 +689,9 @@ static int tj_expect(tokjson *j, char c) {
 static int hex4(const char *p, uint32_t *v) {
     *v = 0;
     for (int i = 0; i < 4; i++) {
-        int c = p[i], d = c >= '0' && c <= '9' ? c - '0' : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10 : -1;
+        int c = p[i], d = c >= '0' && c <= '9'                 ? c - '0'
+                          : (c | 32) >= 'a' && (c | 32) <= 'f' ? (c | 32) - 'a' + 10
+                                                               : -1;
         if (d < 0) return -1;
         *v = *v << 4 | (uint32_t)d;
     }
@@ -683,7 +708,8 @@ static int tj_string(tokjson *j, bbuf *out, uint32_t *len) {
     size_t start = out->n;
     for (;;) {
         const char *q = j->p;
-        while (q < j->end && *q != '"' && *q != '\\' && (uint8_t)*q >= 0x20) q++;
+        while (q < j->end && *q != '"' && *q != '\\' && (uint8_t)*q >= 0x20)
+            q++;
         if (q > j->p) {
             if (utf8_valid_len((const uint8_t *)j->p, (size_t)(q - j->p)) != (size_t)(q - j->p))
                 return tj_fail(j, "invalid UTF-8 in a string");
@@ -701,22 +727,38 @@ static int tj_string(tokjson *j, bbuf *out, uint32_t *len) {
         char e = j->p[1], ch = 0;
         j->p += 2;
         switch (e) {
-        case '"': ch = '"'; break;
-        case '\\': ch = '\\'; break;
-        case '/': ch = '/'; break;
-        case 'b': ch = '\b'; break;
-        case 'f': ch = '\f'; break;
-        case 'n': ch = '\n'; break;
-        case 'r': ch = '\r'; break;
-        case 't': ch = '\t'; break;
+        case '"':
+            ch = '"';
+            break;
+        case '\\':
+            ch = '\\';
+            break;
+        case '/':
+            ch = '/';
+            break;
+        case 'b':
+            ch = '\b';
+            break;
+        case 'f':
+            ch = '\f';
+            break;
+        case 'n':
+            ch = '\n';
+            break;
+        case 'r':
+            ch = '\r';
+            break;
+        case 't':
+            ch = '\t';
+            break;
         case 'u': {
             uint32_t cp, lo;
             if (j->end - j->p < 4 || hex4(j->p, &cp)) return tj_fail(j, "bad \\u escape");
             j->p += 4;
             if (cp >= 0xDC00 && cp <= 0xDFFF) return tj_fail(j, "lone surrogate escape");
             if (cp >= 0xD800 && cp <= 0xDBFF) {
-                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || hex4(j->p + 2, &lo) || lo < 0xDC00 ||
-                    lo > 0xDFFF)
+                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' || hex4(j->p + 2, &lo) ||
+                    lo < 0xDC00 || lo > 0xDFFF)
                     return tj_fail(j, "lone surrogate escape");
                 j->p += 6;
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
@@ -725,7 +767,8 @@ static int tj_string(tokjson *j, bbuf *out, uint32_t *len) {
             if (bbuf_put(out, u, utf8_encode(cp, u))) return TL_ERR_NOMEM;
             continue;
         }
-        default: return tj_fail(j, "bad escape");
+        default:
+            return tj_fail(j, "bad escape");
         }
         if (bbuf_put(out, &ch, 1)) return TL_ERR_NOMEM;
     }
@@ -777,7 +820,8 @@ static int tj_skip(tokjson *j) {
         }
     }
     const char *q = j->p; /* number, true, false, null */
-    while (q < j->end && (isalnum((unsigned char)*q) || *q == '-' || *q == '+' || *q == '.')) q++;
+    while (q < j->end && (isalnum((unsigned char)*q) || *q == '-' || *q == '+' || *q == '.'))
+        q++;
     if (q == j->p) return tj_fail(j, "unexpected character");
     j->p = q;
     return 0;
@@ -822,8 +866,10 @@ static int tj_vocab(tokjson *j) {
         tj_ws(j);
         const char *q = j->p;
         int64_t v = 0;
-        while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30)) v = v * 10 + (*q++ - '0');
-        if (q == j->p || (q < j->end && (isalnum((unsigned char)*q) || *q == '.' || *q == '-')) || v >= (1 << 30)) {
+        while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30))
+            v = v * 10 + (*q++ - '0');
+        if (q == j->p || (q < j->end && (isalnum((unsigned char)*q) || *q == '.' || *q == '-')) ||
+            v >= (1 << 30)) {
             char msg[80];
             snprintf(msg, sizeof msg, "vocab entry \"%.40s\" has a bad id", j->strs.p + e->off);
             return tj_fail(j, msg);
@@ -986,7 +1032,8 @@ typedef struct {
 static int bl_map_build(bl_map *m, const tokjson *j) {
     m->j = j;
     m->cap = 16;
-    while (m->cap < 2 * j->n_vocab + 16) m->cap *= 2;
+    while (m->cap < 2 * j->n_vocab + 16)
+        m->cap *= 2;
     m->slot = calloc(m->cap, sizeof *m->slot);
     if (!m->slot) return TL_ERR_NOMEM;
     for (size_t e = 0; e < j->n_vocab; e++) {
@@ -994,7 +1041,8 @@ static int bl_map_build(bl_map *m, const tokjson *j) {
         size_t n = j->vocab[e].len, i = hash_bytes(s, n) & (m->cap - 1);
         for (;;) {
             uint32_t v = m->slot[i];
-            if (!v || (j->vocab[v - 1].len == n && !memcmp(j->strs.p + j->vocab[v - 1].off, s, n))) {
+            if (!v ||
+                (j->vocab[v - 1].len == n && !memcmp(j->strs.p + j->vocab[v - 1].off, s, n))) {
                 m->slot[i] = (uint32_t)e + 1;
                 break;
             }
@@ -1015,10 +1063,12 @@ static int32_t bl_map_find(const bl_map *m, const char *s, size_t n) {
     }
 }
 
-static int load_merges(tl_tokenizer *t, const tokjson *j, const bl_map *bm, char *err, size_t errlen) {
+static int load_merges(tl_tokenizer *t, const tokjson *j, const bl_map *bm, char *err,
+                       size_t errlen) {
     size_t n = j->n_merges;
     t->mcap = 16;
-    while (t->mcap < 2 * n + 16) t->mcap *= 2;
+    while (t->mcap < 2 * n + 16)
+        t->mcap *= 2;
     t->mkey = malloc(t->mcap * sizeof *t->mkey);
     t->mval = malloc(t->mcap * sizeof *t->mval);
     if (!t->mkey || !t->mval) return TL_ERR_NOMEM;
@@ -1036,9 +1086,12 @@ static int load_merges(tl_tokenizer *t, const tokjson *j, const bl_map *bm, char
         int32_t ia = bl_map_find(bm, a, m->la), ib = bl_map_find(bm, b, m->lb);
         int32_t in = bl_map_find(bm, cat.p ? cat.p : "", cat.n);
         if (ia < 0 || ib < 0 || in < 0) {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu (\"%.*s\" \"%.*s\"): %s token not in the vocab", i,
+            st = tl_errf(err, errlen, TL_ERR_FORMAT,
+                         "merge %zu (\"%.*s\" \"%.*s\"): %s token not in the vocab", i,
                          (int)TL_MIN(m->la, 40), a, (int)TL_MIN(m->lb, 40), b,
-                         ia < 0 ? "left" : ib < 0 ? "right" : "merged");
+                         ia < 0   ? "left"
+                         : ib < 0 ? "right"
+                                  : "merged");
             break;
         }
         merge_insert(t, ia, ib, (uint32_t)i, in);
@@ -1056,11 +1109,14 @@ typedef struct {
 static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errlen) {
     json_t *model = j->model, *root = j->root;
     json_t *ty = json_object_get(model, "type");
-    if (ty && !is_type(model, "BPE")) return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "model type %s (only BPE)", type_of(model));
+    if (ty && !is_type(model, "BPE"))
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "model type %s (only BPE)", type_of(model));
     json_t *dropout = json_object_get(model, "dropout");
-    if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0))
+    if (dropout && !json_is_null(dropout) &&
+        !(json_is_number(dropout) && json_number_value(dropout) == 0))
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "BPE dropout");
-    if (jbool(model, "byte_fallback")) return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "BPE byte_fallback");
+    if (jbool(model, "byte_fallback"))
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "BPE byte_fallback");
     const char *keys[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
         json_t *v = json_object_get(model, keys[k]);
@@ -1085,13 +1141,15 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
     for (size_t i = 0; i < n_added; i++) {
         json_t *a = json_array_get(added, i);
         json_t *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) ||
-            !json_is_string(content)) {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT, "added_tokens[%zu] needs an id and a content", i);
+        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
+            json_integer_value(id) >= (1 << 30) || !json_is_string(content)) {
+            st = tl_errf(err, errlen, TL_ERR_FORMAT, "added_tokens[%zu] needs an id and a content",
+                         i);
             goto done;
         }
         if (jbool(a, "lstrip") || jbool(a, "rstrip") || jbool(a, "single_word")) {
-            st = tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "added token \"%.40s\" with lstrip/rstrip/single_word",
+            st = tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                         "added token \"%.40s\" with lstrip/rstrip/single_word",
                          json_string_value(content));
             goto done;
         }
@@ -1157,7 +1215,8 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
 
     /* raw bytes -> id for vocabulary tokens (added tokens are found through the tries) */
     t->vcap = 16;
-    while (t->vcap < 2 * nv + 16) t->vcap *= 2;
+    while (t->vcap < 2 * nv + 16)
+        t->vcap *= 2;
     t->vhash = calloc(t->vcap, sizeof *t->vhash);
     if (!t->vhash) {
         free(mapped);
@@ -1166,7 +1225,8 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
     }
     for (int pass = 0; pass < 2; pass++)
         for (size_t id = 0; id < nv; id++)
-            if (t->present[id] && !(t->flags[id] & TOKF_ADDED) && mapped[id] == !pass && t->off[id + 1] > t->off[id])
+            if (t->present[id] && !(t->flags[id] & TOKF_ADDED) && mapped[id] == !pass &&
+                t->off[id + 1] > t->off[id])
                 vocab_insert(t, (int32_t)id);
     free(mapped);
     if ((st = load_merges(t, j, &bm, err, errlen))) goto done;
@@ -1177,7 +1237,8 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
     }
     t->unk_id = -1;
     json_t *unk = json_object_get(model, "unk_token");
-    if (json_is_string(unk)) t->unk_id = bl_map_find(&bm, json_string_value(unk), json_string_length(unk));
+    if (json_is_string(unk))
+        t->unk_id = bl_map_find(&bm, json_string_value(unk), json_string_length(unk));
 
     /* tries; normalized added tokens are matched in NFC text, so their content is NFC'd too */
     trie_item *raw = calloc(n_added + 1, sizeof *raw), *norm = calloc(n_added + 1, sizeof *norm);
@@ -1190,7 +1251,8 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
         if (!cl) continue;
         if (defs[i].normalized && t->nfc) {
             utf8proc_uint8_t *o = NULL;
-            utf8proc_ssize_t ol = utf8proc_map((const uint8_t *)c, (utf8proc_ssize_t)cl, &o, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            utf8proc_ssize_t ol = utf8proc_map((const uint8_t *)c, (utf8proc_ssize_t)cl, &o,
+                                               UTF8PROC_STABLE | UTF8PROC_COMPOSE);
             if (ol < 0) {
                 st = tl_errf(err, errlen, TL_ERR_FORMAT, "added token \"%.40s\": bad UTF-8", c);
                 break;
@@ -1205,7 +1267,8 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
     }
     if (!st) st = trie_build(&t->added_raw, raw, nr);
     if (!st) st = trie_build(&t->added_norm, norm, nn);
-    for (size_t i = 0; owned && i < n_added; i++) free(owned[i]);
+    for (size_t i = 0; owned && i < n_added; i++)
+        free(owned[i]);
     free(owned);
     free(raw);
     free(norm);
@@ -1224,14 +1287,17 @@ static int load_root(tl_tokenizer *t, const tokjson *j, char *err, size_t errlen
     if (st) return st;
     json_t *dec = json_object_get(root, "decoder");
     if (dec && !json_is_null(dec) && !is_type(dec, "ByteLevel"))
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "decoder %s (only ByteLevel)", type_of(dec));
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "decoder %s (only ByteLevel)",
+                       type_of(dec));
     json_t *post = json_object_get(root, "post_processor");
     if (post && !json_is_null(post) && !is_type(post, "ByteLevel"))
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "post_processor %s (only ByteLevel or none)", type_of(post));
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "post_processor %s (only ByteLevel or none)", type_of(post));
     return 0;
 }
 
-int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err, size_t errlen) {
+int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err,
+                           size_t errlen) {
     *out = NULL;
     tokjson j = {0};
     j.err = err;
@@ -1246,7 +1312,8 @@ int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, cha
         tj_free(&j);
         return TL_ERR_NOMEM;
     }
-    for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_init(&t->locks[i], NULL);
+    for (int i = 0; i < CACHE_LOCKS; i++)
+        pthread_mutex_init(&t->locks[i], NULL);
     st = load_root(t, &j, err, errlen);
     tj_free(&j);
     if (!st) {
@@ -1265,7 +1332,8 @@ int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, cha
 int tl_tokenizer_load(const char *path, tl_tokenizer **out, char *err, size_t errlen) {
     *out = NULL;
     struct stat sb;
-    if (stat(path, &sb) != 0) return tl_errf(err, errlen, TL_ERR_IO, "%s: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0)
+        return tl_errf(err, errlen, TL_ERR_IO, "%s: %s", path, strerror(errno));
     char *file = NULL;
     if (S_ISDIR(sb.st_mode)) {
         size_t n = strlen(path) + sizeof "/tokenizer.json";
@@ -1299,7 +1367,8 @@ void tl_tokenizer_free(tl_tokenizer *t) {
     trie_free(&t->added_norm);
     if (t->re) pcre2_code_free(t->re);
     free(t->cache);
-    for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_destroy(&t->locks[i]);
+    for (int i = 0; i < CACHE_LOCKS; i++)
+        pthread_mutex_destroy(&t->locks[i]);
     free(t);
 }
 
@@ -1513,8 +1582,10 @@ static int regex_match(enc_ctx *e, const uint8_t *s, size_t n, size_t off) {
     const tl_tokenizer *t = e->t;
     int rc;
     for (;;) {
-        if (t->jit) rc = pcre2_jit_match(t->re, s, n, off, 0, e->md, e->mctx);
-        else rc = pcre2_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+        if (t->jit)
+            rc = pcre2_jit_match(t->re, s, n, off, 0, e->md, e->mctx);
+        else
+            rc = pcre2_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
         if (rc != PCRE2_ERROR_JIT_STACKLIMIT || e->jstack) return rc;
         /* deep backtracking (very long runs): retry once with a big JIT stack */
         e->mctx = pcre2_match_context_create(NULL);
@@ -1602,16 +1673,28 @@ static int encode_normalized(enc_ctx *e, const uint8_t *s, size_t n) {
  * Unicode version changes. */
 /* 111 code points, 39 ranges; utf8proc 15.0.0; 15141 candidates checked */
 static const uint32_t HF_NFC_OPAQUE[][2] = {
-    {0x7FD, 0x7FD}, {0x898, 0x89F}, {0x8CA, 0x8D3}, {0x9FE, 0x9FE}, {0xC3C, 0xC3C}, {0xD3B, 0xD3C}, {0xEBA, 0xEBA}, {0x1715, 0x1715}, {0x1ABF, 0x1ACE}, {0x1DF6, 0x1DFA}, {0xA82C, 0xA82C}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A}, {0x11930, 0x11930}, {0x11935, 0x11935}, {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}};
+    {0x7FD, 0x7FD},     {0x898, 0x89F},     {0x8CA, 0x8D3},     {0x9FE, 0x9FE},
+    {0xC3C, 0xC3C},     {0xD3B, 0xD3C},     {0xEBA, 0xEBA},     {0x1715, 0x1715},
+    {0x1ABF, 0x1ACE},   {0x1DF6, 0x1DFA},   {0xA82C, 0xA82C},   {0x10D24, 0x10D27},
+    {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50}, {0x10F82, 0x10F85},
+    {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+    {0x11930, 0x11930}, {0x11935, 0x11935}, {0x11938, 0x11938}, {0x1193D, 0x1193E},
+    {0x11943, 0x11943}, {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47},
+    {0x11A99, 0x11A99}, {0x11D42, 0x11D42}, {0x11D44, 0x11D45}, {0x11D97, 0x11D97},
+    {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F}, {0x1E130, 0x1E136},
+    {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}};
 
 static int nfc_opaque(uint32_t cp) {
     if (cp < HF_NFC_OPAQUE[0][0]) return 0;
     int lo = 0, hi = (int)(sizeof HF_NFC_OPAQUE / sizeof HF_NFC_OPAQUE[0]) - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (cp < HF_NFC_OPAQUE[mid][0]) hi = mid - 1;
-        else if (cp > HF_NFC_OPAQUE[mid][1]) lo = mid + 1;
-        else return 1;
+        if (cp < HF_NFC_OPAQUE[mid][0])
+            hi = mid - 1;
+        else if (cp > HF_NFC_OPAQUE[mid][1])
+            lo = mid + 1;
+        else
+            return 1;
     }
     return 0;
 }
@@ -1619,7 +1702,8 @@ static int nfc_opaque(uint32_t cp) {
 static int nfc_append(bbuf *b, const uint8_t *s, size_t n) {
     if (!n) return 0;
     utf8proc_uint8_t *o = NULL;
-    utf8proc_ssize_t ol = utf8proc_map(s, (utf8proc_ssize_t)n, &o, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    utf8proc_ssize_t ol =
+        utf8proc_map(s, (utf8proc_ssize_t)n, &o, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     if (ol < 0) return ol == UTF8PROC_ERROR_NOMEM ? TL_ERR_NOMEM : TL_ERR_INTERNAL;
     int st = bbuf_put(b, o, (size_t)ol);
     free(o);
@@ -1667,7 +1751,8 @@ static int nfc_hf(const uint8_t *s, size_t n, bbuf *b) {
 static int encode_gap(enc_ctx *e, const uint8_t *s, size_t n) {
     if (!e->t->nfc) return encode_normalized(e, s, n);
     size_t i = 0;
-    while (i < n && s[i] < 0xCC) i++;
+    while (i < n && s[i] < 0xCC)
+        i++;
     if (i == n) return encode_normalized(e, s, n);
     bbuf b = {0};
     int st = nfc_hf(s, n, &b);
@@ -1676,7 +1761,8 @@ static int encode_gap(enc_ctx *e, const uint8_t *s, size_t n) {
     return st;
 }
 
-int tl_tokenize(const tl_tokenizer *t, const char *text, size_t len, unsigned flags, tl_tok_ids *out) {
+int tl_tokenize(const tl_tokenizer *t, const char *text, size_t len, unsigned flags,
+                tl_tok_ids *out) {
     size_t before = out->n;
     const uint8_t *s = (const uint8_t *)text;
     uint8_t *fixed = NULL;
@@ -1704,7 +1790,8 @@ int tl_tokenize(const tl_tokenizer *t, const char *text, size_t len, unsigned fl
 
 /* ====== Decoding. ====== */
 
-int tl_detokenize(const tl_tokenizer *t, const int32_t *ids, size_t n, unsigned flags, char **out, size_t *out_len) {
+int tl_detokenize(const tl_tokenizer *t, const int32_t *ids, size_t n, unsigned flags, char **out,
+                  size_t *out_len) {
     *out = NULL;
     *out_len = 0;
     bbuf raw = {0};
@@ -1804,7 +1891,8 @@ int tl_detok_stream_push(tl_detok_stream *s, int32_t id, const char **text, size
     if (id < 0 || id >= s->t->n_vocab) return TL_ERR_INVALID;
     size_t l = 0;
     const uint8_t *b = NULL;
-    if (s->t->present[id] && !((s->flags & TL_DETOK_SKIP_SPECIAL) && (s->t->flags[id] & TOKF_SPECIAL)))
+    if (s->t->present[id] &&
+        !((s->flags & TL_DETOK_SKIP_SPECIAL) && (s->t->flags[id] & TOKF_SPECIAL)))
         b = tok_bytes(s->t, id, &l);
     int st = stream_feed(s, b, l);
     if (st) return st;

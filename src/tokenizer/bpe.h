@@ -88,8 +88,8 @@ enum {
  * replaced by U+FFFD (maximal subparts). Ids that are holes are skipped (as HF does); ids out of
  * [0, n_vocab) give TL_ERR_INVALID. *out is malloc'd, NUL-terminated, *out_len excludes the NUL;
  * caller frees. */
-int tl_detokenize(const tl_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
-                  char **out, size_t *out_len);
+int tl_detokenize(const tl_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags, char **out,
+                  size_t *out_len);
 
 /* Incremental detokenizer for streaming. Feed ids one at a time; each push returns the text that
  * became complete (possibly empty: a token can end inside a UTF-8 character, whose bytes are held

@@ -92,14 +92,16 @@ static void test_bpe_vectors_match_hf(void) {
             const char *h = json_string_value(hex);
             len = strlen(h) / 2;
             buf = malloc(len + 1);
-            for (size_t k = 0; k < len; k++) buf[k] = (char)(hexv(h[2 * k]) * 16 + hexv(h[2 * k + 1]));
+            for (size_t k = 0; k < len; k++)
+                buf[k] = (char)(hexv(h[2 * k]) * 16 + hexv(h[2 * k + 1]));
         }
         json_t *want = json_object_get(v, "ids");
         int n = encode(buf, len, 0, &ids);
         int same = n == (int)json_array_size(want);
         for (size_t k = 0; same && k < ids.n; k++)
             same = ids.ids[k] == json_integer_value(json_array_get(want, k));
-        if (!same) fprintf(stderr, "vector %zu differs (%d ids, HF %zu)\n", i, n, json_array_size(want));
+        if (!same)
+            fprintf(stderr, "vector %zu differs (%d ids, HF %zu)\n", i, n, json_array_size(want));
         CHECK(same);
         n_ok += (size_t)same;
         free(buf);
@@ -115,12 +117,15 @@ static void test_bpe_invalid_utf8(void) {
     static const struct {
         const char *bad, *fixed;
     } cases[] = {
-        {"a\xff" "b", "a\xEF\xBF\xBD" "b"},
-        {"\xe2\x82", "\xEF\xBF\xBD"},                                   /* truncated: one subpart */
+        {"a\xff"
+         "b",
+         "a\xEF\xBF\xBD"
+         "b"},
+        {"\xe2\x82", "\xEF\xBF\xBD"}, /* truncated: one subpart */
         {"\xe2\x82x", "\xEF\xBF\xBDx"},
-        {"\xed\xa0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},      /* surrogate: 3 */
+        {"\xed\xa0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* surrogate: 3 */
         {"\xf0\x9f\x98", "\xEF\xBF\xBD"},
-        {"\xc0\xaf", "\xEF\xBF\xBD\xEF\xBF\xBD"},                       /* overlong */
+        {"\xc0\xaf", "\xEF\xBF\xBD\xEF\xBF\xBD"}, /* overlong */
         {"\xf4\x90\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
         {"\x80\xbf<think>\xc3", "\xEF\xBF\xBD\xEF\xBF\xBD<think>\xEF\xBF\xBD"},
     };
@@ -265,11 +270,21 @@ static void test_bpe_roundtrip_nfc(void) {
             uint64_t r = t_rng_next(&rng);
             int32_t cp;
             switch (r % 5) {
-            case 0: cp = (int32_t)(0x20 + r / 5 % 0x5F); break;
-            case 1: cp = (int32_t)(0x300 + r / 5 % 0x70); break; /* combining marks */
-            case 2: cp = (int32_t)(0x80 + r / 5 % 0x77D); break;
-            case 3: cp = (int32_t)(0x4E00 + r / 5 % 0x200); break;
-            default: cp = (int32_t)(r / 5 % 2 ? 0x1F600 + r / 10 % 0x40 : (uint64_t)(uint8_t)" \t\n\r"[r / 10 % 4]);
+            case 0:
+                cp = (int32_t)(0x20 + r / 5 % 0x5F);
+                break;
+            case 1:
+                cp = (int32_t)(0x300 + r / 5 % 0x70);
+                break; /* combining marks */
+            case 2:
+                cp = (int32_t)(0x80 + r / 5 % 0x77D);
+                break;
+            case 3:
+                cp = (int32_t)(0x4E00 + r / 5 % 0x200);
+                break;
+            default:
+                cp = (int32_t)(r / 5 % 2 ? 0x1F600 + r / 10 % 0x40
+                                         : (uint64_t)(uint8_t) " \t\n\r"[r / 10 % 4]);
             }
             n += (size_t)utf8proc_encode_char(cp, buf + n);
         }
@@ -277,7 +292,8 @@ static void test_bpe_roundtrip_nfc(void) {
         size_t dl;
         char *d = detok(ids.ids, ids.n, 0, &dl);
         uint8_t *want = NULL;
-        utf8proc_ssize_t wl = utf8proc_map(buf, (utf8proc_ssize_t)n, &want, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        utf8proc_ssize_t wl =
+            utf8proc_map(buf, (utf8proc_ssize_t)n, &want, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         CHECK(wl >= 0 && (size_t)wl == dl && (dl == 0 || !memcmp(d, want, dl)));
         free(want);
         free(d);
@@ -317,7 +333,8 @@ static void *encode_thread(void *arg) {
     j->ok = 1;
     for (int r = 0; r < 300; r++) {
         ids.n = 0;
-        if (tl_tokenize(tiny, j->text, strlen(j->text), 0, &ids) < 0 || !ids_equal(&ids, &j->want)) j->ok = 0;
+        if (tl_tokenize(tiny, j->text, strlen(j->text), 0, &ids) < 0 || !ids_equal(&ids, &j->want))
+            j->ok = 0;
     }
     tl_tok_ids_free(&ids);
     return NULL;
@@ -325,7 +342,8 @@ static void *encode_thread(void *arg) {
 
 /* Concurrent encodes on one tokenizer give the single-thread answers (the word cache is shared). */
 static void test_bpe_threads(void) {
-    const char *texts[] = {"the cat and the dog are in the house", "thinking of the others, and of it",
+    const char *texts[] = {"the cat and the dog are in the house",
+                           "thinking of the others, and of it",
                            "<|im_start|>user\nhello there<|im_end|>", "中文 and English, 123 456!"};
     thread_job jobs[4];
     pthread_t th[4];
@@ -334,7 +352,8 @@ static void test_bpe_threads(void) {
         memset(&jobs[i].want, 0, sizeof jobs[i].want);
         CHECK(tl_tokenize(tiny, texts[i], strlen(texts[i]), 0, &jobs[i].want) > 0);
     }
-    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, encode_thread, &jobs[i]);
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, encode_thread, &jobs[i]);
     for (int i = 0; i < 4; i++) {
         pthread_join(th[i], NULL);
         CHECK(jobs[i].ok);
@@ -350,24 +369,36 @@ static void test_bpe_load_errors(void) {
         "{}",
         "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a\"]}}",
-        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"aa\": 1}, \"merges\": [\"a a\", 7]},"
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"aa\": 1}, \"merges\": [\"a a\", "
+        "7]},"
         " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}",
-        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"byte_fallback\": true}}",
-        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"normalizer\": {\"type\": \"NFKC\"},"
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"byte_fallback\": "
+        "true}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"normalizer\": "
+        "{\"type\": \"NFKC\"},"
         " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [{\"id\": 1}],"
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": "
+        "[{\"id\": 1}],"
         " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\":"
-        " \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"[\\\\S]\"},"
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+        "\"pre_tokenizer\": {\"type\":"
+        " \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": "
+        "\"[\\\\S]\"},"
         " \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}}",
         /* the loader's own scanner: trailing text, bad ids, bad escapes, truncation */
-        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}} x",
-        "{\"model\": {\"vocab\": {\"a\": 1.5}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-        "{\"model\": {\"vocab\": {\"\\ud800\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-        "{\"model\": {\"vocab\": {\"\\q\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": [\"a\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"x\": tru}}",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": "
+        "\"ByteLevel\"}} x",
+        "{\"model\": {\"vocab\": {\"a\": 1.5}, \"merges\": []}, \"pre_tokenizer\": {\"type\": "
+        "\"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"\\ud800\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": "
+        "\"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"\\q\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": "
+        "\"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": [\"a\"]}, \"pre_tokenizer\": {\"type\": "
+        "\"ByteLevel\"}}",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": "
+        "\"ByteLevel\", \"x\": tru}}",
         "{\"model\": {\"vocab\": {\"a\": 0, ",
         "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"model\": {}}",
     };
@@ -382,10 +413,12 @@ static void test_bpe_load_errors(void) {
     }
     char err[256];
     tl_tokenizer *t;
-    CHECK_EQ_INT(tl_tokenizer_load("tests/data/does-not-exist.json", &t, err, sizeof err), TL_ERR_IO);
+    CHECK_EQ_INT(tl_tokenizer_load("tests/data/does-not-exist.json", &t, err, sizeof err),
+                 TL_ERR_IO);
     CHECK(strstr(err, "does-not-exist") != NULL);
     /* a minimal file with the GPT-2 ByteLevel regex loads and encodes */
-    const char *ok = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [[\"a\", \"b\"]]},"
+    const char *ok = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, "
+                     "\"merges\": [[\"a\", \"b\"]]},"
                      " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}";
     CHECK_EQ_INT(tl_tokenizer_load_json(ok, strlen(ok), &t, err, sizeof err), 0);
     if (t) {
@@ -397,9 +430,10 @@ static void test_bpe_load_errors(void) {
     }
     /* escapes decode; a key given twice keeps its later id (the earlier id is a hole); HF
      * tokenizers gives [2, 3, 4] for "ab b" on this file too */
-    const char *esc = "{\"model\": {\"vocab\": {\"\\u0061\": 0, \"b\": 1, \"a\\u0062\": 2, \"b\": 4,"
-                      " \"\\u0120\": 3}, \"merges\": [\"a b\"]},"
-                      " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}";
+    const char *esc =
+        "{\"model\": {\"vocab\": {\"\\u0061\": 0, \"b\": 1, \"a\\u0062\": 2, \"b\": 4,"
+        " \"\\u0120\": 3}, \"merges\": [\"a b\"]},"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}";
     CHECK_EQ_INT(tl_tokenizer_load_json(esc, strlen(esc), &t, err, sizeof err), 0);
     if (t) {
         size_t n;

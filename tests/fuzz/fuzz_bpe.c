@@ -70,7 +70,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (tl_detokenize(tok, ids.ids, ids.n, dflags, &dec, &dl)) abort();
     utf8proc_int32_t cp;
     for (utf8proc_ssize_t i = 0; (size_t)i < dl;) {
-        utf8proc_ssize_t k = utf8proc_iterate((const uint8_t *)dec + i, (utf8proc_ssize_t)dl - i, &cp);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const uint8_t *)dec + i, (utf8proc_ssize_t)dl - i, &cp);
         if (k <= 0) abort(); /* decode must be valid UTF-8 */
         i += k;
     }
@@ -95,7 +96,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     if (!dflags) {
         if (tl_tokenize(tok, dec, dl, flags, &again) < 0) abort();
-        if (again.n != ids.n || (ids.n && memcmp(again.ids, ids.ids, ids.n * sizeof(int32_t)))) abort();
+        if (again.n != ids.n || (ids.n && memcmp(again.ids, ids.ids, ids.n * sizeof(int32_t))))
+            abort();
     }
     if (valid_low_utf8((const uint8_t *)text, len)) {
         utf8proc_uint8_t *nfc = NULL;
