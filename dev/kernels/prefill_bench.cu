@@ -153,6 +153,7 @@ static void free_w(tl_gpu_gemm_w *w) {
 static void bench_gemm(void) {
     static const struct { const char *name; int rows, cols, flags; } sh[] = {
         {"gdn qkv 8192x2048", 8192, 2048, 0},
+        {"gdn in fused 12416x2048", 12416, 2048, 0},
         {"gdn z 4096x2048", 4096, 2048, 0},
         {"gdn out 2048x4096 +res", 2048, 4096, TL_GEMM_ADD_RES},
         {"attn q 8192x2048", 8192, 2048, 0},

@@ -31,7 +31,7 @@ typedef struct tl_gpu_gemm_w {
     const void *w;  /* bits 16: bf16 [rows, cols]; bits 4: q4 tiled words (above) */
     const void *sb; /* bits 4: scale/bias words (above); NULL for bits 16 */
     int bits;       /* 16 or 4 */
-    int rows, cols; /* rows % 128 == 0 (% 256 for the faster wgmma path), cols % 64 == 0 */
+    int rows, cols; /* rows % 128 == 0, cols % 64 == 0 */
 } tl_gpu_gemm_w;
 
 /* An MLX 4-bit matrix in device memory (as in the checkpoint): w u32 [rows, cols/8], scales and

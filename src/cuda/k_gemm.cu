@@ -1,7 +1,7 @@
 /* Prefill GEMMs on the tensor cores: Y[n, rows] = X[n, cols] W^T with X bf16 activations and W
  * either BF16 or 4-bit affine g64 (dequantized in the main loop), fp32 accumulation, bf16 or f32
- * output and fused epilogues (residual add, SwiGLU). Two kernels: mma.sync (any rows % 128) and
- * wgmma (rows % 256, Hopper), picked per shape by gemm_pick_tile; the same kernels run the MoE
+ * output and fused epilogues (residual add, SwiGLU). Two kernels: mma.sync and wgmma (Hopper),
+ * picked per shape by gemm_pick_tile; the same kernels run the MoE
  * grouped GEMMs (rows gathered by expert from a routing plan). Also owns the 4-bit repack from
  * the MLX layout and the MoE plan / combine kernels. Launches only: never allocates, never
  * synchronises. Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked
@@ -425,9 +425,9 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             const uint16_t *wg16 = (const uint16_t *)wb;
 #pragma unroll
             for (int j = 0; j < WG_BN * 8 / THREADS; j++) {
-                int r = (tid >> 3) + (THREADS / 8) * j;
+                int r = (tid >> 3) + (THREADS / 8) * j, ok = n0 + r < p.N;
                 pf_cp_async16(s + C::A_BYTES + wg_swz(r, tid & 7),
-                              wg16 + (size_t)(n0 + r) * p.K + k0 + (tid & 7) * 8, 16);
+                              wg16 + (size_t)(ok ? n0 + r : 0) * p.K + k0 + (tid & 7) * 8, ok ? 16 : 0);
             }
         } else {
             uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
@@ -435,11 +435,15 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             const uint32_t *wq4 = (const uint32_t *)wb;
 #pragma unroll
             for (int j = 0; j < 2 * WG_BN / THREADS; j++) {
-                int c = tid + THREADS * j, rb = c >> 4, ch = c & 15;
+                int c = tid + THREADS * j, rb = c >> 4, ch = c & 15, ok = n0 + 8 * rb < p.N;
                 pf_cp_async16(sQ + rb * 64 + ch * 4,
-                              wq4 + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
+                              wq4 + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                              ok ? 16 : 0);
             }
-            if (tid < WG_BN / 4) pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+            if (tid < WG_BN / 4) {
+                int ok = n0 + 4 * tid < p.N;
+                pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + (ok ? n0 + tid * 4 : 0), ok ? 16 : 0);
+            }
         }
     };
     /* q4: packed tile of stage -> bf16 swizzled B buffer. Unit = (row n, 32-column block kb):
@@ -524,6 +528,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
 #pragma unroll
         for (int nj = 0; nj < WG_BN / 8; nj++) {
+            if (n0 + nj * 8 >= p.N) break; /* rows % 256 == 128: the last block's upper half */
             float v0 = acc[4 * nj + 2 * h], v1 = acc[4 * nj + 2 * h + 1];
             int col;
             if (swiglu) {
@@ -566,7 +571,7 @@ template <int BITS, int WGS> static int launch_gemm_wg(const gemm_args *p, int g
     }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    dim3 grid(p->N / WG_BN, grid_y);
+    dim3 grid((p->N + WG_BN - 1) / WG_BN, grid_y);
     gemm_wg_kernel<BITS, WGS><<<grid, C::THREADS, C::SMEM, st>>>(*p);
     PF_LAUNCH_CHECK();
     return 0;
@@ -594,19 +599,21 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaS
  * and 4). With >= 128 blocks of 128x256 the wgmma kernel wins by 1.3-1.9x (bf16 up to 543
  * TFLOP/s, 4-bit up to 410). Below that: bf16 wgmma 64x256; 4-bit mma.sync 64x128 (two blocks
  * per SM hide the in-register dequantisation better than the wgmma kernel's dequantise-to-
- * shared step at low occupancy). TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128, 2 mma 128x256,
+ * shared step at low occupancy). The wgmma kernel also takes rows % 256 == 128 (e.g. the fused GDN
+ * in-projection padded to 12416 rows): the last block's missing rows load as zeros and are not
+ * stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128, 2 mma 128x256,
  * 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
 static int gemm_forced_tile(int rows) {
     const char *e = getenv("TL_GEMM_TILE");
     int f = e && *e ? atoi(e) : -1;
-    return f >= 0 && f <= 4 && !(f >= GM_T256 && rows % 256) ? f : -1;
+    return f >= 0 && f <= 4 && !(f == GM_T256 && rows % 256) ? f : -1;
 }
 
 static int gemm_pick_tile(int n, int rows, int cols, int bits) {
     int forced = gemm_forced_tile(rows);
     if (forced >= 0) return forced;
-    if (rows % 256) return GM_T64;
-    long b256 = (long)(rows / 256) * ((n + 127) / 128);
+    if (rows % 256) return GM_T64; /* wgmma with rows % 256 == 128: being measured (forced tiles 3, 4) */
+    long b256 = (long)((rows + 255) / 256) * ((n + 127) / 128);
     if (b256 >= 128) return GM_WG128;
     return bits == 4 ? GM_T64 : GM_WG64;
 }

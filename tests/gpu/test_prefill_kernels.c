@@ -190,8 +190,9 @@ static void test_gemm_bf16_matches_oracle(void) {
         {2048, 4096, 200}, /* GDN out / attention o */
         {512, 2048, 77},   /* attention k/v, expert gate/up rows */
         {2048, 512, 129},  /* expert down */
+        {12416, 2048, 200}, /* fused GDN in-projection padded to 128 rows: rows % 256 == 128 */
     };
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < 5; s++) {
         int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
         uint16_t *wb = xmalloc((size_t)rows * cols * 2);
         rand_bf16(wb, NULL, (size_t)rows * cols, 0.05f);
@@ -216,8 +217,9 @@ static void test_gemm_lm_head_rows(void) {
 }
 
 static void test_gemm_q4_matches_oracle(void) {
-    static const int shapes[][3] = {{8192, 2048, 300}, {2048, 4096, 130}, {2048, 512, 64}};
-    for (int s = 0; s < 3; s++) {
+    static const int shapes[][3] = {{8192, 2048, 300}, {2048, 4096, 130}, {2048, 512, 64},
+                                    {12416, 2048, 150}};
+    for (int s = 0; s < 4; s++) {
         int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
         mlx_host m;
         mlx_rand(&m, rows, cols);
