@@ -1296,26 +1296,17 @@ static int load_root(tl_tokenizer *t, const tokjson *j, char *err, size_t errlen
     return 0;
 }
 
-int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err,
-                           size_t errlen) {
-    *out = NULL;
-    tokjson j = {0};
-    j.err = err;
-    j.errlen = errlen;
-    int st = tj_parse(&j, json, len);
-    if (st) {
-        tj_free(&j);
-        return st;
-    }
+/* Builds the tokenizer from a parsed file (or arrays); frees j in every case. */
+static int tokenizer_from_tj(tokjson *j, tl_tokenizer **out, char *err, size_t errlen) {
     tl_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
-        tj_free(&j);
+        tj_free(j);
         return TL_ERR_NOMEM;
     }
     for (int i = 0; i < CACHE_LOCKS; i++)
         pthread_mutex_init(&t->locks[i], NULL);
-    st = load_root(t, &j, err, errlen);
-    tj_free(&j);
+    int st = load_root(t, j, err, errlen);
+    tj_free(j);
     if (!st) {
         t->cache_slots = t->n_vocab > 4096 ? CACHE_SLOTS : 4096;
         t->cache = calloc(t->cache_slots, sizeof *t->cache);
@@ -1327,6 +1318,102 @@ int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, cha
     }
     *out = t;
     return 0;
+}
+
+int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err,
+                           size_t errlen) {
+    *out = NULL;
+    tokjson j = {0};
+    j.err = err;
+    j.errlen = errlen;
+    int st = tj_parse(&j, json, len);
+    if (st) {
+        tj_free(&j);
+        return st;
+    }
+    return tokenizer_from_tj(&j, out, err, errlen);
+}
+
+static const char QWEN35_REGEX[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN2_REGEX[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+const char *tl_bpe_regex_for_pre(const char *pre) {
+    if (!pre) return NULL;
+    if (!strcmp(pre, "qwen35")) return QWEN35_REGEX;
+    if (!strcmp(pre, "qwen2")) return QWEN2_REGEX;
+    return NULL;
+}
+
+int tl_tokenizer_load_arrays(const tl_tokenizer_arrays *a, tl_tokenizer **out, char *err,
+                             size_t errlen) {
+    *out = NULL;
+    tokjson j = {0};
+    j.err = err;
+    j.errlen = errlen;
+    j.root = json_object();
+    j.model = json_pack("{s:s}", "type", "BPE");
+    json_t *added = json_array();
+    int st = 0;
+    j.has_vocab = j.has_merges = 1;
+    j.vocab = malloc((a->n_tokens ? a->n_tokens : 1) * sizeof *j.vocab);
+    j.merges = malloc((a->n_merges ? a->n_merges : 1) * sizeof *j.merges);
+    if (!j.root || !j.model || !added || !j.vocab || !j.merges || a->n_tokens >= (1u << 30)) {
+        json_decref(added);
+        tj_free(&j);
+        return TL_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < a->n_tokens && !st; i++) {
+        const char *tok = a->tokens[i];
+        int32_t ty = a->types ? a->types[i] : 1;
+        if (!tok) {
+            st = tl_errf(err, errlen, TL_ERR_FORMAT, "token %zu is missing", i);
+        } else if (ty == 3 || ty == 4) {
+            json_array_append_new(added,
+                                  json_pack("{s:I,s:s,s:b,s:b}", "id", (json_int_t)i, "content",
+                                            tok, "special", ty == 3, "normalized", 0));
+        } else {
+            vocab_ent *e = &j.vocab[j.n_vocab++];
+            e->off = (uint32_t)j.strs.n;
+            e->len = (uint32_t)strlen(tok);
+            e->id = (int64_t)i;
+            if (bbuf_put(&j.strs, tok, e->len + 1)) st = TL_ERR_NOMEM;
+        }
+    }
+    for (size_t i = 0; i < a->n_merges && !st; i++) {
+        const char *m = a->merges[i], *sp = m ? strchr(m, ' ') : NULL;
+        if (!sp || strchr(sp + 1, ' ')) {
+            st = tl_errf(err, errlen, TL_ERR_FORMAT, "merge %zu \"%.40s\" is not two tokens", i,
+                         m ? m : "(null)");
+            break;
+        }
+        merge_ent *e = &j.merges[j.n_merges++];
+        e->a = (uint32_t)j.strs.n;
+        e->la = (uint32_t)(sp - m);
+        e->b = e->a + e->la + 1;
+        e->lb = (uint32_t)strlen(sp + 1);
+        if (bbuf_put(&j.strs, m, e->la + 1 + e->lb + 1))
+            st = TL_ERR_NOMEM;
+        else
+            j.strs.p[e->a + e->la] = 0;
+    }
+    if (st) {
+        json_decref(added);
+        tj_free(&j);
+        return st;
+    }
+    const char *rx = a->pre_regex ? a->pre_regex : QWEN35_REGEX;
+    json_object_set_new(j.root, "added_tokens", added);
+    if (a->nfc) json_object_set_new(j.root, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    json_object_set_new(j.root, "pre_tokenizer",
+                        json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b}]}", "type",
+                                  "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex",
+                                  rx, "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
+                                  "add_prefix_space", 0, "use_regex", 0));
+    return tokenizer_from_tj(&j, out, err, errlen);
 }
 
 int tl_tokenizer_load(const char *path, tl_tokenizer **out, char *err, size_t errlen) {

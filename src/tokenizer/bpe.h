@@ -42,6 +42,31 @@ int tl_tokenizer_load(const char *path, tl_tokenizer **out, char *err, size_t er
 int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err,
                            size_t errlen);
 
+/* The same vocabulary given as arrays, as a GGUF file stores it (tokenizer.ggml.tokens,
+ * .token_type, .merges, .pre). tokens[i] is id i: byte-level strings ("Ġthe") for BPE tokens,
+ * the literal content for added ones. types (NULL = all normal) follows GGUF: 3 (control) is an
+ * added special token, 4 (user-defined) an added non-special one, anything else a BPE token.
+ * llama.cpp's converter marks every "<|...|>" token control, so for a Qwen GGUF <|fim_prefix|>
+ * and friends come out special although tokenizer.json says otherwise (only decoding with
+ * TL_DETOK_SKIP_SPECIAL and TL_TOKENIZE_SPLIT_SPECIAL see the difference). merges are "a b"
+ * strings, rank = index. pre_regex is the Split regex in HF syntax (tl_bpe_regex_for_pre maps a
+ * GGUF tokenizer.ggml.pre name), NULL = Qwen3.5's. nfc: 1 to NFC-normalize (Qwen: yes). */
+typedef struct tl_tokenizer_arrays {
+    const char *const *tokens;
+    size_t n_tokens;
+    const int32_t *types;
+    const char *const *merges;
+    size_t n_merges;
+    const char *pre_regex;
+    int nfc;
+} tl_tokenizer_arrays;
+
+int tl_tokenizer_load_arrays(const tl_tokenizer_arrays *a, tl_tokenizer **out, char *err,
+                             size_t errlen);
+
+/* The Split regex for a GGUF tokenizer.ggml.pre value ("qwen35", "qwen2"), or NULL if unknown. */
+const char *tl_bpe_regex_for_pre(const char *pre);
+
 void tl_tokenizer_free(tl_tokenizer *tok);
 
 /* Size of the id space: largest id (vocab or added token) + 1. Ids below it may be holes

@@ -449,6 +449,76 @@ static void test_bpe_load_errors(void) {
     }
 }
 
+/* The tiny tokenizer given as GGUF-style arrays loads to the same tokenizer as its JSON. */
+static void test_bpe_load_arrays_matches_json(void) {
+    json_error_t je;
+    json_t *root = json_load_file(TINY, 0, &je);
+    CHECK(root != NULL);
+    if (!root) return;
+    json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
+    json_t *added = json_object_get(root, "added_tokens");
+    const char *tokens[320] = {0};
+    int32_t types[320];
+    const char *mstr[64];
+    const char *key;
+    json_t *v;
+    json_object_foreach(vocab, key, v) {
+        tokens[json_integer_value(v)] = key;
+        types[json_integer_value(v)] = 1;
+    }
+    size_t i;
+    json_array_foreach(added, i, v) {
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        tokens[id] = json_string_value(json_object_get(v, "content"));
+        types[id] = json_is_true(json_object_get(v, "special")) ? 3 : 4;
+    }
+    size_t n_merges = json_array_size(merges);
+    CHECK(n_merges <= 64);
+    json_array_foreach(merges, i, v) mstr[i] = json_string_value(v);
+    const char *rx = json_string_value(json_object_get(
+        json_object_get(
+            json_array_get(json_object_get(json_object_get(root, "pre_tokenizer"), "pretokenizers"),
+                           0),
+            "pattern"),
+        "Regex"));
+    CHECK_STR(tl_bpe_regex_for_pre("qwen35"), rx);
+    CHECK(tl_bpe_regex_for_pre("llama-bpe") == NULL);
+    tl_tokenizer_arrays arr = {tokens, 320, types, mstr, n_merges, tl_bpe_regex_for_pre("qwen35"),
+                               1};
+    tl_tokenizer *t = NULL;
+    char err[256];
+    CHECK_EQ_INT(tl_tokenizer_load_arrays(&arr, &t, err, sizeof err), 0);
+    if (t) {
+        CHECK_EQ_INT(tl_tokenizer_n_vocab(t), 320);
+        for (int32_t id = 0; id < 320; id++) {
+            size_t la, lb;
+            const char *sa = tl_token_str(t, id, &la), *sb = tl_token_str(tiny, id, &lb);
+            CHECK(sa && sb && la == lb && !memcmp(sa, sb, la));
+            CHECK_EQ_INT(tl_token_is_special(t, id), tl_token_is_special(tiny, id));
+        }
+        const char *texts[] = {"the cat and the dog, thinking",
+                               "<|im_start|>user\n<think>é\u0301</think>",
+                               "  \t\n\r\n 123 'S 'll 中文 👍🏽 a\xff"
+                               "b"};
+        tl_tok_ids x = {0}, y = {0};
+        for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+            x.n = y.n = 0;
+            CHECK(tl_tokenize(t, texts[k], strlen(texts[k]), 0, &x) > 0);
+            CHECK(tl_tokenize(tiny, texts[k], strlen(texts[k]), 0, &y) > 0);
+            CHECK(ids_equal(&x, &y));
+        }
+        tl_tok_ids_free(&x);
+        tl_tok_ids_free(&y);
+        tl_tokenizer_free(t);
+    }
+    const char *bad_merges[] = {"a"};
+    arr.merges = bad_merges;
+    arr.n_merges = 1;
+    CHECK(tl_tokenizer_load_arrays(&arr, &t, err, sizeof err) == TL_ERR_FORMAT && t == NULL);
+    json_decref(root);
+}
+
 int main(void) {
     T_RUN(test_bpe_load_tiny);
     T_RUN(test_bpe_token_str);
@@ -461,6 +531,7 @@ int main(void) {
     T_RUN(test_bpe_long_runs);
     T_RUN(test_bpe_threads);
     T_RUN(test_bpe_load_errors);
+    T_RUN(test_bpe_load_arrays_matches_json);
     tl_tokenizer_free(tiny);
     return t_summary();
 }
