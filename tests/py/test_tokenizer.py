@@ -185,7 +185,7 @@ def test_qwen36_matches_package_tiktoken(tok_files):
     # is Unicode 14 where HF's is older.
     nfc = normalizers.NFC()
     items = [s for s in CORPUS_TEXT if unicodedata.normalize("NFC", s) == s and nfc.normalize_str(s) == s]
-    assert len(items) > 2000
+    assert len(items) > 1500
     got = run_batch(tok_files["qwen36"], items)
     want = [qt.encode(s) for s in items]
     bad, msg = diff_report(items, got, want)
