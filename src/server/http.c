@@ -37,6 +37,7 @@ typedef struct tl_conn {
     size_t n, cap;
     int too_big;
     int responded;
+    int active; /* counted in s->n_active until the request completes */
 } tl_conn;
 
 /* ====== Replies. ====== */
@@ -208,6 +209,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_CHAT:
     case R_COMPLETIONS: {
         if (!cn->body) cn->body = xstrdup("");
+        cn->active = 1;
+        atomic_fetch_add(&s->n_active, 1);
         int gone = cn->r == R_CHAT ? tl_api_chat(s, cn->body, cn->n, fd, &rep)
                                    : tl_api_completions(s, cn->body, cn->n, fd, &rep);
         if (gone) {
@@ -236,8 +239,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
+    tl_server *s = cls;
     tl_conn *cn = *con_cls;
     if (!cn) return;
+    if (cn->active) atomic_fetch_sub(&s->n_active, 1);
     free(cn->body);
     free(cn);
     *con_cls = NULL;

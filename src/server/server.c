@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "common/status.h"
 #include "common/util.h"
 #include "model/config.h"
@@ -152,6 +153,10 @@ int tl_server_run(const tl_server_params *p) {
     atomic_store(&s->draining, 1);
     tl_http_quiesce(s);
     tl_sched_shutdown(s->sched, lost ? 0 : s->p.drain_s);
+    /* Every job has ended; give the connection threads a moment to put the last bytes (final
+     * chunk, error frame, [DONE]) on the wire before the daemon closes the sockets. */
+    for (int i = 0; i < 250 && atomic_load(&s->n_active) > 0; i++)
+        usleep(20000);
     tl_http_stop(s);
     rc = lost ? 1 : 0;
     fprintf(stderr, "tulip serve: stopped\n");

@@ -53,6 +53,7 @@ typedef struct tl_server {
     long created;
     struct MHD_Daemon *daemon;
     atomic_int draining;
+    atomic_int n_active; /* generation requests not yet completed on the wire */
 } tl_server;
 
 /* Runs the server until SIGINT/SIGTERM (or a lost device). Prints startup errors with a hint and
