@@ -388,6 +388,7 @@ def test_bad_input(srv, client):
     assert ei.value.body["param"] == "guided_json"
     # over the context (2048): decided before queuing
     long_text = " ".join("w%d" % i for i in range(2000))
+    admitted = srv.metrics()["tulip_prompt_tokens_total"]
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(model=MODEL_NAME,
                                        messages=[{"role": "user", "content": long_text}])
@@ -395,6 +396,8 @@ def test_bad_input(srv, client):
     assert ei.value.body["n_ctx"] == 2048 and ei.value.body["n_prompt_tokens"] > 2048
     st, e = err_of(srv, "/v1/completions", {"prompt": [5] * 100, "max_tokens": 2000})
     assert st == 400 and e["code"] == "context_length_exceeded"
+    # rejected before queuing: no prompt token of either request reached the engine
+    assert srv.metrics()["tulip_prompt_tokens_total"] == admitted
     st, e = err_of(srv, "/v1/completions", {"prompt": [5, 400]})
     assert st == 400 and e["param"] == "prompt"
     # nothing above disturbed the server
