@@ -22,6 +22,8 @@ static void serve_usage(void) {
             "  --max-conns N          concurrent HTTP connections (default 512)\n"
             "  --drain-timeout S      on SIGINT/SIGTERM, seconds running requests may finish (10)\n"
             "  --idle-timeout S       close connections idle this long (default 300)\n"
+            "  --trace FILE           append one JSON line per request event (body, rendered\n"
+            "                         prompt, each SSE chunk, response, errors) for debugging\n"
             "  --keepalive S          SSE ': keepalive' comment after S s without tokens (5)\n"
             "  --backend auto|cpu|cuda\n"
             "  --threads N            CPU backend threads (default: all cores)\n"
@@ -67,6 +69,8 @@ int cmd_serve(int argc, char **argv) {
             p.max_conns = atoi(v);
         else if (OPT("--drain-timeout"))
             p.drain_s = atof(v);
+        else if (OPT("--trace"))
+            p.trace_path = v;
         else if (OPT("--keepalive"))
             p.keepalive_s = atof(v);
         else if (OPT("--idle-timeout"))

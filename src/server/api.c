@@ -25,6 +25,27 @@
 
 #define EV_BATCH 64
 
+/* ====== Trace (--trace FILE). ====== */
+
+/* Appends {"t","id","event","data"} as one line; data is stolen (a JSON value or NULL). */
+static void trace(tl_server *s, const char *id, const char *event, json_t *data) {
+    if (!s->trace) {
+        json_decref(data);
+        return;
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "t", json_real(tl_time_s() - s->t0));
+    json_object_set_new(o, "id", json_string(id));
+    json_object_set_new(o, "event", json_string(event));
+    if (data) json_object_set_new(o, "data", data);
+    char *line = tl_oai_dump(o);
+    pthread_mutex_lock(&s->trace_mu);
+    fprintf(s->trace, "%s\n", line);
+    fflush(s->trace);
+    pthread_mutex_unlock(&s->trace_mu);
+    free(line);
+}
+
 /* ====== Small replies. ====== */
 
 static void reply_json(tl_reply *out, int status, json_t *v) {
@@ -151,7 +172,7 @@ static int force_tokens(tl_server *s, const tl_oai_req *r, tl_job *j, tl_oai_err
 }
 
 /* Builds the job for a validated request: prompt ids, sampling, limits. */
-static int make_job(tl_server *s, tl_oai_req *r, tl_job **out, tl_oai_error *e) {
+static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, tl_oai_error *e) {
     tl_job *j = tl_job_new();
     if (!j) return tl_oai_fail(e, TL_ERR_INTERNAL, NULL, "cannot create an event fd");
     int st = 0;
@@ -170,6 +191,7 @@ static int make_job(tl_server *s, tl_oai_req *r, tl_job **out, tl_oai_error *e) 
             tl_oai_fail(e, st == TL_ERR_NOMEM ? st : TL_ERR_INVALID, "messages", "%s", err);
         } else {
             st = tokenize_into(s, text, len, j, e);
+            trace(s, id, "prompt", json_stringn(text, len));
             free(text);
         }
         if (!st) st = force_tokens(s, r, j, e);
@@ -224,11 +246,12 @@ static uint64_t rand64(void) {
 }
 
 /* Parses, builds and queues. On failure fills e and returns its status. */
-static int start(tl_server *s, tl_oai_kind kind, const char *body, size_t len, tl_oai_req *r,
-                 tl_job **j, tl_oai_error *e) {
+static int start(tl_server *s, const char *id, tl_oai_kind kind, const char *body, size_t len,
+                 tl_oai_req *r, tl_job **j, tl_oai_error *e) {
+    if (s->trace) trace(s, id, "request", json_stringn(body, len));
     int st = tl_oai_parse(r, kind, body, len, &s->oai, s->n_vocab, e);
     if (st) return st;
-    st = make_job(s, r, j, e);
+    st = make_job(s, id, r, j, e);
     if (st) {
         tl_oai_req_free(r);
         return st;
@@ -244,6 +267,7 @@ static int start(tl_server *s, tl_oai_kind kind, const char *body, size_t len, t
         return st;
     }
     tl_metrics_prompt_tokens(s->metrics, (*j)->n_prompt);
+    trace(s, id, "queued", json_integer((*j)->n_prompt));
     return 0;
 }
 
@@ -274,11 +298,13 @@ static int drain_job(tl_job *j, tl_gen *g, int fd) {
     }
 }
 
-static int run_blocking(tl_server *s, tl_oai_req *r, tl_job *j, int fd, tl_reply *out) {
+static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, int fd,
+                        tl_reply *out) {
     tl_gen g;
     tl_gen_init(&g, r, s->tok, s->think_end_id, rand64());
     int fin = drain_job(j, &g, fd);
     if (fin < 0) {
+        trace(s, id, "client gone", NULL);
         tl_gen_free(&g);
         return -1;
     }
@@ -290,12 +316,11 @@ static int run_blocking(tl_server *s, tl_oai_req *r, tl_job *j, int fd, tl_reply
             tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         if (fin == TL_FIN_CANCELLED) e.http = 503, e.type = "server_error";
         tl_api_error(out, &e);
+        trace(s, id, "error", json_string(out->body));
         tl_gen_free(&g);
         return 0;
     }
     tl_gen_end(&g);
-    char id[64];
-    tl_oai_make_id(id, sizeof id, r->kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
     json_t *choice = json_object();
     json_object_set_new(choice, "index", json_integer(0));
     if (r->kind == TL_OAI_CHAT)
@@ -310,6 +335,7 @@ static int run_blocking(tl_server *s, tl_oai_req *r, tl_job *j, int fd, tl_reply
         tl_oai_envelope(id, r->kind == TL_OAI_CHAT ? "chat.completion" : "text_completion",
                         (long)time(NULL), s->model_name, choice, tl_oai_usage_json(&u));
     reply_json(out, 200, resp);
+    trace(s, id, "response", json_string(out->body));
     tl_gen_free(&g);
     return 0;
 }
@@ -328,6 +354,11 @@ struct tl_stream {
     tl_sbuf out;
 };
 
+static void stream_frame(struct tl_stream *st, const char *json) {
+    tl_sse_data(&st->out, json);
+    trace(st->s, st->id, "chunk", json_string(json));
+}
+
 static void put_chunk(struct tl_stream *st, json_t *delta, json_t *lp, const char *finish) {
     int chat = st->req.kind == TL_OAI_CHAT;
     json_t *choice = json_object();
@@ -344,7 +375,7 @@ static void put_chunk(struct tl_stream *st, json_t *delta, json_t *lp, const cha
     json_t *env = tl_oai_envelope(st->id, chat ? "chat.completion.chunk" : "text_completion",
                                   st->created, st->s->model_name, choice, NULL);
     char *txt = tl_oai_dump(env);
-    tl_sse_data(&st->out, txt);
+    stream_frame(st, txt);
     free(txt);
 }
 
@@ -367,7 +398,7 @@ static void stream_finish(struct tl_stream *st, int fin) {
         else
             tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         char *txt = tl_oai_error_json(&e);
-        tl_sse_data(&st->out, txt);
+        stream_frame(st, txt);
         free(txt);
         st->done = 1;
         return;
@@ -381,7 +412,7 @@ static void stream_finish(struct tl_stream *st, int fin) {
             st->id, st->req.kind == TL_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
             st->created, st->s->model_name, NULL, tl_oai_usage_json(&u));
         char *txt = tl_oai_dump(env);
-        tl_sse_data(&st->out, txt);
+        stream_frame(st, txt);
         free(txt);
     }
     tl_sse_done(&st->out);
@@ -420,6 +451,7 @@ long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
         int w = tl_job_wait(st->job, st->fd, (int)(st->s->p.keepalive_s * 1000));
         if (w < 0) {
             tl_job_cancel(st->job);
+            trace(st->s, st->id, "client gone", NULL);
             return -2;
         }
         if (w == 0) tl_sse_comment(&st->out, "keepalive");
@@ -443,12 +475,15 @@ static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len
     tl_oai_req r;
     tl_job *j = NULL;
     tl_oai_error e;
-    if (start(s, kind, body, len, &r, &j, &e)) {
+    char id[64];
+    tl_oai_make_id(id, sizeof id, kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
+    if (start(s, id, kind, body, len, &r, &j, &e)) {
         tl_api_error(out, &e);
+        trace(s, id, "error", json_string(out->body));
         return 0;
     }
     if (!r.stream) {
-        int rc = run_blocking(s, &r, j, fd, out);
+        int rc = run_blocking(s, id, &r, j, fd, out);
         tl_job_unref(j);
         tl_oai_req_free(&r);
         return rc;
@@ -459,7 +494,7 @@ static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len
     st->job = j;
     st->fd = fd;
     st->created = (long)time(NULL);
-    tl_oai_make_id(st->id, sizeof st->id, kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
+    snprintf(st->id, sizeof st->id, "%s", id);
     tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, rand64());
     memset(out, 0, sizeof *out);
     out->status = 200;

@@ -112,6 +112,12 @@ int tl_server_run(const tl_server_params *p) {
         goto out;
     }
     load_defaults(s);
+    s->t0 = tl_time_s();
+    pthread_mutex_init(&s->trace_mu, NULL);
+    if (s->p.trace_path && !(s->trace = fopen(s->p.trace_path, "a"))) {
+        fprintf(stderr, "tulip serve: --trace %s: %s\n", s->p.trace_path, strerror(errno));
+        goto out;
+    }
     s->oai = (tl_oai_opts){.model_name = s->model_name,
                            .model_path = s->p.model_path,
                            .test_mode = s->p.test_mode,
@@ -165,6 +171,7 @@ out:
     tl_http_stop(s);
     tl_sched_free(s->sched);
     tl_metrics_free(s->metrics);
+    if (s->trace) fclose(s->trace);
     if (s->tok) tl_tokenizer_free(s->tok);
     if (s->eng) tl_engine_close(s->eng);
     free(s);

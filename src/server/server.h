@@ -4,7 +4,9 @@
 #ifndef TL_SERVER_SERVER_H
 #define TL_SERVER_SERVER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "server/openai.h"
@@ -21,14 +23,15 @@ typedef struct tl_server_params {
     int allow_test_shape;
     int n_threads;
     int max_seqs, max_ctx;
-    int max_queue;      /* waiting requests beyond the running ones; default 64 */
-    int step_tokens;    /* engine step token budget; default 2048 */
-    size_t max_body;    /* request body limit in bytes; default 8 MiB */
-    int max_conns;      /* concurrent connections; default 512 */
-    double drain_s;     /* SIGINT/SIGTERM: seconds running streams may finish */
-    int idle_timeout_s; /* close a connection idle this long (default 300) */
-    double keepalive_s; /* SSE comment after this long without a chunk (default 5) */
-    int test_mode;      /* accept the tulip_test_script request extension */
+    int max_queue;          /* waiting requests beyond the running ones; default 64 */
+    int step_tokens;        /* engine step token budget; default 2048 */
+    size_t max_body;        /* request body limit in bytes; default 8 MiB */
+    int max_conns;          /* concurrent connections; default 512 */
+    double drain_s;         /* SIGINT/SIGTERM: seconds running streams may finish */
+    int idle_timeout_s;     /* close a connection idle this long (default 300) */
+    double keepalive_s;     /* SSE comment after this long without a chunk (default 5) */
+    const char *trace_path; /* --trace FILE: requests, rendered prompts, chunks, responses */
+    int test_mode;          /* accept the tulip_test_script request extension */
     int random_weights, weight_bits;
     uint64_t seed;
 } tl_server_params;
@@ -54,6 +57,9 @@ typedef struct tl_server {
     struct MHD_Daemon *daemon;
     atomic_int draining;
     atomic_int n_active; /* generation requests not yet completed on the wire */
+    FILE *trace;         /* --trace: one JSON line per request event, or NULL */
+    pthread_mutex_t trace_mu;
+    double t0;
 } tl_server;
 
 /* Runs the server until SIGINT/SIGTERM (or a lost device). Prints startup errors with a hint and

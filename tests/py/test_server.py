@@ -30,9 +30,11 @@ def ids(text):
 
 
 @pytest.fixture(scope="module", params=sorted(BINARIES))
-def srv(request):
+def srv(request, tmp_path_factory):
+    trace = str(tmp_path_factory.mktemp("trace") / "trace.jsonl")
     s = Server(BINARIES[request.param], "--test-mode", "--ctx", "2048", "--max-seqs", "16",
-               "--queue", "32")
+               "--queue", "32", "--trace", trace)
+    s.trace_path = trace
     yield s
     rc, err = s.stop()
     assert rc == 0, err[-3000:]
@@ -249,6 +251,20 @@ def test_stop_strings_never_leak(client):
     # a partial match that does not complete is released
     r = scripted(client, "a STOx b", **kw)
     assert r.choices[0].message.content == "a STOx b"
+
+
+def test_trace_file(srv, client):
+    r = scripted(client, "Hi there", extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    chunks = list(scripted(client, "Yo", stream=True))
+    with open(srv.trace_path) as f:
+        lines = [json.loads(line) for line in f]
+    mine = [x for x in lines if x["id"] == r.id]
+    events = [x["event"] for x in mine]
+    assert events[:3] == ["request", "prompt", "queued"] and events[-1] == "response"
+    assert mine[1]["data"].startswith("<|im_start|>user\nHello there<|im_end|>")
+    assert json.loads(mine[-1]["data"])["choices"][0]["message"]["content"] == "Hi there"
+    streamed = [x for x in lines if x["id"] == chunks[0].id and x["event"] == "chunk"]
+    assert len(streamed) == len(chunks)
 
 
 # ---------------------------------------------------------------- completions
