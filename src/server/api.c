@@ -149,7 +149,10 @@ static json_t *messages_json(const tl_oai_req *r) {
 static int tokenize_into(tl_server *s, const char *text, size_t len, tl_job *j, tl_oai_error *e) {
     tl_tok_ids ids = {0};
     int n = tl_tokenize(s->tok, text, len, 0, &ids);
-    if (n < 0) return tl_oai_fail(e, n, NULL, "tokenizer failed: %s", tl_status_str(n));
+    if (n < 0) {
+        tl_tok_ids_free(&ids);
+        return tl_oai_fail(e, n, NULL, "tokenizer failed: %s", tl_status_str(n));
+    }
     j->prompt = ids.ids;
     j->n_prompt = (int)ids.n;
     return 0;
@@ -165,7 +168,10 @@ static int force_tokens(tl_server *s, const tl_oai_req *r, tl_job *j, tl_oai_err
              r->tool_choice == TL_TOOL_NAMED ? ">\n" : "");
     tl_tok_ids ids = {0};
     int n = tl_tokenize(s->tok, buf, strlen(buf), 0, &ids);
-    if (n < 0) return tl_oai_fail(e, n, NULL, "tokenizer failed: %s", tl_status_str(n));
+    if (n < 0) {
+        tl_tok_ids_free(&ids);
+        return tl_oai_fail(e, n, NULL, "tokenizer failed: %s", tl_status_str(n));
+    }
     j->force = ids.ids;
     j->n_force = (int)ids.n;
     return 0;
