@@ -363,6 +363,23 @@ def test_error_inside_stream(client):
     assert ei.value.body["type"] == "server_error"
 
 
+def test_loadtest_tool(srv, tmp_path):
+    """tools/loadtest.py against this server: numbers come out and nothing fails."""
+    import subprocess
+    import sys
+    from srv_util import ROOT
+    out = tmp_path / "lt.json"
+    p = subprocess.run([sys.executable, f"{ROOT}/tools/loadtest.py", "--url", srv.base, "-n", "4",
+                        "-t", "1.5", "--max-tokens", "8", "--prompt-words", "8",
+                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    assert res["errors"] == 0 and res["requests"] >= 4
+    assert res["output_tokens"] == 8 * res["requests"]
+    assert res["output_tok_s"] > 0 and res["ttft_p50_ms"] > 0 and res["itl_p50_ms"] > 0
+    assert "| 4 |" in p.stdout
+
+
 # ---------------------------------------------------------------- bad input
 
 def err_of(srv, path, body, **kw):
