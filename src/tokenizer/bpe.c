@@ -266,8 +266,8 @@ struct tl_tokenizer {
     /* added tokens: matched in the raw text (normalized = false) or after normalization */
     trie added_raw, added_norm;
     int nfc;
-    pcre2_code *re;
-    int jit;
+    pcre2_code *re, *re_compat; /* re_compat: with HF's extra class members, or NULL */
+    int jit, jit_compat;
     /* word cache */
     cache_slot *cache;
     size_t cache_slots; /* a power of two */
@@ -468,15 +468,103 @@ static int32_t trie_longest(const trie *t, const uint8_t *s, size_t n, size_t *m
 
 /* ====== Loading. ====== */
 
-/* Rewrites an HF (Oniguruma) pattern for PCRE2: `\s` is Oniguruma's whitespace set, which is not
- * PCRE2's (measured, DESIGN.md): outside a class it becomes [\t-\r\x{20}\x{85}\p{Z}], inside a
- * class its members; `\S` outside a class becomes the negated class. `\S` inside a class has no
- * PCRE2 spelling and is refused. */
-static int regex_rewrite(const char *pat, bbuf *out, char *err, size_t errlen) {
+/* Code points HF's Oniguruma (Unicode 16) has in \p{L}, \p{M}, \p{N} that this PCRE2 (10.42,
+ * Unicode 14) leaves unassigned; the rewrite adds them to those classes (\p{Z} agrees). Generated
+ * and verified by tools/tok_regex_compat.py; rerun it when either library changes. */
+/* PCRE2 Unicode 14.0.0; HF tokenizers' Oniguruma adds L: 9272, M: 93, N: 120, Z: 0 */
+static const uint32_t HF_EXTRA_L[][2] = {
+    {0x1C89, 0x1C8A},   {0xA7CB, 0xA7CD},   {0xA7DA, 0xA7DC},   {0x105C0, 0x105F3},
+    {0x10D4A, 0x10D65}, {0x10D6F, 0x10D85}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240},
+    {0x11380, 0x11389}, {0x1138B, 0x1138B}, {0x1138E, 0x1138E}, {0x11390, 0x113B5},
+    {0x113B7, 0x113B7}, {0x113D1, 0x113D1}, {0x113D3, 0x113D3}, {0x11BC0, 0x11BE0},
+    {0x11F02, 0x11F02}, {0x11F04, 0x11F10}, {0x11F12, 0x11F33}, {0x1342F, 0x1342F},
+    {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D}, {0x16D40, 0x16D6C},
+    {0x18CFF, 0x18CFF}, {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1DF25, 0x1DF2A},
+    {0x1E030, 0x1E06D}, {0x1E4D0, 0x1E4EB}, {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0},
+    {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF}};
+static const uint32_t HF_EXTRA_M[][2] = {
+    {0x897, 0x897},     {0xCF3, 0xCF3},     {0xECE, 0xECE},     {0x10D69, 0x10D6D},
+    {0x10EFC, 0x10EFF}, {0x11241, 0x11241}, {0x113B8, 0x113C0}, {0x113C2, 0x113C2},
+    {0x113C5, 0x113C5}, {0x113C7, 0x113CA}, {0x113CC, 0x113D0}, {0x113D2, 0x113D2},
+    {0x113E1, 0x113E2}, {0x11F00, 0x11F01}, {0x11F03, 0x11F03}, {0x11F34, 0x11F3A},
+    {0x11F3E, 0x11F42}, {0x11F5A, 0x11F5A}, {0x13440, 0x13440}, {0x13447, 0x13455},
+    {0x1611E, 0x1612F}, {0x1E08F, 0x1E08F}, {0x1E4EC, 0x1E4EF}, {0x1E5EE, 0x1E5EF}};
+static const uint32_t HF_EXTRA_N[][2] = {{0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9},
+                                         {0x11F50, 0x11F59}, {0x16130, 0x16139}, {0x16D70, 0x16D79},
+                                         {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3}, {0x1E4F0, 0x1E4F9},
+                                         {0x1E5F1, 0x1E5FA}};
+
+/* Appends the extra ranges of Unicode class name (n bytes) as class items, or returns 0 when the
+ * class has none. */
+static int regex_extra(const char *name, size_t n, bbuf *out) {
+    const uint32_t(*r)[2];
+    size_t nr;
+    if (n == 1 && name[0] == 'L')
+        r = HF_EXTRA_L, nr = sizeof HF_EXTRA_L / sizeof *HF_EXTRA_L;
+    else if (n == 1 && name[0] == 'M')
+        r = HF_EXTRA_M, nr = sizeof HF_EXTRA_M / sizeof *HF_EXTRA_M;
+    else if (n == 1 && name[0] == 'N')
+        r = HF_EXTRA_N, nr = sizeof HF_EXTRA_N / sizeof *HF_EXTRA_N;
+    else
+        return 0;
+    for (size_t i = 0; i < nr; i++) {
+        char item[48];
+        int k = snprintf(item, sizeof item, "\\x{%X}-\\x{%X}", r[i][0], r[i][1]);
+        bbuf_put(out, item, (size_t)k);
+    }
+    return 1;
+}
+
+/* Rewrites an HF (Oniguruma) pattern for PCRE2 so both engines split alike:
+ * - `\s` is Oniguruma's whitespace set, not PCRE2's (measured, DESIGN.md): outside a class it
+ *   becomes [\t-\r\x{20}\x{85}\p{Z}], inside a class its members; `\S` outside a class becomes
+ *   the negated class;
+ * - `\p{L}`, `\p{M}`, `\p{N}` (or `\pL`...) get the code points PCRE2's older Unicode lacks:
+ *   [\p{L}...] outside a class, the extra items inside; `\P{..}` becomes [^\p{..}...].
+ * `\S` or `\P{L}` inside a class has no PCRE2 spelling and is refused. */
+static int regex_rewrite(const char *pat, int compat, int *used_extra, bbuf *out, char *err,
+                         size_t errlen) {
     static const char ws[] = "\\t-\\r\\x{20}\\x{85}\\p{Z}";
     int in_class = 0;
     for (size_t i = 0; pat[i]; i++) {
         char c = pat[i];
+        if (c == '\\' && (pat[i + 1] == 'p' || pat[i + 1] == 'P') && pat[i + 2]) {
+            int neg = pat[i + 1] == 'P';
+            const char *name = pat + i + 2, *end = name + 1;
+            if (*name == '{') {
+                end = strchr(name, '}');
+                if (!end)
+                    return tl_errf(err, errlen, TL_ERR_FORMAT,
+                                   "pre-tokenizer regex: unclosed \\p{");
+                name++;
+                if (*name == '^') neg = !neg, name++;
+                end++;
+            }
+            size_t nl = (size_t)(end - name) - (pat[i + 2] == '{' ? 1 : 0);
+            bbuf item = {0};
+            bbuf_put(&item, "\\p{", 3);
+            bbuf_put(&item, name, nl);
+            bbuf_put(&item, "}", 1);
+            int has_extra = compat && regex_extra(name, nl, &item);
+            *used_extra |= has_extra;
+            if (!has_extra) {
+                bbuf_put(out, pat + i, (size_t)(end - (pat + i)));
+            } else if (in_class) {
+                if (neg) {
+                    free(item.p);
+                    return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                                   "pre-tokenizer regex: negated \\p inside a character class");
+                }
+                bbuf_put(out, item.p, item.n);
+            } else {
+                bbuf_put(out, neg ? "[^" : "[", neg ? 2 : 1);
+                bbuf_put(out, item.p, item.n);
+                bbuf_put(out, "]", 1);
+            }
+            free(item.p);
+            i = (size_t)(end - pat) - 1;
+            continue;
+        }
         if (c == '\\' && pat[i + 1]) {
             char d = pat[i + 1];
             if (d == 's') {
@@ -521,30 +609,74 @@ static int regex_rewrite(const char *pat, bbuf *out, char *err, size_t errlen) {
 static const char GPT2_REGEX[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static int regex_compile(tl_tokenizer *t, const char *pat, int literal, char *err, size_t errlen) {
-    bbuf rw = {0};
-    int st;
-    if (literal) {
-        st = bbuf_put(&rw, pat, strlen(pat));
-    } else {
-        st = regex_rewrite(pat, &rw, err, errlen);
-    }
-    if (st) {
-        free(rw.p);
-        return st;
-    }
+static int regex_build(const char *pat, size_t n, int literal, pcre2_code **re, int *jit, char *err,
+                       size_t errlen) {
     int ec;
     PCRE2_SIZE eo;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : 0);
-    t->re = pcre2_compile((PCRE2_SPTR)(rw.p ? rw.p : ""), rw.n, opts, &ec, &eo, NULL);
-    free(rw.p);
-    if (!t->re) {
+    *re = pcre2_compile((PCRE2_SPTR)(pat ? pat : ""), n, opts, &ec, &eo, NULL);
+    if (!*re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);
         return tl_errf(err, errlen, TL_ERR_FORMAT, "pre-tokenizer regex at offset %zu: %s",
                        (size_t)eo, (char *)msg);
     }
-    t->jit = pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE) == 0;
+    *jit = pcre2_jit_compile(*re, PCRE2_JIT_COMPLETE) == 0;
+    return 0;
+}
+
+/* Two compiled forms: re for text without any of the HF_EXTRA code points (nearly all text:
+ * the extra class items cost ~25% of encode speed), re_compat for text with them. */
+static int regex_compile(tl_tokenizer *t, const char *pat, int literal, char *err, size_t errlen) {
+    if (literal) return regex_build(pat, strlen(pat), 1, &t->re, &t->jit, err, errlen);
+    bbuf rw = {0};
+    int used = 0;
+    int st = regex_rewrite(pat, 0, &used, &rw, err, errlen);
+    if (!st) st = regex_build(rw.p, rw.n, 0, &t->re, &t->jit, err, errlen);
+    rw.n = 0;
+    if (!st) st = regex_rewrite(pat, 1, &used, &rw, err, errlen);
+    if (!st && used) st = regex_build(rw.p, rw.n, 0, &t->re_compat, &t->jit_compat, err, errlen);
+    free(rw.p);
+    return st;
+}
+
+/* 1 if valid UTF-8 s holds a code point of the HF_EXTRA tables (all are >= U+0897, so only
+ * characters of 3 or 4 bytes are decoded). */
+static int in_ranges(const uint32_t (*r)[2], int n, uint32_t cp) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < r[mid][0])
+            hi = mid - 1;
+        else if (cp > r[mid][1])
+            lo = mid + 1;
+        else
+            return 1;
+    }
+    return 0;
+}
+
+static int needs_compat(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < 0xE0) continue;
+        uint32_t cp;
+        if (s[i] < 0xF0 && i + 2 < n) {
+            cp = (uint32_t)(s[i] & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 |
+                 (s[i + 2] & 0x3F);
+            i += 2;
+        } else if (i + 3 < n) {
+            cp = (uint32_t)(s[i] & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 |
+                 (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
+            i += 3;
+        } else {
+            continue;
+        }
+        if (cp < 0x897) continue;
+        if (in_ranges(HF_EXTRA_L, (int)(sizeof HF_EXTRA_L / sizeof *HF_EXTRA_L), cp) ||
+            in_ranges(HF_EXTRA_M, (int)(sizeof HF_EXTRA_M / sizeof *HF_EXTRA_M), cp) ||
+            in_ranges(HF_EXTRA_N, (int)(sizeof HF_EXTRA_N / sizeof *HF_EXTRA_N), cp))
+            return 1;
+    }
     return 0;
 }
 
@@ -1453,6 +1585,7 @@ void tl_tokenizer_free(tl_tokenizer *t) {
     trie_free(&t->added_raw);
     trie_free(&t->added_norm);
     if (t->re) pcre2_code_free(t->re);
+    if (t->re_compat) pcre2_code_free(t->re_compat);
     free(t->cache);
     for (int i = 0; i < CACHE_LOCKS; i++)
         pthread_mutex_destroy(&t->locks[i]);
@@ -1665,14 +1798,14 @@ typedef struct {
     tl_tok_ids *out;
 } enc_ctx;
 
-static int regex_match(enc_ctx *e, const uint8_t *s, size_t n, size_t off) {
-    const tl_tokenizer *t = e->t;
+static int regex_match(enc_ctx *e, const pcre2_code *re, int jit, const uint8_t *s, size_t n,
+                       size_t off) {
     int rc;
     for (;;) {
-        if (t->jit)
-            rc = pcre2_jit_match(t->re, s, n, off, 0, e->md, e->mctx);
+        if (jit)
+            rc = pcre2_jit_match(re, s, n, off, 0, e->md, e->mctx);
         else
-            rc = pcre2_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+            rc = pcre2_match(re, s, n, off, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
         if (rc != PCRE2_ERROR_JIT_STACKLIMIT || e->jstack) return rc;
         /* deep backtracking (very long runs): retry once with a big JIT stack */
         e->mctx = pcre2_match_context_create(NULL);
@@ -1685,9 +1818,13 @@ static int regex_match(enc_ctx *e, const uint8_t *s, size_t n, size_t off) {
 /* Splits normalized text with the pre-tokenizer regex (Isolated: matches and the gaps between
  * them are both pieces) and runs BPE on each piece. */
 static int encode_pretok(enc_ctx *e, const uint8_t *s, size_t n) {
+    const tl_tokenizer *t = e->t;
+    const pcre2_code *re = t->re;
+    int jit = t->jit;
+    if (t->re_compat && needs_compat(s, n)) re = t->re_compat, jit = t->jit_compat;
     size_t last = 0, off = 0;
     while (off < n) {
-        int rc = regex_match(e, s, n, off);
+        int rc = regex_match(e, re, jit, s, n, off);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) return rc == PCRE2_ERROR_NOMEMORY ? TL_ERR_NOMEM : TL_ERR_INTERNAL;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);

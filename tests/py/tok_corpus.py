@@ -43,6 +43,9 @@ HAND = [
     "1234567890" * 20, "!!!???...,,,;;;:::" * 5, "'''''''", "''s's'", "....'ll",
     "Ä ä Ö ö Ü ü ß ẞ Å Ω ℃ ﬁ ﬀ ㎏ ＡＢＣ １２３",
     "\u212b \u2126 \u00c5 A\u030a \u1e9b\u0323 \uac00\u11a8",
+    # letters, marks and digits newer than PCRE2's Unicode 14 (HF's Oniguruma knows them)
+    "New: \u1c89\u1c8a \ua7cb abc\U000318e4\U000318e5 \U00010d40\U00010d41 1\u0897 \U00031350's x\U00010d69y",
+    "\U000318e4 \U000318e4\U000318e4, (\U00013460) \u0cf3\u0ece 12\U0001e5f1\U0001e5f2 '\U000105c0",
 ]
 
 POOLS = {
