@@ -81,6 +81,8 @@ int cb_prof_active(void);
 int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps);
 int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
                               int z_off, const float *w, int nv, int n, float eps);
+/* k_gemv.cu: raises the q4 GEMV's dynamic shared memory limit (once, outside graph capture) */
+int tl_gpu_gemv_setup(void);
 /* k_attn_decode.cu */
 int tl_gpu_attn_setup(void);
 

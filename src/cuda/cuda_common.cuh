@@ -98,29 +98,54 @@ __device__ __forceinline__ float q4_nib_scale(int n) {
     return e == 0 ? 1.0f : e == 1 ? 0.0625f : e == 2 ? 0.00390625f : e == 3 ? 0.000244140625f : 1.52587890625e-05f;
 }
 
-/* Dot of row block rb (8 rows) of a q4 tiled matrix with NT input rows x[t] (times xw, the
- * RMSNorm weight, when non-NULL). Lane mapping: LPK = 32/RS lanes per row group; lane L handles
+/* note: x staged for the q4 dot (shared memory). Per input row t and 32-column block kb, 36
+ * floats at xs[t*ld + kb*36]: [0..31] = x*xw in nibble order (word j, nibble n at 8j + n, i.e.
+ * column 32kb + 2j + q4_col(n)) pre-scaled by q4_nib_scale(n); [32] = the plain sum of the 32
+ * (unscaled) values for the bias term; [33..35] pad. The 36-float stride makes the 16-byte reads
+ * of 8 consecutive kb land in distinct banks. Reading x straight from global memory (lane = kb,
+ * 16 bytes per lane at a 128-byte stride) cost 32 L1 wavefronts per load instruction and made the
+ * GEMV L1-bound at ~0.5 TB/s (notes/2026-12-02-cuda-decode.md). */
+#define Q4_XS_STRIDE 36
+__host__ __device__ __forceinline__ int q4_xs_ld(int K) { return (K >> 5) * Q4_XS_STRIDE; }
+
+/* Stages row x (K floats, times xw if non-NULL) into xs (layout above) with the threads of
+ * [tid0, tid0 + nthr) (a multiple of 32, warps whole); returns this thread's partial sum of x^2
+ * (raw x). The caller synchronises (block or warp) before reading xs. */
+__device__ __forceinline__ float q4_stage_x(float *xs, const float *x, const float *xw, int K,
+                                            int tid, int nthr) {
+    float ss = 0.0f;
+    for (int c = tid; c < K; c += nthr) {
+        float v = x[c];
+        ss = fmaf(v, v, ss);
+        if (xw) v *= xw[c];
+        int kb = c >> 5, cc = c & 31, hi = cc >> 3, lo = cc & 7;
+        int j = lo >> 1, n = hi + 4 * (lo & 1);
+        xs[kb * Q4_XS_STRIDE + j * 8 + n] = v * q4_nib_scale(n);
+        float sum = warp_sum(v); /* the warp holds exactly columns 32kb .. 32kb+31 */
+        if ((threadIdx.x & 31) == 0) xs[kb * Q4_XS_STRIDE + 32] = sum;
+    }
+    return ss;
+}
+
+/* Dot of row block rb (8 rows) of a q4 tiled matrix with NT staged input rows (xs, layout
+ * above, row stride q4_xs_ld(K)). Lane mapping: LPK = 32/RS lanes per row group; lane L handles
  * rows part*NR .. part*NR+NR-1 of the block (part = L / LPK, NR = 8/RS) and, per step, the 32
- * columns of kb = L % LPK + step*LPK, i.e. it reads the NR consecutive 16-byte lane words of those
- * rows in the (rb, kb) tile: NR*16 contiguous bytes, and the 32 x values once for NR rows.
- * ss[t] accumulates x[t]^2 over the lane's columns (raw x), so a lane group sees all of x.
- * Afterwards reduce with q4_group_reduce (xor offsets below LPK). */
+ * columns of kb = L % LPK + step*LPK: it reads the NR consecutive 16-byte lane words of those rows
+ * in the (rb, kb) tile (NR*16 contiguous bytes), their NR scale/bias words (NR*4 contiguous bytes)
+ * and the staged x once for NR rows. Afterwards reduce with group_reduce (offsets below LPK). */
 template <int NT, int RS>
-__device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], float (&ss)[NT],
-                                          const uint32_t *w, const uint32_t *sb, int rows, int K,
-                                          int rb, const float *const (&x)[NT], const float *xw,
-                                          int nt) {
+__device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], const uint32_t *w,
+                                          const uint32_t *sb, int rows, int K, int rb,
+                                          const float *xs, int nt) {
     constexpr int LPK = 32 / RS, NR = 8 / RS;
     int lane = threadIdx.x & 31, kl = lane % LPK, part = lane / LPK;
-    int KB = K >> 5;
+    int KB = K >> 5, ldx = q4_xs_ld(K);
     const uint4 *wp = (const uint4 *)(w + (size_t)rb * KB * 32) + part * NR;
     const uint32_t *sbp = sb + (size_t)rb * 8 + part * NR;
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        ss[t] = 0.0f;
+    for (int t = 0; t < NT; t++)
 #pragma unroll
         for (int i = 0; i < NR; i++) acc[i][t] = 0.0f;
-    }
 #pragma unroll(NT == 1 ? 2 : 1)
     for (int kb = kl; kb < KB; kb += LPK) {
         uint4 q[NR];
@@ -128,42 +153,24 @@ __device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], float (&ss)[
 #pragma unroll
         for (int i = 0; i < NR; i++) q[i] = __ldg(wp + (size_t)kb * 8 + i);
 #pragma unroll
-        for (int i = 0; i < NR; i++) s2[i] = __ldg(sbp + (size_t)(kb >> 1) * rows + i);
-        float xw_[32];
-        if (xw) {
-            const float4 *p = (const float4 *)(xw + kb * 32);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float4 v = __ldg(p + i);
-                xw_[4 * i] = v.x, xw_[4 * i + 1] = v.y, xw_[4 * i + 2] = v.z, xw_[4 * i + 3] = v.w;
-            }
+        for (int i = 0; i < NR; i += 4) {
+            uint4 v = __ldg((const uint4 *)(sbp + (size_t)(kb >> 1) * rows) + i / 4);
+            s2[i] = v.x, s2[i + 1] = v.y, s2[i + 2] = v.z, s2[i + 3] = v.w;
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
+            const float4 *xp = (const float4 *)(xs + (size_t)t * ldx + kb * Q4_XS_STRIDE);
             float xv[32];
-            const float4 *p = (const float4 *)(x[t] + kb * 32);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                float4 v = __ldg(p + i);
+                float4 v = xp[i];
                 xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
             }
-            float sx = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 32; i++) {
-                ss[t] = fmaf(xv[i], xv[i], ss[t]);
-                if (xw) xv[i] *= xw_[i];
-                sx += xv[i];
-            }
-            /* note: nibble -> float without I2F (1/8 rate on sm_90): (w & 0xF<<4n) | 0x4B000000
-             * is the float 2^23 + q*16^n exactly (n <= 4; nibbles 5..7 are read from w >> 12), so
-             * one LOP3 + FADD gives q*16^n and the 16^-n goes into x (exact power-of-2 scaling). */
-            float xs[4][8];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-                    xs[j][n] = xv[2 * j + q4_col(n)] * q4_nib_scale(n);
+            float sx = xs[(size_t)t * ldx + kb * Q4_XS_STRIDE + 32];
+            /* note: nibble -> float without I2F: (w & 0xF<<4n) | 0x4B000000 is the float
+             * 2^23 + q*16^n exactly (n <= 4; nibbles 5..7 are read from w >> 12), so LOP3 + FADD
+             * give q*16^n; the 16^-n is in the staged x. */
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 uint32_t qw[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
@@ -175,7 +182,7 @@ __device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], float (&ss)[
                     for (int n = 0; n < 8; n++) {
                         uint32_t bits = n < 5 ? (lo & (15u << (4 * n))) : (hi & (15u << (4 * (n - 3))));
                         float f = __uint_as_float(bits | 0x4B000000u) - 8388608.0f;
-                        sq = fmaf(f, xs[j][n], sq);
+                        sq = fmaf(f, xv[8 * j + n], sq);
                     }
                 }
                 float sc = __uint_as_float(s2[r] << 16), bi = __uint_as_float(s2[r] & 0xffff0000u);

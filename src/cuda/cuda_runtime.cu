@@ -576,7 +576,7 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         st = tl_errf(err, errlen, TL_ERR_CUDA, "cudaEventCreate failed");
         goto fail;
     }
-    if ((st = tl_gpu_attn_setup())) {
+    if ((st = tl_gpu_attn_setup()) || (st = tl_gpu_gemv_setup())) {
         tl_errf(err, errlen, st, "attention kernel setup failed");
         goto fail;
     }

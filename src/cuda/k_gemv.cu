@@ -1,16 +1,16 @@
 /* Decode matvecs: bandwidth-bound GEMV over bf16 or q4-tiled weights for a few tokens at once,
  * with an optional fused RMSNorm of the input and an optional accumulate (residual add), and the
  * embedding lookup. */
-#include "cuda/cuda_common.cuh"
+#include "cuda/cuda_backend.cuh"
 
 /* gemv_q4_kernel
  *   y[t, r] = (acc ? y[t, r] : 0) + inv_t * sum_c W[r, c] * x[t, c] * nw[c]
  *   inv_t = 1/sqrt(mean(x[t]^2) + eps) and nw = RMSNorm weight when nw != NULL, else 1.
  * W: q4 tiled [rows, K] (rows % 8 == 0, K % 128 == 0); x [n_tok, ldx] f32; y [n_tok, ldy].
- * Threads: 256 = 8 warps; warp w of block b owns row block rb = 8b + w (8 rows) and the block's NT
- *   tokens (blockIdx.y = token tile); lanes split as in q4_rb_dot (RS = 1: each lane reads the
- *   128 contiguous bytes of one (rb, kb) tile per step; RS = 2 for K = 512: 64 bytes). The RMS of
- *   x is summed by the same lanes while they read x: no block-wide prologue.
+ * Threads: 256 = 8 warps; the block first stages its NT input rows in shared memory (times nw,
+ *   in nibble order, cuda_common.cuh) and sums x^2; then warp w owns row block rb = 8b + w (8 rows)
+ *   for the NT tokens (blockIdx.y = token tile); lanes split as in q4_rb_dot (RS = 1: each lane
+ *   reads the 128 contiguous bytes of one (rb, kb) tile per step; RS = 2: 64 bytes).
  * Bytes: rows*K/2 + rows*K/16 per token tile; x from L1/L2.
  * Tested against cpu_matvec (tests/gpu/test_kernels.c: test_gemv_q4). */
 template <int NT, int RS>
@@ -18,24 +18,34 @@ __global__ void __launch_bounds__(256)
     gemv_q4_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx, const float *nw,
                    float eps, int n_tok, int accumulate) {
     constexpr int LPK = 32 / RS, NR = 8 / RS;
+    extern __shared__ float xs[]; /* [NT][q4_xs_ld(K)] staged x (cuda_common.cuh) */
+    __shared__ float s_red[8][NT];
     int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, lds = q4_xs_ld(K);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        float ss = q4_stage_x(xs + t * lds, x + (size_t)(t0 + t) * ldx, nw, K, threadIdx.x, blockDim.x);
+        ss = warp_sum(ss);
+        if (lane == 0) s_red[warp][t] = ss;
+    }
+    __syncthreads();
     int rb = blockIdx.x * 8 + warp;
     if (rb * 8 >= W.rows) return;
-    const float *xp[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
-    float acc[NR][NT], ss[NT];
-    q4_rb_dot<NT, RS>(acc, ss, (const uint32_t *)W.w, (const uint32_t *)W.sb, W.rows, W.cols, rb,
-                      xp, nw, nt);
+    float acc[NR][NT];
+    q4_rb_dot<NT, RS>(acc, (const uint32_t *)W.w, (const uint32_t *)W.sb, W.rows, K, rb, xs, nt);
     group_reduce<NR * NT>(&acc[0][0], LPK);
-    group_reduce<NT>(ss, LPK);
     if (lane % LPK) return;
     int part = lane / LPK;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t >= nt) break;
-        float inv = nw ? rsqrtf(ss[t] / (float)W.cols + eps) : 1.0f;
+        float inv = 1.0f;
+        if (nw) {
+            float ss = 0.0f;
+            for (int w = 0; w < 8; w++) ss += s_red[w][t];
+            inv = rsqrtf(ss / (float)K + eps);
+        }
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             float *o = y + (size_t)(t0 + t) * ldy + rb * 8 + part * NR + i;
@@ -95,16 +105,35 @@ __global__ void __launch_bounds__(256)
             gemv_bf16_splitk_kernel<NT_><<<dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), 256, 0, \
                                            tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); \
         else if (W->cols % 1024 == 0 && NT_ == 1)                                                 \
-            gemv_q4_kernel<NT_, 1><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, 0,   \
+            gemv_q4_kernel<NT_, 1><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, shm, \
                                      tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
         else                                                                                      \
-            gemv_q4_kernel<NT_, 2><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, 0,   \
+            gemv_q4_kernel<NT_, 2><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, shm, \
                                      tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
         break;
+
+/* The q4 kernels stage x in dynamic shared memory (up to 8 tokens of K = 4096: 147 KB). */
+#define GEMV_MAX_SHM (8 * 4608 * 4)
+static int gemv_attr_done;
+int tl_gpu_gemv_setup(void) {
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    gemv_attr_done = 1;
+    return 0;
+}
 
 static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                        const float *nw, float eps, int n_tok, int acc) {
     int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
+    size_t shm = (size_t)nt * q4_xs_ld(W->cols) * sizeof(float);
+    if (W->bits == 4 && shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
+    if (!gemv_attr_done && !tl_cuda_capturing) {
+        int st = tl_gpu_gemv_setup();
+        if (st) return st;
+    }
     switch (nt) {
         GEMV_CASE(8)
         GEMV_CASE(4)

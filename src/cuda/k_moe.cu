@@ -98,20 +98,22 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
  * Shapes: gate_up stacked [(n_expert+1) * 2F, n_embd], per expert rows interleaved by 8
  *   (16i..16i+7 = gate rows 8i.., 16i+8..16i+15 = up rows 8i..); h [n_tok, n_embd];
  *   act [n_tok, k+1, F].
- * Threads: block of 8 warps per (32 outputs f, slot j, token t); warp pair (2p, 2p+1) reads the
- *   gate and the up row block of outputs 8p.. (one 8-row block each, the whole n_embd: the RMS
- *   of h is summed on the way) and meets in shared memory.
+ * Threads: block of 8 warps per (32 outputs f, slot j, token t); q4: the block stages the
+ *   normalised input in shared memory first (and sums h^2); warp pair (2p, 2p+1) reads the gate
+ *   and the up row block of outputs 8p.. (one 8-row block each, the whole n_embd) and meets in
+ *   shared memory.
  * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
  * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
 template <int BITS>
 __global__ void __launch_bounds__(256)
     moe_up_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
                   const int32_t *ids, int k, int n_expert, int F) {
+    extern __shared__ float xs[]; /* q4: the staged normalised input (cuda_common.cuh) */
     __shared__ float s_v[8][8];
     __shared__ float s_ss[8];
     int j = blockIdx.y, t = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int K = W.cols;
-    const float *xp[1] = {h + (size_t)t * K};
+    const float *xrow = h + (size_t)t * K;
     int e = j < k ? ids[(size_t)t * k + j] : n_expert;
     int grp = blockIdx.x * 4 + (warp >> 1);      /* outputs 8*grp .. 8*grp+7 */
     int rbl = 2 * grp + (warp & 1);              /* row block inside the expert */
@@ -119,32 +121,36 @@ __global__ void __launch_bounds__(256)
     const uint32_t *sb;
     expert_slice(W, e, 2 * F, &w, &sb);
     float v = 0.0f, ssum = 0.0f;
-    if (grp * 8 < F) {
-        if (BITS == 4) {
-            float acc[8][1], ss[1];
-            q4_rb_dot<1, 1>(acc, ss, (const uint32_t *)w, sb, 2 * F, K, rbl, xp, norm_w, 1);
+    if (BITS == 4) {
+        float ss = warp_sum(q4_stage_x(xs, xrow, norm_w, K, threadIdx.x, blockDim.x));
+        if (lane == 0) s_ss[warp] = ss;
+        __syncthreads();
+        for (int i = 0; i < 8; i++) ssum += s_ss[i];
+        if (grp * 8 < F) {
+            float acc[8][1];
+            q4_rb_dot<1, 1>(acc, (const uint32_t *)w, sb, 2 * F, K, rbl, xs, 1);
             group_reduce<8>(&acc[0][0], 32);
-            group_reduce<1>(ss, 32);
 #pragma unroll
             for (int r = 0; r < 8; r++)
                 if (lane == r) v = acc[r][0];
-            ssum = ss[0];
-        } else {
-            float acc[8][1], ss[1];
-            bf16_rows8_dot<1>(acc, ss, (const uint16_t *)w, K, 8 * rbl, 2 * F, xp, norm_w, 1, 0, 1);
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                float a = warp_sum(acc[r][0]);
-                if (lane == r) v = a;
-            }
-            ssum = warp_sum(ss[0]);
         }
+    } else if (grp * 8 < F) {
+        const float *xp[1] = {xrow};
+        float acc[8][1], ss[1];
+        bf16_rows8_dot<1>(acc, ss, (const uint16_t *)w, K, 8 * rbl, 2 * F, xp, norm_w, 1, 0, 1);
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            float a = warp_sum(acc[r][0]);
+            if (lane == r) v = a;
+        }
+        ssum = warp_sum(ss[0]);
     }
+    __syncthreads(); /* s_ss reads are done before s_v is written (q4); bf16: s_v below */
     if (lane < 8) s_v[warp][lane] = v;
-    if (lane == 0) s_ss[warp] = ssum;
+    if (BITS != 4 && lane == 0) s_ss[warp] = ssum;
     __syncthreads();
     if ((warp & 1) || lane >= 8 || grp * 8 >= F) return;
-    float inv = rsqrtf(s_ss[warp] / (float)K + eps);
+    float inv = rsqrtf((BITS == 4 ? ssum : s_ss[warp]) / (float)K + eps);
     float g = s_v[warp][lane] * inv, u = s_v[warp + 1][lane] * inv;
     act[((size_t)t * (k + 1) + j) * F + 8 * grp + lane] = silu_f(g) * u;
 }
@@ -152,29 +158,35 @@ __global__ void __launch_bounds__(256)
 /* moe_down_kernel  (MODEL.md §2.5 steps 3-6, second half)
  *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] . act[t,k])
  * Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok, n_embd].
- * Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows; the
- *   k+1 partial rows meet in shared memory and are summed in slot order (deterministic).
+ * Threads: block of k+1 warps per (8 output rows, token): warp j stages act row j (q4) and
+ *   reads expert j's 8 rows; the k+1 partial rows meet in shared memory and are summed in slot
+ *   order (deterministic).
  * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe. */
 template <int BITS>
 __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
                                 const float *wt, const float *w_sh, int k, int n_expert,
                                 int n_embd) {
+    extern __shared__ float xs_all[]; /* q4: per warp the staged act row (cuda_common.cuh) */
     __shared__ float s_v[17][8];
     int t = blockIdx.y, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int rb = blockIdx.x, F = W.cols;
     int e = j < k ? ids[(size_t)t * k + j] : n_expert;
-    const float *xp[1] = {act + ((size_t)t * (k + 1) + j) * F};
+    const float *arow = act + ((size_t)t * (k + 1) + j) * F;
     const void *w;
     const uint32_t *sb;
     expert_slice(W, e, n_embd, &w, &sb);
     if (BITS == 4) {
-        float acc[4][1], ss[1];
-        q4_rb_dot<1, 2>(acc, ss, (const uint32_t *)w, sb, n_embd, F, rb, xp, NULL, 1);
+        float *xs = xs_all + (size_t)j * q4_xs_ld(F);
+        q4_stage_x(xs, arow, NULL, F, lane, 32);
+        __syncwarp();
+        float acc[4][1];
+        q4_rb_dot<1, 2>(acc, (const uint32_t *)w, sb, n_embd, F, rb, xs, 1);
         group_reduce<4>(&acc[0][0], 16);
         if ((lane & 15) == 0)
 #pragma unroll
             for (int i = 0; i < 4; i++) s_v[j][(lane >> 4) * 4 + i] = acc[i][0];
     } else {
+        const float *xp[1] = {arow};
         float acc[8][1], ss[1];
         bf16_rows8_dot<1>(acc, ss, (const uint16_t *)w, F, 8 * rb, n_embd, xp, NULL, 1, 0, 1);
 #pragma unroll
@@ -201,8 +213,10 @@ extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const flo
     int F = gate_up->rows / (n_expert + 1) / 2;
     if (F % 8 || gate_up->cols % 256) return TL_ERR_INVALID;
     dim3 grid(CEIL_DIV(F, 32), k + 1, n_tok);
+    size_t shm = (size_t)q4_xs_ld(gate_up->cols) * sizeof(float);
+    if (gate_up->bits == 4 && shm > 48 * 1024) return TL_ERR_INVALID;
     if (gate_up->bits == 4)
-        moe_up_kernel<4><<<grid, 256, 0, tl_cuda_stream>>>(act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
+        moe_up_kernel<4><<<grid, 256, shm, tl_cuda_stream>>>(act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
     else
         moe_up_kernel<16><<<grid, 256, 0, tl_cuda_stream>>>(act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
     LAUNCH_CHECK("moe_up");
@@ -217,8 +231,10 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     if (n_embd % 8 || down->cols % 256 || k + 1 > 17)
         return TL_ERR_INVALID;
     dim3 grid(n_embd / 8, n_tok);
+    size_t shm = (size_t)(k + 1) * q4_xs_ld(down->cols) * sizeof(float);
+    if (down->bits == 4 && shm > 48 * 1024) return TL_ERR_INVALID;
     if (down->bits == 4)
-        moe_down_kernel<4><<<grid, 32 * (k + 1), 0, tl_cuda_stream>>>(h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+        moe_down_kernel<4><<<grid, 32 * (k + 1), shm, tl_cuda_stream>>>(h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
     else
         moe_down_kernel<16><<<grid, 32 * (k + 1), 0, tl_cuda_stream>>>(h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
     LAUNCH_CHECK("moe_down");
