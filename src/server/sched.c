@@ -354,6 +354,22 @@ static void *engine_main(void *arg) {
             publish_stats(s, 0);
             continue;
         }
+        if (st == TL_ERR_CONTEXT_FULL && n_running > 0) {
+            /* No session changed (tulip.h). Lengths are checked before each step, so this means
+             * the engine's KV ran out: end the longest sequence ("length") and step again. */
+            int victim = 0;
+            for (int i = 1; i < n_running; i++)
+                if (tl_session_n_past(s->running[i]->sess) >
+                    tl_session_n_past(s->running[victim]->sess))
+                    victim = i;
+            fprintf(stderr, "tulip: %s; ending the longest sequence\n", err);
+            job_release(s, s->running[victim], TL_FIN_LENGTH, 0, NULL);
+            memmove(&s->running[victim], &s->running[victim + 1],
+                    (size_t)(n_running - victim - 1) * sizeof *s->running);
+            n_running--;
+            publish_stats(s, n_running);
+            continue;
+        }
         if (st) {
             fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);
             n_running = fail_all(s, n_running, st, err);
