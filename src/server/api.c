@@ -237,6 +237,7 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
     j->fail_after = r->fail_after;
+    j->fail_lost = r->fail_lost;
     j->script = r->script;
     j->n_script = r->n_script;
     r->script = NULL;

@@ -620,6 +620,10 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
         if (get_int(v, k, 1, 128, &x, e)) return e->status;
         return x != 1 ? unsupported(k, e) : 0;
     }
+    if (!strcmp(k, "tulip_test_fail_lost")) {
+        if (!o->test_mode) return unsupported(k, e);
+        return get_bool(v, k, &r->fail_lost, e);
+    }
     if (!strcmp(k, "tulip_test_fail_after")) {
         if (!o->test_mode) return unsupported(k, e);
         if (get_int(v, k, 1, 1 << 20, &x, e)) return e->status;

@@ -119,6 +119,7 @@ typedef struct tl_oai_req {
     int32_t *script; /* test mode: tokens to emit instead of sampled ones (owned) */
     int n_script;
     int fail_after; /* test mode: the engine fails the job after this many tokens */
+    int fail_lost;  /* test mode: ... as a lost device (the whole engine fails) */
 } tl_oai_req;
 
 /* Parse and validate a /v1/chat/completions or /v1/completions body. On failure e says why

@@ -211,7 +211,7 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
     }
     if (s->m) tl_metrics_token(s->m, n_gen == 0, now - prev);
     n_gen++;
-    if (j->fail_after > 0 && n_gen >= j->fail_after) {
+    if (j->fail_after > 0 && n_gen >= j->fail_after && !j->fail_lost) {
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, "injected failure (tulip_test_fail_after)");
         return 1;
     }
@@ -342,7 +342,14 @@ static void *engine_main(void *arg) {
         if (n == 0) continue;
 
         /* 4. One forward. */
-        int st = tl_engine_step(s->eng, s->entries, n, err, sizeof err);
+        int st = 0;
+        for (int i = 0; i < n && !st; i++) {
+            tl_job *j = s->entry_job[i];
+            if (j->fail_lost && j->fail_after > 0 && j->n_gen >= j->fail_after)
+                st = tl_errf(err, sizeof err, TL_ERR_DEVICE_LOST,
+                             "injected device loss (tulip_test_fail_lost)");
+        }
+        if (!st) st = tl_engine_step(s->eng, s->entries, n, err, sizeof err);
         now = tl_time_s();
         if (st == TL_ERR_DEVICE_LOST || st == TL_ERR_CUDA) {
             fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);

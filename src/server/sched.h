@@ -30,6 +30,7 @@ typedef struct tl_job {
     int32_t *script; /* test mode: emitted instead of sampled tokens, then EOS (owned) */
     int n_script;
     int fail_after; /* test mode: fail with TL_ERR_INTERNAL after this many tokens (0: off) */
+    int fail_lost;  /* test mode: instead, the step after that fails as a lost device */
     /* Tokens forced after the reasoning ends (tool_choice required/named): when think_end_id
      * is emitted, or from the start if !in_think, the next n_force tokens are these (owned). */
     int32_t *force;

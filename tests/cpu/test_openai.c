@@ -185,6 +185,8 @@ static void test_chat_bad_input(void) {
                 400, "tools[0].type");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"tulip_test_script\":[1,2]}", TL_ERR_UNSUPPORTED, 400,
                 "tulip_test_script");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"tulip_test_fail_lost\":true}", TL_ERR_UNSUPPORTED, 400,
+                "tulip_test_fail_lost");
     /* tools and tool_choice consistency */
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"tool_choice\":\"required\"}", TL_ERR_INVALID, 400,
                 "tool_choice");

@@ -543,6 +543,22 @@ def test_keepalive_while_queued(strict):
     strict.wait_metric("tulip_queue_depth", lambda v: v == 0)
 
 
+@pytest.mark.parametrize("which", sorted(BINARIES))
+def test_device_lost_503_and_exit_1(which):
+    """A lost device (injected as a failed engine step) answers 503 and ends the process with
+    status 1 so a supervisor restarts it."""
+    s = Server(BINARIES[which], "--test-mode")
+    st, body = s.post_json("/v1/chat/completions",
+                           {"messages": USER, "max_tokens": 20, "tulip_test_fail_after": 2,
+                            "tulip_test_fail_lost": True})
+    assert st == 503 and body["error"]["type"] == "server_error", body
+    s.proc.wait(timeout=30)
+    rc, err = s.stop()
+    assert rc == 1, err[-3000:]
+    assert "the engine failed" in err
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
 # ---------------------------------------------------------------- shutdown
 
 @pytest.mark.parametrize("which", sorted(BINARIES))
