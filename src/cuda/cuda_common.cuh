@@ -245,19 +245,4 @@ __device__ __forceinline__ void bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[
     }
 }
 
-/* 1/rms of NT input rows of length K computed by the whole block into s_inv[NT]. */
-template <int NT>
-__device__ __forceinline__ void block_inv_rms(float *s_inv, const float *const (&x)[NT], int K,
-                                              int nt, float eps, float *sbuf) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        float s = 0.0f;
-        for (int c = threadIdx.x; c < K; c += blockDim.x) s = fmaf(x[t][c], x[t][c], s);
-        s = block_sum(s, sbuf);
-        if (threadIdx.x == 0) s_inv[t] = rsqrtf(s / (float)K + eps);
-    }
-    __syncthreads();
-}
-
 #endif
