@@ -5,8 +5,6 @@
  * chunks of each head in order applying them to the state, which stays in shared memory.
  * Never allocates, never synchronises. Invariant: equals the token-by-token recurrence
  * (cpu_gdn_step) up to fp32 rounding. dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
-#include <stdlib.h>
-
 #include "cuda/gpu_prefill.h"
 #include "cuda/k_prefill_common.cuh"
 #include "model/shape.h"
@@ -238,10 +236,9 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
  * math: v_new = U - W S;  o = Qg S + Aqk v_new;  S = e^{gc_63} S + Kd^T v_new
  *   (Qg = q e^gc, Kd = k e^{gc_63 - gc} from the prep kernel)
  * shapes: state f32 [32][128][128] (slice of 32 value columns per block); o [T, 32, 128].
- * threads: block = (value-column slice, value head), NW warps (8 by default); the first two
- *   steps map warp w to chunk rows (64/NW)w.. and the lane to a column; the state update maps
- *   warp w to state rows (128/NW)w... TL_GDN_SEQ_WARPS=16 selects 16 warps (more latency
- *   hiding for this latency-bound pass; being measured, notes/2026-12-02-prefill-kernels.md). Every input of the next chunk is fetched with cp.async while this one computes:
+ * threads: block = (value-column slice, value head), NW = 8 warps; the first two steps map
+ *   warp w to chunk rows (64/NW)w.. and the lane to a column; the state update maps warp w to
+ *   state rows (128/NW)w... (16 warps measured 4 % slower, notes/2026-12-02-prefill-kernels.md.) Every input of the next chunk is fetched with cp.async while this one computes:
  *   W, Aqk, U slice, gc into a second buffer at the start, Qg once step 1 is done with Q, Kd after
  *   the state update (it is only needed at the end of the next chunk).
  * bytes: per chunk W 32 KB + Aqk 16 KB + U slice 8 KB + Qg, Kd 64 KB (the 4 slice blocks of a
@@ -427,27 +424,19 @@ extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void
         if (cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  GP_SMEM) != cudaSuccess ||
             cudaFuncSetAttribute(gdn_seq_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 GS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gdn_seq_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  GS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     cudaStream_t st = (cudaStream_t)stream;
-    const char *e = getenv("TL_GDN_SEQ_WARPS");
-    const int seq_warps = e && atoi(e) == 16 ? 16 : 8;
     for (int t_seg = 0; t_seg < T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
         gdn_prep_kernel<<<dim3(n_chunks, GC_NH), GC_THREADS, GP_SMEM, st>>>(
             (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, flags & TL_GDN_L2NORM,
             flags & TL_GDN_IN_F32);
         PF_LAUNCH_CHECK();
-        if (seq_warps == 8)
-            gdn_seq_kernel<8><<<dim3(GC_DK / GC_DVB, GC_NH), 256, GS_SMEM, st>>>(
-                o, state, (const float *)ws, t_seg, n_chunks, T, flags);
-        else
-            gdn_seq_kernel<16><<<dim3(GC_DK / GC_DVB, GC_NH), 512, GS_SMEM, st>>>(
-                o, state, (const float *)ws, t_seg, n_chunks, T, flags);
+        gdn_seq_kernel<8><<<dim3(GC_DK / GC_DVB, GC_NH), 256, GS_SMEM, st>>>(
+            o, state, (const float *)ws, t_seg, n_chunks, T, flags);
         PF_LAUNCH_CHECK();
     }
     return 0;

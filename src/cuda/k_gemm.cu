@@ -599,9 +599,9 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaS
  * and 4). With >= 128 blocks of 128x256 the wgmma kernel wins by 1.3-1.9x (bf16 up to 543
  * TFLOP/s, 4-bit up to 410). Below that: bf16 wgmma 64x256; 4-bit mma.sync 64x128 (two blocks
  * per SM hide the in-register dequantisation better than the wgmma kernel's dequantise-to-
- * shared step at low occupancy). The wgmma kernel also takes rows % 256 == 128 (e.g. the fused GDN
- * in-projection padded to 12416 rows): the last block's missing rows load as zeros and are not
- * stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128, 2 mma 128x256,
+ * shared step at low occupancy). The wgmma kernel also takes rows % 256 == 128 (the fused GDN
+ * in-projection padded to 12416 rows: 537 TFLOP/s bf16, 410 4-bit at n = 4096, run 5): the last
+ * block's missing rows load as zeros and are not stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128, 2 mma 128x256,
  * 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
 static int gemm_forced_tile(int rows) {
     const char *e = getenv("TL_GEMM_TILE");
@@ -612,7 +612,6 @@ static int gemm_forced_tile(int rows) {
 static int gemm_pick_tile(int n, int rows, int cols, int bits) {
     int forced = gemm_forced_tile(rows);
     if (forced >= 0) return forced;
-    if (rows % 256) return GM_T64; /* wgmma with rows % 256 == 128: being measured (forced tiles 3, 4) */
     long b256 = (long)((rows + 255) / 256) * ((n + 127) / 128);
     if (b256 >= 128) return GM_WG128;
     return bits == 4 ? GM_T64 : GM_WG64;
@@ -721,7 +720,7 @@ static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, cons
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once. */
     int tile = gemm_forced_tile(w->rows);
-    if (tile < 0) tile = n_tok >= 3072 && w->rows % 256 == 0 ? GM_WG128 : GM_T64;
+    if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : GM_T64;
     int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
     int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256);
     return gemm_launch(&p, w->bits, tile, max_tiles, (cudaStream_t)stream);

@@ -588,22 +588,15 @@ static void gdn_case(int T) {
     CU(cudaMemset(dof, 0xff, (size_t)T * HV * DV * 4));
     float *o_got = xmalloc((size_t)T * HV * DV * 4);
     char buf[96];
-    /* the sequential pass with 8 warps (default) and with 16 (TL_GDN_SEQ_WARPS=16) */
-    for (int sw = 0; sw < 2; sw++) {
-        if (sw) setenv("TL_GDN_SEQ_WARPS", "16", 1);
-        else unsetenv("TL_GDN_SEQ_WARPS");
-        CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemset(dof, 0xff, (size_t)T * HV * DV * 4));
-        CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
-                                      TL_GDN_L2NORM | TL_GDN_OUT_F32, dws, NULL), 0);
-        to_host(o_got, dof, (size_t)T * HV * DV * 4);
-        to_host(S_got, dS, ns * 4);
-        snprintf(buf, sizeof buf, "gdn chunk T=%d output vs step (%s warps)", T, sw ? "16" : "8");
-        CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 1e-5);
-        snprintf(buf, sizeof buf, "gdn chunk T=%d final state vs step (%s warps)", T, sw ? "16" : "8");
-        CHECK(report(buf, S_got, S_ref, ns) <= 1e-5);
-    }
-    unsetenv("TL_GDN_SEQ_WARPS");
+    CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
+    CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
+                                  TL_GDN_L2NORM | TL_GDN_OUT_F32, dws, NULL), 0);
+    to_host(o_got, dof, (size_t)T * HV * DV * 4);
+    to_host(S_got, dS, ns * 4);
+    snprintf(buf, sizeof buf, "gdn chunk T=%d output vs step", T);
+    CHECK(report(buf, o_got, o_ref, (size_t)T * HV * DV) <= 1e-5);
+    snprintf(buf, sizeof buf, "gdn chunk T=%d final state vs step", T);
+    CHECK(report(buf, S_got, S_ref, ns) <= 1e-5);
 
     /* bf16 output path, from the same initial state */
     CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
