@@ -6,25 +6,25 @@
 #include "cuda/k_prefill_common.cuh"
 #include "model/shape.h"
 
-#define G1_L   64  /* chunk length */
-#define G1_DK  128 /* key dim */
-#define G1_DVB 32  /* value columns per block */
+#define G1_L       64  /* chunk length */
+#define G1_DK      128 /* key dim */
+#define G1_DVB     32  /* value columns per block */
 #define G1_THREADS 256
 
 /* Shared memory of one block, in floats. */
-#define G1_OFF_K    0                        /* K  [64][128]  (L2-normalised keys) */
-#define G1_OFF_KT   (G1_OFF_K + G1_L * G1_DK)  /* Kt [128][64]  (transpose of K) */
-#define G1_OFF_Q    (G1_OFF_KT + G1_L * G1_DK) /* Q  [64][128]  (normalised, scaled) */
-#define G1_OFF_W    (G1_OFF_Q + G1_L * G1_DK)  /* W  [64][128]  T (k beta e^gc) */
-#define G1_OFF_A    (G1_OFF_W + G1_L * G1_DK)  /* A  [64][64]   -beta k k^T decay, then T beta */
-#define G1_OFF_AQK  (G1_OFF_A + G1_L * G1_L)   /* Aqk [64][64]  q k^T decay (j <= i) */
-#define G1_OFF_V    (G1_OFF_AQK + G1_L * G1_L) /* V  [64][32]   value slice */
-#define G1_OFF_U    (G1_OFF_V + G1_L * G1_DVB) /* U  [64][32]   T v beta, then v_new */
-#define G1_OFF_S    (G1_OFF_U + G1_L * G1_DVB) /* S  [128][32]  state slice */
-#define G1_OFF_G    (G1_OFF_S + G1_DK * G1_DVB) /* gc[64] cumulative log decay */
-#define G1_OFF_B    (G1_OFF_G + G1_L)           /* beta[64] */
-#define G1_FLOATS   (G1_OFF_B + G1_L)
-#define G1_SMEM     (G1_FLOATS * 4)
+#define G1_OFF_K   0                           /* K  [64][128]  (L2-normalised keys) */
+#define G1_OFF_KT  (G1_OFF_K + G1_L * G1_DK)   /* Kt [128][64]  (transpose of K) */
+#define G1_OFF_Q   (G1_OFF_KT + G1_L * G1_DK)  /* Q  [64][128]  (normalised, scaled) */
+#define G1_OFF_W   (G1_OFF_Q + G1_L * G1_DK)   /* W  [64][128]  T (k beta e^gc) */
+#define G1_OFF_A   (G1_OFF_W + G1_L * G1_DK)   /* A  [64][64]   -beta k k^T decay, then T beta */
+#define G1_OFF_AQK (G1_OFF_A + G1_L * G1_L)    /* Aqk [64][64]  q k^T decay (j <= i) */
+#define G1_OFF_V   (G1_OFF_AQK + G1_L * G1_L)  /* V  [64][32]   value slice */
+#define G1_OFF_U   (G1_OFF_V + G1_L * G1_DVB)  /* U  [64][32]   T v beta, then v_new */
+#define G1_OFF_S   (G1_OFF_U + G1_L * G1_DVB)  /* S  [128][32]  state slice */
+#define G1_OFF_G   (G1_OFF_S + G1_DK * G1_DVB) /* gc[64] cumulative log decay */
+#define G1_OFF_B   (G1_OFF_G + G1_L)           /* beta[64] */
+#define G1_FLOATS  (G1_OFF_B + G1_L)
+#define G1_SMEM    (G1_FLOATS * 4)
 
 /* math (per value head h, chunk of tokens i = 0..63, gc_i = sum_{t<=i} g_t, HF notation):
  *   A    = -(beta k) k^T * exp(gc_i - gc_j), strictly lower
@@ -40,8 +40,9 @@
  * bytes: reads q, k (2 x T x 2048 x 2 B, 4 times), v once, S once; writes o, S once.
  * reference: cpu_gdn_step token by token and cpu_gdn_chunked (tests/gpu/test_prefill_kernels.c). */
 __global__ void __launch_bounds__(G1_THREADS, 1)
-gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                 int tok_stride, const float *g, const float *beta, int T, int flags) {
+    gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
+                        const uint16_t *v, int tok_stride, const float *g, const float *beta, int T,
+                        int flags) {
     extern __shared__ __align__(16) float g1_smem[];
     float *sK = g1_smem + G1_OFF_K, *sKt = g1_smem + G1_OFF_KT, *sQ = g1_smem + G1_OFF_Q;
     float *sW = g1_smem + G1_OFF_W, *sA = g1_smem + G1_OFF_A, *sAqk = g1_smem + G1_OFF_AQK;
@@ -82,12 +83,14 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
                     }
                     float rk = 1.0f / sqrtf(sk + 1e-6f);
                     float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)G1_DK));
-                    for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
+                    for (int e = 0; e < 4; e++)
+                        kv[e] *= rk, qv[e] *= rq;
                 }
             }
             *(float4 *)(sK + i * G1_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
             *(float4 *)(sQ + i * G1_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
-            for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * G1_L + i] = kv[e];
+            for (int e = 0; e < 4; e++)
+                sKt[(4 * lane + e) * G1_L + i] = kv[e];
             float vv = 0.f;
             if (t < T) vv = pf_bf16(v[(size_t)t * tok_stride + h * G1_DK + c0 + lane]);
             sV[i * G1_DVB + lane] = vv;
@@ -96,8 +99,12 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
             /* inclusive scan of g over the chunk (2 values per lane) */
             float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
             int ta = t0 + 2 * lane, tb = ta + 1;
-            if (ta < T) g0 = g[(size_t)ta * TL_GDN_N_V_HEAD + h], b0 = beta[(size_t)ta * TL_GDN_N_V_HEAD + h];
-            if (tb < T) g1 = g[(size_t)tb * TL_GDN_N_V_HEAD + h], b1 = beta[(size_t)tb * TL_GDN_N_V_HEAD + h];
+            if (ta < T)
+                g0 = g[(size_t)ta * TL_GDN_N_V_HEAD + h],
+                b0 = beta[(size_t)ta * TL_GDN_N_V_HEAD + h];
+            if (tb < T)
+                g1 = g[(size_t)tb * TL_GDN_N_V_HEAD + h],
+                b1 = beta[(size_t)tb * TL_GDN_N_V_HEAD + h];
             float s = g0 + g1;
             for (int off = 1; off < 32; off <<= 1) {
                 float y = __shfl_up_sync(0xffffffffu, s, off);
@@ -114,7 +121,8 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
         /* ---- 2. A and Aqk: thread rows i = 8w+u, columns j = lane, lane+32 ---- */
         {
             float ak[8][2], aq[8][2];
-            for (int u = 0; u < 8; u++) ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
+            for (int u = 0; u < 8; u++)
+                ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
             for (int d = 0; d < G1_DK; d += 4) {
                 float kt[4][2];
 #pragma unroll
@@ -129,8 +137,10 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
                     float4 qr = *(const float4 *)(sQ + i * G1_DK + d);
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        ak[u][c] += kr.x * kt[0][c] + kr.y * kt[1][c] + kr.z * kt[2][c] + kr.w * kt[3][c];
-                        aq[u][c] += qr.x * kt[0][c] + qr.y * kt[1][c] + qr.z * kt[2][c] + qr.w * kt[3][c];
+                        ak[u][c] +=
+                            kr.x * kt[0][c] + kr.y * kt[1][c] + kr.z * kt[2][c] + kr.w * kt[3][c];
+                        aq[u][c] +=
+                            qr.x * kt[0][c] + qr.y * kt[1][c] + qr.z * kt[2][c] + qr.w * kt[3][c];
                     }
                 }
             }
@@ -158,13 +168,15 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
             for (int i = 0; i < G1_L; i++) {
                 float s = sA[i * G1_L + j];
 #pragma unroll
-                for (int m = 0; m < i; m++) s += sA[i * G1_L + m] * x[m];
+                for (int m = 0; m < i; m++)
+                    s += sA[i * G1_L + m] * x[m];
                 x[i] = s;
             }
             asm volatile("bar.sync 1, 64;\n" ::);
             float bj = sB[j];
 #pragma unroll
-            for (int i = 0; i < G1_L; i++) sA[i * G1_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+            for (int i = 0; i < G1_L; i++)
+                sA[i * G1_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
         }
         __syncthreads();
 
@@ -173,7 +185,8 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
             float w[8][4], uu[8];
             for (int u = 0; u < 8; u++) {
                 uu[u] = 0.f;
-                for (int c = 0; c < 4; c++) w[u][c] = 0.f;
+                for (int c = 0; c < 4; c++)
+                    w[u][c] = 0.f;
             }
             for (int j = 0; j < G1_L; j += 4) {
                 float kr[4][4], vr[4];
@@ -181,7 +194,8 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
                 for (int e = 0; e < 4; e++) {
                     float eg = expf(sG[j + e]);
 #pragma unroll
-                    for (int c = 0; c < 4; c++) kr[e][c] = sK[(j + e) * G1_DK + lane + 32 * c] * eg;
+                    for (int c = 0; c < 4; c++)
+                        kr[e][c] = sK[(j + e) * G1_DK + lane + 32 * c] * eg;
                     vr[e] = sV[(j + e) * G1_DVB + lane];
                 }
 #pragma unroll
@@ -191,14 +205,16 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
 #pragma unroll
-                        for (int c = 0; c < 4; c++) w[u][c] += tt[e] * kr[e][c];
+                        for (int c = 0; c < 4; c++)
+                            w[u][c] += tt[e] * kr[e][c];
                         uu[u] += tt[e] * vr[e];
                     }
                 }
             }
             for (int u = 0; u < 8; u++) {
                 int i = warp * 8 + u;
-                for (int c = 0; c < 4; c++) sW[i * G1_DK + lane + 32 * c] = w[u][c];
+                for (int c = 0; c < 4; c++)
+                    sW[i * G1_DK + lane + 32 * c] = w[u][c];
                 sU[i * G1_DVB + lane] = uu[u];
             }
         }
@@ -207,11 +223,13 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
         /* ---- 5. v_new = U - W S; o = (q e^gc) S + Aqk v_new: rows i = 8w+u, column lane ---- */
         {
             float vp[8], oi[8];
-            for (int u = 0; u < 8; u++) vp[u] = oi[u] = 0.f;
+            for (int u = 0; u < 8; u++)
+                vp[u] = oi[u] = 0.f;
             for (int d = 0; d < G1_DK; d += 4) {
                 float s4[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * G1_DVB + lane];
+                for (int e = 0; e < 4; e++)
+                    s4[e] = sS[(d + e) * G1_DVB + lane];
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     int i = warp * 8 + u;
@@ -230,7 +248,8 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
             for (int j = 0; j < G1_L; j += 4) {
                 float vn[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * G1_DVB + lane];
+                for (int e = 0; e < 4; e++)
+                    vn[e] = sU[(j + e) * G1_DVB + lane];
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     float4 a4 = *(const float4 *)(sAqk + (warp * 8 + u) * G1_L + j);
@@ -241,8 +260,10 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
                 int t = t0 + warp * 8 + u;
                 if (t >= T) continue;
                 size_t idx = ((size_t)t * TL_GDN_N_V_HEAD + h) * G1_DK + c0 + lane;
-                if (out_f32) ((float *)o)[idx] = oi[u];
-                else ((__nv_bfloat16 *)o)[idx] = __float2bfloat16_rn(oi[u]);
+                if (out_f32)
+                    ((float *)o)[idx] = oi[u];
+                else
+                    ((__nv_bfloat16 *)o)[idx] = __float2bfloat16_rn(oi[u]);
             }
         }
 
@@ -250,7 +271,8 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
         {
             const float gl = sG[G1_L - 1];
             float acc[16];
-            for (int u = 0; u < 16; u++) acc[u] = 0.f;
+            for (int u = 0; u < 16; u++)
+                acc[u] = 0.f;
             for (int j = 0; j < G1_L; j++) {
                 float vn = sU[j * G1_DVB + lane] * expf(gl - sG[j]);
 #pragma unroll
@@ -278,10 +300,11 @@ gdn_chunk_v1_kernel(void *o, float *state, const uint16_t *q, const uint16_t *k,
 }
 
 static int tl_gpu_gdn_chunk_v1(void *o, float *state, const uint16_t *q, const uint16_t *k,
-                                const uint16_t *v, int tok_stride, const float *g,
-                                const float *beta, int T, int flags, void *stream) {
+                               const uint16_t *v, int tok_stride, const float *g, const float *beta,
+                               int T, int flags, void *stream) {
     if (!o || !state || !q || !k || !v || !g || !beta || T < 0) return TL_ERR_INVALID;
-    if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k) % 8) return TL_ERR_INVALID;
+    if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k) % 8)
+        return TL_ERR_INVALID;
     if (T == 0) return 0;
     static int attr_set;
     if (!attr_set) {

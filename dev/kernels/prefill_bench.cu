@@ -4,7 +4,8 @@
  * test_prefill_kernels.c; this file only times.
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc \
  *        dev/kernels/prefill_bench.cu -o build/pf/prefill_bench && build/pf/prefill_bench
- * Peak used for the percentage: 790 TFLOP/s (dense bf16 measured with torch on this H200, GPU.md). */
+ * Peak used for the percentage: 790 TFLOP/s (dense bf16 measured with torch on this H200, GPU.md).
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,21 +17,21 @@
 
 #define PEAK_TFLOPS 790.0
 
-#define CU(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(2);                                                                              \
-        }                                                                                         \
+#define CU(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(2);                                                                               \
+        }                                                                                          \
     } while (0)
-#define OK(x)                                                                                     \
-    do {                                                                                          \
-        int r_ = (x);                                                                             \
-        if (r_ != 0) {                                                                            \
-            fprintf(stderr, "%s:%d: %s returned %d\n", __FILE__, __LINE__, #x, r_);               \
-            exit(3);                                                                              \
-        }                                                                                         \
+#define OK(x)                                                                                      \
+    do {                                                                                           \
+        int r_ = (x);                                                                              \
+        if (r_ != 0) {                                                                             \
+            fprintf(stderr, "%s:%d: %s returned %d\n", __FILE__, __LINE__, #x, r_);                \
+            exit(3);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static __device__ uint32_t hash32(uint64_t i, uint32_t seed) {
@@ -42,33 +43,39 @@ static __device__ uint32_t hash32(uint64_t i, uint32_t seed) {
 }
 /* bf16 uniform in [-a, a) */
 __global__ void fill_bf16(uint16_t *p, size_t n, float a, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float u = (hash32(i, seed) >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
         __nv_bfloat16 b = __float2bfloat16_rn(u * a);
         p[i] = *(uint16_t *)&b;
     }
 }
 __global__ void fill_u32(uint32_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         p[i] = hash32(i, seed);
 }
 /* scale/bias words: scale ~0.006, bias ~ -7.5 scale */
 __global__ void fill_sb(uint32_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float s = 0.004f + 0.004f * (hash32(i, seed) >> 8) * (1.0f / 16777216.0f);
         __nv_bfloat16 sb = __float2bfloat16_rn(s), bb = __float2bfloat16_rn(-7.5f * s);
         p[i] = (uint32_t)(*(uint16_t *)&sb) | ((uint32_t)(*(uint16_t *)&bb) << 16);
     }
 }
 __global__ void fill_f32(float *p, size_t n, float lo, float hi, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         p[i] = lo + (hi - lo) * (hash32(i, seed) >> 8) * (1.0f / 16777216.0f);
 }
 __global__ void fill_ids(int32_t *ids, int n_tok, uint32_t seed) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok) return;
-    int e0 = hash32(t, seed) % 256, step = 1 + 2 * (hash32(t, seed + 1) % 127); /* odd: 8 distinct */
-    for (int s = 0; s < 8; s++) ids[t * 8 + s] = (e0 + s * step) % 256;
+    int e0 = hash32(t, seed) % 256,
+        step = 1 + 2 * (hash32(t, seed + 1) % 127); /* odd: 8 distinct */
+    for (int s = 0; s < 8; s++)
+        ids[t * 8 + s] = (e0 + s * step) % 256;
 }
 
 static void *dalloc(size_t n) {
@@ -137,7 +144,8 @@ static tl_gpu_gemm_w make_w(int bits, int rows, int cols, int n_mat, uint32_t se
     if (bits == 16) {
         w.w = rand_bf16_dev((size_t)n_mat * rows * cols, 0.05f, seed);
     } else {
-        size_t nw = tl_gpu_q4_w_bytes(rows, cols) / 4 * n_mat, ns = tl_gpu_q4_sb_bytes(rows, cols) / 4 * n_mat;
+        size_t nw = tl_gpu_q4_w_bytes(rows, cols) / 4 * n_mat,
+               ns = tl_gpu_q4_sb_bytes(rows, cols) / 4 * n_mat;
         uint32_t *pw = (uint32_t *)dalloc(nw * 4), *ps = (uint32_t *)dalloc(ns * 4);
         fill_u32<<<2048, 256>>>(pw, nw, seed);
         fill_sb<<<2048, 256>>>(ps, ns, seed + 7);
@@ -151,7 +159,10 @@ static void free_w(tl_gpu_gemm_w *w) {
 }
 
 static void bench_gemm(void) {
-    static const struct { const char *name; int rows, cols, flags; } sh[] = {
+    static const struct {
+        const char *name;
+        int rows, cols, flags;
+    } sh[] = {
         {"gdn qkv 8192x2048", 8192, 2048, 0},
         {"gdn in fused 12416x2048", 12416, 2048, 0},
         {"gdn z 4096x2048", 4096, 2048, 0},
@@ -176,7 +187,8 @@ static void bench_gemm(void) {
                 g.y = rand_bf16_dev((size_t)n * sh[s].rows, 1.0f, 5);
                 double flop = 2.0 * n * sh[s].rows * sh[s].cols;
                 char name[96];
-                snprintf(name, sizeof name, "gemm %s %s n=%d", bits == 16 ? "bf16" : "q4", sh[s].name, n);
+                snprintf(name, sizeof name, "gemm %s %s n=%d", bits == 16 ? "bf16" : "q4",
+                         sh[s].name, n);
                 float ms = time_ms(gemm_run, &g, 15);
                 row(name, ms, flop);
                 /* the three tile shapes forced (TFLOP/s): 128x128, 64x128, 128x256 */
@@ -210,7 +222,8 @@ static void moe_run(void *c) {
     OK(tl_gpu_moe_pf_plan(m->plan, m->ids, m->n, NULL));
     OK(tl_gpu_moe_pf_gate_up(m->h, m->x, &m->gu, m->plan, m->n, NULL));
     OK(tl_gpu_moe_pf_down(m->ys, m->h, &m->dn, m->plan, m->n, NULL));
-    OK(tl_gpu_moe_pf_combine(m->out, m->out, m->ys, m->wts, NULL, NULL, m->n, TL_GEMM_OUT_F32, NULL));
+    OK(tl_gpu_moe_pf_combine(m->out, m->out, m->ys, m->wts, NULL, NULL, m->n, TL_GEMM_OUT_F32,
+                             NULL));
 }
 static void moe_gemms_only(void *c) {
     moe_ctx *m = (moe_ctx *)c;
@@ -238,9 +251,11 @@ static void bench_moe(void) {
             m.ys = (uint16_t *)dalloc((size_t)m.n * 8 * 2048 * 2);
             double flop = 2.0 * m.n * 8 * (1024.0 * 2048 + 2048.0 * 512);
             char name[96];
-            snprintf(name, sizeof name, "moe %s n=%d plan+gate_up+down+combine", bits == 16 ? "bf16" : "q4", m.n);
+            snprintf(name, sizeof name, "moe %s n=%d plan+gate_up+down+combine",
+                     bits == 16 ? "bf16" : "q4", m.n);
             row(name, time_ms(moe_run, &m, 15), flop);
-            snprintf(name, sizeof name, "moe %s n=%d gate_up+down only", bits == 16 ? "bf16" : "q4", m.n);
+            snprintf(name, sizeof name, "moe %s n=%d gate_up+down only", bits == 16 ? "bf16" : "q4",
+                     m.n);
             row(name, time_ms(moe_gemms_only, &m, 15), flop);
             printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
             for (int t = 0; t < bench_tiles; t++) {
@@ -281,7 +296,8 @@ static void bench_attn(void) {
         a.kv.k = rand_bf16_dev((size_t)kv_len * 512, 1.0f, 32);
         a.kv.v = rand_bf16_dev((size_t)kv_len * 512, 1.0f, 33);
         a.kv.tok_stride = 512;
-        /* causal pairs: sum over queries of (pos0 + t + 1) keys; 4 flop per pair per dim (QK, PV) */
+        /* causal pairs: sum over queries of (pos0 + t + 1) keys; 4 flop per pair per dim (QK, PV)
+         */
         double pairs = (double)a.n * a.pos0 + (double)a.n * (a.n + 1) / 2;
         double flop = 4.0 * 16 * 256 * pairs;
         char name[96];

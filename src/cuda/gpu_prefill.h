@@ -47,8 +47,8 @@ size_t tl_gpu_q4_sb_bytes(int rows, int cols);
 
 /* Repacks n_mat MLX matrices [n_mat][rows, cols] (contiguous, e.g. stacked experts) into the q4
  * tiled layout, matrix after matrix (dst strides = the byte sizes above). Device to device. */
-int tl_gpu_q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 src, int n_mat, int rows,
-                     int cols, void *stream);
+int tl_gpu_q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 src, int n_mat, int rows, int cols,
+                     void *stream);
 
 /* note: SwiGLU weights. A fused gate/up GEMM (flag TL_GEMM_SWIGLU) wants gate and up rows
  * interleaved by 8: rows 16j..16j+7 = gate rows 8j..8j+7, rows 16j+8..16j+15 = up rows 8j..
@@ -72,8 +72,8 @@ enum {
 
 /* y[n, rows] = x[n, cols] W^T, x bf16 row-major (row stride cols), fp32 accumulate, then the
  * epilogue of `flags`. Any n >= 0 (n == 0 is a no-op). */
-int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
-                int flags, void *stream);
+int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res, int flags,
+                void *stream);
 
 /* ====== MoE prefill (grouped GEMM over the 256 experts). ======
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
@@ -93,9 +93,9 @@ int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const voi
 size_t tl_gpu_moe_pf_plan_ints(int n_tok);
 int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream);
 int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
-                       const int32_t *plan, int n_tok, void *stream);
+                          const int32_t *plan, int n_tok, void *stream);
 int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
-                    const int32_t *plan, int n_tok, void *stream);
+                       const int32_t *plan, int n_tok, void *stream);
 int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
                           const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
                           void *stream);
@@ -146,7 +146,8 @@ enum {
 size_t tl_gpu_gdn_chunk_ws_bytes(void);
 /* Gates from the projections (MODEL.md §2.4 step 4), fp32: for token t and value head h,
  * g[t,h] = a_neg[h] * softplus(a[t*ld + h] + dt_bias[h]), beta[t,h] = sigmoid(b[t*ld + h]);
- * a, b f32 rows of stride ld (e.g. columns of the fused in-projection output); a_neg = -exp(A_log). */
+ * a, b f32 rows of stride ld (e.g. columns of the fused in-projection output); a_neg = -exp(A_log).
+ */
 int tl_gpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int ld,
                      const float *dt_bias, const float *a_neg, int T, void *stream);
 int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,

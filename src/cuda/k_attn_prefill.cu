@@ -7,27 +7,26 @@
 #include "cuda/k_prefill_common.cuh"
 #include "model/shape.h"
 
-#define AP_BQ      64  /* queries per block */
-#define AP_BK      64  /* keys per tile */
-#define AP_D       256 /* head dim */
-#define AP_LDS     264 /* smem row stride (bf16): 528 B rows put ldmatrix rows in distinct banks */
-#define AP_THREADS 128
+#define AP_BQ         64  /* queries per block */
+#define AP_BK         64  /* keys per tile */
+#define AP_D          256 /* head dim */
+#define AP_LDS        264 /* smem row stride (bf16): 528 B rows put ldmatrix rows in distinct banks */
+#define AP_THREADS    128
 #define AP_TILE_ELEMS (AP_BQ * AP_LDS)
-#define AP_SMEM    (3 * AP_TILE_ELEMS * 2)
+#define AP_SMEM       (3 * AP_TILE_ELEMS * 2)
 
-/* math: o[t,h,:] = sigmoid(gate[t,h,:]) * sum_{j <= pos0+t} softmax_j(q[t,h].k[j,h/8] / 16) v[j,h/8]
- * shapes: q/gate bf16 or f32, (t, h, d) at [t*tok_stride + h*head_stride + d]; K/V through the
- *   tl_gpu_kv_view; o bf16 [n, 16*256].
- * threads: block = (64 queries, one q head), 4 warps; warp w owns query rows 16w..16w+15 (mma
- *   fragments: a lane holds rows lane/4 and lane/4+8). S = Q K^T per 64-key tile (16 x 64 per
- *   warp), online softmax in fp32 on the fragments, P cast to bf16, O += P V (16 x 256 per warp,
- *   128 fp32 accumulators per lane). K and V tiles are loaded with cp.async, the next K tile
- *   while softmax and P V run, the next V tile while the next S runs.
- * bytes: Q once; K, V of the causal prefix once per query tile (8 q heads re-read them from L2).
- * reference: cpu_attention with bf16-rounded inputs (tests/gpu/test_prefill_kernels.c). */
+/* math: o[t,h,:] = sigmoid(gate[t,h,:]) * sum_{j <= pos0+t} softmax_j(q[t,h].k[j,h/8] / 16)
+ * v[j,h/8] shapes: q/gate bf16 or f32, (t, h, d) at [t*tok_stride + h*head_stride + d]; K/V through
+ * the tl_gpu_kv_view; o bf16 [n, 16*256]. threads: block = (64 queries, one q head), 4 warps; warp
+ * w owns query rows 16w..16w+15 (mma fragments: a lane holds rows lane/4 and lane/4+8). S = Q K^T
+ * per 64-key tile (16 x 64 per warp), online softmax in fp32 on the fragments, P cast to bf16, O +=
+ * P V (16 x 256 per warp, 128 fp32 accumulators per lane). K and V tiles are loaded with cp.async,
+ * the next K tile while softmax and P V run, the next V tile while the next S runs. bytes: Q once;
+ * K, V of the causal prefix once per query tile (8 q heads re-read them from L2). reference:
+ * cpu_attention with bf16-rounded inputs (tests/gpu/test_prefill_kernels.c). */
 __global__ void __launch_bounds__(AP_THREADS, 2)
-attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
-                    int pos0, int in_f32) {
+    attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
+                        int pos0, int in_f32) {
     const void *qv = qh.p, *gatev = gh.p;
     const int q_tok_stride = qh.tok_stride, q_head_stride = qh.head_stride;
     extern __shared__ __align__(128) uint16_t ap_smem[];
@@ -39,12 +38,14 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
     const int q_last = pos0 + min(n, q0 + AP_BQ) - 1; /* last query position of this tile */
     const int n_kt = q_last / AP_BK + 1;
 
-    /* Q tile: 64 rows x 32 chunks of 8 dims; rows past n are zero. f32 q is rounded to bf16 here. */
+    /* Q tile: 64 rows x 32 chunks of 8 dims; rows past n are zero. f32 q is rounded to bf16 here.
+     */
     if (!in_f32) {
         const uint16_t *q = (const uint16_t *)qv;
         for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
             int r = c >> 5, ch = c & 31, t = q0 + r;
-            const uint16_t *src = q + (size_t)(t < n ? t : 0) * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
+            const uint16_t *src =
+                q + (size_t)(t < n ? t : 0) * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
             pf_cp_async16(sQ + r * AP_LDS + ch * 8, src, t < n ? 16 : 0);
         }
     } else {
@@ -53,7 +54,8 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
             int r = c >> 5, ch = c & 31, t = q0 + r;
             uint4 packed = make_uint4(0, 0, 0, 0);
             if (t < n) {
-                const float *src = q + (size_t)t * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
+                const float *src =
+                    q + (size_t)t * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
                 float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
                 packed = make_uint4(pf_pack_bf16(a.x, a.y), pf_pack_bf16(a.z, a.w),
                                     pf_pack_bf16(b.x, b.y), pf_pack_bf16(b.z, b.w));
@@ -66,8 +68,8 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
     auto tile_base = [&](const uint16_t *base, int kpos0) -> const uint16_t * {
         if (kv.pages) {
             int pg = kv.pages[kpos0 / kv.page_tokens];
-            return base + (size_t)pg * kv.page_stride + (size_t)(kpos0 % kv.page_tokens) * kv.tok_stride +
-                   kvh * AP_D;
+            return base + (size_t)pg * kv.page_stride +
+                   (size_t)(kpos0 % kv.page_tokens) * kv.tok_stride + kvh * AP_D;
         }
         return base + (size_t)kpos0 * kv.tok_stride + kvh * AP_D;
     };
@@ -76,8 +78,8 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
         const uint16_t *b = tile_base(base, kpos0);
         for (int c = tid; c < AP_BK * 32; c += AP_THREADS) {
             int r = c >> 5, ch = c & 31, ok = kpos0 + r < kv_len;
-            pf_cp_async16(dst + r * AP_LDS + ch * 8, b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8,
-                          ok ? 16 : 0);
+            pf_cp_async16(dst + r * AP_LDS + ch * 8,
+                          b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8, ok ? 16 : 0);
         }
     };
     load_kv(sK, kv.k, 0);
@@ -88,9 +90,11 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
     const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
     float oacc[32][4];
 #pragma unroll
-    for (int i = 0; i < 32; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+    for (int i = 0; i < 32; i++)
+        oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-    const int qpos[2] = {pos0 + q0 + warp * 16 + (lane >> 2), pos0 + q0 + warp * 16 + (lane >> 2) + 8};
+    const int qpos[2] = {pos0 + q0 + warp * 16 + (lane >> 2),
+                         pos0 + q0 + warp * 16 + (lane >> 2) + 8};
 
     for (int kt = 0; kt < n_kt; kt++) {
         pf_cp_async_wait<1>(); /* Q and K_kt landed (V_kt may be in flight) */
@@ -99,7 +103,8 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
         /* S = Q K^T (16 x 64 per warp) */
         float s[8][4];
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < AP_D / 16; kk++) {
             uint32_t af[4];
@@ -153,7 +158,8 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
             pf[nt >> 1][(nt & 1) * 2 + 1] = pf_pack_bf16(p2, p3);
         }
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
+        for (int hr = 0; hr < 2; hr++)
+            lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             oacc[i][0] *= alpha[0];
@@ -171,8 +177,9 @@ attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_vie
 #pragma unroll
             for (int dp = 0; dp < AP_D / 16; dp++) {
                 uint32_t r[4];
-                pf_ldmatrix_x4_trans(r, sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * AP_LDS +
-                                            dp * 16 + (lane >> 4) * 8);
+                pf_ldmatrix_x4_trans(r,
+                                     sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * AP_LDS +
+                                         dp * 16 + (lane >> 4) * 8);
                 pf_mma_bf16(oacc[2 * dp], a, r[0], r[1]);
                 pf_mma_bf16(oacc[2 * dp + 1], a, r[2], r[3]);
             }

@@ -9,23 +9,23 @@
 #include "cuda/k_prefill_common.cuh"
 #include "model/shape.h"
 
-#define GC_L       64   /* chunk length */
-#define GC_DK      128  /* key dim = value dim */
-#define GC_DVB     32   /* value columns per block of the sequential kernel */
-#define GC_THREADS 256
-#define GC_KT_LD   65   /* row stride of the k transpose: odd, so its column writes spread banks */
-#define GC_SEG     2048 /* tokens per prep/sequential launch pair (bounds the workspace) */
-#define GC_NH      TL_GDN_N_V_HEAD
+#define GC_L             64  /* chunk length */
+#define GC_DK            128 /* key dim = value dim */
+#define GC_DVB           32  /* value columns per block of the sequential kernel */
+#define GC_THREADS       256
+#define GC_KT_LD         65 /* row stride of the k transpose: odd, so its column writes spread banks */
+#define GC_SEG           2048 /* tokens per prep/sequential launch pair (bounds the workspace) */
+#define GC_NH            TL_GDN_N_V_HEAD
 #define TL_MIN_INT(a, b) ((a) < (b) ? (a) : (b))
 
 /* Workspace per (chunk, head), floats: W [64][128], Aqk [64][64] (contiguous with W: one copy),
  * U [64][128], gc [64], Qg = q e^gc [64][128], Kd = k e^{gc_63 - gc} [64][128]. */
-#define GC_WS_W    0
-#define GC_WS_AQK  (GC_WS_W + GC_L * GC_DK)
-#define GC_WS_U    (GC_WS_AQK + GC_L * GC_L)
-#define GC_WS_G    (GC_WS_U + GC_L * GC_DK)
-#define GC_WS_QG   (GC_WS_G + GC_L)
-#define GC_WS_KD   (GC_WS_QG + GC_L * GC_DK)
+#define GC_WS_W      0
+#define GC_WS_AQK    (GC_WS_W + GC_L * GC_DK)
+#define GC_WS_U      (GC_WS_AQK + GC_L * GC_L)
+#define GC_WS_G      (GC_WS_U + GC_L * GC_DK)
+#define GC_WS_QG     (GC_WS_G + GC_L)
+#define GC_WS_KD     (GC_WS_QG + GC_L * GC_DK)
 #define GC_WS_FLOATS (GC_WS_KD + GC_L * GC_DK)
 
 /* Loads rows 8w..8w+7 of a chunk's q and k (key head hk) into f32 [64][128] shared arrays
@@ -38,10 +38,9 @@ static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, 
     return make_float4(pf_bf16_lo(r.x), pf_bf16_hi(r.x), pf_bf16_lo(r.y), pf_bf16_hi(r.y));
 }
 
-static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt,
-                                                  const void *q, const void *k, int tok_stride,
-                                                  int hk, int t0, int T, int l2, int in_f32,
-                                                  int warp, int lane) {
+static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt, const void *q,
+                                                  const void *k, int tok_stride, int hk, int t0,
+                                                  int T, int l2, int in_f32, int warp, int lane) {
     for (int u = 0; u < 8; u++) {
         int i = warp * 8 + u, t = t0 + i;
         float kv[4] = {0, 0, 0, 0}, qv[4] = {0, 0, 0, 0};
@@ -59,13 +58,15 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
                 }
                 float rk = 1.0f / sqrtf(sk + 1e-6f);
                 float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
-                for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
+                for (int e = 0; e < 4; e++)
+                    kv[e] *= rk, qv[e] *= rq;
             }
         }
         *(float4 *)(sK + i * GC_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
         *(float4 *)(sQ + i * GC_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
         if (sKt)
-            for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * GC_KT_LD + i] = kv[e];
+            for (int e = 0; e < 4; e++)
+                sKt[(4 * lane + e) * GC_KT_LD + i] = kv[e];
     }
 }
 
@@ -79,18 +80,18 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
  *   lane + 32c; threads 0..63 run the forward substitution, one column of T each.
  * bytes: reads q, k (twice per key head), v once; writes 82 KB per chunk and head.
  * reference: through tl_gpu_gdn_chunk against cpu_gdn_step (tests/gpu/test_prefill_kernels.c). */
-#define GP_OFF_K   0
-#define GP_OFF_KT  (GP_OFF_K + GC_L * GC_DK)
-#define GP_OFF_Q   (GP_OFF_KT + GC_DK * GC_KT_LD)
-#define GP_OFF_V   (GP_OFF_Q + GC_L * GC_DK)
-#define GP_OFF_A   (GP_OFF_V + GC_L * GC_DK)
-#define GP_OFF_G   (GP_OFF_A + GC_L * GC_L)
-#define GP_OFF_B   (GP_OFF_G + GC_L)
-#define GP_SMEM    ((GP_OFF_B + GC_L) * 4)
+#define GP_OFF_K  0
+#define GP_OFF_KT (GP_OFF_K + GC_L * GC_DK)
+#define GP_OFF_Q  (GP_OFF_KT + GC_DK * GC_KT_LD)
+#define GP_OFF_V  (GP_OFF_Q + GC_L * GC_DK)
+#define GP_OFF_A  (GP_OFF_V + GC_L * GC_DK)
+#define GP_OFF_G  (GP_OFF_A + GC_L * GC_L)
+#define GP_OFF_B  (GP_OFF_G + GC_L)
+#define GP_SMEM   ((GP_OFF_B + GC_L) * 4)
 
 __global__ void __launch_bounds__(GC_THREADS, 1)
-gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
-                const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
+    gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
+                    const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
     extern __shared__ __align__(16) float gp_smem[];
     float *sK = gp_smem + GP_OFF_K, *sKt = gp_smem + GP_OFF_KT, *sQ = gp_smem + GP_OFF_Q;
     float *sV = gp_smem + GP_OFF_V, *sA = gp_smem + GP_OFF_A, *sG = gp_smem + GP_OFF_G;
@@ -132,14 +133,17 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
         float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
         float4 qv = *(const float4 *)(sQ + i * GC_DK + 4 * lane);
         float4 kv = *(const float4 *)(sK + i * GC_DK + 4 * lane);
-        *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) = make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
-        *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) = make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
+        *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) =
+            make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
+        *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) =
+            make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
     }
 
     /* A (to smem) and Aqk (to ws): rows i = 8w+u, columns j = lane, lane+32 */
     {
         float ak[8][2], aq[8][2];
-        for (int u = 0; u < 8; u++) ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
+        for (int u = 0; u < 8; u++)
+            ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
         for (int d = 0; d < GC_DK; d += 4) {
             float kt[4][2];
 #pragma unroll
@@ -154,8 +158,10 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
                 float4 qr = *(const float4 *)(sQ + i * GC_DK + d);
 #pragma unroll
                 for (int cc = 0; cc < 2; cc++) {
-                    ak[u][cc] += kr.x * kt[0][cc] + kr.y * kt[1][cc] + kr.z * kt[2][cc] + kr.w * kt[3][cc];
-                    aq[u][cc] += qr.x * kt[0][cc] + qr.y * kt[1][cc] + qr.z * kt[2][cc] + qr.w * kt[3][cc];
+                    ak[u][cc] +=
+                        kr.x * kt[0][cc] + kr.y * kt[1][cc] + kr.z * kt[2][cc] + kr.w * kt[3][cc];
+                    aq[u][cc] +=
+                        qr.x * kt[0][cc] + qr.y * kt[1][cc] + qr.z * kt[2][cc] + qr.w * kt[3][cc];
                 }
             }
         }
@@ -183,13 +189,15 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
         for (int i = 0; i < GC_L; i++) {
             float s = sA[i * GC_L + j];
 #pragma unroll
-            for (int m = 0; m < i; m++) s += sA[i * GC_L + m] * x[m];
+            for (int m = 0; m < i; m++)
+                s += sA[i * GC_L + m] * x[m];
             x[i] = s;
         }
         asm volatile("bar.sync 1, 64;\n" ::);
         float bj = sB[j];
 #pragma unroll
-        for (int i = 0; i < GC_L; i++) sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+        for (int i = 0; i < GC_L; i++)
+            sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
     }
     __syncthreads();
 
@@ -197,7 +205,8 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
     {
         float w[8][4], uu[8][4];
         for (int u = 0; u < 8; u++)
-            for (int cc = 0; cc < 4; cc++) w[u][cc] = uu[u][cc] = 0.f;
+            for (int cc = 0; cc < 4; cc++)
+                w[u][cc] = uu[u][cc] = 0.f;
         for (int j = 0; j < GC_L; j += 4) {
             float kr[4][4], vr[4][4];
 #pragma unroll
@@ -238,26 +247,28 @@ gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_
  * shapes: state f32 [32][128][128] (slice of 32 value columns per block); o [T, 32, 128].
  * threads: block = (value-column slice, value head), NW = 8 warps; the first two steps map
  *   warp w to chunk rows (64/NW)w.. and the lane to a column; the state update maps warp w to
- *   state rows (128/NW)w... (16 warps measured 4 % slower, notes/2026-12-02-prefill-kernels.md.) Every input of the next chunk is fetched with cp.async while this one computes:
- *   W, Aqk, U slice, gc into a second buffer at the start, Qg once step 1 is done with Q, Kd after
- *   the state update (it is only needed at the end of the next chunk).
- * bytes: per chunk W 32 KB + Aqk 16 KB + U slice 8 KB + Qg, Kd 64 KB (the 4 slice blocks of a
- *   head share them through L2); S read and written once.
- * reference: through tl_gpu_gdn_chunk against cpu_gdn_step (tests/gpu/test_prefill_kernels.c). */
-#define GS_OFF_K   0
-#define GS_OFF_Q   (GS_OFF_K + GC_L * GC_DK)
-#define GS_OFF_S   (GS_OFF_Q + GC_L * GC_DK)
-#define GS_OFF_BUF (GS_OFF_S + GC_DK * GC_DVB) /* 2 buffers of W, Aqk, U slice, gc */
-#define GS_BUF_W   0
-#define GS_BUF_AQK (GS_BUF_W + GC_L * GC_DK)
-#define GS_BUF_U   (GS_BUF_AQK + GC_L * GC_L)
-#define GS_BUF_G   (GS_BUF_U + GC_L * GC_DVB)
+ *   state rows (128/NW)w... (16 warps measured 4 % slower, notes/2026-12-02-prefill-kernels.md.)
+ * Every input of the next chunk is fetched with cp.async while this one computes: W, Aqk, U slice,
+ * gc into a second buffer at the start, Qg once step 1 is done with Q, Kd after the state update
+ * (it is only needed at the end of the next chunk). bytes: per chunk W 32 KB + Aqk 16 KB + U slice
+ * 8 KB + Qg, Kd 64 KB (the 4 slice blocks of a head share them through L2); S read and written
+ * once. reference: through tl_gpu_gdn_chunk against cpu_gdn_step
+ * (tests/gpu/test_prefill_kernels.c). */
+#define GS_OFF_K      0
+#define GS_OFF_Q      (GS_OFF_K + GC_L * GC_DK)
+#define GS_OFF_S      (GS_OFF_Q + GC_L * GC_DK)
+#define GS_OFF_BUF    (GS_OFF_S + GC_DK * GC_DVB) /* 2 buffers of W, Aqk, U slice, gc */
+#define GS_BUF_W      0
+#define GS_BUF_AQK    (GS_BUF_W + GC_L * GC_DK)
+#define GS_BUF_U      (GS_BUF_AQK + GC_L * GC_L)
+#define GS_BUF_G      (GS_BUF_U + GC_L * GC_DVB)
 #define GS_BUF_FLOATS (GS_BUF_G + GC_L)
-#define GS_SMEM    ((GS_OFF_BUF + 2 * GS_BUF_FLOATS) * 4)
+#define GS_SMEM       ((GS_OFF_BUF + 2 * GS_BUF_FLOATS) * 4)
 
 template <int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
-gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, int T, int flags) {
+    gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, int T,
+                   int flags) {
     extern __shared__ __align__(16) float gs_smem[];
     float *sK = gs_smem + GS_OFF_K, *sQ = gs_smem + GS_OFF_Q, *sS = gs_smem + GS_OFF_S;
     constexpr int THREADS = NW * 32, RW = GC_L / NW, RS = GC_DK / NW; /* rows per warp */
@@ -268,22 +279,27 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
     float *Sg = state + (size_t)h * GC_DK * GC_DK;
 
     auto rec_of = [&](int c) { return ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS; };
-    auto fetch_buf = [&](int c) { /* W, Aqk, U slice, gc of chunk c */
-        if (c >= n_chunks) return;
-        float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
-        const float *rec = rec_of(c);
-        for (int i = tid; i < (GC_L * GC_DK + GC_L * GC_L) / 4; i += THREADS)
-            pf_cp_async16(buf + 4 * i, rec + GC_WS_W + 4 * i, 16);
-        for (int i = tid; i < GC_L * GC_DVB / 4; i += THREADS) {
-            int r = i / (GC_DVB / 4), cc = i % (GC_DVB / 4);
-            pf_cp_async16(buf + GS_BUF_U + r * GC_DVB + 4 * cc, rec + GC_WS_U + r * GC_DK + c0 + 4 * cc, 16);
-        }
-        if (tid < GC_L / 4) pf_cp_async16(buf + GS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
-    };
-    auto fetch_rows = [&](float *dst, int c, int off) { /* Qg or Kd of chunk c */
-        if (c >= n_chunks) return;
-        const float *src = rec_of(c) + off;
-        for (int i = tid; i < GC_L * GC_DK / 4; i += THREADS) pf_cp_async16(dst + 4 * i, src + 4 * i, 16);
+    auto fetch_buf =
+        [&](int c) { /* W, Aqk, U slice, gc of chunk c */
+                     if (c >= n_chunks) return;
+                     float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
+                     const float *rec = rec_of(c);
+                     for (int i = tid; i < (GC_L * GC_DK + GC_L * GC_L) / 4; i += THREADS)
+                         pf_cp_async16(buf + 4 * i, rec + GC_WS_W + 4 * i, 16);
+                     for (int i = tid; i < GC_L * GC_DVB / 4; i += THREADS) {
+                         int r = i / (GC_DVB / 4), cc = i % (GC_DVB / 4);
+                         pf_cp_async16(buf + GS_BUF_U + r * GC_DVB + 4 * cc,
+                                       rec + GC_WS_U + r * GC_DK + c0 + 4 * cc, 16);
+                     }
+                     if (tid < GC_L / 4)
+                         pf_cp_async16(buf + GS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
+        };
+    auto fetch_rows = [&](float *dst, int c,
+                          int off) { /* Qg or Kd of chunk c */
+                                     if (c >= n_chunks) return;
+                                     const float *src = rec_of(c) + off;
+                                     for (int i = tid; i < GC_L * GC_DK / 4; i += THREADS)
+                                         pf_cp_async16(dst + 4 * i, src + 4 * i, 16);
     };
 
     for (int u = 0; u < RS; u++) {
@@ -312,11 +328,13 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
 
         /* v_new = U - W S; o = Qg S: rows i = 8w+u, column lane */
         float vp[RW], oi[RW];
-        for (int u = 0; u < RW; u++) vp[u] = oi[u] = 0.f;
+        for (int u = 0; u < RW; u++)
+            vp[u] = oi[u] = 0.f;
         for (int d = 0; d < GC_DK; d += 4) {
             float s4[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * GC_DVB + lane];
+            for (int e = 0; e < 4; e++)
+                s4[e] = sS[(d + e) * GC_DVB + lane];
 #pragma unroll
             for (int u = 0; u < RW; u++) {
                 int i = warp * RW + u;
@@ -326,7 +344,8 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
                 oi[u] += qr.x * s4[0] + qr.y * s4[1] + qr.z * s4[2] + qr.w * s4[3];
             }
         }
-        for (int u = 0; u < RW; u++) sU[(warp * RW + u) * GC_DVB + lane] -= vp[u];
+        for (int u = 0; u < RW; u++)
+            sU[(warp * RW + u) * GC_DVB + lane] -= vp[u];
         __syncthreads(); /* v_new complete; Q free */
         fetch_rows(sQ, c + 1, GC_WS_QG);
         pf_cp_async_commit();
@@ -335,7 +354,8 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
         for (int j = 0; j < GC_L; j += 4) {
             float vn[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * GC_DVB + lane];
+            for (int e = 0; e < 4; e++)
+                vn[e] = sU[(j + e) * GC_DVB + lane];
 #pragma unroll
             for (int u = 0; u < RW; u++) {
                 float4 a4 = *(const float4 *)(sAqk + (warp * RW + u) * GC_L + j);
@@ -346,8 +366,10 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
             int t = t0 + warp * RW + u;
             if (t >= T) continue;
             size_t idx = ((size_t)t * GC_NH + h) * GC_DK + c0 + lane;
-            if (out_f32) ((float *)o)[idx] = oi[u];
-            else ((__nv_bfloat16 *)o)[idx] = __float2bfloat16_rn(oi[u]);
+            if (out_f32)
+                ((float *)o)[idx] = oi[u];
+            else
+                ((__nv_bfloat16 *)o)[idx] = __float2bfloat16_rn(oi[u]);
         }
 
         /* S = e^{gL} S + Kd^T v_new: rows d = 16w+u, column lane */
@@ -355,7 +377,8 @@ gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, 
         __syncthreads();
         {
             float acc[RS];
-            for (int u = 0; u < RS; u++) acc[u] = 0.f;
+            for (int u = 0; u < RS; u++)
+                acc[u] = 0.f;
             for (int j = 0; j < GC_L; j++) {
                 float vn = sU[j * GC_DVB + lane];
 #pragma unroll
@@ -412,9 +435,9 @@ extern "C" size_t tl_gpu_gdn_chunk_ws_bytes(void) {
     return (size_t)(GC_SEG / GC_L) * GC_NH * GC_WS_FLOATS * 4;
 }
 
-extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k,
-                                const void *v, int tok_stride, const float *g, const float *beta,
-                                int T, int flags, void *ws, void *stream) {
+extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
+                                int tok_stride, const float *g, const float *beta, int T, int flags,
+                                void *ws, void *stream) {
     if (!o || !state || !q || !k || !v || !g || !beta || !ws || T < 0) return TL_ERR_INVALID;
     if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16)
         return TL_ERR_INVALID;

@@ -21,8 +21,8 @@
  * note: 4-bit B tiles stay packed in shared memory (BN*32 B per stage instead of BN*128 B) and
  * each thread dequantizes its own B fragments into registers right before the mma (gpu_prefill.h
  * describes the nibble order that makes this one 32-bit load per fragment pair). */
-#define GM_BK  64
-#define GM_LDS 72
+#define GM_BK        64
+#define GM_LDS       72
 #define GM_ROW_ALIGN 128 /* rows must be a multiple of this (smallest BN) */
 
 enum { GM_DENSE = 0, GM_MOE_GATHER = 1, GM_MOE_SCATTER = 2 };
@@ -90,8 +90,10 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
         int lo = 0, hi = 255;
         while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
             int mid = (lo + hi + 1) >> 1;
-            if (ts[mid] <= tile) lo = mid;
-            else hi = mid - 1;
+            if (ts[mid] <= tile)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         m0 = off[lo] + (tile - ts[lo]) * BM;
         m_end = off[lo + 1];
@@ -102,7 +104,8 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
         m_end = p.M;
     }
 
-    /* A source rows of this thread's 4 chunks: chunk c = tid + THREADS j -> row c/8, 16 B column c%8 */
+    /* A source rows of this thread's 4 chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
+     * c%8 */
     const uint16_t *a_src[4];
     int a_ok[4];
 #pragma unroll
@@ -141,9 +144,11 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
             for (int j = 0; j < 2 * BN / THREADS; j++) {
                 int c = tid + THREADS * j, rb = c >> 4, ch = c & 15;
                 pf_cp_async16(sQ + rb * 64 + ch * 4,
-                              wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
+                              wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                              16);
             }
-            if (tid < BN / 4) pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+            if (tid < BN / 4)
+                pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
         }
     };
 
@@ -153,7 +158,8 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+            for (int c = 0; c < 4; c++)
+                acc[i][j][c] = 0.f;
 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
@@ -183,8 +189,9 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
                 for (int np = 0; np < NJ / 2; np++) {
                     uint32_t r[4];
-                    pf_ldmatrix_x4(r, sB + (wn * 8 * NJ + np * 16 + (lane >> 4) * 8 + (lane & 7)) * GM_LDS +
-                                          kk * 16 + ((lane >> 3) & 1) * 8);
+                    pf_ldmatrix_x4(
+                        r, sB + (wn * 8 * NJ + np * 16 + (lane >> 4) * 8 + (lane & 7)) * GM_LDS +
+                               kk * 16 + ((lane >> 3) & 1) * 8);
                     bf[2 * np][0] = r[0];
                     bf[2 * np][1] = r[1];
                     bf[2 * np + 1][0] = r[2];
@@ -221,7 +228,8 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-                for (int nj = 0; nj < NJ; nj++) pf_mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
+                for (int nj = 0; nj < NJ; nj++)
+                    pf_mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
         }
     }
     pf_cp_async_wait<0>();
@@ -270,12 +278,14 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     }
 }
 
-template <int BITS, int WM, int NJ> static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
+template <int BITS, int WM, int NJ>
+static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
     typedef gm_cfg<BITS, WM, NJ> C;
     static int attr_set;
     if (!attr_set) {
         if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess)
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
@@ -315,7 +325,8 @@ template <int BITS, int WGS> struct wg_cfg {
     static constexpr int SMEM = WG_STAGES * STAGE_BYTES + BBUF_BYTES + 1024; /* + alignment slack */
 };
 
-static __device__ __forceinline__ uint32_t wg_swz(int r, int c) { /* byte offset of chunk c, row r */
+static __device__ __forceinline__ uint32_t wg_swz(int r,
+                                                  int c) { /* byte offset of chunk c, row r */
     return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
 }
 static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
@@ -332,36 +343,40 @@ static __device__ __forceinline__ void wg_fence_proxy(void) {
 
 /* d[0..127] += A(64x16, smem desc) * B(16x256, smem desc)^T, bf16 in, f32 accumulate. */
 static __device__ __forceinline__ void wg_mma_m64n256k16(float *d, uint64_t da, uint64_t db) {
-    asm volatile("{\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-                 "{"
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-                 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-                 "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-                 "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-                 "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-                 "}, %128, %129, 1, 1, 1, 0, 0;\n"
-                 "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db));
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+          "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db));
 }
 
 template <int BITS, int WGS>
@@ -385,8 +400,10 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         int lo = 0, hi = 255;
         while (lo < hi) {
             int mid = (lo + hi + 1) >> 1;
-            if (ts[mid] <= tile) lo = mid;
-            else hi = mid - 1;
+            if (ts[mid] <= tile)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         m0 = off[lo] + (tile - ts[lo]) * BM;
         m_end = off[lo + 1];
@@ -427,7 +444,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             for (int j = 0; j < WG_BN * 8 / THREADS; j++) {
                 int r = (tid >> 3) + (THREADS / 8) * j, ok = n0 + r < p.N;
                 pf_cp_async16(s + C::A_BYTES + wg_swz(r, tid & 7),
-                              wg16 + (size_t)(ok ? n0 + r : 0) * p.K + k0 + (tid & 7) * 8, ok ? 16 : 0);
+                              wg16 + (size_t)(ok ? n0 + r : 0) * p.K + k0 + (tid & 7) * 8,
+                              ok ? 16 : 0);
             }
         } else {
             uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
@@ -437,12 +455,14 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             for (int j = 0; j < 2 * WG_BN / THREADS; j++) {
                 int c = tid + THREADS * j, rb = c >> 4, ch = c & 15, ok = n0 + 8 * rb < p.N;
                 pf_cp_async16(sQ + rb * 64 + ch * 4,
-                              wq4 + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                              wq4 + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 +
+                                  ch * 4,
                               ok ? 16 : 0);
             }
             if (tid < WG_BN / 4) {
                 int ok = n0 + 4 * tid < p.N;
-                pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + (ok ? n0 + tid * 4 : 0), ok ? 16 : 0);
+                pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + (ok ? n0 + tid * 4 : 0),
+                              ok ? 16 : 0);
             }
         }
     };
@@ -479,7 +499,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 
     float acc[128];
 #pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    for (int i = 0; i < 128; i++)
+        acc[i] = 0.f;
 
 #pragma unroll
     for (int s = 0; s < WG_STAGES - 1; s++) {
@@ -560,12 +581,14 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     }
 }
 
-template <int BITS, int WGS> static int launch_gemm_wg(const gemm_args *p, int grid_y, cudaStream_t st) {
+template <int BITS, int WGS>
+static int launch_gemm_wg(const gemm_args *p, int grid_y, cudaStream_t st) {
     typedef wg_cfg<BITS, WGS> C;
     static int attr_set;
     if (!attr_set) {
         if (cudaFuncSetAttribute(gemm_wg_kernel<BITS, WGS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM) != cudaSuccess)
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
@@ -581,7 +604,7 @@ template <int BITS, int WGS> static int launch_gemm_wg(const gemm_args *p, int g
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4 };
 
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaStream_t st) {
-#define GM_CASE(B, T, WM, NJ)                                                                     \
+#define GM_CASE(B, T, WM, NJ)                                                                      \
     if (bits == B && tile == T) return launch_gemm<B, WM, NJ>(p, grid_y, st);
     GM_CASE(16, GM_T128, 2, 4)
     GM_CASE(16, GM_T64, 1, 4)
@@ -590,8 +613,12 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaS
     GM_CASE(4, GM_T64, 1, 4)
     GM_CASE(4, GM_T256, 2, 8)
 #undef GM_CASE
-    if (tile == GM_WG128) return bits == 4 ? launch_gemm_wg<4, 2>(p, grid_y, st) : launch_gemm_wg<16, 2>(p, grid_y, st);
-    if (tile == GM_WG64) return bits == 4 ? launch_gemm_wg<4, 1>(p, grid_y, st) : launch_gemm_wg<16, 1>(p, grid_y, st);
+    if (tile == GM_WG128)
+        return bits == 4 ? launch_gemm_wg<4, 2>(p, grid_y, st)
+                         : launch_gemm_wg<16, 2>(p, grid_y, st);
+    if (tile == GM_WG64)
+        return bits == 4 ? launch_gemm_wg<4, 1>(p, grid_y, st)
+                         : launch_gemm_wg<16, 1>(p, grid_y, st);
     return TL_ERR_INVALID;
 }
 
@@ -601,8 +628,8 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaS
  * per SM hide the in-register dequantisation better than the wgmma kernel's dequantise-to-
  * shared step at low occupancy). The wgmma kernel also takes rows % 256 == 128 (the fused GDN
  * in-projection padded to 12416 rows: 537 TFLOP/s bf16, 410 4-bit at n = 4096, run 5): the last
- * block's missing rows load as zeros and are not stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128, 2 mma 128x256,
- * 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
+ * block's missing rows load as zeros and are not stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128,
+ * 2 mma 128x256, 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
 static int gemm_forced_tile(int rows) {
     const char *e = getenv("TL_GEMM_TILE");
     int f = e && *e ? atoi(e) : -1;
@@ -653,7 +680,8 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
  *   cannot change any result: each output row depends only on its own input row). */
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     __shared__ int cnt[256], cur[256];
-    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
+    for (int e = threadIdx.x; e < 256; e += blockDim.x)
+        cnt[e] = 0;
     __syncthreads();
     for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
         int e = ids[a];
@@ -727,12 +755,13 @@ static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, cons
 }
 
 extern "C" int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
-                                  const int32_t *plan, int n_tok, void *stream) {
+                                     const int32_t *plan, int n_tok, void *stream) {
     return moe_gemm(h, x, w_expert0, plan, n_tok, GM_MOE_GATHER, TL_GEMM_SWIGLU, stream);
 }
 
-extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
-                               const int32_t *plan, int n_tok, void *stream) {
+extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
+                                  const tl_gpu_gemm_w *w_expert0, const int32_t *plan, int n_tok,
+                                  void *stream) {
     return moe_gemm(yslot, h, w_expert0, plan, n_tok, GM_MOE_SCATTER, 0, stream);
 }
 
@@ -745,7 +774,8 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
     const int t = blockIdx.x;
     for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
         float acc[8];
-        for (int i = 0; i < 8; i++) acc[i] = 0.f;
+        for (int i = 0; i < 8; i++)
+            acc[i] = 0.f;
         for (int s = 0; s < 8; s++) {
             float ws = wts[t * 8 + s];
             uint4 v = *(const uint4 *)(yslot + ((size_t)t * 8 + s) * n_embd + c0);
@@ -786,8 +816,8 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
 }
 
 extern "C" int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot,
-                                     const float *wts, const uint16_t *shared, const float *sh_logit,
-                                     int n_tok, int flags, void *stream) {
+                                     const float *wts, const uint16_t *shared,
+                                     const float *sh_logit, int n_tok, int flags, void *stream) {
     if (!out || !yslot || !wts || n_tok < 0 || (shared && !sh_logit)) return TL_ERR_INVALID;
     if (n_tok == 0) return 0;
     moe_combine_kernel<<<n_tok, 256, 0, (cudaStream_t)stream>>>(
@@ -842,7 +872,8 @@ __global__ void q4_repack_kernel(uint32_t *dw, uint32_t *dsb, tl_gpu_mlx_q4 s0, 
             int sr = rp_src_row(r, swiglu, &up);
             const tl_gpu_mlx_q4 *s = up ? &s1 : &s0;
             size_t si = ((size_t)mat * src_rows + sr) * (cols / 64) + g;
-            dsb[(size_t)mat * n_groups + j] = (uint32_t)s->scales[si] | ((uint32_t)s->biases[si] << 16);
+            dsb[(size_t)mat * n_groups + j] =
+                (uint32_t)s->scales[si] | ((uint32_t)s->biases[si] << 16);
         }
     }
 }
@@ -887,7 +918,8 @@ __global__ void bf16_pack_swiglu_kernel(uint16_t *dst, const uint16_t *gate, con
         int r = (int)(j / (cols / 8)), c8 = (int)(j % (cols / 8)), is_up;
         int sr = rp_src_row(r, 1, &is_up);
         const uint16_t *s = (is_up ? up : gate) + mat * src_stride + (size_t)sr * cols + c8 * 8;
-        *(uint4 *)(dst + (size_t)mat * 2 * F * cols + (size_t)r * cols + c8 * 8) = *(const uint4 *)s;
+        *(uint4 *)(dst + (size_t)mat * 2 * F * cols + (size_t)r * cols + c8 * 8) =
+            *(const uint4 *)s;
     }
 }
 

@@ -10,9 +10,9 @@
 
 #include "tulip.h"
 
-#define PF_LAUNCH_CHECK()                                                                         \
-    do {                                                                                          \
-        if (cudaPeekAtLastError() != cudaSuccess) return TL_ERR_CUDA;                             \
+#define PF_LAUNCH_CHECK()                                                                          \
+    do {                                                                                           \
+        if (cudaPeekAtLastError() != cudaSuccess) return TL_ERR_CUDA;                              \
     } while (0)
 
 static __device__ __forceinline__ uint32_t pf_smem_u32(const void *p) {

@@ -29,13 +29,13 @@
 
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;
 
-#define CU(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(2);                                                                              \
-        }                                                                                         \
+#define CU(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(2);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static void *dmalloc(size_t n) {
@@ -62,7 +62,8 @@ static void rand_bf16(uint16_t *hb, float *f, size_t n, float a) {
     }
 }
 static void bf16_to_f32(float *f, const uint16_t *b, size_t n) {
-    for (size_t i = 0; i < n; i++) f[i] = tl_bf16_to_f32(b[i]);
+    for (size_t i = 0; i < n; i++)
+        f[i] = tl_bf16_to_f32(b[i]);
 }
 
 /* NMSE over n values, also printed (so logs carry the measured numbers next to the bound). */
@@ -92,7 +93,8 @@ static void mlx_rand(mlx_host *m, int rows, int cols) {
     m->w = xmalloc(nw * 4);
     m->s = xmalloc(ng * 2);
     m->b = xmalloc(ng * 2);
-    for (size_t i = 0; i < nw; i++) m->w[i] = (uint32_t)(t_rng_next(&rng) >> 17);
+    for (size_t i = 0; i < nw; i++)
+        m->w[i] = (uint32_t)(t_rng_next(&rng) >> 17);
     for (size_t i = 0; i < ng; i++) {
         float sc = 0.004f + 0.004f * (t_randf(&rng) + 1.0f);
         m->s[i] = tl_f32_to_bf16(sc);
@@ -122,7 +124,8 @@ static tl_mat bf16_view(const uint16_t *w, int cols, int r0, int nrows) {
 /* Uploads an MLX matrix (or n_mat stacked) and repacks it into a device q4 tl_gpu_gemm_w. */
 static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
     size_t nw = (size_t)m->rows * m->cols / 8, ng = (size_t)m->rows * m->cols / 64;
-    tl_gpu_mlx_q4 src = {dup_to_dev(m->w, nw * 4), dup_to_dev(m->s, ng * 2), dup_to_dev(m->b, ng * 2)};
+    tl_gpu_mlx_q4 src = {dup_to_dev(m->w, nw * 4), dup_to_dev(m->s, ng * 2),
+                         dup_to_dev(m->b, ng * 2)};
     tl_gpu_gemm_w w = {0};
     w.bits = 4, w.rows = rows, w.cols = m->cols;
     w.w = dmalloc(tl_gpu_q4_w_bytes(rows, m->cols) * n_mat);
@@ -139,8 +142,10 @@ static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
 static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "3", "4"};
 static int N_TILES = N_TILES_ALL; /* TL_TEST_TILES=mma: only the mma.sync shapes (first 4) */
 static void set_tile(const char *t) {
-    if (*t) setenv("TL_GEMM_TILE", t, 1);
-    else unsetenv("TL_GEMM_TILE");
+    if (*t)
+        setenv("TL_GEMM_TILE", t, 1);
+    else
+        unsetenv("TL_GEMM_TILE");
 }
 
 /* Runs y = x W^T on the GPU (f32 or bf16 out) with every tile shape and compares rows
@@ -165,7 +170,8 @@ static void gemm_case(const char *name, const tl_gpu_gemm_w *gw, const tl_mat *r
         for (int t = 0; t < n; t++)
             for (int r = 0; r < nr; r++) {
                 size_t i = (size_t)t * rows + r0 + r;
-                got[(size_t)t * nr + r] = out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
+                got[(size_t)t * nr + r] =
+                    out_f32 ? ((float *)hy)[i] : tl_bf16_to_f32(((uint16_t *)hy)[i]);
             }
         /* unchecked rows must still have been written (poison gone) */
         int all_written = 1;
@@ -186,10 +192,10 @@ static void gemm_case(const char *name, const tl_gpu_gemm_w *gw, const tl_mat *r
 
 static void test_gemm_bf16_matches_oracle(void) {
     static const int shapes[][3] = {
-        {8192, 2048, 300}, /* GDN qkv / attention q, ragged n */
-        {2048, 4096, 200}, /* GDN out / attention o */
-        {512, 2048, 77},   /* attention k/v, expert gate/up rows */
-        {2048, 512, 129},  /* expert down */
+        {8192, 2048, 300},  /* GDN qkv / attention q, ragged n */
+        {2048, 4096, 200},  /* GDN out / attention o */
+        {512, 2048, 77},    /* attention k/v, expert gate/up rows */
+        {2048, 512, 129},   /* expert down */
         {12416, 2048, 200}, /* fused GDN in-projection padded to 128 rows: rows % 256 == 128 */
     };
     for (int s = 0; s < 5; s++) {
@@ -217,8 +223,8 @@ static void test_gemm_lm_head_rows(void) {
 }
 
 static void test_gemm_q4_matches_oracle(void) {
-    static const int shapes[][3] = {{8192, 2048, 300}, {2048, 4096, 130}, {2048, 512, 64},
-                                    {12416, 2048, 150}};
+    static const int shapes[][3] = {
+        {8192, 2048, 300}, {2048, 4096, 130}, {2048, 512, 64}, {12416, 2048, 150}};
     for (int s = 0; s < 4; s++) {
         int rows = shapes[s][0], cols = shapes[s][1], n = shapes[s][2];
         mlx_host m;
@@ -251,7 +257,8 @@ static void test_gemm_epilogues(void) {
         uint16_t *resb = xmalloc((size_t)n * F * 2);
         rand_bf16(resb, res, (size_t)n * F, 2.0f);
         cpu_matmul(ref, &v, xf, n);
-        for (size_t i = 0; i < (size_t)n * F; i++) ref[i] += res[i];
+        for (size_t i = 0; i < (size_t)n * F; i++)
+            ref[i] += res[i];
         void *dy = dup_to_dev(res, (size_t)n * F * 4);
         CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, dy, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, NULL), 0);
         to_host(got, dy, (size_t)n * F * 4);
@@ -279,12 +286,15 @@ static void test_gemm_epilogues(void) {
             cpu_matmul(g, &vg, xf, n);
             cpu_matmul(u, &vu, xf, n);
             size_t nw = (size_t)F * cols / 8, ng = (size_t)F * cols / 64;
-            tl_gpu_mlx_q4 sg = {dup_to_dev(mg.w, nw * 4), dup_to_dev(mg.s, ng * 2), dup_to_dev(mg.b, ng * 2)};
-            tl_gpu_mlx_q4 su = {dup_to_dev(mu.w, nw * 4), dup_to_dev(mu.s, ng * 2), dup_to_dev(mu.b, ng * 2)};
+            tl_gpu_mlx_q4 sg = {dup_to_dev(mg.w, nw * 4), dup_to_dev(mg.s, ng * 2),
+                                dup_to_dev(mg.b, ng * 2)};
+            tl_gpu_mlx_q4 su = {dup_to_dev(mu.w, nw * 4), dup_to_dev(mu.s, ng * 2),
+                                dup_to_dev(mu.b, ng * 2)};
             gw.bits = 4, gw.rows = 2 * F, gw.cols = cols;
             gw.w = dmalloc(tl_gpu_q4_w_bytes(2 * F, cols));
             gw.sb = dmalloc(tl_gpu_q4_sb_bytes(2 * F, cols));
-            CHECK_EQ_INT(tl_gpu_q4_repack_swiglu((void *)gw.w, (void *)gw.sb, sg, su, 1, F, cols, NULL), 0);
+            CHECK_EQ_INT(
+                tl_gpu_q4_repack_swiglu((void *)gw.w, (void *)gw.sb, sg, su, 1, F, cols, NULL), 0);
         } else {
             gb = xmalloc((size_t)F * cols * 2), ub = xmalloc((size_t)F * cols * 2);
             rand_bf16(gb, NULL, (size_t)F * cols, 0.05f);
@@ -292,12 +302,16 @@ static void test_gemm_epilogues(void) {
             tl_mat vg = bf16_view(gb, cols, 0, F), vu = bf16_view(ub, cols, 0, F);
             cpu_matmul(g, &vg, xf, n);
             cpu_matmul(u, &vu, xf, n);
-            void *dg = dup_to_dev(gb, (size_t)F * cols * 2), *du = dup_to_dev(ub, (size_t)F * cols * 2);
+            void *dg = dup_to_dev(gb, (size_t)F * cols * 2),
+                 *du = dup_to_dev(ub, (size_t)F * cols * 2);
             gw.bits = 16, gw.rows = 2 * F, gw.cols = cols;
             gw.w = dmalloc((size_t)2 * F * cols * 2);
-            CHECK_EQ_INT(tl_gpu_bf16_pack_swiglu((uint16_t *)gw.w, dg, du, 1, (long long)F * cols, F, cols, NULL), 0);
+            CHECK_EQ_INT(tl_gpu_bf16_pack_swiglu((uint16_t *)gw.w, dg, du, 1, (long long)F * cols,
+                                                 F, cols, NULL),
+                         0);
         }
-        for (size_t i = 0; i < (size_t)n * F; i++) g[i] = cpu_silu(g[i]) * u[i];
+        for (size_t i = 0; i < (size_t)n * F; i++)
+            g[i] = cpu_silu(g[i]) * u[i];
         void *dy = dmalloc((size_t)n * F * 4);
         CU(cudaMemset(dy, 0xff, (size_t)n * F * 4));
         CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, NULL, TL_GEMM_OUT_F32 | TL_GEMM_SWIGLU, NULL), 0);
@@ -326,13 +340,15 @@ static void moe_ids(int32_t *ids, float *wts, int n_tok) {
                 unsigned r = (unsigned)(t_rng_next(&rng) >> 20);
                 e = (r & 1) == 0 ? (int)(r >> 2) % 4 : (int)(r >> 2) % TL_N_EXPERT;
                 dup = 0;
-                for (int j = 0; j < s; j++) dup |= ids[t * 8 + j] == e;
+                for (int j = 0; j < s; j++)
+                    dup |= ids[t * 8 + j] == e;
             } while (dup);
             ids[t * 8 + s] = e;
             wts[t * 8 + s] = 0.1f + (t_randf(&rng) + 1.0f);
             sum += wts[t * 8 + s];
         }
-        for (int s = 0; s < 8; s++) wts[t * 8 + s] /= sum;
+        for (int s = 0; s < 8; s++)
+            wts[t * 8 + s] /= sum;
     }
 }
 
@@ -343,8 +359,10 @@ static void moe_case(int q4, int n_tok) {
     float *res = xmalloc((size_t)n_tok * D * 4), *shl = xmalloc((size_t)n_tok * 4);
     rand_bf16(xb, xf, (size_t)n_tok * D, 1.0f);
     rand_bf16(shb, shf, (size_t)n_tok * D, 0.5f);
-    for (size_t i = 0; i < (size_t)n_tok * D; i++) res[i] = t_randf(&rng);
-    for (int t = 0; t < n_tok; t++) shl[t] = 2.0f * t_randf(&rng);
+    for (size_t i = 0; i < (size_t)n_tok * D; i++)
+        res[i] = t_randf(&rng);
+    for (int t = 0; t < n_tok; t++)
+        shl[t] = 2.0f * t_randf(&rng);
     int32_t *ids = xmalloc((size_t)n_tok * 8 * 4);
     float *wts = xmalloc((size_t)n_tok * 8 * 4);
     moe_ids(ids, wts, n_tok);
@@ -364,12 +382,15 @@ static void moe_case(int q4, int n_tok) {
             vd[e] = mlx_view(&md, e * D, D);
         }
         size_t nw = (size_t)E * F * D / 8, ng = (size_t)E * F * D / 64;
-        tl_gpu_mlx_q4 sg = {dup_to_dev(mg.w, nw * 4), dup_to_dev(mg.s, ng * 2), dup_to_dev(mg.b, ng * 2)};
-        tl_gpu_mlx_q4 su = {dup_to_dev(mu.w, nw * 4), dup_to_dev(mu.s, ng * 2), dup_to_dev(mu.b, ng * 2)};
+        tl_gpu_mlx_q4 sg = {dup_to_dev(mg.w, nw * 4), dup_to_dev(mg.s, ng * 2),
+                            dup_to_dev(mg.b, ng * 2)};
+        tl_gpu_mlx_q4 su = {dup_to_dev(mu.w, nw * 4), dup_to_dev(mu.s, ng * 2),
+                            dup_to_dev(mu.b, ng * 2)};
         wgu.bits = 4, wgu.rows = 2 * F, wgu.cols = D;
         wgu.w = dmalloc(tl_gpu_q4_w_bytes(2 * F, D) * E);
         wgu.sb = dmalloc(tl_gpu_q4_sb_bytes(2 * F, D) * E);
-        CHECK_EQ_INT(tl_gpu_q4_repack_swiglu((void *)wgu.w, (void *)wgu.sb, sg, su, E, F, D, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_q4_repack_swiglu((void *)wgu.w, (void *)wgu.sb, sg, su, E, F, D, NULL),
+                     0);
         CU(cudaDeviceSynchronize());
         cudaFree((void *)sg.w), cudaFree((void *)sg.scales), cudaFree((void *)sg.biases);
         cudaFree((void *)su.w), cudaFree((void *)su.scales), cudaFree((void *)su.biases);
@@ -388,7 +409,8 @@ static void moe_case(int q4, int n_tok) {
         void *dg = dup_to_dev(gb, ne * 2), *du = dup_to_dev(ub, ne * 2);
         wgu.bits = 16, wgu.rows = 2 * F, wgu.cols = D;
         wgu.w = dmalloc(ne * 4);
-        CHECK_EQ_INT(tl_gpu_bf16_pack_swiglu((uint16_t *)wgu.w, dg, du, E, (long long)F * D, F, D, NULL), 0);
+        CHECK_EQ_INT(
+            tl_gpu_bf16_pack_swiglu((uint16_t *)wgu.w, dg, du, E, (long long)F * D, F, D, NULL), 0);
         CU(cudaDeviceSynchronize());
         cudaFree(dg), cudaFree(du);
         wd.bits = 16, wd.rows = D, wd.cols = F;
@@ -410,11 +432,13 @@ static void moe_case(int q4, int n_tok) {
     for (int t = 0; t < n_tok; t++) {
         float *r = ref + (size_t)t * D;
         float sg = cpu_sigmoid(shl[t]);
-        for (int c = 0; c < D; c++) r[c] = res[(size_t)t * D + c] + sg * shf[(size_t)t * D + c];
+        for (int c = 0; c < D; c++)
+            r[c] = res[(size_t)t * D + c] + sg * shf[(size_t)t * D + c];
         for (int s = 0; s < 8; s++) {
             int e = ids[t * 8 + s];
             cpu_ffn_swiglu(y, &vg[e], &vu[e], &vd[e], xf + (size_t)t * D, tmp);
-            for (int c = 0; c < D; c++) r[c] += wts[t * 8 + s] * y[c];
+            for (int c = 0; c < D; c++)
+                r[c] += wts[t * 8 + s] * y[c];
         }
     }
     for (int ti = 0; ti < N_TILES; ti++) {
@@ -425,18 +449,22 @@ static void moe_case(int q4, int n_tok) {
         CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
         CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(dh, dx, &wgu, dplan, n_tok, NULL), 0);
         CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, NULL), 0);
-        CHECK_EQ_INT(tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, n_tok, TL_GEMM_OUT_F32, NULL), 0);
+        CHECK_EQ_INT(
+            tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, n_tok, TL_GEMM_OUT_F32, NULL),
+            0);
         to_host(got, dout, (size_t)n_tok * D * 4);
         char buf[128];
-        snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan..combine) tile=%s", q4 ? "q4" : "bf16", n_tok,
-                 *tiles[ti] ? tiles[ti] : "auto");
+        snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan..combine) tile=%s", q4 ? "q4" : "bf16",
+                 n_tok, *tiles[ti] ? tiles[ti] : "auto");
         CHECK(report(buf, got, ref, (size_t)n_tok * D) <= 2e-5);
     }
     set_tile("");
 
     cudaFree(dids), cudaFree(dwts), cudaFree(dplan), cudaFree(dx), cudaFree(dsh), cudaFree(dshl);
     cudaFree(dh), cudaFree(dys), cudaFree(dout), cudaFree((void *)wgu.w), cudaFree((void *)wd.w);
-    if (q4) cudaFree((void *)wgu.sb), cudaFree((void *)wd.sb), mlx_free(&mg), mlx_free(&mu), mlx_free(&md);
+    if (q4)
+        cudaFree((void *)wgu.sb), cudaFree((void *)wd.sb), mlx_free(&mg), mlx_free(&mu),
+            mlx_free(&md);
     free(gb), free(ub), free(db), free(vg), free(vu), free(vd);
     free(xb), free(shb), free(xf), free(shf), free(res), free(shl), free(ids), free(wts);
     free(got), free(ref), free(y), free(tmp);
@@ -459,8 +487,10 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     for (int t = 0; t < n; t++)
         for (int h = 0; h < H; h++)
             for (int d = 0; d < D; d++) {
-                qf[((size_t)t * H + h) * D + d] = tl_bf16_to_f32(qb[(size_t)t * qstride + h * 2 * D + d]);
-                gf[((size_t)t * H + h) * D + d] = tl_bf16_to_f32(qb[(size_t)t * qstride + h * 2 * D + D + d]);
+                qf[((size_t)t * H + h) * D + d] =
+                    tl_bf16_to_f32(qb[(size_t)t * qstride + h * 2 * D + d]);
+                gf[((size_t)t * H + h) * D + d] =
+                    tl_bf16_to_f32(qb[(size_t)t * qstride + h * 2 * D + D + d]);
             }
     size_t kvn = (size_t)kv_len * HKV * D;
     uint16_t *kb = xmalloc(kvn * 2), *vb = xmalloc(kvn * 2);
@@ -475,14 +505,16 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
         /* pool of n_pages + 3 pages; logical page p lives at physical perm[p] */
         int pool = n_pages + 3, tok_stride = HKV * D;
         int32_t *perm = xmalloc(sizeof(int32_t) * pool);
-        for (int i = 0; i < pool; i++) perm[i] = i;
+        for (int i = 0; i < pool; i++)
+            perm[i] = i;
         for (int i = pool - 1; i > 0; i--) {
             int j = (int)(t_rng_next(&rng) % (unsigned)(i + 1)), tmp = perm[i];
             perm[i] = perm[j], perm[j] = tmp;
         }
         size_t page_elems = (size_t)64 * tok_stride;
         uint16_t *pk = xmalloc(pool * page_elems * 2), *pv = xmalloc(pool * page_elems * 2);
-        for (size_t i = 0; i < pool * page_elems; i++) pk[i] = pv[i] = 0x7fc0; /* NaN elsewhere */
+        for (size_t i = 0; i < pool * page_elems; i++)
+            pk[i] = pv[i] = 0x7fc0; /* NaN elsewhere */
         for (int p = 0; p < kv_len; p++) {
             size_t dst = (size_t)perm[p / 64] * page_elems + (size_t)(p % 64) * tok_stride;
             memcpy(pk + dst, kb + (size_t)p * tok_stride, tok_stride * 2);
@@ -513,14 +545,16 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     tl_gpu_heads qh = {in_f32 ? (const void *)dqf : (const void *)dq, qstride, 2 * D};
     tl_gpu_heads gh = {NULL, qstride, 2 * D};
     if (with_gate) gh.p = in_f32 ? (const void *)(dqf + D) : (const void *)(dq + D);
-    CHECK_EQ_INT(tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
+    CHECK_EQ_INT(
+        tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
     uint16_t *ob = xmalloc((size_t)n * H * D * 2);
     to_host(ob, dout, (size_t)n * H * D * 2);
     float *got = xmalloc((size_t)n * H * D * 4), *ref = xmalloc((size_t)n * H * D * 4);
     bf16_to_f32(got, ob, (size_t)n * H * D);
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
-        for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
+        for (size_t i = 0; i < (size_t)n * H * D; i++)
+            ref[i] *= cpu_sigmoid(gf[i]);
     char buf[96];
     snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s%s", n, pos0, paged ? " paged" : "",
              with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
@@ -528,7 +562,8 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout);
     if (dqf) cudaFree(dqf);
     if (dpages) cudaFree(dpages);
-    free(qb), free(qf), free(gf), free(kb), free(vb), free(kf), free(vf), free(ob), free(got), free(ref);
+    free(qb), free(qf), free(gf), free(kb), free(vb), free(kf), free(vf), free(ob), free(got),
+        free(ref);
 }
 
 static void test_attn_prefill_matches_oracle(void) {
@@ -558,7 +593,8 @@ static void gdn_case(int T) {
         for (int h = 0; h < HK; h++) {
             cpu_l2norm(q + ((size_t)t * HK + h) * DK, DK, 1e-6f);
             cpu_l2norm(k + ((size_t)t * HK + h) * DK, DK, 1e-6f);
-            for (int d = 0; d < DK; d++) q[((size_t)t * HK + h) * DK + d] *= 1.0f / sqrtf((float)DK);
+            for (int d = 0; d < DK; d++)
+                q[((size_t)t * HK + h) * DK + d] *= 1.0f / sqrtf((float)DK);
         }
     }
     float *g = xmalloc((size_t)T * HV * 4), *beta = xmalloc((size_t)T * HV * 4);
@@ -570,7 +606,8 @@ static void gdn_case(int T) {
     }
     size_t ns = (size_t)HV * DK * DV;
     float *S0 = xmalloc(ns * 4), *S_ref = xmalloc(ns * 4), *S_got = xmalloc(ns * 4);
-    for (size_t i = 0; i < ns; i++) S0[i] = 0.1f * t_randf(&rng);
+    for (size_t i = 0; i < ns; i++)
+        S0[i] = 0.1f * t_randf(&rng);
     memcpy(S_ref, S0, ns * 4);
 
     /* oracle: token by token */
@@ -590,7 +627,8 @@ static void gdn_case(int T) {
     char buf[96];
     CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
     CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
-                                  TL_GDN_L2NORM | TL_GDN_OUT_F32, dws, NULL), 0);
+                                  TL_GDN_L2NORM | TL_GDN_OUT_F32, dws, NULL),
+                 0);
     to_host(o_got, dof, (size_t)T * HV * DV * 4);
     to_host(S_got, dS, ns * 4);
     snprintf(buf, sizeof buf, "gdn chunk T=%d output vs step", T);
@@ -602,7 +640,8 @@ static void gdn_case(int T) {
     CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
     uint16_t *dob = dmalloc((size_t)T * HV * DV * 2);
     CHECK_EQ_INT(tl_gpu_gdn_chunk(dob, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db, T,
-                                  TL_GDN_L2NORM, dws, NULL), 0);
+                                  TL_GDN_L2NORM, dws, NULL),
+                 0);
     uint16_t *ob = xmalloc((size_t)T * HV * DV * 2);
     to_host(ob, dob, (size_t)T * HV * DV * 2);
     bf16_to_f32(o_got, ob, (size_t)T * HV * DV);
@@ -615,8 +654,10 @@ static void gdn_case(int T) {
         bf16_to_f32(cf, cb, (size_t)T * stride);
         float *dcf = dup_to_dev(cf, (size_t)T * stride * 4);
         CU(cudaMemcpy(dS, S0, ns * 4, cudaMemcpyHostToDevice));
-        CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dcf, dcf + HK * DK, dcf + 2 * HK * DK, stride, dg, db,
-                                      T, TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32, dws, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dcf, dcf + HK * DK, dcf + 2 * HK * DK, stride, dg,
+                                      db, T, TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32, dws,
+                                      NULL),
+                     0);
         to_host(o_got, dof, (size_t)T * HV * DV * 4);
         to_host(S_got, dS, ns * 4);
         snprintf(buf, sizeof buf, "gdn chunk T=%d f32 in: output vs step", T);
@@ -627,7 +668,8 @@ static void gdn_case(int T) {
         free(cf);
     }
 
-    cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob), cudaFree(dws);
+    cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob),
+        cudaFree(dws);
     free(cb), free(q), free(k), free(v), free(g), free(beta), free(S0), free(S_ref), free(S_got);
     free(o_ref), free(o_got), free(ob);
 }
@@ -636,10 +678,13 @@ static void gdn_case(int T) {
 static void test_gdn_gates_match_oracle(void) {
     const int T = 333, HV = TL_GDN_N_V_HEAD, ld = 100;
     float *proj = xmalloc((size_t)T * ld * 4), *dtb = xmalloc(HV * 4), *aneg = xmalloc(HV * 4);
-    for (int i = 0; i < T * ld; i++) proj[i] = 12.0f * t_randf(&rng); /* crosses softplus' 20 */
-    for (int h = 0; h < HV; h++) dtb[h] = 10.0f * t_randf(&rng), aneg[h] = -expf(t_randf(&rng));
+    for (int i = 0; i < T * ld; i++)
+        proj[i] = 12.0f * t_randf(&rng); /* crosses softplus' 20 */
+    for (int h = 0; h < HV; h++)
+        dtb[h] = 10.0f * t_randf(&rng), aneg[h] = -expf(t_randf(&rng));
     float *dp = dup_to_dev(proj, (size_t)T * ld * 4), *ddt = dup_to_dev(dtb, HV * 4);
-    float *dan = dup_to_dev(aneg, HV * 4), *dg = dmalloc((size_t)T * HV * 4), *db = dmalloc((size_t)T * HV * 4);
+    float *dan = dup_to_dev(aneg, HV * 4), *dg = dmalloc((size_t)T * HV * 4),
+          *db = dmalloc((size_t)T * HV * 4);
     CHECK_EQ_INT(tl_gpu_gdn_gates(dg, db, dp + 3, dp + 3 + HV, ld, ddt, dan, T, NULL), 0);
     float *g = xmalloc((size_t)T * HV * 4), *b = xmalloc((size_t)T * HV * 4);
     float *gr = xmalloc((size_t)T * HV * 4), *br = xmalloc((size_t)T * HV * 4);
