@@ -33,20 +33,6 @@ static void usage(void) {
             "env: TL_CUDA_SYNC=1 (sync after every kernel), TL_CUDA_NO_GRAPH=1 (eager decode)\n");
 }
 
-static void prod_config(tl_config *c) {
-    memset(c, 0, sizeof *c);
-    c->n_embd = TL_N_EMBD, c->n_layer = TL_N_LAYER, c->n_vocab = TL_N_VOCAB;
-    c->n_head = TL_N_HEAD, c->n_head_kv = TL_N_HEAD_KV, c->head_dim = TL_HEAD_DIM;
-    c->n_rot = TL_N_ROT, c->rope_theta = TL_ROPE_THETA;
-    c->gdn_n_k_head = TL_GDN_N_K_HEAD, c->gdn_n_v_head = TL_GDN_N_V_HEAD;
-    c->gdn_k_dim = TL_GDN_K_DIM, c->gdn_v_dim = TL_GDN_V_DIM, c->gdn_conv_k = TL_GDN_CONV_K;
-    c->n_expert = TL_N_EXPERT, c->n_expert_used = TL_N_EXPERT_USED;
-    c->n_ff_expert = TL_N_FF_EXPERT, c->n_ff_shared = TL_N_FF_SHARED;
-    c->rms_eps = TL_RMS_EPS, c->max_pos = TL_MAX_POS;
-    for (int il = 0; il < c->n_layer; il++)
-        c->layer_kind[il] = (il + 1) % TL_FULL_ATTN_EVERY == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
-}
-
 /* FLOPs of a prefill of L tokens (matmuls over active weights + causal attention). */
 static double prefill_flops(const tl_config *c, int L) {
     double D = c->n_embd, per_tok = 0;
@@ -137,7 +123,7 @@ int cmd_bench(int argc, char **argv) {
     char err[512] = "";
     tl_model *m = NULL;
     tl_config cfg;
-    prod_config(&cfg);
+    tl_config_set_production(&cfg);
     if (model_dir) {
         if (tl_model_open(&m, model_dir, err, sizeof err)) {
             fprintf(stderr, "tulip bench: %s\n", err);

@@ -48,19 +48,7 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
             return rc;
         }
     } else {
-        /* the production shape, built on the device from a seed */
-        tl_config *c = &e->cfg;
-        c->n_embd = TL_N_EMBD, c->n_layer = TL_N_LAYER, c->n_vocab = TL_N_VOCAB;
-        c->n_head = TL_N_HEAD, c->n_head_kv = TL_N_HEAD_KV, c->head_dim = TL_HEAD_DIM;
-        c->n_rot = TL_N_ROT, c->rope_theta = TL_ROPE_THETA;
-        c->gdn_n_k_head = TL_GDN_N_K_HEAD, c->gdn_n_v_head = TL_GDN_N_V_HEAD;
-        c->gdn_k_dim = TL_GDN_K_DIM, c->gdn_v_dim = TL_GDN_V_DIM, c->gdn_conv_k = TL_GDN_CONV_K;
-        c->n_expert = TL_N_EXPERT, c->n_expert_used = TL_N_EXPERT_USED;
-        c->n_ff_expert = TL_N_FF_EXPERT, c->n_ff_shared = TL_N_FF_SHARED;
-        c->rms_eps = TL_RMS_EPS, c->max_pos = TL_MAX_POS;
-        c->eos_ids[0] = 248046, c->eos_ids[1] = 248044, c->n_eos = 2;
-        for (int il = 0; il < TL_N_LAYER; il++)
-            c->layer_kind[il] = (il + 1) % TL_FULL_ATTN_EVERY == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+        tl_config_set_production(&e->cfg); /* built on the device from a seed */
     }
     e->max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
     e->max_ctx = p->max_ctx > 0 ? p->max_ctx : TL_MIN(e->cfg.max_pos, 32768);

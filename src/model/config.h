@@ -56,5 +56,8 @@ int tl_config_load(tl_config *c, const char *path, char *err, size_t errlen);
 int tl_config_check(const tl_config *c, char *err, size_t errlen);
 /* Equality with shape.h, naming the first mismatching field and its expected value. */
 int tl_config_check_production(const tl_config *c, char *err, size_t errlen);
+/* Fills c with the production shape of shape.h (random-weight models, benchmarks); stop ids are
+ * Qwen3.6's <|im_end|> and <|endoftext|>. */
+void tl_config_set_production(tl_config *c);
 
 #endif
