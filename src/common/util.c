@@ -91,6 +91,15 @@ int tl_read_file(const char *path, char **out, size_t *len, char *err, size_t er
     return TL_OK;
 }
 
+char *tl_path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *s = xmalloc(a + b + 2);
+    memcpy(s, dir, a);
+    s[a] = '/';
+    memcpy(s + a + 1, name, b + 1);
+    return s;
+}
+
 int tl_n_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;

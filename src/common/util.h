@@ -33,6 +33,9 @@ double tl_time_s(void);
 /* Reads a whole file into a NUL-terminated malloc'd buffer. Returns 0 or a negative tl_status. */
 int tl_read_file(const char *path, char **out, size_t *len, char *err, size_t errlen);
 
+/* dir + "/" + name in a new xmalloc'd string. */
+char *tl_path_join(const char *dir, const char *name);
+
 /* Number of online CPUs (at least 1). */
 int tl_n_cpus(void);
 

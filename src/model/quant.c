@@ -331,15 +331,6 @@ static int write_unit(FILE *fp, const unit *u, int group, const char *path, char
     return ok ? TL_OK : tl_errf(err, errlen, TL_ERR_IO, "%s: write error", path);
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *s = xmalloc(a + b + 2);
-    memcpy(s, dir, a);
-    s[a] = '/';
-    memcpy(s + a + 1, name, b + 1);
-    return s;
-}
-
 static int copy_file(const char *src, const char *dst, char *err, size_t errlen) {
     char *buf = NULL;
     size_t n = 0;
@@ -358,7 +349,7 @@ static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
 
 static int write_config(const char *in_dir, const char *out_dir, json_t *q, char *err,
                         size_t errlen) {
-    char *ip = join(in_dir, "config.json"), *op = join(out_dir, "config.json");
+    char *ip = tl_path_join(in_dir, "config.json"), *op = tl_path_join(out_dir, "config.json");
     json_error_t je;
     int st = TL_OK;
     json_t *root = json_load_file(ip, 0, &je);
@@ -427,7 +418,7 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
             snprintf(fname, sizeof fname, "model.safetensors");
         else
             snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        paths[s] = join(out_dir, fname);
+        paths[s] = tl_path_join(out_dir, fname);
         /* order: 4-aligned units first, then the 2-byte ones, so every tensor stays aligned */
         int cnt = 0;
         for (int i = 0; i < p.n; i++)
@@ -480,7 +471,7 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
         json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
         json_object_set_new(idx, "metadata", meta);
         json_object_set(idx, "weight_map", wmap);
-        char *ip = join(out_dir, "model.safetensors.index.json");
+        char *ip = tl_path_join(out_dir, "model.safetensors.index.json");
         if (json_dump_file(idx, ip, JSON_INDENT(2)))
             st = tl_errf(err, errlen, TL_ERR_IO, "%s: write error", ip);
         free(ip);
@@ -494,7 +485,7 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
         "special_tokens_map.json", "vocab.json",        "merges.txt",
         "chat_template.jinja",     "chat_template.json"};
     for (size_t i = 0; !st && i < sizeof aux / sizeof aux[0]; i++) {
-        char *a = join(in_dir, aux[i]), *b = join(out_dir, aux[i]);
+        char *a = tl_path_join(in_dir, aux[i]), *b = tl_path_join(out_dir, aux[i]);
         struct stat sb;
         if (stat(a, &sb) == 0 && S_ISREG(sb.st_mode)) st = copy_file(a, b, err, errlen);
         free(a);

@@ -112,15 +112,6 @@ static int build_directory(tl_model *m, char *err, size_t errlen) {
 
 /* ---- files: index.json or a single model.safetensors ---- */
 
-static char *path_join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *s = xmalloc(a + b + 2);
-    memcpy(s, dir, a);
-    s[a] = '/';
-    memcpy(s + a + 1, name, b + 1);
-    return s;
-}
-
 static int file_exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
@@ -128,11 +119,11 @@ static int file_exists(const char *path) {
 
 static int open_files(tl_model *m, const char *dir, char *err, size_t errlen) {
     tl_model_priv *p = m->priv;
-    char *ipath = path_join(dir, "model.safetensors.index.json");
+    char *ipath = tl_path_join(dir, "model.safetensors.index.json");
     int st = TL_OK;
     json_t *root = NULL;
     if (!file_exists(ipath)) {
-        char *single = path_join(dir, "model.safetensors");
+        char *single = tl_path_join(dir, "model.safetensors");
         free(ipath);
         if (!file_exists(single)) {
             st = tl_errf(err, errlen, TL_ERR_IO,
@@ -183,7 +174,7 @@ static int open_files(tl_model *m, const char *dir, char *err, size_t errlen) {
     }
     p->files = xcalloc((size_t)ns, sizeof *p->files);
     for (int i = 0; i < ns; i++) {
-        char *sp = path_join(dir, shards[i]);
+        char *sp = tl_path_join(dir, shards[i]);
         st = tl_st_open(&p->files[i], sp, err, errlen);
         free(sp);
         if (st) break;
@@ -613,7 +604,7 @@ int tl_model_open(tl_model **out, const char *dir, char *err, size_t errlen) {
     tl_model_priv *p = xcalloc(1, sizeof *p);
     m->priv = p;
     p->dir = xstrdup(dir);
-    char *cpath = path_join(dir, "config.json");
+    char *cpath = tl_path_join(dir, "config.json");
     int st = tl_config_load(&m->cfg, cpath, err, errlen);
     if (!st && m->cfg.quant_bits) {
         json_t *root = json_load_file(cpath, 0, NULL);
