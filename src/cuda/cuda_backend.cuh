@@ -68,6 +68,7 @@ typedef struct cuda_be {
     cudaStream_t stream;
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
     int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
+    int pdl_off;    /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic dependence */
 } cuda_be;
 
 /* cuda_forward.cu */

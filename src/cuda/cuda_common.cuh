@@ -89,113 +89,180 @@ __device__ __forceinline__ float block_max(float v, float *sbuf) {
     return warp_max(r);
 }
 
-/* note: q4 tiled layout (gpu_prefill.h). In word (rb, kb, lane) nibble n holds column
- * 32*kb + 2*(lane%4) + Q4_COL[n] of row 8*rb + lane/4. */
-__device__ __forceinline__ int q4_col(int n) { return (n & 3) * 8 + (n >> 2); }
-/* 16^-n for nibbles 0..4 (read in place), 16^-(n-3) for 5..7 (read from w >> 12). */
-__device__ __forceinline__ float q4_nib_scale(int n) {
-    int e = n < 5 ? n : n - 3;
-    return e == 0 ? 1.0f : e == 1 ? 0.0625f : e == 2 ? 0.00390625f : e == 3 ? 0.000244140625f : 1.52587890625e-05f;
+/* ---- Programmatic dependent launch (PDL) ----
+ * Decode kernels are launched with the programmatic-serialization attribute (tl_launch below,
+ * while tl_cuda_pdl is set), so kernel N+1 may start while kernel N drains. Every kernel that can
+ * be launched that way calls pdl_wait() before it reads anything an earlier kernel wrote or writes
+ * anything an earlier kernel reads; only constant data (weights) may be touched before it. Both
+ * instructions are no-ops in a kernel launched without the attribute. pdl_trigger() lets the next
+ * kernel's blocks be scheduled as soon as every block of this one has started. */
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+extern int tl_cuda_pdl;
+template <typename... KArgs, typename... Args>
+static inline cudaError_t tl_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t shm,
+                                    Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm;
+    cfg.stream = tl_cuda_stream, cfg.attrs = at, cfg.numAttrs = tl_cuda_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+}
+/* TL_LAUNCH(name, kernel, grid, block, shm, args...): tl_launch + LAUNCH_CHECK. */
+#define TL_LAUNCH(name, ...)                                                                      \
+    do {                                                                                          \
+        cudaError_t le_ = tl_launch(__VA_ARGS__);                                                 \
+        if (le_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d: launch %s: %s\n", __FILE__, __LINE__, name,                   \
+                    cudaGetErrorString(le_));                                                     \
+            return TL_ERR_CUDA;                                                                   \
+        }                                                                                         \
+        LAUNCH_CHECK(name);                                                                       \
+    } while (0)
+
+/* ---- 4-bit GEMV on tensor cores ("q4m") ----
+ * note: q4 tiled layout (gpu_prefill.h). Tile (rb, kb) = rows 8rb..8rb+7 x columns 32kb..32kb+31,
+ * 32 words; in word `lane` nibble n holds column 32kb + 2*(lane%4) + Q4_COL[n] of row
+ * 8rb + lane/4, Q4_COL = {0, 8, 16, 24, 1, 9, 17, 25}. Scale/bias word of (row, group g of 64
+ * columns) at sb[g * rows + row] (bf16 scale low, bf16 bias high).
+ *
+ * That word is, after (w >> 4j) & 0x000F000F | 0x43004300, a bf16x2 register holding 128 + q of
+ * columns (2t + 8j, 2t + 8j + 1): exactly the B fragment of mma.m16n8k16 (k = columns, n = the 8
+ * rows of the tile) for k-step j/2, register j%2. So one weight word per lane feeds two mmas
+ * (columns 0-15 and 16-31 of the tile) after 3 shifts and 4 LOP3s, and the +128 is taken out per
+ * group: sum (128+q) x = 128 Sx + sum q x, with Sx the group's sum of x.
+ * The A operand holds the input: rows 0..7 = up to 8 tokens' x rounded to bf16 (hi), rows 8..15 =
+ * the rounding remainders bf16(x - hi) (lo), so the sum over both halves carries x to ~2^-17
+ * relative: the GEMV keeps near-fp32 accuracy (tests/gpu/test_kernels.c tolerances) although
+ * the tensor cores only take bf16. Lane (g, t) = (lane/4, lane%4) ends with the outputs of token g
+ * for rows 8rb + 2t and 8rb + 2t + 1.
+ * Per 128 bytes of weights a warp issues 1 load, 7 integer ops, 2 shared loads and 2 mmas (plus
+ * ~13 ops per group of two tiles), against ~25 instructions of the CUDA-core version this
+ * replaces (nibble -> float, FMA, one lane per tile): the dequantisation no longer limits the
+ * bandwidth (notes/2026-12-02-decode-q4m.md).
+ *
+ * Staged x (shared memory, q4m_stage): token row r at xs + r * q4m_lds(K) (uint4 units); per
+ * (kb, t) two uint4: hi then lo, each = the bf16 pairs of columns 32kb + 2t + {0,1 | 8,9 | 16,17 |
+ * 24,25} (the A registers a0, a2 of k-step 0 and of k-step 1). The row stride is KB*8 + 1 uint4s
+ * (16 bytes over a multiple of 128), so 8 tokens' reads of one (kb) spread over all banks. Group
+ * sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
+/* Split of K for the q4m kernels (k_gemv.cu): tiles per warp step and warps along K. */
+void q4m_split(int K, int max_ks_log2, int *kpw, int *ks_log2);
+__host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
+__host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
+    return (size_t)n_rows * q4m_lds(K) * 16 + (size_t)n_rows * (K >> 6) * 4;
+}
+__device__ __forceinline__ float *q4m_sx(uint4 *xs, int K, int n_rows) {
+    return (float *)(xs + (size_t)n_rows * q4m_lds(K));
 }
 
-/* note: x staged for the q4 dot (shared memory). Per input row t and 32-column block kb, 36
- * floats at xs[t*ld + kb*36]: [0..31] = x*xw in nibble order (word j, nibble n at 8j + n, i.e.
- * column 32kb + 2j + q4_col(n)) pre-scaled by q4_nib_scale(n); [32] = the plain sum of the 32
- * (unscaled) values for the bias term; [33..35] pad. The 36-float stride makes the 16-byte reads
- * of 8 consecutive kb land in distinct banks. Reading x straight from global memory (lane = kb,
- * 16 bytes per lane at a 128-byte stride) cost 32 L1 wavefronts per load instruction and made the
- * GEMV L1-bound at ~0.5 TB/s (notes/2026-12-02-cuda-decode.md). */
-#define Q4_XS_STRIDE 36
-__host__ __device__ __forceinline__ int q4_xs_ld(int K) { return (K >> 5) * Q4_XS_STRIDE; }
-
-/* Stages row x (K floats, times xw if non-NULL) into xs (layout above) with the threads of
- * [tid0, tid0 + nthr) (a multiple of 32, warps whole); returns this thread's partial sum of x^2
- * (raw x). The caller synchronises (block or warp) before reading xs. */
-__device__ __forceinline__ float q4_stage_x(float *xs, const float *x, const float *xw, int K,
-                                            int tid, int nthr) {
-    float ss = 0.0f;
-    for (int c = tid; c < K; c += nthr) {
-        float v = x[c];
-        ss = fmaf(v, v, ss);
-        if (xw) v *= xw[c];
-        int kb = c >> 5, cc = c & 31, hi = cc >> 3, lo = cc & 7;
-        int j = lo >> 1, n = hi + 4 * (lo & 1);
-        xs[kb * Q4_XS_STRIDE + j * 8 + n] = v * q4_nib_scale(n);
-        float sum = warp_sum(v); /* the warp holds exactly columns 32kb .. 32kb+31 */
-        if ((threadIdx.x & 31) == 0) xs[kb * Q4_XS_STRIDE + 32] = sum;
-    }
-    return ss;
+__device__ __forceinline__ uint32_t q4m_pack(float a, float b) {
+    return (uint32_t)f2bf(a) | ((uint32_t)f2bf(b) << 16);
 }
 
-/* Dot of row block rb (8 rows) of a q4 tiled matrix with NT staged input rows (xs, layout
- * above, row stride q4_xs_ld(K)). Lane mapping: LPK = 32/RS lanes per row group; lane L handles
- * rows part*NR .. part*NR+NR-1 of the block (part = L / LPK, NR = 8/RS) and, per step, the 32
- * columns of kb = L % LPK + step*LPK: it reads the NR consecutive 16-byte lane words of those rows
- * in the (rb, kb) tile (NR*16 contiguous bytes), their NR scale/bias words (NR*4 contiguous bytes)
- * and the staged x once for NR rows. Afterwards reduce with group_reduce (offsets below LPK). */
-template <int NT, int RS>
-__device__ __forceinline__ void q4_rb_dot(float (&acc)[8 / RS][NT], const uint32_t *w,
-                                          const uint32_t *sb, int rows, int K, int rb,
-                                          const float *xs, int nt) {
-    constexpr int LPK = 32 / RS, NR = 8 / RS;
-    int lane = threadIdx.x & 31, kl = lane % LPK, part = lane / LPK;
-    int KB = K >> 5, ldx = q4_xs_ld(K);
-    const uint4 *wp = (const uint4 *)(w + (size_t)rb * KB * 32) + part * NR;
-    const uint32_t *sbp = sb + (size_t)rb * 8 + part * NR;
+/* Stages rows 0..nt-1 of x (row stride ldx, times xw if non-NULL) into xs/sx (layout above) with
+ * threads tid0 .. tid0+nthr-1 of the block (whole warps). If ss is non-NULL, ss[w * 8 + r] (w =
+ * the caller's warp index within those threads) accumulates the sum of raw x^2 of row r over the
+ * items that warp staged (the caller zeroes it first and sums over warps after a barrier). */
+__device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, int ldx,
+                                          const float *xw, int K, int nt, int tid, int nthr,
+                                          float *ss) {
+    int KB = K >> 5, per_row = KB * 4, lds = q4m_lds(K), n_items = nt * per_row;
+    int lane = threadIdx.x & 31;
+    for (int it = tid; it < n_items; it += nthr) { /* a warp's 32 items lie in one row */
+        int r = it / per_row, rem = it - r * per_row, kb = rem >> 2, t = rem & 3;
+        const float *xp = x + (size_t)r * ldx + kb * 32 + 2 * t;
+        float v[8], sq = 0.0f;
 #pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int i = 0; i < NR; i++) acc[i][t] = 0.0f;
-#pragma unroll(NT == 1 ? 2 : 1)
-    for (int kb = kl; kb < KB; kb += LPK) {
-        uint4 q[NR];
-        uint32_t s2[NR];
-#pragma unroll
-        for (int i = 0; i < NR; i++) q[i] = __ldg(wp + (size_t)kb * 8 + i);
-#pragma unroll
-        for (int i = 0; i < NR; i += 4) {
-            uint4 v = __ldg((const uint4 *)(sbp + (size_t)(kb >> 1) * rows) + i / 4);
-            s2[i] = v.x, s2[i + 1] = v.y, s2[i + 2] = v.z, s2[i + 3] = v.w;
+        for (int j = 0; j < 4; j++) {
+            float2 p = *(const float2 *)(xp + 8 * j);
+            v[2 * j] = p.x, v[2 * j + 1] = p.y;
         }
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= nt) break;
-            const float4 *xp = (const float4 *)(xs + (size_t)t * ldx + kb * Q4_XS_STRIDE);
-            float xv[32];
+        for (int i = 0; i < 8; i++) sq = fmaf(v[i], v[i], sq);
+        if (xw) {
+            const float *wp = xw + kb * 32 + 2 * t;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float4 v = xp[i];
-                xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+            for (int j = 0; j < 4; j++) {
+                float2 p = *(const float2 *)(wp + 8 * j);
+                v[2 * j] *= p.x, v[2 * j + 1] *= p.y;
             }
-            float sx = xs[(size_t)t * ldx + kb * Q4_XS_STRIDE + 32];
-            /* note: nibble -> float without I2F: (w & 0xF<<4n) | 0x4B000000 is the float
-             * 2^23 + q*16^n exactly (n <= 4; nibbles 5..7 are read from w >> 12), so LOP3 + FADD
-             * give q*16^n; the 16^-n is in the staged x. */
+        }
+        float hi[8], lo[8], s = 0.0f;
 #pragma unroll
-            for (int r = 0; r < NR; r++) {
-                uint32_t qw[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-                float sq = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    uint32_t lo = qw[j], hi = qw[j] >> 12;
-#pragma unroll
-                    for (int n = 0; n < 8; n++) {
-                        uint32_t bits = n < 5 ? (lo & (15u << (4 * n))) : (hi & (15u << (4 * (n - 3))));
-                        float f = __uint_as_float(bits | 0x4B000000u) - 8388608.0f;
-                        sq = fmaf(f, xv[8 * j + n], sq);
-                    }
-                }
-                float sc = __uint_as_float(s2[r] << 16), bi = __uint_as_float(s2[r] & 0xffff0000u);
-                acc[r][t] = fmaf(sc, sq, fmaf(bi, sx, acc[r][t]));
-            }
+        for (int i = 0; i < 8; i++) {
+            hi[i] = bf2f(f2bf(v[i]));
+            lo[i] = bf2f(f2bf(v[i] - hi[i]));
+            s += hi[i] + lo[i];
+        }
+        uint4 *o = xs + (size_t)r * lds + kb * 8 + t * 2;
+        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(hi[2], hi[3]), q4m_pack(hi[4], hi[5]), q4m_pack(hi[6], hi[7]));
+        o[1] = make_uint4(q4m_pack(lo[0], lo[1]), q4m_pack(lo[2], lo[3]), q4m_pack(lo[4], lo[5]), q4m_pack(lo[6], lo[7]));
+        /* the 8 consecutive items it & ~7 .. it | 7 are the two kb of one group */
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        if ((it & 7) == 0) sx[r * (KB >> 1) + (kb >> 1)] = s;
+        if (ss) {
+            sq = warp_sum(sq);
+            if (lane == 0) ss[(tid >> 5) * 8 + r] += sq;
         }
     }
 }
-/* Sum over the LPK lanes of a row group (xor offsets 1 .. LPK/2). */
-template <int N> __device__ __forceinline__ void group_reduce(float *v, int lpk) {
+
+/* Loads a warp's KPW weight words (tiles (rb, kb0 .. kb0+KPW-1), one word per lane each) and
+ * the scale/bias pairs of rows 8rb + 2t, +1 for its KPW/2 groups. kb0 even. */
+template <int KPW>
+__device__ __forceinline__ void q4m_load(uint32_t (&wq)[KPW], uint2 (&sbv)[KPW / 2],
+                                         const uint32_t *w, const uint32_t *sb, int rows, int K,
+                                         int rb, int kb0) {
+    int lane = threadIdx.x & 31, KB = K >> 5;
+    const uint32_t *wp = w + ((size_t)rb * KB + kb0) * 32 + lane;
 #pragma unroll
-    for (int i = 0; i < N; i++)
-        for (int o = 1; o < lpk; o <<= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    for (int i = 0; i < KPW; i++) wq[i] = __ldcs(wp + (size_t)i * 32);
+    const uint32_t *sp = sb + (size_t)(kb0 >> 1) * rows + rb * 8 + 2 * (lane & 3);
+#pragma unroll
+    for (int g = 0; g < KPW / 2; g++) sbv[g] = __ldcs((const uint2 *)(sp + (size_t)g * rows));
+}
+
+__device__ __forceinline__ void q4m_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* acc0/acc1 (rows 8rb + 2t, +1; token g = lane/4) += the dot of the loaded tiles with staged row
+ * g (xrow = xs + g * q4m_lds(K), sxrow = sx + g * KB/2; NULL for lanes whose g has no token:
+ * they feed zeros). kb0 = the first tile's column block. */
+template <int KPW>
+__device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t (&wq)[KPW],
+                                        const uint2 (&sbv)[KPW / 2], const uint4 *xrow,
+                                        const float *sxrow, int kb0) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int g = 0; g < KPW / 2; g++) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int kb = kb0 + 2 * g + h;
+            uint4 xh = make_uint4(0, 0, 0, 0), xl = xh;
+            if (xrow) xh = xrow[kb * 8 + t * 2], xl = xrow[kb * 8 + t * 2 + 1];
+            uint32_t w = wq[2 * g + h];
+            const uint32_t M = 0x000F000Fu, E = 0x43004300u;
+            q4m_mma(d, xh.x, xl.x, xh.y, xl.y, (w & M) | E, ((w >> 4) & M) | E);
+            q4m_mma(d, xh.z, xl.z, xh.w, xl.w, ((w >> 8) & M) | E, ((w >> 12) & M) | E);
+        }
+        float sxv = sxrow ? sxrow[(kb0 >> 1) + g] : 0.0f;
+        float s0 = __uint_as_float(sbv[g].x << 16), b0 = __uint_as_float(sbv[g].x & 0xffff0000u);
+        float s1 = __uint_as_float(sbv[g].y << 16), b1 = __uint_as_float(sbv[g].y & 0xffff0000u);
+        acc0 = fmaf(s0, d[0] + d[2], fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
+        acc1 = fmaf(s1, d[1] + d[3], fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
+    }
 }
 
 /* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs over the columns

@@ -42,7 +42,7 @@ static meta_view meta_at(const cuda_be *be, int32_t *base) {
 }
 
 /* All launches of one micro-batch (graph-capturable: no host sync, no allocation). */
-static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+static int run_layers_impl(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
     const tl_config *c = &be->cfg;
     meta_view d = meta_at(be, be->d_meta);
     tl_gpu_seqs s;
@@ -89,6 +89,16 @@ static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, in
                         be->xo, D, NULL, 0.0f, n_out, 0));
     }
     return 0;
+}
+
+/* run_layers_impl with the decode kernels launched under programmatic dependent launch
+ * (cuda_common.cuh: each waits for its predecessor with griddepcontrol.wait, so its weight loads
+ * and launch overlap the previous kernel's tail) unless TL_CUDA_NO_PDL=1. */
+static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+    tl_cuda_pdl = !be->pdl_off;
+    int st = run_layers_impl(be, T, n_seg, n_out, out_row0, n_split);
+    tl_cuda_pdl = 0;
+    return st;
 }
 
 /* Expert e of a stacked expert matrix as a one-expert tl_gpu_gemm_w (rows_e rows). */

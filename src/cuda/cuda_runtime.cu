@@ -16,6 +16,7 @@ extern "C" {
 cudaStream_t tl_cuda_stream = 0;
 int tl_cuda_sync_each = 0;
 int tl_cuda_capturing = 0;
+int tl_cuda_pdl = 0; /* set by the backend around the decode schedule (cuda_forward.cu) */
 
 /* ====== Device and memory ====== */
 
@@ -566,6 +567,8 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     be->n_valid = TL_MIN(c->n_vocab, TL_N_VOCAB_TOKENS);
     const char *ng = getenv("TL_CUDA_NO_GRAPH");
     be->graphs_off = (ng && atoi(ng)) || tl_cuda_sync_each;
+    const char *npdl = getenv("TL_CUDA_NO_PDL");
+    be->pdl_off = npdl && atoi(npdl);
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess) {
         st = tl_errf(err, errlen, TL_ERR_CUDA, "cudaStreamCreate failed");
         goto fail;

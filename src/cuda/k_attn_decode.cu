@@ -21,6 +21,8 @@ __global__ void __launch_bounds__(512)
     attn_split_kernel(float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
                       int n_head, int n_kv, int max_ctx, int n_split, tl_gpu_seqs s) {
     extern __shared__ float smem[];
+    pdl_trigger();
+    pdl_wait();
     int split = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
     int G = n_head / n_kv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *sq = smem;                                 /* [G][256] */
@@ -103,6 +105,8 @@ __global__ void __launch_bounds__(512)
  * Tested with attn_split_kernel (test_attn). */
 __global__ void attn_combine_gate_kernel(float *out, const float *part, const float *proj,
                                          int ld_proj, int n_head, int n_split) {
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const float *p = part + ((size_t)t * n_head + h) * n_split * (HD + 2);
     float M = -INFINITY;
@@ -141,11 +145,9 @@ extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16
         if (st) return st;
     }
     dim3 grid(n_split, n_kv, s->n_tok);
-    attn_split_kernel<<<grid, 32 * G, shm, tl_cuda_stream>>>(part, q, kc, vc, n_head, n_kv,
-                                                             max_ctx, n_split, *s);
-    LAUNCH_CHECK("attn_split");
-    attn_combine_gate_kernel<<<dim3(s->n_tok, n_head), HD, 0, tl_cuda_stream>>>(
-        out, part, proj, ld_proj, n_head, n_split);
-    LAUNCH_CHECK("attn_combine");
+    TL_LAUNCH("attn_split", attn_split_kernel, grid, dim3(32 * G), shm, part, q, kc, vc, n_head,
+              n_kv, max_ctx, n_split, *s);
+    TL_LAUNCH("attn_combine", attn_combine_gate_kernel, dim3(s->n_tok, n_head), dim3(HD), 0, out,
+              part, proj, ld_proj, n_head, n_split);
     return 0;
 }

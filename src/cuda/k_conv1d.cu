@@ -13,6 +13,8 @@
  * Tested against cpu_conv1d_step (test_kernels.c: test_conv1d). */
 __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, int ld_in,
                                    const float *w, int C, tl_gpu_seqs s) {
+    pdl_trigger();
+    pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
     if (ch >= C) return;
     int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
@@ -36,7 +38,6 @@ extern "C" int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_i
                              int C, const tl_gpu_seqs *s) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(CEIL_DIV(C, 256), s->n_seg);
-    conv1d_silu_kernel<<<grid, 256, 0, tl_cuda_stream>>>(out, state, in, ld_in, w, C, *s);
-    LAUNCH_CHECK("conv1d");
+    TL_LAUNCH("conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C, *s);
     return 0;
 }

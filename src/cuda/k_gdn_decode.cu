@@ -33,8 +33,12 @@ __global__ void __launch_bounds__(512)
     int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
     float *Sh = S + ((size_t)slot * nv + h) * GDN_D * GDN_D;
     float st[32];
+    /* under PDL the state load may overlap the previous kernel: only this layer's GDN step
+     * touches S inside a step, and the slot table was uploaded before the step began */
+    pdl_trigger();
 #pragma unroll
     for (int i = 0; i < 32; i++) st[i] = Sh[(size_t)(rp * 32 + i) * GDN_D + c];
+    pdl_wait();
     float nwc = norm_w[c], dtb = dt_bias[h], an = a_neg[h];
     for (int i = 0; i < n; i++) {
         size_t t = (size_t)(t0 + i);
@@ -92,10 +96,8 @@ extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *pro
                           float eps, const tl_gpu_seqs *s) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head, s->n_seg);
-    gdn_step_kernel<<<grid, 512, 0, tl_cuda_stream>>>(y, S, qkv, proj, ld_proj, z_off, b_off,
-                                                        a_off, dt_bias, a_neg, norm_w, n_k_head,
-                                                        n_v_head, eps, *s);
-    LAUNCH_CHECK("gdn_step");
+    TL_LAUNCH("gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, qkv, proj, ld_proj, z_off,
+              b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
     return 0;
 }
 

@@ -3,56 +3,71 @@
  * embedding lookup. */
 #include "cuda/cuda_backend.cuh"
 
-/* gemv_q4_kernel
+/* gemv_q4m_kernel
  *   y[t, r] = (acc ? y[t, r] : 0) + inv_t * sum_c W[r, c] * x[t, c] * nw[c]
  *   inv_t = 1/sqrt(mean(x[t]^2) + eps) and nw = RMSNorm weight when nw != NULL, else 1.
- * W: q4 tiled [rows, K] (rows % 8 == 0, K % 128 == 0); x [n_tok, ldx] f32; y [n_tok, ldy].
- * Threads: 256 = 8 warps; the block first stages its NT input rows in shared memory (times nw,
- *   in nibble order, cuda_common.cuh) and sums x^2; then warp w owns row block rb = 8b + w (8 rows)
- *   for the NT tokens (blockIdx.y = token tile); lanes split as in q4_rb_dot (RS = 1: each lane
- *   reads the 128 contiguous bytes of one (rb, kb) tile per step; RS = 2: 64 bytes).
- * Bytes: rows*K/2 + rows*K/16 per token tile; x from L1/L2.
+ * W: q4 tiled [rows, K] (rows % 8 == 0, K % 256 == 0); x [n_tok, ldx] f32; y [n_tok, ldy].
+ * Tensor-core dot of cuda_common.cuh ("q4m"): 256 threads = 8 warps = (8 >> ks_log2) row blocks
+ *   x (1 << ks_log2) K-slices; warp (rb, ks) reads tiles kb = ks*KPW .. +KPW-1 (then every
+ *   KS*KPW further), 4 bytes per lane per tile, all KPW loads issued before x is staged (and,
+ *   under PDL, before the previous kernel has finished). blockIdx.y = tile of up to 8 tokens
+ *   (n_rows = min(8, n_tok) staged rows); the K-slices meet in shared memory, added in slice order.
+ * Bytes: rows*K/2 + rows*K/16 per token tile; x from L2.
  * Tested against cpu_matvec (tests/gpu/test_kernels.c: test_gemv_q4). */
-template <int NT, int RS>
-__global__ void __launch_bounds__(256)
-    gemv_q4_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx, const float *nw,
-                   float eps, int n_tok, int accumulate) {
-    constexpr int LPK = 32 / RS, NR = 8 / RS;
-    extern __shared__ float xs[]; /* [NT][q4_xs_ld(K)] staged x (cuda_common.cuh) */
-    __shared__ float s_red[8][NT];
-    int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, lds = q4_xs_ld(K);
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        float ss = q4_stage_x(xs + t * lds, x + (size_t)(t0 + t) * ldx, nw, K, threadIdx.x, blockDim.x);
-        ss = warp_sum(ss);
-        if (lane == 0) s_red[warp][t] = ss;
-    }
+template <int KPW>
+__global__ void __launch_bounds__(256, 2)
+    gemv_q4m_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx, const float *nw,
+                    float eps, int n_tok, int accumulate, int ks_log2, int n_rows) {
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    __shared__ float2 s_part[8][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, KB = K >> 5;
+    int KS = 1 << ks_log2, ks = warp & (KS - 1);
+    int rb = blockIdx.x * (8 >> ks_log2) + (warp >> ks_log2);
+    int live = rb * 8 < W.rows, kb0 = ks * KPW;
+    const uint32_t *w = (const uint32_t *)W.w, *sb = (const uint32_t *)W.sb;
+    uint32_t wq[KPW];
+    uint2 sbv[KPW / 2];
+    if (live) q4m_load<KPW>(wq, sbv, w, sb, W.rows, K, rb, kb0);
+    pdl_trigger();
+    pdl_wait();
+    int t0 = blockIdx.y * 8, nt = min(8, n_tok - t0);
+    float *sx = q4m_sx(xs, K, n_rows);
+    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+    __syncwarp();
+    q4m_stage(xs, sx, x + (size_t)t0 * ldx, ldx, nw, K, nt, threadIdx.x, 256, nw ? s_ss : NULL);
     __syncthreads();
-    int rb = blockIdx.x * 8 + warp;
-    if (rb * 8 >= W.rows) return;
-    float acc[NR][NT];
-    q4_rb_dot<NT, RS>(acc, (const uint32_t *)W.w, (const uint32_t *)W.sb, W.rows, K, rb, xs, nt);
-    group_reduce<NR * NT>(&acc[0][0], LPK);
-    if (lane % LPK) return;
-    int part = lane / LPK;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        float inv = 1.0f;
-        if (nw) {
-            float ss = 0.0f;
-            for (int w = 0; w < 8; w++) ss += s_red[w][t];
-            inv = rsqrtf(ss / (float)K + eps);
-        }
-#pragma unroll
-        for (int i = 0; i < NR; i++) {
-            float *o = y + (size_t)(t0 + t) * ldy + rb * 8 + part * NR + i;
-            float v = acc[i][t] * inv;
-            *o = accumulate ? *o + v : v;
+    int g = lane >> 2, t = lane & 3;
+    const uint4 *xrow = g < nt ? xs + g * q4m_lds(K) : NULL;
+    const float *sxrow = g < nt ? sx + g * (KB >> 1) : NULL;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    if (live) {
+        q4m_dot<KPW>(acc0, acc1, wq, sbv, xrow, sxrow, kb0);
+        for (kb0 += KS * KPW; kb0 < KB; kb0 += KS * KPW) {
+            q4m_load<KPW>(wq, sbv, w, sb, W.rows, K, rb, kb0);
+            q4m_dot<KPW>(acc0, acc1, wq, sbv, xrow, sxrow, kb0);
         }
     }
+    if (KS > 1) {
+        s_part[warp][lane] = make_float2(acc0, acc1);
+        __syncthreads();
+        if (ks) return;
+        for (int i = 1; i < KS; i++) {
+            float2 p = s_part[warp + i][lane];
+            acc0 += p.x, acc1 += p.y;
+        }
+    }
+    if (!live || g >= nt) return;
+    float inv = 1.0f;
+    if (nw) {
+        float sq = 0.0f;
+        for (int i = 0; i < 8; i++) sq += s_ss[i * 8 + g];
+        inv = rsqrtf(sq / (float)K + eps);
+    }
+    float *o = y + (size_t)(t0 + g) * ldy + rb * 8 + 2 * t;
+    float v0 = acc0 * inv, v1 = acc1 * inv;
+    if (accumulate) v0 += o[0], v1 += o[1];
+    o[0] = v0, o[1] = v1;
 }
 
 /* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows).
@@ -66,6 +81,8 @@ __global__ void __launch_bounds__(256)
     gemv_bf16_splitk_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx,
                             const float *nw, float eps, int n_tok, int accumulate) {
     __shared__ float s_part[8][8 * NT + NT];
+    pdl_trigger();
+    pdl_wait();
     int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * 8;
     const float *xp[NT];
@@ -99,55 +116,68 @@ __global__ void __launch_bounds__(256)
     *o = accumulate ? *o + v : v;
 }
 
-#define GEMV_CASE(NT_)                                                                            \
+#define GEMV_BF16_CASE(NT_)                                                                       \
     case NT_:                                                                                     \
-        if (W->bits == 16)                                                                        \
-            gemv_bf16_splitk_kernel<NT_><<<dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), 256, 0, \
-                                           tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc); \
-        else if (W->cols % 1024 == 0 && NT_ == 1)                                                 \
-            gemv_q4_kernel<NT_, 1><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, shm, \
-                                     tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
-        else                                                                                      \
-            gemv_q4_kernel<NT_, 2><<<dim3(CEIL_DIV(W->rows, 64), CEIL_DIV(n_tok, NT_)), 256, shm, \
-                                     tl_cuda_stream>>>(y, ldy, *W, x, ldx, nw, eps, n_tok, acc);  \
+        TL_LAUNCH("gemv_bf16", gemv_bf16_splitk_kernel<NT_>,                                      \
+                  dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W, x, ldx, \
+                  nw, eps, n_tok, acc);                                                           \
         break;
 
-/* The q4 kernels stage x in dynamic shared memory (up to 8 tokens of K = 4096: 147 KB). */
-#define GEMV_MAX_SHM (8 * 4608 * 4)
+/* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB). */
+#define GEMV_MAX_SHM (200 * 1024)
 static int gemv_attr_done;
 int tl_gpu_gemv_setup(void) {
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4_kernel<8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
     gemv_attr_done = 1;
     return 0;
 }
 
+/* Split of K = 32*KB columns for the q4m kernels: KPW tiles per warp step (32, 16 or 8, dividing
+ * KB) and 2^ks_log2 warps along K (at most 8 and at most KB/KPW; max_ks_log2 caps it). */
+void q4m_split(int K, int max_ks_log2, int *kpw, int *ks_log2) {
+    int KB = K >> 5;
+    *kpw = KB % 32 == 0 ? 32 : KB % 16 == 0 ? 16 : 8;
+    int l = 0;
+    while (l < max_ks_log2 && (KB / *kpw) >= (2 << l)) l++;
+    *ks_log2 = l;
+}
+
 static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                        const float *nw, float eps, int n_tok, int acc) {
-    int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
-    size_t shm = (size_t)nt * q4_xs_ld(W->cols) * sizeof(float);
-    if (W->bits == 4 && shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
     if (!gemv_attr_done && !tl_cuda_capturing) {
         int st = tl_gpu_gemv_setup();
         if (st) return st;
     }
-    switch (nt) {
-        GEMV_CASE(8)
-        GEMV_CASE(4)
-        GEMV_CASE(2)
-        GEMV_CASE(1)
+    if (W->bits == 4) {
+        int kpw, ksl, n_rows = n_tok < 8 ? n_tok : 8;
+        q4m_split(W->cols, 3, &kpw, &ksl);
+        size_t shm = q4m_smem(W->cols, n_rows);
+        if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
+        dim3 grid(CEIL_DIV(W->rows / 8, 8 >> ksl), CEIL_DIV(n_tok, 8));
+        if (kpw == 32)
+            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<32>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ksl, n_rows);
+        else if (kpw == 16)
+            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<16>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ksl, n_rows);
+        else
+            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<8>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ksl, n_rows);
+        return 0;
     }
-    LAUNCH_CHECK(W->bits == 4 ? "gemv_q4" : "gemv_bf16");
+    int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
+    switch (nt) {
+        GEMV_BF16_CASE(8)
+        GEMV_BF16_CASE(4)
+        GEMV_BF16_CASE(2)
+        GEMV_BF16_CASE(1)
+    }
     return 0;
 }
 
 extern "C" int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                            const float *norm_w, float eps, int n_tok, int accumulate) {
     if (n_tok <= 0) return 0;
-    if (W->bits == 4 && (W->rows % 8 || W->cols % 256)) return TL_ERR_INVALID;
+    if (W->bits == 4 && (W->rows % 8 || W->cols % 256)) return TL_ERR_INVALID; /* q4m tiles */
     if (W->bits == 16 && W->cols % 256) return TL_ERR_INVALID;
     return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate);
 }
@@ -157,6 +187,8 @@ extern "C" int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const floa
  * Threads: one block of 256 per token; thread c handles columns c, c+256, ...
  * Bytes: one row of E per token. Tested in test_gpu_e2e (whole model vs cpu_forward). */
 __global__ void embed_row_kernel(float *x, tl_gpu_gemm_w E, const int32_t *tok) {
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, id = tok[t], K = E.cols;
     float *o = x + (size_t)t * K;
     if (E.bits == 16) {
@@ -180,7 +212,6 @@ __global__ void embed_row_kernel(float *x, tl_gpu_gemm_w E, const int32_t *tok) 
 
 extern "C" int tl_gpu_embed(float *x, const tl_gpu_gemm_w *E, const int32_t *tokens, int n_tok) {
     if (n_tok <= 0) return 0;
-    embed_row_kernel<<<n_tok, 256, 0, tl_cuda_stream>>>(x, *E, tokens);
-    LAUNCH_CHECK("embed");
+    TL_LAUNCH("embed", embed_row_kernel, dim3(n_tok), dim3(256), 0, x, *E, tokens);
     return 0;
 }

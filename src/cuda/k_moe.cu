@@ -15,6 +15,8 @@
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
 __global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_logit,
                                  const float *logits, int ld, int n_expert, int k, int n_tok) {
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n_tok) return;
     const float *lg = logits + (size_t)t * ld;
@@ -73,9 +75,8 @@ extern "C" int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_l
                                 const float *logits, int ld, int n_expert, int k, int n_tok) {
     if (n_tok <= 0) return 0;
     if (k > MAX_K || k > 32 || n_expert > 32 * ROUTE_PER) return TL_ERR_INVALID;
-    moe_route_kernel<<<CEIL_DIV(n_tok, 4), 128, 0, tl_cuda_stream>>>(ids, w, w_sh, sh_logit,
-                                                                      logits, ld, n_expert, k, n_tok);
-    LAUNCH_CHECK("moe_route");
+    TL_LAUNCH("moe_route", moe_route_kernel, dim3(CEIL_DIV(n_tok, 4)), dim3(128), 0, ids, w, w_sh,
+              sh_logit, logits, ld, n_expert, k, n_tok);
     return 0;
 }
 
@@ -98,43 +99,85 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
  * Shapes: gate_up stacked [(n_expert+1) * 2F, n_embd], per expert rows interleaved by 8
  *   (16i..16i+7 = gate rows 8i.., 16i+8..16i+15 = up rows 8i..); h [n_tok, n_embd];
  *   act [n_tok, k+1, F].
- * Threads: block of 8 warps per (32 outputs f, slot j, token t); q4: the block stages the
- *   normalised input in shared memory first (and sums h^2); warp pair (2p, 2p+1) reads the gate
- *   and the up row block of outputs 8p.. (one 8-row block each, the whole n_embd) and meets in
- *   shared memory.
+ * Threads: block of 8 warps per ((8 >> ks_log2) row blocks of one expert, slot j, token t);
+ *   q4: the tensor-core dot of cuda_common.cuh (q4m) with (1 << ks_log2) warps along K, the block
+ *   staging the input once (times norm_w, summing h^2); the gate row block 2i and the up row block
+ *   2i+1 meet in shared memory. bf16: warp pair (2p, 2p+1) reads the gate and the up row block of
+ *   outputs 8p.. (the whole n_embd each).
  * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
  * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
-template <int BITS>
+template <int KPW>
+__global__ void __launch_bounds__(256, 2)
+    moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
+                      const int32_t *ids, int k, int n_expert, int F, int ks_log2) {
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    __shared__ float2 s_part[8][32];
+    int j = blockIdx.y, t = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int K = W.cols, KB = K >> 5, KS = 1 << ks_log2, RBB = 8 >> ks_log2, ks = warp & (KS - 1);
+    int rbl = blockIdx.x * RBB + (warp >> ks_log2), live = rbl * 8 < 2 * F, kb0 = ks * KPW;
+    pdl_trigger();
+    pdl_wait();
+    int e = j < k ? ids[(size_t)t * k + j] : n_expert;
+    const void *wv;
+    const uint32_t *sb;
+    expert_slice(W, e, 2 * F, &wv, &sb);
+    const uint32_t *w = (const uint32_t *)wv;
+    uint32_t wq[KPW];
+    uint2 sbv[KPW / 2];
+    if (live) q4m_load<KPW>(wq, sbv, w, sb, 2 * F, K, rbl, kb0);
+    float *sx = q4m_sx(xs, K, 1);
+    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+    __syncwarp();
+    q4m_stage(xs, sx, h + (size_t)t * K, K, norm_w, K, 1, threadIdx.x, 256, s_ss);
+    __syncthreads();
+    int g = lane >> 2;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    if (live) {
+        q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, kb0);
+        for (kb0 += KS * KPW; kb0 < KB; kb0 += KS * KPW) {
+            q4m_load<KPW>(wq, sbv, w, sb, 2 * F, K, rbl, kb0);
+            q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, kb0);
+        }
+    }
+    s_part[warp][lane] = make_float2(acc0, acc1);
+    __syncthreads();
+    /* thread (p, r): output 8 * (rbl_gate / 2) + r of row-block pair p; lane r/2 of each warp
+     * of the pair holds rows r & ~1, r | 1 */
+    int p = threadIdx.x >> 3, r = threadIdx.x & 7;
+    if (p >= RBB / 2) return;
+    int rbg = blockIdx.x * RBB + 2 * p;
+    if (rbg * 8 >= 2 * F) return;
+    float gv = 0.0f, uv = 0.0f;
+    for (int i = 0; i < KS; i++) {
+        float2 a = s_part[(2 * p) * KS + i][r >> 1], b = s_part[(2 * p + 1) * KS + i][r >> 1];
+        gv += (r & 1) ? a.y : a.x;
+        uv += (r & 1) ? b.y : b.x;
+    }
+    float sq = 0.0f;
+    for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
+    float inv = rsqrtf(sq / (float)K + eps);
+    act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+}
+
 __global__ void __launch_bounds__(256)
-    moe_up_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
-                  const int32_t *ids, int k, int n_expert, int F) {
-    extern __shared__ float xs[]; /* q4: the staged normalised input (cuda_common.cuh) */
+    moe_up_bf16_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
+                       const int32_t *ids, int k, int n_expert, int F) {
     __shared__ float s_v[8][8];
     __shared__ float s_ss[8];
+    pdl_trigger();
+    pdl_wait();
     int j = blockIdx.y, t = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int K = W.cols;
     const float *xrow = h + (size_t)t * K;
     int e = j < k ? ids[(size_t)t * k + j] : n_expert;
-    int grp = blockIdx.x * 4 + (warp >> 1);      /* outputs 8*grp .. 8*grp+7 */
-    int rbl = 2 * grp + (warp & 1);              /* row block inside the expert */
+    int grp = blockIdx.x * 4 + (warp >> 1); /* outputs 8*grp .. 8*grp+7 */
+    int rbl = 2 * grp + (warp & 1);         /* row block inside the expert */
     const void *w;
     const uint32_t *sb;
     expert_slice(W, e, 2 * F, &w, &sb);
     float v = 0.0f, ssum = 0.0f;
-    if (BITS == 4) {
-        float ss = warp_sum(q4_stage_x(xs, xrow, norm_w, K, threadIdx.x, blockDim.x));
-        if (lane == 0) s_ss[warp] = ss;
-        __syncthreads();
-        for (int i = 0; i < 8; i++) ssum += s_ss[i];
-        if (grp * 8 < F) {
-            float acc[8][1];
-            q4_rb_dot<1, 1>(acc, (const uint32_t *)w, sb, 2 * F, K, rbl, xs, 1);
-            group_reduce<8>(&acc[0][0], 32);
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                if (lane == r) v = acc[r][0];
-        }
-    } else if (grp * 8 < F) {
+    if (grp * 8 < F) {
         const float *xp[1] = {xrow};
         float acc[8][1], ss[1];
         bf16_rows8_dot<1>(acc, ss, (const uint16_t *)w, K, 8 * rbl, 2 * F, xp, norm_w, 1, 0, 1);
@@ -145,12 +188,11 @@ __global__ void __launch_bounds__(256)
         }
         ssum = warp_sum(ss[0]);
     }
-    __syncthreads(); /* s_ss reads are done before s_v is written (q4); bf16: s_v below */
     if (lane < 8) s_v[warp][lane] = v;
-    if (BITS != 4 && lane == 0) s_ss[warp] = ssum;
+    if (lane == 0) s_ss[warp] = ssum;
     __syncthreads();
     if ((warp & 1) || lane >= 8 || grp * 8 >= F) return;
-    float inv = rsqrtf((BITS == 4 ? ssum : s_ss[warp]) / (float)K + eps);
+    float inv = rsqrtf(s_ss[warp] / (float)K + eps);
     float g = s_v[warp][lane] * inv, u = s_v[warp + 1][lane] * inv;
     act[((size_t)t * (k + 1) + j) * F + 8 * grp + lane] = silu_f(g) * u;
 }
@@ -158,16 +200,19 @@ __global__ void __launch_bounds__(256)
 /* moe_down_kernel  (MODEL.md §2.5 steps 3-6, second half)
  *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] . act[t,k])
  * Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok, n_embd].
- * Threads: block of k+1 warps per (8 output rows, token): warp j stages act row j (q4) and
- *   reads expert j's 8 rows; the k+1 partial rows meet in shared memory and are summed in slot
+ * Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows (q4:
+ *   issues its weight loads, then stages act row j in its own shared memory and runs the q4m dot;
+ *   bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
  *   order (deterministic).
  * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe. */
-template <int BITS>
+template <int BITS, int KPW>
 __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
                                 const float *wt, const float *w_sh, int k, int n_expert,
                                 int n_embd) {
-    extern __shared__ float xs_all[]; /* q4: per warp the staged act row (cuda_common.cuh) */
+    extern __shared__ uint4 xs_all[]; /* q4: per warp the staged act row */
     __shared__ float s_v[17][8];
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.y, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int rb = blockIdx.x, F = W.cols;
     int e = j < k ? ids[(size_t)t * k + j] : n_expert;
@@ -176,15 +221,22 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
     const uint32_t *sb;
     expert_slice(W, e, n_embd, &w, &sb);
     if (BITS == 4) {
-        float *xs = xs_all + (size_t)j * q4_xs_ld(F);
-        q4_stage_x(xs, arow, NULL, F, lane, 32);
+        uint32_t wq[KPW];
+        uint2 sbv[KPW / 2];
+        int KB = F >> 5, kb0 = 0;
+        q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, 0);
+        uint4 *xs = xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16);
+        float *sx = q4m_sx(xs, F, 1);
+        q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
         __syncwarp();
-        float acc[4][1];
-        q4_rb_dot<1, 2>(acc, (const uint32_t *)w, sb, n_embd, F, rb, xs, 1);
-        group_reduce<4>(&acc[0][0], 16);
-        if ((lane & 15) == 0)
-#pragma unroll
-            for (int i = 0; i < 4; i++) s_v[j][(lane >> 4) * 4 + i] = acc[i][0];
+        int g = lane >> 2;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, 0);
+        for (kb0 = KPW; kb0 < KB; kb0 += KPW) {
+            q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, kb0);
+            q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, kb0);
+        }
+        if (lane < 4) s_v[j][2 * lane] = acc0, s_v[j][2 * lane + 1] = acc1;
     } else {
         const float *xp[1] = {arow};
         float acc[8][1], ss[1];
@@ -210,16 +262,24 @@ extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const flo
                              const float *norm_w, float eps, const int32_t *ids, int k,
                              int n_expert, int n_tok) {
     if (n_tok <= 0) return 0;
-    int F = gate_up->rows / (n_expert + 1) / 2;
-    if (F % 8 || gate_up->cols % 256) return TL_ERR_INVALID;
-    dim3 grid(CEIL_DIV(F, 32), k + 1, n_tok);
-    size_t shm = (size_t)q4_xs_ld(gate_up->cols) * sizeof(float);
-    if (gate_up->bits == 4 && shm > 48 * 1024) return TL_ERR_INVALID;
-    if (gate_up->bits == 4)
-        moe_up_kernel<4><<<grid, 256, shm, tl_cuda_stream>>>(act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
+    int F = gate_up->rows / (n_expert + 1) / 2, K = gate_up->cols;
+    if (F % 8 || K % 256) return TL_ERR_INVALID;
+    if (gate_up->bits != 4) {
+        dim3 grid(CEIL_DIV(F, 32), k + 1, n_tok);
+        TL_LAUNCH("moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
+        return 0;
+    }
+    int kpw, ksl;
+    q4m_split(K, 2, &kpw, &ksl); /* at most 4 K-slices: a block keeps gate/up row-block pairs */
+    size_t shm = q4m_smem(K, 1);
+    if (shm > 48 * 1024) return TL_ERR_INVALID;
+    dim3 grid(CEIL_DIV(2 * F / 8, 8 >> ksl), k + 1, n_tok);
+    if (kpw == 32)
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<32>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ksl);
+    else if (kpw == 16)
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<16>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ksl);
     else
-        moe_up_kernel<16><<<grid, 256, 0, tl_cuda_stream>>>(act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
-    LAUNCH_CHECK("moe_up");
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<8>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ksl);
     return 0;
 }
 
@@ -227,16 +287,22 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
                                const int32_t *ids, const float *w, const float *w_sh, int k,
                                int n_expert, int n_tok) {
     if (n_tok <= 0) return 0;
-    int n_embd = down->rows / (n_expert + 1);
-    if (n_embd % 8 || down->cols % 256 || k + 1 > 17)
-        return TL_ERR_INVALID;
-    dim3 grid(n_embd / 8, n_tok);
-    size_t shm = (size_t)(k + 1) * q4_xs_ld(down->cols) * sizeof(float);
-    if (down->bits == 4 && shm > 48 * 1024) return TL_ERR_INVALID;
-    if (down->bits == 4)
-        moe_down_kernel<4><<<grid, 32 * (k + 1), shm, tl_cuda_stream>>>(h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+    int n_embd = down->rows / (n_expert + 1), F = down->cols;
+    if (n_embd % 8 || F % 256 || k + 1 > 17) return TL_ERR_INVALID;
+    dim3 grid(n_embd / 8, n_tok), block(32 * (k + 1));
+    if (down->bits != 4) {
+        TL_LAUNCH("moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+        return 0;
+    }
+    int kpw, ksl;
+    q4m_split(F, 0, &kpw, &ksl);
+    size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
+    if (shm > 48 * 1024) return TL_ERR_INVALID;
+    if (kpw == 32)
+        TL_LAUNCH("moe_down", (moe_down_kernel<4, 32>), grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+    else if (kpw == 16)
+        TL_LAUNCH("moe_down", (moe_down_kernel<4, 16>), grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
     else
-        moe_down_kernel<16><<<grid, 32 * (k + 1), 0, tl_cuda_stream>>>(h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
-    LAUNCH_CHECK("moe_down");
+        TL_LAUNCH("moe_down", (moe_down_kernel<4, 8>), grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
     return 0;
 }

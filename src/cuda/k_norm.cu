@@ -11,6 +11,8 @@
 __global__ void rmsnorm_row_kernel(float *y, const float *x, const float *w, const int32_t *rows,
                                    int n, float eps) {
     __shared__ float sbuf[32];
+    pdl_trigger();
+    pdl_wait();
     int i = blockIdx.x, r = rows ? rows[i] : i;
     const float *xr = x + (size_t)r * n;
     float s = 0.0f;
@@ -23,8 +25,7 @@ __global__ void rmsnorm_row_kernel(float *y, const float *x, const float *w, con
 extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows,
                               int n_out, int n, float eps) {
     if (n_out <= 0) return 0;
-    rmsnorm_row_kernel<<<n_out, 256, 0, tl_cuda_stream>>>(y, x, w, rows, n, eps);
-    LAUNCH_CHECK("rmsnorm");
+    TL_LAUNCH("rmsnorm", rmsnorm_row_kernel, dim3(n_out), dim3(256), 0, y, x, w, rows, n, eps);
     return 0;
 }
 

@@ -20,6 +20,8 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
                                   tl_gpu_seqs s) {
     __shared__ float sx[HD];
     __shared__ float sbuf[32];
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x, hh = blockIdx.y, d = threadIdx.x;
     int pos = s.tok_pos[t], slot = s.tok_slot[t];
     const float *pr = proj + (size_t)t * ld_proj;
@@ -53,9 +55,7 @@ extern "C" int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const
                                  const tl_gpu_seqs *s) {
     if (s->n_tok <= 0) return 0;
     dim3 grid(s->n_tok, n_head + n_kv);
-    qk_rope_kv_kernel<<<grid, HD, 0, tl_cuda_stream>>>(q_out, kc, vc, proj, ld_proj, q_norm,
-                                                        k_norm, n_head, n_kv, max_ctx, theta, eps,
-                                                        *s);
-    LAUNCH_CHECK("qk_rope_kv");
+    TL_LAUNCH("qk_rope_kv", qk_rope_kv_kernel, grid, dim3(HD), 0, q_out, kc, vc, proj, ld_proj,
+              q_norm, k_norm, n_head, n_kv, max_ctx, theta, eps, *s);
     return 0;
 }

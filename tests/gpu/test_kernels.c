@@ -60,8 +60,40 @@ static void test_gemv_bf16(void) {
     gemv_case(257, TL_N_EMBD, 0, 5, 1, 0);    /* router + shared gate: rows not a multiple of 8 */
 }
 
+/* q4 GEMV: a token's outputs do not depend on the other tokens of its tile (the mma computes each
+ * output row of A on its own), so 5 tokens together == each token alone, bit for bit. */
+static void test_gemv_q4_batch_exact(void) {
+    const int rows = 2048, cols = 4096, T = 5;
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, 0), 0);
+    float *all = host_from(dy, (size_t)T * rows);
+    int diff = 0;
+    for (int t = 0; t < T; t++) {
+        CHECK_EQ_INT(tl_gpu_gemv(dy1, rows, &dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0), 0);
+        float *one = host_from(dy1, rows);
+        diff += memcmp(one, all + (size_t)t * rows, sizeof(float) * rows) != 0;
+        free(one);
+    }
+    printf("# gemv q4 5 tokens vs alone: %d of %d tokens differ (want 0)\n", diff, T);
+    CHECK_EQ_INT(diff, 0);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_free(dy1);
+    tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(all);
+    hmat_free(&W);
+}
+
 static void test_gemv_q4(void) {
     gemv_case(2048, TL_N_EMBD, 4, 1, 0, 0);
+    gemv_case(248320 / 8, TL_N_EMBD, 4, 1, 0, 0); /* an LM-head-like row count (many blocks) */
+    gemv_case(1024, 768, 4, 3, 1, 1);             /* K = 768: KB not a power of two (chunk loop) */
     gemv_case(12416, TL_N_EMBD, 4, 2, 1, 0);  /* GDN in-proj padded to 128 rows */
     gemv_case(2048, 4096, 4, 9, 0, 1);
     gemv_case(2048, TL_N_FF_EXPERT, 4, 4, 0, 0); /* expert down shape */
@@ -586,6 +618,7 @@ int main(void) {
     }
     T_RUN(test_gemv_bf16);
     T_RUN(test_gemv_q4);
+    T_RUN(test_gemv_q4_batch_exact);
     T_RUN(test_embed);
     T_RUN(test_rmsnorm);
     T_RUN(test_conv1d);
