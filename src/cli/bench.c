@@ -28,8 +28,9 @@ static void usage(void) {
     fprintf(stderr,
             "usage: tulip bench --random-weights [--bits 4|16] [--seed N] | --model DIR\n"
             "       [--lengths 256,512,1024,2048,4096,8192,16384,32768,65536,131072]\n"
-            "       [--gen 128] [--repeats 3] [--json] [--prof] [--allow-test-shape]\n"
+            "       [--gen 128] [--repeats 3] [--json] [--prof] [--ops] [--allow-test-shape]\n"
             "  --prof   print a per-kernel table of one decode step at the first length\n"
+            "  --ops    time each decode op in place (graph of back-to-back launches) at the first length\n"
             "env: TL_CUDA_SYNC=1 (sync after every kernel), TL_CUDA_NO_GRAPH=1 (eager decode)\n");
 }
 
@@ -67,7 +68,7 @@ static uint64_t bench_rng(uint64_t *s) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    int random = 0, bits = 4, gen = 128, repeats = 3, json = 0, prof = 0, allow_test = 0;
+    int random = 0, bits = 4, gen = 128, repeats = 3, json = 0, prof = 0, allow_test = 0, ops = 0;
     uint64_t seed = 1;
     const char *model_dir = NULL;
     int lengths[BENCH_MAX_LEN] = {256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072};
@@ -78,6 +79,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--random-weights")) random = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--prof")) prof = 1;
+        else if (!strcmp(a, "--ops")) ops = 1;
         else if (!strcmp(a, "--allow-test-shape")) allow_test = 1;
         else if (!strcmp(a, "--bits") && v) bits = atoi(v), i++;
         else if (!strcmp(a, "--gen") && v) gen = atoi(v), i++;
@@ -185,6 +187,16 @@ int cmd_bench(int argc, char **argv) {
                     fprintf(stderr, "tulip bench: decode at %d: %s\n", L + s, err);
                     rc = 1;
                     break;
+                }
+                if (ops && li == 0 && r == 0 && s == 2) {
+                    printf("\nper-op time of one decode token at context %d (each op %s):\n\n", L + s,
+                           "captured 40 times back to back in a graph, best of 5 replays");
+                    if (tl_cuda_bench_ops(b, stdout)) {
+                        fprintf(stderr, "tulip bench: --ops failed\n");
+                        rc = 1;
+                        break;
+                    }
+                    printf("\n");
                 }
                 if (prof && li == 0 && r == 0 && s == 2) {
                     printf("\nper-kernel time of one eager decode step at context %d (graph off while profiling):\n\n", L + s);

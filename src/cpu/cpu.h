@@ -80,6 +80,10 @@ typedef struct cpu_state {
     float *kv_v[TL_MAX_LAYERS];
     float *conv[TL_MAX_LAYERS]; /* gdn layers: [(K-1), conv_dim] */
     float *rec[TL_MAX_LAYERS];  /* gdn layers: [n_v_head, Dk, Dv] */
+    /* Smallest router-logit gap between the k-th chosen expert and the best expert left out,
+     * over every layer and token of the last cpu_forward: a routing near-tie, where any other
+     * rounding may pick the other expert (tests use it to tell such a flip from an error). */
+    float route_gap;
 } cpu_state;
 
 int cpu_state_init(cpu_state *st, const tl_config *c, int max_ctx);

@@ -134,6 +134,7 @@ typedef struct {
     const float *u;
     const float *router;
     float *out;
+    float *gap; /* [n] per token: see cpu_state.route_gap */
 } moe_job;
 
 static void moe_token(void *ctx, int t) {
@@ -148,7 +149,16 @@ static void moe_token(void *ctx, int t) {
     float w[TL_N_EXPERT];
     float *tmp = xmalloc(sizeof(float) * 2 * ff), *y = xmalloc(sizeof(float) * D);
     double *acc = xcalloc(D, sizeof(double));
-    cpu_moe_route(ids, w, j->router + (size_t)t * c->n_expert, c->n_expert, K);
+    const float *lg = j->router + (size_t)t * c->n_expert;
+    cpu_moe_route(ids, w, lg, c->n_expert, K);
+    float in_min = INFINITY, out_max = -INFINITY;
+    for (int e = 0; e < c->n_expert; e++) {
+        int chosen = 0;
+        for (int i = 0; i < K; i++) chosen |= ids[i] == e;
+        if (chosen) in_min = fminf(in_min, lg[e]);
+        else out_max = fmaxf(out_max, lg[e]);
+    }
+    j->gap[t] = in_min - out_max;
     for (int i = 0; i < K; i++) {
         int e = ids[i];
         cpu_ffn_swiglu(y, &L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], u, tmp);
@@ -163,12 +173,15 @@ static void moe_token(void *ctx, int t) {
 }
 
 /* MoE over n tokens: u [n, D] -> out [n, D]; tokens in parallel. */
-static void moe_block(const tl_config *c, const tl_layer *L, const float *u, float *out, int n) {
+static void moe_block(const tl_config *c, const tl_layer *L, const float *u, float *out, int n,
+                      float *gap) {
     float *router = xmalloc(sizeof(float) * (size_t)n * c->n_expert);
+    float *g = xmalloc(sizeof(float) * (size_t)n);
     cpu_matmul(router, &L->moe_router, u, n);
-    moe_job j = {c, L, u, router, out};
+    moe_job j = {c, L, u, router, out, g};
     tl_pool_for(n, moe_token, &j);
-    free(router);
+    for (int t = 0; t < n; t++) *gap = fminf(*gap, g[t]);
+    free(router), free(g);
 }
 
 int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, float *logits,
@@ -179,6 +192,7 @@ int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, 
     if (st->n_past + n > st->max_ctx) return TL_ERR_CONTEXT_FULL;
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->n_vocab) return TL_ERR_INVALID;
+    st->route_gap = INFINITY;
     float *x = xmalloc(sizeof(float) * (size_t)n * D);
     float *u = xmalloc(sizeof(float) * (size_t)n * D);
     float *o = xmalloc(sizeof(float) * (size_t)n * D);
@@ -192,7 +206,7 @@ int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, 
             attn_mixer(c, L, st, il, u, o, n, st->n_past);
         for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
         for (int t = 0; t < n; t++) cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
-        moe_block(c, L, u, o, n);
+        moe_block(c, L, u, o, n, &st->route_gap);
         for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
     }
     st->n_past += n;

@@ -12,6 +12,7 @@ extern "C" {
 #include "cuda/gpu.h"
 #include "common/status.h"
 }
+#include "cuda/k_prefill_common.cuh" /* cp.async helpers */
 
 /* CUDA_TRY: log file:line, the call and the CUDA error, return TL_ERR_CUDA. */
 #define CUDA_TRY(expr)                                                                            \
@@ -149,8 +150,12 @@ static inline cudaError_t tl_launch(void (*kern)(KArgs...), dim3 grid, dim3 bloc
  * 24,25} (the A registers a0, a2 of k-step 0 and of k-step 1). The row stride is KB*8 + 1 uint4s
  * (16 bytes over a multiple of 128), so 8 tokens' reads of one (kb) spread over all banks. Group
  * sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
-/* Split of K for the q4m kernels (k_gemv.cu): tiles per warp step and warps along K. */
-void q4m_split(int K, int max_ks_log2, int *kpw, int *ks_log2);
+/* Split of K = 32*KB columns for the persistent q4m kernels (k_gemv.cu): KPW tiles per warp
+ * (16, else 32, else 8; dividing KB) and KS = KB / KPW warps along K (<= max_ks); 0 or
+ * TL_ERR_INVALID when no split fits. */
+int q4m_split(int K, int max_ks, int *kpw, int *ks);
+/* Resident blocks of the persistent q4m kernels: SMs x 2 (their launch bound). */
+int q4m_grid_cap(void);
 __host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
 __host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
     return (size_t)n_rows * q4m_lds(K) * 16 + (size_t)n_rows * (K >> 6) * 4;
@@ -246,7 +251,7 @@ __device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t
     int t = threadIdx.x & 3;
 #pragma unroll
     for (int g = 0; g < KPW / 2; g++) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* two chains */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int kb = kb0 + 2 * g + h;
@@ -254,15 +259,88 @@ __device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t
             if (xrow) xh = xrow[kb * 8 + t * 2], xl = xrow[kb * 8 + t * 2 + 1];
             uint32_t w = wq[2 * g + h];
             const uint32_t M = 0x000F000Fu, E = 0x43004300u;
-            q4m_mma(d, xh.x, xl.x, xh.y, xl.y, (w & M) | E, ((w >> 4) & M) | E);
-            q4m_mma(d, xh.z, xl.z, xh.w, xl.w, ((w >> 8) & M) | E, ((w >> 12) & M) | E);
+            q4m_mma(d[h], xh.x, xl.x, xh.y, xl.y, (w & M) | E, ((w >> 4) & M) | E);
+            q4m_mma(d[h], xh.z, xl.z, xh.w, xl.w, ((w >> 8) & M) | E, ((w >> 12) & M) | E);
         }
+        float r0 = (d[0][0] + d[0][2]) + (d[1][0] + d[1][2]);
+        float r1 = (d[0][1] + d[0][3]) + (d[1][1] + d[1][3]);
         float sxv = sxrow ? sxrow[(kb0 >> 1) + g] : 0.0f;
         float s0 = __uint_as_float(sbv[g].x << 16), b0 = __uint_as_float(sbv[g].x & 0xffff0000u);
         float s1 = __uint_as_float(sbv[g].y << 16), b1 = __uint_as_float(sbv[g].y & 0xffff0000u);
-        acc0 = fmaf(s0, d[0] + d[2], fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
-        acc1 = fmaf(s1, d[1] + d[3], fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
+        acc0 = fmaf(s0, r0, fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
+        acc1 = fmaf(s1, r1, fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
     }
+}
+
+/* Persistent q4m loop. The block's 8 warps form (8 / KS) row-block lanes q x KS K-slices ks
+ * (warp = q * KS + ks; warps past RBB * KS idle); work "unit" u gives warp (q, ks) the tiles
+ * kb = ks*KPW .. +KPW-1 of one row block (src(u, q, &w, &sb, &rows, &rb) says which, false if
+ * none). The block runs units u, u + ustep, ... < n_units. Each warp streams its units' weights
+ * (KPW*128 contiguous bytes) and scale/bias words (KPW/2 groups x 32 bytes) through its own ring
+ * of Q4M_NS shared-memory stages with cp.async, Q4M_NS-1 units ahead: the bytes in flight per SM
+ * no longer cost registers (the register double buffer reached ~1.7 TB/s on the LM head, bound by
+ * memory parallelism; notes/2026-12-02-decode-q4m.md). The first units are issued before
+ * prologue() runs (the PDL wait and the x staging go there, so those loads overlap the previous
+ * kernel). After each unit the warps' (acc0, acc1) meet in s_part[warp][lane]; emit(u) reads them
+ * between two barriers. Called by every thread of the block (barriers inside); ring = the
+ * block's Q4M_NS * 8 * q4m_stage_bytes(KPW) bytes of shared memory (16-byte aligned). */
+#define Q4M_NS 4
+__host__ __device__ __forceinline__ int q4m_stage_bytes(int kpw) { return kpw * 128 + kpw * 16; }
+
+template <int KPW, class Src, class Prologue, class Emit>
+__device__ __forceinline__ void q4m_persistent(int u, int ustep, int n_units, int K, int KS,
+                                               Src src, Prologue prologue, Emit emit,
+                                               const uint4 *xrow, const float *sxrow,
+                                               float2 (*s_part)[32], char *ring) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp / KS, kb0 = (warp % KS) * KPW;
+    int KB = K >> 5;
+    char *my = ring + (size_t)warp * Q4M_NS * SB;
+    unsigned live = 0; /* bit j: stage j holds a unit of this warp */
+    auto issue = [&](int uu, int stage) {
+        const uint32_t *W, *S;
+        int rows, rb;
+        live &= ~(1u << stage);
+        if (uu < n_units && src(uu, q, &W, &S, &rows, &rb)) {
+            live |= 1u << stage;
+            const char *ws = (const char *)(W + ((size_t)rb * KB + kb0) * 32);
+            char *wd = my + stage * SB;
+#pragma unroll
+            for (int i = 0; i < KPW * 8 / 32; i++) pf_cp_async16(wd + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
+            if (lane < KPW) {
+                int g = lane >> 1, h = lane & 1;
+                pf_cp_async16(wd + KPW * 128 + lane * 16, S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
+            }
+        }
+        pf_cp_async_commit();
+    };
+#pragma unroll
+    for (int j = 0; j < Q4M_NS - 1; j++) issue(u + j * ustep, j);
+    prologue();
+    int t = lane & 3;
+    for (int i = 0; u < n_units; i++, u += ustep) {
+        int stage = i % Q4M_NS;
+        issue(u + (Q4M_NS - 1) * ustep, (i + Q4M_NS - 1) % Q4M_NS);
+        pf_cp_async_wait<Q4M_NS - 1>();
+        __syncwarp();
+        float a0 = 0.0f, a1 = 0.0f;
+        if (live & (1u << stage)) {
+            const uint32_t *ws = (const uint32_t *)(my + stage * SB);
+            const uint32_t *ss = (const uint32_t *)(my + stage * SB + KPW * 128);
+            uint32_t wq[KPW];
+            uint2 sbv[KPW / 2];
+#pragma unroll
+            for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
+#pragma unroll
+            for (int g = 0; g < KPW / 2; g++) sbv[g] = *(const uint2 *)(ss + g * 8 + 2 * t);
+            q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
+        }
+        s_part[warp][lane] = make_float2(a0, a1);
+        __syncthreads(); /* also: every lane has read this stage before it is refilled */
+        emit(u);
+        __syncthreads();
+    }
+    pf_cp_async_wait<0>();
 }
 
 /* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs over the columns

@@ -391,3 +391,140 @@ int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t er
     }
     return st;
 }
+
+/* ====== tulip bench --ops: each decode op of one token timed in place ======
+ * After a decode step at the bench's context (the metadata of that step stays on the device),
+ * every op of the decode schedule is captured R times back to back into a graph (launched as in
+ * run_layers, PDL included) and the graph replayed; the best of 5 replays / R is the op's cost
+ * inside a stream of launches: its own time plus the dependent-launch gap, at warm clocks
+ * (unlike ncu's serialized, idle-between-kernels replays). Ops that update state (conv, GDN,
+ * KV write, residual adds) repeat on their own outputs, which changes values, not the work. */
+typedef int (*op_fn)(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s);
+
+static int op_gdn_in(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_gemv(be->proj, be->ld_gdn_in, &G->in, be->x, be->cfg.n_embd, G->attn_norm, be->cfg.rms_eps, 1, 0);
+}
+static int op_conv(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_conv1d(be->conv_out, be->conv_st, be->proj, be->ld_gdn_in, G->conv_w, be->conv_dim, s);
+}
+static int op_gdn(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    int nv = be->cfg.gdn_n_v_head, z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
+    return tl_gpu_gdn(be->y, be->rec_st, be->conv_out, be->proj, be->ld_gdn_in, z_off, b_off, a_off,
+                      G->dt_bias, G->a_neg, G->gdn_norm, be->cfg.gdn_n_k_head, nv, be->cfg.rms_eps, s);
+}
+static int op_gdn_out(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_gemv(be->x, be->cfg.n_embd, &G->out, be->y, be->val_dim, NULL, 0.0f, 1, 1);
+}
+static int op_attn_in(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_gemv(be->proj, be->ld_attn_in, &A->in, be->x, be->cfg.n_embd, A->attn_norm, be->cfg.rms_eps, 1, 0);
+}
+static int op_rope(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    const tl_config *c = &be->cfg;
+    return tl_gpu_qk_rope_kv(be->q, be->kc, be->vc, be->proj, be->ld_attn_in, A->q_norm, A->k_norm,
+                             c->n_head, c->n_head_kv, be->max_ctx, c->rope_theta, c->rms_eps, s);
+}
+static int op_attn(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    const tl_config *c = &be->cfg;
+    return tl_gpu_attn(be->y, be->part, be->q, be->kc, be->vc, be->proj, be->ld_attn_in, c->n_head,
+                       c->n_head_kv, be->max_ctx, CB_DECODE_SPLIT, s);
+}
+static int op_attn_out(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_gemv(be->x, be->cfg.n_embd, &A->out, be->y, be->cfg.n_head * 256, NULL, 0.0f, 1, 1);
+}
+static int op_router(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    int E = be->cfg.n_expert;
+    return tl_gpu_gemv(be->rlog, E + 1, &G->router, be->x, be->cfg.n_embd, G->ffn_norm, be->cfg.rms_eps, 1, 0);
+}
+static int op_route(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    int E = be->cfg.n_expert;
+    return tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, be->cfg.n_expert_used, 1);
+}
+static int op_moe_up(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    const tl_config *c = &be->cfg;
+    return tl_gpu_moe_up(be->act, &G->gate_up, be->x, G->ffn_norm, c->rms_eps, be->ids, c->n_expert_used, c->n_expert, 1);
+}
+static int op_moe_down(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    const tl_config *c = &be->cfg;
+    return tl_gpu_moe_down(be->x, &G->down, be->act, be->ids, be->wts, be->wsh, c->n_expert_used, c->n_expert, 1);
+}
+static int op_lm_head(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_gemv(be->logits, be->cfg.n_vocab, &be->lm_head, be->xo, be->cfg.n_embd, NULL, 0.0f, 1, 0);
+}
+
+extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
+    cuda_be *be = (cuda_be *)b->impl;
+    FILE *f = (FILE *)file;
+    const tl_config *c = &be->cfg;
+    const cb_layer *G = NULL, *A = NULL;
+    for (int il = 0; il < c->n_layer; il++) {
+        if (!G && be->L[il].kind == TL_LAYER_GDN) G = &be->L[il];
+        if (!A && be->L[il].kind == TL_LAYER_ATTN) A = &be->L[il];
+    }
+    if (!G || !A) return TL_ERR_INVALID;
+    meta_view d = meta_at(be, be->d_meta);
+    tl_gpu_seqs s;
+    s.tok_pos = d.tok_pos, s.tok_slot = d.tok_slot, s.tok_seg = d.tok_seg;
+    s.seg_tok0 = d.seg_tok0, s.seg_n = d.seg_n, s.seg_slot = d.seg_slot, s.seg_pos0 = d.seg_pos0;
+    s.n_tok = 1, s.n_seg = 1;
+    struct {
+        const char *name;
+        op_fn fn;
+        int per_step;
+        size_t bytes;
+    } ops[] = {
+        {"gdn in-proj gemv_q4", op_gdn_in, be->n_gdn, tl_gpu_mat_bytes(&G->in)},
+        {"conv1d", op_conv, be->n_gdn, 0},
+        {"gdn_step", op_gdn, be->n_gdn, (size_t)c->gdn_n_v_head * 128 * 128 * 8},
+        {"gdn out-proj gemv_q4", op_gdn_out, be->n_gdn, tl_gpu_mat_bytes(&G->out)},
+        {"attn in-proj gemv_q4", op_attn_in, be->n_attn, tl_gpu_mat_bytes(&A->in)},
+        {"qk_rope_kv", op_rope, be->n_attn, 0},
+        {"attn split+combine", op_attn, be->n_attn, 0},
+        {"attn o-proj gemv_q4", op_attn_out, be->n_attn, tl_gpu_mat_bytes(&A->out)},
+        {"router gemv_bf16", op_router, c->n_layer, tl_gpu_mat_bytes(&G->router)},
+        {"moe_route", op_route, c->n_layer, 0},
+        {"moe_up", op_moe_up, c->n_layer, tl_gpu_mat_bytes(&G->gate_up) / (c->n_expert + 1) * (c->n_expert_used + 1)},
+        {"moe_down", op_moe_down, c->n_layer, tl_gpu_mat_bytes(&G->down) / (c->n_expert + 1) * (c->n_expert_used + 1)},
+        {"lm_head gemv_q4", op_lm_head, 1, tl_gpu_mat_bytes(&be->lm_head)},
+    };
+    const int R = 40;
+    cudaEvent_t e0, e1;
+    CUDA_TRY(cudaEventCreate(&e0));
+    CUDA_TRY(cudaEventCreate(&e1));
+    tl_cuda_stream = be->stream;
+    double total = 0;
+    fprintf(f, "| op (one token) | per step | us per call | GB/s | us per step |\n|---|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
+        tl_cuda_capturing = 1, tl_cuda_pdl = !be->pdl_off;
+        int st = 0;
+        for (int r = 0; r < R && !st; r++) st = ops[i].fn(be, G, A, &s);
+        tl_cuda_capturing = 0, tl_cuda_pdl = 0;
+        CUDA_TRY(cudaStreamEndCapture(be->stream, &g));
+        if (st) return st;
+        CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+        cudaGraphDestroy(g);
+        float best = 1e30f;
+        for (int rep = 0; rep < 6; rep++) {
+            CUDA_TRY(cudaEventRecord(e0, be->stream));
+            CUDA_TRY(cudaGraphLaunch(ge, be->stream));
+            CUDA_TRY(cudaEventRecord(e1, be->stream));
+            CUDA_TRY(cudaEventSynchronize(e1));
+            float ms;
+            CUDA_TRY(cudaEventElapsedTime(&ms, e0, e1));
+            if (rep > 0 && ms < best) best = ms; /* rep 0 warms up */
+        }
+        cudaGraphExecDestroy(ge);
+        double us = 1000.0 * best / R;
+        total += us * ops[i].per_step;
+        if (ops[i].bytes)
+            fprintf(f, "| %s | %d | %.2f | %.0f | %.1f |\n", ops[i].name, ops[i].per_step, us, ops[i].bytes / us / 1e3, us * ops[i].per_step);
+        else
+            fprintf(f, "| %s | %d | %.2f | | %.1f |\n", ops[i].name, ops[i].per_step, us, us * ops[i].per_step);
+    }
+    fprintf(f, "| sum over one step | | | | %.1f |\n", total);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}

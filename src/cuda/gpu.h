@@ -134,6 +134,9 @@ double tl_gpu_measure_bw(size_t bytes);
  * a table (name, calls, ms, share) to f and clears it. Graph replay is bypassed while on. */
 void tl_cuda_prof_enable(tl_backend *b, int on);
 void tl_cuda_prof_report(tl_backend *b, void *file);
+/* tulip bench --ops: after a decode step, times each decode op of one token in place (a graph of
+ * back-to-back launches, PDL as in the step) and prints a table to file. */
+int tl_cuda_bench_ops(tl_backend *b, void *file);
 /* Device memory used by weights / state (bytes). */
 size_t tl_cuda_weight_bytes(const tl_backend *b);
 

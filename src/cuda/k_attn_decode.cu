@@ -101,24 +101,29 @@ __global__ void __launch_bounds__(512)
 /* attn_combine_gate_kernel
  *   M = max_s m_s;  o[d] = sum_s e^{m_s - M} acc_s[d] / sum_s e^{m_s - M} l_s
  *   out[t, h*256 + d] = o[d] * sigmoid(gate[t, h, d])     (MODEL.md §2.2 step 6)
- * Threads: one block of 256 (thread = dim) per (token, head). Bytes: n_split * 258 * 4 in.
+ * Threads: one block of 256 per (token, head): thread d = output dim; thread s < n_split also
+ * reads split s's (m, l). Bytes: n_split * 258 * 4 in.
  * Tested with attn_split_kernel (test_attn). */
 __global__ void attn_combine_gate_kernel(float *out, const float *part, const float *proj,
                                          int ld_proj, int n_head, int n_split) {
+    __shared__ float s_w[HD];
+    __shared__ float sbuf[32];
     pdl_trigger();
     pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const float *p = part + ((size_t)t * n_head + h) * n_split * (HD + 2);
-    float M = -INFINITY;
-    for (int sp = 0; sp < n_split; sp++) M = fmaxf(M, p[sp * (HD + 2) + HD]);
-    float L = 0.0f, o = 0.0f;
-    for (int sp = 0; sp < n_split; sp++) {
-        const float *ps = p + sp * (HD + 2);
-        if (ps[HD] == -INFINITY) continue;
-        float w = expf(ps[HD] - M);
-        L = fmaf(ps[HD + 1], w, L);
-        o = fmaf(ps[d], w, o);
-    }
+    /* thread s < n_split reads split s's (m, l); the weights e^{m_s - M} go through shared
+     * memory, so the loop over splits below has independent loads (it was a chain of n_split
+     * dependent reads per thread: ~18 us at 128 splits) */
+    float m = d < n_split ? p[d * (HD + 2) + HD] : -INFINITY;
+    float M = block_max(m, sbuf);
+    float w = (d < n_split && m != -INFINITY) ? expf(m - M) : 0.0f;
+    float L = block_sum(w != 0.0f ? w * p[d * (HD + 2) + HD + 1] : 0.0f, sbuf);
+    s_w[d] = w;
+    __syncthreads();
+    float o = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < n_split; sp++) o = fmaf(p[sp * (HD + 2) + d], s_w[sp], o);
     float gate = proj[(size_t)t * ld_proj + h * 2 * HD + HD + d];
     out[((size_t)t * n_head + h) * HD + d] = o / L * sigmoid_f(gate);
 }
@@ -138,7 +143,7 @@ extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16
                            int n_kv, int max_ctx, int n_split, const tl_gpu_seqs *s) {
     if (s->n_tok <= 0) return 0;
     int G = n_head / n_kv;
-    if (G < 1 || G > 16 || n_head % n_kv) return TL_ERR_INVALID;
+    if (G < 1 || G > 16 || n_head % n_kv || n_split < 1 || n_split > HD) return TL_ERR_INVALID;
     size_t shm = (size_t)G * HD * 4 + TILE * KW * 4 + TILE * 128 * 4;
     if (!attn_attr_done) {
         int st = tl_gpu_attn_setup();

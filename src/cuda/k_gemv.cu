@@ -3,71 +3,69 @@
  * embedding lookup. */
 #include "cuda/cuda_backend.cuh"
 
+extern "C" {
+#include "common/util.h"
+}
+
 /* gemv_q4m_kernel
  *   y[t, r] = (acc ? y[t, r] : 0) + inv_t * sum_c W[r, c] * x[t, c] * nw[c]
  *   inv_t = 1/sqrt(mean(x[t]^2) + eps) and nw = RMSNorm weight when nw != NULL, else 1.
  * W: q4 tiled [rows, K] (rows % 8 == 0, K % 256 == 0); x [n_tok, ldx] f32; y [n_tok, ldy].
- * Tensor-core dot of cuda_common.cuh ("q4m"): 256 threads = 8 warps = (8 >> ks_log2) row blocks
- *   x (1 << ks_log2) K-slices; warp (rb, ks) reads tiles kb = ks*KPW .. +KPW-1 (then every
- *   KS*KPW further), 4 bytes per lane per tile, all KPW loads issued before x is staged (and,
- *   under PDL, before the previous kernel has finished). blockIdx.y = tile of up to 8 tokens
- *   (n_rows = min(8, n_tok) staged rows); the K-slices meet in shared memory, added in slice order.
+ * Tensor-core dot of cuda_common.cuh ("q4m"), persistent: 256 threads = (8 / KS) row blocks x KS
+ *   K-slices of KPW tiles; unit u = row blocks u*RBB .. +RBB-1 (RBB = 8 / KS); grid.x blocks (at
+ *   most the resident count) loop over the units with the next unit's weights in flight.
+ *   blockIdx.y = tile of up to 8 tokens (n_rows = min(8, n_tok) rows staged once per block);
+ *   the K-slices meet in shared memory, added in slice order (deterministic).
  * Bytes: rows*K/2 + rows*K/16 per token tile; x from L2.
  * Tested against cpu_matvec (tests/gpu/test_kernels.c: test_gemv_q4). */
 template <int KPW>
 __global__ void __launch_bounds__(256, 2)
     gemv_q4m_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx, const float *nw,
-                    float eps, int n_tok, int accumulate, int ks_log2, int n_rows) {
+                    float eps, int n_tok, int accumulate, int KS, int n_rows) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, KB = K >> 5;
-    int KS = 1 << ks_log2, ks = warp & (KS - 1);
-    int rb = blockIdx.x * (8 >> ks_log2) + (warp >> ks_log2);
-    int live = rb * 8 < W.rows, kb0 = ks * KPW;
-    const uint32_t *w = (const uint32_t *)W.w, *sb = (const uint32_t *)W.sb;
-    uint32_t wq[KPW];
-    uint2 sbv[KPW / 2];
-    if (live) q4m_load<KPW>(wq, sbv, w, sb, W.rows, K, rb, kb0);
-    pdl_trigger();
-    pdl_wait();
+    int RBB = 8 / KS, n_rb = W.rows >> 3, n_units = CEIL_DIV(n_rb, RBB);
     int t0 = blockIdx.y * 8, nt = min(8, n_tok - t0);
     float *sx = q4m_sx(xs, K, n_rows);
-    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
-    __syncwarp();
-    q4m_stage(xs, sx, x + (size_t)t0 * ldx, ldx, nw, K, nt, threadIdx.x, 256, nw ? s_ss : NULL);
-    __syncthreads();
-    int g = lane >> 2, t = lane & 3;
-    const uint4 *xrow = g < nt ? xs + g * q4m_lds(K) : NULL;
-    const float *sxrow = g < nt ? sx + g * (KB >> 1) : NULL;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    if (live) {
-        q4m_dot<KPW>(acc0, acc1, wq, sbv, xrow, sxrow, kb0);
-        for (kb0 += KS * KPW; kb0 < KB; kb0 += KS * KPW) {
-            q4m_load<KPW>(wq, sbv, w, sb, W.rows, K, rb, kb0);
-            q4m_dot<KPW>(acc0, acc1, wq, sbv, xrow, sxrow, kb0);
-        }
-    }
-    if (KS > 1) {
-        s_part[warp][lane] = make_float2(acc0, acc1);
+    const uint32_t *w = (const uint32_t *)W.w, *sbp = (const uint32_t *)W.sb;
+    auto src = [&](int u, int q, const uint32_t **pw, const uint32_t **ps, int *rows, int *rb) {
+        *pw = w, *ps = sbp, *rows = W.rows, *rb = u * RBB + q;
+        return q < RBB && *rb < n_rb;
+    };
+    auto prologue = [&]() {
+        pdl_trigger();
+        pdl_wait();
+        if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+        __syncwarp();
+        q4m_stage(xs, sx, x + (size_t)t0 * ldx, ldx, nw, K, nt, threadIdx.x, 256, nw ? s_ss : NULL);
         __syncthreads();
-        if (ks) return;
-        for (int i = 1; i < KS; i++) {
-            float2 p = s_part[warp + i][lane];
-            acc0 += p.x, acc1 += p.y;
+    };
+    int g = lane >> 2, t = lane & 3;
+    auto emit = [&](int u) {
+        int q = warp; /* warps 0 .. RBB-1 write row block u*RBB + warp */
+        int rb = u * RBB + q;
+        if (q >= RBB || rb >= n_rb || g >= nt) return;
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int i = 0; i < KS; i++) {
+            float2 p = s_part[q * KS + i][lane];
+            a0 += p.x, a1 += p.y;
         }
-    }
-    if (!live || g >= nt) return;
-    float inv = 1.0f;
-    if (nw) {
-        float sq = 0.0f;
-        for (int i = 0; i < 8; i++) sq += s_ss[i * 8 + g];
-        inv = rsqrtf(sq / (float)K + eps);
-    }
-    float *o = y + (size_t)(t0 + g) * ldy + rb * 8 + 2 * t;
-    float v0 = acc0 * inv, v1 = acc1 * inv;
-    if (accumulate) v0 += o[0], v1 += o[1];
-    o[0] = v0, o[1] = v1;
+        float inv = 1.0f;
+        if (nw) {
+            float sq = 0.0f;
+            for (int i = 0; i < 8; i++) sq += s_ss[i * 8 + g];
+            inv = rsqrtf(sq / (float)K + eps);
+        }
+        float *o = y + (size_t)(t0 + g) * ldy + rb * 8 + 2 * t;
+        float v0 = a0 * inv, v1 = a1 * inv;
+        if (accumulate) v0 += o[0], v1 += o[1];
+        o[0] = v0, o[1] = v1;
+    };
+    q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
+                        g < nt ? xs + g * q4m_lds(K) : NULL, g < nt ? sx + g * (KB >> 1) : NULL,
+                        s_part, (char *)xs + q4m_smem(K, n_rows));
 }
 
 /* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows).
@@ -123,8 +121,9 @@ __global__ void __launch_bounds__(256)
                   nw, eps, n_tok, acc);                                                           \
         break;
 
-/* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB). */
-#define GEMV_MAX_SHM (200 * 1024)
+/* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB)
+ * and keep their weight rings there (8 warps x Q4M_NS stages: 74 KB at KPW 16). */
+#define GEMV_MAX_SHM (227 * 1024)
 static int gemv_attr_done;
 int tl_gpu_gemv_setup(void) {
     CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
@@ -134,14 +133,27 @@ int tl_gpu_gemv_setup(void) {
     return 0;
 }
 
-/* Split of K = 32*KB columns for the q4m kernels: KPW tiles per warp step (32, 16 or 8, dividing
- * KB) and 2^ks_log2 warps along K (at most 8 and at most KB/KPW; max_ks_log2 caps it). */
-void q4m_split(int K, int max_ks_log2, int *kpw, int *ks_log2) {
+int q4m_split(int K, int max_ks, int *kpw, int *ks) {
     int KB = K >> 5;
-    *kpw = KB % 32 == 0 ? 32 : KB % 16 == 0 ? 16 : 8;
-    int l = 0;
-    while (l < max_ks_log2 && (KB / *kpw) >= (2 << l)) l++;
-    *ks_log2 = l;
+    static const int cand[3] = {16, 8, 32}; /* 32 spills (fallback for K > 4096 only) */
+    for (int i = 0; i < 3; i++)
+        if (KB % cand[i] == 0 && KB / cand[i] <= max_ks) {
+            *kpw = cand[i], *ks = KB / cand[i];
+            return 0;
+        }
+    return TL_ERR_INVALID;
+}
+
+static int q4m_cap;
+int q4m_grid_cap(void) {
+    if (!q4m_cap) {
+        int dev = 0, n_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            n_sm = 132;
+        q4m_cap = 2 * n_sm;
+    }
+    return q4m_cap;
 }
 
 static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
@@ -151,17 +163,18 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (st) return st;
     }
     if (W->bits == 4) {
-        int kpw, ksl, n_rows = n_tok < 8 ? n_tok : 8;
-        q4m_split(W->cols, 3, &kpw, &ksl);
-        size_t shm = q4m_smem(W->cols, n_rows);
+        int kpw, ks, n_rows = n_tok < 8 ? n_tok : 8;
+        if (q4m_split(W->cols, 8, &kpw, &ks)) return TL_ERR_INVALID;
+        size_t shm = q4m_smem(W->cols, n_rows) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
-        dim3 grid(CEIL_DIV(W->rows / 8, 8 >> ksl), CEIL_DIV(n_tok, 8));
+        int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
+        dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tt)), n_tt);
         if (kpw == 32)
-            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<32>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ksl, n_rows);
+            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<32>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
         else if (kpw == 16)
-            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<16>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ksl, n_rows);
+            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<16>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
         else
-            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<8>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ksl, n_rows);
+            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<8>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
         return 0;
     }
     int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;

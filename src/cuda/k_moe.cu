@@ -4,6 +4,10 @@
  * down projection (fixed summation order: deterministic). */
 #include "cuda/cuda_common.cuh"
 
+extern "C" {
+#include "common/util.h"
+}
+
 #define MAX_K 16
 #define ROUTE_PER 8 /* experts per lane: n_expert <= 256 */
 
@@ -109,55 +113,52 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
 template <int KPW>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
-                      const int32_t *ids, int k, int n_expert, int F, int ks_log2) {
+                      const int32_t *ids, int k, int n_expert, int F, int KS) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
-    int j = blockIdx.y, t = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int K = W.cols, KB = K >> 5, KS = 1 << ks_log2, RBB = 8 >> ks_log2, ks = warp & (KS - 1);
-    int rbl = blockIdx.x * RBB + (warp >> ks_log2), live = rbl * 8 < 2 * F, kb0 = ks * KPW;
+    __shared__ int s_e[MAX_K + 1];
+    int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int K = W.cols, KB = K >> 5, RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB);
+    int n_units = (k + 1) * upj;
+    float *sx = q4m_sx(xs, K, 1);
     pdl_trigger();
     pdl_wait();
-    int e = j < k ? ids[(size_t)t * k + j] : n_expert;
-    const void *wv;
-    const uint32_t *sb;
-    expert_slice(W, e, 2 * F, &wv, &sb);
-    const uint32_t *w = (const uint32_t *)wv;
-    uint32_t wq[KPW];
-    uint2 sbv[KPW / 2];
-    if (live) q4m_load<KPW>(wq, sbv, w, sb, 2 * F, K, rbl, kb0);
-    float *sx = q4m_sx(xs, K, 1);
+    if (threadIdx.x <= k) s_e[threadIdx.x] = threadIdx.x < k ? ids[(size_t)t * k + threadIdx.x] : n_expert;
     if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
-    __syncwarp();
-    q4m_stage(xs, sx, h + (size_t)t * K, K, norm_w, K, 1, threadIdx.x, 256, s_ss);
     __syncthreads();
-    int g = lane >> 2;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    if (live) {
-        q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, kb0);
-        for (kb0 += KS * KPW; kb0 < KB; kb0 += KS * KPW) {
-            q4m_load<KPW>(wq, sbv, w, sb, 2 * F, K, rbl, kb0);
-            q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, kb0);
+    const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
+    size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
+    auto src = [&](int u, int q, const uint32_t **pw, const uint32_t **ps, int *rows, int *rb) {
+        int j = u / upj, e = s_e[j];
+        *pw = w0 + e * ew, *ps = sb0 + e * es, *rows = 2 * F, *rb = (u - j * upj) * RBB + q;
+        return q < RBB && *rb < n_rb;
+    };
+    auto prologue = [&]() {
+        q4m_stage(xs, sx, h + (size_t)t * K, K, norm_w, K, 1, threadIdx.x, 256, s_ss);
+        __syncthreads();
+    };
+    /* thread (p, r): output 8 * (rb_gate / 2) + r of row-block pair p; lane r/2 of each warp of
+     * the pair holds rows r & ~1, r | 1 */
+    auto emit = [&](int u) {
+        int p = threadIdx.x >> 3, r = threadIdx.x & 7, j = u / upj;
+        int rbg = (u - j * upj) * RBB + 2 * p;
+        if (p >= RBB / 2 || rbg >= n_rb) return;
+        float gv = 0.0f, uv = 0.0f;
+        for (int i = 0; i < KS; i++) {
+            float2 a = s_part[(2 * p) * KS + i][r >> 1], b = s_part[(2 * p + 1) * KS + i][r >> 1];
+            gv += (r & 1) ? a.y : a.x;
+            uv += (r & 1) ? b.y : b.x;
         }
-    }
-    s_part[warp][lane] = make_float2(acc0, acc1);
-    __syncthreads();
-    /* thread (p, r): output 8 * (rbl_gate / 2) + r of row-block pair p; lane r/2 of each warp
-     * of the pair holds rows r & ~1, r | 1 */
-    int p = threadIdx.x >> 3, r = threadIdx.x & 7;
-    if (p >= RBB / 2) return;
-    int rbg = blockIdx.x * RBB + 2 * p;
-    if (rbg * 8 >= 2 * F) return;
-    float gv = 0.0f, uv = 0.0f;
-    for (int i = 0; i < KS; i++) {
-        float2 a = s_part[(2 * p) * KS + i][r >> 1], b = s_part[(2 * p + 1) * KS + i][r >> 1];
-        gv += (r & 1) ? a.y : a.x;
-        uv += (r & 1) ? b.y : b.x;
-    }
-    float sq = 0.0f;
-    for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
-    float inv = rsqrtf(sq / (float)K + eps);
-    act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+        float sq = 0.0f;
+        for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
+        float inv = rsqrtf(sq / (float)K + eps);
+        act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+    };
+    int g = lane >> 2;
+    q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
+                        g == 0 ? xs : NULL, g == 0 ? sx : NULL, s_part, (char *)xs + q4m_smem(K, 1));
+    (void)KB;
 }
 
 __global__ void __launch_bounds__(256)
@@ -258,6 +259,10 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
     h[(size_t)t * n_embd + 8 * rb + r] += out;
 }
 
+/* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
+#define MOE_MAX_SHM (227 * 1024)
+static int moe_attr_done;
+
 extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                              const float *norm_w, float eps, const int32_t *ids, int k,
                              int n_expert, int n_tok) {
@@ -269,17 +274,26 @@ extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const flo
         TL_LAUNCH("moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
         return 0;
     }
-    int kpw, ksl;
-    q4m_split(K, 2, &kpw, &ksl); /* at most 4 K-slices: a block keeps gate/up row-block pairs */
-    size_t shm = q4m_smem(K, 1);
-    if (shm > 48 * 1024) return TL_ERR_INVALID;
-    dim3 grid(CEIL_DIV(2 * F / 8, 8 >> ksl), k + 1, n_tok);
+    int kpw, ks;
+    /* at most 4 K-slices: a unit keeps a gate/up row-block pair */
+    if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K) return TL_ERR_INVALID;
+    size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
+    if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
+    if (!moe_attr_done && !tl_cuda_capturing) {
+        CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+        CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+        CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+        moe_attr_done = 1;
+    }
+    if (!moe_attr_done) return TL_ERR_INVALID; /* first call inside a graph capture */
+    int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
+    dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tok)), n_tok);
     if (kpw == 32)
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<32>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ksl);
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<32>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks);
     else if (kpw == 16)
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<16>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ksl);
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<16>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks);
     else
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<8>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ksl);
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<8>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks);
     return 0;
 }
 
@@ -294,8 +308,8 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
         TL_LAUNCH("moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
         return 0;
     }
-    int kpw, ksl;
-    q4m_split(F, 0, &kpw, &ksl);
+    int kpw, ks;
+    if (q4m_split(F, 8, &kpw, &ks)) return TL_ERR_INVALID; /* one warp loops over the ks chunks */
     size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
     if (shm > 48 * 1024) return TL_ERR_INVALID;
     if (kpw == 32)

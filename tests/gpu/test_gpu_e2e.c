@@ -172,8 +172,17 @@ static void e2e_case(int full, int bits, int n_steps) {
     float *lg = xmalloc(sizeof(float) * V), *lc = xmalloc(sizeof(float) * V);
     CHECK_EQ_INT(fwd1(b, 1, 0, prompt, 12, lg), 0);
     CHECK_EQ_INT(cpu_forward(&r.m, &st, prompt, 12, lc, NULL), 0);
-    double worst = t_nmse(lg, lc, V);
-    int pos = 12, mismatch = 0, decided = 0;
+    double worst = t_nmse(lg, lc, V), first = worst;
+    /* Routing near-ties: where the oracle's k-th and (k+1)-th router logits are closer than
+     * TIE, any rounding difference may pick the other expert (random 16-expert MoE layers are
+     * chaotic), and the residual stream carries that difference into every later step. Logits are
+     * held to the bound on the steps before the first such tie; there must be at least half of
+     * the steps before it, so a tie cannot hide an error. */
+    const float TIE = 3e-4f; /* measured 2026-12-02: a 1.1e-4 gap flipped (small q4, step 32), 5.2e-4 did not (small bf16, step 9) */
+    int tie_step = st.route_gap < TIE ? -1 : n_steps;
+    double worst_pre = tie_step < 0 ? 0.0 : worst;
+    float min_gap = st.route_gap;
+    int pos = 12, mismatch = 0, decided = 0, first_bad = -1;
     for (int s = 0; s < n_steps; s++) {
         float margin;
         int tc = argmax_margin(lc, V, &margin);
@@ -193,6 +202,10 @@ static void e2e_case(int full, int bits, int n_steps) {
         pos++;
         double nm = t_nmse(lg, lc, V);
         if (nm > worst || nm != nm) worst = nm;
+        if (st.route_gap < min_gap) min_gap = st.route_gap;
+        if (tie_step == n_steps && st.route_gap < TIE) tie_step = s;
+        if (s < tie_step && (nm > worst_pre || nm != nm)) worst_pre = nm;
+        if (first_bad < 0 && !(nm <= 5e-6)) first_bad = s;
         float m2;
         int tc2 = argmax_margin(lc, V, &m2);
         if (m2 > 1e-3f) {
@@ -200,9 +213,13 @@ static void e2e_case(int full, int bits, int n_steps) {
             if (so.token != tc2) mismatch++;
         }
     }
-    printf("# e2e %s %s: %d steps, worst logits nmse %.3e, greedy decided %d, mismatches %d\n",
-           full ? "full-width" : "small", bits ? "q4" : "bf16", n_steps, worst, decided, mismatch);
-    CHECK(worst <= 5e-6);
+    printf("# e2e %s %s: %d steps, worst logits nmse %.3e (after the prompt %.3e), greedy decided %d, mismatches %d\n",
+           full ? "full-width" : "small", bits ? "q4" : "bf16", n_steps, worst, first, decided, mismatch);
+    printf("#   smallest routing gap %.2e; first routing near-tie (< %.0e) at step %d; worst nmse before it %.3e%s\n",
+           min_gap, TIE, tie_step, worst_pre, first_bad >= 0 ? "" : " (no step over 5e-6)");
+    if (first_bad >= 0) printf("#   first decode step over 5e-6: %d\n", first_bad);
+    CHECK(worst_pre <= 5e-6);
+    CHECK(tie_step >= n_steps / 2);
     CHECK_EQ_INT(mismatch, 0);
     CHECK(decided >= n_steps / 2);
     b->close(b);

@@ -94,6 +94,9 @@ static void test_gemv_q4(void) {
     gemv_case(2048, TL_N_EMBD, 4, 1, 0, 0);
     gemv_case(248320 / 8, TL_N_EMBD, 4, 1, 0, 0); /* an LM-head-like row count (many blocks) */
     gemv_case(1024, 768, 4, 3, 1, 1);             /* K = 768: KB not a power of two (chunk loop) */
+    gemv_case(3200, 256, 4, 12, 1, 0);            /* the small e2e model's shapes, 12 tokens */
+    gemv_case(256, 1024, 4, 12, 0, 1);
+    gemv_case(1024, 256, 4, 1, 0, 0);
     gemv_case(12416, TL_N_EMBD, 4, 2, 1, 0);  /* GDN in-proj padded to 128 rows */
     gemv_case(2048, 4096, 4, 9, 0, 1);
     gemv_case(2048, TL_N_FF_EXPERT, 4, 4, 0, 0); /* expert down shape */
@@ -366,9 +369,10 @@ static void test_moe_route(void) {
     free(lg);
 }
 
-/* Experts at production per-expert dims (n_embd 2048, F 512) but 16 experts (host memory). */
-static void moe_case(int bits) {
-    const int E = 16, K = TL_N_EXPERT_USED, D = TL_N_EMBD, F = TL_N_FF_EXPERT, T = 3;
+/* Experts at production per-expert dims (n_embd 2048, F 512, or the small e2e model's n_embd
+ * 256) but 16 experts (host memory). */
+static void moe_case(int bits, int D, int K, int T) {
+    const int E = 16, F = TL_N_FF_EXPERT;
     hmat g[17], u[17], dn[17], router, shg;
     for (int e = 0; e <= E; e++) {
         hmat_random(&g[e], F, D, bits, 0.05f, &rs);
@@ -392,8 +396,8 @@ static void moe_case(int bits) {
         cpu_rmsnorm(xn, h + (size_t)t * D, nw, D, 1e-6f);
         cpu_matvec(lg, &router.m, xn);
         cpu_matvec(lg + E, &shg.m, xn);
-        int ids[8];
-        float w[8];
+        int ids[16];
+        float w[16];
         cpu_moe_route(ids, w, lg, E, K);
         double acc[2048] = {0};
         for (int j = 0; j < K; j++) {
@@ -423,7 +427,9 @@ static void moe_case(int bits) {
     CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dh, (size_t)T * D);
-    check_nmse(bits ? "moe q4 (16 experts)" : "moe bf16 (16 experts)", got, ref, (size_t)T * D, 1e-9);
+    char what[64];
+    snprintf(what, sizeof what, "moe %s D%d k%d T%d", bits ? "q4" : "bf16", D, K, T);
+    check_nmse(what, got, ref, (size_t)T * D, 1e-9);
     tl_gpu_mat_free(&dgu), tl_gpu_mat_free(&ddn), tl_gpu_mat_free(&drt);
     tl_gpu_free(dh), tl_gpu_free(dnwv), tl_gpu_free(dlg), tl_gpu_free(dwt), tl_gpu_free(dsh), tl_gpu_free(dact), tl_gpu_free(dids);
     for (int e = 0; e <= E; e++) hmat_free(&g[e]), hmat_free(&u[e]), hmat_free(&dn[e]);
@@ -432,8 +438,9 @@ static void moe_case(int bits) {
 }
 
 static void test_moe(void) {
-    moe_case(0);
-    moe_case(4);
+    moe_case(0, TL_N_EMBD, TL_N_EXPERT_USED, 3);
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 3);
+    moe_case(4, 256, 4, 12); /* the small e2e model's MoE, a 12-token prompt */
 }
 
 /* ---- sampling ---- */
