@@ -84,7 +84,10 @@ int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, in
                               int z_off, const float *w, int nv, int n, float eps);
 /* k_gemv.cu: raises the q4 GEMV's dynamic shared memory limit (once, outside graph capture) */
 int tl_gpu_gemv_setup(void);
+/* k_moe.cu: the same for moe_up */
+int tl_gpu_moe_setup(void);
 /* k_attn_decode.cu */
 int tl_gpu_attn_setup(void);
+extern int tl_attn_min_chunk;
 
 #endif

@@ -146,8 +146,8 @@ static inline cudaError_t tl_launch(void (*kern)(KArgs...), dim3 grid, dim3 bloc
  * bandwidth (notes/2026-12-02-decode-q4m.md).
  *
  * Staged x (shared memory, q4m_stage): token row r at xs + r * q4m_lds(K) (uint4 units); per
- * (kb, t) two uint4: hi then lo, each = the bf16 pairs of columns 32kb + 2t + {0,1 | 8,9 | 16,17 |
- * 24,25} (the A registers a0, a2 of k-step 0 and of k-step 1). The row stride is KB*8 + 1 uint4s
+ * (kb, t) two uint4, one per k-step s = 0, 1: {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)}
+ * with c = 32kb + 16s + 2t, i.e. exactly the A registers a0..a3 of that mma (no register moves). The row stride is KB*8 + 1 uint4s
  * (16 bytes over a multiple of 128), so 8 tokens' reads of one (kb) spread over all banks. Group
  * sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
 /* Split of K = 32*KB columns for the persistent q4m kernels (k_gemv.cu): KPW tiles per warp
@@ -204,8 +204,8 @@ __device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, 
             s += hi[i] + lo[i];
         }
         uint4 *o = xs + (size_t)r * lds + kb * 8 + t * 2;
-        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(hi[2], hi[3]), q4m_pack(hi[4], hi[5]), q4m_pack(hi[6], hi[7]));
-        o[1] = make_uint4(q4m_pack(lo[0], lo[1]), q4m_pack(lo[2], lo[3]), q4m_pack(lo[4], lo[5]), q4m_pack(lo[6], lo[7]));
+        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(lo[0], lo[1]), q4m_pack(hi[2], hi[3]), q4m_pack(lo[2], lo[3]));
+        o[1] = make_uint4(q4m_pack(hi[4], hi[5]), q4m_pack(lo[4], lo[5]), q4m_pack(hi[6], hi[7]), q4m_pack(lo[6], lo[7]));
         /* the 8 consecutive items it & ~7 .. it | 7 are the two kb of one group */
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
@@ -241,34 +241,39 @@ __device__ __forceinline__ void q4m_mma(float (&d)[4], uint32_t a0, uint32_t a1,
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* (a & M) | E in one LOP3 (the compiler emits two: LOP3 takes one immediate). */
+__device__ __forceinline__ uint32_t q4m_nib(uint32_t a, uint32_t e) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(r) : "r"(a), "r"(e));
+    return r;
+}
+
 /* acc0/acc1 (rows 8rb + 2t, +1; token g = lane/4) += the dot of the loaded tiles with staged row
- * g (xrow = xs + g * q4m_lds(K), sxrow = sx + g * KB/2; NULL for lanes whose g has no token:
- * they feed zeros). kb0 = the first tile's column block. */
+ * xrow (= xs + g' * q4m_lds(K)) and its group sums sxrow (= sx + g' * KB/2). Lanes whose g has no
+ * token pass g' = the last token's row: their D rows are computed and dropped, which costs
+ * nothing and keeps every load unpredicated. kb0 = the first tile's column block. */
 template <int KPW>
 __device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t (&wq)[KPW],
                                         const uint2 (&sbv)[KPW / 2], const uint4 *xrow,
                                         const float *sxrow, int kb0) {
     int t = threadIdx.x & 3;
+    const uint32_t E = 0x43004300u;
 #pragma unroll
     for (int g = 0; g < KPW / 2; g++) {
-        float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* two chains */
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int kb = kb0 + 2 * g + h;
-            uint4 xh = make_uint4(0, 0, 0, 0), xl = xh;
-            if (xrow) xh = xrow[kb * 8 + t * 2], xl = xrow[kb * 8 + t * 2 + 1];
+            uint4 x0 = xrow[kb * 8 + t * 2], x1 = xrow[kb * 8 + t * 2 + 1];
             uint32_t w = wq[2 * g + h];
-            const uint32_t M = 0x000F000Fu, E = 0x43004300u;
-            q4m_mma(d[h], xh.x, xl.x, xh.y, xl.y, (w & M) | E, ((w >> 4) & M) | E);
-            q4m_mma(d[h], xh.z, xl.z, xh.w, xl.w, ((w >> 8) & M) | E, ((w >> 12) & M) | E);
+            q4m_mma(d, x0.x, x0.y, x0.z, x0.w, q4m_nib(w, E), q4m_nib(w >> 4, E));
+            q4m_mma(d, x1.x, x1.y, x1.z, x1.w, q4m_nib(w >> 8, E), q4m_nib(w >> 12, E));
         }
-        float r0 = (d[0][0] + d[0][2]) + (d[1][0] + d[1][2]);
-        float r1 = (d[0][1] + d[0][3]) + (d[1][1] + d[1][3]);
-        float sxv = sxrow ? sxrow[(kb0 >> 1) + g] : 0.0f;
+        float sxv = sxrow[(kb0 >> 1) + g];
         float s0 = __uint_as_float(sbv[g].x << 16), b0 = __uint_as_float(sbv[g].x & 0xffff0000u);
         float s1 = __uint_as_float(sbv[g].y << 16), b1 = __uint_as_float(sbv[g].y & 0xffff0000u);
-        acc0 = fmaf(s0, r0, fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
-        acc1 = fmaf(s1, r1, fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
+        acc0 = fmaf(s0, d[0] + d[2], fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
+        acc1 = fmaf(s1, d[1] + d[3], fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
     }
 }
 

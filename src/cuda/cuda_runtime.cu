@@ -567,6 +567,8 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     be->n_valid = TL_MIN(c->n_vocab, TL_N_VOCAB_TOKENS);
     const char *ng = getenv("TL_CUDA_NO_GRAPH");
     be->graphs_off = (ng && atoi(ng)) || tl_cuda_sync_each;
+    const char *amc = getenv("TL_CUDA_ATTN_MIN_CHUNK");
+    if (amc && atoi(amc) > 0) tl_attn_min_chunk = atoi(amc);
     const char *npdl = getenv("TL_CUDA_NO_PDL");
     be->pdl_off = npdl && atoi(npdl);
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -579,7 +581,7 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         st = tl_errf(err, errlen, TL_ERR_CUDA, "cudaEventCreate failed");
         goto fail;
     }
-    if ((st = tl_gpu_attn_setup()) || (st = tl_gpu_gemv_setup())) {
+    if ((st = tl_gpu_attn_setup()) || (st = tl_gpu_gemv_setup()) || (st = tl_gpu_moe_setup())) {
         tl_errf(err, errlen, st, "attention kernel setup failed");
         goto fail;
     }

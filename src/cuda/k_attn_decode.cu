@@ -19,7 +19,8 @@
  * Tested against cpu_attention (test_kernels.c: test_attn). */
 __global__ void __launch_bounds__(512)
     attn_split_kernel(float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
-                      int n_head, int n_kv, int max_ctx, int n_split, tl_gpu_seqs s) {
+                      int n_head, int n_kv, int max_ctx, int n_split, int min_chunk,
+                      tl_gpu_seqs s) {
     extern __shared__ float smem[];
     pdl_trigger();
     pdl_wait();
@@ -29,7 +30,9 @@ __global__ void __launch_bounds__(512)
     uint32_t *sk = (uint32_t *)(smem + G * HD);       /* [TILE][KW] */
     uint32_t *sv = sk + TILE * KW;                    /* [TILE][128] */
     int pos = s.tok_pos[t], slot = s.tok_slot[t], kv_len = pos + 1;
-    int chunk = CEIL_DIV(CEIL_DIV(kv_len, n_split), TILE) * TILE;
+    /* at least min_chunk keys per split: at short contexts the trailing splits are empty (they
+     * write m = -inf, which the combine skips), so one graph serves every context */
+    int chunk = CEIL_DIV(max(CEIL_DIV(kv_len, n_split), min_chunk), TILE) * TILE;
     int s0 = split * chunk, s1 = min(kv_len, s0 + chunk);
     int h = hk * G + warp;
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
@@ -59,15 +62,17 @@ __global__ void __launch_bounds__(512)
         if (j0 + lane < s1) {
             const float2 *qh = (const float2 *)(sq + warp * HD);
             const uint32_t *kr = sk + lane * KW;
-            float a0 = 0.0f, a1 = 0.0f;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f; /* 4 FMA chains */
 #pragma unroll 16
-            for (int w = 0; w < 128; w++) {
-                uint32_t kw = kr[w];
-                float2 qq = qh[w];
+            for (int w = 0; w < 128; w += 2) {
+                uint32_t kw = kr[w], kw2 = kr[w + 1];
+                float2 qq = qh[w], qq2 = qh[w + 1];
                 a0 = fmaf(qq.x, __uint_as_float(kw << 16), a0);
                 a1 = fmaf(qq.y, __uint_as_float(kw & 0xffff0000u), a1);
+                a2 = fmaf(qq2.x, __uint_as_float(kw2 << 16), a2);
+                a3 = fmaf(qq2.y, __uint_as_float(kw2 & 0xffff0000u), a3);
             }
-            sc = a0 + a1;
+            sc = (a0 + a1) + (a2 + a3);
         }
         float m_new = fmaxf(m, warp_max(sc));
         float p = expf(sc - m_new), corr = expf(m - m_new);
@@ -101,34 +106,52 @@ __global__ void __launch_bounds__(512)
 /* attn_combine_gate_kernel
  *   M = max_s m_s;  o[d] = sum_s e^{m_s - M} acc_s[d] / sum_s e^{m_s - M} l_s
  *   out[t, h*256 + d] = o[d] * sigmoid(gate[t, h, d])     (MODEL.md §2.2 step 6)
- * Threads: one block of 256 per (token, head): thread d = output dim; thread s < n_split also
- * reads split s's (m, l). Bytes: n_split * 258 * 4 in.
+ * Threads: one block of 256 (8 warps) per (token, head): thread s < n_split reads split s's
+ *   (m, l); warp w accumulates splits w, w+8, ...; thread d adds the 8 warp sums of dim d.
+ * Bytes: n_split * 258 * 4 in.
  * Tested with attn_split_kernel (test_attn). */
-__global__ void attn_combine_gate_kernel(float *out, const float *part, const float *proj,
-                                         int ld_proj, int n_head, int n_split) {
+__global__ void __launch_bounds__(256)
+    attn_combine_gate_kernel(float *out, const float *part, const float *proj, int ld_proj,
+                             int n_head, int n_split) {
     __shared__ float s_w[HD];
+    __shared__ float s_acc[8][HD];
     __shared__ float sbuf[32];
     pdl_trigger();
     pdl_wait();
-    int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x, warp = d >> 5, lane = d & 31;
     const float *p = part + ((size_t)t * n_head + h) * n_split * (HD + 2);
-    /* thread s < n_split reads split s's (m, l); the weights e^{m_s - M} go through shared
-     * memory, so the loop over splits below has independent loads (it was a chain of n_split
-     * dependent reads per thread: ~18 us at 128 splits) */
+    /* thread s < n_split reads split s's (m, l); then warp w sums splits w, w+8, ... over all
+     * 256 dims (lane: dims 2*lane + 64j, float2 loads), and the 8 warp sums are added in warp
+     * order (deterministic). One thread per dim looping over every split was a chain of n_split
+     * dependent L2 reads: ~18 us at 128 splits. */
     float m = d < n_split ? p[d * (HD + 2) + HD] : -INFINITY;
     float M = block_max(m, sbuf);
     float w = (d < n_split && m != -INFINITY) ? expf(m - M) : 0.0f;
     float L = block_sum(w != 0.0f ? w * p[d * (HD + 2) + HD + 1] : 0.0f, sbuf);
     s_w[d] = w;
     __syncthreads();
+    float2 acc[4] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (int sp = warp; sp < n_split; sp += 8) {
+        float ws = s_w[sp];
+        const float2 *ps = (const float2 *)(p + (size_t)sp * (HD + 2));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 v = ps[lane + 32 * j];
+            acc[j].x = fmaf(v.x, ws, acc[j].x), acc[j].y = fmaf(v.y, ws, acc[j].y);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) *(float2 *)&s_acc[warp][2 * (lane + 32 * j)] = acc[j];
+    __syncthreads();
     float o = 0.0f;
-#pragma unroll 8
-    for (int sp = 0; sp < n_split; sp++) o = fmaf(p[sp * (HD + 2) + d], s_w[sp], o);
+#pragma unroll
+    for (int i = 0; i < 8; i++) o += s_acc[i][d];
     float gate = proj[(size_t)t * ld_proj + h * 2 * HD + HD + d];
     out[((size_t)t * n_head + h) * HD + d] = o / L * sigmoid_f(gate);
 }
 
 static int attn_attr_done;
+int tl_attn_min_chunk = TILE; /* keys per split at least (TL_CUDA_ATTN_MIN_CHUNK, backend open) */
 
 /* Raises the kernel's dynamic shared memory limit (once; not allowed inside graph capture). */
 int tl_gpu_attn_setup(void) {
@@ -151,7 +174,7 @@ extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16
     }
     dim3 grid(n_split, n_kv, s->n_tok);
     TL_LAUNCH("attn_split", attn_split_kernel, grid, dim3(32 * G), shm, part, q, kc, vc, n_head,
-              n_kv, max_ctx, n_split, *s);
+              n_kv, max_ctx, n_split, tl_attn_min_chunk, *s);
     TL_LAUNCH("attn_combine", attn_combine_gate_kernel, dim3(s->n_tok, n_head), dim3(HD), 0, out,
               part, proj, ld_proj, n_head, n_split);
     return 0;

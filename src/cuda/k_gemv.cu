@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(256, 2)
         o[0] = v0, o[1] = v1;
     };
     q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
-                        g < nt ? xs + g * q4m_lds(K) : NULL, g < nt ? sx + g * (KB >> 1) : NULL,
+                        xs + min(g, nt - 1) * q4m_lds(K), sx + min(g, nt - 1) * (KB >> 1),
                         s_part, (char *)xs + q4m_smem(K, n_rows));
 }
 
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(256)
 
 /* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB)
  * and keep their weight rings there (8 warps x Q4M_NS stages: 74 KB at KPW 16). */
-#define GEMV_MAX_SHM (227 * 1024)
+#define GEMV_MAX_SHM (220 * 1024) /* + static shared memory <= the 227 KB opt-in limit */
 static int gemv_attr_done;
 int tl_gpu_gemv_setup(void) {
     CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));

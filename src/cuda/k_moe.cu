@@ -103,10 +103,11 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
  * Shapes: gate_up stacked [(n_expert+1) * 2F, n_embd], per expert rows interleaved by 8
  *   (16i..16i+7 = gate rows 8i.., 16i+8..16i+15 = up rows 8i..); h [n_tok, n_embd];
  *   act [n_tok, k+1, F].
- * Threads: block of 8 warps per ((8 >> ks_log2) row blocks of one expert, slot j, token t);
- *   q4: the tensor-core dot of cuda_common.cuh (q4m) with (1 << ks_log2) warps along K, the block
- *   staging the input once (times norm_w, summing h^2); the gate row block 2i and the up row block
- *   2i+1 meet in shared memory. bf16: warp pair (2p, 2p+1) reads the gate and the up row block of
+ * Threads: q4: persistent blocks of 8 warps per token (blockIdx.y) running the q4m loop of
+ *   cuda_common.cuh over units (slot j, gate/up row-block pair): 8 / KS row blocks x KS warps
+ *   along K; the block stages the normalised input once (times norm_w, summing h^2); the gate
+ *   row block 2i and the up row block 2i+1 meet in shared memory. bf16: block of 8 warps per
+ *   (32 outputs, slot, token); warp pair (2p, 2p+1) reads the gate and the up row block of
  *   outputs 8p.. (the whole n_embd each).
  * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
  * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
@@ -155,9 +156,8 @@ __global__ void __launch_bounds__(256, 2)
         float inv = rsqrtf(sq / (float)K + eps);
         act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
     };
-    int g = lane >> 2;
     q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
-                        g == 0 ? xs : NULL, g == 0 ? sx : NULL, s_part, (char *)xs + q4m_smem(K, 1));
+                        xs, sx, s_part, (char *)xs + q4m_smem(K, 1));
     (void)KB;
 }
 
@@ -230,12 +230,11 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
         float *sx = q4m_sx(xs, F, 1);
         q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
         __syncwarp();
-        int g = lane >> 2;
         float acc0 = 0.0f, acc1 = 0.0f;
-        q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, 0);
+        q4m_dot<KPW>(acc0, acc1, wq, sbv, xs, sx, 0);
         for (kb0 = KPW; kb0 < KB; kb0 += KPW) {
             q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, kb0);
-            q4m_dot<KPW>(acc0, acc1, wq, sbv, g == 0 ? xs : NULL, g == 0 ? sx : NULL, kb0);
+            q4m_dot<KPW>(acc0, acc1, wq, sbv, xs, sx, kb0);
         }
         if (lane < 4) s_v[j][2 * lane] = acc0, s_v[j][2 * lane + 1] = acc1;
     } else {
@@ -260,8 +259,18 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
 }
 
 /* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
-#define MOE_MAX_SHM (227 * 1024)
+#define MOE_MAX_SHM (220 * 1024)
 static int moe_attr_done;
+
+/* Raises moe_up's dynamic shared memory limit (once; not allowed inside a graph capture: the
+ * backend calls it at open). */
+int tl_gpu_moe_setup(void) {
+    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+    moe_attr_done = 1;
+    return 0;
+}
 
 extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                              const float *norm_w, float eps, const int32_t *ids, int k,
@@ -280,10 +289,8 @@ extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const flo
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
     if (!moe_attr_done && !tl_cuda_capturing) {
-        CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-        CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-        CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-        moe_attr_done = 1;
+        int st = tl_gpu_moe_setup();
+        if (st) return st;
     }
     if (!moe_attr_done) return TL_ERR_INVALID; /* first call inside a graph capture */
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
