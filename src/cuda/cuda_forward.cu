@@ -79,8 +79,13 @@ static int run_layers_impl(cuda_be *be, int T, int n_seg, int n_out, int out_row
             TRY(tl_gpu_gemv(be->x, D, &L->out, be->y, c->n_head * 256, NULL, 0.0f, T, 1));
         }
         TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0));
-        TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, K, T));
-        TRY(tl_gpu_moe_up(be->act, &L->gate_up, be->x, L->ffn_norm, eps, be->ids, K, E, T));
+        if (L->gate_up.bits == 4) {
+            TRY(tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &L->gate_up, be->x,
+                                    L->ffn_norm, eps, be->rlog, E + 1, K, E, T));
+        } else {
+            TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, K, T));
+            TRY(tl_gpu_moe_up(be->act, &L->gate_up, be->x, L->ffn_norm, eps, be->ids, K, E, T));
+        }
         TRY(tl_gpu_moe_down(be->x, &L->down, be->act, be->ids, be->wts, be->wsh, K, E, T));
     }
     if (n_out > 0) {
@@ -441,6 +446,9 @@ static int op_route(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_
 }
 static int op_moe_up(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     const tl_config *c = &be->cfg;
+    if (G->gate_up.bits == 4) /* the step routes inside moe_up */
+        return tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &G->gate_up, be->x, G->ffn_norm,
+                                   c->rms_eps, be->rlog, c->n_expert + 1, c->n_expert_used, c->n_expert, 1);
     return tl_gpu_moe_up(be->act, &G->gate_up, be->x, G->ffn_norm, c->rms_eps, be->ids, c->n_expert_used, c->n_expert, 1);
 }
 static int op_moe_down(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
@@ -481,8 +489,8 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         {"attn split+combine", op_attn, be->n_attn, 0},
         {"attn o-proj gemv_q4", op_attn_out, be->n_attn, tl_gpu_mat_bytes(&A->out)},
         {"router gemv_bf16", op_router, c->n_layer, tl_gpu_mat_bytes(&G->router)},
-        {"moe_route", op_route, c->n_layer, 0},
-        {"moe_up", op_moe_up, c->n_layer, tl_gpu_mat_bytes(&G->gate_up) / (c->n_expert + 1) * (c->n_expert_used + 1)},
+        {"moe_route (bf16 experts only)", op_route, G->gate_up.bits == 4 ? 0 : c->n_layer, 0},
+        {G->gate_up.bits == 4 ? "moe_up + route" : "moe_up", op_moe_up, c->n_layer, tl_gpu_mat_bytes(&G->gate_up) / (c->n_expert + 1) * (c->n_expert_used + 1)},
         {"moe_down", op_moe_down, c->n_layer, tl_gpu_mat_bytes(&G->down) / (c->n_expert + 1) * (c->n_expert_used + 1)},
         {"lm_head gemv_q4", op_lm_head, 1, tl_gpu_mat_bytes(&be->lm_head)},
     };

@@ -109,6 +109,11 @@ int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_logit, const
  * h[t] += sum_j w_j down_j act_j + w_sh down_sh act_sh (fixed order: deterministic). */
 int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h, const float *norm_w,
                   float eps, const int32_t *ids, int k, int n_expert, int n_tok);
+/* q4 experts only: tl_gpu_moe_route fused into tl_gpu_moe_up (every block routes its token from
+ * logits [n_tok, ld]; ids, w, w_sh are written as tl_gpu_moe_route writes them, for moe_down). */
+int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_sh,
+                        const tl_gpu_gemm_w *gate_up, const float *h, const float *norm_w,
+                        float eps, const float *logits, int ld, int k, int n_expert, int n_tok);
 int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act, const int32_t *ids,
                     const float *w, const float *w_sh, int k, int n_expert, int n_tok);
 

@@ -17,13 +17,9 @@ extern "C" {
  * Shapes: logits [n_tok, ld]; ids, w [n_tok, k]; w_sh [n_tok]; sh_logit [n_tok] (raw, optional).
  * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 256).
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
-__global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_logit,
-                                 const float *logits, int ld, int n_expert, int k, int n_tok) {
-    pdl_trigger();
-    pdl_wait();
-    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= n_tok) return;
-    const float *lg = logits + (size_t)t * ld;
+/* One warp routes token row lg: returns (in lanes j < k) expert id j and its renormalised weight. */
+__device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float *lg, int n_expert, int k) {
+    int lane = threadIdx.x & 31;
     float p[ROUTE_PER]; /* expert lane + 32 i, in registers (fully unrolled loops) */
     float mx = -INFINITY;
 #pragma unroll
@@ -45,7 +41,7 @@ __global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_
     for (int i = 0; i < ROUTE_PER; i++)
         if (p[i] >= 0.0f) p[i] *= inv;
     float wsum = 0.0f, my_w = 0.0f;
-    int my_id = 0;
+    int id = 0;
     for (int j = 0; j < k; j++) {
         float best = -1.5f; /* below padding (-1) and taken (-2) never wins */
         int bid = 0x7fffffff;
@@ -60,14 +56,27 @@ __global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_
             if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
         }
         wsum += best;
-        if (lane == j) my_w = best, my_id = bid;
+        if (lane == j) my_w = best, id = bid;
 #pragma unroll
         for (int i = 0; i < ROUTE_PER; i++)
             if (lane + 32 * i == bid) p[i] = -2.0f; /* taken */
     }
+    *my_id = id, *my_wn = my_w / wsum;
+}
+
+__global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_logit,
+                                 const float *logits, int ld, int n_expert, int k, int n_tok) {
+    pdl_trigger();
+    pdl_wait();
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n_tok) return;
+    const float *lg = logits + (size_t)t * ld;
+    int id;
+    float wn;
+    route_warp(&id, &wn, lg, n_expert, k);
     if (lane < k) {
-        ids[(size_t)t * k + lane] = my_id;
-        w[(size_t)t * k + lane] = my_w / wsum;
+        ids[(size_t)t * k + lane] = id;
+        w[(size_t)t * k + lane] = wn;
     }
     if (lane == 0) {
         w_sh[t] = sigmoid_f(lg[n_expert]);
@@ -114,7 +123,8 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
 template <int KPW>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
-                      const int32_t *ids, int k, int n_expert, int F, int KS) {
+                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits,
+                      int ld, float *wts, float *w_sh) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
@@ -125,7 +135,22 @@ __global__ void __launch_bounds__(256, 2)
     float *sx = q4m_sx(xs, K, 1);
     pdl_trigger();
     pdl_wait();
-    if (threadIdx.x <= k) s_e[threadIdx.x] = threadIdx.x < k ? ids[(size_t)t * k + threadIdx.x] : n_expert;
+    if (logits) { /* route here (moe_route_kernel's math); block 0 publishes it for moe_down */
+        if (warp == 0) {
+            const float *lg = logits + (size_t)t * ld;
+            int id;
+            float wn;
+            route_warp(&id, &wn, lg, n_expert, k);
+            if (lane < k) s_e[lane] = id;
+            if (lane == 0) s_e[k] = n_expert;
+            if (blockIdx.x == 0) {
+                if (lane < k) ids[(size_t)t * k + lane] = id, wts[(size_t)t * k + lane] = wn;
+                if (lane == 0) w_sh[t] = sigmoid_f(lg[n_expert]);
+            }
+        }
+    } else if (threadIdx.x <= k) {
+        s_e[threadIdx.x] = threadIdx.x < k ? ids[(size_t)t * k + threadIdx.x] : n_expert;
+    }
     if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
     __syncthreads();
     const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
@@ -272,20 +297,22 @@ int tl_gpu_moe_setup(void) {
     return 0;
 }
 
-extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
-                             const float *norm_w, float eps, const int32_t *ids, int k,
-                             int n_expert, int n_tok) {
+static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
+                       const float *norm_w, float eps, int32_t *ids, int k, int n_expert,
+                       int n_tok, const float *logits, int ld, float *wts, float *w_sh) {
     if (n_tok <= 0) return 0;
     int F = gate_up->rows / (n_expert + 1) / 2, K = gate_up->cols;
     if (F % 8 || K % 256) return TL_ERR_INVALID;
     if (gate_up->bits != 4) {
+        if (logits) return TL_ERR_INVALID; /* the bf16 path routes with tl_gpu_moe_route */
         dim3 grid(CEIL_DIV(F, 32), k + 1, n_tok);
         TL_LAUNCH("moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
         return 0;
     }
     int kpw, ks;
     /* at most 4 K-slices: a unit keeps a gate/up row-block pair */
-    if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K) return TL_ERR_INVALID;
+    if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K || k > 32 || n_expert > 32 * ROUTE_PER)
+        return TL_ERR_INVALID;
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
     if (!moe_attr_done && !tl_cuda_capturing) {
@@ -296,12 +323,26 @@ extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const flo
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
     dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tok)), n_tok);
     if (kpw == 32)
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<32>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks);
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<32>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
     else if (kpw == 16)
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<16>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks);
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<16>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
     else
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<8>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks);
+        TL_LAUNCH("moe_up", moe_up_q4m_kernel<8>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
     return 0;
+}
+
+extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
+                             const float *norm_w, float eps, const int32_t *ids, int k,
+                             int n_expert, int n_tok) {
+    return moe_up_impl(act, gate_up, h, norm_w, eps, (int32_t *)ids, k, n_expert, n_tok, NULL, 0,
+                       NULL, NULL);
+}
+
+extern "C" int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_sh,
+                                   const tl_gpu_gemm_w *gate_up, const float *h,
+                                   const float *norm_w, float eps, const float *logits, int ld,
+                                   int k, int n_expert, int n_tok) {
+    return moe_up_impl(act, gate_up, h, norm_w, eps, ids, k, n_expert, n_tok, logits, ld, w, w_sh);
 }
 
 extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act,

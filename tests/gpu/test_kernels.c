@@ -427,6 +427,25 @@ static void moe_case(int bits, int D, int K, int T) {
     CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dh, (size_t)T * D);
+    if (bits) {
+        /* the decode step's fused form (routing inside moe_up): same ids, bit-identical h */
+        int32_t *hid = (int32_t *)host_from(dids, (size_t)T * K), *hid2;
+        float *dh2 = dev_from(h, sizeof(float) * T * D);
+        CHECK_EQ_INT(tl_gpu_memset(dids, 0xff, sizeof(int32_t) * T * K), 0);
+        CHECK_EQ_INT(tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1, K, E, T), 0);
+        CHECK_EQ_INT(tl_gpu_moe_down(dh2, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        hid2 = (int32_t *)host_from(dids, (size_t)T * K);
+        float *got2 = host_from(dh2, (size_t)T * D);
+        int same_ids = !memcmp(hid, hid2, sizeof(int32_t) * T * K);
+        int same_h = !memcmp(got, got2, sizeof(float) * T * D);
+        printf("# moe_up_route D%d k%d T%d: ids %s, h %s (want both same)\n", D, K, T,
+               same_ids ? "same" : "DIFFER", same_h ? "same" : "DIFFER");
+        CHECK(same_ids);
+        CHECK(same_h);
+        tl_gpu_free(dh2);
+        free(hid), free(hid2), free(got2);
+    }
     char what[64];
     snprintf(what, sizeof what, "moe %s D%d k%d T%d", bits ? "q4" : "bf16", D, K, T);
     check_nmse(what, got, ref, (size_t)T * D, 1e-9);
