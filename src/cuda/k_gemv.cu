@@ -169,12 +169,8 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
         dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tt)), n_tt);
-        if (kpw == 32)
-            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<32>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
-        else if (kpw == 16)
-            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<16>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
-        else
-            TL_LAUNCH("gemv_q4", gemv_q4m_kernel<8>, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
+        auto kern = kpw == 32 ? gemv_q4m_kernel<32> : kpw == 16 ? gemv_q4m_kernel<16> : gemv_q4m_kernel<8>;
+        TL_LAUNCH("gemv_q4", kern, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
         return 0;
     }
     int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(256, 2)
     __shared__ float2 s_part[8][32];
     __shared__ int s_e[MAX_K + 1];
     int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int K = W.cols, KB = K >> 5, RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB);
+    int K = W.cols, RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB);
     int n_units = (k + 1) * upj;
     float *sx = q4m_sx(xs, K, 1);
     pdl_trigger();
@@ -183,7 +183,6 @@ __global__ void __launch_bounds__(256, 2)
     };
     q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
                         xs, sx, s_part, (char *)xs + q4m_smem(K, 1));
-    (void)KB;
 }
 
 __global__ void __launch_bounds__(256)
@@ -322,12 +321,8 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     if (!moe_attr_done) return TL_ERR_INVALID; /* first call inside a graph capture */
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
     dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tok)), n_tok);
-    if (kpw == 32)
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<32>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
-    else if (kpw == 16)
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<16>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
-    else
-        TL_LAUNCH("moe_up", moe_up_q4m_kernel<8>, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
+    auto kern = kpw == 32 ? moe_up_q4m_kernel<32> : kpw == 16 ? moe_up_q4m_kernel<16> : moe_up_q4m_kernel<8>;
+    TL_LAUNCH("moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
     return 0;
 }
 
@@ -360,11 +355,7 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     if (q4m_split(F, 8, &kpw, &ks)) return TL_ERR_INVALID; /* one warp loops over the ks chunks */
     size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
     if (shm > 48 * 1024) return TL_ERR_INVALID;
-    if (kpw == 32)
-        TL_LAUNCH("moe_down", (moe_down_kernel<4, 32>), grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
-    else if (kpw == 16)
-        TL_LAUNCH("moe_down", (moe_down_kernel<4, 16>), grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
-    else
-        TL_LAUNCH("moe_down", (moe_down_kernel<4, 8>), grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+    auto kern = kpw == 32 ? moe_down_kernel<4, 32> : kpw == 16 ? moe_down_kernel<4, 16> : moe_down_kernel<4, 8>;
+    TL_LAUNCH("moe_down", kern, grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
     return 0;
 }
