@@ -59,6 +59,17 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x));
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+/* Causal depthwise conv of kernel 4 + SiLU for one channel: w = (w0..w3), s0..s2 the three
+ * previous inputs (oldest first), x the new one (conv1d_silu_kernel and the GEMV's fused
+ * epilogue share it so both give the same bits). */
+__device__ __forceinline__ float conv4_silu(float4 w, float s0, float s1, float s2, float x) {
+    float a = w.x * s0;
+    a = fmaf(w.y, s1, a);
+    a = fmaf(w.z, s2, a);
+    a = fmaf(w.w, x, a);
+    return silu_f(a);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

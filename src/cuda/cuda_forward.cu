@@ -4,7 +4,8 @@
  * and the device sampler picks the next tokens. Pure decode micro-batches (one token per
  * sequence) replay a CUDA graph captured once per batch size.
  *
- * Per layer (decode, B tokens): GDN layer = in-proj GEMV (RMSNorm fused) -> conv1d -> GDN step
+ * Per layer (decode, B tokens): GDN layer = in-proj GEMV (RMSNorm fused; for q4 decode the conv1d
+ * too, else a conv1d kernel) -> GDN step
  * (gates, L2 norms, delta rule, gated norm) -> out-proj GEMV (+residual); attention layer =
  * in-proj GEMV -> q/k norm + RoPE + KV write -> split-KV attention -> combine*gate -> o-proj
  * GEMV (+residual); MoE = router GEMV (norm fused) -> top-k -> experts gate/up (norm fused) ->
@@ -60,9 +61,14 @@ static int run_layers_impl(cuda_be *be, int T, int n_seg, int n_out, int out_row
         const cb_layer *L = &be->L[il];
         if (L->kind == TL_LAYER_GDN) {
             int ld = be->ld_gdn_in;
-            TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0));
-            TRY(tl_gpu_conv1d(be->conv_out, be->conv_st + L->st_idx * conv_layer, be->proj, ld,
-                              L->conv_w, be->conv_dim, &s));
+            float *cst = be->conv_st + L->st_idx * conv_layer;
+            if (L->in.bits == 4 && n_seg == T) { /* one token per sequence: conv in the epilogue */
+                TRY(tl_gpu_gemv_conv1d(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T,
+                                       be->conv_out, cst, L->conv_w, be->conv_dim, d.tok_slot));
+            } else {
+                TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0));
+                TRY(tl_gpu_conv1d(be->conv_out, cst, be->proj, ld, L->conv_w, be->conv_dim, &s));
+            }
             int z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
             TRY(tl_gpu_gdn(be->y, be->rec_st + L->st_idx * rec_layer, be->conv_out, be->proj, ld,
                            z_off, b_off, a_off, L->dt_bias, L->a_neg, L->gdn_norm,
@@ -409,6 +415,10 @@ typedef int (*op_fn)(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl
 static int op_gdn_in(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     return tl_gpu_gemv(be->proj, be->ld_gdn_in, &G->in, be->x, be->cfg.n_embd, G->attn_norm, be->cfg.rms_eps, 1, 0);
 }
+static int op_gdn_in_conv(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
+    return tl_gpu_gemv_conv1d(be->proj, be->ld_gdn_in, &G->in, be->x, be->cfg.n_embd, G->attn_norm,
+                              be->cfg.rms_eps, 1, be->conv_out, be->conv_st, G->conv_w, be->conv_dim, s->tok_slot);
+}
 static int op_conv(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     return tl_gpu_conv1d(be->conv_out, be->conv_st, be->proj, be->ld_gdn_in, G->conv_w, be->conv_dim, s);
 }
@@ -480,8 +490,9 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         int per_step;
         size_t bytes;
     } ops[] = {
-        {"gdn in-proj gemv_q4", op_gdn_in, be->n_gdn, tl_gpu_mat_bytes(&G->in)},
-        {"conv1d", op_conv, be->n_gdn, 0},
+        {"gdn in-proj gemv_q4 (+ conv1d fused)", op_gdn_in_conv, G->in.bits == 4 ? be->n_gdn : 0, tl_gpu_mat_bytes(&G->in)},
+        {"gdn in-proj gemv", op_gdn_in, G->in.bits == 4 ? 0 : be->n_gdn, tl_gpu_mat_bytes(&G->in)},
+        {"conv1d (unfused)", op_conv, G->in.bits == 4 ? 0 : be->n_gdn, 0},
         {"gdn_step", op_gdn, be->n_gdn, (size_t)c->gdn_n_v_head * 128 * 128 * 8},
         {"gdn out-proj gemv_q4", op_gdn_out, be->n_gdn, tl_gpu_mat_bytes(&G->out)},
         {"attn in-proj gemv_q4", op_attn_in, be->n_attn, tl_gpu_mat_bytes(&A->in)},
@@ -502,6 +513,7 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
     double total = 0;
     fprintf(f, "| op (one token) | per step | us per call | GB/s | us per step |\n|---|---:|---:|---:|---:|\n");
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if (!ops[i].per_step) continue; /* not in this model's step */
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));

@@ -569,6 +569,8 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     be->graphs_off = (ng && atoi(ng)) || tl_cuda_sync_each;
     const char *amc = getenv("TL_CUDA_ATTN_MIN_CHUNK");
     if (amc && atoi(amc) > 0) tl_attn_min_chunk = atoi(amc);
+    const char *ntc = getenv("TL_CUDA_ATTN_NO_TC");
+    if (ntc && atoi(ntc)) tl_gpu_attn_force_cuda_core(1);
     const char *npdl = getenv("TL_CUDA_NO_PDL");
     be->pdl_off = npdl && atoi(npdl);
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess) {

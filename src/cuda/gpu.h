@@ -73,6 +73,14 @@ int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows
  * rmsnorm(x; norm_w) when norm_w is non-NULL. ldx, ldy: row strides. */
 int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                 const float *norm_w, float eps, int n_tok, int accumulate);
+/* tl_gpu_gemv (no accumulate) for a q4 GDN in-projection of decode tokens (one per sequence)
+ * with the conv1d of tl_gpu_conv1d fused: rows r < C give conv_out[t, r] (SiLU of the conv over
+ * conv_state[tok_slot[t]] and the new value, state shifted) instead of y[t, r]; rows >= C go
+ * to y as usual. Same bits as tl_gpu_gemv + tl_gpu_conv1d. TL_ERR_INVALID unless W is q4 and
+ * C % 8 == 0. */
+int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
+                       const float *norm_w, float eps, int n_tok, float *conv_out,
+                       float *conv_state, const float *conv_w, int C, const int32_t *tok_slot);
 /* Causal depthwise conv (kernel 4) + SiLU over the first C columns of in [n_tok, ld_in], per
  * segment, in token order; state [n_slot][3][C] f32 holds each slot's last 3 pre-conv inputs
  * (oldest first). out [n_tok, C]. w [C, 4]. */
@@ -92,12 +100,15 @@ int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_p
 int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj, int ld_proj,
                       const float *q_norm, const float *k_norm, int n_head, int n_kv,
                       int max_ctx, float theta, float eps, const tl_gpu_seqs *s);
-/* Gated attention of each token over its slot's cache positions 0..pos (split-KV, n_split
- * partials in part [n_tok * n_head * n_split * 258] f32), then combined and multiplied by
+/* Gated attention of each token over its slot's cache positions 0..pos (split-KV, at most
+ * n_split partials per head in part [n_tok * n_head * n_split * 258] f32), then combined and multiplied by
  * sigmoid(gate) from proj: out [n_tok, n_head*256]. */
 int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
                 const float *proj, int ld_proj, int n_head, int n_kv, int max_ctx, int n_split,
                 const tl_gpu_seqs *s);
+/* 1: tl_gpu_attn uses the CUDA-core split kernel even where the tensor-core one applies (G = 8
+ * query heads per KV head); for tests and the TL_CUDA_ATTN_NO_TC=1 switch. */
+void tl_gpu_attn_force_cuda_core(int on);
 /* Router from logits [n_tok, ld] (n_expert router logits, then the shared-expert gate logit):
  * fp32 softmax, top-k (ties: lower id), renormalised; ids/w [n_tok, k]; w_sh [n_tok] =
  * sigmoid(shared gate logit); sh_logit (NULL or [n_tok]) = the raw shared gate logit. */

@@ -24,11 +24,7 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
     for (int i = 0; i < n; i++) {
         size_t t = (size_t)(t0 + i);
         float xv = in[t * ld_in + ch];
-        float a = wv.x * s0;
-        a = fmaf(wv.y, s1, a);
-        a = fmaf(wv.z, s2, a);
-        a = fmaf(wv.w, xv, a);
-        out[t * C + ch] = silu_f(a);
+        out[t * C + ch] = conv4_silu(wv, s0, s1, s2, xv);
         s0 = s1, s1 = s2, s2 = xv;
     }
     st[0] = s0, st[C] = s1, st[2 * C] = s2;

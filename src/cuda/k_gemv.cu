@@ -18,10 +18,20 @@ extern "C" {
  *   the K-slices meet in shared memory, added in slice order (deterministic).
  * Bytes: rows*K/2 + rows*K/16 per token tile; x from L2.
  * Tested against cpu_matvec (tests/gpu/test_kernels.c: test_gemv_q4). */
+/* Fused decode epilogue of the GDN in-projection (conv.out non-NULL): rows r < conv.C are the
+ * conv1d inputs of token t; instead of y they produce conv.out[t, r] = conv4_silu(w[r],
+ * state[slot_t][0..2][r], value) and shift the state (one token per sequence only). */
+typedef struct gemv_conv_epi {
+    float *out, *state;
+    const float *w;
+    const int32_t *tok_slot;
+    int C;
+} gemv_conv_epi;
+
 template <int KPW>
 __global__ void __launch_bounds__(256, 2)
     gemv_q4m_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx, const float *nw,
-                    float eps, int n_tok, int accumulate, int KS, int n_rows) {
+                    float eps, int n_tok, int accumulate, int KS, int n_rows, gemv_conv_epi conv) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
@@ -58,8 +68,18 @@ __global__ void __launch_bounds__(256, 2)
             for (int i = 0; i < 8; i++) sq += s_ss[i * 8 + g];
             inv = rsqrtf(sq / (float)K + eps);
         }
-        float *o = y + (size_t)(t0 + g) * ldy + rb * 8 + 2 * t;
+        int r = rb * 8 + 2 * t;
         float v0 = a0 * inv, v1 = a1 * inv;
+        if (conv.out && r < conv.C) { /* rows 8rb.. lie wholly inside or outside (C % 8 == 0) */
+            float *st = conv.state + (size_t)conv.tok_slot[t0 + g] * 3 * conv.C + r;
+            float4 w0 = *(const float4 *)(conv.w + (size_t)r * 4), w1 = *(const float4 *)(conv.w + (size_t)r * 4 + 4);
+            float2 p0 = *(float2 *)st, p1 = *(float2 *)(st + conv.C), p2 = *(float2 *)(st + 2 * conv.C);
+            *(float2 *)(conv.out + (size_t)(t0 + g) * conv.C + r) =
+                make_float2(conv4_silu(w0, p0.x, p1.x, p2.x, v0), conv4_silu(w1, p0.y, p1.y, p2.y, v1));
+            *(float2 *)st = p1, *(float2 *)(st + conv.C) = p2, *(float2 *)(st + 2 * conv.C) = make_float2(v0, v1);
+            return;
+        }
+        float *o = y + (size_t)(t0 + g) * ldy + r;
         if (accumulate) v0 += o[0], v1 += o[1];
         o[0] = v0, o[1] = v1;
     };
@@ -157,7 +177,7 @@ int q4m_grid_cap(void) {
 }
 
 static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
-                       const float *nw, float eps, int n_tok, int acc) {
+                       const float *nw, float eps, int n_tok, int acc, gemv_conv_epi conv) {
     if (!gemv_attr_done && !tl_cuda_capturing) {
         int st = tl_gpu_gemv_setup();
         if (st) return st;
@@ -170,7 +190,8 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
         dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tt)), n_tt);
         auto kern = kpw == 32 ? gemv_q4m_kernel<32> : kpw == 16 ? gemv_q4m_kernel<16> : gemv_q4m_kernel<8>;
-        TL_LAUNCH("gemv_q4", kern, grid, dim3(256), shm, y, ldy, *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows);
+        TL_LAUNCH(conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, y, ldy, *W, x,
+                  ldx, nw, eps, n_tok, acc, ks, n_rows, conv);
         return 0;
     }
     int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
@@ -188,7 +209,18 @@ extern "C" int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const floa
     if (n_tok <= 0) return 0;
     if (W->bits == 4 && (W->rows % 8 || W->cols % 256)) return TL_ERR_INVALID; /* q4m tiles */
     if (W->bits == 16 && W->cols % 256) return TL_ERR_INVALID;
-    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate);
+    gemv_conv_epi none = {NULL, NULL, NULL, NULL, 0};
+    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate, none);
+}
+
+extern "C" int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x,
+                                  int ldx, const float *norm_w, float eps, int n_tok,
+                                  float *conv_out, float *conv_state, const float *conv_w, int C,
+                                  const int32_t *tok_slot) {
+    if (n_tok <= 0) return 0;
+    if (W->bits != 4 || W->rows % 8 || W->cols % 256 || C % 8 || C > W->rows) return TL_ERR_INVALID;
+    gemv_conv_epi conv = {conv_out, conv_state, conv_w, tok_slot, C};
+    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, 0, conv);
 }
 
 /* embed_row_kernel

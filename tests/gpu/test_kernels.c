@@ -173,6 +173,51 @@ static dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n
     return d;
 }
 
+/* The GDN in-projection with conv1d fused (decode: one token per sequence, 3 tokens in slots
+ * 2, 0, 1 of 3) gives the same bits as gemv then conv1d: conv outputs, states and the rows >= C. */
+static void test_gemv_conv1d_fused(void) {
+    const int rows = 12416, cols = TL_N_EMBD, C = 8192, T = 3, n_slot = 3, ld = rows;
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *cw = rand_vec((size_t)C * 4, 0.5f, &rs), *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
+    int slot[3] = {2, 0, 1}, pos0[3] = {5, 9, 1}, n[3] = {1, 1, 1};
+    dseqs d = make_seqs(T, slot, pos0, n);
+    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dcw = dev_from(cw, sizeof(float) * C * 4);
+    float *dst1 = dev_from(st, sizeof(float) * n_slot * 3 * C), *dst2 = dev_from(st, sizeof(float) * n_slot * 3 * C);
+    float *dy1 = tl_gpu_malloc(sizeof(float) * T * ld), *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
+    float *dc1 = tl_gpu_malloc(sizeof(float) * T * C), *dc2 = tl_gpu_malloc(sizeof(float) * T * C);
+    CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0), 0);
+    CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s), 0);
+    CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C, d.s.tok_slot), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    float *y1 = host_from(dy1, (size_t)T * ld), *y2 = host_from(dy2, (size_t)T * ld);
+    float *c1 = host_from(dc1, (size_t)T * C), *c2 = host_from(dc2, (size_t)T * C);
+    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C), *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
+    int bad_y = 0;
+    for (int t = 0; t < T; t++)
+        bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C, sizeof(float) * (rows - C)) != 0;
+    int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0, bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
+    double nm = t_nmse(c2, c1, (size_t)T * C);
+    printf("# gemv+conv1d fused vs unfused: rows>=C differ in %d tokens, conv out differs %d, state differs %d (conv nmse %.2e)\n",
+           bad_y, bad_c, bad_s, nm);
+    CHECK_EQ_INT(bad_y, 0);
+    CHECK_EQ_INT(bad_c, 0);
+    CHECK_EQ_INT(bad_s, 0);
+    /* the states moved: slot s now ends with the new input of the token in slot s */
+    CHECK(memcmp(s1, st, sizeof(float) * n_slot * 3 * C) != 0);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dcw), tl_gpu_free(dst1), tl_gpu_free(dst2);
+    tl_gpu_free(dy1), tl_gpu_free(dy2), tl_gpu_free(dc1), tl_gpu_free(dc2), tl_gpu_free(d.buf);
+    tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(cw), free(st), free(y1), free(y2), free(c1), free(c2), free(s1), free(s2);
+    hmat_free(&W);
+}
+
 /* ---- conv1d ---- */
 
 static void test_conv1d(void) {
@@ -298,11 +343,13 @@ static void test_qk_rope(void) {
     free(proj), free(qn), free(kn), free(got), free(ref), free(gk), free(gv);
 }
 
-static void attn_case(int n_split) {
-    const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 3000, n_slot = 2;
-    int ld = H * 2 * HD + 2 * Hk * HD;
-    /* five queries: positions 0, 31, 32, 1000 (slot 1) and 2999 (slot 0) */
-    int slot[5] = {1, 1, 1, 1, 0}, pos0[5] = {0, 31, 32, 1000, 2999}, n[5] = {1, 1, 1, 1, 1}, T = 5;
+/* Segments (slot, pos0, n) of queries over random bf16 caches; H query heads over Hk KV heads
+ * (G = H / Hk = 8 takes the tensor-core split kernel unless cuda_core). */
+static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const int *n, int n_split,
+                     int cuda_core) {
+    const int Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 3000, n_slot = 2;
+    int ld = H * 2 * HD + 2 * Hk * HD, T = 0;
+    for (int i = 0; i < n_seg; i++) T += n[i];
     size_t kvn = (size_t)n_slot * max_ctx * Hk * HD;
     uint16_t *kc = xmalloc(kvn * 2), *vc = xmalloc(kvn * 2);
     float *kf = xmalloc(kvn * 4), *vf = xmalloc(kvn * 4);
@@ -312,33 +359,54 @@ static void attn_case(int n_split) {
     }
     float *q = rand_vec((size_t)T * H * HD, 1.0f, &rs), *proj = rand_vec((size_t)T * ld, 2.0f, &rs);
     float *ref = xmalloc(sizeof(float) * T * H * HD);
-    for (int t = 0; t < T; t++) {
-        const float *kbase = kf + (size_t)slot[t] * max_ctx * Hk * HD, *vbase = vf + (size_t)slot[t] * max_ctx * Hk * HD;
-        /* one query at position pos over keys 0..pos: cpu_attention with n_q = 1, pos0 = pos */
-        cpu_attention(ref + (size_t)t * H * HD, q + (size_t)t * H * HD, kbase, vbase, 1, pos0[t], H, Hk, HD, 1.0f / 16.0f);
-        for (int h = 0; h < H; h++)
-            for (int dd = 0; dd < HD; dd++)
-                ref[((size_t)t * H + h) * HD + dd] *= cpu_sigmoid(proj[(size_t)t * ld + h * 2 * HD + HD + dd]);
-    }
-    dseqs d = make_seqs(5, slot, pos0, n);
+    for (int sg = 0, t = 0; sg < n_seg; sg++)
+        for (int k = 0; k < n[sg]; k++, t++) {
+            size_t sb = (size_t)slot[sg] * max_ctx * Hk * HD;
+            /* one query at position pos over keys 0..pos: cpu_attention with n_q = 1, pos0 = pos */
+            cpu_attention(ref + (size_t)t * H * HD, q + (size_t)t * H * HD, kf + sb, vf + sb, 1,
+                          pos0[sg] + k, H, Hk, HD, 1.0f / 16.0f);
+            for (int h = 0; h < H; h++)
+                for (int dd = 0; dd < HD; dd++)
+                    ref[((size_t)t * H + h) * HD + dd] *= cpu_sigmoid(proj[(size_t)t * ld + h * 2 * HD + HD + dd]);
+        }
+    dseqs d = make_seqs(n_seg, slot, pos0, n);
     uint16_t *dk = dev_from(kc, kvn * 2), *dv = dev_from(vc, kvn * 2);
     float *dq = dev_from(q, sizeof(float) * T * H * HD), *dproj = dev_from(proj, sizeof(float) * T * ld);
     float *dpart = tl_gpu_malloc(sizeof(float) * T * H * n_split * 258), *dout = tl_gpu_malloc(sizeof(float) * T * H * HD);
+    /* garbage in the partials: an unwritten (empty) split must never be read */
+    float *junk = xmalloc(sizeof(float) * T * H * n_split * 258);
+    for (size_t i = 0; i < (size_t)T * H * n_split * 258; i++) junk[i] = NAN;
+    CHECK_EQ_INT(tl_gpu_upload(dpart, junk, sizeof(float) * T * H * n_split * 258), 0);
+    tl_gpu_attn_force_cuda_core(cuda_core);
     CHECK_EQ_INT(tl_gpu_attn(dout, dpart, dq, dk, dv, dproj, ld, H, Hk, max_ctx, n_split, &d.s), 0);
+    tl_gpu_attn_force_cuda_core(0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dout, (size_t)T * H * HD);
-    char what[64];
-    snprintf(what, sizeof what, "attention n_split=%d", n_split);
-    /* same bf16 K/V on both sides, fp32 softmax: STYLE.md allows 1e-4 for bf16 KV; we see ~1e-12 */
+    char what[96];
+    snprintf(what, sizeof what, "attention G=%d %s n_split=%d T=%d", H / Hk,
+             cuda_core || H / Hk != 8 ? "cuda-core" : "tensor-core", n_split, T);
+    /* same bf16 K/V on both sides, fp32 softmax: STYLE.md allows 1e-4 for bf16 KV; the CUDA-core
+     * kernel sees ~1e-12, the tensor-core one (q and p as bf16 hi + lo, ~16 bits) ~1e-11 */
     check_nmse(what, got, ref, (size_t)T * H * HD, 1e-9);
     tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(dq), tl_gpu_free(dproj), tl_gpu_free(dpart), tl_gpu_free(dout), tl_gpu_free(d.buf);
-    free(kc), free(vc), free(kf), free(vf), free(q), free(proj), free(ref), free(got);
+    free(kc), free(vc), free(kf), free(vf), free(q), free(proj), free(ref), free(got), free(junk);
 }
 
 static void test_attn(void) {
-    attn_case(64);
-    attn_case(3);
-    attn_case(1);
+    /* five decode queries: positions 0, 31, 32, 1000 (slot 1) and 2999 (slot 0) */
+    int slot5[5] = {1, 1, 1, 1, 0}, pos5[5] = {0, 31, 32, 1000, 2999}, n5[5] = {1, 1, 1, 1, 1};
+    /* one long query; a prefill-like segment of 11 tokens (new keys 990..1000) + one decode */
+    int slot1[1] = {0}, pos1[1] = {2999}, n1[1] = {1};
+    int slot2[2] = {1, 0}, pos2[2] = {990, 77}, n2[2] = {11, 1};
+    int ns[3] = {128, 3, 1};
+    for (int i = 0; i < 3; i++) {
+        attn_run(TL_N_HEAD, 5, slot5, pos5, n5, ns[i], 0);
+        attn_run(TL_N_HEAD, 5, slot5, pos5, n5, ns[i], 1);
+    }
+    attn_run(TL_N_HEAD, 1, slot1, pos1, n1, 128, 0);
+    attn_run(TL_N_HEAD, 2, slot2, pos2, n2, 64, 0);
+    attn_run(TL_N_HEAD, 2, slot2, pos2, n2, 64, 1);
+    attn_run(4, 5, slot5, pos5, n5, 64, 0); /* G = 2 (the small test model): CUDA-core kernel */
 }
 
 /* ---- MoE ---- */
@@ -645,6 +713,7 @@ int main(void) {
     T_RUN(test_gemv_bf16);
     T_RUN(test_gemv_q4);
     T_RUN(test_gemv_q4_batch_exact);
+    T_RUN(test_gemv_conv1d_fused);
     T_RUN(test_embed);
     T_RUN(test_rmsnorm);
     T_RUN(test_conv1d);
