@@ -44,6 +44,10 @@ typedef struct tl_engine_params {
     int n_threads;          /* CPU backend threads; 0 = all cores */
     int max_seqs;           /* live sessions at once (state slots); 0 = default (16) */
     int max_ctx;            /* tokens per session; 0 = default (min(model max, 32768)) */
+    long kv_tokens;         /* CUDA: KV cache pool in tokens, shared by all sessions (pages of
+                               64); 0 = max_seqs * max_ctx (every session can be full at once).
+                               A step that needs a page when none is free fails with
+                               TL_ERR_CONTEXT_FULL and changes no session. */
     int random_weights;     /* bench: build a full-size model from `seed`, no checkpoint */
     uint64_t seed;
     int weight_bits;        /* random weights: 16 (bf16) or 4 (affine g64) */

@@ -138,7 +138,8 @@ int cmd_bench(int argc, char **argv) {
             return 1;
         }
     }
-    tl_cuda_params p = {1, max_len + gen + 1, random, seed, bits};
+    tl_cuda_params p = {.max_seqs = 1, .max_ctx = max_len + gen + 1, .random_weights = random,
+                        .seed = seed, .weight_bits = bits};
     tl_backend *b = NULL;
     double t_open = tl_time_s();
     if (tl_backend_cuda_open(&b, m, &cfg, &p, err, sizeof err)) {

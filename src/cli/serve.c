@@ -16,6 +16,9 @@ static void serve_usage(void) {
             "  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/*\n"
             "  --max-seqs N           concurrent sequences (state slots; default: engine's)\n"
             "  --ctx N                tokens per sequence (default: engine's)\n"
+            "  --kv-tokens N          CUDA: KV cache pool shared by all sequences, in tokens\n"
+            "                         (default max-seqs x ctx; smaller lets --max-seqs grow, and\n"
+            "                         when it runs out the longest sequence ends with 'length')\n"
             "  --queue N              requests that may wait for a slot (default 64; then 429)\n"
             "  --step-tokens N        token budget of one engine step (default 2048)\n"
             "  --max-body BYTES       request body limit (default 8388608)\n"
@@ -59,6 +62,8 @@ int cmd_serve(int argc, char **argv) {
             p.max_seqs = atoi(v);
         else if (OPT("--ctx"))
             p.max_ctx = atoi(v);
+        else if (OPT("--kv-tokens"))
+            p.kv_tokens = atol(v);
         else if (OPT("--queue"))
             p.max_queue = atoi(v) > 0 ? atoi(v) : -1;
         else if (OPT("--step-tokens"))

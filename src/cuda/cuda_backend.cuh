@@ -37,7 +37,11 @@ typedef struct cuda_be {
     float *out_norm;
 
     /* sequence state */
-    uint16_t *kc, *vc;   /* [n_attn][max_seqs][max_ctx][n_kv][256] bf16 */
+    uint16_t *kc, *vc;   /* [n_attn][n_page][TL_KV_PAGE][n_kv][256] bf16 (gpu.h: paged) */
+    int n_page, max_pages;   /* pool pages; pages of one slot at most (max_ctx / TL_KV_PAGE, up) */
+    int32_t *d_ptab, *h_ptab; /* [max_seqs][max_pages] page ids: device, pinned host mirror */
+    int *slot_np;            /* [max_seqs] pages a slot holds (its first slot_np entries) */
+    int *free_pg, n_free;    /* stack of free page ids */
     float *conv_st;      /* [n_gdn][max_seqs][3][conv_dim] */
     float *rec_st;       /* [n_gdn][max_seqs][nv][128][128] */
 

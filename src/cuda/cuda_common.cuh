@@ -55,6 +55,10 @@ __device__ __forceinline__ uint16_t f2bf(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+/* Pool token row of (slot, pos) in a paged KV cache (gpu.h: tl_gpu_kv_pages). */
+__device__ __forceinline__ int kv_row(const tl_gpu_kv_pages &pg, int slot, int pos) {
+    return pg.table[(size_t)slot * pg.max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE + pos % TL_KV_PAGE;
+}
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -52,9 +52,10 @@ static int run_layers_impl(cuda_be *be, int T, int n_seg, int n_out, int out_row
     s.n_tok = T, s.n_seg = n_seg;
     int D = c->n_embd, nv = c->gdn_n_v_head, K = c->n_expert_used, E = c->n_expert;
     float eps = c->rms_eps;
-    size_t kv_layer = (size_t)be->max_seqs * be->max_ctx * c->n_head_kv * 256;
+    size_t kv_layer = (size_t)be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
     size_t conv_layer = (size_t)be->max_seqs * 3 * be->conv_dim;
     size_t rec_layer = (size_t)be->max_seqs * nv * 128 * 128;
+    tl_gpu_kv_pages pg = {be->d_ptab, be->max_pages};
 
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T));
     for (int il = 0; il < c->n_layer; il++) {
@@ -79,9 +80,9 @@ static int run_layers_impl(cuda_be *be, int T, int n_seg, int n_out, int out_row
             uint16_t *kc = be->kc + L->st_idx * kv_layer, *vc = be->vc + L->st_idx * kv_layer;
             TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0));
             TRY(tl_gpu_qk_rope_kv(be->q, kc, vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
-                                  c->n_head_kv, be->max_ctx, c->rope_theta, eps, &s));
+                                  c->n_head_kv, &pg, c->rope_theta, eps, &s));
             TRY(tl_gpu_attn(be->y, be->part, be->q, kc, vc, be->proj, ld, c->n_head, c->n_head_kv,
-                            be->max_ctx, n_split, &s));
+                            &pg, n_split, &s));
             TRY(tl_gpu_gemv(be->x, D, &L->out, be->y, c->n_head * 256, NULL, 0.0f, T, 1));
         }
         TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0));
@@ -140,8 +141,8 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
     int E = c->n_expert, F = c->n_ff_expert;
     float eps = c->rms_eps;
     void *st = (void *)be->stream;
-    size_t kv_layer = (size_t)be->max_seqs * be->max_ctx * c->n_head_kv * 256;
-    size_t kv_slot = (size_t)be->max_ctx * c->n_head_kv * 256;
+    size_t kv_layer = (size_t)be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
+    tl_gpu_kv_pages pg = {be->d_ptab, be->max_pages};
     size_t conv_layer = (size_t)be->max_seqs * 3 * be->conv_dim;
     size_t rec_layer = (size_t)be->max_seqs * nv * 128 * 128;
 
@@ -169,11 +170,13 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
             TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, st));
             tl_cuda_prof_mark("gemm_in");
             TRY(tl_gpu_qk_rope_kv(NULL, kc, vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
-                                  c->n_head_kv, be->max_ctx, c->rope_theta, eps, &s));
+                                  c->n_head_kv, &pg, c->rope_theta, eps, &s));
             tl_gpu_kv_view kv;
             memset(&kv, 0, sizeof kv);
-            kv.k = kc + (size_t)slot * kv_slot, kv.v = vc + (size_t)slot * kv_slot;
+            kv.k = kc, kv.v = vc;
+            kv.pages = be->d_ptab + (size_t)slot * be->max_pages, kv.page_tokens = TL_KV_PAGE;
             kv.tok_stride = c->n_head_kv * 256;
+            kv.page_stride = (long long)TL_KV_PAGE * kv.tok_stride;
             tl_gpu_heads qh = {be->proj, ld, 512}, gh = {be->proj + 256, ld, 512};
             TRY(tl_gpu_attn_prefill(be->yb, &qh, &gh, &kv, T, pos0, TL_ATTN_IN_F32, st));
             tl_cuda_prof_mark("attn_prefill");
@@ -283,6 +286,35 @@ static int has_penalty(const tl_sample_params *p) {
            p->repetition_penalty != 1.0f;
 }
 
+/* Gives every entry's slot the KV pages for positions up to pos + n_tok (all or nothing: when
+ * the pool has too few free pages nothing changes and the step fails with
+ * TL_ERR_CONTEXT_FULL), and uploads the new page-table entries. h_ptab may be rewritten here:
+ * every earlier upload from it finished at the previous forward's final synchronize. */
+static int kv_reserve(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    if (be->n_attn == 0) return 0;
+    long need = 0;
+    for (int i = 0; i < n; i++) {
+        int want = TL_CEIL_DIV(e[i].pos + e[i].n_tok, TL_KV_PAGE) - be->slot_np[e[i].slot];
+        if (want > 0) need += want;
+    }
+    if (need > be->n_free)
+        return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                       "KV cache full: the step needs %ld more pages of %d tokens, %d of %d are free",
+                       need, TL_KV_PAGE, be->n_free, be->n_page);
+    for (int i = 0; i < n; i++) {
+        int slot = e[i].slot, have = be->slot_np[slot];
+        int want = TL_CEIL_DIV(e[i].pos + e[i].n_tok, TL_KV_PAGE);
+        if (want <= have) continue;
+        int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
+        for (int j = have; j < want; j++) row[j] = be->free_pg[--be->n_free];
+        be->slot_np[slot] = want;
+        CUDA_TRY(cudaMemcpyAsync(be->d_ptab + (size_t)slot * be->max_pages + have, row + have,
+                                 (size_t)(want - have) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 be->stream));
+    }
+    return 0;
+}
+
 static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
     const tl_config *c = &be->cfg;
     if (n > be->max_seqs)
@@ -304,6 +336,7 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
         row_of[i] = (en->logits || en->sample) ? n_rows++ : -1;
     }
     tl_cuda_stream = be->stream;
+    TRY(kv_reserve(be, e, n, err, errlen));
     tl_cuda_prof_mark("start");
 
     /* micro-batches: on the GEMM path (pf_ok) a long chunk of one sequence runs alone; short
@@ -435,13 +468,15 @@ static int op_attn_in(cuda_be *be, const cb_layer *G, const cb_layer *A, const t
 }
 static int op_rope(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     const tl_config *c = &be->cfg;
+    tl_gpu_kv_pages pg = {be->d_ptab, be->max_pages};
     return tl_gpu_qk_rope_kv(be->q, be->kc, be->vc, be->proj, be->ld_attn_in, A->q_norm, A->k_norm,
-                             c->n_head, c->n_head_kv, be->max_ctx, c->rope_theta, c->rms_eps, s);
+                             c->n_head, c->n_head_kv, &pg, c->rope_theta, c->rms_eps, s);
 }
 static int op_attn(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     const tl_config *c = &be->cfg;
+    tl_gpu_kv_pages pg = {be->d_ptab, be->max_pages};
     return tl_gpu_attn(be->y, be->part, be->q, be->kc, be->vc, be->proj, be->ld_attn_in, c->n_head,
-                       c->n_head_kv, be->max_ctx, CB_DECODE_SPLIT, s);
+                       c->n_head_kv, &pg, CB_DECODE_SPLIT, s);
 }
 static int op_attn_out(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     return tl_gpu_gemv(be->x, be->cfg.n_embd, &A->out, be->y, be->cfg.n_head * 256, NULL, 0.0f, 1, 1);

@@ -364,6 +364,9 @@ static void cb_close(tl_backend *b) {
                       be->gdn_ws};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
         if (be->h_meta) cudaFreeHost(be->h_meta);
+        if (be->h_ptab) cudaFreeHost(be->h_ptab);
+        tl_gpu_free(be->d_ptab);
+        free(be->slot_np), free(be->free_pg);
         if (be->h_params) cudaFreeHost(be->h_params);
         if (be->h_keys) cudaFreeHost(be->h_keys);
         if (be->h_out) cudaFreeHost(be->h_out);
@@ -379,6 +382,11 @@ static void cb_reset_slot(tl_backend *b, int slot) {
     cuda_be *be = (cuda_be *)b->impl;
     if (slot < 0 || slot >= be->max_seqs) return;
     const tl_config *c = &be->cfg;
+    /* the slot's KV pages go back to the pool (their stale contents are never read: a page is
+     * only read below its slot's length, which the new owner writes first) */
+    int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
+    for (int i = be->slot_np[slot] - 1; i >= 0; i--) be->free_pg[be->n_free++] = row[i];
+    be->slot_np[slot] = 0;
     size_t rec = (size_t)c->gdn_n_v_head * 128 * 128, conv = (size_t)3 * be->conv_dim;
     for (int g = 0; g < be->n_gdn; g++) {
         cudaMemsetAsync(be->rec_st + ((size_t)g * be->max_seqs + slot) * rec, 0, rec * 4, be->stream);
@@ -624,16 +632,32 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
             st = tl_errf(err, errlen, TL_ERR_CUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
             goto fail;
         }
-        if (getenv("TL_CUDA_VERBOSE"))
+        if (!p->random_weights || getenv("TL_CUDA_VERBOSE"))
             fprintf(stderr, "tulip: weights on GPU: %.2f GB in %.1f s\n",
                     tl_cuda_weight_bytes(b) / 1e9, tl_time_s() - t0);
     }
 
     /* sequence state */
     {
-        size_t kv = (size_t)be->n_attn * be->max_seqs * be->max_ctx * c->n_head_kv * 256;
+        /* paged KV: a pool of n_page pages shared by all slots; by default every slot can reach
+         * max_ctx at once, --kv-tokens makes the pool smaller (or larger is pointless) */
+        be->max_pages = TL_CEIL_DIV(be->max_ctx, TL_KV_PAGE);
+        long long want = p->kv_tokens > 0 ? TL_CEIL_DIV((long long)p->kv_tokens, TL_KV_PAGE)
+                                          : (long long)be->max_seqs * be->max_pages;
+        be->n_page = (int)TL_MIN(want, (long long)be->max_seqs * be->max_pages);
+        size_t kv = (size_t)be->n_attn * be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
         ALLOC(be->kc, uint16_t, kv > 0 ? kv : 1);
         ALLOC(be->vc, uint16_t, kv > 0 ? kv : 1);
+        size_t nt = (size_t)be->max_seqs * be->max_pages;
+        ALLOC(be->d_ptab, int32_t, nt);
+        if (cudaMallocHost(&be->h_ptab, nt * sizeof(int32_t)) != cudaSuccess) {
+            st = tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMallocHost of the KV page table failed");
+            goto fail;
+        }
+        be->slot_np = (int *)xcalloc((size_t)be->max_seqs, sizeof(int));
+        be->free_pg = (int *)xmalloc((size_t)be->n_page * sizeof(int));
+        for (int i = 0; i < be->n_page; i++) be->free_pg[i] = be->n_page - 1 - i; /* 0 on top */
+        be->n_free = be->n_page;
         size_t conv = (size_t)be->n_gdn * be->max_seqs * 3 * be->conv_dim;
         size_t rec = (size_t)be->n_gdn * be->max_seqs * c->gdn_n_v_head * 128 * 128;
         ALLOC(be->conv_st, float, conv > 0 ? conv : 1);

@@ -93,19 +93,31 @@ int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const fl
 int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj, int z_off,
                int b_off, int a_off, const float *dt_bias, const float *a_neg,
                const float *norm_w, int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s);
+/* Paged KV cache. Per attention layer, K and V are each a pool of pages of TL_KV_PAGE tokens,
+ * [n_page][TL_KV_PAGE][n_kv][256] bf16: position p of slot s lives at token row
+ *   table[s * max_pages + p / TL_KV_PAGE] * TL_KV_PAGE + p % TL_KV_PAGE
+ * of the pool. table [n_slot][max_pages] int32 (device) holds page ids; every attention layer
+ * uses the same ids. Entries past a slot's length are never read. TL_KV_PAGE is a multiple of
+ * the key tiles of every attention kernel (32, 64), so a tile never straddles two pages. */
+#define TL_KV_PAGE 64
+typedef struct tl_gpu_kv_pages {
+    const int32_t *table;
+    int max_pages;
+} tl_gpu_kv_pages;
+
 /* Attention prologue: q/k RMSNorm1p + NeoX RoPE (64 dims) from proj [n_tok, ld_proj] (per head
  * [query 256 | gate 256], then K (n_kv*256), then V); q_out [n_tok, n_head, 256] f32 (NULL: q is
- * written back in place of the raw query inside proj); K and V
- * written to the caches kc/vc [n_slot][max_ctx][n_kv][256] bf16 at (slot, pos). */
+ * written back in place of the raw query inside proj); K and V written to the paged caches
+ * kc/vc at (slot, pos) through pg. */
 int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj, int ld_proj,
                       const float *q_norm, const float *k_norm, int n_head, int n_kv,
-                      int max_ctx, float theta, float eps, const tl_gpu_seqs *s);
-/* Gated attention of each token over its slot's cache positions 0..pos (split-KV, at most
- * n_split partials per head in part [n_tok * n_head * n_split * 258] f32), then combined and multiplied by
- * sigmoid(gate) from proj: out [n_tok, n_head*256]. */
+                      const tl_gpu_kv_pages *pg, float theta, float eps, const tl_gpu_seqs *s);
+/* Gated attention of each token over its slot's cache positions 0..pos (paged caches kc/vc
+ * through pg; split-KV, at most n_split partials per head in part [n_tok * n_head * n_split *
+ * 258] f32), then combined and multiplied by sigmoid(gate) from proj: out [n_tok, n_head*256]. */
 int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
-                const float *proj, int ld_proj, int n_head, int n_kv, int max_ctx, int n_split,
-                const tl_gpu_seqs *s);
+                const float *proj, int ld_proj, int n_head, int n_kv, const tl_gpu_kv_pages *pg,
+                int n_split, const tl_gpu_seqs *s);
 /* 1: tl_gpu_attn uses the CUDA-core split kernel even where the tensor-core one applies (G = 8
  * query heads per KV head); for tests and the TL_CUDA_ATTN_NO_TC=1 switch. */
 void tl_gpu_attn_force_cuda_core(int on);

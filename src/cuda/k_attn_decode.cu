@@ -14,16 +14,17 @@ extern "C" {
 /* attn_split_kernel  (MODEL.md §2.2 step 5)
  *   for query token t, head h (kv head h / G), keys j in this split's range of 0..pos_t:
  *   s_j = (q . k_j) / 16;  m = max s;  l = sum e^{s_j - m};  acc = sum e^{s_j - m} v_j
- * Shapes: q [n_tok, n_head, 256] f32; kc, vc [n_slot][max_ctx][n_kv][256] bf16;
+ * Shapes: q [n_tok, n_head, 256] f32; kc, vc paged (gpu.h) [n_page * 64][n_kv][256] bf16;
  *   part [n_tok][n_head][n_split][258] f32 (acc[256], m, l).
  * Threads: block (split, kv head, token) of 32*G threads, G = n_head / n_kv query heads (one warp
  *   each) sharing every K/V tile; per 32-key tile a lane scores one key (K row from smem), then
  *   the warp accumulates P V with lane owning dims {2(lane+32i), 2(lane+32i)+1}.
+ * Tiles start at multiples of 32 keys, so each lies inside one KV page (64 keys).
  * Bytes: K and V of the split read once per block (2 * 512 B per key per kv head).
  * Tested against cpu_attention (test_kernels.c: test_attn). */
 __global__ void __launch_bounds__(512)
     attn_split_kernel(float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
-                      int n_head, int n_kv, int max_ctx, int n_split, int min_chunk,
+                      int n_head, int n_kv, tl_gpu_kv_pages pg, int n_split, int min_chunk,
                       tl_gpu_seqs s) {
     extern __shared__ float smem[];
     pdl_trigger();
@@ -44,17 +45,17 @@ __global__ void __launch_bounds__(512)
     float m = -INFINITY, l = 0.0f, acc[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[i] = 0.0f;
-    const uint16_t *kbase = kc + ((size_t)slot * max_ctx * n_kv + hk) * HD;
-    const uint16_t *vbase = vc + ((size_t)slot * max_ctx * n_kv + hk) * HD;
     size_t rstride = (size_t)n_kv * HD;
     for (int j0 = s0; j0 < s1; j0 += TILE) {
         __syncthreads();
+        size_t tbase = (size_t)kv_row(pg, slot, j0) * rstride + hk * HD; /* the tile's page */
+        const uint16_t *kbase = kc + tbase, *vbase = vc + tbase;
         for (int i = threadIdx.x; i < TILE * 32; i += blockDim.x) {
             int r = i >> 5, c16 = i & 31; /* row, 16-byte chunk */
             uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = kv4;
             if (j0 + r < s1) {
-                kv4 = *(const uint4 *)(kbase + (size_t)(j0 + r) * rstride + c16 * 8);
-                vv4 = *(const uint4 *)(vbase + (size_t)(j0 + r) * rstride + c16 * 8);
+                kv4 = *(const uint4 *)(kbase + (size_t)r * rstride + c16 * 8);
+                vv4 = *(const uint4 *)(vbase + (size_t)r * rstride + c16 * 8);
             }
             uint32_t *kr = sk + r * KW + c16 * 4;
             kr[0] = kv4.x, kr[1] = kv4.y, kr[2] = kv4.z, kr[3] = kv4.w;
@@ -119,7 +120,8 @@ __global__ void __launch_bounds__(512)
  *   conflict-free) and keeps its own online softmax (m, l per head in a quad of lanes) and O
  *   (lane: head lane/4, dims 8c + 2(lane%4) + {0,1} of n-tile c); at the end the 4 warps merge
  *   in shared memory in warp order (deterministic). Tiles wholly before the segment's first new
- *   position are issued before the PDL wait (those keys were written by earlier steps).
+ *   position are issued before the PDL wait (those keys were written by earlier steps). A tile
+ *   starts at a multiple of 16 keys, so it lies inside one KV page (64 keys).
  * chunk = keys per split = a multiple of 64 >= max(ceil(kv_len / n_use), min_chunk).
  * Bytes: K and V of the split once (2 * 512 B per key). Tested against cpu_attention
  * (test_kernels.c: test_attn). */
@@ -137,8 +139,8 @@ __device__ __forceinline__ uint32_t atc_hi_lo(float a, float b, uint32_t *lo) {
 
 __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
     attn_tc_split_kernel(float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
-                         int n_head, int n_kv, int max_ctx, int n_split, int n_use, int min_chunk,
-                         tl_gpu_seqs s) {
+                         int n_head, int n_kv, tl_gpu_kv_pages pg, int n_split, int n_use,
+                         int min_chunk, tl_gpu_seqs s) {
     extern __shared__ uint4 smem4[];
     uint4 *sq = smem4;                              /* [16 k-steps][32 lanes] A fragments */
     char *ring = (char *)(smem4 + 16 * 32);         /* [warp][stage][K tile | V tile] */
@@ -155,17 +157,17 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
         if (threadIdx.x < 8) pbase[(size_t)threadIdx.x * n_split * (HD + 2) + HD] = -INFINITY;
         return;
     }
-    const uint16_t *kbase = kc + ((size_t)slot * max_ctx * n_kv + hk) * HD;
-    const uint16_t *vbase = vc + ((size_t)slot * max_ctx * n_kv + hk) * HD;
     size_t rstride = (size_t)n_kv * HD;
     char *my = ring + (size_t)warp * 2 * 2 * ATC_TILE;
     /* lane's 16-byte chunk of each of a tile's 16 rows; row r lands at chunk (lane ^ (r & 7)) */
     auto issue = [&](int j0, int stage) {
         char *dk = my + stage * 2 * ATC_TILE, *dv = dk + ATC_TILE;
+        size_t tbase = (size_t)kv_row(pg, slot, j0) * rstride + hk * HD; /* the tile's page */
+        const uint16_t *kbase = kc + tbase, *vbase = vc + tbase;
 #pragma unroll
         for (int r = 0; r < ATC_KEYS; r++) {
             int ok = j0 + r < s1;
-            size_t off = (size_t)(ok ? j0 + r : s0) * rstride + lane * 8;
+            size_t off = (size_t)(ok ? r : 0) * rstride + lane * 8;
             int dst = r * 512 + ((lane ^ (r & 7)) << 4);
             pf_cp_async16(dk + dst, kbase + off, ok ? 16 : 0);
             pf_cp_async16(dv + dst, vbase + off, ok ? 16 : 0);
@@ -347,7 +349,8 @@ int tl_gpu_attn_setup(void) {
 
 extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc,
                            const uint16_t *vc, const float *proj, int ld_proj, int n_head,
-                           int n_kv, int max_ctx, int n_split, const tl_gpu_seqs *s) {
+                           int n_kv, const tl_gpu_kv_pages *pg, int n_split,
+                           const tl_gpu_seqs *s) {
     if (s->n_tok <= 0) return 0;
     int G = n_head / n_kv;
     if (G < 1 || G > 16 || n_head % n_kv || n_split < 1 || n_split > HD) return TL_ERR_INVALID;
@@ -361,12 +364,12 @@ extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16
         n_use = TL_MAX(1, TL_MIN(n_split, q4m_grid_cap() / 2 / (n_kv * s->n_tok)));
         dim3 grid(n_use, n_kv, s->n_tok);
         TL_LAUNCH("attn_split", attn_tc_split_kernel, grid, dim3(ATC_WARPS * 32), ATC_SMEM, part, q,
-                  kc, vc, n_head, n_kv, max_ctx, n_split, n_use, tl_attn_min_chunk, *s);
+                  kc, vc, n_head, n_kv, *pg, n_split, n_use, tl_attn_min_chunk, *s);
     } else {
         size_t shm = (size_t)G * HD * 4 + TILE * KW * 4 + TILE * 128 * 4;
         dim3 grid(n_split, n_kv, s->n_tok);
         TL_LAUNCH("attn_split", attn_split_kernel, grid, dim3(32 * G), shm, part, q, kc, vc, n_head,
-                  n_kv, max_ctx, n_split, tl_attn_min_chunk, *s);
+                  n_kv, *pg, n_split, tl_attn_min_chunk, *s);
     }
     TL_LAUNCH("attn_combine", attn_combine_gate_kernel, dim3(s->n_tok, n_head), dim3(HD), 0, out,
               part, proj, ld_proj, n_head, n_split, n_use);

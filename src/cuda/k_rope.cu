@@ -9,15 +9,15 @@
  *   rope: pairs (d, d+32), d < 32: theta_j = pos * (1 / base^(2j/64)) in fp32 (as HF)
  * Shapes: proj [n_tok, ld_proj]: head h query at h*512, gate at h*512+256 (untouched here), K at
  *   n_head*512, V at n_head*512 + n_kv*256; q_out [n_tok, n_head, 256] f32;
- *   kc, vc [n_slot][max_ctx][n_kv][256] bf16.
+ *   kc, vc paged caches (gpu.h: tl_gpu_kv_pages) [n_page * TL_KV_PAGE][n_kv][256] bf16.
  * Threads: one block of 256 (thread = dim) per (token, head), heads 0..n_head-1 are q heads,
  *   then n_kv k heads (which also copy V).
  * Bytes: ~(n_head + 2 n_kv) * 256 * 4 read, q f32 + K/V bf16 written per token.
  * Tested against cpu_rmsnorm + cpu_rope_neox (test_kernels.c: test_qk_rope). */
 __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj,
                                   int ld_proj, const float *q_norm, const float *k_norm,
-                                  int n_head, int n_kv, int max_ctx, float theta, float eps,
-                                  tl_gpu_seqs s) {
+                                  int n_head, int n_kv, tl_gpu_kv_pages pg, float theta,
+                                  float eps, tl_gpu_seqs s) {
     __shared__ float sx[HD];
     __shared__ float sbuf[32];
     pdl_trigger();
@@ -43,7 +43,7 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
         if (q_out) q_out[((size_t)t * n_head + h) * HD + d] = x;
         else ((float *)proj)[(size_t)t * ld_proj + h * 2 * HD + d] = x;
     } else {
-        size_t off = (((size_t)slot * max_ctx + pos) * n_kv + h) * HD + d;
+        size_t off = ((size_t)kv_row(pg, slot, pos) * n_kv + h) * HD + d;
         kc[off] = f2bf(x);
         vc[off] = f2bf(pr[n_head * 2 * HD + n_kv * HD + h * HD + d]);
     }
@@ -51,11 +51,11 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
 
 extern "C" int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj,
                                  int ld_proj, const float *q_norm, const float *k_norm, int n_head,
-                                 int n_kv, int max_ctx, float theta, float eps,
+                                 int n_kv, const tl_gpu_kv_pages *pg, float theta, float eps,
                                  const tl_gpu_seqs *s) {
     if (s->n_tok <= 0) return 0;
     dim3 grid(s->n_tok, n_head + n_kv);
     TL_LAUNCH("qk_rope_kv", qk_rope_kv_kernel, grid, dim3(HD), 0, q_out, kc, vc, proj, ld_proj,
-              q_norm, k_norm, n_head, n_kv, max_ctx, theta, eps, *s);
+              q_norm, k_norm, n_head, n_kv, *pg, theta, eps, *s);
     return 0;
 }

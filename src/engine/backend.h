@@ -47,6 +47,7 @@ int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int m
  * not built for, TL_ERR_CUDA when no usable GPU is present. m may be NULL with random weights. */
 typedef struct tl_cuda_params {
     int max_seqs, max_ctx;
+    long kv_tokens;           /* KV pool size in tokens, shared by the slots; 0 = max_seqs * max_ctx */
     int random_weights;
     uint64_t seed;
     int weight_bits;          /* 16 or 4 */

@@ -1,6 +1,7 @@
 /* Engine: opens the model, picks and owns the backend, hands out sessions (state slots), and runs
  * the batched step: validate every entry, forward through the backend, sample (on the device when
  * the backend can, else on the host from the logits). One thread owns an engine (tulip.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common/status.h"
@@ -32,6 +33,7 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
     *out = NULL;
     tl_engine *e = xcalloc(1, sizeof *e);
     int rc;
+    double t0 = tl_time_s(), t1 = t0;
     if (!p->random_weights) {
         if (!p->model_path) {
             free(e);
@@ -47,6 +49,7 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
             tl_engine_close(e);
             return rc;
         }
+        t1 = tl_time_s();
     } else {
         tl_config_set_production(&e->cfg); /* built on the device from a seed */
     }
@@ -59,8 +62,9 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
     rc = TL_ERR_UNSUPPORTED;
 #ifndef TL_NO_CUDA
     if (want == TL_BACKEND_CUDA || want == TL_BACKEND_AUTO) {
-        tl_cuda_params cp = {e->max_seqs, e->max_ctx, p->random_weights, p->seed,
-                             p->weight_bits ? p->weight_bits : 16};
+        tl_cuda_params cp = {.max_seqs = e->max_seqs, .max_ctx = e->max_ctx,
+                             .kv_tokens = p->kv_tokens, .random_weights = p->random_weights,
+                             .seed = p->seed, .weight_bits = p->weight_bits ? p->weight_bits : 16};
         char cerr[512] = "";
         rc = tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, sizeof cerr);
         if (rc && want == TL_BACKEND_CUDA) {
@@ -86,6 +90,9 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
             return rc;
         }
     }
+    if (e->model) /* the load time of a checkpoint, always reported (one line on stderr) */
+        fprintf(stderr, "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
+                p->model_path, tl_time_s() - t0, t1 - t0, e->be->name, tl_time_s() - t1);
     e->slot_used = xcalloc(e->max_seqs, 1);
     if (!e->be->can_sample) {
         e->scratch = calloc((size_t)e->max_seqs * e->cfg.n_vocab, sizeof(float));
@@ -133,6 +140,7 @@ int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen) {
 
 void tl_session_close(tl_session *s) {
     if (!s) return;
+    s->e->be->reset_slot(s->e->be, s->slot); /* gives its KV pages back to the pool now */
     s->e->slot_used[s->slot] = 0;
     free(s->tokens);
     free(s);

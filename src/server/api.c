@@ -105,6 +105,8 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
     tl_metrics_gauges g = {.max_seqs = tl_engine_max_seqs(s->eng)};
     tl_sched_stats(s->sched, &g.queued, &g.running, &g.sessions, &g.kv_tokens);
     g.kv_capacity = (long)g.max_seqs * s->max_ctx;
+    if (s->p.kv_tokens > 0 && s->p.kv_tokens < g.kv_capacity && tl_engine_backend(s->eng) == TL_BACKEND_CUDA)
+        g.kv_capacity = s->p.kv_tokens;
     memset(out, 0, sizeof *out);
     out->status = 200;
     out->content_type = "text/plain; version=0.0.4";

@@ -47,6 +47,7 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
                            .n_threads = s->p.n_threads,
                            .max_seqs = s->p.max_seqs,
                            .max_ctx = s->p.max_ctx,
+                           .kv_tokens = s->p.kv_tokens,
                            .random_weights = s->p.random_weights,
                            .seed = s->p.seed,
                            .weight_bits = s->p.weight_bits};

@@ -296,6 +296,38 @@ static void test_gdn(void) {
 
 static float bf16r(float x) { return tl_bf16_to_f32(tl_f32_to_bf16(x)); }
 
+/* A KV page table [n_slot][max_pages] (gpu.h: tl_gpu_kv_pages) over a pool of exactly
+ * n_slot * max_pages pages in shuffled order, so a kernel that ignores the table (or reads the
+ * wrong entry) reads other positions' keys and fails its oracle check. */
+typedef struct kvpages {
+    int32_t *h;          /* host table */
+    int32_t *d;          /* device copy */
+    int max_pages, n_page;
+} kvpages;
+
+static kvpages kvpages_shuffled(int n_slot, int max_ctx) {
+    kvpages k;
+    k.max_pages = (max_ctx + TL_KV_PAGE - 1) / TL_KV_PAGE;
+    k.n_page = n_slot * k.max_pages;
+    k.h = xmalloc(sizeof(int32_t) * k.n_page);
+    for (int i = 0; i < k.n_page; i++) k.h[i] = i;
+    for (int i = k.n_page - 1; i > 0; i--) { /* Fisher-Yates */
+        int j = (int)((t_randf(&rs) * 0.5f + 0.5f) * (float)(i + 1)) % (i + 1);
+        int32_t tmp = k.h[i];
+        k.h[i] = k.h[j], k.h[j] = tmp;
+    }
+    k.d = dev_from(k.h, sizeof(int32_t) * k.n_page);
+    return k;
+}
+/* Pool row of (slot, pos): the host twin of the kernels' kv_row. */
+static size_t kvpages_row(const kvpages *k, int slot, int pos) {
+    return (size_t)k->h[(size_t)slot * k->max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE + pos % TL_KV_PAGE;
+}
+static void kvpages_free(kvpages *k) {
+    tl_gpu_free(k->d);
+    free(k->h);
+}
+
 static void test_qk_rope(void) {
     const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 300000;
     int ld = H * 2 * HD + 2 * Hk * HD;
@@ -304,13 +336,19 @@ static void test_qk_rope(void) {
     dseqs d = make_seqs(1, slot, pos0, n);
     float *dproj = dev_from(proj, sizeof(float) * T * ld), *dqn = dev_from(qn, HD * 4), *dkn = dev_from(kn, HD * 4);
     float *dq = tl_gpu_malloc(sizeof(float) * T * H * HD);
-    size_t kvn = (size_t)max_ctx * Hk * HD;
+    kvpages kp = kvpages_shuffled(1, max_ctx);
+    tl_gpu_kv_pages pg = {kp.d, kp.max_pages};
+    size_t kvn = (size_t)kp.n_page * TL_KV_PAGE * Hk * HD;
     uint16_t *dk = tl_gpu_malloc(kvn * 2), *dv = tl_gpu_malloc(kvn * 2);
-    CHECK_EQ_INT(tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, max_ctx, TL_ROPE_THETA, 1e-6f, &d.s), 0);
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, &pg, TL_ROPE_THETA, 1e-6f, &d.s), 0);
     float *got = host_from(dq, (size_t)T * H * HD), *ref = xmalloc(sizeof(float) * T * H * HD);
     uint16_t *gk = xmalloc((size_t)T * Hk * HD * 2), *gv = xmalloc((size_t)T * Hk * HD * 2);
-    tl_gpu_download(gk, dk + (size_t)pos0[0] * Hk * HD, (size_t)T * Hk * HD * 2);
-    tl_gpu_download(gv, dv + (size_t)pos0[0] * Hk * HD, (size_t)T * Hk * HD * 2);
+    /* positions 262140..262142 span two pages: each row is read where the table puts it */
+    for (int t = 0; t < T; t++) {
+        size_t row = kvpages_row(&kp, 0, pos0[0] + t);
+        tl_gpu_download(gk + (size_t)t * Hk * HD, dk + row * Hk * HD, (size_t)Hk * HD * 2);
+        tl_gpu_download(gv + (size_t)t * Hk * HD, dv + row * Hk * HD, (size_t)Hk * HD * 2);
+    }
     int bad = 0;
     for (int t = 0; t < T; t++) {
         const float *pr = proj + (size_t)t * ld;
@@ -341,6 +379,7 @@ static void test_qk_rope(void) {
     CHECK(ma <= 1e-5);
     tl_gpu_free(dproj), tl_gpu_free(dqn), tl_gpu_free(dkn), tl_gpu_free(dq), tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(d.buf);
     free(proj), free(qn), free(kn), free(got), free(ref), free(gk), free(gv);
+    kvpages_free(&kp);
 }
 
 /* Segments (slot, pos0, n) of queries over random bf16 caches; H query heads over Hk KV heads
@@ -350,13 +389,21 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
     const int Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 3000, n_slot = 2;
     int ld = H * 2 * HD + 2 * Hk * HD, T = 0;
     for (int i = 0; i < n_seg; i++) T += n[i];
-    size_t kvn = (size_t)n_slot * max_ctx * Hk * HD;
-    uint16_t *kc = xmalloc(kvn * 2), *vc = xmalloc(kvn * 2);
+    /* kf/vf: each slot's cache in position order (the oracle's view); kc/vc: the same values in
+     * a shuffled page pool (the kernels' view), its spare rows random too */
+    kvpages kp = kvpages_shuffled(n_slot, max_ctx);
+    tl_gpu_kv_pages pg = {kp.d, kp.max_pages};
+    size_t kvn = (size_t)n_slot * max_ctx * Hk * HD, pooln = (size_t)kp.n_page * TL_KV_PAGE * Hk * HD;
+    uint16_t *kc = xmalloc(pooln * 2), *vc = xmalloc(pooln * 2);
     float *kf = xmalloc(kvn * 4), *vf = xmalloc(kvn * 4);
-    for (size_t i = 0; i < kvn; i++) {
+    for (size_t i = 0; i < pooln; i++)
         kc[i] = tl_f32_to_bf16(2.0f * t_randf(&rs)), vc[i] = tl_f32_to_bf16(t_randf(&rs));
-        kf[i] = tl_bf16_to_f32(kc[i]), vf[i] = tl_bf16_to_f32(vc[i]);
-    }
+    for (int sl = 0; sl < n_slot; sl++)
+        for (int p = 0; p < max_ctx; p++) {
+            size_t lo = ((size_t)sl * max_ctx + p) * Hk * HD, ph = kvpages_row(&kp, sl, p) * Hk * HD;
+            for (int i = 0; i < Hk * HD; i++)
+                kf[lo + i] = tl_bf16_to_f32(kc[ph + i]), vf[lo + i] = tl_bf16_to_f32(vc[ph + i]);
+        }
     float *q = rand_vec((size_t)T * H * HD, 1.0f, &rs), *proj = rand_vec((size_t)T * ld, 2.0f, &rs);
     float *ref = xmalloc(sizeof(float) * T * H * HD);
     for (int sg = 0, t = 0; sg < n_seg; sg++)
@@ -370,7 +417,7 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
                     ref[((size_t)t * H + h) * HD + dd] *= cpu_sigmoid(proj[(size_t)t * ld + h * 2 * HD + HD + dd]);
         }
     dseqs d = make_seqs(n_seg, slot, pos0, n);
-    uint16_t *dk = dev_from(kc, kvn * 2), *dv = dev_from(vc, kvn * 2);
+    uint16_t *dk = dev_from(kc, pooln * 2), *dv = dev_from(vc, pooln * 2);
     float *dq = dev_from(q, sizeof(float) * T * H * HD), *dproj = dev_from(proj, sizeof(float) * T * ld);
     float *dpart = tl_gpu_malloc(sizeof(float) * T * H * n_split * 258), *dout = tl_gpu_malloc(sizeof(float) * T * H * HD);
     /* garbage in the partials: an unwritten (empty) split must never be read */
@@ -378,7 +425,7 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
     for (size_t i = 0; i < (size_t)T * H * n_split * 258; i++) junk[i] = NAN;
     CHECK_EQ_INT(tl_gpu_upload(dpart, junk, sizeof(float) * T * H * n_split * 258), 0);
     tl_gpu_attn_force_cuda_core(cuda_core);
-    CHECK_EQ_INT(tl_gpu_attn(dout, dpart, dq, dk, dv, dproj, ld, H, Hk, max_ctx, n_split, &d.s), 0);
+    CHECK_EQ_INT(tl_gpu_attn(dout, dpart, dq, dk, dv, dproj, ld, H, Hk, &pg, n_split, &d.s), 0);
     tl_gpu_attn_force_cuda_core(0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dout, (size_t)T * H * HD);
@@ -390,6 +437,7 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
     check_nmse(what, got, ref, (size_t)T * H * HD, 1e-9);
     tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(dq), tl_gpu_free(dproj), tl_gpu_free(dpart), tl_gpu_free(dout), tl_gpu_free(d.buf);
     free(kc), free(vc), free(kf), free(vf), free(q), free(proj), free(ref), free(got), free(junk);
+    kvpages_free(&kp);
 }
 
 static void test_attn(void) {
