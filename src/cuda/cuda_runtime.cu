@@ -179,30 +179,42 @@ int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts,
         free(hw), free(hsb);
         return tl_errf(err, errlen, TL_ERR_NOMEM, "upload staging of %zu bytes", (nw + nsb) * 4);
     }
-    static const int q4col[8] = {0, 8, 16, 24, 1, 9, 17, 25};
+    /* Nibble n < 4 of the output word is column 32kb + 2t + 8n, nibble 4 + n column 32kb + 2t +
+     * 8n + 1: both are byte t of source word 4kb + n (MLX packs column c at bits 4(c % 8) of word
+     * c / 8), low and high nibble. One byte per (n) instead of one shift per nibble: the
+     * repack of a 19.5 GB checkpoint is ~10x faster than the nibble-by-nibble loop. */
     size_t r0 = 0;
     for (int i = 0; i < n_parts; i++) {
         const tl_mat *m = parts[i];
         const uint32_t *src = (const uint32_t *)m->w;
         int wpr = cols / 8;
+        const uint16_t *s16 = (const uint16_t *)m->scales, *b16 = (const uint16_t *)m->biases;
         for (int r = 0; r < m->rows; r++) {
             size_t gr = r0 + r, rb = gr / 8;
             int r8 = (int)(gr % 8);
             const uint32_t *sr = src + (size_t)r * wpr;
-            for (int kb = 0; kb < KB; kb++)
+            uint32_t *dst = hw + rb * KB * 32 + r8 * 4;
+            for (int kb = 0; kb < KB; kb++, dst += 32) {
+                const uint32_t *s4 = sr + 4 * kb;
                 for (int t = 0; t < 4; t++) {
                     uint32_t word = 0;
-                    for (int n = 0; n < 8; n++) {
-                        int c = 32 * kb + 2 * t + q4col[n];
-                        uint32_t q = (sr[c / 8] >> (4 * (c % 8))) & 15u;
-                        word |= q << (4 * n);
+                    for (int n = 0; n < 4; n++) {
+                        uint32_t byte = (s4[n] >> (8 * t)) & 0xFFu;
+                        word |= (byte & 15u) << (4 * n) | (byte >> 4) << (16 + 4 * n);
                     }
-                    hw[(rb * KB + kb) * 32 + r8 * 4 + t] = word;
+                    dst[t] = word;
                 }
-            for (int g = 0; g < G; g++) {
-                float s = tl_load_elem(m->scales, m->stype, (size_t)r * G + g);
-                float b = tl_load_elem(m->biases, m->stype, (size_t)r * G + g);
-                hsb[(size_t)g * rows_pad + gr] = host_f2bf(s) | ((uint32_t)host_f2bf(b) << 16);
+            }
+            if (m->stype == TL_DT_BF16) { /* bf16 -> f32 -> bf16 is the identity */
+                for (int g = 0; g < G; g++)
+                    hsb[(size_t)g * rows_pad + gr] =
+                        s16[(size_t)r * G + g] | ((uint32_t)b16[(size_t)r * G + g] << 16);
+            } else {
+                for (int g = 0; g < G; g++) {
+                    float s = tl_load_elem(m->scales, m->stype, (size_t)r * G + g);
+                    float b = tl_load_elem(m->biases, m->stype, (size_t)r * G + g);
+                    hsb[(size_t)g * rows_pad + gr] = host_f2bf(s) | ((uint32_t)host_f2bf(b) << 16);
+                }
             }
         }
         r0 += m->rows;
