@@ -137,7 +137,9 @@ int cb_parts_bits(const tl_mat *const *parts, int n_parts) {
 static uint16_t host_f2bf(float f) { return tl_f32_to_bf16(f); }
 
 /* Writes the parts, stacked by rows and zero-padded to rows_pad, into device memory dst_w
- * (and dst_sb for bits 4) in the kernels' layout. Host staging, one copy per call. */
+ * (and dst_sb for bits 4) in the kernels' layout. Host staging, one copy per call. For bits 16,
+ * dst_sb (if non-NULL) receives the low plane: lo = bf16(v - hi) with hi = bf16(v), so that
+ * hi + lo carries ~16 significant bits of values that are not bf16 (8-bit dequantized). */
 int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts, int n_parts,
                 int rows_pad, char *err, size_t errlen) {
     int cols = parts[0]->cols;
@@ -147,27 +149,32 @@ int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts,
                            parts[i]->cols, cols);
     if (bits == 16) {
         size_t n = (size_t)rows_pad * cols;
-        uint16_t *h = (uint16_t *)calloc(n, 2);
+        uint16_t *h = (uint16_t *)calloc(n, 2), *lo = dst_sb ? (uint16_t *)calloc(n, 2) : NULL;
         float *row = (float *)malloc(sizeof(float) * cols);
-        if (!h || !row) {
-            free(h), free(row);
+        if (!h || !row || (dst_sb && !lo)) {
+            free(h), free(lo), free(row);
             return tl_errf(err, errlen, TL_ERR_NOMEM, "upload staging of %zu bytes", n * 2);
         }
         size_t r0 = 0;
         for (int i = 0; i < n_parts; i++) {
             const tl_mat *m = parts[i];
             if (m->bits == 0 && m->wtype == TL_DT_BF16) {
-                memcpy(h + r0 * cols, m->w, (size_t)m->rows * cols * 2);
+                memcpy(h + r0 * cols, m->w, (size_t)m->rows * cols * 2); /* lo stays 0 */
             } else {
                 for (int r = 0; r < m->rows; r++) {
                     cpu_mat_row(row, m, r);
-                    for (int c = 0; c < cols; c++) h[(r0 + r) * cols + c] = host_f2bf(row[c]);
+                    for (int c = 0; c < cols; c++) {
+                        uint16_t hb = host_f2bf(row[c]);
+                        h[(r0 + r) * cols + c] = hb;
+                        if (lo) lo[(r0 + r) * cols + c] = host_f2bf(row[c] - tl_bf16_to_f32(hb));
+                    }
                 }
             }
             r0 += m->rows;
         }
         cudaError_t e = cudaMemcpy(dst_w, h, n * 2, cudaMemcpyHostToDevice);
-        free(h), free(row);
+        if (e == cudaSuccess && lo) e = cudaMemcpy(dst_sb, lo, n * 2, cudaMemcpyHostToDevice);
+        free(h), free(lo), free(row);
         if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
         return 0;
     }
@@ -234,7 +241,8 @@ static size_t mat_sb_bytes(int bits, int rows, int cols) {
 }
 
 extern "C" size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m) {
-    return mat_w_bytes(m->bits, m->rows, m->cols) + mat_sb_bytes(m->bits, m->rows, m->cols);
+    size_t lo = m->bits == 16 && m->sb ? mat_w_bytes(16, m->rows, m->cols) : 0; /* bf16 low plane */
+    return mat_w_bytes(m->bits, m->rows, m->cols) + mat_sb_bytes(m->bits, m->rows, m->cols) + lo;
 }
 
 static int mat_alloc(tl_gpu_gemm_w *m, int bits, int rows, int cols, char *err, size_t errlen) {
@@ -265,6 +273,12 @@ extern "C" int tl_gpu_mat_upload(tl_gpu_gemm_w *out, const tl_mat *const *parts,
     if (bits == 4 && rows_pad % 8) bits = 16;
     int st = mat_alloc(out, bits, rows_pad, parts[0]->cols, err, errlen);
     if (st) return st;
+    int exact = 1; /* every part already bf16: no low plane */
+    for (int i = 0; i < n_parts; i++) exact &= parts[i]->bits == 0 && parts[i]->wtype == TL_DT_BF16;
+    if (bits == 16 && !exact && !(out->sb = tl_gpu_malloc(mat_w_bytes(16, rows_pad, parts[0]->cols)))) {
+        tl_gpu_mat_free(out);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of a low bf16 plane failed");
+    }
     st = cb_mat_fill((void *)out->w, (void *)out->sb, bits, parts, n_parts, rows_pad, err, errlen);
     if (st) tl_gpu_mat_free(out);
     return st;
@@ -485,13 +499,16 @@ static int upload_layer(cuda_be *be, cb_layer *L, const tl_layer *src, char *err
         L->q_norm = upload_f32(src->attn_q_norm, 256);
         L->k_norm = upload_f32(src->attn_k_norm, 256);
     }
-    /* router + shared gate: always bf16 (routing precision; 8-bit in MLX files is dequantized) */
+    /* router + shared gate: bf16, never 4-bit (routing precision). 8-bit weights (MLX files)
+     * dequantize to values bf16 cannot hold: they get a low bf16 plane too (w.sb, read by the
+     * bf16 GEMV: y = hi x + lo x), so the router sees the checkpoint's weights to ~2^-17 and not
+     * to bf16's 2^-9, which moved routing near-ties (tools/hf_fullwidth.py 4-bit: logits NMSE
+     * 9.7e-4 with hi alone, notes/2026-12-03-paged-kv-and-floor.md). */
     {
         tl_mat r = src->moe_router;
         const tl_mat *parts[2] = {&r, &src->sh_gate_inp};
-        int rows = E + 1;
-        if ((st = mat_alloc(&L->router, 16, rows, c->n_embd, err, errlen))) return st;
-        if ((st = cb_mat_fill((void *)L->router.w, NULL, 16, parts, 2, rows, err, errlen))) return st;
+        /* E + 1 rows (not a multiple of 8): tl_gpu_mat_upload keeps it bf16 */
+        if ((st = tl_gpu_mat_upload(&L->router, parts, 2, E + 1, err, errlen))) return st;
     }
     /* experts, expert-major, shared expert last */
     {
@@ -531,6 +548,12 @@ static int random_layer(cuda_be *be, cb_layer *L, int bits, uint64_t *rs, char *
         L->k_norm = const_f32(256, 1.0f);
     }
     if ((st = mat_random(&L->router, 16, E + 1, D, host_rng(rs), std, err, errlen))) return st;
+    if (bits == 4) { /* as a 4-bit MLX checkpoint's 8-bit router: hi + lo planes (upload_layer) */
+        void *lo = tl_gpu_malloc(mat_w_bytes(16, E + 1, D));
+        if (!lo) return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of the router's low plane failed");
+        fill_bf16_kernel<<<4096, 256>>>((uint16_t *)lo, (size_t)(E + 1) * D, host_rng(rs), std * 0.004f);
+        L->router.sb = lo;
+    }
     if ((st = mat_random(&L->gate_up, bits, (E + 1) * 2 * F, D, host_rng(rs), std, err, errlen))) return st;
     if ((st = mat_random(&L->down, bits, (E + 1) * D, F, host_rng(rs), std, err, errlen))) return st;
     return 0;

@@ -37,7 +37,9 @@ int tl_gpu_sync(void);
  * tiled words + scale/bias words. tl_gpu_mat_upload stacks `n_parts` host matrices by rows into
  * one device matrix of rows_pad rows (>= the sum; extra rows are zero). It is 4-bit when every part
  * is MLX affine 4-bit with group 64 and the row offsets are multiples of 8; otherwise bf16
- * (float parts converted, 8-bit parts dequantized). Frees with tl_gpu_mat_free. */
+ * (float parts converted, 8-bit parts dequantized), with a low bf16 plane in out->sb when a part
+ * is not bf16 already (hi + lo holds ~16 bits: the decode GEMV reads both; the prefill GEMM and
+ * the embedding read hi only). Frees with tl_gpu_mat_free. */
 int tl_gpu_mat_upload(tl_gpu_gemm_w *out, const tl_mat *const *parts, int n_parts, int rows_pad,
                       char *err, size_t errlen);
 void tl_gpu_mat_free(tl_gpu_gemm_w *m);

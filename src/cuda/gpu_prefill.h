@@ -29,7 +29,8 @@ extern "C" {
  * value = scale * q + bias, as in MLX. Sizes: tl_gpu_q4_w_bytes / tl_gpu_q4_sb_bytes. */
 typedef struct tl_gpu_gemm_w {
     const void *w;  /* bits 16: bf16 [rows, cols]; bits 4: q4 tiled words (above) */
-    const void *sb; /* bits 4: scale/bias words (above); NULL for bits 16 */
+    const void *sb; /* bits 4: scale/bias words (above); bits 16: NULL, or a low bf16 plane
+                     * (W = w + sb; read by the decode GEMV only: the 8-bit router) */
     int bits;       /* 16 or 4 */
     int rows, cols; /* rows % 128 == 0, cols % 64 == 0 */
 } tl_gpu_gemm_w;

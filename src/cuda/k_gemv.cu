@@ -88,7 +88,9 @@ __global__ void __launch_bounds__(256, 2)
                         s_part, (char *)xs + q4m_smem(K, n_rows));
 }
 
-/* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows).
+/* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows);
+ * with W.sb non-NULL, W.sb is a second bf16 plane (the low bits of non-bf16 weights) and
+ * W = W.w + W.sb.
  * Threads: 256 = 8 warps on the same 8 rows; warp w takes the 16-byte column chunks
  *   (w*32 + lane)*8 + j*2048 of each row (split-K), partial sums meet in shared memory and are
  *   added in warp order (deterministic). grid.x = ceil(rows/8): enough blocks even for the
@@ -108,6 +110,14 @@ __global__ void __launch_bounds__(256)
     for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
     float acc[8][NT], ss[NT];
     bf16_rows8_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
+    if (W.sb) { /* the low bf16 plane of non-bf16 weights (8-bit router): y = hi x + lo x */
+        float acc2[8][NT], ss2[NT];
+        bf16_rows8_dot<NT>(acc2, ss2, (const uint16_t *)W.sb, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] += acc2[r][t];
+    }
 #pragma unroll
     for (int r = 0; r < 8; r++)
 #pragma unroll

@@ -17,9 +17,9 @@ typedef struct hmat {
     void *w, *s, *b;
 } hmat;
 
-/* bits 0: BF16 values uniform * amp; bits 4: MLX affine g64, random nibbles, bf16 scale in
- * [0.5, 1.5) * amp / 7.5 and bias -7.5 * scale * u, u in [0.8, 1.2) (values not centred, so
- * the bias path is exercised). */
+/* bits 0: BF16 values uniform * amp; bits 4 (8): MLX affine g64, random nibbles (bytes), bf16
+ * scale in [0.5, 1.5) * amp / Q and bias -Q * scale * u, u in [0.8, 1.2), Q = 7.5 (127.5) (values
+ * not centred, so the bias path is exercised). */
 static inline void hmat_random(hmat *h, int rows, int cols, int bits, float amp,
                                unsigned long long *rs) {
     memset(h, 0, sizeof *h);
@@ -31,14 +31,15 @@ static inline void hmat_random(hmat *h, int rows, int cols, int bits, float amp,
         h->m.w = w, h->m.wtype = TL_DT_BF16;
         return;
     }
-    size_t nw = (size_t)rows * cols / 8, ng = (size_t)rows * cols / 64;
+    size_t nw = (size_t)rows * cols / (32 / bits), ng = (size_t)rows * cols / 64;
+    float Q = bits == 8 ? 127.5f : 7.5f;
     uint32_t *w = (uint32_t *)xmalloc(nw * 4);
     uint16_t *s = (uint16_t *)xmalloc(ng * 2), *b = (uint16_t *)xmalloc(ng * 2);
     for (size_t i = 0; i < nw; i++) w[i] = (uint32_t)(t_rng_next(rs) >> 17);
     for (size_t i = 0; i < ng; i++) {
-        float sc = amp / 7.5f * (1.0f + 0.5f * t_randf(rs));
+        float sc = amp / Q * (1.0f + 0.5f * t_randf(rs));
         s[i] = tl_f32_to_bf16(sc);
-        b[i] = tl_f32_to_bf16(-7.5f * sc * (1.0f + 0.2f * t_randf(rs)));
+        b[i] = tl_f32_to_bf16(-Q * sc * (1.0f + 0.2f * t_randf(rs)));
     }
     h->w = w, h->s = s, h->b = b;
     h->m.w = w, h->m.scales = s, h->m.biases = b;

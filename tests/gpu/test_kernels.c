@@ -25,7 +25,7 @@ static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, in
     tl_gpu_gemm_w dW;
     char err[256] = "";
     CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
-    CHECK_EQ_INT(dW.bits, bits ? 4 : 16);
+    CHECK_EQ_INT(dW.bits, bits == 4 ? 4 : 16);
     float *x = rand_vec((size_t)n_tok * cols, 1.0f, &rs);
     float *nw = rand_vec(cols, 1.0f, &rs);
     float *y0 = rand_vec((size_t)n_tok * rows, 1.0f, &rs);
@@ -44,8 +44,8 @@ static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, in
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dy, (size_t)n_tok * rows);
     char what[96];
-    snprintf(what, sizeof what, "gemv %s %dx%d t%d n%d a%d", bits ? "q4" : "bf16", rows, cols, n_tok,
-             with_norm, accumulate);
+    snprintf(what, sizeof what, "gemv %s %dx%d t%d n%d a%d", bits == 4 ? "q4" : bits == 8 ? "q8->bf16 hi+lo" : "bf16",
+             rows, cols, n_tok, with_norm, accumulate);
     check_nmse(what, got, ref, (size_t)n_tok * rows, 1e-9);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy);
     tl_gpu_mat_free(&dW);
@@ -58,6 +58,11 @@ static void test_gemv_bf16(void) {
     gemv_case(9216, TL_N_EMBD, 0, 3, 1, 0);   /* attention in-proj, 3 tokens (tile of 2 + 1) */
     gemv_case(2048, 4096, 0, 11, 0, 1);       /* out-proj + residual, tiles of 8 + 2 + 1 */
     gemv_case(257, TL_N_EMBD, 0, 5, 1, 0);    /* router + shared gate: rows not a multiple of 8 */
+    /* an 8-bit router (MLX files): dequantized values are not bf16; uploaded as hi + lo bf16
+     * planes (~2^-17 relative per weight, NMSE ~1e-11). With hi alone (2^-9) the NMSE would be
+     * ~1e-6, over the 1e-9 bound: the case fails if the low plane is dropped. */
+    gemv_case(257, TL_N_EMBD, 8, 1, 1, 0);
+    gemv_case(257, TL_N_EMBD, 8, 5, 1, 0);
 }
 
 /* q4 GEMV: a token's outputs do not depend on the other tokens of its tile (the mma computes each
