@@ -2,6 +2,7 @@
 # One device call for the end of a session (GPU.md): GPU tests + memcheck, the transformers
 # full-width check (bf16 and 4-bit), and the load time of a full-size random 4-bit checkpoint
 # (tools/make_random_mlx4.py), warm and cold page cache. Logs under $OUT; a short summary on stdout.
+# BENCH="--random-weights --bits 4 --repeats 3" adds a tulip bench run; SKIP_LOAD=1 skips the load.
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
 O=${OUT:-/tmp/tulip-out}
@@ -18,6 +19,12 @@ PYTHONUNBUFFERED=1 timeout "${HF_S:-270}" python3 tools/hf_fullwidth.py --out /t
 echo "hf rc=$?"
 grep -E '^#|PASS|FAIL|Error' "$O/hf.txt" | cut -c1-200 | tail -24
 rm -rf /tmp/fw
+if [ -n "${BENCH:-}" ]; then
+    echo "== tulip bench $BENCH"
+    timeout "${BENCH_S:-200}" build/cuda/tulip bench $BENCH >"$O/bench.txt" 2>"$O/bench-err.txt"
+    echo "bench rc=$?"; cat "$O/bench.txt"
+fi
+[ "${SKIP_LOAD:-0}" = 1 ] && exit 0
 echo "== load time"
 df -h /tmp | tail -1
 ( time timeout "${GEN_S:-120}" python3 tools/make_random_mlx4.py --out /tmp/ckpt ) >"$O/gen.txt" 2>&1
