@@ -130,8 +130,7 @@ int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen) {
         s->e = e;
         s->slot = i;
         s->n_prompt = -1;
-        e->slot_used[i] = 1;
-        e->be->reset_slot(e->be, i);
+        e->slot_used[i] = 1; /* clean: backends start zeroed, and close resets */
         *out = s;
         return TL_OK;
     }
@@ -140,7 +139,8 @@ int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen) {
 
 void tl_session_close(tl_session *s) {
     if (!s) return;
-    s->e->be->reset_slot(s->e->be, s->slot); /* gives its KV pages back to the pool now */
+    /* the slot is left clean for the next session: state zeroed, KV pages back in the pool */
+    s->e->be->reset_slot(s->e->be, s->slot);
     s->e->slot_used[s->slot] = 0;
     free(s->tokens);
     free(s);
