@@ -3,7 +3,8 @@
  *
  * Threading: an engine and its sessions are owned by one thread (the engine thread). Nothing
  * here is safe to call concurrently on the same engine. Errors: 0 = success, negative tl_status
- * = failure; functions that can fail for a caller-visible reason take (char *err, size_t errlen). */
+ * = failure; functions that can fail for a caller-visible reason take (char *err, size_t errlen).
+ */
 #ifndef TULIP_H
 #define TULIP_H
 
@@ -40,17 +41,17 @@ typedef enum tl_backend_kind {
 typedef struct tl_engine_params {
     const char *model_path; /* checkpoint directory (config.json + *.safetensors) */
     tl_backend_kind backend;
-    int allow_test_shape;   /* accept dimensions other than the production model's */
-    int n_threads;          /* CPU backend threads; 0 = all cores */
-    int max_seqs;           /* live sessions at once (state slots); 0 = default (16) */
-    int max_ctx;            /* tokens per session; 0 = default (min(model max, 32768)) */
-    long kv_tokens;         /* CUDA: KV cache pool in tokens, shared by all sessions (pages of
-                               64); 0 = max_seqs * max_ctx (every session can be full at once).
-                               A step that needs a page when none is free fails with
-                               TL_ERR_CONTEXT_FULL and changes no session. */
-    int random_weights;     /* bench: build a full-size model from `seed`, no checkpoint */
+    int allow_test_shape; /* accept dimensions other than the production model's */
+    int n_threads;        /* CPU backend threads; 0 = all cores */
+    int max_seqs;         /* live sessions at once (state slots); 0 = default (16) */
+    int max_ctx;          /* tokens per session; 0 = default (min(model max, 32768)) */
+    long kv_tokens;       /* CUDA: KV cache pool in tokens, shared by all sessions (pages of
+                             64); 0 = max_seqs * max_ctx (every session can be full at once).
+                             A step that needs a page when none is free fails with
+                             TL_ERR_CONTEXT_FULL and changes no session. */
+    int random_weights;   /* bench: build a full-size model from `seed`, no checkpoint */
     uint64_t seed;
-    int weight_bits;        /* random weights: 16 (bf16) or 4 (affine g64) */
+    int weight_bits; /* random weights: 16 (bf16) or 4 (affine g64) */
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.

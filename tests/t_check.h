@@ -11,43 +11,43 @@
 
 static int t_fail_checks, t_n_pass, t_n_fail;
 
-#define CHECK(c)                                                                                  \
-    do {                                                                                          \
-        if (!(c)) {                                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                 \
-            t_fail_checks++;                                                                      \
-        }                                                                                         \
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                  \
+            t_fail_checks++;                                                                       \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_EQ_INT(a, b)                                                                        \
-    do {                                                                                          \
-        long long _a = (long long)(a), _b = (long long)(b);                                       \
-        if (_a != _b) {                                                                           \
-            fprintf(stderr, "%s:%d: CHECK_EQ_INT failed: %s = %lld, %s = %lld\n", __FILE__,      \
-                    __LINE__, #a, _a, #b, _b);                                                    \
-            t_fail_checks++;                                                                      \
-        }                                                                                         \
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long _a = (long long)(a), _b = (long long)(b);                                        \
+        if (_a != _b) {                                                                            \
+            fprintf(stderr, "%s:%d: CHECK_EQ_INT failed: %s = %lld, %s = %lld\n", __FILE__,        \
+                    __LINE__, #a, _a, #b, _b);                                                     \
+            t_fail_checks++;                                                                       \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_STR(a, b)                                                                           \
-    do {                                                                                          \
-        const char *_a = (a), *_b = (b);                                                          \
-        if (!_a || !_b || strcmp(_a, _b) != 0) {                                                  \
-            fprintf(stderr, "%s:%d: CHECK_STR failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__,   \
-                    _a ? _a : "(null)", _b ? _b : "(null)");                                      \
-            t_fail_checks++;                                                                      \
-        }                                                                                         \
+#define CHECK_STR(a, b)                                                                            \
+    do {                                                                                           \
+        const char *_a = (a), *_b = (b);                                                           \
+        if (!_a || !_b || strcmp(_a, _b) != 0) {                                                   \
+            fprintf(stderr, "%s:%d: CHECK_STR failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__,     \
+                    _a ? _a : "(null)", _b ? _b : "(null)");                                       \
+            t_fail_checks++;                                                                       \
+        }                                                                                          \
     } while (0)
 
 /* |a - b| <= atol + rtol * |b| */
-#define CHECK_CLOSE(a, b, atol, rtol)                                                             \
-    do {                                                                                          \
-        double _a = (a), _b = (b);                                                                \
-        if (!(fabs(_a - _b) <= (atol) + (rtol)*fabs(_b))) {                                       \
-            fprintf(stderr, "%s:%d: CHECK_CLOSE failed: %s = %.9g, %s = %.9g\n", __FILE__,       \
-                    __LINE__, #a, _a, #b, _b);                                                    \
-            t_fail_checks++;                                                                      \
-        }                                                                                         \
+#define CHECK_CLOSE(a, b, atol, rtol)                                                              \
+    do {                                                                                           \
+        double _a = (a), _b = (b);                                                                 \
+        if (!(fabs(_a - _b) <= (atol) + (rtol)*fabs(_b))) {                                        \
+            fprintf(stderr, "%s:%d: CHECK_CLOSE failed: %s = %.9g, %s = %.9g\n", __FILE__,         \
+                    __LINE__, #a, _a, #b, _b);                                                     \
+            t_fail_checks++;                                                                       \
+        }                                                                                          \
     } while (0)
 
 #define T_RUN(fn) t_run(#fn, fn)

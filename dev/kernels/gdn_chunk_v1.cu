@@ -83,14 +83,12 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
                     }
                     float rk = 1.0f / sqrtf(sk + 1e-6f);
                     float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)G1_DK));
-                    for (int e = 0; e < 4; e++)
-                        kv[e] *= rk, qv[e] *= rq;
+                    for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
                 }
             }
             *(float4 *)(sK + i * G1_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
             *(float4 *)(sQ + i * G1_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
-            for (int e = 0; e < 4; e++)
-                sKt[(4 * lane + e) * G1_L + i] = kv[e];
+            for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * G1_L + i] = kv[e];
             float vv = 0.f;
             if (t < T) vv = pf_bf16(v[(size_t)t * tok_stride + h * G1_DK + c0 + lane]);
             sV[i * G1_DVB + lane] = vv;
@@ -121,8 +119,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
         /* ---- 2. A and Aqk: thread rows i = 8w+u, columns j = lane, lane+32 ---- */
         {
             float ak[8][2], aq[8][2];
-            for (int u = 0; u < 8; u++)
-                ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
+            for (int u = 0; u < 8; u++) ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
             for (int d = 0; d < G1_DK; d += 4) {
                 float kt[4][2];
 #pragma unroll
@@ -168,15 +165,13 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
             for (int i = 0; i < G1_L; i++) {
                 float s = sA[i * G1_L + j];
 #pragma unroll
-                for (int m = 0; m < i; m++)
-                    s += sA[i * G1_L + m] * x[m];
+                for (int m = 0; m < i; m++) s += sA[i * G1_L + m] * x[m];
                 x[i] = s;
             }
             asm volatile("bar.sync 1, 64;\n" ::);
             float bj = sB[j];
 #pragma unroll
-            for (int i = 0; i < G1_L; i++)
-                sA[i * G1_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+            for (int i = 0; i < G1_L; i++) sA[i * G1_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
         }
         __syncthreads();
 
@@ -185,8 +180,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
             float w[8][4], uu[8];
             for (int u = 0; u < 8; u++) {
                 uu[u] = 0.f;
-                for (int c = 0; c < 4; c++)
-                    w[u][c] = 0.f;
+                for (int c = 0; c < 4; c++) w[u][c] = 0.f;
             }
             for (int j = 0; j < G1_L; j += 4) {
                 float kr[4][4], vr[4];
@@ -194,8 +188,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
                 for (int e = 0; e < 4; e++) {
                     float eg = expf(sG[j + e]);
 #pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        kr[e][c] = sK[(j + e) * G1_DK + lane + 32 * c] * eg;
+                    for (int c = 0; c < 4; c++) kr[e][c] = sK[(j + e) * G1_DK + lane + 32 * c] * eg;
                     vr[e] = sV[(j + e) * G1_DVB + lane];
                 }
 #pragma unroll
@@ -205,16 +198,14 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
 #pragma unroll
-                        for (int c = 0; c < 4; c++)
-                            w[u][c] += tt[e] * kr[e][c];
+                        for (int c = 0; c < 4; c++) w[u][c] += tt[e] * kr[e][c];
                         uu[u] += tt[e] * vr[e];
                     }
                 }
             }
             for (int u = 0; u < 8; u++) {
                 int i = warp * 8 + u;
-                for (int c = 0; c < 4; c++)
-                    sW[i * G1_DK + lane + 32 * c] = w[u][c];
+                for (int c = 0; c < 4; c++) sW[i * G1_DK + lane + 32 * c] = w[u][c];
                 sU[i * G1_DVB + lane] = uu[u];
             }
         }
@@ -223,13 +214,11 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
         /* ---- 5. v_new = U - W S; o = (q e^gc) S + Aqk v_new: rows i = 8w+u, column lane ---- */
         {
             float vp[8], oi[8];
-            for (int u = 0; u < 8; u++)
-                vp[u] = oi[u] = 0.f;
+            for (int u = 0; u < 8; u++) vp[u] = oi[u] = 0.f;
             for (int d = 0; d < G1_DK; d += 4) {
                 float s4[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s4[e] = sS[(d + e) * G1_DVB + lane];
+                for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * G1_DVB + lane];
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     int i = warp * 8 + u;
@@ -248,8 +237,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
             for (int j = 0; j < G1_L; j += 4) {
                 float vn[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    vn[e] = sU[(j + e) * G1_DVB + lane];
+                for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * G1_DVB + lane];
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     float4 a4 = *(const float4 *)(sAqk + (warp * 8 + u) * G1_L + j);
@@ -271,8 +259,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
         {
             const float gl = sG[G1_L - 1];
             float acc[16];
-            for (int u = 0; u < 16; u++)
-                acc[u] = 0.f;
+            for (int u = 0; u < 16; u++) acc[u] = 0.f;
             for (int j = 0; j < G1_L; j++) {
                 float vn = sU[j * G1_DVB + lane] * expf(gl - sG[j]);
 #pragma unroll

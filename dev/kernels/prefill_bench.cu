@@ -74,8 +74,7 @@ __global__ void fill_ids(int32_t *ids, int n_tok, uint32_t seed) {
     if (t >= n_tok) return;
     int e0 = hash32(t, seed) % 256,
         step = 1 + 2 * (hash32(t, seed + 1) % 127); /* odd: 8 distinct */
-    for (int s = 0; s < 8; s++)
-        ids[t * 8 + s] = (e0 + s * step) % 256;
+    for (int s = 0; s < 8; s++) ids[t * 8 + s] = (e0 + s * step) % 256;
 }
 
 static void *dalloc(size_t n) {

@@ -30,7 +30,8 @@ static void usage(void) {
             "       [--lengths 256,512,1024,2048,4096,8192,16384,32768,65536,131072]\n"
             "       [--gen 128] [--repeats 3] [--json] [--prof] [--ops] [--allow-test-shape]\n"
             "  --prof   print a per-kernel table of one decode step at the first length\n"
-            "  --ops    time each decode op in place (graph of back-to-back launches) at the first length\n"
+            "  --ops    time each decode op in place (graph of back-to-back launches) at the first "
+            "length\n"
             "env: TL_CUDA_SYNC=1 (sync after every kernel), TL_CUDA_NO_GRAPH=1 (eager decode)\n");
 }
 
@@ -41,8 +42,9 @@ static double prefill_flops(const tl_config *c, int L) {
         if (c->layer_kind[il] == TL_LAYER_ATTN)
             per_tok += D * (c->n_head * 512.0 + 2 * c->n_head_kv * 256.0) + D * c->n_head * 256.0;
         else
-            per_tok += D * (tl_config_gdn_conv_dim(c) + tl_config_gdn_val_dim(c) + 2.0 * c->gdn_n_v_head) +
-                       D * tl_config_gdn_val_dim(c);
+            per_tok +=
+                D * (tl_config_gdn_conv_dim(c) + tl_config_gdn_val_dim(c) + 2.0 * c->gdn_n_v_head) +
+                D * tl_config_gdn_val_dim(c);
         per_tok += D * (c->n_expert + 1) + (c->n_expert_used + 1) * 3.0 * D * c->n_ff_expert;
     }
     double n_attn = 0;
@@ -76,20 +78,31 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--random-weights")) random = 1;
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--prof")) prof = 1;
-        else if (!strcmp(a, "--ops")) ops = 1;
-        else if (!strcmp(a, "--allow-test-shape")) allow_test = 1;
-        else if (!strcmp(a, "--bits") && v) bits = atoi(v), i++;
-        else if (!strcmp(a, "--gen") && v) gen = atoi(v), i++;
-        else if (!strcmp(a, "--repeats") && v) repeats = atoi(v), i++;
-        else if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 10), i++;
-        else if (!strcmp(a, "--model") && v) model_dir = v, i++;
+        if (!strcmp(a, "--random-weights"))
+            random = 1;
+        else if (!strcmp(a, "--json"))
+            json = 1;
+        else if (!strcmp(a, "--prof"))
+            prof = 1;
+        else if (!strcmp(a, "--ops"))
+            ops = 1;
+        else if (!strcmp(a, "--allow-test-shape"))
+            allow_test = 1;
+        else if (!strcmp(a, "--bits") && v)
+            bits = atoi(v), i++;
+        else if (!strcmp(a, "--gen") && v)
+            gen = atoi(v), i++;
+        else if (!strcmp(a, "--repeats") && v)
+            repeats = atoi(v), i++;
+        else if (!strcmp(a, "--seed") && v)
+            seed = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(a, "--model") && v)
+            model_dir = v, i++;
         else if (!strcmp(a, "--lengths") && v) {
             n_len = 0;
             char *dup = xstrdup(v), *save = NULL;
-            for (char *t = strtok_r(dup, ",", &save); t && n_len < BENCH_MAX_LEN; t = strtok_r(NULL, ",", &save)) {
+            for (char *t = strtok_r(dup, ",", &save); t && n_len < BENCH_MAX_LEN;
+                 t = strtok_r(NULL, ",", &save)) {
                 char *end;
                 long x = strtol(t, &end, 10);
                 if (*end == 'K' || *end == 'k') x *= 1024;
@@ -138,8 +151,11 @@ int cmd_bench(int argc, char **argv) {
             return 1;
         }
     }
-    tl_cuda_params p = {.max_seqs = 1, .max_ctx = max_len + gen + 1, .random_weights = random,
-                        .seed = seed, .weight_bits = bits};
+    tl_cuda_params p = {.max_seqs = 1,
+                        .max_ctx = max_len + gen + 1,
+                        .random_weights = random,
+                        .seed = seed,
+                        .weight_bits = bits};
     tl_backend *b = NULL;
     double t_open = tl_time_s();
     if (tl_backend_cuda_open(&b, m, &cfg, &p, err, sizeof err)) {
@@ -149,7 +165,8 @@ int cmd_bench(int argc, char **argv) {
     }
     t_open = tl_time_s() - t_open;
     double hbm = tl_gpu_measure_bw((size_t)2 << 30);
-    fprintf(stderr, "tulip bench: %s weights %.2f GB (%s), ready in %.1f s; measured HBM copy %.0f GB/s\n",
+    fprintf(stderr,
+            "tulip bench: %s weights %.2f GB (%s), ready in %.1f s; measured HBM copy %.0f GB/s\n",
             random ? "random" : "checkpoint", tl_cuda_weight_bytes(b) / 1e9,
             bits == 4 ? "4-bit" : "bf16", t_open, hbm / 1e9);
 
@@ -160,7 +177,8 @@ int cmd_bench(int argc, char **argv) {
     tl_sample_params sp;
     memset(&sp, 0, sizeof sp);
     sp.top_p = 1.0f, sp.repetition_penalty = 1.0f;
-    double pre_tps[BENCH_MAX_LEN], gen_tps[BENCH_MAX_LEN], gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN];
+    double pre_tps[BENCH_MAX_LEN], gen_tps[BENCH_MAX_LEN], gbps[BENCH_MAX_LEN],
+        tflops[BENCH_MAX_LEN];
     int rc = 0;
     for (int li = 0; li < n_len && !rc; li++) {
         int L = lengths[li];
@@ -172,7 +190,8 @@ int cmd_bench(int argc, char **argv) {
             tl_sample_out so;
             tl_fwd_entry e;
             memset(&e, 0, sizeof e);
-            e.slot = 0, e.pos = 0, e.tokens = prompt, e.n_tok = L, e.sample = &sp, e.rng = &rng, e.out = &so;
+            e.slot = 0, e.pos = 0, e.tokens = prompt, e.n_tok = L, e.sample = &sp, e.rng = &rng,
+            e.out = &so;
             double t0 = tl_time_s();
             if (b->forward(b, &e, 1, err, sizeof err)) {
                 fprintf(stderr, "tulip bench: prefill %d: %s\n", L, err);
@@ -190,8 +209,8 @@ int cmd_bench(int argc, char **argv) {
                     break;
                 }
                 if (ops && li == 0 && r == 0 && s == 2) {
-                    printf("\nper-op time of one decode token at context %d (each op %s):\n\n", L + s,
-                           "captured 40 times back to back in a graph, best of 5 replays");
+                    printf("\nper-op time of one decode token at context %d (each op %s):\n\n",
+                           L + s, "captured 40 times back to back in a graph, best of 5 replays");
                     if (tl_cuda_bench_ops(b, stdout)) {
                         fprintf(stderr, "tulip bench: --ops failed\n");
                         rc = 1;
@@ -200,7 +219,9 @@ int cmd_bench(int argc, char **argv) {
                     printf("\n");
                 }
                 if (prof && li == 0 && r == 0 && s == 2) {
-                    printf("\nper-kernel time of one eager decode step at context %d (graph off while profiling):\n\n", L + s);
+                    printf("\nper-kernel time of one eager decode step at context %d (graph off "
+                           "while profiling):\n\n",
+                           L + s);
                     tl_cuda_prof_report(b, stdout);
                     printf("\n");
                 }
@@ -215,26 +236,31 @@ int cmd_bench(int argc, char **argv) {
         gen_tps[li] = median(gr, reps);
         gbps[li] = tl_cuda_decode_bytes(b, L + gen / 2) * gen_tps[li];
         tflops[li] = prefill_flops(&cfg, L) / (L / pre_tps[li]) / 1e12;
-        fprintf(stderr, "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s\n", L, pre_tps[li], gen_tps[li]);
+        fprintf(stderr, "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s\n", L,
+                pre_tps[li], gen_tps[li]);
     }
     if (!rc) {
         double mp = 0, mg = 0;
         for (int i = 0; i < n_len; i++) mp += pre_tps[i], mg += gen_tps[i];
         mp /= n_len, mg /= n_len;
         if (json) {
-            printf("{\"gpu_hbm_gbps\": %.1f, \"bits\": %d, \"weights_gb\": %.3f, \"gen\": %d, \"repeats\": %d, \"rows\": [",
+            printf("{\"gpu_hbm_gbps\": %.1f, \"bits\": %d, \"weights_gb\": %.3f, \"gen\": %d, "
+                   "\"repeats\": %d, \"rows\": [",
                    hbm / 1e9, bits, tl_cuda_weight_bytes(b) / 1e9, gen, repeats);
             for (int i = 0; i < n_len; i++)
-                printf("%s{\"ctx\": %d, \"prefill_tps\": %.1f, \"prefill_tflops\": %.2f, \"gen_tps\": %.1f, \"gen_gbps\": %.1f, \"gen_pct_peak\": %.1f}",
-                       i ? ", " : "", lengths[i], pre_tps[i], tflops[i], gen_tps[i], gbps[i] / 1e9, 100.0 * gbps[i] / hbm);
+                printf("%s{\"ctx\": %d, \"prefill_tps\": %.1f, \"prefill_tflops\": %.2f, "
+                       "\"gen_tps\": %.1f, \"gen_gbps\": %.1f, \"gen_pct_peak\": %.1f}",
+                       i ? ", " : "", lengths[i], pre_tps[i], tflops[i], gen_tps[i], gbps[i] / 1e9,
+                       100.0 * gbps[i] / hbm);
             printf("], \"mean_prefill_tps\": %.1f, \"mean_gen_tps\": %.1f}\n", mp, mg);
         } else {
-            printf("| ctx | prefill tok/s | prefill TFLOP/s | decode tok/s | decode GB/s | %% of HBM (%.0f GB/s) |\n",
+            printf("| ctx | prefill tok/s | prefill TFLOP/s | decode tok/s | decode GB/s | %% of "
+                   "HBM (%.0f GB/s) |\n",
                    hbm / 1e9);
             printf("|---:|---:|---:|---:|---:|---:|\n");
             for (int i = 0; i < n_len; i++)
-                printf("| %d | %.1f | %.1f | %.1f | %.0f | %.1f%% |\n", lengths[i], pre_tps[i], tflops[i],
-                       gen_tps[i], gbps[i] / 1e9, 100.0 * gbps[i] / hbm);
+                printf("| %d | %.1f | %.1f | %.1f | %.0f | %.1f%% |\n", lengths[i], pre_tps[i],
+                       tflops[i], gen_tps[i], gbps[i] / 1e9, 100.0 * gbps[i] / hbm);
             printf("| mean | %.1f | | %.1f | | |\n", mp, mg);
         }
     }

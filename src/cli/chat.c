@@ -19,9 +19,7 @@
 
 static volatile sig_atomic_t interrupted;
 
-static void on_sigint(int sig) {
-    interrupted = 1;
-}
+static void on_sigint(int sig) { interrupted = 1; }
 
 static void chat_usage(void) {
     fprintf(stderr,
@@ -112,8 +110,7 @@ static int chat_turn(chat_state *c) {
         }
         n_gen++;
         int eos = 0;
-        for (int i = 0; i < cfg->n_eos; i++)
-            eos |= out.token == cfg->eos_ids[i];
+        for (int i = 0; i < cfg->n_eos; i++) eos |= out.token == cfg->eos_ids[i];
         if (eos) break;
         const char *piece;
         size_t plen;
@@ -262,14 +259,12 @@ int cmd_chat(int argc, char **argv) {
         }
         ssize_t n = getline(&line, &cap, stdin);
         if (n < 0) break;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            line[--n] = 0;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
         if (n == 0) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         if (!strcmp(line, "/reset")) {
             size_t keep = system ? 1 : 0;
-            while (json_array_size(c.msgs) > keep)
-                json_array_remove(c.msgs, keep);
+            while (json_array_size(c.msgs) > keep) json_array_remove(c.msgs, keep);
             continue;
         }
         json_t *um = json_pack("{s:s,s:s}", "role", "user", "content", line);

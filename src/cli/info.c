@@ -45,8 +45,7 @@ static int classify(const char *n) {
 static void human(char *buf, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int i = 0;
-    while (bytes >= 1024 && i < 4)
-        bytes /= 1024, i++;
+    while (bytes >= 1024 && i < 4) bytes /= 1024, i++;
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
 }
 
@@ -54,9 +53,7 @@ static void count_bits(const tl_mat *m, int *nb) {
     if (m->w) nb[m->bits == 8 ? 2 : m->bits == 4 ? 1 : 0]++;
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: tulip info --model DIR [--allow-test-shape]\n");
-}
+static void usage(void) { fprintf(stderr, "usage: tulip info --model DIR [--allow-test-shape]\n"); }
 
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
@@ -114,17 +111,14 @@ int cmd_info(int argc, char **argv) {
            c->n_expert_used, c->n_ff_expert, c->n_ff_shared);
     printf("other        tied embeddings %s, mtp layers %d, eos ids",
            c->tie_embeddings ? "yes" : "no", c->mtp_n_layer);
-    for (int i = 0; i < c->n_eos; i++)
-        printf(" %d", c->eos_ids[i]);
+    for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_ids[i]);
     printf("\n");
 
     int n_attn = 0;
-    for (int i = 0; i < c->n_layer; i++)
-        n_attn += c->layer_kind[i] == TL_LAYER_ATTN;
+    for (int i = 0; i < c->n_layer; i++) n_attn += c->layer_kind[i] == TL_LAYER_ATTN;
     printf("layer kinds  %d linear_attention (L), %d full_attention (A): ", c->n_layer - n_attn,
            n_attn);
-    for (int i = 0; i < c->n_layer; i++)
-        putchar(c->layer_kind[i] == TL_LAYER_ATTN ? 'A' : 'L');
+    for (int i = 0; i < c->n_layer; i++) putchar(c->layer_kind[i] == TL_LAYER_ATTN ? 'A' : 'L');
     printf("\n");
 
     /* bytes by group and by dtype over the directory */
@@ -170,8 +164,7 @@ int cmd_info(int argc, char **argv) {
         const tl_mat *ms[] = {&L->attn_q,  &L->attn_k, &L->attn_v,  &L->attn_o,     &L->gdn_qkv,
                               &L->gdn_z,   &L->gdn_b,  &L->gdn_a,   &L->gdn_out,    &L->moe_router,
                               &L->sh_gate, &L->sh_up,  &L->sh_down, &L->sh_gate_inp};
-        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++)
-            count_bits(ms[k], nb);
+        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) count_bits(ms[k], nb);
         for (int e = 0; e < c->n_expert; e++) {
             count_bits(&L->exp_gate[e], nb);
             count_bits(&L->exp_up[e], nb);

@@ -20,7 +20,8 @@ typedef struct {
 } subcmd;
 
 static void usage(const subcmd *cmds, int n) {
-    fprintf(stderr, "usage: tulip <command> [options]   (tulip <command> --help for its options)\n\n");
+    fprintf(stderr,
+            "usage: tulip <command> [options]   (tulip <command> --help for its options)\n\n");
     for (int i = 0; i < n; i++) fprintf(stderr, "  %-10s %s\n", cmds[i].name, cmds[i].help);
 }
 
@@ -36,7 +37,8 @@ int main(int argc, char **argv) {
         {"prompt", cmd_prompt, "render a chat prompt exactly as the model sees it"},
     };
     int n = (int)(sizeof cmds / sizeof cmds[0]);
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
         usage(cmds, n);
         return argc < 2 ? 2 : 0;
     }

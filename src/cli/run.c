@@ -15,19 +15,20 @@
 #include "tokenizer/chat.h"
 
 static void run_usage(void) {
-    fprintf(stderr,
-            "usage: tulip run --model DIR (--prompt-ids 1,2,3 | -p TEXT) [options]\n"
-            "  -n N                  tokens to generate (default 64)\n"
-            "  --temperature T       0 = greedy (default 0 for --prompt-ids)\n"
-            "  --top-k K --top-p P --min-p P --seed S\n"
-            "  --presence-penalty X --frequency-penalty X --repetition-penalty X\n"
-            "  --print-ids           print generated ids on one line, separated by spaces\n"
-            "  -p TEXT               a user message: rendered with the chat template, answer streamed\n"
-            "  --system TEXT         a system message before it   --no-thinking   --raw (no template)\n"
-            "  --tokenizer PATH      tokenizer.json (default: the one in the model directory)\n"
-            "  --ignore-eos          do not stop at the model's stop tokens\n"
-            "  --dump-logits FILE    write the f32 logits of every step (prefill last + each decode)\n"
-            "  --backend cpu|cuda|auto   --threads N   --ctx N   --allow-test-shape\n");
+    fprintf(
+        stderr,
+        "usage: tulip run --model DIR (--prompt-ids 1,2,3 | -p TEXT) [options]\n"
+        "  -n N                  tokens to generate (default 64)\n"
+        "  --temperature T       0 = greedy (default 0 for --prompt-ids)\n"
+        "  --top-k K --top-p P --min-p P --seed S\n"
+        "  --presence-penalty X --frequency-penalty X --repetition-penalty X\n"
+        "  --print-ids           print generated ids on one line, separated by spaces\n"
+        "  -p TEXT               a user message: rendered with the chat template, answer streamed\n"
+        "  --system TEXT         a system message before it   --no-thinking   --raw (no template)\n"
+        "  --tokenizer PATH      tokenizer.json (default: the one in the model directory)\n"
+        "  --ignore-eos          do not stop at the model's stop tokens\n"
+        "  --dump-logits FILE    write the f32 logits of every step (prefill last + each decode)\n"
+        "  --backend cpu|cuda|auto   --threads N   --ctx N   --allow-test-shape\n");
 }
 
 static int parse_ids(const char *s, int32_t **out, int *n) {
@@ -60,45 +61,88 @@ int cmd_run(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV                                                                                     \
-    do {                                                                                          \
-        if (!v) {                                                                                 \
-            fprintf(stderr, "tulip run: %s needs a value\n", a);                                  \
-            return 2;                                                                             \
-        }                                                                                         \
-        i++;                                                                                      \
+#define NEEDV                                                                                      \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            fprintf(stderr, "tulip run: %s needs a value\n", a);                                   \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
     } while (0)
-        if (!strcmp(a, "--model") || !strcmp(a, "-m")) { NEEDV; ep.model_path = v; }
-        else if (!strcmp(a, "--prompt-ids")) { NEEDV; ids_arg = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDV; text = v; }
-        else if (!strcmp(a, "-n")) { NEEDV; n_gen = atoi(v); }
-        else if (!strcmp(a, "--temperature")) { NEEDV; sp.temperature = strtof(v, NULL); temp_set = 1; }
-        else if (!strcmp(a, "--system")) { NEEDV; system = v; }
-        else if (!strcmp(a, "--tokenizer")) { NEEDV; tok_path = v; }
-        else if (!strcmp(a, "--no-thinking")) no_think = 1;
-        else if (!strcmp(a, "--raw")) raw = 1;
-        else if (!strcmp(a, "--top-k")) { NEEDV; sp.top_k = atoi(v); }
-        else if (!strcmp(a, "--top-p")) { NEEDV; sp.top_p = strtof(v, NULL); }
-        else if (!strcmp(a, "--min-p")) { NEEDV; sp.min_p = strtof(v, NULL); }
-        else if (!strcmp(a, "--seed")) { NEEDV; sp.seed = strtoull(v, NULL, 10); }
-        else if (!strcmp(a, "--presence-penalty")) { NEEDV; sp.presence_penalty = strtof(v, NULL); }
-        else if (!strcmp(a, "--frequency-penalty")) { NEEDV; sp.frequency_penalty = strtof(v, NULL); }
-        else if (!strcmp(a, "--repetition-penalty")) { NEEDV; sp.repetition_penalty = strtof(v, NULL); }
-        else if (!strcmp(a, "--dump-logits")) { NEEDV; dump = v; }
-        else if (!strcmp(a, "--threads")) { NEEDV; ep.n_threads = atoi(v); }
-        else if (!strcmp(a, "--ctx")) { NEEDV; ep.max_ctx = atoi(v); }
-        else if (!strcmp(a, "--backend")) {
+        if (!strcmp(a, "--model") || !strcmp(a, "-m")) {
             NEEDV;
-            if (!strcmp(v, "cpu")) ep.backend = TL_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) ep.backend = TL_BACKEND_CUDA;
-            else if (!strcmp(v, "auto")) ep.backend = TL_BACKEND_AUTO;
+            ep.model_path = v;
+        } else if (!strcmp(a, "--prompt-ids")) {
+            NEEDV;
+            ids_arg = v;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            NEEDV;
+            text = v;
+        } else if (!strcmp(a, "-n")) {
+            NEEDV;
+            n_gen = atoi(v);
+        } else if (!strcmp(a, "--temperature")) {
+            NEEDV;
+            sp.temperature = strtof(v, NULL);
+            temp_set = 1;
+        } else if (!strcmp(a, "--system")) {
+            NEEDV;
+            system = v;
+        } else if (!strcmp(a, "--tokenizer")) {
+            NEEDV;
+            tok_path = v;
+        } else if (!strcmp(a, "--no-thinking"))
+            no_think = 1;
+        else if (!strcmp(a, "--raw"))
+            raw = 1;
+        else if (!strcmp(a, "--top-k")) {
+            NEEDV;
+            sp.top_k = atoi(v);
+        } else if (!strcmp(a, "--top-p")) {
+            NEEDV;
+            sp.top_p = strtof(v, NULL);
+        } else if (!strcmp(a, "--min-p")) {
+            NEEDV;
+            sp.min_p = strtof(v, NULL);
+        } else if (!strcmp(a, "--seed")) {
+            NEEDV;
+            sp.seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--presence-penalty")) {
+            NEEDV;
+            sp.presence_penalty = strtof(v, NULL);
+        } else if (!strcmp(a, "--frequency-penalty")) {
+            NEEDV;
+            sp.frequency_penalty = strtof(v, NULL);
+        } else if (!strcmp(a, "--repetition-penalty")) {
+            NEEDV;
+            sp.repetition_penalty = strtof(v, NULL);
+        } else if (!strcmp(a, "--dump-logits")) {
+            NEEDV;
+            dump = v;
+        } else if (!strcmp(a, "--threads")) {
+            NEEDV;
+            ep.n_threads = atoi(v);
+        } else if (!strcmp(a, "--ctx")) {
+            NEEDV;
+            ep.max_ctx = atoi(v);
+        } else if (!strcmp(a, "--backend")) {
+            NEEDV;
+            if (!strcmp(v, "cpu"))
+                ep.backend = TL_BACKEND_CPU;
+            else if (!strcmp(v, "cuda"))
+                ep.backend = TL_BACKEND_CUDA;
+            else if (!strcmp(v, "auto"))
+                ep.backend = TL_BACKEND_AUTO;
             else {
                 fprintf(stderr, "tulip run: --backend must be cpu, cuda or auto\n");
                 return 2;
             }
-        } else if (!strcmp(a, "--print-ids")) print_ids = 1;
-        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
-        else if (!strcmp(a, "--allow-test-shape")) ep.allow_test_shape = 1;
+        } else if (!strcmp(a, "--print-ids"))
+            print_ids = 1;
+        else if (!strcmp(a, "--ignore-eos"))
+            ignore_eos = 1;
+        else if (!strcmp(a, "--allow-test-shape"))
+            ep.allow_test_shape = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             run_usage();
             return 0;
@@ -134,7 +178,9 @@ int cmd_run(int argc, char **argv) {
             rlen = strlen(text);
         } else {
             json_t *msgs = json_array();
-            if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+            if (system)
+                json_array_append_new(msgs,
+                                      json_pack("{s:s,s:s}", "role", "system", "content", system));
             json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", text));
             tl_chat_opts co;
             tl_chat_opts_default(&co);
@@ -218,7 +264,8 @@ int cmd_run(int argc, char **argv) {
         if (ds) {
             const char *piece;
             size_t plen;
-            if (tl_detok_stream_push(ds, next, &piece, &plen) == 0 && plen) fwrite(piece, 1, plen, stdout);
+            if (tl_detok_stream_push(ds, next, &piece, &plen) == 0 && plen)
+                fwrite(piece, 1, plen, stdout);
         }
         fflush(stdout);
         int stop = 0;

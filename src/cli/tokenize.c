@@ -94,8 +94,7 @@ static void batch_encode_line(const tl_tokenizer *tok, json_t *v, unsigned flags
         return;
     }
     putchar('[');
-    for (size_t i = 0; i < ids.n; i++)
-        printf(i ? ",%d" : "%d", ids.ids[i]);
+    for (size_t i = 0; i < ids.n; i++) printf(i ? ",%d" : "%d", ids.ids[i]);
     printf("]\n");
     tl_tok_ids_free(&ids);
 }
@@ -323,8 +322,7 @@ int cmd_tokenize(int argc, char **argv) {
         } else if (count) {
             printf("%zu\n", ids.n);
         } else {
-            for (size_t i = 0; i < ids.n; i++)
-                printf(i ? " %d" : "%d", ids.ids[i]);
+            for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
             printf("\n");
         }
         tl_tok_ids_free(&ids);

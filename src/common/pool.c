@@ -8,7 +8,7 @@
 
 #define POOL_MAX 256
 
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;  /* one job at a time */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_cv_job = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t pool_cv_done = PTHREAD_COND_INITIALIZER;

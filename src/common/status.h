@@ -1,5 +1,6 @@
 /* Status codes: 0 = success, negative tl_status = failure, everywhere (STYLE.md C4).
- * Request- and load-time errors also carry a message in a caller buffer (char *err, size_t errlen). */
+ * Request- and load-time errors also carry a message in a caller buffer (char *err, size_t errlen).
+ */
 #ifndef TL_STATUS_H
 #define TL_STATUS_H
 

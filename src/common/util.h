@@ -6,9 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TL_ASSERT(c)                                                                              \
-    do {                                                                                          \
-        if (!(c)) tl_assert_fail(__FILE__, __LINE__, #c);                                         \
+#define TL_ASSERT(c)                                                                               \
+    do {                                                                                           \
+        if (!(c)) tl_assert_fail(__FILE__, __LINE__, #c);                                          \
     } while (0)
 #ifdef TL_DEBUG
 #define TL_DASSERT(c) TL_ASSERT(c)

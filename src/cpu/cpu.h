@@ -44,7 +44,8 @@ void cpu_conv1d_step(float *out, float *state, const float *x, const float *w, i
 /* One gated-delta-rule step for all value heads (MODEL.md §2.4 step 7):
  *   S_h <- exp(g_h) S_h;  d = beta_h (v_h - S_h^T k);  S_h <- S_h + k d^T;  o_h = S_h^T q
  * q, k: [n_k_head, Dk] (already L2-normalised, q scaled by 1/sqrt(Dk)); v, o: [n_v_head, Dv];
- * g, beta: [n_v_head]; S: [n_v_head, Dk, Dv]. Value head h reads key head h / (n_v_head/n_k_head). */
+ * g, beta: [n_v_head]; S: [n_v_head, Dk, Dv]. Value head h reads key head h / (n_v_head/n_k_head).
+ */
 void cpu_gdn_step(float *o, float *S, const float *q, const float *k, const float *v,
                   const float *g, const float *beta, int n_k_head, int n_v_head, int Dk, int Dv);
 
@@ -58,8 +59,8 @@ void cpu_gdn_chunked(float *o, float *S, const float *q, const float *k, const f
 /* Causal attention of n_q query tokens at positions pos0.. over a cache of kv_len = pos0 + n_q
  * tokens. q: [n_q, n_head, D]; kc, vc: [kv_len, n_head_kv, D]; out: [n_q, n_head, D].
  * Query head h uses kv head h / (n_head / n_head_kv). Softmax in fp32 with the given scale. */
-void cpu_attention(float *out, const float *q, const float *kc, const float *vc, int n_q,
-                   int pos0, int n_head, int n_head_kv, int D, float scale);
+void cpu_attention(float *out, const float *q, const float *kc, const float *vc, int n_q, int pos0,
+                   int n_head, int n_head_kv, int D, float scale);
 
 /* Router: p = softmax(logits[n_expert]); top-k by p (ties: lower id first); weights renormalised
  * to sum 1. ids[k], w[k] in descending order of p. */

@@ -4,8 +4,8 @@
 #include "common/util.h"
 #include "cpu/cpu.h"
 
-void cpu_attention(float *out, const float *q, const float *kc, const float *vc, int n_q,
-                   int pos0, int n_head, int n_head_kv, int D, float scale) {
+void cpu_attention(float *out, const float *q, const float *kc, const float *vc, int n_q, int pos0,
+                   int n_head, int n_head_kv, int D, float scale) {
     int grp = n_head / n_head_kv;
     int kv_len = pos0 + n_q;
     float *p = xmalloc(sizeof(float) * kv_len);
@@ -24,7 +24,8 @@ void cpu_attention(float *out, const float *q, const float *kc, const float *vc,
             float *oh = out + ((size_t)t * n_head + h) * D;
             for (int d = 0; d < D; d++) {
                 double acc = 0;
-                for (int j = 0; j < n_keys; j++) acc += (double)p[j] * vc[((size_t)j * n_head_kv + kvh) * D + d];
+                for (int j = 0; j < n_keys; j++)
+                    acc += (double)p[j] * vc[((size_t)j * n_head_kv + kvh) * D + d];
                 oh[d] = (float)acc;
             }
         }

@@ -20,8 +20,10 @@ int cpu_state_init(cpu_state *st, const tl_config *c, int max_ctx) {
             st->kv_v[il] = calloc(n, sizeof(float));
             if (!st->kv_k[il] || !st->kv_v[il]) goto oom;
         } else {
-            st->conv[il] = calloc((size_t)(c->gdn_conv_k - 1) * tl_config_gdn_conv_dim(c), sizeof(float));
-            st->rec[il] = calloc((size_t)c->gdn_n_v_head * c->gdn_k_dim * c->gdn_v_dim, sizeof(float));
+            st->conv[il] =
+                calloc((size_t)(c->gdn_conv_k - 1) * tl_config_gdn_conv_dim(c), sizeof(float));
+            st->rec[il] =
+                calloc((size_t)c->gdn_n_v_head * c->gdn_k_dim * c->gdn_v_dim, sizeof(float));
             if (!st->conv[il] || !st->rec[il]) goto oom;
         }
     }
@@ -45,9 +47,11 @@ void cpu_state_reset(cpu_state *st, const tl_config *c) {
     st->n_past = 0;
     for (int il = 0; il < c->n_layer; il++) {
         if (st->conv[il])
-            memset(st->conv[il], 0, sizeof(float) * (size_t)(c->gdn_conv_k - 1) * tl_config_gdn_conv_dim(c));
+            memset(st->conv[il], 0,
+                   sizeof(float) * (size_t)(c->gdn_conv_k - 1) * tl_config_gdn_conv_dim(c));
         if (st->rec[il])
-            memset(st->rec[il], 0, sizeof(float) * (size_t)c->gdn_n_v_head * c->gdn_k_dim * c->gdn_v_dim);
+            memset(st->rec[il], 0,
+                   sizeof(float) * (size_t)c->gdn_n_v_head * c->gdn_k_dim * c->gdn_v_dim);
     }
 }
 
@@ -69,7 +73,8 @@ static void gdn_mixer(const tl_config *c, const tl_layer *L, cpu_state *st, int 
     cpu_matmul(aa, &L->gdn_a, u, n);
     float qscale = 1.0f / sqrtf((float)Dk);
     for (int t = 0; t < n; t++) {
-        cpu_conv1d_step(cv, st->conv[il], qkv + (size_t)t * conv_dim, L->gdn_conv, conv_dim, c->gdn_conv_k);
+        cpu_conv1d_step(cv, st->conv[il], qkv + (size_t)t * conv_dim, L->gdn_conv, conv_dim,
+                        c->gdn_conv_k);
         float *q = cv, *k = cv + key_dim, *v = cv + 2 * key_dim;
         for (int h = 0; h < Hk; h++) {
             cpu_l2norm(q + h * Dk, Dk, 1e-6f);
@@ -83,7 +88,8 @@ static void gdn_mixer(const tl_config *c, const tl_layer *L, cpu_state *st, int 
         float *o = y + (size_t)t * val_dim;
         cpu_gdn_step(o, st->rec[il], q, k, v, g, beta, Hk, Hv, Dk, Dv);
         for (int h = 0; h < Hv; h++)
-            cpu_rmsnorm_gated(o + h * Dv, o + h * Dv, z + (size_t)t * val_dim + h * Dv, L->gdn_norm, Dv, c->rms_eps);
+            cpu_rmsnorm_gated(o + h * Dv, o + h * Dv, z + (size_t)t * val_dim + h * Dv, L->gdn_norm,
+                              Dv, c->rms_eps);
     }
     cpu_matmul(out, &L->gdn_out, y, n);
     free(qkv), free(z), free(bb), free(aa), free(y), free(cv), free(g), free(beta);
@@ -114,8 +120,10 @@ static void attn_mixer(const tl_config *c, const tl_layer *L, cpu_state *st, int
             cpu_rmsnorm(kh, kh, L->attn_k_norm, hd, c->rms_eps);
             cpu_rope_neox(kh, c->n_rot, pos, c->rope_theta);
         }
-        memcpy(st->kv_k[il] + (size_t)pos * Hkv * hd, k + (size_t)t * Hkv * hd, sizeof(float) * Hkv * hd);
-        memcpy(st->kv_v[il] + (size_t)pos * Hkv * hd, v + (size_t)t * Hkv * hd, sizeof(float) * Hkv * hd);
+        memcpy(st->kv_k[il] + (size_t)pos * Hkv * hd, k + (size_t)t * Hkv * hd,
+               sizeof(float) * Hkv * hd);
+        memcpy(st->kv_v[il] + (size_t)pos * Hkv * hd, v + (size_t)t * Hkv * hd,
+               sizeof(float) * Hkv * hd);
     }
     cpu_attention(o, q, st->kv_k[il], st->kv_v[il], n, pos0, H, Hkv, hd, 1.0f / sqrtf((float)hd));
     for (int t = 0; t < n; t++)
@@ -155,8 +163,10 @@ static void moe_token(void *ctx, int t) {
     for (int e = 0; e < c->n_expert; e++) {
         int chosen = 0;
         for (int i = 0; i < K; i++) chosen |= ids[i] == e;
-        if (chosen) in_min = fminf(in_min, lg[e]);
-        else out_max = fmaxf(out_max, lg[e]);
+        if (chosen)
+            in_min = fminf(in_min, lg[e]);
+        else
+            out_max = fmaxf(out_max, lg[e]);
     }
     j->gap[t] = in_min - out_max;
     for (int i = 0; i < K; i++) {
@@ -199,22 +209,26 @@ int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, 
     for (int t = 0; t < n; t++) cpu_mat_row(x + (size_t)t * D, &m->tok_embd, tokens[t]);
     for (int il = 0; il < c->n_layer; il++) {
         const tl_layer *L = &m->layers[il];
-        for (int t = 0; t < n; t++) cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->attn_norm, D, c->rms_eps);
+        for (int t = 0; t < n; t++)
+            cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->attn_norm, D, c->rms_eps);
         if (L->kind == TL_LAYER_GDN)
             gdn_mixer(c, L, st, il, u, o, n);
         else
             attn_mixer(c, L, st, il, u, o, n, st->n_past);
         for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
-        for (int t = 0; t < n; t++) cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
+        for (int t = 0; t < n; t++)
+            cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
         moe_block(c, L, u, o, n, &st->route_gap);
         for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
     }
     st->n_past += n;
     int first = all_logits ? 0 : n - 1;
-    for (int t = first; t < n; t++) cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, m->out_norm, D, c->rms_eps);
+    for (int t = first; t < n; t++)
+        cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, m->out_norm, D, c->rms_eps);
     if (all_logits) {
         cpu_matmul(all_logits, &m->output, u, n);
-        if (logits) memcpy(logits, all_logits + (size_t)(n - 1) * c->n_vocab, sizeof(float) * c->n_vocab);
+        if (logits)
+            memcpy(logits, all_logits + (size_t)(n - 1) * c->n_vocab, sizeof(float) * c->n_vocab);
     } else if (logits) {
         cpu_matmul(logits, &m->output, u + (size_t)(n - 1) * D, 1);
     }

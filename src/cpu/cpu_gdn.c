@@ -10,7 +10,8 @@
 void cpu_conv1d_step(float *out, float *state, const float *x, const float *w, int C, int K) {
     for (int ch = 0; ch < C; ch++) {
         double acc = 0;
-        for (int k = 0; k < K - 1; k++) acc += (double)w[(size_t)ch * K + k] * state[(size_t)k * C + ch];
+        for (int k = 0; k < K - 1; k++)
+            acc += (double)w[(size_t)ch * K + k] * state[(size_t)k * C + ch];
         acc += (double)w[(size_t)ch * K + K - 1] * x[ch];
         out[ch] = cpu_silu((float)acc);
     }
@@ -109,7 +110,8 @@ void cpu_gdn_chunked(float *o, float *S, const float *q, const float *k, const f
             for (int r = 0; r < Dk; r++)
                 for (int c = 0; c < Dv; c++) {
                     double s = eC * S0[(size_t)r * Dv + c];
-                    for (int i = 0; i < C; i++) s += exp(b[C - 1] - b[i]) * KV(i)[r] * D[(size_t)i * Dv + c];
+                    for (int i = 0; i < C; i++)
+                        s += exp(b[C - 1] - b[i]) * KV(i)[r] * D[(size_t)i * Dv + c];
                     Sh[(size_t)r * Dv + c] = (float)s;
                 }
 #undef KV

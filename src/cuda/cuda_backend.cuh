@@ -5,9 +5,9 @@
 
 #include "cuda/cuda_common.cuh"
 
-#define CB_MAX_GRAPH_B 64 /* decode batch sizes captured as graphs */
+#define CB_MAX_GRAPH_B  64  /* decode batch sizes captured as graphs */
 #define CB_DECODE_SPLIT 128 /* split-KV partials per (token, head) on the decode path */
-#define CB_PF_MIN 16       /* a sequence's chunk of at least this many tokens takes the GEMM path */
+#define CB_PF_MIN       16 /* a sequence's chunk of at least this many tokens takes the GEMM path */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
 typedef struct cb_layer {
@@ -15,15 +15,15 @@ typedef struct cb_layer {
     float *attn_norm, *ffn_norm; /* [n_embd] (1+w) */
     tl_gpu_gemm_w in;            /* gdn: rows q|k|v (conv_dim), z (val_dim), b, a (nv each),
                                     padded to a multiple of 128; attn: q+gate (n_head*512), k, v */
-    tl_gpu_gemm_w out;           /* gdn out_proj [n_embd, val_dim] / attn o_proj [n_embd, n_head*256] */
-    float *q_norm, *k_norm;      /* [256] (1+w) */
-    float *conv_w;               /* [conv_dim, 4] */
-    float *dt_bias, *a_neg;      /* [nv] */
-    float *gdn_norm;             /* [128] */
-    tl_gpu_gemm_w router;        /* bf16 [n_expert + 1, n_embd]: router rows, then shared_expert_gate */
-    tl_gpu_gemm_w gate_up;       /* (n_expert + 1) experts [2F, n_embd], rows interleaved by 8 */
-    tl_gpu_gemm_w down;          /* (n_expert + 1) experts [n_embd, F] */
-    int st_idx;                  /* index among layers of its kind (KV / GDN state arrays) */
+    tl_gpu_gemm_w out;      /* gdn out_proj [n_embd, val_dim] / attn o_proj [n_embd, n_head*256] */
+    float *q_norm, *k_norm; /* [256] (1+w) */
+    float *conv_w;          /* [conv_dim, 4] */
+    float *dt_bias, *a_neg; /* [nv] */
+    float *gdn_norm;        /* [128] */
+    tl_gpu_gemm_w router;   /* bf16 [n_expert + 1, n_embd]: router rows, then shared_expert_gate */
+    tl_gpu_gemm_w gate_up;  /* (n_expert + 1) experts [2F, n_embd], rows interleaved by 8 */
+    tl_gpu_gemm_w down;     /* (n_expert + 1) experts [n_embd, F] */
+    int st_idx;             /* index among layers of its kind (KV / GDN state arrays) */
 } cb_layer;
 
 typedef struct cuda_be {
@@ -37,13 +37,13 @@ typedef struct cuda_be {
     float *out_norm;
 
     /* sequence state */
-    uint16_t *kc, *vc;   /* [n_attn][n_page][TL_KV_PAGE][n_kv][256] bf16 (gpu.h: paged) */
-    int n_page, max_pages;   /* pool pages; pages of one slot at most (max_ctx / TL_KV_PAGE, up) */
+    uint16_t *kc, *vc;        /* [n_attn][n_page][TL_KV_PAGE][n_kv][256] bf16 (gpu.h: paged) */
+    int n_page, max_pages;    /* pool pages; pages of one slot at most (max_ctx / TL_KV_PAGE, up) */
     int32_t *d_ptab, *h_ptab; /* [max_seqs][max_pages] page ids: device, pinned host mirror */
-    int *slot_np;            /* [max_seqs] pages a slot holds (its first slot_np entries) */
-    int *free_pg, n_free;    /* stack of free page ids */
-    float *conv_st;      /* [n_gdn][max_seqs][3][conv_dim] */
-    float *rec_st;       /* [n_gdn][max_seqs][nv][128][128] */
+    int *slot_np;             /* [max_seqs] pages a slot holds (its first slot_np entries) */
+    int *free_pg, n_free;     /* stack of free page ids */
+    float *conv_st;           /* [n_gdn][max_seqs][3][conv_dim] */
+    float *rec_st;            /* [n_gdn][max_seqs][nv][128][128] */
 
     /* activations for max_tok tokens */
     float *x, *proj, *conv_out, *y, *q, *part, *rlog, *wts, *wsh, *act, *xo, *logits;
@@ -60,7 +60,8 @@ typedef struct cuda_be {
     /* batch metadata: device and pinned host copies of the same layout */
     int32_t *d_meta, *h_meta;
     size_t meta_ints;
-    cudaEvent_t meta_ev; /* recorded after each metadata upload: h_meta may be rewritten once it fired */
+    cudaEvent_t
+        meta_ev; /* recorded after each metadata upload: h_meta may be rewritten once it fired */
 
     /* sampling */
     tl_sample_params *d_params, *h_params;

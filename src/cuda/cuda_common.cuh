@@ -15,29 +15,29 @@ extern "C" {
 #include "cuda/k_prefill_common.cuh" /* cp.async helpers */
 
 /* CUDA_TRY: log file:line, the call and the CUDA error, return TL_ERR_CUDA. */
-#define CUDA_TRY(expr)                                                                            \
-    do {                                                                                          \
-        cudaError_t e_ = (expr);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #expr,                     \
-                    cudaGetErrorName(e_), cudaGetErrorString(e_));                                \
-            return TL_ERR_CUDA;                                                                   \
-        }                                                                                         \
+#define CUDA_TRY(expr)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #expr,                      \
+                    cudaGetErrorName(e_), cudaGetErrorString(e_));                                 \
+            return TL_ERR_CUDA;                                                                    \
+        }                                                                                          \
     } while (0)
 
 /* After every launch: the launch error, and with TL_CUDA_SYNC=1 a full sync so a failure names
  * its kernel (never while a graph is being captured). */
-#define LAUNCH_CHECK(name)                                                                        \
-    do {                                                                                          \
-        cudaError_t e_ = cudaGetLastError();                                                      \
-        if (e_ == cudaSuccess && tl_cuda_sync_each && !tl_cuda_capturing)                         \
-            e_ = cudaStreamSynchronize(tl_cuda_stream);                                           \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: kernel %s: %s: %s\n", __FILE__, __LINE__, name,               \
-                    cudaGetErrorName(e_), cudaGetErrorString(e_));                                \
-            return TL_ERR_CUDA;                                                                   \
-        }                                                                                         \
-        tl_cuda_prof_mark(name);                                                                  \
+#define LAUNCH_CHECK(name)                                                                         \
+    do {                                                                                           \
+        cudaError_t e_ = cudaGetLastError();                                                       \
+        if (e_ == cudaSuccess && tl_cuda_sync_each && !tl_cuda_capturing)                          \
+            e_ = cudaStreamSynchronize(tl_cuda_stream);                                            \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: kernel %s: %s: %s\n", __FILE__, __LINE__, name,                \
+                    cudaGetErrorName(e_), cudaGetErrorString(e_));                                 \
+            return TL_ERR_CUDA;                                                                    \
+        }                                                                                          \
+        tl_cuda_prof_mark(name);                                                                   \
     } while (0)
 
 /* The stream every launcher uses (the backend sets it; tests use the default stream). */
@@ -112,8 +112,12 @@ __device__ __forceinline__ float block_max(float v, float *sbuf) {
  * anything an earlier kernel reads; only constant data (weights) may be touched before it. Both
  * instructions are no-ops in a kernel launched without the attribute. pdl_trigger() lets the next
  * kernel's blocks be scheduled as soon as every block of this one has started. */
-__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait(void) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_trigger(void) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 extern int tl_cuda_pdl;
 template <typename... KArgs, typename... Args>
@@ -128,15 +132,15 @@ static inline cudaError_t tl_launch(void (*kern)(KArgs...), dim3 grid, dim3 bloc
     return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
 }
 /* TL_LAUNCH(name, kernel, grid, block, shm, args...): tl_launch + LAUNCH_CHECK. */
-#define TL_LAUNCH(name, ...)                                                                      \
-    do {                                                                                          \
-        cudaError_t le_ = tl_launch(__VA_ARGS__);                                                 \
-        if (le_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: launch %s: %s\n", __FILE__, __LINE__, name,                   \
-                    cudaGetErrorString(le_));                                                     \
-            return TL_ERR_CUDA;                                                                   \
-        }                                                                                         \
-        LAUNCH_CHECK(name);                                                                       \
+#define TL_LAUNCH(name, ...)                                                                       \
+    do {                                                                                           \
+        cudaError_t le_ = tl_launch(__VA_ARGS__);                                                  \
+        if (le_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: launch %s: %s\n", __FILE__, __LINE__, name,                    \
+                    cudaGetErrorString(le_));                                                      \
+            return TL_ERR_CUDA;                                                                    \
+        }                                                                                          \
+        LAUNCH_CHECK(name);                                                                        \
     } while (0)
 
 /* ---- 4-bit GEMV on tensor cores ("q4m") ----
@@ -162,9 +166,9 @@ static inline cudaError_t tl_launch(void (*kern)(KArgs...), dim3 grid, dim3 bloc
  *
  * Staged x (shared memory, q4m_stage): token row r at xs + r * q4m_lds(K) (uint4 units); per
  * (kb, t) two uint4, one per k-step s = 0, 1: {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)}
- * with c = 32kb + 16s + 2t, i.e. exactly the A registers a0..a3 of that mma (no register moves). The row stride is KB*8 + 1 uint4s
- * (16 bytes over a multiple of 128), so 8 tokens' reads of one (kb) spread over all banks. Group
- * sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
+ * with c = 32kb + 16s + 2t, i.e. exactly the A registers a0..a3 of that mma (no register moves).
+ * The row stride is KB*8 + 1 uint4s (16 bytes over a multiple of 128), so 8 tokens' reads of one
+ * (kb) spread over all banks. Group sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
 /* Split of K = 32*KB columns for the persistent q4m kernels (k_gemv.cu): KPW tiles per warp
  * (16, else 32, else 8; dividing KB) and KS = KB / KPW warps along K (<= max_ks); 0 or
  * TL_ERR_INVALID when no split fits. */
@@ -219,8 +223,10 @@ __device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, 
             s += hi[i] + lo[i];
         }
         uint4 *o = xs + (size_t)r * lds + kb * 8 + t * 2;
-        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(lo[0], lo[1]), q4m_pack(hi[2], hi[3]), q4m_pack(lo[2], lo[3]));
-        o[1] = make_uint4(q4m_pack(hi[4], hi[5]), q4m_pack(lo[4], lo[5]), q4m_pack(hi[6], hi[7]), q4m_pack(lo[6], lo[7]));
+        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(lo[0], lo[1]), q4m_pack(hi[2], hi[3]),
+                          q4m_pack(lo[2], lo[3]));
+        o[1] = make_uint4(q4m_pack(hi[4], hi[5]), q4m_pack(lo[4], lo[5]), q4m_pack(hi[6], hi[7]),
+                          q4m_pack(lo[6], lo[7]));
         /* the 8 consecutive items it & ~7 .. it | 7 are the two kb of one group */
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
@@ -308,10 +314,9 @@ __device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t
 __host__ __device__ __forceinline__ int q4m_stage_bytes(int kpw) { return kpw * 128 + kpw * 16; }
 
 template <int KPW, class Src, class Prologue, class Emit>
-__device__ __forceinline__ void q4m_persistent(int u, int ustep, int n_units, int K, int KS,
-                                               Src src, Prologue prologue, Emit emit,
-                                               const uint4 *xrow, const float *sxrow,
-                                               float2 (*s_part)[32], char *ring) {
+__device__ __forceinline__ void
+q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue prologue, Emit emit,
+               const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring) {
     constexpr int SB = KPW * 128 + KPW * 16;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp / KS, kb0 = (warp % KS) * KPW;
     int KB = K >> 5;
@@ -326,10 +331,12 @@ __device__ __forceinline__ void q4m_persistent(int u, int ustep, int n_units, in
             const char *ws = (const char *)(W + ((size_t)rb * KB + kb0) * 32);
             char *wd = my + stage * SB;
 #pragma unroll
-            for (int i = 0; i < KPW * 8 / 32; i++) pf_cp_async16(wd + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
+            for (int i = 0; i < KPW * 8 / 32; i++)
+                pf_cp_async16(wd + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
             if (lane < KPW) {
                 int g = lane >> 1, h = lane & 1;
-                pf_cp_async16(wd + KPW * 128 + lane * 16, S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
+                pf_cp_async16(wd + KPW * 128 + lane * 16,
+                              S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
             }
         }
         pf_cp_async_commit();
@@ -368,10 +375,9 @@ __device__ __forceinline__ void q4m_persistent(int u, int ustep, int n_units, in
  * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
  * per-lane partial sums (reduce with warp_sum or across warps). */
 template <int NT>
-__device__ __forceinline__ void bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT],
-                                               const uint16_t *w, int K, int r0, int n_rows,
-                                               const float *const (&x)[NT], const float *xw,
-                                               int nt, int slice, int n_slices) {
+__device__ __forceinline__ void
+bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
+               const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -383,7 +389,8 @@ __device__ __forceinline__ void bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[
         uint4 q[8];
 #pragma unroll
         for (int r = 0; r < 8; r++)
-            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c)) : make_uint4(0, 0, 0, 0);
+            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
+                                   : make_uint4(0, 0, 0, 0);
         float4 wa = make_float4(1, 1, 1, 1), wb = wa;
         if (xw) wa = __ldg((const float4 *)(xw + c)), wb = __ldg((const float4 *)(xw + c + 4));
 #pragma unroll

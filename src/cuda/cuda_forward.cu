@@ -18,10 +18,10 @@ extern "C" {
 #include "common/util.h"
 }
 
-#define TRY(x)                                                                                    \
-    do {                                                                                          \
-        int st_ = (x);                                                                            \
-        if (st_) return st_;                                                                      \
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        int st_ = (x);                                                                             \
+        if (st_) return st_;                                                                       \
     } while (0)
 
 typedef struct mb_seg {
@@ -30,7 +30,8 @@ typedef struct mb_seg {
 
 /* Views of the metadata block (device or host base). */
 typedef struct meta_view {
-    int32_t *tokens, *tok_pos, *tok_slot, *tok_seg, *seg_tok0, *seg_n, *seg_slot, *seg_pos0, *out_rows;
+    int32_t *tokens, *tok_pos, *tok_slot, *tok_seg, *seg_tok0, *seg_n, *seg_slot, *seg_pos0,
+        *out_rows;
 } meta_view;
 
 static meta_view meta_at(const cuda_be *be, int32_t *base) {
@@ -72,8 +73,8 @@ static int run_layers_impl(cuda_be *be, int T, int n_seg, int n_out, int out_row
             }
             int z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
             TRY(tl_gpu_gdn(be->y, be->rec_st + L->st_idx * rec_layer, be->conv_out, be->proj, ld,
-                           z_off, b_off, a_off, L->dt_bias, L->a_neg, L->gdn_norm,
-                           c->gdn_n_k_head, nv, eps, &s));
+                           z_off, b_off, a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head,
+                           nv, eps, &s));
             TRY(tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1));
         } else {
             int ld = be->ld_attn_in;
@@ -151,7 +152,8 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
         const cb_layer *L = &be->L[il];
         TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->attn_norm, T, D, eps));
         if (L->kind == TL_LAYER_GDN) {
-            int ld = be->ld_gdn_in, z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
+            int ld = be->ld_gdn_in, z_off = be->conv_dim, b_off = z_off + be->val_dim,
+                a_off = b_off + nv;
             TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, st));
             tl_cuda_prof_mark("gemm_in");
             TRY(tl_gpu_conv1d(be->conv_out, be->conv_st + L->st_idx * conv_layer, be->proj, ld,
@@ -163,7 +165,8 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
                                  be->conv_out + 2 * nk * 128, be->conv_dim, be->gg, be->gbeta, T,
                                  TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32, be->gdn_ws, st));
             tl_cuda_prof_mark("gdn_chunk");
-            TRY(tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, z_off, L->gdn_norm, nv, T, eps));
+            TRY(tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, z_off, L->gdn_norm, nv, T,
+                                          eps));
         } else {
             int ld = be->ld_attn_in;
             uint16_t *kc = be->kc + L->st_idx * kv_layer, *vc = be->vc + L->st_idx * kv_layer;
@@ -234,7 +237,8 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const mb_seg *segs, in
         }
     }
     if (out_row0 < 0) out_row0 = 0;
-    CUDA_TRY(cudaMemcpyAsync(be->d_meta, be->h_meta, be->meta_ints * 4, cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(cudaMemcpyAsync(be->d_meta, be->h_meta, be->meta_ints * 4, cudaMemcpyHostToDevice,
+                             be->stream));
     CUDA_TRY(cudaEventRecord(be->meta_ev, be->stream));
     int decode = all_single && T <= be->max_seqs;
     int n_split = CB_DECODE_SPLIT;
@@ -262,7 +266,8 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const mb_seg *segs, in
             cudaGraphDestroy(g);
             if (ce != cudaSuccess) {
                 be->graph[T] = NULL;
-                return tl_errf(err, errlen, TL_ERR_CUDA, "graph instantiate: %s", cudaGetErrorString(ce));
+                return tl_errf(err, errlen, TL_ERR_CUDA, "graph instantiate: %s",
+                               cudaGetErrorString(ce));
             }
         }
         CUDA_TRY(cudaGraphLaunch(be->graph[T], be->stream));
@@ -298,9 +303,10 @@ static int kv_reserve(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size
         if (want > 0) need += want;
     }
     if (need > be->n_free)
-        return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
-                       "KV cache full: the step needs %ld more pages of %d tokens, %d of %d are free",
-                       need, TL_KV_PAGE, be->n_free, be->n_page);
+        return tl_errf(
+            err, errlen, TL_ERR_CONTEXT_FULL,
+            "KV cache full: the step needs %ld more pages of %d tokens, %d of %d are free", need,
+            TL_KV_PAGE, be->n_free, be->n_page);
     for (int i = 0; i < n; i++) {
         int slot = e[i].slot, have = be->slot_np[slot];
         int want = TL_CEIL_DIV(e[i].pos + e[i].n_tok, TL_KV_PAGE);
@@ -318,7 +324,8 @@ static int kv_reserve(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size
 static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
     const tl_config *c = &be->cfg;
     if (n > be->max_seqs)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "batch of %d entries, backend has %d slots", n, be->max_seqs);
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch of %d entries, backend has %d slots", n,
+                       be->max_seqs);
     int row_of[1024], n_rows = 0;
     if (n > 1024) return tl_errf(err, errlen, TL_ERR_INVALID, "batch too large");
     for (int i = 0; i < n; i++) {
@@ -327,12 +334,14 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
             return tl_errf(err, errlen, TL_ERR_INVALID, "entry %d: bad slot %d / pos %d / n_tok %d",
                            i, en->slot, en->pos, en->n_tok);
         if ((long)en->pos + en->n_tok > be->max_ctx)
-            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL, "entry %d: %d + %d tokens exceed the context of %d",
-                           i, en->pos, en->n_tok, be->max_ctx);
+            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                           "entry %d: %d + %d tokens exceed the context of %d", i, en->pos,
+                           en->n_tok, be->max_ctx);
         for (int j = 0; j < en->n_tok; j++)
             if (en->tokens[j] < 0 || en->tokens[j] >= c->n_vocab)
-                return tl_errf(err, errlen, TL_ERR_INVALID, "entry %d: token id %d out of range [0, %d)",
-                               i, en->tokens[j], c->n_vocab);
+                return tl_errf(err, errlen, TL_ERR_INVALID,
+                               "entry %d: token id %d out of range [0, %d)", i, en->tokens[j],
+                               c->n_vocab);
         row_of[i] = (en->logits || en->sample) ? n_rows++ : -1;
     }
     tl_cuda_stream = be->stream;
@@ -345,24 +354,24 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
     mb_seg segs[1024];
     int n_seg = 0, T = 0, n_out = 0;
     for (int pass = 0; pass < 2; pass++)
-    for (int i = 0; i < n; i++) {
-        int big = be->pf_ok && e[i].n_tok >= CB_PF_MIN;
-        if (big != pass) continue;
-        if (big && n_seg > 0) {
-            TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
-            n_seg = 0, T = 0;
-        }
-        int off = 0;
-        while (off < e[i].n_tok) {
-            int take = TL_MIN(e[i].n_tok - off, be->max_tok - T);
-            segs[n_seg].entry = i, segs[n_seg].start = off, segs[n_seg].n = take;
-            n_seg++, T += take, off += take;
-            if (T == be->max_tok || n_seg == be->max_seqs || big) {
+        for (int i = 0; i < n; i++) {
+            int big = be->pf_ok && e[i].n_tok >= CB_PF_MIN;
+            if (big != pass) continue;
+            if (big && n_seg > 0) {
                 TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
                 n_seg = 0, T = 0;
             }
+            int off = 0;
+            while (off < e[i].n_tok) {
+                int take = TL_MIN(e[i].n_tok - off, be->max_tok - T);
+                segs[n_seg].entry = i, segs[n_seg].start = off, segs[n_seg].n = take;
+                n_seg++, T += take, off += take;
+                if (T == be->max_tok || n_seg == be->max_seqs || big) {
+                    TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
+                    n_seg = 0, T = 0;
+                }
+            }
         }
-    }
     if (n_seg > 0) TRY(micro_step(be, e, segs, n_seg, row_of, &n_out, err, errlen));
 
     /* sampling */
@@ -427,11 +436,13 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
 int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
     cuda_be *be = (cuda_be *)b->impl;
     if (err && errlen) err[0] = 0;
-    if (be->lost) return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost after an earlier error");
+    if (be->lost)
+        return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost after an earlier error");
     int st = forward_impl(be, e, n, err, errlen);
     if (st == TL_ERR_CUDA) {
         be->lost = 1;
-        if (err && errlen && !err[0]) tl_errf(err, errlen, st, "CUDA error during the forward (see log)");
+        if (err && errlen && !err[0])
+            tl_errf(err, errlen, st, "CUDA error during the forward (see log)");
     }
     return st;
 }
@@ -446,25 +457,31 @@ int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t er
 typedef int (*op_fn)(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s);
 
 static int op_gdn_in(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
-    return tl_gpu_gemv(be->proj, be->ld_gdn_in, &G->in, be->x, be->cfg.n_embd, G->attn_norm, be->cfg.rms_eps, 1, 0);
+    return tl_gpu_gemv(be->proj, be->ld_gdn_in, &G->in, be->x, be->cfg.n_embd, G->attn_norm,
+                       be->cfg.rms_eps, 1, 0);
 }
 static int op_gdn_in_conv(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     return tl_gpu_gemv_conv1d(be->proj, be->ld_gdn_in, &G->in, be->x, be->cfg.n_embd, G->attn_norm,
-                              be->cfg.rms_eps, 1, be->conv_out, be->conv_st, G->conv_w, be->conv_dim, s->tok_slot);
+                              be->cfg.rms_eps, 1, be->conv_out, be->conv_st, G->conv_w,
+                              be->conv_dim, s->tok_slot);
 }
 static int op_conv(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
-    return tl_gpu_conv1d(be->conv_out, be->conv_st, be->proj, be->ld_gdn_in, G->conv_w, be->conv_dim, s);
+    return tl_gpu_conv1d(be->conv_out, be->conv_st, be->proj, be->ld_gdn_in, G->conv_w,
+                         be->conv_dim, s);
 }
 static int op_gdn(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
-    int nv = be->cfg.gdn_n_v_head, z_off = be->conv_dim, b_off = z_off + be->val_dim, a_off = b_off + nv;
+    int nv = be->cfg.gdn_n_v_head, z_off = be->conv_dim, b_off = z_off + be->val_dim,
+        a_off = b_off + nv;
     return tl_gpu_gdn(be->y, be->rec_st, be->conv_out, be->proj, be->ld_gdn_in, z_off, b_off, a_off,
-                      G->dt_bias, G->a_neg, G->gdn_norm, be->cfg.gdn_n_k_head, nv, be->cfg.rms_eps, s);
+                      G->dt_bias, G->a_neg, G->gdn_norm, be->cfg.gdn_n_k_head, nv, be->cfg.rms_eps,
+                      s);
 }
 static int op_gdn_out(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     return tl_gpu_gemv(be->x, be->cfg.n_embd, &G->out, be->y, be->val_dim, NULL, 0.0f, 1, 1);
 }
 static int op_attn_in(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
-    return tl_gpu_gemv(be->proj, be->ld_attn_in, &A->in, be->x, be->cfg.n_embd, A->attn_norm, be->cfg.rms_eps, 1, 0);
+    return tl_gpu_gemv(be->proj, be->ld_attn_in, &A->in, be->x, be->cfg.n_embd, A->attn_norm,
+                       be->cfg.rms_eps, 1, 0);
 }
 static int op_rope(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     const tl_config *c = &be->cfg;
@@ -479,29 +496,36 @@ static int op_attn(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_g
                        c->n_head_kv, &pg, CB_DECODE_SPLIT, s);
 }
 static int op_attn_out(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
-    return tl_gpu_gemv(be->x, be->cfg.n_embd, &A->out, be->y, be->cfg.n_head * 256, NULL, 0.0f, 1, 1);
+    return tl_gpu_gemv(be->x, be->cfg.n_embd, &A->out, be->y, be->cfg.n_head * 256, NULL, 0.0f, 1,
+                       1);
 }
 static int op_router(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     int E = be->cfg.n_expert;
-    return tl_gpu_gemv(be->rlog, E + 1, &G->router, be->x, be->cfg.n_embd, G->ffn_norm, be->cfg.rms_eps, 1, 0);
+    return tl_gpu_gemv(be->rlog, E + 1, &G->router, be->x, be->cfg.n_embd, G->ffn_norm,
+                       be->cfg.rms_eps, 1, 0);
 }
 static int op_route(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     int E = be->cfg.n_expert;
-    return tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, be->cfg.n_expert_used, 1);
+    return tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E,
+                            be->cfg.n_expert_used, 1);
 }
 static int op_moe_up(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     const tl_config *c = &be->cfg;
     if (G->gate_up.bits == 4) /* the step routes inside moe_up */
-        return tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &G->gate_up, be->x, G->ffn_norm,
-                                   c->rms_eps, be->rlog, c->n_expert + 1, c->n_expert_used, c->n_expert, 1);
-    return tl_gpu_moe_up(be->act, &G->gate_up, be->x, G->ffn_norm, c->rms_eps, be->ids, c->n_expert_used, c->n_expert, 1);
+        return tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &G->gate_up, be->x,
+                                   G->ffn_norm, c->rms_eps, be->rlog, c->n_expert + 1,
+                                   c->n_expert_used, c->n_expert, 1);
+    return tl_gpu_moe_up(be->act, &G->gate_up, be->x, G->ffn_norm, c->rms_eps, be->ids,
+                         c->n_expert_used, c->n_expert, 1);
 }
 static int op_moe_down(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
     const tl_config *c = &be->cfg;
-    return tl_gpu_moe_down(be->x, &G->down, be->act, be->ids, be->wts, be->wsh, c->n_expert_used, c->n_expert, 1);
+    return tl_gpu_moe_down(be->x, &G->down, be->act, be->ids, be->wts, be->wsh, c->n_expert_used,
+                           c->n_expert, 1);
 }
 static int op_lm_head(cuda_be *be, const cb_layer *G, const cb_layer *A, const tl_gpu_seqs *s) {
-    return tl_gpu_gemv(be->logits, be->cfg.n_vocab, &be->lm_head, be->xo, be->cfg.n_embd, NULL, 0.0f, 1, 0);
+    return tl_gpu_gemv(be->logits, be->cfg.n_vocab, &be->lm_head, be->xo, be->cfg.n_embd, NULL,
+                       0.0f, 1, 0);
 }
 
 extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
@@ -525,7 +549,8 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         int per_step;
         size_t bytes;
     } ops[] = {
-        {"gdn in-proj gemv_q4 (+ conv1d fused)", op_gdn_in_conv, G->in.bits == 4 ? be->n_gdn : 0, tl_gpu_mat_bytes(&G->in)},
+        {"gdn in-proj gemv_q4 (+ conv1d fused)", op_gdn_in_conv, G->in.bits == 4 ? be->n_gdn : 0,
+         tl_gpu_mat_bytes(&G->in)},
         {"gdn in-proj gemv", op_gdn_in, G->in.bits == 4 ? 0 : be->n_gdn, tl_gpu_mat_bytes(&G->in)},
         {"conv1d (unfused)", op_conv, G->in.bits == 4 ? 0 : be->n_gdn, 0},
         {"gdn_step", op_gdn, be->n_gdn, (size_t)c->gdn_n_v_head * 128 * 128 * 8},
@@ -536,8 +561,10 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         {"attn o-proj gemv_q4", op_attn_out, be->n_attn, tl_gpu_mat_bytes(&A->out)},
         {"router gemv_bf16", op_router, c->n_layer, tl_gpu_mat_bytes(&G->router)},
         {"moe_route (bf16 experts only)", op_route, G->gate_up.bits == 4 ? 0 : c->n_layer, 0},
-        {G->gate_up.bits == 4 ? "moe_up + route" : "moe_up", op_moe_up, c->n_layer, tl_gpu_mat_bytes(&G->gate_up) / (c->n_expert + 1) * (c->n_expert_used + 1)},
-        {"moe_down", op_moe_down, c->n_layer, tl_gpu_mat_bytes(&G->down) / (c->n_expert + 1) * (c->n_expert_used + 1)},
+        {G->gate_up.bits == 4 ? "moe_up + route" : "moe_up", op_moe_up, c->n_layer,
+         tl_gpu_mat_bytes(&G->gate_up) / (c->n_expert + 1) * (c->n_expert_used + 1)},
+        {"moe_down", op_moe_down, c->n_layer,
+         tl_gpu_mat_bytes(&G->down) / (c->n_expert + 1) * (c->n_expert_used + 1)},
         {"lm_head gemv_q4", op_lm_head, 1, tl_gpu_mat_bytes(&be->lm_head)},
     };
     const int R = 40;
@@ -546,7 +573,8 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
     CUDA_TRY(cudaEventCreate(&e1));
     tl_cuda_stream = be->stream;
     double total = 0;
-    fprintf(f, "| op (one token) | per step | us per call | GB/s | us per step |\n|---|---:|---:|---:|---:|\n");
+    fprintf(f, "| op (one token) | per step | us per call | GB/s | us per step "
+               "|\n|---|---:|---:|---:|---:|\n");
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         if (!ops[i].per_step) continue; /* not in this model's step */
         cudaGraph_t g;
@@ -574,9 +602,11 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         double us = 1000.0 * best / R;
         total += us * ops[i].per_step;
         if (ops[i].bytes)
-            fprintf(f, "| %s | %d | %.2f | %.0f | %.1f |\n", ops[i].name, ops[i].per_step, us, ops[i].bytes / us / 1e3, us * ops[i].per_step);
+            fprintf(f, "| %s | %d | %.2f | %.0f | %.1f |\n", ops[i].name, ops[i].per_step, us,
+                    ops[i].bytes / us / 1e3, us * ops[i].per_step);
         else
-            fprintf(f, "| %s | %d | %.2f | | %.1f |\n", ops[i].name, ops[i].per_step, us, us * ops[i].per_step);
+            fprintf(f, "| %s | %d | %.2f | | %.1f |\n", ops[i].name, ops[i].per_step, us,
+                    us * ops[i].per_step);
     }
     fprintf(f, "| sum over one step | | | | %.1f |\n", total);
     cudaEventDestroy(e0), cudaEventDestroy(e1);

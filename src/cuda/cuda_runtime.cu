@@ -175,10 +175,12 @@ int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts,
         cudaError_t e = cudaMemcpy(dst_w, h, n * 2, cudaMemcpyHostToDevice);
         if (e == cudaSuccess && lo) e = cudaMemcpy(dst_sb, lo, n * 2, cudaMemcpyHostToDevice);
         free(h), free(lo), free(row);
-        if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
+        if (e != cudaSuccess)
+            return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
         return 0;
     }
-    /* q4 tiled: word (rb, kb, lane) nibble n = column 32kb + 2(lane%4) + q4col(n) of row 8rb + lane/4 */
+    /* q4 tiled: word (rb, kb, lane) nibble n = column 32kb + 2(lane%4) + q4col(n) of row 8rb +
+     * lane/4 */
     int KB = cols / 32, G = cols / 64;
     size_t nw = (size_t)rows_pad / 8 * KB * 32, nsb = (size_t)G * rows_pad;
     uint32_t *hw = (uint32_t *)calloc(nw, 4), *hsb = (uint32_t *)calloc(nsb, 4);
@@ -229,7 +231,8 @@ int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts,
     cudaError_t e = cudaMemcpy(dst_w, hw, nw * 4, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(dst_sb, hsb, nsb * 4, cudaMemcpyHostToDevice);
     free(hw), free(hsb);
-    if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "upload: %s", cudaGetErrorString(e));
     return 0;
 }
 
@@ -252,7 +255,8 @@ static int mat_alloc(tl_gpu_gemm_w *m, int bits, int rows, int cols, char *err, 
     void *w = tl_gpu_malloc(wb), *sb = sbb ? tl_gpu_malloc(sbb) : NULL;
     if (!w || (sbb && !sb)) {
         tl_gpu_free(w), tl_gpu_free(sb);
-        return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of %zu bytes failed (weights)", wb + sbb);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of %zu bytes failed (weights)",
+                       wb + sbb);
     }
     m->w = w, m->sb = sb;
     return 0;
@@ -275,7 +279,8 @@ extern "C" int tl_gpu_mat_upload(tl_gpu_gemm_w *out, const tl_mat *const *parts,
     if (st) return st;
     int exact = 1; /* every part already bf16: no low plane */
     for (int i = 0; i < n_parts; i++) exact &= parts[i]->bits == 0 && parts[i]->wtype == TL_DT_BF16;
-    if (bits == 16 && !exact && !(out->sb = tl_gpu_malloc(mat_w_bytes(16, rows_pad, parts[0]->cols)))) {
+    if (bits == 16 && !exact &&
+        !(out->sb = tl_gpu_malloc(mat_w_bytes(16, rows_pad, parts[0]->cols)))) {
         tl_gpu_mat_free(out);
         return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of a low bf16 plane failed");
     }
@@ -307,25 +312,29 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 __global__ void fill_bf16_kernel(uint16_t *p, size_t n, uint64_t seed, float amp) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint64_t z = mix64(seed + 0x9E3779B97F4A7C15ull * (i + 1));
         float u = (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
         p[i] = f2bf(amp * u);
     }
 }
 __global__ void fill_u32_kernel(uint32_t *p, size_t n, uint64_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         p[i] = (uint32_t)(mix64(seed + 0x9E3779B97F4A7C15ull * (i + 1)) >> 16);
 }
 __global__ void fill_sb_kernel(uint32_t *p, size_t n, uint64_t seed, float scale) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint64_t z = mix64(seed + 0x9E3779B97F4A7C15ull * (i + 1));
         float s = scale * (0.75f + 0.5f * (float)(z >> 40) * (1.0f / 16777216.0f));
         p[i] = (uint32_t)f2bf(s) | ((uint32_t)f2bf(-7.5f * s) << 16);
     }
 }
 
-/* Values uniform with standard deviation std (bf16), or 4-bit s*(q - 7.5) with s ~ std*sqrt(3)/7.5. */
+/* Values uniform with standard deviation std (bf16), or 4-bit s*(q - 7.5) with s ~ std*sqrt(3)/7.5.
+ */
 static int mat_random(tl_gpu_gemm_w *m, int bits, int rows, int cols, uint64_t seed, float std,
                       char *err, size_t errlen) {
     int st = mat_alloc(m, bits, rows, cols, err, errlen);
@@ -335,10 +344,12 @@ static int mat_random(tl_gpu_gemm_w *m, int bits, int rows, int cols, uint64_t s
         fill_bf16_kernel<<<4096, 256>>>((uint16_t *)m->w, (size_t)rows * cols, seed, amp);
     } else {
         fill_u32_kernel<<<4096, 256>>>((uint32_t *)m->w, (size_t)rows * cols / 8, seed);
-        fill_sb_kernel<<<1024, 256>>>((uint32_t *)m->sb, (size_t)rows * (cols / 64), seed ^ 0x5bd1e995ull, amp / 7.5f);
+        fill_sb_kernel<<<1024, 256>>>((uint32_t *)m->sb, (size_t)rows * (cols / 64),
+                                      seed ^ 0x5bd1e995ull, amp / 7.5f);
     }
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return tl_errf(err, errlen, TL_ERR_CUDA, "random fill: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "random fill: %s", cudaGetErrorString(e));
     return 0;
 }
 
@@ -378,16 +389,18 @@ static void cb_close(tl_backend *b) {
             cb_layer *L = &be->L[il];
             tl_gpu_mat_free(&L->in), tl_gpu_mat_free(&L->out), tl_gpu_mat_free(&L->router);
             tl_gpu_mat_free(&L->gate_up), tl_gpu_mat_free(&L->down);
-            float *vs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->conv_w, L->dt_bias, L->a_neg, L->gdn_norm};
+            float *vs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm,
+                           L->conv_w,    L->dt_bias,  L->a_neg,  L->gdn_norm};
             for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) tl_gpu_free(vs[i]);
         }
         tl_gpu_mat_free(&be->embd), tl_gpu_mat_free(&be->lm_head);
-        void *ps[] = {be->out_norm, be->kc, be->vc, be->conv_st, be->rec_st, be->x, be->proj,
-                      be->conv_out, be->y, be->q, be->part, be->rlog, be->wts, be->wsh, be->act,
-                      be->xo, be->logits, be->ids, be->d_meta, be->d_params, be->d_keys,
-                      be->d_out, be->d_counts, be->d_hist, be->d_sscratch, be->xb, be->yb,
-                      be->hexp, be->yslot, be->hs, be->ys, be->gg, be->gbeta, be->shl, be->plan,
-                      be->gdn_ws};
+        void *ps[] = {
+            be->out_norm,   be->kc,       be->vc,     be->conv_st, be->rec_st,   be->x,
+            be->proj,       be->conv_out, be->y,      be->q,       be->part,     be->rlog,
+            be->wts,        be->wsh,      be->act,    be->xo,      be->logits,   be->ids,
+            be->d_meta,     be->d_params, be->d_keys, be->d_out,   be->d_counts, be->d_hist,
+            be->d_sscratch, be->xb,       be->yb,     be->hexp,    be->yslot,    be->hs,
+            be->ys,         be->gg,       be->gbeta,  be->shl,     be->plan,     be->gdn_ws};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
         if (be->h_meta) cudaFreeHost(be->h_meta);
         if (be->h_ptab) cudaFreeHost(be->h_ptab);
@@ -415,26 +428,29 @@ static void cb_reset_slot(tl_backend *b, int slot) {
     be->slot_np[slot] = 0;
     size_t rec = (size_t)c->gdn_n_v_head * 128 * 128, conv = (size_t)3 * be->conv_dim;
     for (int g = 0; g < be->n_gdn; g++) {
-        cudaMemsetAsync(be->rec_st + ((size_t)g * be->max_seqs + slot) * rec, 0, rec * 4, be->stream);
-        cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4, be->stream);
+        cudaMemsetAsync(be->rec_st + ((size_t)g * be->max_seqs + slot) * rec, 0, rec * 4,
+                        be->stream);
+        cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4,
+                        be->stream);
     }
     cudaStreamSynchronize(be->stream);
 }
 
 /* The dimensions the kernels are specialised on (the CPU reference accepts any). */
 static int check_dims(const tl_config *c, char *err, size_t errlen) {
-#define NEED(cond, field, want)                                                                   \
-    if (!(cond))                                                                                  \
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,                                           \
+#define NEED(cond, field, want)                                                                    \
+    if (!(cond))                                                                                   \
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,                                            \
                        "config %s = %d, the CUDA kernels need %s", #field, (int)c->field, want);
     NEED(c->head_dim == 256, head_dim, "256");
     NEED(c->n_rot == 64, n_rot, "64 (head_dim * partial_rotary_factor)");
     NEED(c->gdn_k_dim == 128, gdn_k_dim, "128");
     NEED(c->gdn_v_dim == 128, gdn_v_dim, "128");
     NEED(c->gdn_conv_k == 4, gdn_conv_k, "4");
-    NEED(c->n_head_kv > 0 && c->n_head % c->n_head_kv == 0 && c->n_head / c->n_head_kv <= 16, n_head,
-         "a multiple of n_head_kv, at most 16x");
-    NEED(c->gdn_n_k_head > 0 && c->gdn_n_v_head % c->gdn_n_k_head == 0, gdn_n_v_head, "a multiple of gdn_n_k_head");
+    NEED(c->n_head_kv > 0 && c->n_head % c->n_head_kv == 0 && c->n_head / c->n_head_kv <= 16,
+         n_head, "a multiple of n_head_kv, at most 16x");
+    NEED(c->gdn_n_k_head > 0 && c->gdn_n_v_head % c->gdn_n_k_head == 0, gdn_n_v_head,
+         "a multiple of gdn_n_k_head");
     NEED(c->n_embd % 256 == 0, n_embd, "a multiple of 256");
     NEED(c->n_ff_expert % 64 == 0 && c->n_ff_expert % 256 == 0, n_ff_expert, "a multiple of 256");
     NEED(c->n_ff_shared == c->n_ff_expert, n_ff_shared, "n_ff_expert (stacked with the experts)");
@@ -467,9 +483,11 @@ extern "C" int tl_gpu_experts_upload(tl_gpu_gemm_w *gate_up, tl_gpu_gemm_w *down
             views[2 * i + 1] = mat_rows(up[e], 8 * i, 8);
             parts[2 * i] = &views[2 * i], parts[2 * i + 1] = &views[2 * i + 1];
         }
-        char *gw = (char *)gate_up->w + e * gu_w, *gsb = bits == 4 ? (char *)gate_up->sb + e * gu_sb : NULL;
+        char *gw = (char *)gate_up->w + e * gu_w,
+             *gsb = bits == 4 ? (char *)gate_up->sb + e * gu_sb : NULL;
         if ((st = cb_mat_fill(gw, gsb, bits, parts, 2 * F / 8, 2 * F, err, errlen))) return st;
-        char *dw = (char *)down->w + e * dn_w, *dsb = bits == 4 ? (char *)down->sb + e * dn_sb : NULL;
+        char *dw = (char *)down->w + e * dn_w,
+             *dsb = bits == 4 ? (char *)down->sb + e * dn_sb : NULL;
         if ((st = cb_mat_fill(dw, dsb, bits, &dn[e], 1, D, err, errlen))) return st;
     }
     return 0;
@@ -514,7 +532,8 @@ static int upload_layer(cuda_be *be, cb_layer *L, const tl_layer *src, char *err
     {
         const tl_mat **g = (const tl_mat **)xmalloc(sizeof(tl_mat *) * 3 * (E + 1));
         const tl_mat **u = g + (E + 1), **d = g + 2 * (E + 1);
-        for (int e = 0; e < E; e++) g[e] = &src->exp_gate[e], u[e] = &src->exp_up[e], d[e] = &src->exp_down[e];
+        for (int e = 0; e < E; e++)
+            g[e] = &src->exp_gate[e], u[e] = &src->exp_up[e], d[e] = &src->exp_down[e];
         g[E] = &src->sh_gate, u[E] = &src->sh_up, d[E] = &src->sh_down;
         st = tl_gpu_experts_upload(&L->gate_up, &L->down, g, u, d, E + 1, err, errlen);
         free(g);
@@ -523,49 +542,62 @@ static int upload_layer(cuda_be *be, cb_layer *L, const tl_layer *src, char *err
     return 0;
 }
 
-static int random_layer(cuda_be *be, cb_layer *L, int bits, uint64_t *rs, char *err, size_t errlen) {
+static int random_layer(cuda_be *be, cb_layer *L, int bits, uint64_t *rs, char *err,
+                        size_t errlen) {
     const tl_config *c = &be->cfg;
     int st, F = c->n_ff_expert, E = c->n_expert, D = c->n_embd, nv = c->gdn_n_v_head;
     const float std = 0.02f;
     L->attn_norm = const_f32(D, 1.0f);
     L->ffn_norm = const_f32(D, 1.0f);
     if (L->kind == TL_LAYER_GDN) {
-        if ((st = mat_random(&L->in, bits, be->ld_gdn_in, D, host_rng(rs), std, err, errlen))) return st;
-        if ((st = mat_random(&L->out, bits, D, be->val_dim, host_rng(rs), std, err, errlen))) return st;
+        if ((st = mat_random(&L->in, bits, be->ld_gdn_in, D, host_rng(rs), std, err, errlen)))
+            return st;
+        if ((st = mat_random(&L->out, bits, D, be->val_dim, host_rng(rs), std, err, errlen)))
+            return st;
         size_t nc = (size_t)be->conv_dim * 4;
         float *h = (float *)xmalloc(sizeof(float) * nc);
-        for (size_t i = 0; i < nc; i++) h[i] = host_uniform(rs) - 0.5f; /* torch conv init bound 1/sqrt(4) */
+        for (size_t i = 0; i < nc; i++)
+            h[i] = host_uniform(rs) - 0.5f; /* torch conv init bound 1/sqrt(4) */
         L->conv_w = upload_f32(h, nc);
-        for (int i = 0; i < nv; i++) h[i] = -(1.0f + 15.0f * host_uniform(rs)); /* -A, A ~ U(1,16) */
+        for (int i = 0; i < nv; i++)
+            h[i] = -(1.0f + 15.0f * host_uniform(rs)); /* -A, A ~ U(1,16) */
         L->a_neg = upload_f32(h, nv);
         free(h);
         L->dt_bias = const_f32(nv, 1.0f);
         L->gdn_norm = const_f32(128, 1.0f);
     } else {
-        if ((st = mat_random(&L->in, bits, be->ld_attn_in, D, host_rng(rs), std, err, errlen))) return st;
-        if ((st = mat_random(&L->out, bits, D, c->n_head * 256, host_rng(rs), std, err, errlen))) return st;
+        if ((st = mat_random(&L->in, bits, be->ld_attn_in, D, host_rng(rs), std, err, errlen)))
+            return st;
+        if ((st = mat_random(&L->out, bits, D, c->n_head * 256, host_rng(rs), std, err, errlen)))
+            return st;
         L->q_norm = const_f32(256, 1.0f);
         L->k_norm = const_f32(256, 1.0f);
     }
     if ((st = mat_random(&L->router, 16, E + 1, D, host_rng(rs), std, err, errlen))) return st;
     if (bits == 4) { /* as a 4-bit MLX checkpoint's 8-bit router: hi + lo planes (upload_layer) */
         void *lo = tl_gpu_malloc(mat_w_bytes(16, E + 1, D));
-        if (!lo) return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of the router's low plane failed");
-        fill_bf16_kernel<<<4096, 256>>>((uint16_t *)lo, (size_t)(E + 1) * D, host_rng(rs), std * 0.004f);
+        if (!lo)
+            return tl_errf(err, errlen, TL_ERR_NOMEM,
+                           "cudaMalloc of the router's low plane failed");
+        fill_bf16_kernel<<<4096, 256>>>((uint16_t *)lo, (size_t)(E + 1) * D, host_rng(rs),
+                                        std * 0.004f);
         L->router.sb = lo;
     }
-    if ((st = mat_random(&L->gate_up, bits, (E + 1) * 2 * F, D, host_rng(rs), std, err, errlen))) return st;
-    if ((st = mat_random(&L->down, bits, (E + 1) * D, F, host_rng(rs), std, err, errlen))) return st;
+    if ((st = mat_random(&L->gate_up, bits, (E + 1) * 2 * F, D, host_rng(rs), std, err, errlen)))
+        return st;
+    if ((st = mat_random(&L->down, bits, (E + 1) * D, F, host_rng(rs), std, err, errlen)))
+        return st;
     return 0;
 }
 
-#define ALLOC(ptr, type, count)                                                                   \
-    do {                                                                                          \
-        size_t n_ = (size_t)(count) * sizeof(type);                                               \
-        if (!((ptr) = (type *)tl_gpu_malloc(n_))) {                                               \
-            st = tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of %zu bytes failed (%s)", n_, #ptr); \
-            goto fail;                                                                            \
-        }                                                                                         \
+#define ALLOC(ptr, type, count)                                                                    \
+    do {                                                                                           \
+        size_t n_ = (size_t)(count) * sizeof(type);                                                \
+        if (!((ptr) = (type *)tl_gpu_malloc(n_))) {                                                \
+            st = tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of %zu bytes failed (%s)", n_,     \
+                         #ptr);                                                                    \
+            goto fail;                                                                             \
+        }                                                                                          \
     } while (0)
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -575,14 +607,17 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     *out = NULL;
     const tl_config *c = m ? &m->cfg : cfg;
     if (!c) return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: no model and no config");
-    if (!m && !p->random_weights) return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: no model");
+    if (!m && !p->random_weights)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: no model");
     int st = tl_gpu_init(err, errlen);
     if (st) return st;
     if ((st = check_dims(c, err, errlen))) return st;
     if (p->max_seqs < 1 || p->max_ctx < 1)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: max_seqs and max_ctx must be >= 1");
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "CUDA backend: max_seqs and max_ctx must be >= 1");
     if (p->random_weights && p->weight_bits != 4 && p->weight_bits != 16)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "random weights: bits must be 4 or 16, not %d", p->weight_bits);
+        return tl_errf(err, errlen, TL_ERR_INVALID, "random weights: bits must be 4 or 16, not %d",
+                       p->weight_bits);
 
     tl_backend *b = (tl_backend *)xcalloc(1, sizeof *b);
     cuda_be *be = (cuda_be *)xcalloc(1, sizeof *be);
@@ -646,8 +681,12 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         if (p->random_weights) {
             uint64_t rs = p->seed ? p->seed : 1;
             int bits = p->weight_bits;
-            if ((st = mat_random(&be->embd, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err, errlen))) goto fail;
-            if ((st = mat_random(&be->lm_head, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err, errlen))) goto fail;
+            if ((st = mat_random(&be->embd, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err,
+                                 errlen)))
+                goto fail;
+            if ((st = mat_random(&be->lm_head, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f,
+                                 err, errlen)))
+                goto fail;
             be->out_norm = const_f32(c->n_embd, 1.0f);
             for (int il = 0; il < c->n_layer; il++)
                 if ((st = random_layer(be, &be->L[il], bits, &rs, err, errlen))) goto fail;
@@ -659,12 +698,14 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
             be->out_norm = upload_f32(m->out_norm, c->n_embd);
             for (int il = 0; il < c->n_layer; il++) {
                 if ((st = upload_layer(be, &be->L[il], &m->layers[il], err, errlen))) goto fail;
-                if (isatty(2)) fprintf(stderr, "\rtulip: uploading layer %d/%d", il + 1, c->n_layer);
+                if (isatty(2))
+                    fprintf(stderr, "\rtulip: uploading layer %d/%d", il + 1, c->n_layer);
             }
             if (isatty(2)) fprintf(stderr, "\n");
         }
         if (cudaDeviceSynchronize() != cudaSuccess) {
-            st = tl_errf(err, errlen, TL_ERR_CUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
+            st = tl_errf(err, errlen, TL_ERR_CUDA, "weight upload: %s",
+                         cudaGetErrorString(cudaGetLastError()));
             goto fail;
         }
         if (!p->random_weights || getenv("TL_CUDA_VERBOSE"))
@@ -705,18 +746,18 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         size_t T = be->max_tok, D = c->n_embd, K = c->n_expert_used, F = c->n_ff_expert;
         size_t ldp = TL_MAX(be->ld_gdn_in, be->ld_attn_in);
         size_t ydim = TL_MAX(be->val_dim, c->n_head * 256);
-        ALLOC(be->x, float, T * D);
-        ALLOC(be->proj, float, T * ldp);
+        ALLOC(be->x, float, T *D);
+        ALLOC(be->proj, float, T *ldp);
         ALLOC(be->conv_out, float, T * be->conv_dim);
-        ALLOC(be->y, float, T * ydim);
+        ALLOC(be->y, float, T *ydim);
         ALLOC(be->q, float, T * c->n_head * 256);
         ALLOC(be->part, float, (size_t)be->part_rows * c->n_head * 258);
-        ALLOC(be->rlog, float, T * (c->n_expert + 1));
+        ALLOC(be->rlog, float, T *(c->n_expert + 1));
         ALLOC(be->ids, int32_t, T * K);
-        ALLOC(be->wts, float, T * K);
+        ALLOC(be->wts, float, T *K);
         ALLOC(be->wsh, float, T);
-        ALLOC(be->act, float, T * (K + 1) * F);
-        ALLOC(be->xo, float, (size_t)be->max_out * D);
+        ALLOC(be->act, float, T *(K + 1) * F);
+        ALLOC(be->xo, float, (size_t)be->max_out *D);
         ALLOC(be->logits, float, (size_t)be->max_out * c->n_vocab);
         if (be->pf_ok) {
             size_t yd = TL_MAX(be->val_dim, c->n_head * 256);
@@ -749,7 +790,8 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         }
     }
     if (cudaDeviceSynchronize() != cudaSuccess) {
-        st = tl_errf(err, errlen, TL_ERR_CUDA, "CUDA backend init: %s", cudaGetErrorString(cudaGetLastError()));
+        st = tl_errf(err, errlen, TL_ERR_CUDA, "CUDA backend init: %s",
+                     cudaGetErrorString(cudaGetLastError()));
         goto fail;
     }
     *out = b;
@@ -775,10 +817,12 @@ extern "C" size_t tl_cuda_weight_bytes(const tl_backend *b) {
 extern "C" double tl_cuda_decode_bytes(const tl_backend *b, int kv_len) {
     const cuda_be *be = (const cuda_be *)b->impl;
     const tl_config *c = &be->cfg;
-    double n = (double)tl_gpu_mat_bytes(&be->embd) / c->n_vocab + (double)tl_gpu_mat_bytes(&be->lm_head);
+    double n =
+        (double)tl_gpu_mat_bytes(&be->embd) / c->n_vocab + (double)tl_gpu_mat_bytes(&be->lm_head);
     for (int il = 0; il < c->n_layer; il++) {
         const cb_layer *L = &be->L[il];
-        double per_exp = (double)(tl_gpu_mat_bytes(&L->gate_up) + tl_gpu_mat_bytes(&L->down)) / (c->n_expert + 1);
+        double per_exp = (double)(tl_gpu_mat_bytes(&L->gate_up) + tl_gpu_mat_bytes(&L->down)) /
+                         (c->n_expert + 1);
         n += tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) + tl_gpu_mat_bytes(&L->router) +
              per_exp * (c->n_expert_used + 1);
         if (L->kind == TL_LAYER_ATTN)
@@ -790,7 +834,8 @@ extern "C" double tl_cuda_decode_bytes(const tl_backend *b, int kv_len) {
 }
 
 __global__ void touch_kernel(float *p, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
         p[i] = (float)(i & 1023);
 }
 

@@ -48,8 +48,8 @@ void tl_gpu_mat_free(tl_gpu_gemm_w *m);
  * [n * n_embd, F]; q4 when every matrix is MLX 4-bit g64, else bf16. Each expert's q4 scale/bias
  * block is contiguous (gpu_prefill.h: "experts lie contiguously"). */
 int tl_gpu_experts_upload(tl_gpu_gemm_w *gate_up, tl_gpu_gemm_w *down, const tl_mat *const *gate,
-                          const tl_mat *const *up, const tl_mat *const *down_src, int n,
-                          char *err, size_t errlen);
+                          const tl_mat *const *up, const tl_mat *const *down_src, int n, char *err,
+                          size_t errlen);
 /* Size in bytes of a device matrix's weights (w + sb). */
 size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m);
 
@@ -69,8 +69,8 @@ typedef struct tl_gpu_seqs {
 int tl_gpu_embed(float *x, const tl_gpu_gemm_w *E, const int32_t *tokens, int n_tok);
 /* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n; rows[i] (if non-NULL) picks the input
  * row of output row i. */
-int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows, int n_out,
-                   int n, float eps);
+int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows, int n_out, int n,
+                   float eps);
 /* y[t, r] (+)= sum_c W[r, c] * xn[t, c] for r < W->rows, t < n_tok, where xn = x, or
  * rmsnorm(x; norm_w) when norm_w is non-NULL. ldx, ldy: row strides. */
 int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
@@ -93,8 +93,8 @@ int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const fl
  * offsets z_off, b_off, a_off. S [n_slot][nv][128][128] f32. y [n_tok, nv*128] = gated RMSNorm
  * of the output with norm_w [128]. */
 int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj, int z_off,
-               int b_off, int a_off, const float *dt_bias, const float *a_neg,
-               const float *norm_w, int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s);
+               int b_off, int a_off, const float *dt_bias, const float *a_neg, const float *norm_w,
+               int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s);
 /* Paged KV cache. Per attention layer, K and V are each a pool of pages of TL_KV_PAGE tokens,
  * [n_page][TL_KV_PAGE][n_kv][256] bf16: position p of slot s lives at token row
  *   table[s * max_pages + p / TL_KV_PAGE] * TL_KV_PAGE + p % TL_KV_PAGE

@@ -7,9 +7,9 @@ extern "C" {
 #include "common/util.h"
 }
 
-#define HD 256   /* head dim (TL_HEAD_DIM) */
+#define HD   256 /* head dim (TL_HEAD_DIM) */
 #define TILE 32  /* keys per shared-memory tile */
-#define KW 129   /* K tile row stride in 32-bit words (128 + 1: conflict-free column reads) */
+#define KW   129 /* K tile row stride in 32-bit words (128 + 1: conflict-free column reads) */
 
 /* attn_split_kernel  (MODEL.md §2.2 step 5)
  *   for query token t, head h (kv head h / G), keys j in this split's range of 0..pos_t:
@@ -31,9 +31,9 @@ __global__ void __launch_bounds__(512)
     pdl_wait();
     int split = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
     int G = n_head / n_kv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *sq = smem;                                 /* [G][256] */
-    uint32_t *sk = (uint32_t *)(smem + G * HD);       /* [TILE][KW] */
-    uint32_t *sv = sk + TILE * KW;                    /* [TILE][128] */
+    float *sq = smem;                           /* [G][256] */
+    uint32_t *sk = (uint32_t *)(smem + G * HD); /* [TILE][KW] */
+    uint32_t *sv = sk + TILE * KW;              /* [TILE][128] */
     int pos = s.tok_pos[t], slot = s.tok_slot[t], kv_len = pos + 1;
     /* at least min_chunk keys per split: at short contexts the trailing splits are empty (they
      * write m = -inf, which the combine skips), so one graph serves every context */
@@ -126,10 +126,10 @@ __global__ void __launch_bounds__(512)
  * Bytes: K and V of the split once (2 * 512 B per key). Tested against cpu_attention
  * (test_kernels.c: test_attn). */
 #define ATC_WARPS 4
-#define ATC_KEYS 16                       /* keys per warp tile */
-#define ATC_TILE (ATC_KEYS * HD * 2)      /* bytes of one K (or V) tile: 8 KB */
-#define ATC_RING (ATC_WARPS * 2 * 2 * ATC_TILE)
-#define ATC_SMEM (16 * 32 * 16 + ATC_RING) /* Q fragments + rings: 136 KB */
+#define ATC_KEYS  16                  /* keys per warp tile */
+#define ATC_TILE  (ATC_KEYS * HD * 2) /* bytes of one K (or V) tile: 8 KB */
+#define ATC_RING  (ATC_WARPS * 2 * 2 * ATC_TILE)
+#define ATC_SMEM  (16 * 32 * 16 + ATC_RING) /* Q fragments + rings: 136 KB */
 
 __device__ __forceinline__ uint32_t atc_hi_lo(float a, float b, uint32_t *lo) {
     float ha = bf2f(f2bf(a)), hb = bf2f(f2bf(b));
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
                          int n_head, int n_kv, tl_gpu_kv_pages pg, int n_split, int n_use,
                          int min_chunk, tl_gpu_seqs s) {
     extern __shared__ uint4 smem4[];
-    uint4 *sq = smem4;                              /* [16 k-steps][32 lanes] A fragments */
-    char *ring = (char *)(smem4 + 16 * 32);         /* [warp][stage][K tile | V tile] */
+    uint4 *sq = smem4;                      /* [16 k-steps][32 lanes] A fragments */
+    char *ring = (char *)(smem4 + 16 * 32); /* [warp][stage][K tile | V tile] */
     int split = blockIdx.x, hk = blockIdx.y, t = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int pos = s.tok_pos[t], slot = s.tok_slot[t], kv_len = pos + 1;
@@ -238,7 +238,8 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
         l = fmaf(l, corr, (p[0] + p[1]) + (p[2] + p[3]));
         m = m_new;
 #pragma unroll
-        for (int c = 0; c < 32; c++) o[c][0] *= corr, o[c][1] *= corr, o[c][2] *= corr, o[c][3] *= corr;
+        for (int c = 0; c < 32; c++)
+            o[c][0] *= corr, o[c][1] *= corr, o[c][2] *= corr, o[c][3] *= corr;
         uint32_t pa[4];
         pa[0] = atc_hi_lo(p[0], p[1], &pa[1]);
         pa[2] = atc_hi_lo(p[2], p[3], &pa[3]);
@@ -255,8 +256,8 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     /* merge the warps: the rings are free once every warp is past its loop */
     __syncthreads();
-    float *sm_o = (float *)ring;                    /* [warp][8 heads][256] */
-    float *sm_ml = sm_o + ATC_WARPS * 8 * HD;       /* [warp][8][m, l] */
+    float *sm_o = (float *)ring;              /* [warp][8 heads][256] */
+    float *sm_ml = sm_o + ATC_WARPS * 8 * HD; /* [warp][8][m, l] */
     float *wo = sm_o + (size_t)(warp * 8 + g) * HD;
 #pragma unroll
     for (int c = 0; c < 32; c++)
@@ -301,10 +302,10 @@ __global__ void __launch_bounds__(256)
     pdl_wait();
     int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x, warp = d >> 5, lane = d & 31;
     const float *p = part + ((size_t)t * n_head + h) * n_split * (HD + 2);
-    /* splits 0 .. n_use-1 of the n_split-strided partials; thread s < n_use reads split s's (m, l); then warp w sums splits w, w+8, ... over all
-     * 256 dims (lane: dims 2*lane + 64j, float2 loads), and the 8 warp sums are added in warp
-     * order (deterministic). One thread per dim looping over every split was a chain of n_split
-     * dependent L2 reads: ~18 us at 128 splits. */
+    /* splits 0 .. n_use-1 of the n_split-strided partials; thread s < n_use reads split s's (m, l);
+     * then warp w sums splits w, w+8, ... over all 256 dims (lane: dims 2*lane + 64j, float2
+     * loads), and the 8 warp sums are added in warp order (deterministic). One thread per dim
+     * looping over every split was a chain of n_split dependent L2 reads: ~18 us at 128 splits. */
     float m = d < n_use ? p[d * (HD + 2) + HD] : -INFINITY;
     float M = block_max(m, sbuf);
     float w = (d < n_use && m != -INFINITY) ? expf(m - M) : 0.0f;
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(256)
 
 static int attn_attr_done;
 int tl_attn_min_chunk = TILE; /* keys per split at least (TL_CUDA_ATTN_MIN_CHUNK, backend open) */
-static int tl_attn_no_tc; /* the CUDA-core split kernel for every G */
+static int tl_attn_no_tc;     /* the CUDA-core split kernel for every G */
 extern "C" void tl_gpu_attn_force_cuda_core(int on) { tl_attn_no_tc = on; }
 
 /* Raises the kernels' dynamic shared memory limits (once; not allowed inside graph capture). */
@@ -348,9 +349,8 @@ int tl_gpu_attn_setup(void) {
 }
 
 extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc,
-                           const uint16_t *vc, const float *proj, int ld_proj, int n_head,
-                           int n_kv, const tl_gpu_kv_pages *pg, int n_split,
-                           const tl_gpu_seqs *s) {
+                           const uint16_t *vc, const float *proj, int ld_proj, int n_head, int n_kv,
+                           const tl_gpu_kv_pages *pg, int n_split, const tl_gpu_seqs *s) {
     if (s->n_tok <= 0) return 0;
     int G = n_head / n_kv;
     if (G < 1 || G > 16 || n_head % n_kv || n_split < 1 || n_split > HD) return TL_ERR_INVALID;

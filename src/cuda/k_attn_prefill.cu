@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
     float oacc[32][4];
 #pragma unroll
-    for (int i = 0; i < 32; i++)
-        oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+    for (int i = 0; i < 32; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
     const int qpos[2] = {pos0 + q0 + warp * 16 + (lane >> 2),
                          pos0 + q0 + warp * 16 + (lane >> 2) + 8};
@@ -103,8 +102,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         /* S = Q K^T (16 x 64 per warp) */
         float s[8][4];
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < AP_D / 16; kk++) {
             uint32_t af[4];
@@ -158,8 +156,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
             pf[nt >> 1][(nt & 1) * 2 + 1] = pf_pack_bf16(p2, p3);
         }
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++)
-            lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
+        for (int hr = 0; hr < 2; hr++) lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             oacc[i][0] *= alpha[0];

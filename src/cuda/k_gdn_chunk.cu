@@ -58,15 +58,13 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
                 }
                 float rk = 1.0f / sqrtf(sk + 1e-6f);
                 float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
-                for (int e = 0; e < 4; e++)
-                    kv[e] *= rk, qv[e] *= rq;
+                for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
             }
         }
         *(float4 *)(sK + i * GC_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
         *(float4 *)(sQ + i * GC_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
         if (sKt)
-            for (int e = 0; e < 4; e++)
-                sKt[(4 * lane + e) * GC_KT_LD + i] = kv[e];
+            for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * GC_KT_LD + i] = kv[e];
     }
 }
 
@@ -142,8 +140,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     /* A (to smem) and Aqk (to ws): rows i = 8w+u, columns j = lane, lane+32 */
     {
         float ak[8][2], aq[8][2];
-        for (int u = 0; u < 8; u++)
-            ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
+        for (int u = 0; u < 8; u++) ak[u][0] = ak[u][1] = aq[u][0] = aq[u][1] = 0.f;
         for (int d = 0; d < GC_DK; d += 4) {
             float kt[4][2];
 #pragma unroll
@@ -189,15 +186,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         for (int i = 0; i < GC_L; i++) {
             float s = sA[i * GC_L + j];
 #pragma unroll
-            for (int m = 0; m < i; m++)
-                s += sA[i * GC_L + m] * x[m];
+            for (int m = 0; m < i; m++) s += sA[i * GC_L + m] * x[m];
             x[i] = s;
         }
         asm volatile("bar.sync 1, 64;\n" ::);
         float bj = sB[j];
 #pragma unroll
-        for (int i = 0; i < GC_L; i++)
-            sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+        for (int i = 0; i < GC_L; i++) sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
     }
     __syncthreads();
 
@@ -205,8 +200,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     {
         float w[8][4], uu[8][4];
         for (int u = 0; u < 8; u++)
-            for (int cc = 0; cc < 4; cc++)
-                w[u][cc] = uu[u][cc] = 0.f;
+            for (int cc = 0; cc < 4; cc++) w[u][cc] = uu[u][cc] = 0.f;
         for (int j = 0; j < GC_L; j += 4) {
             float kr[4][4], vr[4][4];
 #pragma unroll
@@ -328,13 +322,11 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
         /* v_new = U - W S; o = Qg S: rows i = 8w+u, column lane */
         float vp[RW], oi[RW];
-        for (int u = 0; u < RW; u++)
-            vp[u] = oi[u] = 0.f;
+        for (int u = 0; u < RW; u++) vp[u] = oi[u] = 0.f;
         for (int d = 0; d < GC_DK; d += 4) {
             float s4[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                s4[e] = sS[(d + e) * GC_DVB + lane];
+            for (int e = 0; e < 4; e++) s4[e] = sS[(d + e) * GC_DVB + lane];
 #pragma unroll
             for (int u = 0; u < RW; u++) {
                 int i = warp * RW + u;
@@ -344,8 +336,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
                 oi[u] += qr.x * s4[0] + qr.y * s4[1] + qr.z * s4[2] + qr.w * s4[3];
             }
         }
-        for (int u = 0; u < RW; u++)
-            sU[(warp * RW + u) * GC_DVB + lane] -= vp[u];
+        for (int u = 0; u < RW; u++) sU[(warp * RW + u) * GC_DVB + lane] -= vp[u];
         __syncthreads(); /* v_new complete; Q free */
         fetch_rows(sQ, c + 1, GC_WS_QG);
         pf_cp_async_commit();
@@ -354,8 +345,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
         for (int j = 0; j < GC_L; j += 4) {
             float vn[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                vn[e] = sU[(j + e) * GC_DVB + lane];
+            for (int e = 0; e < 4; e++) vn[e] = sU[(j + e) * GC_DVB + lane];
 #pragma unroll
             for (int u = 0; u < RW; u++) {
                 float4 a4 = *(const float4 *)(sAqk + (warp * RW + u) * GC_L + j);
@@ -377,8 +367,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
         __syncthreads();
         {
             float acc[RS];
-            for (int u = 0; u < RS; u++)
-                acc[u] = 0.f;
+            for (int u = 0; u < RS; u++) acc[u] = 0.f;
             for (int j = 0; j < GC_L; j++) {
                 float vn = sU[j * GC_DVB + lane];
 #pragma unroll

@@ -20,8 +20,8 @@
  * Bytes: S read and written once per segment (64 KiB per head) + q, k, v, z per token.
  * Tested against cpu_l2norm + cpu_gdn_step + cpu_rmsnorm_gated (test_kernels.c: test_gdn). */
 __global__ void __launch_bounds__(512)
-    gdn_step_kernel(float *y, float *S, const float *qkv, const float *proj, int ld_proj,
-                    int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
+    gdn_step_kernel(float *y, float *S, const float *qkv, const float *proj, int ld_proj, int z_off,
+                    int b_off, int a_off, const float *dt_bias, const float *a_neg,
                     const float *norm_w, int nk, int nv, float eps, tl_gpu_seqs s) {
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][GDN_D];
@@ -46,12 +46,16 @@ __global__ void __launch_bounds__(512)
         const float *pr = proj + t * ld_proj;
         /* q in threads 0..127, k in 128..255: L2 norms by block reduction */
         float val = 0.0f;
-        if (tid < GDN_D) val = row[kh * GDN_D + tid];
-        else if (tid < 2 * GDN_D) val = row[nk * GDN_D + kh * GDN_D + tid - GDN_D];
+        if (tid < GDN_D)
+            val = row[kh * GDN_D + tid];
+        else if (tid < 2 * GDN_D)
+            val = row[nk * GDN_D + kh * GDN_D + tid - GDN_D];
         float sqq = block_sum(tid < GDN_D ? val * val : 0.0f, sbuf);
         float skk = block_sum(tid >= GDN_D && tid < 2 * GDN_D ? val * val : 0.0f, sbuf);
-        if (tid < GDN_D) sq[tid] = val * rsqrtf(sqq + 1e-6f) * rsqrtf((float)GDN_D);
-        else if (tid < 2 * GDN_D) sk[tid - GDN_D] = val * rsqrtf(skk + 1e-6f);
+        if (tid < GDN_D)
+            sq[tid] = val * rsqrtf(sqq + 1e-6f) * rsqrtf((float)GDN_D);
+        else if (tid < 2 * GDN_D)
+            sk[tid - GDN_D] = val * rsqrtf(skk + 1e-6f);
         if (tid == 0) {
             s_gate[0] = sigmoid_f(pr[b_off + h]);
             s_gate[1] = expf(an * softplus_f(pr[a_off + h] + dtb));
@@ -82,7 +86,8 @@ __global__ void __launch_bounds__(512)
         float oo = block_sum(rp == 0 ? o * o : 0.0f, sbuf);
         if (rp == 0) {
             float z = pr[z_off + h * GDN_D + c];
-            y[t * (nv * GDN_D) + h * GDN_D + c] = o * rsqrtf(oo / (float)GDN_D + eps) * nwc * silu_f(z);
+            y[t * (nv * GDN_D) + h * GDN_D + c] =
+                o * rsqrtf(oo / (float)GDN_D + eps) * nwc * silu_f(z);
         }
         __syncthreads(); /* sq/sk/s_gate are rewritten by the next token */
     }
@@ -91,13 +96,12 @@ __global__ void __launch_bounds__(512)
 }
 
 extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj,
-                          int z_off, int b_off, int a_off, const float *dt_bias,
-                          const float *a_neg, const float *norm_w, int n_k_head, int n_v_head,
-                          float eps, const tl_gpu_seqs *s) {
+                          int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
+                          const float *norm_w, int n_k_head, int n_v_head, float eps,
+                          const tl_gpu_seqs *s) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head, s->n_seg);
     TL_LAUNCH("gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, qkv, proj, ld_proj, z_off,
               b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
     return 0;
 }
-

@@ -58,9 +58,7 @@ template <int BITS, int WM, int NJ> struct gm_cfg {
     static constexpr int SMEM = STAGES * STAGE_BYTES;
 };
 
-static __device__ __forceinline__ float gm_silu(float x) {
-    return x / (1.0f + expf(-x));
-}
+static __device__ __forceinline__ float gm_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ====== The GEMM kernel. ======
  * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
@@ -158,8 +156,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                acc[i][j][c] = 0.f;
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
@@ -499,8 +496,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 
     float acc[128];
 #pragma unroll
-    for (int i = 0; i < 128; i++)
-        acc[i] = 0.f;
+    for (int i = 0; i < 128; i++) acc[i] = 0.f;
 
 #pragma unroll
     for (int s = 0; s < WG_STAGES - 1; s++) {
@@ -680,8 +676,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
  *   cannot change any result: each output row depends only on its own input row). */
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     __shared__ int cnt[256], cur[256];
-    for (int e = threadIdx.x; e < 256; e += blockDim.x)
-        cnt[e] = 0;
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
         int e = ids[a];
@@ -710,9 +705,7 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     }
 }
 
-extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) {
-    return PLAN_PERM + (size_t)n_tok * 8;
-}
+extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) { return PLAN_PERM + (size_t)n_tok * 8; }
 
 extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream) {
     if (!plan || !ids || n_tok < 0) return TL_ERR_INVALID;
@@ -774,8 +767,7 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
     const int t = blockIdx.x;
     for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
         float acc[8];
-        for (int i = 0; i < 8; i++)
-            acc[i] = 0.f;
+        for (int i = 0; i < 8; i++) acc[i] = 0.f;
         for (int s = 0; s < 8; s++) {
             float ws = wts[t * 8 + s];
             uint4 v = *(const uint4 *)(yslot + ((size_t)t * 8 + s) * n_embd + c0);
@@ -878,12 +870,8 @@ __global__ void q4_repack_kernel(uint32_t *dw, uint32_t *dsb, tl_gpu_mlx_q4 s0, 
     }
 }
 
-extern "C" size_t tl_gpu_q4_w_bytes(int rows, int cols) {
-    return (size_t)rows * cols / 2;
-}
-extern "C" size_t tl_gpu_q4_sb_bytes(int rows, int cols) {
-    return (size_t)rows * (cols / 64) * 4;
-}
+extern "C" size_t tl_gpu_q4_w_bytes(int rows, int cols) { return (size_t)rows * cols / 2; }
+extern "C" size_t tl_gpu_q4_sb_bytes(int rows, int cols) { return (size_t)rows * (cols / 64) * 4; }
 
 static int q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 s0, tl_gpu_mlx_q4 s1, int n_mat,
                      int rows, int cols, int swiglu, void *stream) {

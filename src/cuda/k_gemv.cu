@@ -72,11 +72,14 @@ __global__ void __launch_bounds__(256, 2)
         float v0 = a0 * inv, v1 = a1 * inv;
         if (conv.out && r < conv.C) { /* rows 8rb.. lie wholly inside or outside (C % 8 == 0) */
             float *st = conv.state + (size_t)conv.tok_slot[t0 + g] * 3 * conv.C + r;
-            float4 w0 = *(const float4 *)(conv.w + (size_t)r * 4), w1 = *(const float4 *)(conv.w + (size_t)r * 4 + 4);
-            float2 p0 = *(float2 *)st, p1 = *(float2 *)(st + conv.C), p2 = *(float2 *)(st + 2 * conv.C);
-            *(float2 *)(conv.out + (size_t)(t0 + g) * conv.C + r) =
-                make_float2(conv4_silu(w0, p0.x, p1.x, p2.x, v0), conv4_silu(w1, p0.y, p1.y, p2.y, v1));
-            *(float2 *)st = p1, *(float2 *)(st + conv.C) = p2, *(float2 *)(st + 2 * conv.C) = make_float2(v0, v1);
+            float4 w0 = *(const float4 *)(conv.w + (size_t)r * 4),
+                   w1 = *(const float4 *)(conv.w + (size_t)r * 4 + 4);
+            float2 p0 = *(float2 *)st, p1 = *(float2 *)(st + conv.C),
+                   p2 = *(float2 *)(st + 2 * conv.C);
+            *(float2 *)(conv.out + (size_t)(t0 + g) * conv.C + r) = make_float2(
+                conv4_silu(w0, p0.x, p1.x, p2.x, v0), conv4_silu(w1, p0.y, p1.y, p2.y, v1));
+            *(float2 *)st = p1, *(float2 *)(st + conv.C) = p2,
+                     *(float2 *)(st + 2 * conv.C) = make_float2(v0, v1);
             return;
         }
         float *o = y + (size_t)(t0 + g) * ldy + r;
@@ -84,8 +87,8 @@ __global__ void __launch_bounds__(256, 2)
         o[0] = v0, o[1] = v1;
     };
     q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
-                        xs + min(g, nt - 1) * q4m_lds(K), sx + min(g, nt - 1) * (KB >> 1),
-                        s_part, (char *)xs + q4m_smem(K, n_rows));
+                        xs + min(g, nt - 1) * q4m_lds(K), sx + min(g, nt - 1) * (KB >> 1), s_part,
+                        (char *)xs + q4m_smem(K, n_rows));
 }
 
 /* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows);
@@ -112,7 +115,8 @@ __global__ void __launch_bounds__(256)
     bf16_rows8_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
     if (W.sb) { /* the low bf16 plane of non-bf16 weights (8-bit router): y = hi x + lo x */
         float acc2[8][NT], ss2[NT];
-        bf16_rows8_dot<NT>(acc2, ss2, (const uint16_t *)W.sb, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
+        bf16_rows8_dot<NT>(acc2, ss2, (const uint16_t *)W.sb, W.cols, r0, W.rows, xp, nw, nt, warp,
+                           8);
 #pragma unroll
         for (int r = 0; r < 8; r++)
 #pragma unroll
@@ -144,11 +148,11 @@ __global__ void __launch_bounds__(256)
     *o = accumulate ? *o + v : v;
 }
 
-#define GEMV_BF16_CASE(NT_)                                                                       \
-    case NT_:                                                                                     \
-        TL_LAUNCH("gemv_bf16", gemv_bf16_splitk_kernel<NT_>,                                      \
-                  dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W, x, ldx, \
-                  nw, eps, n_tok, acc);                                                           \
+#define GEMV_BF16_CASE(NT_)                                                                        \
+    case NT_:                                                                                      \
+        TL_LAUNCH("gemv_bf16", gemv_bf16_splitk_kernel<NT_>,                                       \
+                  dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W, x,   \
+                  ldx, nw, eps, n_tok, acc);                                                       \
         break;
 
 /* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB)
@@ -156,9 +160,12 @@ __global__ void __launch_bounds__(256)
 #define GEMV_MAX_SHM (220 * 1024) /* + static shared memory <= the 227 KB opt-in limit */
 static int gemv_attr_done;
 int tl_gpu_gemv_setup(void) {
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GEMV_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GEMV_MAX_SHM));
     gemv_attr_done = 1;
     return 0;
 }
@@ -199,9 +206,11 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
         dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tt)), n_tt);
-        auto kern = kpw == 32 ? gemv_q4m_kernel<32> : kpw == 16 ? gemv_q4m_kernel<16> : gemv_q4m_kernel<8>;
-        TL_LAUNCH(conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, y, ldy, *W, x,
-                  ldx, nw, eps, n_tok, acc, ks, n_rows, conv);
+        auto kern = kpw == 32   ? gemv_q4m_kernel<32>
+                    : kpw == 16 ? gemv_q4m_kernel<16>
+                                : gemv_q4m_kernel<8>;
+        TL_LAUNCH(conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, y, ldy, *W,
+                  x, ldx, nw, eps, n_tok, acc, ks, n_rows, conv);
         return 0;
     }
     int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;

@@ -8,7 +8,7 @@ extern "C" {
 #include "common/util.h"
 }
 
-#define MAX_K 16
+#define MAX_K     16
 #define ROUTE_PER 8 /* experts per lane: n_expert <= 256 */
 
 /* moe_route_kernel  (MODEL.md §2.5 steps 1-2)
@@ -17,8 +17,10 @@ extern "C" {
  * Shapes: logits [n_tok, ld]; ids, w [n_tok, k]; w_sh [n_tok]; sh_logit [n_tok] (raw, optional).
  * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 256).
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
-/* One warp routes token row lg: returns (in lanes j < k) expert id j and its renormalised weight. */
-__device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float *lg, int n_expert, int k) {
+/* One warp routes token row lg: returns (in lanes j < k) expert id j and its renormalised weight.
+ */
+__device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float *lg, int n_expert,
+                                           int k) {
     int lane = threadIdx.x & 31;
     float p[ROUTE_PER]; /* expert lane + 32 i, in registers (fully unrolled loops) */
     float mx = -INFINITY;
@@ -123,8 +125,8 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
 template <int KPW>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
-                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits,
-                      int ld, float *wts, float *w_sh) {
+                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
+                      float *wts, float *w_sh) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
@@ -181,8 +183,8 @@ __global__ void __launch_bounds__(256, 2)
         float inv = rsqrtf(sq / (float)K + eps);
         act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
     };
-    q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
-                        xs, sx, s_part, (char *)xs + q4m_smem(K, 1));
+    q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs, sx, s_part,
+                        (char *)xs + q4m_smem(K, 1));
 }
 
 __global__ void __launch_bounds__(256)
@@ -223,11 +225,11 @@ __global__ void __launch_bounds__(256)
 }
 
 /* moe_down_kernel  (MODEL.md §2.5 steps 3-6, second half)
- *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] . act[t,k])
- * Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok, n_embd].
- * Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows (q4:
- *   issues its weight loads, then stages act row j in its own shared memory and runs the q4m dot;
- *   bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
+ *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] .
+ * act[t,k]) Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok,
+ * n_embd]. Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows
+ * (q4: issues its weight loads, then stages act row j in its own shared memory and runs the q4m
+ * dot; bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
  *   order (deterministic).
  * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe. */
 template <int BITS, int KPW>
@@ -289,28 +291,33 @@ static int moe_attr_done;
 /* Raises moe_up's dynamic shared memory limit (once; not allowed inside a graph capture: the
  * backend calls it at open). */
 int tl_gpu_moe_setup(void) {
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  MOE_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
     moe_attr_done = 1;
     return 0;
 }
 
 static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
-                       const float *norm_w, float eps, int32_t *ids, int k, int n_expert,
-                       int n_tok, const float *logits, int ld, float *wts, float *w_sh) {
+                       const float *norm_w, float eps, int32_t *ids, int k, int n_expert, int n_tok,
+                       const float *logits, int ld, float *wts, float *w_sh) {
     if (n_tok <= 0) return 0;
     int F = gate_up->rows / (n_expert + 1) / 2, K = gate_up->cols;
     if (F % 8 || K % 256) return TL_ERR_INVALID;
     if (gate_up->bits != 4) {
         if (logits) return TL_ERR_INVALID; /* the bf16 path routes with tl_gpu_moe_route */
         dim3 grid(CEIL_DIV(F, 32), k + 1, n_tok);
-        TL_LAUNCH("moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F);
+        TL_LAUNCH("moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w, eps,
+                  ids, k, n_expert, F);
         return 0;
     }
     int kpw, ks;
     /* at most 4 K-slices: a unit keeps a gate/up row-block pair */
-    if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K || k > 32 || n_expert > 32 * ROUTE_PER)
+    if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K || k > 32 ||
+        n_expert > 32 * ROUTE_PER)
         return TL_ERR_INVALID;
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
@@ -321,8 +328,11 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     if (!moe_attr_done) return TL_ERR_INVALID; /* first call inside a graph capture */
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
     dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tok)), n_tok);
-    auto kern = kpw == 32 ? moe_up_q4m_kernel<32> : kpw == 16 ? moe_up_q4m_kernel<16> : moe_up_q4m_kernel<8>;
-    TL_LAUNCH("moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh);
+    auto kern = kpw == 32   ? moe_up_q4m_kernel<32>
+                : kpw == 16 ? moe_up_q4m_kernel<16>
+                            : moe_up_q4m_kernel<8>;
+    TL_LAUNCH("moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert,
+              F, ks, logits, ld, wts, w_sh);
     return 0;
 }
 
@@ -348,14 +358,17 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     if (n_embd % 8 || F % 256 || k + 1 > 17) return TL_ERR_INVALID;
     dim3 grid(n_embd / 8, n_tok), block(32 * (k + 1));
     if (down->bits != 4) {
-        TL_LAUNCH("moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+        TL_LAUNCH("moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w, w_sh,
+                  k, n_expert, n_embd);
         return 0;
     }
     int kpw, ks;
     if (q4m_split(F, 8, &kpw, &ks)) return TL_ERR_INVALID; /* one warp loops over the ks chunks */
     size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
     if (shm > 48 * 1024) return TL_ERR_INVALID;
-    auto kern = kpw == 32 ? moe_down_kernel<4, 32> : kpw == 16 ? moe_down_kernel<4, 16> : moe_down_kernel<4, 8>;
+    auto kern = kpw == 32   ? moe_down_kernel<4, 32>
+                : kpw == 16 ? moe_down_kernel<4, 16>
+                            : moe_down_kernel<4, 8>;
     TL_LAUNCH("moe_down", kern, grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
     return 0;
 }

@@ -40,7 +40,8 @@ __global__ void rmsnorm_bf16_kernel(uint16_t *y, const float *x, const float *w,
     for (int c = threadIdx.x; c < n; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
     s = block_sum(s, sbuf);
     float inv = rsqrtf(s / (float)n + eps);
-    for (int c = threadIdx.x; c < n; c += blockDim.x) y[(size_t)i * n + c] = f2bf(xr[c] * inv * w[c]);
+    for (int c = threadIdx.x; c < n; c += blockDim.x)
+        y[(size_t)i * n + c] = f2bf(xr[c] * inv * w[c]);
 }
 
 int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps) {
@@ -70,7 +71,7 @@ int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, in
                               int z_off, const float *w, int nv, int n, float eps) {
     if (n <= 0) return 0;
     gated_rmsnorm_bf16_kernel<<<dim3(n, nv), 128, 0, tl_cuda_stream>>>(y, o, proj, ld_proj, z_off,
-                                                                      w, nv, eps);
+                                                                       w, nv, eps);
     LAUNCH_CHECK("gated_rmsnorm_bf16");
     return 0;
 }

@@ -56,9 +56,7 @@ static __device__ __forceinline__ uint32_t pf_pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
 }
-static __device__ __forceinline__ float pf_bf16_lo(uint32_t v) {
-    return __uint_as_float(v << 16);
-}
+static __device__ __forceinline__ float pf_bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static __device__ __forceinline__ float pf_bf16_hi(uint32_t v) {
     return __uint_as_float(v & 0xffff0000u);
 }

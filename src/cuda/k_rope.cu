@@ -1,7 +1,7 @@
 /* Attention prologue: per-head q/k RMSNorm1p, partial NeoX RoPE, and the K/V cache write. */
 #include "cuda/cuda_common.cuh"
 
-#define HD 256    /* attention head dim (TL_HEAD_DIM) */
+#define HD    256 /* attention head dim (TL_HEAD_DIM) */
 #define N_ROT 64  /* rotary dims (TL_N_ROT) */
 
 /* qk_rope_kv_kernel  (MODEL.md §2.2 steps 3-4, §2.3)
@@ -15,9 +15,9 @@
  * Bytes: ~(n_head + 2 n_kv) * 256 * 4 read, q f32 + K/V bf16 written per token.
  * Tested against cpu_rmsnorm + cpu_rope_neox (test_kernels.c: test_qk_rope). */
 __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj,
-                                  int ld_proj, const float *q_norm, const float *k_norm,
-                                  int n_head, int n_kv, tl_gpu_kv_pages pg, float theta,
-                                  float eps, tl_gpu_seqs s) {
+                                  int ld_proj, const float *q_norm, const float *k_norm, int n_head,
+                                  int n_kv, tl_gpu_kv_pages pg, float theta, float eps,
+                                  tl_gpu_seqs s) {
     __shared__ float sx[HD];
     __shared__ float sbuf[32];
     pdl_trigger();
@@ -40,8 +40,10 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
     }
     if (is_q) {
         __syncthreads(); /* every thread has read its element before the in-place write */
-        if (q_out) q_out[((size_t)t * n_head + h) * HD + d] = x;
-        else ((float *)proj)[(size_t)t * ld_proj + h * 2 * HD + d] = x;
+        if (q_out)
+            q_out[((size_t)t * n_head + h) * HD + d] = x;
+        else
+            ((float *)proj)[(size_t)t * ld_proj + h * 2 * HD + d] = x;
     } else {
         size_t off = ((size_t)kv_row(pg, slot, pos) * n_kv + h) * HD + d;
         kc[off] = f2bf(x);

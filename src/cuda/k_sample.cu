@@ -3,8 +3,8 @@
  * sequence's random key), the chosen token's logprob and the top logprobs. */
 #include "cuda/cuda_common.cuh"
 
-#define SB 1024            /* threads per sampling block */
-#define CAND_WINDOW 40.0f  /* tokens more than 40 nats under the best are never candidates */
+#define SB           1024  /* threads per sampling block */
+#define CAND_WINDOW  40.0f /* tokens more than 40 nats under the best are never candidates */
 #define BISECT_ITERS 40
 
 struct argmax_t {
@@ -138,8 +138,10 @@ __global__ void __launch_bounds__(SB)
                 float mid = 0.5f * (lo + hi), c = 0.0f;
                 for (int i = tid; i < n_c; i += SB) c += cv[i] >= mid;
                 c = block_sum(c, sbuf);
-                if (c >= (float)P.top_k) lo = mid;
-                else hi = mid;
+                if (c >= (float)P.top_k)
+                    lo = mid;
+                else
+                    hi = mid;
             }
             theta = lo;
         }
@@ -154,8 +156,10 @@ __global__ void __launch_bounds__(SB)
                 for (int i = tid; i < n_c; i += SB)
                     if (cv[i] >= mid) ms += expf(cv[i] - mp);
                 ms = block_sum(ms, sbuf);
-                if (ms >= P.top_p * Z) lo = mid;
-                else hi = mid;
+                if (ms >= P.top_p * Z)
+                    lo = mid;
+                else
+                    hi = mid;
             }
             theta = lo;
         }
@@ -215,12 +219,12 @@ __global__ void penalty_counts_kernel(int32_t *counts, const int32_t *hist, int 
     if (i >= n_prompt) atomicAdd(&counts[tok], 1);
 }
 
-extern "C" int tl_gpu_penalty_counts(int32_t *counts, const int32_t *hist, int n_hist,
-                                     int n_prompt, int n_vocab) {
+extern "C" int tl_gpu_penalty_counts(int32_t *counts, const int32_t *hist, int n_hist, int n_prompt,
+                                     int n_vocab) {
     CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * n_vocab, tl_cuda_stream));
     if (n_hist <= 0) return 0;
     penalty_counts_kernel<<<CEIL_DIV(n_hist, 256), 256, 0, tl_cuda_stream>>>(counts, hist, n_hist,
-                                                                            n_prompt, n_vocab);
+                                                                             n_prompt, n_vocab);
     LAUNCH_CHECK("penalty_counts");
     return 0;
 }

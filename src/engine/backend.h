@@ -17,19 +17,19 @@ typedef struct tl_fwd_entry {
     int pos;
     const int32_t *tokens;
     int n_tok;
-    float *logits;            /* out: [n_vocab] logits of the last token, or NULL */
+    float *logits; /* out: [n_vocab] logits of the last token, or NULL */
     /* device sampling (only read by backends with can_sample): */
     const tl_sample_params *sample; /* NULL: no sample wanted */
-    uint64_t *rng;            /* the sequence's RNG state, advanced by one draw */
-    const int32_t *history;   /* all tokens of the sequence so far, incl. this call's */
+    uint64_t *rng;                  /* the sequence's RNG state, advanced by one draw */
+    const int32_t *history;         /* all tokens of the sequence so far, incl. this call's */
     int n_history;
-    int n_prompt;             /* history[0..n_prompt) is prompt, the rest generated */
+    int n_prompt; /* history[0..n_prompt) is prompt, the rest generated */
     tl_sample_out *out;
 } tl_fwd_entry;
 
 typedef struct tl_backend {
     const char *name;
-    int can_sample;           /* 1: forward() samples on the device when e->sample is set */
+    int can_sample; /* 1: forward() samples on the device when e->sample is set */
     void *impl;
     void (*close)(struct tl_backend *b);
     /* Clears the state of a slot (zero KV length, zero conv and recurrent state). */
@@ -47,10 +47,10 @@ int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int m
  * not built for, TL_ERR_CUDA when no usable GPU is present. m may be NULL with random weights. */
 typedef struct tl_cuda_params {
     int max_seqs, max_ctx;
-    long kv_tokens;           /* KV pool size in tokens, shared by the slots; 0 = max_seqs * max_ctx */
+    long kv_tokens; /* KV pool size in tokens, shared by the slots; 0 = max_seqs * max_ctx */
     int random_weights;
     uint64_t seed;
-    int weight_bits;          /* 16 or 4 */
+    int weight_bits; /* 16 or 4 */
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);

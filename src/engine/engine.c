@@ -25,7 +25,7 @@ struct tl_session {
     int slot;
     int32_t *tokens; /* every token consumed */
     int n_tokens, cap;
-    int n_prompt;    /* tokens before the first sample; -1 until then */
+    int n_prompt; /* tokens before the first sample; -1 until then */
     uint64_t rng;
 };
 
@@ -62,9 +62,12 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
     rc = TL_ERR_UNSUPPORTED;
 #ifndef TL_NO_CUDA
     if (want == TL_BACKEND_CUDA || want == TL_BACKEND_AUTO) {
-        tl_cuda_params cp = {.max_seqs = e->max_seqs, .max_ctx = e->max_ctx,
-                             .kv_tokens = p->kv_tokens, .random_weights = p->random_weights,
-                             .seed = p->seed, .weight_bits = p->weight_bits ? p->weight_bits : 16};
+        tl_cuda_params cp = {.max_seqs = e->max_seqs,
+                             .max_ctx = e->max_ctx,
+                             .kv_tokens = p->kv_tokens,
+                             .random_weights = p->random_weights,
+                             .seed = p->seed,
+                             .weight_bits = p->weight_bits ? p->weight_bits : 16};
         char cerr[512] = "";
         rc = tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, sizeof cerr);
         if (rc && want == TL_BACKEND_CUDA) {
@@ -76,7 +79,8 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
 #else
     if (want == TL_BACKEND_CUDA) {
         tl_engine_close(e);
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "this build has no CUDA backend (make cuda)");
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "this build has no CUDA backend (make cuda)");
     }
 #endif
     if (rc) {
@@ -84,14 +88,16 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
             tl_engine_close(e);
             return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "random weights need the CUDA backend");
         }
-        rc = tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->n_threads, err, errlen);
+        rc = tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->n_threads, err,
+                                 errlen);
         if (rc) {
             tl_engine_close(e);
             return rc;
         }
     }
     if (e->model) /* the load time of a checkpoint, always reported (one line on stderr) */
-        fprintf(stderr, "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
+        fprintf(stderr,
+                "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
                 p->model_path, tl_time_s() - t0, t1 - t0, e->be->name, tl_time_s() - t1);
     e->slot_used = xcalloc(e->max_seqs, 1);
     if (!e->be->can_sample) {
@@ -166,12 +172,14 @@ int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t err
         if (!s || s->e != e || b[i].n_tok <= 0 || !b[i].tokens)
             rc = tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: no session or no tokens", i);
         else if (s->n_tokens + b[i].n_tok > e->max_ctx)
-            rc = tl_errf(err, errlen, TL_ERR_CONTEXT_FULL, "sequence of %d tokens + %d exceeds the context of %d",
-                         s->n_tokens, b[i].n_tok, e->max_ctx);
+            rc = tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                         "sequence of %d tokens + %d exceeds the context of %d", s->n_tokens,
+                         b[i].n_tok, e->max_ctx);
         else if (b[i].sample && !b[i].out)
             rc = tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: sample without out", i);
         for (int j = 0; j < i && !rc; j++)
-            if (b[j].sess == s) rc = tl_errf(err, errlen, TL_ERR_INVALID, "session twice in one step");
+            if (b[j].sess == s)
+                rc = tl_errf(err, errlen, TL_ERR_INVALID, "session twice in one step");
         for (int t = 0; t < b[i].n_tok && !rc; t++)
             if (b[i].tokens[t] < 0 || b[i].tokens[t] >= e->cfg.n_vocab)
                 rc = tl_errf(err, errlen, TL_ERR_INVALID, "token id %d out of range [0, %d)",
@@ -213,12 +221,14 @@ int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t err
             x->sample = b[i].sample;
             x->logits = b[i].logits;
         } else {
-            x->logits = b[i].logits ? b[i].logits
-                                    : b[i].sample ? e->scratch + (size_t)s->slot * e->cfg.n_vocab : NULL;
+            x->logits = b[i].logits   ? b[i].logits
+                        : b[i].sample ? e->scratch + (size_t)s->slot * e->cfg.n_vocab
+                                      : NULL;
         }
     }
     rc = e->be->forward(e->be, f, n, err, errlen);
-    if (rc) goto done; /* the backend's state is undefined now: callers reset or drop the sessions */
+    if (rc)
+        goto done; /* the backend's state is undefined now: callers reset or drop the sessions */
     for (int i = 0; i < n; i++) {
         tl_session *s = b[i].sess;
         s->n_tokens += b[i].n_tok;

@@ -72,8 +72,10 @@ int tl_sample_host(const float *logits, int V, const tl_sample_params *p, uint64
         for (int i = 0; i < n_history; i++) {
             int t = history[i];
             if (t < 0 || t >= V) continue;
-            if (i >= n_prompt) cnt[t] = cnt[t] < 0 ? 1 : cnt[t] + 1;
-            else if (cnt[t] == 0) cnt[t] = -1;
+            if (i >= n_prompt)
+                cnt[t] = cnt[t] < 0 ? 1 : cnt[t] + 1;
+            else if (cnt[t] == 0)
+                cnt[t] = -1;
         }
         for (int t = 0; t < V; t++) {
             if (!cnt[t]) continue;

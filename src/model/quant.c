@@ -144,8 +144,7 @@ static int plan_raw(plan *p, const tl_model *m, const char *src, const char *dst
     unit *u = plan_add(p, dst, U_RAW);
     u->raw = t;
     u->ndim = ndim ? ndim : t->ndim;
-    for (int d = 0; d < u->ndim && d < 3; d++)
-        u->shape[d] = ndim ? shape[d] : t->shape[d];
+    for (int d = 0; d < u->ndim && d < 3; d++) u->shape[d] = ndim ? shape[d] : t->shape[d];
     u->bytes = t->nbytes;
     u->align4 = tl_dtype_size(t->dtype) % 4 == 0 || t->nbytes % 4 == 0;
     if (tl_dtype_size(t->dtype) == 1) u->align4 = 0;
@@ -239,8 +238,7 @@ static int unit_entries(const unit *u, int group, tl_st_entry *e, char nb[3][208
     snprintf(nb[0], 208, "%s", u->name);
     e[0] = (tl_st_entry){.name = nb[0], .ndim = u->ndim};
     e[0].dtype = u->kind == U_VEC ? TL_DT_BF16 : u->raw->dtype;
-    for (int d = 0; d < u->ndim; d++)
-        e[0].shape[d] = u->shape[d];
+    for (int d = 0; d < u->ndim; d++) e[0].shape[d] = u->shape[d];
     return 1;
 }
 
@@ -268,8 +266,7 @@ static void *quant_rows(void *arg) {
     for (size_t orow = pt->r0; orow < pt->r1; orow++) {
         const tl_mat *m = &u->mats[orow / (size_t)rows];
         size_t base = (orow % (size_t)rows) * (size_t)cols;
-        for (int c = 0; c < cols; c++)
-            x[c] = tl_load_elem(m->w, m->wtype, base + (size_t)c);
+        for (int c = 0; c < cols; c++) x[c] = tl_load_elem(m->w, m->wtype, base + (size_t)c);
         tl_quant_row(x, cols, u->bits, j->group, j->W + orow * wpr, j->S + orow * (size_t)ng,
                      j->B + orow * (size_t)ng);
     }
@@ -421,8 +418,7 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
         paths[s] = tl_path_join(out_dir, fname);
         /* order: 4-aligned units first, then the 2-byte ones, so every tensor stays aligned */
         int cnt = 0;
-        for (int i = 0; i < p.n; i++)
-            cnt += p.u[i].shard == s;
+        for (int i = 0; i < p.n; i++) cnt += p.u[i].shard == s;
         int *ord = xmalloc((size_t)(cnt ? cnt : 1) * sizeof *ord), k = 0;
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < p.n; i++)
@@ -492,8 +488,7 @@ int tl_quantize_checkpoint(const char *in_dir, const char *out_dir, int bits, in
         free(b);
     }
 done:
-    for (int s = 0; paths && s < n_shards; s++)
-        free(paths[s]);
+    for (int s = 0; paths && s < n_shards; s++) free(paths[s]);
     free(paths);
     free(p.u);
     json_decref(p.qcfg);

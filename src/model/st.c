@@ -27,9 +27,7 @@ static const struct {
     [TL_DT_F8_E4M3] = {"F8_E4M3", 1},
 };
 
-size_t tl_dtype_size(tl_dtype t) {
-    return (unsigned)t < TL_DT_COUNT ? dtype_info[t].size : 0;
-}
+size_t tl_dtype_size(tl_dtype t) { return (unsigned)t < TL_DT_COUNT ? dtype_info[t].size : 0; }
 
 const char *tl_dtype_name(tl_dtype t) {
     return (unsigned)t < TL_DT_COUNT ? dtype_info[t].name : "?";
@@ -93,8 +91,7 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
         return tl_errf(err, errlen, TL_ERR_FORMAT,
                        "%s: file is %zu bytes, too short for the 8-byte header length", path, size);
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = (hlen << 8) | b[i];
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b[i];
     if (hlen > size - 8)
         return tl_errf(err, errlen, TL_ERR_FORMAT,
                        "%s: header length %llu runs past the end of the file (%zu bytes): "
@@ -214,8 +211,7 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
 
     /* Overlaps: sort by start; each non-empty tensor must end before the next one starts. */
     order = xmalloc((size_t)(nt ? nt : 1) * sizeof *order);
-    for (int i = 0; i < nt; i++)
-        order[i] = &f->tensors[i];
+    for (int i = 0; i < nt; i++) order[i] = &f->tensors[i];
     qsort(order, (size_t)nt, sizeof *order, cmp_begin);
     const tl_tensor *prev = NULL;
     for (int i = 0; i < nt; i++) {
@@ -237,8 +233,7 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
      * copy; tl_st_open then releases the mapping). */
     if (misaligned) {
         size_t cap = 64;
-        for (int i = 0; i < nt; i++)
-            cap += (f->tensors[i].nbytes + 63) & ~(size_t)63;
+        for (int i = 0; i < nt; i++) cap += (f->tensors[i].nbytes + 63) & ~(size_t)63;
         uint8_t *own = aligned_alloc(64, cap);
         if (!own) {
             st = tl_errf(err, errlen, TL_ERR_NOMEM,
@@ -316,8 +311,7 @@ void tl_st_close(tl_st_file *f) {
 
 size_t tl_st_entry_nbytes(const tl_st_entry *e) {
     size_t n = tl_dtype_size(e->dtype);
-    for (int d = 0; d < e->ndim; d++)
-        n *= (size_t)e->shape[d];
+    for (int d = 0; d < e->ndim; d++) n *= (size_t)e->shape[d];
     return n;
 }
 
@@ -327,8 +321,7 @@ int tl_st_write_header(FILE *fp, const tl_st_entry *e, int n, const char *path, 
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         json_t *t = json_object(), *sh = json_array(), *o = json_array();
-        for (int d = 0; d < e[i].ndim; d++)
-            json_array_append_new(sh, json_integer(e[i].shape[d]));
+        for (int d = 0; d < e[i].ndim; d++) json_array_append_new(sh, json_integer(e[i].shape[d]));
         size_t nb = tl_st_entry_nbytes(&e[i]);
         if (nb && off % tl_dtype_size(e[i].dtype)) {
             json_decref(t);
@@ -353,11 +346,9 @@ int tl_st_write_header(FILE *fp, const tl_st_entry *e, int n, const char *path, 
     if (!text) return tl_errf(err, errlen, TL_ERR_NOMEM, "%s: cannot format header", path);
     size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
     uint8_t lenb[8];
-    for (int i = 0; i < 8; i++)
-        lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int ok = fwrite(lenb, 1, 8, fp) == 8 && fwrite(text, 1, len, fp) == len;
-    for (size_t i = len; ok && i < padded; i++)
-        ok = fputc(' ', fp) != EOF;
+    for (size_t i = len; ok && i < padded; i++) ok = fputc(' ', fp) != EOF;
     free(text);
     if (!ok) return tl_errf(err, errlen, TL_ERR_IO, "%s: write error", path);
     return TL_OK;

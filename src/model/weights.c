@@ -32,8 +32,7 @@
 
 static uint64_t hash_str(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
     return h;
 }
 
@@ -74,16 +73,13 @@ static int skipped_name(const char *n) {
 static int build_directory(tl_model *m, char *err, size_t errlen) {
     tl_model_priv *p = m->priv;
     size_t total = 0;
-    for (int f = 0; f < p->n_files; f++)
-        total += (size_t)p->files[f].n_tensors;
+    for (int f = 0; f < p->n_files; f++) total += (size_t)p->files[f].n_tensors;
     m->tensors = xcalloc(total ? total : 1, sizeof *m->tensors);
     p->tfile = xcalloc(total ? total : 1, sizeof *p->tfile);
     p->hcap = 16;
-    while (p->hcap < 2 * total)
-        p->hcap *= 2;
+    while (p->hcap < 2 * total) p->hcap *= 2;
     p->hash = xmalloc(p->hcap * sizeof *p->hash);
-    for (size_t i = 0; i < p->hcap; i++)
-        p->hash[i] = -1;
+    for (size_t i = 0; i < p->hcap; i++) p->hash[i] = -1;
     int n = 0;
     for (int f = 0; f < p->n_files; f++) {
         for (int i = 0; i < p->files[f].n_tensors; i++) {
@@ -168,8 +164,7 @@ static int open_files(tl_model *m, const char *dir, char *err, size_t errlen) {
             goto done;
         }
         int seen = 0;
-        for (int i = 0; i < ns && !seen; i++)
-            seen = !strcmp(shards[i], s);
+        for (int i = 0; i < ns && !seen; i++) seen = !strcmp(shards[i], s);
         if (!seen) shards[ns++] = s;
     }
     p->files = xcalloc((size_t)ns, sizeof *p->files);
@@ -229,9 +224,7 @@ static const char *fmt_name(char *buf, size_t n, const char *fmt, ...) {
     return buf;
 }
 
-static const char *tfile(bind_ctx *b, const tl_tensor *t) {
-    return tl_model_tensor_file(b->m, t);
-}
+static const char *tfile(bind_ctx *b, const tl_tensor *t) { return tl_model_tensor_file(b->m, t); }
 
 static void shape_str(char *buf, size_t n, const int64_t *shape, int ndim) {
     size_t o = 0;
@@ -241,9 +234,7 @@ static void shape_str(char *buf, size_t n, const int64_t *shape, int ndim) {
     if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-static int is_float(tl_dtype t) {
-    return t == TL_DT_F32 || t == TL_DT_F16 || t == TL_DT_BF16;
-}
+static int is_float(tl_dtype t) { return t == TL_DT_F32 || t == TL_DT_F16 || t == TL_DT_BF16; }
 
 static int missing(bind_ctx *b, const char *name) {
     return tl_errf(b->err, b->errlen, TL_ERR_FORMAT, "%s: tensor '%s' is missing",
@@ -254,8 +245,7 @@ static int missing(bind_ctx *b, const char *name) {
 static int want_shape(bind_ctx *b, const tl_tensor *t, int ndim, const int64_t *shape,
                       const char *why) {
     int ok = t->ndim == ndim;
-    for (int d = 0; ok && d < ndim; d++)
-        ok = t->shape[d] == shape[d];
+    for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == shape[d];
     if (ok) return TL_OK;
     char got[96], want[96];
     shape_str(got, sizeof got, t->shape, t->ndim);
@@ -428,8 +418,7 @@ static int bind_conv(bind_ctx *b, const char *name, int C, int K, float **out) {
                                                     : "(HF stores [C, 1, K])");
     if (st || (st = want_float(b, t))) return st;
     float *v = keep(b->p, xmalloc((size_t)C * (size_t)K * sizeof *v));
-    for (size_t i = 0; i < (size_t)C * (size_t)K; i++)
-        v[i] = tl_load_elem(t->data, t->dtype, i);
+    for (size_t i = 0; i < (size_t)C * (size_t)K; i++) v[i] = tl_load_elem(t->data, t->dtype, i);
     *out = v;
     return TL_OK;
 }
@@ -628,11 +617,9 @@ void tl_model_close(tl_model *m) {
     if (!m) return;
     tl_model_priv *p = m->priv;
     if (p) {
-        for (int f = 0; f < p->n_files; f++)
-            tl_st_close(&p->files[f]);
+        for (int f = 0; f < p->n_files; f++) tl_st_close(&p->files[f]);
         free(p->files);
-        for (size_t i = 0; i < p->n_allocs; i++)
-            free(p->allocs[i]);
+        for (size_t i = 0; i < p->n_allocs; i++) free(p->allocs[i]);
         free(p->allocs);
         free(p->hash);
         free(p->tfile);

@@ -52,66 +52,66 @@ typedef struct tl_mat {
     const void *w;
     const void *scales;
     const void *biases;
-    tl_dtype wtype;     /* dtype of w (U32 when quantized) */
-    tl_dtype stype;     /* dtype of scales and biases */
-    int bits;           /* 0, 4 or 8 */
-    int group;          /* quantization group along cols */
+    tl_dtype wtype; /* dtype of w (U32 when quantized) */
+    tl_dtype stype; /* dtype of scales and biases */
+    int bits;       /* 0, 4 or 8 */
+    int group;      /* quantization group along cols */
     int rows, cols;
 } tl_mat;
 
 /* One decoder layer. Only the fields of its kind are set. */
 typedef struct tl_layer {
     tl_layer_kind kind;
-    float *attn_norm;         /* [n_embd] input_layernorm, offset applied */
-    float *ffn_norm;          /* [n_embd] post_attention_layernorm, offset applied */
+    float *attn_norm; /* [n_embd] input_layernorm, offset applied */
+    float *ffn_norm;  /* [n_embd] post_attention_layernorm, offset applied */
 
     /* gated full attention */
-    tl_mat attn_q;            /* [n_head*head_dim*2, n_embd]: per head [query(head_dim) | gate(head_dim)] */
-    tl_mat attn_k;            /* [n_head_kv*head_dim, n_embd] */
-    tl_mat attn_v;            /* [n_head_kv*head_dim, n_embd] */
-    tl_mat attn_o;            /* [n_embd, n_head*head_dim] */
-    float *attn_q_norm;       /* [head_dim] offset applied */
-    float *attn_k_norm;       /* [head_dim] offset applied */
+    tl_mat attn_q; /* [n_head*head_dim*2, n_embd]: per head [query(head_dim) | gate(head_dim)] */
+    tl_mat attn_k; /* [n_head_kv*head_dim, n_embd] */
+    tl_mat attn_v; /* [n_head_kv*head_dim, n_embd] */
+    tl_mat attn_o; /* [n_embd, n_head*head_dim] */
+    float *attn_q_norm; /* [head_dim] offset applied */
+    float *attn_k_norm; /* [head_dim] offset applied */
 
     /* gated deltanet */
-    tl_mat gdn_qkv;           /* [2*key_dim + val_dim, n_embd]: rows q | k | v */
-    tl_mat gdn_z;             /* [val_dim, n_embd] */
-    tl_mat gdn_b;             /* [n_v_head, n_embd] */
-    tl_mat gdn_a;             /* [n_v_head, n_embd] */
-    float *gdn_conv;          /* [conv_dim, conv_k]: tap conv_k-1 multiplies the current input */
-    float *gdn_dt_bias;       /* [n_v_head] */
-    float *gdn_a_neg;         /* [n_v_head] = -exp(A_log) */
-    float *gdn_norm;          /* [v_dim] plain weight (no offset) */
-    tl_mat gdn_out;           /* [n_embd, val_dim] */
+    tl_mat gdn_qkv;     /* [2*key_dim + val_dim, n_embd]: rows q | k | v */
+    tl_mat gdn_z;       /* [val_dim, n_embd] */
+    tl_mat gdn_b;       /* [n_v_head, n_embd] */
+    tl_mat gdn_a;       /* [n_v_head, n_embd] */
+    float *gdn_conv;    /* [conv_dim, conv_k]: tap conv_k-1 multiplies the current input */
+    float *gdn_dt_bias; /* [n_v_head] */
+    float *gdn_a_neg;   /* [n_v_head] = -exp(A_log) */
+    float *gdn_norm;    /* [v_dim] plain weight (no offset) */
+    tl_mat gdn_out;     /* [n_embd, val_dim] */
 
     /* mixture of experts */
-    tl_mat moe_router;        /* [n_expert, n_embd] */
-    tl_mat *exp_gate;         /* n_expert views, each [n_ff_expert, n_embd] */
-    tl_mat *exp_up;           /* n_expert views, each [n_ff_expert, n_embd] */
-    tl_mat *exp_down;         /* n_expert views, each [n_embd, n_ff_expert] */
-    tl_mat sh_gate;           /* [n_ff_shared, n_embd] */
-    tl_mat sh_up;             /* [n_ff_shared, n_embd] */
-    tl_mat sh_down;           /* [n_embd, n_ff_shared] */
-    tl_mat sh_gate_inp;       /* [1, n_embd] shared_expert_gate */
+    tl_mat moe_router;  /* [n_expert, n_embd] */
+    tl_mat *exp_gate;   /* n_expert views, each [n_ff_expert, n_embd] */
+    tl_mat *exp_up;     /* n_expert views, each [n_ff_expert, n_embd] */
+    tl_mat *exp_down;   /* n_expert views, each [n_embd, n_ff_expert] */
+    tl_mat sh_gate;     /* [n_ff_shared, n_embd] */
+    tl_mat sh_up;       /* [n_ff_shared, n_embd] */
+    tl_mat sh_down;     /* [n_embd, n_ff_shared] */
+    tl_mat sh_gate_inp; /* [1, n_embd] shared_expert_gate */
 } tl_layer;
 
 typedef enum tl_ckpt_format {
-    TL_CKPT_HF = 0,   /* official safetensors: zero-centred norms (+1), fused experts */
-    TL_CKPT_MLX = 1,  /* mlx-lm / mlx-vlm: offset norms, switch_mlp, affine quantization */
+    TL_CKPT_HF = 0,  /* official safetensors: zero-centred norms (+1), fused experts */
+    TL_CKPT_MLX = 1, /* mlx-lm / mlx-vlm: offset norms, switch_mlp, affine quantization */
 } tl_ckpt_format;
 
 typedef struct tl_model {
     tl_config cfg;
     tl_ckpt_format format;
-    tl_mat tok_embd;          /* [n_vocab, n_embd] */
-    float *out_norm;          /* [n_embd] offset applied */
-    tl_mat output;            /* [n_vocab, n_embd] lm_head */
+    tl_mat tok_embd; /* [n_vocab, n_embd] */
+    float *out_norm; /* [n_embd] offset applied */
+    tl_mat output;   /* [n_vocab, n_embd] lm_head */
     tl_layer layers[TL_MAX_LAYERS];
 
     /* tensor directory over all files (MTP tensors stay addressable here) */
     tl_tensor *tensors;
     int n_tensors;
-    void *priv;               /* file mappings, owned strings */
+    void *priv; /* file mappings, owned strings */
 } tl_model;
 
 /* Opens a checkpoint directory (config.json + model.safetensors or an index of shards) and binds

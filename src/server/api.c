@@ -105,7 +105,8 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
     tl_metrics_gauges g = {.max_seqs = tl_engine_max_seqs(s->eng)};
     tl_sched_stats(s->sched, &g.queued, &g.running, &g.sessions, &g.kv_tokens);
     g.kv_capacity = (long)g.max_seqs * s->max_ctx;
-    if (s->p.kv_tokens > 0 && s->p.kv_tokens < g.kv_capacity && tl_engine_backend(s->eng) == TL_BACKEND_CUDA)
+    if (s->p.kv_tokens > 0 && s->p.kv_tokens < g.kv_capacity &&
+        tl_engine_backend(s->eng) == TL_BACKEND_CUDA)
         g.kv_capacity = s->p.kv_tokens;
     memset(out, 0, sizeof *out);
     out->status = 200;
@@ -444,8 +445,7 @@ long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
             continue;
         }
         int fin, n = tl_job_take(st->job, ev, EV_BATCH, &fin), stopped = 0;
-        for (int i = 0; i < n && !stopped; i++)
-            stopped = tl_gen_push(&st->gen, &ev[i]);
+        for (int i = 0; i < n && !stopped; i++) stopped = tl_gen_push(&st->gen, &ev[i]);
         if (stopped) {
             tl_job_cancel(st->job);
             stream_finish(st, TL_FIN_STOP);

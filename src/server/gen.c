@@ -209,8 +209,7 @@ json_t *tl_gen_take_logprobs(tl_gen *g) {
     if (!g->want_logprobs) return NULL;
     json_t *j = g->chat ? tl_oai_chat_logprobs_json(g->lps, g->n_lps)
                         : tl_oai_completion_logprobs_json(g->lps, g->n_lps, g->lp_offset);
-    for (int i = 0; i < g->n_lps; i++)
-        g->lp_offset += g->lps[i].text_len;
+    for (int i = 0; i < g->n_lps; i++) g->lp_offset += g->lps[i].text_len;
     g->n_lps = 0;
     return j;
 }

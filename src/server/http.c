@@ -51,9 +51,7 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-static void stream_free_cb(void *cls) {
-    tl_stream_free(cls);
-}
+static void stream_free_cb(void *cls) { tl_stream_free(cls); }
 
 static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r, tl_reply *rep) {
     struct MHD_Response *resp;
@@ -130,12 +128,10 @@ static int auth_ok(const tl_server *s, struct MHD_Connection *c) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
     h += 7;
-    while (*h == ' ')
-        h++;
+    while (*h == ' ') h++;
     size_t n = strlen(h), m = strlen(s->p.api_key);
     unsigned char diff = n != m;
-    for (size_t i = 0; i < n && i < m; i++)
-        diff |= (unsigned char)(h[i] ^ s->p.api_key[i]);
+    for (size_t i = 0; i < n && i < m; i++) diff |= (unsigned char)(h[i] ^ s->p.api_key[i]);
     return diff == 0;
 }
 

@@ -70,8 +70,7 @@ void tl_metrics_prompt_tokens(tl_metrics *m, long n) {
 
 static void hist_add(hist *h, const double *bounds, int nb, double v) {
     int i = 0;
-    while (i < nb && v > bounds[i])
-        i++;
+    while (i < nb && v > bounds[i]) i++;
     h->bucket[i]++; /* i == nb: only in +Inf */
     h->count++;
     h->sum += v;

@@ -829,8 +829,7 @@ static json_t *lp_text(const char *s, int n) {
 
 static json_t *lp_bytes(const char *s, int n) {
     json_t *a = json_array();
-    for (int i = 0; i < n; i++)
-        json_array_append_new(a, json_integer((unsigned char)s[i]));
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)s[i]));
     return a;
 }
 
@@ -899,10 +898,8 @@ void tl_oai_make_id(char *out, size_t outlen, const char *prefix) {
     static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     unsigned char rnd[24];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-        for (size_t i = 0; i < sizeof rnd; i++)
-            rnd[i] = (unsigned char)(rand() & 0xff);
+        for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)(rand() & 0xff);
     size_t p = (size_t)snprintf(out, outlen, "%s", prefix);
-    for (size_t i = 0; i < sizeof rnd && p + 1 < outlen; i++)
-        out[p++] = al[rnd[i] % 62];
+    for (size_t i = 0; i < sizeof rnd && p + 1 < outlen; i++) out[p++] = al[rnd[i] % 62];
     if (p < outlen) out[p] = 0;
 }

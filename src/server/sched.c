@@ -35,9 +35,7 @@ tl_job *tl_job_new(void) {
     return j;
 }
 
-void tl_job_ref(tl_job *j) {
-    atomic_fetch_add(&j->refs, 1);
-}
+void tl_job_ref(tl_job *j) { atomic_fetch_add(&j->refs, 1); }
 
 void tl_job_unref(tl_job *j) {
     if (!j || atomic_fetch_sub(&j->refs, 1) != 1) return;
@@ -56,9 +54,7 @@ static void job_wake(tl_job *j) {
     (void)w; /* EAGAIN only when the counter is saturated: the reader is awake anyway */
 }
 
-void tl_job_cancel(tl_job *j) {
-    atomic_store(&j->cancel, 1);
-}
+void tl_job_cancel(tl_job *j) { atomic_store(&j->cancel, 1); }
 
 int tl_job_wait(tl_job *j, int sockfd, int timeout_ms) {
     pthread_mutex_lock(&j->mu);
@@ -245,8 +241,7 @@ static void publish_stats(tl_sched *s, int n_running) {
 
 /* Fails every running job (device lost or a batch-wide error). */
 static int fail_all(tl_sched *s, int n_running, int st, const char *msg) {
-    for (int i = 0; i < n_running; i++)
-        job_release(s, s->running[i], TL_FIN_ERROR, st, msg);
+    for (int i = 0; i < n_running; i++) job_release(s, s->running[i], TL_FIN_ERROR, st, msg);
     return 0;
 }
 
@@ -259,8 +254,7 @@ static void *engine_main(void *arg) {
         /* 1. Admission: move queued jobs into free slots; reap cancelled queued jobs. */
         int n_reaped = 0;
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->q_head && n_running == 0)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stop && !s->q_head && n_running == 0) pthread_cond_wait(&s->cv, &s->mu);
         int stop = s->stop;
         queue_reap(s, reaped, &n_reaped, 64);
         while (!stop && !s->lost && n_running < s->max_seqs && s->q_head) {
@@ -272,8 +266,7 @@ static void *engine_main(void *arg) {
             s->running[n_running++] = j;
         }
         pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < n_reaped; i++)
-            job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
+        for (int i = 0; i < n_reaped; i++) job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
         if (stop && n_running == 0) {
             pthread_mutex_lock(&s->mu);
             int empty = !s->q_head;
@@ -419,8 +412,7 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->max_ctx = tl_engine_max_ctx(e);
     const tl_config *c = tl_engine_config(e);
     s->n_eos = TL_MIN(c->n_eos, 4);
-    for (int i = 0; i < s->n_eos; i++)
-        s->eos[i] = c->eos_ids[i];
+    for (int i = 0; i < s->n_eos; i++) s->eos[i] = c->eos_ids[i];
     if (s->n_eos == 0) {
         free(s);
         return tl_errf(err, errlen, TL_ERR_FORMAT,

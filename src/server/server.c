@@ -90,8 +90,7 @@ int tl_server_run(const tl_server_params *p) {
         char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s", s->p.model_path);
         size_t n = strlen(tmp);
-        while (n > 1 && tmp[n - 1] == '/')
-            tmp[--n] = 0;
+        while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
         snprintf(s->model_name, sizeof s->model_name, "%s", basename(tmp));
     } else {
         snprintf(s->model_name, sizeof s->model_name, "qwen3.6-35b-a3b");
@@ -162,8 +161,7 @@ int tl_server_run(const tl_server_params *p) {
     tl_sched_shutdown(s->sched, lost ? 0 : s->p.drain_s);
     /* Every job has ended; give the connection threads a moment to put the last bytes (final
      * chunk, error frame, [DONE]) on the wire before the daemon closes the sockets. */
-    for (int i = 0; i < 250 && atomic_load(&s->n_active) > 0; i++)
-        usleep(20000);
+    for (int i = 0; i < 250 && atomic_load(&s->n_active) > 0; i++) usleep(20000);
     tl_http_stop(s);
     rc = lost ? 1 : 0;
     fprintf(stderr, "tulip serve: stopped\n");

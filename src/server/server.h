@@ -23,7 +23,7 @@ typedef struct tl_server_params {
     int allow_test_shape;
     int n_threads;
     int max_seqs, max_ctx;
-    long kv_tokens;           /* KV cache pool in tokens (CUDA); 0 = max_seqs * max_ctx */
+    long kv_tokens;         /* KV cache pool in tokens (CUDA); 0 = max_seqs * max_ctx */
     int max_queue;          /* waiting requests beyond the running ones; default 64 */
     int step_tokens;        /* engine step token budget; default 2048 */
     size_t max_body;        /* request body limit in bytes; default 8 MiB */

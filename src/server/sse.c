@@ -35,9 +35,7 @@ void tl_sse_data(tl_sbuf *b, const char *json) {
     tl_sbuf_put(b, "\n\n", 2);
 }
 
-void tl_sse_done(tl_sbuf *b) {
-    tl_sbuf_put(b, "data: [DONE]\n\n", 14);
-}
+void tl_sse_done(tl_sbuf *b) { tl_sbuf_put(b, "data: [DONE]\n\n", 14); }
 
 void tl_sse_comment(tl_sbuf *b, const char *text) {
     tl_sbuf_put(b, ": ", 2);

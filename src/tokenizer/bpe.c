@@ -137,8 +137,7 @@ typedef struct {
 static int bbuf_reserve(bbuf *b, size_t extra) {
     if (b->n + extra <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra)
-        cap *= 2;
+    while (cap < b->n + extra) cap *= 2;
     char *p = realloc(b->p, cap);
     if (!p) return TL_ERR_NOMEM;
     b->p = p;
@@ -163,8 +162,7 @@ void tl_tok_ids_free(tl_tok_ids *v) {
 static int ids_reserve(tl_tok_ids *v, size_t extra) {
     if (v->n + extra <= v->cap) return 0;
     size_t cap = v->cap ? v->cap : 64;
-    while (cap < v->n + extra)
-        cap *= 2;
+    while (cap < v->n + extra) cap *= 2;
     int32_t *p = realloc(v->ids, cap * sizeof *p);
     if (!p) return TL_ERR_NOMEM;
     v->ids = p;
@@ -186,8 +184,7 @@ static uint64_t hash_bytes(const void *data, size_t n) {
         n -= 8;
     }
     uint64_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        k |= (uint64_t)p[i] << (8 * i);
+    for (size_t i = 0; i < n; i++) k |= (uint64_t)p[i] << (8 * i);
     h = (h ^ (k * 0xBF58476D1CE4E5B9ull)) * 0x94D049BB133111EBull;
     h ^= h >> 31;
     return h;
@@ -324,8 +321,7 @@ static const merge_val *merge_find(const tl_tokenizer *t, int32_t a, int32_t b) 
 static void merge_insert(tl_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     size_t mask = t->mcap - 1, i = hash_u64(key) & mask;
-    while (t->mkey[i] != UINT64_MAX && t->mkey[i] != key)
-        i = (i + 1) & mask;
+    while (t->mkey[i] != UINT64_MAX && t->mkey[i] != key) i = (i + 1) & mask;
     t->mkey[i] = key;
     t->mval[i].rank = rank;
     t->mval[i].new_id = new_id;
@@ -337,8 +333,7 @@ static void merge_insert(tl_tokenizer *t, int32_t a, int32_t b, uint32_t rank, i
 
 static void bytelevel_tables(uint32_t b2u[256], int16_t u2b[324]) {
     int n = 0;
-    for (int i = 0; i < 324; i++)
-        u2b[i] = -1;
+    for (int i = 0; i < 324; i++) u2b[i] = -1;
     for (int b = 0; b < 256; b++) {
         int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
         b2u[b] = keep ? (uint32_t)b : (uint32_t)(256 + n++);
@@ -390,13 +385,11 @@ static void trie_free(trie *t) {
 
 static int trie_build(trie *t, trie_item *items, size_t n) {
     memset(t, 0, sizeof *t);
-    for (int b = 0; b < 256; b++)
-        t->root[b] = -1;
+    for (int b = 0; b < 256; b++) t->root[b] = -1;
     t->n_tokens = (int)n;
     if (!n) return 0;
     size_t total = 1;
-    for (size_t i = 0; i < n; i++)
-        total += items[i].n;
+    for (size_t i = 0; i < n; i++) total += items[i].n;
     trie_tmp *tmp = malloc(total * sizeof *tmp);
     if (!tmp) return TL_ERR_NOMEM;
     int32_t n_nodes = 1;
@@ -435,8 +428,7 @@ static int trie_build(trie *t, trie_item *items, size_t n) {
             t->nodes[v].n_edge++;
         }
     }
-    for (int b = 0; b < 256; b++)
-        t->root[b] = tmp[0].child[b];
+    for (int b = 0; b < 256; b++) t->root[b] = tmp[0].child[b];
     t->n_nodes = n_nodes;
     free(tmp);
     return 0;
@@ -690,9 +682,7 @@ static const char *type_of(json_t *o) {
     return json_is_string(ty) ? json_string_value(ty) : "(none)";
 }
 
-static int jbool(json_t *o, const char *key) {
-    return json_is_true(json_object_get(o, key));
-}
+static int jbool(json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
 
 static int load_normalizer(tl_tokenizer *t, json_t *n, char *err, size_t errlen) {
     if (!n || json_is_null(n)) return 0;
@@ -840,8 +830,7 @@ static int tj_string(tokjson *j, bbuf *out, uint32_t *len) {
     size_t start = out->n;
     for (;;) {
         const char *q = j->p;
-        while (q < j->end && *q != '"' && *q != '\\' && (uint8_t)*q >= 0x20)
-            q++;
+        while (q < j->end && *q != '"' && *q != '\\' && (uint8_t)*q >= 0x20) q++;
         if (q > j->p) {
             if (utf8_valid_len((const uint8_t *)j->p, (size_t)(q - j->p)) != (size_t)(q - j->p))
                 return tj_fail(j, "invalid UTF-8 in a string");
@@ -952,8 +941,7 @@ static int tj_skip(tokjson *j) {
         }
     }
     const char *q = j->p; /* number, true, false, null */
-    while (q < j->end && (isalnum((unsigned char)*q) || *q == '-' || *q == '+' || *q == '.'))
-        q++;
+    while (q < j->end && (isalnum((unsigned char)*q) || *q == '-' || *q == '+' || *q == '.')) q++;
     if (q == j->p) return tj_fail(j, "unexpected character");
     j->p = q;
     return 0;
@@ -998,8 +986,7 @@ static int tj_vocab(tokjson *j) {
         tj_ws(j);
         const char *q = j->p;
         int64_t v = 0;
-        while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30))
-            v = v * 10 + (*q++ - '0');
+        while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30)) v = v * 10 + (*q++ - '0');
         if (q == j->p || (q < j->end && (isalnum((unsigned char)*q) || *q == '.' || *q == '-')) ||
             v >= (1 << 30)) {
             char msg[80];
@@ -1164,8 +1151,7 @@ typedef struct {
 static int bl_map_build(bl_map *m, const tokjson *j) {
     m->j = j;
     m->cap = 16;
-    while (m->cap < 2 * j->n_vocab + 16)
-        m->cap *= 2;
+    while (m->cap < 2 * j->n_vocab + 16) m->cap *= 2;
     m->slot = calloc(m->cap, sizeof *m->slot);
     if (!m->slot) return TL_ERR_NOMEM;
     for (size_t e = 0; e < j->n_vocab; e++) {
@@ -1199,8 +1185,7 @@ static int load_merges(tl_tokenizer *t, const tokjson *j, const bl_map *bm, char
                        size_t errlen) {
     size_t n = j->n_merges;
     t->mcap = 16;
-    while (t->mcap < 2 * n + 16)
-        t->mcap *= 2;
+    while (t->mcap < 2 * n + 16) t->mcap *= 2;
     t->mkey = malloc(t->mcap * sizeof *t->mkey);
     t->mval = malloc(t->mcap * sizeof *t->mval);
     if (!t->mkey || !t->mval) return TL_ERR_NOMEM;
@@ -1347,8 +1332,7 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
 
     /* raw bytes -> id for vocabulary tokens (added tokens are found through the tries) */
     t->vcap = 16;
-    while (t->vcap < 2 * nv + 16)
-        t->vcap *= 2;
+    while (t->vcap < 2 * nv + 16) t->vcap *= 2;
     t->vhash = calloc(t->vcap, sizeof *t->vhash);
     if (!t->vhash) {
         free(mapped);
@@ -1399,8 +1383,7 @@ static int load_model(tl_tokenizer *t, const tokjson *j, char *err, size_t errle
     }
     if (!st) st = trie_build(&t->added_raw, raw, nr);
     if (!st) st = trie_build(&t->added_norm, norm, nn);
-    for (size_t i = 0; owned && i < n_added; i++)
-        free(owned[i]);
+    for (size_t i = 0; owned && i < n_added; i++) free(owned[i]);
     free(owned);
     free(raw);
     free(norm);
@@ -1435,8 +1418,7 @@ static int tokenizer_from_tj(tokjson *j, tl_tokenizer **out, char *err, size_t e
         tj_free(j);
         return TL_ERR_NOMEM;
     }
-    for (int i = 0; i < CACHE_LOCKS; i++)
-        pthread_mutex_init(&t->locks[i], NULL);
+    for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_init(&t->locks[i], NULL);
     int st = load_root(t, j, err, errlen);
     tj_free(j);
     if (!st) {
@@ -1587,16 +1569,13 @@ void tl_tokenizer_free(tl_tokenizer *t) {
     if (t->re) pcre2_code_free(t->re);
     if (t->re_compat) pcre2_code_free(t->re_compat);
     free(t->cache);
-    for (int i = 0; i < CACHE_LOCKS; i++)
-        pthread_mutex_destroy(&t->locks[i]);
+    for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_destroy(&t->locks[i]);
     free(t);
 }
 
 /* ====== Lookups. ====== */
 
-int tl_tokenizer_n_vocab(const tl_tokenizer *t) {
-    return t->n_vocab;
-}
+int tl_tokenizer_n_vocab(const tl_tokenizer *t) { return t->n_vocab; }
 
 int tl_token_id(const tl_tokenizer *t, const char *text) {
     size_t n = strlen(text);
@@ -1975,8 +1954,7 @@ static int nfc_hf(const uint8_t *s, size_t n, bbuf *b) {
 static int encode_gap(enc_ctx *e, const uint8_t *s, size_t n) {
     if (!e->t->nfc) return encode_normalized(e, s, n);
     size_t i = 0;
-    while (i < n && s[i] < 0xCC)
-        i++;
+    while (i < n && s[i] < 0xCC) i++;
     if (i == n) return encode_normalized(e, s, n);
     bbuf b = {0};
     int st = nfc_hf(s, n, &b);
@@ -2071,9 +2049,7 @@ void tl_detok_stream_free(tl_detok_stream *s) {
     free(s);
 }
 
-size_t tl_detok_stream_pending(const tl_detok_stream *s) {
-    return s->n_pend;
-}
+size_t tl_detok_stream_pending(const tl_detok_stream *s) { return s->n_pend; }
 
 /* Emits every character of pend+bytes that is decided: complete characters as they are,
  * invalid subparts as U+FFFD; a truncated (still possibly valid) tail, at most 3 bytes, stays in

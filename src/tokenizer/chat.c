@@ -26,8 +26,7 @@
 void tl_chat_buf_put(tl_chat_buf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
+        while (cap < b->len + n + 1) cap *= 2;
         b->s = xrealloc(b->s, cap);
         b->cap = cap;
     }
@@ -36,9 +35,7 @@ void tl_chat_buf_put(tl_chat_buf *b, const char *s, size_t n) {
     b->s[b->len] = 0;
 }
 
-void tl_chat_buf_puts(tl_chat_buf *b, const char *s) {
-    tl_chat_buf_put(b, s, strlen(s));
-}
+void tl_chat_buf_puts(tl_chat_buf *b, const char *s) { tl_chat_buf_put(b, s, strlen(s)); }
 
 void tl_chat_json_escape(tl_chat_buf *b, const char *s, size_t n) {
     size_t run = 0; /* start of the pending verbatim run */
@@ -110,21 +107,18 @@ void tl_chat_py_float(tl_chat_buf *b, double x) {
     for (; *q && *q != 'e'; q++)
         if (*q >= '0' && *q <= '9') dig[nd++] = *q;
     int e10 = atoi(q + 1);
-    while (nd > 1 && dig[nd - 1] == '0')
-        nd--; /* %.*e may pad with zeros */
+    while (nd > 1 && dig[nd - 1] == '0') nd--; /* %.*e may pad with zeros */
     dig[nd] = 0;
     int decpt = e10 + 1; /* x = 0.d1d2... * 10^decpt */
     if (neg) tl_chat_buf_put(b, "-", 1);
     if (decpt > -4 && decpt <= 16) {
         if (decpt <= 0) {
             tl_chat_buf_puts(b, "0.");
-            for (int i = 0; i < -decpt; i++)
-                tl_chat_buf_put(b, "0", 1);
+            for (int i = 0; i < -decpt; i++) tl_chat_buf_put(b, "0", 1);
             tl_chat_buf_put(b, dig, (size_t)nd);
         } else if (decpt >= nd) {
             tl_chat_buf_put(b, dig, (size_t)nd);
-            for (int i = nd; i < decpt; i++)
-                tl_chat_buf_put(b, "0", 1);
+            for (int i = nd; i < decpt; i++) tl_chat_buf_put(b, "0", 1);
             tl_chat_buf_puts(b, ".0");
         } else {
             tl_chat_buf_put(b, dig, (size_t)decpt);
@@ -668,20 +662,17 @@ static int render_assistant(tl_chat_buf *b, const json_t *m, span content, int w
     } else if (span_find(content, "</think>", 0) >= 0) { /* L94-97 */
         long first = span_find(content, "</think>", 0), last = span_find(content, "</think>", 1);
         span r = {content.s, (size_t)first};
-        while (r.n && r.s[r.n - 1] == '\n')
-            r.n--;                              /* .rstrip('\n') */
-        long open = span_find(r, "<think>", 1); /* .split('<think>')[-1] */
+        while (r.n && r.s[r.n - 1] == '\n') r.n--; /* .rstrip('\n') */
+        long open = span_find(r, "<think>", 1);    /* .split('<think>')[-1] */
         if (open >= 0) {
             r.s += open + 7;
             r.n -= (size_t)open + 7;
         }
-        while (r.n && r.s[0] == '\n')
-            r.s++, r.n--; /* .lstrip('\n') */
+        while (r.n && r.s[0] == '\n') r.s++, r.n--; /* .lstrip('\n') */
         reasoning = r;
         content.s += last + 8; /* content.split('</think>')[-1] */
         content.n -= (size_t)last + 8;
-        while (content.n && content.s[0] == '\n')
-            content.s++, content.n--;
+        while (content.n && content.s[0] == '\n') content.s++, content.n--;
     }
     size_t off, len;
     py_strip(reasoning.s, reasoning.n, &off, &len); /* L99 */

@@ -75,9 +75,7 @@ struct tl_parser {
 
 /* ------------------------------------------------------------------ small helpers */
 
-static int is_ws(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 /* Earliest full occurrence of any of tags[0..nt) in s[0..n): returns its index (-1 if none),
  * *at its offset. *hold = length of the longest suffix of s that is a proper prefix of a tag
@@ -240,12 +238,9 @@ static void close_call(tl_parser *p) {
 static int classify_type_name(const char *t) {
     char low[32];
     size_t n = 0;
-    while (isspace((unsigned char)*t))
-        t++;
-    for (; *t && n + 1 < sizeof low; t++)
-        low[n++] = (char)tolower((unsigned char)*t);
-    while (n && isspace((unsigned char)low[n - 1]))
-        n--;
+    while (isspace((unsigned char)*t)) t++;
+    for (; *t && n + 1 < sizeof low; t++) low[n++] = (char)tolower((unsigned char)*t);
+    while (n && isspace((unsigned char)low[n - 1])) n--;
     low[n] = 0;
     static const char *const strs[] = {"string", "str", "text", "varchar", "char", "enum"};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
@@ -282,17 +277,14 @@ static int param_type(const tl_parser *p, const char *name, size_t n) {
 
 /* Integer text -> normalised JSON integer in b; 0 if s is not one (or is outside int64). */
 static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
-    while (n && is_ws(*s))
-        s++, n--;
-    while (n && is_ws(s[n - 1]))
-        n--;
+    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(s[n - 1])) n--;
     int neg = 0;
     if (n && (*s == '+' || *s == '-')) neg = *s == '-', s++, n--;
     if (!n) return 0;
     for (size_t i = 0; i < n; i++)
         if (s[i] < '0' || s[i] > '9') return 0;
-    while (n > 1 && *s == '0')
-        s++, n--;
+    while (n > 1 && *s == '0') s++, n--;
     /* int64 only (vLLM's Python ints are unbounded; beyond int64 JSON readers lose or reject them)
      */
     if (n > 19 ||
@@ -305,27 +297,22 @@ static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
 
 /* Number text -> a JSON number as vLLM writes it (integral values as integers). */
 static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
-    while (n && is_ws(*s))
-        s++, n--;
-    while (n && is_ws(s[n - 1]))
-        n--;
+    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(s[n - 1])) n--;
     if (n == 0 || n > 400) return 0;
     size_t i = 0, digits = 0;
     if (s[i] == '+' || s[i] == '-') i++;
-    while (i < n && isdigit((unsigned char)s[i]))
-        i++, digits++;
+    while (i < n && isdigit((unsigned char)s[i])) i++, digits++;
     if (i < n && s[i] == '.') {
         i++;
-        while (i < n && isdigit((unsigned char)s[i]))
-            i++, digits++;
+        while (i < n && isdigit((unsigned char)s[i])) i++, digits++;
     }
     if (!digits) return 0;
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         i++;
         if (i < n && (s[i] == '+' || s[i] == '-')) i++;
         size_t e0 = i;
-        while (i < n && isdigit((unsigned char)s[i]))
-            i++;
+        while (i < n && isdigit((unsigned char)s[i])) i++;
         if (i == e0) return 0;
     }
     if (i != n) return 0;
@@ -358,10 +345,8 @@ static void emit_typed(tl_parser *p, const char *s, size_t n) {
         ok = conv_num(s, n, &b);
     } else if (p->vtype == V_BOOL) {
         size_t a = 0, z = n;
-        while (a < z && is_ws(s[a]))
-            a++;
-        while (z > a && is_ws(s[z - 1]))
-            z--;
+        while (a < z && is_ws(s[a])) a++;
+        while (z > a && is_ws(s[z - 1])) z--;
         if (ci_equal(s + a, z - a, "true"))
             tl_chat_buf_puts(&b, "true"), ok = 1;
         else if (ci_equal(s + a, z - a, "false"))
@@ -421,9 +406,7 @@ static const char *const T_AFTER_FN[] = {"</tool_call>", "<tool_call>"};
 enum { H_VALID, H_INVALID, H_INCOMPLETE };
 
 /* Bytes allowed in function and parameter names ('>' ends them). */
-static int name_byte_ok(char c) {
-    return c != '<' && c != '\n' && c != '\r' && c != 0;
-}
+static int name_byte_ok(char c) { return c != '<' && c != '\n' && c != '\r' && c != 0; }
 
 /* s starts with "<tool_call>": is a complete "<function=NAME>" header next? */
 static int header_check(const char *s, size_t n, size_t *name, size_t *name_len, size_t *total) {
@@ -474,8 +457,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
     switch (p->state) {
     case ST_REASON_START: {
         size_t i = 0;
-        while (i < n && s[i] == '\n')
-            i++;
+        while (i < n && s[i] == '\n') i++;
         if (i) return (long)i;
         if (n == 0 && !eof) return 0;
         if (p->start_step == 0) {
@@ -494,8 +476,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         at += k0;
         if (t >= 0) {
             size_t e = at;
-            while (e > k0 && s[e - 1] == '\n')
-                e--;
+            while (e > k0 && s[e - 1] == '\n') e--;
             if (e == k0) e = 0;
             emit(p, TL_PARSE_REASONING, 0, s, e);
             p->state = ST_CONTENT;
@@ -503,8 +484,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
             return (long)(at + 8);
         }
         size_t safe = eof ? n : n - hold, e = safe;
-        while (e > k0 && s[e - 1] == '\n')
-            e--;
+        while (e > k0 && s[e - 1] == '\n') e--;
         if (e == k0) e = 0;
         emit(p, TL_PARSE_REASONING, 0, s, e);
         if (eof) {
@@ -517,8 +497,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
     case ST_CONTENT: {
         if (p->strip_nl) {
             size_t i = 0;
-            while (i < n && s[i] == '\n')
-                i++;
+            while (i < n && s[i] == '\n') i++;
             if (i) return (long)i;
             if (n == 0 && !eof) return 0;
             p->strip_nl = 0;
@@ -534,8 +513,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         }
         if (p->after_call && !p->seg_started) { /* leading whitespace of a segment after a call */
             size_t i = 0;
-            while (i < n && is_ws(s[i]))
-                i++;
+            while (i < n && is_ws(s[i])) i++;
             if (i) return (long)i;
         }
         size_t k0 = TL_MIN(p->ws_known, n); /* a held whitespace run: no tag starts in it */
@@ -544,8 +522,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         if (t >= 0) {
             size_t name = 0, name_len = 0, total = 0, e = at;
             int h = header_check(s + at, n - at, &name, &name_len, &total);
-            while (e > k0 && is_ws(s[e - 1]))
-                e--;
+            while (e > k0 && is_ws(s[e - 1])) e--;
             if (e == k0) e = 0;
             if (h == H_VALID) {
                 content_out(p, s, e);
@@ -563,15 +540,13 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         if (eof) {
             size_t e = n;
             if (p->after_call)
-                while (e && is_ws(s[e - 1]))
-                    e--;
+                while (e && is_ws(s[e - 1])) e--;
             content_out(p, s, e);
             p->state = ST_DONE;
             return n ? (long)n : -1;
         }
         size_t e = n - hold;
-        while (e > k0 && is_ws(s[e - 1]))
-            e--;
+        while (e > k0 && is_ws(s[e - 1])) e--;
         if (e == k0) e = 0;
         content_out(p, s, e);
         p->ws_next = n - hold - e;
@@ -660,9 +635,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
 
 /* ------------------------------------------------------------------ UTF-8 sanitizer */
 
-static void put_fffd(tl_parser *p) {
-    tl_chat_buf_put(&p->in, "\xef\xbf\xbd", 3);
-}
+static void put_fffd(tl_parser *p) { tl_chat_buf_put(&p->in, "\xef\xbf\xbd", 3); }
 
 /* Appends valid UTF-8 to p->in: invalid bytes become U+FFFD (one per maximal invalid
  * subpart, as Python's errors="replace"); an incomplete sequence at the end is kept. */
@@ -793,8 +766,7 @@ static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
     p->res.reasoning_len = p->reasoning.len;
     p->res.content = p->content.s;
     p->res.content_len = p->content.len;
-    for (int i = 0; i < p->res.n_calls; i++)
-        p->res.calls[i].arguments = p->acc[i].args.s;
+    for (int i = 0; i < p->res.n_calls; i++) p->res.calls[i].arguments = p->acc[i].args.s;
     *ev = p->out;
     return n;
 }
@@ -820,9 +792,7 @@ int tl_parser_finish(tl_parser *p, const tl_parse_event **ev) {
     return run(p, 1, ev);
 }
 
-const tl_parse_result *tl_parser_result(const tl_parser *p) {
-    return &p->res;
-}
+const tl_parse_result *tl_parser_result(const tl_parser *p) { return &p->res; }
 
 void tl_parse_text(const char *text, size_t len, const tl_parse_opts *opts, tl_parse_result *out) {
     tl_parser *p = tl_parser_new(opts);

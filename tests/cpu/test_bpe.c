@@ -66,9 +66,7 @@ static void test_bpe_token_str(void) {
     CHECK_EQ_INT(tl_token_id(tiny, "\xff"), 255); /* a lone byte is its own token */
 }
 
-static int hexv(int c) {
-    return c <= '9' ? c - '0' : (c | 32) - 'a' + 10;
-}
+static int hexv(int c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
 
 /* Every vector: tulip's ids equal HF's, and decode(encode(text)) equals HF-normalized text is
  * covered by the Python tests; here the ids must match exactly. */
@@ -352,8 +350,7 @@ static void test_bpe_threads(void) {
         memset(&jobs[i].want, 0, sizeof jobs[i].want);
         CHECK(tl_tokenize(tiny, texts[i], strlen(texts[i]), 0, &jobs[i].want) > 0);
     }
-    for (int i = 0; i < 4; i++)
-        pthread_create(&th[i], NULL, encode_thread, &jobs[i]);
+    for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, encode_thread, &jobs[i]);
     for (int i = 0; i < 4; i++) {
         pthread_join(th[i], NULL);
         CHECK(jobs[i].ok);

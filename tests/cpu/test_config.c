@@ -199,8 +199,7 @@ static void test_load_generation_config(void) {
     CHECK_EQ_INT(tl_config_load(&c, p, err, sizeof err), 0);
     CHECK_EQ_INT(c.n_eos, 2); /* 287 from config.json, 289 added from generation_config.json */
     int has287 = 0, has289 = 0;
-    for (int i = 0; i < c.n_eos; i++)
-        has287 |= c.eos_ids[i] == 287, has289 |= c.eos_ids[i] == 289;
+    for (int i = 0; i < c.n_eos; i++) has287 |= c.eos_ids[i] == 287, has289 |= c.eos_ids[i] == 289;
     CHECK(has287 && has289);
     CHECK_EQ_INT(tl_config_check(&c, err, sizeof err), 0);
     CHECK(tl_config_load(&c, "/nonexistent/config.json", err, sizeof err) < 0);

@@ -4,8 +4,8 @@
  * Tolerance: HF ran in fp32 on the same bf16-rounded weights; we compute in fp32 too (double
  * accumulators in dot products). Measured max |logit - HF| (logits of magnitude <= 12):
  *   tiny-a: prefill 1.4e-5, decode 6.1e-6;  tiny-b: prefill 2.6e-4 (150 positions), decode 3.4e-5.
- * The tiny-b prefill spread is fp32 rounding amplified by the random model, not a bug: running HF in
- * float64 (tools/fixture_fp64_check.py) puts HF's own fp32 logits 1.9e-4 and ours 1.8e-4 from it
+ * The tiny-b prefill spread is fp32 rounding amplified by the random model, not a bug: running HF
+ * in float64 (tools/fixture_fp64_check.py) puts HF's own fp32 logits 1.9e-4 and ours 1.8e-4 from it
  * (tiny-a: 1.3e-5 and 1.4e-5) — see notes/2026-12-02-oracle-vs-hf.md. We allow 1e-3 absolute: ~4x
  * the largest measured spread, and still 50x below the smallest top-1/top-2 margin of the greedy
  * path (0.05), while a real bug in a layer (wrong norm offset, head mapping, rope pairs, router
@@ -48,7 +48,8 @@ static int fixture_open(fixture *fx, const char *dir) {
         return -1;
     }
     const tl_tensor *p = ref_get(&fx->ref, "prompt_ids"), *d = ref_get(&fx->ref, "decode_ids");
-    const tl_tensor *pl = ref_get(&fx->ref, "prefill_logits"), *dl = ref_get(&fx->ref, "decode_logits");
+    const tl_tensor *pl = ref_get(&fx->ref, "prefill_logits"),
+                    *dl = ref_get(&fx->ref, "decode_logits");
     if (!p || !d || !pl || !dl) return -1;
     fx->prompt = p->data, fx->n_prompt = (int)p->shape[0];
     fx->dec_ids = d->data, fx->n_dec = (int)dl->shape[0];
@@ -90,8 +91,8 @@ static void check_vs_hf(const char *dir) {
         CHECK_EQ_INT(argmax(lg, fx.V), fx.dec_ids[i + 1]);
     }
     CHECK(ddec <= LOGIT_ATOL);
-    printf("# %s: max |logit - HF| prefill %.3g over %d positions, decode %.3g over %d steps\n", dir,
-           dpre, fx.n_prompt, ddec, fx.n_dec);
+    printf("# %s: max |logit - HF| prefill %.3g over %d positions, decode %.3g over %d steps\n",
+           dir, dpre, fx.n_prompt, ddec, fx.n_dec);
     free(all);
     free(lg);
     cpu_state_free(&st);
@@ -131,7 +132,8 @@ static void check_prefill_equals_decode(const char *dir) {
     CHECK(cpu_state_init(&a, c, N) == 0);
     CHECK(cpu_state_init(&b, c, N) == 0);
     CHECK(cpu_state_init(&d, c, N) == 0);
-    float *la = xmalloc(sizeof(float) * fx.V), *lb = xmalloc(sizeof(float) * fx.V), *ld = xmalloc(sizeof(float) * fx.V);
+    float *la = xmalloc(sizeof(float) * fx.V), *lb = xmalloc(sizeof(float) * fx.V),
+          *ld = xmalloc(sizeof(float) * fx.V);
     CHECK(cpu_forward(fx.m, &a, fx.prompt, N, la, NULL) == 0);
     for (int t = 0; t < N; t++) CHECK(cpu_forward(fx.m, &b, fx.prompt + t, 1, lb, NULL) == 0);
     int half = N / 2 + 1;
@@ -151,8 +153,12 @@ static void check_prefill_equals_decode(const char *dir) {
     fixture_close(&fx);
 }
 
-static void test_prefill_equals_decode_tiny_a(void) { check_prefill_equals_decode("tests/data/tiny-a"); }
-static void test_prefill_equals_decode_tiny_b(void) { check_prefill_equals_decode("tests/data/tiny-b"); }
+static void test_prefill_equals_decode_tiny_a(void) {
+    check_prefill_equals_decode("tests/data/tiny-a");
+}
+static void test_prefill_equals_decode_tiny_b(void) {
+    check_prefill_equals_decode("tests/data/tiny-b");
+}
 
 /* The chunked (WY) delta rule equals the recurrent one on random inputs, across chunk
  * boundaries and with a non-zero initial state (NMSE <= 1e-10: both are fp32 with double
@@ -172,11 +178,12 @@ static void test_gdn_chunked_equals_recurrent(void) {
             cpu_l2norm(k + (t * Hk + h) * Dk, Dk, 1e-6f);
         }
     for (int i = 0; i < T * Hv * Dv; i++) v[i] = t_randf(&r);
-    for (int i = 0; i < T * Hv; i++) g[i] = -0.3f * (1.0f + t_randf(&r)), beta[i] = 0.5f + 0.5f * t_randf(&r);
+    for (int i = 0; i < T * Hv; i++)
+        g[i] = -0.3f * (1.0f + t_randf(&r)), beta[i] = 0.5f + 0.5f * t_randf(&r);
     for (int i = 0; i < Hv * Dk * Dv; i++) S1[i] = S2[i] = 0.1f * t_randf(&r);
     for (int t = 0; t < T; t++)
-        cpu_gdn_step(o1 + t * Hv * Dv, S1, q + t * Hk * Dk, k + t * Hk * Dk, v + t * Hv * Dv, g + t * Hv,
-                     beta + t * Hv, Hk, Hv, Dk, Dv);
+        cpu_gdn_step(o1 + t * Hv * Dv, S1, q + t * Hk * Dk, k + t * Hk * Dk, v + t * Hv * Dv,
+                     g + t * Hv, beta + t * Hv, Hk, Hv, Dk, Dv);
     cpu_gdn_chunked(o2, S2, q, k, v, g, beta, T, Hk, Hv, Dk, Dv, 64);
     CHECK(t_nmse(o2, o1, (size_t)T * Hv * Dv) <= 1e-10);
     CHECK(t_nmse(S2, S1, (size_t)Hv * Dk * Dv) <= 1e-10);

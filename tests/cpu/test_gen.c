@@ -20,9 +20,7 @@ typedef struct out {
     int n_tool_starts, max_index, stopped;
 } out;
 
-static void cat(char *dst, size_t cap, const char *s) {
-    strncat(dst, s, cap - strlen(dst) - 1);
-}
+static void cat(char *dst, size_t cap, const char *s) { strncat(dst, s, cap - strlen(dst) - 1); }
 
 static void absorb(out *o, json_t *deltas) {
     size_t i;

@@ -114,11 +114,9 @@ static int check_splits(const char *t, const tl_parse_opts *o) {
     tl_parse_result whole;
     tl_parse_text(t, n, o, &whole);
     int bad = 0;
-    for (size_t i = 0; i <= n; i++)
-        bad += !split_matches(t, n, o, &i, 1, &whole);
+    for (size_t i = 0; i <= n; i++) bad += !split_matches(t, n, o, &i, 1, &whole);
     size_t *all = calloc(n + 1, sizeof *all);
-    for (size_t i = 0; i < n; i++)
-        all[i] = i + 1;
+    for (size_t i = 0; i < n; i++) all[i] = i + 1;
     bad += !split_matches(t, n, o, all, n ? (int)n - 1 : 0, &whole);
     free(all);
     if (n <= 160)
@@ -448,8 +446,7 @@ static void test_random_splits(void) {
         for (int rep = 0; rep < 4; rep++) {
             size_t cuts[8];
             int ncut = (int)(t_rng_next(&seed) % 8);
-            for (int k = 0; k < ncut; k++)
-                cuts[k] = n ? t_rng_next(&seed) % (n + 1) : 0;
+            for (int k = 0; k < ncut; k++) cuts[k] = n ? t_rng_next(&seed) % (n + 1) : 0;
             for (int a = 0; a < ncut; a++) /* sort */
                 for (int b = a + 1; b < ncut; b++)
                     if (cuts[b] < cuts[a]) {

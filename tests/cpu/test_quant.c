@@ -63,8 +63,7 @@ static void test_group_hand_cases(void) {
     CHECK(fabsf(s) == 1e-7f);
     CHECK_EQ_INT(q[5], 0);
     /* 8 bits: 255 levels */
-    for (int i = 0; i < 64; i++)
-        x[i] = (float)i / 63.0f - 0.25f;
+    for (int i = 0; i < 64; i++) x[i] = (float)i / 63.0f - 0.25f;
     tl_quant_group(x, 64, 8, q, &s, &b);
     CHECK(b == 0.75f);
     CHECK_EQ_INT(q[63], 0);
@@ -104,8 +103,7 @@ static void test_row_packing_and_bound(void) {
         uint8_t q[G];
         float s0, b0;
         tl_quant_group(x + G, G, 4, q, &s0, &b0);
-        for (int i = 0; i < G; i++)
-            CHECK_EQ_INT((w[(G + i) / 8] >> (4 * (i % 8))) & 15, q[i]);
+        for (int i = 0; i < G; i++) CHECK_EQ_INT((w[(G + i) / 8] >> (4 * (i % 8))) & 15, q[i]);
     }
 }
 
@@ -130,9 +128,7 @@ static int mat_close(const tl_mat *q, const tl_mat *f, double *max_rel) {
     return ok;
 }
 
-static float bf16r(float x) {
-    return tl_bf16_to_f32(tl_f32_to_bf16(x));
-}
+static float bf16r(float x) { return tl_bf16_to_f32(tl_f32_to_bf16(x)); }
 
 static void compare_models(const tl_model *h, const tl_model *q, int bits, int group) {
     const tl_config *c = &h->cfg;
@@ -144,16 +140,13 @@ static void compare_models(const tl_model *h, const tl_model *q, int bits, int g
     CHECK(mat_close(&q->tok_embd, &h->tok_embd, &mr));
     CHECK(mat_close(&q->output, &h->output, &mr));
     CHECK_EQ_INT(q->tok_embd.bits, c->n_embd % group ? 0 : bits);
-    for (int i = 0; i < c->n_embd; i++)
-        CHECK(q->out_norm[i] == bf16r(h->out_norm[i]));
+    for (int i = 0; i < c->n_embd; i++) CHECK(q->out_norm[i] == bf16r(h->out_norm[i]));
     for (int il = 0; il < c->n_layer; il++) {
         const tl_layer *a = &h->layers[il], *b = &q->layers[il];
         CHECK_EQ_INT(b->kind, a->kind);
         /* norms are stored as bf16(1 + w), as mlx's conversion rounds them */
-        for (int i = 0; i < c->n_embd; i++)
-            CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
-        for (int i = 0; i < c->n_embd; i++)
-            CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
+        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
+        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
         if (a->kind == TL_LAYER_ATTN) {
             CHECK(mat_close(&b->attn_q, &a->attn_q, &mr));
             CHECK(mat_close(&b->attn_k, &a->attn_k, &mr));
@@ -170,14 +163,10 @@ static void compare_models(const tl_model *h, const tl_model *q, int bits, int g
             CHECK(mat_close(&b->gdn_a, &a->gdn_a, &mr));
             CHECK(mat_close(&b->gdn_out, &a->gdn_out, &mr));
             int conv = tl_config_gdn_conv_dim(c);
-            for (int i = 0; i < conv * c->gdn_conv_k; i++)
-                CHECK(a->gdn_conv[i] == b->gdn_conv[i]);
-            for (int i = 0; i < c->gdn_n_v_head; i++)
-                CHECK(a->gdn_a_neg[i] == b->gdn_a_neg[i]);
-            for (int i = 0; i < c->gdn_n_v_head; i++)
-                CHECK(a->gdn_dt_bias[i] == b->gdn_dt_bias[i]);
-            for (int i = 0; i < c->gdn_v_dim; i++)
-                CHECK(a->gdn_norm[i] == b->gdn_norm[i]);
+            for (int i = 0; i < conv * c->gdn_conv_k; i++) CHECK(a->gdn_conv[i] == b->gdn_conv[i]);
+            for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_a_neg[i] == b->gdn_a_neg[i]);
+            for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_dt_bias[i] == b->gdn_dt_bias[i]);
+            for (int i = 0; i < c->gdn_v_dim; i++) CHECK(a->gdn_norm[i] == b->gdn_norm[i]);
         }
         CHECK(mat_close(&b->moe_router, &a->moe_router, &mr));
         CHECK(mat_close(&b->sh_gate_inp, &a->sh_gate_inp, &mr));
@@ -285,8 +274,7 @@ typedef struct dq_list {
 static void dq_mat(dq_list *L, const char *name, const tl_mat *m) {
     float *v = xmalloc((size_t)m->rows * m->cols * sizeof *v);
     for (int r = 0; r < m->rows; r++)
-        for (int c = 0; c < m->cols; c++)
-            v[(size_t)r * m->cols + c] = deq(m, r, c);
+        for (int c = 0; c < m->cols; c++) v[(size_t)r * m->cols + c] = deq(m, r, c);
     L->e[L->n] = (tl_st_entry){.name = xstrdup(name),
                                .dtype = TL_DT_F32,
                                .ndim = 2,
@@ -300,15 +288,13 @@ static void dq_raw(dq_list *L, const tl_model *h, const char *name) {
     TL_ASSERT(t);
     L->e[L->n] =
         (tl_st_entry){.name = xstrdup(name), .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
-    for (int d = 0; d < t->ndim; d++)
-        L->e[L->n].shape[d] = t->shape[d];
+    for (int d = 0; d < t->ndim; d++) L->e[L->n].shape[d] = t->shape[d];
     L->buf[L->n++] = NULL;
 }
 
 static void dq_norm(dq_list *L, const char *name, const float *v, int n) {
     float *x = xmalloc((size_t)n * sizeof *x);
-    for (int i = 0; i < n; i++)
-        x[i] = v[i] - 1.0f;
+    for (int i = 0; i < n; i++) x[i] = v[i] - 1.0f;
     L->e[L->n] = (tl_st_entry){
         .name = xstrdup(name), .dtype = TL_DT_F32, .ndim = 1, .shape = {n}, .data = x};
     L->buf[L->n++] = x;
@@ -447,8 +433,7 @@ static void test_quantized_forward_matches_dequantized(void) {
     /* Same weight values (s*q+b in f32 both ways); only the order of float operations inside
      * the matvec may differ, so logits agree to f32 rounding (~1e-6 relative). */
     double md = t_max_abs_diff(lq, ld, (size_t)nv), mx = 0;
-    for (int i = 0; i < nv; i++)
-        mx = fmax(mx, fabs(ld[i]));
+    for (int i = 0; i < nv; i++) mx = fmax(mx, fabs(ld[i]));
     printf("# 4-bit vs dequantized f32: max |logit diff| %.3g (max |logit| %.3g)\n", md, mx);
     CHECK(mx > 0.1);
     CHECK(md <= 1e-4 * (1 + mx));

@@ -30,8 +30,7 @@ static tl_engine *open_engine(int max_seqs, int max_ctx) {
 static tl_job *make_job(int seed, int n_prompt, int max_tokens) {
     tl_job *j = tl_job_new();
     j->prompt = xmalloc(sizeof(int32_t) * (size_t)n_prompt);
-    for (int i = 0; i < n_prompt; i++)
-        j->prompt[i] = (int32_t)((seed * 37 + i * 11) % 250 + 3);
+    for (int i = 0; i < n_prompt; i++) j->prompt[i] = (int32_t)((seed * 37 + i * 11) % 250 + 3);
     j->n_prompt = n_prompt;
     j->sample = (tl_sample_params){.temperature = 0, .top_p = 1, .repetition_penalty = 1};
     j->max_tokens = max_tokens;

@@ -10,8 +10,7 @@
 /* Builds [8-byte length][json][data] in buf; returns its size. */
 static size_t image(uint8_t *buf, size_t cap, const char *json, const void *data, size_t dlen) {
     size_t n = strlen(json);
-    for (int i = 0; i < 8; i++)
-        buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)n >> (8 * i));
     TL_ASSERT(8 + n + dlen <= cap);
     memcpy(buf + 8, json, n);
     if (dlen) memcpy(buf + 8 + n, data, dlen);
@@ -41,8 +40,7 @@ static void bad(const char *json, const char *s1, const char *s2) {
 }
 
 static void test_valid(void) {
-    for (int i = 0; i < 256; i++)
-        g_data[i] = (uint8_t)i;
+    for (int i = 0; i < 256; i++) g_data[i] = (uint8_t)i;
     const char *json = "{\"__metadata__\":{\"format\":\"pt\"},"
                        "\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
                        "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
@@ -157,8 +155,7 @@ static void test_misaligned_data(void) {
     const char *json = "{\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,6]},"
                        "\"w\":{\"dtype\":\"U32\",\"shape\":[2],\"data_offsets\":[8,16]}}";
     uint8_t data[16];
-    for (int i = 0; i < 16; i++)
-        data[i] = (uint8_t)(i * 7 + 1);
+    for (int i = 0; i < 16; i++) data[i] = (uint8_t)(i * 7 + 1);
     char hdr[256];
     for (int pad = 0; pad < 4; pad++) { /* data section at every offset mod 4 */
         snprintf(hdr, sizeof hdr, "%s%.*s", json, pad, "   ");
@@ -183,8 +180,7 @@ static void test_misaligned_offset(void) {
     const char *json = "{\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,6]},"
                        "\"w\":{\"dtype\":\"U32\",\"shape\":[2],\"data_offsets\":[6,14]}}";
     uint8_t data[14];
-    for (int i = 0; i < 14; i++)
-        data[i] = (uint8_t)(i * 13 + 5);
+    for (int i = 0; i < 14; i++) data[i] = (uint8_t)(i * 13 + 5);
     char hdr[256];
     size_t n = strlen(json);
     snprintf(hdr, sizeof hdr, "%s%.*s", json, (int)((8 - n % 8) % 8), "       ");

@@ -41,16 +41,13 @@ static void check_views(tl_model *m, const char *pre) {
     CHECK(mat_matches(&m->tok_embd, n, 0));
     CHECK(mat_matches(&m->output, "lm_head.weight", 0));
     snprintf(n, sizeof n, "%snorm.weight", pre);
-    for (int i = 0; i < TC_EMBD; i++)
-        CHECK(m->out_norm[i] == 1.0f + tc_val(n, i));
+    for (int i = 0; i < TC_EMBD; i++) CHECK(m->out_norm[i] == 1.0f + tc_val(n, i));
     for (int il = 0; il < TC_LAYERS; il++) {
         const tl_layer *L = &m->layers[il];
         snprintf(n, sizeof n, "%slayers.%d.input_layernorm.weight", pre, il);
-        for (int i = 0; i < TC_EMBD; i++)
-            CHECK(L->attn_norm[i] == 1.0f + tc_val(n, i));
+        for (int i = 0; i < TC_EMBD; i++) CHECK(L->attn_norm[i] == 1.0f + tc_val(n, i));
         snprintf(n, sizeof n, "%slayers.%d.post_attention_layernorm.weight", pre, il);
-        for (int i = 0; i < TC_EMBD; i++)
-            CHECK(L->ffn_norm[i] == 1.0f + tc_val(n, i));
+        for (int i = 0; i < TC_EMBD; i++) CHECK(L->ffn_norm[i] == 1.0f + tc_val(n, i));
         if (tc_is_attn(il)) {
             CHECK_EQ_INT(L->kind, TL_LAYER_ATTN);
             snprintf(n, sizeof n, "%slayers.%d.self_attn.q_proj.weight", pre, il);
@@ -60,8 +57,7 @@ static void check_views(tl_model *m, const char *pre) {
             CHECK_EQ_INT(L->attn_o.cols, TC_HEAD * TC_HEAD_DIM);
             CHECK(mat_matches(&L->attn_o, n, 0));
             snprintf(n, sizeof n, "%slayers.%d.self_attn.k_norm.weight", pre, il);
-            for (int i = 0; i < TC_HEAD_DIM; i++)
-                CHECK(L->attn_k_norm[i] == 1.0f + tc_val(n, i));
+            for (int i = 0; i < TC_HEAD_DIM; i++) CHECK(L->attn_k_norm[i] == 1.0f + tc_val(n, i));
         } else {
             CHECK_EQ_INT(L->kind, TL_LAYER_GDN);
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.in_proj_qkv.weight", pre, il);
@@ -72,11 +68,9 @@ static void check_views(tl_model *m, const char *pre) {
             for (int i = 0; i < TC_VH; i++)
                 CHECK_CLOSE(L->gdn_a_neg[i], -exp((double)tc_val(n, i)), 0, 1e-6);
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.norm.weight", pre, il);
-            for (int i = 0; i < TC_VD; i++)
-                CHECK(L->gdn_norm[i] == tc_val(n, i)); /* plain */
+            for (int i = 0; i < TC_VD; i++) CHECK(L->gdn_norm[i] == tc_val(n, i)); /* plain */
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.dt_bias", pre, il);
-            for (int i = 0; i < TC_VH; i++)
-                CHECK(L->gdn_dt_bias[i] == tc_val(n, i));
+            for (int i = 0; i < TC_VH; i++) CHECK(L->gdn_dt_bias[i] == tc_val(n, i));
             snprintf(n, sizeof n, "%slayers.%d.linear_attn.conv1d.weight", pre, il);
             /* [C, 1, K] element (ch, 0, k) -> gdn_conv[ch * K + k] */
             for (int ch = 0; ch < TC_CONV; ch++)

@@ -40,8 +40,7 @@ enum {
 
 static inline uint32_t tc_hash(const char *s) {
     uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
     return h;
 }
 
@@ -122,9 +121,7 @@ static inline void tc_free(tc_list *L) {
     L->n = 0;
 }
 
-static inline int tc_is_attn(int il) {
-    return (il + 1) % 4 == 0;
-}
+static inline int tc_is_attn(int il) { return (il + 1) % 4 == 0; }
 
 static inline void tc_config(const char *dir, const tc_opts *o) {
     char path[512];

@@ -28,8 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         TL_ASSERT(r.top_logprobs >= 0 && r.top_logprobs <= TL_MAX_LOGPROBS);
         for (int i = 0; i < r.n_prompt_ids; i++)
             TL_ASSERT(r.prompt_ids[i] >= 0 && r.prompt_ids[i] < 320);
-        for (int i = 0; i < r.n_msgs; i++)
-            TL_ASSERT(r.msgs[i].content != NULL);
+        for (int i = 0; i < r.n_msgs; i++) TL_ASSERT(r.msgs[i].content != NULL);
         tl_oai_req_free(&r);
     } else {
         TL_ASSERT(st < 0 && e.http >= 400 && e.msg[0]);

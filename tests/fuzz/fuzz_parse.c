@@ -101,8 +101,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (strcmp(a.args[i].s, whole.calls[i].arguments)) abort();
     free(a.r.s);
     free(a.c.s);
-    for (int i = 0; i < 64; i++)
-        free(a.args[i].s);
+    for (int i = 0; i < 64; i++) free(a.args[i].s);
     tl_parser_free(p);
     tl_parse_result_free(&whole);
     return 0;

@@ -64,7 +64,8 @@ static void rm_build(rmodel *r, int full, int bits) {
     c->n_ff_expert = c->n_ff_shared = TL_N_FF_EXPERT;
     c->rms_eps = TL_RMS_EPS;
     c->max_pos = TL_MAX_POS;
-    for (int il = 0; il < c->n_layer; il++) c->layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+    for (int il = 0; il < c->n_layer; il++)
+        c->layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
     int D = c->n_embd, E = c->n_expert, F = c->n_ff_expert, nv = c->gdn_n_v_head;
     int conv = tl_config_gdn_conv_dim(c), val = tl_config_gdn_val_dim(c);
     float a = 0.08f;
@@ -118,13 +119,15 @@ static void rm_build(rmodel *r, int full, int bits) {
 static void rm_free(rmodel *r) {
     for (int i = 0; i < r->n_mats; i++) hmat_free(&r->mats[i]);
     int n = r->m.cfg.n_layer * r->m.cfg.n_expert;
-    for (int i = 0; i < n; i++) hmat_free(&r->ex_g[i]), hmat_free(&r->ex_u[i]), hmat_free(&r->ex_d[i]);
+    for (int i = 0; i < n; i++)
+        hmat_free(&r->ex_g[i]), hmat_free(&r->ex_u[i]), hmat_free(&r->ex_d[i]);
     for (int i = 0; i < r->n_vecs; i++) free(r->vecs[i]);
     free(r->ex_g), free(r->ex_u), free(r->ex_d), free(r->views);
 }
 
 static tl_backend *open_be_kv(const tl_model *m, int max_seqs, int max_ctx, long kv_tokens) {
-    tl_cuda_params p = {.max_seqs = max_seqs, .max_ctx = max_ctx, .kv_tokens = kv_tokens, .weight_bits = 16};
+    tl_cuda_params p = {
+        .max_seqs = max_seqs, .max_ctx = max_ctx, .kv_tokens = kv_tokens, .weight_bits = 16};
     tl_backend *b = NULL;
     char err[512] = "";
     int st = tl_backend_cuda_open(&b, m, NULL, &p, err, sizeof err);
@@ -182,7 +185,8 @@ static void e2e_case(int full, int bits, int n_steps) {
      * chaotic), and the residual stream carries that difference into every later step. Logits are
      * held to the bound on the steps before the first such tie; there must be at least half of
      * the steps before it, so a tie cannot hide an error. */
-    const float TIE = 3e-4f; /* measured 2026-12-02: a 1.1e-4 gap flipped (small q4, step 32), 5.2e-4 did not (small bf16, step 9) */
+    const float TIE = 3e-4f; /* measured 2026-12-02: a 1.1e-4 gap flipped (small q4, step
+                                32), 5.2e-4 did not (small bf16, step 9) */
     int tie_step = st.route_gap < TIE ? -1 : n_steps;
     double worst_pre = tie_step < 0 ? 0.0 : worst;
     float min_gap = st.route_gap;
@@ -199,7 +203,8 @@ static void e2e_case(int full, int bits, int n_steps) {
         tl_sample_out so;
         uint64_t rng = 7;
         int32_t tok = tc;
-        e.slot = 1, e.pos = pos, e.tokens = &tok, e.n_tok = 1, e.logits = lg, e.sample = &sp, e.rng = &rng, e.out = &so;
+        e.slot = 1, e.pos = pos, e.tokens = &tok, e.n_tok = 1, e.logits = lg, e.sample = &sp,
+        e.rng = &rng, e.out = &so;
         char err[256];
         CHECK_EQ_INT(b->forward(b, &e, 1, err, sizeof err), 0);
         CHECK_EQ_INT(cpu_forward(&r.m, &st, &tok, 1, lc, NULL), 0);
@@ -217,9 +222,12 @@ static void e2e_case(int full, int bits, int n_steps) {
             if (so.token != tc2) mismatch++;
         }
     }
-    printf("# e2e %s %s: %d steps, worst logits nmse %.3e (after the prompt %.3e), greedy decided %d, mismatches %d\n",
-           full ? "full-width" : "small", bits ? "q4" : "bf16", n_steps, worst, first, decided, mismatch);
-    printf("#   smallest routing gap %.2e; first routing near-tie (< %.0e) at step %d; worst nmse before it %.3e%s\n",
+    printf("# e2e %s %s: %d steps, worst logits nmse %.3e (after the prompt %.3e), greedy decided "
+           "%d, mismatches %d\n",
+           full ? "full-width" : "small", bits ? "q4" : "bf16", n_steps, worst, first, decided,
+           mismatch);
+    printf("#   smallest routing gap %.2e; first routing near-tie (< %.0e) at step %d; worst nmse "
+           "before it %.3e%s\n",
            min_gap, TIE, tie_step, worst_pre, first_bad >= 0 ? "" : " (no step over 5e-6)");
     if (first_bad >= 0) printf("#   first decode step over 5e-6: %d\n", first_bad);
     CHECK(worst_pre <= 5e-6);
@@ -253,8 +261,10 @@ static void test_kv_pool(void) {
         return;
     }
     int32_t a[130], bt[130];
-    unsigned long long prs = 0x5eed0001ull; /* own stream: the later tests' inputs stay as calibrated */
-    for (int i = 0; i < 130; i++) a[i] = (int32_t)(t_rng_next(&prs) % V), bt[i] = (int32_t)(t_rng_next(&prs) % V);
+    unsigned long long prs =
+        0x5eed0001ull; /* own stream: the later tests' inputs stay as calibrated */
+    for (int i = 0; i < 130; i++)
+        a[i] = (int32_t)(t_rng_next(&prs) % V), bt[i] = (int32_t)(t_rng_next(&prs) % V);
     float *lp = xmalloc(sizeof(float) * V), *lf = xmalloc(sizeof(float) * V);
     CHECK_EQ_INT(fwd1(bp, 0, 0, a, n, lp), 0);                    /* 2 of 3 pages */
     CHECK_EQ_INT(fwd1(bp, 1, 0, bt, n, lp), TL_ERR_CONTEXT_FULL); /* needs 2, 1 free */
@@ -271,7 +281,9 @@ static void test_kv_pool(void) {
         CHECK_EQ_INT(fwd1(bf, 1, n + s, bt + n + s, 1, lf), 0);
         same &= !memcmp(lp, lf, sizeof(float) * V);
     }
-    printf("# kv pool of 3 pages: full -> CONTEXT_FULL, reused pages == fresh backend bit for bit: %s\n", same ? "yes" : "NO");
+    printf("# kv pool of 3 pages: full -> CONTEXT_FULL, reused pages == fresh backend bit for bit: "
+           "%s\n",
+           same ? "yes" : "NO");
     CHECK(same);
     bp->close(bp), bf->close(bf);
     free(lp), free(lf);
@@ -326,13 +338,15 @@ static void test_determinism(void) {
     }
     int32_t tok[30];
     for (int i = 0; i < 30; i++) tok[i] = (int32_t)(t_rng_next(&rs) % V);
-    float *l1 = xmalloc(sizeof(float) * V * 10), *l2 = xmalloc(sizeof(float) * V * 10), *l3 = xmalloc(sizeof(float) * V * 10);
+    float *l1 = xmalloc(sizeof(float) * V * 10), *l2 = xmalloc(sizeof(float) * V * 10),
+          *l3 = xmalloc(sizeof(float) * V * 10);
     for (int run = 0; run < 3; run++) {
         tl_backend *x = run == 2 ? be : b;
         float *l = run == 0 ? l1 : run == 1 ? l2 : l3;
         x->reset_slot(x, 0);
         CHECK_EQ_INT(fwd1(x, 0, 0, tok, 20, l), 0);
-        for (int s = 1; s < 10; s++) CHECK_EQ_INT(fwd1(x, 0, 19 + s, tok + 19 + s, 1, l + (size_t)s * V), 0);
+        for (int s = 1; s < 10; s++)
+            CHECK_EQ_INT(fwd1(x, 0, 19 + s, tok + 19 + s, 1, l + (size_t)s * V), 0);
     }
     CHECK(memcmp(l1, l2, sizeof(float) * V * 10) == 0);
     CHECK(memcmp(l1, l3, sizeof(float) * V * 10) == 0);
@@ -369,7 +383,9 @@ static void test_batched_eq_alone(void) {
         for (int s = 1; s < 6; s++) {
             if (!pass) {
                 for (int q = 0; q < 3; q++)
-                    CHECK_EQ_INT(fwd1(b, q, len[q] + s - 1, &tok[q][len[q] + s - 1], 1, out + (size_t)(q * 6 + s) * V), 0);
+                    CHECK_EQ_INT(fwd1(b, q, len[q] + s - 1, &tok[q][len[q] + s - 1], 1,
+                                      out + (size_t)(q * 6 + s) * V),
+                                 0);
             } else {
                 tl_fwd_entry e[3];
                 memset(e, 0, sizeof e);
@@ -388,10 +404,13 @@ static void test_batched_eq_alone(void) {
     float *pb = xmalloc(sizeof(float) * V * 3);
     for (int q = 0; q < 3; q++) {
         b->reset_slot(b, q);
-        e[q].slot = q, e[q].pos = 0, e[q].tokens = tok[q], e[q].n_tok = len[q], e[q].logits = pb + (size_t)q * V;
+        e[q].slot = q, e[q].pos = 0, e[q].tokens = tok[q], e[q].n_tok = len[q],
+        e[q].logits = pb + (size_t)q * V;
     }
     CHECK_EQ_INT(b->forward(b, e, 3, err, sizeof err), 0);
-    for (int q = 0; q < 3; q++) check_nmse("batched prefill vs alone", pb + (size_t)q * V, alone + (size_t)(q * 6) * V, V, 1e-8);
+    for (int q = 0; q < 3; q++)
+        check_nmse("batched prefill vs alone", pb + (size_t)q * V, alone + (size_t)(q * 6) * V, V,
+                   1e-8);
     b->close(b);
     free(alone), free(bat), free(pb);
     rm_free(&r);
@@ -417,7 +436,8 @@ static void test_sampling_and_errors(void) {
         uint64_t rng = 12345;
         tl_sample_params sp;
         memset(&sp, 0, sizeof sp);
-        sp.temperature = 0.8f, sp.top_k = 20, sp.top_p = 0.95f, sp.repetition_penalty = 1.1f, sp.presence_penalty = 0.5f;
+        sp.temperature = 0.8f, sp.top_k = 20, sp.top_p = 0.95f, sp.repetition_penalty = 1.1f,
+        sp.presence_penalty = 0.5f;
         int32_t hist[64];
         memcpy(hist, prompt, sizeof prompt);
         int nh = 8, pos = 0;
@@ -427,7 +447,8 @@ static void test_sampling_and_errors(void) {
             tl_fwd_entry e;
             memset(&e, 0, sizeof e);
             tl_sample_out so;
-            e.slot = 0, e.pos = pos, e.tokens = in, e.n_tok = n_in, e.sample = &sp, e.rng = &rng, e.out = &so;
+            e.slot = 0, e.pos = pos, e.tokens = in, e.n_tok = n_in, e.sample = &sp, e.rng = &rng,
+            e.out = &so;
             e.history = hist, e.n_history = nh, e.n_prompt = 8;
             char err[256];
             CHECK_EQ_INT(b->forward(b, &e, 1, err, sizeof err), 0);
@@ -466,14 +487,17 @@ static void test_prefill_gemm_vs_decode(void) {
     tl_config c;
     memset(&c, 0, sizeof c);
     c.n_embd = TL_N_EMBD, c.n_layer = TL_N_LAYER, c.n_vocab = TL_N_VOCAB, c.n_head = TL_N_HEAD;
-    c.n_head_kv = TL_N_HEAD_KV, c.head_dim = TL_HEAD_DIM, c.n_rot = TL_N_ROT, c.rope_theta = TL_ROPE_THETA;
+    c.n_head_kv = TL_N_HEAD_KV, c.head_dim = TL_HEAD_DIM, c.n_rot = TL_N_ROT,
+    c.rope_theta = TL_ROPE_THETA;
     c.gdn_n_k_head = TL_GDN_N_K_HEAD, c.gdn_n_v_head = TL_GDN_N_V_HEAD, c.gdn_k_dim = TL_GDN_K_DIM;
     c.gdn_v_dim = TL_GDN_V_DIM, c.gdn_conv_k = TL_GDN_CONV_K, c.n_expert = TL_N_EXPERT;
     c.n_expert_used = TL_N_EXPERT_USED, c.n_ff_expert = c.n_ff_shared = TL_N_FF_EXPERT;
     c.rms_eps = TL_RMS_EPS, c.max_pos = TL_MAX_POS;
     c.n_layer = 4;
-    for (int il = 0; il < c.n_layer; il++) c.layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
-    tl_cuda_params p = {.max_seqs = 2, .max_ctx = 512, .random_weights = 1, .seed = 7, .weight_bits = 4};
+    for (int il = 0; il < c.n_layer; il++)
+        c.layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+    tl_cuda_params p = {
+        .max_seqs = 2, .max_ctx = 512, .random_weights = 1, .seed = 7, .weight_bits = 4};
     tl_backend *b = NULL;
     char err[512] = "";
     CHECK_EQ_INT(tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err), 0);
@@ -509,7 +533,8 @@ int main(int argc, char **argv) {
         printf("FAIL gpu_init: %s\n", err);
         return 1;
     }
-    int quick = argc > 1 && !strcmp(argv[1], "--quick"); /* compute-sanitizer run: small model only */
+    int quick =
+        argc > 1 && !strcmp(argv[1], "--quick"); /* compute-sanitizer run: small model only */
     T_RUN(test_e2e_small_bf16);
     T_RUN(test_e2e_small_q4);
     if (!quick) {

@@ -32,19 +32,26 @@ static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, in
     float *ref = (float *)xmalloc(sizeof(float) * n_tok * rows);
     float *xn = (float *)xmalloc(sizeof(float) * cols);
     for (int t = 0; t < n_tok; t++) {
-        if (with_norm) cpu_rmsnorm(xn, x + (size_t)t * cols, nw, cols, 1e-6f);
-        else memcpy(xn, x + (size_t)t * cols, sizeof(float) * cols);
+        if (with_norm)
+            cpu_rmsnorm(xn, x + (size_t)t * cols, nw, cols, 1e-6f);
+        else
+            memcpy(xn, x + (size_t)t * cols, sizeof(float) * cols);
         cpu_matvec(ref + (size_t)t * rows, &W.m, xn);
         if (accumulate)
             for (int r = 0; r < rows; r++) ref[(size_t)t * rows + r] += y0[(size_t)t * rows + r];
     }
-    float *dx = dev_from(x, sizeof(float) * n_tok * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dx = dev_from(x, sizeof(float) * n_tok * cols),
+          *dnw = dev_from(nw, sizeof(float) * cols);
     float *dy = dev_from(y0, sizeof(float) * n_tok * rows);
-    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, with_norm ? dnw : NULL, 1e-6f, n_tok, accumulate), 0);
+    CHECK_EQ_INT(
+        tl_gpu_gemv(dy, rows, &dW, dx, cols, with_norm ? dnw : NULL, 1e-6f, n_tok, accumulate), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dy, (size_t)n_tok * rows);
     char what[96];
-    snprintf(what, sizeof what, "gemv %s %dx%d t%d n%d a%d", bits == 4 ? "q4" : bits == 8 ? "q8->bf16 hi+lo" : "bf16",
+    snprintf(what, sizeof what, "gemv %s %dx%d t%d n%d a%d",
+             bits == 4   ? "q4"
+             : bits == 8 ? "q8->bf16 hi+lo"
+                         : "bf16",
              rows, cols, n_tok, with_norm, accumulate);
     check_nmse(what, got, ref, (size_t)n_tok * rows, 1e-9);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy);
@@ -55,9 +62,9 @@ static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, in
 
 static void test_gemv_bf16(void) {
     gemv_case(2048, TL_N_EMBD, 0, 1, 0, 0);
-    gemv_case(9216, TL_N_EMBD, 0, 3, 1, 0);   /* attention in-proj, 3 tokens (tile of 2 + 1) */
-    gemv_case(2048, 4096, 0, 11, 0, 1);       /* out-proj + residual, tiles of 8 + 2 + 1 */
-    gemv_case(257, TL_N_EMBD, 0, 5, 1, 0);    /* router + shared gate: rows not a multiple of 8 */
+    gemv_case(9216, TL_N_EMBD, 0, 3, 1, 0); /* attention in-proj, 3 tokens (tile of 2 + 1) */
+    gemv_case(2048, 4096, 0, 11, 0, 1);     /* out-proj + residual, tiles of 8 + 2 + 1 */
+    gemv_case(257, TL_N_EMBD, 0, 5, 1, 0);  /* router + shared gate: rows not a multiple of 8 */
     /* an 8-bit router (MLX files): dequantized values are not bf16; uploaded as hi + lo bf16
      * planes (~2^-17 relative per weight, NMSE ~1e-11). With hi alone (2^-9) the NMSE would be
      * ~1e-6, over the 1e-9 bound: the case fails if the low plane is dropped. */
@@ -102,7 +109,7 @@ static void test_gemv_q4(void) {
     gemv_case(3200, 256, 4, 12, 1, 0);            /* the small e2e model's shapes, 12 tokens */
     gemv_case(256, 1024, 4, 12, 0, 1);
     gemv_case(1024, 256, 4, 1, 0, 0);
-    gemv_case(12416, TL_N_EMBD, 4, 2, 1, 0);  /* GDN in-proj padded to 128 rows */
+    gemv_case(12416, TL_N_EMBD, 4, 2, 1, 0); /* GDN in-proj padded to 128 rows */
     gemv_case(2048, 4096, 4, 9, 0, 1);
     gemv_case(2048, TL_N_FF_EXPERT, 4, 4, 0, 0); /* expert down shape */
 }
@@ -141,8 +148,10 @@ static void test_rmsnorm(void) {
     float *dy = tl_gpu_malloc(sizeof(float) * 3 * n);
     CHECK_EQ_INT(tl_gpu_rmsnorm(dy, dx, dw, dp, 3, n, 1e-6f), 0);
     float *got = host_from(dy, 3 * (size_t)n), *ref = xmalloc(sizeof(float) * 3 * n);
-    for (int i = 0; i < 3; i++) cpu_rmsnorm(ref + (size_t)i * n, x + (size_t)pick[i] * n, w, n, 1e-6f);
-    /* elementwise fp32: atol 1e-6 + rtol 1e-5 (STYLE.md C5); the sum of squares differs only in order */
+    for (int i = 0; i < 3; i++)
+        cpu_rmsnorm(ref + (size_t)i * n, x + (size_t)pick[i] * n, w, n, 1e-6f);
+    /* elementwise fp32: atol 1e-6 + rtol 1e-5 (STYLE.md C5); the sum of squares differs only in
+     * order */
     for (int i = 0; i < 3 * n; i++) CHECK_CLOSE(got[i], ref[i], 1e-6, 1e-5);
     tl_gpu_free(dx), tl_gpu_free(dw), tl_gpu_free(dp), tl_gpu_free(dy);
     free(x), free(w), free(got), free(ref);
@@ -160,7 +169,8 @@ static dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n
     int T = 0;
     for (int i = 0; i < n_seg; i++) T += n[i];
     int32_t *h = xcalloc((size_t)3 * T + 4 * n_seg + 8, 4);
-    int32_t *tp = h, *ts = h + T, *tg = h + 2 * T, *s0 = h + 3 * T, *sn = s0 + n_seg, *ss = sn + n_seg, *sp = ss + n_seg;
+    int32_t *tp = h, *ts = h + T, *tg = h + 2 * T, *s0 = h + 3 * T, *sn = s0 + n_seg,
+            *ss = sn + n_seg, *sp = ss + n_seg;
     int t = 0;
     for (int i = 0; i < n_seg; i++) {
         s0[i] = t, sn[i] = n[i], ss[i] = slot[i], sp[i] = pos0[i];
@@ -189,27 +199,36 @@ static void test_gemv_conv1d_fused(void) {
     char err[256] = "";
     CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
     float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
-    float *cw = rand_vec((size_t)C * 4, 0.5f, &rs), *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
+    float *cw = rand_vec((size_t)C * 4, 0.5f, &rs),
+          *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
     int slot[3] = {2, 0, 1}, pos0[3] = {5, 9, 1}, n[3] = {1, 1, 1};
     dseqs d = make_seqs(T, slot, pos0, n);
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
     float *dcw = dev_from(cw, sizeof(float) * C * 4);
-    float *dst1 = dev_from(st, sizeof(float) * n_slot * 3 * C), *dst2 = dev_from(st, sizeof(float) * n_slot * 3 * C);
-    float *dy1 = tl_gpu_malloc(sizeof(float) * T * ld), *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
+    float *dst1 = dev_from(st, sizeof(float) * n_slot * 3 * C),
+          *dst2 = dev_from(st, sizeof(float) * n_slot * 3 * C);
+    float *dy1 = tl_gpu_malloc(sizeof(float) * T * ld),
+          *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
     float *dc1 = tl_gpu_malloc(sizeof(float) * T * C), *dc2 = tl_gpu_malloc(sizeof(float) * T * C);
     CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0), 0);
     CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s), 0);
-    CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C, d.s.tok_slot), 0);
+    CHECK_EQ_INT(
+        tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C, d.s.tok_slot),
+        0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *y1 = host_from(dy1, (size_t)T * ld), *y2 = host_from(dy2, (size_t)T * ld);
     float *c1 = host_from(dc1, (size_t)T * C), *c2 = host_from(dc2, (size_t)T * C);
-    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C), *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
+    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C),
+          *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
     int bad_y = 0;
     for (int t = 0; t < T; t++)
-        bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C, sizeof(float) * (rows - C)) != 0;
-    int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0, bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
+        bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C,
+                        sizeof(float) * (rows - C)) != 0;
+    int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0,
+        bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
     double nm = t_nmse(c2, c1, (size_t)T * C);
-    printf("# gemv+conv1d fused vs unfused: rows>=C differ in %d tokens, conv out differs %d, state differs %d (conv nmse %.2e)\n",
+    printf("# gemv+conv1d fused vs unfused: rows>=C differ in %d tokens, conv out differs %d, "
+           "state differs %d (conv nmse %.2e)\n",
            bad_y, bad_c, bad_s, nm);
     CHECK_EQ_INT(bad_y, 0);
     CHECK_EQ_INT(bad_c, 0);
@@ -219,7 +238,8 @@ static void test_gemv_conv1d_fused(void) {
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dcw), tl_gpu_free(dst1), tl_gpu_free(dst2);
     tl_gpu_free(dy1), tl_gpu_free(dy2), tl_gpu_free(dc1), tl_gpu_free(dc2), tl_gpu_free(d.buf);
     tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(cw), free(st), free(y1), free(y2), free(c1), free(c2), free(s1), free(s2);
+    free(x), free(nw), free(cw), free(st), free(y1), free(y2), free(c1), free(c2), free(s1),
+        free(s2);
     hmat_free(&W);
 }
 
@@ -235,10 +255,12 @@ static void test_conv1d(void) {
     int t = 0;
     for (int g = 0; g < 2; g++)
         for (int j = 0; j < n[g]; j++, t++)
-            cpu_conv1d_step(ref + (size_t)t * C, st_ref + (size_t)slot[g] * 3 * C, in + (size_t)t * ld, w, C, 4);
+            cpu_conv1d_step(ref + (size_t)t * C, st_ref + (size_t)slot[g] * 3 * C,
+                            in + (size_t)t * ld, w, C, 4);
     dseqs d = make_seqs(2, slot, pos0, n);
     float *din = dev_from(in, sizeof(float) * T * ld), *dw = dev_from(w, sizeof(float) * C * 4);
-    float *dst = dev_from(st, sizeof(float) * n_slot * 3 * C), *dout = tl_gpu_malloc(sizeof(float) * T * C);
+    float *dst = dev_from(st, sizeof(float) * n_slot * 3 * C),
+          *dout = tl_gpu_malloc(sizeof(float) * T * C);
     CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, din, ld, dw, C, &d.s), 0);
     float *got = host_from(dout, (size_t)T * C), *gst = host_from(dst, (size_t)n_slot * 3 * C);
     check_nmse("conv1d out", got, ref, (size_t)T * C, 1e-12);
@@ -252,11 +274,14 @@ static void test_conv1d(void) {
 static void test_gdn(void) {
     const int nk = TL_GDN_N_K_HEAD, nv = TL_GDN_N_V_HEAD, Dd = 128;
     int conv_dim = 2 * nk * Dd + nv * Dd, val = nv * Dd;
-    int ld_proj = conv_dim + val + 2 * nv + 16, z_off = conv_dim, b_off = conv_dim + val, a_off = b_off + nv;
+    int ld_proj = conv_dim + val + 2 * nv + 16, z_off = conv_dim, b_off = conv_dim + val,
+        a_off = b_off + nv;
     int slot[2] = {0, 2}, pos0[2] = {0, 7}, n[2] = {3, 1}, T = 4, n_slot = 3;
     float eps = 1e-6f;
-    float *qkv = rand_vec((size_t)T * conv_dim, 1.0f, &rs), *proj = rand_vec((size_t)T * ld_proj, 2.0f, &rs);
-    float *dtb = rand_vec(nv, 1.0f, &rs), *aneg = xmalloc(sizeof(float) * nv), *nw = rand_vec(Dd, 1.0f, &rs);
+    float *qkv = rand_vec((size_t)T * conv_dim, 1.0f, &rs),
+          *proj = rand_vec((size_t)T * ld_proj, 2.0f, &rs);
+    float *dtb = rand_vec(nv, 1.0f, &rs), *aneg = xmalloc(sizeof(float) * nv),
+          *nw = rand_vec(Dd, 1.0f, &rs);
     for (int h = 0; h < nv; h++) aneg[h] = -(1.0f + 15.0f * (0.5f + 0.5f * t_randf(&rs)));
     size_t SN = (size_t)n_slot * nv * Dd * Dd;
     float *S = rand_vec(SN, 0.3f, &rs), *S_ref = xmalloc(SN * sizeof(float));
@@ -279,22 +304,28 @@ static void test_gdn(void) {
                 g[h] = aneg[h] * cpu_softplus(pr[a_off + h] + dtb[h]);
             }
             float *o = ref + (size_t)t * val;
-            cpu_gdn_step(o, S_ref + (size_t)slot[sg] * nv * Dd * Dd, q, k, row + 2 * nk * Dd, g, beta, nk, nv, Dd, Dd);
-            for (int h = 0; h < nv; h++) cpu_rmsnorm_gated(o + h * Dd, o + h * Dd, pr + z_off + h * Dd, nw, Dd, eps);
+            cpu_gdn_step(o, S_ref + (size_t)slot[sg] * nv * Dd * Dd, q, k, row + 2 * nk * Dd, g,
+                         beta, nk, nv, Dd, Dd);
+            for (int h = 0; h < nv; h++)
+                cpu_rmsnorm_gated(o + h * Dd, o + h * Dd, pr + z_off + h * Dd, nw, Dd, eps);
         }
     dseqs d = make_seqs(2, slot, pos0, n);
-    float *dqkv = dev_from(qkv, sizeof(float) * T * conv_dim), *dproj = dev_from(proj, sizeof(float) * T * ld_proj);
+    float *dqkv = dev_from(qkv, sizeof(float) * T * conv_dim),
+          *dproj = dev_from(proj, sizeof(float) * T * ld_proj);
     float *ddtb = dev_from(dtb, sizeof(float) * nv), *daneg = dev_from(aneg, sizeof(float) * nv);
     float *dnw = dev_from(nw, sizeof(float) * Dd), *dS = dev_from(S, SN * sizeof(float));
     float *dy = tl_gpu_malloc(sizeof(float) * T * val);
-    CHECK_EQ_INT(tl_gpu_gdn(dy, dS, dqkv, dproj, ld_proj, z_off, b_off, a_off, ddtb, daneg, dnw, nk, nv, eps, &d.s), 0);
+    CHECK_EQ_INT(tl_gpu_gdn(dy, dS, dqkv, dproj, ld_proj, z_off, b_off, a_off, ddtb, daneg, dnw, nk,
+                            nv, eps, &d.s),
+                 0);
     float *got = host_from(dy, (size_t)T * val), *gS = host_from(dS, SN);
     /* STYLE.md C5 starts the GDN step at NMSE 1e-7; fp32 state vs double oracle measures ~1e-13 */
     check_nmse("gdn output", got, ref, (size_t)T * val, 1e-9);
     check_nmse("gdn state", gS, S_ref, SN, 1e-9);
     tl_gpu_free(dqkv), tl_gpu_free(dproj), tl_gpu_free(ddtb), tl_gpu_free(daneg), tl_gpu_free(dnw);
     tl_gpu_free(dS), tl_gpu_free(dy), tl_gpu_free(d.buf);
-    free(qkv), free(proj), free(dtb), free(aneg), free(nw), free(S), free(S_ref), free(ref), free(got), free(gS);
+    free(qkv), free(proj), free(dtb), free(aneg), free(nw), free(S), free(S_ref), free(ref),
+        free(got), free(gS);
 }
 
 /* ---- attention prologue and attention ---- */
@@ -305,8 +336,8 @@ static float bf16r(float x) { return tl_bf16_to_f32(tl_f32_to_bf16(x)); }
  * n_slot * max_pages pages in shuffled order, so a kernel that ignores the table (or reads the
  * wrong entry) reads other positions' keys and fails its oracle check. */
 typedef struct kvpages {
-    int32_t *h;          /* host table */
-    int32_t *d;          /* device copy */
+    int32_t *h; /* host table */
+    int32_t *d; /* device copy */
     int max_pages, n_page;
 } kvpages;
 
@@ -326,7 +357,8 @@ static kvpages kvpages_shuffled(int n_slot, int max_ctx) {
 }
 /* Pool row of (slot, pos): the host twin of the kernels' kv_row. */
 static size_t kvpages_row(const kvpages *k, int slot, int pos) {
-    return (size_t)k->h[(size_t)slot * k->max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE + pos % TL_KV_PAGE;
+    return (size_t)k->h[(size_t)slot * k->max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE +
+           pos % TL_KV_PAGE;
 }
 static void kvpages_free(kvpages *k) {
     tl_gpu_free(k->d);
@@ -336,16 +368,21 @@ static void kvpages_free(kvpages *k) {
 static void test_qk_rope(void) {
     const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 300000;
     int ld = H * 2 * HD + 2 * Hk * HD;
-    int slot[1] = {0}, pos0[1] = {262140}, n[1] = {3}, T = 3; /* long positions: fp32 angles as HF */
-    float *proj = rand_vec((size_t)T * ld, 2.0f, &rs), *qn = rand_vec(HD, 1.0f, &rs), *kn = rand_vec(HD, 1.0f, &rs);
+    int slot[1] = {0}, pos0[1] = {262140}, n[1] = {3},
+        T = 3; /* long positions: fp32 angles as HF */
+    float *proj = rand_vec((size_t)T * ld, 2.0f, &rs), *qn = rand_vec(HD, 1.0f, &rs),
+          *kn = rand_vec(HD, 1.0f, &rs);
     dseqs d = make_seqs(1, slot, pos0, n);
-    float *dproj = dev_from(proj, sizeof(float) * T * ld), *dqn = dev_from(qn, HD * 4), *dkn = dev_from(kn, HD * 4);
+    float *dproj = dev_from(proj, sizeof(float) * T * ld), *dqn = dev_from(qn, HD * 4),
+          *dkn = dev_from(kn, HD * 4);
     float *dq = tl_gpu_malloc(sizeof(float) * T * H * HD);
     kvpages kp = kvpages_shuffled(1, max_ctx);
     tl_gpu_kv_pages pg = {kp.d, kp.max_pages};
     size_t kvn = (size_t)kp.n_page * TL_KV_PAGE * Hk * HD;
     uint16_t *dk = tl_gpu_malloc(kvn * 2), *dv = tl_gpu_malloc(kvn * 2);
-    CHECK_EQ_INT(tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, &pg, TL_ROPE_THETA, 1e-6f, &d.s), 0);
+    CHECK_EQ_INT(
+        tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, &pg, TL_ROPE_THETA, 1e-6f, &d.s),
+        0);
     float *got = host_from(dq, (size_t)T * H * HD), *ref = xmalloc(sizeof(float) * T * H * HD);
     uint16_t *gk = xmalloc((size_t)T * Hk * HD * 2), *gv = xmalloc((size_t)T * Hk * HD * 2);
     /* positions 262140..262142 span two pages: each row is read where the table puts it */
@@ -370,7 +407,8 @@ static void test_qk_rope(void) {
                 float gkv = tl_bf16_to_f32(gk[((size_t)t * Hk + h) * HD + i]);
                 float gvv = tl_bf16_to_f32(gv[((size_t)t * Hk + h) * HD + i]);
                 float rv = pr[H * 2 * HD + Hk * HD + h * HD + i];
-                /* bf16 storage: the oracle's value rounded to bf16, or one ulp (2^-8 relative) away */
+                /* bf16 storage: the oracle's value rounded to bf16, or one ulp (2^-8 relative) away
+                 */
                 if (fabsf(gkv - bf16r(kk[i])) > fabsf(kk[i]) * (1.0f / 128.0f) + 1e-6f) bad++;
                 if (gvv != bf16r(rv)) bad++;
             }
@@ -382,7 +420,8 @@ static void test_qk_rope(void) {
     double ma = t_max_abs_diff(got, ref, (size_t)T * H * HD);
     printf("# qk_rope q max_abs=%.3e\n", ma);
     CHECK(ma <= 1e-5);
-    tl_gpu_free(dproj), tl_gpu_free(dqn), tl_gpu_free(dkn), tl_gpu_free(dq), tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(d.buf);
+    tl_gpu_free(dproj), tl_gpu_free(dqn), tl_gpu_free(dkn), tl_gpu_free(dq), tl_gpu_free(dk),
+        tl_gpu_free(dv), tl_gpu_free(d.buf);
     free(proj), free(qn), free(kn), free(got), free(ref), free(gk), free(gv);
     kvpages_free(&kp);
 }
@@ -398,14 +437,16 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
      * a shuffled page pool (the kernels' view), its spare rows random too */
     kvpages kp = kvpages_shuffled(n_slot, max_ctx);
     tl_gpu_kv_pages pg = {kp.d, kp.max_pages};
-    size_t kvn = (size_t)n_slot * max_ctx * Hk * HD, pooln = (size_t)kp.n_page * TL_KV_PAGE * Hk * HD;
+    size_t kvn = (size_t)n_slot * max_ctx * Hk * HD,
+           pooln = (size_t)kp.n_page * TL_KV_PAGE * Hk * HD;
     uint16_t *kc = xmalloc(pooln * 2), *vc = xmalloc(pooln * 2);
     float *kf = xmalloc(kvn * 4), *vf = xmalloc(kvn * 4);
     for (size_t i = 0; i < pooln; i++)
         kc[i] = tl_f32_to_bf16(2.0f * t_randf(&rs)), vc[i] = tl_f32_to_bf16(t_randf(&rs));
     for (int sl = 0; sl < n_slot; sl++)
         for (int p = 0; p < max_ctx; p++) {
-            size_t lo = ((size_t)sl * max_ctx + p) * Hk * HD, ph = kvpages_row(&kp, sl, p) * Hk * HD;
+            size_t lo = ((size_t)sl * max_ctx + p) * Hk * HD,
+                   ph = kvpages_row(&kp, sl, p) * Hk * HD;
             for (int i = 0; i < Hk * HD; i++)
                 kf[lo + i] = tl_bf16_to_f32(kc[ph + i]), vf[lo + i] = tl_bf16_to_f32(vc[ph + i]);
         }
@@ -419,12 +460,15 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
                           pos0[sg] + k, H, Hk, HD, 1.0f / 16.0f);
             for (int h = 0; h < H; h++)
                 for (int dd = 0; dd < HD; dd++)
-                    ref[((size_t)t * H + h) * HD + dd] *= cpu_sigmoid(proj[(size_t)t * ld + h * 2 * HD + HD + dd]);
+                    ref[((size_t)t * H + h) * HD + dd] *=
+                        cpu_sigmoid(proj[(size_t)t * ld + h * 2 * HD + HD + dd]);
         }
     dseqs d = make_seqs(n_seg, slot, pos0, n);
     uint16_t *dk = dev_from(kc, pooln * 2), *dv = dev_from(vc, pooln * 2);
-    float *dq = dev_from(q, sizeof(float) * T * H * HD), *dproj = dev_from(proj, sizeof(float) * T * ld);
-    float *dpart = tl_gpu_malloc(sizeof(float) * T * H * n_split * 258), *dout = tl_gpu_malloc(sizeof(float) * T * H * HD);
+    float *dq = dev_from(q, sizeof(float) * T * H * HD),
+          *dproj = dev_from(proj, sizeof(float) * T * ld);
+    float *dpart = tl_gpu_malloc(sizeof(float) * T * H * n_split * 258),
+          *dout = tl_gpu_malloc(sizeof(float) * T * H * HD);
     /* garbage in the partials: an unwritten (empty) split must never be read */
     float *junk = xmalloc(sizeof(float) * T * H * n_split * 258);
     for (size_t i = 0; i < (size_t)T * H * n_split * 258; i++) junk[i] = NAN;
@@ -440,7 +484,8 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
     /* same bf16 K/V on both sides, fp32 softmax: STYLE.md allows 1e-4 for bf16 KV; the CUDA-core
      * kernel sees ~1e-12, the tensor-core one (q and p as bf16 hi + lo, ~16 bits) ~1e-11 */
     check_nmse(what, got, ref, (size_t)T * H * HD, 1e-9);
-    tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(dq), tl_gpu_free(dproj), tl_gpu_free(dpart), tl_gpu_free(dout), tl_gpu_free(d.buf);
+    tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(dq), tl_gpu_free(dproj), tl_gpu_free(dpart),
+        tl_gpu_free(dout), tl_gpu_free(d.buf);
     free(kc), free(vc), free(kf), free(vf), free(q), free(proj), free(ref), free(got), free(junk);
     kvpages_free(&kp);
 }
@@ -467,19 +512,22 @@ static void test_attn(void) {
 static void test_moe_route(void) {
     const int E = TL_N_EXPERT, K = TL_N_EXPERT_USED, T = 7, ld = E + 1;
     float *lg = rand_vec((size_t)T * ld, 4.0f, &rs);
-    for (int e = 0; e < E; e++) lg[6 * ld + e] = 0.25f * (float)(e % 3); /* token 6: many exact ties */
+    for (int e = 0; e < E; e++)
+        lg[6 * ld + e] = 0.25f * (float)(e % 3); /* token 6: many exact ties */
     float *dl = dev_from(lg, sizeof(float) * T * ld);
     int32_t *dids = tl_gpu_malloc(4 * T * K);
     float *dw = tl_gpu_malloc(4 * T * K), *dsh = tl_gpu_malloc(4 * T);
     CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, NULL, dl, ld, E, K, T), 0);
     int32_t ids[7 * 8];
     float w[7 * 8], sh[7];
-    tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w), tl_gpu_download(sh, dsh, sizeof sh);
+    tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w),
+        tl_gpu_download(sh, dsh, sizeof sh);
     for (int t = 0; t < T; t++) {
         int rid[8];
         float rw[8];
         cpu_moe_route(rid, rw, lg + (size_t)t * ld, E, K);
-        /* same ids in the same order (ties go to the lower id on both sides), weights to fp32 rounding */
+        /* same ids in the same order (ties go to the lower id on both sides), weights to fp32
+         * rounding */
         for (int j = 0; j < K; j++) {
             CHECK_EQ_INT(ids[t * K + j], rid[j]);
             CHECK_CLOSE(w[t * K + j], rw[j], 1e-6, 1e-5);
@@ -511,7 +559,8 @@ static void moe_case(int bits, int D, int K, int T) {
     L.moe_router = router.m, L.sh_gate_inp = shg.m;
     float *h = rand_vec((size_t)T * D, 1.0f, &rs), *nw = rand_vec(D, 1.0f, &rs);
     /* oracle: MODEL.md §2.5 with the CPU functions */
-    float *ref = xmalloc(sizeof(float) * T * D), *xn = xmalloc(sizeof(float) * D), *tmp = xmalloc(sizeof(float) * 2 * F);
+    float *ref = xmalloc(sizeof(float) * T * D), *xn = xmalloc(sizeof(float) * D),
+          *tmp = xmalloc(sizeof(float) * 2 * F);
     float *y = xmalloc(sizeof(float) * D), lg[17];
     for (int t = 0; t < T; t++) {
         cpu_rmsnorm(xn, h + (size_t)t * D, nw, D, 1e-6f);
@@ -527,7 +576,8 @@ static void moe_case(int bits, int D, int K, int T) {
         }
         cpu_ffn_swiglu(y, &g[E].m, &u[E].m, &dn[E].m, xn, tmp);
         float sg = cpu_sigmoid(lg[E]);
-        for (int i = 0; i < D; i++) ref[(size_t)t * D + i] = h[(size_t)t * D + i] + (float)acc[i] + sg * y[i];
+        for (int i = 0; i < D; i++)
+            ref[(size_t)t * D + i] = h[(size_t)t * D + i] + (float)acc[i] + sg * y[i];
     }
     /* device: the backend's upload path (expert-major, shared expert last) */
     tl_gpu_gemm_w dgu, ddn, drt;
@@ -539,8 +589,10 @@ static void moe_case(int bits, int D, int K, int T) {
     const tl_mat *rp[2] = {&router.m, &shg.m};
     CHECK_EQ_INT(tl_gpu_mat_upload(&drt, rp, 2, 0, err, sizeof err), 0);
     float *dh = dev_from(h, sizeof(float) * T * D), *dnwv = dev_from(nw, sizeof(float) * D);
-    float *dlg = tl_gpu_malloc(sizeof(float) * T * (E + 1)), *dwt = tl_gpu_malloc(sizeof(float) * T * K);
-    float *dsh = tl_gpu_malloc(sizeof(float) * T), *dact = tl_gpu_malloc(sizeof(float) * T * (K + 1) * F);
+    float *dlg = tl_gpu_malloc(sizeof(float) * T * (E + 1)),
+          *dwt = tl_gpu_malloc(sizeof(float) * T * K);
+    float *dsh = tl_gpu_malloc(sizeof(float) * T),
+          *dact = tl_gpu_malloc(sizeof(float) * T * (K + 1) * F);
     int32_t *dids = tl_gpu_malloc(sizeof(int32_t) * T * K);
     CHECK_EQ_INT(tl_gpu_gemv(dlg, E + 1, &drt, dh, D, dnwv, 1e-6f, T, 0), 0);
     CHECK_EQ_INT(tl_gpu_moe_route(dids, dwt, dsh, NULL, dlg, E + 1, E, K, T), 0);
@@ -553,7 +605,9 @@ static void moe_case(int bits, int D, int K, int T) {
         int32_t *hid = (int32_t *)host_from(dids, (size_t)T * K), *hid2;
         float *dh2 = dev_from(h, sizeof(float) * T * D);
         CHECK_EQ_INT(tl_gpu_memset(dids, 0xff, sizeof(int32_t) * T * K), 0);
-        CHECK_EQ_INT(tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1, K, E, T), 0);
+        CHECK_EQ_INT(
+            tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1, K, E, T),
+            0);
         CHECK_EQ_INT(tl_gpu_moe_down(dh2, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
         hid2 = (int32_t *)host_from(dids, (size_t)T * K);
@@ -571,7 +625,8 @@ static void moe_case(int bits, int D, int K, int T) {
     snprintf(what, sizeof what, "moe %s D%d k%d T%d", bits ? "q4" : "bf16", D, K, T);
     check_nmse(what, got, ref, (size_t)T * D, 1e-9);
     tl_gpu_mat_free(&dgu), tl_gpu_mat_free(&ddn), tl_gpu_mat_free(&drt);
-    tl_gpu_free(dh), tl_gpu_free(dnwv), tl_gpu_free(dlg), tl_gpu_free(dwt), tl_gpu_free(dsh), tl_gpu_free(dact), tl_gpu_free(dids);
+    tl_gpu_free(dh), tl_gpu_free(dnwv), tl_gpu_free(dlg), tl_gpu_free(dwt), tl_gpu_free(dsh),
+        tl_gpu_free(dact), tl_gpu_free(dids);
     for (int e = 0; e <= E; e++) hmat_free(&g[e]), hmat_free(&u[e]), hmat_free(&dn[e]);
     hmat_free(&router), hmat_free(&shg);
     free(h), free(nw), free(ref), free(xn), free(tmp), free(y), free(got);
@@ -593,8 +648,9 @@ static tl_sample_params greedy_params(void) {
 }
 
 /* Runs the sampler on rows of logits with per-row params/keys; returns the outputs. */
-static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid, const tl_sample_params *p,
-                       const uint64_t *keys, const int32_t *counts, int rows) {
+static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
+                       const tl_sample_params *p, const uint64_t *keys, const int32_t *counts,
+                       int rows) {
     float *dl = dev_from(lg, sizeof(float) * (size_t)rows * V);
     tl_sample_params *dp = dev_from(p, sizeof(tl_sample_params) * rows);
     uint64_t *dk = dev_from(keys, 8 * (size_t)rows);
@@ -604,13 +660,14 @@ static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid, 
     CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, scr, rows), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
-    tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr), tl_gpu_free(dout);
+    tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
+        tl_gpu_free(dout);
 }
 
 static void test_sample_greedy_logprobs(void) {
     const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
     float *lg = rand_vec((size_t)2 * V, 5.0f, &rs);
-    lg[V - 1] = 100.0f;            /* a padding id: must never be picked */
+    lg[V - 1] = 100.0f;               /* a padding id: must never be picked */
     lg[V + 777] = lg[V + 778] = 9.0f; /* exact tie in row 1: lower id wins */
     tl_sample_params p[2] = {greedy_params(), greedy_params()};
     p[0].n_logprobs = 5, p[1].n_logprobs = 3;
@@ -748,7 +805,8 @@ static void test_sample_determinism_penalties(void) {
     int32_t *dh = dev_from(hist, sizeof hist), *dc = tl_gpu_malloc(4 * (size_t)V);
     CHECK_EQ_INT(tl_gpu_penalty_counts(dc, dh, 4, 2, V), 0);
     int32_t c5, c6, c9, c7;
-    tl_gpu_download(&c5, dc + 5, 4), tl_gpu_download(&c6, dc + 6, 4), tl_gpu_download(&c9, dc + 9, 4), tl_gpu_download(&c7, dc + 7, 4);
+    tl_gpu_download(&c5, dc + 5, 4), tl_gpu_download(&c6, dc + 6, 4),
+        tl_gpu_download(&c9, dc + 9, 4), tl_gpu_download(&c7, dc + 7, 4);
     CHECK_EQ_INT(c5, 1 << 30);
     CHECK_EQ_INT(c9, 1 << 30);
     CHECK_EQ_INT(c6, (1 << 30) | 2);

@@ -62,8 +62,7 @@ static void rand_bf16(uint16_t *hb, float *f, size_t n, float a) {
     }
 }
 static void bf16_to_f32(float *f, const uint16_t *b, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        f[i] = tl_bf16_to_f32(b[i]);
+    for (size_t i = 0; i < n; i++) f[i] = tl_bf16_to_f32(b[i]);
 }
 
 /* NMSE over n values, also printed (so logs carry the measured numbers next to the bound). */
@@ -93,17 +92,14 @@ static void mlx_rand(mlx_host *m, int rows, int cols) {
     m->w = xmalloc(nw * 4);
     m->s = xmalloc(ng * 2);
     m->b = xmalloc(ng * 2);
-    for (size_t i = 0; i < nw; i++)
-        m->w[i] = (uint32_t)(t_rng_next(&rng) >> 17);
+    for (size_t i = 0; i < nw; i++) m->w[i] = (uint32_t)(t_rng_next(&rng) >> 17);
     for (size_t i = 0; i < ng; i++) {
         float sc = 0.004f + 0.004f * (t_randf(&rng) + 1.0f);
         m->s[i] = tl_f32_to_bf16(sc);
         m->b[i] = tl_f32_to_bf16(-7.5f * sc + 0.002f * t_randf(&rng));
     }
 }
-static void mlx_free(mlx_host *m) {
-    free(m->w), free(m->s), free(m->b);
-}
+static void mlx_free(mlx_host *m) { free(m->w), free(m->s), free(m->b); }
 static tl_mat mlx_view(const mlx_host *m, int r0, int nrows) {
     tl_mat w = {0};
     w.w = m->w + (size_t)r0 * m->cols / 8;
@@ -257,8 +253,7 @@ static void test_gemm_epilogues(void) {
         uint16_t *resb = xmalloc((size_t)n * F * 2);
         rand_bf16(resb, res, (size_t)n * F, 2.0f);
         cpu_matmul(ref, &v, xf, n);
-        for (size_t i = 0; i < (size_t)n * F; i++)
-            ref[i] += res[i];
+        for (size_t i = 0; i < (size_t)n * F; i++) ref[i] += res[i];
         void *dy = dup_to_dev(res, (size_t)n * F * 4);
         CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, dy, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, NULL), 0);
         to_host(got, dy, (size_t)n * F * 4);
@@ -310,8 +305,7 @@ static void test_gemm_epilogues(void) {
                                                  F, cols, NULL),
                          0);
         }
-        for (size_t i = 0; i < (size_t)n * F; i++)
-            g[i] = cpu_silu(g[i]) * u[i];
+        for (size_t i = 0; i < (size_t)n * F; i++) g[i] = cpu_silu(g[i]) * u[i];
         void *dy = dmalloc((size_t)n * F * 4);
         CU(cudaMemset(dy, 0xff, (size_t)n * F * 4));
         CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, NULL, TL_GEMM_OUT_F32 | TL_GEMM_SWIGLU, NULL), 0);
@@ -340,15 +334,13 @@ static void moe_ids(int32_t *ids, float *wts, int n_tok) {
                 unsigned r = (unsigned)(t_rng_next(&rng) >> 20);
                 e = (r & 1) == 0 ? (int)(r >> 2) % 4 : (int)(r >> 2) % TL_N_EXPERT;
                 dup = 0;
-                for (int j = 0; j < s; j++)
-                    dup |= ids[t * 8 + j] == e;
+                for (int j = 0; j < s; j++) dup |= ids[t * 8 + j] == e;
             } while (dup);
             ids[t * 8 + s] = e;
             wts[t * 8 + s] = 0.1f + (t_randf(&rng) + 1.0f);
             sum += wts[t * 8 + s];
         }
-        for (int s = 0; s < 8; s++)
-            wts[t * 8 + s] /= sum;
+        for (int s = 0; s < 8; s++) wts[t * 8 + s] /= sum;
     }
 }
 
@@ -359,10 +351,8 @@ static void moe_case(int q4, int n_tok) {
     float *res = xmalloc((size_t)n_tok * D * 4), *shl = xmalloc((size_t)n_tok * 4);
     rand_bf16(xb, xf, (size_t)n_tok * D, 1.0f);
     rand_bf16(shb, shf, (size_t)n_tok * D, 0.5f);
-    for (size_t i = 0; i < (size_t)n_tok * D; i++)
-        res[i] = t_randf(&rng);
-    for (int t = 0; t < n_tok; t++)
-        shl[t] = 2.0f * t_randf(&rng);
+    for (size_t i = 0; i < (size_t)n_tok * D; i++) res[i] = t_randf(&rng);
+    for (int t = 0; t < n_tok; t++) shl[t] = 2.0f * t_randf(&rng);
     int32_t *ids = xmalloc((size_t)n_tok * 8 * 4);
     float *wts = xmalloc((size_t)n_tok * 8 * 4);
     moe_ids(ids, wts, n_tok);
@@ -432,13 +422,11 @@ static void moe_case(int q4, int n_tok) {
     for (int t = 0; t < n_tok; t++) {
         float *r = ref + (size_t)t * D;
         float sg = cpu_sigmoid(shl[t]);
-        for (int c = 0; c < D; c++)
-            r[c] = res[(size_t)t * D + c] + sg * shf[(size_t)t * D + c];
+        for (int c = 0; c < D; c++) r[c] = res[(size_t)t * D + c] + sg * shf[(size_t)t * D + c];
         for (int s = 0; s < 8; s++) {
             int e = ids[t * 8 + s];
             cpu_ffn_swiglu(y, &vg[e], &vu[e], &vd[e], xf + (size_t)t * D, tmp);
-            for (int c = 0; c < D; c++)
-                r[c] += wts[t * 8 + s] * y[c];
+            for (int c = 0; c < D; c++) r[c] += wts[t * 8 + s] * y[c];
         }
     }
     for (int ti = 0; ti < N_TILES; ti++) {
@@ -505,16 +493,14 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
         /* pool of n_pages + 3 pages; logical page p lives at physical perm[p] */
         int pool = n_pages + 3, tok_stride = HKV * D;
         int32_t *perm = xmalloc(sizeof(int32_t) * pool);
-        for (int i = 0; i < pool; i++)
-            perm[i] = i;
+        for (int i = 0; i < pool; i++) perm[i] = i;
         for (int i = pool - 1; i > 0; i--) {
             int j = (int)(t_rng_next(&rng) % (unsigned)(i + 1)), tmp = perm[i];
             perm[i] = perm[j], perm[j] = tmp;
         }
         size_t page_elems = (size_t)64 * tok_stride;
         uint16_t *pk = xmalloc(pool * page_elems * 2), *pv = xmalloc(pool * page_elems * 2);
-        for (size_t i = 0; i < pool * page_elems; i++)
-            pk[i] = pv[i] = 0x7fc0; /* NaN elsewhere */
+        for (size_t i = 0; i < pool * page_elems; i++) pk[i] = pv[i] = 0x7fc0; /* NaN elsewhere */
         for (int p = 0; p < kv_len; p++) {
             size_t dst = (size_t)perm[p / 64] * page_elems + (size_t)(p % 64) * tok_stride;
             memcpy(pk + dst, kb + (size_t)p * tok_stride, tok_stride * 2);
@@ -553,8 +539,7 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     bf16_to_f32(got, ob, (size_t)n * H * D);
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
-        for (size_t i = 0; i < (size_t)n * H * D; i++)
-            ref[i] *= cpu_sigmoid(gf[i]);
+        for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
     char buf[96];
     snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s%s", n, pos0, paged ? " paged" : "",
              with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
@@ -606,8 +591,7 @@ static void gdn_case(int T) {
     }
     size_t ns = (size_t)HV * DK * DV;
     float *S0 = xmalloc(ns * 4), *S_ref = xmalloc(ns * 4), *S_got = xmalloc(ns * 4);
-    for (size_t i = 0; i < ns; i++)
-        S0[i] = 0.1f * t_randf(&rng);
+    for (size_t i = 0; i < ns; i++) S0[i] = 0.1f * t_randf(&rng);
     memcpy(S_ref, S0, ns * 4);
 
     /* oracle: token by token */
@@ -678,10 +662,8 @@ static void gdn_case(int T) {
 static void test_gdn_gates_match_oracle(void) {
     const int T = 333, HV = TL_GDN_N_V_HEAD, ld = 100;
     float *proj = xmalloc((size_t)T * ld * 4), *dtb = xmalloc(HV * 4), *aneg = xmalloc(HV * 4);
-    for (int i = 0; i < T * ld; i++)
-        proj[i] = 12.0f * t_randf(&rng); /* crosses softplus' 20 */
-    for (int h = 0; h < HV; h++)
-        dtb[h] = 10.0f * t_randf(&rng), aneg[h] = -expf(t_randf(&rng));
+    for (int i = 0; i < T * ld; i++) proj[i] = 12.0f * t_randf(&rng); /* crosses softplus' 20 */
+    for (int h = 0; h < HV; h++) dtb[h] = 10.0f * t_randf(&rng), aneg[h] = -expf(t_randf(&rng));
     float *dp = dup_to_dev(proj, (size_t)T * ld * 4), *ddt = dup_to_dev(dtb, HV * 4);
     float *dan = dup_to_dev(aneg, HV * 4), *dg = dmalloc((size_t)T * HV * 4),
           *db = dmalloc((size_t)T * HV * 4);
