@@ -17,12 +17,12 @@ PKGS     := libmicrohttpd jansson libpcre2-8 libutf8proc
 PKG_CFL  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc)
 
-WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Werror
 CFLAGS  ?= -O2 -g
 CFL     := -std=c11 $(CFLAGS) -D_GNU_SOURCE -Iinclude -Isrc -Itests -MMD -MP -pthread $(WARN) $(PKG_CFL) $(EXTRA_CFLAGS)
 LDLIBS  := $(PKG_LIBS) -lm -pthread
 NVFLAGS := -O3 -lineinfo -g -std=c++17 -gencode arch=compute_$(CUDA_ARCH_NUM),code=$(CUDA_ARCH) \
-           -Iinclude -Isrc -Xcompiler -Wall,-Wno-unused-parameter -MMD -MP
+           -Iinclude -Isrc -Xcompiler -Wall,-Wno-unused-parameter,-Werror -Werror all-warnings -MMD -MP
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++
 
 LIB_SRC  := $(wildcard src/common/*.c src/model/*.c src/tokenizer/*.c src/cpu/*.c src/engine/*.c src/server/*.c)
@@ -122,7 +122,7 @@ test-gpu: $(GPU_TESTS) build/cuda/tulip
 fuzz: $(FUZZERS)
 	@for f in $(FUZZERS); do echo "== $$f"; $$f -max_total_time=$${FUZZ_TIME:-60} tests/fuzz/corpus/$$(basename $$f) || exit 1; done
 
-APT_PKGS := build-essential pkg-config clang libclang-rt-14-dev python3 python3-venv \
+APT_PKGS := build-essential pkg-config clang clang-format libclang-rt-14-dev python3 python3-venv \
             libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
 deps:
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
