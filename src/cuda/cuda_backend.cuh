@@ -1,13 +1,19 @@
-/* The CUDA backend's private state, shared by cuda_runtime.cu (open, upload, state, graphs'
- * storage) and cuda_forward.cu (the schedule of one step). Nothing outside src/cuda sees it. */
+/* The CUDA backend's private state, shared by cuda_runtime.cu (open, close, slots), cuda_weights.cu
+ * (weight upload), cuda_forward.cu (the schedule of one step) and cuda_bench.cu (profiler, bench
+ * --ops). Nothing outside src/cuda sees it. */
 #ifndef TL_CUDA_BACKEND_CUH
 #define TL_CUDA_BACKEND_CUH
 
 #include "cuda/cuda_common.cuh"
 
+extern "C" {
+#include "engine/kv_pages.h"
+}
+
 #define CB_MAX_GRAPH_B  64  /* decode batch sizes captured as graphs */
 #define CB_DECODE_SPLIT 128 /* split-KV partials per (token, head) on the decode path */
 #define CB_PF_MIN       16 /* a sequence's chunk of at least this many tokens takes the GEMM path */
+#define CB_MAX_SEQS     1024 /* slots at most (the step's per-entry arrays) */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
 typedef struct cb_layer {
@@ -27,7 +33,6 @@ typedef struct cb_layer {
 } cb_layer;
 
 typedef struct cuda_be {
-    tl_backend base;
     tl_config cfg;
     int max_seqs, max_ctx, max_tok, max_out, part_rows;
     int n_attn, n_gdn, conv_dim, val_dim, ld_gdn_in, ld_attn_in, n_valid;
@@ -40,8 +45,7 @@ typedef struct cuda_be {
     uint16_t *kc, *vc;        /* [n_attn][n_page][TL_KV_PAGE][n_kv][256] bf16 (gpu.h: paged) */
     int n_page, max_pages;    /* pool pages; pages of one slot at most (max_ctx / TL_KV_PAGE, up) */
     int32_t *d_ptab, *h_ptab; /* [max_seqs][max_pages] page ids: device, pinned host mirror */
-    int *slot_np;             /* [max_seqs] pages a slot holds (its first slot_np entries) */
-    int *free_pg, n_free;     /* stack of free page ids */
+    tl_kv_pages pages;        /* which slot holds which page (table = h_ptab) */
     float *conv_st;           /* [n_gdn][max_seqs][3][conv_dim] */
     float *rec_st;            /* [n_gdn][max_seqs][nv][128][128] */
 
@@ -72,27 +76,34 @@ typedef struct cuda_be {
 
     cudaStream_t stream;
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
-    int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
-    int pdl_off;    /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic dependence */
+    int graphs_off;        /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
+    int pdl_off;           /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic
+                              dependence */
+    tl_gpu_attn_opts attn; /* TL_CUDA_ATTN_NO_TC, TL_CUDA_ATTN_MIN_CHUNK */
+    tl_gpu_prof *prof;     /* non-NULL while the per-kernel profiler is on (cuda_bench.cu) */
 } cuda_be;
+
+/* The launch context of the backend's stream: decode kernels with PDL (unless TL_CUDA_NO_PDL=1),
+ * everything else without; the profiler attached when it is on. */
+static inline tl_gpu_stream cb_stream(const cuda_be *be, int pdl) {
+    tl_gpu_stream s = {(void *)be->stream, pdl && !be->pdl_off, be->prof};
+    return s;
+}
 
 /* cuda_forward.cu */
 int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen);
-/* cuda_runtime.cu */
-int cb_mat_fill(void *dst_w, void *dst_sb, int bits, const tl_mat *const *parts, int n_parts,
-                int rows_pad, char *err, size_t errlen);
+/* After a failed call: 1 if the CUDA context is broken by a sticky error (the backend is then
+ * lost), 0 if the error was not sticky and the device still works. */
+int cb_device_broken(cuda_be *be);
+/* The device views of the step metadata (tl_gpu_seqs over d_meta). */
+tl_gpu_seqs cb_seqs(const cuda_be *be, int n_tok, int n_seg);
+/* cuda_weights.cu: the model's weights onto the device (from m, or random from p's seed). */
+int cb_weights_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, char *err,
+                    size_t errlen);
+void cb_weights_free(cuda_be *be);
+/* cuda_bench.cu: device bytes of the uploaded weights. */
+size_t cb_weight_bytes(const cuda_be *be);
+/* 4 when every part is MLX affine 4-bit, group 64, rows a multiple of 8; else 16. */
 int cb_parts_bits(const tl_mat *const *parts, int n_parts);
-int cb_prof_active(void);
-/* prefill helpers (k_norm.cu) */
-int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps);
-int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
-                              int z_off, const float *w, int nv, int n, float eps);
-/* k_gemv.cu: raises the q4 GEMV's dynamic shared memory limit (once, outside graph capture) */
-int tl_gpu_gemv_setup(void);
-/* k_moe.cu: the same for moe_up */
-int tl_gpu_moe_setup(void);
-/* k_attn_decode.cu */
-int tl_gpu_attn_setup(void);
-extern int tl_attn_min_chunk;
 
 #endif

@@ -1,20 +1,25 @@
-/* Shared by every .cu of the decode engine: error macros, warp/block reductions, bf16 and
- * q4-tiled helpers, the stream launchers run on, and the 4-bit row-block dot product that the
- * GEMV and MoE kernels share. */
+/* Shared by every .cu file of the CUDA backend: the one launch convention (TL_LAUNCH), the error
+ * macros, and the device helpers every kernel uses (bf16 conversion, warp/block reductions,
+ * programmatic dependent launch, cp.async, ldmatrix, the mma.sync wrapper, activations, the
+ * splitmix64 hash). Header-only; the only state is the read-once TL_CUDA_SYNC switch. The 4-bit
+ * GEMV machinery shared by the GEMV and MoE kernels is in k_q4m.cuh. */
 #ifndef TL_CUDA_COMMON_CUH
 #define TL_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "cuda/gpu.h"
 #include "common/status.h"
 }
-#include "cuda/k_prefill_common.cuh" /* cp.async helpers */
 
-/* CUDA_TRY: log file:line, the call and the CUDA error, return TL_ERR_CUDA. */
+/* ====== Error handling and the launch convention ====== */
+
+/* CUDA_TRY: on a CUDA error, log file:line, the call and the error, return TL_ERR_CUDA. */
 #define CUDA_TRY(expr)                                                                             \
     do {                                                                                           \
         cudaError_t e_ = (expr);                                                                   \
@@ -25,43 +30,112 @@ extern "C" {
         }                                                                                          \
     } while (0)
 
-/* After every launch: the launch error, and with TL_CUDA_SYNC=1 a full sync so a failure names
- * its kernel (never while a graph is being captured). */
-#define LAUNCH_CHECK(name)                                                                         \
+/* TRY: return a non-zero tl_status. */
+#define TRY(x)                                                                                     \
     do {                                                                                           \
-        cudaError_t e_ = cudaGetLastError();                                                       \
-        if (e_ == cudaSuccess && tl_cuda_sync_each && !tl_cuda_capturing)                          \
-            e_ = cudaStreamSynchronize(tl_cuda_stream);                                            \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: kernel %s: %s: %s\n", __FILE__, __LINE__, name,                \
-                    cudaGetErrorName(e_), cudaGetErrorString(e_));                                 \
-            return TL_ERR_CUDA;                                                                    \
-        }                                                                                          \
-        tl_cuda_prof_mark(name);                                                                   \
+        int st_ = (x);                                                                             \
+        if (st_) return st_;                                                                       \
     } while (0)
 
-/* The stream every launcher uses (the backend sets it; tests use the default stream). */
-extern cudaStream_t tl_cuda_stream;
-extern int tl_cuda_sync_each;
-extern int tl_cuda_capturing;
-void tl_cuda_prof_mark(const char *name);
+/* The stream of a launch context (NULL context: the legacy default stream). */
+static inline cudaStream_t tl_stream_of(const tl_gpu_stream *st) {
+    return st ? (cudaStream_t)st->stream : (cudaStream_t)0;
+}
+
+/* TL_CUDA_SYNC=1: every launch is followed by a stream synchronize (outside graph capture), so
+ * an asynchronous fault names the kernel that caused it. Read once. */
+static inline int tl_cuda_sync_each(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("TL_CUDA_SYNC");
+        v = s && atoi(s) != 0;
+    }
+    return v;
+}
+
+/* cuda_bench.cu: records an event after a launch on st->stream (ignored while capturing). */
+void tl_gpu_prof_mark(tl_gpu_prof *p, cudaStream_t stream, const char *name);
+
+/* Checks a launch that already happened: the launch error, then under TL_CUDA_SYNC=1 a
+ * synchronize; logs "file:line: kernel NAME: error" and returns TL_ERR_CUDA on failure; marks
+ * the profiler. */
+static inline int tl_launch_check(cudaError_t e, const char *file, int line, const char *name,
+                                  const tl_gpu_stream *st) {
+    cudaStream_t s = tl_stream_of(st);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e == cudaSuccess && tl_cuda_sync_each()) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(s, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+            e = cudaStreamSynchronize(s);
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "%s:%d: kernel %s: %s: %s\n", file, line, name, cudaGetErrorName(e),
+                cudaGetErrorString(e));
+        return TL_ERR_CUDA;
+    }
+    if (st && st->prof) tl_gpu_prof_mark(st->prof, s, name);
+    return 0;
+}
+
+/* Launches kern<<<grid, block, shm>>>(args) on st's stream, with the programmatic-serialization
+ * attribute when st->pdl is set (see pdl_wait below), and checks it (tl_launch_check). */
+template <typename... KArgs, typename... Args>
+static inline int tl_launch_at(const char *file, int line, const char *name,
+                               const tl_gpu_stream *st, void (*kern)(KArgs...), dim3 grid,
+                               dim3 block, size_t shm, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm;
+    cfg.stream = tl_stream_of(st), cfg.attrs = at, cfg.numAttrs = st && st->pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+    return tl_launch_check(e, file, line, name, st);
+}
+
+/* TL_LAUNCH(st, "name", kernel, grid, block, shm, args...): the only way a kernel is launched.
+ * Returns TL_ERR_CUDA from the enclosing function when the launch fails. */
+#define TL_LAUNCH(st, name, ...) TRY(tl_launch_at(__FILE__, __LINE__, name, st, __VA_ARGS__))
 
 #define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
 
+/* Kernel setup inside the backend (tl_gpu_init calls each once, outside graph capture): the
+ * dynamic shared-memory limits of the kernels that need more than 48 KB. */
+int cb_gemv_setup(void);
+int cb_moe_setup(void);
+int cb_attn_setup(void);
+/* Resident blocks of the persistent kernels: SMs x 2 (their launch bound); from tl_gpu_init. */
+int cb_grid_cap(void);
+
+/* ====== Scalars: bf16, activations, hashing ====== */
+
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* f32 -> bf16 bits, round to nearest even; NaN stays NaN. */
 __device__ __forceinline__ uint16_t f2bf(float f) {
     uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-/* Pool token row of (slot, pos) in a paged KV cache (gpu.h: tl_gpu_kv_pages). */
-__device__ __forceinline__ int kv_row(const tl_gpu_kv_pages &pg, int slot, int pos) {
-    return pg.table[(size_t)slot * pg.max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE + pos % TL_KV_PAGE;
+/* Two floats -> packed bf16x2 (round to nearest even), lo in the low half. */
+__device__ __forceinline__ uint32_t bf16x2_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
 }
+__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* splitmix64 finaliser: the hash behind every random value of the backend (host and device). */
+__host__ __device__ __forceinline__ uint64_t tl_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+#define TL_GOLDEN64 0x9E3779B97F4A7C15ull
 
 /* Causal depthwise conv of kernel 4 + SiLU for one channel: w = (w0..w3), s0..s2 the three
  * previous inputs (oldest first), x the new one (conv1d_silu_kernel and the GEMV's fused
@@ -73,6 +147,13 @@ __device__ __forceinline__ float conv4_silu(float4 w, float s0, float s1, float 
     a = fmaf(w.w, x, a);
     return silu_f(a);
 }
+
+/* Pool token row of (slot, pos) in a paged KV cache (gpu.h: tl_gpu_kv_pages). */
+__device__ __forceinline__ int kv_row(const tl_gpu_kv_pages &pg, int slot, int pos) {
+    return pg.table[(size_t)slot * pg.max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE + pos % TL_KV_PAGE;
+}
+
+/* ====== Reductions ====== */
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -105,10 +186,10 @@ __device__ __forceinline__ float block_max(float v, float *sbuf) {
     return warp_max(r);
 }
 
-/* ---- Programmatic dependent launch (PDL) ----
- * Decode kernels are launched with the programmatic-serialization attribute (tl_launch below,
- * while tl_cuda_pdl is set), so kernel N+1 may start while kernel N drains. Every kernel that can
- * be launched that way calls pdl_wait() before it reads anything an earlier kernel wrote or writes
+/* ====== Programmatic dependent launch (PDL) ======
+ * Decode kernels are launched with the programmatic-serialization attribute (TL_LAUNCH on a
+ * context with pdl set), so kernel N+1 may start while kernel N drains. Every kernel that can be
+ * launched that way calls pdl_wait() before it reads anything an earlier kernel wrote or writes
  * anything an earlier kernel reads; only constant data (weights) may be touched before it. Both
  * instructions are no-ops in a kernel launched without the attribute. pdl_trigger() lets the next
  * kernel's blocks be scheduled as soon as every block of this one has started. */
@@ -119,302 +200,44 @@ __device__ __forceinline__ void pdl_trigger(void) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-extern int tl_cuda_pdl;
-template <typename... KArgs, typename... Args>
-static inline cudaError_t tl_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t shm,
-                                    Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm;
-    cfg.stream = tl_cuda_stream, cfg.attrs = at, cfg.numAttrs = tl_cuda_pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
-}
-/* TL_LAUNCH(name, kernel, grid, block, shm, args...): tl_launch + LAUNCH_CHECK. */
-#define TL_LAUNCH(name, ...)                                                                       \
-    do {                                                                                           \
-        cudaError_t le_ = tl_launch(__VA_ARGS__);                                                  \
-        if (le_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: launch %s: %s\n", __FILE__, __LINE__, name,                    \
-                    cudaGetErrorString(le_));                                                      \
-            return TL_ERR_CUDA;                                                                    \
-        }                                                                                          \
-        LAUNCH_CHECK(name);                                                                        \
-    } while (0)
+/* ====== cp.async, ldmatrix, mma.sync (sm_80+ PTX; we build for sm_90a) ====== */
 
-/* ---- 4-bit GEMV on tensor cores ("q4m") ----
- * note: q4 tiled layout (gpu_prefill.h). Tile (rb, kb) = rows 8rb..8rb+7 x columns 32kb..32kb+31,
- * 32 words; in word `lane` nibble n holds column 32kb + 2*(lane%4) + Q4_COL[n] of row
- * 8rb + lane/4, Q4_COL = {0, 8, 16, 24, 1, 9, 17, 25}. Scale/bias word of (row, group g of 64
- * columns) at sb[g * rows + row] (bf16 scale low, bf16 bias high).
- *
- * That word is, after (w >> 4j) & 0x000F000F | 0x43004300, a bf16x2 register holding 128 + q of
- * columns (2t + 8j, 2t + 8j + 1): exactly the B fragment of mma.m16n8k16 (k = columns, n = the 8
- * rows of the tile) for k-step j/2, register j%2. So one weight word per lane feeds two mmas
- * (columns 0-15 and 16-31 of the tile) after 3 shifts and 4 LOP3s, and the +128 is taken out per
- * group: sum (128+q) x = 128 Sx + sum q x, with Sx the group's sum of x.
- * The A operand holds the input: rows 0..7 = up to 8 tokens' x rounded to bf16 (hi), rows 8..15 =
- * the rounding remainders bf16(x - hi) (lo), so the sum over both halves carries x to ~2^-17
- * relative: the GEMV keeps near-fp32 accuracy (tests/gpu/test_kernels.c tolerances) although
- * the tensor cores only take bf16. Lane (g, t) = (lane/4, lane%4) ends with the outputs of token g
- * for rows 8rb + 2t and 8rb + 2t + 1.
- * Per 128 bytes of weights a warp issues 1 load, 7 integer ops, 2 shared loads and 2 mmas (plus
- * ~13 ops per group of two tiles), against ~25 instructions of the CUDA-core version this
- * replaces (nibble -> float, FMA, one lane per tile): the dequantisation no longer limits the
- * bandwidth (notes/2026-12-02-decode-q4m.md).
- *
- * Staged x (shared memory, q4m_stage): token row r at xs + r * q4m_lds(K) (uint4 units); per
- * (kb, t) two uint4, one per k-step s = 0, 1: {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)}
- * with c = 32kb + 16s + 2t, i.e. exactly the A registers a0..a3 of that mma (no register moves).
- * The row stride is KB*8 + 1 uint4s (16 bytes over a multiple of 128), so 8 tokens' reads of one
- * (kb) spread over all banks. Group sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
-/* Split of K = 32*KB columns for the persistent q4m kernels (k_gemv.cu): KPW tiles per warp
- * (16, else 32, else 8; dividing KB) and KS = KB / KPW warps along K (<= max_ks); 0 or
- * TL_ERR_INVALID when no split fits. */
-int q4m_split(int K, int max_ks, int *kpw, int *ks);
-/* Resident blocks of the persistent q4m kernels: SMs x 2 (their launch bound). */
-int q4m_grid_cap(void);
-__host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
-__host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
-    return (size_t)n_rows * q4m_lds(K) * 16 + (size_t)n_rows * (K >> 6) * 4;
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
 }
-__device__ __forceinline__ float *q4m_sx(uint4 *xs, int K, int n_rows) {
-    return (float *)(xs + (size_t)n_rows * q4m_lds(K));
+/* 16-byte async copy global -> shared; src_bytes 0 zero-fills the destination (out of range). */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ uint32_t q4m_pack(float a, float b) {
-    return (uint32_t)f2bf(a) | ((uint32_t)f2bf(b) << 16);
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(smem)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(smem)));
 }
 
-/* Stages rows 0..nt-1 of x (row stride ldx, times xw if non-NULL) into xs/sx (layout above) with
- * threads tid0 .. tid0+nthr-1 of the block (whole warps). If ss is non-NULL, ss[w * 8 + r] (w =
- * the caller's warp index within those threads) accumulates the sum of raw x^2 of row r over the
- * items that warp staged (the caller zeroes it first and sums over warps after a barrier). */
-__device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, int ldx,
-                                          const float *xw, int K, int nt, int tid, int nthr,
-                                          float *ss) {
-    int KB = K >> 5, per_row = KB * 4, lds = q4m_lds(K), n_items = nt * per_row;
-    int lane = threadIdx.x & 31;
-    for (int it = tid; it < n_items; it += nthr) { /* a warp's 32 items lie in one row */
-        int r = it / per_row, rem = it - r * per_row, kb = rem >> 2, t = rem & 3;
-        const float *xp = x + (size_t)r * ldx + kb * 32 + 2 * t;
-        float v[8], sq = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float2 p = *(const float2 *)(xp + 8 * j);
-            v[2 * j] = p.x, v[2 * j + 1] = p.y;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) sq = fmaf(v[i], v[i], sq);
-        if (xw) {
-            const float *wp = xw + kb * 32 + 2 * t;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float2 p = *(const float2 *)(wp + 8 * j);
-                v[2 * j] *= p.x, v[2 * j + 1] *= p.y;
-            }
-        }
-        float hi[8], lo[8], s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            hi[i] = bf2f(f2bf(v[i]));
-            lo[i] = bf2f(f2bf(v[i] - hi[i]));
-            s += hi[i] + lo[i];
-        }
-        uint4 *o = xs + (size_t)r * lds + kb * 8 + t * 2;
-        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(lo[0], lo[1]), q4m_pack(hi[2], hi[3]),
-                          q4m_pack(lo[2], lo[3]));
-        o[1] = make_uint4(q4m_pack(hi[4], hi[5]), q4m_pack(lo[4], lo[5]), q4m_pack(hi[6], hi[7]),
-                          q4m_pack(lo[6], lo[7]));
-        /* the 8 consecutive items it & ~7 .. it | 7 are the two kb of one group */
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        if ((it & 7) == 0) sx[r * (KB >> 1) + (kb >> 1)] = s;
-        if (ss) {
-            sq = warp_sum(sq);
-            if (lane == 0) ss[(tid >> 5) * 8 + r] += sq;
-        }
-    }
-}
-
-/* Loads a warp's KPW weight words (tiles (rb, kb0 .. kb0+KPW-1), one word per lane each) and
- * the scale/bias pairs of rows 8rb + 2t, +1 for its KPW/2 groups. kb0 even. */
-template <int KPW>
-__device__ __forceinline__ void q4m_load(uint32_t (&wq)[KPW], uint2 (&sbv)[KPW / 2],
-                                         const uint32_t *w, const uint32_t *sb, int rows, int K,
-                                         int rb, int kb0) {
-    int lane = threadIdx.x & 31, KB = K >> 5;
-    const uint32_t *wp = w + ((size_t)rb * KB + kb0) * 32 + lane;
-#pragma unroll
-    for (int i = 0; i < KPW; i++) wq[i] = __ldcs(wp + (size_t)i * 32);
-    const uint32_t *sp = sb + (size_t)(kb0 >> 1) * rows + rb * 8 + 2 * (lane & 3);
-#pragma unroll
-    for (int g = 0; g < KPW / 2; g++) sbv[g] = __ldcs((const uint2 *)(sp + (size_t)g * rows));
-}
-
-__device__ __forceinline__ void q4m_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+/* d += a(16x16, row) * b(16x8, col): mma.sync m16n8k16, bf16 inputs, f32 accumulators. */
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-
-/* (a & M) | E in one LOP3 (the compiler emits two: LOP3 takes one immediate). */
-__device__ __forceinline__ uint32_t q4m_nib(uint32_t a, uint32_t e) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(r) : "r"(a), "r"(e));
-    return r;
-}
-
-/* acc0/acc1 (rows 8rb + 2t, +1; token g = lane/4) += the dot of the loaded tiles with staged row
- * xrow (= xs + g' * q4m_lds(K)) and its group sums sxrow (= sx + g' * KB/2). Lanes whose g has no
- * token pass g' = the last token's row: their D rows are computed and dropped, which costs
- * nothing and keeps every load unpredicated. kb0 = the first tile's column block. */
-template <int KPW>
-__device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t (&wq)[KPW],
-                                        const uint2 (&sbv)[KPW / 2], const uint4 *xrow,
-                                        const float *sxrow, int kb0) {
-    int t = threadIdx.x & 3;
-    const uint32_t E = 0x43004300u;
-#pragma unroll
-    for (int g = 0; g < KPW / 2; g++) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int kb = kb0 + 2 * g + h;
-            uint4 x0 = xrow[kb * 8 + t * 2], x1 = xrow[kb * 8 + t * 2 + 1];
-            uint32_t w = wq[2 * g + h];
-            q4m_mma(d, x0.x, x0.y, x0.z, x0.w, q4m_nib(w, E), q4m_nib(w >> 4, E));
-            q4m_mma(d, x1.x, x1.y, x1.z, x1.w, q4m_nib(w >> 8, E), q4m_nib(w >> 12, E));
-        }
-        float sxv = sxrow[(kb0 >> 1) + g];
-        float s0 = __uint_as_float(sbv[g].x << 16), b0 = __uint_as_float(sbv[g].x & 0xffff0000u);
-        float s1 = __uint_as_float(sbv[g].y << 16), b1 = __uint_as_float(sbv[g].y & 0xffff0000u);
-        acc0 = fmaf(s0, d[0] + d[2], fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
-        acc1 = fmaf(s1, d[1] + d[3], fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
-    }
-}
-
-/* Persistent q4m loop. The block's 8 warps form (8 / KS) row-block lanes q x KS K-slices ks
- * (warp = q * KS + ks; warps past RBB * KS idle); work "unit" u gives warp (q, ks) the tiles
- * kb = ks*KPW .. +KPW-1 of one row block (src(u, q, &w, &sb, &rows, &rb) says which, false if
- * none). The block runs units u, u + ustep, ... < n_units. Each warp streams its units' weights
- * (KPW*128 contiguous bytes) and scale/bias words (KPW/2 groups x 32 bytes) through its own ring
- * of Q4M_NS shared-memory stages with cp.async, Q4M_NS-1 units ahead: the bytes in flight per SM
- * no longer cost registers (the register double buffer reached ~1.7 TB/s on the LM head, bound by
- * memory parallelism; notes/2026-12-02-decode-q4m.md). The first units are issued before
- * prologue() runs (the PDL wait and the x staging go there, so those loads overlap the previous
- * kernel). After each unit the warps' (acc0, acc1) meet in s_part[warp][lane]; emit(u) reads them
- * between two barriers. Called by every thread of the block (barriers inside); ring = the
- * block's Q4M_NS * 8 * q4m_stage_bytes(KPW) bytes of shared memory (16-byte aligned). */
-#define Q4M_NS 4
-__host__ __device__ __forceinline__ int q4m_stage_bytes(int kpw) { return kpw * 128 + kpw * 16; }
-
-template <int KPW, class Src, class Prologue, class Emit>
-__device__ __forceinline__ void
-q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue prologue, Emit emit,
-               const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring) {
-    constexpr int SB = KPW * 128 + KPW * 16;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp / KS, kb0 = (warp % KS) * KPW;
-    int KB = K >> 5;
-    char *my = ring + (size_t)warp * Q4M_NS * SB;
-    unsigned live = 0; /* bit j: stage j holds a unit of this warp */
-    auto issue = [&](int uu, int stage) {
-        const uint32_t *W, *S;
-        int rows, rb;
-        live &= ~(1u << stage);
-        if (uu < n_units && src(uu, q, &W, &S, &rows, &rb)) {
-            live |= 1u << stage;
-            const char *ws = (const char *)(W + ((size_t)rb * KB + kb0) * 32);
-            char *wd = my + stage * SB;
-#pragma unroll
-            for (int i = 0; i < KPW * 8 / 32; i++)
-                pf_cp_async16(wd + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
-            if (lane < KPW) {
-                int g = lane >> 1, h = lane & 1;
-                pf_cp_async16(wd + KPW * 128 + lane * 16,
-                              S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
-            }
-        }
-        pf_cp_async_commit();
-    };
-#pragma unroll
-    for (int j = 0; j < Q4M_NS - 1; j++) issue(u + j * ustep, j);
-    prologue();
-    int t = lane & 3;
-    for (int i = 0; u < n_units; i++, u += ustep) {
-        int stage = i % Q4M_NS;
-        issue(u + (Q4M_NS - 1) * ustep, (i + Q4M_NS - 1) % Q4M_NS);
-        pf_cp_async_wait<Q4M_NS - 1>();
-        __syncwarp();
-        float a0 = 0.0f, a1 = 0.0f;
-        if (live & (1u << stage)) {
-            const uint32_t *ws = (const uint32_t *)(my + stage * SB);
-            const uint32_t *ss = (const uint32_t *)(my + stage * SB + KPW * 128);
-            uint32_t wq[KPW];
-            uint2 sbv[KPW / 2];
-#pragma unroll
-            for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
-#pragma unroll
-            for (int g = 0; g < KPW / 2; g++) sbv[g] = *(const uint2 *)(ss + g * 8 + 2 * t);
-            q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
-        }
-        s_part[warp][lane] = make_float2(a0, a1);
-        __syncthreads(); /* also: every lane has read this stage before it is refilled */
-        emit(u);
-        __syncthreads();
-    }
-    pf_cp_async_wait<0>();
-}
-
-/* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs over the columns
- * c = (slice*32 + lane)*8 + j*256*n_slices (16 bytes per row per lane per step); n_slices = 1
- * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
- * per-lane partial sums (reduce with warp_sum or across warps). */
-template <int NT>
-__device__ __forceinline__ void
-bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
-               const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        ss[t] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < 8; r++) acc[r][t] = 0.0f;
-    }
-    for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * n_slices) {
-        uint4 q[8];
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
-                                   : make_uint4(0, 0, 0, 0);
-        float4 wa = make_float4(1, 1, 1, 1), wb = wa;
-        if (xw) wa = __ldg((const float4 *)(xw + c)), wb = __ldg((const float4 *)(xw + c + 4));
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= nt) break;
-            float4 a = __ldg((const float4 *)(x[t] + c)), b = __ldg((const float4 *)(x[t] + c + 4));
-            float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            float xm[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                ss[t] = fmaf(xv[i], xv[i], ss[t]);
-                xv[i] *= xm[i];
-            }
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                uint32_t u[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    acc[r][t] = fmaf(__uint_as_float(u[i] << 16), xv[2 * i], acc[r][t]);
-                    acc[r][t] = fmaf(__uint_as_float(u[i] & 0xffff0000u), xv[2 * i + 1], acc[r][t]);
-                }
-            }
-        }
-    }
+__device__ __forceinline__ void mma_bf16(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    mma_bf16(*(float(*)[4])d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 #endif

@@ -1,11 +1,16 @@
-/* The CUDA backend seen from C: device memory helpers, the weight upload, and one entry per
- * decode op (over device pointers, on the backend's stream), so tests/gpu can check every kernel
- * against the CPU oracle. The backend itself (tl_backend_cuda_open) is declared in
- * engine/backend.h; bench helpers are at the end.
+/* The CUDA backend's contract, seen from C: device memory, the launch context, the weight layout
+ * and upload, and one entry per model operation over device pointers, grouped by model stage
+ * with the one-token (decode) and many-token (prefill) variants side by side. tests/gpu checks
+ * every entry against the CPU oracle; the backend itself (tl_backend_cuda_open) is declared in
+ * engine/backend.h; bench and profiler helpers are at the end.
  *
- * Activations between decode kernels are f32 (the residual stream too); weights are bf16 or the
- * 4-bit "q4 tiled" layout of gpu_prefill.h, so the prefill GEMMs read the same bytes. Shapes are
- * row-major, slowest first. Every entry returns 0 or a negative tl_status. */
+ * Conventions. Every entry returns 0 or a negative tl_status: TL_ERR_INVALID for shapes or flags
+ * it was not built for, TL_ERR_CUDA when a launch failed (logged with the kernel's name and
+ * file:line). Entries only launch work on the stream of their tl_gpu_stream (the last argument;
+ * NULL = the default stream): they never allocate and never synchronise. Shapes are row-major,
+ * slowest first. "bf16" buffers hold uint16_t bit patterns of bfloat16. Decode activations are
+ * f32 (the residual stream always); the prefill GEMMs take bf16 activations. Production
+ * dimensions come from src/model/shape.h; docs/model.md has the math each entry implements. */
 #ifndef TL_GPU_H
 #define TL_GPU_H
 
@@ -14,15 +19,15 @@
 #include "tulip.h"
 #include "model/weights.h"
 #include "engine/backend.h"
-#include "cuda/gpu_prefill.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ====== Device and memory ====== */
+/* ====== Device, memory, launch context ====== */
 
-/* Selects device 0 and checks it can run sm_90a code. */
+/* Selects device 0, checks it can run sm_90a code, and sets the kernels' shared-memory limits
+ * (call once before any other entry; outside graph capture). */
 int tl_gpu_init(char *err, size_t errlen);
 void *tl_gpu_malloc(size_t n); /* NULL on failure */
 void tl_gpu_free(void *p);
@@ -32,26 +37,83 @@ int tl_gpu_memset(void *dst, int v, size_t n);
 /* Waits for all work, then reports the first error (TL_ERR_CUDA). */
 int tl_gpu_sync(void);
 
+/* Where and how an entry launches its kernels. */
+typedef struct tl_gpu_prof tl_gpu_prof; /* the per-kernel profiler (cuda_bench.cu) */
+typedef struct tl_gpu_stream {
+    void *stream;      /* cudaStream_t; NULL = the legacy default stream */
+    int pdl;           /* 1: programmatic dependent launch (decode kernels wait for their
+                        * predecessor inside the kernel: cuda_common.cuh) */
+    tl_gpu_prof *prof; /* NULL, or a profiler that records an event after every launch */
+} tl_gpu_stream;
+
 /* ====== Weights ======
- * A device matrix is a tl_gpu_gemm_w (gpu_prefill.h): bits 16 = bf16 [rows, cols]; bits 4 = q4
- * tiled words + scale/bias words. tl_gpu_mat_upload stacks `n_parts` host matrices by rows into
- * one device matrix of rows_pad rows (>= the sum; extra rows are zero). It is 4-bit when every part
- * is MLX affine 4-bit with group 64 and the row offsets are multiples of 8; otherwise bf16
- * (float parts converted, 8-bit parts dequantized), with a low bf16 plane in out->sb when a part
- * is not bf16 already (hi + lo holds ~16 bits: the decode GEMV reads both; the prefill GEMM and
- * the embedding read hi only). Frees with tl_gpu_mat_free. */
+ * A device matrix. bits 16: w = bf16 [rows, cols]; sb = NULL, or a low bf16 plane (W = w + sb,
+ * read by the decode GEMV only: set for weights that were not bf16 in the checkpoint, e.g. the
+ * 8-bit router). bits 4: the "q4 tiled" layout below. rows % 128 == 0, cols % 64 == 0.
+ *
+ * note: q4 tiled layout. The MLX affine g64 matrix [rows, cols] (U32 words of 8 nibbles, lowest
+ * bits = lowest column; bf16 scale and bias per 64 columns) is repacked so that one 32-bit load
+ * gives a thread of an mma.sync m16n8k16 warp exactly the 8 values of its B fragments for two
+ * k16 steps:
+ *   w  : u32 [rows/8][cols/32][32]; word (rb, kb, lane) holds row 8*rb + lane/4, columns
+ *        32*kb + {2t, 2t+1, 2t+8, 2t+9, 2t+16, 2t+17, 2t+24, 2t+25} (t = lane%4), stored as
+ *        nibble positions {0, 4, 1, 5, 2, 6, 3, 7} (pairs (0,4), (1,5) ... share a bf16x2).
+ *   sb : u32 [cols/64][rows]; low 16 bits = bf16 scale, high 16 bits = bf16 bias of group.
+ * value = scale * q + bias, as in MLX. Sizes: tl_gpu_q4_w_bytes / tl_gpu_q4_sb_bytes.
+ *
+ * note: SwiGLU weights. A fused gate/up matrix has gate and up rows interleaved by 8: rows
+ * 16j..16j+7 = gate rows 8j..8j+7, rows 16j+8..16j+15 = up rows 8j.., so one thread holds the
+ * gate and up value of the same output column.
+ *
+ * note: stacked experts. The (n_expert + 1) experts of a layer (the shared one last) lie
+ * contiguously, expert after expert (gate_up [n * 2F, n_embd], down [n * n_embd, F]); each
+ * expert's q4 scale/bias block is contiguous too. */
+typedef struct tl_gpu_gemm_w {
+    const void *w;
+    const void *sb;
+    int bits;
+    int rows, cols;
+} tl_gpu_gemm_w;
+
+size_t tl_gpu_q4_w_bytes(int rows, int cols);
+size_t tl_gpu_q4_sb_bytes(int rows, int cols);
+/* Size in bytes of a device matrix's weights (w + sb). */
+size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m);
+
+/* Stacks n_parts host matrices by rows into one device matrix of rows_pad rows (>= the sum;
+ * extra rows are zero). 4-bit when every part is MLX affine 4-bit with group 64 and the row
+ * offsets are multiples of 8; otherwise bf16 (float parts converted, 8-bit parts dequantized),
+ * with the low bf16 plane when a part is not bf16 already. Synchronous; frees with
+ * tl_gpu_mat_free. */
 int tl_gpu_mat_upload(tl_gpu_gemm_w *out, const tl_mat *const *parts, int n_parts, int rows_pad,
                       char *err, size_t errlen);
 void tl_gpu_mat_free(tl_gpu_gemm_w *m);
 /* Stacks n experts (gate, up [F, n_embd]; down [n_embd, F]; the shared expert is passed last)
- * expert-major: gate_up [n * 2F, n_embd] with each expert's gate/up rows interleaved by 8, down
- * [n * n_embd, F]; q4 when every matrix is MLX 4-bit g64, else bf16. Each expert's q4 scale/bias
- * block is contiguous (gpu_prefill.h: "experts lie contiguously"). */
+ * expert-major with gate/up interleaved (notes above); q4 when every matrix is MLX 4-bit g64,
+ * else bf16. */
 int tl_gpu_experts_upload(tl_gpu_gemm_w *gate_up, tl_gpu_gemm_w *down, const tl_mat *const *gate,
                           const tl_mat *const *up, const tl_mat *const *down_src, int n, char *err,
                           size_t errlen);
-/* Size in bytes of a device matrix's weights (w + sb). */
-size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m);
+
+/* An MLX 4-bit matrix in device memory (as in the checkpoint): w u32 [rows, cols/8], scales and
+ * biases bf16 [rows, cols/64]. */
+typedef struct tl_gpu_mlx_q4 {
+    const uint32_t *w;
+    const uint16_t *scales;
+    const uint16_t *biases;
+} tl_gpu_mlx_q4;
+/* Repacks n_mat MLX matrices [n_mat][rows, cols] (contiguous, e.g. stacked experts) into the q4
+ * tiled layout, matrix after matrix (dst strides = the byte sizes above). Device to device. */
+int tl_gpu_q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 src, int n_mat, int rows, int cols,
+                     const tl_gpu_stream *st);
+/* Builds the interleaved [n_mat][2F, cols] SwiGLU matrix from separate gate and up
+ * [n_mat][F, cols] (bf16, or MLX q4 repacked on the way). For HF's fused gate_up_proj
+ * [E, 2F, cols], pass gate = gate_up + 0 and up = gate_up + F*cols with src_mat_stride =
+ * 2F*cols elements; for separate tensors src_mat_stride = F*cols. */
+int tl_gpu_bf16_pack_swiglu(uint16_t *dst, const uint16_t *gate, const uint16_t *up, int n_mat,
+                            long long src_mat_stride, int F, int cols, const tl_gpu_stream *st);
+int tl_gpu_q4_repack_swiglu(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 gate, tl_gpu_mlx_q4 up,
+                            int n_mat, int F, int cols, const tl_gpu_stream *st);
 
 /* ====== Batch description (device arrays) ======
  * A batch is n_tok tokens from n_seg sequences ("segments"); segment s holds tokens
@@ -63,39 +125,91 @@ typedef struct tl_gpu_seqs {
     int n_tok, n_seg;
 } tl_gpu_seqs;
 
-/* ====== Decode ops (k_*.cu) ====== */
+/* ====== Embedding and norms ====== */
 
 /* x[t, :] = E[tokens[t], :] (f32). */
-int tl_gpu_embed(float *x, const tl_gpu_gemm_w *E, const int32_t *tokens, int n_tok);
-/* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n; rows[i] (if non-NULL) picks the input
- * row of output row i. */
+int tl_gpu_embed(float *x, const tl_gpu_gemm_w *E, const int32_t *tokens, int n_tok,
+                 const tl_gpu_stream *st);
+/* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w (f32), rows of n; rows[i] (if non-NULL) picks the
+ * input row of output row i. */
 int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows, int n_out, int n,
-                   float eps);
-/* y[t, r] (+)= sum_c W[r, c] * xn[t, c] for r < W->rows, t < n_tok, where xn = x, or
+                   float eps, const tl_gpu_stream *st);
+/* The same with bf16 output (the prefill GEMMs' input). */
+int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps,
+                        const tl_gpu_stream *st);
+
+/* ====== Dense projections ====== */
+
+/* Decode: y[t, r] (+)= sum_c W[r, c] * xn[t, c] for r < W->rows, t < n_tok, where xn = x, or
  * rmsnorm(x; norm_w) when norm_w is non-NULL. ldx, ldy: row strides. */
 int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
-                const float *norm_w, float eps, int n_tok, int accumulate);
-/* tl_gpu_gemv (no accumulate) for a q4 GDN in-projection of decode tokens (one per sequence)
- * with the conv1d of tl_gpu_conv1d fused: rows r < C give conv_out[t, r] (SiLU of the conv over
+                const float *norm_w, float eps, int n_tok, int accumulate, const tl_gpu_stream *st);
+
+/* Prefill: y[n, rows] = x[n, cols] W^T, x bf16 row-major (row stride cols), fp32 accumulate,
+ * then the epilogue of `flags`. Any n >= 0 (n == 0 is a no-op). */
+enum {
+    TL_GEMM_OUT_F32 = 1, /* y (and res) are f32; else bf16 */
+    TL_GEMM_SWIGLU = 2,  /* y[n, rows/2] = silu(gate) * up (W interleaved: notes above) */
+    TL_GEMM_ADD_RES = 4, /* y = x W^T + res (res same dtype and shape as y; res may be y) */
+};
+int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res, int flags,
+                const tl_gpu_stream *st);
+
+/* ====== Gated DeltaNet (docs/model.md §2.4) ====== */
+
+/* Causal depthwise conv (kernel 4) + SiLU over the first C columns of in [n_tok, ld_in], per
+ * segment, in token order; state [n_slot][3][C] f32 holds each slot's last 3 pre-conv inputs
+ * (oldest first). out [n_tok, C]. w [C, 4]. */
+int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w, int C,
+                  const tl_gpu_seqs *s, const tl_gpu_stream *st);
+/* Decode: tl_gpu_gemv (no accumulate) for a q4 GDN in-projection of one token per sequence with
+ * the conv1d of tl_gpu_conv1d fused: rows r < C give conv_out[t, r] (SiLU of the conv over
  * conv_state[tok_slot[t]] and the new value, state shifted) instead of y[t, r]; rows >= C go
  * to y as usual. Same bits as tl_gpu_gemv + tl_gpu_conv1d. TL_ERR_INVALID unless W is q4 and
  * C % 8 == 0. */
 int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                        const float *norm_w, float eps, int n_tok, float *conv_out,
-                       float *conv_state, const float *conv_w, int C, const int32_t *tok_slot);
-/* Causal depthwise conv (kernel 4) + SiLU over the first C columns of in [n_tok, ld_in], per
- * segment, in token order; state [n_slot][3][C] f32 holds each slot's last 3 pre-conv inputs
- * (oldest first). out [n_tok, C]. w [C, 4]. */
-int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w, int C,
-                  const tl_gpu_seqs *s);
-/* Gated DeltaNet step (MODEL.md §2.4 steps 4-8) per segment, token by token: q, k, v from
+                       float *conv_state, const float *conv_w, int C, const int32_t *tok_slot,
+                       const tl_gpu_stream *st);
+/* Decode: the Gated DeltaNet step (§2.4 steps 4-8) per segment, token by token: q, k, v from
  * qkv [n_tok, 2*nk*128 + nv*128] (conv output), z, b, a from proj [n_tok, ld_proj] at column
  * offsets z_off, b_off, a_off. S [n_slot][nv][128][128] f32. y [n_tok, nv*128] = gated RMSNorm
  * of the output with norm_w [128]. */
 int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj, int z_off,
                int b_off, int a_off, const float *dt_bias, const float *a_neg, const float *norm_w,
-               int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s);
-/* Paged KV cache. Per attention layer, K and V are each a pool of pages of TL_KV_PAGE tokens,
+               int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s,
+               const tl_gpu_stream *st);
+/* Prefill: the gates (§2.4 step 4), fp32: for token t and value head h,
+ * g[t,h] = a_neg[h] * softplus(a[t*ld + h] + dt_bias[h]), beta[t,h] = sigmoid(b[t*ld + h]);
+ * a, b f32 rows of stride ld (columns of the fused in-projection output); a_neg = -exp(A_log). */
+int tl_gpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int ld,
+                     const float *dt_bias, const float *a_neg, int T, const tl_gpu_stream *st);
+/* Prefill: the delta rule (§2.4 step 7) over T tokens of one sequence in chunks of 64, equal to
+ * the token-by-token recurrence. q,k bf16 (f32 with TL_GDN_IN_F32): element (t, hk, d) at
+ * q[t*tok_stride + hk*128 + d] (16 key heads); v likewise: (t, hv, d) at v[t*tok_stride +
+ * hv*128 + d] (32 value heads, head hv reads key head hv/2) -- e.g. q, k, v = conv_out + 0,
+ * 2048, 4096 with tok_stride 8192. g (log decay) and beta f32 [T, 32]. state f32 [32][128 (key
+ * dim)][128 (value dim)], read and written in place. o [T, 32, 128] bf16 (f32 with
+ * TL_GDN_OUT_F32). TL_GDN_L2NORM: q and k are raw; the kernel L2-normalises them (eps 1e-6,
+ * fp32) and scales q by 1/sqrt(128). Without it they must be normalised already. ws: device
+ * scratch of tl_gpu_gdn_chunk_ws_bytes() bytes (fixed, ~150 MB; any T), owned by the caller. */
+enum {
+    TL_GDN_L2NORM = 1,
+    TL_GDN_OUT_F32 = 2,
+    TL_GDN_IN_F32 = 4,
+};
+size_t tl_gpu_gdn_chunk_ws_bytes(void);
+int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
+                     int tok_stride, const float *g, const float *beta, int T, int flags, void *ws,
+                     const tl_gpu_stream *st);
+/* Prefill: y bf16 [n, nv*128] = RMSNorm(o; w) * silu(z) per value head (o f32 [n, nv*128], z at
+ * column z_off of proj rows of stride ld_proj). */
+int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
+                              int z_off, const float *w, int nv, int n, float eps,
+                              const tl_gpu_stream *st);
+
+/* ====== Gated attention (docs/model.md §2.2, §2.3) ======
+ * Paged KV cache. Per attention layer, K and V are each a pool of pages of TL_KV_PAGE tokens,
  * [n_page][TL_KV_PAGE][n_kv][256] bf16: position p of slot s lives at token row
  *   table[s * max_pages + p / TL_KV_PAGE] * TL_KV_PAGE + p % TL_KV_PAGE
  * of the pool. table [n_slot][max_pages] int32 (device) holds page ids; every attention layer
@@ -107,53 +221,118 @@ typedef struct tl_gpu_kv_pages {
     int max_pages;
 } tl_gpu_kv_pages;
 
-/* Attention prologue: q/k RMSNorm1p + NeoX RoPE (64 dims) from proj [n_tok, ld_proj] (per head
- * [query 256 | gate 256], then K (n_kv*256), then V); q_out [n_tok, n_head, 256] f32 (NULL: q is
- * written back in place of the raw query inside proj); K and V written to the paged caches
- * kc/vc at (slot, pos) through pg. */
+/* q/k RMSNorm1p + NeoX RoPE (64 dims) from proj [n_tok, ld_proj] (per head [query 256 | gate
+ * 256], then K (n_kv*256), then V); q_out [n_tok, n_head, 256] f32 (NULL: q is written back in
+ * place of the raw query inside proj); K and V written to the paged caches kc/vc at (slot, pos)
+ * through pg. Decode and prefill. */
 int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj, int ld_proj,
                       const float *q_norm, const float *k_norm, int n_head, int n_kv,
-                      const tl_gpu_kv_pages *pg, float theta, float eps, const tl_gpu_seqs *s);
-/* Gated attention of each token over its slot's cache positions 0..pos (paged caches kc/vc
- * through pg; split-KV, at most n_split partials per head in part [n_tok * n_head * n_split *
- * 258] f32), then combined and multiplied by sigmoid(gate) from proj: out [n_tok, n_head*256]. */
+                      const tl_gpu_kv_pages *pg, float theta, float eps, const tl_gpu_seqs *s,
+                      const tl_gpu_stream *st);
+/* Decode: gated attention of each token over its slot's cache positions 0..pos (paged caches
+ * kc/vc through pg; split-KV, at most n_split partials per head in part [n_tok * n_head *
+ * n_split * 258] f32), then combined and multiplied by sigmoid(gate) from proj: out [n_tok,
+ * n_head*256]. opt (NULL: defaults) selects the kernel variant. */
+typedef struct tl_gpu_attn_opts {
+    int cuda_core; /* 1: the CUDA-core split kernel even where the tensor-core one applies (G =
+                    * 8 query heads per KV head); TL_CUDA_ATTN_NO_TC=1 */
+    int min_chunk; /* keys per split at least (0: 32); TL_CUDA_ATTN_MIN_CHUNK */
+} tl_gpu_attn_opts;
 int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc, const uint16_t *vc,
                 const float *proj, int ld_proj, int n_head, int n_kv, const tl_gpu_kv_pages *pg,
-                int n_split, const tl_gpu_seqs *s);
-/* 1: tl_gpu_attn uses the CUDA-core split kernel even where the tensor-core one applies (G = 8
- * query heads per KV head); for tests and the TL_CUDA_ATTN_NO_TC=1 switch. */
-void tl_gpu_attn_force_cuda_core(int on);
+                int n_split, const tl_gpu_seqs *s, const tl_gpu_attn_opts *opt,
+                const tl_gpu_stream *st);
+
+/* Prefill: causal flash attention of one sequence (16 q heads / 2 kv heads, head_dim 256).
+ * note: KV cache view. Position p, kv head h, dim d of K lives at
+ *   k[page(p) * page_stride + (p % page_tokens) * tok_stride + h * 256 + d]
+ * with page(p) = pages[p / page_tokens], or with pages == NULL at k[p * tok_stride + h*256 + d].
+ * page_tokens must be a multiple of 64. V likewise. bf16. */
+typedef struct tl_gpu_kv_view {
+    const uint16_t *k, *v;
+    const int32_t *pages;  /* device [n_pages] page ids of this sequence, or NULL */
+    int page_tokens;       /* tokens per page (pages != NULL) */
+    long long page_stride; /* elements between pages */
+    int tok_stride;        /* elements between positions inside a page (>= 512) */
+} tl_gpu_kv_view;
+/* o[t, h*256 + d] = sigmoid(gate[t,h,d]) * sum_j softmax_j(q_t . k_j / 16) v_j[d], j <= pos0+t,
+ * for n queries at positions pos0..pos0+n-1 over the cache 0..pos0+n-1 (which must already hold
+ * this chunk's K and V). q/gate bf16 (f32 with TL_ATTN_IN_F32; q is rounded to bf16 for the
+ * tensor cores): element (t, h, d) at q[t*q->tok_stride + h*q->head_stride + d] (q after q_norm
+ * and RoPE), gate likewise with its own strides, or gate->p == NULL (no gate). Strides are in
+ * elements, multiples of 8. o bf16 [n, 16*256]. fp32 softmax. */
+enum { TL_ATTN_IN_F32 = 1 };
+typedef struct tl_gpu_heads {
+    const void *p;
+    int tok_stride, head_stride;
+} tl_gpu_heads;
+int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
+                        const tl_gpu_kv_view *kv, int n, int pos0, int flags,
+                        const tl_gpu_stream *st);
+
+/* ====== Mixture of experts (docs/model.md §2.5) ====== */
+
 /* Router from logits [n_tok, ld] (n_expert router logits, then the shared-expert gate logit):
  * fp32 softmax, top-k (ties: lower id), renormalised; ids/w [n_tok, k]; w_sh [n_tok] =
- * sigmoid(shared gate logit); sh_logit (NULL or [n_tok]) = the raw shared gate logit. */
+ * sigmoid(shared gate logit); sh_logit (NULL or [n_tok]) = the raw shared gate logit. A token
+ * whose router logits hold a NaN or an infinity gets ids 0..k-1 (never out of range) and NaN
+ * weights: its output turns NaN and the sampler reports its row (tl_gpu_sample: token -1);
+ * the other tokens are unaffected (tests/gpu/test_kernels.c: poisoned router). */
 int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_logit, const float *logits,
-                     int ld, int n_expert, int k, int n_tok);
-/* Experts: act [n_tok, k+1, F] = silu(gate_e x) * (up_e x) for the k routed experts of each token
- * and the shared one (expert n_expert of the stack), x = rmsnorm(h; norm_w). gate_up: the stacked
- * experts, each [2F, n_embd] with gate/up rows interleaved by 8 (gpu_prefill.h). Then
- * h[t] += sum_j w_j down_j act_j + w_sh down_sh act_sh (fixed order: deterministic). */
+                     int ld, int n_expert, int k, int n_tok, const tl_gpu_stream *st);
+/* Decode: act [n_tok, k+1, F] = silu(gate_e x) * (up_e x) for the k routed experts of each token
+ * and the shared one (expert n_expert of the stack), x = rmsnorm(h; norm_w). */
 int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h, const float *norm_w,
-                  float eps, const int32_t *ids, int k, int n_expert, int n_tok);
-/* q4 experts only: tl_gpu_moe_route fused into tl_gpu_moe_up (every block routes its token from
- * logits [n_tok, ld]; ids, w, w_sh are written as tl_gpu_moe_route writes them, for moe_down). */
+                  float eps, const int32_t *ids, int k, int n_expert, int n_tok,
+                  const tl_gpu_stream *st);
+/* Decode, q4 experts only: tl_gpu_moe_route fused into tl_gpu_moe_up (every block routes its
+ * token from logits [n_tok, ld]; ids, w, w_sh are written as tl_gpu_moe_route writes them). */
 int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_sh,
                         const tl_gpu_gemm_w *gate_up, const float *h, const float *norm_w,
-                        float eps, const float *logits, int ld, int k, int n_expert, int n_tok);
+                        float eps, const float *logits, int ld, int k, int n_expert, int n_tok,
+                        const tl_gpu_stream *st);
+/* Decode: h[t] += sum_j w_j down_j act_j + w_sh down_sh act_sh (fixed order: deterministic). */
 int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act, const int32_t *ids,
-                    const float *w, const float *w_sh, int k, int n_expert, int n_tok);
+                    const float *w, const float *w_sh, int k, int n_expert, int n_tok,
+                    const tl_gpu_stream *st);
 
-/* Sampling, one row of logits [n_rows, n_vocab] per entry (see k_sample.cu). `params` is a
- * device array of tl_sample_params; keys [n_rows] u64 random keys; counts (NULL or [n_rows,
- * n_vocab] i32 penalty counts, bit 30 = seen anywhere, low 24 bits = times generated); scratch
- * [n_rows, 2*n_vocab] f32. out: device tl_sample_out [n_rows]. Only ids < n_valid are sampled. */
+/* Prefill (grouped GEMM over the 256 experts):
+ * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
+ *    top-k ids [n_tok, 8] (i32). plan (i32, tl_gpu_moe_pf_plan_ints(n_tok) entries) holds
+ *    expert offsets, tile offsets and the assignment list; its contents are private.
+ * 2. tl_gpu_moe_pf_gate_up: h[n_tok*8, F] bf16 = silu(x W_g^T) * (x W_u^T) per assignment, rows in
+ *    plan order. w describes ONE expert (rows 2F interleaved, cols TL_N_EMBD); the 256 experts
+ *    lie contiguously after it (stride = one expert's bytes of w and of sb).
+ * 3. tl_gpu_moe_pf_down: yslot[n_tok*8, cols_out] bf16, row tok*8+slot = h_row W_d^T (w: one
+ *    expert [TL_N_EMBD, F], experts contiguous as above).
+ * 4. tl_gpu_moe_pf_combine: out[t] = res[t] + sum_s wts[t,s] * yslot[t*8+s]
+ *                                 + sigmoid(sh_logit[t]) * shared[t]   (if shared != NULL)
+ *    out/res bf16, or f32 with TL_GEMM_OUT_F32; res may be out or NULL; shared bf16 [n_tok,
+ *    TL_N_EMBD]; wts f32 [n_tok, 8]; sh_logit f32 [n_tok]. Sums in slot order (deterministic).
+ * The shared expert itself is two dense GEMMs: tl_gpu_gemm(TL_GEMM_SWIGLU) then tl_gpu_gemm. */
+size_t tl_gpu_moe_pf_plan_ints(int n_tok);
+int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, const tl_gpu_stream *st);
+int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
+                          const int32_t *plan, int n_tok, const tl_gpu_stream *st);
+int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
+                       const int32_t *plan, int n_tok, const tl_gpu_stream *st);
+int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
+                          const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
+                          const tl_gpu_stream *st);
+
+/* ====== Sampling ======
+ * One row of logits [n_rows, n_vocab] per entry (see k_sample.cu). `params` is a device array
+ * of tl_sample_params; keys [n_rows] u64 random keys; counts (NULL or [n_rows, n_vocab] i32
+ * penalty counts, bit 30 = seen anywhere, low 24 bits = times generated); scratch [n_rows,
+ * 2*n_vocab] f32. out: device tl_sample_out [n_rows]. Only ids < n_valid are sampled. */
 int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                   const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  float *scratch, int n_rows);
+                  float *scratch, int n_rows, const tl_gpu_stream *st);
 /* Builds penalty counts for one row from history [n_hist] (first n_prompt are prompt). */
 int tl_gpu_penalty_counts(int32_t *counts, const int32_t *hist, int n_hist, int n_prompt,
-                          int n_vocab);
+                          int n_vocab, const tl_gpu_stream *st);
 
-/* ====== Bench helpers ====== */
+/* ====== Bench and profiler (cuda_bench.cu) ====== */
 
 /* Bytes a decode step of one token reads and writes at context kv_len (weights touched, KV,
  * recurrent and conv state), from the backend's uploaded weights. */
@@ -167,7 +346,7 @@ void tl_cuda_prof_report(tl_backend *b, void *file);
 /* tulip bench --ops: after a decode step, times each decode op of one token in place (a graph of
  * back-to-back launches, PDL as in the step) and prints a table to file. */
 int tl_cuda_bench_ops(tl_backend *b, void *file);
-/* Device memory used by weights / state (bytes). */
+/* Device memory used by weights (bytes). */
 size_t tl_cuda_weight_bytes(const tl_backend *b);
 
 #ifdef __cplusplus

@@ -1,7 +1,7 @@
 /* Gated softmax attention for decode tokens (and, until the flash prefill kernel is wired in,
  * for prefill tokens one query at a time): split-KV partials, then a combine that applies the
  * sigmoid output gate. */
-#include "cuda/cuda_backend.cuh"
+#include "cuda/k_q4m.cuh"
 
 extern "C" {
 #include "common/util.h"
@@ -169,10 +169,10 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
             int ok = j0 + r < s1;
             size_t off = (size_t)(ok ? r : 0) * rstride + lane * 8;
             int dst = r * 512 + ((lane ^ (r & 7)) << 4);
-            pf_cp_async16(dk + dst, kbase + off, ok ? 16 : 0);
-            pf_cp_async16(dv + dst, vbase + off, ok ? 16 : 0);
+            cp_async16(dk + dst, kbase + off, ok ? 16 : 0);
+            cp_async16(dv + dst, vbase + off, ok ? 16 : 0);
         }
-        pf_cp_async_commit();
+        cp_async_commit();
     };
     int j = s0 + warp * ATC_KEYS; /* this warp's first tile */
     int early = j < s1 && j + ATC_KEYS <= first_new;
@@ -206,9 +206,9 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
         __syncwarp(); /* every lane is done with the stage refilled next */
         if (jn < s1) {
             issue(jn, stage ^ 1);
-            pf_cp_async_wait<1>();
+            cp_async_wait<1>();
         } else {
-            pf_cp_async_wait<0>();
+            cp_async_wait<0>();
         }
         __syncwarp();
         const char *sk = my + stage * 2 * ATC_TILE, *sv = sk + ATC_TILE;
@@ -218,9 +218,9 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
         for (int ks = 0; ks < 16; ks++) {
             uint4 a = sq[ks * 32 + lane];
             uint32_t b[4];
-            pf_ldmatrix_x4(b, krow + (((2 * ks + k_hc) ^ r8) << 4));
-            q4m_mma(d0, a.x, a.y, a.z, a.w, b[0], b[1]);
-            q4m_mma(d1, a.x, a.y, a.z, a.w, b[2], b[3]);
+            ldmatrix_x4(b, krow + (((2 * ks + k_hc) ^ r8) << 4));
+            mma_bf16(d0, a.x, a.y, a.z, a.w, b[0], b[1]);
+            mma_bf16(d1, a.x, a.y, a.z, a.w, b[2], b[3]);
         }
         /* head g's scores of keys 2tq, 2tq+1, 8+2tq, 9+2tq: hi row + lo row */
         float sc[4] = {d0[0] + d0[2], d0[1] + d0[3], d1[0] + d1[2], d1[1] + d1[3]};
@@ -247,9 +247,9 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
 #pragma unroll
         for (int c2 = 0; c2 < 16; c2++) {
             uint32_t b[4];
-            pf_ldmatrix_x4_trans(b, vrow + (((2 * c2 + v_hc) ^ r8) << 4));
-            q4m_mma(o[2 * c2], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
-            q4m_mma(o[2 * c2 + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
+            ldmatrix_x4_trans(b, vrow + (((2 * c2 + v_hc) ^ r8) << 4));
+            mma_bf16(o[2 * c2], pa[0], pa[1], pa[2], pa[3], b[0], b[1]);
+            mma_bf16(o[2 * c2 + 1], pa[0], pa[1], pa[2], pa[3], b[2], b[3]);
         }
     }
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -333,45 +333,37 @@ __global__ void __launch_bounds__(256)
     out[((size_t)t * n_head + h) * HD + d] = o / L * sigmoid_f(gate);
 }
 
-static int attn_attr_done;
-int tl_attn_min_chunk = TILE; /* keys per split at least (TL_CUDA_ATTN_MIN_CHUNK, backend open) */
-static int tl_attn_no_tc;     /* the CUDA-core split kernel for every G */
-extern "C" void tl_gpu_attn_force_cuda_core(int on) { tl_attn_no_tc = on; }
-
-/* Raises the kernels' dynamic shared memory limits (once; not allowed inside graph capture). */
-int tl_gpu_attn_setup(void) {
+/* Raises the kernels' dynamic shared memory limits (tl_gpu_init). */
+int cb_attn_setup(void) {
     CUDA_TRY(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   16 * HD * 4 + TILE * KW * 4 + TILE * 128 * 4));
     CUDA_TRY(cudaFuncSetAttribute(attn_tc_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   ATC_SMEM));
-    attn_attr_done = 1;
     return 0;
 }
 
 extern "C" int tl_gpu_attn(float *out, float *part, const float *q, const uint16_t *kc,
                            const uint16_t *vc, const float *proj, int ld_proj, int n_head, int n_kv,
-                           const tl_gpu_kv_pages *pg, int n_split, const tl_gpu_seqs *s) {
+                           const tl_gpu_kv_pages *pg, int n_split, const tl_gpu_seqs *s,
+                           const tl_gpu_attn_opts *opt, const tl_gpu_stream *st) {
     if (s->n_tok <= 0) return 0;
     int G = n_head / n_kv;
     if (G < 1 || G > 16 || n_head % n_kv || n_split < 1 || n_split > HD) return TL_ERR_INVALID;
-    if (!attn_attr_done) {
-        int st = tl_gpu_attn_setup();
-        if (st) return st;
-    }
-    int n_use = n_split;
-    if (G == 8 && !tl_attn_no_tc) {
+    int n_use = n_split, cuda_core = opt && opt->cuda_core;
+    int min_chunk = opt && opt->min_chunk > 0 ? opt->min_chunk : TILE;
+    if (G == 8 && !cuda_core) {
         /* one block per SM (136 KB of shared memory): as many splits as fill the SMs once */
-        n_use = TL_MAX(1, TL_MIN(n_split, q4m_grid_cap() / 2 / (n_kv * s->n_tok)));
+        n_use = TL_MAX(1, TL_MIN(n_split, cb_grid_cap() / 2 / (n_kv * s->n_tok)));
         dim3 grid(n_use, n_kv, s->n_tok);
-        TL_LAUNCH("attn_split", attn_tc_split_kernel, grid, dim3(ATC_WARPS * 32), ATC_SMEM, part, q,
-                  kc, vc, n_head, n_kv, *pg, n_split, n_use, tl_attn_min_chunk, *s);
+        TL_LAUNCH(st, "attn_split", attn_tc_split_kernel, grid, dim3(ATC_WARPS * 32), ATC_SMEM,
+                  part, q, kc, vc, n_head, n_kv, *pg, n_split, n_use, min_chunk, *s);
     } else {
         size_t shm = (size_t)G * HD * 4 + TILE * KW * 4 + TILE * 128 * 4;
         dim3 grid(n_split, n_kv, s->n_tok);
-        TL_LAUNCH("attn_split", attn_split_kernel, grid, dim3(32 * G), shm, part, q, kc, vc, n_head,
-                  n_kv, *pg, n_split, tl_attn_min_chunk, *s);
+        TL_LAUNCH(st, "attn_split", attn_split_kernel, grid, dim3(32 * G), shm, part, q, kc, vc,
+                  n_head, n_kv, *pg, n_split, min_chunk, *s);
     }
-    TL_LAUNCH("attn_combine", attn_combine_gate_kernel, dim3(s->n_tok, n_head), dim3(HD), 0, out,
-              part, proj, ld_proj, n_head, n_split, n_use);
+    TL_LAUNCH(st, "attn_combine", attn_combine_gate_kernel, dim3(s->n_tok, n_head), dim3(HD), 0,
+              out, part, proj, ld_proj, n_head, n_split, n_use);
     return 0;
 }

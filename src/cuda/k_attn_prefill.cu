@@ -3,8 +3,7 @@
  * sigmoid output gate fused into the epilogue. Owns one kernel and tl_gpu_attn_prefill; reads
  * the (possibly paged) bf16 KV cache, never writes it, never allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
-#include "cuda/gpu_prefill.h"
-#include "cuda/k_prefill_common.cuh"
+#include "cuda/cuda_common.cuh"
 #include "model/shape.h"
 
 #define AP_BQ         64  /* queries per block */
@@ -46,7 +45,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
             int r = c >> 5, ch = c & 31, t = q0 + r;
             const uint16_t *src =
                 q + (size_t)(t < n ? t : 0) * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
-            pf_cp_async16(sQ + r * AP_LDS + ch * 8, src, t < n ? 16 : 0);
+            cp_async16(sQ + r * AP_LDS + ch * 8, src, t < n ? 16 : 0);
         }
     } else {
         const float *q = (const float *)qv;
@@ -57,13 +56,13 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                 const float *src =
                     q + (size_t)t * q_tok_stride + (size_t)h * q_head_stride + ch * 8;
                 float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
-                packed = make_uint4(pf_pack_bf16(a.x, a.y), pf_pack_bf16(a.z, a.w),
-                                    pf_pack_bf16(b.x, b.y), pf_pack_bf16(b.z, b.w));
+                packed = make_uint4(bf16x2_pack(a.x, a.y), bf16x2_pack(a.z, a.w),
+                                    bf16x2_pack(b.x, b.y), bf16x2_pack(b.z, b.w));
             }
             *(uint4 *)(sQ + r * AP_LDS + ch * 8) = packed;
         }
     }
-    pf_cp_async_commit();
+    cp_async_commit();
 
     auto tile_base = [&](const uint16_t *base, int kpos0) -> const uint16_t * {
         if (kv.pages) {
@@ -78,14 +77,14 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         const uint16_t *b = tile_base(base, kpos0);
         for (int c = tid; c < AP_BK * 32; c += AP_THREADS) {
             int r = c >> 5, ch = c & 31, ok = kpos0 + r < kv_len;
-            pf_cp_async16(dst + r * AP_LDS + ch * 8,
-                          b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8, ok ? 16 : 0);
+            cp_async16(dst + r * AP_LDS + ch * 8, b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8,
+                       ok ? 16 : 0);
         }
     };
     load_kv(sK, kv.k, 0);
-    pf_cp_async_commit();
+    cp_async_commit();
     load_kv(sV, kv.v, 0);
-    pf_cp_async_commit();
+    cp_async_commit();
 
     const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
     float oacc[32][4];
@@ -96,7 +95,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                          pos0 + q0 + warp * 16 + (lane >> 2) + 8};
 
     for (int kt = 0; kt < n_kt; kt++) {
-        pf_cp_async_wait<1>(); /* Q and K_kt landed (V_kt may be in flight) */
+        cp_async_wait<1>(); /* Q and K_kt landed (V_kt may be in flight) */
         __syncthreads();
 
         /* S = Q K^T (16 x 64 per warp) */
@@ -106,19 +105,19 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
 #pragma unroll
         for (int kk = 0; kk < AP_D / 16; kk++) {
             uint32_t af[4];
-            pf_ldmatrix_x4(af, sQ + (warp * 16 + (lane & 15)) * AP_LDS + kk * 16 + (lane >> 4) * 8);
+            ldmatrix_x4(af, sQ + (warp * 16 + (lane & 15)) * AP_LDS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t r[4];
-                pf_ldmatrix_x4(r, sK + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * AP_LDS + kk * 16 +
-                                      ((lane >> 3) & 1) * 8);
-                pf_mma_bf16(s[2 * np], af, r[0], r[1]);
-                pf_mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+                ldmatrix_x4(r, sK + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * AP_LDS + kk * 16 +
+                                   ((lane >> 3) & 1) * 8);
+                mma_bf16(s[2 * np], af, r[0], r[1]);
+                mma_bf16(s[2 * np + 1], af, r[2], r[3]);
             }
         }
         __syncthreads(); /* every warp is done with sK */
         if (kt + 1 < n_kt) load_kv(sK, kv.k, kt + 1);
-        pf_cp_async_commit();
+        cp_async_commit();
 
         /* online softmax on the fragments: element (row g(+8), key 8*nt + 2*(lane%4) + e) */
         const int kbase = kt * AP_BK;
@@ -152,8 +151,8 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
             float p2 = exp2f(s[nt][2] - mnew[1]), p3 = exp2f(s[nt][3] - mnew[1]);
             lsum[0] += p0 + p1;
             lsum[1] += p2 + p3;
-            pf[nt >> 1][(nt & 1) * 2 + 0] = pf_pack_bf16(p0, p1);
-            pf[nt >> 1][(nt & 1) * 2 + 1] = pf_pack_bf16(p2, p3);
+            pf[nt >> 1][(nt & 1) * 2 + 0] = bf16x2_pack(p0, p1);
+            pf[nt >> 1][(nt & 1) * 2 + 1] = bf16x2_pack(p2, p3);
         }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
@@ -165,7 +164,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
             oacc[i][3] *= alpha[1];
         }
 
-        pf_cp_async_wait<1>(); /* V_kt landed (K_kt+1 may be in flight) */
+        cp_async_wait<1>(); /* V_kt landed (K_kt+1 may be in flight) */
         __syncthreads();
         /* O += P V: A fragments of P straight from the S fragments (k16 step kk = keys 16kk..) */
 #pragma unroll
@@ -174,18 +173,17 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
 #pragma unroll
             for (int dp = 0; dp < AP_D / 16; dp++) {
                 uint32_t r[4];
-                pf_ldmatrix_x4_trans(r,
-                                     sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * AP_LDS +
+                ldmatrix_x4_trans(r, sV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * AP_LDS +
                                          dp * 16 + (lane >> 4) * 8);
-                pf_mma_bf16(oacc[2 * dp], a, r[0], r[1]);
-                pf_mma_bf16(oacc[2 * dp + 1], a, r[2], r[3]);
+                mma_bf16(oacc[2 * dp], a, r[0], r[1]);
+                mma_bf16(oacc[2 * dp + 1], a, r[2], r[3]);
             }
         }
         __syncthreads(); /* every warp is done with sV */
         if (kt + 1 < n_kt) load_kv(sV, kv.v, kt + 1);
-        pf_cp_async_commit();
+        cp_async_commit();
     }
-    pf_cp_async_wait<0>();
+    cp_async_wait<0>();
 
     /* finish the row sums across the quad, normalise, gate, store */
 #pragma unroll
@@ -211,19 +209,19 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                     g0 = gv.x, g1 = gv.y;
                 } else {
                     uint32_t gv = *(const uint32_t *)((const uint16_t *)gatev + goff + d);
-                    g0 = pf_bf16_lo(gv), g1 = pf_bf16_hi(gv);
+                    g0 = bf16x2_lo(gv), g1 = bf16x2_hi(gv);
                 }
                 v0 *= 1.0f / (1.0f + expf(-g0));
                 v1 *= 1.0f / (1.0f + expf(-g1));
             }
-            *(uint32_t *)(op + d) = pf_pack_bf16(v0, v1);
+            *(uint32_t *)(op + d) = bf16x2_pack(v0, v1);
         }
     }
 }
 
 extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
                                    const tl_gpu_kv_view *kv, int n, int pos0, int flags,
-                                   void *stream) {
+                                   const tl_gpu_stream *st) {
     if (!o || !q || !q->p || !kv || !kv->k || !kv->v || n < 0 || pos0 < 0) return TL_ERR_INVALID;
     tl_gpu_heads g = {NULL, 0, 0};
     if (gate && gate->p) g = *gate;
@@ -241,8 +239,7 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    attn_prefill_kernel<<<grid, AP_THREADS, AP_SMEM, (cudaStream_t)stream>>>(
-        o, *q, g, *kv, n, pos0, flags & TL_ATTN_IN_F32);
-    PF_LAUNCH_CHECK();
+    TL_LAUNCH(st, "attn_prefill", attn_prefill_kernel, grid, dim3(AP_THREADS), AP_SMEM, o, *q, g,
+              *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     return 0;
 }

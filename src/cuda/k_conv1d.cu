@@ -31,9 +31,10 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
 }
 
 extern "C" int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w,
-                             int C, const tl_gpu_seqs *s) {
+                             int C, const tl_gpu_seqs *s, const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(CEIL_DIV(C, 256), s->n_seg);
-    TL_LAUNCH("conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C, *s);
+    TL_LAUNCH(st, "conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C,
+              *s);
     return 0;
 }

@@ -5,8 +5,7 @@
  * chunks of each head in order applying them to the state, which stays in shared memory.
  * Never allocates, never synchronises. Invariant: equals the token-by-token recurrence
  * (cpu_gdn_step) up to fp32 rounding. dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
-#include "cuda/gpu_prefill.h"
-#include "cuda/k_prefill_common.cuh"
+#include "cuda/cuda_common.cuh"
 #include "model/shape.h"
 
 #define GC_L             64  /* chunk length */
@@ -35,7 +34,7 @@
 static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, int in_f32) {
     if (in_f32) return *(const float4 *)((const float *)base + idx);
     uint2 r = *(const uint2 *)((const uint16_t *)base + idx);
-    return make_float4(pf_bf16_lo(r.x), pf_bf16_hi(r.x), pf_bf16_lo(r.y), pf_bf16_hi(r.y));
+    return make_float4(bf16x2_lo(r.x), bf16x2_hi(r.x), bf16x2_lo(r.y), bf16x2_hi(r.y));
 }
 
 static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt, const void *q,
@@ -279,21 +278,21 @@ __global__ void __launch_bounds__(NW * 32, 1)
                      float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
                      const float *rec = rec_of(c);
                      for (int i = tid; i < (GC_L * GC_DK + GC_L * GC_L) / 4; i += THREADS)
-                         pf_cp_async16(buf + 4 * i, rec + GC_WS_W + 4 * i, 16);
+                         cp_async16(buf + 4 * i, rec + GC_WS_W + 4 * i, 16);
                      for (int i = tid; i < GC_L * GC_DVB / 4; i += THREADS) {
                          int r = i / (GC_DVB / 4), cc = i % (GC_DVB / 4);
-                         pf_cp_async16(buf + GS_BUF_U + r * GC_DVB + 4 * cc,
-                                       rec + GC_WS_U + r * GC_DK + c0 + 4 * cc, 16);
+                         cp_async16(buf + GS_BUF_U + r * GC_DVB + 4 * cc,
+                                    rec + GC_WS_U + r * GC_DK + c0 + 4 * cc, 16);
                      }
                      if (tid < GC_L / 4)
-                         pf_cp_async16(buf + GS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
+                         cp_async16(buf + GS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
         };
     auto fetch_rows = [&](float *dst, int c,
                           int off) { /* Qg or Kd of chunk c */
                                      if (c >= n_chunks) return;
                                      const float *src = rec_of(c) + off;
                                      for (int i = tid; i < GC_L * GC_DK / 4; i += THREADS)
-                                         pf_cp_async16(dst + 4 * i, src + 4 * i, 16);
+                                         cp_async16(dst + 4 * i, src + 4 * i, 16);
     };
 
     for (int u = 0; u < RS; u++) {
@@ -304,21 +303,21 @@ __global__ void __launch_bounds__(NW * 32, 1)
      * Q_{c+1}, K_{c+1} (empty past the end), so "all but the newest 1 / 2" below name exactly the
      * groups each step needs. */
     fetch_buf(0);
-    pf_cp_async_commit();
+    cp_async_commit();
     fetch_rows(sQ, 0, GC_WS_QG);
-    pf_cp_async_commit();
+    cp_async_commit();
     fetch_rows(sK, 0, GC_WS_KD);
-    pf_cp_async_commit();
+    cp_async_commit();
 
     for (int c = 0; c < n_chunks; c++) {
         const int t0 = t_seg + c * GC_L;
         float *buf = gs_smem + GS_OFF_BUF + (c & 1) * GS_BUF_FLOATS;
         const float *sW = buf + GS_BUF_W, *sAqk = buf + GS_BUF_AQK, *sG = buf + GS_BUF_G;
         float *sU = buf + GS_BUF_U;
-        pf_cp_async_wait<1>(); /* buf_c and Q_c (K_c may still be in flight) */
+        cp_async_wait<1>(); /* buf_c and Q_c (K_c may still be in flight) */
         __syncthreads();
         fetch_buf(c + 1);
-        pf_cp_async_commit();
+        cp_async_commit();
 
         /* v_new = U - W S; o = Qg S: rows i = 8w+u, column lane */
         float vp[RW], oi[RW];
@@ -339,7 +338,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
         for (int u = 0; u < RW; u++) sU[(warp * RW + u) * GC_DVB + lane] -= vp[u];
         __syncthreads(); /* v_new complete; Q free */
         fetch_rows(sQ, c + 1, GC_WS_QG);
-        pf_cp_async_commit();
+        cp_async_commit();
 
         /* o += Aqk v_new */
         for (int j = 0; j < GC_L; j += 4) {
@@ -363,7 +362,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
         }
 
         /* S = e^{gL} S + Kd^T v_new: rows d = 16w+u, column lane */
-        pf_cp_async_wait<2>(); /* K_c */
+        cp_async_wait<2>(); /* K_c */
         __syncthreads();
         {
             float acc[RS];
@@ -387,9 +386,9 @@ __global__ void __launch_bounds__(NW * 32, 1)
         }
         __syncthreads(); /* K free, S updated */
         fetch_rows(sK, c + 1, GC_WS_KD);
-        pf_cp_async_commit();
+        cp_async_commit();
     }
-    pf_cp_async_wait<0>();
+    cp_async_wait<0>();
 
     for (int u = 0; u < RS; u++) {
         int d = warp * RS + u;
@@ -405,18 +404,17 @@ __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const fl
     if (i >= T * GC_NH) return;
     int t = i / GC_NH, h = i % GC_NH;
     float x = a[(size_t)t * ld + h] + dt_bias[h];
-    float sp = x > 20.0f ? x : log1pf(expf(x));
-    g[i] = a_neg[h] * sp;
-    beta[i] = 1.0f / (1.0f + expf(-b[(size_t)t * ld + h]));
+    g[i] = a_neg[h] * softplus_f(x);
+    beta[i] = sigmoid_f(b[(size_t)t * ld + h]);
 }
 
 extern "C" int tl_gpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int ld,
-                                const float *dt_bias, const float *a_neg, int T, void *stream) {
+                                const float *dt_bias, const float *a_neg, int T,
+                                const tl_gpu_stream *st) {
     if (!g || !beta || !a || !b || !dt_bias || !a_neg || T < 0 || ld < GC_NH) return TL_ERR_INVALID;
     if (T == 0) return 0;
-    gdn_gates_kernel<<<(T * GC_NH + 255) / 256, 256, 0, (cudaStream_t)stream>>>(g, beta, a, b, ld,
-                                                                                dt_bias, a_neg, T);
-    PF_LAUNCH_CHECK();
+    TL_LAUNCH(st, "gdn_gates", gdn_gates_kernel, dim3((T * GC_NH + 255) / 256), dim3(256), 0, g,
+              beta, a, b, ld, dt_bias, a_neg, T);
     return 0;
 }
 
@@ -426,7 +424,7 @@ extern "C" size_t tl_gpu_gdn_chunk_ws_bytes(void) {
 
 extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
                                 int tok_stride, const float *g, const float *beta, int T, int flags,
-                                void *ws, void *stream) {
+                                void *ws, const tl_gpu_stream *st) {
     if (!o || !state || !q || !k || !v || !g || !beta || !ws || T < 0) return TL_ERR_INVALID;
     if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16)
         return TL_ERR_INVALID;
@@ -440,16 +438,13 @@ extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void
             return TL_ERR_CUDA;
         attr_set = 1;
     }
-    cudaStream_t st = (cudaStream_t)stream;
     for (int t_seg = 0; t_seg < T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
-        gdn_prep_kernel<<<dim3(n_chunks, GC_NH), GC_THREADS, GP_SMEM, st>>>(
-            (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, flags & TL_GDN_L2NORM,
-            flags & TL_GDN_IN_F32);
-        PF_LAUNCH_CHECK();
-        gdn_seq_kernel<8><<<dim3(GC_DK / GC_DVB, GC_NH), 256, GS_SMEM, st>>>(
-            o, state, (const float *)ws, t_seg, n_chunks, T, flags);
-        PF_LAUNCH_CHECK();
+        TL_LAUNCH(st, "gdn_prep", gdn_prep_kernel, dim3(n_chunks, GC_NH), dim3(GC_THREADS), GP_SMEM,
+                  (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, (int)(flags & TL_GDN_L2NORM),
+                  (int)(flags & TL_GDN_IN_F32));
+        TL_LAUNCH(st, "gdn_seq", gdn_seq_kernel<8>, dim3(GC_DK / GC_DVB, GC_NH), dim3(256), GS_SMEM,
+                  o, state, (const float *)ws, t_seg, n_chunks, T, flags);
     }
     return 0;
 }

@@ -98,10 +98,10 @@ __global__ void __launch_bounds__(512)
 extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj,
                           int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                           const float *norm_w, int n_k_head, int n_v_head, float eps,
-                          const tl_gpu_seqs *s) {
+                          const tl_gpu_seqs *s, const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head, s->n_seg);
-    TL_LAUNCH("gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, qkv, proj, ld_proj, z_off,
+    TL_LAUNCH(st, "gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, qkv, proj, ld_proj, z_off,
               b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
     return 0;
 }

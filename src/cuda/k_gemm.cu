@@ -2,14 +2,13 @@
  * either BF16 or 4-bit affine g64 (dequantized in the main loop), fp32 accumulation, bf16 or f32
  * output and fused epilogues (residual add, SwiGLU). Two kernels: mma.sync and wgmma (Hopper),
  * picked per shape by gemm_pick_tile; the same kernels run the MoE
- * grouped GEMMs (rows gathered by expert from a routing plan). Also owns the 4-bit repack from
- * the MLX layout and the MoE plan / combine kernels. Launches only: never allocates, never
+ * grouped GEMMs (rows gathered by expert from a routing plan; the plan and combine kernels are in
+ * k_moe.cu, the 4-bit repack in cuda_weights.cu). Launches only: never allocates, never
  * synchronises. Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked
- * at entry). Sections: tiling, mma.sync kernel, wgmma kernel, dispatch, MoE, repack. */
+ * at entry). Sections: tiling, mma.sync kernel, wgmma kernel, dispatch, MoE grouped GEMM. */
 #include <stdlib.h>
 
-#include "cuda/gpu_prefill.h"
-#include "cuda/k_prefill_common.cuh"
+#include "cuda/cuda_common.cuh"
 
 /* ====== Tiling. ======
  * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 64*WM and BN = 32*NJ: 4*WM warps
@@ -19,7 +18,7 @@
  * live in shared memory with rows padded to 72 elements (144 B: the 8 row addresses of an
  * ldmatrix hit 8 distinct 16-byte bank groups).
  * note: 4-bit B tiles stay packed in shared memory (BN*32 B per stage instead of BN*128 B) and
- * each thread dequantizes its own B fragments into registers right before the mma (gpu_prefill.h
+ * each thread dequantizes its own B fragments into registers right before the mma (gpu.h
  * describes the nibble order that makes this one 32-bit load per fragment pair). */
 #define GM_BK        64
 #define GM_LDS       72
@@ -27,12 +26,7 @@
 
 enum { GM_DENSE = 0, GM_MOE_GATHER = 1, GM_MOE_SCATTER = 2 };
 
-/* MoE plan layout (ints): off[257], tile starts for 128-row tiles [257], for 64-row tiles
- * [257], then perm[n_tok*8] (assignment ids grouped by expert). */
-#define PLAN_OFF   0
-#define PLAN_TS128 257
-#define PLAN_TS64  514
-#define PLAN_PERM  771
+#include "cuda/k_gemm.cuh"
 
 typedef struct gemm_args {
     const uint16_t *x; /* A rows, row stride K */
@@ -57,8 +51,6 @@ template <int BITS, int WM, int NJ> struct gm_cfg {
     static constexpr int STAGES = (3 * STAGE_BYTES <= 120 * 1024 || BITS == 4) ? 4 : 3;
     static constexpr int SMEM = STAGES * STAGE_BYTES;
 };
-
-static __device__ __forceinline__ float gm_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ====== The GEMM kernel. ======
  * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
@@ -123,7 +115,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int r = (tid >> 3) + (THREADS / 8) * j;
-            pf_cp_async16(sA + r * GM_LDS + (tid & 7) * 8, a_src[j] + k0, a_ok[j] ? 16 : 0);
+            cp_async16(sA + r * GM_LDS + (tid & 7) * 8, a_src[j] + k0, a_ok[j] ? 16 : 0);
         }
         if (BITS == 16) {
             uint16_t *sB = (uint16_t *)(s + C::A_BYTES);
@@ -131,8 +123,8 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
             for (int j = 0; j < BN * 8 / THREADS; j++) {
                 int r = (tid >> 3) + (THREADS / 8) * j;
-                pf_cp_async16(sB + r * GM_LDS + (tid & 7) * 8,
-                              wg + (size_t)(n0 + r) * p.K + k0 + (tid & 7) * 8, 16);
+                cp_async16(sB + r * GM_LDS + (tid & 7) * 8,
+                           wg + (size_t)(n0 + r) * p.K + k0 + (tid & 7) * 8, 16);
             }
         } else {
             uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
@@ -141,12 +133,11 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
             for (int j = 0; j < 2 * BN / THREADS; j++) {
                 int c = tid + THREADS * j, rb = c >> 4, ch = c & 15;
-                pf_cp_async16(sQ + rb * 64 + ch * 4,
-                              wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
-                              16);
+                cp_async16(sQ + rb * 64 + ch * 4,
+                           wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
             }
             if (tid < BN / 4)
-                pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+                cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
         }
     };
 
@@ -161,15 +152,15 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < KT) load_stage(s, s);
-        pf_cp_async_commit();
+        cp_async_commit();
     }
 
     for (int kt = 0; kt < KT; kt++) {
-        pf_cp_async_wait<C::STAGES - 2>();
+        cp_async_wait<C::STAGES - 2>();
         __syncthreads();
         int nk = kt + C::STAGES - 1;
         if (nk < KT) load_stage(nk % C::STAGES, nk);
-        pf_cp_async_commit();
+        cp_async_commit();
 
         const uint8_t *s = gm_smem + (kt % C::STAGES) * C::STAGE_BYTES;
         const uint16_t *sA = (const uint16_t *)s;
@@ -179,14 +170,14 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
             uint32_t af[4][4], bf[NJ][2];
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
-                pf_ldmatrix_x4(af[mi], sA + (wm * 64 + mi * 16 + (lane & 15)) * GM_LDS + kk * 16 +
-                                           (lane >> 4) * 8);
+                ldmatrix_x4(af[mi], sA + (wm * 64 + mi * 16 + (lane & 15)) * GM_LDS + kk * 16 +
+                                        (lane >> 4) * 8);
             if (BITS == 16) {
                 const uint16_t *sB = (const uint16_t *)(s + C::A_BYTES);
 #pragma unroll
                 for (int np = 0; np < NJ / 2; np++) {
                     uint32_t r[4];
-                    pf_ldmatrix_x4(
+                    ldmatrix_x4(
                         r, sB + (wn * 8 * NJ + np * 16 + (lane >> 4) * 8 + (lane & 7)) * GM_LDS +
                                kk * 16 + ((lane >> 3) & 1) * 8);
                     bf[2 * np][0] = r[0];
@@ -225,11 +216,10 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-                for (int nj = 0; nj < NJ; nj++)
-                    pf_mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
+                for (int nj = 0; nj < NJ; nj++) mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
         }
     }
-    pf_cp_async_wait<0>();
+    cp_async_wait<0>();
 
     /* ---- epilogue ---- */
     const int out_f32 = p.flags & TL_GEMM_OUT_F32, swiglu = p.flags & TL_GEMM_SWIGLU;
@@ -248,8 +238,8 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
                 if (swiglu) {
                     if (nj & 1) continue;
                     float u0 = acc[mi][nj + 1][2 * h], u1 = acc[mi][nj + 1][2 * h + 1];
-                    v0 = gm_silu(v0) * u0;
-                    v1 = gm_silu(v1) * u1;
+                    v0 = silu_f(v0) * u0;
+                    v1 = silu_f(v1) * u1;
                     col = (n0 + wn * 8 * NJ + nj * 8) / 2 + 2 * (lane & 3);
                 } else {
                     col = n0 + wn * 8 * NJ + nj * 8 + 2 * (lane & 3);
@@ -265,10 +255,10 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
                 } else {
                     if (add_res) {
                         uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
-                        v0 += pf_bf16_lo(rv);
-                        v1 += pf_bf16_hi(rv);
+                        v0 += bf16x2_lo(rv);
+                        v1 += bf16x2_hi(rv);
                     }
-                    *(uint32_t *)((uint16_t *)p.y + idx) = pf_pack_bf16(v0, v1);
+                    *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
                 }
             }
         }
@@ -276,7 +266,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 }
 
 template <int BITS, int WM, int NJ>
-static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
+static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     typedef gm_cfg<BITS, WM, NJ> C;
     static int attr_set;
     if (!attr_set) {
@@ -289,8 +279,7 @@ static int launch_gemm(const gemm_args *p, int grid_y, cudaStream_t st) {
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid(p->N / C::BN, grid_y);
-    gemm_mma_kernel<BITS, WM, NJ><<<grid, C::THREADS, C::SMEM, st>>>(*p);
-    PF_LAUNCH_CHECK();
+    TL_LAUNCH(st, "gemm_mma", gemm_mma_kernel<BITS, WM, NJ>, grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
@@ -424,7 +413,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         a_src[j] = p.x + (size_t)(a_ok[j] ? src : 0) * p.K + (tid & 7) * 8;
     }
     const int KT = p.K / GM_BK;
-    const uint32_t smem_s = pf_smem_u32(smem);
+    const uint32_t smem_s = smem_u32(smem);
     uint8_t *bbuf = smem + WG_STAGES * C::STAGE_BYTES;
 
     auto load_stage = [&](int stage, int kt) {
@@ -433,16 +422,16 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 #pragma unroll
         for (int j = 0; j < A_CH; j++) {
             int r = (tid >> 3) + (THREADS / 8) * j;
-            pf_cp_async16(s + wg_swz(r, tid & 7), a_src[j] + k0, a_ok[j] ? 16 : 0);
+            cp_async16(s + wg_swz(r, tid & 7), a_src[j] + k0, a_ok[j] ? 16 : 0);
         }
         if (BITS == 16) {
             const uint16_t *wg16 = (const uint16_t *)wb;
 #pragma unroll
             for (int j = 0; j < WG_BN * 8 / THREADS; j++) {
                 int r = (tid >> 3) + (THREADS / 8) * j, ok = n0 + r < p.N;
-                pf_cp_async16(s + C::A_BYTES + wg_swz(r, tid & 7),
-                              wg16 + (size_t)(ok ? n0 + r : 0) * p.K + k0 + (tid & 7) * 8,
-                              ok ? 16 : 0);
+                cp_async16(s + C::A_BYTES + wg_swz(r, tid & 7),
+                           wg16 + (size_t)(ok ? n0 + r : 0) * p.K + k0 + (tid & 7) * 8,
+                           ok ? 16 : 0);
             }
         } else {
             uint32_t *sQ = (uint32_t *)(s + C::A_BYTES);
@@ -451,15 +440,15 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 #pragma unroll
             for (int j = 0; j < 2 * WG_BN / THREADS; j++) {
                 int c = tid + THREADS * j, rb = c >> 4, ch = c & 15, ok = n0 + 8 * rb < p.N;
-                pf_cp_async16(sQ + rb * 64 + ch * 4,
-                              wq4 + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 +
-                                  ch * 4,
-                              ok ? 16 : 0);
+                cp_async16(sQ + rb * 64 + ch * 4,
+                           wq4 + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 +
+                               ch * 4,
+                           ok ? 16 : 0);
             }
             if (tid < WG_BN / 4) {
                 int ok = n0 + 4 * tid < p.N;
-                pf_cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + (ok ? n0 + tid * 4 : 0),
-                              ok ? 16 : 0);
+                cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + (ok ? n0 + tid * 4 : 0),
+                           ok ? 16 : 0);
             }
         }
     };
@@ -501,21 +490,21 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 #pragma unroll
     for (int s = 0; s < WG_STAGES - 1; s++) {
         if (s < KT) load_stage(s, s);
-        pf_cp_async_commit();
+        cp_async_commit();
     }
     if (BITS == 4) {
-        pf_cp_async_wait<WG_STAGES - 2>();
+        cp_async_wait<WG_STAGES - 2>();
         __syncthreads();
         dequant(0, 0);
     }
 
     for (int kt = 0; kt < KT; kt++) {
-        pf_cp_async_wait<WG_STAGES - 2>(); /* tile kt */
+        cp_async_wait<WG_STAGES - 2>(); /* tile kt */
         wg_fence_proxy();
         __syncthreads();
         const uint32_t sa = smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + wg * 64 * 128;
         const uint32_t sb = BITS == 16 ? smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + C::A_BYTES
-                                       : pf_smem_u32(bbuf) + (kt & 1) * WG_BN * 128;
+                                       : smem_u32(bbuf) + (kt & 1) * WG_BN * 128;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++)
@@ -525,15 +514,15 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         __syncthreads(); /* every warpgroup is done with step kt-1's stage and B buffer */
         int nk = kt + WG_STAGES - 1;
         if (nk < KT) load_stage(nk % WG_STAGES, nk);
-        pf_cp_async_commit();
+        cp_async_commit();
         if (BITS == 4 && kt + 1 < KT) {
-            pf_cp_async_wait<WG_STAGES - 2>(); /* tile kt+1 */
+            cp_async_wait<WG_STAGES - 2>(); /* tile kt+1 */
             __syncthreads();
             dequant((kt + 1) % WG_STAGES, (kt + 1) & 1);
         }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    pf_cp_async_wait<0>();
+    cp_async_wait<0>();
 
     /* ---- epilogue (fragment layout as mma.sync m16n8, warp wq of the warpgroup) ---- */
     const int out_f32 = p.flags & TL_GEMM_OUT_F32, swiglu = p.flags & TL_GEMM_SWIGLU;
@@ -551,8 +540,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             if (swiglu) {
                 if (nj & 1) continue;
                 float u0 = acc[4 * (nj + 1) + 2 * h], u1 = acc[4 * (nj + 1) + 2 * h + 1];
-                v0 = gm_silu(v0) * u0;
-                v1 = gm_silu(v1) * u1;
+                v0 = silu_f(v0) * u0;
+                v1 = silu_f(v1) * u1;
                 col = (n0 + nj * 8) / 2 + 2 * (lane & 3);
             } else {
                 col = n0 + nj * 8 + 2 * (lane & 3);
@@ -568,17 +557,17 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             } else {
                 if (add_res) {
                     uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
-                    v0 += pf_bf16_lo(rv);
-                    v1 += pf_bf16_hi(rv);
+                    v0 += bf16x2_lo(rv);
+                    v1 += bf16x2_hi(rv);
                 }
-                *(uint32_t *)((uint16_t *)p.y + idx) = pf_pack_bf16(v0, v1);
+                *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
             }
         }
     }
 }
 
 template <int BITS, int WGS>
-static int launch_gemm_wg(const gemm_args *p, int grid_y, cudaStream_t st) {
+static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     typedef wg_cfg<BITS, WGS> C;
     static int attr_set;
     if (!attr_set) {
@@ -591,15 +580,15 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, cudaStream_t st) {
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid((p->N + WG_BN - 1) / WG_BN, grid_y);
-    gemm_wg_kernel<BITS, WGS><<<grid, C::THREADS, C::SMEM, st>>>(*p);
-    PF_LAUNCH_CHECK();
+    TL_LAUNCH(st, "gemm_wg", gemm_wg_kernel<BITS, WGS>, grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
 /* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4 };
 
-static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, cudaStream_t st) {
+static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y,
+                       const tl_gpu_stream *st) {
 #define GM_CASE(B, T, WM, NJ)                                                                      \
     if (bits == B && tile == T) return launch_gemm<B, WM, NJ>(p, grid_y, st);
     GM_CASE(16, GM_T128, 2, 4)
@@ -647,7 +636,7 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
 }
 
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
-                           int flags, void *stream) {
+                           int flags, const tl_gpu_stream *st) {
     if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
     if ((flags & TL_GEMM_ADD_RES) && !res) return TL_ERR_INVALID;
     if (n == 0) return 0;
@@ -665,57 +654,14 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.mode = GM_DENSE;
     int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
     int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
-    return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, (cudaStream_t)stream);
+    return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st);
 }
 
-/* ====== MoE: plan, grouped GEMMs, combine. ====== */
+/* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
 
-/* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
- * plan: off[257] (prefix of counts), tile prefixes for 128- and 64-row tiles, perm[n*8].
- * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
- *   cannot change any result: each output row depends only on its own input row). */
-__global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
-    __shared__ int cnt[256], cur[256];
-    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
-        int e = ids[a];
-        if (e >= 0 && e < 256) atomicAdd(&cnt[e], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, t = 0, t64 = 0;
-        for (int e = 0; e < 256; e++) {
-            plan[PLAN_OFF + e] = o;
-            plan[PLAN_TS128 + e] = t;
-            plan[PLAN_TS64 + e] = t64;
-            cur[e] = o;
-            o += cnt[e];
-            t += (cnt[e] + 127) / 128;
-            t64 += (cnt[e] + 63) / 64;
-        }
-        plan[PLAN_OFF + 256] = o;
-        plan[PLAN_TS128 + 256] = t;
-        plan[PLAN_TS64 + 256] = t64;
-    }
-    __syncthreads();
-    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
-        int e = ids[a];
-        if (e >= 0 && e < 256) plan[PLAN_PERM + atomicAdd(&cur[e], 1)] = a;
-    }
-}
-
-extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) { return PLAN_PERM + (size_t)n_tok * 8; }
-
-extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, void *stream) {
-    if (!plan || !ids || n_tok < 0) return TL_ERR_INVALID;
-    moe_plan_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(plan, ids, n_tok * 8);
-    PF_LAUNCH_CHECK();
-    return 0;
-}
-
-static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
-                    int n_tok, int mode, int flags, void *stream) {
+int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
+                int n_tok, int gather, int flags, const tl_gpu_stream *st) {
+    int mode = gather ? GM_MOE_GATHER : GM_MOE_SCATTER;
     if (!y || !x || !plan || n_tok < 0 || !gemm_w_ok(w)) return TL_ERR_INVALID;
     if (n_tok == 0) return 0;
     gemm_args p = {};
@@ -744,180 +690,5 @@ static int moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, cons
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : GM_T64;
     int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
     int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256);
-    return gemm_launch(&p, w->bits, tile, max_tiles, (cudaStream_t)stream);
-}
-
-extern "C" int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
-                                     const int32_t *plan, int n_tok, void *stream) {
-    return moe_gemm(h, x, w_expert0, plan, n_tok, GM_MOE_GATHER, TL_GEMM_SWIGLU, stream);
-}
-
-extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
-                                  const tl_gpu_gemm_w *w_expert0, const int32_t *plan, int n_tok,
-                                  void *stream) {
-    return moe_gemm(yslot, h, w_expert0, plan, n_tok, GM_MOE_SCATTER, 0, stream);
-}
-
-/* math: out[t] = res[t] + sum_s w[t,s] y[t*8+s] + sigmoid(l[t]) sh[t], fp32, slots in order.
- * threads: one block of 256 per token, 8 columns per thread (16-byte loads of yslot).
- * bytes: n_tok * (8*2048*2 + 2048*(2|4)*2 + 2048*2) . */
-__global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *yslot,
-                                   const float *wts, const uint16_t *sh, const float *sh_logit,
-                                   int n_embd, int out_f32) {
-    const int t = blockIdx.x;
-    for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
-        float acc[8];
-        for (int i = 0; i < 8; i++) acc[i] = 0.f;
-        for (int s = 0; s < 8; s++) {
-            float ws = wts[t * 8 + s];
-            uint4 v = *(const uint4 *)(yslot + ((size_t)t * 8 + s) * n_embd + c0);
-            uint32_t u[4] = {v.x, v.y, v.z, v.w};
-            for (int i = 0; i < 4; i++) {
-                acc[2 * i] += ws * pf_bf16_lo(u[i]);
-                acc[2 * i + 1] += ws * pf_bf16_hi(u[i]);
-            }
-        }
-        if (sh) {
-            float gs = 1.0f / (1.0f + expf(-sh_logit[t]));
-            uint4 v = *(const uint4 *)(sh + (size_t)t * n_embd + c0);
-            uint32_t u[4] = {v.x, v.y, v.z, v.w};
-            for (int i = 0; i < 4; i++) {
-                acc[2 * i] += gs * pf_bf16_lo(u[i]);
-                acc[2 * i + 1] += gs * pf_bf16_hi(u[i]);
-            }
-        }
-        size_t base = (size_t)t * n_embd + c0;
-        if (out_f32) {
-            for (int i = 0; i < 8; i++) {
-                float r = res ? ((const float *)res)[base + i] : 0.f;
-                ((float *)out)[base + i] = r + acc[i];
-            }
-        } else {
-            uint32_t o[4];
-            for (int i = 0; i < 4; i++) {
-                float r0 = 0.f, r1 = 0.f;
-                if (res) {
-                    r0 = pf_bf16(((const uint16_t *)res)[base + 2 * i]);
-                    r1 = pf_bf16(((const uint16_t *)res)[base + 2 * i + 1]);
-                }
-                o[i] = pf_pack_bf16(r0 + acc[2 * i], r1 + acc[2 * i + 1]);
-            }
-            *(uint4 *)((uint16_t *)out + base) = make_uint4(o[0], o[1], o[2], o[3]);
-        }
-    }
-}
-
-extern "C" int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot,
-                                     const float *wts, const uint16_t *shared,
-                                     const float *sh_logit, int n_tok, int flags, void *stream) {
-    if (!out || !yslot || !wts || n_tok < 0 || (shared && !sh_logit)) return TL_ERR_INVALID;
-    if (n_tok == 0) return 0;
-    moe_combine_kernel<<<n_tok, 256, 0, (cudaStream_t)stream>>>(
-        out, res, yslot, wts, shared, sh_logit, 2048, flags & TL_GEMM_OUT_F32);
-    PF_LAUNCH_CHECK();
-    return 0;
-}
-
-/* ====== 4-bit repack (MLX -> q4 tiled) and SwiGLU interleave. ====== */
-
-/* Source row of destination row r: plain, or the SwiGLU interleave by 8 (gate rows then up). */
-static __device__ __forceinline__ int rp_src_row(int r, int swiglu, int *is_up) {
-    if (!swiglu) {
-        *is_up = 0;
-        return r;
-    }
-    int g = r >> 4, w = r & 15;
-    *is_up = w >= 8;
-    return g * 8 + (w & 7);
-}
-
-/* threads: one per destination word (mat, rb, kb, lane) then one per (mat, group, row) scale. */
-__global__ void q4_repack_kernel(uint32_t *dw, uint32_t *dsb, tl_gpu_mlx_q4 s0, tl_gpu_mlx_q4 s1,
-                                 int n_mat, int rows, int cols, int swiglu) {
-    const int src_rows = swiglu ? rows / 2 : rows;
-    const long long n_words = (long long)rows * cols / 8, n_groups = (long long)rows * cols / 64;
-    const long long total = (long long)n_mat * (n_words + n_groups);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        int mat = (int)(i / (n_words + n_groups));
-        long long j = i % (n_words + n_groups);
-        if (j < n_words) {
-            int lane = (int)(j & 31);
-            long long blk = j >> 5;
-            int kb = (int)(blk % (cols / 32));
-            int rb = (int)(blk / (cols / 32));
-            int r = rb * 8 + lane / 4, t = lane & 3, up;
-            int sr = rp_src_row(r, swiglu, &up);
-            const uint32_t *src = (up ? s1.w : s0.w) + ((size_t)mat * src_rows + sr) * (cols / 8);
-            const int coff[8] = {0, 1, 8, 9, 16, 17, 24, 25};
-            const int pos[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-            uint32_t word = 0;
-            for (int q = 0; q < 8; q++) {
-                int c = kb * 32 + 2 * t + coff[q];
-                uint32_t nib = (src[c / 8] >> (4 * (c % 8))) & 0xF;
-                word |= nib << (4 * pos[q]);
-            }
-            dw[(size_t)mat * n_words + j] = word;
-        } else {
-            j -= n_words;
-            int g = (int)(j / rows), r = (int)(j % rows), up;
-            int sr = rp_src_row(r, swiglu, &up);
-            const tl_gpu_mlx_q4 *s = up ? &s1 : &s0;
-            size_t si = ((size_t)mat * src_rows + sr) * (cols / 64) + g;
-            dsb[(size_t)mat * n_groups + j] =
-                (uint32_t)s->scales[si] | ((uint32_t)s->biases[si] << 16);
-        }
-    }
-}
-
-extern "C" size_t tl_gpu_q4_w_bytes(int rows, int cols) { return (size_t)rows * cols / 2; }
-extern "C" size_t tl_gpu_q4_sb_bytes(int rows, int cols) { return (size_t)rows * (cols / 64) * 4; }
-
-static int q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 s0, tl_gpu_mlx_q4 s1, int n_mat,
-                     int rows, int cols, int swiglu, void *stream) {
-    if (!dst_w || !dst_sb || !s0.w || !s0.scales || !s0.biases || n_mat < 0) return TL_ERR_INVALID;
-    if (rows <= 0 || cols <= 0 || rows % 16 || cols % 64) return TL_ERR_INVALID;
-    if (n_mat == 0) return 0;
-    q4_repack_kernel<<<4096, 256, 0, (cudaStream_t)stream>>>((uint32_t *)dst_w, (uint32_t *)dst_sb,
-                                                             s0, s1, n_mat, rows, cols, swiglu);
-    PF_LAUNCH_CHECK();
-    return 0;
-}
-
-extern "C" int tl_gpu_q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 src, int n_mat, int rows,
-                                int cols, void *stream) {
-    return q4_repack(dst_w, dst_sb, src, src, n_mat, rows, cols, 0, stream);
-}
-
-extern "C" int tl_gpu_q4_repack_swiglu(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 gate,
-                                       tl_gpu_mlx_q4 up, int n_mat, int F, int cols, void *stream) {
-    if (!up.w || !up.scales || !up.biases) return TL_ERR_INVALID;
-    return q4_repack(dst_w, dst_sb, gate, up, n_mat, 2 * F, cols, 1, stream);
-}
-
-/* threads: one per destination 16-byte chunk (8 bf16). */
-__global__ void bf16_pack_swiglu_kernel(uint16_t *dst, const uint16_t *gate, const uint16_t *up,
-                                        int n_mat, long long src_stride, int F, int cols) {
-    const long long per_mat = 2LL * F * cols / 8, total = n_mat * per_mat;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        int mat = (int)(i / per_mat);
-        long long j = i % per_mat;
-        int r = (int)(j / (cols / 8)), c8 = (int)(j % (cols / 8)), is_up;
-        int sr = rp_src_row(r, 1, &is_up);
-        const uint16_t *s = (is_up ? up : gate) + mat * src_stride + (size_t)sr * cols + c8 * 8;
-        *(uint4 *)(dst + (size_t)mat * 2 * F * cols + (size_t)r * cols + c8 * 8) =
-            *(const uint4 *)s;
-    }
-}
-
-extern "C" int tl_gpu_bf16_pack_swiglu(uint16_t *dst, const uint16_t *gate, const uint16_t *up,
-                                       int n_mat, long long src_mat_stride, int F, int cols,
-                                       void *stream) {
-    if (!dst || !gate || !up || n_mat < 0 || F <= 0 || F % 8 || cols % 8) return TL_ERR_INVALID;
-    if (n_mat == 0) return 0;
-    bf16_pack_swiglu_kernel<<<4096, 256, 0, (cudaStream_t)stream>>>(dst, gate, up, n_mat,
-                                                                    src_mat_stride, F, cols);
-    PF_LAUNCH_CHECK();
-    return 0;
+    return gemm_launch(&p, w->bits, tile, max_tiles, st);
 }

@@ -1,7 +1,7 @@
 /* Decode matvecs: bandwidth-bound GEMV over bf16 or q4-tiled weights for a few tokens at once,
  * with an optional fused RMSNorm of the input and an optional accumulate (residual add), and the
  * embedding lookup. */
-#include "cuda/cuda_backend.cuh"
+#include "cuda/k_q4m.cuh"
 
 extern "C" {
 #include "common/util.h"
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(256)
 
 #define GEMV_BF16_CASE(NT_)                                                                        \
     case NT_:                                                                                      \
-        TL_LAUNCH("gemv_bf16", gemv_bf16_splitk_kernel<NT_>,                                       \
+        TL_LAUNCH(st, "gemv_bf16", gemv_bf16_splitk_kernel<NT_>,                                   \
                   dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W, x,   \
                   ldx, nw, eps, n_tok, acc);                                                       \
         break;
@@ -158,15 +158,14 @@ __global__ void __launch_bounds__(256)
 /* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB)
  * and keep their weight rings there (8 warps x Q4M_NS stages: 74 KB at KPW 16). */
 #define GEMV_MAX_SHM (220 * 1024) /* + static shared memory <= the 227 KB opt-in limit */
-static int gemv_attr_done;
-int tl_gpu_gemv_setup(void) {
+/* Raises the q4m kernels' dynamic shared memory limit (tl_gpu_init). */
+int cb_gemv_setup(void) {
     CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GEMV_MAX_SHM));
     CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GEMV_MAX_SHM));
     CUDA_TRY(cudaFuncSetAttribute(gemv_q4m_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   GEMV_MAX_SHM));
-    gemv_attr_done = 1;
     return 0;
 }
 
@@ -181,36 +180,33 @@ int q4m_split(int K, int max_ks, int *kpw, int *ks) {
     return TL_ERR_INVALID;
 }
 
-static int q4m_cap;
-int q4m_grid_cap(void) {
-    if (!q4m_cap) {
+static int grid_cap;
+int cb_grid_cap(void) {
+    if (!grid_cap) {
         int dev = 0, n_sm = 0;
         if (cudaGetDevice(&dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             n_sm = 132;
-        q4m_cap = 2 * n_sm;
+        grid_cap = 2 * n_sm;
     }
-    return q4m_cap;
+    return grid_cap;
 }
 
 static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
-                       const float *nw, float eps, int n_tok, int acc, gemv_conv_epi conv) {
-    if (!gemv_attr_done && !tl_cuda_capturing) {
-        int st = tl_gpu_gemv_setup();
-        if (st) return st;
-    }
+                       const float *nw, float eps, int n_tok, int acc, gemv_conv_epi conv,
+                       const tl_gpu_stream *st) {
     if (W->bits == 4) {
         int kpw, ks, n_rows = n_tok < 8 ? n_tok : 8;
         if (q4m_split(W->cols, 8, &kpw, &ks)) return TL_ERR_INVALID;
         size_t shm = q4m_smem(W->cols, n_rows) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
-        dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tt)), n_tt);
+        dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tt)), n_tt);
         auto kern = kpw == 32   ? gemv_q4m_kernel<32>
                     : kpw == 16 ? gemv_q4m_kernel<16>
                                 : gemv_q4m_kernel<8>;
-        TL_LAUNCH(conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, y, ldy, *W,
-                  x, ldx, nw, eps, n_tok, acc, ks, n_rows, conv);
+        TL_LAUNCH(st, conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, y, ldy,
+                  *W, x, ldx, nw, eps, n_tok, acc, ks, n_rows, conv);
         return 0;
     }
     int nt = n_tok >= 8 ? 8 : n_tok >= 4 ? 4 : n_tok >= 2 ? 2 : 1;
@@ -224,22 +220,23 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
 }
 
 extern "C" int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
-                           const float *norm_w, float eps, int n_tok, int accumulate) {
+                           const float *norm_w, float eps, int n_tok, int accumulate,
+                           const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits == 4 && (W->rows % 8 || W->cols % 256)) return TL_ERR_INVALID; /* q4m tiles */
     if (W->bits == 16 && W->cols % 256) return TL_ERR_INVALID;
     gemv_conv_epi none = {NULL, NULL, NULL, NULL, 0};
-    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate, none);
+    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, accumulate, none, st);
 }
 
 extern "C" int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x,
                                   int ldx, const float *norm_w, float eps, int n_tok,
                                   float *conv_out, float *conv_state, const float *conv_w, int C,
-                                  const int32_t *tok_slot) {
+                                  const int32_t *tok_slot, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 4 || W->rows % 8 || W->cols % 256 || C % 8 || C > W->rows) return TL_ERR_INVALID;
     gemv_conv_epi conv = {conv_out, conv_state, conv_w, tok_slot, C};
-    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, 0, conv);
+    return launch_gemv(y, ldy, W, x, ldx, norm_w, eps, n_tok, 0, conv, st);
 }
 
 /* embed_row_kernel
@@ -270,8 +267,9 @@ __global__ void embed_row_kernel(float *x, tl_gpu_gemm_w E, const int32_t *tok) 
     }
 }
 
-extern "C" int tl_gpu_embed(float *x, const tl_gpu_gemm_w *E, const int32_t *tokens, int n_tok) {
+extern "C" int tl_gpu_embed(float *x, const tl_gpu_gemm_w *E, const int32_t *tokens, int n_tok,
+                            const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
-    TL_LAUNCH("embed", embed_row_kernel, dim3(n_tok), dim3(256), 0, x, *E, tokens);
+    TL_LAUNCH(st, "embed", embed_row_kernel, dim3(n_tok), dim3(256), 0, x, *E, tokens);
     return 0;
 }

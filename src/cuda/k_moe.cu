@@ -2,7 +2,8 @@
  * GEMVs reading only the chosen experts (expert-major weights), with the shared expert handled
  * as expert n_expert of the same stack, and the weighted combine + residual add fused into the
  * down projection (fixed summation order: deterministic). */
-#include "cuda/cuda_common.cuh"
+#include "cuda/k_q4m.cuh"
+#include "cuda/k_gemm.cuh"
 
 extern "C" {
 #include "common/util.h"
@@ -18,17 +19,25 @@ extern "C" {
  * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 256).
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
 /* One warp routes token row lg: returns (in lanes j < k) expert id j and its renormalised weight.
- */
+ * A row with a NaN or infinite logit (a poisoned input or weight) has no valid softmax: it gets
+ * ids 0..k-1, always in range, and NaN weights, so the token's output is NaN and the sampler
+ * reports its row (token -1) instead of reading experts out of range. */
 __device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float *lg, int n_expert,
                                            int k) {
     int lane = threadIdx.x & 31;
     float p[ROUTE_PER]; /* expert lane + 32 i, in registers (fully unrolled loops) */
     float mx = -INFINITY;
+    bool bad = false;
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++) {
         int e = lane + 32 * i;
         p[i] = e < n_expert ? lg[e] : -INFINITY;
+        bad |= e < n_expert && !isfinite(p[i]);
         mx = fmaxf(mx, p[i]);
+    }
+    if (__any_sync(0xffffffffu, bad)) {
+        *my_id = lane < k ? lane : 0, *my_wn = __int_as_float(0x7fc00000); /* NaN */
+        return;
     }
     mx = warp_max(mx);
     float sum = 0.0f;
@@ -87,11 +96,12 @@ __global__ void moe_route_kernel(int32_t *ids, float *w, float *w_sh, float *sh_
 }
 
 extern "C" int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_logit,
-                                const float *logits, int ld, int n_expert, int k, int n_tok) {
+                                const float *logits, int ld, int n_expert, int k, int n_tok,
+                                const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (k > MAX_K || k > 32 || n_expert > 32 * ROUTE_PER) return TL_ERR_INVALID;
-    TL_LAUNCH("moe_route", moe_route_kernel, dim3(CEIL_DIV(n_tok, 4)), dim3(128), 0, ids, w, w_sh,
-              sh_logit, logits, ld, n_expert, k, n_tok);
+    TL_LAUNCH(st, "moe_route", moe_route_kernel, dim3(CEIL_DIV(n_tok, 4)), dim3(128), 0, ids, w,
+              w_sh, sh_logit, logits, ld, n_expert, k, n_tok);
     return 0;
 }
 
@@ -286,32 +296,29 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
 
 /* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
 #define MOE_MAX_SHM (220 * 1024)
-static int moe_attr_done;
-
-/* Raises moe_up's dynamic shared memory limit (once; not allowed inside a graph capture: the
- * backend calls it at open). */
-int tl_gpu_moe_setup(void) {
+/* Raises moe_up's dynamic shared memory limit (tl_gpu_init). */
+int cb_moe_setup(void) {
     CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   MOE_MAX_SHM));
     CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
     CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-    moe_attr_done = 1;
     return 0;
 }
 
 static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                        const float *norm_w, float eps, int32_t *ids, int k, int n_expert, int n_tok,
-                       const float *logits, int ld, float *wts, float *w_sh) {
+                       const float *logits, int ld, float *wts, float *w_sh,
+                       const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     int F = gate_up->rows / (n_expert + 1) / 2, K = gate_up->cols;
     if (F % 8 || K % 256) return TL_ERR_INVALID;
     if (gate_up->bits != 4) {
         if (logits) return TL_ERR_INVALID; /* the bf16 path routes with tl_gpu_moe_route */
         dim3 grid(CEIL_DIV(F, 32), k + 1, n_tok);
-        TL_LAUNCH("moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w, eps,
-                  ids, k, n_expert, F);
+        TL_LAUNCH(st, "moe_up", moe_up_bf16_kernel, grid, dim3(256), 0, act, *gate_up, h, norm_w,
+                  eps, ids, k, n_expert, F);
         return 0;
     }
     int kpw, ks;
@@ -321,45 +328,41 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
         return TL_ERR_INVALID;
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
-    if (!moe_attr_done && !tl_cuda_capturing) {
-        int st = tl_gpu_moe_setup();
-        if (st) return st;
-    }
-    if (!moe_attr_done) return TL_ERR_INVALID; /* first call inside a graph capture */
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
-    dim3 grid(TL_MAX(1, TL_MIN(n_units, q4m_grid_cap() / n_tok)), n_tok);
+    dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tok)), n_tok);
     auto kern = kpw == 32   ? moe_up_q4m_kernel<32>
                 : kpw == 16 ? moe_up_q4m_kernel<16>
                             : moe_up_q4m_kernel<8>;
-    TL_LAUNCH("moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert,
-              F, ks, logits, ld, wts, w_sh);
+    TL_LAUNCH(st, "moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k,
+              n_expert, F, ks, logits, ld, wts, w_sh);
     return 0;
 }
 
 extern "C" int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                              const float *norm_w, float eps, const int32_t *ids, int k,
-                             int n_expert, int n_tok) {
+                             int n_expert, int n_tok, const tl_gpu_stream *st) {
     return moe_up_impl(act, gate_up, h, norm_w, eps, (int32_t *)ids, k, n_expert, n_tok, NULL, 0,
-                       NULL, NULL);
+                       NULL, NULL, st);
 }
 
 extern "C" int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_sh,
                                    const tl_gpu_gemm_w *gate_up, const float *h,
                                    const float *norm_w, float eps, const float *logits, int ld,
-                                   int k, int n_expert, int n_tok) {
-    return moe_up_impl(act, gate_up, h, norm_w, eps, ids, k, n_expert, n_tok, logits, ld, w, w_sh);
+                                   int k, int n_expert, int n_tok, const tl_gpu_stream *st) {
+    return moe_up_impl(act, gate_up, h, norm_w, eps, ids, k, n_expert, n_tok, logits, ld, w, w_sh,
+                       st);
 }
 
 extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act,
                                const int32_t *ids, const float *w, const float *w_sh, int k,
-                               int n_expert, int n_tok) {
+                               int n_expert, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     int n_embd = down->rows / (n_expert + 1), F = down->cols;
     if (n_embd % 8 || F % 256 || k + 1 > 17) return TL_ERR_INVALID;
     dim3 grid(n_embd / 8, n_tok), block(32 * (k + 1));
     if (down->bits != 4) {
-        TL_LAUNCH("moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w, w_sh,
-                  k, n_expert, n_embd);
+        TL_LAUNCH(st, "moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w,
+                  w_sh, k, n_expert, n_embd);
         return 0;
     }
     int kpw, ks;
@@ -369,6 +372,124 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     auto kern = kpw == 32   ? moe_down_kernel<4, 32>
                 : kpw == 16 ? moe_down_kernel<4, 16>
                             : moe_down_kernel<4, 8>;
-    TL_LAUNCH("moe_down", kern, grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert, n_embd);
+    TL_LAUNCH(st, "moe_down", kern, grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert,
+              n_embd);
+    return 0;
+}
+
+/* ====== Prefill MoE: plan, grouped GEMMs (k_gemm.cu), combine. ====== */
+
+/* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
+ * plan: off[257] (prefix of counts), tile prefixes for 128- and 64-row tiles, perm[n*8].
+ * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
+ *   cannot change any result: each output row depends only on its own input row). */
+__global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
+    __shared__ int cnt[256], cur[256];
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
+        int e = ids[a];
+        if (e >= 0 && e < 256) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, t = 0, t64 = 0;
+        for (int e = 0; e < 256; e++) {
+            plan[PLAN_OFF + e] = o;
+            plan[PLAN_TS128 + e] = t;
+            plan[PLAN_TS64 + e] = t64;
+            cur[e] = o;
+            o += cnt[e];
+            t += (cnt[e] + 127) / 128;
+            t64 += (cnt[e] + 63) / 64;
+        }
+        plan[PLAN_OFF + 256] = o;
+        plan[PLAN_TS128 + 256] = t;
+        plan[PLAN_TS64 + 256] = t64;
+    }
+    __syncthreads();
+    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
+        int e = ids[a];
+        if (e >= 0 && e < 256) plan[PLAN_PERM + atomicAdd(&cur[e], 1)] = a;
+    }
+}
+
+extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) { return PLAN_PERM + (size_t)n_tok * 8; }
+
+extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok,
+                                  const tl_gpu_stream *st) {
+    if (!plan || !ids || n_tok < 0) return TL_ERR_INVALID;
+    TL_LAUNCH(st, "moe_plan", moe_plan_kernel, dim3(1), dim3(1024), 0, plan, ids, n_tok * 8);
+    return 0;
+}
+
+extern "C" int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
+                                     const int32_t *plan, int n_tok, const tl_gpu_stream *st) {
+    return cb_moe_gemm(h, x, w_expert0, plan, n_tok, 1, TL_GEMM_SWIGLU, st);
+}
+
+extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
+                                  const tl_gpu_gemm_w *w_expert0, const int32_t *plan, int n_tok,
+                                  const tl_gpu_stream *st) {
+    return cb_moe_gemm(yslot, h, w_expert0, plan, n_tok, 0, 0, st);
+}
+
+/* math: out[t] = res[t] + sum_s w[t,s] y[t*8+s] + sigmoid(l[t]) sh[t], fp32, slots in order.
+ * threads: one block of 256 per token, 8 columns per thread (16-byte loads of yslot).
+ * bytes: n_tok * (8*2048*2 + 2048*(2|4)*2 + 2048*2) . */
+__global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *yslot,
+                                   const float *wts, const uint16_t *sh, const float *sh_logit,
+                                   int n_embd, int out_f32) {
+    const int t = blockIdx.x;
+    for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
+        float acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = 0.f;
+        for (int s = 0; s < 8; s++) {
+            float ws = wts[t * 8 + s];
+            uint4 v = *(const uint4 *)(yslot + ((size_t)t * 8 + s) * n_embd + c0);
+            uint32_t u[4] = {v.x, v.y, v.z, v.w};
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] += ws * bf16x2_lo(u[i]);
+                acc[2 * i + 1] += ws * bf16x2_hi(u[i]);
+            }
+        }
+        if (sh) {
+            float gs = 1.0f / (1.0f + expf(-sh_logit[t]));
+            uint4 v = *(const uint4 *)(sh + (size_t)t * n_embd + c0);
+            uint32_t u[4] = {v.x, v.y, v.z, v.w};
+            for (int i = 0; i < 4; i++) {
+                acc[2 * i] += gs * bf16x2_lo(u[i]);
+                acc[2 * i + 1] += gs * bf16x2_hi(u[i]);
+            }
+        }
+        size_t base = (size_t)t * n_embd + c0;
+        if (out_f32) {
+            for (int i = 0; i < 8; i++) {
+                float r = res ? ((const float *)res)[base + i] : 0.f;
+                ((float *)out)[base + i] = r + acc[i];
+            }
+        } else {
+            uint32_t o[4];
+            for (int i = 0; i < 4; i++) {
+                float r0 = 0.f, r1 = 0.f;
+                if (res) {
+                    r0 = bf2f(((const uint16_t *)res)[base + 2 * i]);
+                    r1 = bf2f(((const uint16_t *)res)[base + 2 * i + 1]);
+                }
+                o[i] = bf16x2_pack(r0 + acc[2 * i], r1 + acc[2 * i + 1]);
+            }
+            *(uint4 *)((uint16_t *)out + base) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+}
+
+extern "C" int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot,
+                                     const float *wts, const uint16_t *shared,
+                                     const float *sh_logit, int n_tok, int flags,
+                                     const tl_gpu_stream *st) {
+    if (!out || !yslot || !wts || n_tok < 0 || (shared && !sh_logit)) return TL_ERR_INVALID;
+    if (n_tok == 0) return 0;
+    TL_LAUNCH(st, "moe_combine", moe_combine_kernel, dim3(n_tok), dim3(256), 0, out, res, yslot,
+              wts, shared, sh_logit, 2048, (int)(flags & TL_GEMM_OUT_F32));
     return 0;
 }

@@ -23,14 +23,14 @@ __global__ void rmsnorm_row_kernel(float *y, const float *x, const float *w, con
 }
 
 extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows,
-                              int n_out, int n, float eps) {
+                              int n_out, int n, float eps, const tl_gpu_stream *st) {
     if (n_out <= 0) return 0;
-    TL_LAUNCH("rmsnorm", rmsnorm_row_kernel, dim3(n_out), dim3(256), 0, y, x, w, rows, n, eps);
+    TL_LAUNCH(st, "rmsnorm", rmsnorm_row_kernel, dim3(n_out), dim3(256), 0, y, x, w, rows, n, eps);
     return 0;
 }
 
 /* rmsnorm_bf16_kernel: the same RMSNorm written as bf16, the activation format of the prefill
- * GEMMs (gpu_prefill.h). y [n_rows, n] bf16. One block of 256 per row.
+ * GEMMs (gpu.h). y [n_rows, n] bf16. One block of 256 per row.
  * Tested through the whole prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode). */
 __global__ void rmsnorm_bf16_kernel(uint16_t *y, const float *x, const float *w, int n, float eps) {
     __shared__ float sbuf[32];
@@ -44,10 +44,10 @@ __global__ void rmsnorm_bf16_kernel(uint16_t *y, const float *x, const float *w,
         y[(size_t)i * n + c] = f2bf(xr[c] * inv * w[c]);
 }
 
-int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps) {
+extern "C" int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n,
+                                   float eps, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
-    rmsnorm_bf16_kernel<<<n_rows, 256, 0, tl_cuda_stream>>>(y, x, w, n, eps);
-    LAUNCH_CHECK("rmsnorm_bf16");
+    TL_LAUNCH(st, "rmsnorm_bf16", rmsnorm_bf16_kernel, dim3(n_rows), dim3(256), 0, y, x, w, n, eps);
     return 0;
 }
 
@@ -67,11 +67,11 @@ __global__ void gated_rmsnorm_bf16_kernel(uint16_t *y, const float *o, const flo
     y[i] = f2bf(v * rsqrtf(ss / 128.0f + eps) * w[c] * silu_f(z));
 }
 
-int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
-                              int z_off, const float *w, int nv, int n, float eps) {
+extern "C" int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj,
+                                         int ld_proj, int z_off, const float *w, int nv, int n,
+                                         float eps, const tl_gpu_stream *st) {
     if (n <= 0) return 0;
-    gated_rmsnorm_bf16_kernel<<<dim3(n, nv), 128, 0, tl_cuda_stream>>>(y, o, proj, ld_proj, z_off,
-                                                                       w, nv, eps);
-    LAUNCH_CHECK("gated_rmsnorm_bf16");
+    TL_LAUNCH(st, "gated_rmsnorm_bf16", gated_rmsnorm_bf16_kernel, dim3(n, nv), dim3(128), 0, y, o,
+              proj, ld_proj, z_off, w, nv, eps);
     return 0;
 }

@@ -54,10 +54,10 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
 extern "C" int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj,
                                  int ld_proj, const float *q_norm, const float *k_norm, int n_head,
                                  int n_kv, const tl_gpu_kv_pages *pg, float theta, float eps,
-                                 const tl_gpu_seqs *s) {
+                                 const tl_gpu_seqs *s, const tl_gpu_stream *st) {
     if (s->n_tok <= 0) return 0;
     dim3 grid(s->n_tok, n_head + n_kv);
-    TL_LAUNCH("qk_rope_kv", qk_rope_kv_kernel, grid, dim3(HD), 0, q_out, kc, vc, proj, ld_proj,
+    TL_LAUNCH(st, "qk_rope_kv", qk_rope_kv_kernel, grid, dim3(HD), 0, q_out, kc, vc, proj, ld_proj,
               q_norm, k_norm, n_head, n_kv, *pg, theta, eps, *s);
     return 0;
 }

@@ -46,10 +46,7 @@ __device__ __forceinline__ float apply_pen(float l, int c, const tl_sample_param
 
 /* Uniform (0,1) from (key, token id): splitmix64 finaliser. */
 __device__ __forceinline__ double rng_uniform(uint64_t key, int id) {
-    uint64_t z = key + 0x9E3779B97F4A7C15ull * (uint64_t)(id + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    uint64_t z = tl_mix64(key + TL_GOLDEN64 * (uint64_t)(id + 1));
     return ((double)(z >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
@@ -63,8 +60,9 @@ __device__ __forceinline__ double rng_uniform(uint64_t key, int id) {
  * Threads: one block of 1024 per row; candidates compacted in index order (deterministic),
  *   every reduction in a fixed order: same key -> same token.
  * Bytes: 1-3 passes over the row (1 MB), plus one pass per requested top logprob.
+ * Non-finite logits: token -1 (the engine fails that sequence alone).
  * Tested in test_kernels.c: test_sample_* (greedy vs host argmax, top-k/top-p support,
- *   determinism, penalties). */
+ *   determinism, penalties, a poisoned row). */
 __global__ void __launch_bounds__(SB)
     sample_kernel(tl_sample_out *out, const float *logits, int V, int n_valid,
                   const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
@@ -79,9 +77,15 @@ __global__ void __launch_bounds__(SB)
     float *cv = scratch + (size_t)row * 2 * V;
     int *ci = (int *)(cv + V);
 
-    /* raw log-sum-exp */
+    /* raw log-sum-exp; a row with a NaN or infinite logit (a poisoned input or weight: the MoE
+     * router turns it into NaN, k_moe.cu) has no distribution: token -1, nothing sampled */
     float m = -INFINITY;
-    for (int i = tid; i < n_valid; i += SB) m = fmaxf(m, lg[i]);
+    int bad = 0;
+    for (int i = tid; i < n_valid; i += SB) m = fmaxf(m, lg[i]), bad |= !isfinite(lg[i]);
+    if (__syncthreads_or(bad)) {
+        if (tid == 0) out[row].token = -1, out[row].logprob = NAN, out[row].n_top = 0;
+        return;
+    }
     m = block_max(m, sbuf);
     float s = 0.0f;
     for (int i = tid; i < n_valid; i += SB) s += expf(lg[i] - m);
@@ -199,11 +203,11 @@ __global__ void __launch_bounds__(SB)
 
 extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                              const tl_sample_params *params, const uint64_t *keys,
-                             const int32_t *counts, float *scratch, int n_rows) {
+                             const int32_t *counts, float *scratch, int n_rows,
+                             const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
-    sample_kernel<<<n_rows, SB, 0, tl_cuda_stream>>>(out, logits, n_vocab, n_valid, params, keys,
-                                                     counts, scratch);
-    LAUNCH_CHECK("sample");
+    TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits, n_vocab, n_valid,
+              params, keys, counts, scratch);
     return 0;
 }
 
@@ -220,11 +224,10 @@ __global__ void penalty_counts_kernel(int32_t *counts, const int32_t *hist, int 
 }
 
 extern "C" int tl_gpu_penalty_counts(int32_t *counts, const int32_t *hist, int n_hist, int n_prompt,
-                                     int n_vocab) {
-    CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * n_vocab, tl_cuda_stream));
+                                     int n_vocab, const tl_gpu_stream *st) {
+    CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * n_vocab, tl_stream_of(st)));
     if (n_hist <= 0) return 0;
-    penalty_counts_kernel<<<CEIL_DIV(n_hist, 256), 256, 0, tl_cuda_stream>>>(counts, hist, n_hist,
-                                                                             n_prompt, n_vocab);
-    LAUNCH_CHECK("penalty_counts");
+    TL_LAUNCH(st, "penalty_counts", penalty_counts_kernel, dim3(CEIL_DIV(n_hist, 256)), dim3(256),
+              0, counts, hist, n_hist, n_prompt, n_vocab);
     return 0;
 }

@@ -33,7 +33,7 @@ typedef struct tl_backend {
     void *impl;
     void (*close)(struct tl_backend *b);
     /* Clears the state of a slot (zero KV length, zero conv and recurrent state). */
-    void (*reset_slot)(struct tl_backend *b, int slot);
+    int (*reset_slot)(struct tl_backend *b, int slot);
     int (*forward)(struct tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen);
 } tl_backend;
 

@@ -475,6 +475,64 @@ static void test_sampling_and_errors(void) {
     rm_free(&r);
 }
 
+/* One greedy step of n sequences (slots 0..n-1) over their prompts; tokens out. */
+static int poison_step(tl_backend *b, int32_t (*prompts)[6], int n, int32_t *tok) {
+    tl_fwd_entry e[2];
+    tl_sample_out so[2];
+    tl_sample_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.top_p = 1.0f, sp.repetition_penalty = 1.0f; /* temperature 0: greedy */
+    for (int i = 0; i < n; i++) {
+        memset(&e[i], 0, sizeof e[i]);
+        e[i].slot = i, e[i].pos = 0, e[i].tokens = prompts[i], e[i].n_tok = 6;
+        e[i].sample = &sp, e[i].out = &so[i];
+    }
+    char err[256];
+    int st = b->forward(b, e, n, err, sizeof err);
+    for (int i = 0; i < n; i++) tok[i] = st ? -2 : so[i].token;
+    for (int i = 0; i < n; i++) b->reset_slot(b, i);
+    return st;
+}
+
+/* No silent failure from non-finite values (issue 11, 2e). (a) A NaN in one router weight of one
+ * layer (q4 model: routing fused into moe_up) makes every token's router logits non-finite: the
+ * step still succeeds, every sequence gets token -1 (the sampler's "no distribution"), no expert
+ * id leaves its range (memcheck runs this test), the device is not lost, and a clean model on a
+ * new backend afterwards works. (b) A NaN embedding row of token X (bf16 model: the separate
+ * route kernel) poisons only the sequence that contains X: it gets -1, the other sequence of the
+ * same batch gets the token it gets alone. */
+static void test_poisoned_router(void) {
+    int32_t prompts[2][6] = {{5, 9, 17, 33, 2, 8}, {7, 11, 13, 19, 23, 29}}, tok[2], alone[2];
+    for (int pass = 0; pass < 2; pass++) {
+        rmodel r;
+        rm_build(&r, 0, pass == 0 ? 4 : 0);
+        int D = r.m.cfg.n_embd;
+        if (pass == 0) /* expert 3 of layer 1, column 17 */
+            ((uint16_t *)r.m.layers[1].moe_router.w)[3 * D + 17] = 0x7fc0;
+        tl_backend *b = open_be(&r.m, 2, 64);
+        if (!b) {
+            rm_free(&r);
+            return;
+        }
+        if (pass == 1) {
+            CHECK_EQ_INT(poison_step(b, prompts + 1, 1, alone), 0); /* clean: before poisoning */
+            b->close(b);
+            for (int c = 0; c < D; c++) ((uint16_t *)r.m.tok_embd.w)[(size_t)9 * D + c] = 0x7fc0;
+            b = open_be(&r.m, 2, 64);
+        }
+        CHECK_EQ_INT(poison_step(b, prompts, 2, tok), 0);
+        printf("# poisoned %s: tokens %d %d\n", pass == 0 ? "router weight (q4)" : "embedding row",
+               tok[0], tok[1]);
+        CHECK_EQ_INT(tok[0], -1);
+        if (pass == 0) CHECK_EQ_INT(tok[1], -1);
+        if (pass == 1) CHECK_EQ_INT(tok[1], alone[0]);
+        CHECK_EQ_INT(poison_step(b, prompts + 1, 1, tok), 0); /* the backend still runs */
+        if (pass == 1) CHECK_EQ_INT(tok[0], alone[0]);
+        b->close(b);
+        rm_free(&r);
+    }
+}
+
 /* The production-shape prefill path (bf16 tensor-core GEMMs, chunked GDN, flash attention,
  * grouped MoE; gpu_prefill.h) against the decode path (f32 GEMVs, recurrent GDN) on a 4-layer
  * model with every production width and random 4-bit weights: a 64-token prompt in one chunk vs
@@ -546,6 +604,7 @@ int main(int argc, char **argv) {
     T_RUN(test_determinism);
     T_RUN(test_batched_eq_alone);
     T_RUN(test_sampling_and_errors);
+    T_RUN(test_poisoned_router);
     if (!quick) T_RUN(test_prefill_gemm_vs_decode);
     return t_summary();
 }

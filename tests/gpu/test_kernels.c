@@ -43,8 +43,9 @@ static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, in
     float *dx = dev_from(x, sizeof(float) * n_tok * cols),
           *dnw = dev_from(nw, sizeof(float) * cols);
     float *dy = dev_from(y0, sizeof(float) * n_tok * rows);
-    CHECK_EQ_INT(
-        tl_gpu_gemv(dy, rows, &dW, dx, cols, with_norm ? dnw : NULL, 1e-6f, n_tok, accumulate), 0);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, with_norm ? dnw : NULL, 1e-6f, n_tok,
+                             accumulate, NULL),
+                 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dy, (size_t)n_tok * rows);
     char what[96];
@@ -85,11 +86,12 @@ static void test_gemv_q4_batch_exact(void) {
     float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
     float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *dy1 = tl_gpu_malloc(sizeof(float) * rows);
-    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, 0), 0);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
     float *all = host_from(dy, (size_t)T * rows);
     int diff = 0;
     for (int t = 0; t < T; t++) {
-        CHECK_EQ_INT(tl_gpu_gemv(dy1, rows, &dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0), 0);
+        CHECK_EQ_INT(
+            tl_gpu_gemv(dy1, rows, &dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0, NULL), 0);
         float *one = host_from(dy1, rows);
         diff += memcmp(one, all + (size_t)t * rows, sizeof(float) * rows) != 0;
         free(one);
@@ -128,7 +130,7 @@ static void test_embed(void) {
         int32_t tok[5] = {0, 7, 4095, 1234, 8};
         int32_t *dt = dev_from(tok, sizeof tok);
         float *dx = tl_gpu_malloc(sizeof(float) * 5 * cols);
-        CHECK_EQ_INT(tl_gpu_embed(dx, &dE, dt, 5), 0);
+        CHECK_EQ_INT(tl_gpu_embed(dx, &dE, dt, 5, NULL), 0);
         float *got = host_from(dx, 5 * (size_t)cols), *ref = xmalloc(sizeof(float) * 5 * cols);
         for (int t = 0; t < 5; t++) cpu_mat_row(ref + (size_t)t * cols, &E.m, tok[t]);
         double ma = t_max_abs_diff(got, ref, 5 * (size_t)cols);
@@ -146,7 +148,7 @@ static void test_rmsnorm(void) {
     float *dx = dev_from(x, sizeof(float) * rows * n), *dw = dev_from(w, sizeof(float) * n);
     int32_t *dp = dev_from(pick, sizeof pick);
     float *dy = tl_gpu_malloc(sizeof(float) * 3 * n);
-    CHECK_EQ_INT(tl_gpu_rmsnorm(dy, dx, dw, dp, 3, n, 1e-6f), 0);
+    CHECK_EQ_INT(tl_gpu_rmsnorm(dy, dx, dw, dp, 3, n, 1e-6f, NULL), 0);
     float *got = host_from(dy, 3 * (size_t)n), *ref = xmalloc(sizeof(float) * 3 * n);
     for (int i = 0; i < 3; i++)
         cpu_rmsnorm(ref + (size_t)i * n, x + (size_t)pick[i] * n, w, n, 1e-6f);
@@ -210,11 +212,11 @@ static void test_gemv_conv1d_fused(void) {
     float *dy1 = tl_gpu_malloc(sizeof(float) * T * ld),
           *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
     float *dc1 = tl_gpu_malloc(sizeof(float) * T * C), *dc2 = tl_gpu_malloc(sizeof(float) * T * C);
-    CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0), 0);
-    CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s), 0);
-    CHECK_EQ_INT(
-        tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C, d.s.tok_slot),
-        0);
+    CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
+                                    d.s.tok_slot, NULL),
+                 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *y1 = host_from(dy1, (size_t)T * ld), *y2 = host_from(dy2, (size_t)T * ld);
     float *c1 = host_from(dc1, (size_t)T * C), *c2 = host_from(dc2, (size_t)T * C);
@@ -261,7 +263,7 @@ static void test_conv1d(void) {
     float *din = dev_from(in, sizeof(float) * T * ld), *dw = dev_from(w, sizeof(float) * C * 4);
     float *dst = dev_from(st, sizeof(float) * n_slot * 3 * C),
           *dout = tl_gpu_malloc(sizeof(float) * T * C);
-    CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, din, ld, dw, C, &d.s), 0);
+    CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, din, ld, dw, C, &d.s, NULL), 0);
     float *got = host_from(dout, (size_t)T * C), *gst = host_from(dst, (size_t)n_slot * 3 * C);
     check_nmse("conv1d out", got, ref, (size_t)T * C, 1e-12);
     check_nmse("conv1d state", gst, st_ref, (size_t)n_slot * 3 * C, 0.0); /* a copy: exact */
@@ -316,7 +318,7 @@ static void test_gdn(void) {
     float *dnw = dev_from(nw, sizeof(float) * Dd), *dS = dev_from(S, SN * sizeof(float));
     float *dy = tl_gpu_malloc(sizeof(float) * T * val);
     CHECK_EQ_INT(tl_gpu_gdn(dy, dS, dqkv, dproj, ld_proj, z_off, b_off, a_off, ddtb, daneg, dnw, nk,
-                            nv, eps, &d.s),
+                            nv, eps, &d.s, NULL),
                  0);
     float *got = host_from(dy, (size_t)T * val), *gS = host_from(dS, SN);
     /* STYLE.md C5 starts the GDN step at NMSE 1e-7; fp32 state vs double oracle measures ~1e-13 */
@@ -380,9 +382,9 @@ static void test_qk_rope(void) {
     tl_gpu_kv_pages pg = {kp.d, kp.max_pages};
     size_t kvn = (size_t)kp.n_page * TL_KV_PAGE * Hk * HD;
     uint16_t *dk = tl_gpu_malloc(kvn * 2), *dv = tl_gpu_malloc(kvn * 2);
-    CHECK_EQ_INT(
-        tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, &pg, TL_ROPE_THETA, 1e-6f, &d.s),
-        0);
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(dq, dk, dv, dproj, ld, dqn, dkn, H, Hk, &pg, TL_ROPE_THETA,
+                                   1e-6f, &d.s, NULL),
+                 0);
     float *got = host_from(dq, (size_t)T * H * HD), *ref = xmalloc(sizeof(float) * T * H * HD);
     uint16_t *gk = xmalloc((size_t)T * Hk * HD * 2), *gv = xmalloc((size_t)T * Hk * HD * 2);
     /* positions 262140..262142 span two pages: each row is read where the table puts it */
@@ -473,9 +475,9 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
     float *junk = xmalloc(sizeof(float) * T * H * n_split * 258);
     for (size_t i = 0; i < (size_t)T * H * n_split * 258; i++) junk[i] = NAN;
     CHECK_EQ_INT(tl_gpu_upload(dpart, junk, sizeof(float) * T * H * n_split * 258), 0);
-    tl_gpu_attn_force_cuda_core(cuda_core);
-    CHECK_EQ_INT(tl_gpu_attn(dout, dpart, dq, dk, dv, dproj, ld, H, Hk, &pg, n_split, &d.s), 0);
-    tl_gpu_attn_force_cuda_core(0);
+    tl_gpu_attn_opts opt = {cuda_core, 0};
+    CHECK_EQ_INT(
+        tl_gpu_attn(dout, dpart, dq, dk, dv, dproj, ld, H, Hk, &pg, n_split, &d.s, &opt, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dout, (size_t)T * H * HD);
     char what[96];
@@ -509,6 +511,36 @@ static void test_attn(void) {
 
 /* ---- MoE ---- */
 
+/* Router logits with a NaN, +Inf or -Inf (a poisoned input or weight): those tokens get ids in
+ * range and NaN weights (their output turns NaN; the sampler then reports token -1); the clean
+ * tokens route exactly as without the poisoned ones (issue 11, 2e). */
+static void test_moe_route_poisoned(void) {
+    const int E = TL_N_EXPERT, K = TL_N_EXPERT_USED, T = 6, ld = E + 1;
+    float *lg = rand_vec((size_t)T * ld, 4.0f, &rs);
+    lg[1 * ld + 77] = NAN, lg[3 * ld + 200] = INFINITY, lg[4 * ld + 0] = -INFINITY;
+    float *dl = dev_from(lg, sizeof(float) * T * ld);
+    int32_t *dids = tl_gpu_malloc(4 * T * K);
+    float *dw = tl_gpu_malloc(4 * T * K), *dsh = tl_gpu_malloc(4 * T);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, NULL, dl, ld, E, K, T, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    int32_t ids[6 * 8];
+    float w[6 * 8];
+    tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w);
+    for (int t = 0; t < T; t++) {
+        int poisoned = t == 1 || t == 3 || t == 4, rid[8];
+        float rw[8];
+        if (!poisoned) cpu_moe_route(rid, rw, lg + (size_t)t * ld, E, K);
+        for (int j = 0; j < K; j++) {
+            CHECK(ids[t * K + j] >= 0 && ids[t * K + j] < E);
+            if (poisoned) CHECK(isnan(w[t * K + j]));
+            if (!poisoned) CHECK_EQ_INT(ids[t * K + j], rid[j]);
+            if (!poisoned) CHECK_CLOSE(w[t * K + j], rw[j], 1e-6, 1e-5);
+        }
+    }
+    tl_gpu_free(dl), tl_gpu_free(dids), tl_gpu_free(dw), tl_gpu_free(dsh);
+    free(lg);
+}
+
 static void test_moe_route(void) {
     const int E = TL_N_EXPERT, K = TL_N_EXPERT_USED, T = 7, ld = E + 1;
     float *lg = rand_vec((size_t)T * ld, 4.0f, &rs);
@@ -517,7 +549,7 @@ static void test_moe_route(void) {
     float *dl = dev_from(lg, sizeof(float) * T * ld);
     int32_t *dids = tl_gpu_malloc(4 * T * K);
     float *dw = tl_gpu_malloc(4 * T * K), *dsh = tl_gpu_malloc(4 * T);
-    CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, NULL, dl, ld, E, K, T), 0);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dw, dsh, NULL, dl, ld, E, K, T, NULL), 0);
     int32_t ids[7 * 8];
     float w[7 * 8], sh[7];
     tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w),
@@ -594,10 +626,10 @@ static void moe_case(int bits, int D, int K, int T) {
     float *dsh = tl_gpu_malloc(sizeof(float) * T),
           *dact = tl_gpu_malloc(sizeof(float) * T * (K + 1) * F);
     int32_t *dids = tl_gpu_malloc(sizeof(int32_t) * T * K);
-    CHECK_EQ_INT(tl_gpu_gemv(dlg, E + 1, &drt, dh, D, dnwv, 1e-6f, T, 0), 0);
-    CHECK_EQ_INT(tl_gpu_moe_route(dids, dwt, dsh, NULL, dlg, E + 1, E, K, T), 0);
-    CHECK_EQ_INT(tl_gpu_moe_up(dact, &dgu, dh, dnwv, 1e-6f, dids, K, E, T), 0);
-    CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
+    CHECK_EQ_INT(tl_gpu_gemv(dlg, E + 1, &drt, dh, D, dnwv, 1e-6f, T, 0, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_route(dids, dwt, dsh, NULL, dlg, E + 1, E, K, T, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_up(dact, &dgu, dh, dnwv, 1e-6f, dids, K, E, T, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dh, (size_t)T * D);
     if (bits) {
@@ -605,10 +637,10 @@ static void moe_case(int bits, int D, int K, int T) {
         int32_t *hid = (int32_t *)host_from(dids, (size_t)T * K), *hid2;
         float *dh2 = dev_from(h, sizeof(float) * T * D);
         CHECK_EQ_INT(tl_gpu_memset(dids, 0xff, sizeof(int32_t) * T * K), 0);
-        CHECK_EQ_INT(
-            tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1, K, E, T),
-            0);
-        CHECK_EQ_INT(tl_gpu_moe_down(dh2, &ddn, dact, dids, dwt, dsh, K, E, T), 0);
+        CHECK_EQ_INT(tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1,
+                                         K, E, T, NULL),
+                     0);
+        CHECK_EQ_INT(tl_gpu_moe_down(dh2, &ddn, dact, dids, dwt, dsh, K, E, T, NULL), 0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
         hid2 = (int32_t *)host_from(dids, (size_t)T * K);
         float *got2 = host_from(dh2, (size_t)T * D);
@@ -657,7 +689,7 @@ static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
     int32_t *dc = counts ? dev_from(counts, 4 * (size_t)rows * V) : NULL;
     float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, scr, rows), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, scr, rows, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
     tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
@@ -759,6 +791,28 @@ static void sample_dist_case(const char *name, float temp, int top_k, float top_
     free(lg), free(p), free(keys), free(out);
 }
 
+/* A row with a NaN or an infinity (a poisoned model) samples token -1, greedy or not; the rows
+ * beside it are unaffected (issue 11, 2e). */
+static void test_sample_poisoned(void) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    float *lg = rand_vec((size_t)3 * V, 5.0f, &rs);
+    tl_sample_params p[3] = {greedy_params(), greedy_params(), greedy_params()};
+    p[2].temperature = 1.0f, p[2].top_k = 20, p[2].top_p = 0.95f;
+    uint64_t keys[3] = {1, 2, 3};
+    tl_sample_out clean[3], out[3];
+    run_sample(clean, lg, V, nv, p, keys, NULL, 3);
+    lg[(size_t)1 * V + 4242] = NAN;
+    run_sample(out, lg, V, nv, p, keys, NULL, 3);
+    CHECK_EQ_INT(out[1].token, -1);
+    CHECK_EQ_INT(out[0].token, clean[0].token);
+    CHECK_EQ_INT(out[2].token, clean[2].token);
+    lg[(size_t)1 * V + 4242] = 1.0f, lg[(size_t)2 * V + 9] = INFINITY;
+    run_sample(out, lg, V, nv, p, keys, NULL, 3);
+    CHECK_EQ_INT(out[1].token, clean[1].token);
+    CHECK_EQ_INT(out[2].token, -1);
+    free(lg);
+}
+
 static void test_sample_distribution(void) {
     sample_dist_case("T=1", 1.0f, 0, 1.0f, 0.0f);
     sample_dist_case("T=0.7", 0.7f, 0, 1.0f, 0.0f);
@@ -803,7 +857,7 @@ static void test_sample_determinism_penalties(void) {
     /* the device count builder from a history: prompt [5, 9], generated [6, 6] */
     int32_t hist[4] = {5, 9, 6, 6};
     int32_t *dh = dev_from(hist, sizeof hist), *dc = tl_gpu_malloc(4 * (size_t)V);
-    CHECK_EQ_INT(tl_gpu_penalty_counts(dc, dh, 4, 2, V), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_counts(dc, dh, 4, 2, V, NULL), 0);
     int32_t c5, c6, c9, c7;
     tl_gpu_download(&c5, dc + 5, 4), tl_gpu_download(&c6, dc + 6, 4),
         tl_gpu_download(&c9, dc + 9, 4), tl_gpu_download(&c7, dc + 7, 4);
@@ -832,9 +886,11 @@ int main(void) {
     T_RUN(test_qk_rope);
     T_RUN(test_attn);
     T_RUN(test_moe_route);
+    T_RUN(test_moe_route_poisoned);
     T_RUN(test_moe);
     T_RUN(test_sample_greedy_logprobs);
     T_RUN(test_sample_distribution);
+    T_RUN(test_sample_poisoned);
     T_RUN(test_sample_determinism_penalties);
     return t_summary();
 }

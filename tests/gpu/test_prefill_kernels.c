@@ -24,7 +24,7 @@
 #include "tulip.h"
 #include "common/util.h"
 #include "cpu/cpu.h"
-#include "cuda/gpu_prefill.h"
+#include "cuda/gpu.h"
 #include "model/shape.h"
 
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;

@@ -1,0 +1,274 @@
+/* The 4-bit GEMV machinery on tensor cores ("q4m"), shared by the decode GEMV (k_gemv.cu) and
+ * the decode MoE (k_moe.cu): staging of x as bf16 hi/lo rows, the per-tile dot product, the
+ * persistent cp.async weight ring, and the bf16 8-row dot of the bf16 GEMV paths. */
+#ifndef TL_K_Q4M_CUH
+#define TL_K_Q4M_CUH
+
+#include "cuda/cuda_common.cuh"
+
+/* ---- 4-bit GEMV on tensor cores ("q4m") ----
+ * note: q4 tiled layout (gpu_prefill.h). Tile (rb, kb) = rows 8rb..8rb+7 x columns 32kb..32kb+31,
+ * 32 words; in word `lane` nibble n holds column 32kb + 2*(lane%4) + Q4_COL[n] of row
+ * 8rb + lane/4, Q4_COL = {0, 8, 16, 24, 1, 9, 17, 25}. Scale/bias word of (row, group g of 64
+ * columns) at sb[g * rows + row] (bf16 scale low, bf16 bias high).
+ *
+ * That word is, after (w >> 4j) & 0x000F000F | 0x43004300, a bf16x2 register holding 128 + q of
+ * columns (2t + 8j, 2t + 8j + 1): exactly the B fragment of mma.m16n8k16 (k = columns, n = the 8
+ * rows of the tile) for k-step j/2, register j%2. So one weight word per lane feeds two mmas
+ * (columns 0-15 and 16-31 of the tile) after 3 shifts and 4 LOP3s, and the +128 is taken out per
+ * group: sum (128+q) x = 128 Sx + sum q x, with Sx the group's sum of x.
+ * The A operand holds the input: rows 0..7 = up to 8 tokens' x rounded to bf16 (hi), rows 8..15 =
+ * the rounding remainders bf16(x - hi) (lo), so the sum over both halves carries x to ~2^-17
+ * relative: the GEMV keeps near-fp32 accuracy (tests/gpu/test_kernels.c tolerances) although
+ * the tensor cores only take bf16. Lane (g, t) = (lane/4, lane%4) ends with the outputs of token g
+ * for rows 8rb + 2t and 8rb + 2t + 1.
+ * Per 128 bytes of weights a warp issues 1 load, 7 integer ops, 2 shared loads and 2 mmas (plus
+ * ~13 ops per group of two tiles), against ~25 instructions of the CUDA-core version this
+ * replaces (nibble -> float, FMA, one lane per tile): the dequantisation no longer limits the
+ * bandwidth (notes/2026-12-02-decode-q4m.md).
+ *
+ * Staged x (shared memory, q4m_stage): token row r at xs + r * q4m_lds(K) (uint4 units); per
+ * (kb, t) two uint4, one per k-step s = 0, 1: {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)}
+ * with c = 32kb + 16s + 2t, i.e. exactly the A registers a0..a3 of that mma (no register moves).
+ * The row stride is KB*8 + 1 uint4s (16 bytes over a multiple of 128), so 8 tokens' reads of one
+ * (kb) spread over all banks. Group sums Sx [8][KB/2] floats follow the 8 rows (q4m_sx). */
+/* Split of K = 32*KB columns for the persistent q4m kernels (k_gemv.cu): KPW tiles per warp
+ * (16, else 32, else 8; dividing KB) and KS = KB / KPW warps along K (<= max_ks); 0 or
+ * TL_ERR_INVALID when no split fits. */
+int q4m_split(int K, int max_ks, int *kpw, int *ks);
+__host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
+__host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
+    return (size_t)n_rows * q4m_lds(K) * 16 + (size_t)n_rows * (K >> 6) * 4;
+}
+__device__ __forceinline__ float *q4m_sx(uint4 *xs, int K, int n_rows) {
+    return (float *)(xs + (size_t)n_rows * q4m_lds(K));
+}
+
+__device__ __forceinline__ uint32_t q4m_pack(float a, float b) {
+    return (uint32_t)f2bf(a) | ((uint32_t)f2bf(b) << 16);
+}
+
+/* Stages rows 0..nt-1 of x (row stride ldx, times xw if non-NULL) into xs/sx (layout above) with
+ * threads tid0 .. tid0+nthr-1 of the block (whole warps). If ss is non-NULL, ss[w * 8 + r] (w =
+ * the caller's warp index within those threads) accumulates the sum of raw x^2 of row r over the
+ * items that warp staged (the caller zeroes it first and sums over warps after a barrier). */
+__device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, int ldx,
+                                          const float *xw, int K, int nt, int tid, int nthr,
+                                          float *ss) {
+    int KB = K >> 5, per_row = KB * 4, lds = q4m_lds(K), n_items = nt * per_row;
+    int lane = threadIdx.x & 31;
+    for (int it = tid; it < n_items; it += nthr) { /* a warp's 32 items lie in one row */
+        int r = it / per_row, rem = it - r * per_row, kb = rem >> 2, t = rem & 3;
+        const float *xp = x + (size_t)r * ldx + kb * 32 + 2 * t;
+        float v[8], sq = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 p = *(const float2 *)(xp + 8 * j);
+            v[2 * j] = p.x, v[2 * j + 1] = p.y;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) sq = fmaf(v[i], v[i], sq);
+        if (xw) {
+            const float *wp = xw + kb * 32 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 p = *(const float2 *)(wp + 8 * j);
+                v[2 * j] *= p.x, v[2 * j + 1] *= p.y;
+            }
+        }
+        float hi[8], lo[8], s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            hi[i] = bf2f(f2bf(v[i]));
+            lo[i] = bf2f(f2bf(v[i] - hi[i]));
+            s += hi[i] + lo[i];
+        }
+        uint4 *o = xs + (size_t)r * lds + kb * 8 + t * 2;
+        o[0] = make_uint4(q4m_pack(hi[0], hi[1]), q4m_pack(lo[0], lo[1]), q4m_pack(hi[2], hi[3]),
+                          q4m_pack(lo[2], lo[3]));
+        o[1] = make_uint4(q4m_pack(hi[4], hi[5]), q4m_pack(lo[4], lo[5]), q4m_pack(hi[6], hi[7]),
+                          q4m_pack(lo[6], lo[7]));
+        /* the 8 consecutive items it & ~7 .. it | 7 are the two kb of one group */
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        if ((it & 7) == 0) sx[r * (KB >> 1) + (kb >> 1)] = s;
+        if (ss) {
+            sq = warp_sum(sq);
+            if (lane == 0) ss[(tid >> 5) * 8 + r] += sq;
+        }
+    }
+}
+
+/* Loads a warp's KPW weight words (tiles (rb, kb0 .. kb0+KPW-1), one word per lane each) and
+ * the scale/bias pairs of rows 8rb + 2t, +1 for its KPW/2 groups. kb0 even. */
+template <int KPW>
+__device__ __forceinline__ void q4m_load(uint32_t (&wq)[KPW], uint2 (&sbv)[KPW / 2],
+                                         const uint32_t *w, const uint32_t *sb, int rows, int K,
+                                         int rb, int kb0) {
+    int lane = threadIdx.x & 31, KB = K >> 5;
+    const uint32_t *wp = w + ((size_t)rb * KB + kb0) * 32 + lane;
+#pragma unroll
+    for (int i = 0; i < KPW; i++) wq[i] = __ldcs(wp + (size_t)i * 32);
+    const uint32_t *sp = sb + (size_t)(kb0 >> 1) * rows + rb * 8 + 2 * (lane & 3);
+#pragma unroll
+    for (int g = 0; g < KPW / 2; g++) sbv[g] = __ldcs((const uint2 *)(sp + (size_t)g * rows));
+}
+
+
+/* (a & M) | E in one LOP3 (the compiler emits two: LOP3 takes one immediate). */
+__device__ __forceinline__ uint32_t q4m_nib(uint32_t a, uint32_t e) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(r) : "r"(a), "r"(e));
+    return r;
+}
+
+/* acc0/acc1 (rows 8rb + 2t, +1; token g = lane/4) += the dot of the loaded tiles with staged row
+ * xrow (= xs + g' * q4m_lds(K)) and its group sums sxrow (= sx + g' * KB/2). Lanes whose g has no
+ * token pass g' = the last token's row: their D rows are computed and dropped, which costs
+ * nothing and keeps every load unpredicated. kb0 = the first tile's column block. */
+template <int KPW>
+__device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t (&wq)[KPW],
+                                        const uint2 (&sbv)[KPW / 2], const uint4 *xrow,
+                                        const float *sxrow, int kb0) {
+    int t = threadIdx.x & 3;
+    const uint32_t E = 0x43004300u;
+#pragma unroll
+    for (int g = 0; g < KPW / 2; g++) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int kb = kb0 + 2 * g + h;
+            uint4 x0 = xrow[kb * 8 + t * 2], x1 = xrow[kb * 8 + t * 2 + 1];
+            uint32_t w = wq[2 * g + h];
+            mma_bf16(d, x0.x, x0.y, x0.z, x0.w, q4m_nib(w, E), q4m_nib(w >> 4, E));
+            mma_bf16(d, x1.x, x1.y, x1.z, x1.w, q4m_nib(w >> 8, E), q4m_nib(w >> 12, E));
+        }
+        float sxv = sxrow[(kb0 >> 1) + g];
+        float s0 = __uint_as_float(sbv[g].x << 16), b0 = __uint_as_float(sbv[g].x & 0xffff0000u);
+        float s1 = __uint_as_float(sbv[g].y << 16), b1 = __uint_as_float(sbv[g].y & 0xffff0000u);
+        acc0 = fmaf(s0, d[0] + d[2], fmaf(fmaf(-128.0f, s0, b0), sxv, acc0));
+        acc1 = fmaf(s1, d[1] + d[3], fmaf(fmaf(-128.0f, s1, b1), sxv, acc1));
+    }
+}
+
+/* Persistent q4m loop. The block's 8 warps form (8 / KS) row-block lanes q x KS K-slices ks
+ * (warp = q * KS + ks; warps past RBB * KS idle); work "unit" u gives warp (q, ks) the tiles
+ * kb = ks*KPW .. +KPW-1 of one row block (src(u, q, &w, &sb, &rows, &rb) says which, false if
+ * none). The block runs units u, u + ustep, ... < n_units. Each warp streams its units' weights
+ * (KPW*128 contiguous bytes) and scale/bias words (KPW/2 groups x 32 bytes) through its own ring
+ * of Q4M_NS shared-memory stages with cp.async, Q4M_NS-1 units ahead: the bytes in flight per SM
+ * no longer cost registers (the register double buffer reached ~1.7 TB/s on the LM head, bound by
+ * memory parallelism; notes/2026-12-02-decode-q4m.md). The first units are issued before
+ * prologue() runs (the PDL wait and the x staging go there, so those loads overlap the previous
+ * kernel). After each unit the warps' (acc0, acc1) meet in s_part[warp][lane]; emit(u) reads them
+ * between two barriers. Called by every thread of the block (barriers inside); ring = the
+ * block's Q4M_NS * 8 * q4m_stage_bytes(KPW) bytes of shared memory (16-byte aligned). */
+#define Q4M_NS 4
+__host__ __device__ __forceinline__ int q4m_stage_bytes(int kpw) { return kpw * 128 + kpw * 16; }
+
+template <int KPW, class Src, class Prologue, class Emit>
+__device__ __forceinline__ void
+q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue prologue, Emit emit,
+               const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp / KS, kb0 = (warp % KS) * KPW;
+    int KB = K >> 5;
+    char *my = ring + (size_t)warp * Q4M_NS * SB;
+    unsigned live = 0; /* bit j: stage j holds a unit of this warp */
+    auto issue = [&](int uu, int stage) {
+        const uint32_t *W, *S;
+        int rows, rb;
+        live &= ~(1u << stage);
+        if (uu < n_units && src(uu, q, &W, &S, &rows, &rb)) {
+            live |= 1u << stage;
+            const char *ws = (const char *)(W + ((size_t)rb * KB + kb0) * 32);
+            char *wd = my + stage * SB;
+#pragma unroll
+            for (int i = 0; i < KPW * 8 / 32; i++)
+                cp_async16(wd + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
+            if (lane < KPW) {
+                int g = lane >> 1, h = lane & 1;
+                cp_async16(wd + KPW * 128 + lane * 16,
+                              S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int j = 0; j < Q4M_NS - 1; j++) issue(u + j * ustep, j);
+    prologue();
+    int t = lane & 3;
+    for (int i = 0; u < n_units; i++, u += ustep) {
+        int stage = i % Q4M_NS;
+        issue(u + (Q4M_NS - 1) * ustep, (i + Q4M_NS - 1) % Q4M_NS);
+        cp_async_wait<Q4M_NS - 1>();
+        __syncwarp();
+        float a0 = 0.0f, a1 = 0.0f;
+        if (live & (1u << stage)) {
+            const uint32_t *ws = (const uint32_t *)(my + stage * SB);
+            const uint32_t *ss = (const uint32_t *)(my + stage * SB + KPW * 128);
+            uint32_t wq[KPW];
+            uint2 sbv[KPW / 2];
+#pragma unroll
+            for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
+#pragma unroll
+            for (int g = 0; g < KPW / 2; g++) sbv[g] = *(const uint2 *)(ss + g * 8 + 2 * t);
+            q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
+        }
+        s_part[warp][lane] = make_float2(a0, a1);
+        __syncthreads(); /* also: every lane has read this stage before it is refilled */
+        emit(u);
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+}
+
+/* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs over the columns
+ * c = (slice*32 + lane)*8 + j*256*n_slices (16 bytes per row per lane per step); n_slices = 1
+ * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
+ * per-lane partial sums (reduce with warp_sum or across warps). */
+template <int NT>
+__device__ __forceinline__ void
+bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
+               const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        ss[t] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; r++) acc[r][t] = 0.0f;
+    }
+    for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * n_slices) {
+        uint4 q[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
+                                   : make_uint4(0, 0, 0, 0);
+        float4 wa = make_float4(1, 1, 1, 1), wb = wa;
+        if (xw) wa = __ldg((const float4 *)(xw + c)), wb = __ldg((const float4 *)(xw + c + 4));
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) break;
+            float4 a = __ldg((const float4 *)(x[t] + c)), b = __ldg((const float4 *)(x[t] + c + 4));
+            float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float xm[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                ss[t] = fmaf(xv[i], xv[i], ss[t]);
+                xv[i] *= xm[i];
+            }
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                uint32_t u[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    acc[r][t] = fmaf(__uint_as_float(u[i] << 16), xv[2 * i], acc[r][t]);
+                    acc[r][t] = fmaf(__uint_as_float(u[i] & 0xffff0000u), xv[2 * i + 1], acc[r][t]);
+                }
+            }
+        }
+    }
+}
+
+#endif
