@@ -85,15 +85,19 @@ static void check_ownership(const tl_kv_pages *p) {
         CHECK(p->np[s] >= 0 && p->np[s] <= p->max_pages);
         for (int k = 0; k < p->np[s] && k < p->max_pages; k++, held++) {
             int32_t id = p->table[(size_t)s * p->max_pages + k];
-            if (id < 0 || id >= p->n_page) bad++;
-            else seen[id]++;
+            if (id < 0 || id >= p->n_page)
+                bad++;
+            else
+                seen[id]++;
         }
     }
     CHECK(p->n_free >= 0 && p->n_free <= p->n_page);
     for (int i = 0; i < p->n_free && i < p->n_page; i++) {
         int id = p->free_pg[i];
-        if (id < 0 || id >= p->n_page) bad++;
-        else seen[id]++;
+        if (id < 0 || id >= p->n_page)
+            bad++;
+        else
+            seen[id]++;
     }
     for (int i = 0; i < p->n_page; i++) bad += seen[i] != 1;
     CHECK_EQ_INT(bad, 0);
@@ -108,7 +112,8 @@ static void check_against_ref(const tl_kv_pages *p, const ref_pool *r) {
     for (int s = 0; s < p->max_seqs; s++) {
         bad_np += p->np[s] != pages_of(r->maxlen[s], r->pt) || p->np[s] != r->np[s];
         for (int k = 0; k < r->np[s] && k < p->max_pages; k++)
-            bad_row += p->table[(size_t)s * p->max_pages + k] != r->table[(size_t)s * r->max_pages + k];
+            bad_row +=
+                p->table[(size_t)s * p->max_pages + k] != r->table[(size_t)s * r->max_pages + k];
     }
     for (int i = 0; i < r->top && i < p->n_free; i++) bad_free += p->free_pg[i] != r->free_pg[i];
     CHECK_EQ_INT(bad_np, 0);
@@ -174,12 +179,18 @@ static int rnd(unsigned long long *s, int n) { return (int)(t_rng_next(s) % (uns
  * sometimes a jump, sometimes exactly the largest allowed. */
 static int pick_len(unsigned long long *rs, const ref_pool *r, int s) {
     int cap = r->max_pages * r->pt, L = (int)r->maxlen[s], k = rnd(rs, 20), len;
-    if (k < 6) len = L + 1;
-    else if (k < 10) len = L + rnd(rs, 3 * r->pt + 1);
-    else if (k < 13) len = rnd(rs, L + 1);
-    else if (k < 15) len = L;
-    else if (k < 18) len = rnd(rs, cap + 1);
-    else len = cap;
+    if (k < 6)
+        len = L + 1;
+    else if (k < 10)
+        len = L + rnd(rs, 3 * r->pt + 1);
+    else if (k < 13)
+        len = rnd(rs, L + 1);
+    else if (k < 15)
+        len = L;
+    else if (k < 18)
+        len = rnd(rs, cap + 1);
+    else
+        len = cap;
     return len > cap ? cap : len;
 }
 
@@ -196,10 +207,14 @@ typedef struct walk_stats {
 static void op_invalid(tl_kv_pages *p, const ref_pool *r, unsigned long long *rs, int *slot,
                        int *len, int n) {
     int j = rnd(rs, n), kind = rnd(rs, 4), old_np[8];
-    if (kind == 0) slot[j] = -1 - rnd(rs, 3);
-    else if (kind == 1) slot[j] = r->max_seqs + rnd(rs, 3);
-    else if (kind == 2) len[j] = r->max_pages * r->pt + 1 + rnd(rs, 3 * r->pt);
-    else len[j] = -1 - rnd(rs, 5);
+    if (kind == 0)
+        slot[j] = -1 - rnd(rs, 3);
+    else if (kind == 1)
+        slot[j] = r->max_seqs + rnd(rs, 3);
+    else if (kind == 2)
+        len[j] = r->max_pages * r->pt + 1 + rnd(rs, 3 * r->pt);
+    else
+        len[j] = -1 - rnd(rs, 5);
     snap before = snap_take(p);
     char err[256] = "";
     int st = tl_kv_pages_reserve(p, slot, len, n, rnd(rs, 2) ? old_np : NULL, err, sizeof err);
@@ -261,7 +276,8 @@ static walk_stats run_walk(const walk_cfg *c) {
     for (size_t i = 0; buf && i < nt; i++) buf[i] = -7;
     tl_kv_pages p;
     char err[256];
-    int st = tl_kv_pages_init(&p, c->n_page, c->max_seqs, c->max_pages, c->pt, buf, err, sizeof err);
+    int st =
+        tl_kv_pages_init(&p, c->n_page, c->max_seqs, c->max_pages, c->pt, buf, err, sizeof err);
     CHECK_EQ_INT(st, 0);
     if (st) return ws;
     if (buf) CHECK(p.table == buf);
@@ -270,8 +286,10 @@ static walk_stats run_walk(const walk_cfg *c) {
     unsigned long long rs = c->seed * 0x9E3779B97F4A7C15ull + 1;
     for (int op = 0; op < c->n_ops; op++) {
         int before = t_fail_checks;
-        if (rnd(&rs, 10) < 7) op_reserve(&p, &r, &rs, &ws);
-        else op_release(&p, &r, &rs, &ws);
+        if (rnd(&rs, 10) < 7)
+            op_reserve(&p, &r, &rs, &ws);
+        else
+            op_release(&p, &r, &rs, &ws);
         check_ownership(&p);
         check_against_ref(&p, &r);
         if (t_fail_checks != before) {
@@ -299,8 +317,10 @@ static void test_random_walks(void) {
         CHECK(ws.invalid > 0);
         CHECK(ws.release > c->n_ops / 10);
         CHECK(ws.dup > 0);
-        if (c->n_page < c->max_seqs * c->max_pages) CHECK(ws.full > 0);
-        else CHECK_EQ_INT(ws.full, 0); /* a pool for every slot at full length never fills */
+        if (c->n_page < c->max_seqs * c->max_pages)
+            CHECK(ws.full > 0);
+        else
+            CHECK_EQ_INT(ws.full, 0); /* a pool for every slot at full length never fills */
     }
 }
 
@@ -312,9 +332,9 @@ static void test_init_args(void) {
     static const int bad[][4] = {{-1, 2, 2, 4}, {4, 0, 2, 4}, {4, 2, 0, 4}, {4, 2, 2, 0}};
     for (int i = 0; i < 4; i++) {
         err[0] = 0;
-        CHECK_EQ_INT(tl_kv_pages_init(&p, bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL, err,
-                                      sizeof err),
-                     TL_ERR_INVALID);
+        CHECK_EQ_INT(
+            tl_kv_pages_init(&p, bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL, err, sizeof err),
+            TL_ERR_INVALID);
         CHECK(err[0] != 0);
     }
     /* NULL table: allocated, zero pages held, every page free, page 0 handed out first */
@@ -412,8 +432,7 @@ static void test_repeated_slot(void) {
     CHECK_EQ_INT(tl_kv_pages_reserve(&p, slot, l3, 1, NULL, err, sizeof err), 0);
     int slot4[] = {0, 0, 1, 0}, l4[] = {20, 40, 1, 30};
     snap s = snap_take(&p);
-    CHECK_EQ_INT(tl_kv_pages_reserve(&p, slot4, l4, 4, NULL, err, sizeof err),
-                 TL_ERR_CONTEXT_FULL);
+    CHECK_EQ_INT(tl_kv_pages_reserve(&p, slot4, l4, 4, NULL, err, sizeof err), TL_ERR_CONTEXT_FULL);
     CHECK(snap_same(&s, &p));
     CHECK_EQ_INT(p.np[0], 1);
     snap_free(&s);
