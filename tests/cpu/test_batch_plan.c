@@ -315,11 +315,25 @@ static void pick_step(unsigned long long *rs, rand_step *st) {
     }
 }
 
-/* row_of as the original forward_impl numbered it: entries wanting logits or a sample, in entry
- * order. */
-static void rows_entry_order(const tl_fwd_entry *e, int n, int *row_of) {
-    int r = 0;
-    for (int i = 0; i < n; i++) row_of[i] = (e[i].logits || e[i].sample) ? r++ : -1;
+/* tl_mb_rows gives the entries that want logits or a sample distinct rows 0 .. n_rows-1 and the
+ * others -1; returns the number of violations. */
+static int rows_violations(const tl_fwd_entry *e, int n, const int *row_of, int n_rows) {
+    int bad = 0, want = 0;
+    int *hit = calloc((size_t)n + 1, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        int w = e[i].logits || e[i].sample;
+        want += w;
+        if (!w)
+            bad += row_of[i] != -1;
+        else if (row_of[i] < 0 || row_of[i] >= n_rows)
+            bad++;
+        else
+            hit[row_of[i]]++;
+    }
+    bad += n_rows != want;
+    for (int r = 0; r < n_rows && r <= n; r++) bad += hit[r] != 1;
+    free(hit);
+    return bad;
 }
 
 static void test_fill(void) {
@@ -349,8 +363,8 @@ static void test_fill(void) {
     CHECK(n_out_mb > 100);
 }
 
-/* With rows numbered the way the backend numbers them, every micro-batch's outputs land in
- * their own rows. */
+/* With rows numbered by tl_mb_rows, every micro-batch's outputs land in their own rows. (The
+ * original forward_impl numbered them in entry order: see the scheduler's step below.) */
 static void test_fill_rows(void) {
     unsigned long long rs = 0x0ddba11ull;
     int bad = 0;
@@ -359,7 +373,8 @@ static void test_fill_rows(void) {
         pick_step(&rs, &st);
         batch_cfg *c = &st.c;
         int row_of[256];
-        rows_entry_order(st.e, c->n, row_of);
+        int n_rows = tl_mb_rows(st.e, c->n, c->long_min, row_of);
+        bad += rows_violations(st.e, c->n, row_of, n_rows);
         fill_buf fb = fill_alloc(c->max_tok, c->max_seg);
         tl_mb_seg *segs = malloc((size_t)c->max_seg * sizeof *segs);
         tl_mb_iter it = tl_mb_begin(c->n_tok, c->n, c->max_tok, c->max_seg, c->long_min);
@@ -373,25 +388,43 @@ static void test_fill_rows(void) {
         if (bad) fprintf(stderr, "  step %d: outputs land in other entries' rows\n", iter);
     }
     CHECK_EQ_INT(bad, 0);
-    /* the scheduler's usual step: decodes, then a prompt's last chunk of 40 tokens, then another
-     * prompt's last chunk of 5; every entry samples */
-    static const int32_t tk[46] = {0};
+}
+
+/* The scheduler's usual step: a decode, a prompt's last chunk of 40 tokens, another prompt's last
+ * chunk of 5 (sampled on the device: sample set, no logits), a decode wanting nothing. The
+ * 5-token chunk runs with the first decode, before the 40-token one, so it gets row 1; in entry
+ * order (the original numbering) it had row 2 but the LM head wrote its logits into row 1, which
+ * the long chunk then overwrote. */
+static void test_rows_scheduler_step(void) {
+    static const int32_t tk[40] = {0};
     float lg;
-    tl_fwd_entry e[3] = {{.slot = 0, .pos = 9, .tokens = tk, .n_tok = 1, .logits = &lg},
+    tl_sample_params sp = {.top_p = 1, .repetition_penalty = 1};
+    tl_fwd_entry e[4] = {{.slot = 0, .pos = 9, .tokens = tk, .n_tok = 1, .logits = &lg},
                          {.slot = 1, .pos = 0, .tokens = tk, .n_tok = 40, .logits = &lg},
-                         {.slot = 2, .pos = 0, .tokens = tk, .n_tok = 5, .logits = &lg}};
-    int n_tok[3] = {1, 40, 5}, row_of[3], ns;
-    rows_entry_order(e, 3, row_of);
+                         {.slot = 2, .pos = 0, .tokens = tk, .n_tok = 5, .sample = &sp},
+                         {.slot = 3, .pos = 7, .tokens = tk, .n_tok = 1}};
+    int n_tok[4] = {1, 40, 5, 1}, row_of[4], ns;
+    static const int want16[4] = {0, 2, 1, -1}, want0[4] = {0, 1, 2, -1};
+    CHECK_EQ_INT(tl_mb_rows(e, 4, 16, row_of), 3);
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(row_of[i], want16[i]);
     fill_buf fb = fill_alloc(64, 8);
     tl_mb_seg segs[8];
-    tl_mb_iter it = tl_mb_begin(n_tok, 3, 64, 8, 16);
-    bad = 0;
-    while (tl_mb_next(&it, segs, &ns)) {
-        tl_mb_info info;
-        tl_mb_fill(e, segs, ns, row_of, &fb.m, &info);
-        bad += row_mismatches(e, segs, ns, row_of, &info);
+    tl_mb_iter it = tl_mb_begin(n_tok, 4, 64, 8, 16);
+    int n_mb = 0, bad = 0;
+    tl_mb_info info[4];
+    while (n_mb < 4 && tl_mb_next(&it, segs, &ns)) {
+        tl_mb_fill(e, segs, ns, row_of, &fb.m, &info[n_mb]);
+        bad += row_mismatches(e, segs, ns, row_of, &info[n_mb++]);
     }
     CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(n_mb, 2);
+    CHECK_EQ_INT(info[0].n_out, 2); /* the first decode and the 5-token chunk: rows 0, 1 */
+    CHECK_EQ_INT(info[0].out_row0, 0);
+    CHECK_EQ_INT(info[1].n_out, 1); /* the 40-token chunk: row 2 */
+    CHECK_EQ_INT(info[1].out_row0, 2);
+    /* without the long path everything runs in entry order, and so do the rows */
+    CHECK_EQ_INT(tl_mb_rows(e, 4, 0, row_of), 3);
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(row_of[i], want0[i]);
     fill_release(&fb);
 }
 
@@ -494,6 +527,7 @@ int main(void) {
     T_RUN(test_pack_matches_original);
     T_RUN(test_fill);
     T_RUN(test_fill_rows);
+    T_RUN(test_rows_scheduler_step);
     T_RUN(test_kind_of);
     T_RUN(test_attn_splits);
     T_RUN(test_kind_splits_match_original);
