@@ -60,7 +60,8 @@ static int prof_rows(const tl_gpu_prof *p, prof_row *rows, int max_rows, double 
         cudaEventElapsedTime(&dt, p->ev[i - 1], p->ev[i]);
         int k = 0;
         while (k < nn && strcmp(rows[k].name, p->name[i])) k++;
-        if (k == nn && nn < max_rows) rows[nn].name = p->name[i], rows[nn].ms = 0, rows[nn++].calls = 0;
+        if (k == nn && nn < max_rows)
+            rows[nn].name = p->name[i], rows[nn].ms = 0, rows[nn++].calls = 0;
         if (k < nn) rows[k].ms += dt, rows[k].calls++;
         *total += dt;
     }

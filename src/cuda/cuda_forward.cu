@@ -320,13 +320,12 @@ static int kv_reserve(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size
     return 0;
 }
 
-/* Checks every entry; row_of[i] = its logits/sample row or -1. Returns the row count. */
-static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, int *row_of, char *err,
+/* Checks every entry (slot, positions, context, token ids). */
+static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, char *err,
                          size_t errlen) {
     if (n < 0 || n > be->max_seqs)
         return tl_errf(err, errlen, TL_ERR_INVALID, "batch of %d entries, backend has %d slots", n,
                        be->max_seqs);
-    int n_rows = 0;
     for (int i = 0; i < n; i++) {
         const tl_fwd_entry *en = &e[i];
         if (en->slot < 0 || en->slot >= be->max_seqs || en->pos < 0 || en->n_tok < 1)
@@ -341,9 +340,8 @@ static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, int *r
                 return tl_errf(err, errlen, TL_ERR_INVALID,
                                "entry %d: token id %d out of range [0, %d)", i, en->tokens[j],
                                be->cfg.n_vocab);
-        row_of[i] = (en->logits || en->sample) ? n_rows++ : -1;
     }
-    return n_rows;
+    return 0;
 }
 
 /* Sampling parameters and keys of every output row into pinned memory; 1 if any row samples,
@@ -417,16 +415,16 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
 }
 
 static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
-    int row_of[CB_MAX_SEQS];
-    int n_rows = check_entries(be, e, n, row_of, err, errlen);
-    if (n_rows < 0) return n_rows;
+    int row_of[CB_MAX_SEQS], long_min = be->pf_ok ? CB_PF_MIN : 0;
+    TRY(check_entries(be, e, n, err, errlen));
+    int n_rows = tl_mb_rows(e, n, long_min, row_of); /* in plan order: batch_plan.h */
     TRY(kv_reserve(be, e, n, err, errlen));
     if (be->prof) tl_gpu_prof_mark(be->prof, be->stream, "start");
     int n_tok[CB_MAX_SEQS];
     for (int i = 0; i < n; i++) n_tok[i] = e[i].n_tok;
     tl_mb_seg segs[CB_MAX_SEQS];
     int n_seg;
-    tl_mb_iter it = tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, be->pf_ok ? CB_PF_MIN : 0);
+    tl_mb_iter it = tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
     while (tl_mb_next(&it, segs, &n_seg)) TRY(micro_step(be, e, segs, n_seg, row_of, err, errlen));
     if (n_rows > 0) TRY(sample_rows(be, e, n, row_of, n_rows));
     CUDA_TRY(cudaStreamSynchronize(be->stream));

@@ -219,8 +219,8 @@ __global__ void fill_sb_kernel(uint32_t *p, size_t n, uint64_t seed, float scale
 }
 
 static int fill_bf16(const void *p, size_t n, uint64_t seed, float amp) {
-    TL_LAUNCH(NULL, "fill_bf16", fill_bf16_kernel, dim3(4096), dim3(256), 0, (uint16_t *)p, n,
-              seed, amp);
+    TL_LAUNCH(NULL, "fill_bf16", fill_bf16_kernel, dim3(4096), dim3(256), 0, (uint16_t *)p, n, seed,
+              amp);
     return 0;
 }
 static int fill_u32(const void *p, size_t n, uint64_t seed) {
@@ -399,7 +399,8 @@ static int random_layer(cuda_be *be, cb_layer *L, int bits, uint64_t *rs, char *
     if (bits == 4) {
         void *lo = tl_gpu_malloc(mat_w_bytes(16, E + 1, D));
         if (!lo)
-            return tl_errf(err, errlen, TL_ERR_NOMEM, "cudaMalloc of the router's low plane failed");
+            return tl_errf(err, errlen, TL_ERR_NOMEM,
+                           "cudaMalloc of the router's low plane failed");
         L->router.sb = lo;
         int st = fill_bf16(lo, (size_t)(E + 1) * D, host_rng(rs), sd * 0.004f);
         if (st) return tl_errf(err, errlen, st, "random fill of the router's low plane failed");
@@ -415,7 +416,8 @@ static int random_model(cuda_be *be, const tl_cuda_params *p, char *err, size_t 
     TRY(mat_random(&be->embd, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err, errlen));
     TRY(mat_random(&be->lm_head, bits, c->n_vocab, c->n_embd, host_rng(&rs), 0.02f, err, errlen));
     ONES(be->out_norm, c->n_embd);
-    for (int il = 0; il < c->n_layer; il++) TRY(random_layer(be, &be->L[il], bits, &rs, err, errlen));
+    for (int il = 0; il < c->n_layer; il++)
+        TRY(random_layer(be, &be->L[il], bits, &rs, err, errlen));
     return 0;
 }
 
@@ -441,8 +443,8 @@ int cb_weights_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, cha
     if (e != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_CUDA, "weight upload: %s", cudaGetErrorString(e));
     if (!p->random_weights || getenv("TL_CUDA_VERBOSE"))
-        fprintf(stderr, "tulip: weights on GPU: %.2f GB in %.1f s\n",
-                cb_weight_bytes(be) / 1e9, tl_time_s() - t0);
+        fprintf(stderr, "tulip: weights on GPU: %.2f GB in %.1f s\n", cb_weight_bytes(be) / 1e9,
+                tl_time_s() - t0);
     return 0;
 }
 
@@ -530,7 +532,8 @@ extern "C" int tl_gpu_q4_repack(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 src, in
 }
 
 extern "C" int tl_gpu_q4_repack_swiglu(void *dst_w, void *dst_sb, tl_gpu_mlx_q4 gate,
-                                       tl_gpu_mlx_q4 up, int n_mat, int F, int cols, const tl_gpu_stream *st) {
+                                       tl_gpu_mlx_q4 up, int n_mat, int F, int cols,
+                                       const tl_gpu_stream *st) {
     if (!up.w || !up.scales || !up.biases) return TL_ERR_INVALID;
     return q4_repack(dst_w, dst_sb, gate, up, n_mat, 2 * F, cols, 1, st);
 }

@@ -12,7 +12,6 @@
 #define PLAN_TS64  514
 #define PLAN_PERM  771
 
-
 /* Grouped GEMM over the plan: gather = 1: y row (plan order) = x[token of the assignment] W_e^T
  * (gate/up, flags TL_GEMM_SWIGLU); gather = 0: y[assignment] = x row (plan order) W_e^T (down).
  * w describes expert 0; the experts lie contiguously after it (gpu.h: stacked experts). */

@@ -115,7 +115,6 @@ __device__ __forceinline__ void q4m_load(uint32_t (&wq)[KPW], uint2 (&sbv)[KPW /
     for (int g = 0; g < KPW / 2; g++) sbv[g] = __ldcs((const uint2 *)(sp + (size_t)g * rows));
 }
 
-
 /* (a & M) | E in one LOP3 (the compiler emits two: LOP3 takes one immediate). */
 __device__ __forceinline__ uint32_t q4m_nib(uint32_t a, uint32_t e) {
     uint32_t r;
@@ -190,7 +189,7 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
             if (lane < KPW) {
                 int g = lane >> 1, h = lane & 1;
                 cp_async16(wd + KPW * 128 + lane * 16,
-                              S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
+                           S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
             }
         }
         cp_async_commit();

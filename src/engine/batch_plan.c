@@ -32,6 +32,16 @@ int tl_mb_next(tl_mb_iter *it, tl_mb_seg *segs, int *n_seg) {
     return ns > 0;
 }
 
+int tl_mb_rows(const tl_fwd_entry *e, int n, int long_min, int *row_of) {
+    int r = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            int big = long_min > 0 && e[i].n_tok >= long_min;
+            if (big == pass) row_of[i] = (e[i].logits || e[i].sample) ? r++ : -1;
+        }
+    return r;
+}
+
 void tl_mb_fill(const tl_fwd_entry *e, const tl_mb_seg *segs, int n_seg, const int *row_of,
                 tl_mb_meta *m, tl_mb_info *info) {
     int T = 0, n_out = 0, out_row0 = -1, all_single = 1, max_kv = 0;

@@ -44,10 +44,17 @@ typedef struct tl_mb_info {
     int max_kv;     /* the longest context any token attends to */
 } tl_mb_info;
 
+/* Logits rows of a step's entries: row_of[i] = -1 where entry i wants neither logits nor a
+ * sample, else its row, numbered in the order the plan finishes the entries (the short ones in
+ * entry order, then the long ones), so that the outputs of every micro-batch have consecutive rows
+ * from out_row0. Numbering in entry order breaks that when a long entry with a row lies between
+ * short ones. Returns the number of rows. */
+int tl_mb_rows(const tl_fwd_entry *e, int n, int long_min, int *row_of);
+
 /* Fills m from entries e and segments segs[0..n_seg): token t of the micro-batch gets its id,
  * position, slot and segment; segment s its first token, length, slot and first position. A
  * segment that ends its entry, where row_of[entry] >= 0, yields an output row (its last token),
- * whose logits row is row_of[entry]. */
+ * whose logits row is row_of[entry]; these rows must be consecutive (row_of from tl_mb_rows). */
 void tl_mb_fill(const tl_fwd_entry *e, const tl_mb_seg *segs, int n_seg, const int *row_of,
                 tl_mb_meta *m, tl_mb_info *info);
 

@@ -46,8 +46,7 @@ int tl_kv_pages_reserve(tl_kv_pages *p, const int *slot, const int *len, int n, 
                            slot[i], len[i]);
         if (pages_for(p, len[i]) > p->max_pages)
             return tl_errf(err, errlen, TL_ERR_INVALID,
-                           "KV pages: %d positions exceed a slot's %d pages", len[i],
-                           p->max_pages);
+                           "KV pages: %d positions exceed a slot's %d pages", len[i], p->max_pages);
     }
     /* pass 1: grow np as planned (remembering the old counts), count the pages needed */
     long need = 0;
