@@ -215,8 +215,10 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
         job_finish(s, j, TL_FIN_STOP, 0, NULL);
         return 1;
     }
+    /* the sequence now holds n_past + 1 tokens (this one is emitted, not yet fed back): at
+     * max_ctx it is full, and this token was the last one */
     if ((j->max_tokens > 0 && n_gen >= j->max_tokens) ||
-        tl_session_n_past(j->sess) + 1 > s->max_ctx) {
+        tl_session_n_past(j->sess) + 1 >= s->max_ctx) {
         job_finish(s, j, TL_FIN_LENGTH, 0, NULL);
         return 1;
     }
@@ -285,6 +287,15 @@ static void *engine_main(void *arg) {
                 continue;
             }
             if (!j->sess) {
+                if (j->n_prompt <= 0 || j->n_prompt >= s->max_ctx) {
+                    snprintf(err, sizeof err,
+                             "a prompt of %d tokens leaves no room for a token in the context of "
+                             "%d",
+                             j->n_prompt, s->max_ctx);
+                    job_release(s, j, TL_FIN_ERROR,
+                                j->n_prompt <= 0 ? TL_ERR_INVALID : TL_ERR_CONTEXT_FULL, err);
+                    continue;
+                }
                 int st = tl_session_open(s->eng, &j->sess, err, sizeof err);
                 if (st) {
                     j->sess = NULL;

@@ -173,12 +173,12 @@ static void test_limits_script_force_fail(void) {
     int32_t toks[128];
     int n;
 
-    /* context full: 60 prompt tokens in a 64-token context: 4 generated tokens are fed back and
-     * a 5th is sampled from the full context (it needs no KV slot) */
+    /* context full: 60 prompt tokens in a 64-token context: 4 generated tokens, the last one
+     * the 64th of the sequence */
     tl_job *j = make_job(1, 60, 0);
     CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
     CHECK_EQ_INT(collect(j, toks, 128, &n), TL_FIN_LENGTH);
-    CHECK_EQ_INT(n, 64 - 60 + 1);
+    CHECK_EQ_INT(n, 64 - 60);
     tl_job_unref(j);
 
     /* script: emitted verbatim, then EOS, finish STOP (even with ignore_eos) */
@@ -222,9 +222,77 @@ static void test_limits_script_force_fail(void) {
     tl_engine_close(e);
 }
 
+/* Reference tokens: n greedy tokens after the prompt, one sequence through tl_engine_step on its
+ * own engine (no scheduler, a context with room to spare). */
+static void greedy_alone(const int32_t *prompt, int n_prompt, int32_t *out, int n) {
+    tl_engine *e = open_engine(1, 256);
+    tl_session *ss = NULL;
+    char err[256];
+    CHECK(e && tl_session_open(e, &ss, err, sizeof err) == 0);
+    if (!ss) {
+        tl_engine_close(e);
+        return;
+    }
+    tl_sample_params sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    tl_sample_out o;
+    tl_batch_entry b = {.sess = ss, .tokens = prompt, .n_tok = n_prompt, .sample = &sp, .out = &o};
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ_INT(tl_engine_step(e, &b, 1, err, sizeof err), 0);
+        out[i] = o.token;
+        b.tokens = &out[i];
+        b.n_tok = 1;
+    }
+    tl_session_close(ss);
+    tl_engine_close(e);
+}
+
+/* Generation never exceeds the context: a sequence (prompt + emitted tokens) ends with LENGTH
+ * holding exactly max_ctx tokens, whatever the prompt length, batched with others and with
+ * chunked prefill; the tokens are the ones an unbatched greedy run through the engine gives. A
+ * prompt that leaves no room for one token is an error (TL_ERR_CONTEXT_FULL) of that job only. */
+static void test_context_limit(void) {
+    enum { CTX = 48 };
+    tl_engine *e = open_engine(4, CTX);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 16};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    static const int prompts[] = {CTX - 1, CTX - 2, 30, 5, CTX, CTX + 3, 17};
+    enum { NJ = sizeof prompts / sizeof prompts[0] };
+    tl_job *js[NJ];
+    for (int k = 0; k < NJ; k++) {
+        js[k] = make_job(k + 20, prompts[k], k == 6 ? CTX - 17 : 0);
+        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+    }
+    int32_t toks[2 * CTX];
+    for (int k = 0; k < NJ; k++) {
+        int n = -1, fin = collect(js[k], toks, 2 * CTX, &n);
+        if (prompts[k] >= CTX) {
+            CHECK_EQ_INT(fin, TL_FIN_ERROR);
+            CHECK_EQ_INT(js[k]->err_status, TL_ERR_CONTEXT_FULL);
+            CHECK_EQ_INT(n, 0);
+        } else {
+            CHECK_EQ_INT(fin, TL_FIN_LENGTH);
+            CHECK_EQ_INT(prompts[k] + n, CTX);
+            int32_t want[CTX];
+            greedy_alone(js[k]->prompt, prompts[k], want, n);
+            CHECK(n > 0 && !memcmp(toks, want, sizeof(int32_t) * (size_t)n));
+        }
+        tl_job_unref(js[k]);
+    }
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
     T_RUN(test_limits_script_force_fail);
+    T_RUN(test_context_limit);
     return t_summary();
 }

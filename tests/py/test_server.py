@@ -286,6 +286,74 @@ def test_completions_text_and_ids(srv, client):
     assert all(len(d) <= 2 for d in r3.choices[0].logprobs.top_logprobs)
 
 
+# ---------------------------------------------------------------- the context limit
+
+CTX = 64  # --ctx of the `small_ctx` server
+
+
+@pytest.fixture(scope="module", params=sorted(BINARIES))
+def small_ctx(request):
+    s = Server(BINARIES[request.param], "--ctx", str(CTX), "--max-seqs", "4")
+    yield s
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+def chat_prompt_of(srv, n_prompt):
+    """Messages whose rendered prompt is exactly n_prompt tokens (the server's own count)."""
+    for k in range(1, 4 * CTX):
+        msgs = [{"role": "user", "content": " ".join(["a"] * k)}]
+        st, body = srv.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+        if st == 200 and body["usage"]["prompt_tokens"] == n_prompt:
+            return msgs
+        if st != 200 or body["usage"]["prompt_tokens"] > n_prompt:
+            break
+    pytest.fail(f"no message renders to {n_prompt} prompt tokens")
+
+
+@pytest.mark.parametrize("gap", [1, 2, 30])
+def test_chat_ends_at_the_context(small_ctx, gap):
+    """Without max_tokens a chat request runs until the context is full: it ends with "length"
+    when prompt + generated tokens are exactly --ctx (never ctx + 1), streaming or not, and the
+    session is freed."""
+    cl = small_ctx.client()
+    msgs = chat_prompt_of(small_ctx, CTX - gap)
+    r = cl.chat.completions.create(model=MODEL_NAME, messages=msgs, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == CTX - gap
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == CTX, r.usage
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(cl.chat.completions.create(model=MODEL_NAME, messages=msgs, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True}))
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens + usage.completion_tokens == CTX, usage
+    fins = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert fins == ["length"]
+    small_ctx.wait_metric("tulip_sessions_active", lambda v: v == 0)
+
+
+def test_completions_max_tokens_up_to_the_context(small_ctx):
+    """Completions always have a max_tokens (OpenAI default 16); the largest accepted one,
+    ctx - prompt, fills the context exactly, streaming or not; one more is refused up front."""
+    cl = small_ctx.client()
+    n_prompt = CTX - 20
+    prompt = [(7 * i) % 250 + 3 for i in range(n_prompt)]
+    r = cl.completions.create(model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=20,
+                              extra_body={"ignore_eos": True})
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 20)
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(cl.completions.create(model=MODEL_NAME, prompt=prompt, temperature=0,
+                                        max_tokens=20, stream=True,
+                                        stream_options={"include_usage": True},
+                                        extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.prompt_tokens + chunks[-1].usage.completion_tokens == CTX
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    st, e = small_ctx.post_json("/v1/completions", {"prompt": prompt, "max_tokens": 21})
+    assert st == 400 and e["error"]["code"] == "context_length_exceeded"
+
+
 # ---------------------------------------------------------------- concurrency and aborts
 
 def test_16_concurrent_streams(srv):
