@@ -21,9 +21,11 @@ static void cpu_close(tl_backend *b) {
     free(b);
 }
 
-static void cpu_reset_slot(tl_backend *b, int slot) {
+static int cpu_reset_slot(tl_backend *b, int slot) {
     cpu_backend *c = b->impl;
+    if (slot < 0 || slot >= c->max_seqs) return TL_ERR_INVALID;
     cpu_state_reset(&c->st[slot], &c->m->cfg);
+    return TL_OK;
 }
 
 static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
