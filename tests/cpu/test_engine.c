@@ -312,8 +312,12 @@ static void test_failed_forward(void) {
 /* ====== Backend choice. ====== */
 
 static void test_auto_falls_back_for_a_test_shape(void) {
-    tl_engine_params ep = {.model_path = MODEL, .backend = TL_BACKEND_AUTO, .allow_test_shape = 1,
-                           .n_threads = 1, .max_seqs = 1, .max_ctx = 16};
+    tl_engine_params ep = {.model_path = MODEL,
+                           .backend = TL_BACKEND_AUTO,
+                           .allow_test_shape = 1,
+                           .n_threads = 1,
+                           .max_seqs = 1,
+                           .max_ctx = 16};
     tl_engine *e = NULL;
     char err[512] = "";
     CHECK_EQ_INT(tl_engine_open(&e, &ep, err, sizeof err), 0);
@@ -344,7 +348,7 @@ static void test_production_model_never_falls_back(void) {
     CHECK(st < 0 && e == NULL);
     CHECK(strstr(err, "no CUDA backend") != NULL); /* why CUDA could not open */
     CHECK(strstr(err, "--backend cpu") != NULL);   /* and how to force the CPU */
-    ep.allow_test_shape = 1;                        /* still the production shape */
+    ep.allow_test_shape = 1;                       /* still the production shape */
     CHECK(tl_engine_open(&e, &ep, err, sizeof err) < 0 && e == NULL);
     ep.backend = TL_BACKEND_CPU; /* asked for explicitly: the CPU it is */
     CHECK_EQ_INT(tl_engine_open(&e, &ep, err, sizeof err), 0);
