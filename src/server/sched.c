@@ -275,6 +275,14 @@ static admit_result admit(tl_sched *s, int *stop) {
     return ADMIT_STEP;
 }
 
+/* A lost device: the server takes no more work (tl_sched_lost; it exits and is restarted). */
+static void set_lost(tl_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->lost = 1;
+    s->accepting = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* A session for a newly admitted job, or the job ends (its prompt leaves no room for a token, or
  * no slot could be had). Returns 1 when the job can run. */
 static int job_start(tl_sched *s, tl_job *j, double now) {
@@ -290,6 +298,10 @@ static int job_start(tl_sched *s, tl_job *j, double now) {
     int st = tl_session_open(s->eng, &j->sess, err, sizeof err);
     if (st) {
         j->sess = NULL;
+        if (st == TL_ERR_DEVICE_LOST) { /* no slot could be reset: the device is gone */
+            fprintf(stderr, "tulip: opening a session failed: %s\n", err);
+            set_lost(s);
+        }
         job_release(s, j, TL_FIN_ERROR, st, err);
         return 0;
     }
@@ -385,10 +397,7 @@ static void step_failed(tl_sched *s, int st, const char *err) {
     }
     fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);
     if (st == TL_ERR_DEVICE_LOST || st == TL_ERR_CUDA) {
-        pthread_mutex_lock(&s->mu);
-        s->lost = 1;
-        s->accepting = 0;
-        pthread_mutex_unlock(&s->mu);
+        set_lost(s);
         st = TL_ERR_DEVICE_LOST;
     }
     fail_all(s, st, err);

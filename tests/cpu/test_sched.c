@@ -1,9 +1,11 @@
 /* The engine thread (src/server/sched.c) on the tiny model with the CPU backend: batched greedy
  * decoding equals one-at-a-time decoding, cancellation frees the session within a step, the
- * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH, scripted and
- * forced tokens, injected failures, and shutdown cancels what is still running. */
+ * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH (a sequence
+ * never holds more than the context), scripted and forced tokens, injected failures (a step, a
+ * slot reset), and shutdown cancels what is still running. */
 #include <unistd.h>
 #include "common/util.h"
+#include "engine/backend.h"
 #include "server/metrics.h"
 #include "server/sched.h"
 #include "t_check.h"
@@ -289,10 +291,70 @@ static void test_context_limit(void) {
     tl_engine_close(e);
 }
 
+/* Slot resets that fail (injected around the real CPU backend's reset): a transient failure
+ * costs the next job its session (an error for that job only) and the slot comes back once a
+ * reset succeeds; a lost device makes the server stop taking work. */
+static int (*real_reset)(tl_backend *, int);
+static int reset_fail;
+
+static int faulty_reset(tl_backend *b, int slot) {
+    return reset_fail ? reset_fail : real_reset(b, slot);
+}
+
+static void test_failed_slot_reset(void) {
+    tl_engine *e = open_engine(1, 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_backend *be = tl_engine_backend_impl(e);
+    real_reset = be->reset_slot;
+    be->reset_slot = faulty_reset;
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 4, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    int32_t ref[6], toks[8];
+    int n;
+    tl_job *j = make_job(1, 9, 6);
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(j, ref, 6, &n), TL_FIN_LENGTH);
+    tl_job_unref(j);
+    for (int round = 0; round < 2; round++) {
+        reset_fail = round == 0 ? TL_ERR_CUDA : TL_ERR_DEVICE_LOST;
+        j = make_job(1, 9, 6); /* its slot is not reset when it ends */
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, toks, 8, &n), TL_FIN_LENGTH);
+        CHECK(n == 6 && !memcmp(toks, ref, sizeof ref));
+        tl_job_unref(j);
+        j = make_job(1, 9, 6); /* no clean slot for it */
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, toks, 8, &n), TL_FIN_ERROR);
+        CHECK_EQ_INT(n, 0);
+        CHECK_EQ_INT(j->err_status, reset_fail);
+        tl_job_unref(j);
+        CHECK_EQ_INT(tl_sched_lost(s), round == 1);
+        if (round == 1) break;
+        reset_fail = 0; /* recovered: the slot is reset at the next open, and clean */
+        j = make_job(1, 9, 6);
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, toks, 8, &n), TL_FIN_LENGTH);
+        CHECK(n == 6 && !memcmp(toks, ref, sizeof ref));
+        tl_job_unref(j);
+    }
+    j = make_job(1, 9, 6);
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), TL_ERR_DEVICE_LOST);
+    tl_job_unref(j);
+    reset_fail = 0;
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
     T_RUN(test_limits_script_force_fail);
     T_RUN(test_context_limit);
+    T_RUN(test_failed_slot_reset);
     return t_summary();
 }
