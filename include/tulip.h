@@ -79,7 +79,7 @@ int tl_session_reset(tl_session *s);
 /* Sampling parameters for one step. temperature <= 0 means greedy (argmax). */
 typedef struct tl_sample_params {
     float temperature;
-    int top_k;                /* 0 = off */
+    int top_k;                /* <= 0 = off */
     float top_p;              /* 1 = off */
     float min_p;              /* 0 = off */
     float presence_penalty;   /* OpenAI: over tokens generated so far */
@@ -90,6 +90,11 @@ typedef struct tl_sample_params {
 } tl_sample_params;
 
 #define TL_MAX_LOGPROBS 20
+
+/* TL_ERR_INVALID (with the field named) unless: temperature and the penalties are finite, top_p
+ * is in (0, 1], min_p in [0, 1], repetition_penalty > 0, n_logprobs in [0, TL_MAX_LOGPROBS]
+ * (top_k <= 0 is off). tl_engine_step checks every entry's parameters with it. */
+int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen);
 
 typedef struct tl_sample_out {
     int32_t token;
@@ -118,10 +123,8 @@ typedef struct tl_batch_entry {
  *   TL_ERR_INVALID       e NULL; n < 0 or n > max_seqs; entries NULL with n > 0; an entry with no
  *                        session or one of another engine, tokens NULL or n_tok <= 0; a session
  *                        twice; a session whose state was lost (below); a token id outside
- *                        [0, n_vocab); sample without out; sample params out of range
- *                        (temperature, penalties not finite; top_k < 0; top_p not in (0, 1];
- *                        min_p not in [0, 1]; repetition_penalty <= 0; n_logprobs not in
- *                        [0, TL_MAX_LOGPROBS]);
+ *                        [0, n_vocab); sample without out; sample params that
+ *                        tl_sample_params_check refuses;
  *   TL_ERR_CONTEXT_FULL  n_past + n_tok exceeds max_ctx, or reaches it with a sample asked for
  *                        (the sampled token is part of the sequence too: a sequence never holds
  *                        more than max_ctx tokens). Also from the backend when its KV pool is

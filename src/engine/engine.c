@@ -207,12 +207,12 @@ int tl_session_reset(tl_session *s) {
 
 static int bad_float(float x) { return !isfinite(x); }
 
-static int check_sample(const tl_sample_params *p, int i, char *err, size_t errlen) {
+int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen) {
     const char *bad = NULL;
-    if (bad_float(p->temperature))
+    if (!p)
+        bad = "no sampling parameters";
+    else if (bad_float(p->temperature))
         bad = "temperature is not finite";
-    else if (p->top_k < 0)
-        bad = "top_k is negative";
     else if (!(p->top_p > 0 && p->top_p <= 1))
         bad = "top_p is not in (0, 1]";
     else if (!(p->min_p >= 0 && p->min_p <= 1))
@@ -223,7 +223,7 @@ static int check_sample(const tl_sample_params *p, int i, char *err, size_t errl
         bad = "repetition_penalty is not a positive number";
     else if (p->n_logprobs < 0 || p->n_logprobs > TL_MAX_LOGPROBS)
         bad = "n_logprobs is not in [0, TL_MAX_LOGPROBS]";
-    return bad ? tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: %s", i, bad) : TL_OK;
+    return bad ? tl_errf(err, errlen, TL_ERR_INVALID, "%s", bad) : TL_OK;
 }
 
 /* Entry i alone and against the entries before it (tulip.h lists what is checked). */
@@ -248,7 +248,9 @@ static int check_entry(tl_engine *e, const tl_batch_entry *b, int i, char *err, 
                            e->cfg.n_vocab);
     if (b[i].sample && !b[i].out)
         return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: sample without out", i);
-    if (b[i].sample && check_sample(b[i].sample, i, err, errlen)) return TL_ERR_INVALID;
+    char why[96];
+    if (b[i].sample && tl_sample_params_check(b[i].sample, why, sizeof why))
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: %s", i, why);
     /* a sampled token joins the sequence too: it needs a place in the context */
     int need = b[i].n_tok + (b[i].sample ? 1 : 0);
     if (s->n_tokens + need > e->max_ctx)

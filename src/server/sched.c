@@ -295,7 +295,13 @@ static int job_start(tl_sched *s, tl_job *j, double now) {
                     err);
         return 0;
     }
-    int st = tl_session_open(s->eng, &j->sess, err, sizeof err);
+    /* checked here too, so that one job's bad parameters never fail the whole step */
+    int st = tl_sample_params_check(&j->sample, err, sizeof err);
+    if (st) {
+        job_release(s, j, TL_FIN_ERROR, st, err);
+        return 0;
+    }
+    st = tl_session_open(s->eng, &j->sess, err, sizeof err);
     if (st) {
         j->sess = NULL;
         if (st == TL_ERR_DEVICE_LOST) { /* no slot could be reset: the device is gone */

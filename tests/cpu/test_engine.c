@@ -70,7 +70,8 @@ static void bad_sample_params(tl_engine *e, tl_session *A, tl_session *B, const 
     tl_sample_out o;
     tl_sample_params p[10];
     for (int i = 0; i < 10; i++) p[i] = SP_A;
-    p[0].top_p = 0, p[1].top_p = 1.5f, p[2].min_p = -0.1f, p[3].min_p = 2, p[4].top_k = -1;
+    p[0].top_p = 0, p[1].top_p = 1.5f, p[2].min_p = -0.1f, p[3].min_p = 2,
+    p[4].frequency_penalty = NAN;
     p[5].repetition_penalty = 0, p[6].temperature = NAN, p[7].n_logprobs = TL_MAX_LOGPROBS + 1;
     p[8].n_logprobs = -1, p[9].presence_penalty = INFINITY;
     for (int i = 0; i < 10; i++) {

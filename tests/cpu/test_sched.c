@@ -291,6 +291,37 @@ static void test_context_limit(void) {
     tl_engine_close(e);
 }
 
+/* A job with sampling parameters the engine refuses ends with an error of its own; the job
+ * batched with it runs on as if alone. */
+static void test_bad_params_fail_one_job(void) {
+    tl_engine *e = open_engine(2, 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 4, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    tl_job *good = make_job(3, 12, 10), *bad = make_job(4, 12, 10);
+    bad->sample.top_p = 0;
+    CHECK_EQ_INT(tl_sched_submit(s, good, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_submit(s, bad, err, sizeof err), 0);
+    int32_t toks[16], want[10];
+    int n;
+    CHECK_EQ_INT(collect(bad, toks, 16, &n), TL_FIN_ERROR);
+    CHECK_EQ_INT(bad->err_status, TL_ERR_INVALID);
+    CHECK(n == 0 && strstr(bad->err, "top_p") != NULL);
+    CHECK_EQ_INT(collect(good, toks, 16, &n), TL_FIN_LENGTH);
+    greedy_alone(good->prompt, 12, want, 10);
+    CHECK(n == 10 && !memcmp(toks, want, sizeof want));
+    tl_job_unref(good);
+    tl_job_unref(bad);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
 /* Slot resets that fail (injected around the real CPU backend's reset): a transient failure
  * costs the next job its session (an error for that job only) and the slot comes back once a
  * reset succeeds; a lost device makes the server stop taking work. */
@@ -355,6 +386,7 @@ int main(void) {
     T_RUN(test_cancel_and_queue_full);
     T_RUN(test_limits_script_force_fail);
     T_RUN(test_context_limit);
+    T_RUN(test_bad_params_fail_one_job);
     T_RUN(test_failed_slot_reset);
     return t_summary();
 }
