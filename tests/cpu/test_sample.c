@@ -128,7 +128,7 @@ static int check_distribution(const char *name, const float *logits, int V,
     return k;
 }
 
-static const float L12[12] = {2.0f, 1.2f, 0.9f, 0.7f, 0.5f, 0.1f,
+static const float L12[12] = {2.0f,  1.2f, 0.9f,  0.7f, 0.5f,  0.1f,
                               -0.3f, 1.6f, -1.0f, 0.3f, -2.0f, 1.0f};
 
 static tl_sample_params sp(float t, int k, float top_p, float min_p) {
