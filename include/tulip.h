@@ -33,7 +33,8 @@ typedef struct tl_session tl_session;
 struct tl_config;
 
 typedef enum tl_backend_kind {
-    TL_BACKEND_AUTO = 0, /* CUDA when compiled in and a GPU is present, else CPU */
+    TL_BACKEND_AUTO = 0, /* CUDA; when it cannot open, CPU for a test-shape model only (the reason
+                            on stderr); the production model gets an error instead */
     TL_BACKEND_CPU = 1,
     TL_BACKEND_CUDA = 2,
 } tl_backend_kind;
@@ -64,16 +65,21 @@ int tl_engine_max_ctx(const tl_engine *e);
 int tl_engine_max_seqs(const tl_engine *e);
 
 /* A session is one sequence: its KV cache, conv state and recurrent state, and the tokens it
- * has consumed. Opening one takes a state slot: TL_ERR_BUSY when all are taken. */
+ * has consumed. Opening one takes a clean state slot: TL_ERR_BUSY when all are taken; the
+ * backend's status when the only ones left could not be reset (the device is failing). */
 int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen);
-void tl_session_close(tl_session *s);
+/* Frees the session and resets its slot for the next one. A failed reset is returned (the
+ * session is freed all the same); that slot stays out of use until a reset of it succeeds. */
+int tl_session_close(tl_session *s);
 int tl_session_n_past(const tl_session *s); /* tokens consumed so far */
-void tl_session_reset(tl_session *s);       /* back to an empty sequence */
+/* Back to an empty sequence. On failure (the backend's status) the session refuses steps until
+ * a reset succeeds. */
+int tl_session_reset(tl_session *s);
 
 /* Sampling parameters for one step. temperature <= 0 means greedy (argmax). */
 typedef struct tl_sample_params {
     float temperature;
-    int top_k;                /* 0 = off */
+    int top_k;                /* <= 0 = off */
     float top_p;              /* 1 = off */
     float min_p;              /* 0 = off */
     float presence_penalty;   /* OpenAI: over tokens generated so far */
@@ -84,6 +90,11 @@ typedef struct tl_sample_params {
 } tl_sample_params;
 
 #define TL_MAX_LOGPROBS 20
+
+/* TL_ERR_INVALID (with the field named) unless: temperature and the penalties are finite, top_p
+ * is in (0, 1], min_p in [0, 1], repetition_penalty > 0, n_logprobs in [0, TL_MAX_LOGPROBS]
+ * (top_k <= 0 is off). tl_engine_step checks every entry's parameters with it. */
+int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen);
 
 typedef struct tl_sample_out {
     int32_t token;
@@ -106,8 +117,20 @@ typedef struct tl_batch_entry {
     float *logits;
 } tl_batch_entry;
 
-/* Runs one forward over all entries (each session at most once per call). On
- * TL_ERR_CONTEXT_FULL no session was changed. */
+/* Runs one forward over all entries (each session at most once per call). n == 0 does nothing.
+ * Every entry is checked before anything changes; a bad one fails the whole call with no session
+ * changed:
+ *   TL_ERR_INVALID       e NULL; n < 0 or n > max_seqs; entries NULL with n > 0; an entry with no
+ *                        session or one of another engine, tokens NULL or n_tok <= 0; a session
+ *                        twice; a session whose state was lost (below); a token id outside
+ *                        [0, n_vocab); sample without out; sample params that
+ *                        tl_sample_params_check refuses;
+ *   TL_ERR_CONTEXT_FULL  n_past + n_tok exceeds max_ctx, or reaches it with a sample asked for
+ *                        (the sampled token is part of the sequence too: a sequence never holds
+ *                        more than max_ctx tokens). Also from the backend when its KV pool is
+ *                        out of pages; no session changed then either.
+ * Any other failure during the forward or sampling leaves the state of the batch's sessions
+ * undefined: they refuse steps (TL_ERR_INVALID) until tl_session_reset succeeds. */
 int tl_engine_step(tl_engine *e, tl_batch_entry *entries, int n, char *err, size_t errlen);
 
 #endif

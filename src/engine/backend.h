@@ -32,10 +32,15 @@ typedef struct tl_backend {
     int can_sample; /* 1: forward() samples on the device when e->sample is set */
     void *impl;
     void (*close)(struct tl_backend *b);
-    /* Clears the state of a slot (zero KV length, zero conv and recurrent state). */
+    /* Clears the state of a slot (zero KV length, zero conv and recurrent state, KV pages back
+     * in the pool). 0, or a negative tl_status when the slot could not be cleared (the engine
+     * then keeps it out of use until a later reset succeeds). */
     int (*reset_slot)(struct tl_backend *b, int slot);
     int (*forward)(struct tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen);
 } tl_backend;
+
+/* The backend an engine runs on: for tests that inject backend faults (engine.c). */
+tl_backend *tl_engine_backend_impl(tl_engine *e);
 
 /* CPU reference backend (always available). */
 int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int max_ctx,

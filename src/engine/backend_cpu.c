@@ -23,8 +23,9 @@ static void cpu_close(tl_backend *b) {
 
 static int cpu_reset_slot(tl_backend *b, int slot) {
     cpu_backend *c = b->impl;
+    if (slot < 0 || slot >= c->max_seqs) return TL_ERR_INVALID;
     cpu_state_reset(&c->st[slot], &c->m->cfg);
-    return 0;
+    return TL_OK;
 }
 
 static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {

@@ -1,6 +1,11 @@
 /* Engine: opens the model, picks and owns the backend, hands out sessions (state slots), and runs
  * the batched step: validate every entry, forward through the backend, sample (on the device when
- * the backend can, else on the host from the logits). One thread owns an engine (tulip.h). */
+ * the backend can, else on the host from the logits). One thread owns an engine (tulip.h).
+ *
+ * Slots: free, used by a session, or dirty (the backend could not reset it; it is reset again
+ * before it is handed out, and stays out of use while that fails). A session whose state is
+ * undefined (a failed reset or a failed forward) refuses steps until a reset succeeds. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,14 +15,16 @@
 #include "engine/sample.h"
 #include "model/weights.h"
 
+enum { SLOT_FREE = 0, SLOT_USED, SLOT_DIRTY };
+
 struct tl_engine {
     tl_model *model; /* NULL with random weights */
     tl_config cfg;
     tl_backend *be;
     int max_seqs, max_ctx;
-    int n_sample_vocab; /* ids >= this are padding: never sampled */
-    unsigned char *slot_used;
-    float *scratch; /* [max_seqs, n_vocab] logits for host sampling */
+    int n_sample_vocab;        /* ids >= this are padding: never sampled */
+    unsigned char *slot_state; /* SLOT_* per slot */
+    float *scratch;            /* [max_seqs, n_vocab] logits for host sampling */
 };
 
 struct tl_session {
@@ -27,85 +34,96 @@ struct tl_session {
     int n_tokens, cap;
     int n_prompt; /* tokens before the first sample; -1 until then */
     uint64_t rng;
+    int lost; /* 0, or the status that left the slot's state undefined */
 };
 
+/* ====== Opening: model, limits, backend. ====== */
+
+static int load_model(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
+    if (p->random_weights) {
+        tl_config_set_production(&e->cfg); /* built on the device from a seed */
+        return TL_OK;
+    }
+    if (!p->model_path) return tl_errf(err, errlen, TL_ERR_INVALID, "no model path given");
+    int rc = tl_model_open(&e->model, p->model_path, err, errlen);
+    if (rc) return rc;
+    e->cfg = e->model->cfg;
+    if (!p->allow_test_shape) return tl_config_check_production(&e->cfg, err, errlen);
+    return TL_OK;
+}
+
+static int open_cpu(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
+    if (!e->model)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "random weights need the CUDA backend");
+    return tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->n_threads, err,
+                               errlen);
+}
+
+/* Tries the CUDA backend; why it cannot open goes in cerr. */
+static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t n) {
+#ifndef TL_NO_CUDA
+    tl_cuda_params cp = {.max_seqs = e->max_seqs,
+                         .max_ctx = e->max_ctx,
+                         .kv_tokens = p->kv_tokens,
+                         .random_weights = p->random_weights,
+                         .seed = p->seed,
+                         .weight_bits = p->weight_bits ? p->weight_bits : 16};
+    return tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, n);
+#else
+    return tl_errf(cerr, n, TL_ERR_UNSUPPORTED, "this build has no CUDA backend (make cuda)");
+#endif
+}
+
+/* CPU when asked for; else CUDA. AUTO falls back to the CPU only for a test-shape model: the
+ * production model on the CPU is no usable server, so there it is an error naming the reason. */
+static int open_backend(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
+    if (p->backend == TL_BACKEND_CPU) return open_cpu(e, p, err, errlen);
+    if (p->backend != TL_BACKEND_AUTO && p->backend != TL_BACKEND_CUDA)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "unknown backend %d", (int)p->backend);
+    char cerr[512] = "";
+    int rc = open_cuda(e, p, cerr, sizeof cerr);
+    if (!rc) return TL_OK;
+    e->be = NULL;
+    if (!cerr[0]) snprintf(cerr, sizeof cerr, "%s", tl_status_str(rc));
+    if (p->backend == TL_BACKEND_CUDA) return tl_errf(err, errlen, rc, "%s", cerr);
+    if (!e->model)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "random weights need the CUDA backend, which cannot open: %s", cerr);
+    if (!tl_config_check_production(&e->cfg, NULL, 0))
+        return tl_errf(err, errlen, rc,
+                       "the CUDA backend cannot open: %s; not falling back to the CPU backend, "
+                       "which is far too slow to serve this 35B model (--backend cpu forces it)",
+                       cerr);
+    fprintf(stderr,
+            "tulip: the CUDA backend cannot open (%s); test-shape model: using the CPU backend\n",
+            cerr);
+    return open_cpu(e, p, err, errlen);
+}
+
 int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t errlen) {
+    if (!out || !p) return tl_errf(err, errlen, TL_ERR_INVALID, "no engine parameters");
     *out = NULL;
     tl_engine *e = xcalloc(1, sizeof *e);
-    int rc;
-    double t0 = tl_time_s(), t1 = t0;
-    if (!p->random_weights) {
-        if (!p->model_path) {
-            free(e);
-            return tl_errf(err, errlen, TL_ERR_INVALID, "no model path given");
-        }
-        rc = tl_model_open(&e->model, p->model_path, err, errlen);
-        if (rc) {
-            free(e);
-            return rc;
-        }
-        e->cfg = e->model->cfg;
-        if (!p->allow_test_shape && (rc = tl_config_check_production(&e->cfg, err, errlen))) {
-            tl_engine_close(e);
-            return rc;
-        }
-        t1 = tl_time_s();
-    } else {
-        tl_config_set_production(&e->cfg); /* built on the device from a seed */
-    }
+    double t0 = tl_time_s();
+    int rc = load_model(e, p, err, errlen);
+    double t1 = tl_time_s();
     e->max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
     e->max_ctx = p->max_ctx > 0 ? p->max_ctx : TL_MIN(e->cfg.max_pos, 32768);
     if (e->max_ctx > e->cfg.max_pos) e->max_ctx = e->cfg.max_pos;
     e->n_sample_vocab = e->cfg.n_vocab == TL_N_VOCAB ? TL_N_VOCAB_TOKENS : e->cfg.n_vocab;
-
-    tl_backend_kind want = p->backend;
-    rc = TL_ERR_UNSUPPORTED;
-#ifndef TL_NO_CUDA
-    if (want == TL_BACKEND_CUDA || want == TL_BACKEND_AUTO) {
-        tl_cuda_params cp = {.max_seqs = e->max_seqs,
-                             .max_ctx = e->max_ctx,
-                             .kv_tokens = p->kv_tokens,
-                             .random_weights = p->random_weights,
-                             .seed = p->seed,
-                             .weight_bits = p->weight_bits ? p->weight_bits : 16};
-        char cerr[512] = "";
-        rc = tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, sizeof cerr);
-        if (rc && want == TL_BACKEND_CUDA) {
-            tl_errf(err, errlen, rc, "%s", cerr);
-            tl_engine_close(e);
-            return rc;
-        }
-    }
-#else
-    if (want == TL_BACKEND_CUDA) {
-        tl_engine_close(e);
-        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
-                       "this build has no CUDA backend (make cuda)");
-    }
-#endif
-    if (rc) {
-        if (!e->model) {
-            tl_engine_close(e);
-            return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "random weights need the CUDA backend");
-        }
-        rc = tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->n_threads, err,
-                                 errlen);
-        if (rc) {
-            tl_engine_close(e);
-            return rc;
-        }
-    }
-    if (e->model) /* the load time of a checkpoint, always reported (one line on stderr) */
+    if (!rc) rc = open_backend(e, p, err, errlen);
+    if (!rc && e->model) /* the load time of a checkpoint, always reported (one line) */
         fprintf(stderr,
                 "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
                 p->model_path, tl_time_s() - t0, t1 - t0, e->be->name, tl_time_s() - t1);
-    e->slot_used = xcalloc(e->max_seqs, 1);
-    if (!e->be->can_sample) {
+    if (!rc) e->slot_state = xcalloc(e->max_seqs, 1);
+    if (!rc && !e->be->can_sample) {
         e->scratch = calloc((size_t)e->max_seqs * e->cfg.n_vocab, sizeof(float));
-        if (!e->scratch) {
-            tl_engine_close(e);
-            return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory for logits");
-        }
+        if (!e->scratch) rc = tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory for logits");
+    }
+    if (rc) {
+        tl_engine_close(e);
+        return rc;
     }
     *out = e;
     return TL_OK;
@@ -115,7 +133,7 @@ void tl_engine_close(tl_engine *e) {
     if (!e) return;
     if (e->be) e->be->close(e->be);
     if (e->model) tl_model_close(e->model);
-    free(e->slot_used);
+    free(e->slot_state);
     free(e->scratch);
     free(e);
 }
@@ -126,122 +144,213 @@ tl_backend_kind tl_engine_backend(const tl_engine *e) {
 }
 int tl_engine_max_ctx(const tl_engine *e) { return e->max_ctx; }
 int tl_engine_max_seqs(const tl_engine *e) { return e->max_seqs; }
+tl_backend *tl_engine_backend_impl(tl_engine *e) { return e->be; }
 
-int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen) {
-    *out = NULL;
+/* ====== Sessions. ====== */
+
+/* A slot for a new session: a free one, else a dirty one whose reset now succeeds. Returns the
+ * slot, or -1 with *rc the last failed reset's status (0 when there was no dirty slot). */
+static int take_slot(tl_engine *e, int *rc) {
+    *rc = 0;
+    for (int i = 0; i < e->max_seqs; i++)
+        if (e->slot_state[i] == SLOT_FREE) return i;
     for (int i = 0; i < e->max_seqs; i++) {
-        if (e->slot_used[i]) continue;
-        tl_session *s = calloc(1, sizeof *s);
-        if (!s) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
-        s->e = e;
-        s->slot = i;
-        s->n_prompt = -1;
-        e->slot_used[i] = 1; /* clean: backends start zeroed, and close resets */
-        *out = s;
-        return TL_OK;
+        if (e->slot_state[i] != SLOT_DIRTY) continue;
+        int st = e->be->reset_slot(e->be, i);
+        if (!st) return i;
+        *rc = st;
     }
-    return tl_errf(err, errlen, TL_ERR_BUSY, "all %d sequence slots are in use", e->max_seqs);
+    return -1;
 }
 
-void tl_session_close(tl_session *s) {
-    if (!s) return;
+int tl_session_open(tl_engine *e, tl_session **out, char *err, size_t errlen) {
+    if (!e || !out) return tl_errf(err, errlen, TL_ERR_INVALID, "no engine or no session pointer");
+    *out = NULL;
+    int rc, slot = take_slot(e, &rc);
+    if (slot < 0 && rc)
+        return tl_errf(err, errlen, rc,
+                       "no sequence slot: every free slot failed to reset (%s); the device may "
+                       "be unusable",
+                       tl_status_str(rc));
+    if (slot < 0)
+        return tl_errf(err, errlen, TL_ERR_BUSY, "all %d sequence slots are in use", e->max_seqs);
+    tl_session *s = calloc(1, sizeof *s);
+    if (!s) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    s->e = e;
+    s->slot = slot;
+    s->n_prompt = -1;
+    e->slot_state[slot] = SLOT_USED; /* clean: backends start zeroed, and close resets */
+    *out = s;
+    return TL_OK;
+}
+
+int tl_session_close(tl_session *s) {
+    if (!s) return TL_OK;
     /* the slot is left clean for the next session: state zeroed, KV pages back in the pool */
-    s->e->be->reset_slot(s->e->be, s->slot);
-    s->e->slot_used[s->slot] = 0;
+    int rc = s->e->be->reset_slot(s->e->be, s->slot);
+    s->e->slot_state[s->slot] = rc ? SLOT_DIRTY : SLOT_FREE;
     free(s->tokens);
     free(s);
+    return rc;
 }
 
 int tl_session_n_past(const tl_session *s) { return s->n_tokens; }
 
-void tl_session_reset(tl_session *s) {
+int tl_session_reset(tl_session *s) {
     s->n_tokens = 0;
     s->n_prompt = -1;
-    s->e->be->reset_slot(s->e->be, s->slot);
+    s->lost = s->e->be->reset_slot(s->e->be, s->slot);
+    return s->lost;
 }
 
-int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t errlen) {
-    if (n <= 0) return TL_OK;
-    tl_fwd_entry stackf[64];
-    tl_fwd_entry *f = n <= 64 ? stackf : calloc(n, sizeof *f);
-    if (!f) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
-    int rc = TL_OK;
-    /* validate everything before changing anything */
-    for (int i = 0; i < n && !rc; i++) {
-        tl_session *s = b[i].sess;
-        if (!s || s->e != e || b[i].n_tok <= 0 || !b[i].tokens)
-            rc = tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: no session or no tokens", i);
-        else if (s->n_tokens + b[i].n_tok > e->max_ctx)
-            rc = tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
-                         "sequence of %d tokens + %d exceeds the context of %d", s->n_tokens,
-                         b[i].n_tok, e->max_ctx);
-        else if (b[i].sample && !b[i].out)
-            rc = tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: sample without out", i);
-        for (int j = 0; j < i && !rc; j++)
-            if (b[j].sess == s)
-                rc = tl_errf(err, errlen, TL_ERR_INVALID, "session twice in one step");
-        for (int t = 0; t < b[i].n_tok && !rc; t++)
-            if (b[i].tokens[t] < 0 || b[i].tokens[t] >= e->cfg.n_vocab)
-                rc = tl_errf(err, errlen, TL_ERR_INVALID, "token id %d out of range [0, %d)",
-                             b[i].tokens[t], e->cfg.n_vocab);
+/* ====== The step. ====== */
+
+static int bad_float(float x) { return !isfinite(x); }
+
+int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen) {
+    const char *bad = NULL;
+    if (!p)
+        bad = "no sampling parameters";
+    else if (bad_float(p->temperature))
+        bad = "temperature is not finite";
+    else if (!(p->top_p > 0 && p->top_p <= 1))
+        bad = "top_p is not in (0, 1]";
+    else if (!(p->min_p >= 0 && p->min_p <= 1))
+        bad = "min_p is not in [0, 1]";
+    else if (bad_float(p->presence_penalty) || bad_float(p->frequency_penalty))
+        bad = "a presence or frequency penalty is not finite";
+    else if (!(p->repetition_penalty > 0) || bad_float(p->repetition_penalty))
+        bad = "repetition_penalty is not a positive number";
+    else if (p->n_logprobs < 0 || p->n_logprobs > TL_MAX_LOGPROBS)
+        bad = "n_logprobs is not in [0, TL_MAX_LOGPROBS]";
+    return bad ? tl_errf(err, errlen, TL_ERR_INVALID, "%s", bad) : TL_OK;
+}
+
+/* Entry i alone and against the entries before it (tulip.h lists what is checked). */
+static int check_entry(tl_engine *e, const tl_batch_entry *b, int i, char *err, size_t errlen) {
+    const tl_session *s = b[i].sess;
+    if (!s || s->e != e)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: no session of this engine", i);
+    if (!b[i].tokens || b[i].n_tok <= 0)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: no tokens", i);
+    for (int j = 0; j < i; j++)
+        if (b[j].sess == s)
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "batch entries %d and %d: one session twice in one step", j, i);
+    if (s->lost)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "batch entry %d: the session's state was lost (%s); reset or close it", i,
+                       tl_status_str(s->lost));
+    for (int t = 0; t < b[i].n_tok; t++)
+        if (b[i].tokens[t] < 0 || b[i].tokens[t] >= e->cfg.n_vocab)
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "batch entry %d: token id %d out of range [0, %d)", i, b[i].tokens[t],
+                           e->cfg.n_vocab);
+    if (b[i].sample && !b[i].out)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: sample without out", i);
+    char why[96];
+    if (b[i].sample && tl_sample_params_check(b[i].sample, why, sizeof why))
+        return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: %s", i, why);
+    /* a sampled token joins the sequence too: it needs a place in the context */
+    int need = b[i].n_tok + (b[i].sample ? 1 : 0);
+    if (s->n_tokens + need > e->max_ctx)
+        return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                       "sequence of %d tokens + %d%s exceeds the context of %d", s->n_tokens,
+                       b[i].n_tok, b[i].sample ? " + 1 sampled" : "", e->max_ctx);
+    return TL_OK;
+}
+
+static int check_step(tl_engine *e, const tl_batch_entry *b, int n, char *err, size_t errlen) {
+    if (!e) return tl_errf(err, errlen, TL_ERR_INVALID, "no engine");
+    if (n < 0 || n > e->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "%d batch entries: not in [0, %d]", n,
+                       e->max_seqs);
+    if (n > 0 && !b) return tl_errf(err, errlen, TL_ERR_INVALID, "no batch entries");
+    for (int i = 0; i < n; i++) {
+        int rc = check_entry(e, b, i, err, errlen);
+        if (rc) return rc;
     }
-    for (int i = 0; i < n && !rc; i++) {
-        tl_session *s = b[i].sess;
-        if (s->n_tokens + b[i].n_tok > s->cap) {
-            int cap = TL_MAX(s->cap * 2, s->n_tokens + b[i].n_tok + 64);
-            int32_t *nt = realloc(s->tokens, sizeof(int32_t) * cap);
-            if (!nt) {
-                rc = tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
-                break;
-            }
-            s->tokens = nt;
-            s->cap = cap;
-        }
-    }
-    if (rc) goto done;
+    return TL_OK;
+}
+
+/* Room for every entry's tokens in its session's history (the only allocation of a step). */
+static int grow_histories(const tl_batch_entry *b, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         tl_session *s = b[i].sess;
-        tl_fwd_entry *x = &f[i];
-        memset(x, 0, sizeof *x);
-        x->slot = s->slot;
-        x->pos = s->n_tokens;
-        x->tokens = b[i].tokens;
-        x->n_tok = b[i].n_tok;
-        memcpy(s->tokens + s->n_tokens, b[i].tokens, sizeof(int32_t) * b[i].n_tok);
-        if (b[i].sample && s->n_prompt < 0) {
-            s->n_prompt = s->n_tokens + b[i].n_tok;
-            s->rng = tl_rng_seed(b[i].sample->seed);
-        }
-        x->history = s->tokens;
-        x->n_history = s->n_tokens + b[i].n_tok;
-        x->n_prompt = s->n_prompt;
-        x->rng = &s->rng;
-        x->out = b[i].out;
-        if (e->be->can_sample) {
-            x->sample = b[i].sample;
-            x->logits = b[i].logits;
-        } else {
-            x->logits = b[i].logits   ? b[i].logits
-                        : b[i].sample ? e->scratch + (size_t)s->slot * e->cfg.n_vocab
-                                      : NULL;
-        }
+        if (s->n_tokens + b[i].n_tok <= s->cap) continue;
+        int cap = TL_MAX(s->cap * 2, s->n_tokens + b[i].n_tok + 64);
+        int32_t *nt = realloc(s->tokens, sizeof(int32_t) * cap);
+        if (!nt) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+        s->tokens = nt;
+        s->cap = cap;
     }
-    rc = e->be->forward(e->be, f, n, err, errlen);
-    if (rc)
-        goto done; /* the backend's state is undefined now: callers reset or drop the sessions */
+    return TL_OK;
+}
+
+/* The backend's view of entry b: history appended, RNG seeded at the first sample. */
+static void fill_fwd(tl_engine *e, const tl_batch_entry *b, tl_fwd_entry *x) {
+    tl_session *s = b->sess;
+    memset(x, 0, sizeof *x);
+    x->slot = s->slot;
+    x->pos = s->n_tokens;
+    x->tokens = b->tokens;
+    x->n_tok = b->n_tok;
+    memcpy(s->tokens + s->n_tokens, b->tokens, sizeof(int32_t) * b->n_tok);
+    if (b->sample && s->n_prompt < 0) {
+        s->n_prompt = s->n_tokens + b->n_tok;
+        s->rng = tl_rng_seed(b->sample->seed);
+    }
+    x->history = s->tokens;
+    x->n_history = s->n_tokens + b->n_tok;
+    x->n_prompt = s->n_prompt;
+    x->rng = &s->rng;
+    x->out = b->out;
+    if (e->be->can_sample) {
+        x->sample = b->sample;
+        x->logits = b->logits;
+    } else {
+        x->logits = b->logits   ? b->logits
+                    : b->sample ? e->scratch + (size_t)s->slot * e->cfg.n_vocab
+                                : NULL;
+    }
+}
+
+/* After a forward: advance each session, sample on the host when the backend does not. */
+static int finish_step(tl_engine *e, const tl_batch_entry *b, const tl_fwd_entry *f, int n,
+                       char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         tl_session *s = b[i].sess;
         s->n_tokens += b[i].n_tok;
-        if (b[i].sample && !e->be->can_sample) {
-            rc = tl_sample_host(f[i].logits, e->n_sample_vocab, b[i].sample, &s->rng, s->tokens,
+        if (!b[i].sample || e->be->can_sample) continue;
+        int rc = tl_sample_host(f[i].logits, e->n_sample_vocab, b[i].sample, &s->rng, s->tokens,
                                 s->n_tokens, s->n_prompt, b[i].out);
-            if (rc) {
-                tl_errf(err, errlen, rc, "sampling: %s", tl_status_str(rc));
-                goto done;
-            }
-        }
+        if (rc) return tl_errf(err, errlen, rc, "sampling: %s", tl_status_str(rc));
     }
-done:
+    return TL_OK;
+}
+
+static void mark_lost(const tl_batch_entry *b, int n, int rc) {
+    for (int i = 0; i < n; i++) b[i].sess->lost = rc;
+}
+
+int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t errlen) {
+    int rc = check_step(e, b, n, err, errlen); /* everything before changing anything */
+    if (rc || n == 0) return rc;
+    tl_fwd_entry stackf[64];
+    tl_fwd_entry *f = n <= 64 ? stackf : calloc(n, sizeof *f);
+    if (!f) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    rc = grow_histories(b, n, err, errlen);
+    if (!rc) {
+        for (int i = 0; i < n; i++) fill_fwd(e, &b[i], &f[i]);
+        rc = e->be->forward(e->be, f, n, err, errlen);
+        /* a full KV pool changes no session (tulip.h); any other failure leaves the state of
+         * every session in the batch undefined: they refuse steps until reset */
+        if (rc && rc != TL_ERR_CONTEXT_FULL) mark_lost(b, n, rc);
+    }
+    if (!rc) {
+        rc = finish_step(e, b, f, n, err, errlen);
+        if (rc) mark_lost(b, n, rc);
+    }
     if (f != stackf) free(f);
     return rc;
 }

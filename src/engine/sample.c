@@ -1,4 +1,5 @@
-/* Host sampler (see sample.h). O(V log V) only when top-p/top-k need an order; greedy is O(V). */
+/* Host sampler (see sample.h): penalties, then argmax (O(V)) or a draw from the sorted, filtered
+ * candidates (O(V log V)); logprobs of the unmodified logits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,90 +55,98 @@ static void logprobs(const float *l, int V, tl_sample_out *out, int n_top) {
     }
 }
 
+/* Repetition penalty over the whole history, presence and frequency over its generated part, in
+ * place. One pass with a per-token counter: O(V + n_history). Returns TL_OK or TL_ERR_NOMEM. */
+static int apply_penalties(float *l, int V, const tl_sample_params *p, const int32_t *history,
+                           int n_history, int n_prompt) {
+    int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
+    if (!rep && p->presence_penalty == 0 && p->frequency_penalty == 0) return TL_OK;
+    int *cnt = calloc((size_t)V, sizeof(int)); /* generated-token counts; -1 = prompt only */
+    if (!cnt) return TL_ERR_NOMEM;
+    for (int i = 0; i < n_history; i++) {
+        int t = history[i];
+        if (t < 0 || t >= V) continue;
+        if (i >= n_prompt)
+            cnt[t] = cnt[t] < 0 ? 1 : cnt[t] + 1;
+        else if (cnt[t] == 0)
+            cnt[t] = -1;
+    }
+    for (int t = 0; t < V; t++) {
+        if (!cnt[t]) continue;
+        if (rep) l[t] = l[t] > 0 ? l[t] / p->repetition_penalty : l[t] * p->repetition_penalty;
+        if (cnt[t] > 0) l[t] -= p->frequency_penalty * cnt[t] + p->presence_penalty;
+    }
+    free(cnt);
+    return TL_OK;
+}
+
+/* softmax(l / T) into c[0..V), most likely first (lowest id first among equals). */
+static void sorted_probs(const float *l, int V, float T, cand *c) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        c[i].id = i;
+        c[i].p = (float)exp(((double)l[i] - mx) / T);
+        sum += c[i].p;
+    }
+    for (int i = 0; i < V; i++) c[i].p = (float)(c[i].p / sum);
+    qsort(c, V, sizeof(cand), cand_desc);
+}
+
+/* How many of the sorted candidates survive, in the CUDA sampler's (and vLLM's) order: min-p
+ * (p >= min_p * p_max) and top-k, then top-p over the survivors: the smallest most-likely-first
+ * set holding top_p of their mass. At least one always does. */
+static int n_candidates(const cand *c, int V, const tl_sample_params *p) {
+    int n = 1;
+    float thr = p->min_p > 0 ? p->min_p * c[0].p : 0;
+    while (n < V && c[n].p >= thr) n++;
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    if (p->top_p > 0 && p->top_p < 1) {
+        double kept = 0, cum = 0;
+        for (int i = 0; i < n; i++) kept += c[i].p;
+        int k = 0;
+        while (k < n) {
+            cum += c[k++].p;
+            if (cum >= p->top_p * kept) break;
+        }
+        n = k;
+    }
+    return n;
+}
+
+/* A draw from the first n candidates, renormalised. */
+static int draw(const cand *c, int n, uint64_t *rng) {
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += c[i].p;
+    double u = tl_rng_uniform(rng) * tot, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += c[i].p;
+        if (u < acc) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
 int tl_sample_host(const float *logits, int V, const tl_sample_params *p, uint64_t *rng,
                    const int32_t *history, int n_history, int n_prompt, tl_sample_out *out) {
     float *l = malloc(sizeof(float) * V);
-    if (!l) return TL_ERR_NOMEM;
-    memcpy(l, logits, sizeof(float) * V);
-    int n_top = TL_MIN(TL_MAX(p->n_logprobs, 0), TL_MAX_LOGPROBS);
-
-    /* penalties: one pass over the history with a per-token counter (O(V + n_history)) */
-    int rep = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f;
-    if (rep || p->presence_penalty != 0 || p->frequency_penalty != 0) {
-        int *cnt = calloc((size_t)V, sizeof(int)); /* generated-token counts; -1 = prompt only */
-        if (!cnt) {
-            free(l);
-            return TL_ERR_NOMEM;
-        }
-        for (int i = 0; i < n_history; i++) {
-            int t = history[i];
-            if (t < 0 || t >= V) continue;
-            if (i >= n_prompt)
-                cnt[t] = cnt[t] < 0 ? 1 : cnt[t] + 1;
-            else if (cnt[t] == 0)
-                cnt[t] = -1;
-        }
-        for (int t = 0; t < V; t++) {
-            if (!cnt[t]) continue;
-            if (rep) l[t] = l[t] > 0 ? l[t] / p->repetition_penalty : l[t] * p->repetition_penalty;
-            if (cnt[t] > 0) l[t] -= p->frequency_penalty * cnt[t] + p->presence_penalty;
-        }
-        free(cnt);
+    cand *c = p->temperature > 0 ? malloc(sizeof(cand) * V) : NULL;
+    int rc = l && (c || p->temperature <= 0) ? TL_OK : TL_ERR_NOMEM;
+    if (!rc) {
+        memcpy(l, logits, sizeof(float) * V);
+        rc = apply_penalties(l, V, p, history, n_history, n_prompt);
     }
-
-    if (p->temperature <= 0) {
+    if (!rc && p->temperature <= 0) {
         int best = 0;
         for (int i = 1; i < V; i++)
             if (l[i] > l[best]) best = i;
         out->token = best;
-    } else {
-        cand *c = malloc(sizeof(cand) * V);
-        if (!c) {
-            free(l);
-            return TL_ERR_NOMEM;
-        }
-        float mx = -INFINITY;
-        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-        double sum = 0;
-        for (int i = 0; i < V; i++) {
-            c[i].id = i;
-            c[i].p = (float)exp(((double)l[i] - mx) / p->temperature);
-            sum += c[i].p;
-        }
-        for (int i = 0; i < V; i++) c[i].p = (float)(c[i].p / sum);
-        qsort(c, V, sizeof(cand), cand_desc);
-        int n = V;
-        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-        if (p->top_p > 0 && p->top_p < 1) {
-            double cum = 0;
-            int k = 0;
-            while (k < n) {
-                cum += c[k++].p;
-                if (cum >= p->top_p) break;
-            }
-            n = k;
-        }
-        if (p->min_p > 0) {
-            float thr = p->min_p * c[0].p;
-            int k = 1;
-            while (k < n && c[k].p >= thr) k++;
-            n = k;
-        }
-        double tot = 0;
-        for (int i = 0; i < n; i++) tot += c[i].p;
-        double u = tl_rng_uniform(rng) * tot, acc = 0;
-        int pick = c[n - 1].id;
-        for (int i = 0; i < n; i++) {
-            acc += c[i].p;
-            if (u < acc) {
-                pick = c[i].id;
-                break;
-            }
-        }
-        out->token = pick;
-        free(c);
+    } else if (!rc) {
+        sorted_probs(l, V, p->temperature, c);
+        out->token = draw(c, n_candidates(c, V, p), rng);
     }
-    logprobs(logits, V, out, n_top);
+    if (!rc) logprobs(logits, V, out, TL_MIN(TL_MAX(p->n_logprobs, 0), TL_MAX_LOGPROBS));
+    free(c);
     free(l);
-    return TL_OK;
+    return rc;
 }

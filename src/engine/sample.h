@@ -14,8 +14,10 @@ double tl_rng_uniform(uint64_t *s);
  *  1. logprob / top logprobs from log_softmax of the unmodified logits;
  *  2. repetition penalty over history[0..n_history) (HF: l>0 ? l/r : l*r), presence and
  *     frequency penalties over the generated part history[n_prompt..n_history) (OpenAI);
- *  3. temperature <= 0: argmax (ties: lowest id); else softmax(l / T), then top-k, top-p (smallest
- *     set whose mass >= p), min-p (drop p < min_p * p_max), renormalise, draw with *rng.
+ *  3. temperature <= 0: argmax (ties: lowest id); else softmax(l / T), then min-p (drop
+ *     p < min_p * p_max) and top-k, then top-p over the survivors (the smallest most-likely-first
+ *     set holding top_p of their mass: renormalised, as vLLM and the CUDA sampler do), draw from
+ *     the survivors renormalised with one uniform from *rng.
  * Returns TL_OK or TL_ERR_NOMEM. */
 int tl_sample_host(const float *logits, int n_vocab, const tl_sample_params *p, uint64_t *rng,
                    const int32_t *history, int n_history, int n_prompt, tl_sample_out *out);

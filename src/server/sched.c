@@ -110,15 +110,20 @@ struct tl_sched {
     long kv_tokens;
 
     /* engine thread only */
-    tl_job **running;
-    tl_batch_entry *entries;
-    tl_job **entry_job;
+    tl_job **running;        /* [max_seqs]: admitted jobs, oldest first */
+    int n_live;              /* of running[] */
+    tl_batch_entry *entries; /* [max_seqs]: the step's batch, at most one entry per job */
+    tl_job **entry_job;      /* [max_seqs]: the job of each entry */
+    tl_sample_out *outs;     /* [max_seqs]: the step's samples */
 };
 
 static void job_finish(tl_sched *s, tl_job *j, int fin, int st, const char *msg) {
     if (j->sess) {
-        tl_session_close(j->sess);
+        int rc = tl_session_close(j->sess);
         j->sess = NULL;
+        if (rc) /* the engine keeps that slot out of use until a reset of it succeeds */
+            fprintf(stderr, "tulip: clearing a finished sequence's state failed: %s\n",
+                    tl_status_str(rc));
     }
     pthread_mutex_lock(&j->mu);
     j->finished = fin;
@@ -163,24 +168,7 @@ static int is_eos(const tl_sched *s, int32_t t) {
     return 0;
 }
 
-/* ====== The step loop. ====== */
-
-/* Drops cancelled jobs from the queue (they never got a session). Called with s->mu held. */
-static void queue_reap(tl_sched *s, tl_job **reaped, int *n_reaped, int max) {
-    tl_job **pp = &s->q_head, *prev = NULL;
-    while (*pp && *n_reaped < max) {
-        tl_job *j = *pp;
-        if (atomic_load(&j->cancel) || s->stop) {
-            *pp = j->next;
-            if (s->q_tail == j) s->q_tail = prev;
-            s->n_queued--;
-            reaped[(*n_reaped)++] = j;
-        } else {
-            prev = j;
-            pp = &j->next;
-        }
-    }
-}
+/* ====== After a sample; stats. ====== */
 
 /* Samples of one job after a step: script/forced override, event, stop conditions. Returns 1
  * when the job ended (it stays in running[] until the sweep). */
@@ -215,8 +203,10 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
         job_finish(s, j, TL_FIN_STOP, 0, NULL);
         return 1;
     }
+    /* the sequence now holds n_past + 1 tokens (this one is emitted, not yet fed back): at
+     * max_ctx it is full, and this token was the last one */
     if ((j->max_tokens > 0 && n_gen >= j->max_tokens) ||
-        tl_session_n_past(j->sess) + 1 > s->max_ctx) {
+        tl_session_n_past(j->sess) + 1 >= s->max_ctx) {
         job_finish(s, j, TL_FIN_LENGTH, 0, NULL);
         return 1;
     }
@@ -224,177 +214,246 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
     return 0;
 }
 
-static void publish_stats(tl_sched *s, int n_running) {
+/* Mirrors the engine thread's counts for tl_sched_stats. */
+static void publish_stats(tl_sched *s) {
     long kv = 0;
     int n_sess = 0;
-    for (int i = 0; i < n_running; i++) {
+    for (int i = 0; i < s->n_live; i++) {
         if (!s->running[i]->sess) continue;
         n_sess++;
         kv += tl_session_n_past(s->running[i]->sess);
     }
     pthread_mutex_lock(&s->mu);
-    s->n_running = n_running;
+    s->n_running = s->n_live;
     s->n_sessions = n_sess;
     s->kv_tokens = kv;
     pthread_mutex_unlock(&s->mu);
 }
 
+/* ====== The step loop: admit, start, build the batch, run it, deliver, sweep. ====== */
+
+/* Drops cancelled jobs from the queue (they never got a session). Called with s->mu held. */
+static void queue_reap(tl_sched *s, tl_job **reaped, int *n_reaped, int max) {
+    tl_job **pp = &s->q_head, *prev = NULL;
+    while (*pp && *n_reaped < max) {
+        tl_job *j = *pp;
+        if (atomic_load(&j->cancel) || s->stop) {
+            *pp = j->next;
+            if (s->q_tail == j) s->q_tail = prev;
+            s->n_queued--;
+            reaped[(*n_reaped)++] = j;
+        } else {
+            prev = j;
+            pp = &j->next;
+        }
+    }
+}
+
+typedef enum { ADMIT_STEP, ADMIT_AGAIN, ADMIT_EXIT } admit_result;
+
+/* 1. Admission: waits for work, reaps cancelled queued jobs, moves queued jobs into free running
+ * places (FIFO). *stop: shutting down (everything running is cancelled next). */
+static admit_result admit(tl_sched *s, int *stop) {
+    tl_job *reaped[64];
+    int n_reaped = 0;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop && !s->q_head && s->n_live == 0) pthread_cond_wait(&s->cv, &s->mu);
+    *stop = s->stop;
+    queue_reap(s, reaped, &n_reaped, 64);
+    while (!*stop && !s->lost && s->n_live < s->max_seqs && s->q_head) {
+        tl_job *j = s->q_head;
+        s->q_head = j->next;
+        if (!s->q_head) s->q_tail = NULL;
+        s->n_queued--;
+        j->next = NULL;
+        s->running[s->n_live++] = j;
+    }
+    int empty = !s->q_head; /* only this thread takes from the queue; none join when stopping */
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n_reaped; i++) job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
+    if (*stop && s->n_live == 0) return empty ? ADMIT_EXIT : ADMIT_AGAIN;
+    return ADMIT_STEP;
+}
+
+/* A lost device: the server takes no more work (tl_sched_lost; it exits and is restarted). */
+static void set_lost(tl_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->lost = 1;
+    s->accepting = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A session for a newly admitted job, or the job ends (its prompt leaves no room for a token, or
+ * no slot could be had). Returns 1 when the job can run. */
+static int job_start(tl_sched *s, tl_job *j, double now) {
+    char err[256];
+    if (j->n_prompt <= 0 || j->n_prompt >= s->max_ctx) {
+        snprintf(err, sizeof err,
+                 "a prompt of %d tokens leaves no room for a token in the context of %d",
+                 j->n_prompt, s->max_ctx);
+        job_release(s, j, TL_FIN_ERROR, j->n_prompt <= 0 ? TL_ERR_INVALID : TL_ERR_CONTEXT_FULL,
+                    err);
+        return 0;
+    }
+    /* checked here too, so that one job's bad parameters never fail the whole step */
+    int st = tl_sample_params_check(&j->sample, err, sizeof err);
+    if (st) {
+        job_release(s, j, TL_FIN_ERROR, st, err);
+        return 0;
+    }
+    st = tl_session_open(s->eng, &j->sess, err, sizeof err);
+    if (st) {
+        j->sess = NULL;
+        if (st == TL_ERR_DEVICE_LOST) { /* no slot could be reset: the device is gone */
+            fprintf(stderr, "tulip: opening a session failed: %s\n", err);
+            set_lost(s);
+        }
+        job_release(s, j, TL_FIN_ERROR, st, err);
+        return 0;
+    }
+    j->t_admit = now;
+    if (j->force && !j->in_think) j->force_pos = 0;
+    return 1;
+}
+
+/* 2. Cancellations (all of them when stopping) and sessions for the newly admitted. */
+static void start_jobs(tl_sched *s, int stop) {
+    double now = tl_time_s();
+    int k = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        tl_job *j = s->running[i];
+        if (atomic_load(&j->cancel) || stop) {
+            job_release(s, j, TL_FIN_CANCELLED, 0, NULL);
+            continue;
+        }
+        if (!j->sess && !job_start(s, j, now)) continue;
+        s->running[k++] = j;
+    }
+    s->n_live = k;
+}
+
+/* 3. The batch: one decode token per running sequence, then prefill chunks of the others, oldest
+ * first, within the step's token budget (at least one chunk moves). Returns the entry count. */
+static int build_batch(tl_sched *s) {
+    int n = 0, budget = s->p.step_tokens, prefill_moved = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        tl_job *j = s->running[i];
+        if (j->n_fed < j->n_prompt) continue;
+        s->entries[n] = (tl_batch_entry){
+            .sess = j->sess, .tokens = &j->next_tok, .n_tok = 1, .sample = &j->sample};
+        s->entry_job[n++] = j;
+        budget--;
+    }
+    for (int i = 0; i < s->n_live; i++) {
+        tl_job *j = s->running[i];
+        if (j->n_fed >= j->n_prompt) continue;
+        if (budget <= 0 && prefill_moved) break;
+        int chunk = TL_MIN(j->n_prompt - j->n_fed, TL_MAX(budget, 32));
+        int last = j->n_fed + chunk == j->n_prompt;
+        s->entries[n] = (tl_batch_entry){.sess = j->sess,
+                                         .tokens = j->prompt + j->n_fed,
+                                         .n_tok = chunk,
+                                         .sample = last ? &j->sample : NULL};
+        s->entry_job[n++] = j;
+        budget -= chunk;
+        prefill_moved = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (s->entries[i].sample) s->entries[i].out = &s->outs[i];
+    return n;
+}
+
+/* 4. One forward (or the test mode's injected device loss). */
+static int run_batch(tl_sched *s, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        tl_job *j = s->entry_job[i];
+        if (j->fail_lost && j->fail_after > 0 && j->n_gen >= j->fail_after)
+            return tl_errf(err, errlen, TL_ERR_DEVICE_LOST,
+                           "injected device loss (tulip_test_fail_lost)");
+    }
+    return tl_engine_step(s->eng, s->entries, n, err, errlen);
+}
+
 /* Fails every running job (device lost or a batch-wide error). */
-static int fail_all(tl_sched *s, int n_running, int st, const char *msg) {
-    for (int i = 0; i < n_running; i++) job_release(s, s->running[i], TL_FIN_ERROR, st, msg);
-    return 0;
+static void fail_all(tl_sched *s, int st, const char *msg) {
+    for (int i = 0; i < s->n_live; i++) job_release(s, s->running[i], TL_FIN_ERROR, st, msg);
+    s->n_live = 0;
+}
+
+/* The engine's KV pool ran out (no session changed, tulip.h; lengths are checked before each
+ * step, so it is not one sequence's context): the longest sequence ends ("length"). */
+static void end_longest(tl_sched *s, const char *err) {
+    int victim = 0;
+    for (int i = 1; i < s->n_live; i++)
+        if (tl_session_n_past(s->running[i]->sess) > tl_session_n_past(s->running[victim]->sess))
+            victim = i;
+    fprintf(stderr, "tulip: %s; ending the longest sequence\n", err);
+    job_release(s, s->running[victim], TL_FIN_LENGTH, 0, NULL);
+    memmove(&s->running[victim], &s->running[victim + 1],
+            (size_t)(s->n_live - victim - 1) * sizeof *s->running);
+    s->n_live--;
+}
+
+/* 5a. A failed step: a lost device stops the server taking work; a full KV pool ends one
+ * sequence; anything else fails the batch's jobs. */
+static void step_failed(tl_sched *s, int st, const char *err) {
+    if (st == TL_ERR_CONTEXT_FULL && s->n_live > 0) {
+        end_longest(s, err);
+        return;
+    }
+    fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);
+    if (st == TL_ERR_DEVICE_LOST || st == TL_ERR_CUDA) {
+        set_lost(s);
+        st = TL_ERR_DEVICE_LOST;
+    }
+    fail_all(s, st, err);
+}
+
+/* 5b. Prompt progress, events, and the ends they bring. */
+static void deliver(tl_sched *s, int n) {
+    double now = tl_time_s();
+    for (int i = 0; i < n; i++) {
+        tl_job *j = s->entry_job[i];
+        if (s->entries[i].tokens != &j->next_tok) j->n_fed += s->entries[i].n_tok;
+        if (s->entries[i].sample) job_after_sample(s, j, &s->outs[i], now);
+    }
+}
+
+/* 6. Jobs that ended leave running[]. */
+static void sweep(tl_sched *s) {
+    int k = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        tl_job *j = s->running[i];
+        if (j->finished)
+            tl_job_unref(j); /* written by this thread: no lock needed */
+        else
+            s->running[k++] = j;
+    }
+    s->n_live = k;
 }
 
 static void *engine_main(void *arg) {
     tl_sched *s = arg;
-    int n_running = 0;
     char err[256];
-    tl_job *reaped[64];
     for (;;) {
-        /* 1. Admission: move queued jobs into free slots; reap cancelled queued jobs. */
-        int n_reaped = 0;
-        pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->q_head && n_running == 0) pthread_cond_wait(&s->cv, &s->mu);
-        int stop = s->stop;
-        queue_reap(s, reaped, &n_reaped, 64);
-        while (!stop && !s->lost && n_running < s->max_seqs && s->q_head) {
-            tl_job *j = s->q_head;
-            s->q_head = j->next;
-            if (!s->q_head) s->q_tail = NULL;
-            s->n_queued--;
-            j->next = NULL;
-            s->running[n_running++] = j;
-        }
-        pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < n_reaped; i++) job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
-        if (stop && n_running == 0) {
-            pthread_mutex_lock(&s->mu);
-            int empty = !s->q_head;
-            pthread_mutex_unlock(&s->mu);
-            if (empty) break;
-            continue;
-        }
-
-        /* 2. Cancellations and new sessions. */
-        double now = tl_time_s();
-        int k = 0;
-        for (int i = 0; i < n_running; i++) {
-            tl_job *j = s->running[i];
-            if (atomic_load(&j->cancel) || stop) {
-                job_release(s, j, TL_FIN_CANCELLED, 0, NULL);
-                continue;
-            }
-            if (!j->sess) {
-                int st = tl_session_open(s->eng, &j->sess, err, sizeof err);
-                if (st) {
-                    j->sess = NULL;
-                    job_release(s, j, TL_FIN_ERROR, st, err);
-                    continue;
-                }
-                j->t_admit = now;
-                if (j->force && !j->in_think) j->force_pos = 0;
-            }
-            s->running[k++] = j;
-        }
-        n_running = k;
-
-        /* 3. The batch: one decode token per running sequence, then prefill chunks of the
-         * others, oldest first, within the step's token budget (at least one chunk moves). */
-        int n = 0, budget = s->p.step_tokens;
-        for (int i = 0; i < n_running; i++) {
-            tl_job *j = s->running[i];
-            if (j->n_fed < j->n_prompt) continue;
-            s->entries[n] = (tl_batch_entry){.sess = j->sess,
-                                             .tokens = &j->next_tok,
-                                             .n_tok = 1,
-                                             .sample = &j->sample,
-                                             .out = NULL,
-                                             .logits = NULL};
-            s->entry_job[n++] = j;
-            budget--;
-        }
-        int prefill_moved = 0;
-        for (int i = 0; i < n_running; i++) {
-            tl_job *j = s->running[i];
-            if (j->n_fed >= j->n_prompt) continue;
-            if (budget <= 0 && prefill_moved) break;
-            int chunk = TL_MIN(j->n_prompt - j->n_fed, TL_MAX(budget, 32));
-            int last = j->n_fed + chunk == j->n_prompt;
-            s->entries[n] = (tl_batch_entry){.sess = j->sess,
-                                             .tokens = j->prompt + j->n_fed,
-                                             .n_tok = chunk,
-                                             .sample = last ? &j->sample : NULL};
-            s->entry_job[n++] = j;
-            budget -= chunk;
-            prefill_moved = 1;
-        }
-        tl_sample_out outs[n > 0 ? n : 1];
-        for (int i = 0; i < n; i++)
-            if (s->entries[i].sample) s->entries[i].out = &outs[i];
-        publish_stats(s, n_running);
+        int stop;
+        admit_result a = admit(s, &stop);
+        if (a == ADMIT_EXIT) break;
+        if (a == ADMIT_AGAIN) continue;
+        start_jobs(s, stop);
+        int n = build_batch(s);
+        publish_stats(s);
         if (n == 0) continue;
-
-        /* 4. One forward. */
-        int st = 0;
-        for (int i = 0; i < n && !st; i++) {
-            tl_job *j = s->entry_job[i];
-            if (j->fail_lost && j->fail_after > 0 && j->n_gen >= j->fail_after)
-                st = tl_errf(err, sizeof err, TL_ERR_DEVICE_LOST,
-                             "injected device loss (tulip_test_fail_lost)");
-        }
-        if (!st) st = tl_engine_step(s->eng, s->entries, n, err, sizeof err);
-        now = tl_time_s();
-        if (st == TL_ERR_DEVICE_LOST || st == TL_ERR_CUDA) {
-            fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);
-            pthread_mutex_lock(&s->mu);
-            s->lost = 1;
-            s->accepting = 0;
-            pthread_mutex_unlock(&s->mu);
-            n_running = fail_all(s, n_running, TL_ERR_DEVICE_LOST, err);
-            publish_stats(s, 0);
-            continue;
-        }
-        if (st == TL_ERR_CONTEXT_FULL && n_running > 0) {
-            /* No session changed (tulip.h). Lengths are checked before each step, so this means
-             * the engine's KV ran out: end the longest sequence ("length") and step again. */
-            int victim = 0;
-            for (int i = 1; i < n_running; i++)
-                if (tl_session_n_past(s->running[i]->sess) >
-                    tl_session_n_past(s->running[victim]->sess))
-                    victim = i;
-            fprintf(stderr, "tulip: %s; ending the longest sequence\n", err);
-            job_release(s, s->running[victim], TL_FIN_LENGTH, 0, NULL);
-            memmove(&s->running[victim], &s->running[victim + 1],
-                    (size_t)(n_running - victim - 1) * sizeof *s->running);
-            n_running--;
-            publish_stats(s, n_running);
-            continue;
-        }
-        if (st) {
-            fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);
-            n_running = fail_all(s, n_running, st, err);
-            publish_stats(s, 0);
-            continue;
-        }
-
-        /* 5. Events, and jobs that ended. */
-        for (int i = 0; i < n; i++) {
-            tl_job *j = s->entry_job[i];
-            if (s->entries[i].tokens != &j->next_tok) j->n_fed += s->entries[i].n_tok;
-            if (s->entries[i].sample) job_after_sample(s, j, &outs[i], now);
-        }
-        k = 0;
-        for (int i = 0; i < n_running; i++) {
-            tl_job *j = s->running[i];
-            if (j->finished)
-                tl_job_unref(j); /* written by this thread: no lock needed */
-            else
-                s->running[k++] = j;
-        }
-        n_running = k;
-        publish_stats(s, n_running);
+        int st = run_batch(s, n, err, sizeof err);
+        if (st)
+            step_failed(s, st, err);
+        else
+            deliver(s, n);
+        sweep(s);
+        publish_stats(s);
     }
-    publish_stats(s, 0);
+    s->n_live = 0;
+    publish_stats(s);
     return NULL;
 }
 
@@ -421,6 +480,7 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->running = xcalloc((size_t)s->max_seqs, sizeof *s->running);
     s->entries = xcalloc((size_t)s->max_seqs, sizeof *s->entries);
     s->entry_job = xcalloc((size_t)s->max_seqs, sizeof *s->entry_job);
+    s->outs = xcalloc((size_t)s->max_seqs, sizeof *s->outs);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->accepting = 1;
@@ -428,6 +488,7 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
         free(s->running);
         free(s->entries);
         free(s->entry_job);
+        free(s->outs);
         free(s);
         return tl_errf(err, errlen, TL_ERR_INTERNAL, "cannot start the engine thread");
     }
@@ -493,6 +554,7 @@ void tl_sched_free(tl_sched *s) {
     free(s->running);
     free(s->entries);
     free(s->entry_job);
+    free(s->outs);
     free(s);
 }
 

@@ -1,9 +1,11 @@
 /* The engine thread (src/server/sched.c) on the tiny model with the CPU backend: batched greedy
  * decoding equals one-at-a-time decoding, cancellation frees the session within a step, the
- * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH, scripted and
- * forced tokens, injected failures, and shutdown cancels what is still running. */
+ * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH (a sequence
+ * never holds more than the context), scripted and forced tokens, injected failures (a step, a
+ * slot reset), and shutdown cancels what is still running. */
 #include <unistd.h>
 #include "common/util.h"
+#include "engine/backend.h"
 #include "server/metrics.h"
 #include "server/sched.h"
 #include "t_check.h"
@@ -173,12 +175,12 @@ static void test_limits_script_force_fail(void) {
     int32_t toks[128];
     int n;
 
-    /* context full: 60 prompt tokens in a 64-token context: 4 generated tokens are fed back and
-     * a 5th is sampled from the full context (it needs no KV slot) */
+    /* context full: 60 prompt tokens in a 64-token context: 4 generated tokens, the last one
+     * the 64th of the sequence */
     tl_job *j = make_job(1, 60, 0);
     CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
     CHECK_EQ_INT(collect(j, toks, 128, &n), TL_FIN_LENGTH);
-    CHECK_EQ_INT(n, 64 - 60 + 1);
+    CHECK_EQ_INT(n, 64 - 60);
     tl_job_unref(j);
 
     /* script: emitted verbatim, then EOS, finish STOP (even with ignore_eos) */
@@ -222,9 +224,169 @@ static void test_limits_script_force_fail(void) {
     tl_engine_close(e);
 }
 
+/* Reference tokens: n greedy tokens after the prompt, one sequence through tl_engine_step on its
+ * own engine (no scheduler, a context with room to spare). */
+static void greedy_alone(const int32_t *prompt, int n_prompt, int32_t *out, int n) {
+    tl_engine *e = open_engine(1, 256);
+    tl_session *ss = NULL;
+    char err[256];
+    CHECK(e && tl_session_open(e, &ss, err, sizeof err) == 0);
+    if (!ss) {
+        tl_engine_close(e);
+        return;
+    }
+    tl_sample_params sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    tl_sample_out o;
+    tl_batch_entry b = {.sess = ss, .tokens = prompt, .n_tok = n_prompt, .sample = &sp, .out = &o};
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ_INT(tl_engine_step(e, &b, 1, err, sizeof err), 0);
+        out[i] = o.token;
+        b.tokens = &out[i];
+        b.n_tok = 1;
+    }
+    tl_session_close(ss);
+    tl_engine_close(e);
+}
+
+/* Generation never exceeds the context: a sequence (prompt + emitted tokens) ends with LENGTH
+ * holding exactly max_ctx tokens, whatever the prompt length, batched with others and with
+ * chunked prefill; the tokens are the ones an unbatched greedy run through the engine gives. A
+ * prompt that leaves no room for one token is an error (TL_ERR_CONTEXT_FULL) of that job only. */
+static void test_context_limit(void) {
+    enum { CTX = 48 };
+    tl_engine *e = open_engine(4, CTX);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 16};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    static const int prompts[] = {CTX - 1, CTX - 2, 30, 5, CTX, CTX + 3, 17};
+    enum { NJ = sizeof prompts / sizeof prompts[0] };
+    tl_job *js[NJ];
+    for (int k = 0; k < NJ; k++) {
+        js[k] = make_job(k + 20, prompts[k], k == 6 ? CTX - 17 : 0);
+        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+    }
+    int32_t toks[2 * CTX];
+    for (int k = 0; k < NJ; k++) {
+        int n = -1, fin = collect(js[k], toks, 2 * CTX, &n);
+        if (prompts[k] >= CTX) {
+            CHECK_EQ_INT(fin, TL_FIN_ERROR);
+            CHECK_EQ_INT(js[k]->err_status, TL_ERR_CONTEXT_FULL);
+            CHECK_EQ_INT(n, 0);
+        } else {
+            CHECK_EQ_INT(fin, TL_FIN_LENGTH);
+            CHECK_EQ_INT(prompts[k] + n, CTX);
+            int32_t want[CTX];
+            greedy_alone(js[k]->prompt, prompts[k], want, n);
+            CHECK(n > 0 && !memcmp(toks, want, sizeof(int32_t) * (size_t)n));
+        }
+        tl_job_unref(js[k]);
+    }
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+/* A job with sampling parameters the engine refuses ends with an error of its own; the job
+ * batched with it runs on as if alone. */
+static void test_bad_params_fail_one_job(void) {
+    tl_engine *e = open_engine(2, 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 4, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    tl_job *good = make_job(3, 12, 10), *bad = make_job(4, 12, 10);
+    bad->sample.top_p = 0;
+    CHECK_EQ_INT(tl_sched_submit(s, good, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_submit(s, bad, err, sizeof err), 0);
+    int32_t toks[16], want[10];
+    int n;
+    CHECK_EQ_INT(collect(bad, toks, 16, &n), TL_FIN_ERROR);
+    CHECK_EQ_INT(bad->err_status, TL_ERR_INVALID);
+    CHECK(n == 0 && strstr(bad->err, "top_p") != NULL);
+    CHECK_EQ_INT(collect(good, toks, 16, &n), TL_FIN_LENGTH);
+    greedy_alone(good->prompt, 12, want, 10);
+    CHECK(n == 10 && !memcmp(toks, want, sizeof want));
+    tl_job_unref(good);
+    tl_job_unref(bad);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+/* Slot resets that fail (injected around the real CPU backend's reset): a transient failure
+ * costs the next job its session (an error for that job only) and the slot comes back once a
+ * reset succeeds; a lost device makes the server stop taking work. */
+static int (*real_reset)(tl_backend *, int);
+static int reset_fail;
+
+static int faulty_reset(tl_backend *b, int slot) {
+    return reset_fail ? reset_fail : real_reset(b, slot);
+}
+
+static void test_failed_slot_reset(void) {
+    tl_engine *e = open_engine(1, 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_backend *be = tl_engine_backend_impl(e);
+    real_reset = be->reset_slot;
+    be->reset_slot = faulty_reset;
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 4, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    int32_t ref[6], toks[8];
+    int n;
+    tl_job *j = make_job(1, 9, 6);
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(j, ref, 6, &n), TL_FIN_LENGTH);
+    tl_job_unref(j);
+    for (int round = 0; round < 2; round++) {
+        reset_fail = round == 0 ? TL_ERR_CUDA : TL_ERR_DEVICE_LOST;
+        j = make_job(1, 9, 6); /* its slot is not reset when it ends */
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, toks, 8, &n), TL_FIN_LENGTH);
+        CHECK(n == 6 && !memcmp(toks, ref, sizeof ref));
+        tl_job_unref(j);
+        j = make_job(1, 9, 6); /* no clean slot for it */
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, toks, 8, &n), TL_FIN_ERROR);
+        CHECK_EQ_INT(n, 0);
+        CHECK_EQ_INT(j->err_status, reset_fail);
+        tl_job_unref(j);
+        CHECK_EQ_INT(tl_sched_lost(s), round == 1);
+        if (round == 1) break;
+        reset_fail = 0; /* recovered: the slot is reset at the next open, and clean */
+        j = make_job(1, 9, 6);
+        CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), 0);
+        CHECK_EQ_INT(collect(j, toks, 8, &n), TL_FIN_LENGTH);
+        CHECK(n == 6 && !memcmp(toks, ref, sizeof ref));
+        tl_job_unref(j);
+    }
+    j = make_job(1, 9, 6);
+    CHECK_EQ_INT(tl_sched_submit(s, j, err, sizeof err), TL_ERR_DEVICE_LOST);
+    tl_job_unref(j);
+    reset_fail = 0;
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
     T_RUN(test_limits_script_force_fail);
+    T_RUN(test_context_limit);
+    T_RUN(test_bad_params_fail_one_job);
+    T_RUN(test_failed_slot_reset);
     return t_summary();
 }

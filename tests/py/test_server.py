@@ -286,6 +286,74 @@ def test_completions_text_and_ids(srv, client):
     assert all(len(d) <= 2 for d in r3.choices[0].logprobs.top_logprobs)
 
 
+# ---------------------------------------------------------------- the context limit
+
+CTX = 64  # --ctx of the `small_ctx` server
+
+
+@pytest.fixture(scope="module", params=sorted(BINARIES))
+def small_ctx(request):
+    s = Server(BINARIES[request.param], "--ctx", str(CTX), "--max-seqs", "4")
+    yield s
+    rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+def chat_prompt_of(srv, n_prompt):
+    """Messages whose rendered prompt is exactly n_prompt tokens (the server's own count)."""
+    for k in range(1, 4 * CTX):
+        msgs = [{"role": "user", "content": " ".join(["a"] * k)}]
+        st, body = srv.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+        if st == 200 and body["usage"]["prompt_tokens"] == n_prompt:
+            return msgs
+        if st != 200 or body["usage"]["prompt_tokens"] > n_prompt:
+            break
+    pytest.fail(f"no message renders to {n_prompt} prompt tokens")
+
+
+@pytest.mark.parametrize("gap", [1, 2, 30])
+def test_chat_ends_at_the_context(small_ctx, gap):
+    """Without max_tokens a chat request runs until the context is full: it ends with "length"
+    when prompt + generated tokens are exactly --ctx (never ctx + 1), streaming or not, and the
+    session is freed."""
+    cl = small_ctx.client()
+    msgs = chat_prompt_of(small_ctx, CTX - gap)
+    r = cl.chat.completions.create(model=MODEL_NAME, messages=msgs, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == CTX - gap
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == CTX, r.usage
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(cl.chat.completions.create(model=MODEL_NAME, messages=msgs, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True}))
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens + usage.completion_tokens == CTX, usage
+    fins = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert fins == ["length"]
+    small_ctx.wait_metric("tulip_sessions_active", lambda v: v == 0)
+
+
+def test_completions_max_tokens_up_to_the_context(small_ctx):
+    """Completions always have a max_tokens (OpenAI default 16); the largest accepted one,
+    ctx - prompt, fills the context exactly, streaming or not; one more is refused up front."""
+    cl = small_ctx.client()
+    n_prompt = CTX - 20
+    prompt = [(7 * i) % 250 + 3 for i in range(n_prompt)]
+    r = cl.completions.create(model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=20,
+                              extra_body={"ignore_eos": True})
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 20)
+    assert r.choices[0].finish_reason == "length"
+    chunks = list(cl.completions.create(model=MODEL_NAME, prompt=prompt, temperature=0,
+                                        max_tokens=20, stream=True,
+                                        stream_options={"include_usage": True},
+                                        extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.prompt_tokens + chunks[-1].usage.completion_tokens == CTX
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    st, e = small_ctx.post_json("/v1/completions", {"prompt": prompt, "max_tokens": 21})
+    assert st == 400 and e["error"]["code"] == "context_length_exceeded"
+
+
 # ---------------------------------------------------------------- concurrency and aborts
 
 def test_16_concurrent_streams(srv):
@@ -623,3 +691,105 @@ def test_sigterm_cancels_after_grace(which):
     assert rc == 0, err[-3000:]
     assert time.time() - t0 < 10
     assert sanitizer_report(err) is None, err[-5000:]
+
+
+# ---------------------------------------------------------------- backend choice
+
+def write_sparse_production_checkpoint(d):
+    """config.json of the published model and a model.safetensors with every tensor the loader
+    binds at the production shapes (official HF layout), its data one sparse hole (~67 GB
+    apparent, a few kB on disk): enough to reach the backend choice, never to run."""
+    text = {"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+            "vocab_size": 248320, "num_attention_heads": 16, "num_key_value_heads": 2,
+            "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4, "num_experts": 256, "num_experts_per_tok": 8,
+            "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+            "rms_norm_eps": 1e-06, "max_position_embeddings": 262144, "eos_token_id": 248044,
+            "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                                "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                                "mrope_interleaved": True}}
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": False, "text_config": text}))
+    D, V, E, FF, HD, conv, vd = 2048, 248320, 256, 512, 256, 8192, 4096
+    t = {"model.language_model.embed_tokens.weight": [V, D],
+         "model.language_model.norm.weight": [D], "lm_head.weight": [V, D]}
+    for il in range(40):
+        p = f"model.language_model.layers.{il}."
+        t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = [D]
+        if (il + 1) % 4 == 0:
+            t.update({p + "self_attn.q_proj.weight": [16 * HD * 2, D],
+                      p + "self_attn.k_proj.weight": [2 * HD, D],
+                      p + "self_attn.v_proj.weight": [2 * HD, D],
+                      p + "self_attn.o_proj.weight": [D, 16 * HD],
+                      p + "self_attn.q_norm.weight": [HD], p + "self_attn.k_norm.weight": [HD]})
+        else:
+            t.update({p + "linear_attn.in_proj_qkv.weight": [conv, D],
+                      p + "linear_attn.in_proj_z.weight": [vd, D],
+                      p + "linear_attn.in_proj_b.weight": [32, D],
+                      p + "linear_attn.in_proj_a.weight": [32, D],
+                      p + "linear_attn.conv1d.weight": [conv, 1, 4],
+                      p + "linear_attn.dt_bias": [32], p + "linear_attn.A_log": [32],
+                      p + "linear_attn.norm.weight": [128],
+                      p + "linear_attn.out_proj.weight": [D, vd]})
+        t.update({p + "mlp.gate.weight": [E, D],
+                  p + "mlp.shared_expert.gate_proj.weight": [512, D],
+                  p + "mlp.shared_expert.up_proj.weight": [512, D],
+                  p + "mlp.shared_expert.down_proj.weight": [D, 512],
+                  p + "mlp.shared_expert_gate.weight": [1, D],
+                  p + "mlp.experts.gate_up_proj": [E, 2 * FF, D],
+                  p + "mlp.experts.down_proj": [E, D, FF]})
+    header, off = {}, 0
+    for name, shape in t.items():
+        n = 2
+        for x in shape:
+            n *= x
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(d / "model.safetensors", "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        f.truncate(8 + len(h) + off)
+
+
+@pytest.fixture(scope="module")
+def prod_ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prod")
+    write_sparse_production_checkpoint(d)
+    return d
+
+
+@pytest.mark.parametrize("which", sorted(BINARIES))
+def test_production_model_never_falls_back_to_the_cpu(which, prod_ckpt):
+    """Without --backend, a production-shaped model whose CUDA backend cannot open (this build
+    has none) is refused by serve, run and chat with a non-zero status, the reason and the way
+    to force the CPU on stderr."""
+    import subprocess
+    model = ["--model", str(prod_ckpt)]
+    for args in (["serve", *model, "--tokenizer", TOKENIZER, "--port", "0", "--max-seqs", "1"],
+                 ["run", *model, "--prompt-ids", "1,2,3", "-n", "1"],
+                 ["chat", *model, "--tokenizer", TOKENIZER, "-n", "1"]):
+        p = subprocess.run([BINARIES[which], *args], input="Hello\n", capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0, (args[0], p.stdout[-2000:], p.stderr[-2000:])
+        assert "CUDA backend cannot open" in p.stderr, (args[0], p.stderr[-2000:])
+        assert "no CUDA backend" in p.stderr and "--backend cpu" in p.stderr, p.stderr[-2000:]
+        assert sanitizer_report(p.stderr) is None, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("which", sorted(BINARIES))
+def test_test_shape_model_falls_back_saying_why(which):
+    """A test-shape model (the tiny fixture) still runs on the CPU without --backend (CI has no
+    GPU), with the reason printed once."""
+    import subprocess
+    from srv_util import MODEL
+    p = subprocess.run([BINARIES[which], "run", "--model", MODEL, "--allow-test-shape",
+                        "--prompt-ids", "1,2,3", "-n", "2", "--temperature", "0", "--print-ids"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(p.stdout.split()) == 2
+    assert p.stderr.count("CUDA backend cannot open") == 1, p.stderr[-2000:]
+    assert "using the CPU backend" in p.stderr

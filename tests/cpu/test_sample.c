@@ -1,0 +1,326 @@
+/* The host sampler (src/engine/sample.c), the reference the CUDA sampler is compared with,
+ * against a straightforward double-precision implementation written here from the definitions:
+ *   penalties   repetition (HF/vLLM: over prompt and generated tokens, once per distinct token,
+ *               l > 0 ? l / r : l * r), then presence and frequency (OpenAI: over generated
+ *               tokens only, l -= presence + frequency * count);
+ *   greedy      argmax of the penalised logits, lowest id on ties;
+ *   sampling    softmax(l / T); min-p keeps p >= min_p * p_max; top-k keeps the k most likely;
+ *               top-p keeps, of those, the smallest most-likely-first set whose mass is at least
+ *               top_p of theirs (renormalised, as vLLM and the CUDA kernel do); draw from the
+ *               survivors renormalised;
+ *   logprobs    log-softmax of the unmodified logits: the token's and the n largest (lowest id
+ *               first on ties).
+ * Distributions are checked over many seeds (one draw per seed, as a request's first token):
+ * no token outside the reference's candidate set, and a chi-square bound on the counts inside it
+ * that a candidate set off by one token, or a wrong temperature or penalty, cannot pass. */
+#include <math.h>
+#include <stdint.h>
+#include "common/util.h"
+#include "engine/sample.h"
+#include "t_check.h"
+
+/* ====== The reference. ====== */
+
+typedef struct {
+    const int32_t *hist;
+    int n_hist, n_prompt;
+} history;
+
+static void ref_penalised(const float *logits, int V, const tl_sample_params *p, history h,
+                          double *l) {
+    for (int t = 0; t < V; t++) {
+        int in_hist = 0, gen = 0;
+        for (int i = 0; i < h.n_hist; i++)
+            if (h.hist[i] == t) {
+                in_hist = 1;
+                gen += i >= h.n_prompt;
+            }
+        double x = logits[t];
+        if (in_hist) x = x > 0 ? x / p->repetition_penalty : x * p->repetition_penalty;
+        if (gen) x -= p->presence_penalty + p->frequency_penalty * gen;
+        l[t] = x;
+    }
+}
+
+static int ref_argmax(const double *l, int V) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+/* Number of tokens ranked before i (more likely, or as likely with a lower id). */
+static int ref_rank(const double *q, int V, int i) {
+    int r = 0;
+    for (int j = 0; j < V; j++) r += q[j] > q[i] || (q[j] == q[i] && j < i);
+    return r;
+}
+
+/* The distribution a draw follows: q[V], zero outside the candidate set, summing to 1. */
+static void ref_distribution(const float *logits, int V, const tl_sample_params *p, history h,
+                             double *q) {
+    double *l = xmalloc(sizeof(double) * V), mx = -INFINITY, z = 0, pmax = 0;
+    ref_penalised(logits, V, p, h, l);
+    for (int i = 0; i < V; i++) mx = fmax(mx, l[i] / p->temperature);
+    for (int i = 0; i < V; i++) z += q[i] = exp(l[i] / p->temperature - mx);
+    for (int i = 0; i < V; i++) pmax = fmax(pmax, q[i] /= z);
+    int *keep = xmalloc(sizeof(int) * V);
+    for (int i = 0; i < V; i++)
+        keep[i] = (p->top_k <= 0 || ref_rank(q, V, i) < p->top_k) && q[i] >= p->min_p * pmax;
+    if (p->top_p < 1) {
+        double kept = 0;
+        for (int i = 0; i < V; i++) kept += keep[i] ? q[i] : 0;
+        for (int i = 0; i < V; i++) { /* out when the ones before it already reach the mass */
+            double before = 0;
+            for (int j = 0; j < V && keep[i]; j++)
+                if (keep[j] && ref_rank(q, V, j) < ref_rank(q, V, i)) before += q[j];
+            if (keep[i] && before >= p->top_p * kept) keep[i] = -1;
+        }
+    }
+    z = 0;
+    for (int i = 0; i < V; i++) z += q[i] = keep[i] > 0 ? q[i] : 0;
+    for (int i = 0; i < V; i++) q[i] /= z;
+    free(keep);
+    free(l);
+}
+
+/* ====== Distributions over many seeds. ====== */
+
+enum { DRAWS = 100000 };
+
+/* Counts DRAWS first draws (seeds 1..DRAWS) and compares them with the reference. Returns the
+ * number of candidates. */
+static int check_distribution(const char *name, const float *logits, int V,
+                              const tl_sample_params *p, history h) {
+    double *q = xmalloc(sizeof(double) * V);
+    int *cnt = xcalloc((size_t)V, sizeof(int));
+    ref_distribution(logits, V, p, h, q);
+    tl_sample_params ps = *p;
+    for (int s = 1; s <= DRAWS; s++) {
+        uint64_t rng = tl_rng_seed((uint64_t)s * 7919);
+        tl_sample_out o;
+        CHECK_EQ_INT(tl_sample_host(logits, V, &ps, &rng, h.hist, h.n_hist, h.n_prompt, &o), 0);
+        CHECK(o.token >= 0 && o.token < V);
+        if (o.token >= 0 && o.token < V) cnt[o.token]++;
+    }
+    int k = 0, outside = 0;
+    double chi2 = 0;
+    for (int i = 0; i < V; i++) {
+        if (q[i] == 0) {
+            outside += cnt[i];
+            continue;
+        }
+        k++;
+        double want = q[i] * DRAWS;
+        chi2 += (cnt[i] - want) * (cnt[i] - want) / want;
+    }
+    /* chi-square with k-1 degrees of freedom, bound at its upper 3e-7 quantile (Wilson-Hilferty:
+     * z = 5). The seeds are fixed, so a pass or fail repeats; a token missing from the set adds
+     * about its expected count (>= 400 here), a temperature 5% off 100 or more. */
+    double df = k > 1 ? k - 1 : 1, a = 2 / (9 * df), c3 = 1 - a + 5 * sqrt(a);
+    double bound = df * c3 * c3 * c3;
+    printf("# %-22s %2d candidates, chi2 %6.1f (bound %.0f), %d draws outside\n", name, k, chi2,
+           bound, outside);
+    CHECK_EQ_INT(outside, 0);
+    CHECK(chi2 < bound);
+    free(q);
+    free(cnt);
+    return k;
+}
+
+static const float L12[12] = {2.0f,  1.2f, 0.9f,  0.7f, 0.5f,  0.1f,
+                              -0.3f, 1.6f, -1.0f, 0.3f, -2.0f, 1.0f};
+
+static tl_sample_params sp(float t, int k, float top_p, float min_p) {
+    return (tl_sample_params){
+        .temperature = t, .top_k = k, .top_p = top_p, .min_p = min_p, .repetition_penalty = 1};
+}
+
+static void test_distribution_filters(void) {
+    history none = {0};
+    tl_sample_params p = sp(1, 0, 1, 0);
+    CHECK_EQ_INT(check_distribution("T=1", L12, 12, &p, none), 12);
+    p = sp(0.5f, 0, 1, 0);
+    CHECK_EQ_INT(check_distribution("T=0.5", L12, 12, &p, none), 12);
+    p = sp(1.7f, 0, 1, 0);
+    CHECK_EQ_INT(check_distribution("T=1.7", L12, 12, &p, none), 12);
+    p = sp(1, 4, 1, 0);
+    CHECK_EQ_INT(check_distribution("top_k=4", L12, 12, &p, none), 4);
+    p = sp(1, 0, 0.5f, 0);
+    check_distribution("top_p=0.5", L12, 12, &p, none);
+    p = sp(1, 0, 1, 0.3f);
+    check_distribution("min_p=0.3", L12, 12, &p, none);
+    /* top-p over the top-k survivors, renormalised: with k=5 the 5 hold ~0.74 of the mass, so
+     * 0.8 of that is reached by 4 tokens (of the whole vocabulary's mass it never would be) */
+    p = sp(1, 5, 0.8f, 0);
+    CHECK_EQ_INT(check_distribution("top_k=5,top_p=0.8", L12, 12, &p, none), 4);
+    p = sp(0.8f, 6, 0.9f, 0.1f);
+    check_distribution("T0.8,k6,p0.9,min_p0.1", L12, 12, &p, none);
+}
+
+/* top-p at each boundary of the cumulative mass: just below it keeps k tokens, just above
+ * k + 1 (the reference says how many; the counts say which). */
+static void test_top_p_boundaries(void) {
+    history none = {0};
+    double q[12];
+    tl_sample_params p = sp(1, 0, 1, 0);
+    ref_distribution(L12, 12, &p, none, q);
+    double sorted[12], cum = 0;
+    memcpy(sorted, q, sizeof sorted);
+    for (int i = 0; i < 12; i++) /* descending */
+        for (int j = i + 1; j < 12; j++)
+            if (sorted[j] > sorted[i]) {
+                double t = sorted[i];
+                sorted[i] = sorted[j], sorted[j] = t;
+            }
+    for (int k = 1; k <= 4; k++) {
+        cum += sorted[k - 1];
+        char name[64];
+        p.top_p = (float)(cum - 1e-4);
+        snprintf(name, sizeof name, "top_p=%.4f", (double)p.top_p);
+        CHECK_EQ_INT(check_distribution(name, L12, 12, &p, none), k);
+        p.top_p = (float)(cum + 1e-4);
+        snprintf(name, sizeof name, "top_p=%.4f", (double)p.top_p);
+        CHECK_EQ_INT(check_distribution(name, L12, 12, &p, none), k + 1);
+    }
+}
+
+static void test_distribution_penalties(void) {
+    /* prompt: tokens 0, 7, 3 (7 twice); generated: 1 three times, 11 once, 0 once */
+    static const int32_t h[] = {0, 7, 3, 7, 1, 11, 1, 0, 1};
+    history hist = {h, 9, 4};
+    tl_sample_params p = sp(1, 0, 1, 0);
+    p.repetition_penalty = 1.4f;
+    check_distribution("repetition 1.4", L12, 12, &p, hist);
+    p = sp(1, 0, 1, 0);
+    p.presence_penalty = 0.8f;
+    check_distribution("presence 0.8", L12, 12, &p, hist);
+    p = sp(1, 0, 1, 0);
+    p.frequency_penalty = 0.5f;
+    check_distribution("frequency 0.5", L12, 12, &p, hist);
+    p = sp(0.7f, 0, 0.9f, 0);
+    p.repetition_penalty = 1.2f, p.presence_penalty = -0.5f, p.frequency_penalty = 0.25f;
+    check_distribution("all, T0.7, p0.9", L12, 12, &p, hist);
+}
+
+/* ====== Greedy. ====== */
+
+static int host_token(const float *l, int V, const tl_sample_params *p, history h) {
+    tl_sample_out o;
+    uint64_t rng = tl_rng_seed(1);
+    CHECK_EQ_INT(tl_sample_host(l, V, p, &rng, h.hist, h.n_hist, h.n_prompt, &o), 0);
+    return o.token;
+}
+
+/* Hand cases, each with the token the definitions give (and the reference must agree). */
+static void test_greedy_penalty_cases(void) {
+    static const int32_t prompt0[] = {0}, prompt0x5[] = {0, 0, 0, 0, 0}, gen0[] = {5, 0},
+                         gen0x2[] = {5, 0, 0}, gen0x3[] = {5, 0, 0, 0};
+    struct {
+        float l0, l1, rep, pres, freq;
+        history h;
+        int want;
+    } c[] = {
+        {2.0f, 1.5f, 1.5f, 0, 0, {prompt0, 1, 1}, 1},   /* 2/1.5 = 1.33 < 1.5 */
+        {2.0f, 1.5f, 1.2f, 0, 0, {prompt0, 1, 1}, 0},   /* 1.67 > 1.5 */
+        {-1.0f, -1.2f, 1.5f, 0, 0, {prompt0, 1, 1}, 1}, /* negative: -1.5 < -1.2 */
+        {2.0f, 1.3f, 1.5f, 0, 0, {prompt0x5, 5, 5}, 0}, /* once per token, not per use */
+        {2.0f, 1.9f, 1, 1.0f, 0, {prompt0, 1, 1}, 0},   /* presence: prompt tokens exempt */
+        {2.0f, 1.9f, 1, 1.0f, 0, {gen0, 2, 1}, 1},      /* generated once: 1.0 < 1.9 */
+        {3.0f, 2.2f, 1, 0, 0.3f, {gen0x3, 4, 1}, 1},    /* frequency x3: 2.1 < 2.2 */
+        {3.0f, 2.2f, 1, 0, 0.3f, {gen0x2, 3, 1}, 0},    /* frequency x2: 2.4 > 2.2 */
+        {1.0f, 1.0f, 1, 0, 0, {NULL, 0, 0}, 0},         /* tie: lowest id */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        float l[8] = {c[i].l0, c[i].l1, -5, -5, -5, -5, -5, -5};
+        tl_sample_params p = sp(0, 0, 1, 0);
+        p.repetition_penalty = c[i].rep, p.presence_penalty = c[i].pres;
+        p.frequency_penalty = c[i].freq;
+        double pl[8];
+        ref_penalised(l, 8, &p, c[i].h, pl);
+        CHECK_EQ_INT(ref_argmax(pl, 8), c[i].want);
+        int got = host_token(l, 8, &p, c[i].h);
+        if (got != c[i].want) fprintf(stderr, "  greedy case %zu: %d\n", i, got);
+        CHECK_EQ_INT(got, c[i].want);
+    }
+}
+
+static void test_greedy_random(void) {
+    enum { V = 4000, TRIALS = 60 };
+    uint64_t rs = 12345;
+    float *l = xmalloc(sizeof(float) * (V + 1));
+    double *pl = xmalloc(sizeof(double) * V);
+    int32_t hist[64];
+    int checked = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        for (int i = 0; i < V; i++) l[i] = (float)(4 * tl_rng_uniform(&rs) - 2);
+        l[V] = 100; /* past n_vocab: never a candidate */
+        int nh = 16 + t % 40;
+        for (int i = 0; i < nh; i++) hist[i] = (int32_t)(tl_rng_uniform(&rs) * 60); /* repeats */
+        history h = {hist, nh, nh / 2};
+        tl_sample_params p = sp(t % 3 ? 0 : -1, 0, 1, 0);
+        p.repetition_penalty = 1 + (float)(t % 5) * 0.2f, p.presence_penalty = (t % 4) * 0.3f;
+        p.frequency_penalty = (t % 3) * 0.2f;
+        for (int i = 0; i < 8; i++) l[hist[i]] = 2.1f + 0.01f * i; /* the leaders are in it */
+        ref_penalised(l, V, &p, h, pl);
+        int want = ref_argmax(pl, V);
+        double second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (i != want) second = fmax(second, pl[i]);
+        if (pl[want] - second < 1e-4) continue; /* float rounding could order a near-tie */
+        checked++;
+        CHECK_EQ_INT(host_token(l, V, &p, h), want);
+    }
+    CHECK(checked > TRIALS / 2);
+    free(l);
+    free(pl);
+}
+
+/* ====== Logprobs. ====== */
+
+static void test_logprobs(void) {
+    enum { V = 3000 };
+    uint64_t rs = 777;
+    float *l = xmalloc(sizeof(float) * V);
+    for (int i = 0; i < V; i++) l[i] = (float)(6 * tl_rng_uniform(&rs) - 3);
+    l[10] = l[20] = 5.0f; /* a tie at the top: 10 first */
+    l[30] = 4.5f;
+    double mx = -INFINITY, z = 0;
+    for (int i = 0; i < V; i++) mx = fmax(mx, l[i]);
+    for (int i = 0; i < V; i++) z += exp(l[i] - mx);
+    double lse = mx + log(z);
+    static const int32_t h[] = {10, 20, 30};
+    /* sampling with everything on: the logprobs still describe the unmodified logits */
+    tl_sample_params p = sp(0.6f, 50, 0.9f, 0.05f);
+    p.repetition_penalty = 1.3f, p.presence_penalty = 0.7f, p.frequency_penalty = 0.4f;
+    for (int n = 0; n <= TL_MAX_LOGPROBS; n += 5) {
+        p.n_logprobs = n;
+        tl_sample_out o;
+        uint64_t rng = tl_rng_seed((uint64_t)n + 1);
+        CHECK_EQ_INT(tl_sample_host(l, V, &p, &rng, h, 3, 1, &o), 0);
+        CHECK_CLOSE(o.logprob, l[o.token] - lse, 1e-5, 1e-6);
+        CHECK_EQ_INT(o.n_top, n);
+        int prev = -1;
+        for (int r = 0; r < o.n_top; r++) {
+            /* rank r: exactly r tokens come before it (larger, or equal with a lower id) */
+            int id = o.top_ids[r], before = 0;
+            for (int j = 0; j < V; j++) before += l[j] > l[id] || (l[j] == l[id] && j < id);
+            CHECK_EQ_INT(before, r);
+            CHECK(id != prev);
+            CHECK_CLOSE(o.top_logprobs[r], l[id] - lse, 1e-5, 1e-6);
+            prev = id;
+        }
+        if (n >= 3) CHECK(o.top_ids[0] == 10 && o.top_ids[1] == 20 && o.top_ids[2] == 30);
+    }
+    free(l);
+}
+
+int main(void) {
+    T_RUN(test_distribution_filters);
+    T_RUN(test_top_p_boundaries);
+    T_RUN(test_distribution_penalties);
+    T_RUN(test_greedy_penalty_cases);
+    T_RUN(test_greedy_random);
+    T_RUN(test_logprobs);
+    return t_summary();
+}
