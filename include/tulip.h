@@ -97,7 +97,9 @@ typedef struct tl_sample_params {
 int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen);
 
 typedef struct tl_sample_out {
-    int32_t token;
+    int32_t token; /* -1: the logits were not finite (NaN or infinity: a poisoned model or input),
+                    * nothing was sampled; the other entries of the step are unaffected, this
+                    * session's state is not finite either (reset or close it) */
     float logprob; /* log-softmax of the chosen token under the unmodified logits */
     int n_top;
     int32_t top_ids[TL_MAX_LOGPROBS];

@@ -174,6 +174,11 @@ static int is_eos(const tl_sched *s, int32_t t) {
  * when the job ended (it stays in running[] until the sweep). */
 static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now) {
     int n_gen = j->n_gen, script_end = 0;
+    if (o->token < 0 && !j->script) { /* this sequence's logits were NaN/Inf (tulip.h) */
+        job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL,
+                   "the model produced non-finite logits (NaN or infinity) for this request");
+        return 1;
+    }
     if (j->script) {
         memset(o, 0, sizeof *o);
         script_end = n_gen >= j->n_script;

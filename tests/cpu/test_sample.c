@@ -315,6 +315,26 @@ static void test_logprobs(void) {
     free(l);
 }
 
+/* Non-finite logits (NaN or +-inf anywhere) give token -1 and no draw, greedy or sampled, as the
+ * device sampler does (tulip.h: tl_sample_out). */
+static void test_non_finite(void) {
+    enum { V = 64 };
+    float l[V];
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < 3; k++)
+        for (int temp = 0; temp < 2; temp++) {
+            for (int i = 0; i < V; i++) l[i] = (float)((i * 7) % 13) * 0.25f;
+            l[(k * 17 + 5) % V] = bad[k];
+            tl_sample_params p = {
+                .temperature = temp ? 1.0f : 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+            uint64_t rng = 99, rng0 = rng;
+            tl_sample_out o;
+            CHECK_EQ_INT(tl_sample_host(l, V, &p, &rng, NULL, 0, 0, &o), 0);
+            CHECK_EQ_INT(o.token, -1);
+            CHECK(rng == rng0); /* nothing drawn */
+        }
+}
+
 int main(void) {
     T_RUN(test_distribution_filters);
     T_RUN(test_top_p_boundaries);
@@ -322,5 +342,6 @@ int main(void) {
     T_RUN(test_greedy_penalty_cases);
     T_RUN(test_greedy_random);
     T_RUN(test_logprobs);
+    T_RUN(test_non_finite);
     return t_summary();
 }

@@ -3,6 +3,7 @@
  * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH (a sequence
  * never holds more than the context), scripted and forced tokens, injected failures (a step, a
  * slot reset), and shutdown cancels what is still running. */
+#include <math.h>
 #include <unistd.h>
 #include "common/util.h"
 #include "engine/backend.h"
@@ -381,6 +382,56 @@ static void test_failed_slot_reset(void) {
     tl_engine_close(e);
 }
 
+/* A sequence whose logits turn NaN (a poisoned model or input; here the real CPU forward's
+ * logits are poisoned for the entry that holds token 300): its sample is token -1 (tulip.h), the
+ * job ends with an error naming non-finite logits, the job beside it in the same steps gives the
+ * tokens it gives alone, and the slot is clean again for the next job (issue 11, 2e). */
+static int (*real_fwd)(tl_backend *, const tl_fwd_entry *, int, char *, size_t);
+
+static int poisoning_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    int st = real_fwd(b, e, n, err, errlen);
+    for (int i = 0; i < n && !st; i++)
+        for (int t = 0; t < e[i].n_tok; t++)
+            if (e[i].tokens[t] == 300 && e[i].logits) e[i].logits[7] = NAN;
+    return st;
+}
+
+static void test_poisoned_sequence(void) {
+    tl_engine *e = open_engine(2, 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_backend *be = tl_engine_backend_impl(e);
+    real_fwd = be->forward;
+    be->forward = poisoning_fwd;
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 4, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    tl_job *good = make_job(3, 12, 10), *bad = make_job(4, 12, 10);
+    bad->prompt[5] = 300;
+    CHECK_EQ_INT(tl_sched_submit(s, good, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_submit(s, bad, err, sizeof err), 0);
+    int32_t toks[16], want[10];
+    int n;
+    CHECK_EQ_INT(collect(bad, toks, 16, &n), TL_FIN_ERROR);
+    CHECK(n == 0 && strstr(bad->err, "non-finite") != NULL);
+    CHECK_EQ_INT(collect(good, toks, 16, &n), TL_FIN_LENGTH);
+    greedy_alone(good->prompt, 12, want, 10);
+    CHECK(n == 10 && !memcmp(toks, want, sizeof want));
+    tl_job_unref(good);
+    tl_job_unref(bad);
+    tl_job *again = make_job(3, 12, 10); /* the failed job's slot was reset at close */
+    CHECK_EQ_INT(tl_sched_submit(s, again, err, sizeof err), 0);
+    CHECK_EQ_INT(collect(again, toks, 16, &n), TL_FIN_LENGTH);
+    CHECK(n == 10 && !memcmp(toks, want, sizeof want));
+    tl_job_unref(again);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
@@ -388,5 +439,6 @@ int main(void) {
     T_RUN(test_context_limit);
     T_RUN(test_bad_params_fail_one_job);
     T_RUN(test_failed_slot_reset);
+    T_RUN(test_poisoned_sequence);
     return t_summary();
 }
