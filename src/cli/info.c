@@ -53,41 +53,10 @@ static void count_bits(const tl_mat *m, int *nb) {
     if (m->w) nb[m->bits == 8 ? 2 : m->bits == 4 ? 1 : 0]++;
 }
 
-static void usage(void) { fprintf(stderr, "usage: tulip info --model DIR [--allow-test-shape]\n"); }
-
-int cmd_info(int argc, char **argv) {
-    const char *dir = NULL;
-    int allow_test = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--allow-test-shape"))
-            allow_test = 1;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage();
-            return 0;
-        } else {
-            fprintf(stderr, "tulip info: unknown option %s\n", argv[i]);
-            usage();
-            return 2;
-        }
-    }
-    if (!dir) {
-        usage();
-        return 2;
-    }
-    char err[1024];
-    tl_model *m = NULL;
-    double t0 = tl_time_s();
-    if (tl_model_open(&m, dir, err, sizeof err)) {
-        fprintf(stderr, "tulip info: %s\n", err);
-        return 1;
-    }
-    double t_load = tl_time_s() - t0;
+/* format, files, dimensions, layer kinds */
+static void info_header(const tl_model *m, const char *dir, double t_load) {
     const tl_config *c = &m->cfg;
     const tl_model_priv *p = m->priv;
-    char b1[32], b2[32];
-
     printf("model        %s\n", dir);
     printf("format       %s\n", m->format == TL_CKPT_HF
                                     ? "HF safetensors (zero-centred norms, +1 applied at load)"
@@ -113,17 +82,20 @@ int cmd_info(int argc, char **argv) {
            c->tie_embeddings ? "yes" : "no", c->mtp_n_layer);
     for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_ids[i]);
     printf("\n");
-
     int n_attn = 0;
     for (int i = 0; i < c->n_layer; i++) n_attn += c->layer_kind[i] == TL_LAYER_ATTN;
     printf("layer kinds  %d linear_attention (L), %d full_attention (A): ", c->n_layer - n_attn,
            n_attn);
     for (int i = 0; i < c->n_layer; i++) putchar(c->layer_kind[i] == TL_LAYER_ATTN ? 'A' : 'L');
     printf("\n");
+}
 
-    /* bytes by group and by dtype over the directory */
-    double gbytes[G_COUNT] = {0}, dbytes[TL_DT_COUNT] = {0}, total = 0;
+/* Bytes by tensor group (into gbytes[G_COUNT]) and by dtype over the directory; the total. */
+static double info_bytes(const tl_model *m, double *gbytes) {
+    const tl_model_priv *p = m->priv;
+    double dbytes[TL_DT_COUNT] = {0}, total = 0;
     int gcount[G_COUNT] = {0}, dcount[TL_DT_COUNT] = {0};
+    char b1[32], b2[32];
     for (int i = 0; i < m->n_tensors; i++) {
         const tl_tensor *t = &m->tensors[i];
         int g = classify(t->name);
@@ -139,8 +111,7 @@ int cmd_info(int argc, char **argv) {
         human(b2, sizeof b2, (double)p->skipped_bytes);
         printf("; %d vision tensors skipped (%s)", p->n_skipped, b2);
     }
-    printf("\n");
-    printf("bytes by group:\n");
+    printf("\nbytes by group:\n");
     for (int g = 0; g < G_COUNT; g++) {
         if (!gcount[g]) continue;
         human(b1, sizeof b1, gbytes[g]);
@@ -154,8 +125,12 @@ int cmd_info(int argc, char **argv) {
         printf("  %s x%d (%s)", tl_dtype_name((tl_dtype)d), dcount[d], b1);
     }
     printf("\n");
+    return total;
+}
 
-    /* weight bits of the bound linears */
+/* Weight bits of the bound linears, and the stored norm weights' average. */
+static void info_linears(const tl_model *m) {
+    const tl_config *c = &m->cfg;
     int nb[3] = {0};
     count_bits(&m->tok_embd, nb);
     count_bits(&m->output, nb);
@@ -173,18 +148,26 @@ int cmd_info(int argc, char **argv) {
     }
     printf("linears      %d float, %d 4-bit, %d 8-bit (experts counted one per expert)\n", nb[0],
            nb[1], nb[2]);
+    const tl_model_priv *p = m->priv;
     printf("norm weights stored RMSNorm1p weights average %.4f (%s)\n", p->norm_mean,
            m->format == TL_CKPT_HF ? "HF: zero-centred, expected near 0"
                                    : "MLX: offset, expected near 1");
+}
 
-    /* decode reads per token: everything but the unchosen experts, one embedding row, no mtp */
+/* Decode reads per token: everything but the unchosen experts, one embedding row, no mtp. */
+static void info_decode_reads(const tl_config *c, const double *gbytes, double total) {
+    char b1[32];
     double active = total - gbytes[G_EMBD] - gbytes[G_MTP] - gbytes[G_EXPERTS] +
                     gbytes[G_EXPERTS] * c->n_expert_used / c->n_expert +
                     gbytes[G_EMBD] / c->n_vocab;
     human(b1, sizeof b1, active);
     printf("decode reads ~%s of weights per token (top-%d of %d experts, 1 embedding row)\n", b1,
            c->n_expert_used, c->n_expert);
+}
 
+/* Whether the shape is production; the exit status (1: not, without --allow-test-shape). */
+static int info_shape(const tl_config *c, int allow_test) {
+    char err[1024];
     int st = tl_config_check_production(c, err, sizeof err);
     if (!st)
         printf("shape        production (Qwen3.6-35B-A3B): the GPU kernels can run it\n");
@@ -192,6 +175,39 @@ int cmd_info(int argc, char **argv) {
         printf("shape        NOT production: %s%s\n", err,
                allow_test ? " (accepted: --allow-test-shape; CPU reference only)"
                           : "\n             (pass --allow-test-shape to accept a test model)");
-    tl_model_close(m);
     return st && !allow_test ? 1 : 0;
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *dir = NULL;
+    int allow_test = 0;
+    tl_opt opts[] = {
+        TL_CLI_OPT_MODEL(&dir, 0),
+        TL_CLI_OPT_ALLOW_TEST_SHAPE(&allow_test),
+    };
+    tl_cli_cmd cmd = {.name = "info",
+                      .id = TL_CMD_INFO,
+                      .synopsis = "--model DIR [--allow-test-shape]",
+                      .about = "What a checkpoint contains; exit status 1 if it is not the "
+                               "production shape\n(unless --allow-test-shape) or does not load.\n",
+                      .opts = opts,
+                      .n_opts = TL_CLI_NOPTS(opts)};
+    int rc = tl_cli_parse(&cmd, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    if (!dir) return tl_cli_usage_error(&cmd, "--model DIR is required");
+    char err[1024];
+    tl_model *m = NULL;
+    double t0 = tl_time_s();
+    if (tl_model_open(&m, dir, err, sizeof err)) {
+        fprintf(stderr, "tulip info: %s\n", err);
+        return 1;
+    }
+    info_header(m, dir, tl_time_s() - t0);
+    double gbytes[G_COUNT] = {0};
+    double total = info_bytes(m, gbytes);
+    info_linears(m);
+    info_decode_reads(&m->cfg, gbytes, total);
+    rc = info_shape(&m->cfg, allow_test);
+    tl_model_close(m);
+    return rc;
 }

@@ -21,13 +21,6 @@
 #include "common/util.h"
 #include "tokenizer/chat.h"
 
-static void prompt_usage(void) {
-    fprintf(stderr, "usage: tulip prompt --messages FILE.json [--tools FILE.json] [--no-thinking]\n"
-                    "                    [--preserve-thinking] [--no-generation-prompt]\n"
-                    "       tulip prompt --batch FILE.jsonl   (one JSON case per line -> one JSON "
-                    "result per line)\n");
-}
-
 static json_t *load_json(const char *path, char *err, size_t errlen) {
     json_error_t je;
     json_t *v;
@@ -92,40 +85,50 @@ static int run_batch(const char *path) {
     return rc;
 }
 
-int cmd_prompt(int argc, char **argv) {
-    const char *msgs_path = NULL, *tools_path = NULL, *batch = NULL;
+typedef struct prompt_opts {
+    const char *msgs_path, *tools_path, *batch;
+    int no_think, preserve, no_gen_prompt;
+} prompt_opts;
+
+/* Options -> o. Returns TL_CLI_CONTINUE or the exit status. */
+static int prompt_parse(prompt_opts *o, int argc, char **argv) {
+    tl_opt opts[] = {
+        TL_OPT_STR("messages", 0, &o->msgs_path, "FILE.json",
+                   "a messages array, or an object with \"messages\" (and \"tools\"); - = stdin"),
+        TL_OPT_STR("tools", 0, &o->tools_path, "FILE.json", "a tools array (overrides the file's)"),
+        TL_OPT_FLAG("no-thinking", 0, &o->no_think, "enable_thinking=false"),
+        TL_OPT_FLAG("preserve-thinking", 0, &o->preserve, "keep the reasoning of earlier turns"),
+        TL_OPT_FLAG("no-generation-prompt", 0, &o->no_gen_prompt,
+                    "no assistant header at the end (add_generation_prompt=false)"),
+        TL_OPT_STR("batch", 0, &o->batch, "FILE.jsonl",
+                   "one JSON case per line -> one JSON result per line (src/cli/prompt.c)"),
+    };
+    tl_cli_cmd cmd = {.name = "prompt",
+                      .id = TL_CMD_PROMPT,
+                      .synopsis = "--messages FILE.json [--tools FILE.json] [--no-thinking]\n"
+                                  "                    [--preserve-thinking] "
+                                  "[--no-generation-prompt]\n"
+                                  "       tulip prompt --batch FILE.jsonl",
+                      .about = "Prints the chat prompt exactly as the model sees it, with no "
+                               "newline added.\n",
+                      .opts = opts,
+                      .n_opts = TL_CLI_NOPTS(opts)};
+    int rc = tl_cli_parse(&cmd, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    if (!o->batch && !o->msgs_path)
+        return tl_cli_usage_error(&cmd, "--messages FILE.json (or --batch FILE.jsonl) is required");
+    return TL_CLI_CONTINUE;
+}
+
+/* --messages (and --tools) -> the rendered prompt on stdout. Returns the exit status. */
+static int render_one(const prompt_opts *po) {
     tl_chat_opts o;
     tl_chat_opts_default(&o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--messages") && i + 1 < argc)
-            msgs_path = argv[++i];
-        else if (!strcmp(a, "--tools") && i + 1 < argc)
-            tools_path = argv[++i];
-        else if (!strcmp(a, "--batch") && i + 1 < argc)
-            batch = argv[++i];
-        else if (!strcmp(a, "--no-thinking"))
-            o.enable_thinking = 0;
-        else if (!strcmp(a, "--preserve-thinking"))
-            o.preserve_thinking = 1;
-        else if (!strcmp(a, "--no-generation-prompt"))
-            o.add_generation_prompt = 0;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            prompt_usage();
-            return 0;
-        } else {
-            fprintf(stderr, "tulip prompt: unknown or incomplete option '%s'\n", a);
-            prompt_usage();
-            return 2;
-        }
-    }
-    if (batch) return run_batch(batch);
-    if (!msgs_path) {
-        prompt_usage();
-        return 2;
-    }
+    o.enable_thinking = !po->no_think;
+    o.preserve_thinking = po->preserve;
+    o.add_generation_prompt = !po->no_gen_prompt;
     char err[512];
-    json_t *msgs = load_json(msgs_path, err, sizeof err), *tools = NULL, *file = msgs;
+    json_t *msgs = load_json(po->msgs_path, err, sizeof err), *tools = NULL, *file = msgs;
     if (!msgs) {
         fprintf(stderr, "tulip prompt: %s\n", err);
         return 1;
@@ -134,9 +137,9 @@ int cmd_prompt(int argc, char **argv) {
         tools = json_incref(json_object_get(file, "tools"));
         msgs = json_object_get(file, "messages");
     }
-    if (tools_path) {
+    if (po->tools_path) {
         json_decref(tools);
-        tools = load_json(tools_path, err, sizeof err);
+        tools = load_json(po->tools_path, err, sizeof err);
         if (!tools) {
             fprintf(stderr, "tulip prompt: %s\n", err);
             json_decref(file);
@@ -155,4 +158,11 @@ int cmd_prompt(int argc, char **argv) {
     fwrite(out, 1, len, stdout);
     free(out);
     return 0;
+}
+
+int cmd_prompt(int argc, char **argv) {
+    prompt_opts o = {0};
+    int rc = prompt_parse(&o, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    return o.batch ? run_batch(o.batch) : render_one(&o);
 }

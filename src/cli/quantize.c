@@ -7,55 +7,40 @@
 #include "common/util.h"
 #include "model/quant.h"
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: tulip quantize --in HF_DIR --out DIR [--bits 4|8] [--group 64] [--shard-gb 5]\n"
-            "  Writes the MLX affine format: every linear whose input width is a multiple of the\n"
-            "  group at --bits, the MoE router and shared_expert_gate at 8 bits, norms offset\n"
-            "  (+1), conv1d as [C, K, 1], config.json with \"quantization\".\n");
-}
-
 static void progress(const char *msg) {
     fprintf(stderr, "\rquantize: %-60s", msg);
     fflush(stderr);
 }
 
+static const tl_opt_choice quant_bits[] = {{"4", 4}, {"8", 8}, {NULL, 0}};
+
 int cmd_quantize(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
     int bits = 4, group = 64;
     double shard_gb = 5;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "tulip quantize: %s needs a value (or is unknown)\n", a);
-            usage();
-            return 2;
-        }
-        if (!strcmp(a, "--in"))
-            in = v;
-        else if (!strcmp(a, "--out"))
-            out = v;
-        else if (!strcmp(a, "--bits"))
-            bits = atoi(v);
-        else if (!strcmp(a, "--group"))
-            group = atoi(v);
-        else if (!strcmp(a, "--shard-gb"))
-            shard_gb = atof(v);
-        else {
-            fprintf(stderr, "tulip quantize: unknown option %s\n", a);
-            usage();
-            return 2;
-        }
-        i++;
-    }
-    if (!in || !out) {
-        usage();
-        return 2;
-    }
+    tl_opt opts[] = {
+        TL_OPT_STR("in", 0, &in, "HF_DIR", "the HF BF16/F32 checkpoint directory"),
+        TL_OPT_STR("out", 0, &out, "DIR", "where the quantized checkpoint goes (created)"),
+        TL_OPT_CHOICE("bits", 0, &bits, "4|8", quant_bits, "bits per weight (default 4)"),
+        TL_OPT_INT("group", 0, &group, "N", 32, 512,
+                   "weights per scale and bias, a multiple of 32 (default 64)"),
+        TL_OPT_DOUBLE("shard-gb", 0, &shard_gb, "GB", 0, 1e6,
+                      "safetensors shard size in GiB (default 5; 0: the default)"),
+    };
+    tl_cli_cmd cmd = {
+        .name = "quantize",
+        .id = TL_CMD_QUANTIZE,
+        .synopsis = "--in HF_DIR --out DIR [--bits 4|8] [--group 64] [--shard-gb 5]",
+        .about =
+            "Writes the MLX affine format: every linear whose input width is a multiple of the\n"
+            "group at --bits, the MoE router and shared_expert_gate at 8 bits, norms offset\n"
+            "(+1), conv1d as [C, K, 1], config.json with \"quantization\".\n",
+        .opts = opts,
+        .n_opts = TL_CLI_NOPTS(opts),
+    };
+    int rc = tl_cli_parse(&cmd, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    if (!in || !out) return tl_cli_usage_error(&cmd, "--in and --out are required");
     if (!(shard_gb > 0)) shard_gb = 5;
     char err[1024];
     double t0 = tl_time_s();

@@ -1,6 +1,7 @@
 /* tulip run: generate from one prompt. Prompt as token ids (--prompt-ids 1,2,3) prints ids;
  * as text (-p) it is rendered through the chat template, tokenized, and the answer streamed as
- * text. Options mirror the server's sampling fields. */
+ * text. Options mirror the server's sampling fields. The phases: parse options -> prompt tokens
+ * -> open engine and session -> generate -> close. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,21 +15,81 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/chat.h"
 
-static void run_usage(void) {
-    fprintf(
-        stderr,
-        "usage: tulip run --model DIR (--prompt-ids 1,2,3 | -p TEXT) [options]\n"
-        "  -n N                  tokens to generate (default 64)\n"
-        "  --temperature T       0 = greedy (default 0 for --prompt-ids)\n"
-        "  --top-k K --top-p P --min-p P --seed S\n"
-        "  --presence-penalty X --frequency-penalty X --repetition-penalty X\n"
-        "  --print-ids           print generated ids on one line, separated by spaces\n"
-        "  -p TEXT               a user message: rendered with the chat template, answer streamed\n"
-        "  --system TEXT         a system message before it   --no-thinking   --raw (no template)\n"
-        "  --tokenizer PATH      tokenizer.json (default: the one in the model directory)\n"
-        "  --ignore-eos          do not stop at the model's stop tokens\n"
-        "  --dump-logits FILE    write the f32 logits of every step (prefill last + each decode)\n"
-        "  --backend cpu|cuda|auto   --threads N   --ctx N   --allow-test-shape\n");
+typedef struct run_opts {
+    tl_engine_params ep;
+    tl_sample_params sp;
+    const char *ids_arg, *text, *dump, *system, *tok_path;
+    int n_gen, print_ids, ignore_eos, no_think, raw, backend;
+} run_opts;
+
+typedef struct run_state {
+    run_opts o;
+    int32_t *prompt;
+    int n_prompt;
+    tl_tokenizer *tok;
+    tl_engine *e;
+    tl_session *s;
+    tl_detok_stream *ds;
+    const tl_config *cfg;
+    FILE *df;      /* --dump-logits */
+    float *logits; /* [n_vocab] when dumping */
+    char err[1024];
+} run_state;
+
+/* Options -> o. Returns TL_CLI_CONTINUE or the exit status. */
+static int run_parse(run_opts *o, int argc, char **argv) {
+    tl_opt opts[] = {
+        TL_CLI_OPT_MODEL(&o->ep.model_path, 'm'),
+        TL_OPT_STR("prompt-ids", 0, &o->ids_arg, "1,2,3", "the prompt as token ids; prints ids"),
+        TL_OPT_STR("prompt", 'p', &o->text, "TEXT",
+                   "a user message: rendered with the chat template, answer streamed"),
+        TL_OPT_INT(NULL, 'n', &o->n_gen, "N", 0, TL_OPT_NOMAX, "tokens to generate (default 64)"),
+        TL_CLI_OPT_TEMPERATURE(&o->sp.temperature),
+        TL_CLI_OPT_TOP_K(&o->sp.top_k),
+        TL_CLI_OPT_TOP_P(&o->sp.top_p),
+        TL_CLI_OPT_MIN_P(&o->sp.min_p),
+        TL_CLI_OPT_SAMPLE_SEED(&o->sp.seed),
+        TL_CLI_OPT_PRESENCE(&o->sp.presence_penalty),
+        TL_CLI_OPT_FREQUENCY(&o->sp.frequency_penalty),
+        TL_CLI_OPT_REPETITION(&o->sp.repetition_penalty),
+        TL_OPT_FLAG("print-ids", 0, &o->print_ids,
+                    "print generated ids on one line, separated by spaces"),
+        TL_OPT_STR("system", 0, &o->system, "TEXT", "-p: a system message before the user's"),
+        TL_OPT_FLAG("no-thinking", 0, &o->no_think, "-p: render with enable_thinking=false"),
+        TL_OPT_FLAG("raw", 0, &o->raw, "-p: tokenize TEXT as it is, no chat template"),
+        TL_CLI_OPT_TOKENIZER(&o->tok_path),
+        TL_OPT_FLAG("ignore-eos", 0, &o->ignore_eos, "do not stop at the model's stop tokens"),
+        TL_OPT_STR("dump-logits", 0, &o->dump, "FILE",
+                   "write the f32 logits of every step (prefill last + each decode)"),
+        TL_CLI_OPT_BACKEND(&o->backend),
+        TL_CLI_OPT_THREADS(&o->ep.n_threads),
+        TL_OPT_INT("ctx", 0, &o->ep.max_ctx, "N", 0, TL_OPT_NOMAX,
+                   "context tokens (default: prompt + N + 1)"),
+        TL_CLI_OPT_ALLOW_TEST_SHAPE(&o->ep.allow_test_shape),
+    };
+    tl_cli_cmd cmd = {
+        .name = "run",
+        .id = TL_CMD_RUN,
+        .synopsis = "--model DIR (--prompt-ids 1,2,3 | -p TEXT) [options]",
+        .about = "Generates from one prompt. Sampling defaults: greedy for --prompt-ids; for -p\n"
+                 "without --temperature the model card's (temperature 1.0, top-p 0.95, top-k 20;\n"
+                 "0.7 and 0.8 with --no-thinking).\n",
+        .opts = opts,
+        .n_opts = TL_CLI_NOPTS(opts),
+    };
+    int rc = tl_cli_parse(&cmd, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    o->ep.backend = (tl_backend_kind)o->backend;
+    if (!o->ep.model_path) return tl_cli_usage_error(&cmd, "--model DIR is required");
+    if (!o->ids_arg && !o->text) return tl_cli_usage_error(&cmd, "--prompt-ids or -p is required");
+    if (o->ids_arg && o->text) return tl_cli_usage_error(&cmd, "give --prompt-ids or -p, not both");
+    if (o->text && !tl_cli_given(&cmd, &o->sp.temperature)) {
+        /* the model's generation config defaults (MODEL.md §6); given options stay */
+        o->sp.temperature = o->no_think ? 0.7f : 1.0f;
+        if (!tl_cli_given(&cmd, &o->sp.top_p)) o->sp.top_p = o->no_think ? 0.8f : 0.95f;
+        if (!tl_cli_given(&cmd, &o->sp.top_k)) o->sp.top_k = 20;
+    }
+    return TL_CLI_CONTINUE;
 }
 
 static int parse_ids(const char *s, int32_t **out, int *n) {
@@ -52,244 +113,165 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
     return k > 0 ? 0 : -1;
 }
 
-int cmd_run(int argc, char **argv) {
-    tl_engine_params ep = {0};
-    tl_sample_params sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
-    const char *ids_arg = NULL, *text = NULL, *dump = NULL, *system = NULL, *tok_path = NULL;
-    int n_gen = 64, print_ids = 0, ignore_eos = 0, no_think = 0, raw = 0, temp_set = 0;
-    ep.backend = TL_BACKEND_AUTO;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV                                                                                      \
-    do {                                                                                           \
-        if (!v) {                                                                                  \
-            fprintf(stderr, "tulip run: %s needs a value\n", a);                                   \
-            return 2;                                                                              \
-        }                                                                                          \
-        i++;                                                                                       \
-    } while (0)
-        if (!strcmp(a, "--model") || !strcmp(a, "-m")) {
-            NEEDV;
-            ep.model_path = v;
-        } else if (!strcmp(a, "--prompt-ids")) {
-            NEEDV;
-            ids_arg = v;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            NEEDV;
-            text = v;
-        } else if (!strcmp(a, "-n")) {
-            NEEDV;
-            n_gen = atoi(v);
-        } else if (!strcmp(a, "--temperature")) {
-            NEEDV;
-            sp.temperature = strtof(v, NULL);
-            temp_set = 1;
-        } else if (!strcmp(a, "--system")) {
-            NEEDV;
-            system = v;
-        } else if (!strcmp(a, "--tokenizer")) {
-            NEEDV;
-            tok_path = v;
-        } else if (!strcmp(a, "--no-thinking"))
-            no_think = 1;
-        else if (!strcmp(a, "--raw"))
-            raw = 1;
-        else if (!strcmp(a, "--top-k")) {
-            NEEDV;
-            sp.top_k = atoi(v);
-        } else if (!strcmp(a, "--top-p")) {
-            NEEDV;
-            sp.top_p = strtof(v, NULL);
-        } else if (!strcmp(a, "--min-p")) {
-            NEEDV;
-            sp.min_p = strtof(v, NULL);
-        } else if (!strcmp(a, "--seed")) {
-            NEEDV;
-            sp.seed = strtoull(v, NULL, 10);
-        } else if (!strcmp(a, "--presence-penalty")) {
-            NEEDV;
-            sp.presence_penalty = strtof(v, NULL);
-        } else if (!strcmp(a, "--frequency-penalty")) {
-            NEEDV;
-            sp.frequency_penalty = strtof(v, NULL);
-        } else if (!strcmp(a, "--repetition-penalty")) {
-            NEEDV;
-            sp.repetition_penalty = strtof(v, NULL);
-        } else if (!strcmp(a, "--dump-logits")) {
-            NEEDV;
-            dump = v;
-        } else if (!strcmp(a, "--threads")) {
-            NEEDV;
-            ep.n_threads = atoi(v);
-        } else if (!strcmp(a, "--ctx")) {
-            NEEDV;
-            ep.max_ctx = atoi(v);
-        } else if (!strcmp(a, "--backend")) {
-            NEEDV;
-            if (!strcmp(v, "cpu"))
-                ep.backend = TL_BACKEND_CPU;
-            else if (!strcmp(v, "cuda"))
-                ep.backend = TL_BACKEND_CUDA;
-            else if (!strcmp(v, "auto"))
-                ep.backend = TL_BACKEND_AUTO;
-            else {
-                fprintf(stderr, "tulip run: --backend must be cpu, cuda or auto\n");
-                return 2;
-            }
-        } else if (!strcmp(a, "--print-ids"))
-            print_ids = 1;
-        else if (!strcmp(a, "--ignore-eos"))
-            ignore_eos = 1;
-        else if (!strcmp(a, "--allow-test-shape"))
-            ep.allow_test_shape = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_usage();
-            return 0;
-        } else {
-            fprintf(stderr, "tulip run: unknown option '%s'\n", a);
-            run_usage();
-            return 2;
-        }
-#undef NEEDV
+/* -p TEXT -> the prompt string the model sees (chat template unless --raw); NULL on error. */
+static char *run_render(run_state *r, size_t *len) {
+    const run_opts *o = &r->o;
+    char *rendered = NULL;
+    if (o->raw) {
+        *len = strlen(o->text);
+        return xstrdup(o->text);
     }
-    if (!ep.model_path || (!ids_arg && !text) || n_gen < 0) {
-        run_usage();
-        return 2;
+    json_t *msgs = json_array();
+    if (o->system)
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", o->system));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", o->text));
+    tl_chat_opts co;
+    tl_chat_opts_default(&co);
+    co.enable_thinking = !o->no_think;
+    int rc = tl_chat_render(msgs, NULL, &co, &rendered, len, r->err, sizeof r->err);
+    json_decref(msgs);
+    if (rc) {
+        fprintf(stderr, "tulip: chat template: %s\n", r->err);
+        return NULL;
     }
-    int32_t *prompt = NULL;
-    int n_prompt = 0;
-    tl_tokenizer *tok = NULL;
-    char err[1024];
-    if (text) {
-        char path[4096];
-        if (!tok_path) {
-            snprintf(path, sizeof path, "%s/tokenizer.json", ep.model_path);
-            tok_path = path;
-        }
-        if (tl_tokenizer_load(tok_path, &tok, err, sizeof err)) {
-            fprintf(stderr, "tulip: %s\n", err);
-            return 1;
-        }
-        char *rendered = NULL;
-        size_t rlen = 0;
-        if (raw) {
-            rendered = xstrdup(text);
-            rlen = strlen(text);
-        } else {
-            json_t *msgs = json_array();
-            if (system)
-                json_array_append_new(msgs,
-                                      json_pack("{s:s,s:s}", "role", "system", "content", system));
-            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", text));
-            tl_chat_opts co;
-            tl_chat_opts_default(&co);
-            co.enable_thinking = !no_think;
-            int rc = tl_chat_render(msgs, NULL, &co, &rendered, &rlen, err, sizeof err);
-            json_decref(msgs);
-            if (rc) {
-                fprintf(stderr, "tulip: chat template: %s\n", err);
-                tl_tokenizer_free(tok);
-                return 1;
-            }
-        }
-        tl_tok_ids ids = {0};
-        int rc = tl_tokenize(tok, rendered, rlen, 0, &ids);
-        free(rendered);
-        if (rc < 0 || ids.n == 0) {
-            fprintf(stderr, "tulip: tokenizing the prompt failed\n");
-            tl_tok_ids_free(&ids);
-            tl_tokenizer_free(tok);
-            return 1;
-        }
-        prompt = ids.ids;
-        n_prompt = (int)ids.n;
-        if (!temp_set) { /* the model's generation config defaults (MODEL.md §6) */
-            sp.temperature = no_think ? 0.7f : 1.0f;
-            sp.top_p = no_think ? 0.8f : 0.95f;
-            sp.top_k = 20;
-        }
-    } else if (parse_ids(ids_arg, &prompt, &n_prompt)) {
+    return rendered;
+}
+
+/* -p TEXT -> r->prompt through the tokenizer (kept in r->tok for the streamed answer). */
+static int run_prompt_text(run_state *r) {
+    char path[4096];
+    const char *tok_path = r->o.tok_path;
+    if (!tok_path) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", r->o.ep.model_path);
+        tok_path = path;
+    }
+    if (tl_tokenizer_load(tok_path, &r->tok, r->err, sizeof r->err)) {
+        fprintf(stderr, "tulip: %s\n", r->err);
+        return 1;
+    }
+    size_t rlen = 0;
+    char *rendered = run_render(r, &rlen);
+    if (!rendered) return 1;
+    tl_tok_ids ids = {0};
+    int rc = tl_tokenize(r->tok, rendered, rlen, 0, &ids);
+    free(rendered);
+    if (rc < 0 || ids.n == 0) {
+        fprintf(stderr, "tulip: tokenizing the prompt failed\n");
+        tl_tok_ids_free(&ids);
+        return 1;
+    }
+    r->prompt = ids.ids;
+    r->n_prompt = (int)ids.n;
+    return 0;
+}
+
+/* The prompt tokens, from --prompt-ids or -p. Returns 0 or the exit status. */
+static int run_prompt(run_state *r) {
+    if (r->o.text) return run_prompt_text(r);
+    if (parse_ids(r->o.ids_arg, &r->prompt, &r->n_prompt)) {
         fprintf(stderr, "tulip run: --prompt-ids must be a comma-separated list of token ids\n");
         return 2;
     }
-    ep.max_seqs = 1;
-    if (!ep.max_ctx) ep.max_ctx = n_prompt + n_gen + 1;
-    tl_engine *e;
-    if (tl_engine_open(&e, &ep, err, sizeof err)) {
-        fprintf(stderr, "tulip: %s\n", err);
-        free(prompt);
-        tl_tokenizer_free(tok);
+    return 0;
+}
+
+/* Engine, detokenizer stream (-p), logits file (--dump-logits), session. 0 or exit status. */
+static int run_open(run_state *r) {
+    tl_engine_params *ep = &r->o.ep;
+    ep->max_seqs = 1;
+    if (!ep->max_ctx) ep->max_ctx = r->n_prompt + r->o.n_gen + 1;
+    if (tl_engine_open(&r->e, ep, r->err, sizeof r->err)) {
+        fprintf(stderr, "tulip: %s\n", r->err);
         return 1;
     }
-    tl_detok_stream *ds = NULL;
-    if (tok && tl_detok_stream_create(tok, TL_DETOK_SKIP_SPECIAL, &ds)) {
+    if (r->tok && tl_detok_stream_create(r->tok, TL_DETOK_SKIP_SPECIAL, &r->ds)) {
         fprintf(stderr, "tulip: out of memory\n");
-        tl_engine_close(e);
-        free(prompt);
-        tl_tokenizer_free(tok);
         return 1;
     }
-    const tl_config *cfg = tl_engine_config(e);
-    FILE *df = NULL;
-    float *logits = NULL;
-    if (dump) {
-        df = fopen(dump, "wb");
-        if (!df) {
-            fprintf(stderr, "tulip run: cannot write %s: %s\n", dump, strerror(errno));
-            tl_engine_close(e);
-            free(prompt);
+    r->cfg = tl_engine_config(r->e);
+    if (r->o.dump) {
+        r->df = fopen(r->o.dump, "wb");
+        if (!r->df) {
+            fprintf(stderr, "tulip run: cannot write %s: %s\n", r->o.dump, strerror(errno));
             return 1;
         }
-        logits = xmalloc(sizeof(float) * cfg->n_vocab);
+        r->logits = xmalloc(sizeof(float) * r->cfg->n_vocab);
     }
-    tl_session *s;
-    int rc = tl_session_open(e, &s, err, sizeof err);
-    int status = 0;
-    const int32_t *feed = prompt;
-    int n_feed = n_prompt;
+    if (tl_session_open(r->e, &r->s, r->err, sizeof r->err)) {
+        fprintf(stderr, "tulip: %s\n", r->err);
+        return 1;
+    }
+    return 0;
+}
+
+/* One sampled token to stdout: its id (--print-ids) and/or its text (-p). */
+static void run_emit(run_state *r, int step, int32_t tok) {
+    if (r->o.print_ids) printf(step ? " %d" : "%d", tok);
+    if (r->ds) {
+        const char *piece;
+        size_t plen;
+        if (tl_detok_stream_push(r->ds, tok, &piece, &plen) == 0 && plen)
+            fwrite(piece, 1, plen, stdout);
+    }
+    fflush(stdout);
+}
+
+static int run_is_stop(const run_state *r, int32_t tok) {
+    for (int k = 0; k < r->cfg->n_eos && !r->o.ignore_eos; k++)
+        if (tok == r->cfg->eos_ids[k]) return 1;
+    return 0;
+}
+
+/* The prompt, then one token a step until -n tokens or a stop token. 0 or a negative status. */
+static int run_generate(run_state *r) {
+    const int32_t *feed = r->prompt;
+    int n_feed = r->n_prompt, rc = 0, n_vocab = r->cfg->n_vocab;
     int32_t next;
-    for (int step = 0; !rc && step < n_gen; step++) {
+    for (int step = 0; step < r->o.n_gen; step++) {
         tl_sample_out out;
-        tl_batch_entry be = {s, feed, n_feed, &sp, &out, logits};
-        rc = tl_engine_step(e, &be, 1, err, sizeof err);
-        if (rc) break;
-        if (df && fwrite(logits, sizeof(float), cfg->n_vocab, df) != (size_t)cfg->n_vocab) {
-            snprintf(err, sizeof err, "write error on %s", dump);
+        tl_batch_entry be = {r->s, feed, n_feed, &r->o.sp, &out, r->logits};
+        if ((rc = tl_engine_step(r->e, &be, 1, r->err, sizeof r->err))) break;
+        if (r->df && fwrite(r->logits, sizeof(float), n_vocab, r->df) != (size_t)n_vocab) {
+            snprintf(r->err, sizeof r->err, "write error on %s", r->o.dump);
             rc = -1;
             break;
         }
         next = out.token;
-        if (print_ids) printf(step ? " %d" : "%d", next);
-        if (ds) {
-            const char *piece;
-            size_t plen;
-            if (tl_detok_stream_push(ds, next, &piece, &plen) == 0 && plen)
-                fwrite(piece, 1, plen, stdout);
-        }
-        fflush(stdout);
-        int stop = 0;
-        for (int k = 0; k < cfg->n_eos && !ignore_eos; k++) stop |= next == cfg->eos_ids[k];
-        if (stop) break;
+        run_emit(r, step, next);
+        if (run_is_stop(r, next)) break;
         feed = &next;
         n_feed = 1;
     }
-    if (ds) {
+    if (r->ds) {
         const char *piece;
         size_t plen;
-        if (tl_detok_stream_flush(ds, &piece, &plen) == 0 && plen) fwrite(piece, 1, plen, stdout);
-        tl_detok_stream_free(ds);
+        if (tl_detok_stream_flush(r->ds, &piece, &plen) == 0 && plen)
+            fwrite(piece, 1, plen, stdout);
     }
-    if (print_ids || ds) printf("\n");
-    if (rc) {
-        fprintf(stderr, "tulip: %s\n", err);
+    if (r->o.print_ids || r->ds) printf("\n");
+    return rc;
+}
+
+static void run_close(run_state *r) {
+    tl_detok_stream_free(r->ds);
+    if (r->df) fclose(r->df);
+    free(r->logits);
+    if (r->s) tl_session_close(r->s);
+    if (r->e) tl_engine_close(r->e);
+    free(r->prompt);
+    tl_tokenizer_free(r->tok);
+}
+
+int cmd_run(int argc, char **argv) {
+    run_state r = {.o = {.sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
+                         .n_gen = 64,
+                         .backend = TL_BACKEND_AUTO}};
+    int status = run_parse(&r.o, argc, argv);
+    if (status != TL_CLI_CONTINUE) return status;
+    if (!(status = run_prompt(&r)) && !(status = run_open(&r)) && run_generate(&r)) {
+        fprintf(stderr, "tulip: %s\n", r.err);
         status = 1;
     }
-    if (df) fclose(df);
-    free(logits);
-    tl_session_close(s);
-    tl_engine_close(e);
-    free(prompt);
-    tl_tokenizer_free(tok);
+    run_close(&r);
     return status;
 }

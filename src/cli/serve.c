@@ -5,119 +5,95 @@
 #include "cli/cli.h"
 #include "server/server.h"
 
-static void serve_usage(void) {
-    fprintf(stderr,
-            "usage: tulip serve --model DIR [options]\n"
-            "  --model DIR            checkpoint directory (config.json + *.safetensors)\n"
-            "  --tokenizer PATH       tokenizer.json (default: the one in --model)\n"
-            "  --served-model-name N  the model id clients send (default: DIR's base name)\n"
-            "  --host ADDR            numeric address to bind (default 127.0.0.1)\n"
-            "  --port N               TCP port (default 8000; 0 = any free port, printed)\n"
-            "  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/*\n"
-            "  --max-seqs N           concurrent sequences (state slots; default: engine's)\n"
-            "  --ctx N                tokens per sequence (default: engine's)\n"
-            "  --kv-tokens N          CUDA: KV cache pool shared by all sequences, in tokens\n"
-            "                         (default max-seqs x ctx; smaller lets --max-seqs grow, and\n"
-            "                         when it runs out the longest sequence ends with 'length')\n"
-            "  --queue N              requests that may wait for a slot (default 64; then 429)\n"
-            "  --step-tokens N        token budget of one engine step (default 2048)\n"
-            "  --max-body BYTES       request body limit (default 8388608)\n"
-            "  --max-conns N          concurrent HTTP connections (default 512)\n"
-            "  --drain-timeout S      on SIGINT/SIGTERM, seconds running requests may finish (10)\n"
-            "  --idle-timeout S       close connections idle this long (default 300)\n"
-            "  --trace FILE           append one JSON line per request event (body, rendered\n"
-            "                         prompt, each SSE chunk, response, errors) for debugging\n"
-            "  --keepalive S          SSE ': keepalive' comment after S s without tokens (5)\n"
-            "  --backend auto|cpu|cuda\n"
-            "  --threads N            CPU backend threads (default: all cores)\n"
-            "  --allow-test-shape     accept a model with non-production dimensions (tests)\n"
-            "  --random-weights       no checkpoint: a full-size model from --seed (benchmarks)\n"
-            "  --weight-bits 16|4     random weights: bf16 or 4-bit (default 4)\n"
-            "  --seed N               random weights seed (default 1)\n"
-            "  --test-mode            honour the tulip_test_script request field (tests only)\n");
+static const tl_opt_choice serve_bits[] = {{"16", 16}, {"4", 4}, {NULL, 0}};
+
+static const char serve_about[] =
+    "OpenAI-compatible HTTP server. A count or time of 0 means its default, except\n"
+    "--port 0 (any free port) and --queue 0 (no waiting: 429 when the slots are full).\n"
+    "--kv-tokens below max-seqs x ctx lets --max-seqs grow; when the pool runs out\n"
+    "the longest sequence ends with 'length'. --trace logs bodies, rendered\n"
+    "prompts, each SSE chunk, responses and errors.\n";
+
+typedef struct serve_opts {
+    tl_server_params p;
+    int backend;
+    uint64_t max_body;
+} serve_opts;
+
+/* The checks and conversions after parsing. Returns TL_CLI_CONTINUE or the exit status. */
+static int serve_finish(serve_opts *o, const tl_cli_cmd *cmd) {
+    tl_server_params *p = &o->p;
+    if (!p->model_path && !p->random_weights)
+        return tl_cli_usage_error(cmd, "--model DIR is required (or --random-weights)");
+    p->backend = (tl_backend_kind)o->backend;
+    p->max_body = (size_t)o->max_body;
+    if (tl_cli_given(cmd, &p->max_queue) && p->max_queue == 0)
+        p->max_queue = -1; /* 0 given: no waiting at all (0 in the params is the default) */
+    return TL_CLI_CONTINUE;
+}
+
+/* Options -> o->p. Returns TL_CLI_CONTINUE or the exit status. */
+static int serve_parse(serve_opts *o, int argc, char **argv) {
+    tl_server_params *p = &o->p;
+    tl_opt opts[] = {
+        TL_CLI_OPT_MODEL(&p->model_path, 0),
+        TL_OPT_STR("tokenizer", 0, &p->tokenizer_path, "PATH",
+                   "tokenizer.json (default: the one in --model)"),
+        TL_OPT_STR("served-model-name", 0, &p->model_name, "NAME",
+                   "the model id clients send (default: DIR's base name)"),
+        TL_OPT_STR("host", 0, &p->host, "ADDR", "numeric address to bind (default 127.0.0.1)"),
+        TL_OPT_INT("port", 0, &p->port, "N", 0, 65535,
+                   "TCP port (default 8000; 0 = any free port, printed)"),
+        TL_OPT_STR("api-key", 0, &p->api_key, "KEY",
+                   "require 'Authorization: Bearer KEY' on /v1/*"),
+        TL_OPT_INT("max-seqs", 0, &p->max_seqs, "N", 0, TL_OPT_NOMAX,
+                   "concurrent sequences (state slots; default 0: engine's)"),
+        TL_OPT_INT("ctx", 0, &p->max_ctx, "N", 0, TL_OPT_NOMAX,
+                   "tokens per sequence (default 0: engine's)"),
+        TL_OPT_LONG("kv-tokens", 0, &p->kv_tokens, "N", 0, TL_OPT_NOMAX,
+                    "CUDA: KV pool of all sequences in tokens (default max-seqs x ctx)"),
+        TL_OPT_INT("queue", 0, &p->max_queue, "N", 0, TL_OPT_NOMAX,
+                   "requests that may wait for a slot (default 64; then 429)"),
+        TL_OPT_INT("step-tokens", 0, &p->step_tokens, "N", 0, TL_OPT_NOMAX,
+                   "token budget of one engine step (default 2048)"),
+        TL_OPT_U64("max-body", 0, &o->max_body, "BYTES", "request body limit (default 8388608)"),
+        TL_OPT_INT("max-conns", 0, &p->max_conns, "N", 0, TL_OPT_NOMAX,
+                   "concurrent HTTP connections (default 512)"),
+        TL_OPT_DOUBLE("drain-timeout", 0, &p->drain_s, "S", 0, 1e6,
+                      "on SIGINT/SIGTERM, seconds running requests may finish (10)"),
+        TL_OPT_INT("idle-timeout", 0, &p->idle_timeout_s, "S", 0, TL_OPT_NOMAX,
+                   "close connections idle this long (default 300)"),
+        TL_OPT_STR("trace", 0, &p->trace_path, "FILE",
+                   "append one JSON line per request event (debugging)"),
+        TL_OPT_DOUBLE("keepalive", 0, &p->keepalive_s, "S", 0, 86400,
+                      "SSE ': keepalive' comment after S s without tokens (5)"),
+        TL_CLI_OPT_BACKEND(&o->backend),
+        TL_CLI_OPT_THREADS(&p->n_threads),
+        TL_CLI_OPT_ALLOW_TEST_SHAPE(&p->allow_test_shape),
+        TL_OPT_FLAG("random-weights", 0, &p->random_weights,
+                    "no checkpoint: a full-size model from --seed (benchmarks)"),
+        TL_OPT_CHOICE("weight-bits", 0, &p->weight_bits, "16|4", serve_bits,
+                      "random weights: bf16 or 4-bit (default 4)"),
+        TL_OPT_U64("seed", 0, &p->seed, "N", "random weights seed (default 1)"),
+        TL_OPT_FLAG("test-mode", 0, &p->test_mode,
+                    "honour the tulip_test_script request field (tests only)"),
+    };
+    tl_cli_cmd cmd = {
+        .name = "serve",
+        .id = TL_CMD_SERVE,
+        .synopsis = "--model DIR [options]",
+        .about = serve_about,
+        .opts = opts,
+        .n_opts = TL_CLI_NOPTS(opts),
+    };
+    int rc = tl_cli_parse(&cmd, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    return serve_finish(o, &cmd);
 }
 
 int cmd_serve(int argc, char **argv) {
-    tl_server_params p = {.port = 8000, .backend = TL_BACKEND_AUTO, .weight_bits = 4, .seed = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name) (!strcmp(a, name) && v && ++i)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            serve_usage();
-            return 0;
-        } else if (OPT("--model"))
-            p.model_path = v;
-        else if (OPT("--tokenizer"))
-            p.tokenizer_path = v;
-        else if (OPT("--served-model-name"))
-            p.model_name = v;
-        else if (OPT("--host"))
-            p.host = v;
-        else if (OPT("--port"))
-            p.port = atoi(v);
-        else if (OPT("--api-key"))
-            p.api_key = v;
-        else if (OPT("--max-seqs"))
-            p.max_seqs = atoi(v);
-        else if (OPT("--ctx"))
-            p.max_ctx = atoi(v);
-        else if (OPT("--kv-tokens"))
-            p.kv_tokens = atol(v);
-        else if (OPT("--queue"))
-            p.max_queue = atoi(v) > 0 ? atoi(v) : -1;
-        else if (OPT("--step-tokens"))
-            p.step_tokens = atoi(v);
-        else if (OPT("--max-body"))
-            p.max_body = (size_t)strtoull(v, NULL, 10);
-        else if (OPT("--max-conns"))
-            p.max_conns = atoi(v);
-        else if (OPT("--drain-timeout"))
-            p.drain_s = atof(v);
-        else if (OPT("--trace"))
-            p.trace_path = v;
-        else if (OPT("--keepalive"))
-            p.keepalive_s = atof(v);
-        else if (OPT("--idle-timeout"))
-            p.idle_timeout_s = atoi(v);
-        else if (OPT("--threads"))
-            p.n_threads = atoi(v);
-        else if (OPT("--weight-bits"))
-            p.weight_bits = atoi(v);
-        else if (OPT("--seed"))
-            p.seed = strtoull(v, NULL, 10);
-        else if (OPT("--backend")) {
-            if (!strcmp(v, "cpu"))
-                p.backend = TL_BACKEND_CPU;
-            else if (!strcmp(v, "cuda"))
-                p.backend = TL_BACKEND_CUDA;
-            else if (!strcmp(v, "auto"))
-                p.backend = TL_BACKEND_AUTO;
-            else {
-                fprintf(stderr, "tulip serve: --backend %s: expected auto, cpu or cuda\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--allow-test-shape"))
-            p.allow_test_shape = 1;
-        else if (!strcmp(a, "--random-weights"))
-            p.random_weights = 1;
-        else if (!strcmp(a, "--test-mode"))
-            p.test_mode = 1;
-        else {
-            fprintf(stderr, "tulip serve: unknown or incomplete option '%s'\n\n", a);
-            serve_usage();
-            return 2;
-        }
-#undef OPT
-    }
-    if (!p.model_path && !p.random_weights) {
-        fprintf(stderr, "tulip serve: --model DIR is required (or --random-weights)\n\n");
-        serve_usage();
-        return 2;
-    }
-    if (p.port < 0 || p.port > 65535) {
-        fprintf(stderr, "tulip serve: --port %d is not a TCP port\n", p.port);
-        return 2;
-    }
-    return tl_server_run(&p);
+    serve_opts o = {.p = {.port = 8000, .weight_bits = 4, .seed = 1}, .backend = TL_BACKEND_AUTO};
+    int rc = serve_parse(&o, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    return tl_server_run(&o.p);
 }

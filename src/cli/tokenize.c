@@ -17,20 +17,6 @@
 #include "common/util.h"
 #include "tokenizer/bpe.h"
 
-static void tokenize_usage(void) {
-    fprintf(stderr,
-            "usage: tulip tokenize --tokenizer PATH [--decode] [--batch] [--split-special]\n"
-            "                      [--skip-special] [--count]\n"
-            "  PATH             tokenizer.json, or a checkpoint directory containing one\n"
-            "  (default)        UTF-8 text on stdin -> ids on one line, separated by spaces\n"
-            "  --decode         ids on stdin (spaces, commas or newlines) -> text on stdout\n"
-            "  --batch          one JSON value per line (see src/cli/tokenize.c)\n"
-            "  --split-special  special added tokens in the text are tokenized as plain text\n"
-            "  --skip-special   --decode drops special tokens\n"
-            "  --count          print only the number of tokens\n"
-            "  --bench FILE     time loading and encoding FILE (one core), report MB/s\n");
-}
-
 static char *read_stdin(size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap + 1);
@@ -261,39 +247,67 @@ static int run_decode(const tl_tokenizer *tok, unsigned flags) {
     return 0;
 }
 
+typedef struct tokenize_opts {
+    const char *path, *bench;
+    int decode, batch, count, split_special, skip_special;
+} tokenize_opts;
+
+/* Options -> o. Returns TL_CLI_CONTINUE or the exit status. */
+static int tokenize_parse(tokenize_opts *o, int argc, char **argv) {
+    tl_opt opts[] = {
+        TL_OPT_STR("tokenizer", 0, &o->path, "PATH",
+                   "tokenizer.json, or a checkpoint directory containing one"),
+        TL_OPT_FLAG("decode", 0, &o->decode,
+                    "ids on stdin (spaces, commas or newlines) -> text on stdout"),
+        TL_OPT_FLAG("batch", 0, &o->batch, "one JSON value per line (see src/cli/tokenize.c)"),
+        TL_OPT_FLAG("split-special", 0, &o->split_special,
+                    "special added tokens in the text are tokenized as plain text"),
+        TL_OPT_FLAG("skip-special", 0, &o->skip_special, "--decode drops special tokens"),
+        TL_OPT_FLAG("count", 0, &o->count, "print only the number of tokens"),
+        TL_OPT_STR("bench", 0, &o->bench, "FILE",
+                   "time loading and encoding FILE (one core), report MB/s"),
+    };
+    tl_cli_cmd cmd = {.name = "tokenize",
+                      .id = TL_CMD_TOKENIZE,
+                      .synopsis = "--tokenizer PATH [--decode] [--batch] [--split-special] "
+                                  "[--skip-special] [--count]",
+                      .about = "By default UTF-8 text on stdin -> ids on one line, separated by "
+                               "spaces.\n",
+                      .opts = opts,
+                      .n_opts = TL_CLI_NOPTS(opts)};
+    int rc = tl_cli_parse(&cmd, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    if (!o->path) return tl_cli_usage_error(&cmd, "--tokenizer PATH is required");
+    return TL_CLI_CONTINUE;
+}
+
+/* Text on stdin -> ids (or their count) on stdout. */
+static int run_encode(const tl_tokenizer *tok, unsigned flags, int count) {
+    size_t len;
+    char *in = read_stdin(&len);
+    tl_tok_ids ids = {0};
+    int n = tl_tokenize(tok, in, len, flags, &ids), rc = 0;
+    free(in);
+    if (n < 0) {
+        fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(n));
+        rc = 1;
+    } else if (count) {
+        printf("%zu\n", ids.n);
+    } else {
+        for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
+        printf("\n");
+    }
+    tl_tok_ids_free(&ids);
+    return rc;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *path = NULL, *bench = NULL;
-    int decode = 0, batch = 0, count = 0;
-    unsigned eflags = 0, dflags = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            path = argv[++i];
-        else if (!strcmp(argv[i], "--decode"))
-            decode = 1;
-        else if (!strcmp(argv[i], "--batch"))
-            batch = 1;
-        else if (!strcmp(argv[i], "--count"))
-            count = 1;
-        else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
-            bench = argv[++i];
-        else if (!strcmp(argv[i], "--split-special"))
-            eflags |= TL_TOKENIZE_SPLIT_SPECIAL;
-        else if (!strcmp(argv[i], "--skip-special"))
-            dflags |= TL_DETOK_SKIP_SPECIAL;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            tokenize_usage();
-            return 0;
-        } else {
-            fprintf(stderr, "tulip tokenize: unknown option '%s'\n", argv[i]);
-            tokenize_usage();
-            return 2;
-        }
-    }
-    if (!path) {
-        fprintf(stderr, "tulip tokenize: --tokenizer PATH is required\n");
-        tokenize_usage();
-        return 2;
-    }
+    tokenize_opts o = {0};
+    int rc = tokenize_parse(&o, argc, argv);
+    if (rc != TL_CLI_CONTINUE) return rc;
+    unsigned eflags = o.split_special ? TL_TOKENIZE_SPLIT_SPECIAL : 0;
+    unsigned dflags = o.skip_special ? TL_DETOK_SKIP_SPECIAL : 0;
+    const char *path = o.path, *bench = o.bench;
     if (bench) return run_bench(path, bench);
     char err[512];
     tl_tokenizer *tok;
@@ -305,28 +319,12 @@ int cmd_tokenize(int argc, char **argv) {
                     "hint: PATH is a tokenizer.json file or a checkpoint directory that has one\n");
         return 1;
     }
-    int rc = 0;
-    if (batch) {
-        rc = run_batch(tok, decode, decode ? dflags : eflags);
-    } else if (decode) {
+    if (o.batch)
+        rc = run_batch(tok, o.decode, o.decode ? dflags : eflags);
+    else if (o.decode)
         rc = run_decode(tok, dflags);
-    } else {
-        size_t len;
-        char *in = read_stdin(&len);
-        tl_tok_ids ids = {0};
-        int n = tl_tokenize(tok, in, len, eflags, &ids);
-        free(in);
-        if (n < 0) {
-            fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(n));
-            rc = 1;
-        } else if (count) {
-            printf("%zu\n", ids.n);
-        } else {
-            for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
-            printf("\n");
-        }
-        tl_tok_ids_free(&ids);
-    }
+    else
+        rc = run_encode(tok, eflags, o.count);
     tl_tokenizer_free(tok);
     return rc;
 }

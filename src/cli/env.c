@@ -1,0 +1,50 @@
+/* The TL_* environment switches: the one list of them, for the subcommands' --help. Each is read
+ * where noted (grep getenv src/); a switch added or renamed there gets its line here. They are
+ * diagnostics and tuning knobs, not settings a deployment needs. */
+#include <stdio.h>
+#include "cli/opts.h"
+
+/* Subcommands that open a model and run it on a backend: the CUDA switches act when that backend
+ * is the CUDA one (--backend cuda, or auto on a machine with a GPU; bench always). */
+#define ENGINE_CMDS (TL_CMD_RUN | TL_CMD_CHAT | TL_CMD_SERVE | TL_CMD_BENCH)
+/* Subcommands that load a checkpoint directory (src/model/weights.c). */
+#define LOAD_CMDS (ENGINE_CMDS | TL_CMD_INFO | TL_CMD_QUANTIZE)
+
+typedef struct env_switch {
+    const char *name; /* with its value syntax: "TL_CUDA_SYNC=1" */
+    unsigned cmds;    /* TL_CMD_* bits of the subcommands it affects */
+    const char *help; /* one line, for --help */
+} env_switch;
+
+static const env_switch env_switches[] = {
+    {"TL_CUDA_SYNC=1", ENGINE_CMDS,
+     "CUDA: sync and check after every kernel, errors name it (no graphs)"},
+    {"TL_CUDA_NO_GRAPH=1", ENGINE_CMDS, "CUDA: decode steps run eagerly, without CUDA graphs"},
+    {"TL_CUDA_NO_PDL=1", ENGINE_CMDS, "CUDA: decode kernels without programmatic dependent launch"},
+    {"TL_CUDA_NO_PREFILL_GEMM", ENGINE_CMDS,
+     "CUDA, if set: prefill through the decode kernels, not the GEMM path"},
+    {"TL_CUDA_MAX_TOK=N", ENGINE_CMDS,
+     "CUDA: tokens per micro-batch, >= 16 (default 2048; no GEMM: 512)"},
+    {"TL_CUDA_ATTN_NO_TC=1", ENGINE_CMDS,
+     "CUDA: CUDA-core split-KV decode attention instead of tensor-core"},
+    {"TL_CUDA_ATTN_MIN_CHUNK=N", ENGINE_CMDS,
+     "CUDA: at least N keys per split-KV attention chunk (default 32)"},
+    {"TL_CUDA_VERBOSE", ENGINE_CMDS,
+     "CUDA, if set: report the weight upload also for --random-weights"},
+    {"TL_GEMM_TILE=0..4", ENGINE_CMDS,
+     "CUDA: force a prefill GEMM tile (mma 0:128x128 1:64x128 2:128x256, wgmma 3:128x256 "
+     "4:64x256)"},
+    {"TL_NORM_CHECK=0", LOAD_CMDS,
+     "skip the load-time check of the RMSNorm weights' storage convention"},
+};
+
+void tl_cli_print_env(FILE *f, unsigned cmds) {
+    int n = 0;
+    for (size_t i = 0; i < sizeof env_switches / sizeof env_switches[0]; i++) {
+        const env_switch *s = &env_switches[i];
+        if (!(s->cmds & cmds)) continue;
+        fprintf(f, "  %-30s%s\n", s->name, s->help);
+        n++;
+    }
+    if (!n) fprintf(f, "  (none: no TL_* switch affects this command)\n");
+}
