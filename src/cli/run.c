@@ -179,7 +179,7 @@ static int run_prompt(run_state *r) {
 static int run_open(run_state *r) {
     tl_engine_params *ep = &r->o.ep;
     ep->max_seqs = 1;
-    if (!ep->max_ctx) ep->max_ctx = r->n_prompt + r->o.n_gen + 1;
+    if (!ep->max_ctx) ep->max_ctx = r->n_prompt + r->o.n_gen; /* the last token is never fed */
     if (tl_engine_open(&r->e, ep, r->err, sizeof r->err)) {
         fprintf(stderr, "tulip: %s\n", r->err);
         return 1;
@@ -237,8 +237,16 @@ static int run_generate(run_state *r) {
             break;
         }
         next = out.token;
+        if (next < 0) { /* non-finite logits (tulip.h) */
+            snprintf(r->err, sizeof r->err, "the model produced non-finite logits (NaN or inf)");
+            rc = TL_ERR_INTERNAL;
+            break;
+        }
         run_emit(r, step, next);
         if (run_is_stop(r, next)) break;
+        /* the sequence holds n_past + 1 tokens now: at the context it is full (docs: the last
+         * token of a sequence is the ctx-th) */
+        if (tl_session_n_past(r->s) + 1 >= tl_engine_max_ctx(r->e)) break;
         feed = &next;
         n_feed = 1;
     }

@@ -138,3 +138,19 @@ def test_run_usage_errors_exit_2(args, message):
 def test_run_missing_required_exit_2(args, message):
     r = run("build/cpu/tulip", "run", *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("binary", BINS)
+def test_run_stops_at_the_context(binary):
+    """A sequence never holds more than --ctx tokens: a 4-token prompt with --ctx 8 gives exactly
+    4 tokens (the first 4 of the unlimited run) and exits 0."""
+    ref = load_file(os.path.join(ROOT, "tests/data/tiny-a/ref.safetensors"))
+    prompt = [int(i) for i in ref["prompt_ids"]][:4]
+    args = ["run", "--model", "tests/data/tiny-a", "--allow-test-shape", "--prompt-ids",
+            ",".join(map(str, prompt)), "-n", "10", "--temperature", "0", "--print-ids",
+            "--ignore-eos"]
+    full = run(binary, *args)
+    cut = run(binary, *args, "--ctx", "8")
+    assert full.returncode == 0 and cut.returncode == 0, cut.stderr
+    assert len(full.stdout.split()) == 10
+    assert cut.stdout.split() == full.stdout.split()[:4]
