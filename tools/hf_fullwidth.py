@@ -20,7 +20,7 @@ the logits after the prompt must be within NMSE 2e-2 with the same top-1 (measur
 over seeds 1-3, bf16 and 4-bit) and the greedy tokens may only part at such a near-tie.
 
 4-bit (--bits 16,4, the default; --bits 16 is the bf16 check alone): `tulip quantize` turns the
-saved checkpoint into the MLX affine format (MODEL.md §5.3: group 64, 4 bits for every linear and
+saved checkpoint into the MLX affine format (docs/model.md §5.3: group 64, 4 bits for every linear and
 the embedding, 8 bits for mlp.gate and mlp.shared_expert_gate, norms stored as 1+w in bf16,
 conv1d as [C, K, 1], switch_mlp stacked experts, "language_model.model.*" names). This script
 reads that directory back (its own safetensors reader), dequantizes every quantized matrix as the

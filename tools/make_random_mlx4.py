@@ -3,7 +3,7 @@
 laid out as `tulip quantize` writes it (src/model/quant.c), for timing the loader where no real
 checkpoint can be had (the GPU machine has no network).
 
-What comes out (MODEL.md §5.3, quant.c build_plan / tl_quantize_checkpoint):
+What comes out (docs/model.md §5.3, quant.c build_plan / tl_quantize_checkpoint):
   * tensor names language_model.model.* and language_model.lm_head, in quant.c's plan order:
     embed_tokens, norm, lm_head, then per layer the two norms, the mixer (full attention:
     q/k/v/o_proj + q/k_norm; linear attention: in_proj_qkv/z/b/a, conv1d [C, K, 1], dt_bias,
@@ -58,7 +58,7 @@ GROUP = 64
 BITS = 4
 ROUTER_BITS = 8  # mlp.gate and mlp.shared_expert_gate (MLX quant_predicate, quant.c)
 
-# config.json of Qwen/Qwen3.6-35B-A3B as MODEL.md §1.2-1.4 gives it (the HF input `tulip
+# config.json of Qwen/Qwen3.6-35B-A3B as docs/model.md §1.2-1.4 gives it (the HF input `tulip
 # quantize` would copy); "quantization" blocks are added at the end as quant.c write_config does.
 PRODUCTION_CONFIG = {
     "architectures": ["Qwen3_5MoeForConditionalGeneration"],

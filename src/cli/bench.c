@@ -1,8 +1,8 @@
-/* tulip bench: the DESIGN.md benchmark protocol on the CUDA backend. Batch 1; for each prompt
- * length: prefill tok/s (prompt tokens / time to the first sampled token) and decode tok/s (128
- * greedy tokens at that context, EOS ignored); the median of 3 repeats; the means over the
- * lengths; achieved GB/s and % of the measured HBM bandwidth for decode (bytes a step must move,
- * from the uploaded weights: tl_cuda_decode_bytes), and TFLOP/s for prefill. --random-weights
+/* tulip bench: the benchmark protocol of docs/developing.md §6 on the CUDA backend. Batch 1; for
+ * each prompt length: prefill tok/s (prompt tokens / time to the first sampled token) and decode
+ * tok/s (128 greedy tokens at that context, EOS ignored); the median of 3 repeats; the means over
+ * the lengths; achieved GB/s and % of the measured HBM bandwidth for decode (bytes a step must
+ * move, from the uploaded weights: tl_cuda_decode_bytes), and TFLOP/s for prefill. --random-weights
  * builds the full-size model on the GPU from a seed, so it runs where no checkpoint exists.
  * The phases: parse options -> open (model, backend, HBM bandwidth) -> random prompt -> each
  * length (repeats of prefill + decode, medians) -> report (table or JSON). */

@@ -36,8 +36,8 @@ typedef struct chat_state {
     int max_tokens, hide_thinking, color;
 } chat_state;
 
-/* Sampling not given on the command line: the model card's values for the mode (MODEL.md
- * section 6); a seed from the clock unless one was given. */
+/* Sampling not given on the command line: the model card's values for the mode
+ * (docs/model.md §6); a seed from the clock unless one was given. */
 static void chat_sample_defaults(chat_state *c, const tl_cli_cmd *cmd) {
     tl_sample_params *sp = &c->sp;
     if (!tl_cli_given(cmd, &sp->temperature)) sp->temperature = c->no_think ? 0.7f : 1.0f;

@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
         {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
         {"run", cmd_run, "generate from one prompt"},
         {"chat", cmd_chat, "interactive chat"},
-        {"bench", cmd_bench, "prefill/decode benchmark (DESIGN.md protocol)"},
+        {"bench", cmd_bench, "prefill/decode benchmark (docs/developing.md §6 protocol)"},
         {"quantize", cmd_quantize, "write a 4-bit MLX-format checkpoint from a BF16 one"},
         {"info", cmd_info, "print what a checkpoint contains"},
         {"tokenize", cmd_tokenize, "text on stdin -> token ids (--decode: ids -> text)"},

@@ -1,5 +1,5 @@
 /* tulip quantize --in HF_DIR --out DIR [--bits 4] [--group 64] [--shard-gb 5]: writes an MLX
- * affine-quantized checkpoint (MODEL.md §5.3) from an HF BF16/F32 one. */
+ * affine-quantized checkpoint (docs/model.md §5.3) from an HF BF16/F32 one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

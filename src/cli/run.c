@@ -84,7 +84,7 @@ static int run_parse(run_opts *o, int argc, char **argv) {
     if (!o->ids_arg && !o->text) return tl_cli_usage_error(&cmd, "--prompt-ids or -p is required");
     if (o->ids_arg && o->text) return tl_cli_usage_error(&cmd, "give --prompt-ids or -p, not both");
     if (o->text && !tl_cli_given(&cmd, &o->sp.temperature)) {
-        /* the model's generation config defaults (MODEL.md §6); given options stay */
+        /* the model's generation config defaults (docs/model.md §6); given options stay */
         o->sp.temperature = o->no_think ? 0.7f : 1.0f;
         if (!tl_cli_given(&cmd, &o->sp.top_p)) o->sp.top_p = o->no_think ? 0.8f : 0.95f;
         if (!tl_cli_given(&cmd, &o->sp.top_k)) o->sp.top_k = 20;

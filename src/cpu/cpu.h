@@ -41,7 +41,7 @@ void cpu_softmax(float *x, int n);
  * inputs (oldest first) and is shifted to include x. w [C, K], tap K-1 multiplies x. */
 void cpu_conv1d_step(float *out, float *state, const float *x, const float *w, int C, int K);
 
-/* One gated-delta-rule step for all value heads (MODEL.md §2.4 step 7):
+/* One gated-delta-rule step for all value heads (docs/model.md §2.4 step 7):
  *   S_h <- exp(g_h) S_h;  d = beta_h (v_h - S_h^T k);  S_h <- S_h + k d^T;  o_h = S_h^T q
  * q, k: [n_k_head, Dk] (already L2-normalised, q scaled by 1/sqrt(Dk)); v, o: [n_v_head, Dv];
  * g, beta: [n_v_head]; S: [n_v_head, Dk, Dv]. Value head h reads key head h / (n_v_head/n_k_head).

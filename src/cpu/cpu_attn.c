@@ -1,4 +1,4 @@
-/* CPU reference: causal softmax attention over a KV cache (MODEL.md §2.2 step 5), GQA. */
+/* CPU reference: causal softmax attention over a KV cache (docs/model.md §2.2 step 5), GQA. */
 #include <math.h>
 #include <stdlib.h>
 #include "common/util.h"

@@ -1,4 +1,4 @@
-/* CPU reference: the whole model (MODEL.md §2.0), layer by layer over a chunk of n tokens.
+/* CPU reference: the whole model (docs/model.md §2.0), layer by layer over a chunk of n tokens.
  * Projections run as matmuls over the chunk; the recurrences (conv, delta rule) and attention
  * run token by token in order, so a prefill of n tokens computes exactly what n single-token
  * steps compute. Owns nothing but the per-sequence state it is handed. */

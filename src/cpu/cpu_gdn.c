@@ -1,4 +1,4 @@
-/* CPU reference: Gated DeltaNet pieces (MODEL.md §2.4): the causal depthwise conv with its
+/* CPU reference: Gated DeltaNet pieces (docs/model.md §2.4): the causal depthwise conv with its
  * rolling state, the recurrent gated delta rule, and the same rule in chunked (WY) form.
  * State S of a value head is [Dk, Dv] (rows = key dim), as HF stores it. */
 #include <math.h>

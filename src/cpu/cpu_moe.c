@@ -1,4 +1,4 @@
-/* CPU reference: MoE router and SwiGLU expert FFN (MODEL.md §2.5). */
+/* CPU reference: MoE router and SwiGLU expert FFN (docs/model.md §2.5). */
 #include <math.h>
 #include <stdlib.h>
 #include "common/util.h"

@@ -11,7 +11,7 @@ extern "C" {
 #define TILE 32  /* keys per shared-memory tile */
 #define KW   129 /* K tile row stride in 32-bit words (128 + 1: conflict-free column reads) */
 
-/* attn_split_kernel  (MODEL.md §2.2 step 5)
+/* attn_split_kernel  (docs/model.md §2.2 step 5)
  *   for query token t, head h (kv head h / G), keys j in this split's range of 0..pos_t:
  *   s_j = (q . k_j) / 16;  m = max s;  l = sum e^{s_j - m};  acc = sum e^{s_j - m} v_j
  * Shapes: q [n_tok, n_head, 256] f32; kc, vc paged (gpu.h) [n_page * 64][n_kv][256] bf16;
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(ATC_WARPS * 32, 1)
 
 /* attn_combine_gate_kernel
  *   M = max_s m_s;  o[d] = sum_s e^{m_s - M} acc_s[d] / sum_s e^{m_s - M} l_s
- *   out[t, h*256 + d] = o[d] * sigmoid(gate[t, h, d])     (MODEL.md §2.2 step 6)
+ *   out[t, h*256 + d] = o[d] * sigmoid(gate[t, h, d])     (docs/model.md §2.2 step 6)
  * Threads: one block of 256 (8 warps) per (token, head): thread s < n_split reads split s's
  *   (m, l); warp w accumulates splits w, w+8, ...; thread d adds the 8 warp sums of dim d.
  * Bytes: n_split * 258 * 4 in.

@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                     uint32_t gv = *(const uint32_t *)((const uint16_t *)gatev + goff + d);
                     g0 = bf16x2_lo(gv), g1 = bf16x2_hi(gv);
                 }
-                v0 *= 1.0f / (1.0f + expf(-g0));
-                v1 *= 1.0f / (1.0f + expf(-g1));
+                v0 *= sigmoid_f(g0);
+                v1 *= sigmoid_f(g1);
             }
             *(uint32_t *)(op + d) = bf16x2_pack(v0, v1);
         }

@@ -1,5 +1,5 @@
 /* Short causal depthwise convolution (kernel 4) with a rolling state, + SiLU: the GDN input
- * mixing of MODEL.md §2.4 step 2. */
+ * mixing of docs/model.md §2.4 step 2. */
 #include "cuda/cuda_common.cuh"
 
 /* conv1d_silu_kernel

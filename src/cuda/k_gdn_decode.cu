@@ -5,7 +5,7 @@
 
 #define GDN_D 128 /* key and value head dim (shape.h TL_GDN_K_DIM, TL_GDN_V_DIM) */
 
-/* gdn_step_kernel  (MODEL.md §2.4 steps 4-8, HF torch_recurrent_gated_delta_rule)
+/* gdn_step_kernel  (docs/model.md §2.4 steps 4-8, HF torch_recurrent_gated_delta_rule)
  *   beta = sigmoid(b);  g = a_neg * softplus(a + dt_bias)
  *   q = l2norm(q) / sqrt(128);  k = l2norm(k)            (x * rsqrt(sum x^2 + 1e-6))
  *   S <- exp(g) S;  d = beta (v - S^T k);  S <- S + k d^T;  o = S^T q

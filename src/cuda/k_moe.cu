@@ -12,7 +12,7 @@ extern "C" {
 #define MAX_K     16
 #define ROUTE_PER 8 /* experts per lane: n_expert <= 256 */
 
-/* moe_route_kernel  (MODEL.md §2.5 steps 1-2)
+/* moe_route_kernel  (docs/model.md §2.5 steps 1-2)
  *   p = softmax(logits[0..n_expert)) in fp32; ids = top-k of p (ties: lower id);
  *   w = p[ids] / sum p[ids];  w_sh = sigmoid(logits[n_expert])
  * Shapes: logits [n_tok, ld]; ids, w [n_tok, k]; w_sh [n_tok]; sh_logit [n_tok] (raw, optional).
@@ -118,7 +118,7 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
     }
 }
 
-/* moe_up_kernel  (MODEL.md §2.5 steps 3 and 5, first half)
+/* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
  *   x = rmsnorm(h[t]; norm_w);  act[t, j, f] = silu(gate_e[f] . x) * (up_e[f] . x)
  *   for j < k: e = ids[t, j]; j == k: e = n_expert (shared expert)
  * Shapes: gate_up stacked [(n_expert+1) * 2F, n_embd], per expert rows interleaved by 8
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(256)
     act[((size_t)t * (k + 1) + j) * F + 8 * grp + lane] = silu_f(g) * u;
 }
 
-/* moe_down_kernel  (MODEL.md §2.5 steps 3-6, second half)
+/* moe_down_kernel  (docs/model.md §2.5 steps 3-6, second half)
  *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] .
  * act[t,k]) Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok,
  * n_embd]. Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows
@@ -454,7 +454,7 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
             }
         }
         if (sh) {
-            float gs = 1.0f / (1.0f + expf(-sh_logit[t]));
+            float gs = sigmoid_f(sh_logit[t]);
             uint4 v = *(const uint4 *)(sh + (size_t)t * n_embd + c0);
             uint32_t u[4] = {v.x, v.y, v.z, v.w};
             for (int i = 0; i < 4; i++) {

@@ -51,7 +51,7 @@ extern "C" int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, 
     return 0;
 }
 
-/* gated_rmsnorm_bf16_kernel  (MODEL.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
+/* gated_rmsnorm_bf16_kernel  (docs/model.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
  *   y[t, h*128 + c] = o[t,h,c] / sqrt(mean_c(o[t,h]^2) + eps) * w[c] * silu(z[t, h*128 + c])
  * Shapes: o [n, nv*128] f32; z at proj[t*ld_proj + z_off + ...]; y [n, nv*128] bf16.
  * Threads: one block of 128 per (token, head). Tested with the prefill path. */

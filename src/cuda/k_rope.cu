@@ -4,7 +4,7 @@
 #define HD    256 /* attention head dim (TL_HEAD_DIM) */
 #define N_ROT 64  /* rotary dims (TL_N_ROT) */
 
-/* qk_rope_kv_kernel  (MODEL.md §2.2 steps 3-4, §2.3)
+/* qk_rope_kv_kernel  (docs/model.md §2.2 steps 3-4, §2.3)
  *   q_h = rope(rmsnorm(q_h) * q_norm),  k_h = rope(rmsnorm(k_h) * k_norm),  v_h copied
  *   rope: pairs (d, d+32), d < 32: theta_j = pos * (1 / base^(2j/64)) in fp32 (as HF)
  * Shapes: proj [n_tok, ld_proj]: head h query at h*512, gate at h*512+256 (untouched here), K at

@@ -1,5 +1,5 @@
-/* MLX affine quantization (the 4-bit format of mlx-community checkpoints, MODEL.md §5.3) and the
- * checkpoint writer behind `tulip quantize`.
+/* MLX affine quantization (the 4-bit format of mlx-community checkpoints, docs/model.md §5.3) and
+ * the checkpoint writer behind `tulip quantize`.
  *
  * Per group of `group` consecutive columns MLX computes (mlx/backend/cpu/quantized.cpp,
  * notes/2026-12-02-mlx-affine-quantize.md):

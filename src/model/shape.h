@@ -1,6 +1,7 @@
-/* The production shape of Qwen3.6-35B-A3B (MODEL.md §1.3). Per-head and per-expert dimensions are
- * the compile-time constants CUDA kernels specialise on; counts are checked at load against these
- * numbers (the CPU reference accepts other self-consistent counts with --allow-test-shape). */
+/* The production shape of Qwen3.6-35B-A3B (docs/model.md §1.3). Per-head and per-expert dimensions
+ * are the compile-time constants CUDA kernels specialise on; counts are checked at load against
+ * these numbers (the CPU reference accepts other self-consistent counts with --allow-test-shape).
+ */
 #ifndef TL_SHAPE_H
 #define TL_SHAPE_H
 

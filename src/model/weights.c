@@ -1,7 +1,7 @@
 /* Checkpoint directory -> tl_model: config, the tensor directory over every safetensors file,
  * and the per-layer views of weights.h.
  *
- * Formats (MODEL.md §2, §5.1, §5.3), told apart by the tensor names:
+ * Formats (docs/model.md §2, §5.1, §5.3), told apart by the tensor names:
  *   HF   "model.language_model.*" (or "model.*" of a text-only export), "lm_head.weight";
  *        norms zero-centred (we add 1); experts fused 3-D "mlp.experts.gate_up_proj"
  *        [E, 2*ff, embd] (gate rows first) and "mlp.experts.down_proj" [E, embd, ff], or
@@ -560,7 +560,8 @@ static int bind_model(tl_model *m, char *err, size_t errlen) {
     for (int il = 0; il < c->n_layer; il++)
         if ((st = bind_layer(&b, il))) return st;
 
-    /* Norm storage check (MODEL.md §2.1): zero-centred weights average near 0, offset ones near
+    /* Norm storage check (docs/model.md §2.1): zero-centred weights average near 0, offset ones
+     * near
      * 1. A wrong convention would silently scale every activation, so refuse it. The midpoints
      * assume the trained weights' mean is within 0.5 of the convention's centre; that was not
      * measurable here (no real weights), so TL_NORM_CHECK=0 skips the check and the message

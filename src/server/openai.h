@@ -1,6 +1,7 @@
 /* OpenAI wire format: request JSON -> validated tl_oai_req, responses and stream chunks -> JSON,
- * and the one table that maps tl_status to HTTP (STYLE.md C4). Pure functions over jansson
- * values: no sockets, no engine, so every case is unit-tested in tests/cpu/test_openai.c. */
+ * and the one table that maps tl_status to HTTP (docs/architecture.md §7). Pure functions over
+ * jansson values: no sockets, no engine, so every case is unit-tested in tests/cpu/test_openai.c.
+ */
 #ifndef TL_SERVER_OPENAI_H
 #define TL_SERVER_OPENAI_H
 
@@ -29,7 +30,7 @@ typedef struct tl_oai_error {
 /* Fills e for status st (mapping it to HTTP/type/code through the table) and returns st. */
 int tl_oai_fail(tl_oai_error *e, int st, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* HTTP status for a tl_status (the STYLE.md C4 table). */
+/* HTTP status for a tl_status (the docs/architecture.md §7 table). */
 int tl_oai_http_status(int st);
 /* {"error":{"message","type","param","code"}} as a malloc'd compact JSON string. */
 char *tl_oai_error_json(const tl_oai_error *e);
@@ -68,7 +69,7 @@ typedef struct tl_oai_msg {
     const char *name;
 } tl_oai_msg;
 
-/* Sampling defaults (from generation_config.json, else MODEL.md section 6). */
+/* Sampling defaults (from generation_config.json, else docs/model.md §6). */
 typedef struct tl_oai_defaults {
     tl_sample_params thinking;     /* chat with thinking on */
     tl_sample_params non_thinking; /* chat with enable_thinking=false */
@@ -129,7 +130,7 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
                  const tl_oai_opts *o, int n_vocab, tl_oai_error *e);
 void tl_oai_req_free(tl_oai_req *r);
 
-/* Defaults when no generation_config.json is found (MODEL.md section 6). */
+/* Defaults when no generation_config.json is found (docs/model.md §6). */
 void tl_oai_defaults_init(tl_oai_defaults *d);
 /* Overrides temperature/top_k/top_p of the thinking and completion sets from a
  * generation_config.json text; returns 0, or a negative status if the text is not JSON. */

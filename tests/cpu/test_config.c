@@ -5,7 +5,7 @@
 #include "t_check.h"
 #include "model/config.h"
 
-/* The production text_config (MODEL.md §1.3), with a hole where a test splices extra keys. */
+/* The production text_config (docs/model.md §1.3), with a hole where a test splices extra keys. */
 #define PROD_FIELDS                                                                                \
     "\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 2048, \"num_hidden_layers\": 40, "     \
     "\"vocab_size\": 248320, \"num_attention_heads\": 16, \"num_key_value_heads\": 2, "            \

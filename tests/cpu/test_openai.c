@@ -50,7 +50,7 @@ static void test_chat_minimal_defaults(void) {
     CHECK_EQ_INT(r.stream, 0);
     CHECK_EQ_INT(r.max_tokens, -1);
     CHECK_EQ_INT(r.enable_thinking, 1);
-    /* thinking-mode defaults of the model card (MODEL.md 6) */
+    /* thinking-mode defaults of the model card (docs/model.md §6) */
     CHECK_CLOSE(r.sample.temperature, 1.0, 0, 0);
     CHECK_CLOSE(r.sample.top_p, 0.95, 1e-6, 0);
     CHECK_EQ_INT(r.sample.top_k, 20);

@@ -6,12 +6,12 @@
  * token, determinism (same prompt twice, graph replay vs eager), batched == alone, seeded
  * sampling, context-full errors.
  *
- * Tolerance: the oracle keeps the KV cache in fp32, the GPU in bf16 (DESIGN.md numerics): K and
- * V rounded to 8 mantissa bits (relative error <= 2^-9) move the logits by NMSE 3.5e-7..7.2e-7
+ * Tolerance: the oracle keeps the KV cache in fp32, the GPU in bf16 (docs/architecture.md §8): K
+ * and V rounded to 8 mantissa bits (relative error <= 2^-9) move the logits by NMSE 3.5e-7..7.2e-7
  * on these 4-layer models (measured on the H200, 2026-12-02; every single kernel alone agrees to
- * ~1e-14, tests/gpu/test_kernels.c). STYLE.md C5 starts the tiny e2e check at 1e-6 and allows
- * 1e-4 for bf16 KV attention; we use 5e-6 (~7x the measured spread) and require identical greedy
- * tokens whenever the oracle's top-2 margin exceeds 1e-3 (otherwise a near-tie). */
+ * ~1e-14, tests/gpu/test_kernels.c). docs/developing.md §3 starts the tiny e2e check at 1e-6 and
+ * allows 1e-4 for bf16 KV attention; we use 5e-6 (~7x the measured spread) and require identical
+ * greedy tokens whenever the oracle's top-2 margin exceeds 1e-3 (otherwise a near-tie). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -152,8 +152,8 @@ static void test_rmsnorm(void) {
     float *got = host_from(dy, 3 * (size_t)n), *ref = xmalloc(sizeof(float) * 3 * n);
     for (int i = 0; i < 3; i++)
         cpu_rmsnorm(ref + (size_t)i * n, x + (size_t)pick[i] * n, w, n, 1e-6f);
-    /* elementwise fp32: atol 1e-6 + rtol 1e-5 (STYLE.md C5); the sum of squares differs only in
-     * order */
+    /* elementwise fp32: atol 1e-6 + rtol 1e-5 (docs/developing.md §3); the sum of squares differs
+     * only in order */
     for (int i = 0; i < 3 * n; i++) CHECK_CLOSE(got[i], ref[i], 1e-6, 1e-5);
     tl_gpu_free(dx), tl_gpu_free(dw), tl_gpu_free(dp), tl_gpu_free(dy);
     free(x), free(w), free(got), free(ref);
@@ -321,7 +321,8 @@ static void test_gdn(void) {
                             nv, eps, &d.s, NULL),
                  0);
     float *got = host_from(dy, (size_t)T * val), *gS = host_from(dS, SN);
-    /* STYLE.md C5 starts the GDN step at NMSE 1e-7; fp32 state vs double oracle measures ~1e-13 */
+    /* docs/developing.md §3 starts the GDN step at NMSE 1e-7; fp32 state vs double oracle measures
+     * ~1e-13 */
     check_nmse("gdn output", got, ref, (size_t)T * val, 1e-9);
     check_nmse("gdn state", gS, S_ref, SN, 1e-9);
     tl_gpu_free(dqkv), tl_gpu_free(dproj), tl_gpu_free(ddtb), tl_gpu_free(daneg), tl_gpu_free(dnw);
@@ -483,8 +484,9 @@ static void attn_run(int H, int n_seg, const int *slot, const int *pos0, const i
     char what[96];
     snprintf(what, sizeof what, "attention G=%d %s n_split=%d T=%d", H / Hk,
              cuda_core || H / Hk != 8 ? "cuda-core" : "tensor-core", n_split, T);
-    /* same bf16 K/V on both sides, fp32 softmax: STYLE.md allows 1e-4 for bf16 KV; the CUDA-core
-     * kernel sees ~1e-12, the tensor-core one (q and p as bf16 hi + lo, ~16 bits) ~1e-11 */
+    /* same bf16 K/V on both sides, fp32 softmax: docs/developing.md §3 allows 1e-4 for bf16 KV; the
+     * CUDA-core kernel sees ~1e-12, the tensor-core one (q and p as bf16 hi + lo, ~16 bits) ~1e-11
+     */
     check_nmse(what, got, ref, (size_t)T * H * HD, 1e-9);
     tl_gpu_free(dk), tl_gpu_free(dv), tl_gpu_free(dq), tl_gpu_free(dproj), tl_gpu_free(dpart),
         tl_gpu_free(dout), tl_gpu_free(d.buf);
@@ -590,7 +592,7 @@ static void moe_case(int bits, int D, int K, int T) {
     L.sh_gate = g[E].m, L.sh_up = u[E].m, L.sh_down = dn[E].m;
     L.moe_router = router.m, L.sh_gate_inp = shg.m;
     float *h = rand_vec((size_t)T * D, 1.0f, &rs), *nw = rand_vec(D, 1.0f, &rs);
-    /* oracle: MODEL.md §2.5 with the CPU functions */
+    /* oracle: docs/model.md §2.5 with the CPU functions */
     float *ref = xmalloc(sizeof(float) * T * D), *xn = xmalloc(sizeof(float) * D),
           *tmp = xmalloc(sizeof(float) * 2 * F);
     float *y = xmalloc(sizeof(float) * D), lg[17];

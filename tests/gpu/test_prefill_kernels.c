@@ -2,7 +2,7 @@
  * random inputs at production shapes. Inputs are drawn as bf16 and the oracle gets the same
  * bf16-rounded values as f32, so the comparison measures only the kernels' arithmetic.
  *
- * Metrics and tolerances (STYLE.md C5; NMSE = sum (a-b)^2 / sum b^2):
+ * Metrics and tolerances (docs/developing.md §3; NMSE = sum (a-b)^2 / sum b^2):
  *   GEMM, f32 out:   NMSE <= 1e-9. Products of bf16 are exact in fp32; only the fp32 summation
  *                    order differs from the double-accumulating oracle (~1e-7 relative per dot).
  *   GEMM, bf16 out:  NMSE <= 4e-6. Rounding the output to bf16 alone gives about
@@ -10,10 +10,10 @@
  *   GEMM, 4-bit:     NMSE <= 1e-5 against the oracle's exact dequantisation (scale*q + bias in
  *                    f32). The kernel rounds each dequantised weight to bf16 (relative 2^-9).
  *   MoE grouped:     NMSE <= 2e-5: h and the per-slot outputs are bf16 (two more bf16 roundings).
- *   attention:       NMSE <= 1e-4 (STYLE.md for bf16 KV); P is cast to bf16 for the P V product
- *                    and the output is bf16, so ~1e-5 is expected.
- *   GDN chunked:     NMSE <= 1e-5 on output and final state against cpu_gdn_step run token by
- *                    token (STYLE.md); the kernel is fp32 throughout. */
+ *   attention:       NMSE <= 1e-4 (docs/developing.md §3 for bf16 KV); P is cast to bf16 for the P
+ * V product and the output is bf16, so ~1e-5 is expected. GDN chunked:     NMSE <= 1e-5 on output
+ * and final state against cpu_gdn_step run token by token (docs/developing.md §3); the kernel is
+ * fp32 throughout. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -677,7 +677,7 @@ static void test_gdn_gates_match_oracle(void) {
             gr[t * HV + h] = aneg[h] * cpu_softplus(proj[(size_t)t * ld + 3 + h] + dtb[h]);
             br[t * HV + h] = cpu_sigmoid(proj[(size_t)t * ld + 3 + HV + h]);
         }
-    /* elementwise fp32 (STYLE.md): |d| <= 1e-6 + 1e-5 |ref| */
+    /* elementwise fp32 (docs/developing.md §3): |d| <= 1e-6 + 1e-5 |ref| */
     int bad = 0;
     for (int i = 0; i < T * HV; i++) {
         if (!(fabsf(g[i] - gr[i]) <= 1e-6f + 1e-5f * fabsf(gr[i]))) bad++;

