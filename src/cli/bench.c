@@ -237,7 +237,11 @@ static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec
     tl_backend *b = bs->b;
     int L = bs->o.lengths[li], gen = bs->o.gen, prof = bs->o.prof, ops = bs->o.ops;
     char err[512] = "";
-    b->reset_slot(b, 0);
+    int st = b->reset_slot(b, 0);
+    if (st) {
+        fprintf(stderr, "tulip bench: resetting the sequence failed: %s\n", tl_status_str(st));
+        return 1;
+    }
     uint64_t rng = bs->o.seed;
     tl_sample_out so;
     tl_fwd_entry e;

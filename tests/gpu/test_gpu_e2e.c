@@ -270,8 +270,8 @@ static void test_kv_pool(void) {
     CHECK_EQ_INT(fwd1(bp, 1, 0, bt, n, lp), TL_ERR_CONTEXT_FULL); /* needs 2, 1 free */
     CHECK_EQ_INT(fwd1(bp, 2, 0, a, 64, NULL), 0);                 /* the last page */
     CHECK_EQ_INT(fwd1(bp, 2, 64, a + 64, 1, NULL), TL_ERR_CONTEXT_FULL);
-    bp->reset_slot(bp, 0);
-    bp->reset_slot(bp, 2);
+    CHECK_EQ_INT(bp->reset_slot(bp, 0), 0);
+    CHECK_EQ_INT(bp->reset_slot(bp, 2), 0);
     int same = 1;
     CHECK_EQ_INT(fwd1(bp, 1, 0, bt, n, lp), 0);
     CHECK_EQ_INT(fwd1(bf, 1, 0, bt, n, lf), 0);
@@ -343,7 +343,7 @@ static void test_determinism(void) {
     for (int run = 0; run < 3; run++) {
         tl_backend *x = run == 2 ? be : b;
         float *l = run == 0 ? l1 : run == 1 ? l2 : l3;
-        x->reset_slot(x, 0);
+        CHECK_EQ_INT(x->reset_slot(x, 0), 0);
         CHECK_EQ_INT(fwd1(x, 0, 0, tok, 20, l), 0);
         for (int s = 1; s < 10; s++)
             CHECK_EQ_INT(fwd1(x, 0, 19 + s, tok + 19 + s, 1, l + (size_t)s * V), 0);
@@ -377,7 +377,7 @@ static void test_batched_eq_alone(void) {
     for (int pass = 0; pass < 2; pass++) {
         float *out = pass ? bat : alone;
         for (int q = 0; q < 3; q++) {
-            b->reset_slot(b, q);
+            CHECK_EQ_INT(b->reset_slot(b, q), 0);
             CHECK_EQ_INT(fwd1(b, q, 0, tok[q], len[q], out + (size_t)(q * 6) * V), 0);
         }
         for (int s = 1; s < 6; s++) {
@@ -403,7 +403,7 @@ static void test_batched_eq_alone(void) {
     memset(e, 0, sizeof e);
     float *pb = xmalloc(sizeof(float) * V * 3);
     for (int q = 0; q < 3; q++) {
-        b->reset_slot(b, q);
+        CHECK_EQ_INT(b->reset_slot(b, q), 0);
         e[q].slot = q, e[q].pos = 0, e[q].tokens = tok[q], e[q].n_tok = len[q],
         e[q].logits = pb + (size_t)q * V;
     }
@@ -432,7 +432,7 @@ static void test_sampling_and_errors(void) {
     int32_t gen[2][16];
     uint64_t rng_end[2];
     for (int run = 0; run < 2; run++) {
-        b->reset_slot(b, 0);
+        CHECK_EQ_INT(b->reset_slot(b, 0), 0);
         uint64_t rng = 12345;
         tl_sample_params sp;
         memset(&sp, 0, sizeof sp);
@@ -490,7 +490,7 @@ static int poison_step(tl_backend *b, int32_t (*prompts)[6], int n, int32_t *tok
     char err[256];
     int st = b->forward(b, e, n, err, sizeof err);
     for (int i = 0; i < n; i++) tok[i] = st ? -2 : so[i].token;
-    for (int i = 0; i < n; i++) b->reset_slot(b, i);
+    for (int i = 0; i < n; i++) CHECK_EQ_INT(b->reset_slot(b, i), 0);
     return st;
 }
 
