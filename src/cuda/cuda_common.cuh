@@ -165,25 +165,22 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
- * sbuf: 32 floats of shared memory. Fixed reduction order: deterministic. */
-__device__ __forceinline__ float block_sum(float v, float *sbuf) {
+/* Sum (or max) over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the
+ * result. sbuf: 32 floats of shared memory. Fixed reduction order: deterministic. */
+template <bool MAX> __device__ __forceinline__ float block_reduce(float v, float *sbuf) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) sbuf[w] = v;
     __syncthreads();
-    float r = lane < nw ? sbuf[lane] : 0.0f;
-    return warp_sum(r);
+    float r = lane < nw ? sbuf[lane] : (MAX ? -INFINITY : 0.0f);
+    return MAX ? warp_max(r) : warp_sum(r);
+}
+__device__ __forceinline__ float block_sum(float v, float *sbuf) {
+    return block_reduce<false>(v, sbuf);
 }
 __device__ __forceinline__ float block_max(float v, float *sbuf) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sbuf[w] = v;
-    __syncthreads();
-    float r = lane < nw ? sbuf[lane] : -INFINITY;
-    return warp_max(r);
+    return block_reduce<true>(v, sbuf);
 }
 
 /* ====== Programmatic dependent launch (PDL) ======

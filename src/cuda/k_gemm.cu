@@ -52,6 +52,58 @@ template <int BITS, int WM, int NJ> struct gm_cfg {
     static constexpr int SMEM = STAGES * STAGE_BYTES;
 };
 
+/* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
+ * the MoE plan, whose weights then start at that expert (wb, sbb advanced). perm: the plan's
+ * assignment list (NULL when dense). false: a tile past the plan's count (the block exits). */
+template <int BITS, int BM>
+static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t **wb,
+                                               const uint32_t **sbb, const int32_t **perm, int *m0,
+                                               int *m_end) {
+    *perm = NULL;
+    if (p.mode == GM_DENSE) {
+        *m0 = blockIdx.y * BM, *m_end = p.M;
+        return true;
+    }
+    const int32_t *off = p.plan + PLAN_OFF, *ts = p.plan + (BM == 128 ? PLAN_TS128 : PLAN_TS64);
+    *perm = p.plan + PLAN_PERM;
+    int tile = blockIdx.y;
+    if (tile >= ts[256]) return false;
+    int lo = 0, hi = 255;
+    while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
+        int mid = (lo + hi + 1) >> 1;
+        if (ts[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    *m0 = off[lo] + (tile - ts[lo]) * BM;
+    *m_end = off[lo + 1];
+    *wb += lo * p.w_estride;
+    if (BITS == 4) *sbb += lo * p.sb_estride;
+    return true;
+}
+
+/* The epilogue of two adjacent outputs (v0, v1) at element idx of y:
+ * SwiGLU already applied by the caller; + res (TL_GEMM_ADD_RES); f32 or bf16 store. */
+static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx, float v0,
+                                                 float v1) {
+    if (p.flags & TL_GEMM_OUT_F32) {
+        if (p.flags & TL_GEMM_ADD_RES) {
+            float2 rv = *(const float2 *)((const float *)p.res + idx);
+            v0 += rv.x;
+            v1 += rv.y;
+        }
+        *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
+    } else {
+        if (p.flags & TL_GEMM_ADD_RES) {
+            uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
+            v0 += bf16x2_lo(rv);
+            v1 += bf16x2_hi(rv);
+        }
+        *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
+    }
+}
+
 /* ====== The GEMM kernel. ======
  * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
  * shapes: X bf16 [*, K]; W bf16 [N, K] or q4 tiled; Y bf16/f32 [*, ldy].
@@ -70,29 +122,9 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     const int n0 = blockIdx.x * BN;
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
-    const int32_t *perm = NULL;
+    const int32_t *perm;
     int m0, m_end;
-    if (p.mode != GM_DENSE) {
-        const int32_t *off = p.plan + PLAN_OFF, *ts = p.plan + (BM == 128 ? PLAN_TS128 : PLAN_TS64);
-        perm = p.plan + PLAN_PERM;
-        int tile = blockIdx.y;
-        if (tile >= ts[256]) return;
-        int lo = 0, hi = 255;
-        while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
-            int mid = (lo + hi + 1) >> 1;
-            if (ts[mid] <= tile)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        m0 = off[lo] + (tile - ts[lo]) * BM;
-        m_end = off[lo + 1];
-        wb += lo * p.w_estride;
-        if (BITS == 4) sbb += lo * p.sb_estride;
-    } else {
-        m0 = blockIdx.y * BM;
-        m_end = p.M;
-    }
+    if (!gm_tile<BITS, BM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
 
     /* A source rows of this thread's 4 chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
      * c%8 */
@@ -222,8 +254,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     cp_async_wait<0>();
 
     /* ---- epilogue ---- */
-    const int out_f32 = p.flags & TL_GEMM_OUT_F32, swiglu = p.flags & TL_GEMM_SWIGLU;
-    const int add_res = p.flags & TL_GEMM_ADD_RES;
+    const int swiglu = p.flags & TL_GEMM_SWIGLU;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++) {
 #pragma unroll
@@ -244,22 +275,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
                 } else {
                     col = n0 + wn * 8 * NJ + nj * 8 + 2 * (lane & 3);
                 }
-                size_t idx = orow + col;
-                if (out_f32) {
-                    if (add_res) {
-                        float2 rv = *(const float2 *)((const float *)p.res + idx);
-                        v0 += rv.x;
-                        v1 += rv.y;
-                    }
-                    *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
-                } else {
-                    if (add_res) {
-                        uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
-                        v0 += bf16x2_lo(rv);
-                        v1 += bf16x2_hi(rv);
-                    }
-                    *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
-                }
+                gm_store2(p, orow + col, v0, v1);
             }
         }
     }
@@ -376,29 +392,9 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     const int n0 = blockIdx.x * WG_BN;
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
-    const int32_t *perm = NULL;
+    const int32_t *perm;
     int m0, m_end;
-    if (p.mode != GM_DENSE) {
-        const int32_t *off = p.plan + PLAN_OFF, *ts = p.plan + (BM == 128 ? PLAN_TS128 : PLAN_TS64);
-        perm = p.plan + PLAN_PERM;
-        int tile = blockIdx.y;
-        if (tile >= ts[256]) return;
-        int lo = 0, hi = 255;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (ts[mid] <= tile)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        m0 = off[lo] + (tile - ts[lo]) * BM;
-        m_end = off[lo + 1];
-        wb += lo * p.w_estride;
-        if (BITS == 4) sbb += lo * p.sb_estride;
-    } else {
-        m0 = blockIdx.y * BM;
-        m_end = p.M;
-    }
+    if (!gm_tile<BITS, BM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
 
     /* A rows of this thread's chunks: chunk c = tid + THREADS j -> row c/8, 16-byte chunk c%8 */
     constexpr int A_CH = BM * 8 / THREADS; /* 4 */
@@ -525,8 +521,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     cp_async_wait<0>();
 
     /* ---- epilogue (fragment layout as mma.sync m16n8, warp wq of the warpgroup) ---- */
-    const int out_f32 = p.flags & TL_GEMM_OUT_F32, swiglu = p.flags & TL_GEMM_SWIGLU;
-    const int add_res = p.flags & TL_GEMM_ADD_RES;
+    const int swiglu = p.flags & TL_GEMM_SWIGLU;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int r = wg * 64 + wq * 16 + (lane >> 2) + h * 8, m = m0 + r;
@@ -546,22 +541,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             } else {
                 col = n0 + nj * 8 + 2 * (lane & 3);
             }
-            size_t idx = orow + col;
-            if (out_f32) {
-                if (add_res) {
-                    float2 rv = *(const float2 *)((const float *)p.res + idx);
-                    v0 += rv.x;
-                    v1 += rv.y;
-                }
-                *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
-            } else {
-                if (add_res) {
-                    uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
-                    v0 += bf16x2_lo(rv);
-                    v1 += bf16x2_hi(rv);
-                }
-                *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
-            }
+            gm_store2(p, orow + col, v0, v1);
         }
     }
 }
