@@ -64,7 +64,7 @@ static int run_parse(run_opts *o, int argc, char **argv) {
         TL_CLI_OPT_BACKEND(&o->backend),
         TL_CLI_OPT_THREADS(&o->ep.n_threads),
         TL_OPT_INT("ctx", 0, &o->ep.max_ctx, "N", 0, TL_OPT_NOMAX,
-                   "context tokens (default: prompt + N + 1)"),
+                   "context tokens (default: prompt + N)"),
         TL_CLI_OPT_ALLOW_TEST_SHAPE(&o->ep.allow_test_shape),
     };
     tl_cli_cmd cmd = {
