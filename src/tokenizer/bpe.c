@@ -542,18 +542,8 @@ static const uint32_t HF_NFC_OPAQUE[][2] = {
     {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF}};
 
 static int nfc_opaque(uint32_t cp) {
-    if (cp < HF_NFC_OPAQUE[0][0]) return 0;
-    int lo = 0, hi = (int)(sizeof HF_NFC_OPAQUE / sizeof HF_NFC_OPAQUE[0]) - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (cp < HF_NFC_OPAQUE[mid][0])
-            hi = mid - 1;
-        else if (cp > HF_NFC_OPAQUE[mid][1])
-            lo = mid + 1;
-        else
-            return 1;
-    }
-    return 0;
+    return cp >= HF_NFC_OPAQUE[0][0] &&
+           bpe_in_ranges(HF_NFC_OPAQUE, (int)(sizeof HF_NFC_OPAQUE / sizeof HF_NFC_OPAQUE[0]), cp);
 }
 
 static int nfc_append(tl_buf *b, const uint8_t *s, size_t n) {

@@ -91,6 +91,22 @@ struct tl_tokenizer {
     pthread_mutex_t locks[CACHE_LOCKS];
 };
 
+/* 1 if cp is in one of the n sorted, disjoint ranges r[i][0]..r[i][1] (binary search; the
+ * Unicode tables of bpe.c and bpe_regex.c). */
+static inline int bpe_in_ranges(const uint32_t (*r)[2], int n, uint32_t cp) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < r[mid][0])
+            hi = mid - 1;
+        else if (cp > r[mid][1])
+            lo = mid + 1;
+        else
+            return 1;
+    }
+    return 0;
+}
+
 /* ---- bpe.c: the tables ---- */
 
 uint64_t bpe_hash_bytes(const void *data, size_t n);

@@ -213,20 +213,6 @@ int bpe_regex_compile(tl_tokenizer *t, const char *pat, int literal, char *err, 
     return st;
 }
 
-static int in_ranges(const uint32_t (*r)[2], int n, uint32_t cp) {
-    int lo = 0, hi = n - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (cp < r[mid][0])
-            hi = mid - 1;
-        else if (cp > r[mid][1])
-            lo = mid + 1;
-        else
-            return 1;
-    }
-    return 0;
-}
-
 /* 1 if valid UTF-8 s holds a code point of the HF_EXTRA tables (all are >= U+0897, so only
  * characters of 3 or 4 bytes are decoded). */
 int bpe_regex_needs_compat(const uint8_t *s, size_t n) {
@@ -237,9 +223,9 @@ int bpe_regex_needs_compat(const uint8_t *s, size_t n) {
         if (tl_utf8_decode(s + i, n - i, &cp, &adv) != TL_UTF8_OK) continue;
         i += adv - 1;
         if (cp < 0x897) continue;
-        if (in_ranges(HF_EXTRA_L, (int)(sizeof HF_EXTRA_L / sizeof *HF_EXTRA_L), cp) ||
-            in_ranges(HF_EXTRA_M, (int)(sizeof HF_EXTRA_M / sizeof *HF_EXTRA_M), cp) ||
-            in_ranges(HF_EXTRA_N, (int)(sizeof HF_EXTRA_N / sizeof *HF_EXTRA_N), cp))
+        if (bpe_in_ranges(HF_EXTRA_L, (int)(sizeof HF_EXTRA_L / sizeof *HF_EXTRA_L), cp) ||
+            bpe_in_ranges(HF_EXTRA_M, (int)(sizeof HF_EXTRA_M / sizeof *HF_EXTRA_M), cp) ||
+            bpe_in_ranges(HF_EXTRA_N, (int)(sizeof HF_EXTRA_N / sizeof *HF_EXTRA_N), cp))
             return 1;
     }
     return 0;

@@ -103,47 +103,56 @@ static int tj_string(tokjson *j, tl_buf *out, uint32_t *len) {
     return tl_buf_append(out, "", 1);
 }
 
+/* open, then elements read by elem(j, ctx) separated by commas, then close. */
+static int tj_seq(tokjson *j, char open, char close, int (*elem)(tokjson *, void *), void *ctx) {
+    int st = tj_expect(j, open);
+    if (st) return st;
+    tj_ws(j);
+    if (j->p < j->end && *j->p == close) {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        if ((st = elem(j, ctx))) return st;
+        tj_ws(j);
+        if (j->p < j->end && *j->p == ',') {
+            j->p++;
+            continue;
+        }
+        return tj_expect(j, close);
+    }
+}
+
+/* A string whose value is not kept. */
+static int tj_skip_string(tokjson *j) {
+    tl_buf tmp = {0};
+    uint32_t l;
+    int st = tj_string(j, &tmp, &l);
+    tl_buf_free(&tmp);
+    return st;
+}
+
+static int tj_skip(tokjson *j);
+static int tj_skip_elem(tokjson *j, void *ctx) { return tj_skip(j); }
+
+static int tj_skip_member(tokjson *j, void *ctx) {
+    int st = tj_skip_string(j);
+    if (st || (st = tj_expect(j, ':'))) return st;
+    return tj_skip(j);
+}
+
 /* Skips one JSON value (checking its syntax roughly; jansson re-parses what is kept). */
 static int tj_skip(tokjson *j) {
     tj_ws(j);
     if (j->p >= j->end) return tj_fail(j, "unexpected end");
     char c = *j->p;
-    if (c == '"') {
-        tl_buf tmp = {0};
-        uint32_t l;
-        int st = tj_string(j, &tmp, &l);
-        tl_buf_free(&tmp);
-        return st;
-    }
+    if (c == '"') return tj_skip_string(j);
     if (c == '{' || c == '[') {
         if (++j->depth > 256) return tj_fail(j, "nested too deeply");
-        char close = c == '{' ? '}' : ']';
-        j->p++;
-        tj_ws(j);
-        if (j->p < j->end && *j->p == close) {
-            j->p++;
-            j->depth--;
-            return 0;
-        }
-        for (;;) {
-            int st;
-            if (c == '{') {
-                tl_buf tmp = {0};
-                uint32_t l;
-                st = tj_string(j, &tmp, &l);
-                tl_buf_free(&tmp);
-                if (st || (st = tj_expect(j, ':'))) return st;
-            }
-            if ((st = tj_skip(j))) return st;
-            tj_ws(j);
-            if (j->p < j->end && *j->p == ',') {
-                j->p++;
-                continue;
-            }
-            if ((st = tj_expect(j, close))) return st;
-            j->depth--;
-            return 0;
-        }
+        int st = c == '{' ? tj_seq(j, '{', '}', tj_skip_member, NULL)
+                          : tj_seq(j, '[', ']', tj_skip_elem, NULL);
+        if (!st) j->depth--;
+        return st;
     }
     const char *q = j->p; /* number, true, false, null */
     while (q < j->end && (isalnum((unsigned char)*q) || *q == '-' || *q == '+' || *q == '.')) q++;
@@ -167,131 +176,114 @@ static int tj_jansson(tokjson *j, json_t **out) {
     return 0;
 }
 
+/* Room for element n of arr (cap allocated, elem bytes each): the array, moved when it grew, or
+ * NULL when out of memory (arr is then unchanged). */
+static void *tj_grow(void *arr, size_t n, size_t *cap, size_t elem) {
+    if (n < *cap) return arr;
+    size_t c = *cap ? 2 * *cap : 1024;
+    void *p = realloc(arr, c * elem);
+    if (p) *cap = c;
+    return p;
+}
+
+/* "key": id, one entry of model.vocab. */
+static int tj_vocab_entry(tokjson *j, void *ctx) {
+    vocab_ent *grown = tj_grow(j->vocab, j->n_vocab, &j->cap_vocab, sizeof *grown);
+    if (!grown) return TL_ERR_NOMEM;
+    j->vocab = grown;
+    vocab_ent *e = &j->vocab[j->n_vocab];
+    e->off = (uint32_t)j->strs.n;
+    int st = tj_string(j, &j->strs, &e->len);
+    if (st || (st = tj_expect(j, ':'))) return st;
+    tj_ws(j);
+    const char *q = j->p;
+    int64_t v = 0;
+    while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30)) v = v * 10 + (*q++ - '0');
+    if (q == j->p || (q < j->end && (isalnum((unsigned char)*q) || *q == '.' || *q == '-')) ||
+        v >= (1 << 30)) {
+        char msg[80];
+        snprintf(msg, sizeof msg, "vocab entry \"%.40s\" has a bad id", j->strs.p + e->off);
+        return tj_fail(j, msg);
+    }
+    j->p = q;
+    e->id = v;
+    j->n_vocab++;
+    return 0;
+}
+
 static int tj_vocab(tokjson *j) {
-    int st = tj_expect(j, '{');
-    if (st) return st;
     j->has_vocab = 1;
     j->n_vocab = 0;
+    return tj_seq(j, '{', '}', tj_vocab_entry, NULL);
+}
+
+/* One merge: ["a", "b"] or "a b". */
+static int tj_merge_entry(tokjson *j, void *ctx) {
+    merge_ent *grown = tj_grow(j->merges, j->n_merges, &j->cap_merges, sizeof *grown);
+    if (!grown) return TL_ERR_NOMEM;
+    j->merges = grown;
+    merge_ent *m = &j->merges[j->n_merges];
+    int st;
     tj_ws(j);
-    if (j->p < j->end && *j->p == '}') {
+    if (j->p < j->end && *j->p == '[') {
         j->p++;
-        return 0;
-    }
-    for (;;) {
-        if (j->n_vocab == j->cap_vocab) {
-            size_t cap = j->cap_vocab ? 2 * j->cap_vocab : 1024;
-            vocab_ent *v = realloc(j->vocab, cap * sizeof *v);
-            if (!v) return TL_ERR_NOMEM;
-            j->vocab = v;
-            j->cap_vocab = cap;
-        }
-        vocab_ent *e = &j->vocab[j->n_vocab];
-        e->off = (uint32_t)j->strs.n;
-        if ((st = tj_string(j, &j->strs, &e->len)) || (st = tj_expect(j, ':'))) return st;
-        tj_ws(j);
-        const char *q = j->p;
-        int64_t v = 0;
-        while (q < j->end && *q >= '0' && *q <= '9' && v < (1 << 30)) v = v * 10 + (*q++ - '0');
-        if (q == j->p || (q < j->end && (isalnum((unsigned char)*q) || *q == '.' || *q == '-')) ||
-            v >= (1 << 30)) {
-            char msg[80];
-            snprintf(msg, sizeof msg, "vocab entry \"%.40s\" has a bad id", j->strs.p + e->off);
+        m->a = (uint32_t)j->strs.n;
+        if ((st = tj_string(j, &j->strs, &m->la)) || (st = tj_expect(j, ','))) return st;
+        m->b = (uint32_t)j->strs.n;
+        if ((st = tj_string(j, &j->strs, &m->lb)) || (st = tj_expect(j, ']'))) return st;
+    } else {
+        uint32_t l;
+        m->a = (uint32_t)j->strs.n;
+        if ((st = tj_string(j, &j->strs, &l))) return st;
+        char *s = j->strs.p + m->a, *sp = memchr(s, ' ', l);
+        if (!sp || memchr(sp + 1, ' ', l - (size_t)(sp + 1 - s))) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "merge %zu \"%.40s\" is not two tokens", j->n_merges, s);
             return tj_fail(j, msg);
         }
-        j->p = q;
-        e->id = v;
-        j->n_vocab++;
-        tj_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        return tj_expect(j, '}');
+        *sp = 0; /* "a b" -> "a\0b\0" */
+        m->la = (uint32_t)(sp - s);
+        m->b = m->a + m->la + 1;
+        m->lb = l - m->la - 1;
     }
+    j->n_merges++;
+    return 0;
 }
 
 static int tj_merges(tokjson *j) {
-    int st = tj_expect(j, '[');
-    if (st) return st;
     j->has_merges = 1;
     j->n_merges = 0;
-    tj_ws(j);
-    if (j->p < j->end && *j->p == ']') {
-        j->p++;
-        return 0;
+    return tj_seq(j, '[', ']', tj_merge_entry, NULL);
+}
+
+typedef struct {
+    json_t *dst;
+    int (*special)(tokjson *, const char *);
+    tl_buf key;
+} tj_obj_ctx;
+
+static int tj_object_member(tokjson *j, void *ctx) {
+    tj_obj_ctx *o = ctx;
+    uint32_t kl;
+    tl_buf_truncate(&o->key, 0);
+    int st = tj_string(j, &o->key, &kl);
+    if (st || (st = tj_expect(j, ':'))) return st;
+    st = o->special ? o->special(j, o->key.p) : 0;
+    if (st < 0) return st;
+    if (st == 0) {
+        json_t *v;
+        if ((st = tj_jansson(j, &v))) return st;
+        json_object_set_new(o->dst, o->key.p, v);
     }
-    for (;;) {
-        if (j->n_merges == j->cap_merges) {
-            size_t cap = j->cap_merges ? 2 * j->cap_merges : 1024;
-            merge_ent *m = realloc(j->merges, cap * sizeof *m);
-            if (!m) return TL_ERR_NOMEM;
-            j->merges = m;
-            j->cap_merges = cap;
-        }
-        merge_ent *m = &j->merges[j->n_merges];
-        tj_ws(j);
-        if (j->p < j->end && *j->p == '[') {
-            j->p++;
-            m->a = (uint32_t)j->strs.n;
-            if ((st = tj_string(j, &j->strs, &m->la)) || (st = tj_expect(j, ','))) return st;
-            m->b = (uint32_t)j->strs.n;
-            if ((st = tj_string(j, &j->strs, &m->lb)) || (st = tj_expect(j, ']'))) return st;
-        } else {
-            uint32_t l;
-            m->a = (uint32_t)j->strs.n;
-            if ((st = tj_string(j, &j->strs, &l))) return st;
-            char *s = j->strs.p + m->a, *sp = memchr(s, ' ', l);
-            if (!sp || memchr(sp + 1, ' ', l - (size_t)(sp + 1 - s))) {
-                char msg[96];
-                snprintf(msg, sizeof msg, "merge %zu \"%.40s\" is not two tokens", j->n_merges, s);
-                return tj_fail(j, msg);
-            }
-            *sp = 0; /* "a b" -> "a\0b\0" */
-            m->la = (uint32_t)(sp - s);
-            m->b = m->a + m->la + 1;
-            m->lb = l - m->la - 1;
-        }
-        j->n_merges++;
-        tj_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        return tj_expect(j, ']');
-    }
+    return 0;
 }
 
 /* Reads an object whose keys go to dst (jansson values), except the ones handled by `special`
  * (returns 1 if it consumed the value, 0 if not, negative on error). */
 static int tj_object(tokjson *j, json_t *dst, int (*special)(tokjson *, const char *)) {
-    int st = tj_expect(j, '{');
-    if (st) return st;
-    tj_ws(j);
-    if (j->p < j->end && *j->p == '}') {
-        j->p++;
-        return 0;
-    }
-    tl_buf key = {0};
-    for (;;) {
-        uint32_t kl;
-        tl_buf_truncate(&key, 0);
-        if ((st = tj_string(j, &key, &kl)) || (st = tj_expect(j, ':'))) break;
-        st = special ? special(j, key.p) : 0;
-        if (st < 0) break;
-        if (st == 0) {
-            json_t *v;
-            if ((st = tj_jansson(j, &v))) break;
-            json_object_set_new(dst, key.p, v);
-        }
-        tj_ws(j);
-        if (j->p < j->end && *j->p == ',') {
-            j->p++;
-            continue;
-        }
-        st = tj_expect(j, '}');
-        break;
-    }
-    tl_buf_free(&key);
+    tj_obj_ctx o = {dst, special, {0}};
+    int st = tj_seq(j, '{', '}', tj_object_member, &o);
+    tl_buf_free(&o.key);
     return st;
 }
 
