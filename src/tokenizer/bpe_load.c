@@ -449,15 +449,16 @@ static int load_root(tl_tokenizer *t, const tokjson *j, char *err, size_t errlen
     return 0;
 }
 
-/* Builds the tokenizer from a parsed file (or arrays); frees j in every case. */
-static int tokenizer_from_tj(tokjson *j, tl_tokenizer **out, char *err, size_t errlen) {
-    tl_tokenizer *t = calloc(1, sizeof *t);
+/* Builds the tokenizer from j unless reading j failed (st); frees j in every case. */
+static int tokenizer_from_tj(tokjson *j, int st, tl_tokenizer **out, char *err, size_t errlen) {
+    *out = NULL;
+    tl_tokenizer *t = st ? NULL : calloc(1, sizeof *t);
     if (!t) {
         tokjson_free(j);
-        return TL_ERR_NOMEM;
+        return st ? st : TL_ERR_NOMEM;
     }
     for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_init(&t->locks[i], NULL);
-    int st = load_root(t, j, err, errlen);
+    st = load_root(t, j, err, errlen);
     tokjson_free(j);
     if (!st) {
         t->cache_slots = t->n_vocab > 4096 ? CACHE_SLOTS : 4096;
@@ -474,30 +475,15 @@ static int tokenizer_from_tj(tokjson *j, tl_tokenizer **out, char *err, size_t e
 
 int tl_tokenizer_load_json(const char *json, size_t len, tl_tokenizer **out, char *err,
                            size_t errlen) {
-    *out = NULL;
-    tokjson j = {0};
-    j.err = err;
-    j.errlen = errlen;
-    int st = tokjson_parse(&j, json, len);
-    if (st) {
-        tokjson_free(&j);
-        return st;
-    }
-    return tokenizer_from_tj(&j, out, err, errlen);
+    tokjson j = {.err = err, .errlen = errlen};
+    return tokenizer_from_tj(&j, tokjson_parse(&j, json, len), out, err, errlen);
 }
 
 int tl_tokenizer_load_arrays(const tl_tokenizer_arrays *a, tl_tokenizer **out, char *err,
                              size_t errlen) {
-    *out = NULL;
-    tokjson j = {0};
-    j.err = err;
-    j.errlen = errlen;
-    int st = tokjson_from_arrays(&j, a, a->pre_regex ? a->pre_regex : BPE_QWEN35_REGEX);
-    if (st) {
-        tokjson_free(&j);
-        return st;
-    }
-    return tokenizer_from_tj(&j, out, err, errlen);
+    tokjson j = {.err = err, .errlen = errlen};
+    const char *rx = a->pre_regex ? a->pre_regex : BPE_QWEN35_REGEX;
+    return tokenizer_from_tj(&j, tokjson_from_arrays(&j, a, rx), out, err, errlen);
 }
 
 int tl_tokenizer_load(const char *path, tl_tokenizer **out, char *err, size_t errlen) {
