@@ -54,6 +54,8 @@ static int buf_eq(const tl_buf *b, const char *s, size_t n) {
     return b->n == n && (n == 0 || !memcmp(b->p, s, n));
 }
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static json_t *schema;
     if (!schema) schema = json_loads(SCHEMA, 0, NULL);
