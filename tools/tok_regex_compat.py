@@ -2,7 +2,7 @@
 """Finds the code points that Hugging Face tokenizers' regex engine (Oniguruma, Unicode 16 in
 tokenizers 0.23.3) puts in \\p{L}, \\p{M}, \\p{N} or \\p{Z} but this machine's PCRE2 (10.42,
 Unicode 14) does not (they are unassigned there), and prints them as the C range tables that
-src/tokenizer/bpe.c adds to those classes when it rewrites a pre-tokenizer regex for PCRE2.
+src/tokenizer/bpe_regex.c adds to those classes when it rewrites a pre-tokenizer regex for PCRE2.
 Fails if PCRE2 has members HF lacks (the rewrite only adds) or if, after the rewrite, any class
 still differs.
 
@@ -75,7 +75,7 @@ def main():
         if pcre_members(r"[\p{%s}%s]" % (k, body)) != hf_members(r"\p{%s}" % k):
             sys.exit(f"rewritten \\p{{{k}}} still differs")
     if extra["Z"]:
-        sys.exit("\\p{Z} differs now: bpe.c needs an HF_EXTRA_Z table (and \\s uses \\p{Z})")
+        sys.exit("\\p{Z} differs now: bpe_regex.c needs an HF_EXTRA_Z table (and \\s uses \\p{Z})")
     print(f"/* PCRE2 Unicode {buf.value.decode()}; HF tokenizers' Oniguruma adds "
           + ", ".join(f"{k}: {sum(b - a + 1 for a, b in extra[k])}" for k in CLASSES) + " */")
     for k in CLASSES[:3]:

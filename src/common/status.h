@@ -1,4 +1,4 @@
-/* Status codes: 0 = success, negative tl_status = failure, everywhere (STYLE.md C4).
+/* Status codes: 0 = success, negative tl_status = failure, everywhere (docs/architecture.md §7).
  * Request- and load-time errors also carry a message in a caller buffer (char *err, size_t errlen).
  */
 #ifndef TL_STATUS_H

@@ -1,4 +1,5 @@
-/* Helpers: dying allocators for small bookkeeping, timers, whole-file reads, float formats. */
+/* Helpers: dying allocators for small bookkeeping (and dying tl_buf appends), timers, whole-file
+ * reads, float formats. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -49,6 +50,17 @@ char *xstrdup(const char *s) {
     return p;
 }
 
+void xbuf_check(const tl_buf *b) {
+    if (b->err) tl_die("out of memory growing a %zu-byte buffer", b->cap);
+}
+
+void xbuf_append(tl_buf *b, const void *s, size_t n) {
+    tl_buf_append(b, s, n);
+    xbuf_check(b);
+}
+
+void xbuf_puts(tl_buf *b, const char *s) { xbuf_append(b, s, strlen(s)); }
+
 double tl_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -58,36 +70,23 @@ double tl_time_s(void) {
 int tl_read_file(const char *path, char **out, size_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) return tl_errf(err, errlen, TL_ERR_IO, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        fclose(f);
-        return tl_errf(err, errlen, TL_ERR_NOMEM, "%s: out of memory", path);
-    }
-    for (;;) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return tl_errf(err, errlen, TL_ERR_NOMEM, "%s: out of memory", path);
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
+    tl_buf b = {0};
+    for (;;) { /* read into the free space; double the buffer when it is full */
+        if (b.n + 1 >= b.cap && tl_buf_reserve(&b, b.cap ? b.cap : 1 << 16)) break;
+        size_t r = fread(b.p + b.n, 1, b.cap - b.n - 1, f);
+        b.n += r;
         if (r == 0) break;
     }
     int bad = ferror(f);
     fclose(f);
-    if (bad) {
-        free(buf);
-        return tl_errf(err, errlen, TL_ERR_IO, "%s: read error", path);
+    if (b.err || bad) {
+        int nomem = b.err != 0;
+        tl_buf_free(&b);
+        return nomem ? tl_errf(err, errlen, TL_ERR_NOMEM, "%s: out of memory", path)
+                     : tl_errf(err, errlen, TL_ERR_IO, "%s: read error", path);
     }
-    buf[n] = 0;
-    *out = buf;
-    if (len) *len = n;
+    b.p[b.n] = 0;
+    *out = tl_buf_take(&b, len);
     return TL_OK;
 }
 

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/buf.h"
 
 #define TL_ASSERT(c)                                                                               \
     do {                                                                                           \
@@ -26,6 +27,12 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+/* tl_buf appends for writers whose contract has no error path (the output parser, the server's
+ * per-request text): like xrealloc, they end the process when memory runs out. xbuf_check does
+ * the same for a buffer another writer filled. */
+void xbuf_append(tl_buf *b, const void *s, size_t n);
+void xbuf_puts(tl_buf *b, const char *s);
+void xbuf_check(const tl_buf *b);
 
 /* Monotonic clock in seconds. */
 double tl_time_s(void);

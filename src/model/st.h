@@ -39,6 +39,19 @@ int tl_st_parse(tl_st_file *f, const void *buf, size_t size, const char *path, c
 int tl_st_open(tl_st_file *f, const char *path, char *err, size_t errlen);
 void tl_st_close(tl_st_file *f);
 
+/* The safetensors files of a checkpoint directory: with dir/model.safetensors.index.json, every
+ * shard its weight_map names (first-seen order; each name a plain file in dir, each mapped tensor
+ * present in the file named for it), else dir/model.safetensors alone. */
+typedef struct tl_st_set {
+    tl_st_file *files;
+    int n_files;
+    char *index_path; /* the index's path, or NULL for a single file */
+} tl_st_set;
+
+/* Opens the set; on failure s is left empty (nothing to close). */
+int tl_st_set_open(tl_st_set *s, const char *dir, char *err, size_t errlen);
+void tl_st_set_close(tl_st_set *s);
+
 /* "BF16" -> TL_DT_BF16; -1 when unknown. */
 int tl_dtype_parse(const char *s, tl_dtype *out);
 

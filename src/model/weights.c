@@ -106,98 +106,15 @@ static int build_directory(tl_model *m, char *err, size_t errlen) {
     return TL_OK;
 }
 
-/* ---- files: index.json or a single model.safetensors ---- */
-
-static int file_exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
+/* ---- files: index.json or a single model.safetensors (st.c) ---- */
 
 static int open_files(tl_model *m, const char *dir, char *err, size_t errlen) {
     tl_model_priv *p = m->priv;
-    char *ipath = tl_path_join(dir, "model.safetensors.index.json");
-    int st = TL_OK;
-    json_t *root = NULL;
-    if (!file_exists(ipath)) {
-        char *single = tl_path_join(dir, "model.safetensors");
-        free(ipath);
-        if (!file_exists(single)) {
-            st = tl_errf(err, errlen, TL_ERR_IO,
-                         "%s: no model.safetensors or model.safetensors.index.json", dir);
-            free(single);
-            return st;
-        }
-        p->files = xcalloc(1, sizeof *p->files);
-        st = tl_st_open(&p->files[0], single, err, errlen);
-        free(single);
-        if (!st) p->n_files = 1;
-        return st;
-    }
-    p->index_path = ipath;
-    char *text = NULL;
-    if ((st = tl_read_file(ipath, &text, NULL, err, errlen))) return st;
-    json_error_t je;
-    root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
-    free(text);
-    if (!root)
-        return tl_errf(err, errlen, TL_ERR_FORMAT, "%s: bad JSON at line %d: %s", ipath, je.line,
-                       je.text);
-    json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(wm) || json_object_size(wm) == 0) {
-        st = tl_errf(err, errlen, TL_ERR_FORMAT, "%s: weight_map: missing, empty or not an object",
-                     ipath);
-        goto done;
-    }
-    /* unique shard names, in first-seen order */
-    size_t nmap = json_object_size(wm);
-    const char **shards = xcalloc(nmap, sizeof *shards);
-    int ns = 0;
-    const char *key;
-    json_t *val;
-    json_object_foreach(wm, key, val) {
-        const char *s = json_string_value(val);
-        if (!s || !*s || strstr(s, "..") || s[0] == '/') {
-            st = tl_errf(err, errlen, TL_ERR_FORMAT,
-                         "%s: weight_map['%s']: expected a file name in the checkpoint directory",
-                         ipath, key);
-            free(shards);
-            goto done;
-        }
-        int seen = 0;
-        for (int i = 0; i < ns && !seen; i++) seen = !strcmp(shards[i], s);
-        if (!seen) shards[ns++] = s;
-    }
-    p->files = xcalloc((size_t)ns, sizeof *p->files);
-    for (int i = 0; i < ns; i++) {
-        char *sp = tl_path_join(dir, shards[i]);
-        st = tl_st_open(&p->files[i], sp, err, errlen);
-        free(sp);
-        if (st) break;
-        p->n_files++;
-    }
-    free(shards);
-    if (st) goto done;
-    /* every mapped tensor must be in the file the index names */
-    json_object_foreach(wm, key, val) {
-        const char *s = json_string_value(val);
-        int found = 0;
-        for (int f = 0; f < p->n_files && !found; f++) {
-            const char *fp = p->files[f].path;
-            size_t lf = strlen(fp), ls = strlen(s);
-            if (lf < ls + 1 || strcmp(fp + lf - ls, s) || fp[lf - ls - 1] != '/') continue;
-            for (int i = 0; i < p->files[f].n_tensors && !found; i++)
-                found = !strcmp(p->files[f].tensors[i].name, key);
-            if (!found) {
-                st = tl_errf(err, errlen, TL_ERR_FORMAT,
-                             "%s: weight_map says tensor '%s' is in %s, but that file does not "
-                             "contain it",
-                             ipath, key, s);
-                goto done;
-            }
-        }
-    }
-done:
-    json_decref(root);
+    tl_st_set set;
+    int st = tl_st_set_open(&set, dir, err, errlen);
+    p->files = set.files;
+    p->n_files = set.n_files;
+    p->index_path = set.index_path;
     return st;
 }
 

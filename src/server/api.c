@@ -108,10 +108,17 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
     if (s->p.kv_tokens > 0 && s->p.kv_tokens < g.kv_capacity &&
         tl_engine_backend(s->eng) == TL_BACKEND_CUDA)
         g.kv_capacity = s->p.kv_tokens;
+    char *text = tl_metrics_render(s->metrics, &g);
+    if (!text) {
+        tl_oai_error e;
+        tl_oai_fail(&e, TL_ERR_NOMEM, NULL, "out of memory rendering the metrics");
+        tl_api_error(out, &e);
+        return;
+    }
     memset(out, 0, sizeof *out);
     out->status = 200;
     out->content_type = "text/plain; version=0.0.4";
-    out->body = tl_metrics_render(s->metrics, &g);
+    out->body = text;
     out->body_len = strlen(out->body);
 }
 
@@ -336,7 +343,7 @@ static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, 
     if (r->kind == TL_OAI_CHAT)
         json_object_set_new(choice, "message", tl_gen_message(&g));
     else
-        json_object_set_new(choice, "text", json_stringn(g.text ? g.text : "", g.n_text));
+        json_object_set_new(choice, "text", json_stringn(g.text.p ? g.text.p : "", g.text.n));
     json_t *lp = tl_gen_take_logprobs(&g);
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
     json_object_set_new(choice, "finish_reason", json_string(tl_gen_finish_reason(&g, fin)));

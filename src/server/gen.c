@@ -39,9 +39,9 @@ void tl_gen_init(tl_gen *g, const tl_oai_req *r, const tl_tokenizer *tok, int th
 void tl_gen_free(tl_gen *g) {
     tl_detok_stream_free(g->dt);
     if (g->parser) tl_parser_free(g->parser);
-    free(g->held);
+    tl_buf_free(&g->held);
     free(g->lps);
-    free(g->text);
+    tl_buf_free(&g->text);
     json_decref(g->deltas);
     memset(g, 0, sizeof *g);
 }
@@ -91,13 +91,7 @@ static void emit_text(tl_gen *g, const char *s, size_t n) {
         emit_events(g, ev, k);
         return;
     }
-    if (g->n_text + n + 1 > g->cap_text) {
-        g->cap_text = (g->n_text + n + 1) * 2;
-        g->text = xrealloc(g->text, g->cap_text);
-    }
-    memcpy(g->text + g->n_text, s, n);
-    g->n_text += n;
-    g->text[g->n_text] = 0;
+    xbuf_append(&g->text, s, n); /* no error path here: dies like xrealloc */
     add_delta(g, "text", s, n);
 }
 
@@ -125,26 +119,24 @@ static int stop_filter(tl_gen *g, const char *s, size_t n) {
         emit_text(g, s, n);
         return 0;
     }
-    g->held = xrealloc(g->held, g->n_held + n + 1);
-    memcpy(g->held + g->n_held, s, n);
-    g->n_held += n;
-    g->held[g->n_held] = 0;
+    tl_buf *h = &g->held;
+    xbuf_append(h, s, n);
     /* The earliest match among all stop strings wins. */
     size_t cut = (size_t)-1;
     for (int i = 0; i < g->n_stop; i++) {
-        const char *p = memmem(g->held, g->n_held, g->stop[i], strlen(g->stop[i]));
-        if (p && (size_t)(p - g->held) < cut) cut = (size_t)(p - g->held);
+        const char *p = memmem(h->p, h->n, g->stop[i], strlen(g->stop[i]));
+        if (p && (size_t)(p - h->p) < cut) cut = (size_t)(p - h->p);
     }
     if (cut != (size_t)-1) {
-        emit_text(g, g->held, cut);
-        g->n_held = 0;
+        emit_text(g, h->p, cut);
+        tl_buf_truncate(h, 0);
         g->stopped = 1;
         return 1;
     }
-    size_t keep = partial_stop_len(g, g->held, g->n_held);
-    emit_text(g, g->held, g->n_held - keep);
-    memmove(g->held, g->held + g->n_held - keep, keep);
-    g->n_held = keep;
+    size_t keep = partial_stop_len(g, h->p, h->n);
+    emit_text(g, h->p, h->n - keep);
+    memmove(h->p, h->p + h->n - keep, keep);
+    tl_buf_truncate(h, keep);
     return 0;
 }
 
@@ -189,8 +181,8 @@ void tl_gen_end(tl_gen *g) {
         const char *s;
         size_t n;
         if (!tl_detok_stream_flush(g->dt, &s, &n) && n) stop_filter(g, s, n);
-        if (!g->stopped && g->n_held) emit_text(g, g->held, g->n_held);
-        g->n_held = 0;
+        if (!g->stopped && g->held.n) emit_text(g, g->held.p, g->held.n);
+        tl_buf_truncate(&g->held, 0);
     }
     if (g->chat) {
         const tl_parse_event *ev;

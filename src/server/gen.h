@@ -6,6 +6,7 @@
 #define TL_SERVER_GEN_H
 
 #include <jansson.h>
+#include "common/buf.h"
 #include "server/openai.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/parse.h"
@@ -22,8 +23,7 @@ typedef struct tl_gen {
     const char *const *stop; /* borrowed from the request */
     int n_stop;
     size_t max_stop_len;
-    char *held; /* text held back by the stop matcher */
-    size_t n_held;
+    tl_buf held; /* text held back by the stop matcher */
     int stopped; /* a stop string matched: no more output */
 
     int want_logprobs;
@@ -32,9 +32,8 @@ typedef struct tl_gen {
     int lp_offset; /* completions: text offset of the next record */
 
     json_t *deltas; /* array of delta objects produced since the last take */
-    char *text;     /* completions: all emitted text */
-    size_t n_text, cap_text;
-    int n_calls; /* tool calls started (after the parallel_tool_calls filter) */
+    tl_buf text;    /* completions: all emitted text */
+    int n_calls;    /* tool calls started (after the parallel_tool_calls filter) */
 
     int n_completion; /* tokens generated */
     int n_reasoning;  /* of which reasoning (up to and including </think>) */

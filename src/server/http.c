@@ -33,8 +33,7 @@ static const char *route_label[] = {"other",  "chat",    "completions", "models"
 
 typedef struct tl_conn {
     route r;
-    char *body;
-    size_t n, cap;
+    tl_buf body;
     int too_big;
     int responded;
     int active; /* counted in s->n_active until the request completes */
@@ -174,16 +173,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*data_size) {
         /* Body bytes (Content-Length or chunked). Over the limit: keep reading, drop them. */
         if (!cn->too_big && !cn->responded) {
-            if (cn->n + *data_size > s->p.max_body) {
+            if (cn->body.n + *data_size > s->p.max_body)
                 cn->too_big = 1;
-            } else {
-                if (cn->n + *data_size + 1 > cn->cap) {
-                    cn->cap = TL_MIN((cn->n + *data_size + 1) * 2, s->p.max_body + 1);
-                    cn->body = xrealloc(cn->body, cn->cap);
-                }
-                memcpy(cn->body + cn->n, data, *data_size);
-                cn->n += *data_size;
-            }
+            else /* out of memory: the buffer's sticky error, answered below */
+                tl_buf_append(&cn->body, data, *data_size);
         }
         *data_size = 0;
         return MHD_YES;
@@ -193,6 +186,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cn->too_big)
         return reply_error(c, s, cn->r, TL_ERR_INVALID, 413, "invalid_request_error", NULL,
                            "request body is over the limit of %zu bytes", s->p.max_body);
+    if (cn->body.err)
+        return reply_error(c, s, cn->r, TL_ERR_NOMEM, 500, "server_error", NULL,
+                           "out of memory reading the request body");
     if (atomic_load(&s->draining) && cn->r != R_METRICS && cn->r != R_HEALTH)
         return reply_error(c, s, cn->r, TL_ERR_CANCELLED, 503, "server_error", NULL,
                            "the server is shutting down");
@@ -204,11 +200,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     switch (cn->r) {
     case R_CHAT:
     case R_COMPLETIONS: {
-        if (!cn->body) cn->body = xstrdup("");
+        const char *body = cn->body.p ? cn->body.p : "";
         cn->active = 1;
         atomic_fetch_add(&s->n_active, 1);
-        int gone = cn->r == R_CHAT ? tl_api_chat(s, cn->body, cn->n, fd, &rep)
-                                   : tl_api_completions(s, cn->body, cn->n, fd, &rep);
+        int gone = cn->r == R_CHAT ? tl_api_chat(s, body, cn->body.n, fd, &rep)
+                                   : tl_api_completions(s, body, cn->body.n, fd, &rep);
         if (gone) {
             tl_metrics_request(s->metrics, route_label[cn->r], 499); /* nginx: client closed */
             return MHD_NO;
@@ -239,7 +235,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     tl_conn *cn = *con_cls;
     if (!cn) return;
     if (cn->active) atomic_fetch_sub(&s->n_active, 1);
-    free(cn->body);
+    tl_buf_free(&cn->body);
     free(cn);
     *con_cls = NULL;
 }

@@ -95,81 +95,63 @@ void tl_metrics_finish(tl_metrics *m, int finish) {
 
 /* ====== Rendering. ====== */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-        va_end(ap);
-        if (k >= 0 && (size_t)k < b->cap - b->n) {
-            b->n += (size_t)k;
-            return;
-        }
-        b->cap = b->cap * 2 + (size_t)(k > 0 ? k : 0);
-        b->p = xrealloc(b->p, b->cap);
-    }
-}
-
-static void render_hist(sbuf *b, const char *name, const char *help, const hist *h,
+static void render_hist(tl_buf *b, const char *name, const char *help, const hist *h,
                         const double *bounds, int nb) {
-    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    tl_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     unsigned long long cum = 0;
     for (int i = 0; i < nb; i++) {
         cum += h->bucket[i];
-        sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
+        tl_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], cum);
     }
-    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, h->count, name,
-              h->sum, name, h->count);
+    tl_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, h->count,
+                  name, h->sum, name, h->count);
 }
 
 char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g) {
-    sbuf b = {xmalloc(4096), 0, 4096};
+    tl_buf b = {0};
+    tl_buf_reserve(&b, 4095);
     pthread_mutex_lock(&m->mu);
-    sb_printf(&b, "# HELP tulip_requests_total HTTP responses by endpoint and status code.\n"
-                  "# TYPE tulip_requests_total counter\n");
+    tl_buf_printf(&b, "# HELP tulip_requests_total HTTP responses by endpoint and status code.\n"
+                      "# TYPE tulip_requests_total counter\n");
     for (int i = 0; i < m->n_req; i++)
-        sb_printf(&b, "tulip_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
-                  m->req[i].endpoint, m->req[i].status, m->req[i].n);
-    sb_printf(&b,
-              "# HELP tulip_prompt_tokens_total Prompt tokens of admitted requests.\n"
-              "# TYPE tulip_prompt_tokens_total counter\ntulip_prompt_tokens_total %llu\n"
-              "# HELP tulip_generation_tokens_total Generated tokens.\n"
-              "# TYPE tulip_generation_tokens_total counter\ntulip_generation_tokens_total %llu\n",
-              m->prompt_tokens, m->gen_tokens);
+        tl_buf_printf(&b, "tulip_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                      m->req[i].endpoint, m->req[i].status, m->req[i].n);
+    tl_buf_printf(
+        &b,
+        "# HELP tulip_prompt_tokens_total Prompt tokens of admitted requests.\n"
+        "# TYPE tulip_prompt_tokens_total counter\ntulip_prompt_tokens_total %llu\n"
+        "# HELP tulip_generation_tokens_total Generated tokens.\n"
+        "# TYPE tulip_generation_tokens_total counter\ntulip_generation_tokens_total %llu\n",
+        m->prompt_tokens, m->gen_tokens);
     static const char *reasons[5] = {"none", "stop", "length", "cancelled", "error"};
-    sb_printf(&b, "# HELP tulip_sequences_finished_total Sequences ended, by reason.\n"
-                  "# TYPE tulip_sequences_finished_total counter\n");
+    tl_buf_printf(&b, "# HELP tulip_sequences_finished_total Sequences ended, by reason.\n"
+                      "# TYPE tulip_sequences_finished_total counter\n");
     for (int i = 1; i < 5; i++)
-        sb_printf(&b, "tulip_sequences_finished_total{reason=\"%s\"} %llu\n", reasons[i],
-                  m->finished[i]);
+        tl_buf_printf(&b, "tulip_sequences_finished_total{reason=\"%s\"} %llu\n", reasons[i],
+                      m->finished[i]);
     render_hist(&b, "tulip_time_to_first_token_seconds", "Time from queueing to the first token.",
                 &m->ttft, ttft_bounds, N_TTFT);
     render_hist(&b, "tulip_inter_token_latency_seconds", "Time between consecutive tokens.",
                 &m->itl, itl_bounds, N_ITL);
     pthread_mutex_unlock(&m->mu);
-    sb_printf(&b,
-              "# HELP tulip_queue_depth Requests waiting for a sequence slot.\n"
-              "# TYPE tulip_queue_depth gauge\ntulip_queue_depth %d\n"
-              "# HELP tulip_running_sequences Sequences being prefilled or decoded.\n"
-              "# TYPE tulip_running_sequences gauge\ntulip_running_sequences %d\n"
-              "# HELP tulip_sessions_active Sessions holding KV cache and recurrent state.\n"
-              "# TYPE tulip_sessions_active gauge\ntulip_sessions_active %d\n"
-              "# HELP tulip_state_slots_total Sequence state slots (max concurrent sequences).\n"
-              "# TYPE tulip_state_slots_total gauge\ntulip_state_slots_total %d\n"
-              "# HELP tulip_state_slots_used_ratio Fraction of state slots in use.\n"
-              "# TYPE tulip_state_slots_used_ratio gauge\ntulip_state_slots_used_ratio %.6f\n"
-              "# HELP tulip_kv_tokens Tokens held in the KV cache by live sessions.\n"
-              "# TYPE tulip_kv_tokens gauge\ntulip_kv_tokens %ld\n"
-              "# HELP tulip_kv_usage_ratio KV tokens held / KV capacity.\n"
-              "# TYPE tulip_kv_usage_ratio gauge\ntulip_kv_usage_ratio %.6f\n",
-              g->queued, g->running, g->sessions, g->max_seqs,
-              g->max_seqs ? (double)g->sessions / g->max_seqs : 0.0, g->kv_tokens,
-              g->kv_capacity ? (double)g->kv_tokens / (double)g->kv_capacity : 0.0);
-    return b.p;
+    tl_buf_printf(
+        &b,
+        "# HELP tulip_queue_depth Requests waiting for a sequence slot.\n"
+        "# TYPE tulip_queue_depth gauge\ntulip_queue_depth %d\n"
+        "# HELP tulip_running_sequences Sequences being prefilled or decoded.\n"
+        "# TYPE tulip_running_sequences gauge\ntulip_running_sequences %d\n"
+        "# HELP tulip_sessions_active Sessions holding KV cache and recurrent state.\n"
+        "# TYPE tulip_sessions_active gauge\ntulip_sessions_active %d\n"
+        "# HELP tulip_state_slots_total Sequence state slots (max concurrent sequences).\n"
+        "# TYPE tulip_state_slots_total gauge\ntulip_state_slots_total %d\n"
+        "# HELP tulip_state_slots_used_ratio Fraction of state slots in use.\n"
+        "# TYPE tulip_state_slots_used_ratio gauge\ntulip_state_slots_used_ratio %.6f\n"
+        "# HELP tulip_kv_tokens Tokens held in the KV cache by live sessions.\n"
+        "# TYPE tulip_kv_tokens gauge\ntulip_kv_tokens %ld\n"
+        "# HELP tulip_kv_usage_ratio KV tokens held / KV capacity.\n"
+        "# TYPE tulip_kv_usage_ratio gauge\ntulip_kv_usage_ratio %.6f\n",
+        g->queued, g->running, g->sessions, g->max_seqs,
+        g->max_seqs ? (double)g->sessions / g->max_seqs : 0.0, g->kv_tokens,
+        g->kv_capacity ? (double)g->kv_tokens / (double)g->kv_capacity : 0.0);
+    return tl_buf_take(&b, NULL); /* NULL when memory ran out */
 }

@@ -22,7 +22,7 @@ void tl_metrics_token(tl_metrics *m, int first, double dt);
 /* A job ended with a tl_finish reason. */
 void tl_metrics_finish(tl_metrics *m, int finish);
 
-/* Prometheus text (malloc'd, caller frees). */
+/* Prometheus text (malloc'd, caller frees), or NULL when out of memory. */
 char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g);
 
 #endif

@@ -10,6 +10,7 @@
 #include <sys/random.h>
 #include <time.h>
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/util.h"
 #include "server/openai.h"
 
@@ -146,7 +147,7 @@ static int unsupported(const char *name, tl_oai_error *e) {
 /* ====== Defaults. ====== */
 
 void tl_oai_defaults_init(tl_oai_defaults *d) {
-    /* MODEL.md section 6: the model card's "thinking, general" and "non-thinking, general" rows;
+    /* docs/model.md §6: the model card's "thinking, general" and "non-thinking, general" rows;
      * completions follow generation_config.json (no presence penalty). */
     tl_sample_params base = {.temperature = 1.0f,
                              .top_k = 20,
@@ -805,19 +806,15 @@ json_t *tl_oai_usage_json(const tl_oai_usage *u) {
 /* A token's text as a JSON string (invalid UTF-8 replaced by U+FFFD, as OpenAI does) and its
  * raw bytes as an array of integers. */
 static json_t *lp_text(const char *s, int n) {
-    json_t *j = json_stringn(s, (size_t)n);
-    if (j) return j;
+    if (tl_utf8_valid(s, (size_t)n)) return json_stringn(s, (size_t)n);
     char buf[64 * 3 + 1];
     int o = 0;
-    for (int i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        json_t *t = len && i + len <= n ? json_stringn(s + i, (size_t)len) : NULL;
-        if (t) {
-            memcpy(buf + o, s + i, (size_t)len);
-            o += len;
-            i += len;
-            json_decref(t);
+    for (int i = 0; i < n;) { /* one U+FFFD per invalid byte (not per maximal subpart) */
+        size_t len;
+        if (tl_utf8_decode(s + i, (size_t)(n - i), NULL, &len) == TL_UTF8_OK) {
+            memcpy(buf + o, s + i, len);
+            o += (int)len;
+            i += (int)len;
         } else {
             memcpy(buf + o, "\xEF\xBF\xBD", 3);
             o += 3;

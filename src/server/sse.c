@@ -5,27 +5,24 @@
 #include "common/util.h"
 #include "server/sse.h"
 
-void tl_sbuf_put(tl_sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
+/* Frames are small and the stream has no error path: like xrealloc, running out of memory
+ * ends the process (xbuf_append). */
+void tl_sbuf_put(tl_sbuf *b, const char *s, size_t n) { xbuf_append(&b->b, s, n); }
 
 void tl_sbuf_free(tl_sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
+    tl_buf_free(&b->b);
+    b->off = 0;
 }
 
 size_t tl_sbuf_read(tl_sbuf *b, char *out, size_t max) {
-    size_t k = TL_MIN(max, b->n - b->off);
+    size_t k = TL_MIN(max, b->b.n - b->off);
     if (k == 0) return 0;
-    memcpy(out, b->p + b->off, k);
+    memcpy(out, b->b.p + b->off, k);
     b->off += k;
-    if (b->off == b->n) b->off = b->n = 0;
+    if (b->off == b->b.n) {
+        tl_buf_truncate(&b->b, 0);
+        b->off = 0;
+    }
     return k;
 }
 

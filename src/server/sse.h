@@ -7,10 +7,10 @@
 #define TL_SERVER_SSE_H
 
 #include <stddef.h>
+#include "common/buf.h"
 
 typedef struct tl_sbuf {
-    char *p;
-    size_t n, cap;
+    tl_buf b;
     size_t off; /* bytes already consumed by the reader */
 } tl_sbuf;
 
@@ -18,7 +18,7 @@ void tl_sbuf_put(tl_sbuf *b, const char *s, size_t n);
 void tl_sbuf_free(tl_sbuf *b);
 /* Copies up to max unread bytes to out; returns the count. Resets the buffer when drained. */
 size_t tl_sbuf_read(tl_sbuf *b, char *out, size_t max);
-static inline size_t tl_sbuf_unread(const tl_sbuf *b) { return b->n - b->off; }
+static inline size_t tl_sbuf_unread(const tl_sbuf *b) { return b->b.n - b->off; }
 
 /* "data: <json>\n\n"; json is a compact one-line JSON text (no raw newlines). */
 void tl_sse_data(tl_sbuf *b, const char *json);

@@ -1,7 +1,9 @@
 /* The Qwen3.6 chat template, written out in C (see chat.h). Comments "Lnn" refer to the lines
- * of ../shared/data/qwen3.6-chat-template.jinja. Every `{%-`/`{{-` in the template strips the
- * whitespace before it and trim_blocks eats the newline after each `%}`, so the template's own
- * indentation never reaches the output: only the string literals and values below do.
+ * of the checkpoint's chat_template.jinja (docs/model.md §4.4; the reference tests read a copy
+ * from ../shared/data when it is there, docs/developing.md §2). Every `{%-`/`{{-` in the template
+ * strips the whitespace before it and trim_blocks eats the newline after each `%}`, so the
+ * template's own indentation never reaches the output: only the string literals and values below
+ * do.
  *
  * jinja2 semantics that matter here, as HF runs it:
  *   - `x|trim` is Python's str.strip(): Unicode whitespace (py_ws below), not just ASCII;
@@ -18,26 +20,13 @@
 #include <string.h>
 #include <utf8proc.h>
 #include "common/status.h"
+#include "common/utf8.h"
 #include "common/util.h"
 #include "tokenizer/chat.h"
 
-/* ------------------------------------------------------------------ buffers and Python text */
+/* ------------------------------------------------------------------ Python text */
 
-void tl_chat_buf_put(tl_chat_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        b->s = xrealloc(b->s, cap);
-        b->cap = cap;
-    }
-    if (n) memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-void tl_chat_buf_puts(tl_chat_buf *b, const char *s) { tl_chat_buf_put(b, s, strlen(s)); }
-
-void tl_chat_json_escape(tl_chat_buf *b, const char *s, size_t n) {
+void tl_chat_json_escape(tl_buf *b, const char *s, size_t n) {
     size_t run = 0; /* start of the pending verbatim run */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -72,27 +61,27 @@ void tl_chat_json_escape(tl_chat_buf *b, const char *s, size_t n) {
             }
         }
         if (!rep) continue;
-        tl_chat_buf_put(b, s + run, i - run);
-        tl_chat_buf_puts(b, rep);
+        tl_buf_append(b, s + run, i - run);
+        tl_buf_puts(b, rep);
         run = i + 1;
     }
-    tl_chat_buf_put(b, s + run, n - run);
+    tl_buf_append(b, s + run, n - run);
 }
 
 /* Python's float repr: the shortest digit string that reads back as x, printed in fixed
  * notation when the decimal exponent is in [-4, 16), else as d.ddde+XX. */
-void tl_chat_py_float(tl_chat_buf *b, double x) {
+void tl_chat_py_float(tl_buf *b, double x) {
     char tmp[64];
     if (isnan(x)) {
-        tl_chat_buf_puts(b, "NaN");
+        tl_buf_puts(b, "NaN");
         return;
     }
     if (isinf(x)) {
-        tl_chat_buf_puts(b, x > 0 ? "Infinity" : "-Infinity");
+        tl_buf_puts(b, x > 0 ? "Infinity" : "-Infinity");
         return;
     }
     if (x == 0) {
-        tl_chat_buf_puts(b, signbit(x) ? "-0.0" : "0.0");
+        tl_buf_puts(b, signbit(x) ? "-0.0" : "0.0");
         return;
     }
     int p;
@@ -110,80 +99,80 @@ void tl_chat_py_float(tl_chat_buf *b, double x) {
     while (nd > 1 && dig[nd - 1] == '0') nd--; /* %.*e may pad with zeros */
     dig[nd] = 0;
     int decpt = e10 + 1; /* x = 0.d1d2... * 10^decpt */
-    if (neg) tl_chat_buf_put(b, "-", 1);
+    if (neg) tl_buf_append(b, "-", 1);
     if (decpt > -4 && decpt <= 16) {
         if (decpt <= 0) {
-            tl_chat_buf_puts(b, "0.");
-            for (int i = 0; i < -decpt; i++) tl_chat_buf_put(b, "0", 1);
-            tl_chat_buf_put(b, dig, (size_t)nd);
+            tl_buf_puts(b, "0.");
+            for (int i = 0; i < -decpt; i++) tl_buf_append(b, "0", 1);
+            tl_buf_append(b, dig, (size_t)nd);
         } else if (decpt >= nd) {
-            tl_chat_buf_put(b, dig, (size_t)nd);
-            for (int i = nd; i < decpt; i++) tl_chat_buf_put(b, "0", 1);
-            tl_chat_buf_puts(b, ".0");
+            tl_buf_append(b, dig, (size_t)nd);
+            for (int i = nd; i < decpt; i++) tl_buf_append(b, "0", 1);
+            tl_buf_puts(b, ".0");
         } else {
-            tl_chat_buf_put(b, dig, (size_t)decpt);
-            tl_chat_buf_put(b, ".", 1);
-            tl_chat_buf_put(b, dig + decpt, (size_t)(nd - decpt));
+            tl_buf_append(b, dig, (size_t)decpt);
+            tl_buf_append(b, ".", 1);
+            tl_buf_append(b, dig + decpt, (size_t)(nd - decpt));
         }
     } else {
-        tl_chat_buf_put(b, dig, 1);
+        tl_buf_append(b, dig, 1);
         if (nd > 1) {
-            tl_chat_buf_put(b, ".", 1);
-            tl_chat_buf_put(b, dig + 1, (size_t)(nd - 1));
+            tl_buf_append(b, ".", 1);
+            tl_buf_append(b, dig + 1, (size_t)(nd - 1));
         }
         int e = decpt - 1;
         snprintf(tmp, sizeof tmp, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
-        tl_chat_buf_puts(b, tmp);
+        tl_buf_puts(b, tmp);
     }
 }
 
-void tl_chat_json_dump(tl_chat_buf *b, const json_t *v) {
+void tl_chat_json_dump(tl_buf *b, const json_t *v) {
     char tmp[32];
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k;
         json_t *x;
         int first = 1;
-        tl_chat_buf_put(b, "{", 1);
+        tl_buf_append(b, "{", 1);
         json_object_foreach((json_t *)v, k, x) {
-            if (!first) tl_chat_buf_put(b, ", ", 2);
+            if (!first) tl_buf_append(b, ", ", 2);
             first = 0;
-            tl_chat_buf_put(b, "\"", 1);
+            tl_buf_append(b, "\"", 1);
             tl_chat_json_escape(b, k, strlen(k));
-            tl_chat_buf_put(b, "\": ", 3);
+            tl_buf_append(b, "\": ", 3);
             tl_chat_json_dump(b, x);
         }
-        tl_chat_buf_put(b, "}", 1);
+        tl_buf_append(b, "}", 1);
         break;
     }
     case JSON_ARRAY:
-        tl_chat_buf_put(b, "[", 1);
+        tl_buf_append(b, "[", 1);
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) tl_chat_buf_put(b, ", ", 2);
+            if (i) tl_buf_append(b, ", ", 2);
             tl_chat_json_dump(b, json_array_get(v, i));
         }
-        tl_chat_buf_put(b, "]", 1);
+        tl_buf_append(b, "]", 1);
         break;
     case JSON_STRING:
-        tl_chat_buf_put(b, "\"", 1);
+        tl_buf_append(b, "\"", 1);
         tl_chat_json_escape(b, json_string_value(v), json_string_length(v));
-        tl_chat_buf_put(b, "\"", 1);
+        tl_buf_append(b, "\"", 1);
         break;
     case JSON_INTEGER:
         snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
-        tl_chat_buf_puts(b, tmp);
+        tl_buf_puts(b, tmp);
         break;
     case JSON_REAL:
         tl_chat_py_float(b, json_real_value(v));
         break;
     case JSON_TRUE:
-        tl_chat_buf_puts(b, "true");
+        tl_buf_puts(b, "true");
         break;
     case JSON_FALSE:
-        tl_chat_buf_puts(b, "false");
+        tl_buf_puts(b, "false");
         break;
     case JSON_NULL:
-        tl_chat_buf_puts(b, "null");
+        tl_buf_puts(b, "null");
         break;
     }
 }
@@ -207,32 +196,32 @@ static int py_printable(int32_t c) {
 }
 
 /* Python's repr() of a str (used only inside repr() of lists and dicts). */
-static void py_repr_str(tl_chat_buf *b, const char *s, size_t n) {
+static void py_repr_str(tl_buf *b, const char *s, size_t n) {
     char q = (memchr(s, '\'', n) && !memchr(s, '"', n)) ? '"' : '\'';
     char tmp[16];
-    tl_chat_buf_put(b, &q, 1);
+    tl_buf_append(b, &q, 1);
     for (size_t i = 0; i < n;) {
-        utf8proc_int32_t c;
-        utf8proc_ssize_t k =
-            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
-        if (k <= 0) { /* jansson strings are valid UTF-8; be safe anyway */
+        uint32_t c;
+        size_t k;
+        /* jansson strings are valid UTF-8; be safe anyway */
+        if (tl_utf8_decode(s + i, n - i, &c, &k) != TL_UTF8_OK) {
             k = 1;
             c = (unsigned char)s[i];
         }
-        if (c == q || c == '\\') {
-            tl_chat_buf_put(b, "\\", 1);
-            tl_chat_buf_put(b, s + i, 1);
+        if (c == (uint32_t)q || c == '\\') {
+            tl_buf_append(b, "\\", 1);
+            tl_buf_append(b, s + i, 1);
         } else if (c == '\t') {
-            tl_chat_buf_puts(b, "\\t");
+            tl_buf_puts(b, "\\t");
         } else if (c == '\n') {
-            tl_chat_buf_puts(b, "\\n");
+            tl_buf_puts(b, "\\n");
         } else if (c == '\r') {
-            tl_chat_buf_puts(b, "\\r");
+            tl_buf_puts(b, "\\r");
         } else if (c < 0x20 || c == 0x7f) {
             snprintf(tmp, sizeof tmp, "\\x%02x", (unsigned)c);
-            tl_chat_buf_puts(b, tmp);
+            tl_buf_puts(b, tmp);
         } else if (c < 0x80 || py_printable(c)) {
-            tl_chat_buf_put(b, s + i, (size_t)k);
+            tl_buf_append(b, s + i, (size_t)k);
         } else {
             if (c < 0x100)
                 snprintf(tmp, sizeof tmp, "\\x%02x", (unsigned)c);
@@ -240,68 +229,68 @@ static void py_repr_str(tl_chat_buf *b, const char *s, size_t n) {
                 snprintf(tmp, sizeof tmp, "\\u%04x", (unsigned)c);
             else
                 snprintf(tmp, sizeof tmp, "\\U%08x", (unsigned)c);
-            tl_chat_buf_puts(b, tmp);
+            tl_buf_puts(b, tmp);
         }
         i += (size_t)k;
     }
-    tl_chat_buf_put(b, &q, 1);
+    tl_buf_append(b, &q, 1);
 }
 
 /* Python's repr() (inside containers) and str() (top level) of a JSON value. */
-static void py_repr(tl_chat_buf *b, const json_t *v, int top) {
+static void py_repr(tl_buf *b, const json_t *v, int top) {
     char tmp[32];
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k;
         json_t *x;
         int first = 1;
-        tl_chat_buf_put(b, "{", 1);
+        tl_buf_append(b, "{", 1);
         json_object_foreach((json_t *)v, k, x) {
-            if (!first) tl_chat_buf_put(b, ", ", 2);
+            if (!first) tl_buf_append(b, ", ", 2);
             first = 0;
             py_repr_str(b, k, strlen(k));
-            tl_chat_buf_put(b, ": ", 2);
+            tl_buf_append(b, ": ", 2);
             py_repr(b, x, 0);
         }
-        tl_chat_buf_put(b, "}", 1);
+        tl_buf_append(b, "}", 1);
         break;
     }
     case JSON_ARRAY:
-        tl_chat_buf_put(b, "[", 1);
+        tl_buf_append(b, "[", 1);
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) tl_chat_buf_put(b, ", ", 2);
+            if (i) tl_buf_append(b, ", ", 2);
             py_repr(b, json_array_get(v, i), 0);
         }
-        tl_chat_buf_put(b, "]", 1);
+        tl_buf_append(b, "]", 1);
         break;
     case JSON_STRING:
         if (top)
-            tl_chat_buf_put(b, json_string_value(v), json_string_length(v));
+            tl_buf_append(b, json_string_value(v), json_string_length(v));
         else
             py_repr_str(b, json_string_value(v), json_string_length(v));
         break;
     case JSON_INTEGER:
         snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
-        tl_chat_buf_puts(b, tmp);
+        tl_buf_puts(b, tmp);
         break;
     case JSON_REAL: {
         double x = json_real_value(v);
         if (isnan(x))
-            tl_chat_buf_puts(b, "nan");
+            tl_buf_puts(b, "nan");
         else if (isinf(x))
-            tl_chat_buf_puts(b, x > 0 ? "inf" : "-inf");
+            tl_buf_puts(b, x > 0 ? "inf" : "-inf");
         else
             tl_chat_py_float(b, x);
         break;
     }
     case JSON_TRUE:
-        tl_chat_buf_puts(b, "True");
+        tl_buf_puts(b, "True");
         break;
     case JSON_FALSE:
-        tl_chat_buf_puts(b, "False");
+        tl_buf_puts(b, "False");
         break;
     case JSON_NULL:
-        tl_chat_buf_puts(b, "None");
+        tl_buf_puts(b, "None");
         break;
     }
 }
@@ -317,13 +306,10 @@ static int py_ws(int32_t c) {
 static void py_strip(const char *s, size_t n, size_t *off, size_t *len) {
     size_t i = 0, first = n, end = 0;
     while (i < n) {
-        utf8proc_int32_t c;
-        utf8proc_ssize_t k =
-            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
-        if (k <= 0) {
-            k = 1;
-            c = -1;
-        }
+        uint32_t cp;
+        size_t k;
+        int32_t c = tl_utf8_decode(s + i, n - i, &cp, &k) == TL_UTF8_OK ? (int32_t)cp : -1;
+        if (c < 0) k = 1;
         if (!py_ws(c)) {
             if (first == n) first = i;
             end = i + (size_t)k;
@@ -442,11 +428,11 @@ static int truthy(const json_t *v) {
 
 /* L3-L41: macro render_content(content, do_vision_count, is_system_content). Images and
  * videos become placeholders (add_vision_id is never set by us, so no "Picture N: "). */
-static int render_content(tl_chat_buf *b, const json_t *content, int is_system, char *err,
+static int render_content(tl_buf *b, const json_t *content, int is_system, char *err,
                           size_t errlen) {
     if (!content || json_is_null(content)) return 0; /* L36-37 */
     if (json_is_string(content)) {                   /* L4-5 */
-        tl_chat_buf_put(b, json_string_value(content), json_string_length(content));
+        tl_buf_append(b, json_string_value(content), json_string_length(content));
         return 0;
     }
     if (!json_is_array(content)) /* L6: iterable and not mapping; L38-39 */
@@ -461,12 +447,12 @@ static int render_content(tl_chat_buf *b, const json_t *content, int is_system, 
             if (is_system)
                 return tl_errf(err, errlen, TL_ERR_INVALID,
                                "System message cannot contain images.");
-            tl_chat_buf_puts(b, "<|vision_start|><|image_pad|><|vision_end|>");        /* L18 */
+            tl_buf_puts(b, "<|vision_start|><|image_pad|><|vision_end|>");             /* L18 */
         } else if (py_in("video", item) || json_eq_str(attr(item, "type"), "video")) { /* L19 */
             if (is_system)
                 return tl_errf(err, errlen, TL_ERR_INVALID,
                                "System message cannot contain videos.");
-            tl_chat_buf_puts(b, "<|vision_start|><|video_pad|><|vision_end|>"); /* L29 */
+            tl_buf_puts(b, "<|vision_start|><|video_pad|><|vision_end|>"); /* L29 */
         } else if (py_in("text", item)) { /* L30-31: {{ item.text }} is str(item.text) */
             const json_t *t = attr(item, "text");
             if (t) py_repr(b, t, 1);
@@ -478,15 +464,14 @@ static int render_content(tl_chat_buf *b, const json_t *content, int is_system, 
 }
 
 /* render_content(...)|trim into a fresh buffer: *out is malloc'd (or NULL when empty). */
-static int content_trimmed(const json_t *content, int is_system, tl_chat_buf *tmp, span *out,
-                           char *err, size_t errlen) {
-    tmp->len = 0;
-    if (tmp->s) tmp->s[0] = 0;
+static int content_trimmed(const json_t *content, int is_system, tl_buf *tmp, span *out, char *err,
+                           size_t errlen) {
+    tl_buf_truncate(tmp, 0);
     int st = render_content(tmp, content, is_system, err, errlen);
     if (st) return st;
     size_t off, len;
-    py_strip(tmp->s ? tmp->s : "", tmp->len, &off, &len);
-    out->s = tmp->s ? tmp->s + off : "";
+    py_strip(tmp->p ? tmp->p : "", tmp->n, &off, &len);
+    out->s = tmp->p ? tmp->p + off : "";
     out->n = len;
     return 0;
 }
@@ -508,8 +493,8 @@ static const char TOOLS_INSTRUCTIONS[] =
     "calls\n</IMPORTANT>";
 
 /* L45-66: the system turn (with the tools block when tools is a non-empty list). */
-static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *tools,
-                         tl_chat_buf *tmp, char *err, size_t errlen) {
+static int render_system(tl_buf *b, const json_t *messages, const json_t *tools, tl_buf *tmp,
+                         char *err, size_t errlen) {
     const json_t *m0 = json_array_get(messages, 0);
     int sys0 = json_eq_str(attr(m0, "role"), "system");
     span c;
@@ -518,50 +503,49 @@ static int render_system(tl_chat_buf *b, const json_t *messages, const json_t *t
     int tools_list = tools && json_is_array(tools) && json_array_size(tools) > 0;
     int tools_str = tools && json_is_string(tools) && json_string_length(tools) > 0;
     if (tools_list || tools_str) {
-        tl_chat_buf_puts(b, "<|im_start|>system\n"); /* L46 */
-        tl_chat_buf_puts(b, TOOLS_PREAMBLE);         /* L47 */
+        tl_buf_puts(b, "<|im_start|>system\n"); /* L46 */
+        tl_buf_puts(b, TOOLS_PREAMBLE);         /* L47 */
         if (tools_list) {
             for (size_t i = 0; i < json_array_size(tools); i++) { /* L48-51 */
-                tl_chat_buf_put(b, "\n", 1);
+                tl_buf_append(b, "\n", 1);
                 tl_chat_json_dump(b, json_array_get(tools, i));
             }
         } else {
             const char *s = json_string_value(tools);
             size_t n = json_string_length(tools);
             for (size_t i = 0; i < n;) {
-                utf8proc_int32_t cp;
-                utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
-                                                      (utf8proc_ssize_t)(n - i), &cp);
-                if (k <= 0) k = 1;
-                tl_chat_buf_puts(b, "\n\"");
+                uint32_t cp;
+                size_t k;
+                if (tl_utf8_decode(s + i, n - i, &cp, &k) != TL_UTF8_OK) k = 1;
+                tl_buf_puts(b, "\n\"");
                 tl_chat_json_escape(b, s + i, (size_t)k);
-                tl_chat_buf_puts(b, "\"");
+                tl_buf_puts(b, "\"");
                 i += (size_t)k;
             }
         }
-        tl_chat_buf_puts(b, "\n</tools>");       /* L52 */
-        tl_chat_buf_puts(b, TOOLS_INSTRUCTIONS); /* L53 */
-        if (sys0) {                              /* L54-59 */
+        tl_buf_puts(b, "\n</tools>");       /* L52 */
+        tl_buf_puts(b, TOOLS_INSTRUCTIONS); /* L53 */
+        if (sys0) {                         /* L54-59 */
             int st = content_trimmed(attr(m0, "content"), 1, tmp, &c, err, errlen);
             if (st) return st;
             if (c.n) {
-                tl_chat_buf_puts(b, "\n\n");
-                tl_chat_buf_put(b, c.s, c.n);
+                tl_buf_puts(b, "\n\n");
+                tl_buf_append(b, c.s, c.n);
             }
         }
-        tl_chat_buf_puts(b, "<|im_end|>\n"); /* L60 */
-    } else if (sys0) {                       /* L62-65 */
+        tl_buf_puts(b, "<|im_end|>\n"); /* L60 */
+    } else if (sys0) {                  /* L62-65 */
         int st = content_trimmed(attr(m0, "content"), 1, tmp, &c, err, errlen);
         if (st) return st;
-        tl_chat_buf_puts(b, "<|im_start|>system\n");
-        tl_chat_buf_put(b, c.s, c.n);
-        tl_chat_buf_puts(b, "<|im_end|>\n");
+        tl_buf_puts(b, "<|im_start|>system\n");
+        tl_buf_append(b, c.s, c.n);
+        tl_buf_puts(b, "<|im_end|>\n");
     }
     return 0;
 }
 
 /* L67-80: index of the last user message that is not only a <tool_response>. */
-static int last_query_index(const json_t *messages, tl_chat_buf *tmp, long *out, char *err,
+static int last_query_index(const json_t *messages, tl_buf *tmp, long *out, char *err,
                             size_t errlen) {
     size_t n = json_array_size(messages);
     for (size_t k = n; k-- > 0;) {
@@ -597,7 +581,7 @@ static int tool_args(const json_t *a, const json_t **out, json_t **owned, char *
 }
 
 /* L105-129: the tool calls of one assistant message. */
-static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, char *err,
+static int render_tool_calls(tl_buf *b, const json_t *calls, span content, char *err,
                              size_t errlen) {
     /* L105: `tool_calls and tool_calls is iterable and tool_calls is not mapping` */
     if (!truthy(calls) || json_is_object(calls) || !(json_is_array(calls) || json_is_string(calls)))
@@ -614,12 +598,12 @@ static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, 
         if (!json_is_string(name)) /* str + undefined / str + non-str raises */
             return tl_errf(err, errlen, TL_ERR_INVALID, "tool call %zu has no string 'name'", i);
         if (i == 0)
-            tl_chat_buf_puts(b, len ? "\n\n<tool_call>\n<function="
-                                    : "<tool_call>\n<function="); /* L110-115 */
+            tl_buf_puts(b, len ? "\n\n<tool_call>\n<function="
+                               : "<tool_call>\n<function="); /* L110-115 */
         else
-            tl_chat_buf_puts(b, "\n<tool_call>\n<function="); /* L117 */
-        tl_chat_buf_put(b, json_string_value(name), json_string_length(name));
-        tl_chat_buf_puts(b, ">\n");
+            tl_buf_puts(b, "\n<tool_call>\n<function="); /* L117 */
+        tl_buf_append(b, json_string_value(name), json_string_length(name));
+        tl_buf_puts(b, ">\n");
         const json_t *args0 = attr(tc, "arguments");
         if (args0) { /* L119-126 */
             const json_t *args;
@@ -634,26 +618,26 @@ static int render_tool_calls(tl_chat_buf *b, const json_t *calls, span content, 
             const char *k;
             json_t *v;
             json_object_foreach((json_t *)args, k, v) {
-                tl_chat_buf_puts(b, "<parameter=");
-                tl_chat_buf_puts(b, k);
-                tl_chat_buf_puts(b, ">\n");
+                tl_buf_puts(b, "<parameter=");
+                tl_buf_puts(b, k);
+                tl_buf_puts(b, ">\n");
                 /* L122: strings verbatim, everything else tojson */
                 if (json_is_string(v))
-                    tl_chat_buf_put(b, json_string_value(v), json_string_length(v));
+                    tl_buf_append(b, json_string_value(v), json_string_length(v));
                 else
                     tl_chat_json_dump(b, v);
-                tl_chat_buf_puts(b, "\n</parameter>\n");
+                tl_buf_puts(b, "\n</parameter>\n");
             }
             json_decref(owned);
         }
-        tl_chat_buf_puts(b, "</function>\n</tool_call>"); /* L127 */
+        tl_buf_puts(b, "</function>\n</tool_call>"); /* L127 */
     }
     return 0;
 }
 
 /* L89-130: one assistant message; content is its trimmed rendered content. */
-static int render_assistant(tl_chat_buf *b, const json_t *m, span content, int with_think,
-                            char *err, size_t errlen) {
+static int render_assistant(tl_buf *b, const json_t *m, span content, int with_think, char *err,
+                            size_t errlen) {
     span reasoning = {"", 0};
     const json_t *rc = attr(m, "reasoning_content");
     if (json_is_string(rc)) { /* L91-92 */
@@ -677,16 +661,16 @@ static int render_assistant(tl_chat_buf *b, const json_t *m, span content, int w
     size_t off, len;
     py_strip(reasoning.s, reasoning.n, &off, &len); /* L99 */
     if (with_think) {                               /* L100-101 */
-        tl_chat_buf_puts(b, "<|im_start|>assistant\n<think>\n");
-        tl_chat_buf_put(b, reasoning.s + off, len);
-        tl_chat_buf_puts(b, "\n</think>\n\n");
+        tl_buf_puts(b, "<|im_start|>assistant\n<think>\n");
+        tl_buf_append(b, reasoning.s + off, len);
+        tl_buf_puts(b, "\n</think>\n\n");
     } else { /* L103 */
-        tl_chat_buf_puts(b, "<|im_start|>assistant\n");
+        tl_buf_puts(b, "<|im_start|>assistant\n");
     }
-    tl_chat_buf_put(b, content.s, content.n);
+    tl_buf_append(b, content.s, content.n);
     int st = render_tool_calls(b, attr(m, "tool_calls"), content, err, errlen);
     if (st) return st;
-    tl_chat_buf_puts(b, "<|im_end|>\n"); /* L130 */
+    tl_buf_puts(b, "<|im_end|>\n"); /* L130 */
     return 0;
 }
 
@@ -711,7 +695,7 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
     if (!json_is_array(messages))
         return tl_errf(err, errlen, TL_ERR_INVALID, "messages must be a list");
 
-    tl_chat_buf b = {0}, tmp = {0};
+    tl_buf b = {0}, tmp = {0};
     long last_query = 0;
     int st = render_system(&b, messages, tools, &tmp, err, errlen);
     if (!st) st = last_query_index(messages, &tmp, &last_query, err, errlen);
@@ -728,9 +712,9 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
                 st = tl_errf(err, errlen, TL_ERR_INVALID,
                              "System message must be at the beginning.");
         } else if (json_eq_str(role, "user")) { /* L87-88 */
-            tl_chat_buf_puts(&b, "<|im_start|>user\n");
-            tl_chat_buf_put(&b, c.s, c.n);
-            tl_chat_buf_puts(&b, "<|im_end|>\n");
+            tl_buf_puts(&b, "<|im_start|>user\n");
+            tl_buf_append(&b, c.s, c.n);
+            tl_buf_puts(&b, "<|im_end|>\n");
         } else if (json_eq_str(role, "assistant")) {
             int with_think = o->preserve_thinking || (long)i > last_query;
             st = render_assistant(&b, m, c, with_think, err, errlen);
@@ -738,27 +722,27 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
             /* loop.previtem is undefined for the first message; any earlier message that got
              * here is a non-empty dict, hence truthy */
             if (i > 0 && !json_eq_str(attr(json_array_get(messages, i - 1), "role"), "tool"))
-                tl_chat_buf_puts(&b, "<|im_start|>user");
-            tl_chat_buf_puts(&b, "\n<tool_response>\n");
-            tl_chat_buf_put(&b, c.s, c.n);
-            tl_chat_buf_puts(&b, "\n</tool_response>");
+                tl_buf_puts(&b, "<|im_start|>user");
+            tl_buf_puts(&b, "\n<tool_response>\n");
+            tl_buf_append(&b, c.s, c.n);
+            tl_buf_puts(&b, "\n</tool_response>");
             if (i + 1 == n || !json_eq_str(attr(json_array_get(messages, i + 1), "role"), "tool"))
-                tl_chat_buf_puts(&b, "<|im_end|>\n");
+                tl_buf_puts(&b, "<|im_end|>\n");
         } else {
             st = tl_errf(err, errlen, TL_ERR_INVALID, "Unexpected message role."); /* L143-144 */
         }
     }
-    free(tmp.s);
+    if (!st && tmp.err) st = tl_errf(err, errlen, tmp.err, "out of memory rendering the chat");
+    tl_buf_free(&tmp);
     if (st) {
-        free(b.s);
+        tl_buf_free(&b);
         return st;
     }
     if (o->add_generation_prompt) { /* L147-154 */
-        tl_chat_buf_puts(&b, "<|im_start|>assistant\n");
-        tl_chat_buf_puts(&b, o->enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
+        tl_buf_puts(&b, "<|im_start|>assistant\n");
+        tl_buf_puts(&b, o->enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
     }
-    if (!b.s) tl_chat_buf_put(&b, "", 0);
-    *out = b.s;
-    if (out_len) *out_len = b.len;
+    *out = tl_buf_take(&b, out_len);
+    if (!*out) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory rendering the chat");
     return 0;
 }

@@ -1,8 +1,8 @@
-/* The Qwen3.6 chat template (../shared/data/qwen3.6-chat-template.jinja, MODEL.md 4.4) written
- * out in C: OpenAI-style messages (+ tools) -> the prompt text, byte-identical to what Hugging
- * Face's apply_chat_template renders with jinja2 (ImmutableSandboxedEnvironment, trim_blocks,
- * lstrip_blocks, tojson = json.dumps(ensure_ascii=False)). tests/py/test_chat.py compares the
- * two over a generated + hand-written corpus.
+/* The Qwen3.6 chat template (the chat_template.jinja the checkpoint ships, docs/model.md §4.4)
+ * written out in C: OpenAI-style messages (+ tools) -> the prompt text, byte-identical to what
+ * Hugging Face's apply_chat_template renders with jinja2 (ImmutableSandboxedEnvironment,
+ * trim_blocks, lstrip_blocks, tojson = json.dumps(ensure_ascii=False)). tests/py/test_chat.py
+ * compares the two over a generated + hand-written corpus.
  *
  * One deliberate pre-processing step, the one servers (vLLM) do before applying the template:
  * a tool call whose "arguments" is a JSON string is parsed into the object it encodes (the
@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include "common/buf.h"
 
 typedef struct tl_chat_opts {
     int enable_thinking;       /* 1 (default); 0 = the template's enable_thinking=false */
@@ -36,21 +37,14 @@ void tl_chat_opts_default(tl_chat_opts *o);
 int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,
                    size_t *out_len, char *err, size_t errlen);
 
-/* Growable byte string (NUL-terminated after every append). */
-typedef struct tl_chat_buf {
-    char *s;
-    size_t len, cap;
-} tl_chat_buf;
-
-void tl_chat_buf_put(tl_chat_buf *b, const char *s, size_t n);
-void tl_chat_buf_puts(tl_chat_buf *b, const char *s);
-
+/* The writers below append to a tl_buf (common/buf.h); running out of memory leaves its
+ * sticky error set (they never exit). */
 /* Appends Python's json.dumps(v, ensure_ascii=False) of a jansson value. */
-void tl_chat_json_dump(tl_chat_buf *b, const json_t *v);
+void tl_chat_json_dump(tl_buf *b, const json_t *v);
 /* Appends the body of a JSON string literal (no quotes) as json.dumps escapes it: \" \\ \b \f
  * \n \r \t, other bytes < 0x20 as \u00XX, everything else verbatim. */
-void tl_chat_json_escape(tl_chat_buf *b, const char *s, size_t n);
+void tl_chat_json_escape(tl_buf *b, const char *s, size_t n);
 /* Appends Python's repr() of a finite double (shortest round-trip digits, "1e+16", "0.0001"). */
-void tl_chat_py_float(tl_chat_buf *b, double x);
+void tl_chat_py_float(tl_buf *b, double x);
 
 #endif

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/buf.h"
+#include "common/utf8.h"
 #include "common/util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/parse.h"
@@ -35,7 +37,7 @@ typedef struct ev_rec { /* an event while it is being built: offsets into p->evt
 } ev_rec;
 
 typedef struct call_acc {
-    tl_chat_buf args;
+    tl_buf args;
 } call_acc;
 
 struct tl_parser {
@@ -46,11 +48,9 @@ struct tl_parser {
     int after_call;  /* content: a call has been seen */
     int seg_started; /* content: something emitted since the last call */
     /* UTF-8 sanitizer: an incomplete sequence carried to the next piece */
-    unsigned char u8[4];
-    int u8n, u8need;
-    unsigned char u8lo, u8hi; /* allowed range of the next continuation byte */
+    tl_utf8_carry u8;
     /* unconsumed input */
-    tl_chat_buf in;
+    tl_buf in;
     size_t pos;
     /* the first ws_known bytes of the unconsumed input are a whitespace run that a state held
      * back last time (contains no '<'); ws_next is what the current step leaves for the next */
@@ -59,15 +59,15 @@ struct tl_parser {
     const json_t *props; /* schema properties of the current function, or NULL */
     int n_params;
     int vtype, v_first, v_quote;
-    tl_chat_buf vbuf;
+    tl_buf vbuf;
     /* events of the current feed */
     ev_rec *evs;
     int nev, evcap;
-    tl_chat_buf evtext;
+    tl_buf evtext;
     tl_parse_event *out;
     int outcap;
     /* accumulated result */
-    tl_chat_buf reasoning, content;
+    tl_buf reasoning, content;
     tl_parse_result res;
     call_acc *acc;
     int acccap;
@@ -130,11 +130,11 @@ static uint64_t splitmix64(uint64_t *x) {
 
 static void acc_put(tl_parser *p, tl_parse_event_kind kind, int index, const char *s, size_t n) {
     if (kind == TL_PARSE_REASONING)
-        tl_chat_buf_put(&p->reasoning, s, n);
+        xbuf_append(&p->reasoning, s, n);
     else if (kind == TL_PARSE_CONTENT)
-        tl_chat_buf_put(&p->content, s, n);
+        xbuf_append(&p->content, s, n);
     else if (kind == TL_PARSE_TOOL_ARGS)
-        tl_chat_buf_put(&p->acc[index].args, s, n);
+        xbuf_append(&p->acc[index].args, s, n);
 }
 
 /* Appends a delta (merged into the previous event when it is the same kind and call). */
@@ -145,9 +145,10 @@ static void emit(tl_parser *p, tl_parse_event_kind kind, int index, const char *
         ev_rec *last = &p->evs[p->nev - 1];
         if (last->kind == kind && last->index == index && kind != TL_PARSE_TOOL_START &&
             kind != TL_PARSE_TOOL_END) {
-            p->evtext.len--; /* drop the NUL; the event's text is the tail of evtext */
-            tl_chat_buf_put(&p->evtext, s, n);
-            tl_chat_buf_put(&p->evtext, "", 1);
+            tl_buf_truncate(&p->evtext, p->evtext.n - 1); /* drop the NUL: the event's text
+                                                           * is the tail of evtext */
+            xbuf_append(&p->evtext, s, n);
+            xbuf_append(&p->evtext, "", 1);
             last->len += n;
             return;
         }
@@ -160,10 +161,10 @@ static void emit(tl_parser *p, tl_parse_event_kind kind, int index, const char *
     e->kind = kind;
     e->index = index;
     e->id = 0;
-    e->text = p->evtext.len;
+    e->text = p->evtext.n;
     e->len = n;
-    tl_chat_buf_put(&p->evtext, s, n);
-    tl_chat_buf_put(&p->evtext, "", 1);
+    xbuf_append(&p->evtext, s, n);
+    xbuf_append(&p->evtext, "", 1);
 }
 
 static void emit_args_str(tl_parser *p, const char *s) {
@@ -172,10 +173,11 @@ static void emit_args_str(tl_parser *p, const char *s) {
 
 /* Appends the JSON-escaped body of s[0..n) as an arguments delta. */
 static void emit_args_escaped(tl_parser *p, const char *s, size_t n) {
-    tl_chat_buf b = {0};
+    tl_buf b = {0};
     tl_chat_json_escape(&b, s, n);
-    if (b.len) emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, b.s, b.len);
-    free(b.s);
+    xbuf_check(&b);
+    if (b.n) emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, b.p, b.n);
+    tl_buf_free(&b);
 }
 
 static const json_t *tool_props(const json_t *tools, const char *name, size_t n) {
@@ -203,7 +205,7 @@ static void start_call(tl_parser *p, const char *name, size_t n) {
         p->res.calls = xrealloc(p->res.calls, (size_t)p->acccap * sizeof *p->res.calls);
     }
     memset(&p->acc[idx], 0, sizeof p->acc[idx]);
-    tl_chat_buf_put(&p->acc[idx].args, "", 0);
+    xbuf_append(&p->acc[idx].args, "", 0);
     char id[32];
     uint64_t x = p->o.id_seed ^ (0x632be59bd9b4e019ull * (uint64_t)(idx + 1)), a = splitmix64(&x),
              b = splitmix64(&x);
@@ -219,8 +221,8 @@ static void start_call(tl_parser *p, const char *name, size_t n) {
     /* the event: text = name, id stored after it in evtext */
     emit(p, TL_PARSE_TOOL_START, idx, name, n); /* never merged */
     ev_rec *e = &p->evs[p->nev - 1];
-    e->id = p->evtext.len;
-    tl_chat_buf_put(&p->evtext, id, strlen(id) + 1);
+    e->id = p->evtext.n;
+    xbuf_append(&p->evtext, id, strlen(id) + 1);
     p->props = tool_props(p->o.tools, name, n);
     p->n_params = 0;
     p->after_call = 1;
@@ -276,7 +278,7 @@ static int param_type(const tl_parser *p, const char *name, size_t n) {
 }
 
 /* Integer text -> normalised JSON integer in b; 0 if s is not one (or is outside int64). */
-static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
+static int conv_int(const char *s, size_t n, tl_buf *b) {
     while (n && is_ws(*s)) s++, n--;
     while (n && is_ws(s[n - 1])) n--;
     int neg = 0;
@@ -290,13 +292,13 @@ static int conv_int(const char *s, size_t n, tl_chat_buf *b) {
     if (n > 19 ||
         (n == 19 && memcmp(s, neg ? "9223372036854775808" : "9223372036854775807", 19) > 0))
         return 0;
-    if (neg && !(n == 1 && *s == '0')) tl_chat_buf_put(b, "-", 1);
-    tl_chat_buf_put(b, s, n);
+    if (neg && !(n == 1 && *s == '0')) xbuf_append(b, "-", 1);
+    xbuf_append(b, s, n);
     return 1;
 }
 
 /* Number text -> a JSON number as vLLM writes it (integral values as integers). */
-static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
+static int conv_num(const char *s, size_t n, tl_buf *b) {
     while (n && is_ws(*s)) s++, n--;
     while (n && is_ws(s[n - 1])) n--;
     if (n == 0 || n > 400) return 0;
@@ -325,7 +327,7 @@ static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
         fabs(x) < 9223372036854775808.0) { /* integral: as an integer, within int64 */
         char out[400];
         snprintf(out, sizeof out, "%.0f", x == 0 ? 0.0 : x); /* exact integer of the double */
-        tl_chat_buf_puts(b, out);
+        xbuf_puts(b, out);
     } else {
         tl_chat_py_float(b, x);
     }
@@ -334,10 +336,10 @@ static int conv_num(const char *s, size_t n, tl_chat_buf *b) {
 
 /* The typed JSON text of a finished non-string value (string when it does not convert). */
 static void emit_typed(tl_parser *p, const char *s, size_t n) {
-    tl_chat_buf b = {0};
+    tl_buf b = {0};
     int ok = 0;
     if (ci_equal(s, n, "null")) {
-        tl_chat_buf_puts(&b, "null");
+        xbuf_puts(&b, "null");
         ok = 1;
     } else if (p->vtype == V_INT) {
         ok = conv_int(s, n, &b);
@@ -348,9 +350,9 @@ static void emit_typed(tl_parser *p, const char *s, size_t n) {
         while (a < z && is_ws(s[a])) a++;
         while (z > a && is_ws(s[z - 1])) z--;
         if (ci_equal(s + a, z - a, "true"))
-            tl_chat_buf_puts(&b, "true"), ok = 1;
+            xbuf_puts(&b, "true"), ok = 1;
         else if (ci_equal(s + a, z - a, "false"))
-            tl_chat_buf_puts(&b, "false"), ok = 1;
+            xbuf_puts(&b, "false"), ok = 1;
     } else if (p->vtype == V_JSON) {
         json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
         if (v) {
@@ -359,14 +361,15 @@ static void emit_typed(tl_parser *p, const char *s, size_t n) {
             ok = 1;
         }
     }
+    xbuf_check(&b);
     if (ok) {
-        emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, b.s, b.len);
+        emit(p, TL_PARSE_TOOL_ARGS, p->res.n_calls - 1, b.p, b.n);
     } else {
         emit_args_str(p, "\"");
         emit_args_escaped(p, s, n);
         emit_args_str(p, "\"");
     }
-    free(b.s);
+    tl_buf_free(&b);
 }
 
 /* More text of the current value. String values stream, except while the value so far could
@@ -377,12 +380,12 @@ static void value_add(tl_parser *p, const char *s, size_t n) {
         emit_args_escaped(p, s, n);
         return;
     }
-    tl_chat_buf_put(&p->vbuf, s, n);
-    if (p->vtype == V_STR && !ci_prefix_of(p->vbuf.s, p->vbuf.len, "null")) {
+    xbuf_append(&p->vbuf, s, n);
+    if (p->vtype == V_STR && !ci_prefix_of(p->vbuf.p, p->vbuf.n, "null")) {
         emit_args_str(p, "\"");
-        emit_args_escaped(p, p->vbuf.s, p->vbuf.len);
+        emit_args_escaped(p, p->vbuf.p, p->vbuf.n);
         p->v_quote = 1;
-        p->vbuf.len = 0;
+        tl_buf_truncate(&p->vbuf, 0);
     }
 }
 
@@ -390,8 +393,8 @@ static void value_end(tl_parser *p) {
     if (p->vtype == V_STR && p->v_quote)
         emit_args_str(p, "\"");
     else
-        emit_typed(p, p->vbuf.s ? p->vbuf.s : "", p->vbuf.len);
-    p->vbuf.len = 0;
+        emit_typed(p, p->vbuf.p ? p->vbuf.p : "", p->vbuf.n);
+    tl_buf_truncate(&p->vbuf, 0);
     p->n_params++;
 }
 
@@ -579,7 +582,7 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
         p->vtype = param_type(p, s + at + 11, name_len);
         p->v_first = 1;
         p->v_quote = 0;
-        p->vbuf.len = 0;
+        tl_buf_truncate(&p->vbuf, 0);
         p->state = ST_VALUE;
         return (long)(at + total);
     }
@@ -635,57 +638,11 @@ static long step(tl_parser *p, const char *s, size_t n, int eof) {
 
 /* ------------------------------------------------------------------ UTF-8 sanitizer */
 
-static void put_fffd(tl_parser *p) { tl_chat_buf_put(&p->in, "\xef\xbf\xbd", 3); }
-
 /* Appends valid UTF-8 to p->in: invalid bytes become U+FFFD (one per maximal invalid
  * subpart, as Python's errors="replace"); an incomplete sequence at the end is kept. */
 static void sanitize(tl_parser *p, const unsigned char *s, size_t n) {
-    size_t run = 0; /* start of a pending run of plain ASCII / complete sequences */
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = s[i];
-        if (p->u8n) {
-            if (c >= p->u8lo && c <= p->u8hi) {
-                p->u8[p->u8n++] = c;
-                p->u8lo = 0x80;
-                p->u8hi = 0xbf;
-                if (p->u8n == p->u8need) {
-                    tl_chat_buf_put(&p->in, (const char *)p->u8, (size_t)p->u8n);
-                    p->u8n = 0;
-                }
-                run = i + 1;
-                continue;
-            }
-            put_fffd(p); /* the incomplete prefix; c starts afresh */
-            p->u8n = 0;
-            run = i;
-        }
-        if (c < 0x80) continue;
-        tl_chat_buf_put(&p->in, (const char *)s + run, i - run);
-        run = i + 1;
-        int need = 0;
-        unsigned char lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf)
-            need = 2;
-        else if (c >= 0xe0 && c <= 0xef) {
-            need = 3;
-            if (c == 0xe0) lo = 0xa0;
-            if (c == 0xed) hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            need = 4;
-            if (c == 0xf0) lo = 0x90;
-            if (c == 0xf4) hi = 0x8f;
-        }
-        if (!need) {
-            put_fffd(p);
-            continue;
-        }
-        p->u8[0] = c;
-        p->u8n = 1;
-        p->u8need = need;
-        p->u8lo = lo;
-        p->u8hi = hi;
-    }
-    if (!p->u8n) tl_chat_buf_put(&p->in, (const char *)s + run, n - run);
+    tl_utf8_repair_stream(&p->u8, s, n, &p->in);
+    xbuf_check(&p->in);
 }
 
 /* ------------------------------------------------------------------ API */
@@ -703,11 +660,11 @@ tl_parser *tl_parser_new(const tl_parse_opts *opts) {
     else
         tl_parse_opts_default(&p->o);
     p->state = p->o.thinking ? ST_REASON_START : ST_CONTENT;
-    tl_chat_buf_put(&p->reasoning, "", 0);
-    tl_chat_buf_put(&p->content, "", 0);
-    tl_chat_buf_put(&p->in, "", 0);
-    p->res.reasoning = p->reasoning.s;
-    p->res.content = p->content.s;
+    xbuf_append(&p->reasoning, "", 0);
+    xbuf_append(&p->content, "", 0);
+    xbuf_append(&p->in, "", 0);
+    p->res.reasoning = p->reasoning.p;
+    p->res.content = p->content.p;
     return p;
 }
 
@@ -716,24 +673,25 @@ void tl_parser_free(tl_parser *p) {
     for (int i = 0; i < p->res.n_calls; i++) {
         free(p->res.calls[i].id);
         free(p->res.calls[i].name);
-        free(p->acc[i].args.s);
+        tl_buf_free(&p->acc[i].args);
     }
     free(p->res.calls);
     free(p->acc);
-    free(p->in.s);
-    free(p->vbuf.s);
+    tl_buf_free(&p->in);
+    tl_buf_free(&p->vbuf);
     free(p->evs);
-    free(p->evtext.s);
+    tl_buf_free(&p->evtext);
     free(p->out);
-    free(p->reasoning.s);
-    free(p->content.s);
+    tl_buf_free(&p->reasoning);
+    tl_buf_free(&p->content);
     free(p);
 }
 
 static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
+    tl_buf_truncate(&p->evtext, 0); /* the previous call's events end here */
     for (;;) {
         p->ws_next = 0;
-        long k = step(p, p->in.s + p->pos, p->in.len - p->pos, eof);
+        long k = step(p, p->in.p + p->pos, p->in.n - p->pos, eof);
         p->ws_known = p->ws_next;
         if (k > 0)
             p->pos += (size_t)k;
@@ -742,8 +700,8 @@ static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
         if (p->state == ST_DONE) break;
     }
     /* drop the consumed prefix */
-    memmove(p->in.s, p->in.s + p->pos, p->in.len - p->pos + 1);
-    p->in.len -= p->pos;
+    memmove(p->in.p, p->in.p + p->pos, p->in.n - p->pos + 1);
+    p->in.n -= p->pos;
     p->pos = 0;
     /* publish the events */
     if (p->nev > p->outcap) {
@@ -754,19 +712,18 @@ static int run(tl_parser *p, int eof, const tl_parse_event **ev) {
         const ev_rec *r = &p->evs[i];
         p->out[i].kind = r->kind;
         p->out[i].index = r->index;
-        p->out[i].text = p->evtext.s + r->text;
+        p->out[i].text = p->evtext.p + r->text;
         p->out[i].len = r->len;
-        p->out[i].id = r->kind == TL_PARSE_TOOL_START ? p->evtext.s + r->id : NULL;
+        p->out[i].id = r->kind == TL_PARSE_TOOL_START ? p->evtext.p + r->id : NULL;
     }
     int n = p->nev;
     p->nev = 0;
-    p->evtext.len = 0;
     /* refresh the result view */
-    p->res.reasoning = p->reasoning.s;
-    p->res.reasoning_len = p->reasoning.len;
-    p->res.content = p->content.s;
-    p->res.content_len = p->content.len;
-    for (int i = 0; i < p->res.n_calls; i++) p->res.calls[i].arguments = p->acc[i].args.s;
+    p->res.reasoning = p->reasoning.p;
+    p->res.reasoning_len = p->reasoning.n;
+    p->res.content = p->content.p;
+    p->res.content_len = p->content.n;
+    for (int i = 0; i < p->res.n_calls; i++) p->res.calls[i].arguments = p->acc[i].args.p;
     *ev = p->out;
     return n;
 }
@@ -785,10 +742,8 @@ int tl_parser_finish(tl_parser *p, const tl_parse_event **ev) {
         *ev = p->out;
         return 0;
     }
-    if (p->u8n) {
-        put_fffd(p);
-        p->u8n = 0;
-    }
+    tl_utf8_repair_end(&p->u8, &p->in);
+    xbuf_check(&p->in);
     return run(p, 1, ev);
 }
 
@@ -800,18 +755,18 @@ void tl_parse_text(const char *text, size_t len, const tl_parse_opts *opts, tl_p
     tl_parser_feed(p, text, len, &ev);
     tl_parser_finish(p, &ev);
     memset(out, 0, sizeof *out);
-    out->reasoning_len = p->reasoning.len;
-    out->content = xmalloc(p->content.len + 1);
-    memcpy(out->content, p->content.s, p->content.len + 1);
-    out->content_len = p->content.len;
-    out->reasoning = xmalloc(p->reasoning.len + 1);
-    memcpy(out->reasoning, p->reasoning.s, p->reasoning.len + 1);
+    out->reasoning_len = p->reasoning.n;
+    out->content = xmalloc(p->content.n + 1);
+    memcpy(out->content, p->content.p, p->content.n + 1);
+    out->content_len = p->content.n;
+    out->reasoning = xmalloc(p->reasoning.n + 1);
+    memcpy(out->reasoning, p->reasoning.p, p->reasoning.n + 1);
     out->n_calls = p->res.n_calls;
     out->calls = out->n_calls ? xcalloc((size_t)out->n_calls, sizeof *out->calls) : NULL;
     for (int i = 0; i < out->n_calls; i++) {
         out->calls[i].id = xstrdup(p->res.calls[i].id);
         out->calls[i].name = xstrdup(p->res.calls[i].name);
-        out->calls[i].arguments = xstrdup(p->acc[i].args.s);
+        out->calls[i].arguments = xstrdup(p->acc[i].args.p);
     }
     tl_parser_free(p);
 }

@@ -1,9 +1,9 @@
 /* Model output -> OpenAI message parts: reasoning_content, content and tool_calls, for Qwen3.6
- * (MODEL.md 4.4). One incremental parser serves both the streaming and the whole-text case:
+ * (docs/model.md §4.4). One incremental parser serves both the streaming and the whole-text case:
  * tl_parse_text() is tl_parser_feed(whole text) + tl_parser_finish(), so a stream fed in any
  * pieces yields exactly the whole-text result (tests/cpu/test_parse.c checks every split point).
  *
- * What the parser recognises (the template's own shapes, DESIGN.md "Reasoning" and "Tools"):
+ * What the parser recognises (the template's own shapes, docs/architecture.md §6.3):
  *
  *   [reasoning] </think> [content] <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n
  *   ...</function>\n</tool_call> [\n<tool_call>...]

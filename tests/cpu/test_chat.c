@@ -165,10 +165,10 @@ static void test_errors(void) {
 }
 
 static void check_float(double x, const char *want) {
-    tl_chat_buf b = {0};
+    tl_buf b = {0};
     tl_chat_py_float(&b, x);
-    CHECK_STR(b.s, want);
-    free(b.s);
+    CHECK_STR(b.p, want);
+    tl_buf_free(&b);
 }
 
 static void test_python_formats(void) {
@@ -191,11 +191,11 @@ static void test_python_formats(void) {
     json_t *v = json_loads(
         "{\"a\":[1,\"x\\\"\\\\\\n\\t\\u0001\\u007f\\u00fc\",null,true,{}],\"b\":{},\"c\":[]}", 0,
         NULL);
-    tl_chat_buf b = {0};
+    tl_buf b = {0};
     tl_chat_json_dump(&b, v);
-    CHECK_STR(b.s, "{\"a\": [1, \"x\\\"\\\\\\n\\t\\u0001\x7f\xc3\xbc\", null, true, {}], \"b\": "
+    CHECK_STR(b.p, "{\"a\": [1, \"x\\\"\\\\\\n\\t\\u0001\x7f\xc3\xbc\", null, true, {}], \"b\": "
                    "{}, \"c\": []}");
-    free(b.s);
+    tl_buf_free(&b);
     json_decref(v);
 }
 

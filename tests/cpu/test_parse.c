@@ -15,7 +15,7 @@
 
 /* What a client reconstructs from the events alone. */
 typedef struct acc {
-    tl_chat_buf r, c, args[MAX_CALLS];
+    tl_buf r, c, args[MAX_CALLS];
     char *name[MAX_CALLS], *id[MAX_CALLS];
     int n_calls, ended[MAX_CALLS], bad;
 } acc;
@@ -26,11 +26,11 @@ static void acc_events(acc *a, const tl_parse_event *ev, int n) {
         if (!utf8_ok(e->text, e->len) || e->text[e->len] != 0) a->bad++;
         switch (e->kind) {
         case TL_PARSE_REASONING:
-            if (a->n_calls || a->c.len) a->bad++; /* reasoning comes first */
-            tl_chat_buf_put(&a->r, e->text, e->len);
+            if (a->n_calls || a->c.n) a->bad++; /* reasoning comes first */
+            tl_buf_append(&a->r, e->text, e->len);
             break;
         case TL_PARSE_CONTENT:
-            tl_chat_buf_put(&a->c, e->text, e->len);
+            tl_buf_append(&a->c, e->text, e->len);
             break;
         case TL_PARSE_TOOL_START:
             if (e->index != a->n_calls || a->n_calls >= MAX_CALLS || !e->id) {
@@ -39,14 +39,14 @@ static void acc_events(acc *a, const tl_parse_event *ev, int n) {
             }
             a->name[a->n_calls] = strdup(e->text);
             a->id[a->n_calls] = strdup(e->id);
-            tl_chat_buf_put(&a->args[a->n_calls], "", 0);
+            tl_buf_append(&a->args[a->n_calls], "", 0);
             a->n_calls++;
             break;
         case TL_PARSE_TOOL_ARGS:
             if (e->index != a->n_calls - 1 || a->ended[e->index])
                 a->bad++;
             else
-                tl_chat_buf_put(&a->args[e->index], e->text, e->len);
+                tl_buf_append(&a->args[e->index], e->text, e->len);
             break;
         case TL_PARSE_TOOL_END:
             if (e->index != a->n_calls - 1 || a->ended[e->index])
@@ -59,10 +59,10 @@ static void acc_events(acc *a, const tl_parse_event *ev, int n) {
 }
 
 static void acc_free(acc *a) {
-    free(a->r.s);
-    free(a->c.s);
+    tl_buf_free(&a->r);
+    tl_buf_free(&a->c);
     for (int i = 0; i < a->n_calls; i++) {
-        free(a->args[i].s);
+        tl_buf_free(&a->args[i]);
         free(a->name[i]);
         free(a->id[i]);
     }
@@ -71,12 +71,11 @@ static void acc_free(acc *a) {
 
 static int same_as(const acc *a, const tl_parse_result *w) {
     if (a->bad || a->n_calls != w->n_calls) return 0;
-    if (a->r.len != w->reasoning_len || (a->r.len && memcmp(a->r.s, w->reasoning, a->r.len)))
-        return 0;
-    if (a->c.len != w->content_len || (a->c.len && memcmp(a->c.s, w->content, a->c.len))) return 0;
+    if (a->r.n != w->reasoning_len || (a->r.n && memcmp(a->r.p, w->reasoning, a->r.n))) return 0;
+    if (a->c.n != w->content_len || (a->c.n && memcmp(a->c.p, w->content, a->c.n))) return 0;
     for (int i = 0; i < a->n_calls; i++) {
         if (!a->ended[i] || strcmp(a->name[i], w->calls[i].name) ||
-            strcmp(a->id[i], w->calls[i].id) || strcmp(a->args[i].s, w->calls[i].arguments))
+            strcmp(a->id[i], w->calls[i].id) || strcmp(a->args[i].p, w->calls[i].arguments))
             return 0;
     }
     return 1;

@@ -20,7 +20,7 @@ static const char *SCHEMA = "[{\"type\":\"function\",\"function\":{\"name\":\"f\
                             "\"u\":{\"type\":[\"null\",\"integer\"]}}}}}]";
 
 typedef struct {
-    tl_chat_buf r, c, args[64];
+    tl_buf r, c, args[64];
     int n_calls;
 } acc;
 
@@ -29,19 +29,19 @@ static void take(acc *a, const tl_parse_event *ev, int n) {
         if (!utf8_ok(ev[i].text, ev[i].len)) abort();
         switch (ev[i].kind) {
         case TL_PARSE_REASONING:
-            tl_chat_buf_put(&a->r, ev[i].text, ev[i].len);
+            tl_buf_append(&a->r, ev[i].text, ev[i].len);
             break;
         case TL_PARSE_CONTENT:
-            tl_chat_buf_put(&a->c, ev[i].text, ev[i].len);
+            tl_buf_append(&a->c, ev[i].text, ev[i].len);
             break;
         case TL_PARSE_TOOL_START:
             if (ev[i].index != a->n_calls) abort();
-            if (a->n_calls < 64) tl_chat_buf_put(&a->args[a->n_calls], "", 0);
+            if (a->n_calls < 64) tl_buf_append(&a->args[a->n_calls], "", 0);
             a->n_calls++;
             break;
         case TL_PARSE_TOOL_ARGS:
             if (ev[i].index != a->n_calls - 1) abort();
-            if (ev[i].index < 64) tl_chat_buf_put(&a->args[ev[i].index], ev[i].text, ev[i].len);
+            if (ev[i].index < 64) tl_buf_append(&a->args[ev[i].index], ev[i].text, ev[i].len);
             break;
         case TL_PARSE_TOOL_END:
             if (ev[i].index != a->n_calls - 1) abort();
@@ -50,11 +50,12 @@ static void take(acc *a, const tl_parse_event *ev, int n) {
     }
 }
 
-static int buf_eq(const tl_chat_buf *b, const char *s, size_t n) {
-    return b->len == n && (n == 0 || !memcmp(b->s, s, n));
+static int buf_eq(const tl_buf *b, const char *s, size_t n) {
+    return b->n == n && (n == 0 || !memcmp(b->p, s, n));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static json_t *schema;
     if (!schema) schema = json_loads(SCHEMA, 0, NULL);
@@ -99,10 +100,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         !buf_eq(&a.c, whole.content, whole.content_len) || a.n_calls != whole.n_calls)
         abort();
     for (int i = 0; i < a.n_calls && i < 64; i++)
-        if (strcmp(a.args[i].s, whole.calls[i].arguments)) abort();
-    free(a.r.s);
-    free(a.c.s);
-    for (int i = 0; i < 64; i++) free(a.args[i].s);
+        if (strcmp(a.args[i].p, whole.calls[i].arguments)) abort();
+    tl_buf_free(&a.r);
+    tl_buf_free(&a.c);
+    for (int i = 0; i < 64; i++) tl_buf_free(&a.args[i]);
     tl_parser_free(p);
     tl_parse_result_free(&whole);
     return 0;
