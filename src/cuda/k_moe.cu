@@ -19,34 +19,34 @@ extern "C" {
  * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 256).
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
 /* One warp routes token row lg: returns (in lanes j < k) expert id j and its renormalised weight.
- * A row with a NaN or infinite logit (a poisoned input or weight) has no valid softmax: it gets
- * ids 0..k-1, always in range, and NaN weights, so the token's output is NaN and the sampler
- * reports its row (token -1) instead of reading experts out of range. */
+ * A row with a NaN or +inf logit (a poisoned input or weight), or only -inf ones, has no softmax:
+ * it gets ids 0..k-1, always in range, and NaN weights, so the token's output is NaN and the
+ * sampler reports its row (token -1) instead of reading experts out of range. A -inf logit among
+ * finite ones is a probability of 0, as in the reference softmax. */
 __device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float *lg, int n_expert,
                                            int k) {
     int lane = threadIdx.x & 31;
     float p[ROUTE_PER]; /* expert lane + 32 i, in registers (fully unrolled loops) */
     float mx = -INFINITY;
-    bool bad = false;
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++) {
         int e = lane + 32 * i;
         p[i] = e < n_expert ? lg[e] : -INFINITY;
-        bad |= e < n_expert && !isfinite(p[i]);
         mx = fmaxf(mx, p[i]);
-    }
-    if (__any_sync(0xffffffffu, bad)) {
-        *my_id = lane < k ? lane : 0, *my_wn = __int_as_float(0x7fc00000); /* NaN */
-        return;
     }
     mx = warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++) {
-        p[i] = lane + 32 * i < n_expert ? expf(p[i] - mx) : -1.0f;
-        sum += fmaxf(p[i], 0.0f);
+        bool valid = lane + 32 * i < n_expert;
+        p[i] = valid ? expf(p[i] - mx) : -1.0f;
+        sum += valid ? p[i] : 0.0f; /* NaN from a NaN logit, or from +inf (inf - inf) */
     }
     sum = warp_sum(sum);
+    if (!isfinite(sum)) { /* no softmax: in-range ids, NaN weights (a warp-uniform branch) */
+        *my_id = lane < k ? lane : 0, *my_wn = __int_as_float(0x7fc00000);
+        return;
+    }
     float inv = 1.0f / sum;
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++)

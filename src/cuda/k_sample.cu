@@ -77,20 +77,19 @@ __global__ void __launch_bounds__(SB)
     float *cv = scratch + (size_t)row * 2 * V;
     int *ci = (int *)(cv + V);
 
-    /* raw log-sum-exp; a row with a NaN or infinite logit (a poisoned input or weight: the MoE
-     * router turns it into NaN, k_moe.cu) has no distribution: token -1, nothing sampled */
+    /* raw log-sum-exp; a row with a NaN or +inf logit (a poisoned input or weight: the MoE router
+     * turns it into NaN, k_moe.cu), or only -inf ones, has no distribution: token -1 */
     float m = -INFINITY;
-    int bad = 0;
-    for (int i = tid; i < n_valid; i += SB) m = fmaxf(m, lg[i]), bad |= !isfinite(lg[i]);
-    if (__syncthreads_or(bad)) {
-        if (tid == 0) out[row].token = -1, out[row].logprob = NAN, out[row].n_top = 0;
-        return;
-    }
+    for (int i = tid; i < n_valid; i += SB) m = fmaxf(m, lg[i]);
     m = block_max(m, sbuf);
     float s = 0.0f;
     for (int i = tid; i < n_valid; i += SB) s += expf(lg[i] - m);
     s = block_sum(s, sbuf);
     float lse = m + logf(s);
+    if (!isfinite(lse)) { /* NaN from a NaN or +inf logit (block-uniform: no divergence) */
+        if (tid == 0) out[row].token = -1, out[row].logprob = NAN, out[row].n_top = 0;
+        return;
+    }
 
     int token;
     if (P.temperature <= 0.0f) {

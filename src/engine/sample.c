@@ -129,12 +129,16 @@ static int draw(const cand *c, int n, uint64_t *rng) {
 
 int tl_sample_host(const float *logits, int V, const tl_sample_params *p, uint64_t *rng,
                    const int32_t *history, int n_history, int n_prompt, tl_sample_out *out) {
-    for (int i = 0; i < V; i++)
-        if (!isfinite(logits[i])) { /* a poisoned model: no distribution (as k_sample.cu) */
-            memset(out, 0, sizeof *out);
-            out->token = -1, out->logprob = NAN;
-            return TL_OK;
-        }
+    int any_finite = 0, poisoned = 0;
+    for (int i = 0; i < V; i++) {
+        any_finite |= isfinite(logits[i]);
+        poisoned |= isnan(logits[i]) || logits[i] == INFINITY;
+    }
+    if (poisoned || !any_finite) { /* no distribution (as k_sample.cu): a poisoned model */
+        memset(out, 0, sizeof *out);
+        out->token = -1, out->logprob = NAN;
+        return TL_OK;
+    }
     float *l = malloc(sizeof(float) * V);
     cand *c = p->temperature > 0 ? malloc(sizeof(cand) * V) : NULL;
     int rc = l && (c || p->temperature <= 0) ? TL_OK : TL_ERR_NOMEM;

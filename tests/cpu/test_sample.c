@@ -315,8 +315,9 @@ static void test_logprobs(void) {
     free(l);
 }
 
-/* Non-finite logits (NaN or +-inf anywhere) give token -1 and no draw, greedy or sampled, as the
- * device sampler does (tulip.h: tl_sample_out). */
+/* Logits with a NaN or +inf, or only -inf ones, have no distribution: token -1 and no draw,
+ * greedy or sampled, as the device sampler does (tulip.h: tl_sample_out). A -inf among finite
+ * logits is a probability of 0: that token is never drawn. */
 static void test_non_finite(void) {
     enum { V = 64 };
     float l[V];
@@ -324,7 +325,10 @@ static void test_non_finite(void) {
     for (int k = 0; k < 3; k++)
         for (int temp = 0; temp < 2; temp++) {
             for (int i = 0; i < V; i++) l[i] = (float)((i * 7) % 13) * 0.25f;
-            l[(k * 17 + 5) % V] = bad[k];
+            if (k < 2)
+                l[(k * 17 + 5) % V] = bad[k];
+            else
+                for (int i = 0; i < V; i++) l[i] = -INFINITY;
             tl_sample_params p = {
                 .temperature = temp ? 1.0f : 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
             uint64_t rng = 99, rng0 = rng;
@@ -332,6 +336,17 @@ static void test_non_finite(void) {
             CHECK_EQ_INT(tl_sample_host(l, V, &p, &rng, NULL, 0, 0, &o), 0);
             CHECK_EQ_INT(o.token, -1);
             CHECK(rng == rng0); /* nothing drawn */
+        }
+    for (int temp = 0; temp < 2; temp++)
+        for (int seed = 1; seed <= 50; seed++) {
+            for (int i = 0; i < V; i++) l[i] = (float)((i * 7) % 13) * 0.25f;
+            l[12] = -INFINITY; /* 12 * 7 % 13 = 6: not the greedy pick, so greedy must not fail */
+            tl_sample_params p = {
+                .temperature = temp ? 1.0f : 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+            uint64_t rng = (uint64_t)seed;
+            tl_sample_out o;
+            CHECK_EQ_INT(tl_sample_host(l, V, &p, &rng, NULL, 0, 0, &o), 0);
+            CHECK(o.token >= 0 && o.token < V && o.token != 12);
         }
 }
 

@@ -513,13 +513,15 @@ static void test_attn(void) {
 
 /* ---- MoE ---- */
 
-/* Router logits with a NaN, +Inf or -Inf (a poisoned input or weight): those tokens get ids in
- * range and NaN weights (their output turns NaN; the sampler then reports token -1); the clean
- * tokens route exactly as without the poisoned ones (issue 11, 2e). */
+/* Router logits with a NaN or +inf, or only -inf ones (a poisoned input or weight): those tokens
+ * get ids in range and NaN weights (their output turns NaN; the sampler then reports token -1);
+ * the other tokens, one with a single -inf logit among them (probability 0), route as the CPU
+ * reference does (issue 11, 2e). */
 static void test_moe_route_poisoned(void) {
     const int E = TL_N_EXPERT, K = TL_N_EXPERT_USED, T = 6, ld = E + 1;
     float *lg = rand_vec((size_t)T * ld, 4.0f, &rs);
     lg[1 * ld + 77] = NAN, lg[3 * ld + 200] = INFINITY, lg[4 * ld + 0] = -INFINITY;
+    for (int e = 0; e < E; e++) lg[5 * ld + e] = -INFINITY;
     float *dl = dev_from(lg, sizeof(float) * T * ld);
     int32_t *dids = tl_gpu_malloc(4 * T * K);
     float *dw = tl_gpu_malloc(4 * T * K), *dsh = tl_gpu_malloc(4 * T);
@@ -529,7 +531,7 @@ static void test_moe_route_poisoned(void) {
     float w[6 * 8];
     tl_gpu_download(ids, dids, sizeof ids), tl_gpu_download(w, dw, sizeof w);
     for (int t = 0; t < T; t++) {
-        int poisoned = t == 1 || t == 3 || t == 4, rid[8];
+        int poisoned = t == 1 || t == 3 || t == 5, rid[8];
         float rw[8];
         if (!poisoned) cpu_moe_route(rid, rw, lg + (size_t)t * ld, E, K);
         for (int j = 0; j < K; j++) {
