@@ -321,7 +321,9 @@ int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, con
                           const tl_gpu_stream *st);
 
 /* ====== Sampling ======
- * One row of logits [n_rows, n_vocab] per entry (see k_sample.cu). `params` is a device array
+ * One row of logits [n_rows, n_vocab] per entry (see k_sample.cu): greedy rows and rows with
+ * 1 <= top_k <= 64 and no top logprobs take the two-pass path (the row cut into 32 parts, then
+ * one merge), the others one block per row. `params` is a device array
  * of tl_sample_params; keys [n_rows] u64 random keys; counts (NULL or [n_rows, n_vocab] i32
  * penalty counts, bit 30 = seen anywhere, low 24 bits = times generated); scratch [n_rows,
  * 2*n_vocab] f32. out: device tl_sample_out [n_rows]. Only ids < n_valid are sampled. */

@@ -1,6 +1,8 @@
 /* Sampling on the device, so the 248K logits never cross to the host: penalties, temperature,
  * min-p, top-k, top-p, then an exact draw from the surviving tokens (Gumbel-max keyed by the
- * sequence's random key), the chosen token's logprob and the top logprobs. */
+ * sequence's random key), the chosen token's logprob and the top logprobs. Two paths: the
+ * two-pass one (greedy, or top-k <= 64 without top logprobs: the server's default) spreads a row
+ * over 32 blocks; sample_kernel (one block per row) takes every other row. */
 #include "cuda/cuda_common.cuh"
 
 #define SB           1024  /* threads per sampling block */
@@ -50,6 +52,241 @@ __device__ __forceinline__ double rng_uniform(uint64_t key, int id) {
     return ((double)(z >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+/* ====== The two-pass path (greedy, or top-k <= FK, no top logprobs) ======
+ * sample_part_kernel: the row is cut into FP parts of consecutive ids, one block each; a part
+ *   records its raw max and sum of exp (for the log-sum-exp), its argmax of pen(l) (greedy), or
+ *   its own top-k of l' = pen(l) / T (sampled: a radix select over the part in shared memory,
+ *   ties to the lower id), so the true top-k is among the FP * k candidates.
+ * sample_merge_kernel: one block per row merges the parts: lse; greedy: the best argmax; sampled:
+ *   the candidates sorted (value desc, id asc), the top k, then min-p (relative to the best),
+ *   the 40-nat window and top-p over the survivors exactly (the smallest most-likely-first set
+ *   holding top_p of their mass, as the host sampler), and the draw: argmax of l' + Gumbel(key,
+ *   id) over the survivors, the same draw as sample_kernel's.
+ * Bytes: one pass over the row (1 MB), spread over FP SMs; the merge reads FP * k candidates.
+ * Rows with top-k = 0 or > FK, or with top logprobs, stay on sample_kernel (it skips the others).
+ * Tested in test_kernels.c: test_sample_* (greedy, distribution at V = 8 and at full V for
+ * batch 1 and 64 against the exact law, determinism, penalties, poisoned rows). */
+#define FP  32   /* parts per row */
+#define FK  64   /* largest top-k on the two-pass path */
+#define FT  256  /* threads of a part block */
+#define FCH 7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
+
+struct part_rec {
+    float m, s; /* raw max and sum of exp(l - m) over the part */
+    float gv;   /* greedy: best pen(l); sampled: unused */
+    int gi, nc; /* greedy: its id; sampled: candidates written */
+};
+
+/* fast: the launch's rows are long enough for the parts' scratch layout (tl_gpu_sample). */
+__device__ __forceinline__ bool fast_row(const tl_sample_params &P, int fast) {
+    return fast && P.n_logprobs <= 0 && (P.temperature <= 0.0f || (P.top_k >= 1 && P.top_k <= FK));
+}
+
+/* Order-preserving map of a float to u32 (larger float, larger key; NaN never occurs here). */
+__device__ __forceinline__ uint32_t fkey(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ part_rec *part_recs(float *scratch, int row, int V) {
+    return (part_rec *)(scratch + (size_t)row * 2 * V);
+}
+__device__ __forceinline__ float2 *part_cands(float *scratch, int row, int V) {
+    return (float2 *)(scratch + (size_t)row * 2 * V + FP * (sizeof(part_rec) / 4));
+}
+
+/* The key of the k-th largest of keys[0..n) (radix select, 8 bits a round) and how many keys
+ * equal to it belong to the top k. All FT threads; hist: 256 ints of shared memory. */
+__device__ void radix_kth(const uint32_t *keys, int n, int k, int *hist, uint32_t *kth, int *n_eq) {
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_need;
+    uint32_t prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int d = threadIdx.x; d < 256; d += FT) hist[d] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += FT)
+            if ((keys[i] & mask) == prefix) atomicAdd(&hist[(keys[i] >> shift) & 255], 1);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, d = 255;
+            for (; d > 0; d--) {
+                if (cum + hist[d] >= need) break;
+                cum += hist[d];
+            }
+            s_prefix = prefix | ((uint32_t)d << shift), s_need = need - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix, need = s_need, mask |= 255u << shift;
+        __syncthreads();
+    }
+    *kth = prefix, *n_eq = need;
+}
+
+__global__ void __launch_bounds__(FT)
+    sample_part_kernel(const float *logits, int V, int n_valid, const tl_sample_params *params,
+                       const int32_t *counts, float *scratch, int fast) {
+    __shared__ float sbuf[32];
+    __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
+    __shared__ uint32_t keys[FCH];
+    int row = blockIdx.y, part = blockIdx.x, tid = threadIdx.x;
+    tl_sample_params P = params[row];
+    if (!fast_row(P, fast)) return;
+    const float *lg = logits + (size_t)row * V;
+    const int32_t *cnt = counts ? counts + (size_t)row * V : NULL;
+    int per = CEIL_DIV(n_valid, FP), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
+    float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int j = tid; j < n; j += FT) {
+        float l = lg[i0 + j], lp = cnt ? apply_pen(l, cnt[i0 + j], P) : l;
+        float mn = fmaxf(m, l);
+        s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
+        if (P.temperature <= 0.0f) {
+            if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
+        } else {
+            keys[j] = fkey(lp * invT);
+        }
+    }
+    float M = block_max(m, sbuf);
+    float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sbuf);
+    part_rec *rec = part_recs(scratch, row, V) + part;
+    if (P.temperature <= 0.0f) {
+        argmax_t a = block_argmax(bv, bi, sbuf, sibuf);
+        if (tid == 0) rec->m = M, rec->s = S, rec->gv = a.v, rec->gi = a.i, rec->nc = 0;
+        return;
+    }
+    __syncthreads();
+    int k = min(P.top_k, n);
+    uint32_t kth = 0;
+    int n_eq = 0;
+    if (k > 0) radix_kth(keys, n, k, hist, &kth, &n_eq);
+    /* compaction in id order: thread tid owns [tid*q, (tid+1)*q); keys > kth, then the first
+     * n_eq keys == kth */
+    int q = CEIL_DIV(n, FT), j0 = min(n, tid * q), j1 = min(n, j0 + q), gt = 0, eq = 0;
+    for (int j = j0; j < j1 && k > 0; j++) gt += keys[j] > kth, eq += keys[j] == kth;
+    int lane = tid & 31, w = tid >> 5, ig = gt, ie = eq;
+    for (int o = 1; o < 32; o <<= 1) {
+        int a = __shfl_up_sync(0xffffffffu, ig, o), b = __shfl_up_sync(0xffffffffu, ie, o);
+        if (lane >= o) ig += a, ie += b;
+    }
+    if (lane == 31) s_cnt[w] = ig, s_cnt[FT / 32 + w] = ie;
+    __syncthreads();
+    int og = 0, oe = 0, tg = 0;
+    for (int x = 0; x < FT / 32; x++) {
+        if (x < w) og += s_cnt[x], oe += s_cnt[FT / 32 + x];
+        tg += s_cnt[x];
+    }
+    og += ig - gt, oe += ie - eq;
+    float2 *cand = part_cands(scratch, row, V) + part * FK;
+    for (int j = j0; j < j1 && k > 0; j++) {
+        float v = __uint_as_float((keys[j] & 0x80000000u) ? keys[j] & 0x7fffffffu : ~keys[j]);
+        if (keys[j] > kth)
+            cand[og++] = make_float2(v, __int_as_float(i0 + j));
+        else if (keys[j] == kth && oe < n_eq)
+            cand[tg + oe++] = make_float2(v, __int_as_float(i0 + j));
+    }
+    if (tid == 0) rec->m = M, rec->s = S, rec->nc = k;
+}
+
+/* Bitonic sort of c[0..n) (n a power of two <= 2 * blockDim) by value desc, id asc. */
+__device__ void sort_cands(float2 *c, int n) {
+    for (int size = 2; size <= n; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                bool up = ((lo & size) == 0);
+                float2 a = c[lo], b = c[hi];
+                bool a_first =
+                    a.x > b.x || (a.x == b.x && __float_as_int(a.y) < __float_as_int(b.y));
+                if (a_first != up) c[lo] = b, c[hi] = a;
+            }
+        }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(FT)
+    sample_merge_kernel(tl_sample_out *out, const float *logits, int V,
+                        const tl_sample_params *params, const uint64_t *keys, float *scratch,
+                        int fast) {
+    __shared__ float2 c[FP * FK];
+    __shared__ float sbuf[32];
+    __shared__ int sibuf[32];
+    int row = blockIdx.x, tid = threadIdx.x;
+    tl_sample_params P = params[row];
+    if (!fast_row(P, fast)) return;
+    const part_rec *rec = part_recs(scratch, row, V);
+    float M = -INFINITY;
+    for (int b = 0; b < FP; b++) M = fmaxf(M, rec[b].m);
+    float S = 0.0f;
+    for (int b = 0; b < FP; b++) S += rec[b].m == -INFINITY ? 0.0f : rec[b].s * expf(rec[b].m - M);
+    float lse = M + logf(S);
+    tl_sample_out *o = out + row;
+    if (!isfinite(lse)) { /* NaN from a NaN or +inf logit: no distribution */
+        if (tid == 0) o->token = -1, o->logprob = NAN, o->n_top = 0;
+        return;
+    }
+    int token;
+    if (P.temperature <= 0.0f) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int b = 0; b < FP; b++)
+            if (am_better(rec[b].gv, rec[b].gi, bv, bi)) bv = rec[b].gv, bi = rec[b].gi;
+        token = bi;
+    } else {
+        int n = 0, off[FP];
+        for (int b = 0; b < FP; b++) off[b] = n, n += rec[b].nc;
+        int n2 = 1;
+        while (n2 < n) n2 <<= 1;
+        const float2 *pc = part_cands(scratch, row, V);
+        for (int i = tid; i < n2; i += FT) {
+            float2 v = make_float2(-INFINITY, __int_as_float(0x7fffffff));
+            if (i < n) {
+                int b = 0;
+                while (b + 1 < FP && off[b + 1] <= i) b++;
+                v = pc[b * FK + (i - off[b])];
+            }
+            c[i] = v;
+        }
+        sort_cands(c, n2);
+        /* survivors: the top k, within 40 nats and min-p of the best, then the top-p prefix */
+        int kk = min(P.top_k, n);
+        float best = c[0].x, floor_v = best - CAND_WINDOW;
+        if (P.min_p > 0.0f) floor_v = fmaxf(floor_v, best + logf(P.min_p));
+        __shared__ int s_keep;
+        if (tid == 0) {
+            int keep = 0;
+            double tot = 0, cum = 0;
+            while (keep < kk && c[keep].x >= floor_v) tot += exp((double)c[keep].x - best), keep++;
+            if (P.top_p > 0.0f && P.top_p < 1.0f) {
+                int k2 = 0;
+                while (k2 < keep) {
+                    cum += exp((double)c[k2++].x - best);
+                    if (cum >= (double)P.top_p * tot) break;
+                }
+                keep = k2;
+            }
+            s_keep = keep < 1 ? 1 : keep;
+        }
+        __syncthreads();
+        uint64_t key = keys[row];
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = tid; i < s_keep; i += FT) {
+            int id = __float_as_int(c[i].y);
+            float sc = c[i].x + (float)(-log(-log(rng_uniform(key, id))));
+            if (am_better(sc, id, bv, bi)) bv = sc, bi = id;
+        }
+        token = block_argmax(bv, bi, sbuf, sibuf).i;
+    }
+    if (tid == 0) {
+        o->token = token;
+        o->logprob = logits[(size_t)row * V + token] - lse;
+        o->n_top = 0;
+    }
+}
+
 /* sample_kernel
  *   raw lse = log sum_i e^{l_i};  l'_i = pen(l_i) / T
  *   T <= 0: token = argmax pen(l).  Otherwise keep l'_i >= theta, theta = max of: max' - 40,
@@ -66,7 +303,7 @@ __device__ __forceinline__ double rng_uniform(uint64_t key, int id) {
 __global__ void __launch_bounds__(SB)
     sample_kernel(tl_sample_out *out, const float *logits, int V, int n_valid,
                   const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  float *scratch) {
+                  float *scratch, int fast) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32];
     __shared__ int s_off[SB / 32];
@@ -74,6 +311,7 @@ __global__ void __launch_bounds__(SB)
     const float *lg = logits + (size_t)row * V;
     const int32_t *cnt = counts ? counts + (size_t)row * V : NULL;
     tl_sample_params P = params[row];
+    if (fast_row(P, fast)) return; /* sample_part_kernel + sample_merge_kernel took it */
     float *cv = scratch + (size_t)row * 2 * V;
     int *ci = (int *)(cv + V);
 
@@ -205,8 +443,16 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
                              const int32_t *counts, float *scratch, int n_rows,
                              const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
+    /* the two-pass path needs each part in shared memory and its records in the row's scratch */
+    int fast = n_valid <= FP * FCH && 2 * n_vocab >= FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK;
+    if (fast) {
+        TL_LAUNCH(st, "sample_part", sample_part_kernel, dim3(FP, n_rows), dim3(FT), 0, logits,
+                  n_vocab, n_valid, params, counts, scratch, fast);
+        TL_LAUNCH(st, "sample_merge", sample_merge_kernel, dim3(n_rows), dim3(FT), 0, out, logits,
+                  n_vocab, params, keys, scratch, fast);
+    }
     TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits, n_vocab, n_valid,
-              params, keys, counts, scratch);
+              params, keys, counts, scratch, fast);
     return 0;
 }
 

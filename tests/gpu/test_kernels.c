@@ -817,6 +817,115 @@ static void test_sample_poisoned(void) {
     free(lg);
 }
 
+/* The two-pass sampler at full vocabulary (the server's case: top-k <= 64, no top logprobs):
+ * a few strong tokens spread over the parts (two of them tied), the rest of the vocabulary far
+ * below; temperature, top-k, min-p, top-p and a presence penalty on one of the strong tokens
+ * (its count) give an exact law computed here in double, following the host sampler's order
+ * (top-k and min-p, then top-p over the survivors). n_rows rows a launch with their own keys,
+ * n_launch launches: every draw must be a survivor, and the chi-square statistic over the
+ * survivors must stay under the 1e-4 tail of its distribution. */
+static void sample_full_law(int n_rows, int n_launch) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS, NS = 7;
+    const int ids[7] = {17, 40000, 40001, 120003, 199999, 248000, 7777};
+    const float val[7] = {6.0f, 5.6f, 5.6f, 5.3f, 6.3f, 4.0f, 2.0f};
+    float *lg = xmalloc(sizeof(float) * V * (size_t)n_rows);
+    int32_t *cnt = xcalloc((size_t)V * n_rows, 4);
+    unsigned long long r0 = 0x5eed;
+    for (int i = 0; i < V; i++) lg[i] = -4.0f - 6.0f * t_randf(&r0) * t_randf(&r0);
+    for (int j = 0; j < NS; j++) lg[ids[j]] = val[j];
+    cnt[199999] = (1 << 30) | 1; /* generated once: presence 1.0 takes 6.3 down to 5.3 */
+    for (int r = 1; r < n_rows; r++) {
+        memcpy(lg + (size_t)r * V, lg, sizeof(float) * V);
+        memcpy(cnt + (size_t)r * V, cnt, 4 * (size_t)V);
+    }
+    tl_sample_params P = greedy_params();
+    P.temperature = 0.8f, P.top_k = 6, P.min_p = 0.1f, P.top_p = 0.8f, P.presence_penalty = 1.0f;
+    /* the law: penalised logits / T, top 6 (ties: lower id), min-p, then top-p */
+    double l[7], q[7] = {0}, best = -1e30, tot = 0, cum = 0;
+    int order[7], keep = 0;
+    for (int j = 0; j < NS; j++) l[j] = (val[j] - (ids[j] == 199999 ? 1.0 : 0.0)) / 0.8;
+    for (int j = 0; j < NS; j++) order[j] = j;
+    for (int a = 0; a < NS; a++)
+        for (int b = a + 1; b < NS; b++)
+            if (l[order[b]] > l[order[a]] ||
+                (l[order[b]] == l[order[a]] && ids[order[b]] < ids[order[a]])) {
+                int t = order[a];
+                order[a] = order[b], order[b] = t;
+            }
+    best = l[order[0]];
+    while (keep < 6 && exp(l[order[keep]] - best) >= 0.1) tot += exp(l[order[keep]] - best), keep++;
+    int k2 = 0;
+    while (k2 < keep) {
+        cum += exp(l[order[k2++]] - best);
+        if (cum >= 0.8 * tot) break;
+    }
+    double z = 0;
+    for (int a = 0; a < k2; a++) z += exp(l[order[a]] - best);
+    for (int a = 0; a < k2; a++) q[order[a]] = exp(l[order[a]] - best) / z;
+    tl_sample_params *p = xmalloc(sizeof(tl_sample_params) * n_rows);
+    uint64_t *keys = xmalloc(8 * (size_t)n_rows);
+    tl_sample_out *out = xmalloc(sizeof(tl_sample_out) * n_rows);
+    int hits[7] = {0}, stray = 0, n = 0;
+    for (int it = 0; it < n_launch; it++) {
+        for (int r = 0; r < n_rows; r++)
+            p[r] = P, keys[r] = 0x9E3779B97F4A7C15ull * (uint64_t)(it * n_rows + r + 1);
+        run_sample(out, lg, V, nv, p, keys, cnt, n_rows);
+        for (int r = 0; r < n_rows; r++, n++) {
+            int j = 0;
+            while (j < NS && ids[j] != out[r].token) j++;
+            if (j == NS || q[j] == 0)
+                stray++;
+            else
+                hits[j]++;
+        }
+    }
+    double chi2 = 0;
+    for (int j = 0; j < NS; j++)
+        if (q[j] > 0) chi2 += (hits[j] - n * q[j]) * (hits[j] - n * q[j]) / (n * q[j]);
+    printf("# full-vocab law (rows %d x %d): survivors %d, chi2 %.2f (df %d), stray %d; freq",
+           n_rows, n_launch, k2, chi2, k2 - 1, stray);
+    for (int j = 0; j < NS; j++) printf(" %.3f/%.3f", (double)hits[j] / n, q[j]);
+    printf("\n");
+    CHECK_EQ_INT(stray, 0);
+    CHECK(k2 == 4);     /* top-p cuts the tie loser 199999 (the law is as designed) */
+    CHECK(chi2 < 21.1); /* df 3: P(chi2 > 21.1) < 1e-4 */
+    free(lg), free(cnt), free(p), free(keys), free(out);
+}
+
+/* Greedy on the two-pass path at full vocabulary: the penalised argmax, ties to the lower id,
+ * across parts; the logprob against a double log-sum-exp. */
+static void test_sample_greedy_full(void) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    float *lg = rand_vec((size_t)3 * V, 4.0f, &rs);
+    lg[123456] = lg[200001] = 50.0f;           /* row 0: a tie across parts: 123456 */
+    lg[V + 5] = 30.0f, lg[V + 240000] = 29.9f; /* row 1: repetition 2.0 on 5 -> 240000 */
+    lg[2 * V + nv + 3] = 99.0f;                /* row 2: a padding id must never win */
+    int32_t *cnt = xcalloc((size_t)3 * V, 4);
+    cnt[V + 5] = 1 << 30;
+    tl_sample_params p[3] = {greedy_params(), greedy_params(), greedy_params()};
+    p[1].repetition_penalty = 2.0f;
+    uint64_t keys[3] = {1, 2, 3};
+    tl_sample_out out[3];
+    run_sample(out, lg, V, nv, p, keys, cnt, 3);
+    CHECK_EQ_INT(out[0].token, 123456);
+    CHECK_EQ_INT(out[1].token, 240000);
+    int best = 0;
+    for (int i = 1; i < nv; i++)
+        if (lg[2 * (size_t)V + i] > lg[2 * (size_t)V + best]) best = i;
+    CHECK_EQ_INT(out[2].token, best);
+    double mx = -1e30, s = 0;
+    for (int i = 0; i < nv; i++) mx = fmax(mx, lg[i]);
+    for (int i = 0; i < nv; i++) s += exp((double)lg[i] - mx);
+    CHECK_CLOSE(out[0].logprob, 50.0 - (mx + log(s)), 1e-4, 1e-5);
+    free(lg), free(cnt);
+}
+
+static void test_sample_full_vocab_law(void) {
+    sample_full_law(1, 2000);
+    sample_full_law(64, 40);
+    sample_full_law(256, 8);
+}
+
 static void test_sample_distribution(void) {
     sample_dist_case("T=1", 1.0f, 0, 1.0f, 0.0f);
     sample_dist_case("T=0.7", 0.7f, 0, 1.0f, 0.0f);
@@ -895,6 +1004,8 @@ int main(void) {
     T_RUN(test_sample_greedy_logprobs);
     T_RUN(test_sample_distribution);
     T_RUN(test_sample_poisoned);
+    T_RUN(test_sample_greedy_full);
+    T_RUN(test_sample_full_vocab_law);
     T_RUN(test_sample_determinism_penalties);
     return t_summary();
 }
