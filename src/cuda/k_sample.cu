@@ -105,8 +105,13 @@ __device__ void radix_kth(const uint32_t *keys, int n, int k, int *hist, uint32_
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int d = threadIdx.x; d < 256; d += FT) hist[d] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += FT)
-            if ((keys[i] & mask) == prefix) atomicAdd(&hist[(keys[i] >> shift) & 255], 1);
+        for (int i0 = 0; i0 < n; i0 += FT) { /* warp-aggregated: most keys share a digit */
+            int i = i0 + threadIdx.x;
+            bool in = i < n && (keys[i] & mask) == prefix;
+            int d = in ? (int)((keys[i] >> shift) & 255) : -1 - (int)(threadIdx.x & 31);
+            unsigned same = __match_any_sync(0xffffffffu, d);
+            if (in && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[d], __popc(same));
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
             int cum = 0, d = 255;
