@@ -128,12 +128,95 @@ __device__ void radix_kth(const uint32_t *keys, int n, int k, int *hist, uint32_
     *kth = prefix, *n_eq = need;
 }
 
+/* Bitonic sort of a[0..n) (n a power of two) by key (.x) descending, index (.y) ascending; all
+ * threads of the block. */
+__device__ void sort_pairs(uint2 *a, int n) {
+    for (int size = 2; size <= n; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                uint2 x = a[lo], y = a[hi];
+                bool x_first = x.x > y.x || (x.x == y.x && x.y < y.y);
+                if (x_first != ((lo & size) == 0)) a[lo] = y, a[hi] = x;
+            }
+        }
+    __syncthreads();
+}
+
+#define FCAND 1024 /* candidates of a part sorted directly (more: the radix select) */
+
+/* The part's top k keys (k >= 1) into cand (value, id), ties to the lower id. Pre-filter: the
+ * k-th largest of the threads' own maxima is <= the k-th largest key (k threads hold a key at
+ * least that large), so every top-k key is >= it; those candidates (usually about k) are sorted
+ * directly. A part with more than FCAND candidates (mass ties) goes through radix_kth. */
+__device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int i0, float2 *cand,
+                          uint2 *pairs, int *hist, int *s_cnt) {
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    pairs[tid] = make_uint2(tmax, tid);
+    sort_pairs(pairs, FT);
+    uint32_t t0 = pairs[k - 1].x;
+    int q = CEIL_DIV(n, FT), j0 = min(n, tid * q), j1 = min(n, j0 + q), c = 0;
+    for (int j = j0; j < j1; j++) c += keys[j] >= t0;
+    int inc = c;
+    for (int o = 1; o < 32; o <<= 1) {
+        int a = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += a;
+    }
+    __syncthreads(); /* pairs is reused below */
+    if (lane == 31) s_cnt[w] = inc;
+    __syncthreads();
+    int off = inc - c, total = 0;
+    for (int x = 0; x < FT / 32; x++) off += x < w ? s_cnt[x] : 0, total += s_cnt[x];
+    if (total <= FCAND) {
+        int n2 = FT;
+        while (n2 < total) n2 <<= 1;
+        for (int j = j0; j < j1; j++)
+            if (keys[j] >= t0) pairs[off++] = make_uint2(keys[j], j);
+        for (int i = total + tid; i < n2; i += FT) pairs[i] = make_uint2(0u, 0x7fffffffu);
+        sort_pairs(pairs, n2);
+        for (int i = tid; i < k; i += FT) {
+            uint32_t key = pairs[i].x;
+            float v = __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
+            cand[i] = make_float2(v, __int_as_float(i0 + (int)pairs[i].y));
+        }
+        return;
+    }
+    uint32_t kth;
+    int n_eq;
+    radix_kth(keys, n, k, hist, &kth, &n_eq);
+    int gt = 0, eq = 0;
+    for (int j = j0; j < j1; j++) gt += keys[j] > kth, eq += keys[j] == kth;
+    int ig = gt, ie = eq;
+    for (int o = 1; o < 32; o <<= 1) {
+        int a = __shfl_up_sync(0xffffffffu, ig, o), b = __shfl_up_sync(0xffffffffu, ie, o);
+        if (lane >= o) ig += a, ie += b;
+    }
+    __syncthreads();
+    if (lane == 31) s_cnt[w] = ig, s_cnt[FT / 32 + w] = ie;
+    __syncthreads();
+    int og = 0, oe = 0, tg = 0;
+    for (int x = 0; x < FT / 32; x++) {
+        if (x < w) og += s_cnt[x], oe += s_cnt[FT / 32 + x];
+        tg += s_cnt[x];
+    }
+    og += ig - gt, oe += ie - eq;
+    for (int j = j0; j < j1; j++) {
+        float v = __uint_as_float((keys[j] & 0x80000000u) ? keys[j] & 0x7fffffffu : ~keys[j]);
+        if (keys[j] > kth)
+            cand[og++] = make_float2(v, __int_as_float(i0 + j));
+        else if (keys[j] == kth && oe < n_eq)
+            cand[tg + oe++] = make_float2(v, __int_as_float(i0 + j));
+    }
+}
+
 __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, int V, int n_valid, const tl_sample_params *params,
                        const int32_t *counts, float *scratch, int fast) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
     __shared__ uint32_t keys[FCH];
+    __shared__ uint2 pairs[FCAND];
     int row = blockIdx.y, part = blockIdx.x, tid = threadIdx.x;
     tl_sample_params P = params[row];
     if (!fast_row(P, fast)) return;
@@ -143,6 +226,7 @@ __global__ void __launch_bounds__(FT)
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
+    uint32_t tmax = 0; /* this thread's largest key */
     for (int j = tid; j < n; j += FT) {
         float l = lg[i0 + j], lp = cnt ? apply_pen(l, cnt[i0 + j], P) : l;
         float mn = fmaxf(m, l);
@@ -151,6 +235,7 @@ __global__ void __launch_bounds__(FT)
             if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
         } else {
             keys[j] = fkey(lp * invT);
+            tmax = max(tmax, keys[j]);
         }
     }
     float M = block_max(m, sbuf);
@@ -163,34 +248,9 @@ __global__ void __launch_bounds__(FT)
     }
     __syncthreads();
     int k = min(P.top_k, n);
-    uint32_t kth = 0;
-    int n_eq = 0;
-    if (k > 0) radix_kth(keys, n, k, hist, &kth, &n_eq);
-    /* compaction in id order: thread tid owns [tid*q, (tid+1)*q); keys > kth, then the first
-     * n_eq keys == kth */
-    int q = CEIL_DIV(n, FT), j0 = min(n, tid * q), j1 = min(n, j0 + q), gt = 0, eq = 0;
-    for (int j = j0; j < j1 && k > 0; j++) gt += keys[j] > kth, eq += keys[j] == kth;
-    int lane = tid & 31, w = tid >> 5, ig = gt, ie = eq;
-    for (int o = 1; o < 32; o <<= 1) {
-        int a = __shfl_up_sync(0xffffffffu, ig, o), b = __shfl_up_sync(0xffffffffu, ie, o);
-        if (lane >= o) ig += a, ie += b;
-    }
-    if (lane == 31) s_cnt[w] = ig, s_cnt[FT / 32 + w] = ie;
-    __syncthreads();
-    int og = 0, oe = 0, tg = 0;
-    for (int x = 0; x < FT / 32; x++) {
-        if (x < w) og += s_cnt[x], oe += s_cnt[FT / 32 + x];
-        tg += s_cnt[x];
-    }
-    og += ig - gt, oe += ie - eq;
-    float2 *cand = part_cands(scratch, row, V) + part * FK;
-    for (int j = j0; j < j1 && k > 0; j++) {
-        float v = __uint_as_float((keys[j] & 0x80000000u) ? keys[j] & 0x7fffffffu : ~keys[j]);
-        if (keys[j] > kth)
-            cand[og++] = make_float2(v, __int_as_float(i0 + j));
-        else if (keys[j] == kth && oe < n_eq)
-            cand[tg + oe++] = make_float2(v, __int_as_float(i0 + j));
-    }
+    if (k > 0)
+        part_topk(keys, n, k, tmax, i0, part_cands(scratch, row, V) + part * FK, pairs, hist,
+                  s_cnt);
     if (tid == 0) rec->m = M, rec->s = S, rec->nc = k;
 }
 
