@@ -282,10 +282,11 @@ __global__ void __launch_bounds__(FT)
     tl_sample_params P = params[row];
     if (!fast_row(P, fast)) return;
     const part_rec *rec = part_recs(scratch, row, V);
-    float M = -INFINITY;
-    for (int b = 0; b < FP; b++) M = fmaxf(M, rec[b].m);
-    float S = 0.0f;
-    for (int b = 0; b < FP; b++) S += rec[b].m == -INFINITY ? 0.0f : rec[b].s * expf(rec[b].m - M);
+    __shared__ int s_off[FP + 1];
+    int lane = tid & 31;
+    /* every warp merges the FP (= 32) part records, one per lane: fixed shuffle order */
+    float mb = rec[lane].m, M = warp_max(mb);
+    float S = warp_sum(mb == -INFINITY ? 0.0f : rec[lane].s * expf(mb - M));
     float lse = M + logf(S);
     tl_sample_out *o = out + row;
     if (!isfinite(lse)) { /* NaN from a NaN or +inf logit: no distribution */
@@ -294,14 +295,24 @@ __global__ void __launch_bounds__(FT)
     }
     int token;
     if (P.temperature <= 0.0f) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int b = 0; b < FP; b++)
-            if (am_better(rec[b].gv, rec[b].gi, bv, bi)) bv = rec[b].gv, bi = rec[b].gi;
+        float bv = rec[lane].gv;
+        int bi = rec[lane].gi;
+        for (int d = 16; d > 0; d >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, d);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, d);
+            if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
         token = bi;
     } else {
-        int n = 0, off[FP];
-        for (int b = 0; b < FP; b++) off[b] = n, n += rec[b].nc;
+        int nc = rec[lane].nc, inc = nc;
+        for (int d = 1; d < 32; d <<= 1) {
+            int x = __shfl_up_sync(0xffffffffu, inc, d);
+            if (lane >= d) inc += x;
+        }
+        if (tid < 32) s_off[lane] = inc - nc;
+        if (tid == 31) s_off[FP] = inc;
+        __syncthreads();
+        int n = s_off[FP];
         int n2 = 1;
         while (n2 < n) n2 <<= 1;
         const float2 *pc = part_cands(scratch, row, V);
@@ -309,8 +320,8 @@ __global__ void __launch_bounds__(FT)
             float2 v = make_float2(-INFINITY, __int_as_float(0x7fffffff));
             if (i < n) {
                 int b = 0;
-                while (b + 1 < FP && off[b + 1] <= i) b++;
-                v = pc[b * FK + (i - off[b])];
+                while (b + 1 < FP && s_off[b + 1] <= i) b++;
+                v = pc[b * FK + (i - s_off[b])];
             }
             c[i] = v;
         }
