@@ -667,25 +667,20 @@ static long step_after_fn(tl_parser *p, const char *s, size_t n, int eof) {
     return took(t == 1 ? at : n);
 }
 
-/* One step of the state machine over s[0..n) (the unconsumed input). Returns the number of
- * bytes consumed, or -1 if it only changed state, or 0 if it needs more input. */
+/* One step of the state machine over s[0..n) (the unconsumed input): the handler of the
+ * current state. Returns the number of bytes consumed, or -1 if it only changed state, or 0 if
+ * it needs more input (always, once ST_DONE). */
 static long step(tl_parser *p, const char *s, size_t n, int eof) {
-    switch (p->state) {
-    case ST_REASON_START:
-        return step_reason_start(p, s, n, eof);
-    case ST_REASON:
-        return step_reason(p, s, n, eof);
-    case ST_CONTENT:
-        return step_content(p, s, n, eof);
-    case ST_BODY:
-        return step_body(p, s, n, eof);
-    case ST_VALUE:
-        return step_value(p, s, n, eof);
-    case ST_AFTER_FN:
-        return step_after_fn(p, s, n, eof);
-    default:
-        return 0;
-    }
+    typedef long (*step_fn)(tl_parser *, const char *, size_t, int);
+    static const step_fn steps[ST_DONE] = {
+        [ST_REASON_START] = step_reason_start,
+        [ST_REASON] = step_reason,
+        [ST_CONTENT] = step_content,
+        [ST_BODY] = step_body,
+        [ST_VALUE] = step_value,
+        [ST_AFTER_FN] = step_after_fn,
+    };
+    return p->state < ST_DONE ? steps[p->state](p, s, n, eof) : 0;
 }
 
 /* ------------------------------------------------------------------ UTF-8 sanitizer */
