@@ -217,6 +217,18 @@ static int bind_stack_float(bind_ctx *b, stack_req *r, const tl_tensor *w, tl_ma
     return TL_OK;
 }
 
+/* t's last dimension does not fit cols: "<file>: tensor '<name>': shape [...] " + how (a format
+ * with one %d, given cols). */
+static int bad_width(bind_ctx *b, const tl_tensor *t, const char *how, int cols)
+    __attribute__((format(printf, 3, 0)));
+static int bad_width(bind_ctx *b, const tl_tensor *t, const char *how, int cols) {
+    char got[96], what[128];
+    shape_str(got, sizeof got, t->shape, t->ndim);
+    snprintf(what, sizeof what, how, cols);
+    return tl_errf(b->err, b->errlen, TL_ERR_FORMAT, "%s: tensor '%s': shape %s %s", tfile(b, t),
+                   t->name, got, what);
+}
+
 /* config.json's word on a quantized module: "quantization" must be there, and a per-module
  * entry must not be false; *bits and *group get what an entry {"bits", "group_size"} asks for
  * (0: no entry). */
@@ -247,13 +259,8 @@ static int quant_bits(bind_ctx *b, stack_req *r, const tl_tensor *w, int want_bi
     int nd = r->nd, cols = r->cols;
     int64_t packed = w->ndim == nd ? w->shape[nd - 1] : 0;
     int bits = packed > 0 && (packed * 32) % cols == 0 ? (int)(packed * 32 / cols) : 0;
-    if (bits != 4 && bits != 8) {
-        char got[96];
-        shape_str(got, sizeof got, w->shape, w->ndim);
-        return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
-                       "%s: tensor '%s': shape %s does not pack %d columns at 4 or 8 bits",
-                       tfile(b, w), w->name, got, cols);
-    }
+    if (bits != 4 && bits != 8)
+        return bad_width(b, w, "does not pack %d columns at 4 or 8 bits", cols);
     if (want_bits && want_bits != bits)
         return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
                        "%s: tensor '%s' packs %d-bit values but config.json "
@@ -271,13 +278,8 @@ static int quant_groups(bind_ctx *b, stack_req *r, const tl_tensor *s, const tl_
                         int bits, int want_group, int64_t *out) {
     int nd = r->nd, cols = r->cols, st;
     int64_t ng = s->ndim == nd ? s->shape[nd - 1] : 0;
-    if (ng <= 0 || cols % ng || (cols / ng) % (32 / bits)) {
-        char got[96];
-        shape_str(got, sizeof got, s->shape, s->ndim);
-        return tl_errf(b->err, b->errlen, TL_ERR_FORMAT,
-                       "%s: tensor '%s': shape %s does not give a group size dividing %d",
-                       tfile(b, s), s->name, got, cols);
-    }
+    if (ng <= 0 || cols % ng || (cols / ng) % (32 / bits))
+        return bad_width(b, s, "does not give a group size dividing %d", cols);
     r->shape[nd - 1] = ng;
     if ((st = want_shape(b, s, nd, r->shape, NULL)) || (st = want_shape(b, bi, nd, r->shape, NULL)))
         return st;
