@@ -13,24 +13,21 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "common/buf.h"
 #include "common/status.h"
 #include "common/util.h"
 #include "tokenizer/bpe.h"
 
-static char *read_stdin(size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = xmalloc(cap + 1);
+/* All of stdin into b (NUL-terminated, and allocated even when stdin is empty; it may hold NULs
+ * of its own). 0, or 1 after saying why. */
+static int read_stdin(tl_buf *b) {
+    char chunk[1 << 14];
     size_t r;
-    while ((r = fread(buf + n, 1, cap - n, stdin)) > 0) {
-        n += r;
-        if (n == cap) {
-            cap *= 2;
-            buf = xrealloc(buf, cap + 1);
-        }
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
+    tl_buf_reserve(b, sizeof chunk);
+    while ((r = fread(chunk, 1, sizeof chunk, stdin)) > 0) tl_buf_append(b, chunk, r);
+    if (!b->err) return 0;
+    fprintf(stderr, "tulip tokenize: %s reading stdin\n", tl_status_str(b->err));
+    return 1;
 }
 
 static int hexval(int c) {
@@ -85,6 +82,25 @@ static void batch_encode_line(const tl_tokenizer *tok, json_t *v, unsigned flags
     tl_tok_ids_free(&ids);
 }
 
+/* ids[0..n) through the incremental detokenizer, the pieces concatenated into out (a failing
+ * push ends the pieces; the flush still runs). 0, or non-zero when the stream could not be
+ * made or out ran out of memory. */
+static int stream_decode(const tl_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                         tl_buf *out) {
+    tl_detok_stream *ds;
+    if (tl_detok_stream_create(tok, flags, &ds)) return 1;
+    const char *piece;
+    size_t pl;
+    tl_buf_append(out, "", 0);
+    for (size_t i = 0; i < n; i++) {
+        if (tl_detok_stream_push(ds, ids[i], &piece, &pl)) break;
+        tl_buf_append(out, piece, pl);
+    }
+    if (tl_detok_stream_flush(ds, &piece, &pl) == 0) tl_buf_append(out, piece, pl);
+    tl_detok_stream_free(ds);
+    return out->err;
+}
+
 static void batch_decode_line(const tl_tokenizer *tok, json_t *v, unsigned flags) {
     if (!json_is_array(v)) {
         put_error_line("expected a list of ids");
@@ -105,34 +121,17 @@ static void batch_decode_line(const tl_tokenizer *tok, json_t *v, unsigned flags
         put_error_line(tl_status_str(st));
         return;
     }
-    tl_detok_stream *ds;
-    char *stream = NULL;
-    size_t sl = 0;
-    if (tl_detok_stream_create(tok, flags, &ds) == 0) {
-        stream = xmalloc(3 * tl + 16);
-        const char *piece;
-        size_t pl;
-        for (size_t i = 0; i < n; i++) {
-            if (tl_detok_stream_push(ds, ids[i], &piece, &pl)) break;
-            if (sl + pl > 3 * tl + 12) break; /* cannot happen when the stream is right */
-            memcpy(stream + sl, piece, pl);
-            sl += pl;
-        }
-        if (tl_detok_stream_flush(ds, &piece, &pl) == 0 && sl + pl <= 3 * tl + 12) {
-            memcpy(stream + sl, piece, pl);
-            sl += pl;
-        }
-        tl_detok_stream_free(ds);
-    }
+    tl_buf stream = {0};
+    int sst = stream_decode(tok, ids, n, flags, &stream);
     json_t *o = json_object();
     json_object_set_new(o, "text", json_stringn(text, tl));
-    json_object_set_new(o, "stream", stream ? json_stringn(stream, sl) : json_null());
+    json_object_set_new(o, "stream", sst ? json_null() : json_stringn(stream.p, stream.n));
     char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     printf("%s\n", s ? s : "{\"error\":\"output is not UTF-8\"}");
     free(s);
     json_decref(o);
     free(text);
-    free(stream);
+    tl_buf_free(&stream);
     free(ids);
 }
 
@@ -209,35 +208,35 @@ static int run_batch(const tl_tokenizer *tok, int decode, unsigned flags) {
     return 0;
 }
 
-static int run_decode(const tl_tokenizer *tok, unsigned flags) {
-    size_t len;
-    char *in = read_stdin(&len);
-    size_t n = 0, cap = 256;
-    int32_t *ids = xmalloc(cap * sizeof *ids);
-    char *p = in;
+/* The token ids in text (separated by spaces, commas, newlines or brackets), each appended to
+ * ids as one int32_t. 0, or 1 after naming the bad id. */
+static int parse_ids(const tl_tokenizer *tok, const char *p, tl_buf *ids) {
     for (;;) {
         while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' ||
                *p == ']')
             p++;
-        if (!*p) break;
+        if (!*p) return 0;
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < 0 || v >= tl_tokenizer_n_vocab(tok)) {
             fprintf(stderr, "tulip tokenize: bad token id near \"%.20s\" (ids are 0..%d)\n", p,
                     tl_tokenizer_n_vocab(tok) - 1);
-            free(ids);
-            free(in);
             return 1;
         }
-        if (n == cap) ids = xrealloc(ids, (cap *= 2) * sizeof *ids);
-        ids[n++] = (int32_t)v;
+        int32_t id = (int32_t)v;
+        tl_buf_append(ids, &id, sizeof id);
         p = end;
     }
+}
+
+/* ids (int32_t values; malloc'd memory is aligned for them) -> text on stdout. 0, or 1 after
+ * saying why. */
+static int write_text(const tl_tokenizer *tok, const tl_buf *ids, unsigned flags) {
     char *text;
     size_t tl;
-    int st = tl_detokenize(tok, ids, n, flags, &text, &tl);
-    free(ids);
-    free(in);
+    int st = ids->err ? ids->err
+                      : tl_detokenize(tok, (const int32_t *)ids->p, ids->n / sizeof(int32_t), flags,
+                                      &text, &tl);
     if (st) {
         fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(st));
         return 1;
@@ -245,6 +244,17 @@ static int run_decode(const tl_tokenizer *tok, unsigned flags) {
     fwrite(text, 1, tl, stdout);
     free(text);
     return 0;
+}
+
+/* Ids on stdin -> text on stdout. */
+static int run_decode(const tl_tokenizer *tok, unsigned flags) {
+    tl_buf in = {0}, ids = {0};
+    int rc = read_stdin(&in);
+    if (!rc) rc = parse_ids(tok, in.p, &ids);
+    if (!rc) rc = write_text(tok, &ids, flags);
+    tl_buf_free(&in);
+    tl_buf_free(&ids);
+    return rc;
 }
 
 typedef struct tokenize_opts {
@@ -283,11 +293,11 @@ static int tokenize_parse(tokenize_opts *o, int argc, char **argv) {
 
 /* Text on stdin -> ids (or their count) on stdout. */
 static int run_encode(const tl_tokenizer *tok, unsigned flags, int count) {
-    size_t len;
-    char *in = read_stdin(&len);
+    tl_buf in = {0};
+    if (read_stdin(&in)) return 1;
     tl_tok_ids ids = {0};
-    int n = tl_tokenize(tok, in, len, flags, &ids), rc = 0;
-    free(in);
+    int n = tl_tokenize(tok, in.p, in.n, flags, &ids), rc = 0;
+    tl_buf_free(&in);
     if (n < 0) {
         fprintf(stderr, "tulip tokenize: %s\n", tl_status_str(n));
         rc = 1;

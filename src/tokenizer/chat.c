@@ -126,57 +126,6 @@ void tl_chat_py_float(tl_buf *b, double x) {
     }
 }
 
-void tl_chat_json_dump(tl_buf *b, const json_t *v) {
-    char tmp[32];
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: {
-        const char *k;
-        json_t *x;
-        int first = 1;
-        tl_buf_append(b, "{", 1);
-        json_object_foreach((json_t *)v, k, x) {
-            if (!first) tl_buf_append(b, ", ", 2);
-            first = 0;
-            tl_buf_append(b, "\"", 1);
-            tl_chat_json_escape(b, k, strlen(k));
-            tl_buf_append(b, "\": ", 3);
-            tl_chat_json_dump(b, x);
-        }
-        tl_buf_append(b, "}", 1);
-        break;
-    }
-    case JSON_ARRAY:
-        tl_buf_append(b, "[", 1);
-        for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) tl_buf_append(b, ", ", 2);
-            tl_chat_json_dump(b, json_array_get(v, i));
-        }
-        tl_buf_append(b, "]", 1);
-        break;
-    case JSON_STRING:
-        tl_buf_append(b, "\"", 1);
-        tl_chat_json_escape(b, json_string_value(v), json_string_length(v));
-        tl_buf_append(b, "\"", 1);
-        break;
-    case JSON_INTEGER:
-        snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
-        tl_buf_puts(b, tmp);
-        break;
-    case JSON_REAL:
-        tl_chat_py_float(b, json_real_value(v));
-        break;
-    case JSON_TRUE:
-        tl_buf_puts(b, "true");
-        break;
-    case JSON_FALSE:
-        tl_buf_puts(b, "false");
-        break;
-    case JSON_NULL:
-        tl_buf_puts(b, "null");
-        break;
-    }
-}
-
 /* Python's str.isprintable() for one code point, as repr() uses it (utf8proc categories). */
 static int py_printable(int32_t c) {
     if (c == ' ') return 1;
@@ -236,11 +185,27 @@ static void py_repr_str(tl_buf *b, const char *s, size_t n) {
     tl_buf_append(b, &q, 1);
 }
 
-/* Python's repr() (inside containers) and str() (top level) of a JSON value. */
-static void py_repr(tl_buf *b, const json_t *v, int top) {
-    char tmp[32];
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: {
+/* The template prints JSON values in two dialects: `|tojson` (json.dumps, ensure_ascii=False:
+ * double quotes, true/false/null) and Python's repr() (quotes as repr picks them,
+ * True/False/None, nan/inf). One walker serves both. */
+enum { DUMP_JSON, DUMP_PY };
+
+static void dump_value(tl_buf *b, const json_t *v, int py, int top);
+
+/* A string as a literal of the dialect: "json" or Python's 'repr'. */
+static void dump_quoted(tl_buf *b, const char *s, size_t n, int py) {
+    if (py) {
+        py_repr_str(b, s, n);
+        return;
+    }
+    tl_buf_append(b, "\"", 1);
+    tl_chat_json_escape(b, s, n);
+    tl_buf_append(b, "\"", 1);
+}
+
+/* {k: v, ...} or [x, ...]: separators ", " and ": " in both dialects. */
+static void dump_container(tl_buf *b, const json_t *v, int py) {
+    if (json_is_object(v)) {
         const char *k;
         json_t *x;
         int first = 1;
@@ -248,26 +213,35 @@ static void py_repr(tl_buf *b, const json_t *v, int top) {
         json_object_foreach((json_t *)v, k, x) {
             if (!first) tl_buf_append(b, ", ", 2);
             first = 0;
-            py_repr_str(b, k, strlen(k));
+            dump_quoted(b, k, strlen(k), py);
             tl_buf_append(b, ": ", 2);
-            py_repr(b, x, 0);
+            dump_value(b, x, py, 0);
         }
         tl_buf_append(b, "}", 1);
-        break;
+        return;
     }
+    tl_buf_append(b, "[", 1);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        if (i) tl_buf_append(b, ", ", 2);
+        dump_value(b, json_array_get(v, i), py, 0);
+    }
+    tl_buf_append(b, "]", 1);
+}
+
+/* v in the dialect; top (Python only): str(v) rather than repr(v), which differ for strings. */
+static void dump_value(tl_buf *b, const json_t *v, int py, int top) {
+    static const char *const lit[2][3] = {{"true", "false", "null"}, {"True", "False", "None"}};
+    char tmp[32];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
     case JSON_ARRAY:
-        tl_buf_append(b, "[", 1);
-        for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) tl_buf_append(b, ", ", 2);
-            py_repr(b, json_array_get(v, i), 0);
-        }
-        tl_buf_append(b, "]", 1);
+        dump_container(b, v, py);
         break;
     case JSON_STRING:
-        if (top)
+        if (py && top)
             tl_buf_append(b, json_string_value(v), json_string_length(v));
         else
-            py_repr_str(b, json_string_value(v), json_string_length(v));
+            dump_quoted(b, json_string_value(v), json_string_length(v), py);
         break;
     case JSON_INTEGER:
         snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
@@ -275,25 +249,30 @@ static void py_repr(tl_buf *b, const json_t *v, int top) {
         break;
     case JSON_REAL: {
         double x = json_real_value(v);
-        if (isnan(x))
+        if (py && isnan(x))
             tl_buf_puts(b, "nan");
-        else if (isinf(x))
+        else if (py && isinf(x))
             tl_buf_puts(b, x > 0 ? "inf" : "-inf");
         else
             tl_chat_py_float(b, x);
         break;
     }
     case JSON_TRUE:
-        tl_buf_puts(b, "True");
+        tl_buf_puts(b, lit[py][0]);
         break;
     case JSON_FALSE:
-        tl_buf_puts(b, "False");
+        tl_buf_puts(b, lit[py][1]);
         break;
     case JSON_NULL:
-        tl_buf_puts(b, "None");
+        tl_buf_puts(b, lit[py][2]);
         break;
     }
 }
+
+void tl_chat_json_dump(tl_buf *b, const json_t *v) { dump_value(b, v, DUMP_JSON, 0); }
+
+/* Python's repr() (inside containers) and str() (top level) of a JSON value. */
+static void py_repr(tl_buf *b, const json_t *v, int top) { dump_value(b, v, DUMP_PY, top); }
 
 /* Python str.isspace() code points (what str.strip() removes). */
 static int py_ws(int32_t c) {
@@ -492,6 +471,33 @@ static const char TOOLS_INSTRUCTIONS[] =
     "question like normal with your current knowledge and do not tell the user about function "
     "calls\n</IMPORTANT>";
 
+/* L46-53: the tools block: each tool as JSON on its own line (for a string, each character as
+ * a JSON string, as iterating a str gives), then the instructions for calling them. */
+static void render_tools(tl_buf *b, const json_t *tools) {
+    tl_buf_puts(b, "<|im_start|>system\n"); /* L46 */
+    tl_buf_puts(b, TOOLS_PREAMBLE);         /* L47 */
+    if (json_is_array(tools)) {
+        for (size_t i = 0; i < json_array_size(tools); i++) { /* L48-51 */
+            tl_buf_append(b, "\n", 1);
+            tl_chat_json_dump(b, json_array_get(tools, i));
+        }
+    } else {
+        const char *s = json_string_value(tools);
+        size_t n = json_string_length(tools);
+        for (size_t i = 0; i < n;) {
+            uint32_t cp;
+            size_t k;
+            if (tl_utf8_decode(s + i, n - i, &cp, &k) != TL_UTF8_OK) k = 1;
+            tl_buf_puts(b, "\n\"");
+            tl_chat_json_escape(b, s + i, (size_t)k);
+            tl_buf_puts(b, "\"");
+            i += (size_t)k;
+        }
+    }
+    tl_buf_puts(b, "\n</tools>");       /* L52 */
+    tl_buf_puts(b, TOOLS_INSTRUCTIONS); /* L53 */
+}
+
 /* L45-66: the system turn (with the tools block when tools is a non-empty list). */
 static int render_system(tl_buf *b, const json_t *messages, const json_t *tools, tl_buf *tmp,
                          char *err, size_t errlen) {
@@ -503,29 +509,8 @@ static int render_system(tl_buf *b, const json_t *messages, const json_t *tools,
     int tools_list = tools && json_is_array(tools) && json_array_size(tools) > 0;
     int tools_str = tools && json_is_string(tools) && json_string_length(tools) > 0;
     if (tools_list || tools_str) {
-        tl_buf_puts(b, "<|im_start|>system\n"); /* L46 */
-        tl_buf_puts(b, TOOLS_PREAMBLE);         /* L47 */
-        if (tools_list) {
-            for (size_t i = 0; i < json_array_size(tools); i++) { /* L48-51 */
-                tl_buf_append(b, "\n", 1);
-                tl_chat_json_dump(b, json_array_get(tools, i));
-            }
-        } else {
-            const char *s = json_string_value(tools);
-            size_t n = json_string_length(tools);
-            for (size_t i = 0; i < n;) {
-                uint32_t cp;
-                size_t k;
-                if (tl_utf8_decode(s + i, n - i, &cp, &k) != TL_UTF8_OK) k = 1;
-                tl_buf_puts(b, "\n\"");
-                tl_chat_json_escape(b, s + i, (size_t)k);
-                tl_buf_puts(b, "\"");
-                i += (size_t)k;
-            }
-        }
-        tl_buf_puts(b, "\n</tools>");       /* L52 */
-        tl_buf_puts(b, TOOLS_INSTRUCTIONS); /* L53 */
-        if (sys0) {                         /* L54-59 */
+        render_tools(b, tools);
+        if (sys0) { /* L54-59 */
             int st = content_trimmed(attr(m0, "content"), 1, tmp, &c, err, errlen);
             if (st) return st;
             if (c.n) {
@@ -580,6 +565,33 @@ static int tool_args(const json_t *a, const json_t **out, json_t **owned, char *
     return 0;
 }
 
+/* L119-126: one <parameter=K> block per argument (a JSON-string arguments value parsed first). */
+static int render_call_args(tl_buf *b, const json_t *args0, char *err, size_t errlen) {
+    const json_t *args;
+    json_t *owned;
+    int st = tool_args(args0, &args, &owned, err, errlen);
+    if (st) return st;
+    if (!json_is_object(args)) { /* arguments|items on a non-mapping */
+        json_decref(owned);
+        return tl_errf(err, errlen, TL_ERR_INVALID, "Can only get item pairs from a mapping.");
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)args, k, v) {
+        tl_buf_puts(b, "<parameter=");
+        tl_buf_puts(b, k);
+        tl_buf_puts(b, ">\n");
+        /* L122: strings verbatim, everything else tojson */
+        if (json_is_string(v))
+            tl_buf_append(b, json_string_value(v), json_string_length(v));
+        else
+            tl_chat_json_dump(b, v);
+        tl_buf_puts(b, "\n</parameter>\n");
+    }
+    json_decref(owned);
+    return 0;
+}
+
 /* L105-129: the tool calls of one assistant message. */
 static int render_tool_calls(tl_buf *b, const json_t *calls, span content, char *err,
                              size_t errlen) {
@@ -604,31 +616,10 @@ static int render_tool_calls(tl_buf *b, const json_t *calls, span content, char 
             tl_buf_puts(b, "\n<tool_call>\n<function="); /* L117 */
         tl_buf_append(b, json_string_value(name), json_string_length(name));
         tl_buf_puts(b, ">\n");
-        const json_t *args0 = attr(tc, "arguments");
-        if (args0) { /* L119-126 */
-            const json_t *args;
-            json_t *owned;
-            int st = tool_args(args0, &args, &owned, err, errlen);
+        const json_t *args = attr(tc, "arguments");
+        if (args) { /* L119-126 */
+            int st = render_call_args(b, args, err, errlen);
             if (st) return st;
-            if (!json_is_object(args)) { /* arguments|items on a non-mapping */
-                json_decref(owned);
-                return tl_errf(err, errlen, TL_ERR_INVALID,
-                               "Can only get item pairs from a mapping.");
-            }
-            const char *k;
-            json_t *v;
-            json_object_foreach((json_t *)args, k, v) {
-                tl_buf_puts(b, "<parameter=");
-                tl_buf_puts(b, k);
-                tl_buf_puts(b, ">\n");
-                /* L122: strings verbatim, everything else tojson */
-                if (json_is_string(v))
-                    tl_buf_append(b, json_string_value(v), json_string_length(v));
-                else
-                    tl_chat_json_dump(b, v);
-                tl_buf_puts(b, "\n</parameter>\n");
-            }
-            json_decref(owned);
         }
         tl_buf_puts(b, "</function>\n</tool_call>"); /* L127 */
     }
@@ -680,6 +671,60 @@ void tl_chat_opts_default(tl_chat_opts *o) {
     o->add_generation_prompt = 1;
 }
 
+/* L131-142: a tool message; a run of them shares one user turn. */
+static void render_tool(tl_buf *b, const json_t *messages, size_t i, span c) {
+    /* loop.previtem is undefined for the first message; any earlier message that got here is a
+     * non-empty dict, hence truthy */
+    if (i > 0 && !json_eq_str(attr(json_array_get(messages, i - 1), "role"), "tool"))
+        tl_buf_puts(b, "<|im_start|>user");
+    tl_buf_puts(b, "\n<tool_response>\n");
+    tl_buf_append(b, c.s, c.n);
+    tl_buf_puts(b, "\n</tool_response>");
+    if (i + 1 == json_array_size(messages) ||
+        !json_eq_str(attr(json_array_get(messages, i + 1), "role"), "tool"))
+        tl_buf_puts(b, "<|im_end|>\n");
+}
+
+/* L83-144: message i by its role; c is its trimmed rendered content. */
+static int render_message(tl_buf *b, const json_t *messages, size_t i, span c, int with_think,
+                          char *err, size_t errlen) {
+    const json_t *m = json_array_get(messages, i), *role = attr(m, "role");
+    if (json_eq_str(role, "system")) { /* L83-86 */
+        if (i != 0)
+            return tl_errf(err, errlen, TL_ERR_INVALID, "System message must be at the beginning.");
+    } else if (json_eq_str(role, "user")) { /* L87-88 */
+        tl_buf_puts(b, "<|im_start|>user\n");
+        tl_buf_append(b, c.s, c.n);
+        tl_buf_puts(b, "<|im_end|>\n");
+    } else if (json_eq_str(role, "assistant")) {
+        return render_assistant(b, m, c, with_think, err, errlen);
+    } else if (json_eq_str(role, "tool")) {
+        render_tool(b, messages, i, c);
+    } else {
+        return tl_errf(err, errlen, TL_ERR_INVALID, "Unexpected message role."); /* L143-144 */
+    }
+    return 0;
+}
+
+/* L45-146: the system turn, then every message (assistant turns after the last user query, or
+ * all of them with preserve_thinking, keep their reasoning). */
+static int render_messages(tl_buf *b, const json_t *messages, const json_t *tools,
+                           const tl_chat_opts *o, tl_buf *tmp, char *err, size_t errlen) {
+    long last_query = 0;
+    int st = render_system(b, messages, tools, tmp, err, errlen);
+    if (!st) st = last_query_index(messages, tmp, &last_query, err, errlen);
+    for (size_t i = 0; !st && i < json_array_size(messages); i++) { /* L81-146 */
+        span c;
+        /* L82: do_vision_count, not system */
+        st = content_trimmed(attr(json_array_get(messages, i), "content"), 0, tmp, &c, err, errlen);
+        if (!st)
+            st = render_message(b, messages, i, c, o->preserve_thinking || (long)i > last_query,
+                                err, errlen);
+    }
+    if (!st && tmp->err) st = tl_errf(err, errlen, tmp->err, "out of memory rendering the chat");
+    return st;
+}
+
 int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,
                    size_t *out_len, char *err, size_t errlen) {
     tl_chat_opts def;
@@ -694,45 +739,8 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
         return tl_errf(err, errlen, TL_ERR_INVALID, "No messages provided."); /* L42-44 */
     if (!json_is_array(messages))
         return tl_errf(err, errlen, TL_ERR_INVALID, "messages must be a list");
-
     tl_buf b = {0}, tmp = {0};
-    long last_query = 0;
-    int st = render_system(&b, messages, tools, &tmp, err, errlen);
-    if (!st) st = last_query_index(messages, &tmp, &last_query, err, errlen);
-    size_t n = json_array_size(messages);
-    for (size_t i = 0; !st && i < n; i++) { /* L81-146 */
-        const json_t *m = json_array_get(messages, i);
-        span c;
-        st = content_trimmed(attr(m, "content"), 0, &tmp, &c, err,
-                             errlen); /* L82: do_vision_count, not system */
-        if (st) break;
-        const json_t *role = attr(m, "role");
-        if (json_eq_str(role, "system")) { /* L83-86 */
-            if (i != 0)
-                st = tl_errf(err, errlen, TL_ERR_INVALID,
-                             "System message must be at the beginning.");
-        } else if (json_eq_str(role, "user")) { /* L87-88 */
-            tl_buf_puts(&b, "<|im_start|>user\n");
-            tl_buf_append(&b, c.s, c.n);
-            tl_buf_puts(&b, "<|im_end|>\n");
-        } else if (json_eq_str(role, "assistant")) {
-            int with_think = o->preserve_thinking || (long)i > last_query;
-            st = render_assistant(&b, m, c, with_think, err, errlen);
-        } else if (json_eq_str(role, "tool")) { /* L131-142 */
-            /* loop.previtem is undefined for the first message; any earlier message that got
-             * here is a non-empty dict, hence truthy */
-            if (i > 0 && !json_eq_str(attr(json_array_get(messages, i - 1), "role"), "tool"))
-                tl_buf_puts(&b, "<|im_start|>user");
-            tl_buf_puts(&b, "\n<tool_response>\n");
-            tl_buf_append(&b, c.s, c.n);
-            tl_buf_puts(&b, "\n</tool_response>");
-            if (i + 1 == n || !json_eq_str(attr(json_array_get(messages, i + 1), "role"), "tool"))
-                tl_buf_puts(&b, "<|im_end|>\n");
-        } else {
-            st = tl_errf(err, errlen, TL_ERR_INVALID, "Unexpected message role."); /* L143-144 */
-        }
-    }
-    if (!st && tmp.err) st = tl_errf(err, errlen, tmp.err, "out of memory rendering the chat");
+    int st = render_messages(&b, messages, tools, o, &tmp, err, errlen);
     tl_buf_free(&tmp);
     if (st) {
         tl_buf_free(&b);

@@ -77,6 +77,34 @@ struct tl_parser {
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+enum { CL_NL, CL_WS }; /* the whitespace a state drops or holds: "\n" only, or any is_ws */
+
+static int in_class(char c, int cls) { return cls == CL_NL ? c == '\n' : is_ws(c); }
+
+/* Length of the run of cls bytes at the start of s[0..n). */
+static size_t lead_run(const char *s, size_t n, int cls) {
+    size_t i = 0;
+    while (i < n && in_class(s[i], cls)) i++;
+    return i;
+}
+
+/* e less the cls bytes right before it, never below lo. */
+static size_t trail_trim(const char *s, size_t e, size_t lo, int cls) {
+    while (e > lo && in_class(s[e - 1], cls)) e--;
+    return e;
+}
+
+/* How much of s[0..e) a state emits now, s[0..k0) being a cls run it held back before: all but
+ * the trailing cls run (its fate depends on what follows), or nothing when after k0 there is
+ * only that run. */
+static size_t emit_end(const char *s, size_t e, size_t k0, int cls) {
+    e = trail_trim(s, e, k0, cls);
+    return e == k0 ? 0 : e;
+}
+
+/* A step's result when it consumed k bytes: k, or -1 (it only changed state) when k is 0. */
+static long took(size_t k) { return k ? (long)k : -1; }
+
 /* Earliest full occurrence of any of tags[0..nt) in s[0..n): returns its index (-1 if none),
  * *at its offset. *hold = length of the longest suffix of s that is a proper prefix of a tag
  * (only meaningful when none is found). */
@@ -398,6 +426,26 @@ static void value_end(tl_parser *p) {
     p->n_params++;
 }
 
+/* Adds s[0..e) less one trailing "\n" to the value (a final "\n" is not part of it); returns
+ * the bytes added. */
+static size_t value_add_trimmed(tl_parser *p, const char *s, size_t e) {
+    if (e && s[e - 1] == '\n') e--;
+    value_add(p, s, e);
+    return e;
+}
+
+/* A parameter named name[0..n) starts: its key goes out, its value is typed from the schema. */
+static void value_begin(tl_parser *p, const char *name, size_t n) {
+    emit_args_str(p, p->n_params ? ", \"" : "{\"");
+    emit_args_escaped(p, name, n);
+    emit_args_str(p, "\": ");
+    p->vtype = param_type(p, name, n);
+    p->v_first = 1;
+    p->v_quote = 0;
+    tl_buf_truncate(&p->vbuf, 0);
+    p->state = ST_VALUE;
+}
+
 /* ------------------------------------------------------------------ the states */
 
 static const char *const T_THINK_END[] = {"</think>"};
@@ -453,187 +501,186 @@ static void content_out(tl_parser *p, const char *s, size_t n) {
     p->seg_started = 1;
 }
 
-/* One step of the state machine over s[0..n) (the unconsumed input). Returns the number of
- * bytes consumed, or -1 if it only changed state, or 0 if it needs more input. */
-static long step(tl_parser *p, const char *s, size_t n, int eof) {
-    size_t at = 0, hold = 0;
-    switch (p->state) {
-    case ST_REASON_START: {
-        size_t i = 0;
-        while (i < n && s[i] == '\n') i++;
-        if (i) return (long)i;
-        if (n == 0 && !eof) return 0;
-        if (p->start_step == 0) {
-            if (n >= 7 && !memcmp(s, "<think>", 7)) {
-                p->start_step = 1;
-                return 7;
-            }
-            if (!eof && n < 7 && !memcmp(s, "<think>", n)) return 0;
+/* The per-state steps below all read s[0..n) (the unconsumed input) and return the number of
+ * bytes consumed, or -1 if they only changed state, or 0 if they need more input. */
+
+/* ST_REASON_START: drops leading "\n"s, then one "<think>" (a model that reopens it) and the
+ * "\n"s after it. */
+static long step_reason_start(tl_parser *p, const char *s, size_t n, int eof) {
+    size_t i = lead_run(s, n, CL_NL);
+    if (i) return (long)i;
+    if (n == 0 && !eof) return 0;
+    if (p->start_step == 0) {
+        if (n >= 7 && !memcmp(s, "<think>", 7)) {
+            p->start_step = 1;
+            return 7;
         }
-        p->state = ST_REASON;
-        return -1;
+        if (!eof && n < 7 && !memcmp(s, "<think>", n)) return 0;
     }
-    case ST_REASON: {
-        size_t k0 = TL_MIN(p->ws_known, n); /* a held run of "\n": no tag starts in it */
-        int t = find_tags(s + k0, n - k0, T_THINK_END, 1, &at, &hold);
-        at += k0;
-        if (t >= 0) {
-            size_t e = at;
-            while (e > k0 && s[e - 1] == '\n') e--;
-            if (e == k0) e = 0;
-            emit(p, TL_PARSE_REASONING, 0, s, e);
-            p->state = ST_CONTENT;
-            p->strip_nl = 1;
-            return (long)(at + 8);
-        }
-        size_t safe = eof ? n : n - hold, e = safe;
-        while (e > k0 && s[e - 1] == '\n') e--;
-        if (e == k0) e = 0;
-        emit(p, TL_PARSE_REASONING, 0, s, e);
-        if (eof) {
-            p->state = ST_DONE;
-            return n ? (long)n : -1;
-        }
-        p->ws_next = safe - e;
-        return (long)e;
+    p->state = ST_REASON;
+    return -1;
+}
+
+/* ST_REASON: reasoning up to "</think>", less the "\n"s right before it (or the end). */
+static long step_reason(tl_parser *p, const char *s, size_t n, int eof) {
+    size_t at = 0, hold = 0, k0 = TL_MIN(p->ws_known, n); /* a held run of "\n": no tag in it */
+    int t = find_tags(s + k0, n - k0, T_THINK_END, 1, &at, &hold);
+    at += k0;
+    if (t >= 0) {
+        emit(p, TL_PARSE_REASONING, 0, s, emit_end(s, at, k0, CL_NL));
+        p->state = ST_CONTENT;
+        p->strip_nl = 1;
+        return (long)(at + 8);
     }
-    case ST_CONTENT: {
-        if (p->strip_nl) {
-            size_t i = 0;
-            while (i < n && s[i] == '\n') i++;
-            if (i) return (long)i;
-            if (n == 0 && !eof) return 0;
-            p->strip_nl = 0;
-            return -1;
-        }
-        if (!p->o.parse_tools) {
-            emit(p, TL_PARSE_CONTENT, 0, s, n);
-            if (eof) {
-                p->state = ST_DONE;
-                return n ? (long)n : -1;
-            }
-            return (long)n;
-        }
-        if (p->after_call && !p->seg_started) { /* leading whitespace of a segment after a call */
-            size_t i = 0;
-            while (i < n && is_ws(s[i])) i++;
-            if (i) return (long)i;
-        }
-        size_t k0 = TL_MIN(p->ws_known, n); /* a held whitespace run: no tag starts in it */
-        int t = find_tags(s + k0, n - k0, T_TOOL_CALL, 1, &at, &hold);
-        at += k0;
-        if (t >= 0) {
-            size_t name = 0, name_len = 0, total = 0, e = at;
-            int h = header_check(s + at, n - at, &name, &name_len, &total);
-            while (e > k0 && is_ws(s[e - 1])) e--;
-            if (e == k0) e = 0;
-            if (h == H_VALID) {
-                content_out(p, s, e);
-                start_call(p, s + at + name, name_len);
-                p->state = ST_BODY;
-                return (long)(at + total);
-            }
-            if (h == H_INCOMPLETE && !eof) {
-                content_out(p, s, e);
-                return (long)e;
-            }
-            content_out(p, s, at + 11); /* not a call: the tag is text */
-            return (long)(at + 11);
-        }
-        if (eof) {
-            size_t e = n;
-            if (p->after_call)
-                while (e && is_ws(s[e - 1])) e--;
-            content_out(p, s, e);
-            p->state = ST_DONE;
-            return n ? (long)n : -1;
-        }
-        size_t e = n - hold;
-        while (e > k0 && is_ws(s[e - 1])) e--;
-        if (e == k0) e = 0;
+    size_t safe = eof ? n : n - hold, e = emit_end(s, safe, k0, CL_NL);
+    emit(p, TL_PARSE_REASONING, 0, s, e);
+    if (eof) {
+        p->state = ST_DONE;
+        return took(n);
+    }
+    p->ws_next = safe - e;
+    return (long)e;
+}
+
+/* ST_CONTENT after "</think>": drops the leading "\n"s of the content. */
+static long content_strip_nl(tl_parser *p, const char *s, size_t n, int eof) {
+    size_t i = lead_run(s, n, CL_NL);
+    if (i) return (long)i;
+    if (n == 0 && !eof) return 0;
+    p->strip_nl = 0;
+    return -1;
+}
+
+/* ST_CONTENT without tool parsing: everything is content, verbatim. */
+static long content_plain(tl_parser *p, const char *s, size_t n, int eof) {
+    emit(p, TL_PARSE_CONTENT, 0, s, n);
+    if (!eof) return (long)n;
+    p->state = ST_DONE;
+    return took(n);
+}
+
+/* ST_CONTENT with "<tool_call>" at s + at (s[0..k0) a held whitespace run): a call starts when
+ * a complete "<function=NAME>" header follows; the text waits while the header may still
+ * come; otherwise the tag is content. Whitespace right before a call is dropped. */
+static long content_at_tag(tl_parser *p, const char *s, size_t n, size_t at, size_t k0, int eof) {
+    size_t name = 0, name_len = 0, total = 0, e = emit_end(s, at, k0, CL_WS);
+    int h = header_check(s + at, n - at, &name, &name_len, &total);
+    if (h == H_VALID) {
         content_out(p, s, e);
-        p->ws_next = n - hold - e;
-        return (long)e;
-    }
-    case ST_BODY: {
-        int t = find_tags(s, n, T_BODY, 3, &at, &hold);
-        if (t < 0) {
-            if (eof) {
-                close_call(p);
-                return n ? (long)n : -1;
-            }
-            return (long)(n - hold); /* text between parameters is ignored */
-        }
-        if (t == 1) {
-            p->state = ST_AFTER_FN;
-            return (long)(at + 11);
-        }
-        if (t == 2) {
-            close_call(p);
-            return (long)(at + 12);
-        }
-        size_t name_len = 0, total = 0;
-        int h = pname_check(s + at, n - at, &name_len, &total);
-        if (h == H_INCOMPLETE && !eof) return (long)at;
-        if (h != H_VALID) return (long)(at + 11); /* skip a broken "<parameter=" */
-        emit_args_str(p, p->n_params ? ", \"" : "{\"");
-        emit_args_escaped(p, s + at + 11, name_len);
-        emit_args_str(p, "\": ");
-        p->vtype = param_type(p, s + at + 11, name_len);
-        p->v_first = 1;
-        p->v_quote = 0;
-        tl_buf_truncate(&p->vbuf, 0);
-        p->state = ST_VALUE;
+        start_call(p, s + at + name, name_len);
+        p->state = ST_BODY;
         return (long)(at + total);
     }
-    case ST_VALUE: {
-        if (p->v_first) {
-            if (n == 0 && !eof) return 0;
-            p->v_first = 0;
-            if (n && s[0] == '\n') return 1;
-            return -1;
-        }
-        int t = find_tags(s, n, T_VALUE, 4, &at, &hold);
-        if (t >= 0) {
-            size_t e = at;
-            if (e && s[e - 1] == '\n') e--;
-            value_add(p, s, e);
-            value_end(p);
-            p->state = ST_BODY;
-            return t == 0 ? (long)(at + 12) : (at ? (long)at : -1);
-        }
-        if (eof) {
-            size_t e = n;
-            if (e && s[e - 1] == '\n') e--;
-            value_add(p, s, e);
-            value_end(p);
-            close_call(p);
-            return n ? (long)n : -1;
-        }
-        size_t e = n - hold;
-        if (e && s[e - 1] == '\n') e--;
-        value_add(p, s, e);
+    if (h == H_INCOMPLETE && !eof) {
+        content_out(p, s, e);
         return (long)e;
     }
-    case ST_AFTER_FN: {
-        int t = find_tags(s, n, T_AFTER_FN, 2, &at, &hold);
-        if (t == 0) {
-            close_call(p);
-            return (long)(at + 12);
-        }
-        if (t == 1) {
-            close_call(p);
-            return at ? (long)at : -1;
-        }
-        if (eof) {
-            close_call(p);
-            return n ? (long)n : -1;
-        }
-        return (long)(n - hold);
+    content_out(p, s, at + 11); /* not a call: the tag is text */
+    return (long)(at + 11);
+}
+
+/* ST_CONTENT: text up to the next "<tool_call>"; trailing whitespace waits for what follows. */
+static long step_content(tl_parser *p, const char *s, size_t n, int eof) {
+    if (p->strip_nl) return content_strip_nl(p, s, n, eof);
+    if (!p->o.parse_tools) return content_plain(p, s, n, eof);
+    if (p->after_call && !p->seg_started) { /* leading whitespace of a segment after a call */
+        size_t i = lead_run(s, n, CL_WS);
+        if (i) return (long)i;
     }
-    default:
-        return 0;
+    size_t at = 0, hold = 0, k0 = TL_MIN(p->ws_known, n); /* a held whitespace run: no tag */
+    int t = find_tags(s + k0, n - k0, T_TOOL_CALL, 1, &at, &hold);
+    if (t >= 0) return content_at_tag(p, s, n, at + k0, k0, eof);
+    if (eof) { /* after a call, whitespace-only text at the end is dropped */
+        content_out(p, s, p->after_call ? trail_trim(s, n, 0, CL_WS) : n);
+        p->state = ST_DONE;
+        return took(n);
     }
+    size_t e = emit_end(s, n - hold, k0, CL_WS);
+    content_out(p, s, e);
+    p->ws_next = n - hold - e;
+    return (long)e;
+}
+
+/* ST_BODY at "<parameter=" (s + at): the value starts once the name is complete. */
+static long body_param(tl_parser *p, const char *s, size_t n, size_t at, int eof) {
+    size_t name_len = 0, total = 0;
+    int h = pname_check(s + at, n - at, &name_len, &total);
+    if (h == H_INCOMPLETE && !eof) return (long)at;
+    if (h != H_VALID) return (long)(at + 11); /* skip a broken "<parameter=" */
+    value_begin(p, s + at + 11, name_len);
+    return (long)(at + total);
+}
+
+/* ST_BODY: between parameters, up to "<parameter=", "</function>" or "</tool_call>". */
+static long step_body(tl_parser *p, const char *s, size_t n, int eof) {
+    size_t at = 0, hold = 0;
+    int t = find_tags(s, n, T_BODY, 3, &at, &hold);
+    if (t < 0) {
+        if (!eof) return (long)(n - hold); /* text between parameters is ignored */
+        close_call(p);
+        return took(n);
+    }
+    if (t == 1) {
+        p->state = ST_AFTER_FN;
+        return (long)(at + 11);
+    }
+    if (t == 2) {
+        close_call(p);
+        return (long)(at + 12);
+    }
+    return body_param(p, s, n, at, eof);
+}
+
+/* ST_VALUE: the value up to "</parameter>" (or, leniently, the next parameter or the call's
+ * end), less one leading and one trailing "\n". */
+static long step_value(tl_parser *p, const char *s, size_t n, int eof) {
+    if (p->v_first) {
+        if (n == 0 && !eof) return 0;
+        p->v_first = 0;
+        return n && s[0] == '\n' ? 1 : -1;
+    }
+    size_t at = 0, hold = 0;
+    int t = find_tags(s, n, T_VALUE, 4, &at, &hold);
+    if (t >= 0) {
+        value_add_trimmed(p, s, at);
+        value_end(p);
+        p->state = ST_BODY;
+        return t == 0 ? (long)(at + 12) : took(at); /* other tags are the body's to read */
+    }
+    if (eof) {
+        value_add_trimmed(p, s, n);
+        value_end(p);
+        close_call(p);
+        return took(n);
+    }
+    return (long)value_add_trimmed(p, s, n - hold);
+}
+
+/* ST_AFTER_FN: after "</function>", the call ends at "</tool_call>", a new "<tool_call>" (left
+ * for the content) or the end of the output. */
+static long step_after_fn(tl_parser *p, const char *s, size_t n, int eof) {
+    size_t at = 0, hold = 0;
+    int t = find_tags(s, n, T_AFTER_FN, 2, &at, &hold);
+    if (t < 0 && !eof) return (long)(n - hold);
+    close_call(p);
+    if (t == 0) return (long)(at + 12);
+    return took(t == 1 ? at : n);
+}
+
+/* One step of the state machine over s[0..n) (the unconsumed input): the handler of the
+ * current state. Returns the number of bytes consumed, or -1 if it only changed state, or 0 if
+ * it needs more input (always, once ST_DONE). */
+static long step(tl_parser *p, const char *s, size_t n, int eof) {
+    typedef long (*step_fn)(tl_parser *, const char *, size_t, int);
+    static const step_fn steps[ST_DONE] = {
+        [ST_REASON_START] = step_reason_start,
+        [ST_REASON] = step_reason,
+        [ST_CONTENT] = step_content,
+        [ST_BODY] = step_body,
+        [ST_VALUE] = step_value,
+        [ST_AFTER_FN] = step_after_fn,
+    };
+    return p->state < ST_DONE ? steps[p->state](p, s, n, eof) : 0;
 }
 
 /* ------------------------------------------------------------------ UTF-8 sanitizer */
