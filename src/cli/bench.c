@@ -128,7 +128,7 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
         .n_opts = TL_CLI_NOPTS(opts)};
     int rc = tl_cli_parse(&cmd, argc, argv);
     if (rc != TL_CLI_CONTINUE) return rc;
-    if (bench_check_opts(&cmd, o) || bench_parse_lengths(&cmd, o)) return 2;
+    if (bench_parse_lengths(&cmd, o) || bench_check_opts(&cmd, o)) return 2;
     return TL_CLI_CONTINUE;
 }
 
@@ -229,6 +229,22 @@ static void bench_fill_prompt(bench_state *bs, int i, int L) {
 
 /* ====== Opening: engine, sampling settings, sessions. ====== */
 
+/* The line on stderr once the engine is open: the weights, the backend, the HBM bandwidth. */
+static void bench_say_ready(bench_state *bs, double t_open) {
+    const bench_opts *o = &bs->o;
+    if (!bs->cuda) {
+        fprintf(stderr, "tulip bench: checkpoint on the %s backend, ready in %.1f s\n", bs->b->name,
+                t_open);
+        return;
+    }
+    const char *kind = !o->random ? "checkpoint" : o->bits == 4 ? "random 4-bit" : "random bf16";
+    bs->hbm = hook_hbm_bw();
+    fprintf(stderr,
+            "tulip bench: %s weights %.2f GB on the CUDA backend, ready in %.1f s; measured HBM "
+            "copy %.0f GB/s\n",
+            kind, hook_weight_bytes(bs->b) / 1e9, t_open, bs->hbm / 1e9);
+}
+
 /* The engine the server would open for this model, with B slots of the longest length + --gen.
  * Returns 0 or the exit status. */
 static int bench_open_engine(bench_state *bs) {
@@ -266,20 +282,7 @@ static int bench_open_engine(bench_state *bs) {
                 bs->b->name);
         return 2;
     }
-    if (bs->cuda) {
-        bs->hbm = hook_hbm_bw();
-        fprintf(stderr,
-                "tulip bench: %s weights %.2f GB%s on the CUDA backend, ready in %.1f s; measured "
-                "HBM copy %.0f GB/s\n",
-                o->random ? "random" : "checkpoint", hook_weight_bytes(bs->b) / 1e9,
-                !o->random     ? ""
-                : o->bits == 4 ? " (4-bit)"
-                               : " (bf16)",
-                t_open, bs->hbm / 1e9);
-    } else {
-        fprintf(stderr, "tulip bench: checkpoint on the %s backend, ready in %.1f s\n", bs->b->name,
-                t_open);
-    }
+    bench_say_ready(bs, t_open);
     return 0;
 }
 
@@ -392,8 +395,9 @@ static int bench_step(bench_state *bs, int n, int first, const char *what, int a
 }
 
 /* Sequence i from empty through its prompt of L tokens, as the server's last prefill chunk does:
- * one entry that samples the first token. Returns 0 or 1. */
-static int bench_prefill(bench_state *bs, int i, int L) {
+ * one entry that samples the first token; *secs is the time of that step alone (the reset and
+ * the prompt's ids come before). Returns 0 or 1. */
+static int bench_prefill(bench_state *bs, int i, int L, double *secs) {
     int st = tl_session_reset(bs->sess[i]);
     if (st) {
         fprintf(stderr, "tulip bench: resetting sequence %d failed: %s\n", i, tl_status_str(st));
@@ -405,7 +409,10 @@ static int bench_prefill(bench_state *bs, int i, int L) {
                                   .n_tok = L,
                                   .sample = &bs->seq_sp[i],
                                   .out = &bs->out[0]};
-    return bench_step(bs, 1, i, "prefill", L);
+    double t0 = tl_time_s();
+    if (bench_step(bs, 1, i, "prefill", L)) return 1;
+    *secs = tl_time_s() - t0;
+    return 0;
 }
 
 /* --gen steps with every sequence decoding one token per step, as sched.c's build_batch makes
@@ -431,16 +438,14 @@ static int bench_decode(bench_state *bs, int L, int tables) {
  * batched decode; prefill tok/s in *pre, aggregate decode tok/s in *dec. Returns 0 or 1. */
 static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec) {
     int L = bs->o.lengths[li];
+    double t_pre = 0, t_other;
+    for (int i = 0; i < bs->o.batch; i++)
+        if (bench_prefill(bs, i, L, i ? &t_other : &t_pre)) return 1;
     double t0 = tl_time_s();
-    if (bench_prefill(bs, 0, L)) return 1;
-    double t1 = tl_time_s();
-    for (int i = 1; i < bs->o.batch; i++)
-        if (bench_prefill(bs, i, L)) return 1;
-    double t2 = tl_time_s();
     if (bench_decode(bs, L, li == 0 && r == 0)) return 1;
-    double t3 = tl_time_s();
-    *pre = L / (t1 - t0);
-    *dec = (double)bs->o.batch * bs->o.gen / (t3 - t2);
+    double t1 = tl_time_s();
+    *pre = L / t_pre;
+    *dec = (double)bs->o.batch * bs->o.gen / (t1 - t0);
     return 0;
 }
 
@@ -459,8 +464,9 @@ static int bench_length(bench_state *bs, int li) {
     bs->gbps[li] =
         bs->cuda && B == 1 ? hook_decode_bytes(bs->b, L + gen / 2) * bs->gen_tps[li] : NAN;
     bs->tflops[li] = prefill_flops(bs->cfg, L) / (L / bs->pre_tps[li]) / 1e12;
-    fprintf(stderr, "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (%d x %.3f ms)\n", L,
-            bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
+    fprintf(stderr,
+            "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
+            L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
     return 0;
 }
 
