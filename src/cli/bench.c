@@ -1,11 +1,17 @@
-/* tulip bench: the benchmark protocol of docs/developing.md §6 on the CUDA backend. Batch 1; for
- * each prompt length: prefill tok/s (prompt tokens / time to the first sampled token) and decode
- * tok/s (128 greedy tokens at that context, EOS ignored); the median of 3 repeats; the means over
- * the lengths; achieved GB/s and % of the measured HBM bandwidth for decode (bytes a step must
- * move, from the uploaded weights: tl_cuda_decode_bytes), and TFLOP/s for prefill. --random-weights
- * builds the full-size model on the GPU from a seed, so it runs where no checkpoint exists.
- * The phases: parse options -> open (model, backend, HBM bandwidth) -> random prompt -> each
- * length (repeats of prefill + decode, medians) -> report (table or JSON). */
+/* tulip bench: the benchmark protocol of docs/developing.md §6, through the path the server runs
+ * (tl_engine_open, sessions, tl_engine_step, as src/server/sched.c drives them). For each prompt
+ * length L: prefill tok/s of one prompt (L tokens / time to its first sampled token), then --batch
+ * B sequences each prefilled to L decode --gen tokens together, one tl_engine_step per step (EOS
+ * ignored): aggregate decode tok/s (B x steps / time) and ms per step; the median of --repeats
+ * runs; the means over the lengths. Sampling is the server's default for a request that names
+ * nothing (the model card's, or the checkpoint's generation_config.json), or argmax with --greedy.
+ * On the CUDA backend also achieved GB/s and % of the measured HBM bandwidth for decode at batch 1
+ * (bytes a step must move, from the uploaded weights: tl_cuda_decode_bytes), TFLOP/s for prefill,
+ * and the --ops / --prof tables. --random-weights builds the full-size model on the GPU from a
+ * seed, so it runs where no checkpoint exists; a test-shape checkpoint also runs on the CPU
+ * backend (how CI tests this file). The phases: parse options -> open (engine, sampling settings,
+ * sessions) -> each length (repeats of prefill + batched decode, medians) -> report. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,15 +19,19 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "engine/backend.h"
+#include "model/config.h"
 #include "model/shape.h"
-#include "model/weights.h"
+#include "server/openai.h"
+#include "tulip.h"
 
 #define BENCH_MAX_LEN     16
 #define BENCH_MAX_REPEATS 16
 #define BENCH_MAX_CTX     (1 << 28) /* a length or --gen beyond this is a typo */
+#define BENCH_MAX_BATCH   1024      /* the CUDA backend's slot limit (CB_MAX_SEQS) */
 
 typedef struct bench_opts {
-    int random, bits, gen, repeats, json, prof, allow_test, ops;
+    int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
+    int backend, threads;
     uint64_t seed;
     const char *model_dir, *lengths_arg;
     int lengths[BENCH_MAX_LEN], n_len, max_len;
@@ -52,6 +62,31 @@ static int bench_parse_lengths(const tl_cli_cmd *cmd, bench_opts *o) {
     return 0;
 }
 
+/* Checks between options, after parsing. 0 or a usage error (2). */
+static int bench_check_opts(const tl_cli_cmd *cmd, const bench_opts *o) {
+    if (!o->random && !o->model_dir)
+        return tl_cli_usage_error(cmd, "--random-weights or --model DIR is required");
+    if (o->random && o->model_dir)
+        return tl_cli_usage_error(cmd, "give --random-weights or --model DIR, not both");
+    if (o->max_seqs && o->batch > o->max_seqs)
+        return tl_cli_usage_error(cmd,
+                                  "--batch %d needs %d sequence slots, but --max-seqs is %d "
+                                  "(--max-seqs must be at least --batch)",
+                                  o->batch, o->batch, o->max_seqs);
+    const char *cuda_only = o->random ? "--random-weights" : o->ops ? "--ops" : "--prof";
+    int wants_cuda = o->random || o->ops || o->prof;
+#ifdef TL_NO_CUDA
+    if (wants_cuda)
+        return tl_cli_usage_error(cmd,
+                                  "%s needs the CUDA backend, and this build has no CUDA "
+                                  "backend (make cuda)",
+                                  cuda_only);
+#endif
+    if (wants_cuda && o->backend == TL_BACKEND_CPU)
+        return tl_cli_usage_error(cmd, "%s needs the CUDA backend, not --backend cpu", cuda_only);
+    return 0;
+}
+
 /* Options -> o. Returns TL_CLI_CONTINUE or the exit status. */
 static int bench_parse(bench_opts *o, int argc, char **argv) {
     tl_opt opts[] = {
@@ -59,81 +94,111 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
                     "no checkpoint: the full-size model built on the GPU from --seed"),
         TL_OPT_CHOICE("bits", 0, &o->bits, "4|16", bench_bits,
                       "random weights: 4-bit (default) or bf16"),
-        TL_OPT_U64("seed", 0, &o->seed, "N", "random weights and prompt seed (default 1)"),
+        TL_OPT_U64("seed", 0, &o->seed, "N",
+                   "random weights, prompts and sampling seed (default 1)"),
         TL_CLI_OPT_MODEL(&o->model_dir, 0),
         TL_OPT_STR("lengths", 0, &o->lengths_arg, "L,L,...",
                    "prompt lengths, K = 1024 (default 256,512,...,131072: 10 powers of 2)"),
         TL_OPT_INT("gen", 0, &o->gen, "N", 1, BENCH_MAX_CTX,
-                   "decode tokens timed at each length (default 128)"),
+                   "decode steps timed at each length (default 128)"),
+        TL_OPT_INT("batch", 0, &o->batch, "B", 1, BENCH_MAX_BATCH,
+                   "sequences decoding together, each at context L (default 1)"),
+        TL_OPT_INT("max-seqs", 0, &o->max_seqs, "N", 0, BENCH_MAX_BATCH,
+                   "sequence slots the engine opens (default: --batch)"),
+        TL_OPT_FLAG("greedy", 0, &o->greedy,
+                    "argmax, no penalties (default: the server's default sampling)"),
         TL_OPT_INT("repeats", 0, &o->repeats, "N", 1, BENCH_MAX_REPEATS,
                    "runs per length; the median counts (default 3)"),
         TL_OPT_FLAG("json", 0, &o->json, "one JSON object instead of the markdown table"),
         TL_OPT_FLAG("prof", 0, &o->prof, "per-kernel table of one decode step at the first length"),
         TL_OPT_FLAG("ops", 0, &o->ops,
                     "time each decode op in place (back-to-back graph) at the first length"),
+        TL_CLI_OPT_BACKEND(&o->backend),
+        TL_CLI_OPT_THREADS(&o->threads),
         TL_CLI_OPT_ALLOW_TEST_SHAPE(&o->allow_test),
     };
-    tl_cli_cmd cmd = {.name = "bench",
-                      .id = TL_CMD_BENCH,
-                      .synopsis =
-                          "--random-weights [--bits 4|16] [--seed N] | --model DIR [options]",
-                      .about = "Batch-1 prefill and decode speed on the CUDA backend, per prompt "
-                               "length.\n",
-                      .opts = opts,
-                      .n_opts = TL_CLI_NOPTS(opts)};
+    tl_cli_cmd cmd = {
+        .name = "bench",
+        .id = TL_CMD_BENCH,
+        .synopsis = "--random-weights [--bits 4|16] [--seed N] | --model DIR [options]",
+        .about = "Prefill and decode speed per prompt length, through the engine step the server "
+                 "runs,\nwith the server's default sampling (--greedy: argmax) and --batch B "
+                 "sequences\ndecoding together.\n",
+        .opts = opts,
+        .n_opts = TL_CLI_NOPTS(opts)};
     int rc = tl_cli_parse(&cmd, argc, argv);
     if (rc != TL_CLI_CONTINUE) return rc;
-    if (!o->random && !o->model_dir)
-        return tl_cli_usage_error(&cmd, "--random-weights or --model DIR is required");
-    if (bench_parse_lengths(&cmd, o)) return 2;
+    if (bench_parse_lengths(&cmd, o) || bench_check_opts(&cmd, o)) return 2;
     return TL_CLI_CONTINUE;
 }
 
 static void bench_opts_default(bench_opts *o) {
     memset(o, 0, sizeof *o);
-    o->bits = 4, o->gen = 128, o->repeats = 3, o->seed = 1;
+    o->bits = 4, o->gen = 128, o->repeats = 3, o->seed = 1, o->batch = 1;
+    o->backend = TL_BACKEND_AUTO;
     o->lengths_arg = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
 }
 
-#ifdef TL_NO_CUDA
-int cmd_bench(int argc, char **argv) {
-    bench_opts o;
-    bench_opts_default(&o);
-    int rc = bench_parse(&o, argc, argv);
-    if (rc != TL_CLI_CONTINUE) return rc;
-    fprintf(stderr, "tulip bench: this build has no CUDA backend (make cuda)\n");
-    return 2;
-}
-#else
+/* ====== The CUDA backend's bench hooks. A build without CUDA never opens that backend, so there
+ * they are unreachable (bench_state.cuda is never set). ====== */
+
+#ifndef TL_NO_CUDA
 #include "cuda/gpu.h"
+static double hook_hbm_bw(void) { return tl_gpu_measure_bw((size_t)2 << 30); }
+static double hook_weight_bytes(const tl_backend *b) { return (double)tl_cuda_weight_bytes(b); }
+static double hook_decode_bytes(const tl_backend *b, int kv) { return tl_cuda_decode_bytes(b, kv); }
+static void hook_prof_enable(tl_backend *b) { tl_cuda_prof_enable(b, 1); }
+static void hook_prof_report(tl_backend *b, FILE *f) { tl_cuda_prof_report(b, f); }
+static int hook_ops(tl_backend *b, FILE *f) { return tl_cuda_bench_ops(b, f); }
+#else
+#define NO_CUDA_HOOK tl_assert_fail(__FILE__, __LINE__, "a CUDA bench hook in a build without CUDA")
+static double hook_hbm_bw(void) { NO_CUDA_HOOK; }
+static double hook_weight_bytes(const tl_backend *b) { NO_CUDA_HOOK; }
+static double hook_decode_bytes(const tl_backend *b, int kv) { NO_CUDA_HOOK; }
+static void hook_prof_enable(tl_backend *b) { NO_CUDA_HOOK; }
+static void hook_prof_report(tl_backend *b, FILE *f) { NO_CUDA_HOOK; }
+static int hook_ops(tl_backend *b, FILE *f) { NO_CUDA_HOOK; }
+#endif
+
+/* ====== State, helpers. ====== */
 
 typedef struct bench_state {
     bench_opts o;
-    tl_model *m;
-    tl_config cfg;
-    tl_backend *b;
-    double hbm; /* measured HBM copy bandwidth, bytes/s */
-    int32_t *prompt;
+    tl_engine *e;
+    tl_backend *b; /* the engine's backend: the CUDA hooks take it */
+    int cuda;      /* the engine runs on the CUDA backend */
+    const tl_config *cfg;
+    double hbm; /* measured HBM copy bandwidth, bytes/s (CUDA only) */
     tl_sample_params sp;
-    double pre_tps[BENCH_MAX_LEN], gen_tps[BENCH_MAX_LEN], gbps[BENCH_MAX_LEN],
-        tflops[BENCH_MAX_LEN];
+    const char *sp_source; /* where sp comes from, for the header */
+    int32_t *prompt;       /* [max_len]: one sequence's prompt at a time */
+    /* [batch] each: the sessions, their sampling (sp with one seed each), the step's entries,
+     * samples and next tokens */
+    tl_session **sess;
+    tl_sample_params *seq_sp;
+    tl_batch_entry *ent;
+    tl_sample_out *out;
+    int32_t *tok;
+    double pre_tps[BENCH_MAX_LEN], gen_tps[BENCH_MAX_LEN], ms_step[BENCH_MAX_LEN],
+        gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN]; /* gbps: NAN where not known */
+    char err[1024];
 } bench_state;
 
 /* FLOPs of a prefill of L tokens (matmuls over active weights + causal attention). */
 static double prefill_flops(const tl_config *c, int L) {
-    double D = c->n_embd, per_tok = 0;
+    double D = c->n_embd, hd = c->head_dim, per_tok = 0, n_attn = 0;
     for (int il = 0; il < c->n_layer; il++) {
-        if (c->layer_kind[il] == TL_LAYER_ATTN)
-            per_tok += D * (c->n_head * 512.0 + 2 * c->n_head_kv * 256.0) + D * c->n_head * 256.0;
+        if (c->layer_kind[il] == TL_LAYER_ATTN) /* query + gate, k, v; output */
+            per_tok += D * (c->n_head * 2 * hd + 2 * c->n_head_kv * hd) + D * c->n_head * hd;
         else
             per_tok +=
                 D * (tl_config_gdn_conv_dim(c) + tl_config_gdn_val_dim(c) + 2.0 * c->gdn_n_v_head) +
                 D * tl_config_gdn_val_dim(c);
-        per_tok += D * (c->n_expert + 1) + (c->n_expert_used + 1) * 3.0 * D * c->n_ff_expert;
+        per_tok += D * (c->n_expert + 1) + c->n_expert_used * 3.0 * D * c->n_ff_expert +
+                   3.0 * D * c->n_ff_shared;
+        n_attn += c->layer_kind[il] == TL_LAYER_ATTN;
     }
-    double n_attn = 0;
-    for (int il = 0; il < c->n_layer; il++) n_attn += c->layer_kind[il] == TL_LAYER_ATTN;
-    double attn = n_attn * 4.0 * c->n_head * 256.0 * ((double)L * (L + 1) / 2); /* QK and PV */
+    double attn = n_attn * 4.0 * c->n_head * hd * ((double)L * (L + 1) / 2); /* QK and PV */
     return 2.0 * per_tok * L + attn + 2.0 * D * c->n_vocab;
 }
 
@@ -153,165 +218,322 @@ static uint64_t bench_rng(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* The model (--model) or the production shape (--random-weights), the CUDA backend, the HBM
- * bandwidth. Returns 0 or the exit status. */
-static int bench_open(bench_state *bs) {
-    const char *model_dir = bs->o.model_dir;
-    int random = bs->o.random, bits = bs->o.bits, gen = bs->o.gen, max_len = bs->o.max_len;
-    uint64_t seed = bs->o.seed;
-    char err[512] = "";
-    tl_model *m = NULL;
-    tl_config cfg;
-    tl_config_set_production(&cfg);
-    if (model_dir) {
-        if (tl_model_open(&m, model_dir, err, sizeof err)) {
-            fprintf(stderr, "tulip bench: %s\n", err);
-            return 1;
-        }
-        bs->m = m;
-        cfg = m->cfg;
-        if (!bs->o.allow_test && tl_config_check_production(&cfg, err, sizeof err)) {
-            fprintf(stderr, "tulip bench: %s (--allow-test-shape to accept)\n", err);
-            return 1;
-        }
+/* Sequence i's prompt of L random ids into bs->prompt: one stream per sequence (different
+ * prompts route to different experts, as different users' do); sequence 0's is the same at every
+ * length and batch size. */
+static void bench_fill_prompt(bench_state *bs, int i, int L) {
+    uint64_t rs = (bs->o.seed ^ 0xabcdef) + (uint64_t)i * 0x632BE59BD9B4E019ull;
+    int n_tok_valid = TL_MIN(bs->cfg->n_vocab, TL_N_VOCAB_TOKENS);
+    for (int t = 0; t < L; t++) bs->prompt[t] = (int32_t)(bench_rng(&rs) % (uint64_t)n_tok_valid);
+}
+
+/* ====== Opening: engine, sampling settings, sessions. ====== */
+
+/* The line on stderr once the engine is open: the weights, the backend, the HBM bandwidth. */
+static void bench_say_ready(bench_state *bs, double t_open) {
+    const bench_opts *o = &bs->o;
+    if (!bs->cuda) {
+        fprintf(stderr, "tulip bench: checkpoint on the %s backend, ready in %.1f s\n", bs->b->name,
+                t_open);
+        return;
     }
-    bs->cfg = cfg;
-    tl_cuda_params p = {.max_seqs = 1,
-                        .max_ctx = max_len + gen + 1,
-                        .random_weights = random,
-                        .seed = seed,
-                        .weight_bits = bits};
-    tl_backend *b = NULL;
+    const char *kind = !o->random ? "checkpoint" : o->bits == 4 ? "random 4-bit" : "random bf16";
+    bs->hbm = hook_hbm_bw();
+    fprintf(stderr,
+            "tulip bench: %s weights %.2f GB on the CUDA backend, ready in %.1f s; measured HBM "
+            "copy %.0f GB/s\n",
+            kind, hook_weight_bytes(bs->b) / 1e9, t_open, bs->hbm / 1e9);
+}
+
+/* The engine the server would open for this model, with B slots of the longest length + --gen.
+ * Returns 0 or the exit status. */
+static int bench_open_engine(bench_state *bs) {
+    const bench_opts *o = &bs->o;
+    int need_ctx = o->max_len + o->gen + 1; /* the prompt, --gen fed tokens, the last sample */
+    int slots = o->max_seqs ? o->max_seqs : o->batch;
+    tl_engine_params ep = {.model_path = o->model_dir,
+                           .backend = (tl_backend_kind)o->backend,
+                           .allow_test_shape = o->allow_test,
+                           .n_threads = o->threads,
+                           .max_seqs = slots,
+                           .max_ctx = need_ctx,
+                           .kv_tokens = (long)o->batch * need_ctx, /* what the run can hold */
+                           .random_weights = o->random,
+                           .seed = o->seed,
+                           .weight_bits = o->bits};
     double t_open = tl_time_s();
-    if (tl_backend_cuda_open(&b, m, &cfg, &p, err, sizeof err)) {
-        fprintf(stderr, "tulip bench: %s\n", err);
+    if (tl_engine_open(&bs->e, &ep, bs->err, sizeof bs->err)) {
+        fprintf(stderr, "tulip bench: %s\n", bs->err);
         return 1;
     }
-    bs->b = b;
     t_open = tl_time_s() - t_open;
-    double hbm = tl_gpu_measure_bw((size_t)2 << 30);
-    fprintf(stderr,
-            "tulip bench: %s weights %.2f GB (%s), ready in %.1f s; measured HBM copy %.0f GB/s\n",
-            random ? "random" : "checkpoint", tl_cuda_weight_bytes(b) / 1e9,
-            bits == 4 ? "4-bit" : "bf16", t_open, hbm / 1e9);
-    bs->hbm = hbm;
+    bs->b = tl_engine_backend_impl(bs->e);
+    bs->cuda = tl_engine_backend(bs->e) == TL_BACKEND_CUDA;
+    bs->cfg = tl_engine_config(bs->e);
+    if (tl_engine_max_ctx(bs->e) < need_ctx) { /* the engine caps it at max_position_embeddings */
+        fprintf(stderr,
+                "tulip bench: --lengths up to %d with --gen %d need a context of %d tokens; this "
+                "model allows %d\n",
+                o->max_len, o->gen, need_ctx, tl_engine_max_ctx(bs->e));
+        return 2;
+    }
+    if ((o->ops || o->prof) && !bs->cuda) {
+        fprintf(stderr, "tulip bench: --ops and --prof need the CUDA backend; this run is on %s\n",
+                bs->b->name);
+        return 2;
+    }
+    bench_say_ready(bs, t_open);
     return 0;
 }
 
-/* A random prompt of the longest length (every length uses its first tokens), greedy sampling. */
-static void bench_prompt(bench_state *bs) {
-    int max_len = bs->o.max_len;
-    bs->prompt = xmalloc(sizeof(int32_t) * (size_t)max_len);
-    uint64_t rs = bs->o.seed ^ 0xabcdef;
-    int n_tok_valid = TL_MIN(bs->cfg.n_vocab, TL_N_VOCAB_TOKENS);
-    for (int i = 0; i < max_len; i++)
-        bs->prompt[i] = (int32_t)(bench_rng(&rs) % (uint64_t)n_tok_valid);
-    memset(&bs->sp, 0, sizeof bs->sp);
-    bs->sp.top_p = 1.0f, bs->sp.repetition_penalty = 1.0f;
+/* The sampling settings: --greedy, else what the server uses for a chat request that names
+ * none (thinking on, its default): tl_oai_defaults_init, with generation_config.json over it as
+ * `tulip serve` reads it (src/server/server.c). Seeds: --seed + the sequence's index. */
+static void bench_sampling(bench_state *bs) {
+    tl_sample_params *sp = &bs->sp;
+    memset(sp, 0, sizeof *sp);
+    if (bs->o.greedy) {
+        sp->top_p = 1.0f, sp->repetition_penalty = 1.0f;
+        bs->sp_source = "greedy (--greedy: argmax, no penalties)";
+        return;
+    }
+    tl_oai_defaults d;
+    tl_oai_defaults_init(&d);
+    bs->sp_source = "the server's defaults (the model card's)";
+    if (bs->o.model_dir) {
+        char *path = tl_path_join(bs->o.model_dir, "generation_config.json"), *text = NULL;
+        size_t len;
+        if (tl_read_file(path, &text, &len, NULL, 0) == 0) {
+            if (tl_oai_defaults_from_genconfig(&d, text))
+                fprintf(stderr, "tulip bench: %s is not valid JSON; using the model card's\n",
+                        path);
+            else
+                bs->sp_source = "the server's defaults (the checkpoint's generation_config.json)";
+            free(text);
+        }
+        free(path);
+    }
+    *sp = d.thinking;
 }
 
+/* "temperature 1, top-k 20, ..." for the header. */
+static void bench_sampling_text(const tl_sample_params *p, char *buf, size_t n) {
+    snprintf(buf, n,
+             "temperature %g, top-k %d, top-p %g, min-p %g, presence penalty %g, frequency "
+             "penalty %g, repetition penalty %g",
+             p->temperature, p->top_k, p->top_p, p->min_p, p->presence_penalty,
+             p->frequency_penalty, p->repetition_penalty);
+}
+
+/* B sessions and their per-step arrays. Returns 0 or the exit status. */
+static int bench_open_sessions(bench_state *bs) {
+    int B = bs->o.batch;
+    bs->prompt = xmalloc(sizeof(int32_t) * (size_t)bs->o.max_len);
+    bs->sess = xcalloc(B, sizeof *bs->sess);
+    bs->seq_sp = xcalloc(B, sizeof *bs->seq_sp);
+    bs->ent = xcalloc(B, sizeof *bs->ent);
+    bs->out = xcalloc(B, sizeof *bs->out);
+    bs->tok = xcalloc(B, sizeof *bs->tok);
+    for (int i = 0; i < B; i++) {
+        bs->seq_sp[i] = bs->sp;
+        bs->seq_sp[i].seed = bs->o.seed + (uint64_t)i;
+        if (tl_session_open(bs->e, &bs->sess[i], bs->err, sizeof bs->err)) {
+            fprintf(stderr, "tulip bench: sequence %d of %d: %s\n", i, B, bs->err);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void bench_close(bench_state *bs) {
+    for (int i = 0; bs->sess && i < bs->o.batch; i++) tl_session_close(bs->sess[i]);
+    tl_engine_close(bs->e);
+    free(bs->prompt), free(bs->sess), free(bs->seq_sp), free(bs->ent), free(bs->out);
+    free(bs->tok);
+}
+
+/* ====== Measuring. ====== */
+
 /* --ops and --prof: the tables of one decode step at context ctx, printed right after it. */
-static int bench_step_tables(tl_backend *b, int ctx, int ops, int prof) {
-    if (ops) {
+static int bench_step_tables(bench_state *bs, int ctx) {
+    if (bs->o.ops) {
         printf("\nper-op time of one decode token at context %d (each op %s):\n\n", ctx,
                "captured 40 times back to back in a graph, best of 5 replays");
-        if (tl_cuda_bench_ops(b, stdout)) {
+        if (hook_ops(bs->b, stdout)) {
             fprintf(stderr, "tulip bench: --ops failed\n");
             return 1;
         }
         printf("\n");
     }
-    if (prof) {
-        printf("\nper-kernel time of one eager decode step at context %d (graph off "
-               "while profiling):\n\n",
-               ctx);
-        tl_cuda_prof_report(b, stdout);
+    if (bs->o.prof) {
+        printf("\nper-kernel time of one eager decode step of %d sequences at context %d (graph "
+               "off while profiling):\n\n",
+               bs->o.batch, ctx);
+        hook_prof_report(bs->b, stdout);
         printf("\n");
     }
     return 0;
 }
 
-/* Repeat r at the li-th length: the prefill, then --gen decode steps; their tok/s in *pre, *dec.
- * Returns 0 or 1 (after printing the error). */
-static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec) {
-    tl_backend *b = bs->b;
-    int L = bs->o.lengths[li], gen = bs->o.gen, prof = bs->o.prof, ops = bs->o.ops;
-    char err[512] = "";
-    int st = b->reset_slot(b, 0);
-    if (st) {
-        fprintf(stderr, "tulip bench: resetting the sequence failed: %s\n", tl_status_str(st));
+/* One tl_engine_step over the first n entries, which are sequences first .. first+n-1; each
+ * sampled token becomes its sequence's next input. what/at name the step in an error. Returns 0
+ * or 1 (after printing the error). */
+static int bench_step(bench_state *bs, int n, int first, const char *what, int at) {
+    if (tl_engine_step(bs->e, bs->ent, n, bs->err, sizeof bs->err)) {
+        fprintf(stderr, "tulip bench: %s at %d: %s\n", what, at, bs->err);
         return 1;
     }
-    uint64_t rng = bs->o.seed;
-    tl_sample_out so;
-    tl_fwd_entry e;
-    memset(&e, 0, sizeof e);
-    e.slot = 0, e.pos = 0, e.tokens = bs->prompt, e.n_tok = L, e.sample = &bs->sp, e.rng = &rng,
-    e.out = &so;
-    double t0 = tl_time_s();
-    if (b->forward(b, &e, 1, err, sizeof err)) {
-        fprintf(stderr, "tulip bench: prefill %d: %s\n", L, err);
-        return 1;
-    }
-    double t1 = tl_time_s();
-    int32_t tok = so.token;
-    for (int s = 0; s < gen; s++) {
-        if (prof && li == 0 && r == 0 && s == 2) tl_cuda_prof_enable(b, 1);
-        e.pos = L + s, e.tokens = &tok, e.n_tok = 1;
-        if (b->forward(b, &e, 1, err, sizeof err)) {
-            fprintf(stderr, "tulip bench: decode at %d: %s\n", L + s, err);
+    for (int i = 0; i < n; i++) {
+        if (bs->out[i].token < 0) {
+            fprintf(stderr, "tulip bench: %s at %d: sequence %d has non-finite logits\n", what, at,
+                    first + i);
             return 1;
         }
-        if (li == 0 && r == 0 && s == 2 && bench_step_tables(b, L + s, ops, prof)) return 1;
-        tok = so.token;
+        bs->tok[first + i] = bs->out[i].token;
     }
-    double t2 = tl_time_s();
-    *pre = L / (t1 - t0);
-    *dec = gen / (t2 - t1);
     return 0;
 }
 
-/* The li-th length: the medians over the repeats, GB/s of decode, TFLOP/s of prefill. */
+/* Sequence i from empty through its prompt of L tokens, as the server's last prefill chunk does:
+ * one entry that samples the first token; *secs is the time of that step alone (the reset and
+ * the prompt's ids come before). Returns 0 or 1. */
+static int bench_prefill(bench_state *bs, int i, int L, double *secs) {
+    int st = tl_session_reset(bs->sess[i]);
+    if (st) {
+        fprintf(stderr, "tulip bench: resetting sequence %d failed: %s\n", i, tl_status_str(st));
+        return 1;
+    }
+    bench_fill_prompt(bs, i, L);
+    bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
+                                  .tokens = bs->prompt,
+                                  .n_tok = L,
+                                  .sample = &bs->seq_sp[i],
+                                  .out = &bs->out[0]};
+    double t0 = tl_time_s();
+    if (bench_step(bs, 1, i, "prefill", L)) return 1;
+    *secs = tl_time_s() - t0;
+    return 0;
+}
+
+/* --gen steps with every sequence decoding one token per step, as sched.c's build_batch makes
+ * them. The tables of --ops / --prof come from the third step of the first run. Returns 0 or 1. */
+static int bench_decode(bench_state *bs, int L, int tables) {
+    int B = bs->o.batch;
+    for (int i = 0; i < B; i++)
+        bs->ent[i] = (tl_batch_entry){.sess = bs->sess[i],
+                                      .tokens = &bs->tok[i],
+                                      .n_tok = 1,
+                                      .sample = &bs->seq_sp[i],
+                                      .out = &bs->out[i]};
+    for (int s = 0; s < bs->o.gen; s++) {
+        int here = tables && s == 2;
+        if (here && bs->o.prof) hook_prof_enable(bs->b);
+        if (bench_step(bs, B, 0, "decode", L + s)) return 1;
+        if (here && bench_step_tables(bs, L + s)) return 1;
+    }
+    return 0;
+}
+
+/* Repeat r at the li-th length: sequence 0's prefill (timed), the others' (untimed), then the
+ * batched decode; prefill tok/s in *pre, aggregate decode tok/s in *dec. Returns 0 or 1. */
+static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec) {
+    int L = bs->o.lengths[li];
+    double t_pre = 0, t_other;
+    for (int i = 0; i < bs->o.batch; i++)
+        if (bench_prefill(bs, i, L, i ? &t_other : &t_pre)) return 1;
+    double t0 = tl_time_s();
+    if (bench_decode(bs, L, li == 0 && r == 0)) return 1;
+    double t1 = tl_time_s();
+    *pre = L / t_pre;
+    *dec = (double)bs->o.batch * bs->o.gen / (t1 - t0);
+    return 0;
+}
+
+/* The li-th length: the medians over the repeats, ms per step, GB/s of decode (batch 1 on the
+ * CUDA backend only: tl_cuda_decode_bytes counts one token's weights and state; what a step of B
+ * tokens reads depends on how the kernels share expert reads, which nothing here measures),
+ * TFLOP/s of prefill. */
 static int bench_length(bench_state *bs, int li) {
-    tl_backend *b = bs->b;
-    int L = bs->o.lengths[li], gen = bs->o.gen, reps = bs->o.repeats;
+    int L = bs->o.lengths[li], gen = bs->o.gen, reps = bs->o.repeats, B = bs->o.batch;
     double pr[BENCH_MAX_REPEATS], gr[BENCH_MAX_REPEATS];
     for (int r = 0; r < reps; r++)
         if (bench_repeat(bs, li, r, &pr[r], &gr[r])) return 1;
     bs->pre_tps[li] = median(pr, reps);
     bs->gen_tps[li] = median(gr, reps);
-    bs->gbps[li] = tl_cuda_decode_bytes(b, L + gen / 2) * bs->gen_tps[li];
-    bs->tflops[li] = prefill_flops(&bs->cfg, L) / (L / bs->pre_tps[li]) / 1e12;
-    fprintf(stderr, "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s\n", L,
-            bs->pre_tps[li], bs->gen_tps[li]);
+    bs->ms_step[li] = 1000.0 * B / bs->gen_tps[li];
+    bs->gbps[li] =
+        bs->cuda && B == 1 ? hook_decode_bytes(bs->b, L + gen / 2) * bs->gen_tps[li] : NAN;
+    bs->tflops[li] = prefill_flops(bs->cfg, L) / (L / bs->pre_tps[li]) / 1e12;
+    fprintf(stderr,
+            "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
+            L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
     return 0;
+}
+
+/* ====== Reporting. ====== */
+
+/* x with fmt, or null (JSON) / nothing (table) when it is not known. */
+static void put_num(const char *fmt, double x, int json) {
+    if (isfinite(x))
+        printf(fmt, x);
+    else if (json)
+        printf("null");
 }
 
 static void bench_report_json(const bench_state *bs, double mp, double mg) {
     const bench_opts *o = &bs->o;
-    tl_backend *b = bs->b;
-    double hbm = bs->hbm;
-    printf("{\"gpu_hbm_gbps\": %.1f, \"bits\": %d, \"weights_gb\": %.3f, \"gen\": %d, "
-           "\"repeats\": %d, \"rows\": [",
-           hbm / 1e9, o->bits, tl_cuda_weight_bytes(b) / 1e9, o->gen, o->repeats);
-    for (int i = 0; i < o->n_len; i++)
-        printf("%s{\"ctx\": %d, \"prefill_tps\": %.1f, \"prefill_tflops\": %.2f, "
-               "\"gen_tps\": %.1f, \"gen_gbps\": %.1f, \"gen_pct_peak\": %.1f}",
+    const tl_sample_params *p = &bs->sp;
+    printf("{\"backend\": \"%s\", \"batch\": %d, \"greedy\": %s, \"sampling\": {\"temperature\": "
+           "%g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"presence_penalty\": %g, "
+           "\"frequency_penalty\": %g, \"repetition_penalty\": %g}, \"gpu_hbm_gbps\": ",
+           bs->b->name, o->batch, o->greedy ? "true" : "false", p->temperature, p->top_k, p->top_p,
+           p->min_p, p->presence_penalty, p->frequency_penalty, p->repetition_penalty);
+    put_num("%.1f", bs->cuda ? bs->hbm / 1e9 : NAN, 1);
+    printf(", \"bits\": %d, \"weights_gb\": ", o->bits);
+    put_num("%.3f", bs->cuda ? hook_weight_bytes(bs->b) / 1e9 : NAN, 1);
+    printf(", \"gen\": %d, \"repeats\": %d, \"rows\": [", o->gen, o->repeats);
+    for (int i = 0; i < o->n_len; i++) {
+        printf("%s{\"ctx\": %d, \"prefill_tps\": %.1f, \"prefill_tflops\": %.2f, \"gen_tps\": "
+               "%.1f, \"gen_ms_per_step\": %.3f, \"gen_gbps\": ",
                i ? ", " : "", o->lengths[i], bs->pre_tps[i], bs->tflops[i], bs->gen_tps[i],
-               bs->gbps[i] / 1e9, 100.0 * bs->gbps[i] / hbm);
+               bs->ms_step[i]);
+        put_num("%.1f", bs->gbps[i] / 1e9, 1);
+        printf(", \"gen_pct_peak\": ");
+        put_num("%.1f", 100.0 * bs->gbps[i] / bs->hbm, 1);
+        printf("}");
+    }
     printf("], \"mean_prefill_tps\": %.1f, \"mean_gen_tps\": %.1f}\n", mp, mg);
 }
 
+/* The markdown table: at batch 1 the columns BENCHMARKS.md has always had; at batch B the decode
+ * columns are the aggregate of the B sequences, GB/s is left empty (bench_length) and a last
+ * column gives the time of one step. A line above says what ran. */
 static void bench_report_table(const bench_state *bs, double mp, double mg) {
-    double hbm = bs->hbm;
-    printf("| ctx | prefill tok/s | prefill TFLOP/s | decode tok/s | decode GB/s | %% of "
-           "HBM (%.0f GB/s) |\n",
-           hbm / 1e9);
-    printf("|---:|---:|---:|---:|---:|---:|\n");
-    for (int i = 0; i < bs->o.n_len; i++)
-        printf("| %d | %.1f | %.1f | %.1f | %.0f | %.1f%% |\n", bs->o.lengths[i], bs->pre_tps[i],
-               bs->tflops[i], bs->gen_tps[i], bs->gbps[i] / 1e9, 100.0 * bs->gbps[i] / hbm);
-    printf("| mean | %.1f | | %.1f | | |\n", mp, mg);
+    const bench_opts *o = &bs->o;
+    char samp[256], hbm[32] = "no GPU";
+    bench_sampling_text(&bs->sp, samp, sizeof samp);
+    printf("batch %d on the %s backend, %d decode steps; sampling: %s: %s\n\n", o->batch,
+           bs->b->name, o->gen, bs->sp_source, samp);
+    if (bs->cuda) snprintf(hbm, sizeof hbm, "%.0f GB/s", bs->hbm / 1e9);
+    printf("| ctx | prefill tok/s | prefill TFLOP/s | decode tok/s | decode GB/s | %% of HBM (%s) |"
+           "%s\n",
+           hbm, o->batch > 1 ? " decode ms/step |" : "");
+    printf("|---:|---:|---:|---:|---:|---:|%s\n", o->batch > 1 ? "---:|" : "");
+    double ms = 0;
+    for (int i = 0; i < o->n_len; i++) {
+        printf("| %d | %.1f | %.1f | %.1f | ", o->lengths[i], bs->pre_tps[i], bs->tflops[i],
+               bs->gen_tps[i]);
+        put_num("%.0f ", bs->gbps[i] / 1e9, 0);
+        printf("| ");
+        put_num("%.1f%% ", 100.0 * bs->gbps[i] / bs->hbm, 0);
+        printf("|");
+        if (o->batch > 1) printf(" %.3f |", bs->ms_step[i]);
+        printf("\n");
+        ms += bs->ms_step[i] / o->n_len;
+    }
+    printf("| mean | %.1f | | %.1f | | |", mp, mg);
+    if (o->batch > 1) printf(" %.3f |", ms);
+    printf("\n");
 }
 
 /* The means over the lengths, and the table or the JSON on stdout. */
@@ -327,19 +549,18 @@ static void bench_report(const bench_state *bs) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    bench_state bs = {0};
+    bench_state bs;
+    memset(&bs, 0, sizeof bs);
     bench_opts_default(&bs.o);
     int rc = bench_parse(&bs.o, argc, argv);
     if (rc != TL_CLI_CONTINUE) return rc;
-    rc = bench_open(&bs);
+    rc = bench_open_engine(&bs);
     if (!rc) {
-        bench_prompt(&bs);
-        for (int li = 0; li < bs.o.n_len && !rc; li++) rc = bench_length(&bs, li);
-        if (!rc) bench_report(&bs);
+        bench_sampling(&bs);
+        rc = bench_open_sessions(&bs);
     }
-    free(bs.prompt);
-    if (bs.b) bs.b->close(bs.b);
-    if (bs.m) tl_model_close(bs.m);
+    for (int li = 0; li < bs.o.n_len && !rc; li++) rc = bench_length(&bs, li);
+    if (!rc) bench_report(&bs);
+    bench_close(&bs);
     return rc;
 }
-#endif
