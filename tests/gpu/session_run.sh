@@ -4,8 +4,10 @@
 # (tools/gpu_deps.sh). Logs go under $OUT; a short summary goes to stdout. Steps, each optional:
 #   tests     bash tests/run.sh --gpu, then compute-sanitizer memcheck on test_gpu_e2e --quick
 #   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit)
-#   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3); with
-#             BASELINE=path/to/tulip the same bench of that binary first, in the same call
+#   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3: sampled with
+#             the server's defaults; add --greedy for argmax); with BASELINE=path/to/tulip the
+#             same bench of that binary first, in the same call, with $BASELINE_BENCH if set (a
+#             binary from before the engine-path bench always ran greedy and has no --greedy)
 #   load      load time of a full-size random 4-bit checkpoint (tools/make_random_mlx4.py),
 #             warm and cold page cache
 # Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load]   (no argument: all four)
@@ -38,8 +40,10 @@ fi
 if has bench; then
     args=${BENCH:---random-weights --bits 4 --repeats 3}
     for bin in ${BASELINE:-} build/cuda/tulip; do
-        echo "== $bin bench $args"
-        timeout "${BENCH_S:-240}" "$bin" bench $args >"$O/bench-$(basename "$(dirname "$bin")").txt" \
+        a=$args
+        [ "$bin" = "${BASELINE:-}" ] && a=${BASELINE_BENCH:-$args}
+        echo "== $bin bench $a"
+        timeout "${BENCH_S:-240}" "$bin" bench $a >"$O/bench-$(basename "$(dirname "$bin")").txt" \
             2>&1
         echo "bench rc=$?"
         grep -E '^\|' "$O/bench-$(basename "$(dirname "$bin")").txt"
