@@ -134,12 +134,20 @@ static int moe_decode(const layer_ctx *x) {
     return tl_gpu_moe_down(be->x, &L->down, be->act, be->ids, be->wts, be->wsh, K, E, T, x->st);
 }
 
+/* The micro-batch's T tokens into their slots' penalty counts (gpu.h: tl_gpu_penalty_add). */
+static int count_tokens(cuda_be *be, int T, const tl_gpu_stream *st) {
+    tl_mb_meta d = meta_at(be, be->d_meta);
+    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d.tokens, d.tok_pos, d.tok_slot,
+                              be->d_nprompt, T, st);
+}
+
 /* All launches of one micro-batch on the decode kernels (graph-capturable: no host sync, no
  * allocation), under programmatic dependent launch unless TL_CUDA_NO_PDL=1. */
 static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
     tl_gpu_stream st = cb_stream(be, 1);
     tl_mb_meta d = meta_at(be, be->d_meta);
     tl_gpu_seqs s = cb_seqs(be, T, n_seg);
+    TRY(count_tokens(be, T, &st));
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
     for (int il = 0; il < be->cfg.n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
@@ -233,6 +241,7 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
     tl_gpu_stream st = cb_stream(be, 0);
     tl_mb_meta d = meta_at(be, be->d_meta);
     tl_gpu_seqs s = cb_seqs(be, T, 1);
+    TRY(count_tokens(be, T, &st));
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
@@ -369,26 +378,6 @@ static int stage_sampling(cuda_be *be, const tl_fwd_entry *e, int n, const int *
     return any_sample;
 }
 
-/* Penalty counts of every sampling row from its history. */
-static int upload_penalties(cuda_be *be, const tl_fwd_entry *e, int n, const int *row_of,
-                            const tl_gpu_stream *st) {
-    int V = be->cfg.n_vocab;
-    size_t hoff = 0;
-    for (int i = 0; i < n; i++) {
-        int r = row_of[i];
-        if (r < 0) continue;
-        int use = e[i].sample && has_penalty(&be->h_params[r]) && e[i].history;
-        int nh = use ? TL_MIN(e[i].n_history, be->max_ctx) : 0;
-        if (nh > 0)
-            CUDA_TRY(cudaMemcpyAsync(be->d_hist + hoff, e[i].history, nh * 4,
-                                     cudaMemcpyHostToDevice, be->stream));
-        TRY(tl_gpu_penalty_counts(be->d_counts + (size_t)r * V, be->d_hist + hoff, nh,
-                                  e[i].n_prompt, V, st));
-        hoff += nh;
-    }
-    return 0;
-}
-
 /* Samples every output row on the device and copies results and requested logits back. */
 static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row_of, int n_rows) {
     int V = be->cfg.n_vocab, any_pen;
@@ -398,9 +387,15 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
                                  cudaMemcpyHostToDevice, be->stream));
         CUDA_TRY(cudaMemcpyAsync(be->d_keys, be->h_keys, n_rows * sizeof(uint64_t),
                                  cudaMemcpyHostToDevice, be->stream));
-        if (any_pen) TRY(upload_penalties(be, e, n, row_of, &st));
+        if (any_pen) {
+            for (int i = 0; i < n; i++)
+                if (row_of[i] >= 0) be->h_rowslot[row_of[i]] = e[i].slot;
+            CUDA_TRY(cudaMemcpyAsync(be->d_rowslot, be->h_rowslot, n_rows * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, be->stream));
+        }
         TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->d_keys,
-                          any_pen ? be->d_counts : NULL, be->d_sscratch, n_rows, &st));
+                          any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch, n_rows,
+                          &st));
         CUDA_TRY(cudaMemcpyAsync(be->h_out, be->d_out, n_rows * sizeof(tl_sample_out),
                                  cudaMemcpyDeviceToHost, be->stream));
     }
@@ -419,6 +414,9 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
     TRY(check_entries(be, e, n, err, errlen));
     int n_rows = tl_mb_rows(e, n, long_min, row_of); /* in plan order: batch_plan.h */
     TRY(kv_reserve(be, e, n, err, errlen));
+    for (int i = 0; i < n; i++) be->h_nprompt[e[i].slot] = e[i].n_prompt; /* -1: not known */
+    CUDA_TRY(cudaMemcpyAsync(be->d_nprompt, be->h_nprompt, be->max_seqs * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, be->stream));
     if (be->prof) tl_gpu_prof_mark(be->prof, be->stream, "start");
     int n_tok[CB_MAX_SEQS];
     for (int i = 0; i < n; i++) n_tok[i] = e[i].n_tok;

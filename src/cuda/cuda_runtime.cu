@@ -66,14 +66,17 @@ extern "C" int tl_gpu_sync(void) {
 /* ====== Close and reset ====== */
 
 static void free_state(cuda_be *be) {
-    void *ps[] = {be->kc,       be->vc,     be->conv_st, be->rec_st,   be->x,      be->proj,
-                  be->conv_out, be->y,      be->q,       be->part,     be->rlog,   be->wts,
-                  be->wsh,      be->act,    be->xo,      be->logits,   be->ids,    be->d_meta,
-                  be->d_params, be->d_keys, be->d_out,   be->d_counts, be->d_hist, be->d_sscratch,
-                  be->xb,       be->yb,     be->hexp,    be->yslot,    be->hs,     be->ys,
-                  be->gg,       be->gbeta,  be->shl,     be->plan,     be->gdn_ws, be->d_ptab};
+    void *ps[] = {be->kc,     be->vc,       be->conv_st,   be->rec_st,     be->x,
+                  be->proj,   be->conv_out, be->y,         be->q,          be->part,
+                  be->rlog,   be->wts,      be->wsh,       be->act,        be->xo,
+                  be->logits, be->ids,      be->d_meta,    be->d_params,   be->d_keys,
+                  be->d_out,  be->d_counts, be->d_nprompt, be->d_sscratch, be->xb,
+                  be->yb,     be->hexp,     be->yslot,     be->hs,         be->ys,
+                  be->gg,     be->gbeta,    be->shl,       be->plan,       be->gdn_ws,
+                  be->d_ptab, be->d_rowslot};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
-    void *hs[] = {be->h_meta, be->h_ptab, be->h_params, be->h_keys, be->h_out};
+    void *hs[] = {be->h_meta, be->h_ptab,    be->h_params, be->h_keys,
+                  be->h_out,  be->h_nprompt, be->h_rowslot};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i]) cudaFreeHost(hs[i]);
     tl_kv_pages_free(&be->pages);
@@ -96,7 +99,8 @@ static void cb_close(tl_backend *b) {
     free(b);
 }
 
-/* The slot's KV pages go back to the pool and its conv and recurrent state are zeroed. A failure
+/* The slot's KV pages go back to the pool; its conv and recurrent state and its penalty counts
+ * are zeroed. A failure
  * is a CUDA error (a sticky one loses the device: every later step fails). */
 static int cb_reset_slot(tl_backend *b, int slot) {
     cuda_be *be = (cuda_be *)b->impl;
@@ -112,6 +116,9 @@ static int cb_reset_slot(tl_backend *b, int slot) {
             e = cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4,
                                 be->stream);
     }
+    if (e == cudaSuccess) /* the slot's penalty counts */
+        e = cudaMemsetAsync(be->d_counts + (size_t)slot * be->cfg.n_vocab, 0,
+                            (size_t)be->cfg.n_vocab * sizeof(int32_t), be->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(be->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "tulip: CUDA reset of slot %d failed: %s\n", slot, cudaGetErrorString(e));
@@ -300,13 +307,17 @@ static int alloc_activations(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->d_params, tl_sample_params, O);
     ALLOC(be->d_keys, uint64_t, O);
     ALLOC(be->d_out, tl_sample_out, O);
-    ALLOC(be->d_counts, int32_t, O * V);
-    ALLOC(be->d_hist, int32_t, (size_t)be->max_seqs * be->max_ctx);
+    ALLOC(be->d_counts, int32_t, (size_t)be->max_seqs * V);
+    ZERO(be->d_counts, (size_t)be->max_seqs * V * sizeof(int32_t));
+    ALLOC(be->d_nprompt, int32_t, be->max_seqs);
+    ALLOC(be->d_rowslot, int32_t, O);
     ALLOC(be->d_sscratch, float, O * 2 * V);
     PINNED(be->h_meta, be->meta_ints * 4);
     PINNED(be->h_params, O * sizeof(tl_sample_params));
     PINNED(be->h_keys, O * sizeof(uint64_t));
     PINNED(be->h_out, O * sizeof(tl_sample_out));
+    PINNED(be->h_nprompt, (size_t)be->max_seqs * sizeof(int32_t));
+    PINNED(be->h_rowslot, O * sizeof(int32_t));
     return 0;
 }
 

@@ -323,16 +323,23 @@ int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, con
 /* ====== Sampling ======
  * One row of logits [n_rows, n_vocab] per entry (see k_sample.cu): greedy rows and rows with
  * 1 <= top_k <= 64 and no top logprobs take the two-pass path (the row cut into 32 parts, then
- * one merge), the others one block per row. `params` is a device array
+ * one merge), the others one block per row. Penalty counts (NULL: none) are rows of n_vocab i32,
+ * bit 30 = seen anywhere, low 24 bits = times generated; row r of the logits reads counts row
+ * count_slot[r] (count_slot NULL: row r). `params` is a device array
  * of tl_sample_params; keys [n_rows] u64 random keys; counts (NULL or [n_rows, n_vocab] i32
  * penalty counts, bit 30 = seen anywhere, low 24 bits = times generated); scratch [n_rows,
  * 2*n_vocab] f32. out: device tl_sample_out [n_rows]. Only ids < n_valid are sampled. */
 int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                   const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  float *scratch, int n_rows, const tl_gpu_stream *st);
-/* Builds penalty counts for one row from history [n_hist] (first n_prompt are prompt). */
-int tl_gpu_penalty_counts(int32_t *counts, const int32_t *hist, int n_hist, int n_prompt,
-                          int n_vocab, const tl_gpu_stream *st);
+                  const int32_t *count_slot, float *scratch, int n_rows, const tl_gpu_stream *st);
+/* Penalty counts kept per slot across steps, updated as tokens are fed: for each token t of a
+ * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets bit
+ * 30, and 1 more when the token was generated: n_prompt[slot] >= 0 and tok_pos[t] >=
+ * n_prompt[slot] (n_prompt[slot] < 0: all prompt so far). counts [n_slot][n_vocab]; the backend
+ * zeroes a slot's row when it resets the slot. */
+int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens, const int32_t *tok_pos,
+                       const int32_t *tok_slot, const int32_t *n_prompt, int n_tok,
+                       const tl_gpu_stream *st);
 
 /* ====== Bench and profiler (cuda_bench.cu) ====== */
 

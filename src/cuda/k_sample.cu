@@ -212,7 +212,7 @@ __device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int
 
 __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, int V, int n_valid, const tl_sample_params *params,
-                       const int32_t *counts, float *scratch, int fast) {
+                       const int32_t *counts, const int32_t *count_slot, float *scratch, int fast) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
     __shared__ uint32_t keys[FCH];
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(FT)
     tl_sample_params P = params[row];
     if (!fast_row(P, fast)) return;
     const float *lg = logits + (size_t)row * V;
-    const int32_t *cnt = counts ? counts + (size_t)row * V : NULL;
+    const int32_t *cnt = counts ? counts + (size_t)(count_slot ? count_slot[row] : row) * V : NULL;
     int per = CEIL_DIV(n_valid, FP), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float bv = -INFINITY;
@@ -379,13 +379,13 @@ __global__ void __launch_bounds__(FT)
 __global__ void __launch_bounds__(SB)
     sample_kernel(tl_sample_out *out, const float *logits, int V, int n_valid,
                   const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  float *scratch, int fast) {
+                  const int32_t *count_slot, float *scratch, int fast) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32];
     __shared__ int s_off[SB / 32];
     int row = blockIdx.x, tid = threadIdx.x;
     const float *lg = logits + (size_t)row * V;
-    const int32_t *cnt = counts ? counts + (size_t)row * V : NULL;
+    const int32_t *cnt = counts ? counts + (size_t)(count_slot ? count_slot[row] : row) * V : NULL;
     tl_sample_params P = params[row];
     if (fast_row(P, fast)) return; /* sample_part_kernel + sample_merge_kernel took it */
     float *cv = scratch + (size_t)row * 2 * V;
@@ -516,39 +516,43 @@ __global__ void __launch_bounds__(SB)
 
 extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                              const tl_sample_params *params, const uint64_t *keys,
-                             const int32_t *counts, float *scratch, int n_rows,
-                             const tl_gpu_stream *st) {
+                             const int32_t *counts, const int32_t *count_slot, float *scratch,
+                             int n_rows, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
     /* the two-pass path needs each part in shared memory and its records in the row's scratch */
     int fast = n_valid <= FP * FCH && 2 * n_vocab >= FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK;
     if (fast) {
         TL_LAUNCH(st, "sample_part", sample_part_kernel, dim3(FP, n_rows), dim3(FT), 0, logits,
-                  n_vocab, n_valid, params, counts, scratch, fast);
+                  n_vocab, n_valid, params, counts, count_slot, scratch, fast);
         TL_LAUNCH(st, "sample_merge", sample_merge_kernel, dim3(n_rows), dim3(FT), 0, out, logits,
                   n_vocab, params, keys, scratch, fast);
     }
     TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits, n_vocab, n_valid,
-              params, keys, counts, scratch, fast);
+              params, keys, counts, count_slot, scratch, fast);
     return 0;
 }
 
-/* penalty_counts_kernel: counts[tok] |= 1<<30 for every history token; += 1 for generated ones.
- * Integer atomics: the result does not depend on their order. */
-__global__ void penalty_counts_kernel(int32_t *counts, const int32_t *hist, int n_hist,
-                                      int n_prompt, int V) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_hist) return;
-    int tok = hist[i];
+/* penalty_add_kernel: one thread per fed token; integer atomics, so the counts do not depend on
+ * their order. */
+__global__ void penalty_add_kernel(int32_t *counts, int V, const int32_t *tokens,
+                                   const int32_t *tok_pos, const int32_t *tok_slot,
+                                   const int32_t *n_prompt, int n_tok) {
+    pdl_trigger();
+    pdl_wait();
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok) return;
+    int tok = tokens[t], slot = tok_slot[t], np = n_prompt[slot];
     if (tok < 0 || tok >= V) return;
-    atomicOr(&counts[tok], 1 << 30);
-    if (i >= n_prompt) atomicAdd(&counts[tok], 1);
+    int32_t *c = counts + (size_t)slot * V + tok;
+    atomicOr(c, 1 << 30);
+    if (np >= 0 && tok_pos[t] >= np) atomicAdd(c, 1);
 }
 
-extern "C" int tl_gpu_penalty_counts(int32_t *counts, const int32_t *hist, int n_hist, int n_prompt,
-                                     int n_vocab, const tl_gpu_stream *st) {
-    CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * n_vocab, tl_stream_of(st)));
-    if (n_hist <= 0) return 0;
-    TL_LAUNCH(st, "penalty_counts", penalty_counts_kernel, dim3(CEIL_DIV(n_hist, 256)), dim3(256),
-              0, counts, hist, n_hist, n_prompt, n_vocab);
+extern "C" int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens,
+                                  const int32_t *tok_pos, const int32_t *tok_slot,
+                                  const int32_t *n_prompt, int n_tok, const tl_gpu_stream *st) {
+    if (n_tok <= 0) return 0;
+    TL_LAUNCH(st, "penalty_add", penalty_add_kernel, dim3(CEIL_DIV(n_tok, 256)), dim3(256), 0,
+              counts, n_vocab, tokens, tok_pos, tok_slot, n_prompt, n_tok);
     return 0;
 }

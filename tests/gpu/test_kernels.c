@@ -693,7 +693,7 @@ static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
     int32_t *dc = counts ? dev_from(counts, 4 * (size_t)rows * V) : NULL;
     float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, scr, rows, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, NULL, scr, rows, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
     tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
@@ -967,18 +967,50 @@ static void test_sample_determinism_penalties(void) {
     CHECK_EQ_INT(o[0].token, 5);
     CHECK_EQ_INT(o[1].token, 6);
     CHECK_EQ_INT(o[2].token, 6);
-    /* the device count builder from a history: prompt [5, 9], generated [6, 6] */
-    int32_t hist[4] = {5, 9, 6, 6};
-    int32_t *dh = dev_from(hist, sizeof hist), *dc = tl_gpu_malloc(4 * (size_t)V);
-    CHECK_EQ_INT(tl_gpu_penalty_counts(dc, dh, 4, 2, V, NULL), 0);
-    int32_t c5, c6, c9, c7;
-    tl_gpu_download(&c5, dc + 5, 4), tl_gpu_download(&c6, dc + 6, 4),
-        tl_gpu_download(&c9, dc + 9, 4), tl_gpu_download(&c7, dc + 7, 4);
-    CHECK_EQ_INT(c5, 1 << 30);
-    CHECK_EQ_INT(c9, 1 << 30);
-    CHECK_EQ_INT(c6, (1 << 30) | 2);
-    CHECK_EQ_INT(c7, 0);
-    tl_gpu_free(dh), tl_gpu_free(dc);
+    /* counts kept per slot as tokens are fed: slot 1 gets prompt [5, 9] then generated [6, 6]
+     * (n_prompt 2) in two batches; slot 0 gets [7] before its prompt length is known (-1) */
+    int32_t tok1[3] = {5, 9, 7}, pos1[3] = {0, 1, 0}, slot1[3] = {1, 1, 0};
+    int32_t tok2[2] = {6, 6}, pos2[2] = {2, 3}, slot2[2] = {1, 1}, np[2] = {-1, 2};
+    int32_t *dcs = tl_gpu_malloc(4 * (size_t)2 * V), *dnp = dev_from(np, sizeof np);
+    int32_t *dt1 = dev_from(tok1, sizeof tok1), *dp1 = dev_from(pos1, sizeof pos1),
+            *ds1 = dev_from(slot1, sizeof slot1), *dt2 = dev_from(tok2, sizeof tok2),
+            *dp2 = dev_from(pos2, sizeof pos2), *ds2 = dev_from(slot2, sizeof slot2);
+    CHECK_EQ_INT(tl_gpu_memset(dcs, 0, 4 * (size_t)2 * V), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, V, dt1, dp1, ds1, dnp, 3, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, V, dt2, dp2, ds2, dnp, 2, NULL), 0);
+    int32_t *hc = xmalloc(4 * (size_t)2 * V);
+    tl_gpu_download(hc, dcs, 4 * (size_t)2 * V);
+    int nonzero = 0;
+    for (size_t i = 0; i < (size_t)2 * V; i++) nonzero += hc[i] != 0;
+    CHECK_EQ_INT(nonzero, 4);
+    CHECK_EQ_INT(hc[7], 1 << 30);
+    CHECK_EQ_INT(hc[V + 5], 1 << 30);
+    CHECK_EQ_INT(hc[V + 9], 1 << 30);
+    CHECK_EQ_INT(hc[V + 6], (1 << 30) | 2);
+    /* the sampler reads a row's counts through count_slot: repetition 2.0 on token 5 (seen in
+     * slot 1) makes its 4.0 a 2.0 < 3.5, so 6 wins with slot 1's counts; slot 0 never saw 5,
+     * so 5 wins with slot 0's */
+    tl_sample_params qr = greedy_params();
+    qr.repetition_penalty = 2.0f;
+    float *dl2 = dev_from(l2, sizeof(float) * V);
+    tl_sample_params *dq = dev_from(&qr, sizeof qr);
+    uint64_t key1 = 1;
+    uint64_t *dk1 = dev_from(&key1, 8);
+    float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)V);
+    tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out)), so;
+    int32_t one = 1, zero = 0;
+    int32_t *drs1 = dev_from(&one, 4), *drs0 = dev_from(&zero, 4);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs1, scr, 1, NULL),
+                 0);
+    tl_gpu_download(&so, dout, sizeof so);
+    CHECK_EQ_INT(so.token, 6);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs0, scr, 1, NULL),
+                 0);
+    tl_gpu_download(&so, dout, sizeof so);
+    CHECK_EQ_INT(so.token, 5);
+    void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) tl_gpu_free(fr[i]);
+    free(hc);
     free(lg), free(l2), free(cnt);
 }
 
