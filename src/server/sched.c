@@ -324,7 +324,8 @@ static void cancel_running(tl_sched *s, int stop) {
 static int is_decoding(const tl_job *j) { return j->n_fed >= j->n_target; }
 
 /* Pages a job that holds none needs to start: its tokens to prefill and the first one after
- * them (at most the sequence limit, which a job under way never reaches: it ends there). */
+ * them. Within the sequence limit: a prompt was checked at submit, and a job under way ends
+ * when its tokens reach the limit, so it is never preempted holding more than limit - 1. */
 static long start_pages(const tl_sched *s, const tl_job *j) {
     return tl_kv_pages_to_grow(&s->kv, 0, j->n_target + 1);
 }
@@ -454,7 +455,7 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
     long avail = sp->free;
     for (int i = 0; i < s->n_live; i++) {
         const tl_job *j = s->running[i];
-        if (!is_decoding(j))
+        if (!is_decoding(j) && !j->finished)
             avail -= tl_kv_pages_to_grow(&s->kv, tl_session_n_past(j->sess) + j->n_plan,
                                          j->n_target + 1);
     }
