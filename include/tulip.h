@@ -42,24 +42,23 @@ typedef enum tl_backend_kind {
 typedef struct tl_engine_params {
     const char *model_path; /* checkpoint directory (config.json + *.safetensors) */
     tl_backend_kind backend;
-    int allow_test_shape;          /* accept dimensions other than the production model's */
-    int n_threads;                 /* CPU backend threads; 0 = all cores */
-    int max_seqs;                  /* live sessions at once (state slots); 0 = default (16) */
-    int max_ctx;                   /* tokens per session; 0 = default: CUDA: the model's maximum
-                                      (max_position_embeddings) when the KV pool holds one such sequence,
-                                      else the pool's size; CPU: min(model max, 32768) */
-    long kv_tokens;                /* KV cache pool in tokens (rounded up to pages of
-                                      tl_kv_stats.page_tokens), shared by all sessions; 0 = CUDA: sized from
-                                      the GPU's memory (gpu_memory_utilization), at most max_seqs * max_ctx;
-                                      CPU: no pool (every session can be full at once). A step that needs a
-                                      page when none is free fails with TL_ERR_CONTEXT_FULL and changes no
-                                      session. */
-    double gpu_memory_utilization; /* CUDA with kv_tokens 0: the fraction of the GPU's memory the
-                                      process may hold once the KV pool is allocated (weights,
-                                      activations, state and KV together); 0 = default 0.9 */
-    int random_weights;            /* bench: build a full-size model from `seed`, no checkpoint */
+    int allow_test_shape; /* accept dimensions other than the production model's */
+    int n_threads;        /* CPU backend threads; 0 = all cores */
+    int max_seqs;         /* live sessions at once (state slots); 0 = default (16) */
+    int max_ctx;          /* tokens per session; 0 = default: CUDA: the model's maximum when the
+                             KV pool holds one such sequence, else the pool's size; CPU:
+                             min(model max, 32768) */
+    long kv_tokens;       /* KV cache pool in tokens (whole pages: tl_kv_stats), shared by all
+                             sessions; 0 = CUDA: sized from the GPU's memory, at most
+                             max_seqs * max_ctx; CPU: no pool (every session can be full at
+                             once). A step that needs a page when none is free fails with
+                             TL_ERR_CONTEXT_FULL and changes no session. */
+    int random_weights;   /* bench: build a full-size model from `seed`, no checkpoint */
     uint64_t seed;
     int weight_bits; /* random weights: 16 (bf16) or 4 (affine g64) */
+    /* CUDA with kv_tokens 0: the fraction of the GPU's memory the process may hold once the KV
+     * pool is allocated (weights, activations, state and KV together); 0 = default 0.9 */
+    double gpu_memory_utilization;
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.

@@ -66,12 +66,12 @@ typedef struct tl_cuda_params {
     int max_ctx;    /* 0: max_position_embeddings if the pool holds one such sequence, else the
                        pool's size (tl_backend.max_ctx says which) */
     long kv_tokens; /* KV pool size in tokens, shared by the slots; 0 = from the GPU's memory */
-    double gpu_memory_utilization; /* kv_tokens 0: fraction of the GPU's memory in use once the
-                                      pool is allocated (pool at most max_seqs * max_ctx); 0 =
-                                      0.9 */
     int random_weights;
     uint64_t seed;
     int weight_bits; /* 16 or 4 */
+    /* kv_tokens 0: the fraction of the GPU's memory in use once the pool is allocated (the pool
+     * at most max_seqs * max_ctx); 0 = 0.9 */
+    double gpu_memory_utilization;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);
