@@ -56,8 +56,9 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
                    "tokens per sequence (default: model max if the KV pool holds it)"),
         TL_OPT_LONG("kv-tokens", 0, &p->kv_tokens, "N", 0, TL_OPT_NOMAX,
                     "KV pool of all sequences in tokens (default: from GPU memory)"),
-        TL_OPT_DOUBLE("gpu-memory-utilization", 0, &p->gpu_memory_utilization, "F", 0, 1,
-                      "GPU memory share for weights, state and KV (default 0.9)"),
+        /* no metavar: the name alone fills the help's first column */
+        TL_OPT_DOUBLE("gpu-memory-utilization", 0, &p->gpu_memory_utilization, NULL, 0, 1,
+                      "F: GPU memory share for weights, state and KV (0.9)"),
         TL_OPT_INT("queue", 0, &p->max_queue, "N", 0, TL_OPT_NOMAX,
                    "requests that may wait to start (default 64; then 429)"),
         TL_OPT_INT("step-tokens", 0, &p->step_tokens, "N", 0, TL_OPT_NOMAX,
