@@ -45,14 +45,20 @@ typedef struct tl_engine_params {
     int allow_test_shape; /* accept dimensions other than the production model's */
     int n_threads;        /* CPU backend threads; 0 = all cores */
     int max_seqs;         /* live sessions at once (state slots); 0 = default (16) */
-    int max_ctx;          /* tokens per session; 0 = default (min(model max, 32768)) */
-    long kv_tokens;       /* CUDA: KV cache pool in tokens, shared by all sessions (pages of
-                             64); 0 = max_seqs * max_ctx (every session can be full at once).
-                             A step that needs a page when none is free fails with
+    int max_ctx;          /* tokens per session; 0 = default: CUDA: the model's maximum when the
+                             KV pool holds one such sequence, else the pool's size; CPU:
+                             min(model max, 32768) */
+    long kv_tokens;       /* KV cache pool in tokens (whole pages: tl_kv_stats), shared by all
+                             sessions; 0 = CUDA: sized from the GPU's memory, at most
+                             max_seqs * max_ctx; CPU: no pool (every session can be full at
+                             once). A step that needs a page when none is free fails with
                              TL_ERR_CONTEXT_FULL and changes no session. */
     int random_weights;   /* bench: build a full-size model from `seed`, no checkpoint */
     uint64_t seed;
     int weight_bits; /* random weights: 16 (bf16) or 4 (affine g64) */
+    /* CUDA with kv_tokens 0: the fraction of the GPU's memory the process may hold once the KV
+     * pool is allocated (weights, activations, state and KV together); 0 = default 0.9 */
+    double gpu_memory_utilization;
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.
@@ -63,6 +69,23 @@ const struct tl_config *tl_engine_config(const tl_engine *e);
 tl_backend_kind tl_engine_backend(const tl_engine *e);
 int tl_engine_max_ctx(const tl_engine *e);
 int tl_engine_max_seqs(const tl_engine *e);
+
+/* The KV cache pool, in pages. A session holding n tokens holds exactly ceil(n / page_tokens)
+ * pages (pages are taken as positions are computed and all given back at reset or close), so
+ * what a sequence still needs follows from its length alone (tl_kv_pages_to_grow). The CUDA
+ * backend's pages are 64 tokens; the CPU backend, which has no pool unless kv_tokens is set,
+ * reports one page of max_ctx tokens per slot. */
+typedef struct tl_kv_stats {
+    int page_tokens;    /* tokens a page holds */
+    long pages_total;   /* pages in the pool */
+    long pages_free;    /* pages no session holds */
+    long pages_per_seq; /* pages one session can hold at most (ceil(max_ctx / page_tokens)) */
+} tl_kv_stats;
+
+/* Fills *out; 0, or TL_ERR_INVALID without an engine or out. */
+int tl_engine_kv_stats(const tl_engine *e, tl_kv_stats *out);
+/* Pages a sequence of n_past tokens must still be given to hold n_tokens (0 when it has them). */
+long tl_kv_pages_to_grow(const tl_kv_stats *k, long n_past, long n_tokens);
 
 /* A session is one sequence: its KV cache, conv state and recurrent state, and the tokens it
  * has consumed. Opening one takes a clean state slot: TL_ERR_BUSY when all are taken; the
@@ -75,6 +98,19 @@ int tl_session_n_past(const tl_session *s); /* tokens consumed so far */
 /* Back to an empty sequence. On failure (the backend's status) the session refuses steps until
  * a reset succeeds. */
 int tl_session_reset(tl_session *s);
+
+/* What a sequence carries besides its tokens and its KV: where its prompt ends (-1 before the
+ * first sample) and its sampler's RNG state. Preemption by recompute uses it: the scheduler
+ * saves it, closes the session (its pages go back to the pool), and later feeds the same tokens
+ * to a new session restored from it, whose samples then continue the old sequence's RNG stream
+ * and penalty window as if it had never stopped. */
+typedef struct tl_session_snap {
+    int n_prompt;
+    uint64_t rng;
+} tl_session_snap;
+void tl_session_save(const tl_session *s, tl_session_snap *out);
+/* On a session that holds no tokens (just opened or reset); TL_ERR_INVALID otherwise. */
+int tl_session_restore(tl_session *s, const tl_session_snap *snap);
 
 /* Sampling parameters for one step. temperature <= 0 means greedy (argmax). */
 typedef struct tl_sample_params {

@@ -160,7 +160,8 @@ static int getopt_error(const tl_cli_cmd *c, int ch, const char *arg) {
     int i = optopt ? opt_index(c, optopt) : -1;
     const char *name = i >= 0 ? opt_spelling(&c->opts[i], sp, sizeof sp) : NULL;
     if (ch == ':' && name)
-        return tl_cli_usage_error(c, "%s needs a value (%s %s)", name, name, c->opts[i].metavar);
+        return tl_cli_usage_error(c, "%s needs a value (%s %s)", name, name,
+                                  c->opts[i].metavar ? c->opts[i].metavar : "VALUE");
     if (name && optopt >= LONG_VAL_BASE)
         return tl_cli_usage_error(c, "%s takes no value (in '%s')", name, arg);
     if (optopt == 'h' && ch == '?') return tl_cli_usage_error(c, "--help takes no value");

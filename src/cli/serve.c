@@ -10,8 +10,12 @@ static const tl_opt_choice serve_bits[] = {{"16", 16}, {"4", 4}, {NULL, 0}};
 static const char serve_about[] =
     "OpenAI-compatible HTTP server. A count or time of 0 means its default, except\n"
     "--port 0 (any free port) and --queue 0 (no waiting: 429 when the slots are full).\n"
-    "--kv-tokens below max-seqs x ctx lets --max-seqs grow; when the pool runs out\n"
-    "the longest sequence ends with 'length'. --trace logs bodies, rendered\n"
+    "The KV pool is sized from the GPU's memory (--gpu-memory-utilization) unless\n"
+    "--kv-tokens sets it (the CPU backend has a pool only then); without --ctx the\n"
+    "context is the model's maximum when the pool holds one such sequence (CPU:\n"
+    "32768 at most). A request waits in the queue until its prompt fits in the free\n"
+    "KV pages; when the pool runs short the newest sequence is preempted and\n"
+    "recomputed later (its client sees only a pause). --trace logs bodies, rendered\n"
     "prompts, each SSE chunk, responses and errors.\n";
 
 typedef struct serve_opts {
@@ -49,11 +53,14 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         TL_OPT_INT("max-seqs", 0, &p->max_seqs, "N", 0, TL_OPT_NOMAX,
                    "concurrent sequences (state slots; default 0: engine's)"),
         TL_OPT_INT("ctx", 0, &p->max_ctx, "N", 0, TL_OPT_NOMAX,
-                   "tokens per sequence (default 0: engine's)"),
+                   "tokens per sequence (default: model max if the KV pool holds it)"),
         TL_OPT_LONG("kv-tokens", 0, &p->kv_tokens, "N", 0, TL_OPT_NOMAX,
-                    "CUDA: KV pool of all sequences in tokens (default max-seqs x ctx)"),
+                    "KV pool of all sequences in tokens (default: from GPU memory)"),
+        /* no metavar: the name alone fills the help's first column */
+        TL_OPT_DOUBLE("gpu-memory-utilization", 0, &p->gpu_memory_utilization, NULL, 0, 1,
+                      "F: GPU memory share for weights, state and KV (0.9)"),
         TL_OPT_INT("queue", 0, &p->max_queue, "N", 0, TL_OPT_NOMAX,
-                   "requests that may wait for a slot (default 64; then 429)"),
+                   "requests that may wait to start (default 64; then 429)"),
         TL_OPT_INT("step-tokens", 0, &p->step_tokens, "N", 0, TL_OPT_NOMAX,
                    "token budget of one engine step (default 2048)"),
         TL_OPT_U64("max-body", 0, &o->max_body, "BYTES", "request body limit (default 8388608)"),

@@ -128,6 +128,14 @@ static int cb_reset_slot(tl_backend *b, int slot) {
     return 0;
 }
 
+static void cb_kv_stats(tl_backend *b, tl_kv_stats *out) {
+    const tl_kv_pages *p = &((cuda_be *)b->impl)->pages;
+    out->page_tokens = p->page_tokens;
+    out->pages_total = p->n_page;
+    out->pages_free = p->n_free;
+    out->pages_per_seq = p->max_pages;
+}
+
 /* ====== Open ====== */
 
 /* The dimensions the kernels are specialised on (the CPU reference accepts any). */
@@ -164,13 +172,18 @@ static int check_params(const tl_config *c, const tl_model *m, const tl_cuda_par
     if (p->max_seqs < 1 || p->max_seqs > CB_MAX_SEQS)
         return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: max_seqs = %d, must be 1..%d",
                        p->max_seqs, CB_MAX_SEQS);
-    if (p->max_ctx < 1 || p->max_ctx > c->max_pos)
+    if (p->max_ctx < 0 || p->max_ctx > c->max_pos)
         return tl_errf(err, errlen, TL_ERR_INVALID,
-                       "CUDA backend: context %d tokens, must be 1..%d (max_position_embeddings)",
+                       "CUDA backend: context %d tokens, must be 1..%d (max_position_embeddings) "
+                       "or 0 (chosen from the KV pool)",
                        p->max_ctx, c->max_pos);
     if (p->kv_tokens < 0)
         return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: kv_tokens = %ld is negative",
                        p->kv_tokens);
+    if (!(p->gpu_memory_utilization >= 0 && p->gpu_memory_utilization <= 1))
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "CUDA backend: gpu_memory_utilization = %g, must be in (0, 1] (0: 0.9)",
+                       p->gpu_memory_utilization);
     if (p->random_weights && p->weight_bits != 4 && p->weight_bits != 16)
         return tl_errf(err, errlen, TL_ERR_INVALID, "random weights: bits must be 4 or 16, not %d",
                        p->weight_bits);
@@ -188,7 +201,8 @@ static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p) {
     be->cfg = *c;
     be->max_seqs = p->max_seqs;
-    be->max_ctx = p->max_ctx;
+    /* 0: chosen with the KV pool (alloc_state); until then the most it can be */
+    be->max_ctx = p->max_ctx > 0 ? p->max_ctx : c->max_pos;
     be->pf_ok = c->n_embd == TL_N_EMBD && c->n_head == TL_N_HEAD && c->n_head_kv == TL_N_HEAD_KV &&
                 c->gdn_n_k_head == TL_GDN_N_K_HEAD && c->gdn_n_v_head == TL_GDN_N_V_HEAD &&
                 c->n_expert == TL_N_EXPERT && c->n_expert_used == TL_N_EXPERT_USED &&
@@ -237,14 +251,78 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
                            cudaGetErrorString(e_));                                                \
     } while (0)
 
-/* Paged KV pool (by default every slot can reach max_ctx at once; kv_tokens sets the pool),
- * page tables, conv and recurrent state, all zeroed. */
+/* Bytes of one KV page: K and V of every attention layer, bf16. */
+static size_t kv_page_bytes(const cuda_be *be) {
+    return (size_t)2 * be->n_attn * TL_KV_PAGE * be->cfg.n_head_kv * 256 * sizeof(uint16_t);
+}
+
+/* The pages the GPU's memory allows: the process may hold `util` of the device's memory once the
+ * pool is allocated; what is in use now (weights, activations, state, the page table still to
+ * come, and anything of other processes) is taken off first. */
+static int kv_pages_from_memory(const cuda_be *be, double util, long long *out, char *err,
+                                size_t errlen) {
+    size_t free_b = 0, total_b = 0, page = kv_page_bytes(be);
+    cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+    if (e != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cudaMemGetInfo: %s", cudaGetErrorString(e));
+    double ptab = (double)be->max_seqs * TL_CEIL_DIV(be->max_ctx, TL_KV_PAGE) * sizeof(int32_t);
+    double used = (double)(total_b - free_b), budget = util * (double)total_b - used - ptab;
+    *out = budget > 0 ? (long long)(budget / (double)page) : 0;
+    if (*out < 1)
+        return tl_errf(err, errlen, TL_ERR_NOMEM,
+                       "GPU memory: %.1f of %.1f GiB in use after the weights, activations and "
+                       "state; --gpu-memory-utilization %.2f leaves no room for a KV page of "
+                       "%.1f MiB (raise it, lower --max-seqs, or set --kv-tokens)",
+                       used / 1073741824.0, total_b / 1073741824.0, util, page / 1048576.0);
+    return 0;
+}
+
+/* The pool's pages (kv_tokens, or what the memory allows; at most every slot full) and, when
+ * not given, the context: the model's maximum if the pool holds one such sequence, else the
+ * pool's size. An explicit context the memory-sized pool cannot hold is an error. */
+static int size_pool(cuda_be *be, const tl_cuda_params *p, char *err, size_t errlen) {
+    double util = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.9;
+    long long full = (long long)be->max_seqs * TL_CEIL_DIV(be->max_ctx, TL_KV_PAGE), n = full;
+    if (p->kv_tokens > 0)
+        n = TL_CEIL_DIV((long long)p->kv_tokens, TL_KV_PAGE);
+    else if (kv_page_bytes(be) > 0)
+        TRY(kv_pages_from_memory(be, util, &n, err, errlen));
+    n = TL_MIN(n, full);
+    const char *why = "given";
+    if (p->max_ctx == 0) {
+        be->max_ctx = (int)TL_MIN((long long)be->cfg.max_pos, n * TL_KV_PAGE);
+        why = be->max_ctx == be->cfg.max_pos ? "the model's maximum" : "the KV pool's size";
+    } else if (p->kv_tokens == 0 && n * TL_KV_PAGE < be->max_ctx) {
+        return tl_errf(err, errlen, TL_ERR_NOMEM,
+                       "a context of %d tokens does not fit in the KV pool of %lld tokens that "
+                       "--gpu-memory-utilization %.2f allows: lower --ctx or --max-seqs, raise "
+                       "the fraction, or set --kv-tokens",
+                       be->max_ctx, n * TL_KV_PAGE, util);
+    }
+    be->max_pages = TL_CEIL_DIV(be->max_ctx, TL_KV_PAGE);
+    be->n_page = (int)TL_MIN(n, (long long)be->max_seqs * be->max_pages);
+    if (p->max_ctx == 0 || n < full) /* chosen here, not by the caller: say what */
+        fprintf(stderr,
+                "tulip: KV cache %d pages of %d tokens (%lld tokens, %.2f GiB%s); context %d "
+                "tokens (%s)\n",
+                be->n_page, TL_KV_PAGE, (long long)be->n_page * TL_KV_PAGE,
+                (double)be->n_page * kv_page_bytes(be) / 1073741824.0,
+                p->kv_tokens > 0 ? ", --kv-tokens" : ", from the GPU's free memory", be->max_ctx,
+                why);
+    return 0;
+}
+
+/* Conv and recurrent state, then the paged KV pool (size_pool) and its page tables, all zeroed
+ * but the pool (a page is read only below its slot's length, which is written first). */
 static int alloc_state(cuda_be *be, const tl_cuda_params *p, char *err, size_t errlen) {
     const tl_config *c = &be->cfg;
-    be->max_pages = TL_CEIL_DIV(be->max_ctx, TL_KV_PAGE);
-    long long want = p->kv_tokens > 0 ? TL_CEIL_DIV((long long)p->kv_tokens, TL_KV_PAGE)
-                                      : (long long)be->max_seqs * be->max_pages;
-    be->n_page = (int)TL_MIN(want, (long long)be->max_seqs * be->max_pages);
+    size_t conv = (size_t)be->n_gdn * be->max_seqs * 3 * be->conv_dim;
+    size_t rec = (size_t)be->n_gdn * be->max_seqs * c->gdn_n_v_head * 128 * 128;
+    ALLOC(be->conv_st, float, conv > 0 ? conv : 1);
+    ALLOC(be->rec_st, float, rec > 0 ? rec : 1);
+    ZERO(be->conv_st, conv * 4);
+    ZERO(be->rec_st, rec * 4);
+    TRY(size_pool(be, p, err, errlen));
     size_t kv = (size_t)be->n_attn * be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
     ALLOC(be->kc, uint16_t, kv > 0 ? kv : 1);
     ALLOC(be->vc, uint16_t, kv > 0 ? kv : 1);
@@ -253,12 +331,6 @@ static int alloc_state(cuda_be *be, const tl_cuda_params *p, char *err, size_t e
     PINNED(be->h_ptab, nt * sizeof(int32_t));
     TRY(tl_kv_pages_init(&be->pages, be->n_page, be->max_seqs, be->max_pages, TL_KV_PAGE,
                          be->h_ptab, err, errlen));
-    size_t conv = (size_t)be->n_gdn * be->max_seqs * 3 * be->conv_dim;
-    size_t rec = (size_t)be->n_gdn * be->max_seqs * c->gdn_n_v_head * 128 * 128;
-    ALLOC(be->conv_st, float, conv > 0 ? conv : 1);
-    ALLOC(be->rec_st, float, rec > 0 ? rec : 1);
-    ZERO(be->conv_st, conv * 4);
-    ZERO(be->rec_st, rec * 4);
     ZERO(be->d_ptab, nt * sizeof(int32_t));
     return 0;
 }
@@ -335,8 +407,8 @@ static int open_phases(cuda_be *be, const tl_model *m, const tl_cuda_params *p, 
                        size_t errlen) {
     TRY(create_stream(be, err, errlen));
     TRY(cb_weights_load(be, m, p, err, errlen));
+    TRY(alloc_activations(be, err, errlen)); /* before the state: the KV pool takes what is left */
     TRY(alloc_state(be, p, err, errlen));
-    TRY(alloc_activations(be, err, errlen));
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess)
@@ -357,6 +429,7 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     b->impl = be;
     b->close = cb_close;
     b->reset_slot = cb_reset_slot;
+    b->kv_stats = cb_kv_stats;
     b->forward = cb_forward;
     set_params(be, c, p);
     int st = open_phases(be, m, p, err, errlen);
@@ -364,6 +437,7 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         cb_close(b);
         return st;
     }
+    b->max_ctx = be->max_ctx; /* chosen in alloc_state when p->max_ctx is 0 */
     *out = b;
     return 0;
 }

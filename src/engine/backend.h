@@ -30,8 +30,14 @@ typedef struct tl_fwd_entry {
 typedef struct tl_backend {
     const char *name;
     int can_sample; /* 1: forward() samples on the device when e->sample is set */
+    int max_ctx;    /* tokens per slot, set at open (a backend asked for 0 chooses it) */
     void *impl;
     void (*close)(struct tl_backend *b);
+    /* The KV pool (tulip.h tl_kv_stats): a slot holding n tokens holds ceil(n / page_tokens)
+     * pages; forward() takes the pages its entries grow into, all or nothing (TL_ERR_CONTEXT_FULL
+     * when short, no slot changed), reset_slot gives a slot's pages back. NULL: no pool; the
+     * engine then reports one page of max_ctx tokens per slot. */
+    void (*kv_stats)(struct tl_backend *b, tl_kv_stats *out);
     /* Clears the state of a slot (zero KV length, zero conv and recurrent state, KV pages back
      * in the pool). 0, or a negative tl_status when the slot could not be cleared (the engine
      * then keeps it out of use until a later reset succeeds). */
@@ -42,20 +48,30 @@ typedef struct tl_backend {
 /* The backend an engine runs on: for tests that inject backend faults (engine.c). */
 tl_backend *tl_engine_backend_impl(tl_engine *e);
 
-/* CPU reference backend (always available). */
+/* CPU reference backend (always available). Each slot holds max_ctx tokens of KV. kv_tokens > 0
+ * adds a pool of that many tokens (pages of TL_CPU_KV_PAGE) that all slots share, kept with
+ * kv_pages.c as the CUDA backend keeps its pool: the memory is still max_ctx per slot, but the
+ * sequences together hold no more than the pool, exactly as on the GPU (the scheduler's
+ * admission and preemption are tested this way). kv_tokens 0: one page of max_ctx per slot. */
+#define TL_CPU_KV_PAGE 64
 int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int max_ctx,
-                        int n_threads, char *err, size_t errlen);
+                        long kv_tokens, int n_threads, char *err, size_t errlen);
 
 #ifndef TL_NO_CUDA
 /* CUDA backend: uploads the model, allocates state for max_seqs slots of max_ctx tokens.
  * Returns TL_ERR_UNSUPPORTED (with a message naming the field) for dimensions its kernels were
  * not built for, TL_ERR_CUDA when no usable GPU is present. m may be NULL with random weights. */
 typedef struct tl_cuda_params {
-    int max_seqs, max_ctx;
-    long kv_tokens; /* KV pool size in tokens, shared by the slots; 0 = max_seqs * max_ctx */
+    int max_seqs;
+    int max_ctx;    /* 0: max_position_embeddings if the pool holds one such sequence, else the
+                       pool's size (tl_backend.max_ctx says which) */
+    long kv_tokens; /* KV pool size in tokens, shared by the slots; 0 = from the GPU's memory */
     int random_weights;
     uint64_t seed;
     int weight_bits; /* 16 or 4 */
+    /* kv_tokens 0: the fraction of the GPU's memory in use once the pool is allocated (the pool
+     * at most max_seqs * max_ctx); 0 = 0.9 */
+    double gpu_memory_utilization;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);

@@ -55,16 +55,17 @@ static int load_model(tl_engine *e, const tl_engine_params *p, char *err, size_t
 static int open_cpu(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
     if (!e->model)
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "random weights need the CUDA backend");
-    return tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->n_threads, err,
-                               errlen);
+    return tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->kv_tokens,
+                               p->n_threads, err, errlen);
 }
 
 /* Tries the CUDA backend; why it cannot open goes in cerr. */
 static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t n) {
 #ifndef TL_NO_CUDA
     tl_cuda_params cp = {.max_seqs = e->max_seqs,
-                         .max_ctx = e->max_ctx,
+                         .max_ctx = p->max_ctx > 0 ? e->max_ctx : 0, /* 0: the backend chooses */
                          .kv_tokens = p->kv_tokens,
+                         .gpu_memory_utilization = p->gpu_memory_utilization,
                          .random_weights = p->random_weights,
                          .seed = p->seed,
                          .weight_bits = p->weight_bits ? p->weight_bits : 16};
@@ -108,10 +109,13 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
     int rc = load_model(e, p, err, errlen);
     double t1 = tl_time_s();
     e->max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
-    e->max_ctx = p->max_ctx > 0 ? p->max_ctx : TL_MIN(e->cfg.max_pos, 32768);
+    e->max_ctx = p->max_ctx > 0 ? p->max_ctx : TL_MIN(e->cfg.max_pos, 32768); /* CPU default */
     if (e->max_ctx > e->cfg.max_pos) e->max_ctx = e->cfg.max_pos;
     e->n_sample_vocab = e->cfg.n_vocab == TL_N_VOCAB ? TL_N_VOCAB_TOKENS : e->cfg.n_vocab;
+    if (!rc && p->kv_tokens < 0)
+        rc = tl_errf(err, errlen, TL_ERR_INVALID, "kv_tokens = %ld is negative", p->kv_tokens);
     if (!rc) rc = open_backend(e, p, err, errlen);
+    if (!rc) e->max_ctx = e->be->max_ctx; /* the CUDA backend may have chosen it */
     if (!rc && e->model) /* the load time of a checkpoint, always reported (one line) */
         fprintf(stderr,
                 "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
@@ -145,6 +149,28 @@ tl_backend_kind tl_engine_backend(const tl_engine *e) {
 int tl_engine_max_ctx(const tl_engine *e) { return e->max_ctx; }
 int tl_engine_max_seqs(const tl_engine *e) { return e->max_seqs; }
 tl_backend *tl_engine_backend_impl(tl_engine *e) { return e->be; }
+
+int tl_engine_kv_stats(const tl_engine *e, tl_kv_stats *out) {
+    if (!e || !out) return TL_ERR_INVALID;
+    if (e->be->kv_stats) {
+        e->be->kv_stats(e->be, out);
+        return TL_OK;
+    }
+    /* no pool: a slot is a page of max_ctx tokens, held while a session uses it */
+    long used = 0;
+    for (int i = 0; i < e->max_seqs; i++) used += e->slot_state[i] == SLOT_USED;
+    *out = (tl_kv_stats){.page_tokens = e->max_ctx,
+                         .pages_total = e->max_seqs,
+                         .pages_free = e->max_seqs - used,
+                         .pages_per_seq = 1};
+    return TL_OK;
+}
+
+long tl_kv_pages_to_grow(const tl_kv_stats *k, long n_past, long n_tokens) {
+    long have = TL_CEIL_DIV(TL_MAX(n_past, 0), k->page_tokens);
+    long want = TL_CEIL_DIV(TL_MAX(n_tokens, 0), k->page_tokens);
+    return want > have ? want - have : 0;
+}
 
 /* ====== Sessions. ====== */
 
@@ -201,6 +227,18 @@ int tl_session_reset(tl_session *s) {
     s->n_prompt = -1;
     s->lost = s->e->be->reset_slot(s->e->be, s->slot);
     return s->lost;
+}
+
+void tl_session_save(const tl_session *s, tl_session_snap *out) {
+    out->n_prompt = s->n_prompt;
+    out->rng = s->rng;
+}
+
+int tl_session_restore(tl_session *s, const tl_session_snap *snap) {
+    if (!s || !snap || s->n_tokens != 0) return TL_ERR_INVALID;
+    s->n_prompt = snap->n_prompt;
+    s->rng = snap->rng;
+    return TL_OK;
 }
 
 /* ====== The step. ====== */

@@ -1,6 +1,7 @@
 /* The endpoints: /v1/chat/completions, /v1/completions (streaming and not), /v1/models, /health,
  * /metrics. A generation request is parsed and validated (openai.c), rendered with the chat
- * template and tokenized, checked against the context, then queued as a tl_job; this thread
+ * template and tokenized, checked against the context and the KV pool, then queued as a tl_job;
+ * this thread
  * then reads the job's tokens through a tl_gen (text, stop strings, reasoning, tool calls) and
  * writes the response or SSE chunks. The client socket is watched for a hang-up all along, so
  * a client that leaves cancels its job within one engine step.
@@ -104,10 +105,12 @@ void tl_api_health(tl_server *s, tl_reply *out) {
 void tl_api_metrics(tl_server *s, tl_reply *out) {
     tl_metrics_gauges g = {.max_seqs = tl_engine_max_seqs(s->eng)};
     tl_sched_stats(s->sched, &g.queued, &g.running, &g.sessions, &g.kv_tokens);
-    g.kv_capacity = (long)g.max_seqs * s->max_ctx;
-    if (s->p.kv_tokens > 0 && s->p.kv_tokens < g.kv_capacity &&
-        tl_engine_backend(s->eng) == TL_BACKEND_CUDA)
-        g.kv_capacity = s->p.kv_tokens;
+    tl_kv_stats kv;
+    tl_sched_kv_stats(s->sched, &kv);
+    g.kv_pages_total = kv.pages_total;
+    g.kv_pages_free = kv.pages_free;
+    g.kv_page_tokens = kv.page_tokens;
+    g.kv_capacity = kv.pages_total * kv.page_tokens;
     char *text = tl_metrics_render(s->metrics, &g);
     if (!text) {
         tl_oai_error e;
@@ -238,6 +241,15 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
                                                   : "");
         e->n_prompt = j->n_prompt;
         e->n_ctx = s->max_ctx;
+    }
+    long seq = tl_sched_seq_tokens(s->sched); /* below max_ctx when the KV pool is smaller */
+    if (!st && j->n_prompt >= seq) {
+        st = tl_oai_fail(e, TL_ERR_CONTEXT_FULL, r->kind == TL_OAI_CHAT ? "messages" : "prompt",
+                         "the prompt has %d tokens; with its first generated token it does not "
+                         "fit in the whole KV cache pool of this server (%ld tokens)",
+                         j->n_prompt, seq);
+        e->n_prompt = j->n_prompt;
+        e->n_ctx = seq;
     }
     if (st) {
         tl_job_unref(j);

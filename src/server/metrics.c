@@ -33,6 +33,7 @@ struct tl_metrics {
     int n_req;
     unsigned long long prompt_tokens, gen_tokens;
     unsigned long long finished[5];
+    unsigned long long preemptions;
     hist ttft, itl;
 };
 
@@ -93,6 +94,12 @@ void tl_metrics_finish(tl_metrics *m, int finish) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void tl_metrics_preempt(tl_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->preemptions++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* ====== Rendering. ====== */
 
 static void render_hist(tl_buf *b, const char *name, const char *help, const hist *h,
@@ -129,6 +136,11 @@ char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g) {
     for (int i = 1; i < 5; i++)
         tl_buf_printf(&b, "tulip_sequences_finished_total{reason=\"%s\"} %llu\n", reasons[i],
                       m->finished[i]);
+    tl_buf_printf(&b,
+                  "# HELP tulip_num_preemptions_total Running sequences preempted because the KV "
+                  "pool ran short (pages freed, recomputed later).\n"
+                  "# TYPE tulip_num_preemptions_total counter\ntulip_num_preemptions_total %llu\n",
+                  m->preemptions);
     render_hist(&b, "tulip_time_to_first_token_seconds", "Time from queueing to the first token.",
                 &m->ttft, ttft_bounds, N_TTFT);
     render_hist(&b, "tulip_inter_token_latency_seconds", "Time between consecutive tokens.",
@@ -153,5 +165,16 @@ char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g) {
         g->queued, g->running, g->sessions, g->max_seqs,
         g->max_seqs ? (double)g->sessions / g->max_seqs : 0.0, g->kv_tokens,
         g->kv_capacity ? (double)g->kv_tokens / (double)g->kv_capacity : 0.0);
+    tl_buf_printf(&b,
+                  "# HELP tulip_kv_cache_pages_total KV cache pages in the pool.\n"
+                  "# TYPE tulip_kv_cache_pages_total gauge\ntulip_kv_cache_pages_total %ld\n"
+                  "# HELP tulip_kv_cache_pages_used KV cache pages held by sequences.\n"
+                  "# TYPE tulip_kv_cache_pages_used gauge\ntulip_kv_cache_pages_used %ld\n"
+                  "# HELP tulip_kv_cache_pages_free KV cache pages no sequence holds.\n"
+                  "# TYPE tulip_kv_cache_pages_free gauge\ntulip_kv_cache_pages_free %ld\n"
+                  "# HELP tulip_kv_cache_page_tokens Tokens one KV cache page holds.\n"
+                  "# TYPE tulip_kv_cache_page_tokens gauge\ntulip_kv_cache_page_tokens %d\n",
+                  g->kv_pages_total, g->kv_pages_total - g->kv_pages_free, g->kv_pages_free,
+                  g->kv_page_tokens);
     return tl_buf_take(&b, NULL); /* NULL when memory ran out */
 }

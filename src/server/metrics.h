@@ -9,6 +9,8 @@ typedef struct tl_metrics tl_metrics;
 typedef struct tl_metrics_gauges {
     int queued, running, sessions, max_seqs;
     long kv_tokens, kv_capacity;
+    long kv_pages_total, kv_pages_free; /* the KV pool (tulip.h tl_kv_stats) */
+    int kv_page_tokens;
 } tl_metrics_gauges;
 
 tl_metrics *tl_metrics_new(void);
@@ -21,6 +23,8 @@ void tl_metrics_prompt_tokens(tl_metrics *m, long n);
 void tl_metrics_token(tl_metrics *m, int first, double dt);
 /* A job ended with a tl_finish reason. */
 void tl_metrics_finish(tl_metrics *m, int finish);
+/* A running sequence was preempted (its KV pages freed, to be recomputed). */
+void tl_metrics_preempt(tl_metrics *m);
 
 /* Prometheus text (malloc'd, caller frees), or NULL when out of memory. */
 char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g);

@@ -1,10 +1,13 @@
-/* The engine thread (see sched.h): admission from a bounded FIFO, one batched step at a time,
- * token events out to each job, sessions freed the step a job ends.
+/* The engine thread (see sched.h): admission from a bounded FIFO within the free KV pages, one
+ * batched step at a time, preemption by recompute when the pool runs short, token events out to
+ * each job, sessions freed the step a job ends.
  *
  * Owns: the engine (between create and destroy), every tl_session, the queue. Never touches text:
  * detokenizing, stop strings and parsing happen in the reader threads, which cancel a job when
  * they have seen enough. Invariant: a job is in exactly one of {queue, running[], finished};
- * only this thread moves it, under s->mu for the queue. */
+ * only this thread moves it, under s->mu for the queue. Every running job arrived before every
+ * queued one (admission takes the head, preemption gives back the newest running job to the
+ * head), so running[] is in arrival order and its last job is the one that yields. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -44,6 +47,7 @@ void tl_job_unref(tl_job *j) {
     free(j->prompt);
     free(j->script);
     free(j->force);
+    free(j->seq);
     free(j->ev);
     free(j);
 }
@@ -108,10 +112,18 @@ struct tl_sched {
     int n_running; /* mirrors the engine thread's count for stats */
     int n_sessions;
     long kv_tokens;
+    tl_kv_stats kv_pub; /* the pool as of the last step */
+
+    /* fixed at create */
+    tl_kv_stats kv0; /* the pool when idle (its sizes do not change) */
+    long seq_tokens; /* most tokens of one sequence: min(max_ctx, KV positions of the pool) */
 
     /* engine thread only */
-    tl_job **running;        /* [max_seqs]: admitted jobs, oldest first */
-    int n_live;              /* of running[] */
+    tl_kv_stats kv;   /* the pool now (refreshed at each step and preemption) */
+    int admit_hold;   /* a step found the pool shorter than planned: admit nothing more until a
+                         running job ends */
+    tl_job **running; /* [max_seqs]: admitted jobs, oldest first */
+    int n_live;       /* of running[] */
     tl_batch_entry *entries; /* [max_seqs]: the step's batch, at most one entry per job */
     tl_job **entry_job;      /* [max_seqs]: the job of each entry */
     tl_sample_out *outs;     /* [max_seqs]: the step's samples */
@@ -170,6 +182,19 @@ static int is_eos(const tl_sched *s, int32_t t) {
 
 /* ====== After a sample; stats. ====== */
 
+/* Appends t to the job's sequence (what a preemption recomputes). 0 or TL_ERR_NOMEM. */
+static int seq_push(tl_job *j, int32_t t) {
+    if (j->n_seq == j->cap_seq) {
+        int cap = TL_MAX(2 * j->cap_seq, j->n_seq + 64);
+        int32_t *ns = realloc(j->seq, sizeof(int32_t) * (size_t)cap);
+        if (!ns) return TL_ERR_NOMEM;
+        j->seq = ns;
+        j->cap_seq = cap;
+    }
+    j->seq[j->n_seq++] = t;
+    return 0;
+}
+
 /* Samples of one job after a step: script/forced override, event, stop conditions. Returns 1
  * when the job ended (it stays in running[] until the sweep). */
 static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now) {
@@ -194,7 +219,7 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
     if (j->think_end_id >= 0 && o->token == j->think_end_id && j->force && j->force_pos < 0)
         j->force_pos = 0;
     double prev = n_gen == 0 ? j->t_submit : j->t_last;
-    if (job_push(j, o, now)) {
+    if (job_push(j, o, now) || seq_push(j, o->token)) {
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_NOMEM, "out of memory");
         return 1;
     }
@@ -208,10 +233,10 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
         job_finish(s, j, TL_FIN_STOP, 0, NULL);
         return 1;
     }
-    /* the sequence now holds n_past + 1 tokens (this one is emitted, not yet fed back): at
-     * max_ctx it is full, and this token was the last one */
+    /* the sequence now holds n_past + 1 tokens (this one is emitted, not yet fed back): at the
+     * sequence limit (the context, or the whole KV pool) it is full, and this token was the last */
     if ((j->max_tokens > 0 && n_gen >= j->max_tokens) ||
-        tl_session_n_past(j->sess) + 1 >= s->max_ctx) {
+        tl_session_n_past(j->sess) + 1 >= s->seq_tokens) {
         job_finish(s, j, TL_FIN_LENGTH, 0, NULL);
         return 1;
     }
@@ -228,16 +253,19 @@ static void publish_stats(tl_sched *s) {
         n_sess++;
         kv += tl_session_n_past(s->running[i]->sess);
     }
+    tl_kv_stats ks;
+    tl_engine_kv_stats(s->eng, &ks);
     pthread_mutex_lock(&s->mu);
     s->n_running = s->n_live;
     s->n_sessions = n_sess;
     s->kv_tokens = kv;
+    s->kv_pub = ks;
     pthread_mutex_unlock(&s->mu);
 }
 
-/* ====== The step loop: admit, start, build the batch, run it, deliver, sweep. ====== */
+/* ====== The step loop: wait, cancel, plan (and preempt), admit, run, deliver, sweep. ====== */
 
-/* Drops cancelled jobs from the queue (they never got a session). Called with s->mu held. */
+/* Drops cancelled jobs from the queue (they hold no session). Called with s->mu held. */
 static void queue_reap(tl_sched *s, tl_job **reaped, int *n_reaped, int max) {
     tl_job **pp = &s->q_head, *prev = NULL;
     while (*pp && *n_reaped < max) {
@@ -254,30 +282,22 @@ static void queue_reap(tl_sched *s, tl_job **reaped, int *n_reaped, int max) {
     }
 }
 
-typedef enum { ADMIT_STEP, ADMIT_AGAIN, ADMIT_EXIT } admit_result;
+typedef enum { WAIT_STEP, WAIT_AGAIN, WAIT_EXIT } wait_result;
 
-/* 1. Admission: waits for work, reaps cancelled queued jobs, moves queued jobs into free running
- * places (FIFO). *stop: shutting down (everything running is cancelled next). */
-static admit_result admit(tl_sched *s, int *stop) {
+/* 1. Waits for work and reaps cancelled queued jobs. *stop: shutting down (everything running
+ * is cancelled next). */
+static wait_result wait_work(tl_sched *s, int *stop) {
     tl_job *reaped[64];
     int n_reaped = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stop && !s->q_head && s->n_live == 0) pthread_cond_wait(&s->cv, &s->mu);
     *stop = s->stop;
     queue_reap(s, reaped, &n_reaped, 64);
-    while (!*stop && !s->lost && s->n_live < s->max_seqs && s->q_head) {
-        tl_job *j = s->q_head;
-        s->q_head = j->next;
-        if (!s->q_head) s->q_tail = NULL;
-        s->n_queued--;
-        j->next = NULL;
-        s->running[s->n_live++] = j;
-    }
     int empty = !s->q_head; /* only this thread takes from the queue; none join when stopping */
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_reaped; i++) job_release(s, reaped[i], TL_FIN_CANCELLED, 0, NULL);
-    if (*stop && s->n_live == 0) return empty ? ADMIT_EXIT : ADMIT_AGAIN;
-    return ADMIT_STEP;
+    if (*stop && s->n_live == 0) return empty ? WAIT_EXIT : WAIT_AGAIN;
+    return WAIT_STEP;
 }
 
 /* A lost device: the server takes no more work (tl_sched_lost; it exits and is restarted). */
@@ -288,27 +308,133 @@ static void set_lost(tl_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* A session for a newly admitted job, or the job ends (its prompt leaves no room for a token, or
- * no slot could be had). Returns 1 when the job can run. */
+/* 2. Cancelled running jobs end (all of them when stopping). */
+static void cancel_running(tl_sched *s, int stop) {
+    int k = 0;
+    for (int i = 0; i < s->n_live; i++) {
+        tl_job *j = s->running[i];
+        if (atomic_load(&j->cancel) || stop)
+            job_release(s, j, TL_FIN_CANCELLED, 0, NULL);
+        else
+            s->running[k++] = j;
+    }
+    s->n_live = k;
+}
+
+static int is_decoding(const tl_job *j) { return j->n_fed >= j->n_target; }
+
+/* Pages a job that holds none needs to start: its tokens to prefill and the first one after
+ * them. Within the sequence limit: a prompt was checked at submit, and a job under way ends
+ * when its tokens reach the limit, so it is never preempted holding more than limit - 1. */
+static long start_pages(const tl_sched *s, const tl_job *j) {
+    return tl_kv_pages_to_grow(&s->kv, 0, j->n_target + 1);
+}
+
+/* Gives running[idx] back to the head of the queue: its sampler state is saved and its session
+ * closed (its KV pages go back to the pool); it will prefill its prompt and everything it
+ * generated again, then go on sampling where it stopped. Its reader notices nothing but the
+ * wait. */
+static void preempt(tl_sched *s, int idx) {
+    tl_job *j = s->running[idx];
+    tl_session_save(j->sess, &j->snap);
+    int rc = tl_session_close(j->sess);
+    j->sess = NULL;
+    if (rc)
+        fprintf(stderr, "tulip: clearing a preempted sequence's state failed: %s\n",
+                tl_status_str(rc));
+    j->n_fed = 0;
+    j->n_target = j->n_seq;
+    j->n_plan = 0;
+    j->n_preempt++;
+    memmove(&s->running[idx], &s->running[idx + 1],
+            (size_t)(s->n_live - idx - 1) * sizeof *s->running);
+    s->n_live--;
+    pthread_mutex_lock(&s->mu);
+    j->next = s->q_head;
+    s->q_head = j;
+    if (!s->q_tail) s->q_tail = j;
+    s->n_queued++;
+    pthread_mutex_unlock(&s->mu);
+    if (s->m) tl_metrics_preempt(s->m);
+    tl_engine_kv_stats(s->eng, &s->kv);
+}
+
+/* The step's token budget, shared by the prefill chunks oldest first (decode tokens come off it
+ * first): a chunk takes at least 32 tokens (or the rest of its prompt) and at least one moves. */
+typedef struct step_plan {
+    int budget, moved;
+    long free; /* pages free once the planned tokens are in */
+} step_plan;
+
+static int chunk_tokens(const tl_job *j, const step_plan *sp) {
+    if (sp->budget <= 0 && sp->moved) return 0;
+    return TL_MIN(j->n_target - j->n_fed, TL_MAX(sp->budget, 32));
+}
+
+/* Plans running[i]'s tokens of this step within the free pages: a prefill chunk shrinks to the
+ * pages left; when not even one token fits, the newest running job is preempted, until this one
+ * fits or is itself the newest and yields. Returns 0 when it was preempted (running[i] is now
+ * the next job). A job alone that cannot grow is at the pool's limit: it ends ("length"). */
+static int plan_job(tl_sched *s, int i, step_plan *sp) {
+    tl_job *j = s->running[i];
+    int dec = is_decoding(j), want = dec ? 1 : chunk_tokens(j, sp);
+    long past = tl_session_n_past(j->sess), need;
+    j->n_plan = 0;
+    if (want == 0) return 1;
+    while ((need = tl_kv_pages_to_grow(&s->kv, past, past + want)) > sp->free) {
+        long room = (TL_CEIL_DIV(past, s->kv.page_tokens) + sp->free) * s->kv.page_tokens - past;
+        if (!dec && room > 0) {
+            want = (int)room;
+            continue;
+        }
+        if (s->n_live == 1) {
+            fprintf(stderr, "tulip: a sequence of %ld tokens alone cannot grow in the KV pool\n",
+                    past);
+            job_finish(s, j, TL_FIN_LENGTH, 0, NULL);
+            return 1; /* swept after the step */
+        }
+        long before = s->kv.pages_free;
+        preempt(s, s->n_live - 1);
+        if (s->n_live == i) return 0; /* it was this one */
+        sp->free += s->kv.pages_free - before;
+    }
+    sp->free -= need;
+    j->n_plan = want;
+    if (!dec) sp->budget -= want, sp->moved = 1;
+    return 1;
+}
+
+/* 3. This step's tokens of the running jobs, oldest first, preempting as the pool requires. */
+static void plan_running(tl_sched *s, step_plan *sp) {
+    int n_dec = 0;
+    for (int i = 0; i < s->n_live; i++) n_dec += is_decoding(s->running[i]);
+    *sp = (step_plan){.budget = s->p.step_tokens - n_dec, .free = s->kv.pages_free};
+    for (int i = 0; i < s->n_live;)
+        if (plan_job(s, i, sp)) i++;
+}
+
+/* A session for a job being admitted (the first time: its sequence starts as the prompt; after
+ * a preemption: restored to where it stopped), or the job ends (bad parameters, no slot).
+ * Returns 1 when the job can run. */
 static int job_start(tl_sched *s, tl_job *j, double now) {
     char err[256];
-    if (j->n_prompt <= 0 || j->n_prompt >= s->max_ctx) {
-        snprintf(err, sizeof err,
-                 "a prompt of %d tokens leaves no room for a token in the context of %d",
-                 j->n_prompt, s->max_ctx);
-        job_release(s, j, TL_FIN_ERROR, j->n_prompt <= 0 ? TL_ERR_INVALID : TL_ERR_CONTEXT_FULL,
-                    err);
-        return 0;
-    }
     /* checked here too, so that one job's bad parameters never fail the whole step */
     int st = tl_sample_params_check(&j->sample, err, sizeof err);
+    if (!st && !j->seq) {
+        j->seq = malloc(sizeof(int32_t) * (size_t)j->n_prompt);
+        if (!j->seq) st = tl_errf(err, sizeof err, TL_ERR_NOMEM, "out of memory");
+        if (!st) memcpy(j->seq, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
+        j->n_seq = j->cap_seq = j->n_prompt;
+        j->t_admit = now;
+        if (j->force && !j->in_think) j->force_pos = 0;
+    }
     if (st) {
         job_release(s, j, TL_FIN_ERROR, st, err);
         return 0;
     }
     st = tl_session_open(s->eng, &j->sess, err, sizeof err);
+    if (!st && j->n_preempt) st = tl_session_restore(j->sess, &j->snap);
     if (st) {
-        j->sess = NULL;
         if (st == TL_ERR_DEVICE_LOST) { /* no slot could be reset: the device is gone */
             fprintf(stderr, "tulip: opening a session failed: %s\n", err);
             set_lost(s);
@@ -316,59 +442,74 @@ static int job_start(tl_sched *s, tl_job *j, double now) {
         job_release(s, j, TL_FIN_ERROR, st, err);
         return 0;
     }
-    j->t_admit = now;
-    if (j->force && !j->in_think) j->force_pos = 0;
     return 1;
 }
 
-/* 2. Cancellations (all of them when stopping) and sessions for the newly admitted. */
-static void start_jobs(tl_sched *s, int stop) {
-    double now = tl_time_s();
-    int k = 0;
+/* 4. Admission, FIFO: the queue's head starts when a slot is free and its tokens and first token
+ * fit in the pages left after this step's plan and the rest of the prompts being prefilled;
+ * otherwise it and everything behind it wait (also after a step the pool could not hold, until a
+ * running job ends). With nothing running it starts regardless: the pool is as free as it gets
+ * (a slot whose reset failed may hold pages until its next reset, at the session's open), and a
+ * prompt that can never fit was refused at submit. Its first chunk joins this step. */
+static void admit(tl_sched *s, int stop, step_plan *sp) {
+    long avail = sp->free;
     for (int i = 0; i < s->n_live; i++) {
-        tl_job *j = s->running[i];
-        if (atomic_load(&j->cancel) || stop) {
-            job_release(s, j, TL_FIN_CANCELLED, 0, NULL);
-            continue;
-        }
-        if (!j->sess && !job_start(s, j, now)) continue;
-        s->running[k++] = j;
+        const tl_job *j = s->running[i];
+        if (!is_decoding(j) && !j->finished)
+            avail -= tl_kv_pages_to_grow(&s->kv, tl_session_n_past(j->sess) + j->n_plan,
+                                         j->n_target + 1);
     }
-    s->n_live = k;
+    double now = tl_time_s();
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        tl_job *j = s->q_head;
+        long need = j ? start_pages(s, j) : 0;
+        if (!j || stop || s->lost || s->n_live >= s->max_seqs ||
+            (s->n_live && (need > avail || s->admit_hold))) {
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        s->q_head = j->next;
+        if (!s->q_head) s->q_tail = NULL;
+        s->n_queued--;
+        j->next = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!job_start(s, j, now)) continue;
+        avail -= need;
+        s->running[s->n_live++] = j;
+        j->n_fed = 0;
+        j->n_plan = chunk_tokens(j, sp);
+        sp->free -= tl_kv_pages_to_grow(&s->kv, 0, j->n_plan);
+        if (j->n_plan) sp->budget -= j->n_plan, sp->moved = 1;
+    }
 }
 
-/* 3. The batch: one decode token per running sequence, then prefill chunks of the others, oldest
- * first, within the step's token budget (at least one chunk moves). Returns the entry count. */
+/* 5. The batch from the plan: one decode token per decoding job, then the prefill chunks, oldest
+ * first; the last chunk of a sequence asks for a sample. Returns the entry count. */
 static int build_batch(tl_sched *s) {
-    int n = 0, budget = s->p.step_tokens, prefill_moved = 0;
-    for (int i = 0; i < s->n_live; i++) {
-        tl_job *j = s->running[i];
-        if (j->n_fed < j->n_prompt) continue;
-        s->entries[n] = (tl_batch_entry){
-            .sess = j->sess, .tokens = &j->next_tok, .n_tok = 1, .sample = &j->sample};
-        s->entry_job[n++] = j;
-        budget--;
-    }
-    for (int i = 0; i < s->n_live; i++) {
-        tl_job *j = s->running[i];
-        if (j->n_fed >= j->n_prompt) continue;
-        if (budget <= 0 && prefill_moved) break;
-        int chunk = TL_MIN(j->n_prompt - j->n_fed, TL_MAX(budget, 32));
-        int last = j->n_fed + chunk == j->n_prompt;
-        s->entries[n] = (tl_batch_entry){.sess = j->sess,
-                                         .tokens = j->prompt + j->n_fed,
-                                         .n_tok = chunk,
-                                         .sample = last ? &j->sample : NULL};
-        s->entry_job[n++] = j;
-        budget -= chunk;
-        prefill_moved = 1;
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < s->n_live; i++) {
+            tl_job *j = s->running[i];
+            if (!j->n_plan || j->finished || is_decoding(j) != (pass == 0)) continue;
+            if (pass == 0)
+                s->entries[n] = (tl_batch_entry){
+                    .sess = j->sess, .tokens = &j->next_tok, .n_tok = 1, .sample = &j->sample};
+            else
+                s->entries[n] = (tl_batch_entry){
+                    .sess = j->sess,
+                    .tokens = j->seq + j->n_fed,
+                    .n_tok = j->n_plan,
+                    .sample = j->n_fed + j->n_plan == j->n_target ? &j->sample : NULL};
+            s->entry_job[n++] = j;
+        }
     }
     for (int i = 0; i < n; i++)
         if (s->entries[i].sample) s->entries[i].out = &s->outs[i];
     return n;
 }
 
-/* 4. One forward (or the test mode's injected device loss). */
+/* 6. One forward (or the test mode's injected device loss). */
 static int run_batch(tl_sched *s, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         tl_job *j = s->entry_job[i];
@@ -385,25 +526,20 @@ static void fail_all(tl_sched *s, int st, const char *msg) {
     s->n_live = 0;
 }
 
-/* The engine's KV pool ran out (no session changed, tulip.h; lengths are checked before each
- * step, so it is not one sequence's context): the longest sequence ends ("length"). */
-static void end_longest(tl_sched *s, const char *err) {
-    int victim = 0;
-    for (int i = 1; i < s->n_live; i++)
-        if (tl_session_n_past(s->running[i]->sess) > tl_session_n_past(s->running[victim]->sess))
-            victim = i;
-    fprintf(stderr, "tulip: %s; ending the longest sequence\n", err);
-    job_release(s, s->running[victim], TL_FIN_LENGTH, 0, NULL);
-    memmove(&s->running[victim], &s->running[victim + 1],
-            (size_t)(s->n_live - victim - 1) * sizeof *s->running);
-    s->n_live--;
-}
-
-/* 5a. A failed step: a lost device stops the server taking work; a full KV pool ends one
- * sequence; anything else fails the batch's jobs. */
+/* 7a. A failed step: a lost device stops the server taking work; a KV pool that ran out
+ * although the plan said the pages were there (no session changed, tulip.h) preempts the newest
+ * sequence, or, alone, ends it at the pool's limit; anything else fails the batch's jobs. */
 static void step_failed(tl_sched *s, int st, const char *err) {
-    if (st == TL_ERR_CONTEXT_FULL && s->n_live > 0) {
-        end_longest(s, err);
+    if (st == TL_ERR_CONTEXT_FULL && s->n_live > 1) {
+        fprintf(stderr, "tulip: %s; preempting the newest sequence\n", err);
+        preempt(s, s->n_live - 1);
+        s->admit_hold = 1;
+        return;
+    }
+    if (st == TL_ERR_CONTEXT_FULL && s->n_live == 1) {
+        fprintf(stderr, "tulip: %s; a sequence alone fills the KV pool\n", err);
+        job_release(s, s->running[0], TL_FIN_LENGTH, 0, NULL);
+        s->n_live = 0;
         return;
     }
     fprintf(stderr, "tulip: engine step failed: %s: %s\n", tl_status_str(st), err);
@@ -414,7 +550,7 @@ static void step_failed(tl_sched *s, int st, const char *err) {
     fail_all(s, st, err);
 }
 
-/* 5b. Prompt progress, events, and the ends they bring. */
+/* 7b. Prompt progress, events, and the ends they bring. */
 static void deliver(tl_sched *s, int n) {
     double now = tl_time_s();
     for (int i = 0; i < n; i++) {
@@ -424,14 +560,15 @@ static void deliver(tl_sched *s, int n) {
     }
 }
 
-/* 6. Jobs that ended leave running[]. */
+/* 8. Jobs that ended leave running[]. */
 static void sweep(tl_sched *s) {
     int k = 0;
     for (int i = 0; i < s->n_live; i++) {
         tl_job *j = s->running[i];
-        if (j->finished)
+        if (j->finished) {
             tl_job_unref(j); /* written by this thread: no lock needed */
-        else
+            s->admit_hold = 0;
+        } else
             s->running[k++] = j;
     }
     s->n_live = k;
@@ -442,18 +579,23 @@ static void *engine_main(void *arg) {
     char err[256];
     for (;;) {
         int stop;
-        admit_result a = admit(s, &stop);
-        if (a == ADMIT_EXIT) break;
-        if (a == ADMIT_AGAIN) continue;
-        start_jobs(s, stop);
+        wait_result w = wait_work(s, &stop);
+        if (w == WAIT_EXIT) break;
+        if (w == WAIT_AGAIN) continue;
+        cancel_running(s, stop);
+        tl_engine_kv_stats(s->eng, &s->kv);
+        step_plan sp;
+        plan_running(s, &sp);
+        admit(s, stop, &sp);
         int n = build_batch(s);
         publish_stats(s);
-        if (n == 0) continue;
-        int st = run_batch(s, n, err, sizeof err);
-        if (st)
-            step_failed(s, st, err);
-        else
-            deliver(s, n);
+        if (n > 0) {
+            int st = run_batch(s, n, err, sizeof err);
+            if (st)
+                step_failed(s, st, err);
+            else
+                deliver(s, n);
+        }
         sweep(s);
         publish_stats(s);
     }
@@ -474,6 +616,10 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->m = m;
     s->max_seqs = tl_engine_max_seqs(e);
     s->max_ctx = tl_engine_max_ctx(e);
+    tl_engine_kv_stats(e, &s->kv0); /* the engine thread does not run yet */
+    s->kv_pub = s->kv = s->kv0;
+    s->seq_tokens = TL_MIN((long)s->max_ctx,
+                           TL_MIN(s->kv0.pages_total, s->kv0.pages_per_seq) * s->kv0.page_tokens);
     const tl_config *c = tl_engine_config(e);
     s->n_eos = TL_MIN(c->n_eos, 4);
     for (int i = 0; i < s->n_eos; i++) s->eos[i] = c->eos_ids[i];
@@ -501,9 +647,26 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     return 0;
 }
 
+/* A prompt that could never run: empty, or it and one generated token exceed the sequence limit
+ * (the context, or the whole KV pool). */
+static int check_prompt(const tl_sched *s, const tl_job *j, char *err, size_t errlen) {
+    if (j->n_prompt <= 0) return tl_errf(err, errlen, TL_ERR_INVALID, "the prompt is empty");
+    if (j->n_prompt < s->seq_tokens) return 0;
+    if (s->seq_tokens == s->max_ctx)
+        return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                       "a prompt of %d tokens leaves no room for a token in the context of %d",
+                       j->n_prompt, s->max_ctx);
+    return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                   "a prompt of %d tokens and its first generated token need %ld KV cache pages "
+                   "of %d tokens; the whole pool has %ld (%ld tokens)",
+                   j->n_prompt, tl_kv_pages_to_grow(&s->kv0, 0, j->n_prompt + 1),
+                   s->kv0.page_tokens, s->kv0.pages_total, s->kv0.pages_total * s->kv0.page_tokens);
+}
+
 int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
+    int st = check_prompt(s, j, err, errlen);
+    if (st) return st;
     pthread_mutex_lock(&s->mu);
-    int st = 0;
     if (s->lost)
         st =
             tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the engine failed; the server is restarting");
@@ -518,6 +681,7 @@ int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
     }
     tl_job_ref(j);
     j->t_submit = tl_time_s();
+    j->n_target = j->n_prompt;
     j->next = NULL;
     if (s->q_tail)
         s->q_tail->next = j;
@@ -579,3 +743,11 @@ void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long 
     if (kv_tokens) *kv_tokens = s->kv_tokens;
     pthread_mutex_unlock(&s->mu);
 }
+
+void tl_sched_kv_stats(tl_sched *s, tl_kv_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->kv_pub;
+    pthread_mutex_unlock(&s->mu);
+}
+
+long tl_sched_seq_tokens(const tl_sched *s) { return s->seq_tokens; }

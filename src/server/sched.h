@@ -1,7 +1,14 @@
 /* The engine thread: continuous batching over tl_engine_step. HTTP threads build a tl_job (prompt
  * ids + sampling), submit it to a bounded queue, then read the token events the engine thread
  * appends to the job, waiting on the job's eventfd and on their client socket at once. The
- * engine thread is the only thread that touches the engine and the sessions. */
+ * engine thread is the only thread that touches the engine and the sessions.
+ *
+ * KV memory: a queued job is admitted only when its prompt and first token fit in the free KV
+ * pages (after this step's growth of the running sequences and the rest of the prompts being
+ * prefilled); a running sequence that cannot get a page for its next step is preempted (the
+ * newest running one yields first): its session is closed, and it waits at the front of the
+ * queue to recompute its prompt and generated tokens, invisibly to its reader
+ * (docs/architecture.md §6.1). */
 #ifndef TL_SERVER_SCHED_H
 #define TL_SERVER_SCHED_H
 
@@ -15,7 +22,7 @@ struct tl_metrics;
 typedef enum tl_finish {
     TL_FIN_NONE = 0,
     TL_FIN_STOP,      /* end-of-sequence token */
-    TL_FIN_LENGTH,    /* max_tokens reached or the context is full */
+    TL_FIN_LENGTH,    /* max_tokens reached, or the context (or the whole KV pool) is full */
     TL_FIN_CANCELLED, /* the reader cancelled (client gone, stop string matched, shutdown) */
     TL_FIN_ERROR,     /* err_status / err say why */
 } tl_finish;
@@ -53,9 +60,17 @@ typedef struct tl_job {
 
     /* Engine-thread private. */
     tl_session *sess;
-    int n_fed;        /* prompt tokens consumed */
-    int32_t next_tok; /* decode input of the next step */
-    int force_pos;    /* next forced token; -1: forcing not active */
+    int32_t *seq; /* the prompt, then every emitted token: what a preempted job recomputes
+                     (NULL until the job first starts) */
+    int n_seq, cap_seq;
+    int n_target;         /* tokens of seq to prefill before decoding: n_prompt, or after a
+                             preemption n_seq */
+    int n_fed;            /* tokens of seq consumed by the current session (prefill) */
+    int n_plan;           /* tokens this step (0: none) */
+    int32_t next_tok;     /* decode input of the next step */
+    int force_pos;        /* next forced token; -1: forcing not active */
+    tl_session_snap snap; /* the sampler's state while preempted */
+    int n_preempt;        /* times preempted; may be read once the job has finished */
     struct tl_job *next;
 } tl_job;
 
@@ -85,8 +100,10 @@ typedef struct tl_sched tl_sched;
 /* Starts the engine thread on e (which it then owns until tl_sched_destroy). */
 int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, struct tl_metrics *m,
                     char *err, size_t errlen);
-/* Queues a job (takes a reference). TL_ERR_BUSY: queue full; TL_ERR_DEVICE_LOST: the engine
- * failed; TL_ERR_CANCELLED: shutting down. */
+/* Queues a job (takes a reference). TL_ERR_INVALID: empty prompt; TL_ERR_CONTEXT_FULL: the
+ * prompt and one generated token do not fit in the context or in the whole KV pool (it could
+ * never run); TL_ERR_BUSY: queue full; TL_ERR_DEVICE_LOST: the engine failed; TL_ERR_CANCELLED:
+ * shutting down. err says which. */
 int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen);
 /* Stops accepting jobs, lets running ones finish for up to grace_s seconds, cancels the rest,
  * joins the engine thread. The engine stays open (the caller closes it). Submitting afterwards
@@ -97,5 +114,10 @@ void tl_sched_free(tl_sched *s);
 int tl_sched_lost(const tl_sched *s);
 /* Snapshot: waiting jobs, running jobs, live sessions, tokens held in KV by live sessions. */
 void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long *kv_tokens);
+/* The KV pool as of the last step (tulip.h tl_kv_stats). */
+void tl_sched_kv_stats(tl_sched *s, tl_kv_stats *out);
+/* The most tokens one sequence can hold: the context, or the whole KV pool when that is less. A
+ * prompt must leave room for one more (tl_sched_submit). Fixed at create. */
+long tl_sched_seq_tokens(const tl_sched *s);
 
 #endif

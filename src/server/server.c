@@ -48,6 +48,7 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
                            .max_seqs = s->p.max_seqs,
                            .max_ctx = s->p.max_ctx,
                            .kv_tokens = s->p.kv_tokens,
+                           .gpu_memory_utilization = s->p.gpu_memory_utilization,
                            .random_weights = s->p.random_weights,
                            .seed = s->p.seed,
                            .weight_bits = s->p.weight_bits};

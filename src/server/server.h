@@ -23,7 +23,7 @@ typedef struct tl_server_params {
     int allow_test_shape;
     int n_threads;
     int max_seqs, max_ctx;
-    long kv_tokens;         /* KV cache pool in tokens (CUDA); 0 = max_seqs * max_ctx */
+    long kv_tokens;         /* KV cache pool in tokens; 0 = tl_engine_params' default */
     int max_queue;          /* waiting requests beyond the running ones; default 64 */
     int step_tokens;        /* engine step token budget; default 2048 */
     size_t max_body;        /* request body limit in bytes; default 8 MiB */
@@ -35,6 +35,8 @@ typedef struct tl_server_params {
     int test_mode;          /* accept the tulip_test_script request extension */
     int random_weights, weight_bits;
     uint64_t seed;
+    /* CUDA without --kv-tokens: the share of GPU memory (tl_engine_params); 0 = 0.9 */
+    double gpu_memory_utilization;
 } tl_server_params;
 
 struct tl_tokenizer;

@@ -2,7 +2,11 @@
  * decoding equals one-at-a-time decoding, cancellation frees the session within a step, the
  * bounded queue answers TL_ERR_BUSY, max_tokens / context limits end with LENGTH (a sequence
  * never holds more than the context), scripted and forced tokens, injected failures (a step, a
- * slot reset), and shutdown cancels what is still running. */
+ * slot reset), and shutdown cancels what is still running. With a small KV pool (the CPU
+ * backend's kv_tokens): admission waits for free pages, running sequences are preempted and
+ * recomputed without a trace in their output (greedy and seeded sampling with a penalty equal
+ * each sequence run alone), a prompt larger than the pool is refused at submit, and the same
+ * holds when the backend does not report its pool (CONTEXT_FULL from the step). */
 #include <math.h>
 #include <unistd.h>
 #include "common/util.h"
@@ -14,13 +18,14 @@
 #define MODEL "tests/data/tiny-a"
 #define EOS   287 /* first eos id of tiny-a's config (<|endoftext|>) */
 
-static tl_engine *open_engine(int max_seqs, int max_ctx) {
+static tl_engine *open_engine_kv(int max_seqs, int max_ctx, long kv_tokens) {
     tl_engine_params ep = {.model_path = MODEL,
                            .backend = TL_BACKEND_CPU,
                            .allow_test_shape = 1,
                            .n_threads = 1,
                            .max_seqs = max_seqs,
-                           .max_ctx = max_ctx};
+                           .max_ctx = max_ctx,
+                           .kv_tokens = kv_tokens};
     char err[512];
     tl_engine *e = NULL;
     if (tl_engine_open(&e, &ep, err, sizeof err)) {
@@ -28,6 +33,10 @@ static tl_engine *open_engine(int max_seqs, int max_ctx) {
         return NULL;
     }
     return e;
+}
+
+static tl_engine *open_engine(int max_seqs, int max_ctx) {
+    return open_engine_kv(max_seqs, max_ctx, 0);
 }
 
 static tl_job *make_job(int seed, int n_prompt, int max_tokens) {
@@ -225,9 +234,10 @@ static void test_limits_script_force_fail(void) {
     tl_engine_close(e);
 }
 
-/* Reference tokens: n greedy tokens after the prompt, one sequence through tl_engine_step on its
- * own engine (no scheduler, a context with room to spare). */
-static void greedy_alone(const int32_t *prompt, int n_prompt, int32_t *out, int n) {
+/* Reference tokens: n tokens sampled with sp after the prompt, one sequence through
+ * tl_engine_step on its own engine (no scheduler, no KV pool, a context with room to spare). */
+static void sampled_alone(const int32_t *prompt, int n_prompt, const tl_sample_params *sp,
+                          int32_t *out, int n) {
     tl_engine *e = open_engine(1, 256);
     tl_session *ss = NULL;
     char err[256];
@@ -236,9 +246,8 @@ static void greedy_alone(const int32_t *prompt, int n_prompt, int32_t *out, int 
         tl_engine_close(e);
         return;
     }
-    tl_sample_params sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
     tl_sample_out o;
-    tl_batch_entry b = {.sess = ss, .tokens = prompt, .n_tok = n_prompt, .sample = &sp, .out = &o};
+    tl_batch_entry b = {.sess = ss, .tokens = prompt, .n_tok = n_prompt, .sample = sp, .out = &o};
     for (int i = 0; i < n; i++) {
         CHECK_EQ_INT(tl_engine_step(e, &b, 1, err, sizeof err), 0);
         out[i] = o.token;
@@ -249,10 +258,15 @@ static void greedy_alone(const int32_t *prompt, int n_prompt, int32_t *out, int 
     tl_engine_close(e);
 }
 
+static void greedy_alone(const int32_t *prompt, int n_prompt, int32_t *out, int n) {
+    tl_sample_params sp = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    sampled_alone(prompt, n_prompt, &sp, out, n);
+}
+
 /* Generation never exceeds the context: a sequence (prompt + emitted tokens) ends with LENGTH
  * holding exactly max_ctx tokens, whatever the prompt length, batched with others and with
  * chunked prefill; the tokens are the ones an unbatched greedy run through the engine gives. A
- * prompt that leaves no room for one token is an error (TL_ERR_CONTEXT_FULL) of that job only. */
+ * prompt that leaves no room for one token is refused at submit (TL_ERR_CONTEXT_FULL). */
 static void test_context_limit(void) {
     enum { CTX = 48 };
     tl_engine *e = open_engine(4, CTX);
@@ -269,15 +283,16 @@ static void test_context_limit(void) {
     tl_job *js[NJ];
     for (int k = 0; k < NJ; k++) {
         js[k] = make_job(k + 20, prompts[k], k == 6 ? CTX - 17 : 0);
-        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+        err[0] = 0;
+        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err),
+                     prompts[k] >= CTX ? TL_ERR_CONTEXT_FULL : 0);
+        if (prompts[k] >= CTX) CHECK(strstr(err, "no room for a token") != NULL);
     }
     int32_t toks[2 * CTX];
     for (int k = 0; k < NJ; k++) {
-        int n = -1, fin = collect(js[k], toks, 2 * CTX, &n);
+        int n = -1, fin = prompts[k] >= CTX ? 0 : collect(js[k], toks, 2 * CTX, &n);
         if (prompts[k] >= CTX) {
-            CHECK_EQ_INT(fin, TL_FIN_ERROR);
-            CHECK_EQ_INT(js[k]->err_status, TL_ERR_CONTEXT_FULL);
-            CHECK_EQ_INT(n, 0);
+            CHECK_EQ_INT(js[k]->finished, TL_FIN_NONE); /* never queued */
         } else {
             CHECK_EQ_INT(fin, TL_FIN_LENGTH);
             CHECK_EQ_INT(prompts[k] + n, CTX);
@@ -432,6 +447,204 @@ static void test_poisoned_sequence(void) {
     tl_engine_close(e);
 }
 
+/* ---- A small KV pool (pages of TL_CPU_KV_PAGE = 64 tokens). ---- */
+
+static long preemptions_in(tl_metrics *m) {
+    char *txt = tl_metrics_render(m, &(tl_metrics_gauges){0});
+    const char *p = txt ? strstr(txt, "\ntulip_num_preemptions_total ") : NULL;
+    long v = p ? atol(p + strlen("\ntulip_num_preemptions_total ")) : -1;
+    free(txt);
+    return v;
+}
+
+/* Submits NJ jobs to sched s at once and checks every one against the same sequence run alone:
+ * each ends with LENGTH at its own max_tokens with exactly the reference tokens. The odd jobs
+ * sample (temperature 1, top-k, presence penalty, a seed): a preemption must keep their RNG
+ * stream and penalty window. Returns the preemptions summed over the jobs. */
+static int run_mix(tl_sched *s, int nj, int max_tokens) {
+    tl_job *js[16];
+    char err[256];
+    for (int k = 0; k < nj; k++) {
+        js[k] = make_job(k + 40, 20 + 7 * k, max_tokens);
+        if (k % 2)
+            js[k]->sample = (tl_sample_params){.temperature = 1,
+                                               .top_k = 20,
+                                               .top_p = 0.95f,
+                                               .presence_penalty = 1.5f,
+                                               .repetition_penalty = 1,
+                                               .seed = 1000 + k};
+        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+    }
+    int n_preempt = 0;
+    for (int k = 0; k < nj; k++) {
+        int32_t toks[128], want[128];
+        int n = -1;
+        CHECK_EQ_INT(collect(js[k], toks, 128, &n), TL_FIN_LENGTH);
+        CHECK_EQ_INT(n, max_tokens);
+        sampled_alone(js[k]->prompt, js[k]->n_prompt, &js[k]->sample, want, max_tokens);
+        CHECK(n == max_tokens && !memcmp(toks, want, sizeof(int32_t) * (size_t)n));
+        n_preempt += js[k]->n_preempt;
+        tl_job_unref(js[k]);
+    }
+    return n_preempt;
+}
+
+/* Eight sequences growing to 90..139 tokens (2 or 3 pages each) in 4 slots over a pool of 6
+ * pages: the pool runs short as they decode, the newest yield and are recomputed; every one
+ * completes with its own max_tokens, tokens as alone, and the preemptions are counted. */
+static void test_pool_preemption(void) {
+    tl_engine *e = open_engine_kv(4, 256, 6 * 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_kv_stats k;
+    CHECK_EQ_INT(tl_engine_kv_stats(e, &k), 0);
+    CHECK(k.page_tokens == 64 && k.pages_total == 6 && k.pages_free == 6 && k.pages_per_seq == 4);
+    CHECK_EQ_INT(tl_kv_pages_to_grow(&k, 0, 65), 2);
+    CHECK_EQ_INT(tl_kv_pages_to_grow(&k, 64, 65), 1);
+    CHECK_EQ_INT(tl_kv_pages_to_grow(&k, 65, 128), 0);
+    tl_metrics *m = tl_metrics_new();
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 16, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, m, err, sizeof err), 0);
+    int n_preempt = run_mix(s, 8, 70);
+    CHECK(n_preempt > 0);
+    CHECK_EQ_INT(preemptions_in(m), n_preempt);
+    wait_sessions(s, 0);
+    tl_sched_kv_stats(s, &k);
+    CHECK_EQ_INT(k.pages_free, 6); /* every page back */
+    char *txt = tl_metrics_render(m, &(tl_metrics_gauges){0});
+    CHECK(strstr(txt, "tulip_sequences_finished_total{reason=\"length\"} 8\n"));
+    free(txt);
+    tl_sched_free(s);
+    tl_metrics_free(m);
+    tl_engine_close(e);
+}
+
+/* Admission waits for pages: three jobs whose prompt and first token need 2 of the 3 pages run
+ * one after another although 4 slots are free (each starts after the previous one's last token)
+ * and none is ever preempted. */
+static void test_pool_admission_waits(void) {
+    tl_engine *e = open_engine_kv(4, 256, 3 * 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    tl_job *js[3];
+    for (int k = 0; k < 3; k++) {
+        js[k] = make_job(k + 60, 70, 50); /* 120 tokens at the end: 2 pages */
+        CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+    }
+    for (int k = 0; k < 3; k++) {
+        int32_t toks[64], want[50];
+        int n = -1;
+        CHECK_EQ_INT(collect(js[k], toks, 64, &n), TL_FIN_LENGTH);
+        greedy_alone(js[k]->prompt, 70, want, 50);
+        CHECK(n == 50 && !memcmp(toks, want, sizeof want));
+        CHECK_EQ_INT(js[k]->n_preempt, 0);
+        if (k > 0) CHECK(js[k]->t_admit >= js[k - 1]->t_last);
+    }
+    for (int k = 0; k < 3; k++) tl_job_unref(js[k]);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+/* A pool of 2 pages (128 tokens) under a context of 256: one sequence holds at most 128 tokens.
+ * A prompt of 128 can never run (it and one token need 3 pages): refused at submit naming the
+ * pool. A prompt of 100 ends with LENGTH at 128 tokens, as alone. */
+static void test_pool_too_small_for_prompt(void) {
+    tl_engine *e = open_engine_kv(2, 256, 128);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256] = "";
+    tl_sched_params sp = {.max_queue = 4, .step_tokens = 64};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_seq_tokens(s), 128);
+    tl_job *big = make_job(1, 128, 4), *ok = make_job(2, 100, 0);
+    CHECK_EQ_INT(tl_sched_submit(s, big, err, sizeof err), TL_ERR_CONTEXT_FULL);
+    CHECK(strstr(err, "KV cache pages") != NULL);
+    tl_job_unref(big);
+    CHECK_EQ_INT(tl_sched_submit(s, ok, err, sizeof err), 0);
+    int32_t toks[64], want[28];
+    int n = -1;
+    CHECK_EQ_INT(collect(ok, toks, 64, &n), TL_FIN_LENGTH);
+    greedy_alone(ok->prompt, 100, want, 28);
+    CHECK(n == 28 && !memcmp(toks, want, sizeof want));
+    tl_job_unref(ok);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+/* The queue is full while a job waits for pages, not slots: 429 (TL_ERR_BUSY) for the next. */
+static void test_pool_queue_full(void) {
+    tl_engine *e = open_engine_kv(2, 4096, 4096);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 1, .step_tokens = 2048};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    tl_job *a = make_job(1, 4000, 96), *b = make_job(2, 200, 4), *c = make_job(3, 8, 4);
+    CHECK_EQ_INT(tl_sched_submit(s, a, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_job_wait(a, -1, 20000), 1);              /* a holds 63 of the 64 pages */
+    CHECK_EQ_INT(tl_sched_submit(s, b, err, sizeof err), 0); /* needs 4: waits */
+    CHECK_EQ_INT(tl_sched_submit(s, c, err, sizeof err), TL_ERR_BUSY);
+    int32_t toks[128];
+    int n;
+    CHECK_EQ_INT(collect(a, toks, 128, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(n, 96);
+    CHECK_EQ_INT(collect(b, toks, 128, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(n, 4);
+    CHECK(b->t_admit >= a->t_last);
+    tl_job_unref(a);
+    tl_job_unref(b);
+    tl_job_unref(c);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
+/* A backend that does not report its pool (kv_stats NULL: the engine then reports one page of
+ * max_ctx per slot), over the CPU backend's real pool of 4 pages: admission is optimistic and
+ * steps fail with CONTEXT_FULL; the scheduler preempts the newest and holds admission, and every
+ * sequence still completes as alone. */
+static void test_pool_unreported(void) {
+    tl_engine *e = open_engine_kv(4, 128, 4 * 64);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_engine_backend_impl(e)->kv_stats = NULL;
+    tl_kv_stats k;
+    tl_engine_kv_stats(e, &k);
+    CHECK(k.page_tokens == 128 && k.pages_total == 4 && k.pages_free == 4);
+    tl_metrics *m = tl_metrics_new();
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 16, .step_tokens = 32};
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, m, err, sizeof err), 0);
+    int n_preempt = run_mix(s, 6, 60);
+    CHECK(n_preempt > 0);
+    CHECK_EQ_INT(preemptions_in(m), n_preempt);
+    wait_sessions(s, 0);
+    tl_sched_free(s);
+    tl_metrics_free(m);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
@@ -440,5 +653,10 @@ int main(void) {
     T_RUN(test_bad_params_fail_one_job);
     T_RUN(test_failed_slot_reset);
     T_RUN(test_poisoned_sequence);
+    T_RUN(test_pool_preemption);
+    T_RUN(test_pool_admission_waits);
+    T_RUN(test_pool_too_small_for_prompt);
+    T_RUN(test_pool_queue_full);
+    T_RUN(test_pool_unreported);
     return t_summary();
 }

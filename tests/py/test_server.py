@@ -612,6 +612,59 @@ def test_keepalive_while_queued(strict):
 
 
 @pytest.mark.parametrize("which", sorted(BINARIES))
+def test_small_kv_pool_preempts_and_completes(which):
+    """--kv-tokens on the CPU backend is a real pool (6 pages of 64 tokens) shared by 6 sequences
+    that each grow to 2 pages: the pool runs short, running sequences are preempted and
+    recomputed, and every stream still gets exactly the text it gets alone, to its own
+    max_tokens ("length"), with no error; /metrics reports the pages and counts the preemptions.
+    A prompt larger than the whole pool (but within the context) is a 400 at once."""
+    s = Server(BINARIES[which], "--ctx", "1024", "--max-seqs", "6", "--kv-tokens", "384",
+               "--step-tokens", "32", "--queue", "16")
+    try:
+        m = s.metrics()
+        assert m["tulip_kv_cache_pages_total"] == 6 and m["tulip_kv_cache_pages_free"] == 6
+        assert m["tulip_kv_cache_pages_used"] == 0 and m["tulip_kv_cache_page_tokens"] == 64
+        assert m["tulip_num_preemptions_total"] == 0
+
+        st, body = s.post_json("/v1/completions", {"prompt": [65] * 400, "max_tokens": 4})
+        assert st == 400 and body["error"]["code"] == "context_length_exceeded", body
+        assert "KV cache" in body["error"]["message"] and body["error"]["param"] == "prompt"
+
+        prompts = [[(7 * k + 3 * i) % 250 + 3 for i in range(20 + 5 * k)] for k in range(6)]
+        req = dict(model=MODEL_NAME, max_tokens=80, temperature=0,
+                   extra_body={"ignore_eos": True})
+        cl = s.client()
+        alone = [cl.completions.create(prompt=p, **req).choices[0].text for p in prompts]
+        assert s.metrics()["tulip_num_preemptions_total"] == 0  # one at a time: room enough
+
+        results = [None] * len(prompts)
+
+        def run(k):
+            text, fins = "", []
+            for ch in cl.completions.create(prompt=prompts[k], stream=True, **req):
+                text += ch.choices[0].text
+                fins.append(ch.choices[0].finish_reason)
+            results[k] = (text, fins)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for k, (text, fins) in enumerate(results):
+            assert fins[-1] == "length" and all(f is None for f in fins[:-1])
+            assert text == alone[k], k
+        m = s.wait_metric("tulip_kv_cache_pages_free", lambda v: v == 6)
+        assert m == 6 and s.metrics()["tulip_kv_cache_pages_used"] == 0
+        assert s.metrics()["tulip_num_preemptions_total"] > 0
+        assert s.metrics()['tulip_sequences_finished_total{reason="error"}'] == 0
+    finally:
+        rc, err = s.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+@pytest.mark.parametrize("which", sorted(BINARIES))
 def test_device_lost_503_and_exit_1(which):
     """A lost device (injected as a failed engine step) answers 503 and ends the process with
     status 1 so a supervisor restarts it."""
