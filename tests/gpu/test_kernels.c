@@ -987,12 +987,15 @@ static void test_sample_determinism_penalties(void) {
     CHECK_EQ_INT(hc[V + 5], 1 << 30);
     CHECK_EQ_INT(hc[V + 9], 1 << 30);
     CHECK_EQ_INT(hc[V + 6], (1 << 30) | 2);
-    /* the sampler reads a row's counts through count_slot: repetition 2.0 on token 5 (seen in
-     * slot 1) makes its 4.0 a 2.0 < 3.5, so 6 wins with slot 1's counts; slot 0 never saw 5,
-     * so 5 wins with slot 0's */
+    /* the sampler reads a row's counts through count_slot: logits 6 = 4.0, 5 = 3.5; frequency
+     * 1.0 takes 6 (generated twice in slot 1) to 2.0, so 5 wins with slot 1's counts; slot 0
+     * never saw 6, so 6 wins with slot 0's */
     tl_sample_params qr = greedy_params();
-    qr.repetition_penalty = 2.0f;
-    float *dl2 = dev_from(l2, sizeof(float) * V);
+    qr.frequency_penalty = 1.0f;
+    float *l3 = xcalloc((size_t)V, sizeof(float));
+    l3[6] = 4.0f, l3[5] = 3.5f;
+    float *dl2 = dev_from(l3, sizeof(float) * V);
+    free(l3);
     tl_sample_params *dq = dev_from(&qr, sizeof qr);
     uint64_t key1 = 1;
     uint64_t *dk1 = dev_from(&key1, 8);
@@ -1003,11 +1006,11 @@ static void test_sample_determinism_penalties(void) {
     CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs1, scr, 1, NULL),
                  0);
     tl_gpu_download(&so, dout, sizeof so);
-    CHECK_EQ_INT(so.token, 6);
+    CHECK_EQ_INT(so.token, 5);
     CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs0, scr, 1, NULL),
                  0);
     tl_gpu_download(&so, dout, sizeof so);
-    CHECK_EQ_INT(so.token, 5);
+    CHECK_EQ_INT(so.token, 6);
     void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) tl_gpu_free(fr[i]);
     free(hc);
