@@ -257,7 +257,9 @@ static int bench_open_engine(bench_state *bs) {
                            .n_threads = o->threads,
                            .max_seqs = slots,
                            .max_ctx = need_ctx,
-                           .kv_tokens = (long)o->batch * need_ctx, /* what the run can hold */
+                           /* 0: a pool of every slot full (both backends cap it there), so
+                            * each sequence gets whole pages of need_ctx tokens */
+                           .kv_tokens = 0,
                            .random_weights = o->random,
                            .seed = o->seed,
                            .weight_bits = o->bits};
