@@ -100,8 +100,7 @@ static void cb_close(tl_backend *b) {
 }
 
 /* The slot's KV pages go back to the pool; its conv and recurrent state and its penalty counts
- * are zeroed. A failure
- * is a CUDA error (a sticky one loses the device: every later step fails). */
+ * are zeroed. A failure is a CUDA error (a sticky one loses the device: every later step fails). */
 static int cb_reset_slot(tl_backend *b, int slot) {
     cuda_be *be = (cuda_be *)b->impl;
     if (slot < 0 || slot >= be->max_seqs) return TL_ERR_INVALID;
