@@ -97,6 +97,7 @@ def test_ping_event_raw(srv):
     names = [ln[7:] for ln in data.decode().splitlines() if ln.startswith("event: ")]
     assert names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta",
                                                                     "message_stop"]
+    assert srv.metrics()['tulip_requests_total{endpoint="messages",status="200"}'] >= 1
 
 
 def test_system_string_and_blocks(srv, client):
