@@ -41,21 +41,23 @@ static void expect(const char *body, int count_only, const char *want, const cha
 #define ON  "\"chat_template_kwargs\":{\"enable_thinking\":true}"
 
 static void test_minimal_and_sampling(void) {
-    expect("{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-           0,
-           "{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]," OFF
-           "}",
-           NULL);
-    expect("{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-           "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"stream\":true,"
-           "\"stop_sequences\":[\"A\",\"B\"],\"metadata\":{\"user_id\":\"u\"},"
-           "\"service_tier\":\"auto\",\"cache_control\":{\"type\":\"ephemeral\"},"
-           "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2048}}",
-           0,
-           "{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-           "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"stream\":true,\"stop\":[\"A\",\"B\"]," ON
-           "}",
-           NULL);
+    expect(
+        "{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+        0,
+        "{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+        "," OFF "}",
+        NULL);
+    expect(
+        "{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+        "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"stream\":true,"
+        "\"stop_sequences\":[\"A\",\"B\"],\"metadata\":{\"user_id\":\"u\"},"
+        "\"service_tier\":\"auto\",\"cache_control\":{\"type\":\"ephemeral\"},"
+        "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2048}}",
+        0,
+        "{\"model\":\"m\",\"max_tokens\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+        "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":20,\"stream\":true,\"stop\":[\"A\",\"B\"]," ON
+        "}",
+        NULL);
     /* count_tokens: no max_tokens needed */
     expect("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
            "\"thinking\":{\"type\":\"adaptive\"}}",
@@ -86,7 +88,8 @@ static void test_tools_and_history(void) {
         "\"signature\":\"x\"},{\"type\":\"text\",\"text\":\"ok\"},"
         "{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":\"f\",\"input\":{\"a\":1}}]},"
         "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t1\","
-        "\"content\":[{\"type\":\"text\",\"text\":\"r\"}]},{\"type\":\"text\",\"text\":\"more\"}]}]}";
+        "\"content\":[{\"type\":\"text\",\"text\":\"r\"}]},{\"type\":\"text\",\"text\":\"more\"}]}]"
+        "}";
     const char *want =
         "{\"model\":\"m\",\"max_tokens\":9,"
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\","
@@ -97,7 +100,8 @@ static void test_tools_and_history(void) {
         "\"content\":[{\"type\":\"text\",\"text\":\"ok\"}],"
         "\"tool_calls\":[{\"id\":\"t1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
         "\"arguments\":\"{\\\"a\\\":1}\"}}]},"
-        "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":[{\"type\":\"text\",\"text\":\"r\"}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":[{\"type\":\"text\",\"text\":\"r\"}"
+        "]},"
         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"more\"}]}]," OFF "}";
     expect(body, 0, want, NULL);
     /* a user turn of tool results only is the tool messages alone; named and none choices */
@@ -164,12 +168,12 @@ static void test_blocks_and_stop_reason(void) {
         "\"{\\\"a\\\": [1]}\"}},{\"id\":\"d\",\"type\":\"function\",\"function\":{\"name\":\"g\","
         "\"arguments\":\"not json\"}}]}",
         0, NULL);
-    json_t *want = json_loads(
-        "[{\"type\":\"thinking\",\"thinking\":\"r\",\"signature\":\"\"},"
-        "{\"type\":\"text\",\"text\":\"t\"},"
-        "{\"type\":\"tool_use\",\"id\":\"c\",\"name\":\"f\",\"input\":{\"a\":[1]}},"
-        "{\"type\":\"tool_use\",\"id\":\"d\",\"name\":\"g\",\"input\":{}}]",
-        0, NULL);
+    json_t *want =
+        json_loads("[{\"type\":\"thinking\",\"thinking\":\"r\",\"signature\":\"\"},"
+                   "{\"type\":\"text\",\"text\":\"t\"},"
+                   "{\"type\":\"tool_use\",\"id\":\"c\",\"name\":\"f\",\"input\":{\"a\":[1]}},"
+                   "{\"type\":\"tool_use\",\"id\":\"d\",\"name\":\"g\",\"input\":{}}]",
+                   0, NULL);
     json_t *got = tl_ant_blocks(msg);
     CHECK(json_equal(got, want));
     json_decref(got);

@@ -277,3 +277,19 @@ def test_errors_in_anthropic_shape(srv, client):
     st, body = srv.post_json("/v1/messages", {"model": MODEL_NAME, "max_tokens": 5,
                                               "messages": [{"role": "system", "content": "x"}]})
     assert st == 400 and body["type"] == "error" and "role" in body["error"]["message"]
+
+
+def test_generation_failure(client):
+    """An engine failure (test-mode injection) is a 500 api_error before the headers and an
+    error event after them; the SDK raises on both."""
+    kw = dict(model=MODEL_NAME, max_tokens=20, messages=USER, thinking=OFF,
+              extra_body={"tulip_test_fail_after": 2})
+    with pytest.raises(anthropic.InternalServerError) as ei:
+        client.messages.create(**kw)
+    assert ei.value.body["type"] == "error" and ei.value.body["error"]["type"] == "api_error"
+    with pytest.raises(anthropic.APIStatusError) as ei:
+        with client.messages.stream(**kw) as s:
+            for _ in s:
+                pass
+    assert ei.value.body["error"]["type"] == "api_error"
+    assert "generation failed" in ei.value.body["error"]["message"]
