@@ -300,6 +300,23 @@ static int start(tl_server *s, const char *id, tl_oai_kind kind, const char *bod
     return 0;
 }
 
+int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
+                      tl_job **j, tl_oai_error *e) {
+    return start(s, id, TL_OAI_CHAT, body, len, r, j, e);
+}
+
+int tl_api_count_chat(tl_server *s, const char *body, size_t len, int *n, tl_oai_error *e) {
+    tl_oai_req r;
+    tl_job *j = NULL;
+    int st = tl_oai_parse(&r, TL_OAI_CHAT, body, len, &s->oai, s->n_vocab, e);
+    if (st) return st;
+    st = make_job(s, "count", &r, &j, e);
+    if (!st) *n = j->n_prompt;
+    if (j) tl_job_unref(j);
+    tl_oai_req_free(&r);
+    return st;
+}
+
 static void job_error(const tl_job *j, tl_oai_error *e) {
     int st = j->err_status ? j->err_status : TL_ERR_INTERNAL;
     tl_oai_fail(e, st, NULL, "generation failed: %s%s%s", tl_status_str(st), j->err[0] ? ": " : "",

@@ -125,7 +125,7 @@ static int stop_filter(tl_gen *g, const char *s, size_t n) {
     size_t cut = (size_t)-1;
     for (int i = 0; i < g->n_stop; i++) {
         const char *p = memmem(h->p, h->n, g->stop[i], strlen(g->stop[i]));
-        if (p && (size_t)(p - h->p) < cut) cut = (size_t)(p - h->p);
+        if (p && (size_t)(p - h->p) < cut) cut = (size_t)(p - h->p), g->stop_index = i;
     }
     if (cut != (size_t)-1) {
         emit_text(g, h->p, cut);

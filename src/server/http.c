@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include "common/status.h"
 #include "common/util.h"
+#include "server/anthropic.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
@@ -26,10 +27,12 @@ typedef enum route {
     R_HEALTH,
     R_METRICS,
     R_MODEL, /* /v1/models/{id} */
+    R_MESSAGES,
+    R_COUNT_TOKENS,
 } route;
 
-static const char *route_label[] = {"other",  "chat",    "completions", "models",
-                                    "health", "metrics", "models"};
+static const char *route_label[] = {"other",   "chat",   "completions", "models",      "health",
+                                    "metrics", "models", "messages",    "count_tokens"};
 
 typedef struct tl_conn {
     route r;
@@ -52,15 +55,33 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free_cb(void *cls) { tl_stream_free(cls); }
 
+static ssize_t ant_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    long n = tl_ant_stream_read(cls, buf, max);
+    if (n == -1) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    return (ssize_t)n;
+}
+
+static void ant_stream_free_cb(void *cls) { tl_ant_stream_free(cls); }
+
 static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r, tl_reply *rep) {
-    struct MHD_Response *resp;
-    if (rep->stream) {
+    struct MHD_Response *resp = NULL;
+    if (rep->ant_stream) {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, ant_stream_cb,
+                                                 rep->ant_stream, ant_stream_free_cb);
+        if (!resp) {
+            tl_ant_stream_free(rep->ant_stream);
+            return MHD_NO;
+        }
+    } else if (rep->stream) {
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, rep->stream,
                                                  stream_free_cb);
         if (!resp) {
             tl_stream_free(rep->stream);
             return MHD_NO;
         }
+    }
+    if (rep->stream || rep->ant_stream) {
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
@@ -91,7 +112,10 @@ static enum MHD_Result reply_error(struct MHD_Connection *c, tl_server *s, route
     vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
     tl_reply rep;
-    tl_api_error(&rep, &e);
+    if (r == R_MESSAGES || r == R_COUNT_TOKENS)
+        tl_ant_error_reply(&rep, &e);
+    else
+        tl_api_error(&rep, &e);
     return queue_reply(c, s, r, &rep);
 }
 
@@ -102,9 +126,13 @@ static route find_route(const char *url, const char *method, int *bad_method) {
         const char *path, *method;
         route r;
     } tab[] = {
-        {"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS},
-        {"/v1/models", "GET", R_MODELS},          {"/health", "GET", R_HEALTH},
+        {"/v1/chat/completions", "POST", R_CHAT},
+        {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/v1/models", "GET", R_MODELS},
+        {"/health", "GET", R_HEALTH},
         {"/metrics", "GET", R_METRICS},
+        {"/v1/messages", "POST", R_MESSAGES},
+        {"/v1/messages/count_tokens", "POST", R_COUNT_TOKENS},
     };
     *bad_method = 0;
     if (!strncmp(url, "/v1/models/", 11) && url[11]) {
@@ -121,13 +149,20 @@ static route find_route(const char *url, const char *method, int *bad_method) {
     return R_NONE;
 }
 
-/* Constant-time comparison of the bearer token with the key. */
+/* Constant-time comparison of the bearer token (or an x-api-key header, as Anthropic's clients
+ * send it) with the key. */
 static int auth_ok(const tl_server *s, struct MHD_Connection *c) {
     if (!s->p.api_key) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
-    h += 7;
-    while (*h == ' ') h++;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ') h++;
+    } else if (x) {
+        h = x;
+    } else {
+        return 0;
+    }
     size_t n = strlen(h), m = strlen(s->p.api_key);
     unsigned char diff = n != m;
     for (size_t i = 0; i < n && i < m; i++) diff |= (unsigned char)(h[i] ^ s->p.api_key[i]);
@@ -211,6 +246,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         break;
     }
+    case R_MESSAGES: {
+        cn->active = 1;
+        atomic_fetch_add(&s->n_active, 1);
+        if (tl_ant_messages(s, cn->body.p ? cn->body.p : "", cn->body.n, fd, &rep)) {
+            tl_metrics_request(s->metrics, route_label[cn->r], 499);
+            return MHD_NO;
+        }
+        break;
+    }
+    case R_COUNT_TOKENS:
+        tl_ant_count_tokens(s, cn->body.p ? cn->body.p : "", cn->body.n, &rep);
+        break;
     case R_MODELS:
         tl_api_models(s, NULL, &rep);
         break;

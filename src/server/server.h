@@ -82,7 +82,8 @@ typedef struct tl_reply {
     const char *content_type;
     char *body; /* malloc'd; NULL for a stream */
     size_t body_len;
-    struct tl_stream *stream; /* non-NULL: an SSE stream */
+    struct tl_stream *stream;         /* non-NULL: an SSE stream */
+    struct tl_ant_stream *ant_stream; /* non-NULL: an Anthropic SSE stream (anthropic.c) */
 } tl_reply;
 
 /* ---- api.c: endpoints. fd is the client socket (watched for hang-up while waiting). Each
@@ -95,6 +96,13 @@ void tl_api_health(tl_server *s, tl_reply *out);
 void tl_api_metrics(tl_server *s, tl_reply *out);
 /* An OpenAI-shaped error reply. */
 void tl_api_error(tl_reply *out, const tl_oai_error *e);
+
+/* For other wire formats (anthropic.c): parse an OpenAI chat body, build and queue its job
+ * (on failure e says why); or only render and tokenize it, giving the prompt's token count. */
+struct tl_job;
+int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
+                      struct tl_job **j, tl_oai_error *e);
+int tl_api_count_chat(tl_server *s, const char *body, size_t len, int *n, tl_oai_error *e);
 
 /* Streams: the reader produces up to max bytes; returns the count, 0 never (it blocks), or
  * -1 at the end of the stream, -2 when the client went away. */
