@@ -300,6 +300,11 @@ static int start(tl_server *s, const char *id, tl_oai_kind kind, const char *bod
     return 0;
 }
 
+int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
+                      tl_job **j, tl_oai_error *e) {
+    return start(s, id, TL_OAI_CHAT, body, len, r, j, e);
+}
+
 static void job_error(const tl_job *j, tl_oai_error *e) {
     int st = j->err_status ? j->err_status : TL_ERR_INTERNAL;
     tl_oai_fail(e, st, NULL, "generation failed: %s%s%s", tl_status_str(st), j->err[0] ? ": " : "",

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "server/metrics.h"
+#include "server/responses.h"
 #include "server/server.h"
 
 typedef enum route {
@@ -26,10 +27,11 @@ typedef enum route {
     R_HEALTH,
     R_METRICS,
     R_MODEL, /* /v1/models/{id} */
+    R_RESPONSES,
 } route;
 
 static const char *route_label[] = {"other",  "chat",    "completions", "models",
-                                    "health", "metrics", "models"};
+                                    "health", "metrics", "models",      "responses"};
 
 typedef struct tl_conn {
     route r;
@@ -52,13 +54,28 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free_cb(void *cls) { tl_stream_free(cls); }
 
+static ssize_t ops_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    long n = (*(const tl_stream_ops *const *)cls)->read(cls, buf, max);
+    if (n == -1) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    return (ssize_t)n;
+}
+
+static void ops_stream_free_cb(void *cls) { (*(const tl_stream_ops *const *)cls)->free(cls); }
+
 static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r, tl_reply *rep) {
     struct MHD_Response *resp;
-    if (rep->stream) {
-        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, rep->stream,
-                                                 stream_free_cb);
+    if (rep->stream || rep->ops_stream) {
+        resp = rep->stream
+                   ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb,
+                                                       rep->stream, stream_free_cb)
+                   : MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, ops_stream_cb,
+                                                       rep->ops_stream, ops_stream_free_cb);
         if (!resp) {
-            tl_stream_free(rep->stream);
+            if (rep->stream)
+                tl_stream_free(rep->stream);
+            else
+                ops_stream_free_cb(rep->ops_stream);
             return MHD_NO;
         }
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
@@ -104,7 +121,7 @@ static route find_route(const char *url, const char *method, int *bad_method) {
     } tab[] = {
         {"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS},
         {"/v1/models", "GET", R_MODELS},          {"/health", "GET", R_HEALTH},
-        {"/metrics", "GET", R_METRICS},
+        {"/metrics", "GET", R_METRICS},           {"/v1/responses", "POST", R_RESPONSES},
     };
     *bad_method = 0;
     if (!strncmp(url, "/v1/models/", 11) && url[11]) {
@@ -199,12 +216,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int fd = ci ? ci->connect_fd : -1;
     switch (cn->r) {
     case R_CHAT:
-    case R_COMPLETIONS: {
+    case R_COMPLETIONS:
+    case R_RESPONSES: {
         const char *body = cn->body.p ? cn->body.p : "";
         cn->active = 1;
         atomic_fetch_add(&s->n_active, 1);
-        int gone = cn->r == R_CHAT ? tl_api_chat(s, body, cn->body.n, fd, &rep)
-                                   : tl_api_completions(s, body, cn->body.n, fd, &rep);
+        int gone = cn->r == R_CHAT        ? tl_api_chat(s, body, cn->body.n, fd, &rep)
+                   : cn->r == R_RESPONSES ? tl_api_responses(s, body, cn->body.n, fd, &rep)
+                                          : tl_api_completions(s, body, cn->body.n, fd, &rep);
         if (gone) {
             tl_metrics_request(s->metrics, route_label[cn->r], 499); /* nginx: client closed */
             return MHD_NO;

@@ -83,7 +83,15 @@ typedef struct tl_reply {
     char *body; /* malloc'd; NULL for a stream */
     size_t body_len;
     struct tl_stream *stream; /* non-NULL: an SSE stream */
+    void *ops_stream;         /* non-NULL: an SSE stream of another endpoint file, first member a
+                               * const tl_stream_ops * */
 } tl_reply;
+
+/* Reader and destructor of an ops_stream (same contract as tl_stream_read/tl_stream_free). */
+typedef struct tl_stream_ops {
+    long (*read)(void *st, char *buf, size_t max);
+    void (*free)(void *st);
+} tl_stream_ops;
 
 /* ---- api.c: endpoints. fd is the client socket (watched for hang-up while waiting). Each
  * fills *out; returns 0, or -1 when the client went away and the connection is to be dropped. */
@@ -95,6 +103,11 @@ void tl_api_health(tl_server *s, tl_reply *out);
 void tl_api_metrics(tl_server *s, tl_reply *out);
 /* An OpenAI-shaped error reply. */
 void tl_api_error(tl_reply *out, const tl_oai_error *e);
+/* For other endpoint files: parses a chat completions body, builds and queues its job (*j, one
+ * reference). On failure fills e and returns its status; r holds nothing then. */
+struct tl_job;
+int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
+                      struct tl_job **j, tl_oai_error *e);
 
 /* Streams: the reader produces up to max bytes; returns the count, 0 never (it blocks), or
  * -1 at the end of the stream, -2 when the client went away. */
