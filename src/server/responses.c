@@ -657,6 +657,13 @@ static void put_deltas(resp_out *o, json_t *ds) {
     json_decref(ds);
 }
 
+/* A float setting as the client wrote it (0.7, not 0.699999988). */
+static json_t *real6(float x) {
+    char b[32];
+    snprintf(b, sizeof b, "%.6g", (double)x);
+    return json_real(strtod(b, NULL));
+}
+
 /* The response object as it starts: the request's settings, no output yet. */
 static json_t *resp_new(const char *id, const char *model, json_t *body, const tl_oai_req *r) {
     json_t *o = json_object(), *v;
@@ -680,8 +687,8 @@ static json_t *resp_new(const char *id, const char *model, json_t *body, const t
     json_object_set_new(rs, "summary", json_null());
     json_object_set_new(o, "reasoning", rs);
     json_object_set_new(o, "store", json_false());
-    json_object_set_new(o, "temperature", json_real(r->sample.temperature));
-    json_object_set_new(o, "top_p", json_real(r->sample.top_p));
+    json_object_set_new(o, "temperature", real6(r->sample.temperature));
+    json_object_set_new(o, "top_p", real6(r->sample.top_p));
     json_t *fmt = json_object(), *text = json_object();
     json_object_set_new(fmt, "type", json_string("text"));
     json_object_set_new(text, "format", fmt);
