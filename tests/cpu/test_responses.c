@@ -71,7 +71,8 @@ static void test_items(void) {
         "{\"role\":\"user\",\"content\":\"ab\"},"
         "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"think\",\"tool_calls\":["
         "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
-        "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},"
+        "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]}"
+        ","
         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r1\"},"
         "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"r2\"},"
         "{\"role\":\"assistant\",\"content\":\"done\"}]}");
@@ -100,14 +101,13 @@ static void test_refused(void) {
     expect_fail("{\"input\":\"Hi\",\"truncation\":\"auto\"}", 400, "truncation");
     expect_fail("{\"input\":\"Hi\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", 400,
                 "text.format");
-    expect_fail("{\"input\":\"Hi\",\"tools\":[{\"type\":\"file_search\"}]}", 400,
-                "tools[0].type");
+    expect_fail("{\"input\":\"Hi\",\"tools\":[{\"type\":\"file_search\"}]}", 400, "tools[0].type");
     expect_fail("{\"input\":\"Hi\",\"tool_choice\":{\"type\":\"web_search_preview\"}}", 400,
                 "tool_choice");
     expect_fail("{\"input\":[{\"role\":\"user\",\"content\":\"a\",\"extra\":1}]}", 400,
                 "input[0].extra");
-    expect_fail("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\"}]}",
-                400, "input[0].arguments");
+    expect_fail("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\"}]}", 400,
+                "input[0].arguments");
     expect_fail("{\"input\":[]}", 400, "input");
     expect_fail("{\"input\":5}", 400, "input");
     expect_fail("{\"input\":\"Hi\",\"instructions\":5}", 400, "instructions");
