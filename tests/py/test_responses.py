@@ -257,3 +257,21 @@ def test_bad_input(srv):
     assert st == 400 and json.loads(data)["error"]["type"] == "invalid_request_error"
     st, e = err_of(srv, {"model": "gpt-5", "input": "Hi"})
     assert st == 404 and e["code"] == "model_not_found"
+
+
+def test_failure(client):
+    """An engine failure during a stream ends it with response.failed (the error inside); before
+    any output of a non-streaming request it is a plain 500 with an OpenAI-shaped body."""
+    evs = events_of(client.responses.create(
+        model=MODEL_NAME, input="Hello", max_output_tokens=50, stream=True,
+        reasoning={"effort": "none"}, extra_body={"tulip_test_fail_after": 3}))
+    assert evs[-1].type == "response.failed"
+    assert evs[-1].response.status == "failed"
+    assert "injected failure" in evs[-1].response.error.message
+    with pytest.raises(openai.InternalServerError) as ei:
+        client.responses.create(model=MODEL_NAME, input="Hello", max_output_tokens=2,
+                                extra_body={"tulip_test_fail_after": 1})
+    assert ei.value.body["type"] == "server_error" and "injected failure" in ei.value.body["message"]
+    # the server is fine afterwards
+    r = client.responses.create(model=MODEL_NAME, input="Hello", max_output_tokens=2)
+    assert r.usage.output_tokens == 2
