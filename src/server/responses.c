@@ -261,14 +261,13 @@ static int conv_input(conv *c, json_t *input, tl_oai_error *e) {
             st = conv_output(c, it, name, e);
         else if (t && !strcmp(t, "reasoning"))
             st = conv_reasoning(c, it, name, e);
-        else if (!t)
-            st = bad_type(e, "input[].type", "a string");
         else {
             fmt_name(name, sizeof name, "input[%zu].type", i);
-            st = tl_oai_fail(e, TL_ERR_UNSUPPORTED, name,
-                             "input item type '%s' is not supported (message, function_call, "
-                             "function_call_output and reasoning are)",
-                             t);
+            st = !t ? bad_type(e, name, "a string")
+                    : tl_oai_fail(e, TL_ERR_UNSUPPORTED, name,
+                                  "input item type '%s' is not supported (message, function_call, "
+                                  "function_call_output and reasoning are)",
+                                  t);
         }
         if (st) return st;
     }

@@ -109,6 +109,8 @@ static void test_refused(void) {
     expect_fail("{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\"}]}", 400,
                 "input[0].arguments");
     expect_fail("{\"input\":[]}", 400, "input");
+    expect_fail("{\"input\":[{\"type\":7}]}", 400, "input[0].type");
+    expect_fail("{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", 400, "input[0].type");
     expect_fail("{\"input\":5}", 400, "input");
     expect_fail("{\"input\":\"Hi\",\"instructions\":5}", 400, "instructions");
     expect_fail("{\"input\":\"Hi\",\"seed\":5}", 400, "seed");
