@@ -17,6 +17,7 @@
 #include "common/util.h"
 #include "server/anthropic.h"
 #include "server/metrics.h"
+#include "server/responses.h"
 #include "server/server.h"
 
 typedef enum route {
@@ -29,10 +30,12 @@ typedef enum route {
     R_MODEL, /* /v1/models/{id} */
     R_MESSAGES,
     R_COUNT_TOKENS,
+    R_RESPONSES,
 } route;
 
-static const char *route_label[] = {"other",   "chat",   "completions", "models",      "health",
-                                    "metrics", "models", "messages",    "count_tokens"};
+static const char *route_label[] = {"other",        "chat",     "completions", "models",
+                                    "health",       "metrics",  "models",      "messages",
+                                    "count_tokens", "responses"};
 
 typedef struct tl_conn {
     route r;
@@ -55,14 +58,21 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free_cb(void *cls) { tl_stream_free(cls); }
 
-static ssize_t ant_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
-    long n = tl_ant_stream_read(cls, buf, max);
+/* A reader's result as libmicrohttpd wants it (-1: the end, other negatives: an error). */
+static ssize_t mhd_read_result(long n) {
     if (n == -1) return MHD_CONTENT_READER_END_OF_STREAM;
     if (n < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     return (ssize_t)n;
 }
+static ssize_t ant_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    return mhd_read_result(tl_ant_stream_read(cls, buf, max));
+}
+static ssize_t ops_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    return mhd_read_result((*(const tl_stream_ops *const *)cls)->read(cls, buf, max));
+}
 
 static void ant_stream_free_cb(void *cls) { tl_ant_stream_free(cls); }
+static void ops_stream_free_cb(void *cls) { (*(const tl_stream_ops *const *)cls)->free(cls); }
 
 static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route r, tl_reply *rep) {
     struct MHD_Response *resp = NULL;
@@ -73,15 +83,21 @@ static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, route
             tl_ant_stream_free(rep->ant_stream);
             return MHD_NO;
         }
-    } else if (rep->stream) {
-        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb, rep->stream,
-                                                 stream_free_cb);
+    } else if (rep->stream || rep->ops_stream) {
+        resp = rep->stream
+                   ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_cb,
+                                                       rep->stream, stream_free_cb)
+                   : MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, ops_stream_cb,
+                                                       rep->ops_stream, ops_stream_free_cb);
         if (!resp) {
-            tl_stream_free(rep->stream);
+            if (rep->stream)
+                tl_stream_free(rep->stream);
+            else
+                ops_stream_free_cb(rep->ops_stream);
             return MHD_NO;
         }
     }
-    if (rep->stream || rep->ant_stream) {
+    if (rep->stream || rep->ant_stream || rep->ops_stream) {
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
@@ -133,6 +149,7 @@ static route find_route(const char *url, const char *method, int *bad_method) {
         {"/metrics", "GET", R_METRICS},
         {"/v1/messages", "POST", R_MESSAGES},
         {"/v1/messages/count_tokens", "POST", R_COUNT_TOKENS},
+        {"/v1/responses", "POST", R_RESPONSES},
     };
     *bad_method = 0;
     if (!strncmp(url, "/v1/models/", 11) && url[11]) {
@@ -234,12 +251,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int fd = ci ? ci->connect_fd : -1;
     switch (cn->r) {
     case R_CHAT:
-    case R_COMPLETIONS: {
+    case R_COMPLETIONS:
+    case R_RESPONSES: {
         const char *body = cn->body.p ? cn->body.p : "";
         cn->active = 1;
         atomic_fetch_add(&s->n_active, 1);
-        int gone = cn->r == R_CHAT ? tl_api_chat(s, body, cn->body.n, fd, &rep)
-                                   : tl_api_completions(s, body, cn->body.n, fd, &rep);
+        int gone = cn->r == R_CHAT        ? tl_api_chat(s, body, cn->body.n, fd, &rep)
+                   : cn->r == R_RESPONSES ? tl_api_responses(s, body, cn->body.n, fd, &rep)
+                                          : tl_api_completions(s, body, cn->body.n, fd, &rep);
         if (gone) {
             tl_metrics_request(s->metrics, route_label[cn->r], 499); /* nginx: client closed */
             return MHD_NO;

@@ -84,7 +84,15 @@ typedef struct tl_reply {
     size_t body_len;
     struct tl_stream *stream;         /* non-NULL: an SSE stream */
     struct tl_ant_stream *ant_stream; /* non-NULL: an Anthropic SSE stream (anthropic.c) */
+    void *ops_stream; /* non-NULL: an SSE stream of another endpoint file, first member a
+                       * const tl_stream_ops * (responses.c) */
 } tl_reply;
+
+/* Reader and destructor of an ops_stream (same contract as tl_stream_read/tl_stream_free). */
+typedef struct tl_stream_ops {
+    long (*read)(void *st, char *buf, size_t max);
+    void (*free)(void *st);
+} tl_stream_ops;
 
 /* ---- api.c: endpoints. fd is the client socket (watched for hang-up while waiting). Each
  * fills *out; returns 0, or -1 when the client went away and the connection is to be dropped. */
@@ -96,9 +104,9 @@ void tl_api_health(tl_server *s, tl_reply *out);
 void tl_api_metrics(tl_server *s, tl_reply *out);
 /* An OpenAI-shaped error reply. */
 void tl_api_error(tl_reply *out, const tl_oai_error *e);
-
-/* For other wire formats (anthropic.c): parse an OpenAI chat body, build and queue its job
- * (on failure e says why); or only render and tokenize it, giving the prompt's token count. */
+/* For the other wire formats (anthropic.c, responses.c): parses a chat completions body, builds
+ * and queues its job (*j, one reference; on failure fills e and returns its status, r holds
+ * nothing then); or only renders and tokenizes it, giving the prompt's token count. */
 struct tl_job;
 int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
                       struct tl_job **j, tl_oai_error *e);
