@@ -84,10 +84,10 @@ static int origin_allowed(const char *list, const char *origin) {
 static void cors_headers(struct MHD_Response *resp, tl_server *s, struct MHD_Connection *c) {
     if (!s->p.allowed_origins) return;
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
-    if (!origin_allowed(s->p.allowed_origins, origin)) return;
     int any = !strcmp(s->p.allowed_origins, "*");
+    if (origin && !any) MHD_add_response_header(resp, "Vary", "Origin"); /* for caches */
+    if (!origin_allowed(s->p.allowed_origins, origin)) return;
     MHD_add_response_header(resp, "Access-Control-Allow-Origin", any ? "*" : origin);
-    if (!any) MHD_add_response_header(resp, "Vary", "Origin");
 }
 
 /* ====== Replies. ====== */

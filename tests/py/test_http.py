@@ -223,6 +223,7 @@ def test_cors_responses(cors):
     st, h, _ = cors.request("GET", "/v1/models", headers={"Origin": "http://a.example"})
     assert st == 200
     assert h["Access-Control-Allow-Origin"] == ("*" if cors.origins == "*" else "http://a.example")
+    assert h.get("Vary") == (None if cors.origins == "*" else "Origin")
     st, h, _ = cors.request("POST", "/tokenize", {"prompt": "a"},
                             headers={"Origin": "http://a.example"})
     assert st == 200 and "Access-Control-Allow-Origin" in h
@@ -242,6 +243,8 @@ def test_cors_other_origin(cors):
     assert h.get("Access-Control-Allow-Origin") == ("*" if anyone else None)
     st, h, _ = cors.request("GET", "/v1/models", headers={"Origin": "http://evil.example"})
     assert st == 200 and h.get("Access-Control-Allow-Origin") == ("*" if anyone else None)
+    # The answer depends on the Origin unless every origin is allowed: caches must know.
+    assert h.get("Vary") == (None if anyone else "Origin")
     # An allowed origin differing only by a suffix is another origin.
     if not anyone:
         st, h, _ = cors.request("GET", "/v1/models", headers={"Origin": "http://a.example.evil"})
