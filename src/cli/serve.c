@@ -50,6 +50,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
                    "TCP port (default 8000; 0 = any free port, printed)"),
         TL_OPT_STR("api-key", 0, &p->api_key, "KEY",
                    "require 'Authorization: Bearer KEY' on /v1/*"),
+        TL_OPT_STR("allowed-origins", 0, &p->allowed_origins, "A,B",
+                   "CORS: origins browsers may call from, or * (default: off)"),
         TL_OPT_INT("max-seqs", 0, &p->max_seqs, "N", 0, TL_OPT_NOMAX,
                    "concurrent sequences (state slots; default 0: engine's)"),
         TL_OPT_INT("ctx", 0, &p->max_ctx, "N", 0, TL_OPT_NOMAX,

@@ -14,11 +14,12 @@
 
 typedef struct tl_server_params {
     const char *model_path;
-    const char *tokenizer_path; /* NULL: tokenizer.json in the model directory */
-    const char *model_name;     /* NULL: the model directory's base name */
-    const char *host;           /* default 127.0.0.1 */
-    int port;                   /* 0: any free port (printed at startup) */
-    const char *api_key;        /* NULL: no auth */
+    const char *tokenizer_path;  /* NULL: tokenizer.json in the model directory */
+    const char *model_name;      /* NULL: the model directory's base name */
+    const char *host;            /* default 127.0.0.1 */
+    int port;                    /* 0: any free port (printed at startup) */
+    const char *api_key;         /* NULL: no auth */
+    const char *allowed_origins; /* CORS: "a,b" or "*"; NULL: off (no Access-Control-*) */
     tl_backend_kind backend;
     int allow_test_shape;
     int n_threads;
@@ -102,6 +103,15 @@ int tl_api_completions(tl_server *s, const char *body, size_t len, int fd, tl_re
 void tl_api_models(tl_server *s, const char *id, tl_reply *out);
 void tl_api_health(tl_server *s, tl_reply *out);
 void tl_api_metrics(tl_server *s, tl_reply *out);
+/* ---- extra.c: the small endpoints (vLLM's shapes). ---- */
+/* POST /tokenize: {"prompt": str} or {"messages": [...], "add_generation_prompt"?} ->
+ * {"count", "max_model_len", "tokens"}. */
+void tl_api_tokenize(tl_server *s, const char *body, size_t len, tl_reply *out);
+/* POST /detokenize: {"tokens": [ids]} -> {"prompt": str}; an id out of range is a 400. */
+void tl_api_detokenize(tl_server *s, const char *body, size_t len, tl_reply *out);
+/* GET /version: {"version": TL_VERSION}. */
+void tl_api_version(tl_server *s, tl_reply *out);
+
 /* An OpenAI-shaped error reply. */
 void tl_api_error(tl_reply *out, const tl_oai_error *e);
 /* For the other wire formats (anthropic.c, responses.c): parses a chat completions body, builds

@@ -535,7 +535,7 @@ def test_oversize_body(strict):
     # chunked upload without Content-Length: caught while reading
     c = socket.create_connection(("127.0.0.1", strict.port))
     c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n"
-              b"Transfer-Encoding: chunked\r\n\r\n")
+              b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     for _ in range(20):
         c.sendall(b"1000\r\n" + b"y" * 4096 + b"\r\n")
     c.sendall(b"0\r\n\r\n")
