@@ -2,8 +2,7 @@
  * kernel, block = (32 value columns, head), every chunk-local WY matrix recomputed per block and
  * the chunks walked in order. 2.5 ms per layer at T = 4096 on the H200 (notes/2026-12-02-
  * prefill-kernels.md). Superseded by src/cuda/k_gdn_chunk.cu (parallel prep + sequential pass). */
-#include "cuda/gpu_prefill.h"
-#include "cuda/k_prefill_common.cuh"
+#include "cuda/cuda_common.cuh"
 #include "model/shape.h"
 
 #define G1_L       64  /* chunk length */
@@ -70,10 +69,10 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
                 const uint16_t *kp = k + (size_t)t * tok_stride + hk * G1_DK + 4 * lane;
                 const uint16_t *qp = q + (size_t)t * tok_stride + hk * G1_DK + 4 * lane;
                 uint2 kr = *(const uint2 *)kp, qr = *(const uint2 *)qp;
-                kv[0] = pf_bf16_lo(kr.x), kv[1] = pf_bf16_hi(kr.x);
-                kv[2] = pf_bf16_lo(kr.y), kv[3] = pf_bf16_hi(kr.y);
-                qv[0] = pf_bf16_lo(qr.x), qv[1] = pf_bf16_hi(qr.x);
-                qv[2] = pf_bf16_lo(qr.y), qv[3] = pf_bf16_hi(qr.y);
+                kv[0] = bf16x2_lo(kr.x), kv[1] = bf16x2_hi(kr.x);
+                kv[2] = bf16x2_lo(kr.y), kv[3] = bf16x2_hi(kr.y);
+                qv[0] = bf16x2_lo(qr.x), qv[1] = bf16x2_hi(qr.x);
+                qv[2] = bf16x2_lo(qr.y), qv[3] = bf16x2_hi(qr.y);
                 if (l2) {
                     float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
                     float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
             *(float4 *)(sQ + i * G1_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
             for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * G1_L + i] = kv[e];
             float vv = 0.f;
-            if (t < T) vv = pf_bf16(v[(size_t)t * tok_stride + h * G1_DK + c0 + lane]);
+            if (t < T) vv = bf2f(v[(size_t)t * tok_stride + h * G1_DK + c0 + lane]);
             sV[i * G1_DVB + lane] = vv;
         }
         if (warp == 0) {
@@ -288,7 +287,7 @@ __global__ void __launch_bounds__(G1_THREADS, 1)
 
 static int tl_gpu_gdn_chunk_v1(void *o, float *state, const uint16_t *q, const uint16_t *k,
                                const uint16_t *v, int tok_stride, const float *g, const float *beta,
-                               int T, int flags, void *stream) {
+                               int T, int flags, const tl_gpu_stream *st) {
     if (!o || !state || !q || !k || !v || !g || !beta || T < 0) return TL_ERR_INVALID;
     if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k) % 8)
         return TL_ERR_INVALID;
@@ -301,8 +300,7 @@ static int tl_gpu_gdn_chunk_v1(void *o, float *state, const uint16_t *q, const u
         attr_set = 1;
     }
     dim3 grid(G1_DK / G1_DVB, TL_GDN_N_V_HEAD);
-    gdn_chunk_v1_kernel<<<grid, G1_THREADS, G1_SMEM, (cudaStream_t)stream>>>(
-        o, state, q, k, v, tok_stride, g, beta, T, flags);
-    PF_LAUNCH_CHECK();
+    TL_LAUNCH(st, "gdn_chunk_v1", gdn_chunk_v1_kernel, grid, dim3(G1_THREADS), G1_SMEM, o, state, q,
+              k, v, tok_stride, g, beta, T, flags);
     return 0;
 }

@@ -53,7 +53,7 @@ typedef struct cuda_be {
     float *x, *proj, *conv_out, *y, *q, *part, *rlog, *wts, *wsh, *act, *xo, *logits;
     int32_t *ids;
 
-    /* prefill path (production shapes only: the prefill kernels of gpu_prefill.h are built for
+    /* prefill path (production shapes only: the prefill kernels of gpu.h are built for
      * them): bf16 activations for the tensor-core GEMMs, GDN gates, MoE plan and slots */
     int pf_ok;
     uint16_t *xb, *yb, *hexp, *yslot, *hs, *ys;

@@ -72,7 +72,7 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
  *   A   = -(beta k) k^T * exp(gc_i - gc_j), strictly lower
  *   T   = forward substitution T[i][j] = A[i][j] + sum_m A[i][m] T[m][j], then + I
  *   W   = T (k beta e^gc),  U = T (v beta),  Aqk = q k^T * exp(gc_i - gc_j) for j <= i
- * shapes: q, k, v bf16 or f32 (gpu_prefill.h); ws chunk-head record (GC_WS_*), floats.
+ * shapes: q, k, v bf16 or f32 (gpu.h); ws chunk-head record (GC_WS_*), floats.
  * threads: block = (chunk, value head), 256 threads; warp w owns rows 8w..8w+7, the lane columns
  *   lane + 32c; threads 0..63 run the forward substitution, one column of T each.
  * bytes: reads q, k (twice per key head), v once; writes 82 KB per chunk and head.

@@ -7,7 +7,7 @@
 #include "cuda/cuda_common.cuh"
 
 /* ---- 4-bit GEMV on tensor cores ("q4m") ----
- * note: q4 tiled layout (gpu_prefill.h). Tile (rb, kb) = rows 8rb..8rb+7 x columns 32kb..32kb+31,
+ * note: q4 tiled layout (gpu.h). Tile (rb, kb) = rows 8rb..8rb+7 x columns 32kb..32kb+31,
  * 32 words; in word `lane` nibble n holds column 32kb + 2*(lane%4) + Q4_COL[n] of row
  * 8rb + lane/4, Q4_COL = {0, 8, 16, 24, 1, 9, 17, 25}. Scale/bias word of (row, group g of 64
  * columns) at sb[g * rows + row] (bf16 scale low, bf16 bias high).

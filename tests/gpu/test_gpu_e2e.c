@@ -534,7 +534,7 @@ static void test_poisoned_router(void) {
 }
 
 /* The production-shape prefill path (bf16 tensor-core GEMMs, chunked GDN, flash attention,
- * grouped MoE; gpu_prefill.h) against the decode path (f32 GEMVs, recurrent GDN) on a 4-layer
+ * grouped MoE; gpu.h) against the decode path (f32 GEMVs, recurrent GDN) on a 4-layer
  * model with every production width and random 4-bit weights: a 64-token prompt in one chunk vs
  * token by token. Tolerance: the GEMM path rounds every GEMM input to bf16 (relative 2^-9 per
  * activation), and a routing decision near a tie (8th vs 9th expert) can flip under that, which

@@ -1,4 +1,4 @@
-/* GPU tests of the prefill kernels (gpu_prefill.h) against the CPU oracle (src/cpu/cpu.h) on
+/* GPU tests of the prefill kernels (gpu.h) against the CPU oracle (src/cpu/cpu.h) on
  * random inputs at production shapes. Inputs are drawn as bf16 and the oracle gets the same
  * bf16-rounded values as f32, so the comparison measures only the kernels' arithmetic.
  *
