@@ -1,5 +1,5 @@
-/* Internal representation shared by the src/grammar sources: the flat rule table of a compiled grammar
- * and the stack-set state of the matcher. Not for use outside src/grammar/. */
+/* Internal representation shared by the src/grammar sources: the flat rule table of a compiled
+ * grammar and the stack-set state of the matcher. Not for use outside src/grammar/. */
 #ifndef TL_GRAMMAR_INT_H
 #define TL_GRAMMAR_INT_H
 
@@ -33,7 +33,7 @@ typedef struct tl_gstack_set {
     int32_t *scr; /* scratch stack, TL_GRAMMAR_MAX_DEPTH + 2 entries */
 } tl_gstack_set;
 
-#define TL_GRAMMAR_MAX_DEPTH 1024   /* deeper stacks are dropped (nesting limit) */
+#define TL_GRAMMAR_MAX_DEPTH  1024  /* deeper stacks are dropped (nesting limit) */
 #define TL_GRAMMAR_MAX_STACKS 16384 /* more live alternatives: TL_ERR_NOMEM */
 
 struct tl_grammar_state {

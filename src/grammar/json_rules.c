@@ -104,21 +104,28 @@ int tl_jr_string(tl_jrules *j, long min, long max) {
     return b->err ? b->err : s;
 }
 
-/* digits*: empty or a digit and more. */
-static int digits_rule(tl_gbuild *b) {
-    int r = tl_gb_rule(b);
-    tl_gb_alt(b, r);
-    tl_gb_char(b, r, '0', '9');
-    tl_gb_ref(b, r, r);
-    return r;
+/* Zero to n digits: rule k = empty | digit, rule k-1. */
+static int digits_upto(tl_gbuild *b, int n) {
+    int prev = tl_gb_rule(b); /* zero digits */
+    for (int k = 1; k <= n; k++) {
+        int r = tl_gb_rule(b);
+        tl_gb_alt(b, r);
+        tl_gb_char(b, r, '0', '9');
+        tl_gb_ref(b, r, prev);
+        prev = r;
+    }
+    return prev;
 }
 
-/* -?(0|[1-9][0-9]*), and for a number ( . [0-9]+ )? ( [eE] [+-]? [0-9]+ )? */
+/* -?(0|[1-9][0-9]{0,15}), and for a number (.[0-9]{1,16})? ([eE][+-]?[0-9]{1,2})?: digit counts
+ * are bounded (as llama.cpp's JSON grammars do) so every number is a finite double and a model
+ * cannot loop on digits. */
 int tl_jr_number(tl_jrules *j, int integer) {
     int *cache = integer ? &j->integer : &j->number;
     if (*cache >= 0) return *cache;
     tl_gbuild *b = j->b;
-    int d = digits_rule(b), mag = tl_gb_rule(b), r = tl_gb_rule(b);
+    int d = digits_upto(b, TL_GRAMMAR_MAX_DIGITS - 1), d2 = digits_upto(b, 1);
+    int mag = tl_gb_rule(b), r = tl_gb_rule(b);
     tl_gb_char(b, mag, '0', '0');
     tl_gb_alt(b, mag);
     tl_gb_char(b, mag, '1', '9');
@@ -140,7 +147,7 @@ int tl_jr_number(tl_jrules *j, int integer) {
     tl_gb_ref(b, exr, ex);
     tl_gb_ref(b, exr, sign);
     tl_gb_char(b, exr, '0', '9');
-    tl_gb_ref(b, exr, d);
+    tl_gb_ref(b, exr, d2);
     for (int neg = 0; neg < 2; neg++) {
         if (neg) {
             tl_gb_alt(b, r);

@@ -19,13 +19,27 @@ typedef struct cx {
     int depth;
 } cx;
 
-static const char *const annot[] = {"$schema", "$id",      "$comment",   "title",     "description",
-                                    "default", "examples", "deprecated", "readOnly",  "writeOnly",
-                                    "$defs",   "definitions", "$anchor", NULL};
-static const char *const handled[] = {
-    "type",     "enum",     "const",       "anyOf",    "oneOf",     "allOf",     "$ref",
-    "nullable", "properties", "required",  "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "minLength",   "maxLength", NULL};
+static const char *const annot[] = {
+    "$schema",    "$id",      "$comment",  "title", "description", "default", "examples",
+    "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", NULL};
+static const char *const handled[] = {"type",
+                                      "enum",
+                                      "const",
+                                      "anyOf",
+                                      "oneOf",
+                                      "allOf",
+                                      "$ref",
+                                      "nullable",
+                                      "properties",
+                                      "required",
+                                      "additionalProperties",
+                                      "items",
+                                      "prefixItems",
+                                      "minItems",
+                                      "maxItems",
+                                      "minLength",
+                                      "maxLength",
+                                      NULL};
 
 static int in_list(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -60,8 +74,8 @@ static int only(cx *c, const json_t *s, const char *what, const char *const *ok)
 static int c_schema(cx *c, const json_t *s);
 
 enum { T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_INT = 32, T_NUM = 64 };
-static const char *const tnames[] = {"null", "boolean", "object", "array", "string", "integer",
-                                     "number"};
+static const char *const tnames[] = {"null",   "boolean", "object", "array",
+                                     "string", "integer", "number"};
 
 /* A JSON pointer "#", "#/a/b" (with ~0 ~1) inside the root document, or NULL. */
 static const json_t *resolve(const json_t *root, const char *ref) {
@@ -88,8 +102,9 @@ static const json_t *resolve(const json_t *root, const char *ref) {
 static int c_ref(cx *c, const json_t *s) {
     const char *ref = json_string_value(json_object_get(s, "$ref"));
     const json_t *t = ref ? resolve(c->root, ref) : NULL;
-    if (!t) return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "$ref \"%s\" cannot be resolved",
-                           ref ? ref : "(not a string)");
+    if (!t)
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "$ref \"%s\" cannot be resolved",
+                       ref ? ref : "(not a string)");
     for (int i = 0; i < c->n_ref; i++)
         if (c->ref_key[i] == t) return c->ref_rule[i];
     if (c->n_ref == c->cap_ref) {
@@ -120,8 +135,8 @@ static int bound(cx *c, const json_t *s, const char *k, long def, long *out) {
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"%s\" must be a non-negative integer",
                        k);
     if (json_integer_value(v) > TL_GRAMMAR_MAX_REPEAT)
-        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "\"%s\" above %d is not supported",
-                       k, TL_GRAMMAR_MAX_REPEAT);
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "\"%s\" above %d is not supported", k,
+                       TL_GRAMMAR_MAX_REPEAT);
     *out = (long)json_integer_value(v);
     return 0;
 }
@@ -337,7 +352,8 @@ static int c_array(cx *c, const json_t *s) {
 
 static int c_type(cx *c, const json_t *s, int t) {
     switch (t) {
-    case T_NULL: return tl_jr_literal(&c->j, json_null());
+    case T_NULL:
+        return tl_jr_literal(&c->j, json_null());
     case T_BOOL: {
         int r = tl_gb_rule(&c->b);
         tl_gb_lit(&c->b, r, "true", 4);
@@ -345,11 +361,16 @@ static int c_type(cx *c, const json_t *s, int t) {
         tl_gb_lit(&c->b, r, "false", 5);
         return c->b.err ? c->b.err : r;
     }
-    case T_OBJ: return c_object(c, s);
-    case T_ARR: return c_array(c, s);
-    case T_STR: return c_string(c, s);
-    case T_INT: return tl_jr_number(&c->j, 1);
-    default: return tl_jr_number(&c->j, 0);
+    case T_OBJ:
+        return c_object(c, s);
+    case T_ARR:
+        return c_array(c, s);
+    case T_STR:
+        return c_string(c, s);
+    case T_INT:
+        return tl_jr_number(&c->j, 1);
+    default:
+        return tl_jr_number(&c->j, 0);
     }
 }
 
@@ -400,9 +421,10 @@ static int c_schema(cx *c, const json_t *s) {
         r = c_enum(c, s);
     } else if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf") ||
                json_object_get(s, "allOf")) {
-        r = c_combo(c, s, json_object_get(s, "anyOf")   ? "anyOf"
-                          : json_object_get(s, "oneOf") ? "oneOf"
-                                                        : "allOf");
+        r = c_combo(c, s,
+                    json_object_get(s, "anyOf")   ? "anyOf"
+                    : json_object_get(s, "oneOf") ? "oneOf"
+                                                  : "allOf");
     } else {
         int m = r = type_set(c, s);
         if (m > 0) r = tl_gb_rule(&c->b);

@@ -78,7 +78,8 @@ static int v_array(const json_t *root, const json_t *s, const json_t *x) {
     const json_t *pre = json_object_get(s, "prefixItems"), *it = json_object_get(s, "items");
     const json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
     size_t n = json_array_size(x);
-    if ((mn && (json_int_t)n < json_integer_value(mn)) || (mx && (json_int_t)n > json_integer_value(mx)))
+    if ((mn && (json_int_t)n < json_integer_value(mn)) ||
+        (mx && (json_int_t)n > json_integer_value(mx)))
         return 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *es = i < json_array_size(pre) ? json_array_get(pre, i) : it;
@@ -89,7 +90,8 @@ static int v_array(const json_t *root, const json_t *s, const json_t *x) {
 
 static const json_t *v_ref(const json_t *root, const char *ref) {
     if (!strcmp(ref, "#")) return root;
-    if (!strncmp(ref, "#/$defs/", 8)) return json_object_get(json_object_get(root, "$defs"), ref + 8);
+    if (!strncmp(ref, "#/$defs/", 8))
+        return json_object_get(json_object_get(root, "$defs"), ref + 8);
     if (!strncmp(ref, "#/definitions/", 14))
         return json_object_get(json_object_get(root, "definitions"), ref + 14);
     return NULL;
@@ -98,7 +100,8 @@ static const json_t *v_ref(const json_t *root, const char *ref) {
 static int v_valid(const json_t *root, const json_t *s, const json_t *x) {
     if (json_is_boolean(s)) return json_is_true(s);
     const json_t *t;
-    if ((t = json_object_get(s, "$ref"))) return v_valid(root, v_ref(root, json_string_value(t)), x);
+    if ((t = json_object_get(s, "$ref")))
+        return v_valid(root, v_ref(root, json_string_value(t)), x);
     if ((t = json_object_get(s, "const")) && !v_equal(t, x)) return 0;
     if ((t = json_object_get(s, "enum"))) {
         int any = 0;
@@ -107,7 +110,8 @@ static int v_valid(const json_t *root, const json_t *s, const json_t *x) {
     }
     if ((t = json_object_get(s, "anyOf")) || (t = json_object_get(s, "oneOf"))) {
         int cnt = 0;
-        for (size_t i = 0; i < json_array_size(t); i++) cnt += v_valid(root, json_array_get(t, i), x);
+        for (size_t i = 0; i < json_array_size(t); i++)
+            cnt += v_valid(root, json_array_get(t, i), x);
         if (json_object_get(s, "oneOf") ? cnt != 1 : cnt == 0) return 0;
     }
     if ((t = json_object_get(s, "allOf")))
