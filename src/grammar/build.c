@@ -78,7 +78,7 @@ int tl_gb_finish(tl_gbuild *b, int root, struct tl_grammar **out) {
     size_t k = 2;
     for (int i = 0; i < b->n; i++) {
         g->rule_start[i] = (int32_t)k;
-        memcpy(g->el + k, b->r[i].e, b->r[i].n * sizeof(tl_gelem));
+        if (b->r[i].n) memcpy(g->el + k, b->r[i].e, b->r[i].n * sizeof(tl_gelem));
         k += b->r[i].n;
         g->el[k++] = (tl_gelem){GE_END, 0, 0, 0};
     }

@@ -61,7 +61,7 @@ static int push_unique(tl_gstack_set *s, const int32_t *stk, size_t len) {
     if (s->n_stacks >= TL_GRAMMAR_MAX_STACKS) return TL_ERR_NOMEM;
     int rc = reserve(s, len);
     if (rc) return rc;
-    memcpy(s->data + s->n, stk, len * sizeof(*stk));
+    if (len) memcpy(s->data + s->n, stk, len * sizeof(*stk));
     s->off[s->n_stacks] = (uint32_t)s->n;
     s->len[s->n_stacks] = (uint32_t)len;
     s->hash[s->n_stacks++] = h;
@@ -136,7 +136,8 @@ int tl_gset_copy(tl_gstack_set *dst, const tl_gstack_set *src) {
     for (size_t i = 0; i < src->n_stacks; i++) {
         int rc = reserve(dst, src->len[i]);
         if (rc) return rc;
-        memcpy(dst->data + dst->n, src->data + src->off[i], src->len[i] * sizeof(int32_t));
+        if (src->len[i])
+            memcpy(dst->data + dst->n, src->data + src->off[i], src->len[i] * sizeof(int32_t));
         dst->off[i] = (uint32_t)dst->n;
         dst->len[i] = src->len[i];
         dst->hash[i] = src->hash[i];
