@@ -31,6 +31,9 @@ typedef struct tl_gstack_set {
     uint32_t *off, *len, *hash;
     size_t n_stacks, cap_stacks;
     int32_t *scr; /* scratch stack, TL_GRAMMAR_MAX_DEPTH + 2 entries */
+    /* dedup hash table: slot = stack index + 1, valid when its stamp equals gen */
+    uint32_t *slot, *stamp, gen;
+    size_t n_slots;
 } tl_gstack_set;
 
 #define TL_GRAMMAR_MAX_DEPTH  1024  /* deeper stacks are dropped (nesting limit) */

@@ -12,6 +12,10 @@
 void tl_gset_clear(tl_gstack_set *s) {
     s->n = 0;
     s->n_stacks = 0;
+    if (++s->gen == 0) { /* stamps wrapped: forget them all */
+        if (s->stamp) memset(s->stamp, 0, s->n_slots * sizeof(*s->stamp));
+        s->gen = 1;
+    }
 }
 
 void tl_gset_free(tl_gstack_set *s) {
@@ -20,6 +24,8 @@ void tl_gset_free(tl_gstack_set *s) {
     free(s->len);
     free(s->hash);
     free(s->scr);
+    free(s->slot);
+    free(s->stamp);
     memset(s, 0, sizeof(*s));
 }
 
@@ -51,20 +57,53 @@ static int reserve(tl_gstack_set *s, size_t add) {
     return 0;
 }
 
+static void slot_put(tl_gstack_set *s, uint32_t h, uint32_t idx) {
+    size_t m = s->n_slots - 1, i = h & m;
+    while (s->stamp[i] == s->gen) i = (i + 1) & m;
+    s->stamp[i] = s->gen;
+    s->slot[i] = idx + 1;
+}
+
+/* Keeps the dedup table at most half full. */
+static int grow_slots(tl_gstack_set *s) {
+    if (s->n_slots && (s->n_stacks + 1) * 2 <= s->n_slots) return 0;
+    size_t n = s->n_slots ? s->n_slots * 2 : 64;
+    uint32_t *sl = malloc(n * sizeof(*sl)), *st = calloc(n, sizeof(*st));
+    if (!sl || !st) {
+        free(sl);
+        free(st);
+        return TL_ERR_NOMEM;
+    }
+    free(s->slot);
+    free(s->stamp);
+    s->slot = sl;
+    s->stamp = st;
+    s->n_slots = n;
+    if (s->gen == 0) s->gen = 1;
+    for (size_t i = 0; i < s->n_stacks; i++) slot_put(s, s->hash[i], (uint32_t)i);
+    return 0;
+}
+
 /* Adds a copy of stk unless the set holds it already. */
 static int push_unique(tl_gstack_set *s, const int32_t *stk, size_t len) {
     uint32_t h = stack_hash(stk, len);
-    for (size_t i = 0; i < s->n_stacks; i++)
-        if (s->hash[i] == h && s->len[i] == len &&
-            memcmp(s->data + s->off[i], stk, len * sizeof(*stk)) == 0)
+    int rc = grow_slots(s);
+    if (rc) return rc;
+    size_t m = s->n_slots - 1;
+    for (size_t i = h & m; s->stamp[i] == s->gen; i = (i + 1) & m) {
+        uint32_t k = s->slot[i] - 1;
+        if (s->hash[k] == h && s->len[k] == len &&
+            (len == 0 || memcmp(s->data + s->off[k], stk, len * sizeof(*stk)) == 0))
             return 0;
+    }
     if (s->n_stacks >= TL_GRAMMAR_MAX_STACKS) return TL_ERR_NOMEM;
-    int rc = reserve(s, len);
+    rc = reserve(s, len);
     if (rc) return rc;
     if (len) memcpy(s->data + s->n, stk, len * sizeof(*stk));
     s->off[s->n_stacks] = (uint32_t)s->n;
     s->len[s->n_stacks] = (uint32_t)len;
-    s->hash[s->n_stacks++] = h;
+    s->hash[s->n_stacks] = h;
+    slot_put(s, h, (uint32_t)s->n_stacks++);
     s->n += len;
     return 0;
 }
@@ -134,15 +173,8 @@ int tl_gset_advance(const struct tl_grammar *g, const tl_gstack_set *in, uint8_t
 int tl_gset_copy(tl_gstack_set *dst, const tl_gstack_set *src) {
     tl_gset_clear(dst);
     for (size_t i = 0; i < src->n_stacks; i++) {
-        int rc = reserve(dst, src->len[i]);
+        int rc = push_unique(dst, src->data + src->off[i], src->len[i]);
         if (rc) return rc;
-        if (src->len[i])
-            memcpy(dst->data + dst->n, src->data + src->off[i], src->len[i] * sizeof(int32_t));
-        dst->off[i] = (uint32_t)dst->n;
-        dst->len[i] = src->len[i];
-        dst->hash[i] = src->hash[i];
-        dst->n += src->len[i];
-        dst->n_stacks = i + 1;
     }
     return 0;
 }

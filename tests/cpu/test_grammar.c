@@ -430,6 +430,32 @@ static void test_clone_and_atomic(void) {
     tl_grammar_free(g);
 }
 
+/* Left recursion never loops: a rule that is only itself accepts nothing; with a non-recursive
+ * alternative, that alternative is what is accepted. Ambiguous alternatives merge. */
+static void test_left_recursion_and_merging(void) {
+    tl_grammar *g = compile("{\"$ref\":\"#\"}", NULL);
+    tl_grammar_state *st;
+    CHECK_EQ_INT(tl_grammar_state_new(g, &st), 0);
+    CHECK(!tl_grammar_is_complete(st) && !tl_grammar_can_continue(st));
+    tl_grammar_state_free(st);
+    tl_grammar_free(g);
+    g = compile("{\"$defs\":{\"a\":{\"anyOf\":[{\"$ref\":\"#/$defs/a\"},{\"type\":\"null\"}]}},"
+                "\"$ref\":\"#/$defs/a\"}",
+                NULL);
+    int complete;
+    CHECK_EQ_INT(feed(g, "null", 4, &complete), -1);
+    CHECK(complete);
+    CHECK_EQ_INT(feed(g, "1", 1, &complete), 0);
+    tl_grammar_free(g);
+    /* 12 branches that all match any value: each is tracked until the element ends */
+    g = compile("{\"type\":\"array\",\"items\":{\"anyOf\":[{},{},{},{},{},{},{},{},{},{},{},{}]}}",
+                NULL);
+    const char *d = "[[[[1,2],{\"a\":[3]}]]]";
+    CHECK_EQ_INT(feed(g, d, strlen(d), &complete), -1);
+    CHECK(complete);
+    tl_grammar_free(g);
+}
+
 int main(void) {
     T_RUN(test_corpus_valid);
     T_RUN(test_corpus_invalid);
@@ -440,5 +466,6 @@ int main(void) {
     T_RUN(test_unsupported);
     T_RUN(test_malformed);
     T_RUN(test_clone_and_atomic);
+    T_RUN(test_left_recursion_and_merging);
     return t_summary();
 }
