@@ -1,11 +1,13 @@
 /* JSON Schema -> grammar compiler (src/grammar/schema.c). Supported: type (lists too), enum,
  * const, anyOf/oneOf (as alternatives), allOf of one schema, $ref into the document (recursive),
  * properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
- * minLength/maxLength, nullable. Anything else that constrains is refused by name. */
+ * minLength/maxLength, format (format.c), nullable. Anything else that constrains is refused by
+ * name. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "grammar/format.h"
 #include "grammar/json_rules.h"
 
 typedef struct cx {
@@ -39,6 +41,7 @@ static const char *const handled[] = {"type",
                                       "maxItems",
                                       "minLength",
                                       "maxLength",
+                                      "format",
                                       NULL};
 
 static int in_list(const char *const *l, const char *k) {
@@ -141,7 +144,20 @@ static int bound(cx *c, const json_t *s, const char *k, long def, long *out) {
     return 0;
 }
 
+static int c_format(cx *c, const json_t *s, const json_t *f) {
+    static const char *const ok[] = {"type", "nullable", NULL};
+    int rc = only(c, s, "format", ok);
+    if (rc) return rc;
+    rc = json_is_string(f) ? tl_format_rule(&c->b, json_string_value(f)) : TL_ERR_UNSUPPORTED;
+    if (rc == TL_ERR_UNSUPPORTED)
+        return tl_errf(c->err, c->errlen, rc, "unsupported schema keyword \"format\": \"%s\"",
+                       json_is_string(f) ? json_string_value(f) : "(not a string)");
+    return rc;
+}
+
 static int c_string(cx *c, const json_t *s) {
+    const json_t *f = json_object_get(s, "format");
+    if (f) return c_format(c, s, f);
     long mn, mx;
     int rc = bound(c, s, "minLength", 0, &mn);
     if (!rc) rc = bound(c, s, "maxLength", -1, &mx);
@@ -398,7 +414,9 @@ static int type_set(cx *c, const json_t *s) {
         static const char *const arr[] = {"items", "prefixItems", "minItems", "maxItems", NULL};
         for (int i = 0; obj[i]; i++) m |= json_object_get(s, obj[i]) ? T_OBJ : 0;
         for (int i = 0; arr[i]; i++) m |= json_object_get(s, arr[i]) ? T_ARR : 0;
-        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) m |= T_STR;
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
+            json_object_get(s, "format"))
+            m |= T_STR;
         if (!m) m = T_NULL | T_BOOL | T_OBJ | T_ARR | T_STR | T_NUM;
     }
     if (m & T_NUM) m &= ~T_INT;

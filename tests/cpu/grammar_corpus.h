@@ -151,6 +151,28 @@ static const gcase g_corpus[] = {
      {"{}", "{\"b\":null}"},
      {"{\"a\":1}", "{\"a\":null}"},
      {NULL}},
+    {"{\"type\":\"string\",\"format\":\"date\"}",
+     {"\"2024-01-31\"", "\"1999-12-01\"", "\"2023-02-28\"", "\"0001-04-30\""},
+     {"\"2024-13-01\"", "\"2024-00-10\"", "\"2024-04-31\"", "\"2023-02-30\"", "\"24-01-01\"",
+      "\"2024-1-01\"", "\"2024-01-32\"", "\"2024-01-00\""},
+     {"\"2024-02-29\""}},
+    {"{\"type\":\"string\",\"format\":\"date-time\"}",
+     {"\"2024-01-31T23:59:59Z\"", "\"2024-06-01T00:00:00.123456+05:30\"",
+      "\"2024-06-01T12:30:00-08:00\""},
+     {"\"2024-01-31T24:00:00Z\"", "\"2024-01-31T23:60:00Z\"", "\"2024-01-31T23:59:59\"",
+      "\"2024-01-31 23:59:59Z\"", "\"2024-01-31T23:59:59.Z\"", "\"2024-01-31T23:59:59+0530\""},
+     {"\"2024-01-31t23:59:59z\""}},
+    {"{\"type\":\"string\",\"format\":\"time\"}", {"\"08:15:00Z\""}, {"\"8:15:00Z\""}, {NULL}},
+    {"{\"type\":[\"string\",\"null\"],\"format\":\"uuid\"}",
+     {"\"123e4567-e89b-12d3-a456-426614174000\"", "\"ABCDEF01-2345-6789-ABCD-EF0123456789\"",
+      "null"},
+     {"\"123e4567e89b12d3a456426614174000\"", "\"123e4567-e89b-12d3-a456-42661417400\"",
+      "\"123e4567-e89b-12d3-a456-4266141740000\"", "\"g23e4567-e89b-12d3-a456-426614174000\""},
+     {NULL}},
+    {"{\"format\":\"email\"}",
+     {"\"a@b.co\"", "\"first.last+tag@mail.example.org\"", "\"x_1@d2.io\""},
+     {"\"ab.co\"", "\"@b.co\"", "\"a@b\"", "\"a@@b.co\"", "\"a@b..co\"", "\"a.@b.co\""},
+     {NULL}},
 };
 
 /* Keywords refused by the compiler, with the name its message must contain. */
@@ -160,7 +182,8 @@ typedef struct gunsup {
 
 static const gunsup g_unsupported[] = {
     {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", "pattern"},
-    {"{\"type\":\"string\",\"format\":\"date\"}", "format"},
+    {"{\"type\":\"string\",\"format\":\"ipv4\"}", "format"},
+    {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":3}", "format"},
     {"{\"type\":\"integer\",\"minimum\":0}", "minimum"},
     {"{\"type\":\"number\",\"maximum\":5}", "maximum"},
     {"{\"type\":\"number\",\"exclusiveMinimum\":0}", "exclusiveMinimum"},
@@ -178,7 +201,7 @@ static const gunsup g_unsupported[] = {
     {"{\"$ref\":\"http://example.com/s.json\"}", "$ref"},
     {"{\"type\":\"string\",\"maxLength\":100000}", "maxLength"},
     {"{\"anyOf\":[{\"type\":\"string\"}],\"maxLength\":2}", "anyOf"},
-    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}",
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"hostname\"}}}",
      "format"},
     {"false", "false"},
 };

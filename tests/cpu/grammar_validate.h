@@ -97,6 +97,74 @@ static const json_t *v_ref(const json_t *root, const char *ref) {
     return NULL;
 }
 
+static int v_digits(const char *s, int n) {
+    for (int i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
+}
+
+static int v_num(const char *s, int n) {
+    int v = 0;
+    for (int i = 0; i < n; i++) v = v * 10 + (s[i] - '0');
+    return v;
+}
+
+/* RFC 3339 full-date; returns the length used (10) or 0. */
+static int v_date(const char *s) {
+    static const int mdays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (strlen(s) < 10 || !v_digits(s, 4) || s[4] != '-' || !v_digits(s + 5, 2) || s[7] != '-' ||
+        !v_digits(s + 8, 2))
+        return 0;
+    int y = v_num(s, 4), m = v_num(s + 5, 2), d = v_num(s + 8, 2);
+    if (m < 1 || m > 12 || d < 1 || d > mdays[m - 1]) return 0;
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return m == 2 && d == 29 && !leap ? 0 : 10;
+}
+
+/* RFC 3339 full-time (the whole rest of s). */
+static int v_time(const char *s) {
+    if (strlen(s) < 9 || !v_digits(s, 2) || s[2] != ':' || !v_digits(s + 3, 2) || s[5] != ':' ||
+        !v_digits(s + 6, 2) || v_num(s, 2) > 23 || v_num(s + 3, 2) > 59 || v_num(s + 6, 2) > 59)
+        return 0;
+    s += 8;
+    if (*s == '.') {
+        int n = 0;
+        while (s[1 + n] >= '0' && s[1 + n] <= '9') n++;
+        if (!n) return 0;
+        s += 1 + n;
+    }
+    if ((s[0] == 'Z' || s[0] == 'z') && !s[1]) return 1;
+    return (s[0] == '+' || s[0] == '-') && strlen(s) == 6 && v_digits(s + 1, 2) && s[3] == ':' &&
+           v_digits(s + 4, 2) && v_num(s + 1, 2) <= 23 && v_num(s + 4, 2) <= 59;
+}
+
+static int v_email(const char *s) {
+    const char *at = strchr(s, '@');
+    if (!at || at == s || strchr(at + 1, '@') || !strchr(at + 1, '.')) return 0;
+    for (const char *p = s; *p; p++) /* no empty dot-separated parts on either side */
+        if (*p == '.' &&
+            (p == s || p[-1] == '.' || p[-1] == '@' || p[1] == '.' || p[1] == '@' || !p[1]))
+            return 0;
+    return at[1] != '.';
+}
+
+static int v_format(const char *f, const char *s) {
+    if (!strcmp(f, "date")) return v_date(s) && !s[10];
+    if (!strcmp(f, "time")) return v_time(s);
+    if (!strcmp(f, "date-time"))
+        return v_date(s) && (s[10] == 'T' || s[10] == 't') && v_time(s + 11);
+    if (!strcmp(f, "email")) return v_email(s);
+    if (!strcmp(f, "uuid")) {
+        if (strlen(s) != 36) return 0;
+        for (int i = 0; i < 36; i++)
+            if (i == 8 || i == 13 || i == 18 || i == 23 ? s[i] != '-'
+                                                        : !strchr("0123456789abcdefABCDEF", s[i]))
+                return 0;
+        return 1;
+    }
+    return 0;
+}
+
 static int v_valid(const json_t *root, const json_t *s, const json_t *x) {
     if (json_is_boolean(s)) return json_is_true(s);
     const json_t *t;
@@ -124,6 +192,8 @@ static int v_valid(const json_t *root, const json_t *s, const json_t *x) {
         long n = v_codepoints(json_string_value(x), json_string_length(x));
         const json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
         if ((mn && n < json_integer_value(mn)) || (mx && n > json_integer_value(mx))) return 0;
+        const json_t *f = json_object_get(s, "format");
+        if (f && !v_format(json_string_value(f), json_string_value(x))) return 0;
     }
     return 1;
 }
