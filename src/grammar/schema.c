@@ -167,9 +167,30 @@ static int c_string(cx *c, const json_t *s) {
     return tl_jr_string(&c->j, mn, mx);
 }
 
+/* 1 if value v is of a type named by "type" (a string or a list; absent: any). */
+static int enum_type_ok(const json_t *t, const json_t *v) {
+    if (!t) return 1;
+    size_t n = json_is_array(t) ? json_array_size(t) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const char *nm = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
+        if (!nm) continue;
+        if ((!strcmp(nm, "null") && json_is_null(v)) ||
+            (!strcmp(nm, "boolean") && json_is_boolean(v)) ||
+            (!strcmp(nm, "object") && json_is_object(v)) ||
+            (!strcmp(nm, "array") && json_is_array(v)) ||
+            (!strcmp(nm, "string") && json_is_string(v)) ||
+            (!strcmp(nm, "number") && json_is_number(v)) ||
+            (!strcmp(nm, "integer") && json_is_integer(v)))
+            return 1;
+    }
+    return 0;
+}
+
+/* enum/const: the values' literals, those of another type than "type" left out. */
 static int c_enum(cx *c, const json_t *s) {
     static const char *const ok[] = {"type", NULL};
     const json_t *e = json_object_get(s, "enum"), *k = json_object_get(s, "const");
+    const json_t *t = json_object_get(s, "type");
     const char *what = k ? "const" : "enum";
     int rc = only(c, s, what, ok);
     if (rc) return rc;
@@ -177,14 +198,18 @@ static int c_enum(cx *c, const json_t *s) {
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "\"const\" together with \"enum\"");
     if (e && (!json_is_array(e) || json_array_size(e) == 0))
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"enum\" must be a non-empty array");
-    int r = tl_gb_rule(&c->b);
+    int r = tl_gb_rule(&c->b), used = 0;
     size_t n = k ? 1 : json_array_size(e);
     for (size_t i = 0; i < n; i++) {
-        int lit = tl_jr_literal(&c->j, k ? k : json_array_get(e, i));
+        const json_t *v = k ? k : json_array_get(e, i);
+        if (!enum_type_ok(t, v)) continue;
+        int lit = tl_jr_literal(&c->j, v);
         if (lit < 0) return lit;
-        if (i) tl_gb_alt(&c->b, r);
+        if (used++) tl_gb_alt(&c->b, r);
         tl_gb_ref(&c->b, r, lit);
     }
+    if (!used)
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "no \"%s\" value has the \"type\"", what);
     return r;
 }
 
@@ -251,12 +276,9 @@ static int is_required(const json_t *req, const char *name) {
     return 0;
 }
 
-/* Declared members in order; rule first[i] = members i.. with none written yet, after[i] = the
- * same after at least one (a comma first). Optional members may be skipped. */
-static int declared_object(cx *c, const json_t *props, const json_t *req, int n) {
-    tl_gbuild *b = &c->b;
-    const char *names[n ? n : 1];
-    const json_t *schs[n ? n : 1];
+/* The declared members: properties not false, then required names not in properties. */
+static int collect_members(const json_t *props, const json_t *req, const char **names,
+                           const json_t **schs) {
     int k = 0;
     const char *key;
     json_t *v;
@@ -269,6 +291,13 @@ static int declared_object(cx *c, const json_t *props, const json_t *req, int n)
         const char *nm = json_string_value(json_array_get(req, i));
         if (!json_object_get(props, nm)) names[k] = nm, schs[k++] = NULL;
     }
+    return k;
+}
+
+/* Members in order; rule f(i) = members i.. with none written yet, a(i) = the same after at least
+ * one (a comma first). Optional members may be skipped. */
+static int member_chain(cx *c, const json_t *req, const char **names, const json_t **schs, int k) {
+    tl_gbuild *b = &c->b;
     int first = tl_gb_rule(b), next_first = -1, next_after = -1;
     for (int i = k; i >= 0; i--) {
         int f = tl_gb_rule(b), a = tl_gb_rule(b);
@@ -296,6 +325,17 @@ static int declared_object(cx *c, const json_t *props, const json_t *req, int n)
     tl_gb_char(b, first, '{', '{');
     tl_gb_ref(b, first, next_first);
     return b->err ? b->err : first;
+}
+
+static int declared_object(cx *c, const json_t *props, const json_t *req, int n) {
+    const char **names = malloc((size_t)n * sizeof(*names));
+    const json_t **schs = malloc((size_t)n * sizeof(*schs));
+    int rc = TL_ERR_NOMEM;
+    if (names && schs)
+        rc = member_chain(c, req, names, schs, collect_members(props, req, names, schs));
+    free(names);
+    free(schs);
+    return rc;
 }
 
 static int c_object(cx *c, const json_t *s) {

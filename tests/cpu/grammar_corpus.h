@@ -173,6 +173,10 @@ static const gcase g_corpus[] = {
      {"\"a@b.co\"", "\"first.last+tag@mail.example.org\"", "\"x_1@d2.io\""},
      {"\"ab.co\"", "\"@b.co\"", "\"a@b\"", "\"a@@b.co\"", "\"a@b..co\"", "\"a.@b.co\""},
      {NULL}},
+    {"{\"type\":\"string\",\"enum\":[\"a\",1,\"b\",null]}",
+     {"\"a\"", "\"b\""},
+     {"1", "null", "\"c\""},
+     {NULL}},
 };
 
 /* Keywords refused by the compiler, with the name its message must contain. */
