@@ -25,7 +25,7 @@ NVFLAGS := -O3 -lineinfo -g -std=c++17 -gencode arch=compute_$(CUDA_ARCH_NUM),co
            -Iinclude -Isrc -Xcompiler -Wall,-Wno-unused-parameter,-Werror -Werror all-warnings -MMD -MP
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++
 
-LIB_SRC  := $(wildcard src/common/*.c src/model/*.c src/tokenizer/*.c src/cpu/*.c src/engine/*.c src/server/*.c)
+LIB_SRC  := $(wildcard src/common/*.c src/model/*.c src/tokenizer/*.c src/cpu/*.c src/engine/*.c src/server/*.c src/grammar/*.c)
 CLI_SRC  := $(wildcard src/cli/*.c)
 CU_SRC   := $(wildcard src/cuda/*.cu)
 TEST_SRC := $(wildcard tests/cpu/test_*.c)

@@ -1,0 +1,66 @@
+/* Constrained decoding: a JSON Schema compiled to a byte-level grammar, an incremental matcher
+ * state per sequence, and the allowed-token mask computed by walking a byte trie of the
+ * vocabulary alongside the matcher (docs/architecture.md, "Constrained decoding").
+ *
+ * Whitespace policy: none. The grammar produces compact JSON (no optional whitespace anywhere,
+ * as json.dumps(separators=(",", ":"))). Object properties come in the schema's declaration order.
+ *
+ * Threading: a tl_grammar and a tl_grammar_vocab are immutable once built and may be shared by
+ * many threads; a tl_grammar_state belongs to one thread at a time.
+ * Errors: 0 = success, negative tl_status; compile errors name the offending keyword in err. */
+#ifndef TL_GRAMMAR_H
+#define TL_GRAMMAR_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tl_grammar tl_grammar;
+typedef struct tl_grammar_state tl_grammar_state;
+typedef struct tl_grammar_vocab tl_grammar_vocab;
+
+/* Compiles a JSON Schema (draft 2020-12 subset, see the architecture doc) into *out.
+ * A keyword that cannot be honoured gives TL_ERR_UNSUPPORTED with err naming it; a malformed
+ * schema TL_ERR_INVALID. On failure *out is NULL. */
+int tl_grammar_from_schema(const json_t *schema, tl_grammar **out, char *err, size_t errlen);
+
+/* The grammar of any JSON object ({"type":"json_object"} mode). */
+int tl_grammar_json_object(tl_grammar **out, char *err, size_t errlen);
+
+void tl_grammar_free(tl_grammar *g);
+
+/* A fresh matcher at the start of the document. g must outlive the state. */
+int tl_grammar_state_new(const tl_grammar *g, tl_grammar_state **out);
+void tl_grammar_state_free(tl_grammar_state *s);
+/* A copy of s (for speculative checks); *out owned by the caller. */
+int tl_grammar_state_clone(const tl_grammar_state *s, tl_grammar_state **out);
+
+/* Feeds one byte / n bytes. 0 if accepted; TL_ERR_INVALID if the grammar rejects it (the state
+ * is then unchanged: for accept_bytes, nothing of the n bytes is consumed); TL_ERR_NOMEM. */
+int tl_grammar_accept_byte(tl_grammar_state *s, uint8_t b);
+int tl_grammar_accept_bytes(tl_grammar_state *s, const uint8_t *p, size_t n);
+
+/* 1 if the bytes so far form a complete document, else 0. */
+int tl_grammar_is_complete(const tl_grammar_state *s);
+/* 1 if some continuation is still possible (more bytes may be accepted), else 0. */
+int tl_grammar_can_continue(const tl_grammar_state *s);
+
+/* The vocabulary as byte strings: bytes[i] (lens[i] bytes) is token i; NULL or length 0 = a
+ * token never produced inside the grammar (holes, special and added tokens). The strings are
+ * copied into a byte trie. */
+int tl_grammar_vocab_new(const char *const *bytes, const size_t *lens, int n_vocab,
+                         tl_grammar_vocab **out);
+/* The same from a loaded tokenizer: every vocabulary token's bytes; added tokens (special or
+ * not: <|im_end|>, <think>, <tool_call>) and holes are left out of the trie. */
+struct tl_tokenizer;
+int tl_grammar_vocab_from_tokenizer(const struct tl_tokenizer *tok, tl_grammar_vocab **out);
+void tl_grammar_vocab_free(tl_grammar_vocab *v);
+int tl_grammar_vocab_size(const tl_grammar_vocab *v);
+
+/* The allowed tokens after state s as a bitmap: bit i of mask[i / 32] for token i, mask holds
+ * (n_vocab + 31) / 32 words. A vocabulary token is allowed when all its bytes are accepted in
+ * sequence; end_ids[0..n_end) (EOS-like ids) are allowed exactly when s is complete. */
+int tl_grammar_mask(const tl_grammar_state *s, const tl_grammar_vocab *v, const int32_t *end_ids,
+                    size_t n_end, uint32_t *mask);
+
+#endif
