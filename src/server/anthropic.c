@@ -6,8 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 #include "common/status.h"
 #include "common/util.h"
 #include "server/anthropic.h"
@@ -503,16 +501,6 @@ static json_t *message_json(const char *id, const char *model, json_t *content,
 
 /* ====== Endpoints: request -> job. ====== */
 
-static void make_id(char *out, size_t n) {
-    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    unsigned char r[24];
-    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
-        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)(rand() ^ time(NULL));
-    size_t k = (size_t)snprintf(out, n, "msg_");
-    for (size_t i = 0; i < sizeof r && k + 1 < n; i++) out[k++] = al[r[i] % (sizeof al - 1)];
-    out[k] = 0;
-}
-
 /* Parses the Anthropic body into the OpenAI chat body text (malloc'd) in *oai. */
 static int convert_body(const char *body, size_t len, int count_only, char **oai, tl_oai_error *e) {
     json_error_t je;
@@ -551,39 +539,16 @@ static void job_failure(const tl_job *j, int fin, tl_oai_error *e) {
         e->http = 503;
         return;
     }
-    int st = j->err_status ? j->err_status : TL_ERR_INTERNAL;
-    tl_oai_fail(e, st, NULL, "generation failed: %s%s%s", tl_status_str(st), j->err[0] ? ": " : "",
-                j->err);
+    tl_api_job_error(j, e);
 }
 
 static const char *stop_seq(const tl_gen *g) { return g->stopped ? g->stop[g->stop_index] : NULL; }
 
-/* Reads the job to its end into g: the tl_finish, or -1 when the client went away. */
-static int drain(tl_job *j, tl_gen *g, int fd) {
-    tl_sample_out ev[EV_BATCH];
-    for (;;) {
-        int fin, n = tl_job_take(j, ev, EV_BATCH, &fin);
-        for (int i = 0; i < n; i++)
-            if (tl_gen_push(g, &ev[i])) {
-                tl_job_cancel(j);
-                return TL_FIN_STOP;
-            }
-        if (fin) return fin;
-        if (n == EV_BATCH) continue;
-        if (tl_job_wait(j, fd, 1000) < 0) {
-            tl_job_cancel(j);
-            return -1;
-        }
-    }
-}
-
 static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, int fd,
                         tl_reply *out) {
     tl_gen g;
-    uint64_t seed = 0;
-    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL);
-    tl_gen_init(&g, r, s->tok, s->think_end_id, seed);
-    int fin = drain(j, &g, fd);
+    tl_gen_init(&g, r, s->tok, s->think_end_id, tl_api_seed());
+    int fin = tl_api_drain_job(j, &g, fd);
     if (fin < 0) {
         tl_gen_free(&g);
         return -1;
@@ -784,7 +749,7 @@ int tl_ant_messages(tl_server *s, const char *body, size_t len, int fd, tl_reply
     tl_job *j = NULL;
     tl_oai_error e;
     char id[64], *oai = NULL;
-    make_id(id, sizeof id);
+    tl_oai_make_id(id, sizeof id, "msg_");
     if (convert_body(body, len, 0, &oai, &e) ||
         tl_api_start_chat(s, id, oai, strlen(oai), &r, &j, &e)) {
         free(oai);
@@ -805,9 +770,7 @@ int tl_ant_messages(tl_server *s, const char *body, size_t len, int fd, tl_reply
     st->fd = fd;
     st->index = -1;
     snprintf(st->id, sizeof st->id, "%s", id);
-    uint64_t seed = 0;
-    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL);
-    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, seed);
+    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, tl_api_seed());
     memset(out, 0, sizeof *out);
     out->status = 200;
     out->ant_stream = st;

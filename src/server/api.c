@@ -268,7 +268,7 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
     return 0;
 }
 
-static uint64_t rand64(void) {
+uint64_t tl_api_seed(void) {
     uint64_t x = 0;
     if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)time(NULL);
     return x;
@@ -317,7 +317,7 @@ int tl_api_count_chat(tl_server *s, const char *body, size_t len, int *n, tl_oai
     return st;
 }
 
-static void job_error(const tl_job *j, tl_oai_error *e) {
+void tl_api_job_error(const tl_job *j, tl_oai_error *e) {
     int st = j->err_status ? j->err_status : TL_ERR_INTERNAL;
     tl_oai_fail(e, st, NULL, "generation failed: %s%s%s", tl_status_str(st), j->err[0] ? ": " : "",
                 j->err);
@@ -326,7 +326,7 @@ static void job_error(const tl_job *j, tl_oai_error *e) {
 /* ====== Non-streaming. ====== */
 
 /* Reads the job to its end into g. Returns the tl_finish, or -1 when the client went away. */
-static int drain_job(tl_job *j, tl_gen *g, int fd) {
+int tl_api_drain_job(tl_job *j, tl_gen *g, int fd) {
     tl_sample_out ev[EV_BATCH];
     for (;;) {
         int fin, n = tl_job_take(j, ev, EV_BATCH, &fin);
@@ -347,8 +347,8 @@ static int drain_job(tl_job *j, tl_gen *g, int fd) {
 static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, int fd,
                         tl_reply *out) {
     tl_gen g;
-    tl_gen_init(&g, r, s->tok, s->think_end_id, rand64());
-    int fin = drain_job(j, &g, fd);
+    tl_gen_init(&g, r, s->tok, s->think_end_id, tl_api_seed());
+    int fin = tl_api_drain_job(j, &g, fd);
     if (fin < 0) {
         trace(s, id, "client gone", NULL);
         tl_gen_free(&g);
@@ -357,7 +357,7 @@ static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, 
     if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
         tl_oai_error e;
         if (fin == TL_FIN_ERROR)
-            job_error(j, &e);
+            tl_api_job_error(j, &e);
         else
             tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         if (fin == TL_FIN_CANCELLED) e.http = 503, e.type = "server_error";
@@ -440,7 +440,7 @@ static void stream_finish(struct tl_stream *st, int fin) {
     if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
         tl_oai_error e;
         if (fin == TL_FIN_ERROR)
-            job_error(st->job, &e);
+            tl_api_job_error(st->job, &e);
         else
             tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         char *txt = tl_oai_error_json(&e);
@@ -540,7 +540,7 @@ static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len
     st->fd = fd;
     st->created = (long)time(NULL);
     snprintf(st->id, sizeof st->id, "%s", id);
-    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, rand64());
+    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, tl_api_seed());
     memset(out, 0, sizeof *out);
     out->status = 200;
     out->stream = st;

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include "common/status.h"
 #include "common/util.h"
@@ -776,9 +775,7 @@ static void rs_free(void *p) {
 static void job_failed(resp_stream *st, int fin) {
     tl_oai_error e;
     if (fin == TL_FIN_ERROR) {
-        int s = st->job->err_status ? st->job->err_status : TL_ERR_INTERNAL;
-        tl_oai_fail(&e, s, NULL, "generation failed: %s%s%s", tl_status_str(s),
-                    st->job->err[0] ? ": " : "", st->job->err);
+        tl_api_job_error(st->job, &e);
     } else {
         tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
         e.http = 503, e.type = "server_error";
@@ -866,12 +863,6 @@ static int run_blocking(resp_stream *st, tl_reply *out) {
     return 0;
 }
 
-static uint64_t rand64(void) {
-    uint64_t x = 0;
-    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)time(NULL);
-    return x;
-}
-
 int tl_api_responses(tl_server *s, const char *body, size_t len, int fd, tl_reply *out) {
     tl_oai_error e;
     json_error_t je;
@@ -901,7 +892,7 @@ int tl_api_responses(tl_server *s, const char *body, size_t len, int fd, tl_repl
     st->o.resp = resp_new(id, s->model_name, root, &st->req);
     st->o.items = json_object_get(st->o.resp, "output");
     json_decref(root);
-    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, rand64());
+    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, tl_api_seed());
     if (st->req.stream) {
         st->o.sse = &st->sse;
         memset(out, 0, sizeof *out);

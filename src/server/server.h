@@ -121,6 +121,13 @@ struct tl_job;
 int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
                       struct tl_job **j, tl_oai_error *e);
 int tl_api_count_chat(tl_server *s, const char *body, size_t len, int *n, tl_oai_error *e);
+/* Shared by the endpoint files: a random seed for a tl_gen; a job read to its end into g (the
+ * tl_finish, or -1 when the client went away; the job is cancelled then); the error of a job
+ * that ended with TL_FIN_ERROR. */
+struct tl_gen;
+uint64_t tl_api_seed(void);
+int tl_api_drain_job(struct tl_job *j, struct tl_gen *g, int fd);
+void tl_api_job_error(const struct tl_job *j, tl_oai_error *e);
 
 /* Streams: the reader produces up to max bytes; returns the count, 0 never (it blocks), or
  * -1 at the end of the stream, -2 when the client went away. */
