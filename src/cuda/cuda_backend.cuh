@@ -10,9 +10,11 @@ extern "C" {
 #include "engine/kv_pages.h"
 }
 
-#define CB_MAX_GRAPH_B  64  /* decode batch sizes captured as graphs */
+#define CB_MAX_GRAPH_B 256  /* decode batch sizes captured as graphs (each once, when first seen)  \
+                             */
 #define CB_DECODE_SPLIT 128 /* split-KV partials per (token, head) on the decode path */
 #define CB_PF_MIN       16 /* a sequence's chunk of at least this many tokens takes the GEMM path */
+#define CB_TC_MIN       16 /* default tc_min (below) */
 #define CB_MAX_SEQS     1024 /* slots at most (the step's per-entry arrays) */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
@@ -78,9 +80,11 @@ typedef struct cuda_be {
 
     cudaStream_t stream;
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
-    int graphs_off;        /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
-    int pdl_off;           /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic
-                              dependence */
+    int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
+    int tc_min;     /* micro-batches of at least this many tokens (not one long chunk) run on the
+                       tensor-core decode path (TL_CUDA_TC_MIN; 0: never) */
+    int pdl_off;    /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic
+                       dependence */
     tl_gpu_attn_opts attn; /* TL_CUDA_ATTN_NO_TC, TL_CUDA_ATTN_MIN_CHUNK */
     tl_gpu_prof *prof;     /* non-NULL while the per-kernel profiler is on (cuda_bench.cu) */
 } cuda_be;

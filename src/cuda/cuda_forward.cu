@@ -254,11 +254,76 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
     return run_head(be, n_out, out_row0, &st);
 }
 
+/* ====== Batched decode on the tensor cores ======
+ * A micro-batch of at least be->tc_min tokens that is not one long chunk (decode tokens of many
+ * sequences, short prompts): the GEMM path's projections and grouped MoE, so that every weight
+ * and every touched expert is read once per step for all T tokens, around the decode path's
+ * per-token conv1d, GDN step and split-KV attention (docs/architecture.md §4). Activations go
+ * into the GEMMs as bf16, as on the prefill path: same math as run_layers, prefill rounding. */
+
+/* GDN mixer: in-proj GEMM, conv1d and GDN step per segment (gated norm fused), output as bf16. */
+static int gdn_tc(const layer_ctx *x) {
+    cuda_be *be = x->be;
+    const tl_config *c = &be->cfg;
+    const cb_layer *L = x->L;
+    int ld = be->ld_gdn_in, T = x->T;
+    TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
+    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
+                      x->st));
+    TRY(tl_gpu_gdn(be->y, x->rec_st, be->conv_out, be->proj, ld, x->z_off, x->b_off, x->a_off,
+                   L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head, c->rms_eps,
+                   x->s, x->st));
+    return tl_gpu_cast_bf16(be->yb, be->y, (long)T * be->val_dim, x->st);
+}
+
+/* Attention mixer: in-proj GEMM, q/k norm + RoPE + KV write, split-KV attention with the gate,
+ * output as bf16. */
+static int attn_tc(const layer_ctx *x, int n_split) {
+    cuda_be *be = x->be;
+    const tl_config *c = &be->cfg;
+    const cb_layer *L = x->L;
+    int ld = be->ld_attn_in, T = x->T;
+    TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
+    TRY(tl_gpu_qk_rope_kv(be->q, x->kc, x->vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
+                          c->n_head_kv, &x->pg, c->rope_theta, c->rms_eps, x->s, x->st));
+    TRY(tl_gpu_attn(be->y, be->part, be->q, x->kc, x->vc, be->proj, ld, c->n_head, c->n_head_kv,
+                    &x->pg, n_split, x->s, &be->attn, x->st));
+    return tl_gpu_cast_bf16(be->yb, be->y, (long)T * c->n_head * 256, x->st);
+}
+
+/* All launches of one micro-batch on the tensor-core decode path (graph-capturable; no PDL: the
+ * GEMM kernels do not wait on a programmatic dependency). */
+static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+    const tl_config *c = &be->cfg;
+    tl_gpu_stream st = cb_stream(be, 0);
+    tl_mb_meta d = meta_at(be, be->d_meta);
+    tl_gpu_seqs s = cb_seqs(be, T, n_seg);
+    TRY(count_tokens(be, T, &st));
+    TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
+    for (int il = 0; il < c->n_layer; il++) {
+        layer_ctx x = layer_at(be, il, T, &s, &st);
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
+        TRY(x.L->kind == TL_LAYER_GDN ? gdn_tc(&x) : attn_tc(&x, n_split));
+        TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
+                        &st));
+        TRY(moe_prefill(&x));
+    }
+    return run_head(be, n_out, out_row0, &st);
+}
+
+/* The path of a micro-batch that is not one long chunk: tensor cores from tc_min tokens on (on
+ * production shapes), else the GEMV decode kernels. */
+static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+    if (be->pf_ok && be->tc_min > 0 && T >= be->tc_min)
+        return run_layers_tc(be, T, n_seg, n_out, out_row0, n_split);
+    return run_layers(be, T, n_seg, n_out, out_row0, n_split);
+}
+
 /* Captures the decode launches of a batch of T single tokens into be->graph[T] (once). */
 static int capture_decode_graph(cuda_be *be, int T, int n_split, char *err, size_t errlen) {
     cudaGraph_t g;
     CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
-    int st = run_layers(be, T, T, T, 0, n_split);
+    int st = run_short(be, T, T, T, 0, n_split);
     cudaError_t ce = cudaStreamEndCapture(be->stream, &g);
     if (st || ce != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_CUDA, "graph capture failed (%s)",
@@ -294,7 +359,7 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs,
     int use_graph = kind == TL_MB_DECODE && T <= CB_MAX_GRAPH_B && in.n_out == T &&
                     in.out_row0 == 0 && !be->graphs_off && !be->prof;
     if (!use_graph) {
-        st = run_layers(be, T, in.n_seg, in.n_out, in.out_row0, n_split);
+        st = run_short(be, T, in.n_seg, in.n_out, in.out_row0, n_split);
         return st ? tl_errf(err, errlen, st, "CUDA forward failed (see log)") : 0;
     }
     if (!be->graph[T]) TRY(capture_decode_graph(be, T, n_split, err, errlen));

@@ -217,6 +217,7 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
     be->n_valid = TL_MIN(c->n_vocab, TL_N_VOCAB_TOKENS);
     be->graphs_off = env_int("TL_CUDA_NO_GRAPH") || tl_cuda_sync_each();
     be->pdl_off = env_int("TL_CUDA_NO_PDL") != 0;
+    be->tc_min = getenv("TL_CUDA_TC_MIN") ? TL_MAX(0, env_int("TL_CUDA_TC_MIN")) : CB_TC_MIN;
     be->attn.cuda_core = env_int("TL_CUDA_ATTN_NO_TC") != 0;
     be->attn.min_chunk = TL_MAX(0, env_int("TL_CUDA_ATTN_MIN_CHUNK"));
     int ia = 0, ig = 0;

@@ -137,6 +137,8 @@ int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows
 /* The same with bf16 output (the prefill GEMMs' input). */
 int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps,
                         const tl_gpu_stream *st);
+/* y[i] = x[i] rounded to bf16 (nearest even), i < n: f32 activations into the GEMMs. */
+int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *st);
 
 /* ====== Dense projections ====== */
 

@@ -75,3 +75,19 @@ extern "C" int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const floa
               proj, ld_proj, z_off, w, nv, eps);
     return 0;
 }
+
+/* cast_bf16_kernel: y[i] = bf16(x[i]) (round to nearest even), the f32 outputs of the decode
+ * mixers into the tensor-core GEMMs (cuda_forward.cu: batched decode). Grid-stride, 4 per thread.
+ * Tested against the host rounding (test_kernels.c: test_cast_bf16). */
+__global__ void cast_bf16_kernel(uint16_t *y, const float *x, long n) {
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = f2bf(x[i]);
+}
+
+extern "C" int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *st) {
+    if (n <= 0) return 0;
+    long blocks = (n + 255) / 256 < 1056 ? (n + 255) / 256 : 1056;
+    TL_LAUNCH(st, "cast_bf16", cast_bf16_kernel, dim3((unsigned)blocks), dim3(256), 0, y, x, n);
+    return 0;
+}

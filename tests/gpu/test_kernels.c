@@ -159,6 +159,24 @@ static void test_rmsnorm(void) {
     free(x), free(w), free(got), free(ref);
 }
 
+/* f32 -> bf16 on the device (the decode mixers' outputs into the tensor-core GEMMs) equals the
+ * host's round-to-nearest-even tl_f32_to_bf16 bit for bit, over random values of many magnitudes
+ * (n not a multiple of the block: the grid-stride tail). */
+static void test_cast_bf16(void) {
+    long n = 1000003;
+    float *x = xmalloc(sizeof(float) * n);
+    for (long i = 0; i < n; i++) x[i] = t_randf(&rs) * ldexpf(1.0f, (int)(i % 40) - 20);
+    float *dx = dev_from(x, sizeof(float) * n);
+    uint16_t *dy = tl_gpu_malloc(sizeof(uint16_t) * n), *y = xmalloc(sizeof(uint16_t) * n);
+    CHECK_EQ_INT(tl_gpu_cast_bf16(dy, dx, n, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_download(y, dy, sizeof(uint16_t) * n), 0);
+    long bad = 0;
+    for (long i = 0; i < n; i++) bad += y[i] != tl_f32_to_bf16(x[i]);
+    CHECK_EQ_INT((int)bad, 0);
+    tl_gpu_free(dx), tl_gpu_free(dy);
+    free(x), free(y);
+}
+
 /* ---- batch metadata on the device ---- */
 
 typedef struct dseqs {
@@ -1029,6 +1047,7 @@ int main(void) {
     T_RUN(test_gemv_conv1d_fused);
     T_RUN(test_embed);
     T_RUN(test_rmsnorm);
+    T_RUN(test_cast_bf16);
     T_RUN(test_conv1d);
     T_RUN(test_gdn);
     T_RUN(test_qk_rope);
