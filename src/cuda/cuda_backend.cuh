@@ -10,7 +10,8 @@ extern "C" {
 #include "engine/kv_pages.h"
 }
 
-#define CB_MAX_GRAPH_B 256  /* decode batch sizes captured as graphs (each once, when first seen)  \
+#define CB_MAX_GRAPH_B                                                                             \
+    256                     /* decode batch sizes captured as graphs (each once, when first seen)  \
                              */
 #define CB_DECODE_SPLIT 128 /* split-KV partials per (token, head) on the decode path */
 #define CB_PF_MIN       16 /* a sequence's chunk of at least this many tokens takes the GEMM path */

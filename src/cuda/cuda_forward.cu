@@ -48,6 +48,21 @@ static int run_head(cuda_be *be, int n_out, int out_row0, const tl_gpu_stream *s
                        c->n_embd, NULL, 0.0f, n_out, 0, st);
 }
 
+/* The same on the tensor cores (the batched-decode path): the final norm, the rows as bf16, one
+ * GEMM that reads the LM head once for all rows. GEMV where the head's shape does not suit the
+ * GEMM (rows not the vocabulary or not a multiple of 128: test shapes). */
+static int run_head_tc(cuda_be *be, int n_out, int out_row0, const tl_gpu_stream *st) {
+    const tl_config *c = &be->cfg;
+    if (n_out <= 0) return 0;
+    if (be->lm_head.rows != c->n_vocab || c->n_vocab % 128)
+        return run_head(be, n_out, out_row0, st);
+    tl_mb_meta d = meta_at(be, be->d_meta);
+    TRY(tl_gpu_rmsnorm(be->xo, be->x, be->out_norm, d.out_rows, n_out, c->n_embd, c->rms_eps, st));
+    TRY(tl_gpu_cast_bf16(be->xb, be->xo, (long)n_out * c->n_embd, st));
+    return tl_gpu_gemm(be->logits + (size_t)out_row0 * c->n_vocab, be->xb, &be->lm_head, n_out,
+                       NULL, TL_GEMM_OUT_F32, st);
+}
+
 /* Per-layer pieces shared by both paths: the state of layer L and the column layout of the
  * fused in-projection. */
 typedef struct layer_ctx {
@@ -308,7 +323,7 @@ static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0,
                         &st));
         TRY(moe_prefill(&x));
     }
-    return run_head(be, n_out, out_row0, &st);
+    return run_head_tc(be, n_out, out_row0, &st);
 }
 
 /* The path of a micro-batch that is not one long chunk: tensor cores from tc_min tokens on (on

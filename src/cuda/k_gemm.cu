@@ -11,11 +11,13 @@
 #include "cuda/cuda_common.cuh"
 
 /* ====== Tiling. ======
- * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 64*WM and BN = 32*NJ: 4*WM warps
- * as WM (M) x 4 (N), warp tile 64 x 8*NJ = 4 x NJ mma.sync m16n8k16. Configurations in use:
- * 128x128 (WM 2, NJ 4), 64x128 (WM 1, NJ 4: small grids and MoE with few tokens per expert) and
- * 128x256 (WM 2, NJ 8: large problems; fewer shared-memory reads per mma). A and bf16 B tiles
- * live in shared memory with rows padded to 72 elements (144 B: the 8 row addresses of an
+ * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 16*MI*WM and BN = 32*NJ: 4*WM
+ * warps as WM (M) x 4 (N), warp tile 16*MI x 8*NJ = MI x NJ mma.sync m16n8k16. Configurations in
+ * use: 128x128 (WM 2, NJ 4, MI 4), 64x128 (WM 1, NJ 4, MI 4: small grids and MoE with few tokens
+ * per expert), 128x256 (WM 2, NJ 8, MI 4: large problems; fewer shared-memory reads per mma) and
+ * 16x128 (WM 1, NJ 4, MI 1: a decode batch's MoE, 2-8 tokens per expert, and dense products of
+ * at most 16 tokens: 4x less wasted tensor work than 64 rows, the same weight traffic). A and bf16
+ * B tiles live in shared memory with rows padded to 72 elements (144 B: the 8 row addresses of an
  * ldmatrix hit 8 distinct 16-byte bank groups).
  * note: 4-bit B tiles stay packed in shared memory (BN*32 B per stage instead of BN*128 B) and
  * each thread dequantizes its own B fragments into registers right before the mma (gpu.h
@@ -43,8 +45,8 @@ typedef struct gemm_args {
     long long sb_estride; /* u32 words between experts' sb */
 } gemm_args;
 
-template <int BITS, int WM, int NJ> struct gm_cfg {
-    static constexpr int BM = 64 * WM, BN = 32 * NJ, THREADS = 128 * WM;
+template <int BITS, int WM, int NJ, int MI> struct gm_cfg {
+    static constexpr int BM = 16 * MI * WM, BN = 32 * NJ, THREADS = 128 * WM;
     static constexpr int A_BYTES = BM * GM_LDS * 2;
     static constexpr int B_BYTES = BITS == 16 ? BN * GM_LDS * 2 : BN * GM_BK / 2 + BN * 4;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -64,7 +66,8 @@ static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t
         *m0 = blockIdx.y * BM, *m_end = p.M;
         return true;
     }
-    const int32_t *off = p.plan + PLAN_OFF, *ts = p.plan + (BM == 128 ? PLAN_TS128 : PLAN_TS64);
+    const int32_t *off = p.plan + PLAN_OFF;
+    const int32_t *ts = p.plan + (BM == 128 ? PLAN_TS128 : BM == 64 ? PLAN_TS64 : PLAN_TS16);
     *perm = p.plan + PLAN_PERM;
     int tile = blockIdx.y;
     if (tile >= ts[256]) return false;
@@ -112,9 +115,9 @@ static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx,
  *   the mma C fragments (row lane/4 (+8), cols 2*(lane%4)+{0,1}).
  * bytes: X read N/BN times (from L2), W read ceil(M/BM) times (L2), Y written once.
  * reference: cpu_matmul (tests/gpu/test_prefill_kernels.c). */
-template <int BITS, int WM, int NJ>
+template <int BITS, int WM, int NJ, int MI>
 __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
-    typedef gm_cfg<BITS, WM, NJ> C;
+    typedef gm_cfg<BITS, WM, NJ, MI> C;
     constexpr int BM = C::BM, BN = C::BN, THREADS = C::THREADS;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -126,12 +129,12 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     int m0, m_end;
     if (!gm_tile<BITS, BM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
 
-    /* A source rows of this thread's 4 chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
+    /* A source rows of this thread's MI chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
      * c%8 */
-    const uint16_t *a_src[4];
-    int a_ok[4];
+    const uint16_t *a_src[MI];
+    int a_ok[MI];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < MI; j++) {
         int r = (tid >> 3) + (THREADS / 8) * j, m = m0 + r;
         a_ok[j] = m < m_end;
         int src = m;
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
         uint16_t *sA = (uint16_t *)s;
         const int k0 = kt * GM_BK;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < MI; j++) {
             int r = (tid >> 3) + (THREADS / 8) * j;
             cp_async16(sA + r * GM_LDS + (tid & 7) * 8, a_src[j] + k0, a_ok[j] ? 16 : 0);
         }
@@ -173,9 +176,9 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
         }
     };
 
-    float acc[4][NJ][4];
+    float acc[MI][NJ][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -199,10 +202,10 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
         uint32_t bq[NJ][4];
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++) {
-            uint32_t af[4][4], bf[NJ][2];
+            uint32_t af[MI][4], bf[NJ][2];
 #pragma unroll
-            for (int mi = 0; mi < 4; mi++)
-                ldmatrix_x4(af[mi], sA + (wm * 64 + mi * 16 + (lane & 15)) * GM_LDS + kk * 16 +
+            for (int mi = 0; mi < MI; mi++)
+                ldmatrix_x4(af[mi], sA + (wm * 16 * MI + mi * 16 + (lane & 15)) * GM_LDS + kk * 16 +
                                         (lane >> 4) * 8);
             if (BITS == 16) {
                 const uint16_t *sB = (const uint16_t *)(s + C::A_BYTES);
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
                 }
             }
 #pragma unroll
-            for (int mi = 0; mi < 4; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int nj = 0; nj < NJ; nj++) mma_bf16(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
         }
@@ -256,10 +259,10 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     /* ---- epilogue ---- */
     const int swiglu = p.flags & TL_GEMM_SWIGLU;
 #pragma unroll
-    for (int mi = 0; mi < 4; mi++) {
+    for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int r = wm * 64 + mi * 16 + (lane >> 2) + h * 8, m = m0 + r;
+            int r = wm * 16 * MI + mi * 16 + (lane >> 2) + h * 8, m = m0 + r;
             if (m >= m_end) continue;
             size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
 #pragma unroll
@@ -281,12 +284,12 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     }
 }
 
-template <int BITS, int WM, int NJ>
+template <int BITS, int WM, int NJ, int MI>
 static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    typedef gm_cfg<BITS, WM, NJ> C;
+    typedef gm_cfg<BITS, WM, NJ, MI> C;
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ>,
+        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ, MI>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  C::SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
@@ -295,7 +298,8 @@ static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st) 
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid(p->N / C::BN, grid_y);
-    TL_LAUNCH(st, "gemm_mma", gemm_mma_kernel<BITS, WM, NJ>, grid, dim3(C::THREADS), C::SMEM, *p);
+    TL_LAUNCH(st, "gemm_mma", gemm_mma_kernel<BITS, WM, NJ, MI>, grid, dim3(C::THREADS), C::SMEM,
+              *p);
     return 0;
 }
 
@@ -564,19 +568,23 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
     return 0;
 }
 
-/* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma). */
-enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4 };
+/* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma);
+ * 5 = 16x128 (mma.sync, one m16 row of tokens: the MoE of a decode batch, ~2-8 tokens per
+ * expert). */
+enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5 };
 
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y,
                        const tl_gpu_stream *st) {
-#define GM_CASE(B, T, WM, NJ)                                                                      \
-    if (bits == B && tile == T) return launch_gemm<B, WM, NJ>(p, grid_y, st);
-    GM_CASE(16, GM_T128, 2, 4)
-    GM_CASE(16, GM_T64, 1, 4)
-    GM_CASE(16, GM_T256, 2, 8)
-    GM_CASE(4, GM_T128, 2, 4)
-    GM_CASE(4, GM_T64, 1, 4)
-    GM_CASE(4, GM_T256, 2, 8)
+#define GM_CASE(B, T, WM, NJ, MI)                                                                  \
+    if (bits == B && tile == T) return launch_gemm<B, WM, NJ, MI>(p, grid_y, st);
+    GM_CASE(16, GM_T128, 2, 4, 4)
+    GM_CASE(16, GM_T64, 1, 4, 4)
+    GM_CASE(16, GM_T256, 2, 8, 4)
+    GM_CASE(16, GM_T16, 1, 4, 1)
+    GM_CASE(4, GM_T128, 2, 4, 4)
+    GM_CASE(4, GM_T64, 1, 4, 4)
+    GM_CASE(4, GM_T256, 2, 8, 4)
+    GM_CASE(4, GM_T16, 1, 4, 1)
 #undef GM_CASE
     if (tile == GM_WG128)
         return bits == 4 ? launch_gemm_wg<4, 2>(p, grid_y, st)
@@ -598,7 +606,7 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y,
 static int gemm_forced_tile(int rows) {
     const char *e = getenv("TL_GEMM_TILE");
     int f = e && *e ? atoi(e) : -1;
-    return f >= 0 && f <= 4 && !(f == GM_T256 && rows % 256) ? f : -1;
+    return f >= 0 && f <= 5 && !(f == GM_T256 && rows % 256) ? f : -1;
 }
 
 static int gemm_pick_tile(int n, int rows, int cols, int bits) {
@@ -606,7 +614,13 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
     if (forced >= 0) return forced;
     long b256 = (long)((rows + 255) / 256) * ((n + 127) / 128);
     if (b256 >= 128) return GM_WG128;
+    if (bits == 4 && n <= 16) return GM_T16;
     return bits == 4 ? GM_T64 : GM_WG64;
+}
+
+/* Token rows of a tile shape's block. */
+static int tile_bm(int tile) {
+    return tile == GM_T16 ? 16 : tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
 }
 
 static int gemm_w_ok(const tl_gpu_gemm_w *w) {
@@ -633,7 +647,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
-    int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
+    int bm = tile_bm(tile);
     return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st);
 }
 
@@ -663,12 +677,13 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
         p.sb_estride = (long long)tl_gpu_q4_sb_bytes(w->rows, w->cols) / 4;
     }
     /* note: MoE tiles (run 4 sweep): at n_tok = 4096 (~128 tokens per expert) wgmma 128x256
-     * (bf16 286 TFLOP/s, 4-bit 240); at 512 mma.sync 64x128 (55 / 75). grid = upper bound on M
+     * (bf16 286 TFLOP/s, 4-bit 240); at 512 mma.sync 64x128 (55 / 75); below 512 (a decode
+     * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once. */
     int tile = gemm_forced_tile(w->rows);
-    if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : GM_T64;
-    int bm = tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
+    if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
+    int bm = tile_bm(tile);
     int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256);
     return gemm_launch(&p, w->bits, tile, max_tiles, st);
 }

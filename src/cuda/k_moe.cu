@@ -380,7 +380,7 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
 /* ====== Prefill MoE: plan, grouped GEMMs (k_gemm.cu), combine. ====== */
 
 /* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
- * plan: off[257] (prefix of counts), tile prefixes for 128- and 64-row tiles, perm[n*8].
+ * plan: off[257] (prefix of counts), tile prefixes for 128-, 64- and 16-row tiles, perm[n*8].
  * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
  *   cannot change any result: each output row depends only on its own input row). */
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
@@ -393,19 +393,22 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int o = 0, t = 0, t64 = 0;
+        int o = 0, t = 0, t64 = 0, t16 = 0;
         for (int e = 0; e < 256; e++) {
             plan[PLAN_OFF + e] = o;
             plan[PLAN_TS128 + e] = t;
             plan[PLAN_TS64 + e] = t64;
+            plan[PLAN_TS16 + e] = t16;
             cur[e] = o;
             o += cnt[e];
             t += (cnt[e] + 127) / 128;
             t64 += (cnt[e] + 63) / 64;
+            t16 += (cnt[e] + 15) / 16;
         }
         plan[PLAN_OFF + 256] = o;
         plan[PLAN_TS128 + 256] = t;
         plan[PLAN_TS64 + 256] = t64;
+        plan[PLAN_TS16 + 256] = t16;
     }
     __syncthreads();
     for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {

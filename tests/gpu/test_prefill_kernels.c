@@ -133,10 +133,10 @@ static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
 }
 
 /* The GEMM tile shapes (k_gemm.cu): "" = the entry's own choice, then each forced one
- * (0-2 mma.sync 128x128, 64x128, 128x256; 3-4 wgmma 128x256, 64x256). */
-#define N_TILES_ALL 6
-static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "3", "4"};
-static int N_TILES = N_TILES_ALL; /* TL_TEST_TILES=mma: only the mma.sync shapes (first 4) */
+ * (0-2 and 5: mma.sync 128x128, 64x128, 128x256, 16x128; 3-4 wgmma 128x256, 64x256). */
+#define N_TILES_ALL 7
+static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "5", "3", "4"};
+static int N_TILES = N_TILES_ALL; /* TL_TEST_TILES=mma: only the mma.sync shapes (first 5) */
 static void set_tile(const char *t) {
     if (*t)
         setenv("TL_GEMM_TILE", t, 1);
@@ -704,7 +704,7 @@ int main(void) {
         return 1;
     }
     const char *tt = getenv("TL_TEST_TILES");
-    if (tt && !strcmp(tt, "mma")) N_TILES = 4;
+    if (tt && !strcmp(tt, "mma")) N_TILES = 5;
     T_RUN(test_gemm_bf16_matches_oracle);
     T_RUN(test_gemm_lm_head_rows);
     T_RUN(test_gemm_q4_matches_oracle);
