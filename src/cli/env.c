@@ -26,7 +26,7 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_MAX_TOK=N", ENGINE_CMDS,
      "CUDA: tokens per micro-batch, >= 16 (default 2048; no GEMM: 512)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
-     "CUDA: batches of >= N tokens decode on the tensor cores (default 16; 0: never)"},
+     "CUDA: batches of >= N tokens decode on the tensor cores (default 8; 0: never)"},
     {"TL_CUDA_ATTN_NO_TC=1", ENGINE_CMDS,
      "CUDA: CUDA-core split-KV decode attention instead of tensor-core"},
     {"TL_CUDA_ATTN_MIN_CHUNK=N", ENGINE_CMDS,
