@@ -7,7 +7,9 @@
 #   bench/server_load.sh                       # build/tulip, 30 s per level, 256 tokens/request
 #   DURATION=60 MAX_TOKENS=512 LEVELS="1 8 64 128" bench/server_load.sh --weight-bits 16
 #
-# Extra arguments go to `tulip serve`. The tokenizer defaults to ../shared/data's Qwen3 one
+# Extra arguments go to `tulip serve`; LOADTEST_ARGS go to tools/loadtest.py (e.g.
+# LOADTEST_ARGS="--temperature 0" for greedy; its default, temperature 1.0 with the server's other
+# defaults, is the model card's sampling). The tokenizer defaults to ../shared/data's Qwen3 one
 # (its chat tokens are all the template needs; ignore_eos keeps every request at MAX_TOKENS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,5 +49,5 @@ echo "| clients | requests | errors | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | I
 echo "|---|---|---|---|---|---|---|---|"
 for n in $LEVELS; do
     "$PY" tools/loadtest.py --url "$url" -n "$n" -t "$DURATION" --max-tokens "$MAX_TOKENS" \
-        --prompt-words "$PROMPT_WORDS" --json "$OUT/n$n.json" | tail -1
+        --prompt-words "$PROMPT_WORDS" --json "$OUT/n$n.json" ${LOADTEST_ARGS:-} | tail -1
 done
