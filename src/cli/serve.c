@@ -31,6 +31,12 @@ static int serve_finish(serve_opts *o, const tl_cli_cmd *cmd) {
         return tl_cli_usage_error(cmd, "--model DIR is required (or --random-weights)");
     p->backend = (tl_backend_kind)o->backend;
     p->max_body = (size_t)o->max_body;
+    if (p->default_ctk) { /* checked here so a typo exits 2 before the model loads */
+        char err[256];
+        json_t *v = tl_oai_default_ctk(p->default_ctk, err, sizeof err);
+        if (!v) return tl_cli_usage_error(cmd, "--default-chat-template-kwargs: %s", err);
+        json_decref(v);
+    }
     if (tl_cli_given(cmd, &p->max_queue) && p->max_queue == 0)
         p->max_queue = -1; /* 0 given: no waiting at all (0 in the params is the default) */
     return TL_CLI_CONTINUE;
@@ -84,6 +90,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         TL_OPT_CHOICE("weight-bits", 0, &p->weight_bits, "16|4", serve_bits,
                       "random weights: bf16 or 4-bit (default 4)"),
         TL_OPT_U64("seed", 0, &p->seed, "N", "random weights seed (default 1)"),
+        TL_OPT_STR("default-chat-template-kwargs", 0, &p->default_ctk, "JSON",
+                   "default chat_template_kwargs (a request's own override by key)"),
         TL_OPT_FLAG("test-mode", 0, &p->test_mode,
                     "honour the tulip_test_script request field (tests only)"),
     };

@@ -256,6 +256,11 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
         return st;
     }
     j->sample = r->sample;
+    j->bias_ids = r->bias_ids, j->bias_vals = r->bias_vals; /* the job owns them from here */
+    r->bias_ids = NULL, r->bias_vals = NULL;
+    j->stop_ids = r->stop_ids, j->n_stop_ids = r->n_stop_ids;
+    r->stop_ids = NULL, r->n_stop_ids = 0;
+    j->min_tokens = r->min_tokens;
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
     j->fail_after = r->fail_after;
@@ -323,6 +328,15 @@ void tl_api_job_error(const tl_job *j, tl_oai_error *e) {
                 j->err);
 }
 
+/* Chat messages and deltas carry the reasoning under both names: reasoning_content
+ * (DeepSeek's, read by the Vercel AI SDK, OpenCode, Open WebUI, LiteLLM) and reasoning (vLLM's
+ * since late 2025, OpenRouter's); docs/api.md §2 has the sources. */
+static json_t *reasoning_alias(json_t *m) {
+    json_t *rc = m ? json_object_get(m, "reasoning_content") : NULL;
+    if (rc) json_object_set(m, "reasoning", rc);
+    return m;
+}
+
 /* ====== Non-streaming. ====== */
 
 /* Reads the job to its end into g. Returns the tl_finish, or -1 when the client went away. */
@@ -370,7 +384,7 @@ static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, 
     json_t *choice = json_object();
     json_object_set_new(choice, "index", json_integer(0));
     if (r->kind == TL_OAI_CHAT)
-        json_object_set_new(choice, "message", tl_gen_message(&g));
+        json_object_set_new(choice, "message", reasoning_alias(tl_gen_message(&g)));
     else
         json_object_set_new(choice, "text", json_stringn(g.text.p ? g.text.p : "", g.text.n));
     json_t *lp = tl_gen_take_logprobs(&g);
@@ -410,7 +424,7 @@ static void put_chunk(struct tl_stream *st, json_t *delta, json_t *lp, const cha
     json_t *choice = json_object();
     json_object_set_new(choice, "index", json_integer(0));
     if (chat) {
-        json_object_set_new(choice, "delta", delta ? delta : json_object());
+        json_object_set_new(choice, "delta", delta ? reasoning_alias(delta) : json_object());
     } else {
         json_t *t = delta ? json_object_get(delta, "text") : NULL;
         json_object_set_new(choice, "text", t ? json_incref(t) : json_string(""));

@@ -15,7 +15,9 @@ void tl_gen_init(tl_gen *g, const tl_oai_req *r, const tl_tokenizer *tok, int th
     memset(g, 0, sizeof *g);
     g->chat = r->kind == TL_OAI_CHAT;
     g->tok = tok;
-    if (tl_detok_stream_create(tok, TL_DETOK_SKIP_SPECIAL, &g->dt)) TL_ASSERT(!"detok stream");
+    if (tl_detok_stream_create(tok, r->skip_special ? TL_DETOK_SKIP_SPECIAL : 0, &g->dt))
+        TL_ASSERT(!"detok stream");
+    g->include_stop = r->include_stop;
     g->parallel_tool_calls = r->parallel_tool_calls;
     g->think_end_id = g->chat && r->enable_thinking ? think_end_id : -1;
     g->in_think = g->think_end_id >= 0;
@@ -34,6 +36,14 @@ void tl_gen_init(tl_gen *g, const tl_oai_req *r, const tl_tokenizer *tok, int th
         g->max_stop_len = TL_MAX(g->max_stop_len, strlen(r->stop[i]));
     g->want_logprobs = r->logprobs;
     g->deltas = json_array();
+    if (!g->chat && r->echo && r->prompt_text) { /* echo: the prompt opens the text */
+        size_t n = strlen(r->prompt_text);
+        xbuf_append(&g->text, r->prompt_text, n);
+        json_t *d = json_object();
+        json_object_set_new(d, "text", json_stringn(r->prompt_text, n));
+        json_array_append_new(g->deltas, d);
+        g->lp_offset = (int)n;
+    }
 }
 
 void tl_gen_free(tl_gen *g) {
@@ -128,7 +138,7 @@ static int stop_filter(tl_gen *g, const char *s, size_t n) {
         if (p && (size_t)(p - h->p) < cut) cut = (size_t)(p - h->p), g->stop_index = i;
     }
     if (cut != (size_t)-1) {
-        emit_text(g, h->p, cut);
+        emit_text(g, h->p, cut + (g->include_stop ? strlen(g->stop[g->stop_index]) : 0));
         tl_buf_truncate(h, 0);
         g->stopped = 1;
         return 1;

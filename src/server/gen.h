@@ -23,9 +23,10 @@ typedef struct tl_gen {
     const char *const *stop; /* borrowed from the request */
     int n_stop;
     size_t max_stop_len;
-    tl_buf held;    /* text held back by the stop matcher */
-    int stopped;    /* a stop string matched: no more output */
-    int stop_index; /* which one (the earliest in the text) */
+    tl_buf held;      /* text held back by the stop matcher */
+    int stopped;      /* a stop string matched: no more output */
+    int stop_index;   /* which one (the earliest in the text) */
+    int include_stop; /* include_stop_str_in_output: the matched stop string is emitted */
 
     int want_logprobs;
     tl_oai_lp *lps; /* records not yet attached to a chunk (streaming) or all (not) */

@@ -312,8 +312,14 @@ static int parse_message(json_t *mj, int idx, tl_oai_msg *m, tl_oai_error *e) {
             content = v;
         } else if (!strcmp(k, "name")) {
             if (!json_is_null(v) && get_str(v, name, &m->name, e)) return e->status;
-        } else if (!strcmp(k, "reasoning_content") && m->role == TL_ROLE_ASSISTANT) {
-            if (!json_is_null(v) && get_str(v, name, &m->reasoning_content, e)) return e->status;
+        } else if ((!strcmp(k, "reasoning_content") || !strcmp(k, "reasoning")) &&
+                   m->role == TL_ROLE_ASSISTANT) {
+            /* "reasoning" is vLLM's and OpenRouter's name for the same text (docs/api.md);
+             * reasoning_content wins when both are sent */
+            const char *txt = NULL;
+            if (!json_is_null(v) && get_str(v, name, &txt, e)) return e->status;
+            if (txt && (!m->reasoning_content || !strcmp(k, "reasoning_content")))
+                m->reasoning_content = txt;
         } else if (!strcmp(k, "tool_calls") && m->role == TL_ROLE_ASSISTANT) {
             if (!json_is_null(v) && parse_tool_calls(v, name, m, e)) return e->status;
         } else if (!strcmp(k, "tool_call_id") && m->role == TL_ROLE_TOOL) {
@@ -507,6 +513,104 @@ static uint64_t random_seed(void) {
     return s;
 }
 
+/* chat_template_kwargs (the request's, or the server's default): enable_thinking and
+ * preserve_thinking; any other key is refused by name. */
+static int parse_ctk(tl_oai_req *r, json_t *v, const char *what, int *thinking_set,
+                     tl_oai_error *e) {
+    const char *ck;
+    json_t *cv;
+    char name[128];
+    json_object_foreach(v, ck, cv) {
+        fmt_name(name, sizeof name, "%s.%s", what, ck);
+        if (!strcmp(ck, "enable_thinking")) {
+            if (get_bool(cv, name, &r->enable_thinking, e)) return e->status;
+            *thinking_set = 1;
+        } else if (!strcmp(ck, "preserve_thinking")) {
+            if (get_bool(cv, name, &r->preserve_thinking, e)) return e->status;
+        } else {
+            return unsupported(name, e);
+        }
+    }
+    return 0;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]} (OpenAI), at most TL_MAX_LOGIT_BIAS entries. */
+static int parse_logit_bias(tl_oai_req *r, json_t *v, int n_vocab, tl_oai_error *e) {
+    if (!json_is_object(v)) return FAIL_TYPE(e, "logit_bias", "an object");
+    size_t n = json_object_size(v);
+    if (n > TL_MAX_LOGIT_BIAS)
+        return tl_oai_fail(e, TL_ERR_INVALID, "logit_bias",
+                           "'logit_bias' has %zu entries, at most %d allowed", n,
+                           TL_MAX_LOGIT_BIAS);
+    if (n == 0) return 0;
+    r->bias_ids = malloc(n * sizeof *r->bias_ids);
+    r->bias_vals = malloc(n * sizeof *r->bias_vals);
+    if (!r->bias_ids || !r->bias_vals) return tl_oai_fail(e, TL_ERR_NOMEM, NULL, "out of memory");
+    const char *k;
+    json_t *x;
+    char name[96];
+    json_object_foreach(v, k, x) {
+        fmt_name(name, sizeof name, "logit_bias.%s", k);
+        char *end = NULL;
+        long id = strtol(k, &end, 10);
+        if (!*k || *end || k[0] == '-' || k[0] == '+' || k[0] == ' ' || id < 0 || id >= n_vocab)
+            return tl_oai_fail(e, TL_ERR_INVALID, name,
+                               "'logit_bias' key '%s' must be a token id in [0, %d)", k, n_vocab);
+        float b;
+        if (get_num(x, name, -100, 100, 0, &b, e)) return e->status;
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_vals[r->n_bias++] = b;
+    }
+    return 0;
+}
+
+json_t *tl_oai_default_ctk(const char *text, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *v = json_loads(text, 0, &je);
+    if (!json_is_object(v)) {
+        snprintf(err, errlen, "not a JSON object%s%s", v ? "" : ": ", v ? "" : je.text);
+        json_decref(v);
+        return NULL;
+    }
+    tl_oai_req r;
+    tl_oai_error e;
+    int set = 0;
+    memset(&r, 0, sizeof r);
+    if (parse_ctk(&r, v, "--default-chat-template-kwargs", &set, &e)) {
+        snprintf(err, errlen, "%s", e.msg);
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* Fields that do not change the output: accepted (type-checked loosely) and ignored
+ * (docs/api.md). */
+static int ignored_field(const char *k, int chat) {
+    static const char *const both[] = {"user",
+                                       "metadata",
+                                       "store",
+                                       "service_tier",
+                                       "prompt_cache_key",
+                                       "safety_identifier",
+                                       "prompt_cache_retention",
+                                       "request_id",
+                                       "priority"};
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++)
+        if (!strcmp(k, both[i])) return 1;
+    (void)chat;
+    return 0;
+}
+
+static int ignored_type_ok(const char *k, json_t *v, tl_oai_error *e) {
+    if (!strcmp(k, "metadata") && !json_is_object(v)) return FAIL_TYPE(e, k, "an object");
+    if (!strcmp(k, "store") && !json_is_boolean(v)) return FAIL_TYPE(e, k, "a boolean");
+    if (!strcmp(k, "priority") && !json_is_integer(v)) return FAIL_TYPE(e, k, "an integer");
+    if (strcmp(k, "metadata") && strcmp(k, "store") && strcmp(k, "priority") && !json_is_string(v))
+        return FAIL_TYPE(e, k, "a string");
+    return 0;
+}
+
 /* One top-level field. Returns 0, a negative status, or 1 for "not a field of this API". */
 static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opts *o, int n_vocab,
                        int *thinking_set, tl_oai_error *e) {
@@ -575,26 +679,38 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
     }
     if (!strcmp(k, "chat_template_kwargs") && chat) {
         if (!json_is_object(v)) return FAIL_TYPE(e, k, "an object");
-        const char *ck;
-        json_t *cv;
-        char name[96];
-        json_object_foreach(v, ck, cv) {
-            fmt_name(name, sizeof name, "chat_template_kwargs.%s", ck);
-            if (!strcmp(ck, "enable_thinking")) {
-                if (get_bool(cv, name, &r->enable_thinking, e)) return e->status;
-                *thinking_set = 1;
-            } else if (!strcmp(ck, "preserve_thinking")) {
-                if (get_bool(cv, name, &r->preserve_thinking, e)) return e->status;
-            } else {
-                return unsupported(name, e);
-            }
-        }
+        return parse_ctk(r, v, "chat_template_kwargs", thinking_set, e);
+    }
+    if (!strcmp(k, "reasoning_effort") && chat) { /* OpenAI's: "none"/"minimal" = thinking off */
+        static const char *const on[] = {"low", "medium", "high", "xhigh"};
+        const char *s = "";
+        if (get_str(v, k, &s, e)) return e->status;
+        int off = !strcmp(s, "none") || !strcmp(s, "minimal"), ok = off;
+        for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) ok |= !strcmp(s, on[i]);
+        if (!ok)
+            return tl_oai_fail(e, TL_ERR_INVALID, k,
+                               "'reasoning_effort' is '%s', expected none, minimal, low, medium, "
+                               "high or xhigh",
+                               s);
+        if (!*thinking_set) r->enable_thinking = !off;
         return 0;
     }
     if (!strcmp(k, "ignore_eos")) return get_bool(v, k, &r->ignore_eos, e);
-    if (!strcmp(k, "user")) {
-        const char *s;
-        return get_str(v, k, &s, e); /* an end-user id for abuse tracking: nothing to do */
+    if (ignored_field(k, chat)) return ignored_type_ok(k, v, e);
+    if (!strcmp(k, "min_tokens")) {
+        if (get_int(v, k, 0, 1 << 30, &x, e)) return e->status;
+        r->min_tokens = (int)x;
+        return 0;
+    }
+    if (!strcmp(k, "stop_token_ids")) {
+        if (json_is_array(v) && json_array_size(v) == 0) return 0;
+        return get_ids(v, k, n_vocab, 64, &r->stop_ids, &r->n_stop_ids, e);
+    }
+    if (!strcmp(k, "include_stop_str_in_output")) return get_bool(v, k, &r->include_stop, e);
+    if (!strcmp(k, "skip_special_tokens")) return get_bool(v, k, &r->skip_special, e);
+    if (!strcmp(k, "spaces_between_special_tokens")) { /* only the default: no spaces added */
+        if (get_bool(v, k, &b, e)) return e->status;
+        return b ? 0 : unsupported(k, e);
     }
     if (!strcmp(k, "response_format") && chat) {
         json_t *ty = json_is_object(v) ? json_object_get(v, "type") : NULL;
@@ -605,18 +721,8 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
                                json_string_value(ty));
         return 0;
     }
-    if (!strcmp(k, "logit_bias")) { /* only the default (no bias) */
-        if (!json_is_object(v)) return FAIL_TYPE(e, k, "an object");
-        return json_object_size(v) ? unsupported(k, e) : 0;
-    }
-    if (!strcmp(k, "store") && chat) { /* stored completions: only the default (off) */
-        if (get_bool(v, k, &b, e)) return e->status;
-        return b ? unsupported(k, e) : 0;
-    }
-    if (!strcmp(k, "echo") && !chat) {
-        if (get_bool(v, k, &b, e)) return e->status;
-        return b ? unsupported(k, e) : 0;
-    }
+    if (!strcmp(k, "logit_bias")) return parse_logit_bias(r, v, n_vocab, e);
+    if (!strcmp(k, "echo") && !chat) return get_bool(v, k, &r->echo, e);
     if (!strcmp(k, "best_of") && !chat) {
         if (get_int(v, k, 1, 128, &x, e)) return e->status;
         return x != 1 ? unsupported(k, e) : 0;
@@ -645,6 +751,7 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
     r->max_tokens = -1;
     r->enable_thinking = 1;
     r->parallel_tool_calls = 1;
+    r->skip_special = 1;
     r->sample.temperature = r->sample.top_p = r->sample.min_p = -1000;
     r->sample.presence_penalty = r->sample.frequency_penalty = r->sample.repetition_penalty = -1000;
     r->sample.top_k = -1000;
@@ -659,9 +766,12 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
         goto err;
     }
 
-    int thinking_set = 0;
+    int thinking_set = 0, dflt_set = 0;
     const char *k;
     json_t *v;
+    if (kind == TL_OAI_CHAT && o->default_ctk &&
+        parse_ctk(r, o->default_ctk, "--default-chat-template-kwargs", &dflt_set, e))
+        goto err;
     json_object_foreach(r->root, k, v) {
         if (json_is_null(v)) continue;
         int st = parse_field(r, k, v, o, n_vocab, &thinking_set, e);
@@ -698,10 +808,14 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
             fmt_name(name, sizeof name, "stream_options.%s", k);
             if (!strcmp(k, "include_usage")) {
                 if (!json_is_null(v) && get_bool(v, name, &r->include_usage, e)) goto err;
-            } else {
-                unsupported(name, e);
-                goto err;
-            }
+            } else if (!strcmp(k, "continuous_usage_stats")) { /* vLLM: usage in every chunk */
+                int b = 0;
+                if (!json_is_null(v) && get_bool(v, name, &b, e)) goto err;
+                if (b) {
+                    unsupported(name, e);
+                    goto err;
+                }
+            } /* other keys (include_obfuscation, ...) shape only the transport: ignored */
         }
     }
 
@@ -763,6 +877,12 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
     if (sp->top_k == -1000) sp->top_k = d->top_k;
     if (!r->has_seed) sp->seed = random_seed();
     sp->n_logprobs = r->logprobs ? r->top_logprobs : 0;
+    sp->n_bias = r->n_bias, sp->bias_ids = r->bias_ids, sp->bias_vals = r->bias_vals;
+    if (r->echo && !r->prompt_text) {
+        tl_oai_fail(e, TL_ERR_UNSUPPORTED, "echo",
+                    "'echo' is supported with a text prompt (not token ids)");
+        goto err;
+    }
     if (kind == TL_OAI_COMPLETION && r->max_tokens < 0) r->max_tokens = 16; /* OpenAI default */
     return 0;
 
@@ -779,6 +899,9 @@ void tl_oai_req_free(tl_oai_req *r) {
     free(r->msgs);
     free(r->prompt_ids);
     free(r->script);
+    free(r->bias_ids);
+    free(r->bias_vals);
+    free(r->stop_ids);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
 }

@@ -82,6 +82,9 @@ typedef struct tl_oai_opts {
     const char *model_path; /* also accepted as a model name */
     int test_mode;          /* honour the tulip_test_script extension */
     const tl_oai_defaults *defaults;
+    /* --default-chat-template-kwargs: a JSON object applied before the request's own
+     * chat_template_kwargs (which override it key by key); NULL: none */
+    json_t *default_ctk;
 } tl_oai_opts;
 
 /* A validated request. Every const char * points into root, which the request owns. */
@@ -117,7 +120,17 @@ typedef struct tl_oai_req {
     int logprobs;     /* return logprobs of chosen tokens */
     int top_logprobs; /* 0..TL_MAX_LOGPROBS */
     int ignore_eos;
-    int32_t *script; /* test mode: tokens to emit instead of sampled ones (owned) */
+    /* vLLM / llama.cpp extensions and token restrictions (docs/api.md) */
+    int32_t *bias_ids; /* logit_bias, owned; at most TL_MAX_LOGIT_BIAS */
+    float *bias_vals;
+    int n_bias;
+    int min_tokens;    /* EOS and stop_token_ids banned until this many tokens */
+    int32_t *stop_ids; /* stop_token_ids, owned */
+    int n_stop_ids;
+    int include_stop; /* include_stop_str_in_output */
+    int skip_special; /* skip_special_tokens (default 1) */
+    int echo;         /* completions: the prompt comes first in the output */
+    int32_t *script;  /* test mode: tokens to emit instead of sampled ones (owned) */
     int n_script;
     int fail_after; /* test mode: the engine fails the job after this many tokens */
     int fail_lost;  /* test mode: ... as a lost device (the whole engine fails) */
@@ -129,6 +142,9 @@ typedef struct tl_oai_req {
 int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
                  const tl_oai_opts *o, int n_vocab, tl_oai_error *e);
 void tl_oai_req_free(tl_oai_req *r);
+/* --default-chat-template-kwargs JSON: the parsed object (new reference) if it is an object
+ * whose keys chat_template_kwargs accepts, else NULL with err saying why. */
+json_t *tl_oai_default_ctk(const char *text, char *err, size_t errlen);
 
 /* Defaults when no generation_config.json is found (docs/model.md §6). */
 void tl_oai_defaults_init(tl_oai_defaults *d);

@@ -47,6 +47,10 @@ void tl_job_unref(tl_job *j) {
     free(j->prompt);
     free(j->script);
     free(j->force);
+    free(j->bias_ids);
+    free(j->bias_vals);
+    free(j->stop_ids);
+    free(j->min_allow);
     free(j->seq);
     free(j->ev);
     free(j);
@@ -97,7 +101,7 @@ struct tl_sched {
     tl_engine *eng;
     tl_sched_params p;
     struct tl_metrics *m;
-    int max_seqs, max_ctx;
+    int max_seqs, max_ctx, n_vocab;
     int eos[4], n_eos;
     pthread_t thread;
     int joined;
@@ -199,6 +203,11 @@ static int seq_push(tl_job *j, int32_t t) {
  * when the job ended (it stays in running[] until the sweep). */
 static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now) {
     int n_gen = j->n_gen, script_end = 0;
+    if (o->token == TL_TOKEN_NONE_ALLOWED && !j->script) { /* allow/bias left nothing */
+        job_finish(s, j, TL_FIN_ERROR, TL_ERR_INVALID,
+                   "the token restrictions (logit_bias, min_tokens) left no token to sample");
+        return 1;
+    }
     if (o->token < 0 && !j->script) { /* this sequence's logits were NaN/Inf (tulip.h) */
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL,
                    "the model produced non-finite logits (NaN or infinity) for this request");
@@ -229,7 +238,9 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, "injected failure (tulip_test_fail_after)");
         return 1;
     }
-    if (script_end || (!j->ignore_eos && is_eos(s, o->token))) {
+    int stop_id = 0;
+    for (int i = 0; i < j->n_stop_ids; i++) stop_id |= o->token == j->stop_ids[i];
+    if (script_end || stop_id || (!j->ignore_eos && is_eos(s, o->token))) {
         job_finish(s, j, TL_FIN_STOP, 0, NULL);
         return 1;
     }
@@ -484,6 +495,24 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
     }
 }
 
+/* The sampling parameters of j's next token: with EOS and the stop ids banned while fewer than
+ * min_tokens are out (the allow bitset is built once, at the first such step). */
+static const tl_sample_params *job_sample(tl_sched *s, tl_job *j) {
+    if (j->n_gen >= j->min_tokens) return &j->sample;
+    if (!j->min_allow) {
+        int V = s->n_vocab, W = (V + 31) / 32;
+        j->min_allow = xmalloc(sizeof(uint32_t) * (size_t)W); /* bookkeeping: n_vocab bits */
+        memset(j->min_allow, 0xff, sizeof(uint32_t) * (size_t)W);
+        for (int i = 0; i < s->n_eos + j->n_stop_ids; i++) {
+            int t = i < s->n_eos ? s->eos[i] : j->stop_ids[i - s->n_eos];
+            if (t >= 0 && t < V) j->min_allow[t / 32] &= ~(1u << (t % 32));
+        }
+        j->sample_min = j->sample;
+        j->sample_min.allow = j->min_allow;
+    }
+    return &j->sample_min;
+}
+
 /* 5. The batch from the plan: one decode token per decoding job, then the prefill chunks, oldest
  * first; the last chunk of a sequence asks for a sample. Returns the entry count. */
 static int build_batch(tl_sched *s) {
@@ -493,14 +522,16 @@ static int build_batch(tl_sched *s) {
             tl_job *j = s->running[i];
             if (!j->n_plan || j->finished || is_decoding(j) != (pass == 0)) continue;
             if (pass == 0)
-                s->entries[n] = (tl_batch_entry){
-                    .sess = j->sess, .tokens = &j->next_tok, .n_tok = 1, .sample = &j->sample};
+                s->entries[n] = (tl_batch_entry){.sess = j->sess,
+                                                 .tokens = &j->next_tok,
+                                                 .n_tok = 1,
+                                                 .sample = job_sample(s, j)};
             else
                 s->entries[n] = (tl_batch_entry){
                     .sess = j->sess,
                     .tokens = j->seq + j->n_fed,
                     .n_tok = j->n_plan,
-                    .sample = j->n_fed + j->n_plan == j->n_target ? &j->sample : NULL};
+                    .sample = j->n_fed + j->n_plan == j->n_target ? job_sample(s, j) : NULL};
             s->entry_job[n++] = j;
         }
     }
@@ -616,6 +647,7 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->m = m;
     s->max_seqs = tl_engine_max_seqs(e);
     s->max_ctx = tl_engine_max_ctx(e);
+    s->n_vocab = tl_engine_config(e)->n_vocab;
     tl_engine_kv_stats(e, &s->kv0); /* the engine thread does not run yet */
     s->kv_pub = s->kv = s->kv0;
     s->seq_tokens = TL_MIN((long)s->max_ctx,

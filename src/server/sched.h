@@ -34,6 +34,17 @@ typedef struct tl_job {
     tl_sample_params sample;
     int max_tokens; /* <= 0: until the context is full */
     int ignore_eos;
+    /* Token restrictions (owned; sample.bias_* point into these): logit_bias pairs, and
+     * stop_token_ids (a sampled one ends the job with TL_FIN_STOP, even with ignore_eos). Until
+     * min_tokens tokens are out, EOS and the stop ids are banned (sample_min, whose allow
+     * bitset the engine thread builds at the first step). */
+    int32_t *bias_ids;
+    float *bias_vals;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    int min_tokens;
+    uint32_t *min_allow;
+    tl_sample_params sample_min;
     int32_t *script; /* test mode: emitted instead of sampled tokens, then EOS (owned) */
     int n_script;
     int fail_after; /* test mode: fail with TL_ERR_INTERNAL after this many tokens (0: off) */

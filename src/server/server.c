@@ -123,6 +123,11 @@ int tl_server_run(const tl_server_params *p) {
                            .model_path = s->p.model_path,
                            .test_mode = s->p.test_mode,
                            .defaults = &s->defaults};
+    if (s->p.default_ctk &&
+        !(s->oai.default_ctk = tl_oai_default_ctk(s->p.default_ctk, err, sizeof err))) {
+        fprintf(stderr, "tulip serve: --default-chat-template-kwargs: %s\n", err);
+        goto out;
+    }
     s->metrics = tl_metrics_new();
     tl_sched_params sp = {.max_queue = s->p.max_queue, .step_tokens = s->p.step_tokens};
     if (tl_sched_create(&s->sched, s->eng, &sp, s->metrics, err, sizeof err)) {
@@ -174,6 +179,7 @@ out:
     if (s->trace) fclose(s->trace);
     if (s->tok) tl_tokenizer_free(s->tok);
     if (s->eng) tl_engine_close(s->eng);
+    json_decref(s->oai.default_ctk);
     free(s);
     return rc;
 }

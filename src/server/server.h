@@ -24,16 +24,17 @@ typedef struct tl_server_params {
     int allow_test_shape;
     int n_threads;
     int max_seqs, max_ctx;
-    long kv_tokens;         /* KV cache pool in tokens; 0 = tl_engine_params' default */
-    int max_queue;          /* waiting requests beyond the running ones; default 64 */
-    int step_tokens;        /* engine step token budget; default 2048 */
-    size_t max_body;        /* request body limit in bytes; default 8 MiB */
-    int max_conns;          /* concurrent connections; default 512 */
-    double drain_s;         /* SIGINT/SIGTERM: seconds running streams may finish */
-    int idle_timeout_s;     /* close a connection idle this long (default 300) */
-    double keepalive_s;     /* SSE comment after this long without a chunk (default 5) */
-    const char *trace_path; /* --trace FILE: requests, rendered prompts, chunks, responses */
-    int test_mode;          /* accept the tulip_test_script request extension */
+    long kv_tokens;          /* KV cache pool in tokens; 0 = tl_engine_params' default */
+    int max_queue;           /* waiting requests beyond the running ones; default 64 */
+    int step_tokens;         /* engine step token budget; default 2048 */
+    size_t max_body;         /* request body limit in bytes; default 8 MiB */
+    int max_conns;           /* concurrent connections; default 512 */
+    double drain_s;          /* SIGINT/SIGTERM: seconds running streams may finish */
+    int idle_timeout_s;      /* close a connection idle this long (default 300) */
+    double keepalive_s;      /* SSE comment after this long without a chunk (default 5) */
+    const char *trace_path;  /* --trace FILE: requests, rendered prompts, chunks, responses */
+    int test_mode;           /* accept the tulip_test_script request extension */
+    const char *default_ctk; /* --default-chat-template-kwargs JSON, or NULL */
     int random_weights, weight_bits;
     uint64_t seed;
     /* CUDA without --kv-tokens: the share of GPU memory (tl_engine_params); 0 = 0.9 */

@@ -2,6 +2,7 @@
  * engine), the status -> HTTP table, error bodies, response/usage JSON, SSE framing and the
  * Prometheus rendering. */
 #include <jansson.h>
+#include "common/util.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/sse.h"
@@ -171,9 +172,16 @@ static void test_chat_bad_input(void) {
                 TL_ERR_INVALID, 400, "stream_options");
     /* unsupported fields: named, never ignored */
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":2}", TL_ERR_UNSUPPORTED, 400, "n");
-    expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":{\"1\":5}}", TL_ERR_UNSUPPORTED, 400,
-                "logit_bias");
-    expect_fail(TL_OAI_CHAT, "{" MSG ",\"store\":true}", TL_ERR_UNSUPPORTED, 400, "store");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"audio\":{}}", TL_ERR_UNSUPPORTED, 400, "audio");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"verbosity\":\"low\"}", TL_ERR_UNSUPPORTED, 400,
+                "verbosity");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"prediction\":{}}", TL_ERR_UNSUPPORTED, 400, "prediction");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"spaces_between_special_tokens\":false}",
+                TL_ERR_UNSUPPORTED, 400, "spaces_between_special_tokens");
+    expect_fail(TL_OAI_CHAT,
+                "{" MSG ",\"stream\":true,\"stream_options\":{"
+                "\"continuous_usage_stats\":true}}",
+                TL_ERR_UNSUPPORTED, 400, "stream_options.continuous_usage_stats");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"frobnicate\":true}", TL_ERR_UNSUPPORTED, 400,
                 "frobnicate");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"prompt\":\"x\"}", TL_ERR_UNSUPPORTED, 400, "prompt");
@@ -206,6 +214,133 @@ static void test_chat_bad_input(void) {
     /* the model path is accepted as a name too */
     CHECK_EQ_INT(parse(TL_OAI_CHAT, "{\"model\":\"tests/data/tiny-a\"," MSG "}", &r, &e), 0);
     tl_oai_req_free(&r);
+}
+
+/* Issue 15: fields accepted and ignored, reasoning_effort, reasoning in history, logit_bias,
+ * the vLLM extensions, and their bad values named. */
+static void test_issue15_fields(void) {
+    setup(0);
+    tl_oai_req r;
+    tl_oai_error e;
+    CHECK_EQ_INT(parse(TL_OAI_CHAT,
+                       "{" MSG ",\"user\":\"u\",\"metadata\":{\"a\":\"b\"},\"store\":true,"
+                       "\"service_tier\":\"auto\",\"parallel_tool_calls\":false,"
+                       "\"prompt_cache_key\":\"k\",\"safety_identifier\":\"s\",\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true,\"include_obfuscation\":false}}",
+                       &r, &e),
+                 0);
+    CHECK_EQ_INT(r.include_usage, 1);
+    CHECK_EQ_INT(r.skip_special, 1);
+    tl_oai_req_free(&r);
+    /* reasoning_effort: none/minimal off, the others on; chat_template_kwargs wins */
+    const char *eff[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+    for (int i = 0; i < 6; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{" MSG ",\"reasoning_effort\":\"%s\"}", eff[i]);
+        CHECK_EQ_INT(parse(TL_OAI_CHAT, body, &r, &e), 0);
+        CHECK_EQ_INT(r.enable_thinking, i >= 2);
+        tl_oai_req_free(&r);
+    }
+    CHECK_EQ_INT(parse(TL_OAI_CHAT,
+                       "{" MSG ",\"chat_template_kwargs\":{\"enable_thinking\":true},"
+                       "\"reasoning_effort\":\"none\"}",
+                       &r, &e),
+                 0);
+    CHECK_EQ_INT(r.enable_thinking, 1);
+    tl_oai_req_free(&r);
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"reasoning_effort\":\"max\"}", TL_ERR_INVALID, 400,
+                "reasoning_effort");
+    /* history: reasoning as well as reasoning_content (which wins when both are sent) */
+    CHECK_EQ_INT(parse(TL_OAI_CHAT,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":"
+                       "\"assistant\",\"content\":\"a\",\"reasoning\":\"r1\"},{\"role\":"
+                       "\"assistant\",\"content\":\"b\",\"reasoning\":\"x\","
+                       "\"reasoning_content\":\"r2\"},{\"role\":\"user\",\"content\":\"q\"}]}",
+                       &r, &e),
+                 0);
+    CHECK_STR(r.msgs[1].reasoning_content, "r1");
+    CHECK_STR(r.msgs[2].reasoning_content, "r2");
+    tl_oai_req_free(&r);
+    /* logit_bias and the vLLM fields reach the request */
+    CHECK_EQ_INT(parse(TL_OAI_CHAT,
+                       "{" MSG ",\"logit_bias\":{\"7\":100,\"300\":-100,\"0\":0.5},"
+                       "\"min_tokens\":4,\"stop_token_ids\":[5,9],"
+                       "\"include_stop_str_in_output\":true,\"skip_special_tokens\":false}",
+                       &r, &e),
+                 0);
+    CHECK_EQ_INT(r.sample.n_bias, 3);
+    CHECK(r.sample.bias_ids == r.bias_ids && r.sample.bias_vals == r.bias_vals);
+    int seen = 0;
+    for (int i = 0; i < 3; i++) {
+        seen |= (r.bias_ids[i] == 7 && r.bias_vals[i] == 100.0f) << 0;
+        seen |= (r.bias_ids[i] == 300 && r.bias_vals[i] == -100.0f) << 1;
+        seen |= (r.bias_ids[i] == 0 && r.bias_vals[i] == 0.5f) << 2;
+    }
+    CHECK_EQ_INT(seen, 7);
+    CHECK_EQ_INT(r.min_tokens, 4);
+    CHECK_EQ_INT(r.n_stop_ids, 2);
+    CHECK_EQ_INT(r.stop_ids[1], 9);
+    CHECK_EQ_INT(r.include_stop, 1);
+    CHECK_EQ_INT(r.skip_special, 0);
+    tl_oai_req_free(&r);
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":{\"7\":101}}", TL_ERR_INVALID, 400,
+                "logit_bias.7");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":{\"320\":1}}", TL_ERR_INVALID, 400,
+                "logit_bias.320");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":{\"x\":1}}", TL_ERR_INVALID, 400,
+                "logit_bias.x");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":{\"-1\":1}}", TL_ERR_INVALID, 400,
+                "logit_bias.-1");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"logit_bias\":[1]}", TL_ERR_INVALID, 400, "logit_bias");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"min_tokens\":-1}", TL_ERR_INVALID, 400, "min_tokens");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"stop_token_ids\":[320]}", TL_ERR_INVALID, 400,
+                "stop_token_ids");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"metadata\":\"x\"}", TL_ERR_INVALID, 400, "metadata");
+    /* 1025 bias entries: over TL_MAX_LOGIT_BIAS */
+    char *big = xmalloc(20000), *p = big;
+    p += sprintf(p, "{" MSG ",\"logit_bias\":{");
+    for (int i = 0; i <= TL_MAX_LOGIT_BIAS; i++) p += sprintf(p, "%s\"%d\":1", i ? "," : "", i);
+    sprintf(p, "}}");
+    tl_oai_req rb;
+    tl_oai_error eb;
+    memset(&eb, 0, sizeof eb);
+    CHECK_EQ_INT(tl_oai_parse(&rb, TL_OAI_CHAT, big, strlen(big), &opts, 4096, &eb),
+                 TL_ERR_INVALID);
+    CHECK_STR(eb.param, "logit_bias");
+    free(big);
+    /* completions: echo with a text prompt */
+    CHECK_EQ_INT(parse(TL_OAI_COMPLETION, "{\"prompt\":\"abc\",\"echo\":true}", &r, &e), 0);
+    CHECK_EQ_INT(r.echo, 1);
+    tl_oai_req_free(&r);
+}
+
+/* --default-chat-template-kwargs: applied first, the request overrides key by key. */
+static void test_default_ctk(void) {
+    setup(0);
+    char err[256];
+    json_t *d = tl_oai_default_ctk("{\"enable_thinking\":false}", err, sizeof err);
+    CHECK(d != NULL);
+    opts.default_ctk = d;
+    tl_oai_req r;
+    tl_oai_error e;
+    CHECK_EQ_INT(parse(TL_OAI_CHAT, "{" MSG "}", &r, &e), 0);
+    CHECK_EQ_INT(r.enable_thinking, 0);
+    CHECK_CLOSE(r.sample.temperature, 0.7, 1e-6, 0); /* the non-thinking defaults follow */
+    tl_oai_req_free(&r);
+    CHECK_EQ_INT(
+        parse(TL_OAI_CHAT, "{" MSG ",\"chat_template_kwargs\":{\"enable_thinking\":true}}", &r, &e),
+        0);
+    CHECK_EQ_INT(r.enable_thinking, 1);
+    tl_oai_req_free(&r);
+    CHECK_EQ_INT(parse(TL_OAI_CHAT, "{" MSG ",\"enable_thinking\":true}", &r, &e), 0);
+    CHECK_EQ_INT(r.enable_thinking, 1);
+    tl_oai_req_free(&r);
+    opts.default_ctk = NULL;
+    json_decref(d);
+    CHECK(tl_oai_default_ctk("{\"x\":1}", err, sizeof err) == NULL);
+    CHECK(strstr(err, "x") != NULL);
+    CHECK(tl_oai_default_ctk("[1]", err, sizeof err) == NULL);
+    CHECK(tl_oai_default_ctk("{\"enable_thinking\":1}", err, sizeof err) == NULL);
 }
 
 static void test_test_script_only_in_test_mode(void) {
@@ -248,7 +383,7 @@ static void test_completion_prompts(void) {
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,320]}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", TL_ERR_UNSUPPORTED, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":{}}", TL_ERR_INVALID, 400, "prompt");
-    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":\"a\",\"echo\":true}", TL_ERR_UNSUPPORTED, 400,
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,2],\"echo\":true}", TL_ERR_UNSUPPORTED, 400,
                 "echo");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":\"a\",\"suffix\":\"b\"}", TL_ERR_UNSUPPORTED, 400,
                 "suffix");
@@ -379,6 +514,8 @@ int main(void) {
     T_RUN(test_chat_minimal_defaults);
     T_RUN(test_chat_all_fields);
     T_RUN(test_chat_bad_input);
+    T_RUN(test_issue15_fields);
+    T_RUN(test_default_ctk);
     T_RUN(test_test_script_only_in_test_mode);
     T_RUN(test_completion_prompts);
     T_RUN(test_error_table_and_body);
