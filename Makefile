@@ -17,6 +17,14 @@ PKGS     := libmicrohttpd jansson libpcre2-8 libutf8proc
 PKG_CFL  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc)
 
+# What `tulip --version` and GET /version report: the release, the git commit this tree was built
+# from ("unknown" outside git; "-dirty" with uncommitted changes) and, for the cuda build, the
+# GPU architecture. Only src/cli/version.o sees them (recompiled every build: it is cheap); the
+# server gets them from the CLI (tl_server_params), so library objects and tests never rebuild.
+TL_VERSION := 0.1.0
+TL_COMMIT  := $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null && echo $$c || echo $$c-dirty; } || echo unknown)
+VERSION_DEFS = -DTL_VERSION='"$(TL_VERSION)"' -DTL_COMMIT='"$(TL_COMMIT)"'
+
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Werror
 CFLAGS  ?= -O2 -g
 CFL     := -std=c11 $(CFLAGS) -D_GNU_SOURCE -Iinclude -Isrc -Itests -MMD -MP -pthread $(WARN) $(PKG_CFL) $(EXTRA_CFLAGS)
@@ -87,6 +95,20 @@ build/cuda/%.o: %.c
 build/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# The version object: rebuilt every time (the commit may have moved), with the version defines;
+# the cuda variant also names the architecture it was compiled for.
+.PHONY: FORCE
+FORCE:
+build/cpu/src/cli/version.o: src/cli/version.c FORCE
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -DTL_NO_CUDA $(VERSION_DEFS) -c $< -o $@
+build/asan/src/cli/version.o: src/cli/version.c FORCE
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -DTL_NO_CUDA -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined $(VERSION_DEFS) -c $< -o $@
+build/cuda/src/cli/version.o: src/cli/version.c FORCE
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) $(VERSION_DEFS) -DTL_CUDA_ARCH='"$(CUDA_ARCH)"' -c $< -o $@
 
 # ---- binaries ----
 build/cpu/tulip: $(CPU_LIB) $(call objs,cpu,$(CLI_SRC))
