@@ -145,7 +145,8 @@ fuzz: $(FUZZERS)
 	@for f in $(FUZZERS); do echo "== $$f"; $$f -max_total_time=$${FUZZ_TIME:-60} tests/fuzz/corpus/$$(basename $$f) || exit 1; done
 
 APT_PKGS := build-essential pkg-config clang clang-format libclang-rt-14-dev python3 python3-venv \
-            libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
+            libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev \
+            systemd
 deps:
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PKGS) >/dev/null

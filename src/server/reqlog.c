@@ -106,12 +106,15 @@ static void read_job(tl_job *j, job_end *e) {
  * "abort". */
 static int reason_of(const tl_server *s, const job_end *e, int completed, int status) {
     switch (e->fin) {
-    case TL_FIN_STOP: return TL_MREASON_STOP;
-    case TL_FIN_LENGTH: return TL_MREASON_LENGTH;
-    case TL_FIN_ERROR: return TL_MREASON_ERROR;
+    case TL_FIN_STOP:
+        return TL_MREASON_STOP;
+    case TL_FIN_LENGTH:
+        return TL_MREASON_LENGTH;
+    case TL_FIN_ERROR:
+        return TL_MREASON_ERROR;
     default:
         return completed && status < 400 && !atomic_load(&s->draining) ? TL_MREASON_STOP
-                                                                         : TL_MREASON_ABORT;
+                                                                       : TL_MREASON_ABORT;
     }
 }
 

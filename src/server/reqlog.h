@@ -12,8 +12,8 @@
 
 typedef struct tl_reqlog {
     char id[TL_REQ_ID_MAX + 1];
-    const char *route; /* endpoint label */
-    int log;           /* a generation route: log one line at the end */
+    const char *route;  /* endpoint label */
+    int log;            /* a generation route: log one line at the end */
     struct tl_job *job; /* one reference, or NULL (nothing queued) */
     double t0;          /* when the request's headers arrived */
     int status;         /* the HTTP status sent, 0 if none */
