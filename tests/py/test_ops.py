@@ -195,11 +195,13 @@ def test_signal_while_loading_exits():
 
 def test_draining_health_503():
     """After SIGTERM, a connection opened before it still gets answers: /health 503
-    {"status":"draining"} while a stream finishes."""
-    s = Serve("--drain-timeout", "20", "--test-mode")
+    {"status":"draining"} while a stream finishes. The stream's reader stalls after its first
+    bytes until /health was checked, so the drain is still waiting for it (whether the engine is
+    still generating or the rest of the stream is still to be written) at that moment."""
+    s = Serve("--drain-timeout", "20")
     keep = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
     assert s.request("GET", "/health", conn=keep)[0] == 200
-    got = {}
+    got, started, checked = {}, threading.Event(), threading.Event()
 
     def stream():
         c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
@@ -209,21 +211,27 @@ def test_draining_health_503():
                   {"Content-Type": "application/json"})
         r = c.getresponse()
         got["status"] = r.status
-        got["body"] = r.read()
+        first = r.read1(64)
+        started.set()
+        checked.wait(30)
+        got["body"] = first + r.read()
         c.close()
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(1.0)
+    assert started.wait(30)
     s.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    st, _, body = s.request("GET", "/health", conn=keep)
-    assert (st, json.loads(body)["status"]) == (503, "draining")
-    t.join(120)
-    keep.close()
-    rc, err = s.stop()
+    time.sleep(0.3)
+    try:
+        st, _, body = s.request("GET", "/health", conn=keep)
+        assert (st, json.loads(body)["status"]) == (503, "draining")
+    finally:
+        checked.set()
+        t.join(120)
+        keep.close()
+        rc, err = s.stop()
     assert rc == 0, err
-    assert got["status"] == 200 and b"[DONE]" in got["body"]
+    assert got["status"] == 200 and got["body"].rstrip().endswith(b"data: [DONE]")
 
 
 def test_vllm_metrics_page():
