@@ -17,6 +17,14 @@ PKGS     := libmicrohttpd jansson libpcre2-8 libutf8proc
 PKG_CFL  := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc)
 
+# What `tulip --version` and GET /version report: the release, the git commit this tree was built
+# from ("unknown" outside git; "-dirty" with uncommitted changes) and, for the cuda build, the
+# GPU architecture. Only src/cli/version.o sees them (recompiled every build: it is cheap); the
+# server gets them from the CLI (tl_server_params), so library objects and tests never rebuild.
+TL_VERSION := 0.1.0
+TL_COMMIT  := $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null && echo $$c || echo $$c-dirty; } || echo unknown)
+VERSION_DEFS = -DTL_VERSION='"$(TL_VERSION)"' -DTL_COMMIT='"$(TL_COMMIT)"'
+
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Werror
 CFLAGS  ?= -O2 -g
 CFL     := -std=c11 $(CFLAGS) -D_GNU_SOURCE -Iinclude -Isrc -Itests -MMD -MP -pthread $(WARN) $(PKG_CFL) $(EXTRA_CFLAGS)
@@ -88,6 +96,20 @@ build/cuda/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
+# The version object: rebuilt every time (the commit may have moved), with the version defines;
+# the cuda variant also names the architecture it was compiled for.
+.PHONY: FORCE
+FORCE:
+build/cpu/src/cli/version.o: src/cli/version.c FORCE
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -DTL_NO_CUDA $(VERSION_DEFS) -c $< -o $@
+build/asan/src/cli/version.o: src/cli/version.c FORCE
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) -DTL_NO_CUDA -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined $(VERSION_DEFS) -c $< -o $@
+build/cuda/src/cli/version.o: src/cli/version.c FORCE
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) $(VERSION_DEFS) -DTL_CUDA_ARCH='"$(CUDA_ARCH)"' -c $< -o $@
+
 # ---- binaries ----
 build/cpu/tulip: $(CPU_LIB) $(call objs,cpu,$(CLI_SRC))
 	$(CC) $(CFL) $^ -o $@ $(LDLIBS)
@@ -123,7 +145,8 @@ fuzz: $(FUZZERS)
 	@for f in $(FUZZERS); do echo "== $$f"; $$f -max_total_time=$${FUZZ_TIME:-60} tests/fuzz/corpus/$$(basename $$f) || exit 1; done
 
 APT_PKGS := build-essential pkg-config clang clang-format libclang-rt-14-dev python3 python3-venv \
-            libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev
+            libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev \
+            systemd
 deps:
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PKGS) >/dev/null

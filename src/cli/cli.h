@@ -15,6 +15,13 @@ int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_prompt(int argc, char **argv);
+/* tulip --version (version.c): one line, "tulip VERSION (commit C, ARCH)". */
+int cmd_version(int argc, char **argv);
+/* What --version prints, for the server's /version: the release, the git commit ("unknown" when
+ * built outside git) and "cuda sm_90a" or "cpu only". */
+const char *tl_cli_version(void);
+const char *tl_cli_commit(void);
+const char *tl_cli_arch(void);
 
 #define TL_CLI_OPT_MODEL(d, s)                                                                     \
     TL_OPT_STR("model", s, d, "DIR", "checkpoint directory (config.json + *.safetensors)")

@@ -38,6 +38,8 @@ static const env_switch env_switches[] = {
      "4:64x256)"},
     {"TL_NORM_CHECK=0", LOAD_CMDS,
      "skip the load-time check of the RMSNorm weights' storage convention"},
+    {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,
+     "tests: wait N ms before loading the model (observe /health 503)"},
 };
 
 void tl_cli_print_env(FILE *f, unsigned cmds) {

@@ -21,7 +21,8 @@ typedef struct {
 
 static void usage(const subcmd *cmds, int n) {
     fprintf(stderr,
-            "usage: tulip <command> [options]   (tulip <command> --help for its options)\n\n");
+            "usage: tulip <command> [options]   (tulip <command> --help for its options)\n"
+            "       tulip --version                (version, git commit, CUDA architecture)\n\n");
     for (int i = 0; i < n; i++) fprintf(stderr, "  %-10s %s\n", cmds[i].name, cmds[i].help);
 }
 
@@ -37,6 +38,9 @@ int main(int argc, char **argv) {
         {"prompt", cmd_prompt, "render a chat prompt exactly as the model sees it"},
     };
     int n = (int)(sizeof cmds / sizeof cmds[0]);
+    if (argc == 2 &&
+        (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")))
+        return cmd_version(argc - 1, argv + 1);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "help")) {
         usage(cmds, n);

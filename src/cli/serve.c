@@ -1,4 +1,5 @@
 /* tulip serve: command-line options -> tl_server_params -> tl_server_run (src/server). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +7,7 @@
 #include "server/server.h"
 
 static const tl_opt_choice serve_bits[] = {{"16", 16}, {"4", 4}, {NULL, 0}};
+static const tl_opt_choice serve_log_formats[] = {{"text", 0}, {"json", 1}, {NULL, 0}};
 
 static const char serve_about[] =
     "OpenAI-compatible HTTP server. A count or time of 0 means its default, except\n"
@@ -16,13 +18,57 @@ static const char serve_about[] =
     "32768 at most). A request waits in the queue until its prompt fits in the free\n"
     "KV pages; when the pool runs short the newest sequence is preempted and\n"
     "recomputed later (its client sees only a pause). --trace logs bodies, rendered\n"
-    "prompts, each SSE chunk, responses and errors.\n";
+    "prompts, each SSE chunk, responses and errors.\n"
+    "The socket opens before the model loads: /health answers 503 {\"status\":\"loading\"}\n"
+    "(and every API route 503) until it is ready, and 503 again while draining.\n"
+    "One log line per generation request (id, tokens, TTFT, duration, finish reason);\n"
+    "an X-Request-Id header (1-128 chars of A-Za-z0-9._:-) names the request and is\n"
+    "echoed; otherwise one is generated. The API key may come from --api-key-file or\n"
+    "the TULIP_API_KEY environment variable instead of the command line.\n";
 
 typedef struct serve_opts {
     tl_server_params p;
     int backend;
     uint64_t max_body;
+    const char *key_file;
+    char key[1024]; /* the key read from --api-key-file or TULIP_API_KEY */
 } serve_opts;
+
+/* The API key from --api-key-file (its first line, surrounding blanks removed) or, when neither
+ * that nor --api-key is given, from the TULIP_API_KEY environment variable: either keeps the key
+ * out of the process list. Returns TL_CLI_CONTINUE or the exit status. */
+static int serve_api_key(serve_opts *o, const tl_cli_cmd *cmd) {
+    tl_server_params *p = &o->p;
+    const char *src = NULL;
+    if (o->key_file) {
+        if (p->api_key)
+            return tl_cli_usage_error(cmd, "give --api-key or --api-key-file, not both");
+        FILE *f = fopen(o->key_file, "r");
+        if (!f) {
+            fprintf(stderr, "tulip serve: --api-key-file %s: %s\n", o->key_file, strerror(errno));
+            return 1;
+        }
+        if (!fgets(o->key, sizeof o->key, f)) o->key[0] = '\0';
+        fclose(f);
+        src = o->key_file;
+    } else if (!p->api_key && getenv("TULIP_API_KEY")) {
+        snprintf(o->key, sizeof o->key, "%s", getenv("TULIP_API_KEY"));
+        src = "TULIP_API_KEY";
+    } else {
+        return TL_CLI_CONTINUE;
+    }
+    char *k = o->key;
+    while (*k == ' ' || *k == '\t') k++;
+    size_t n = strcspn(k, "\r\n");
+    while (n && (k[n - 1] == ' ' || k[n - 1] == '\t')) n--;
+    k[n] = '\0';
+    if (!*k) {
+        fprintf(stderr, "tulip serve: the API key from %s is empty\n", src);
+        return 1;
+    }
+    p->api_key = k;
+    return TL_CLI_CONTINUE;
+}
 
 /* The checks and conversions after parsing. Returns TL_CLI_CONTINUE or the exit status. */
 static int serve_finish(serve_opts *o, const tl_cli_cmd *cmd) {
@@ -39,7 +85,12 @@ static int serve_finish(serve_opts *o, const tl_cli_cmd *cmd) {
     }
     if (tl_cli_given(cmd, &p->max_queue) && p->max_queue == 0)
         p->max_queue = -1; /* 0 given: no waiting at all (0 in the params is the default) */
-    return TL_CLI_CONTINUE;
+    if (tl_cli_given(cmd, &p->stats_interval_s) && p->stats_interval_s <= 0)
+        p->stats_interval_s = -1; /* 0 or -1 given: no stats line */
+    p->version = tl_cli_version();
+    p->commit = tl_cli_commit();
+    p->arch = tl_cli_arch();
+    return serve_api_key(o, cmd);
 }
 
 /* Options -> o->p. Returns TL_CLI_CONTINUE or the exit status. */
@@ -49,13 +100,15 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         TL_CLI_OPT_MODEL(&p->model_path, 0),
         TL_OPT_STR("tokenizer", 0, &p->tokenizer_path, "PATH",
                    "tokenizer.json (default: the one in --model)"),
-        TL_OPT_STR("served-model-name", 0, &p->model_name, "NAME",
-                   "the model id clients send (default: DIR's base name)"),
-        TL_OPT_STR("host", 0, &p->host, "ADDR", "numeric address to bind (default 127.0.0.1)"),
+        TL_OPT_STR("served-model-name", 0, &p->model_name, "A,B",
+                   "model ids clients may send, first = reported (default: DIR's name)"),
+        TL_OPT_STR("host", 0, &p->host, "HOST", "address or host name to bind (default 127.0.0.1)"),
         TL_OPT_INT("port", 0, &p->port, "N", 0, 65535,
                    "TCP port (default 8000; 0 = any free port, printed)"),
         TL_OPT_STR("api-key", 0, &p->api_key, "KEY",
-                   "require 'Authorization: Bearer KEY' on /v1/*"),
+                   "require 'Authorization: Bearer KEY' on /v1/* (visible in ps)"),
+        TL_OPT_STR("api-key-file", 0, &o->key_file, "FILE",
+                   "read the API key from FILE (first line); or set TULIP_API_KEY"),
         TL_OPT_STR("allowed-origins", 0, &p->allowed_origins, "A,B",
                    "CORS: origins browsers may call from, or * (default: off)"),
         TL_OPT_INT("max-seqs", 0, &p->max_seqs, "N", 0, TL_OPT_NOMAX,
@@ -92,6 +145,12 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         TL_OPT_U64("seed", 0, &p->seed, "N", "random weights seed (default 1)"),
         TL_OPT_STR("default-chat-template-kwargs", 0, &p->default_ctk, "JSON",
                    "default chat_template_kwargs (a request's own override by key)"),
+        TL_OPT_CHOICE("log-format", 0, &p->log_json, "text|json", serve_log_formats,
+                      "per-request and stats lines on stderr (default text)"),
+        TL_OPT_DOUBLE("log-stats-interval", 0, &p->stats_interval_s, "S", -1, 86400,
+                      "stats line every S s while busy (10; -1: never)"),
+        TL_OPT_FLAG("strict-template", 0, &p->strict_template,
+                    "refuse to start if the checkpoint's chat template differs"),
         TL_OPT_FLAG("test-mode", 0, &p->test_mode,
                     "honour the tulip_test_script request field (tests only)"),
     };

@@ -65,8 +65,19 @@ void tl_api_error(tl_reply *out, const tl_oai_error *e) {
     out->body_len = strlen(out->body);
 }
 
+/* One model object (every served name is one, vLLM's listing of --served-model-name). */
+static json_t *model_obj(tl_server *s, const char *name) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->created));
+    json_object_set_new(m, "owned_by", json_string("tulip"));
+    json_object_set_new(m, "max_model_len", json_integer(s->max_ctx));
+    return m;
+}
+
 void tl_api_models(tl_server *s, const char *id, tl_reply *out) {
-    if (id && strcmp(id, s->model_name)) {
+    if (id && !tl_server_model_known(s, id)) {
         tl_oai_error e;
         tl_oai_fail(&e, TL_ERR_INVALID, "model", "the model '%s' does not exist", id);
         e.http = 404;
@@ -74,18 +85,13 @@ void tl_api_models(tl_server *s, const char *id, tl_reply *out) {
         tl_api_error(out, &e);
         return;
     }
-    json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->model_name));
-    json_object_set_new(m, "object", json_string("model"));
-    json_object_set_new(m, "created", json_integer(s->created));
-    json_object_set_new(m, "owned_by", json_string("tulip"));
-    json_object_set_new(m, "max_model_len", json_integer(s->max_ctx));
     if (id) {
-        reply_json(out, 200, m);
+        reply_json(out, 200, model_obj(s, id));
         return;
     }
     json_t *data = json_array();
-    json_array_append_new(data, m);
+    for (int i = 0; i < s->n_model_names; i++)
+        json_array_append_new(data, model_obj(s, s->model_names[i]));
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);
@@ -301,6 +307,7 @@ static int start(tl_server *s, const char *id, tl_oai_kind kind, const char *bod
         return st;
     }
     tl_metrics_prompt_tokens(s->metrics, (*j)->n_prompt);
+    tl_server_note_job(s, *j); /* the request's log line and vLLM metrics (reqlog.c) */
     trace(s, id, "queued", json_integer((*j)->n_prompt));
     return 0;
 }

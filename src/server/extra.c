@@ -1,5 +1,6 @@
 /* The small endpoints, in vLLM's request and response shapes: POST /tokenize, POST /detokenize,
- * GET /version. (/ping answers as /health; http.c routes it.) Token ids are those of the
+ * GET /version (tulip's version, commit, build architecture and the chat template check). (/ping
+ * answers as /health; http.c routes it.) Token ids are those of the
  * server's tokenizer; a chat request is rendered with the same template as
  * /v1/chat/completions. Runs on the connection threads; reads only the tl_server and the
  * (thread-safe) tokenizer. */
@@ -214,7 +215,12 @@ void tl_api_detokenize(tl_server *s, const char *body, size_t len, tl_reply *out
 }
 
 void tl_api_version(tl_server *s, tl_reply *out) {
+    static const char *tmpl[] = {"unchecked", "absent", "match", "differs"};
+    int t = atomic_load(&s->template_check);
     json_t *o = json_object();
-    json_object_set_new(o, "version", json_string(TL_VERSION));
+    json_object_set_new(o, "version", json_string(s->p.version ? s->p.version : TL_VERSION));
+    json_object_set_new(o, "commit", json_string(s->p.commit ? s->p.commit : "unknown"));
+    json_object_set_new(o, "arch", json_string(s->p.arch ? s->p.arch : "unknown"));
+    json_object_set_new(o, "chat_template", json_string(tmpl[t >= 0 && t < 4 ? t : 0]));
     reply_json(out, 200, o);
 }

@@ -5,7 +5,9 @@
  * Checks what HTTP itself decides before a body byte is read: unambiguous body framing (no
  * request smuggling through conflicting Content-Length headers), the method (405 with Allow),
  * the API key, Content-Type: application/json on POST (415), the body limit (413), and CORS
- * (off unless --allowed-origins: preflights, Access-Control-Allow-Origin).
+ * (off unless --allowed-origins: preflights, Access-Control-Allow-Origin), and X-Request-Id (a
+ * valid one names the request, else 400; absent: one is generated; always echoed). Until the
+ * model is loaded every route but /version answers 503 (/health: {"status": "loading"}).
  *
  * Never parses JSON or touches the engine: endpoints live in api.c and extra.c. Per connection it
  * keeps one tl_conn (body buffer, route) from the first handler call to the completion callback. */
@@ -22,6 +24,7 @@
 #include "common/util.h"
 #include "server/anthropic.h"
 #include "server/metrics.h"
+#include "server/reqlog.h"
 #include "server/responses.h"
 #include "server/server.h"
 
@@ -55,8 +58,9 @@ typedef struct tl_conn {
     tl_buf body;
     int too_big;
     int responded;
-    int close;  /* add "Connection: close" (a request whose framing is not trusted) */
-    int active; /* counted in s->n_active until the request completes */
+    int close;    /* add "Connection: close" (a request whose framing is not trusted) */
+    int active;   /* counted in s->n_active until the request completes */
+    tl_reqlog rl; /* the request's id, job and log line (reqlog.c) */
 } tl_conn;
 
 /* The Allow header for a method mask (OPTIONS too when CORS is on). */
@@ -164,6 +168,8 @@ static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, tl_co
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
     if (cn->close) MHD_add_response_header(resp, "Connection", "close");
+    if (cn->rl.id[0]) MHD_add_response_header(resp, "X-Request-Id", cn->rl.id);
+    cn->rl.status = rep->status;
     cors_headers(resp, s, c);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)rep->status, resp);
     MHD_destroy_response(resp);
@@ -224,6 +230,11 @@ static route find_route(const char *url, unsigned *methods) {
         return tab[i].r;
     }
     return R_NONE;
+}
+
+/* The routes that queue a generation (one log line each). */
+static int is_generation(route r) {
+    return r == R_CHAT || r == R_COMPLETIONS || r == R_RESPONSES || r == R_MESSAGES;
 }
 
 static unsigned method_bit(const char *m) {
@@ -335,6 +346,14 @@ static enum MHD_Result preflight(struct MHD_Connection *c, tl_server *s, tl_conn
 static enum MHD_Result on_headers(struct MHD_Connection *c, tl_server *s, tl_conn *cn,
                                   const char *url, const char *method) {
     cn->r = find_route(url, &cn->methods);
+    const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    int rid_ok = !rid || tl_reqlog_id_valid(rid);
+    tl_reqlog_begin(&cn->rl, route_label[cn->r], is_generation(cn->r), rid_ok ? rid : NULL);
+    if (!rid_ok)
+        return reply_error(c, s, cn, TL_ERR_INVALID, 400, "invalid_request_error", NULL,
+                           "the X-Request-Id header must be 1 to %d characters of A-Z a-z 0-9 "
+                           "and . _ : -",
+                           TL_REQ_ID_MAX);
     const char *ferr = framing_error(c);
     if (ferr) {
         cn->close = 1;
@@ -370,41 +389,25 @@ static enum MHD_Result on_headers(struct MHD_Connection *c, tl_server *s, tl_con
     return MHD_YES;
 }
 
+/* While the model loads: /health and /ping answer 503 {"status": "loading"}, every other route
+ * (but /version) 503 with an error body: the engine and tokenizer do not exist yet. */
+static enum MHD_Result reply_loading(struct MHD_Connection *c, tl_server *s, tl_conn *cn) {
+    if (cn->r != R_HEALTH && cn->r != R_PING)
+        return reply_error(c, s, cn, TL_ERR_CANCELLED, 503, "server_error", NULL,
+                           "the model is still loading; retry when /health answers 200");
+    static const char body[] = "{\"status\": \"loading\"}";
+    tl_reply rep = {.status = 503, .content_type = "application/json"};
+    rep.body = xmalloc(sizeof body);
+    memcpy(rep.body, body, sizeof body);
+    rep.body_len = sizeof body - 1;
+    return queue_reply(c, s, cn, &rep);
+}
+
 /* ====== The access handler. ====== */
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version, const char *data,
-                                  size_t *data_size, void **con_cls) {
-    tl_server *s = cls;
-    tl_conn *cn = *con_cls;
-    if (!cn) {
-        cn = xcalloc(1, sizeof *cn);
-        *con_cls = cn;
-        return on_headers(c, s, cn, url, method);
-    }
-    if (*data_size) {
-        /* Body bytes (Content-Length or chunked). Over the limit: keep reading, drop them. */
-        if (!cn->too_big && !cn->responded) {
-            if (cn->body.n + *data_size > s->p.max_body)
-                cn->too_big = 1;
-            else /* out of memory: the buffer's sticky error, answered below */
-                tl_buf_append(&cn->body, data, *data_size);
-        }
-        *data_size = 0;
-        return MHD_YES;
-    }
-    if (cn->responded) return MHD_YES;
-    cn->responded = 1;
-    if (cn->too_big)
-        return reply_error(c, s, cn, TL_ERR_INVALID, 413, "invalid_request_error", NULL,
-                           "request body is over the limit of %zu bytes", s->p.max_body);
-    if (cn->body.err)
-        return reply_error(c, s, cn, TL_ERR_NOMEM, 500, "server_error", NULL,
-                           "out of memory reading the request body");
-    if (atomic_load(&s->draining) && cn->r != R_METRICS && cn->r != R_HEALTH)
-        return reply_error(c, s, cn, TL_ERR_CANCELLED, 503, "server_error", NULL,
-                           "the server is shutting down");
-
+/* Calls the route's endpoint and queues its reply. */
+static enum MHD_Result dispatch(struct MHD_Connection *c, tl_server *s, tl_conn *cn,
+                                const char *url) {
     tl_reply rep = {0};
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -460,11 +463,52 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return queue_reply(c, s, cn, &rep);
 }
 
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *data,
+                                  size_t *data_size, void **con_cls) {
+    tl_server *s = cls;
+    tl_conn *cn = *con_cls;
+    if (!cn) {
+        cn = xcalloc(1, sizeof *cn);
+        *con_cls = cn;
+        return on_headers(c, s, cn, url, method);
+    }
+    if (*data_size) {
+        /* Body bytes (Content-Length or chunked). Over the limit: keep reading, drop them. */
+        if (!cn->too_big && !cn->responded) {
+            if (cn->body.n + *data_size > s->p.max_body)
+                cn->too_big = 1;
+            else /* out of memory: the buffer's sticky error, answered below */
+                tl_buf_append(&cn->body, data, *data_size);
+        }
+        *data_size = 0;
+        return MHD_YES;
+    }
+    if (cn->responded) return MHD_YES;
+    cn->responded = 1;
+    if (cn->too_big)
+        return reply_error(c, s, cn, TL_ERR_INVALID, 413, "invalid_request_error", NULL,
+                           "request body is over the limit of %zu bytes", s->p.max_body);
+    if (cn->body.err)
+        return reply_error(c, s, cn, TL_ERR_NOMEM, 500, "server_error", NULL,
+                           "out of memory reading the request body");
+    if (atomic_load(&s->draining) && cn->r != R_METRICS && cn->r != R_HEALTH)
+        return reply_error(c, s, cn, TL_ERR_CANCELLED, 503, "server_error", NULL,
+                           "the server is shutting down");
+    if (!atomic_load(&s->ready) && cn->r != R_VERSION) return reply_loading(c, s, cn);
+
+    tl_reqlog_set_current(&cn->rl); /* api.c's tl_server_note_job finds it */
+    enum MHD_Result ret = dispatch(c, s, cn, url);
+    tl_reqlog_set_current(NULL);
+    return ret;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     tl_server *s = cls;
     tl_conn *cn = *con_cls;
     if (!cn) return;
+    tl_reqlog_end(s, &cn->rl, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     if (cn->active) atomic_fetch_sub(&s->n_active, 1);
     tl_buf_free(&cn->body);
     free(cn);
@@ -476,14 +520,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 int tl_http_start(tl_server *s, char *err, size_t errlen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICHOST | AI_PASSIVE};
+                             .ai_flags = AI_PASSIVE}; /* an address, or a name to resolve */
     struct addrinfo *ai = NULL;
     char port[16];
     snprintf(port, sizeof port, "%d", s->p.port);
     int rc = getaddrinfo(s->p.host, port, &hints, &ai);
     if (rc)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "--host %s: %s (give a numeric address)",
-                       s->p.host, gai_strerror(rc));
+        return tl_errf(err, errlen, TL_ERR_INVALID, "--host %s: %s", s->p.host, gai_strerror(rc));
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG | MHD_USE_AUTO;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;

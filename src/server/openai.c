@@ -782,8 +782,10 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
         }
     }
 
-    if (r->model && strcmp(r->model, o->model_name) &&
-        !(o->model_path && !strcmp(r->model, o->model_path))) {
+    int known = !r->model || !strcmp(r->model, o->model_name) ||
+                (o->model_path && !strcmp(r->model, o->model_path));
+    for (int i = 0; i < o->n_aliases && !known; i++) known = !strcmp(r->model, o->aliases[i]);
+    if (!known) {
         tl_oai_fail(e, TL_ERR_INVALID, "model",
                     "the model '%s' does not exist (this server serves '%s')", r->model,
                     o->model_name);

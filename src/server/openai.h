@@ -78,9 +78,11 @@ typedef struct tl_oai_defaults {
 
 /* What the parser needs to know about the server. */
 typedef struct tl_oai_opts {
-    const char *model_name; /* the served name; requests naming another model get 404 */
-    const char *model_path; /* also accepted as a model name */
-    int test_mode;          /* honour the tulip_test_script extension */
+    const char *model_name;     /* the served name; requests naming another model get 404 */
+    const char *model_path;     /* also accepted as a model name */
+    const char *const *aliases; /* more accepted names (--served-model-name a,b), n_aliases */
+    int n_aliases;
+    int test_mode; /* honour the tulip_test_script extension */
     const tl_oai_defaults *defaults;
     /* --default-chat-template-kwargs: a JSON object applied before the request's own
      * chat_template_kwargs (which override it key by key); NULL: none */

@@ -1,7 +1,11 @@
-/* tulip serve, process level: load the engine and tokenizer, start the engine thread and the
- * HTTP daemon, wait for SIGINT/SIGTERM, then drain: stop accepting, let running streams finish
- * for --drain-timeout seconds, cancel the rest, close everything, exit 0. A device error that
- * made the engine unusable ends the process with status 1 so a supervisor restarts it.
+/* tulip serve, process level: open the HTTP socket first (every route but /version answers 503
+ * while the model loads), load the engine and tokenizer on a loader thread, compare the
+ * checkpoint's chat template with tulip's, start the engine thread, then mark the server ready.
+ * Wait for SIGINT/SIGTERM (printing a stats line every --log-stats-interval seconds while busy),
+ * then drain: stop accepting, let running streams finish for --drain-timeout seconds, cancel the
+ * rest, close everything, exit 0. A signal during the load exits at once (nothing to drain). A
+ * device error that made the engine unusable ends the process with status 1 so a supervisor
+ * restarts it.
  *
  * Signals are blocked in every thread (the mask is set before any thread starts) and taken
  * synchronously here with sigtimedwait; SIGPIPE is ignored (a client that hangs up is seen as
@@ -20,6 +24,7 @@
 #include "server/metrics.h"
 #include "server/sched.h"
 #include "server/server.h"
+#include "server/reqlog.h"
 #include "tokenizer/bpe.h"
 
 static const char *backend_name(tl_backend_kind b) {
@@ -38,6 +43,101 @@ static void load_defaults(tl_server *s) {
             fprintf(stderr, "tulip: %s is not valid JSON; using the model card defaults\n", path);
         free(text);
     }
+}
+
+/* ====== The chat template check (docs/architecture.md §6.7). ======
+ *
+ * tulip renders Qwen3.6's chat template in C (src/tokenizer/chat.c); a checkpoint carrying another
+ * template would be rendered wrongly. The checkpoint's template (chat_template.jinja, else
+ * tokenizer_config.json's "chat_template": a string, or the entry named "default" of a list) is
+ * normalised (CRLF -> LF, trailing blanks and newlines at the end removed) and its 64-bit FNV-1a
+ * hash compared with the templates known to render as chat.c does. */
+
+static const uint64_t known_templates[] = {
+    0x8ae3a8bc6e68f114ull, /* Qwen3.6-35B-A3B's chat_template.jinja (7764 bytes) */
+};
+
+static uint64_t template_hash(const char *t, size_t n) {
+    while (n && (t[n - 1] == '\n' || t[n - 1] == ' ' || t[n - 1] == '\t' || t[n - 1] == '\r')) n--;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i] == '\r' && i + 1 < n && t[i + 1] == '\n') continue; /* CRLF -> LF */
+        h = (h ^ (unsigned char)t[i]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* The checkpoint's template text (malloc'd) and where it came from, or NULL when it has none.
+ * A tokenizer_config.json that is not JSON, or a template of the wrong type, is reported. */
+static char *checkpoint_template(const char *dir, char *src, size_t srclen, size_t *len) {
+    char path[4096], *text = NULL;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (tl_read_file(path, &text, len, NULL, 0) == 0) {
+        snprintf(src, srclen, "%s", path);
+        return text;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (tl_read_file(path, &text, len, NULL, 0)) return NULL;
+    json_error_t je;
+    json_t *root = json_loadb(text, *len, 0, &je), *t = json_object_get(root, "chat_template");
+    free(text);
+    text = NULL;
+    if (json_is_array(t)) { /* [{"name": "default", "template": "..."}, ...] */
+        size_t i;
+        json_t *e, *found = NULL;
+        json_array_foreach(t, i, e) {
+            if (json_is_string(json_object_get(e, "name")) &&
+                !strcmp(json_string_value(json_object_get(e, "name")), "default"))
+                found = json_object_get(e, "template");
+        }
+        t = found;
+    }
+    if (json_is_string(t)) {
+        *len = json_string_length(t);
+        text = xmalloc(*len + 1);
+        memcpy(text, json_string_value(t), *len + 1);
+        snprintf(src, srclen, "%s (chat_template)", path);
+    } else if (!root || t || json_object_get(root, "chat_template")) {
+        /* unreadable JSON or a template of another shape: say so rather than ignore it */
+        text = xmalloc(1);
+        *text = '\0';
+        *len = 0;
+        snprintf(src, srclen, "%s (%s)", path,
+                 root ? "chat_template is neither a string nor a list with a \"default\" entry"
+                      : "not valid JSON");
+    }
+    json_decref(root);
+    return text;
+}
+
+/* Sets s->template_check and reports a difference on stderr. Returns 0, or 1 when
+ * --strict-template refuses the difference (err says why). */
+static int check_template(tl_server *s, char *err, size_t errlen) {
+    if (!s->p.model_path) return 0;
+    char src[4300];
+    size_t n = 0;
+    char *t = checkpoint_template(s->p.model_path, src, sizeof src, &n);
+    if (!t) {
+        atomic_store(&s->template_check, TL_TEMPLATE_ABSENT);
+        return 0;
+    }
+    uint64_t h = template_hash(t, n);
+    free(t);
+    for (size_t i = 0; i < sizeof known_templates / sizeof known_templates[0]; i++)
+        if (h == known_templates[i]) {
+            atomic_store(&s->template_check, TL_TEMPLATE_MATCH);
+            return 0;
+        }
+    atomic_store(&s->template_check, TL_TEMPLATE_DIFFERS);
+    snprintf(
+        err, errlen,
+        "the checkpoint's chat template (%.600s, hash %016llx) differs from the Qwen3.6 template "
+        "tulip renders (src/tokenizer/chat.c); prompts are rendered with tulip's, which may "
+        "not be what this checkpoint expects",
+        src, (unsigned long long)h);
+    if (s->p.strict_template) return 1;
+    fprintf(stderr, "tulip serve: WARNING: %s (--strict-template refuses to start)\n", err);
+    return 0;
 }
 
 static int open_all(tl_server *s, char *err, size_t errlen) {
@@ -72,6 +172,106 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
     return 0;
 }
 
+/* --served-model-name "a,b": the names (trimmed, empty ones skipped); else the model
+ * directory's base name, or the production model's name for random weights. */
+static void set_names(tl_server *s) {
+    if (s->p.model_name) {
+        snprintf(s->names_buf, sizeof s->names_buf, "%s", s->p.model_name);
+        for (char *tok = strtok(s->names_buf, ","); tok; tok = strtok(NULL, ",")) {
+            while (*tok == ' ') tok++;
+            size_t n = strlen(tok);
+            while (n && tok[n - 1] == ' ') tok[--n] = '\0';
+            if (n && s->n_model_names < TL_SERVER_MAX_NAMES)
+                s->model_names[s->n_model_names++] = tok;
+        }
+    }
+    if (!s->n_model_names && s->p.model_path) {
+        snprintf(s->names_buf, sizeof s->names_buf, "%s", s->p.model_path);
+        size_t n = strlen(s->names_buf);
+        while (n > 1 && s->names_buf[n - 1] == '/') s->names_buf[--n] = 0;
+        s->model_names[s->n_model_names++] = basename(s->names_buf);
+    } else if (!s->n_model_names) {
+        s->model_names[s->n_model_names++] = "qwen3.6-35b-a3b";
+    }
+    snprintf(s->model_name, sizeof s->model_name, "%s", s->model_names[0]);
+}
+
+int tl_server_model_known(const tl_server *s, const char *name) {
+    for (int i = 0; i < s->n_model_names; i++)
+        if (!strcmp(name, s->model_names[i])) return 1;
+    return s->p.model_path && !strcmp(name, s->p.model_path);
+}
+
+/* The loader thread: everything that needs the model. load_rc: 1 ready, -1 failed (load_err). */
+static atomic_int load_rc;
+static char load_err[1024];
+
+static void *loader(void *arg) {
+    tl_server *s = arg;
+    const char *d = getenv("TL_TEST_LOAD_DELAY_MS"); /* tests: a load slow enough to observe */
+    for (long ms = d ? atol(d) : 0; ms > 0 && !atomic_load(&s->draining); ms -= 10) usleep(10000);
+    char *err = load_err;
+    size_t errlen = sizeof load_err;
+    int rc = open_all(s, err, errlen) || check_template(s, err, errlen);
+    if (!rc) {
+        load_defaults(s);
+        s->oai = (tl_oai_opts){.model_name = s->model_name,
+                               .model_path = s->p.model_path,
+                               .aliases = s->model_names + 1,
+                               .n_aliases = s->n_model_names - 1,
+                               .test_mode = s->p.test_mode,
+                               .defaults = &s->defaults};
+        if (s->p.default_ctk &&
+            !(s->oai.default_ctk = tl_oai_default_ctk(s->p.default_ctk, err, errlen)))
+            rc = 1;
+    }
+    if (!rc) {
+        tl_metrics_set_model(s->metrics, s->model_name, s->max_ctx);
+        tl_sched_params sp = {.max_queue = s->p.max_queue, .step_tokens = s->p.step_tokens};
+        rc = tl_sched_create(&s->sched, s->eng, &sp, s->metrics, err, errlen) != 0;
+    }
+    atomic_store(&load_rc, rc ? -1 : 1);
+    return NULL;
+}
+
+/* The periodic stats line: every interval while anything ran or waited since the last one. */
+typedef struct stats_state {
+    double t_last;
+    unsigned long long prompt, gen, req;
+} stats_state;
+
+static void stats_tick(tl_server *s, stats_state *st) {
+    double now = tl_time_s(), iv = s->p.stats_interval_s ? s->p.stats_interval_s : 10;
+    if (iv < 0 || now - st->t_last < iv) return;
+    unsigned long long p, g, r;
+    tl_metrics_totals(s->metrics, &p, &g, &r);
+    int queued, running, sessions;
+    long kv_tokens;
+    tl_sched_stats(s->sched, &queued, &running, &sessions, &kv_tokens);
+    tl_kv_stats kv;
+    tl_sched_kv_stats(s->sched, &kv);
+    if (p != st->prompt || g != st->gen || r != st->req || running || queued)
+        tl_reqlog_stats_line(
+            s, now - st->t_last, p - st->prompt, g - st->gen, r - st->req, running, queued,
+            kv.pages_total ? (double)(kv.pages_total - kv.pages_free) / (double)kv.pages_total
+                           : 0.0);
+    *st = (stats_state){now, p, g, r};
+}
+
+/* The model is loaded: say so and open the routes. */
+static void announce(tl_server *s) {
+    const tl_config *c = tl_engine_config(s->eng);
+    printf("tulip serve: model %s (%s, %d layers, vocab %d), backend %s, %d sequences x %d "
+           "tokens%s\n",
+           s->model_name, s->p.model_path ? s->p.model_path : "random weights", c->n_layer,
+           c->n_vocab, backend_name(tl_engine_backend(s->eng)), tl_engine_max_seqs(s->eng),
+           s->max_ctx, s->p.test_mode ? ", TEST MODE (tulip_test_script honoured)" : "");
+    atomic_store(&s->ready, 1);
+    printf("tulip serve: listening on http://%s:%d%s\n", s->p.host, tl_http_port(s),
+           s->p.api_key ? " (API key required)" : "");
+    fflush(stdout);
+}
+
 int tl_server_run(const tl_server_params *p) {
     tl_server *s = xcalloc(1, sizeof *s);
     s->p = *p;
@@ -85,17 +285,7 @@ int tl_server_run(const tl_server_params *p) {
     if (s->p.idle_timeout_s <= 0) s->p.idle_timeout_s = 300;
     if (s->p.keepalive_s <= 0) s->p.keepalive_s = 5;
     s->created = (long)time(NULL);
-    if (s->p.model_name) {
-        snprintf(s->model_name, sizeof s->model_name, "%s", s->p.model_name);
-    } else if (s->p.model_path) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s", s->p.model_path);
-        size_t n = strlen(tmp);
-        while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
-        snprintf(s->model_name, sizeof s->model_name, "%s", basename(tmp));
-    } else {
-        snprintf(s->model_name, sizeof s->model_name, "qwen3.6-35b-a3b");
-    }
+    set_names(s);
 
     /* Block the shutdown signals before any thread exists, so every thread inherits the mask. */
     sigset_t set;
@@ -107,54 +297,59 @@ int tl_server_run(const tl_server_params *p) {
     json_object_seed(0);
 
     char err[1024] = "";
-    int rc = 1;
-    if (open_all(s, err, sizeof err)) {
-        fprintf(stderr, "tulip serve: %s\n", err);
-        goto out;
-    }
-    load_defaults(s);
+    int rc = 1, loading = 0;
+    pthread_t lt;
     s->t0 = tl_time_s();
     pthread_mutex_init(&s->trace_mu, NULL);
     if (s->p.trace_path && !(s->trace = fopen(s->p.trace_path, "a"))) {
         fprintf(stderr, "tulip serve: --trace %s: %s\n", s->p.trace_path, strerror(errno));
         goto out;
     }
-    s->oai = (tl_oai_opts){.model_name = s->model_name,
-                           .model_path = s->p.model_path,
-                           .test_mode = s->p.test_mode,
-                           .defaults = &s->defaults};
-    if (s->p.default_ctk &&
-        !(s->oai.default_ctk = tl_oai_default_ctk(s->p.default_ctk, err, sizeof err))) {
-        fprintf(stderr, "tulip serve: --default-chat-template-kwargs: %s\n", err);
-        goto out;
-    }
     s->metrics = tl_metrics_new();
-    tl_sched_params sp = {.max_queue = s->p.max_queue, .step_tokens = s->p.step_tokens};
-    if (tl_sched_create(&s->sched, s->eng, &sp, s->metrics, err, sizeof err)) {
-        fprintf(stderr, "tulip serve: %s\n", err);
-        goto out;
-    }
+    tl_metrics_set_model(s->metrics, s->model_name, 1);
     if (tl_http_start(s, err, sizeof err)) {
         fprintf(stderr, "tulip serve: %s\n", err);
         goto out;
     }
-    const tl_config *c = tl_engine_config(s->eng);
-    printf("tulip serve: model %s (%s, %d layers, vocab %d), backend %s, %d sequences x %d "
-           "tokens%s\n",
-           s->model_name, s->p.model_path ? s->p.model_path : "random weights", c->n_layer,
-           c->n_vocab, backend_name(tl_engine_backend(s->eng)), tl_engine_max_seqs(s->eng),
-           s->max_ctx, s->p.test_mode ? ", TEST MODE (tulip_test_script honoured)" : "");
-    printf("tulip serve: listening on http://%s:%d%s\n", s->p.host, tl_http_port(s),
-           s->p.api_key ? " (API key required)" : "");
+    printf("tulip serve: loading the model; http://%s:%d answers 503 until it is ready\n",
+           s->p.host, tl_http_port(s));
     fflush(stdout);
+    atomic_store(&load_rc, 0);
+    if (pthread_create(&lt, NULL, loader, s)) {
+        fprintf(stderr, "tulip serve: cannot start the loader thread\n");
+        goto out;
+    }
+    loading = 1;
 
-    /* Wait for a signal, or for the engine to be lost. */
+    /* Wait for a signal, for the engine to be lost, or (first) for the load to end. */
     int sig = 0;
     struct timespec ts = {0, 200 * 1000 * 1000};
+    stats_state stats = {tl_time_s(), 0, 0, 0};
     for (;;) {
         sig = sigtimedwait(&set, NULL, &ts);
         if (sig > 0) break;
+        if (loading && atomic_load(&load_rc)) {
+            pthread_join(lt, NULL);
+            loading = 0;
+            if (atomic_load(&load_rc) < 0) {
+                fprintf(stderr, "tulip serve: %s\n", load_err);
+                goto out;
+            }
+            announce(s);
+            stats.t_last = tl_time_s();
+        }
+        if (loading) continue;
         if (tl_sched_lost(s->sched)) break;
+        stats_tick(s, &stats);
+    }
+    if (loading) {
+        /* Nothing runs yet: stop listening and leave; the load cannot be interrupted. */
+        atomic_store(&s->draining, 1);
+        tl_http_stop(s);
+        fprintf(stderr, "tulip serve: %s while loading: exiting\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+        fflush(NULL);
+        _exit(0);
     }
     int lost = tl_sched_lost(s->sched);
     if (sig > 0)

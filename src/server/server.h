@@ -15,7 +15,8 @@
 typedef struct tl_server_params {
     const char *model_path;
     const char *tokenizer_path;  /* NULL: tokenizer.json in the model directory */
-    const char *model_name;      /* NULL: the model directory's base name */
+    const char *model_name;      /* "a,b,c": the served name and its aliases (the first is the
+                                  * one reported); NULL: the model directory's base name */
     const char *host;            /* default 127.0.0.1 */
     int port;                    /* 0: any free port (printed at startup) */
     const char *api_key;         /* NULL: no auth */
@@ -39,10 +40,26 @@ typedef struct tl_server_params {
     uint64_t seed;
     /* CUDA without --kv-tokens: the share of GPU memory (tl_engine_params); 0 = 0.9 */
     double gpu_memory_utilization;
+    /* What GET /version reports (the CLI's build; NULL: "unknown"). */
+    const char *version, *commit, *arch;
+    int log_json;            /* --log-format json: request and stats lines as JSON objects */
+    double stats_interval_s; /* periodic stats line every this many seconds; < 0: never; 0: 10 */
+    int strict_template;     /* refuse to start when the checkpoint's chat template differs */
 } tl_server_params;
+
+#define TL_SERVER_MAX_NAMES 16
+
+/* The checkpoint's chat template compared with the one tulip renders (server.c, at load). */
+typedef enum tl_template_check {
+    TL_TEMPLATE_UNCHECKED = 0, /* still loading, or no model directory (random weights) */
+    TL_TEMPLATE_ABSENT,        /* the checkpoint has none: tulip's is used */
+    TL_TEMPLATE_MATCH,         /* the same template (after normalising line ends) */
+    TL_TEMPLATE_DIFFERS,       /* another template: tulip still renders its own (warned) */
+} tl_template_check;
 
 struct tl_tokenizer;
 struct tl_sched;
+struct tl_job;
 struct tl_metrics;
 struct MHD_Daemon;
 
@@ -61,8 +78,14 @@ typedef struct tl_server {
     long created;
     struct MHD_Daemon *daemon;
     atomic_int draining;
+    atomic_int ready;    /* 0 while the model loads (every route but /version: 503), then 1 */
     atomic_int n_active; /* generation requests not yet completed on the wire */
-    FILE *trace;         /* --trace: one JSON line per request event, or NULL */
+    /* --served-model-name: every name a request may give (model_name is the first) */
+    const char *model_names[TL_SERVER_MAX_NAMES];
+    int n_model_names;
+    char names_buf[1024];
+    atomic_int template_check; /* tl_template_check: the checkpoint's chat template vs tulip's */
+    FILE *trace;               /* --trace: one JSON line per request event, or NULL */
     pthread_mutex_t trace_mu;
     double t0;
 } tl_server;
@@ -110,7 +133,7 @@ void tl_api_metrics(tl_server *s, tl_reply *out);
 void tl_api_tokenize(tl_server *s, const char *body, size_t len, tl_reply *out);
 /* POST /detokenize: {"tokens": [ids]} -> {"prompt": str}; an id out of range is a 400. */
 void tl_api_detokenize(tl_server *s, const char *body, size_t len, tl_reply *out);
-/* GET /version: {"version": TL_VERSION}. */
+/* GET /version: {"version", "commit", "arch", "chat_template"} (tl_server_params, the check). */
 void tl_api_version(tl_server *s, tl_reply *out);
 
 /* An OpenAI-shaped error reply. */
@@ -122,6 +145,12 @@ struct tl_job;
 int tl_api_start_chat(tl_server *s, const char *id, const char *body, size_t len, tl_oai_req *r,
                       struct tl_job **j, tl_oai_error *e);
 int tl_api_count_chat(tl_server *s, const char *body, size_t len, int *n, tl_oai_error *e);
+/* ---- reqlog.c: called where a job is queued (api.c): the HTTP request being handled on this
+ * thread keeps a reference, for its log line and vLLM's request metrics at its end. ---- */
+void tl_server_note_job(tl_server *s, struct tl_job *j);
+/* 1 if name is one of the served names (--served-model-name) or the model path. */
+int tl_server_model_known(const tl_server *s, const char *name);
+
 /* Shared by the endpoint files: a random seed for a tl_gen; a job read to its end into g (the
  * tl_finish, or -1 when the client went away; the job is cancelled then); the error of a job
  * that ended with TL_FIN_ERROR. */
