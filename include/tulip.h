@@ -123,19 +123,37 @@ typedef struct tl_sample_params {
     float repetition_penalty; /* HF/vLLM: over prompt and generated tokens; 1 = off */
     uint64_t seed;            /* RNG stream of this sequence, seeded at its first sample */
     int n_logprobs;           /* top logprobs to return, 0..TL_MAX_LOGPROBS */
+    /* Token restrictions (docs/architecture.md §3.5), in host memory that stays valid for the
+     * tl_engine_step call. Applied to the logits before the penalties, temperature, min-p,
+     * top-k and top-p; logprob and top logprobs stay those of the unmodified logits. */
+    const int32_t *bias_ids; /* logit_bias: bias_vals[i] is added to the logit of bias_ids[i] */
+    const float *bias_vals;  /* (a repeated id gets the sum of its values, in order) */
+    int n_bias;              /* 0..TL_MAX_LOGIT_BIAS */
+    const uint32_t *allow;   /* NULL, or a bitset of n_vocab bits (bit i % 32 of word i / 32):
+                              * only tokens whose bit is set may be sampled (their logit + bias;
+                              * the others are -inf). No allowed token with a finite logit:
+                              * token TL_TOKEN_NONE_ALLOWED. */
 } tl_sample_params;
 
-#define TL_MAX_LOGPROBS 20
+#define TL_MAX_LOGPROBS   20
+#define TL_MAX_LOGIT_BIAS 1024
+/* tl_sample_out.token values that are not tokens: */
+#define TL_TOKEN_NON_FINITE   (-1) /* the logits held a NaN or +inf, or no finite value */
+#define TL_TOKEN_NONE_ALLOWED (-2) /* allow/bias left no token with a finite logit */
 
 /* TL_ERR_INVALID (with the field named) unless: temperature and the penalties are finite, top_p
  * is in (0, 1], min_p in [0, 1], repetition_penalty > 0, n_logprobs in [0, TL_MAX_LOGPROBS]
- * (top_k <= 0 is off). tl_engine_step checks every entry's parameters with it. */
+ * (top_k <= 0 is off), n_bias in [0, TL_MAX_LOGIT_BIAS] with bias_ids and bias_vals set when
+ * n_bias > 0, every bias id >= 0 and every value finite. tl_engine_step checks every entry's
+ * parameters with it, and the bias ids against n_vocab. */
 int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen);
 
 typedef struct tl_sample_out {
-    int32_t token; /* -1: the logits were not finite (NaN or infinity: a poisoned model or input),
-                    * nothing was sampled; the other entries of the step are unaffected, this
-                    * session's state is not finite either (reset or close it) */
+    int32_t token; /* TL_TOKEN_NON_FINITE (-1): the logits were not finite (NaN or infinity: a
+                    * poisoned model or input), nothing was sampled; the other entries of the
+                    * step are unaffected, this session's state is not finite either (reset or
+                    * close it). TL_TOKEN_NONE_ALLOWED (-2): the entry's allow/bias left no
+                    * candidate; nothing was sampled, the session is fine. */
     float logprob; /* log-softmax of the chosen token under the unmodified logits */
     int n_top;
     int32_t top_ids[TL_MAX_LOGPROBS];

@@ -75,6 +75,14 @@ typedef struct cuda_be {
     int32_t *d_nprompt, *h_nprompt; /* [max_seqs] the slots' prompt lengths (-1: not yet known) */
     int32_t *d_rowslot, *h_rowslot; /* [max_out] the slot of each logits row */
     float *d_sscratch;
+    /* token restrictions per output row (tulip.h; staged only for the rows that use them):
+     * bias pairs [max_out][TL_MAX_LOGIT_BIAS], allow bitsets [max_out][allow_words], and the
+     * restricted logits [max_out][n_vocab] the sampler draws those rows from */
+    int32_t *d_bias_ids, *h_bias_ids;
+    float *d_bias_vals, *h_bias_vals;
+    uint32_t *d_allow, *h_allow;
+    size_t allow_words;
+    float *d_rlogits;
 
     cudaStream_t stream;
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];

@@ -353,12 +353,42 @@ static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, char *
     return 0;
 }
 
-/* Sampling parameters and keys of every output row into pinned memory; 1 if any row samples,
- * *any_pen = 1 if any applies a penalty. */
+/* Row r's logit bias and allowed-token mask (tulip.h) into pinned memory and uploaded (only the
+ * pairs and the bitset in use); p's host pointers become the device copies'. The pinned rows may
+ * be rewritten here: every earlier upload from them finished at the previous forward's final
+ * synchronize. Returns 1 if the row has a restriction, 0 if not, or a negative status. */
+static int stage_restrictions(cuda_be *be, const tl_sample_params *src, tl_sample_params *p,
+                              int r) {
+    int nb = TL_MAX(0, TL_MIN(src->n_bias, TL_MAX_LOGIT_BIAS));
+    p->n_bias = nb;
+    p->bias_ids = NULL, p->bias_vals = NULL, p->allow = NULL;
+    if (nb > 0) {
+        size_t off = (size_t)r * TL_MAX_LOGIT_BIAS;
+        memcpy(be->h_bias_ids + off, src->bias_ids, nb * sizeof(int32_t));
+        memcpy(be->h_bias_vals + off, src->bias_vals, nb * sizeof(float));
+        CUDA_TRY(cudaMemcpyAsync(be->d_bias_ids + off, be->h_bias_ids + off, nb * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, be->stream));
+        CUDA_TRY(cudaMemcpyAsync(be->d_bias_vals + off, be->h_bias_vals + off, nb * sizeof(float),
+                                 cudaMemcpyHostToDevice, be->stream));
+        p->bias_ids = be->d_bias_ids + off, p->bias_vals = be->d_bias_vals + off;
+    }
+    if (src->allow) {
+        size_t W = be->allow_words, off = (size_t)r * W;
+        memcpy(be->h_allow + off, src->allow, W * sizeof(uint32_t));
+        CUDA_TRY(cudaMemcpyAsync(be->d_allow + off, be->h_allow + off, W * sizeof(uint32_t),
+                                 cudaMemcpyHostToDevice, be->stream));
+        p->allow = be->d_allow + off;
+    }
+    return nb > 0 || src->allow;
+}
+
+/* Sampling parameters and keys of every output row into pinned memory (restrictions staged and
+ * uploaded); 1 if any row samples, or a negative status. *any_pen = 1 if any row applies a
+ * penalty, *any_restrict = 1 if any has a logit bias or an allowed-token mask. */
 static int stage_sampling(cuda_be *be, const tl_fwd_entry *e, int n, const int *row_of,
-                          int *any_pen) {
+                          int *any_pen, int *any_restrict) {
     int any_sample = 0;
-    *any_pen = 0;
+    *any_pen = 0, *any_restrict = 0;
     for (int i = 0; i < n; i++) {
         int r = row_of[i];
         if (r < 0) continue;
@@ -366,6 +396,9 @@ static int stage_sampling(cuda_be *be, const tl_fwd_entry *e, int n, const int *
         if (e[i].sample) {
             *p = *e[i].sample;
             p->n_logprobs = TL_MAX(0, TL_MIN(p->n_logprobs, TL_MAX_LOGPROBS));
+            int rs = stage_restrictions(be, e[i].sample, p, r);
+            if (rs < 0) return rs;
+            if (rs) *any_restrict = 1;
             be->h_keys[r] = e[i].rng ? rng_draw(e[i].rng) : 0;
             any_sample = 1;
             if (has_penalty(p)) *any_pen = 1;
@@ -380,9 +413,11 @@ static int stage_sampling(cuda_be *be, const tl_fwd_entry *e, int n, const int *
 
 /* Samples every output row on the device and copies results and requested logits back. */
 static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row_of, int n_rows) {
-    int V = be->cfg.n_vocab, any_pen;
+    int V = be->cfg.n_vocab, any_pen, any_restrict;
     tl_gpu_stream st = cb_stream(be, 0);
-    if (stage_sampling(be, e, n, row_of, &any_pen)) {
+    int staged = stage_sampling(be, e, n, row_of, &any_pen, &any_restrict);
+    if (staged < 0) return staged;
+    if (staged) {
         CUDA_TRY(cudaMemcpyAsync(be->d_params, be->h_params, n_rows * sizeof(tl_sample_params),
                                  cudaMemcpyHostToDevice, be->stream));
         CUDA_TRY(cudaMemcpyAsync(be->d_keys, be->h_keys, n_rows * sizeof(uint64_t),
@@ -394,8 +429,8 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
                                      cudaMemcpyHostToDevice, be->stream));
         }
         TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->d_keys,
-                          any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch, n_rows,
-                          &st));
+                          any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch,
+                          any_restrict ? be->d_rlogits : NULL, n_rows, &st));
         CUDA_TRY(cudaMemcpyAsync(be->h_out, be->d_out, n_rows * sizeof(tl_sample_out),
                                  cudaMemcpyDeviceToHost, be->stream));
     }

@@ -66,17 +66,17 @@ extern "C" int tl_gpu_sync(void) {
 /* ====== Close and reset ====== */
 
 static void free_state(cuda_be *be) {
-    void *ps[] = {be->kc,     be->vc,       be->conv_st,   be->rec_st,     be->x,
-                  be->proj,   be->conv_out, be->y,         be->q,          be->part,
-                  be->rlog,   be->wts,      be->wsh,       be->act,        be->xo,
-                  be->logits, be->ids,      be->d_meta,    be->d_params,   be->d_keys,
-                  be->d_out,  be->d_counts, be->d_nprompt, be->d_sscratch, be->xb,
-                  be->yb,     be->hexp,     be->yslot,     be->hs,         be->ys,
-                  be->gg,     be->gbeta,    be->shl,       be->plan,       be->gdn_ws,
-                  be->d_ptab, be->d_rowslot};
+    void *ps[] = {
+        be->kc,        be->vc,         be->conv_st,     be->rec_st,   be->x,         be->proj,
+        be->conv_out,  be->y,          be->q,           be->part,     be->rlog,      be->wts,
+        be->wsh,       be->act,        be->xo,          be->logits,   be->ids,       be->d_meta,
+        be->d_params,  be->d_keys,     be->d_out,       be->d_counts, be->d_nprompt, be->d_sscratch,
+        be->xb,        be->yb,         be->hexp,        be->yslot,    be->hs,        be->ys,
+        be->gg,        be->gbeta,      be->shl,         be->plan,     be->gdn_ws,    be->d_ptab,
+        be->d_rowslot, be->d_bias_ids, be->d_bias_vals, be->d_allow,  be->d_rlogits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
-    void *hs[] = {be->h_meta, be->h_ptab,    be->h_params, be->h_keys,
-                  be->h_out,  be->h_nprompt, be->h_rowslot};
+    void *hs[] = {be->h_meta,    be->h_ptab,    be->h_params,   be->h_keys,      be->h_out,
+                  be->h_nprompt, be->h_rowslot, be->h_bias_ids, be->h_bias_vals, be->h_allow};
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i]) cudaFreeHost(hs[i]);
     tl_kv_pages_free(&be->pages);
@@ -389,6 +389,14 @@ static int alloc_activations(cuda_be *be, char *err, size_t errlen) {
     PINNED(be->h_out, O * sizeof(tl_sample_out));
     PINNED(be->h_nprompt, (size_t)be->max_seqs * sizeof(int32_t));
     PINNED(be->h_rowslot, O * sizeof(int32_t));
+    be->allow_words = (V + 31) / 32;
+    ALLOC(be->d_bias_ids, int32_t, O * TL_MAX_LOGIT_BIAS);
+    ALLOC(be->d_bias_vals, float, O *TL_MAX_LOGIT_BIAS);
+    ALLOC(be->d_allow, uint32_t, O * be->allow_words);
+    ALLOC(be->d_rlogits, float, O *V);
+    PINNED(be->h_bias_ids, O * TL_MAX_LOGIT_BIAS * sizeof(int32_t));
+    PINNED(be->h_bias_vals, O * TL_MAX_LOGIT_BIAS * sizeof(float));
+    PINNED(be->h_allow, O * be->allow_words * sizeof(uint32_t));
     return 0;
 }
 

@@ -328,10 +328,16 @@ int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, con
  * count_slot[r] (count_slot NULL: row r). `params` is a device array
  * of tl_sample_params; keys [n_rows] u64 random keys; counts (NULL or [n_rows, n_vocab] i32
  * penalty counts, bit 30 = seen anywhere, low 24 bits = times generated); scratch [n_rows,
- * 2*n_vocab] f32. out: device tl_sample_out [n_rows]. Only ids < n_valid are sampled. */
+ * 2*n_vocab] f32. out: device tl_sample_out [n_rows]. Only ids < n_valid are sampled.
+ * Token restrictions (tulip.h): a row whose params have n_bias > 0 or allow set reads
+ * bias_ids/bias_vals/allow as DEVICE pointers and is sampled from its row of `restricted`
+ * ([n_rows, n_vocab] f32, written here; NULL when no row has a restriction, and then every
+ * row's n_bias must be 0 and allow NULL); bias ids must be in [0, n_vocab). A row left with no
+ * finite candidate samples TL_TOKEN_NONE_ALLOWED. */
 int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                   const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  const int32_t *count_slot, float *scratch, int n_rows, const tl_gpu_stream *st);
+                  const int32_t *count_slot, float *scratch, float *restricted, int n_rows,
+                  const tl_gpu_stream *st);
 /* Penalty counts kept per slot across steps, updated as tokens are fed: for each token t of a
  * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets bit
  * 30, and 1 more when the token was generated: n_prompt[slot] >= 0 and tok_pos[t] >=

@@ -1,6 +1,9 @@
 /* Sampling on the device, so the 248K logits never cross to the host: penalties, temperature,
  * min-p, top-k, top-p, then an exact draw from the surviving tokens (Gumbel-max keyed by the
- * sequence's random key), the chosen token's logprob and the top logprobs. Two paths: the
+ * sequence's random key), the chosen token's logprob and the top logprobs. A row whose params
+ * carry a logit bias or an allowed-token mask (tulip.h) is first written, restricted, into its
+ * row of `restricted` (sample_restrict_*), and sampled from there; its lse, logprob and top
+ * logprobs still come from the unmodified logits. Two paths: the
  * two-pass one (greedy, or top-k <= 64 without top logprobs: the server's default) spreads a row
  * over 32 blocks; sample_kernel (one block per row) takes every other row. */
 #include "cuda/cuda_common.cuh"
@@ -8,6 +11,7 @@
 #define SB           1024  /* threads per sampling block */
 #define CAND_WINDOW  40.0f /* tokens more than 40 nats under the best are never candidates */
 #define BISECT_ITERS 40
+static_assert(TL_MAX_LOGIT_BIAS <= SB, "sample_restrict_bias_kernel: one thread per bias pair");
 
 struct argmax_t {
     float v;
@@ -50,6 +54,60 @@ __device__ __forceinline__ float apply_pen(float l, int c, const tl_sample_param
 __device__ __forceinline__ double rng_uniform(uint64_t key, int id) {
     uint64_t z = tl_mix64(key + TL_GOLDEN64 * (uint64_t)(id + 1));
     return ((double)(z >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* ====== Token restrictions (logit bias, allowed-token mask) ======
+ * sample_restrict_copy_kernel: r[i] = allow bit i set (or no mask) ? l[i] : -inf, for the rows
+ *   with a restriction; grid (ceil(V / 1024), n_rows).
+ * sample_restrict_bias_kernel: one block per row, thread j owns pair j (n_bias <= 1024 = SB):
+ *   the first pair of each id adds the sum of that id's values (in pair order, as the host
+ *   sampler) to the unmodified logit, where the id is allowed. Ids are < n_vocab (the engine
+ *   checks). The sampling kernels then read r instead of l for everything but lse and logprobs;
+ *   a row left with no finite value samples TL_TOKEN_NONE_ALLOWED. */
+__device__ __forceinline__ bool row_restricted(const tl_sample_params &P) {
+    return P.n_bias > 0 || P.allow != nullptr;
+}
+
+/* The row the sampler draws from: the restricted copy, or the logits themselves. */
+__device__ __forceinline__ const float *draw_row(const float *lg, const float *restricted, int row,
+                                                 int V, const tl_sample_params &P) {
+    return restricted && row_restricted(P) ? restricted + (size_t)row * V : lg;
+}
+
+__device__ __forceinline__ bool allowed(const uint32_t *allow, int i) {
+    return !allow || ((allow[i >> 5] >> (i & 31)) & 1u);
+}
+
+__global__ void __launch_bounds__(SB)
+    sample_restrict_copy_kernel(float *restricted, const float *logits, int V,
+                                const tl_sample_params *params) {
+    int row = blockIdx.y, i = blockIdx.x * SB + threadIdx.x;
+    tl_sample_params P = params[row];
+    if (!row_restricted(P) || i >= V) return;
+    float l = logits[(size_t)row * V + i];
+    restricted[(size_t)row * V + i] = allowed(P.allow, i) ? l : -INFINITY;
+}
+
+__global__ void __launch_bounds__(SB)
+    sample_restrict_bias_kernel(float *restricted, const float *logits, int V,
+                                const tl_sample_params *params) {
+    __shared__ int sid[TL_MAX_LOGIT_BIAS];
+    __shared__ float sval[TL_MAX_LOGIT_BIAS];
+    int row = blockIdx.x, j = threadIdx.x;
+    tl_sample_params P = params[row];
+    int n = min(P.n_bias, TL_MAX_LOGIT_BIAS);
+    if (n <= 0) return;
+    if (j < n) sid[j] = P.bias_ids[j], sval[j] = P.bias_vals[j];
+    __syncthreads();
+    if (j >= n) return;
+    int id = sid[j];
+    if (id < 0 || id >= V || !allowed(P.allow, id)) return;
+    for (int k = 0; k < j; k++)
+        if (sid[k] == id) return; /* an earlier pair owns this id */
+    float b = sval[j];
+    for (int k = j + 1; k < n; k++)
+        if (sid[k] == id) b += sval[k];
+    restricted[(size_t)row * V + id] = logits[(size_t)row * V + id] + b;
 }
 
 /* ====== The two-pass path (greedy, or top-k <= FK, no top logprobs) ======
@@ -211,8 +269,9 @@ __device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int
 }
 
 __global__ void __launch_bounds__(FT)
-    sample_part_kernel(const float *logits, int V, int n_valid, const tl_sample_params *params,
-                       const int32_t *counts, const int32_t *count_slot, float *scratch, int fast) {
+    sample_part_kernel(const float *logits, const float *restricted, int V, int n_valid,
+                       const tl_sample_params *params, const int32_t *counts,
+                       const int32_t *count_slot, float *scratch, int fast) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
     __shared__ uint32_t keys[FCH];
@@ -220,7 +279,7 @@ __global__ void __launch_bounds__(FT)
     int row = blockIdx.y, part = blockIdx.x, tid = threadIdx.x;
     tl_sample_params P = params[row];
     if (!fast_row(P, fast)) return;
-    const float *lg = logits + (size_t)row * V;
+    const float *lg = logits + (size_t)row * V, *ls = draw_row(lg, restricted, row, V, P);
     const int32_t *cnt = counts ? counts + (size_t)(count_slot ? count_slot[row] : row) * V : NULL;
     int per = CEIL_DIV(n_valid, FP), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
@@ -228,7 +287,7 @@ __global__ void __launch_bounds__(FT)
     int bi = 0x7fffffff;
     uint32_t tmax = 0; /* this thread's largest key */
     for (int j = tid; j < n; j += FT) {
-        float l = lg[i0 + j], lp = cnt ? apply_pen(l, cnt[i0 + j], P) : l;
+        float l = lg[i0 + j], lr = ls[i0 + j], lp = cnt ? apply_pen(lr, cnt[i0 + j], P) : lr;
         float mn = fmaxf(m, l);
         s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
         if (P.temperature <= 0.0f) {
@@ -302,7 +361,7 @@ __global__ void __launch_bounds__(FT)
             int oi = __shfl_xor_sync(0xffffffffu, bi, d);
             if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
         }
-        token = bi;
+        token = bv == -INFINITY ? TL_TOKEN_NONE_ALLOWED : bi;
     } else {
         int nc = rec[lane].nc, inc = nc;
         for (int d = 1; d < 32; d <<= 1) {
@@ -326,6 +385,10 @@ __global__ void __launch_bounds__(FT)
             c[i] = v;
         }
         sort_cands(c, n2);
+        if (c[0].x == -INFINITY) { /* the restrictions left nothing (block-uniform) */
+            if (tid == 0) o->token = TL_TOKEN_NONE_ALLOWED, o->logprob = NAN, o->n_top = 0;
+            return;
+        }
         /* survivors: the top k, within 40 nats and min-p of the best, then the top-p prefix */
         int kk = min(P.top_k, n);
         float best = c[0].x, floor_v = best - CAND_WINDOW;
@@ -358,7 +421,7 @@ __global__ void __launch_bounds__(FT)
     }
     if (tid == 0) {
         o->token = token;
-        o->logprob = logits[(size_t)row * V + token] - lse;
+        o->logprob = token >= 0 ? logits[(size_t)row * V + token] - lse : NAN;
         o->n_top = 0;
     }
 }
@@ -377,9 +440,9 @@ __global__ void __launch_bounds__(FT)
  * Tested in test_kernels.c: test_sample_* (greedy vs host argmax, top-k/top-p support,
  *   determinism, penalties, a poisoned row). */
 __global__ void __launch_bounds__(SB)
-    sample_kernel(tl_sample_out *out, const float *logits, int V, int n_valid,
-                  const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  const int32_t *count_slot, float *scratch, int fast) {
+    sample_kernel(tl_sample_out *out, const float *logits, const float *restricted, int V,
+                  int n_valid, const tl_sample_params *params, const uint64_t *keys,
+                  const int32_t *counts, const int32_t *count_slot, float *scratch, int fast) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32];
     __shared__ int s_off[SB / 32];
@@ -388,6 +451,7 @@ __global__ void __launch_bounds__(SB)
     const int32_t *cnt = counts ? counts + (size_t)(count_slot ? count_slot[row] : row) * V : NULL;
     tl_sample_params P = params[row];
     if (fast_row(P, fast)) return; /* sample_part_kernel + sample_merge_kernel took it */
+    const float *ls = draw_row(lg, restricted, row, V, P);
     float *cv = scratch + (size_t)row * 2 * V;
     int *ci = (int *)(cv + V);
 
@@ -406,26 +470,32 @@ __global__ void __launch_bounds__(SB)
     }
 
     int token;
+    tl_sample_out *o = out + row;
     if (P.temperature <= 0.0f) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         for (int i = tid; i < n_valid; i += SB) {
-            float l = cnt ? apply_pen(lg[i], cnt[i], P) : lg[i];
+            float l = cnt ? apply_pen(ls[i], cnt[i], P) : ls[i];
             if (am_better(l, i, bv, bi)) bv = l, bi = i;
         }
-        token = block_argmax(bv, bi, sbuf, sibuf).i;
+        argmax_t a = block_argmax(bv, bi, sbuf, sibuf);
+        token = a.v == -INFINITY ? TL_TOKEN_NONE_ALLOWED : a.i;
     } else {
         float invT = 1.0f / P.temperature;
         float mp = -INFINITY;
         for (int i = tid; i < n_valid; i += SB)
-            mp = fmaxf(mp, (cnt ? apply_pen(lg[i], cnt[i], P) : lg[i]) * invT);
+            mp = fmaxf(mp, (cnt ? apply_pen(ls[i], cnt[i], P) : ls[i]) * invT);
         mp = block_max(mp, sbuf);
+        if (mp == -INFINITY) { /* the restrictions left nothing (block-uniform) */
+            if (tid == 0) o->token = TL_TOKEN_NONE_ALLOWED, o->logprob = NAN, o->n_top = 0;
+            return;
+        }
         float theta = mp - CAND_WINDOW;
         if (P.min_p > 0.0f) theta = fmaxf(theta, mp + logf(P.min_p));
         /* compaction in index order: thread tid owns [tid*per, (tid+1)*per) */
         int per = CEIL_DIV(n_valid, SB), i0 = tid * per, i1 = min(n_valid, i0 + per), mine = 0;
         for (int i = i0; i < i1; i++)
-            mine += (cnt ? apply_pen(lg[i], cnt[i], P) : lg[i]) * invT >= theta;
+            mine += (cnt ? apply_pen(ls[i], cnt[i], P) : ls[i]) * invT >= theta;
         int incl = mine, lane = tid & 31, w = tid >> 5;
         for (int o = 1; o < 32; o <<= 1) {
             int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -445,7 +515,7 @@ __global__ void __launch_bounds__(SB)
         __syncthreads();
         int n_c = sibuf[0], off = s_off[w] + incl - mine;
         for (int i = i0; i < i1; i++) {
-            float l = (cnt ? apply_pen(lg[i], cnt[i], P) : lg[i]) * invT;
+            float l = (cnt ? apply_pen(ls[i], cnt[i], P) : ls[i]) * invT;
             if (l >= theta) cv[off] = l, ci[off] = i, off++;
         }
         __syncthreads();
@@ -491,7 +561,10 @@ __global__ void __launch_bounds__(SB)
         }
         token = block_argmax(bv, bi, sbuf, sibuf).i;
     }
-    tl_sample_out *o = out + row;
+    if (token < 0) { /* greedy with nothing left (block-uniform) */
+        if (tid == 0) o->token = token, o->logprob = NAN, o->n_top = 0;
+        return;
+    }
     if (tid == 0) {
         o->token = token;
         o->logprob = lg[token] - lse;
@@ -517,18 +590,27 @@ __global__ void __launch_bounds__(SB)
 extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                              const tl_sample_params *params, const uint64_t *keys,
                              const int32_t *counts, const int32_t *count_slot, float *scratch,
-                             int n_rows, const tl_gpu_stream *st) {
+                             float *restricted, int n_rows, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
+    if (restricted) {
+        TL_LAUNCH(st, "sample_restrict_copy", sample_restrict_copy_kernel,
+                  dim3(CEIL_DIV(n_vocab, SB), n_rows), dim3(SB), 0, restricted, logits, n_vocab,
+                  params);
+        TL_LAUNCH(st, "sample_restrict_bias", sample_restrict_bias_kernel, dim3(n_rows), dim3(SB),
+                  0, restricted, logits, n_vocab, params);
+    }
     /* the two-pass path needs each part in shared memory and its records in the row's scratch */
     int fast = n_valid <= FP * FCH && 2 * n_vocab >= FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK;
     if (fast) {
         TL_LAUNCH(st, "sample_part", sample_part_kernel, dim3(FP, n_rows), dim3(FT), 0, logits,
-                  n_vocab, n_valid, params, counts, count_slot, scratch, fast);
+                  (const float *)restricted, n_vocab, n_valid, params, counts, count_slot, scratch,
+                  fast);
         TL_LAUNCH(st, "sample_merge", sample_merge_kernel, dim3(n_rows), dim3(FT), 0, out, logits,
                   n_vocab, params, keys, scratch, fast);
     }
-    TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits, n_vocab, n_valid,
-              params, keys, counts, count_slot, scratch, fast);
+    TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits,
+              (const float *)restricted, n_vocab, n_valid, params, keys, counts, count_slot,
+              scratch, fast);
     return 0;
 }
 

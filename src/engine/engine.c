@@ -261,7 +261,20 @@ int tl_sample_params_check(const tl_sample_params *p, char *err, size_t errlen) 
         bad = "repetition_penalty is not a positive number";
     else if (p->n_logprobs < 0 || p->n_logprobs > TL_MAX_LOGPROBS)
         bad = "n_logprobs is not in [0, TL_MAX_LOGPROBS]";
-    return bad ? tl_errf(err, errlen, TL_ERR_INVALID, "%s", bad) : TL_OK;
+    else if (p->n_bias < 0 || p->n_bias > TL_MAX_LOGIT_BIAS)
+        bad = "n_bias is not in [0, TL_MAX_LOGIT_BIAS]";
+    else if (p->n_bias > 0 && (!p->bias_ids || !p->bias_vals))
+        bad = "n_bias > 0 without bias_ids and bias_vals";
+    if (bad) return tl_errf(err, errlen, TL_ERR_INVALID, "%s", bad);
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias_ids[i] < 0)
+            return tl_errf(err, errlen, TL_ERR_INVALID, "bias_ids[%d] = %d is negative", i,
+                           p->bias_ids[i]);
+        if (!(fabsf(p->bias_vals[i]) <= 1e30f))
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "bias_vals[%d] is not finite or beyond 1e30 in magnitude", i);
+    }
+    return TL_OK;
 }
 
 /* Entry i alone and against the entries before it (tulip.h lists what is checked). */
@@ -289,6 +302,11 @@ static int check_entry(tl_engine *e, const tl_batch_entry *b, int i, char *err, 
     char why[96];
     if (b[i].sample && tl_sample_params_check(b[i].sample, why, sizeof why))
         return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: %s", i, why);
+    for (int k = 0; b[i].sample && k < b[i].sample->n_bias; k++)
+        if (b[i].sample->bias_ids[k] >= e->cfg.n_vocab)
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "batch entry %d: bias id %d out of range [0, %d)", i,
+                           b[i].sample->bias_ids[k], e->cfg.n_vocab);
     /* a sampled token joins the sequence too: it needs a place in the context */
     int need = b[i].n_tok + (b[i].sample ? 1 : 0);
     if (s->n_tokens + need > e->max_ctx)

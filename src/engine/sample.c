@@ -80,6 +80,30 @@ static int apply_penalties(float *l, int V, const tl_sample_params *p, const int
     return TL_OK;
 }
 
+/* The logit bias and the allowed-token mask (tulip.h), in place: l[i] + the sum of i's bias
+ * values (summed in pair order first, as k_sample.cu does), -inf where allow's bit is clear.
+ * Bias ids >= V (padding, never sampled) are skipped. Returns 1 if a finite logit is left. */
+static int apply_restrictions(float *l, int V, const tl_sample_params *p) {
+    for (int j = 0; j < p->n_bias; j++) {
+        int id = p->bias_ids[j], first = 1;
+        if (id < 0 || id >= V) continue;
+        for (int k = 0; k < j && first; k++) first = p->bias_ids[k] != id;
+        if (!first) continue;
+        float b = p->bias_vals[j];
+        for (int k = j + 1; k < p->n_bias; k++)
+            if (p->bias_ids[k] == id) b += p->bias_vals[k];
+        l[id] += b;
+    }
+    int any = 0;
+    for (int i = 0; i < V; i++) {
+        if (p->allow && !(p->allow[i >> 5] >> (i & 31) & 1u)) l[i] = -INFINITY;
+        any |= isfinite(l[i]);
+    }
+    return any;
+}
+
+static int restricted(const tl_sample_params *p) { return p->n_bias > 0 || p->allow; }
+
 /* softmax(l / T) into c[0..V), most likely first (lowest id first among equals). */
 static void sorted_probs(const float *l, int V, float T, cand *c) {
     float mx = -INFINITY;
@@ -115,16 +139,19 @@ static int n_candidates(const cand *c, int V, const tl_sample_params *p) {
     return n;
 }
 
-/* A draw from the first n candidates, renormalised. */
+/* A draw from the first n candidates, renormalised. The fallback (u rounded up to the total) is
+ * the last candidate of non-zero probability: a masked token (p = 0) is never drawn. */
 static int draw(const cand *c, int n, uint64_t *rng) {
     double tot = 0;
     for (int i = 0; i < n; i++) tot += c[i].p;
     double u = tl_rng_uniform(rng) * tot, acc = 0;
+    int last = 0;
     for (int i = 0; i < n; i++) {
         acc += c[i].p;
+        if (c[i].p > 0) last = i;
         if (u < acc) return c[i].id;
     }
-    return c[n - 1].id;
+    return c[last].id;
 }
 
 int tl_sample_host(const float *logits, int V, const tl_sample_params *p, uint64_t *rng,
@@ -136,16 +163,21 @@ int tl_sample_host(const float *logits, int V, const tl_sample_params *p, uint64
     }
     if (poisoned || !any_finite) { /* no distribution (as k_sample.cu): a poisoned model */
         memset(out, 0, sizeof *out);
-        out->token = -1, out->logprob = NAN;
+        out->token = TL_TOKEN_NON_FINITE, out->logprob = NAN;
         return TL_OK;
     }
     float *l = malloc(sizeof(float) * V);
     cand *c = p->temperature > 0 ? malloc(sizeof(cand) * V) : NULL;
     int rc = l && (c || p->temperature <= 0) ? TL_OK : TL_ERR_NOMEM;
-    if (!rc) {
-        memcpy(l, logits, sizeof(float) * V);
-        rc = apply_penalties(l, V, p, history, n_history, n_prompt);
+    if (!rc) memcpy(l, logits, sizeof(float) * V);
+    if (!rc && restricted(p) && !apply_restrictions(l, V, p)) { /* nothing left to sample */
+        memset(out, 0, sizeof *out);
+        out->token = TL_TOKEN_NONE_ALLOWED, out->logprob = NAN;
+        free(c);
+        free(l);
+        return TL_OK;
     }
+    if (!rc) rc = apply_penalties(l, V, p, history, n_history, n_prompt);
     if (!rc && p->temperature <= 0) {
         int best = 0;
         for (int i = 1; i < V; i++)

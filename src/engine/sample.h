@@ -12,6 +12,8 @@ double tl_rng_uniform(uint64_t *s);
 
 /* Samples one token from logits[0..n_vocab) (ids >= n_vocab are never chosen):
  *  1. logprob / top logprobs from log_softmax of the unmodified logits;
+ *  1b. the logit bias added, tokens outside `allow` set to -inf (tulip.h); no finite logit left:
+ *     token TL_TOKEN_NONE_ALLOWED (non-finite input logits: TL_TOKEN_NON_FINITE, checked first);
  *  2. repetition penalty over history[0..n_history) (HF: l>0 ? l/r : l*r), presence and
  *     frequency penalties over the generated part history[n_prompt..n_history) (OpenAI);
  *  3. temperature <= 0: argmax (ties: lowest id); else softmax(l / T), then min-p (drop

@@ -199,6 +199,11 @@ static int seq_push(tl_job *j, int32_t t) {
  * when the job ended (it stays in running[] until the sweep). */
 static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now) {
     int n_gen = j->n_gen, script_end = 0;
+    if (o->token == TL_TOKEN_NONE_ALLOWED && !j->script) { /* allow/bias left nothing */
+        job_finish(s, j, TL_FIN_ERROR, TL_ERR_INVALID,
+                   "the token restrictions (logit_bias, min_tokens) left no token to sample");
+        return 1;
+    }
     if (o->token < 0 && !j->script) { /* this sequence's logits were NaN/Inf (tulip.h) */
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL,
                    "the model produced non-finite logits (NaN or infinity) for this request");

@@ -68,13 +68,23 @@ static void expect_fail(tl_engine *e, tl_batch_entry *b, int n, int want, tl_ses
 
 static void bad_sample_params(tl_engine *e, tl_session *A, tl_session *B, const int32_t *tok) {
     tl_sample_out o;
-    tl_sample_params p[10];
-    for (int i = 0; i < 10; i++) p[i] = SP_A;
+    tl_sample_params p[16];
+    static int32_t ids[TL_MAX_LOGIT_BIAS + 1], neg_id = -1, big_id = 1 << 30;
+    static float vals[TL_MAX_LOGIT_BIAS + 1], nan_val = NAN;
+    for (int i = 0; i < 16; i++) p[i] = SP_A;
     p[0].top_p = 0, p[1].top_p = 1.5f, p[2].min_p = -0.1f, p[3].min_p = 2,
     p[4].frequency_penalty = NAN;
     p[5].repetition_penalty = 0, p[6].temperature = NAN, p[7].n_logprobs = TL_MAX_LOGPROBS + 1;
     p[8].n_logprobs = -1, p[9].presence_penalty = INFINITY;
-    for (int i = 0; i < 10; i++) {
+    /* token restrictions: too many pairs, pairs without arrays, a negative id, an id past the
+     * vocabulary (the engine's check), a non-finite value, a negative count */
+    p[10].n_bias = TL_MAX_LOGIT_BIAS + 1, p[10].bias_ids = ids, p[10].bias_vals = vals;
+    p[11].n_bias = 1;
+    p[12].n_bias = 1, p[12].bias_ids = &neg_id, p[12].bias_vals = vals;
+    p[13].n_bias = 1, p[13].bias_ids = &big_id, p[13].bias_vals = vals;
+    p[14].n_bias = 1, p[14].bias_ids = ids, p[14].bias_vals = &nan_val;
+    p[15].n_bias = -1;
+    for (int i = 0; i < 16; i++) {
         tl_batch_entry b = {.sess = A, .tokens = tok, .n_tok = 1, .sample = &p[i], .out = &o};
         expect_fail(e, &b, 1, TL_ERR_INVALID, A, B, "sample params");
     }

@@ -9,12 +9,16 @@
  *               top_p of theirs (renormalised, as vLLM and the CUDA kernel do); draw from the
  *               survivors renormalised;
  *   logprobs    log-softmax of the unmodified logits: the token's and the n largest (lowest id
- *               first on ties).
+ *               first on ties);
+ *   restrictions (tulip.h) before the penalties: the logit bias added (a repeated id: the sum of
+ *               its values), tokens outside the allowed bitset at -inf; nothing finite left:
+ *               token -2 and no draw.
  * Distributions are checked over many seeds (one draw per seed, as a request's first token):
  * no token outside the reference's candidate set, and a chi-square bound on the counts inside it
  * that a candidate set off by one token, or a wrong temperature or penalty, cannot pass. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include "common/util.h"
 #include "engine/sample.h"
 #include "t_check.h"
@@ -36,6 +40,8 @@ static void ref_penalised(const float *logits, int V, const tl_sample_params *p,
                 gen += i >= h.n_prompt;
             }
         double x = logits[t];
+        for (int j = 0; j < p->n_bias; j++) x += p->bias_ids[j] == t ? p->bias_vals[j] : 0;
+        if (p->allow && !(p->allow[t / 32] & (1u << (t % 32)))) x = -INFINITY;
         if (in_hist) x = x > 0 ? x / p->repetition_penalty : x * p->repetition_penalty;
         if (gen) x -= p->presence_penalty + p->frequency_penalty * gen;
         l[t] = x;
@@ -350,6 +356,125 @@ static void test_non_finite(void) {
         }
 }
 
+/* ====== Token restrictions: logit bias and the allowed-token mask. ====== */
+
+static void set_allow(uint32_t *bits, int n_words, const int *ids, int n) {
+    memset(bits, 0, sizeof(uint32_t) * n_words);
+    for (int i = 0; i < n; i++) bits[ids[i] / 32] |= 1u << (ids[i] % 32);
+}
+
+/* Hand-worked greedy cases on L12 (2.0 at 0, 1.6 at 7, 1.2 at 1, 1.0 at 11, 0.9 at 2, 0.7 at 3,
+ * 0.5 at 4, 0.3 at 9, 0.1 at 5, ...). */
+static void test_restrict_greedy_cases(void) {
+    static const int32_t gen3[] = {0, 3}; /* prompt 0, generated 3 */
+    struct {
+        int n_bias;
+        int32_t ids[3];
+        float vals[3];
+        int n_allow; /* -1: no mask */
+        int allow[4];
+        float presence;
+        int want;
+    } c[] = {
+        {1, {1}, {1.0f}, -1, {0}, 0, 1},               /* 1.2 + 1 = 2.2 > 2.0 */
+        {1, {1}, {0.7f}, -1, {0}, 0, 0},               /* 1.9 < 2.0 */
+        {1, {0}, {-100.0f}, -1, {0}, 0, 7},            /* 0 banned: 7 (1.6) next */
+        {0, {0}, {0}, 3, {3, 5, 9}, 0, 3},             /* 0.7 > 0.3 > 0.1 */
+        {1, {5}, {1.0f}, 3, {3, 5, 9}, 0, 5},          /* 0.1 + 1 = 1.1 > 0.7 */
+        {2, {5, 5}, {0.4f, 0.4f}, 3, {3, 5, 9}, 0, 5}, /* repeated id: 0.9 > 0.7 */
+        {2, {5, 9}, {0.4f, 0.5f}, 3, {3, 5, 9}, 0, 9}, /* 0.5, 0.8 > 0.7 */
+        {1, {0}, {100.0f}, 3, {3, 5, 9}, 0, 3},        /* bias on a banned token */
+        {0, {0}, {0}, 2, {3, 9}, 0.5f, 9},             /* penalty after: 0.2 < 0.3 */
+        {1, {9}, {-0.5f}, 2, {3, 9}, 0.5f, 3},         /* 0.2 > -0.2 */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        uint32_t bits[1];
+        tl_sample_params p = sp(0, 0, 1, 0);
+        p.presence_penalty = c[i].presence;
+        p.n_bias = c[i].n_bias, p.bias_ids = c[i].ids, p.bias_vals = c[i].vals;
+        if (c[i].n_allow >= 0) {
+            set_allow(bits, 1, c[i].allow, c[i].n_allow);
+            p.allow = bits;
+        }
+        history h = {gen3, 2, 1};
+        double pl[12];
+        ref_penalised(L12, 12, &p, h, pl);
+        CHECK_EQ_INT(ref_argmax(pl, 12), c[i].want);
+        int got = host_token(L12, 12, &p, h);
+        if (got != c[i].want) fprintf(stderr, "  restrict case %zu: %d\n", i, got);
+        CHECK_EQ_INT(got, c[i].want);
+    }
+}
+
+/* Nothing left to sample: token -2, no draw, greedy or sampled; the logprob of a forced token is
+ * that of the unmodified logits. */
+static void test_restrict_none_and_logprob(void) {
+    float l[40];
+    for (int i = 0; i < 40; i++) l[i] = (float)((i * 5) % 11) * 0.3f;
+    l[33] = -INFINITY;
+    uint32_t bits[2] = {0, 0};
+    for (int temp = 0; temp < 2; temp++) {
+        tl_sample_params p = sp(temp ? 1.0f : 0.0f, 0, 1, 0);
+        p.allow = bits; /* empty */
+        uint64_t rng = 5, rng0 = rng;
+        tl_sample_out o;
+        CHECK_EQ_INT(tl_sample_host(l, 40, &p, &rng, NULL, 0, 0, &o), 0);
+        CHECK_EQ_INT(o.token, TL_TOKEN_NONE_ALLOWED);
+        CHECK(rng == rng0);
+        bits[1] = 1u << 1; /* only 33, whose logit is -inf */
+        CHECK_EQ_INT(tl_sample_host(l, 40, &p, &rng, NULL, 0, 0, &o), 0);
+        CHECK_EQ_INT(o.token, TL_TOKEN_NONE_ALLOWED);
+        bits[1] = 0;
+    }
+    /* a bias of +100 on token 20 forces it; its logprob stays log_softmax(l)[20] */
+    double mx = -INFINITY, z = 0;
+    for (int i = 0; i < 40; i++) mx = fmax(mx, l[i]);
+    for (int i = 0; i < 40; i++) z += exp(l[i] - mx);
+    int32_t id = 20;
+    float v = 100.0f;
+    for (int temp = 0; temp < 2; temp++)
+        for (int seed = 1; seed <= 20; seed++) {
+            tl_sample_params p = sp(temp ? 1.0f : 0.0f, 0, 1, 0);
+            p.n_bias = 1, p.bias_ids = &id, p.bias_vals = &v, p.n_logprobs = 2;
+            uint64_t rng = tl_rng_seed((uint64_t)seed);
+            tl_sample_out o;
+            CHECK_EQ_INT(tl_sample_host(l, 40, &p, &rng, NULL, 0, 0, &o), 0);
+            CHECK_EQ_INT(o.token, 20);
+            CHECK_CLOSE(o.logprob, l[20] - (mx + log(z)), 1e-5, 1e-6);
+            CHECK(l[o.top_ids[0]] == (float)mx); /* top logprobs: unmodified too */
+        }
+}
+
+static void test_restrict_distribution(void) {
+    history none = {0};
+    static const int32_t h[] = {0, 7, 3, 7, 1, 11, 1, 0, 1};
+    history hist = {h, 9, 4};
+    uint32_t bits[1];
+    static const int allow7[] = {0, 1, 2, 4, 6, 9, 11};
+    static const int32_t ids[] = {4, 6, 0, 4};
+    static const float vals[] = {1.5f, 2.0f, -0.7f, 0.25f};
+    set_allow(bits, 1, allow7, 7);
+    tl_sample_params p = sp(1, 0, 1, 0);
+    p.allow = bits;
+    CHECK_EQ_INT(check_distribution("allow 7 of 12", L12, 12, &p, none), 7);
+    p.n_bias = 4, p.bias_ids = ids, p.bias_vals = vals;
+    CHECK_EQ_INT(check_distribution("allow 7 + bias", L12, 12, &p, none), 7);
+    p = sp(0.8f, 3, 1, 0);
+    p.allow = bits, p.n_bias = 4, p.bias_ids = ids, p.bias_vals = vals;
+    CHECK_EQ_INT(check_distribution("allow+bias, T0.8, k3", L12, 12, &p, none), 3);
+    p = sp(1, 0, 0.7f, 0);
+    p.n_bias = 4, p.bias_ids = ids, p.bias_vals = vals;
+    p.presence_penalty = 0.8f, p.repetition_penalty = 1.3f;
+    check_distribution("bias, top_p, penalties", L12, 12, &p, hist);
+    static const int32_t ban[] = {0, 7, 1};
+    static const float m100[] = {-100.0f, -100.0f, -100.0f};
+    p = sp(1, 0, 1, 0);
+    p.n_bias = 3, p.bias_ids = ban, p.bias_vals = m100;
+    /* -100 is e^-100 of the mass: no draw in 1e5 lands there; the reference keeps them as
+     * candidates of ~1e-44 probability, which add nothing to chi2 */
+    check_distribution("bias -100 on 3", L12, 12, &p, none);
+}
+
 int main(void) {
     T_RUN(test_distribution_filters);
     T_RUN(test_top_p_boundaries);
@@ -358,5 +483,8 @@ int main(void) {
     T_RUN(test_greedy_random);
     T_RUN(test_logprobs);
     T_RUN(test_non_finite);
+    T_RUN(test_restrict_greedy_cases);
+    T_RUN(test_restrict_none_and_logprob);
+    T_RUN(test_restrict_distribution);
     return t_summary();
 }

@@ -11,6 +11,7 @@
  * to bf16, one ulp allowed. */
 #include <math.h>
 #include <stdio.h>
+#include "engine/sample.h"
 #include "gpu_util.h"
 #include "model/shape.h"
 
@@ -683,21 +684,39 @@ static tl_sample_params greedy_params(void) {
     return p;
 }
 
-/* Runs the sampler on rows of logits with per-row params/keys; returns the outputs. */
+/* Runs the sampler on rows of logits with per-row params/keys; returns the outputs. Rows with
+ * token restrictions (host pointers in p) get device copies of their bias pairs and bitset, and
+ * the launch a restricted-logits buffer, as cuda_forward.cu stages them. */
 static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
                        const tl_sample_params *p, const uint64_t *keys, const int32_t *counts,
                        int rows) {
+    tl_sample_params *pd = xmalloc(sizeof(tl_sample_params) * rows);
+    void **fr = xcalloc((size_t)rows * 3, sizeof(void *));
+    int any_restrict = 0;
+    for (int r = 0; r < rows; r++) {
+        pd[r] = p[r];
+        if (p[r].n_bias > 0) {
+            pd[r].bias_ids = fr[3 * r] = dev_from(p[r].bias_ids, 4 * (size_t)p[r].n_bias);
+            pd[r].bias_vals = fr[3 * r + 1] = dev_from(p[r].bias_vals, 4 * (size_t)p[r].n_bias);
+        }
+        if (p[r].allow)
+            pd[r].allow = fr[3 * r + 2] = dev_from(p[r].allow, 4 * (size_t)(V + 31) / 32);
+        any_restrict |= p[r].n_bias > 0 || p[r].allow;
+    }
     float *dl = dev_from(lg, sizeof(float) * (size_t)rows * V);
-    tl_sample_params *dp = dev_from(p, sizeof(tl_sample_params) * rows);
+    tl_sample_params *dp = dev_from(pd, sizeof(tl_sample_params) * rows);
     uint64_t *dk = dev_from(keys, 8 * (size_t)rows);
     int32_t *dc = counts ? dev_from(counts, 4 * (size_t)rows * V) : NULL;
     float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
+    float *rl = any_restrict ? tl_gpu_malloc(sizeof(float) * (size_t)rows * V) : NULL;
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, NULL, scr, rows, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, NULL, scr, rl, rows, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
     tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
-        tl_gpu_free(dout);
+        tl_gpu_free(dout), tl_gpu_free(rl);
+    for (int i = 0; i < 3 * rows; i++) tl_gpu_free(fr[i]);
+    free(fr), free(pd);
 }
 
 static void test_sample_greedy_logprobs(void) {
@@ -1003,18 +1022,245 @@ static void test_sample_determinism_penalties(void) {
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out)), so;
     int32_t one = 1, zero = 0;
     int32_t *drs1 = dev_from(&one, 4), *drs0 = dev_from(&zero, 4);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs1, scr, 1, NULL),
-                 0);
+    CHECK_EQ_INT(
+        tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs1, scr, NULL, 1, NULL), 0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 5);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs0, scr, 1, NULL),
-                 0);
+    CHECK_EQ_INT(
+        tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs0, scr, NULL, 1, NULL), 0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 6);
     void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) tl_gpu_free(fr[i]);
     free(hc);
     free(lg), free(l2), free(cnt);
+}
+
+/* ---- token restrictions (logit bias, allowed-token mask) ---- */
+
+/* Random restrictions for one row at full vocabulary: an allowed set of about 1/8 of the ids
+ * (mask rows), and bias pairs on random ids with values in [-10, 10], some repeated, some on
+ * banned ids, one +100 on an allowed id on every fourth row (it must win). */
+typedef struct {
+    uint32_t *allow;
+    int32_t ids[TL_MAX_LOGIT_BIAS];
+    float vals[TL_MAX_LOGIT_BIAS];
+    int n;
+} restr;
+
+static uint32_t rand_u32(unsigned long long *r) {
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*r >> 32);
+}
+
+static void restr_random(restr *x, int V, int nv, int with_mask, int n_bias, int force,
+                         unsigned long long *r) {
+    int W = (V + 31) / 32;
+    x->allow = NULL, x->n = n_bias;
+    if (with_mask) {
+        x->allow = xcalloc((size_t)W, 4);
+        for (int w = 0; w < W; w++) /* about 1/8 of the bits */
+            x->allow[w] = rand_u32(r) & rand_u32(r) & rand_u32(r);
+    }
+    for (int j = 0; j < n_bias; j++) {
+        int id = (int)((t_randf(r) * 0.5f + 0.5f) * (nv - 1));
+        if (j % 7 == 6) id = x->ids[j / 2]; /* repeated ids: their values add */
+        x->ids[j] = id, x->vals[j] = 10.0f * t_randf(r);
+    }
+    if (force && n_bias > 0) {
+        int id = 4321;
+        if (x->allow) x->allow[id / 32] |= 1u << (id % 32);
+        x->ids[0] = id, x->vals[0] = 100.0f;
+    }
+}
+
+static void restr_apply(const restr *x, tl_sample_params *p) {
+    p->allow = x->allow, p->n_bias = x->n;
+    p->bias_ids = x->n ? x->ids : NULL, p->bias_vals = x->n ? x->vals : NULL;
+}
+
+/* Greedy with restrictions on random logits at full vocabulary against the host sampler
+ * (src/engine/sample.c): the same token exactly (both add the same floats in the same order,
+ * then take the argmax: no tolerance), the logprob of the unmodified logits (1e-4 absolute, the
+ * float log-sum-exp of test_sample_greedy_logprobs). Rows cover both device paths (two-pass:
+ * no top logprobs; one block a row: top logprobs), mask only, bias only, both, a repetition
+ * penalty after the restrictions, a +100 bias that forces its token, and rows without any
+ * restriction beside restricted ones (they must equal an unrestricted launch). */
+static void test_sample_restrict_greedy(void) {
+    enum { ROWS = 12 };
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    float *lg = rand_vec((size_t)ROWS * V, 5.0f, &rs);
+    int32_t *cnt = xcalloc((size_t)ROWS * V, 4);
+    restr *x = xcalloc(ROWS, sizeof *x);
+    tl_sample_params p[ROWS];
+    uint64_t keys[ROWS];
+    int32_t hist[64];
+    for (int i = 0; i < 64; i++) hist[i] = (int32_t)((t_randf(&rs) * 0.5f + 0.5f) * (nv - 1));
+    for (int r = 0; r < ROWS; r++) {
+        p[r] = greedy_params(), keys[r] = (uint64_t)r + 1;
+        int mask = r % 3 != 1, n_bias = r % 3 != 0 ? (r < 6 ? 50 : TL_MAX_LOGIT_BIAS) : 0;
+        if (r == 10 || r == 11) mask = 0, n_bias = 0; /* unrestricted rows in the launch */
+        restr_random(&x[r], V, nv, mask, n_bias, r % 3 == 2, &rs);
+        restr_apply(&x[r], &p[r]);
+        if (r % 2) p[r].n_logprobs = 3; /* the one-block path */
+        if (r == 5 || r == 8) {         /* repetition over a history after the restrictions */
+            p[r].repetition_penalty = 1.7f;
+            for (int i = 0; i < 64; i++) cnt[(size_t)r * V + hist[i]] = 1 << 30;
+            for (int i = 0; i < 64; i += 3) lg[(size_t)r * V + hist[i]] = 12.0f; /* leaders */
+        }
+    }
+    tl_sample_out out[ROWS], plain[ROWS];
+    run_sample(out, lg, V, nv, p, keys, cnt, ROWS);
+    int forced = 0, n_forced = 0;
+    for (int r = 0; r < ROWS; r++) {
+        tl_sample_out h;
+        uint64_t rng = 1;
+        int pen = p[r].repetition_penalty != 1.0f;
+        CHECK_EQ_INT(tl_sample_host(lg + (size_t)r * V, nv, &p[r], &rng, pen ? hist : NULL,
+                                    pen ? 64 : 0, pen ? 64 : 0, &h),
+                     0);
+        printf("# restrict greedy row %2d (mask %d, bias %4d, top %d): device %6d host %6d\n", r,
+               p[r].allow != NULL, p[r].n_bias, p[r].n_logprobs, out[r].token, h.token);
+        CHECK_EQ_INT(out[r].token, h.token);
+        CHECK(h.token >= 0);
+        if (h.token >= 0) CHECK_CLOSE(out[r].logprob, h.logprob, 1e-4, 1e-5);
+        if (h.token >= 0 && p[r].allow) CHECK(p[r].allow[h.token / 32] >> (h.token % 32) & 1u);
+        if (r % 3 == 2 && p[r].n_bias > 0) forced += out[r].token == 4321, n_forced++;
+    }
+    CHECK(n_forced >= 1);
+    CHECK_EQ_INT(forced, n_forced);
+    /* the unrestricted rows equal a launch with no restricted row at all */
+    run_sample(plain, lg + (size_t)10 * V, V, nv, &p[10], &keys[10], cnt + (size_t)10 * V, 2);
+    CHECK_EQ_INT(plain[0].token, out[10].token);
+    CHECK_EQ_INT(plain[1].token, out[11].token);
+    for (int r = 0; r < ROWS; r++) free(x[r].allow);
+    free(x), free(lg), free(cnt);
+}
+
+/* Nothing allowed: TL_TOKEN_NONE_ALLOWED on both paths, greedy and sampled (an empty mask, and a
+ * mask whose only allowed id has a -inf logit); the rows beside it are unaffected. */
+static void test_sample_restrict_none(void) {
+    enum { ROWS = 6 };
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS, W = (V + 31) / 32;
+    float *lg = rand_vec((size_t)ROWS * V, 5.0f, &rs);
+    uint32_t *empty = xcalloc((size_t)W, 4), *one = xcalloc((size_t)W, 4);
+    one[777 / 32] = 1u << (777 % 32);
+    tl_sample_params p[ROWS];
+    uint64_t keys[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        p[r] = greedy_params(), keys[r] = 100 + (uint64_t)r;
+        lg[(size_t)r * V + 777] = -INFINITY;
+    }
+    p[0].allow = empty;                                        /* greedy, two-pass */
+    p[1].allow = one, p[1].n_logprobs = 2;                     /* greedy, one block */
+    p[2].allow = empty, p[2].temperature = 1, p[2].top_k = 20; /* sampled, two-pass */
+    p[3].allow = one, p[3].temperature = 1;                    /* sampled, one block */
+    p[5].temperature = 1, p[5].top_k = 20;                     /* 4, 5: no restriction */
+    tl_sample_out out[ROWS], clean[2];
+    run_sample(out, lg, V, nv, p, keys, NULL, ROWS);
+    for (int r = 0; r < 4; r++) CHECK_EQ_INT(out[r].token, TL_TOKEN_NONE_ALLOWED);
+    run_sample(clean, lg + (size_t)4 * V, V, nv, &p[4], &keys[4], NULL, 2);
+    CHECK_EQ_INT(out[4].token, clean[0].token);
+    CHECK_EQ_INT(out[5].token, clean[1].token);
+    CHECK(out[4].token >= 0 && out[5].token >= 0);
+    free(lg), free(empty), free(one);
+}
+
+/* Sampled with restrictions at full vocabulary, on both device paths, against the exact law of
+ * the host sampler's definitions (computed here in double, as sample_full_law): a few strong
+ * tokens spread over the parts, the bulk 50+ nats below (outside the 40-nat window, ~1e-17 of
+ * the mass), one strong token banned by the mask, one pushed out by a -100 bias, a weak token
+ * lifted by +3.5 into the candidates, a repeated-id bias, then T, top-k/min-p/top-p. Every draw
+ * must be a survivor, and the chi-square statistic under its 1e-4 tail. The host sampler draws
+ * from the same law: its draws are counted too and must also stay inside the survivors. */
+static void sample_restrict_law(int two_pass, int n_rows, int n_launch) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS, NS = 8, W = (V + 31) / 32;
+    const int ids[8] = {17, 40000, 40001, 120003, 199999, 248000, 7777, 99999};
+    const float val[8] = {6.0f, 5.6f, 5.2f, 5.3f, 6.3f, 4.0f, 2.0f, 2.5f};
+    float *lg = xmalloc(sizeof(float) * V * (size_t)n_rows);
+    unsigned long long r0 = 0x5eed;
+    for (int i = 0; i < V; i++) lg[i] = -60.0f + 10.0f * t_randf(&r0) * t_randf(&r0);
+    for (int j = 0; j < NS; j++) lg[ids[j]] = val[j];
+    for (int r = 1; r < n_rows; r++) memcpy(lg + (size_t)r * V, lg, sizeof(float) * V);
+    uint32_t *allow = xmalloc(4 * (size_t)W);
+    memset(allow, 0xff, 4 * (size_t)W);
+    allow[199999 / 32] &= ~(1u << (199999 % 32)); /* the best token is banned */
+    int32_t bid[4] = {40000, 99999, 40001, 40001};
+    float bval[4] = {-100.0f, 3.5f, 0.25f, 0.25f}; /* 99999: 6.0; 40001: 5.7 */
+    tl_sample_params P = greedy_params();
+    P.temperature = 0.8f, P.top_k = two_pass ? 6 : 0, P.min_p = 0.05f, P.top_p = 0.9f;
+    P.allow = allow, P.n_bias = 4, P.bias_ids = bid, P.bias_vals = bval;
+    double l[8], q[8] = {0}, best = -1e30, tot = 0, cum = 0;
+    int order[8], keep = 0, kk = two_pass ? 6 : NS;
+    for (int j = 0; j < NS; j++) {
+        double b = 0;
+        for (int k = 0; k < 4; k++) b += bid[k] == ids[j] ? bval[k] : 0;
+        l[j] = ids[j] == 199999 ? -INFINITY : (val[j] + b) / 0.8;
+        order[j] = j;
+    }
+    for (int a = 0; a < NS; a++)
+        for (int b = a + 1; b < NS; b++)
+            if (l[order[b]] > l[order[a]] ||
+                (l[order[b]] == l[order[a]] && ids[order[b]] < ids[order[a]])) {
+                int t = order[a];
+                order[a] = order[b], order[b] = t;
+            }
+    best = l[order[0]];
+    while (keep < kk && exp(l[order[keep]] - best) >= 0.05)
+        tot += exp(l[order[keep]] - best), keep++;
+    int k2 = 0;
+    while (k2 < keep) {
+        cum += exp(l[order[k2++]] - best);
+        if (cum >= 0.9 * tot) break;
+    }
+    double z = 0;
+    for (int a = 0; a < k2; a++) z += exp(l[order[a]] - best);
+    for (int a = 0; a < k2; a++) q[order[a]] = exp(l[order[a]] - best) / z;
+    tl_sample_params *p = xmalloc(sizeof(tl_sample_params) * n_rows);
+    uint64_t *keys = xmalloc(8 * (size_t)n_rows);
+    tl_sample_out *out = xmalloc(sizeof(tl_sample_out) * n_rows);
+    int hits[8] = {0}, hhits[8] = {0}, stray = 0, hstray = 0, n = 0;
+    for (int it = 0; it < n_launch; it++) {
+        for (int r = 0; r < n_rows; r++)
+            p[r] = P, keys[r] = 0x9E3779B97F4A7C15ull * (uint64_t)(it * n_rows + r + 1);
+        run_sample(out, lg, V, nv, p, keys, NULL, n_rows);
+        for (int r = 0; r < n_rows; r++, n++) {
+            int j = 0;
+            while (j < NS && ids[j] != out[r].token) j++;
+            if (j == NS || q[j] == 0)
+                stray++;
+            else
+                hits[j]++;
+            if (n % 16) continue; /* the host sampler sorts the vocabulary: 1 draw in 16 */
+            tl_sample_out h;
+            uint64_t rng = tl_rng_seed(keys[r]);
+            CHECK_EQ_INT(tl_sample_host(lg, nv, &P, &rng, NULL, 0, 0, &h), 0);
+            for (j = 0; j < NS && ids[j] != h.token; j++) {
+            }
+            if (j == NS || q[j] == 0)
+                hstray++;
+            else
+                hhits[j]++;
+        }
+    }
+    double chi2 = 0;
+    for (int j = 0; j < NS; j++)
+        if (q[j] > 0) chi2 += (hits[j] - n * q[j]) * (hits[j] - n * q[j]) / (n * q[j]);
+    printf("# restricted law (%s, rows %d x %d): survivors %d, chi2 %.2f (df %d), stray %d, "
+           "host stray %d; freq",
+           two_pass ? "two-pass" : "one block", n_rows, n_launch, k2, chi2, k2 - 1, stray, hstray);
+    for (int j = 0; j < NS; j++) printf(" %.3f/%.3f", (double)hits[j] / n, q[j]);
+    printf("\n");
+    CHECK_EQ_INT(stray, 0);
+    CHECK_EQ_INT(hstray, 0);
+    CHECK(k2 == 4);     /* 99999 (6.0), 17 (6.0), 40001 (5.7), 120003 (5.3): top-p keeps 4 */
+    CHECK(chi2 < 21.1); /* df 3: P(chi2 > 21.1) < 1e-4 */
+    free(lg), free(allow), free(p), free(keys), free(out);
+}
+
+static void test_sample_restrict_law(void) {
+    sample_restrict_law(1, 64, 40);
+    sample_restrict_law(0, 64, 40);
 }
 
 int main(void) {
@@ -1042,5 +1288,8 @@ int main(void) {
     T_RUN(test_sample_greedy_full);
     T_RUN(test_sample_full_vocab_law);
     T_RUN(test_sample_determinism_penalties);
+    T_RUN(test_sample_restrict_greedy);
+    T_RUN(test_sample_restrict_none);
+    T_RUN(test_sample_restrict_law);
     return t_summary();
 }
