@@ -98,7 +98,8 @@ static int set_rule(rx *x, const bset *s) {
         first = 0;
         c = hi;
     }
-    if (s->non_ascii) tl_jr_utf8_multi(x->b, r, first);
+    if (s->non_ascii)
+        tl_jr_utf8_multi(x->b, r, first);
     else if (first) /* an empty class matches nothing: a rule with no way through */
         tl_gb_char(x->b, r, 1, 0);
     return x->b->err ? x->b->err : r;
@@ -236,8 +237,8 @@ static int parse_braces(rx *x, long *mn, long *mx) {
 /* x repeated mn..mx times (mx < 0: no bound) as rules. */
 static int repeat(rx *x, int atom, long mn, long mx) {
     tl_gbuild *b = x->b;
-    int tail; /* what follows the mn mandatory copies */
-    if (mx < 0) {             /* star: tail = atom tail | empty */
+    int tail;     /* what follows the mn mandatory copies */
+    if (mx < 0) { /* star: tail = atom tail | empty */
         tail = tl_gb_rule(b);
         tl_gb_ref(b, tail, atom);
         tl_gb_ref(b, tail, tail);

@@ -107,10 +107,9 @@ static int allows_null(const json_t *prop) {
     return 0;
 }
 
-static const char *const str_ok[] = {"type",        "enum",    "const",      "nullable",
-                                     "title",       "default", "examples",   "$comment",
-                                     "description", "deprecated", "readOnly", "writeOnly",
-                                     NULL};
+static const char *const str_ok[] = {
+    "type",     "enum",        "const",      "nullable", "title",     "default", "examples",
+    "$comment", "description", "deprecated", "readOnly", "writeOnly", NULL};
 
 /* A string enum (or const) as raw alternatives; members with '<', "null" or non-strings are
  * refused. */

@@ -44,6 +44,7 @@ typedef struct tl_job {
     int n_force;
     int think_end_id; /* -1: none */
     int in_think;
+    struct tl_con *con; /* constrained decoding (server/constrain.h), owned; NULL: none */
 
     /* Shared between the engine thread and the reader, under mu. */
     pthread_mutex_t mu;

@@ -20,6 +20,7 @@
 #include "server/metrics.h"
 #include "server/sched.h"
 #include "server/server.h"
+#include "server/constrain.h"
 #include "tokenizer/bpe.h"
 
 static const char *backend_name(tl_backend_kind b) {
@@ -69,7 +70,10 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
     s->max_ctx = tl_engine_max_ctx(s->eng);
     int te = tl_token_id(s->tok, "</think>");
     s->think_end_id = te >= 0 ? te : -1;
-    return 0;
+    int32_t eos[4];
+    int n_eos = c->n_eos < 4 ? c->n_eos : 4;
+    for (int i = 0; i < n_eos; i++) eos[i] = c->eos_ids[i];
+    return tl_con_ctx_init(&s->con, s->tok, c->n_vocab, eos, n_eos, s->think_end_id, err, errlen);
 }
 
 int tl_server_run(const tl_server_params *p) {
@@ -172,6 +176,7 @@ out:
     tl_sched_free(s->sched);
     tl_metrics_free(s->metrics);
     if (s->trace) fclose(s->trace);
+    tl_con_ctx_free(&s->con);
     if (s->tok) tl_tokenizer_free(s->tok);
     if (s->eng) tl_engine_close(s->eng);
     free(s);
