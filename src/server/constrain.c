@@ -23,7 +23,7 @@ struct tl_con {
     tl_grammar *g;
     tl_grammar_state *st;
     uint32_t *mask;
-    int wait_think; /* free until </think> */
+    int wait_think;  /* free until </think> */
     int32_t trigger; /* then free until this token (-1: none) */
     int active;
 };
@@ -31,8 +31,7 @@ struct tl_con {
 /* ====== Server-wide context. ====== */
 
 int tl_con_ctx_init(tl_con_ctx *c, const struct tl_tokenizer *tok, int n_rows,
-                    const int32_t *end_ids, int n_end, int think_end_id, char *err,
-                    size_t errlen) {
+                    const int32_t *end_ids, int n_end, int think_end_id, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     int st = tl_grammar_vocab_from_tokenizer(tok, &c->vocab);
     if (st) return tl_errf(err, errlen, st, "building the grammar vocabulary failed");
@@ -155,7 +154,8 @@ static int output_spec(const tl_oai_req *r, req_spec *rs, tl_oai_error *e) {
             rs->field = *f;
             st = schema_value(rs, v, *f, e) ?: 1;
         } else if (!strcmp(*f, "guided_regex")) {
-            if (!json_is_string(v)) return tl_oai_fail(e, TL_ERR_INVALID, *f, "'%s' must be a string", *f);
+            if (!json_is_string(v))
+                return tl_oai_fail(e, TL_ERR_INVALID, *f, "'%s' must be a string", *f);
             rs->field = *f;
             rs->sp.kind = TL_GRAMMAR_REGEX;
             rs->sp.regex = json_string_value(v);
@@ -212,8 +212,7 @@ static int tool_spec(const tl_oai_req *r, tl_grammar_spec *sp, int *trigger) {
     return 1;
 }
 
-int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out,
-                        tl_oai_error *e) {
+int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out, tl_oai_error *e) {
     *out = NULL;
     req_spec rs = {0};
     int has_out = output_spec(r, &rs, e), trigger = 0;
@@ -234,8 +233,7 @@ int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out
         return tl_oai_fail(e, TL_ERR_UNSUPPORTED, has_out ? rs.field : "tools",
                            "constrained decoding is not available on this server");
     }
-    if (has_out)
-        rs.sp.prefix = r->kind == TL_OAI_CHAT && r->enable_thinking ? "\n\n" : NULL;
+    if (has_out) rs.sp.prefix = r->kind == TL_OAI_CHAT && r->enable_thinking ? "\n\n" : NULL;
     tl_grammar *g = NULL;
     char err[400] = "";
     int st = tl_grammar_compile(has_out ? &rs.sp : &tsp, &g, err, sizeof err);
@@ -248,7 +246,10 @@ int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out
         return 0;
     }
     if (st)
-        return tl_oai_fail(e, st == TL_ERR_NOMEM ? st : st == TL_ERR_INVALID ? st : TL_ERR_UNSUPPORTED,
+        return tl_oai_fail(e,
+                           st == TL_ERR_NOMEM     ? st
+                           : st == TL_ERR_INVALID ? st
+                                                  : TL_ERR_UNSUPPORTED,
                            has_out ? rs.field : "tools", "%s", err);
     st = con_new(ctx, g, out);
     if (st) {

@@ -32,8 +32,7 @@ typedef struct tl_con_ctx {
 } tl_con_ctx;
 
 int tl_con_ctx_init(tl_con_ctx *c, const struct tl_tokenizer *tok, int n_rows,
-                    const int32_t *end_ids, int n_end, int think_end_id, char *err,
-                    size_t errlen);
+                    const int32_t *end_ids, int n_end, int think_end_id, char *err, size_t errlen);
 void tl_con_ctx_free(tl_con_ctx *c);
 
 typedef struct tl_con tl_con;
@@ -45,8 +44,7 @@ int tl_con_is_field(const char *k);
  * after "</think>". On failure e says why (400 naming the field and the keyword). A forced tool
  * call (tool_choice required/named, no strict tool) whose tools cannot be compiled gives no
  * constraint (*out NULL, said on stderr): the caller forces only the call's opening tokens. */
-int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out,
-                        tl_oai_error *e);
+int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out, tl_oai_error *e);
 void tl_con_free(tl_con *c);
 
 /* Engine thread. The mask for the next sample (NULL while waiting); remaining: tokens the job
