@@ -85,6 +85,11 @@ int tl_gb_finish(tl_gbuild *b, int root, struct tl_grammar **out) {
     g->n_el = k;
     g->n_rules = b->n;
     g->root = root;
+    int rc = tl_grammar_minrest(g);
+    if (rc) {
+        tl_grammar_free(g);
+        return rc;
+    }
     *out = g;
     return 0;
 }
@@ -93,5 +98,6 @@ void tl_grammar_free(tl_grammar *g) {
     if (!g) return;
     free(g->el);
     free(g->rule_start);
+    free(g->minrest);
     free(g);
 }

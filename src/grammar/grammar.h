@@ -63,4 +63,37 @@ int tl_grammar_vocab_size(const tl_grammar_vocab *v);
 int tl_grammar_mask(const tl_grammar_state *s, const tl_grammar_vocab *v, const int32_t *end_ids,
                     size_t n_end, uint32_t *mask);
 
+/* The same, keeping only tokens after which the document can still be completed in at most
+ * max_dist bytes (tl_grammar_distance); max_dist < 0: no bound (tl_grammar_mask). */
+int tl_grammar_mask_within(const tl_grammar_state *s, const tl_grammar_vocab *v,
+                           const int32_t *end_ids, size_t n_end, int max_dist, uint32_t *mask);
+
+/* The fewest bytes that complete the document from s: 0 when it is complete, 1 << 29 when no
+ * finite continuation completes it. */
+int tl_grammar_distance(const tl_grammar_state *s);
+
+/* What tl_grammar_compile builds: a document of one kind, after an optional literal prefix. */
+typedef enum tl_grammar_kind {
+    TL_GRAMMAR_SCHEMA = 0,  /* JSON valid under `schema` (tl_grammar_from_schema) */
+    TL_GRAMMAR_JSON_OBJECT, /* any JSON object */
+    TL_GRAMMAR_REGEX,       /* a string matching `regex` (the subset of src/grammar/regex.c) */
+    TL_GRAMMAR_CHOICE,      /* exactly one of the strings of the array `choices` */
+    TL_GRAMMAR_TOOL_CALLS,  /* Qwen3.6 tool calls (src/grammar/toolcall.c) */
+} tl_grammar_kind;
+
+typedef struct tl_grammar_spec {
+    tl_grammar_kind kind;
+    const json_t *schema;  /* SCHEMA */
+    const char *regex;     /* REGEX */
+    const json_t *choices; /* CHOICE: non-empty array of strings */
+    const json_t *tools;   /* TOOL_CALLS: OpenAI tools [{"type":"function","function":{...}}] */
+    const char *tool_name; /* TOOL_CALLS: NULL = any of tools, else only this one */
+    int parallel;          /* TOOL_CALLS: several calls allowed (else exactly one) */
+    const char *prefix;    /* NULL or literal bytes before the document (e.g. "\n\n") */
+} tl_grammar_spec;
+
+/* Compiles a spec. TL_ERR_UNSUPPORTED names what cannot be honoured (a schema keyword, a regex
+ * construct, a tool parameter's keyword); TL_ERR_INVALID a malformed input. */
+int tl_grammar_compile(const tl_grammar_spec *sp, tl_grammar **out, char *err, size_t errlen);
+
 #endif

@@ -21,7 +21,11 @@ struct tl_grammar {
     int32_t *rule_start; /* index in el of each rule's first element */
     int n_rules;
     int root;
+    int32_t *minrest; /* per element: fewest bytes from it to the end of its alternative
+                       * (TL_GRAMMAR_INF when no finite string completes it) */
 };
+
+#define TL_GRAMMAR_INF (1 << 29)
 
 /* A set of stacks; each stack is a run of element indices (bottom first), its top a GE_CHAR.
  * An empty stack means the document is complete. */
@@ -52,5 +56,9 @@ int tl_gset_advance(const struct tl_grammar *g, const tl_gstack_set *in, uint8_t
                     tl_gstack_set *out);
 /* out = the initial stack set of g. */
 int tl_gset_init(const struct tl_grammar *g, tl_gstack_set *out);
+/* Fewest bytes that complete a document from stack set s (0: complete; TL_GRAMMAR_INF: none). */
+int32_t tl_gset_distance(const struct tl_grammar *g, const tl_gstack_set *s);
+/* Fills g->minrest (build.c, at finish). */
+int tl_grammar_minrest(struct tl_grammar *g);
 
 #endif

@@ -9,6 +9,7 @@
 void tl_jr_init(tl_jrules *j, tl_gbuild *b) {
     j->b = b;
     j->ch = j->str = j->integer = j->number = j->value = -1;
+    j->no_lt = 0;
 }
 
 static int hex_rule(tl_gbuild *b) {
@@ -56,16 +57,16 @@ int tl_jr_char(tl_jrules *j) {
     int u = uescape_rule(b), r = tl_gb_rule(b);
     tl_gb_char(b, r, 0x20, 0x21);
     tl_gb_alt(b, r);
-    tl_gb_char(b, r, 0x23, 0x5B);
+    if (j->no_lt) {
+        tl_gb_char(b, r, 0x23, 0x3B);
+        tl_gb_alt(b, r);
+        tl_gb_char(b, r, 0x3D, 0x5B);
+    } else {
+        tl_gb_char(b, r, 0x23, 0x5B);
+    }
     tl_gb_alt(b, r);
     tl_gb_char(b, r, 0x5D, 0x7F);
-    for (size_t i = 0; i < sizeof(utf8_rows) / sizeof(utf8_rows[0]); i++) {
-        const uint8_t *w = utf8_rows[i];
-        tl_gb_alt(b, r);
-        tl_gb_char(b, r, w[0], w[1]);
-        tl_gb_char(b, r, w[2], w[3]);
-        for (int k = 2; k < w[4]; k++) tl_gb_char(b, r, 0x80, 0xBF);
-    }
+    tl_jr_utf8_multi(b, r, 0);
     static const char esc[] = "\"\\/bfnrt";
     for (const char *e = esc; *e; e++) {
         tl_gb_alt(b, r);
@@ -76,6 +77,16 @@ int tl_jr_char(tl_jrules *j) {
     tl_gb_lit(b, r, "\\u", 2);
     tl_gb_ref(b, r, u);
     return j->ch = r;
+}
+
+void tl_jr_utf8_multi(tl_gbuild *b, int r, int first) {
+    for (size_t i = 0; i < sizeof(utf8_rows) / sizeof(utf8_rows[0]); i++) {
+        const uint8_t *w = utf8_rows[i];
+        if (!first || i) tl_gb_alt(b, r);
+        tl_gb_char(b, r, w[0], w[1]);
+        tl_gb_char(b, r, w[2], w[3]);
+        for (int k = 2; k < w[4]; k++) tl_gb_char(b, r, 0x80, 0xBF);
+    }
 }
 
 /* '"' then between min and max (max < 0: any number of) characters, then '"'. Rule i is "i
@@ -166,7 +177,11 @@ int tl_jr_literal(tl_jrules *j, const json_t *v) {
     char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!s) return TL_ERR_NOMEM;
     int r = tl_gb_rule(j->b);
-    tl_gb_lit(j->b, r, s, strlen(s));
+    for (const char *p = s; *p; p++) /* '<' occurs only inside strings: escaped under no_lt */
+        if (*p == '<' && j->no_lt)
+            tl_gb_lit(j->b, r, "\\u003c", 6);
+        else
+            tl_gb_char(j->b, r, (uint8_t)*p, (uint8_t)*p);
     free(s);
     return j->b->err ? j->b->err : r;
 }

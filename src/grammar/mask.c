@@ -91,6 +91,7 @@ typedef struct walk {
     const tl_grammar_vocab *v;
     tl_gstack_set *sets; /* sets[d]: the state after the d bytes of the current trie path */
     uint32_t *mask;
+    int32_t max_dist; /* a token is allowed only if the distance after it is at most this */
 } walk;
 
 /* Children of node `at` (reached with sets[d]): allowed tokens are marked, subtrees walked. */
@@ -100,7 +101,10 @@ static int walk_node(walk *w, int32_t at, size_t d) {
         int rc = tl_gset_advance(w->g, &w->sets[d], n->byte, &w->sets[d + 1]);
         if (rc) return rc;
         if (w->sets[d + 1].n_stacks == 0) continue; /* prune the subtree */
-        for (int32_t t = n->tok; t >= 0; t = w->v->tok_next[t]) w->mask[t >> 5] |= 1u << (t & 31);
+        if (n->tok >= 0 && (w->max_dist >= TL_GRAMMAR_INF ||
+                            tl_gset_distance(w->g, &w->sets[d + 1]) <= w->max_dist))
+            for (int32_t t = n->tok; t >= 0; t = w->v->tok_next[t])
+                w->mask[t >> 5] |= 1u << (t & 31);
         if (n->child >= 0 && (rc = walk_node(w, c, d + 1))) return rc;
     }
     return 0;
@@ -108,8 +112,14 @@ static int walk_node(walk *w, int32_t at, size_t d) {
 
 int tl_grammar_mask(const tl_grammar_state *s, const tl_grammar_vocab *v, const int32_t *end_ids,
                     size_t n_end, uint32_t *mask) {
+    return tl_grammar_mask_within(s, v, end_ids, n_end, -1, mask);
+}
+
+int tl_grammar_mask_within(const tl_grammar_state *s, const tl_grammar_vocab *v,
+                           const int32_t *end_ids, size_t n_end, int max_dist, uint32_t *mask) {
     memset(mask, 0, ((size_t)v->n_vocab + 31) / 32 * sizeof(uint32_t));
-    walk w = {s->g, v, calloc(v->max_len + 1, sizeof(tl_gstack_set)), mask};
+    walk w = {s->g, v, calloc(v->max_len + 1, sizeof(tl_gstack_set)), mask,
+              max_dist < 0 || max_dist >= TL_GRAMMAR_INF ? TL_GRAMMAR_INF : max_dist};
     if (!w.sets) return TL_ERR_NOMEM;
     w.sets[0] = s->cur; /* borrowed: only read */
     int rc = walk_node(&w, 0, 0);

@@ -9,10 +9,11 @@
 #include "common/status.h"
 #include "grammar/format.h"
 #include "grammar/json_rules.h"
+#include "grammar/schema.h"
 
 typedef struct cx {
-    tl_gbuild b;
-    tl_jrules j;
+    tl_gbuild *b;
+    tl_jrules *j;
     const json_t *root;
     const json_t **ref_key;
     int *ref_rule, n_ref, cap_ref;
@@ -119,13 +120,13 @@ static int c_ref(cx *c, const json_t *s) {
         c->ref_rule = r;
         c->cap_ref = n;
     }
-    int id = tl_gb_rule(&c->b);
+    int id = tl_gb_rule(c->b);
     if (id < 0) return id;
     c->ref_key[c->n_ref] = t;
     c->ref_rule[c->n_ref++] = id;
     int body = c_schema(c, t);
     if (body < 0) return body;
-    tl_gb_ref(&c->b, id, body);
+    tl_gb_ref(c->b, id, body);
     return id;
 }
 
@@ -148,7 +149,7 @@ static int c_format(cx *c, const json_t *s, const json_t *f) {
     static const char *const ok[] = {"type", "nullable", NULL};
     int rc = only(c, s, "format", ok);
     if (rc) return rc;
-    rc = json_is_string(f) ? tl_format_rule(&c->b, json_string_value(f)) : TL_ERR_UNSUPPORTED;
+    rc = json_is_string(f) ? tl_format_rule(c->b, json_string_value(f)) : TL_ERR_UNSUPPORTED;
     if (rc == TL_ERR_UNSUPPORTED)
         return tl_errf(c->err, c->errlen, rc, "unsupported schema keyword \"format\": \"%s\"",
                        json_is_string(f) ? json_string_value(f) : "(not a string)");
@@ -164,7 +165,7 @@ static int c_string(cx *c, const json_t *s) {
     if (rc) return rc;
     if (mx >= 0 && mx < mn)
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "maxLength below minLength");
-    return tl_jr_string(&c->j, mn, mx);
+    return tl_jr_string(c->j, mn, mx);
 }
 
 /* 1 if value v is of a type named by "type" (a string or a list; absent: any). */
@@ -198,15 +199,15 @@ static int c_enum(cx *c, const json_t *s) {
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "\"const\" together with \"enum\"");
     if (e && (!json_is_array(e) || json_array_size(e) == 0))
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"enum\" must be a non-empty array");
-    int r = tl_gb_rule(&c->b), used = 0;
+    int r = tl_gb_rule(c->b), used = 0;
     size_t n = k ? 1 : json_array_size(e);
     for (size_t i = 0; i < n; i++) {
         const json_t *v = k ? k : json_array_get(e, i);
         if (!enum_type_ok(t, v)) continue;
-        int lit = tl_jr_literal(&c->j, v);
+        int lit = tl_jr_literal(c->j, v);
         if (lit < 0) return lit;
-        if (used++) tl_gb_alt(&c->b, r);
-        tl_gb_ref(&c->b, r, lit);
+        if (used++) tl_gb_alt(c->b, r);
+        tl_gb_ref(c->b, r, lit);
     }
     if (!used)
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "no \"%s\" value has the \"type\"", what);
@@ -225,20 +226,20 @@ static int c_combo(cx *c, const json_t *s, const char *what) {
                            "\"allOf\" with more than one schema is not supported");
         return c_schema(c, json_array_get(l, 0));
     }
-    int r = tl_gb_rule(&c->b);
+    int r = tl_gb_rule(c->b);
     for (size_t i = 0; i < json_array_size(l); i++) {
         int a = c_schema(c, json_array_get(l, i));
         if (a < 0) return a;
-        if (i) tl_gb_alt(&c->b, r);
-        tl_gb_ref(&c->b, r, a);
+        if (i) tl_gb_alt(c->b, r);
+        tl_gb_ref(c->b, r, a);
     }
     return r;
 }
 
 /* {"k":v,...} with any keys and values of rule v. */
 static int generic_object(cx *c, int v) {
-    tl_gbuild *b = &c->b;
-    int str = tl_jr_string(&c->j, 0, -1), kv = tl_gb_rule(b), o2 = tl_gb_rule(b);
+    tl_gbuild *b = c->b;
+    int str = tl_jr_string(c->j, 0, -1), kv = tl_gb_rule(b), o2 = tl_gb_rule(b);
     int r = tl_gb_rule(b);
     tl_gb_ref(b, kv, str);
     tl_gb_char(b, kv, ':', ':');
@@ -258,16 +259,16 @@ static int generic_object(cx *c, int v) {
 
 /* "name":value for one declared property. */
 static int member(cx *c, const char *name, const json_t *sch) {
-    int v = sch ? c_schema(c, sch) : tl_jr_value(&c->j);
+    int v = sch ? c_schema(c, sch) : tl_jr_value(c->j);
     if (v < 0) return v;
     json_t *k = json_string(name);
-    int lit = k ? tl_jr_literal(&c->j, k) : TL_ERR_NOMEM;
+    int lit = k ? tl_jr_literal(c->j, k) : TL_ERR_NOMEM;
     json_decref(k);
-    int r = tl_gb_rule(&c->b);
-    tl_gb_ref(&c->b, r, lit);
-    tl_gb_char(&c->b, r, ':', ':');
-    tl_gb_ref(&c->b, r, v);
-    return c->b.err ? c->b.err : r;
+    int r = tl_gb_rule(c->b);
+    tl_gb_ref(c->b, r, lit);
+    tl_gb_char(c->b, r, ':', ':');
+    tl_gb_ref(c->b, r, v);
+    return c->b->err ? c->b->err : r;
 }
 
 static int is_required(const json_t *req, const char *name) {
@@ -297,7 +298,7 @@ static int collect_members(const json_t *props, const json_t *req, const char **
 /* Members in order; rule f(i) = members i.. with none written yet, a(i) = the same after at least
  * one (a comma first). Optional members may be skipped. */
 static int member_chain(cx *c, const json_t *req, const char **names, const json_t **schs, int k) {
-    tl_gbuild *b = &c->b;
+    tl_gbuild *b = c->b;
     int first = tl_gb_rule(b), next_first = -1, next_after = -1;
     for (int i = k; i >= 0; i--) {
         int f = tl_gb_rule(b), a = tl_gb_rule(b);
@@ -356,7 +357,7 @@ static int c_object(cx *c, const json_t *s) {
     }
     n += props ? (int)json_object_size(props) : 0;
     if (n == 0 && !json_is_false(ap)) {
-        int v = json_is_object(ap) ? c_schema(c, ap) : tl_jr_value(&c->j);
+        int v = json_is_object(ap) ? c_schema(c, ap) : tl_jr_value(c->j);
         return v < 0 ? v : generic_object(c, v);
     }
     return declared_object(c, props, req, n);
@@ -377,7 +378,7 @@ static int c_array(cx *c, const json_t *s) {
     if (rc) return rc;
     if (k > TL_GRAMMAR_MAX_REPEAT)
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "too many prefixItems");
-    int rest = json_is_false(it) ? NONE : json_is_object(it) ? c_schema(c, it) : tl_jr_value(&c->j);
+    int rest = json_is_false(it) ? NONE : json_is_object(it) ? c_schema(c, it) : tl_jr_value(c->j);
     if (rest == NONE && (mx < 0 || mx > k)) mx = k;
     if (rest < 0 && rest != NONE) return rest;
     if (mx >= 0 && mx < mn)
@@ -388,7 +389,7 @@ static int c_array(cx *c, const json_t *s) {
         elems[i] = i < k ? c_schema(c, json_array_get(pre, (size_t)i)) : rest;
         if (elems[i] < 0 && elems[i] != NONE) return elems[i];
     }
-    tl_gbuild *b = &c->b;
+    tl_gbuild *b = c->b;
     int r = tl_gb_rule(b), base = -1;
     for (long i = 0; i <= limit; i++) {
         int t = tl_gb_rule(b);
@@ -409,13 +410,13 @@ static int c_array(cx *c, const json_t *s) {
 static int c_type(cx *c, const json_t *s, int t) {
     switch (t) {
     case T_NULL:
-        return tl_jr_literal(&c->j, json_null());
+        return tl_jr_literal(c->j, json_null());
     case T_BOOL: {
-        int r = tl_gb_rule(&c->b);
-        tl_gb_lit(&c->b, r, "true", 4);
-        tl_gb_alt(&c->b, r);
-        tl_gb_lit(&c->b, r, "false", 5);
-        return c->b.err ? c->b.err : r;
+        int r = tl_gb_rule(c->b);
+        tl_gb_lit(c->b, r, "true", 4);
+        tl_gb_alt(c->b, r);
+        tl_gb_lit(c->b, r, "false", 5);
+        return c->b->err ? c->b->err : r;
     }
     case T_OBJ:
         return c_object(c, s);
@@ -424,9 +425,9 @@ static int c_type(cx *c, const json_t *s, int t) {
     case T_STR:
         return c_string(c, s);
     case T_INT:
-        return tl_jr_number(&c->j, 1);
+        return tl_jr_number(c->j, 1);
     default:
-        return tl_jr_number(&c->j, 0);
+        return tl_jr_number(c->j, 0);
     }
 }
 
@@ -465,7 +466,7 @@ static int type_set(cx *c, const json_t *s) {
 }
 
 static int c_schema(cx *c, const json_t *s) {
-    if (json_is_true(s)) return tl_jr_value(&c->j);
+    if (json_is_true(s)) return tl_jr_value(c->j);
     if (!json_is_object(s))
         return tl_errf(c->err, c->errlen, json_is_false(s) ? TL_ERR_UNSUPPORTED : TL_ERR_INVALID,
                        json_is_false(s) ? "schema false" : "a schema must be an object");
@@ -485,13 +486,13 @@ static int c_schema(cx *c, const json_t *s) {
                                                   : "allOf");
     } else {
         int m = r = type_set(c, s);
-        if (m > 0) r = tl_gb_rule(&c->b);
+        if (m > 0) r = tl_gb_rule(c->b);
         for (int i = 0, first = 1; m > 0 && i < 7 && r >= 0; i++) {
             if (!(m & (1 << i))) continue;
             int t = c_type(c, s, 1 << i);
             if (t < 0) r = t;
-            if (!first) tl_gb_alt(&c->b, r);
-            if (t >= 0) tl_gb_ref(&c->b, r, t);
+            if (!first) tl_gb_alt(c->b, r);
+            if (t >= 0) tl_gb_ref(c->b, r, t);
             first = 0;
         }
     }
@@ -501,27 +502,46 @@ out:
 }
 
 static int finish(cx *c, int root, tl_grammar **out) {
-    int rc = root < 0 ? root : tl_gb_finish(&c->b, root, out);
-    tl_gb_free(&c->b);
+    int rc = root < 0 ? root : tl_gb_finish(c->b, root, out);
+    tl_gb_free(c->b);
     free(c->ref_key);
     free(c->ref_rule);
     if (rc && c->err && !c->err[0]) tl_errf(c->err, c->errlen, rc, "grammar construction failed");
     return rc;
 }
 
+int tl_schema_rule(tl_gbuild *b, tl_jrules *j, const json_t *root, const json_t *schema, char *err,
+                   size_t errlen) {
+    cx c = {.b = b, .j = j, .root = root, .err = err, .errlen = errlen};
+    int r = c_schema(&c, schema);
+    free(c.ref_key);
+    free(c.ref_rule);
+    if (r < 0 && err && !err[0]) tl_errf(err, errlen, r, "grammar construction failed");
+    return r;
+}
+
 int tl_grammar_from_schema(const json_t *schema, tl_grammar **out, char *err, size_t errlen) {
     *out = NULL;
     if (err && errlen) err[0] = 0;
-    cx c = {.root = schema, .err = err, .errlen = errlen};
-    tl_jr_init(&c.j, &c.b);
+    tl_gbuild b = {0};
+    tl_jrules j;
+    cx c = {.b = &b, .j = &j, .root = schema, .err = err, .errlen = errlen};
+    tl_jr_init(&j, &b);
     return finish(&c, c_schema(&c, schema), out);
+}
+
+int tl_schema_json_object(tl_jrules *j) {
+    cx c = {.b = j->b, .j = j};
+    int v = tl_jr_value(j);
+    return v < 0 ? v : generic_object(&c, v);
 }
 
 int tl_grammar_json_object(tl_grammar **out, char *err, size_t errlen) {
     *out = NULL;
     if (err && errlen) err[0] = 0;
-    cx c = {.err = err, .errlen = errlen};
-    tl_jr_init(&c.j, &c.b);
-    int v = tl_jr_value(&c.j);
-    return finish(&c, v < 0 ? v : generic_object(&c, v), out);
+    tl_gbuild b = {0};
+    tl_jrules j;
+    cx c = {.b = &b, .j = &j, .err = err, .errlen = errlen};
+    tl_jr_init(&j, &b);
+    return finish(&c, tl_schema_json_object(&j), out);
 }

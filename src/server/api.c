@@ -219,7 +219,8 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
             trace(s, id, "prompt", json_stringn(text, len));
             free(text);
         }
-        if (!st) st = force_tokens(s, r, j, e);
+        if (!st && !r->script) st = tl_con_from_request(&s->con, r, &j->con, e);
+        if (!st && !j->con) st = force_tokens(s, r, j, e);
         j->think_end_id = r->enable_thinking ? s->think_end_id : -1;
         j->in_think = r->enable_thinking;
     } else if (r->prompt_text) {
@@ -236,6 +237,8 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
             r->n_prompt_ids = 0;
         }
     }
+    if (!st && r->kind == TL_OAI_COMPLETION && !r->script)
+        st = tl_con_from_request(&s->con, r, &j->con, e);
     if (!st && j->n_prompt == 0) st = tl_oai_fail(e, TL_ERR_INVALID, NULL, "the prompt is empty");
     if (!st && (j->n_prompt >= s->max_ctx ||
                 (r->max_tokens > 0 && (long)j->n_prompt + r->max_tokens > s->max_ctx))) {

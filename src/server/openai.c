@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/utf8.h"
 #include "common/util.h"
+#include "server/constrain.h"
 #include "server/openai.h"
 
 /* ====== Errors. ====== */
@@ -712,15 +713,7 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
         if (get_bool(v, k, &b, e)) return e->status;
         return b ? 0 : unsupported(k, e);
     }
-    if (!strcmp(k, "response_format") && chat) {
-        json_t *ty = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(ty)) return FAIL_TYPE(e, "response_format.type", "a string");
-        if (strcmp(json_string_value(ty), "text") || json_object_size(v) != 1)
-            return tl_oai_fail(e, TL_ERR_UNSUPPORTED, "response_format",
-                               "'response_format' type '%s' is not supported (text only)",
-                               json_string_value(ty));
-        return 0;
-    }
+    if (tl_con_is_field(k)) return 0; /* constrain.c reads them (api.c make_job) */
     if (!strcmp(k, "logit_bias")) return parse_logit_bias(r, v, n_vocab, e);
     if (!strcmp(k, "echo") && !chat) return get_bool(v, k, &r->echo, e);
     if (!strcmp(k, "best_of") && !chat) {

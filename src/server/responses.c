@@ -404,22 +404,39 @@ static int refused_field(const char *k, json_t *v, tl_oai_error *e) {
         if (json_is_integer(v) && json_integer_value(v) == 0) return 0;
         return refuse(e, k, " (only 0)");
     }
-    if (!strcmp(k, "text")) {
-        json_t *f = json_is_object(v) ? json_object_get(v, "format") : NULL;
-        json_t *ft = json_is_object(f) ? json_object_get(f, "type") : NULL;
-        if (!json_is_object(v)) return bad_type(e, k, "an object");
-        if (f && !json_is_null(f) && (!json_is_string(ft) || strcmp(json_string_value(ft), "text")))
-            return refuse(e, "text.format", " (only {\"type\":\"text\"})");
-        const char *tk;
-        json_t *tv;
-        json_object_foreach(v, tk, tv) if (strcmp(tk, "format") && strcmp(tk, "verbosity")) {
-            char name[64];
-            fmt_name(name, sizeof name, "text.%s", tk);
-            return refuse(e, name, "");
-        }
+    return refuse(e, k, "");
+}
+
+/* text: {"format": {"type":"text"} | {"type":"json_object"} | {"type":"json_schema", "name",
+ * "schema", "strict", "description"}, "verbosity"} -> chat completions' response_format
+ * (server/constrain.c compiles it). */
+static int conv_text(json_t *v, json_t *chat, tl_oai_error *e) {
+    if (!json_is_object(v)) return bad_type(e, "text", "an object");
+    const char *tk;
+    json_t *tv;
+    json_object_foreach(v, tk, tv) if (strcmp(tk, "format") && strcmp(tk, "verbosity")) {
+        char name[64];
+        fmt_name(name, sizeof name, "text.%s", tk);
+        return refuse(e, name, "");
+    }
+    json_t *f = json_object_get(v, "format");
+    if (!f || json_is_null(f)) return 0;
+    const char *ft = json_is_object(f) ? json_string_value(json_object_get(f, "type")) : NULL;
+    if (!ft) return bad_type(e, "text.format", "an object with a string 'type'");
+    if (!strcmp(ft, "text")) return 0;
+    if (!strcmp(ft, "json_object")) {
+        json_object_set_new(chat, "response_format", json_pack("{s:s}", "type", "json_object"));
         return 0;
     }
-    return refuse(e, k, "");
+    if (strcmp(ft, "json_schema"))
+        return refuse(e, "text.format", " (text, json_object or json_schema)");
+    json_t *js = json_object();
+    const char *fk;
+    json_t *fv;
+    json_object_foreach(f, fk, fv) if (strcmp(fk, "type")) json_object_set(js, fk, fv);
+    json_object_set_new(chat, "response_format",
+                        json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js));
+    return 0;
 }
 
 static int conv_field(const char *k, json_t *v, json_t *chat, tl_oai_error *e) {
@@ -448,6 +465,7 @@ static int conv_field(const char *k, json_t *v, json_t *chat, tl_oai_error *e) {
         return t ? json_object_set_new(chat, "tool_choice", t), 0 : e->status;
     }
     if (!strcmp(k, "reasoning")) return conv_reasoning_opt(v, chat, e);
+    if (!strcmp(k, "text")) return conv_text(v, chat, e);
     if (ignored_field(k)) return 0;
     return refused_field(k, v, e);
 }
@@ -687,9 +705,10 @@ static json_t *resp_new(const char *id, const char *model, json_t *body, const t
     json_object_set_new(o, "store", json_false());
     json_object_set_new(o, "temperature", real6(r->sample.temperature));
     json_object_set_new(o, "top_p", real6(r->sample.top_p));
-    json_t *fmt = json_object(), *text = json_object();
-    json_object_set_new(fmt, "type", json_string("text"));
-    json_object_set_new(text, "format", fmt);
+    json_t *fmt = json_object_get(json_object_get(body, "text"), "format"), *text = json_object();
+    json_object_set_new(text, "format",
+                        json_is_object(fmt) ? json_incref(fmt)
+                                            : json_pack("{s:s}", "type", "text"));
     json_object_set_new(o, "text", text);
     v = json_object_get(body, "tool_choice");
     json_object_set_new(o, "tool_choice",

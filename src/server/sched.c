@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "model/config.h"
+#include "server/constrain.h"
 #include "server/metrics.h"
 #include "server/sched.h"
 
@@ -51,6 +52,8 @@ void tl_job_unref(tl_job *j) {
     free(j->bias_vals);
     free(j->stop_ids);
     free(j->min_allow);
+    free(j->min_and);
+    tl_con_free(j->con);
     free(j->seq);
     free(j->ev);
     free(j);
@@ -227,6 +230,11 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
     }
     if (j->think_end_id >= 0 && o->token == j->think_end_id && j->force && j->force_pos < 0)
         j->force_pos = 0;
+    char err[256];
+    if (j->con && tl_con_accept(j->con, o->token, err, sizeof err)) {
+        job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, err);
+        return 1;
+    }
     double prev = n_gen == 0 ? j->t_submit : j->t_last;
     if (job_push(j, o, now) || seq_push(j, o->token)) {
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_NOMEM, "out of memory");
@@ -496,24 +504,47 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
 }
 
 /* The sampling parameters of j's next token: with EOS and the stop ids banned while fewer than
- * min_tokens are out (the allow bitset is built once, at the first such step). */
+ * min_tokens are out (the ban bitset is built once, at the first such step; a grammar's mask of
+ * this step, constrain() below, is intersected with it in min_and). */
 static const tl_sample_params *job_sample(tl_sched *s, tl_job *j) {
     if (j->n_gen >= j->min_tokens) return &j->sample;
+    int V = s->n_vocab, W = (V + 31) / 32;
     if (!j->min_allow) {
-        int V = s->n_vocab, W = (V + 31) / 32;
         j->min_allow = xmalloc(sizeof(uint32_t) * (size_t)W); /* bookkeeping: n_vocab bits */
         memset(j->min_allow, 0xff, sizeof(uint32_t) * (size_t)W);
         for (int i = 0; i < s->n_eos + j->n_stop_ids; i++) {
             int t = i < s->n_eos ? s->eos[i] : j->stop_ids[i - s->n_eos];
             if (t >= 0 && t < V) j->min_allow[t / 32] &= ~(1u << (t % 32));
         }
-        j->sample_min = j->sample;
-        j->sample_min.allow = j->min_allow;
+    }
+    j->sample_min = j->sample;
+    j->sample_min.allow = j->min_allow;
+    if (j->sample.allow) { /* constrained: grammar mask AND the min_tokens ban */
+        if (!j->min_and) j->min_and = xmalloc(sizeof(uint32_t) * (size_t)W);
+        for (int w = 0; w < W; w++) j->min_and[w] = j->sample.allow[w] & j->min_allow[w];
+        j->sample_min.allow = j->min_and;
     }
     return &j->sample_min;
 }
 
-/* 5. The batch from the plan: one decode token per decoding job, then the prefill chunks, oldest
+/* 5a. The allowed-token masks of the constrained jobs that sample this step (a decode token or
+ * the last chunk of a prompt); a job whose mask fails ends with the error. */
+static void constrain(tl_sched *s) {
+    char err[256];
+    for (int i = 0; i < s->n_live; i++) {
+        tl_job *j = s->running[i];
+        if (!j->con || !j->n_plan || j->finished) continue;
+        j->sample.allow = NULL;
+        if (!is_decoding(j) && j->n_fed + j->n_plan != j->n_target) continue;
+        const uint32_t *m = NULL;
+        int left = j->max_tokens > 0 ? j->max_tokens - j->n_gen : 0;
+        if (tl_con_mask(j->con, left, &m, err, sizeof err))
+            job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, err);
+        j->sample.allow = m;
+    }
+}
+
+/* 5b. The batch from the plan: one decode token per decoding job, then the prefill chunks, oldest
  * first; the last chunk of a sequence asks for a sample. Returns the entry count. */
 static int build_batch(tl_sched *s) {
     int n = 0;
@@ -618,6 +649,7 @@ static void *engine_main(void *arg) {
         step_plan sp;
         plan_running(s, &sp);
         admit(s, stop, &sp);
+        constrain(s);
         int n = build_batch(s);
         publish_stats(s);
         if (n > 0) {

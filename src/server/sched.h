@@ -44,6 +44,7 @@ typedef struct tl_job {
     int n_stop_ids;
     int min_tokens;
     uint32_t *min_allow;
+    uint32_t *min_and; /* min_allow AND a grammar's mask of this step (job_sample) */
     tl_sample_params sample_min;
     int32_t *script; /* test mode: emitted instead of sampled tokens, then EOS (owned) */
     int n_script;
@@ -55,6 +56,7 @@ typedef struct tl_job {
     int n_force;
     int think_end_id; /* -1: none */
     int in_think;
+    struct tl_con *con; /* constrained decoding (server/constrain.h), owned; NULL: none */
 
     /* Shared between the engine thread and the reader, under mu. */
     pthread_mutex_t mu;

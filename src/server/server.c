@@ -25,6 +25,7 @@
 #include "server/sched.h"
 #include "server/server.h"
 #include "server/reqlog.h"
+#include "server/constrain.h"
 #include "tokenizer/bpe.h"
 
 static const char *backend_name(tl_backend_kind b) {
@@ -169,7 +170,10 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
     s->max_ctx = tl_engine_max_ctx(s->eng);
     int te = tl_token_id(s->tok, "</think>");
     s->think_end_id = te >= 0 ? te : -1;
-    return 0;
+    int32_t eos[4];
+    int n_eos = c->n_eos < 4 ? c->n_eos : 4;
+    for (int i = 0; i < n_eos; i++) eos[i] = c->eos_ids[i];
+    return tl_con_ctx_init(&s->con, s->tok, c->n_vocab, eos, n_eos, s->think_end_id, err, errlen);
 }
 
 /* --served-model-name "a,b": the names (trimmed, empty ones skipped); else the model
@@ -372,6 +376,7 @@ out:
     tl_sched_free(s->sched);
     tl_metrics_free(s->metrics);
     if (s->trace) fclose(s->trace);
+    tl_con_ctx_free(&s->con);
     if (s->tok) tl_tokenizer_free(s->tok);
     if (s->eng) tl_engine_close(s->eng);
     json_decref(s->oai.default_ctk);

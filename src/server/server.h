@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "server/constrain.h"
 #include "server/openai.h"
 #include "tulip.h"
 
@@ -75,6 +76,7 @@ typedef struct tl_server {
     int n_vocab; /* model embedding rows: token ids must be below */
     int max_ctx;
     int think_end_id; /* "</think>" or -1 */
+    tl_con_ctx con;   /* constrained decoding: the vocabulary trie, end and tool-call ids */
     long created;
     struct MHD_Daemon *daemon;
     atomic_int draining;

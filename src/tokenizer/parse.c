@@ -26,7 +26,13 @@ enum {
     ST_DONE,
 };
 
-enum { V_STR, V_INT, V_NUM, V_BOOL, V_JSON }; /* how a parameter value is typed */
+enum {
+    V_STR = TL_PVAL_STR,
+    V_INT = TL_PVAL_INT,
+    V_NUM = TL_PVAL_NUM,
+    V_BOOL = TL_PVAL_BOOL,
+    V_JSON = TL_PVAL_JSON
+}; /* how a parameter value is typed */
 
 #define MAX_HEADER_WS 64 /* whitespace allowed between <tool_call> and <function= */
 
@@ -288,7 +294,10 @@ static int param_type(const tl_parser *p, const char *name, size_t n) {
     char key[TL_PARSE_MAX_NAME + 1];
     memcpy(key, name, n);
     key[n] = 0;
-    const json_t *prop = json_object_get(p->props, key);
+    return tl_parse_value_type(json_object_get(p->props, key));
+}
+
+int tl_parse_value_type(const json_t *prop) {
     const json_t *t = json_object_get(prop, "type");
     if (json_is_string(t)) return classify_type_name(json_string_value(t));
     if (json_is_array(t)) {

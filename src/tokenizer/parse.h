@@ -83,6 +83,13 @@ typedef struct tl_parse_opts {
 
 void tl_parse_opts_default(tl_parse_opts *o);
 
+/* How a tool-call parameter's value text is typed from its property schema prop (NULL: an
+ * undeclared parameter), as described above: TL_PVAL_STR keeps the text (except "null"), the
+ * others convert it when it is one of theirs. Shared with src/grammar/toolcall.c, which
+ * constrains the text so that it converts. */
+enum { TL_PVAL_STR = 0, TL_PVAL_INT, TL_PVAL_NUM, TL_PVAL_BOOL, TL_PVAL_JSON };
+int tl_parse_value_type(const json_t *prop);
+
 typedef enum tl_parse_event_kind {
     TL_PARSE_REASONING = 1, /* text: a reasoning_content delta */
     TL_PARSE_CONTENT,       /* text: a content delta */

@@ -99,7 +99,7 @@ static void test_refused(void) {
     expect_fail("{\"input\":\"Hi\",\"store\":true}", 400, "store");
     expect_fail("{\"input\":\"Hi\",\"background\":true}", 400, "background");
     expect_fail("{\"input\":\"Hi\",\"truncation\":\"auto\"}", 400, "truncation");
-    expect_fail("{\"input\":\"Hi\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", 400,
+    expect_fail("{\"input\":\"Hi\",\"text\":{\"format\":{\"type\":\"grammar\"}}}", 400,
                 "text.format");
     expect_fail("{\"input\":\"Hi\",\"tools\":[{\"type\":\"file_search\"}]}", 400, "tools[0].type");
     expect_fail("{\"input\":\"Hi\",\"tool_choice\":{\"type\":\"web_search_preview\"}}", 400,

@@ -235,7 +235,10 @@ def test_bad_input(srv):
     cases = [
         ({"input": "Hi", "background": True}, "background"),
         ({"input": "Hi", "conversation": "conv_1"}, "conversation"),
-        ({"input": "Hi", "text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"input": "Hi", "text": {"format": {"type": "grammar"}}}, "text.format"),
+        ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x",
+                                             "schema": {"type": "string", "pattern": "a"}}}},
+         "response_format"),
         ({"input": "Hi", "truncation": "auto"}, "truncation"),
         ({"input": "Hi", "top_logprobs": 2}, "top_logprobs"),
         ({"input": "Hi", "max_tool_calls": 2}, "max_tool_calls"),

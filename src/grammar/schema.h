@@ -1,0 +1,18 @@
+/* The schema compiler's rule-level entry points (src/grammar/schema.c), for grammars that embed
+ * JSON values in other text (src/grammar/compile.c: tool calls, prefixes). */
+#ifndef TL_GRAMMAR_SCHEMA_H
+#define TL_GRAMMAR_SCHEMA_H
+
+#include <jansson.h>
+
+#include "grammar/json_rules.h"
+
+/* The rule of `schema` in builder b (j over the same builder); $ref resolves inside root.
+ * Returns the rule id or a negative status with err naming the keyword (as
+ * tl_grammar_from_schema). */
+int tl_schema_rule(tl_gbuild *b, tl_jrules *j, const json_t *root, const json_t *schema, char *err,
+                   size_t errlen);
+/* The rule of any JSON object ({"type":"json_object"}). */
+int tl_schema_json_object(tl_jrules *j);
+
+#endif
