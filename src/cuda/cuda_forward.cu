@@ -276,7 +276,8 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
  * per-token conv1d, GDN step and split-KV attention (docs/architecture.md §4). Activations go
  * into the GEMMs as bf16, as on the prefill path: same math as run_layers, prefill rounding. */
 
-/* GDN mixer: in-proj GEMM, conv1d and GDN step per segment (gated norm fused), output as bf16. */
+/* GDN mixer: in-proj GEMM, conv1d, the GDN step per segment cut by state columns (raw output),
+ * the gated norm into bf16. */
 static int gdn_tc(const layer_ctx *x) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
@@ -285,10 +286,10 @@ static int gdn_tc(const layer_ctx *x) {
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                       x->st));
-    TRY(tl_gpu_gdn(be->y, x->rec_st, be->conv_out, be->proj, ld, x->z_off, x->b_off, x->a_off,
-                   L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head, c->rms_eps,
-                   x->s, x->st));
-    return tl_gpu_cast_bf16(be->yb, be->y, (long)T * be->val_dim, x->st);
+    TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->conv_out, be->proj, ld, x->b_off, x->a_off, L->dt_bias,
+                       L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s, x->st));
+    return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm,
+                                     c->gdn_n_v_head, T, c->rms_eps, x->st);
 }
 
 /* Attention mixer: in-proj GEMM, q/k norm + RoPE + KV write, split-KV attention with the gate,

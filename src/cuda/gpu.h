@@ -181,6 +181,13 @@ int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_p
                int b_off, int a_off, const float *dt_bias, const float *a_neg, const float *norm_w,
                int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s,
                const tl_gpu_stream *st);
+/* The same step without the gated norm (steps 4-7): o [n_tok, nv*128] f32 raw; for many
+ * sequences at once (the state is cut by columns into more, smaller blocks; the batched decode
+ * path then applies tl_gpu_gated_rmsnorm_bf16). Same results as tl_gpu_gdn up to the order of the
+ * q/k norm sums. */
+int tl_gpu_gdn_raw(float *o, float *S, const float *qkv, const float *proj, int ld_proj, int b_off,
+                   int a_off, const float *dt_bias, const float *a_neg, int n_k_head, int n_v_head,
+                   const tl_gpu_seqs *s, const tl_gpu_stream *st);
 /* Prefill: the gates (§2.4 step 4), fp32: for token t and value head h,
  * g[t,h] = a_neg[h] * softplus(a[t*ld + h] + dt_bias[h]), beta[t,h] = sigmoid(b[t*ld + h]);
  * a, b f32 rows of stride ld (columns of the fused in-projection output); a_neg = -exp(A_log). */

@@ -105,3 +105,85 @@ extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *pro
               b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
     return 0;
 }
+
+/* gdn_cols_kernel: the same step (steps 4-7) without the gated norm, for many sequences at once
+ * (the batched decode path, cuda_forward.cu), cut by state columns: the columns of S are
+ * independent once q and k are normalised (m_c = S[:,c] . k, d_c = beta (v_c - m_c), S[:,c] += k
+ * d_c, o_c = S[:,c] . q), so four blocks of 128 threads share a (value head, segment), each with
+ * 32 columns (16 KiB of state). Four times the blocks of gdn_step_kernel at a quarter of the size:
+ * their state loads, recurrences and stores interleave on an SM instead of alternating in two
+ * large blocks. o is raw (f32 [n_tok, nv*128]); the gated RMSNorm follows
+ * (tl_gpu_gated_rmsnorm_bf16). Thread (warp w, lane l) owns column 32*quarter + l, rows 32w..+31;
+ * partial sums added in the fixed order of gdn_step_kernel. No PDL (the GEMM path launches it).
+ * Tested against cpu_gdn_step (test_kernels.c: test_gdn, raw output and state). */
+__global__ void __launch_bounds__(128)
+    gdn_cols_kernel(float *o_out, float *S, const float *qkv, const float *proj, int ld_proj,
+                    int b_off, int a_off, const float *dt_bias, const float *a_neg, int nk, int nv,
+                    tl_gpu_seqs s) {
+    __shared__ float sq[GDN_D], sk[GDN_D];
+    __shared__ float s_part[4][32];
+    __shared__ float sbuf[32];
+    __shared__ float s_gate[2];
+    int h = blockIdx.x >> 2, g = blockIdx.y, tid = threadIdx.x;
+    int c = (blockIdx.x & 3) * 32 + (tid & 31), rp = tid >> 5, kh = h / (nv / nk);
+    int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
+    int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
+    float *Sh = S + ((size_t)slot * nv + h) * GDN_D * GDN_D;
+    float st[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) st[i] = Sh[(size_t)(rp * 32 + i) * GDN_D + c];
+    float dtb = dt_bias[h], an = a_neg[h];
+    for (int i = 0; i < n; i++) {
+        size_t t = (size_t)(t0 + i);
+        const float *row = qkv + t * ld_qkv;
+        const float *pr = proj + t * ld_proj;
+        float qv = row[kh * GDN_D + tid], kv = row[nk * GDN_D + kh * GDN_D + tid];
+        float sqq = block_sum(qv * qv, sbuf);
+        float skk = block_sum(kv * kv, sbuf);
+        sq[tid] = qv * rsqrtf(sqq + 1e-6f) * rsqrtf((float)GDN_D);
+        sk[tid] = kv * rsqrtf(skk + 1e-6f);
+        if (tid == 0) {
+            s_gate[0] = sigmoid_f(pr[b_off + h]);
+            s_gate[1] = expf(an * softplus_f(pr[a_off + h] + dtb));
+        }
+        __syncthreads();
+        float beta = s_gate[0], decay = s_gate[1];
+        float vc = row[2 * nk * GDN_D + h * GDN_D + c];
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            st[j] *= decay;
+            m = fmaf(st[j], sk[rp * 32 + j], m);
+        }
+        s_part[rp][tid & 31] = m;
+        __syncthreads();
+        m = s_part[0][tid & 31] + s_part[1][tid & 31] + s_part[2][tid & 31] + s_part[3][tid & 31];
+        float d = beta * (vc - m);
+        float o = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            st[j] = fmaf(sk[rp * 32 + j], d, st[j]);
+            o = fmaf(st[j], sq[rp * 32 + j], o);
+        }
+        __syncthreads(); /* everyone has read m's partials */
+        s_part[rp][tid & 31] = o;
+        __syncthreads();
+        if (rp == 0)
+            o_out[t * (nv * GDN_D) + h * GDN_D + c] =
+                s_part[0][tid] + s_part[1][tid] + s_part[2][tid] + s_part[3][tid];
+        __syncthreads(); /* sq/sk/s_part/s_gate are rewritten by the next token */
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) Sh[(size_t)(rp * 32 + i) * GDN_D + c] = st[i];
+}
+
+extern "C" int tl_gpu_gdn_raw(float *o, float *S, const float *qkv, const float *proj, int ld_proj,
+                              int b_off, int a_off, const float *dt_bias, const float *a_neg,
+                              int n_k_head, int n_v_head, const tl_gpu_seqs *s,
+                              const tl_gpu_stream *st) {
+    if (s->n_seg <= 0) return 0;
+    dim3 grid(n_v_head * 4, s->n_seg);
+    TL_LAUNCH(st, "gdn_cols", gdn_cols_kernel, grid, dim3(128), 0, o, S, qkv, proj, ld_proj, b_off,
+              a_off, dt_bias, a_neg, n_k_head, n_v_head, *s);
+    return 0;
+}

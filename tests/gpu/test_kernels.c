@@ -307,7 +307,7 @@ static void test_gdn(void) {
     size_t SN = (size_t)n_slot * nv * Dd * Dd;
     float *S = rand_vec(SN, 0.3f, &rs), *S_ref = xmalloc(SN * sizeof(float));
     memcpy(S_ref, S, SN * sizeof(float));
-    float *ref = xmalloc(sizeof(float) * T * val);
+    float *ref = xmalloc(sizeof(float) * T * val), *ref_raw = xmalloc(sizeof(float) * T * val);
     float q[16 * 128], k[16 * 128], g[32], beta[32];
     int t = 0;
     for (int sg = 0; sg < 2; sg++)
@@ -327,6 +327,7 @@ static void test_gdn(void) {
             float *o = ref + (size_t)t * val;
             cpu_gdn_step(o, S_ref + (size_t)slot[sg] * nv * Dd * Dd, q, k, row + 2 * nk * Dd, g,
                          beta, nk, nv, Dd, Dd);
+            memcpy(ref_raw + (size_t)t * val, o, sizeof(float) * val);
             for (int h = 0; h < nv; h++)
                 cpu_rmsnorm_gated(o + h * Dd, o + h * Dd, pr + z_off + h * Dd, nw, Dd, eps);
         }
@@ -344,6 +345,16 @@ static void test_gdn(void) {
      * ~1e-13 */
     check_nmse("gdn output", got, ref, (size_t)T * val, 1e-9);
     check_nmse("gdn state", gS, S_ref, SN, 1e-9);
+    /* the column-cut kernel of the batched path: raw output (no gated norm) and the state, from
+     * the same initial state; the same tolerance (the same fp32 recurrence per column) */
+    CHECK_EQ_INT(tl_gpu_upload(dS, S, SN * sizeof(float)), 0);
+    CHECK_EQ_INT(
+        tl_gpu_gdn_raw(dy, dS, dqkv, dproj, ld_proj, b_off, a_off, ddtb, daneg, nk, nv, &d.s, NULL),
+        0);
+    float *got_raw = host_from(dy, (size_t)T * val), *gS2 = host_from(dS, SN);
+    check_nmse("gdn raw output (cols)", got_raw, ref_raw, (size_t)T * val, 1e-9);
+    check_nmse("gdn state (cols)", gS2, S_ref, SN, 1e-9);
+    free(got_raw), free(gS2), free(ref_raw);
     tl_gpu_free(dqkv), tl_gpu_free(dproj), tl_gpu_free(ddtb), tl_gpu_free(daneg), tl_gpu_free(dnw);
     tl_gpu_free(dS), tl_gpu_free(dy), tl_gpu_free(d.buf);
     free(qkv), free(proj), free(dtb), free(aneg), free(nw), free(S), free(S_ref), free(ref),
