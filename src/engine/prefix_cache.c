@@ -157,8 +157,8 @@ static void page_publish(tl_prefix_cache *c, int id, uint64_t salt, int parent, 
 
 /* The cached chain of tokens[0..n)'s full pages: ids[k] for k < the returned count (it stops at
  * the first page not cached); hashes[k] (if non-NULL) the chain hashes of all n / P pages. */
-static int chain_walk(tl_prefix_cache *c, uint64_t salt, const int32_t *tokens, int n,
-                      int32_t *ids, uint64_t *hashes) {
+static int chain_walk(tl_prefix_cache *c, uint64_t salt, const int32_t *tokens, int n, int32_t *ids,
+                      uint64_t *hashes) {
     int P = c->page_tokens, m = 0, stopped = 0;
     uint64_t h = salt;
     for (int k = 0; k < n / P; k++) {
@@ -247,8 +247,8 @@ static int free_snap(const tl_prefix_cache *c) {
 }
 
 /* An existing snapshot equal to (salt, tokens[0..n)), or -1. */
-static int snap_find_same(tl_prefix_cache *c, uint64_t sh, const char *salt,
-                          const int32_t *tokens, int n, const int32_t *ids, int m) {
+static int snap_find_same(tl_prefix_cache *c, uint64_t sh, const char *salt, const int32_t *tokens,
+                          int n, const int32_t *ids, int m) {
     for (int i = 0; i < c->n_snap; i++) {
         const tl_pc_snap *s = &c->sn[i];
         if (s->used && s->n_tok == n && salt_eq(s, sh, salt) && snap_matches(c, s, tokens, ids, m))

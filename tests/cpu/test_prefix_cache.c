@@ -56,8 +56,8 @@ static void test_layout(void) {
     int np = 0, ns = 0;
     char err[256] = "";
     CHECK_EQ_INT(tl_pc_layout(10000, 100, 1000, &np, &ns, err, sizeof err), 0);
-    CHECK_EQ_INT(ns, 5);                  /* half the budget: 5000 / 1000 */
-    CHECK_EQ_INT(np, 50);                 /* the rest: 5000 / 100 */
+    CHECK_EQ_INT(ns, 5);  /* half the budget: 5000 / 1000 */
+    CHECK_EQ_INT(np, 50); /* the rest: 5000 / 100 */
     CHECK(tl_pc_layout(1199, 100, 1000, &np, &ns, err, sizeof err) == TL_ERR_INVALID);
     CHECK(strstr(err, "at least 1200") != NULL);
     CHECK_EQ_INT(tl_pc_layout(1200, 100, 1000, &np, &ns, err, sizeof err), 0);
@@ -118,8 +118,8 @@ static void test_salt(void) {
     CHECK(tl_pc_lookup(&c, "bob", a, 100, 100, pages, &io) < 0);
     CHECK(tl_pc_lookup(&c, NULL, a, 100, 100, pages, &io) < 0);
     CHECK(tl_pc_lookup(&c, "alice", a, 100, 100, pages, &io) >= 0);
-    CHECK_EQ_INT(save(&c, "", a, 70, pages, &io), 1); /* no salt: a different snapshot */
-    CHECK(pages[0] >= 0);                             /* and pages of its own */
+    CHECK_EQ_INT(save(&c, "", a, 70, pages, &io), 1);            /* no salt: a different snapshot */
+    CHECK(pages[0] >= 0);                                        /* and pages of its own */
     CHECK(tl_pc_lookup(&c, NULL, a, 100, 100, pages, &io) >= 0); /* NULL == "" */
     tl_pc_free(&c);
 }
@@ -132,7 +132,7 @@ static void test_lru(void) {
     tl_pc_io io;
     for (int i = 0; i < 3; i++) CHECK_EQ_INT(save(&c, NULL, t[i], 80, pages, &io), 1);
     CHECK(tl_pc_lookup(&c, NULL, t[0], 80, 80, pages, &io) >= 0); /* 0 is now the newest */
-    CHECK_EQ_INT(save(&c, NULL, t[3], 80, pages, &io), 1);         /* evicts 1 */
+    CHECK_EQ_INT(save(&c, NULL, t[3], 80, pages, &io), 1);        /* evicts 1 */
     CHECK(tl_pc_lookup(&c, NULL, t[1], 80, 80, pages, &io) < 0);
     CHECK(tl_pc_lookup(&c, NULL, t[0], 80, 80, pages, &io) >= 0);
     CHECK(tl_pc_lookup(&c, NULL, t[2], 80, 80, pages, &io) >= 0);
@@ -201,7 +201,8 @@ static void test_random_stress(void) {
     long hits = 0;
     for (int it = 0; it < 3000; it++) {
         /* a query: one base with a random tail from a random point */
-        int b = (int)(rng_next(&s) % 3), cut = (int)(rng_next(&s) % 400), salt = (int)(rng_next(&s) % 3);
+        int b = (int)(rng_next(&s) % 3), cut = (int)(rng_next(&s) % 400),
+            salt = (int)(rng_next(&s) % 3);
         memcpy(q, base[b], sizeof q);
         rand_tokens(q + cut, 400 - cut, 4, &s);
         int n = 1 + (int)(rng_next(&s) % 399);
@@ -427,7 +428,8 @@ static void test_engine_eviction_stress(void) {
     tl_backend *b = tl_engine_backend_impl(probe);
     /* room for about 20 pages (half the budget) and at least 3 snapshots: far less than the
      * conversations need */
-    long long budget = 2 * TL_MAX(3 * (long long)b->pc_snap_bytes, 20 * (long long)b->pc_page_bytes);
+    long long budget =
+        2 * TL_MAX(3 * (long long)b->pc_snap_bytes, 20 * (long long)b->pc_page_bytes);
     tl_engine_close(probe);
     tl_engine *e = open_engine(NS, budget);
     if (!e) return;
@@ -481,7 +483,8 @@ static void test_engine_eviction_stress(void) {
     }
     tl_prefix_stats st;
     tl_engine_prefix_stats(e, &st);
-    fprintf(stderr, "  eviction stress: %ld tokens restored, %lld evictions\n", restored, st.evictions);
+    fprintf(stderr, "  eviction stress: %ld tokens restored, %lld evictions\n", restored,
+            st.evictions);
     CHECK(st.evictions > 10); /* the budget really was under pressure */
     CHECK(restored > 0);      /* and the cache was still used */
     CHECK(st.bytes_used <= st.bytes_total);
