@@ -11,6 +11,10 @@ typedef struct tl_metrics_gauges {
     long kv_tokens, kv_capacity;
     long kv_pages_total, kv_pages_free; /* the KV pool (tulip.h tl_kv_stats) */
     int kv_page_tokens;
+    /* the prefix cache (tulip.h tl_prefix_stats; pc_on 0: no series) */
+    int pc_on;
+    long long pc_queries, pc_hits, pc_hit_tokens, pc_evictions, pc_snap_bytes, pc_bytes_used,
+        pc_bytes_total;
 } tl_metrics_gauges;
 
 tl_metrics *tl_metrics_new(void);

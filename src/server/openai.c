@@ -596,6 +596,13 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
         const char *s;
         return get_str(v, k, &s, e); /* an end-user id for abuse tracking: nothing to do */
     }
+    if (!strcmp(k, "cache_salt")) { /* vLLM's: partitions the prefix cache */
+        if (json_is_null(v)) return 0;
+        if (get_str(v, k, &r->cache_salt, e)) return e->status;
+        if (!r->cache_salt[0] || strlen(r->cache_salt) > 256)
+            return tl_oai_fail(e, TL_ERR_INVALID, k, "'cache_salt' must be 1 to 256 bytes");
+        return 0;
+    }
     if (!strcmp(k, "response_format") && chat) {
         json_t *ty = json_is_object(v) ? json_object_get(v, "type") : NULL;
         if (!json_is_string(ty)) return FAIL_TYPE(e, "response_format.type", "a string");
@@ -797,6 +804,9 @@ json_t *tl_oai_usage_json(const tl_oai_usage *u) {
     json_object_set_new(o, "prompt_tokens", json_integer(u->prompt_tokens));
     json_object_set_new(o, "completion_tokens", json_integer(u->completion_tokens));
     json_object_set_new(o, "total_tokens", json_integer(u->prompt_tokens + u->completion_tokens));
+    json_t *p = json_object();
+    json_object_set_new(p, "cached_tokens", json_integer(u->cached_tokens));
+    json_object_set_new(o, "prompt_tokens_details", p);
     json_t *d = json_object();
     json_object_set_new(d, "reasoning_tokens", json_integer(u->reasoning_tokens));
     json_object_set_new(o, "completion_tokens_details", d);

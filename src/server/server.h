@@ -38,6 +38,10 @@ typedef struct tl_server_params {
     uint64_t seed;
     /* CUDA without --kv-tokens: the share of GPU memory (tl_engine_params); 0 = 0.9 */
     double gpu_memory_utilization;
+    /* Prefix cache (docs/architecture.md §4.1): budget in GiB (0 = the engine's default), or
+     * off */
+    double prefix_cache_gb;
+    int no_prefix_cache;
 } tl_server_params;
 
 struct tl_tokenizer;
@@ -57,6 +61,7 @@ typedef struct tl_server {
     int n_vocab; /* model embedding rows: token ids must be below */
     int max_ctx;
     int think_end_id; /* "</think>" or -1 */
+    int prefix_cache; /* the engine has a prefix cache */
     long created;
     struct MHD_Daemon *daemon;
     atomic_int draining;
