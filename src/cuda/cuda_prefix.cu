@@ -27,10 +27,10 @@ size_t cb_pc_snap_bytes(const cuda_be *be) {
     return (size_t)be->n_gdn * (rec_floats(be) + conv_floats(be)) * sizeof(float);
 }
 
-/* The budget: given, or a quarter of what --gpu-memory-utilization leaves now (at most 32 GiB);
- * 0 with the cache off. */
+/* The budget: given (> 0), or (< 0) a quarter of what --gpu-memory-utilization leaves now (at
+ * most 32 GiB); 0 with the cache off. */
 static long long pc_budget(const cuda_be *be, const tl_cuda_params *p) {
-    if (p->prefix_cache_bytes != 0) return p->prefix_cache_bytes < 0 ? 0 : p->prefix_cache_bytes;
+    if (p->prefix_cache_bytes >= 0) return p->prefix_cache_bytes;
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
     double util = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.9;
@@ -46,7 +46,7 @@ int cb_pc_alloc_storage(cuda_be *be, const tl_cuda_params *p, char *err, size_t 
     if (bytes <= 0 || pb == 0 || sb == 0) return 0;
     int np, ns;
     int st = tl_pc_layout(bytes, pb, sb, &np, &ns, err, errlen);
-    if (st && p->prefix_cache_bytes == 0) { /* the default found too little room: say so */
+    if (st && p->prefix_cache_bytes < 0) { /* the default found too little room: say so */
         fprintf(stderr, "tulip: no prefix cache: %s\n", err);
         if (err && errlen) err[0] = 0;
         return 0;
@@ -184,11 +184,11 @@ static int count_restored(cuda_be *be, int slot, const int32_t *tokens, int n, i
     be->h_nprompt[slot] = n_prompt;
     CUDA_TRY(cudaMemcpyAsync(be->d_nprompt + slot, be->h_nprompt + slot, sizeof(int32_t),
                              cudaMemcpyHostToDevice, be->stream));
-    CUDA_TRY(cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             be->stream));
+    CUDA_TRY(
+        cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice, be->stream));
     tl_gpu_stream st = cb_stream(be, 0);
-    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt,
-                              n, &st);
+    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
+                              &st);
 }
 
 static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,

@@ -17,9 +17,9 @@ __global__ void kv_page_copy_kernel(uint16_t *dst, long long dst_layer, const ui
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
 }
 
-extern "C" int tl_gpu_kv_page_copy(uint16_t *dst, int dst_pages, const uint16_t *src,
-                                   int src_pages, const int32_t *pairs, int n_pairs, int n_layer,
-                                   int row_elems, const tl_gpu_stream *st) {
+extern "C" int tl_gpu_kv_page_copy(uint16_t *dst, int dst_pages, const uint16_t *src, int src_pages,
+                                   const int32_t *pairs, int n_pairs, int n_layer, int row_elems,
+                                   const tl_gpu_stream *st) {
     if (n_pairs <= 0 || n_layer <= 0) return 0;
     if (row_elems % 8 || ((uintptr_t)dst | (uintptr_t)src) % 16) return TL_ERR_INVALID;
     long long page = (long long)TL_KV_PAGE * row_elems;

@@ -97,8 +97,9 @@ typedef struct tl_cuda_params {
     /* kv_tokens 0: the fraction of the GPU's memory in use once the pool is allocated (the pool
      * at most max_seqs * max_ctx); 0 = 0.9 */
     double gpu_memory_utilization;
-    /* Prefix cache budget set aside before the KV pool is sized: > 0 bytes; 0 = a default from
-     * the free memory; < 0 = no prefix cache. */
+    /* Prefix cache budget set aside before the KV pool is sized: > 0 bytes; < 0 = a default
+     * from the free memory; 0 = no prefix cache (direct users such as tests/gpu get none unless
+     * they ask; the engine maps its own convention, tulip.h, onto this one). */
     long long prefix_cache_bytes;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,

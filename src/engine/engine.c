@@ -72,7 +72,10 @@ static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t
                          .random_weights = p->random_weights,
                          .seed = p->seed,
                          .weight_bits = p->weight_bits ? p->weight_bits : 16,
-                         .prefix_cache_bytes = p->prefix_cache_bytes};
+                         /* tulip.h: 0 default, < 0 off; backend.h: < 0 default, 0 off */
+                         .prefix_cache_bytes = p->prefix_cache_bytes == 0  ? -1
+                                               : p->prefix_cache_bytes < 0 ? 0
+                                                                           : p->prefix_cache_bytes};
     return tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, n);
 #else
     return tl_errf(cerr, n, TL_ERR_UNSUPPORTED, "this build has no CUDA backend (make cuda)");
