@@ -59,6 +59,10 @@ typedef struct tl_engine_params {
     /* CUDA with kv_tokens 0: the fraction of the GPU's memory the process may hold once the KV
      * pool is allocated (weights, activations, state and KV together); 0 = default 0.9 */
     double gpu_memory_utilization;
+    /* Prefix cache (docs/architecture.md §4.1): its memory budget in bytes (KV pages and GDN
+     * state snapshots together); 0 = default (CUDA: a quarter of the memory left after the
+     * weights, state and activations, at most 32 GiB; CPU: 256 MiB); < 0 = off. */
+    long long prefix_cache_bytes;
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.
@@ -111,6 +115,41 @@ typedef struct tl_session_snap {
 void tl_session_save(const tl_session *s, tl_session_snap *out);
 /* On a session that holds no tokens (just opened or reset); TL_ERR_INVALID otherwise. */
 int tl_session_restore(tl_session *s, const tl_session_snap *snap);
+
+/* ====== Prefix cache (docs/architecture.md §4.1). ======
+ * A snapshot is a sequence's state (KV and GDN conv + recurrent state) after its first n tokens,
+ * kept under a salt (NULL or "" = none; different salts never share). */
+
+/* 1 when the engine has a prefix cache. */
+int tl_engine_prefix_enabled(const tl_engine *e);
+/* Starts an empty session (no tokens yet) from the longest snapshot under salt that is a prefix
+ * of tokens[0..n) and at most max_len tokens long: the session then holds those tokens (their KV
+ * and state as if computed), and the caller feeds tokens from there. Returns the tokens restored
+ * (0: no hit, or no cache), or a negative status: TL_ERR_INVALID (a session not empty, bad
+ * arguments), TL_ERR_CONTEXT_FULL (no KV pages for the prefix; the session is unchanged: feed
+ * the tokens as without a cache), anything else from the backend (the session's state is then
+ * lost: reset or close it). Counts a query and, on a hit, the hit and its tokens. */
+int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *tokens, int n,
+                           int max_len, char *err, size_t errlen);
+/* Snapshots the session's state after every token it holds, under salt (LRU: the least recently
+ * used snapshots make room). 1: saved (or was already cached); 0: nothing saved (no cache, an
+ * empty session, or a sequence longer than the whole budget); negative: the backend failed (the
+ * session is unchanged, the cache is as before). */
+int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen);
+
+typedef struct tl_prefix_stats {
+    long long queries;     /* tl_session_prefix_load calls */
+    long long hits;        /* of them, those that restored a prefix */
+    long long hit_tokens;  /* tokens restored */
+    long long evictions;   /* snapshots evicted to make room */
+    long long saves;       /* snapshots taken */
+    long snapshots;        /* snapshots held now */
+    long long bytes_used;  /* snapshot states and KV pages held now */
+    long long bytes_total; /* the budget */
+    long long snap_bytes;  /* bytes of snapshot states held now */
+} tl_prefix_stats;
+/* Fills *out (all zero without a cache); 0, or TL_ERR_INVALID without an engine or out. */
+int tl_engine_prefix_stats(const tl_engine *e, tl_prefix_stats *out);
 
 /* Sampling parameters for one step. temperature <= 0 means greedy (argmax). */
 typedef struct tl_sample_params {

@@ -262,7 +262,8 @@ static int bench_open_engine(bench_state *bs) {
                            .kv_tokens = 0,
                            .random_weights = o->random,
                            .seed = o->seed,
-                           .weight_bits = o->bits};
+                           .weight_bits = o->bits,
+                           .prefix_cache_bytes = -1}; /* one prompt each: nothing to reuse */
     double t_open = tl_time_s();
     if (tl_engine_open(&bs->e, &ep, bs->err, sizeof bs->err)) {
         fprintf(stderr, "tulip bench: %s\n", bs->err);

@@ -1,10 +1,12 @@
 /* tulip chat: interactive multi-turn chat on one engine session, through the same template,
  * tokenizer and output parser as the server. Each turn re-renders the whole conversation (the
  * template drops old reasoning, so the prompt is not a pure extension of the last one) and
- * prefills it into the reset session; the answer streams as it is generated, reasoning dimmed
- * (or hidden with --hide-thinking), tool calls are not offered. Commands: /reset, /exit.
- * The phases: parse options -> open (tokenizer, engine, session) -> read lines, one turn each
- * (prompt -> generate -> record the answer) -> close. */
+ * prefills it into the reset session, from the prefix cache where the previous turn left a
+ * snapshot at the end of its last message (docs/architecture.md §4.1: everything before the
+ * generation prompt renders the same next turn); the answer streams as it is generated, reasoning
+ * dimmed (or hidden with --hide-thinking), tool calls are not offered. Commands: /reset, /exit. The
+ * phases: parse options -> open (tokenizer, engine, session) -> read lines, one turn each (prompt
+ * -> generate -> record the answer) -> close. */
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,6 +36,10 @@ typedef struct chat_state {
     tl_chat_opts co;
     tl_sample_params sp;
     int max_tokens, hide_thinking, color;
+    int no_cache;         /* --no-prefix-cache */
+    int snap_at;          /* this turn's prompt without its generation prompt (tokens) */
+    long long n_reused;   /* prompt tokens restored from the prefix cache, all turns */
+    long long n_prompted; /* prompt tokens, all turns */
 } chat_state;
 
 /* Sampling not given on the command line: the model card's values for the mode
@@ -68,6 +74,8 @@ static int chat_parse(chat_state *c, int argc, char **argv) {
         TL_CLI_OPT_BACKEND(&c->backend),
         TL_CLI_OPT_THREADS(&c->ep.n_threads),
         TL_CLI_OPT_ALLOW_TEST_SHAPE(&c->ep.allow_test_shape),
+        TL_OPT_FLAG("no-prefix-cache", 0, &c->no_cache,
+                    "prefill every turn whole (default: reuse the previous turns)"),
     };
     tl_cli_cmd cmd = {
         .name = "chat",
@@ -85,6 +93,7 @@ static int chat_parse(chat_state *c, int argc, char **argv) {
     if (rc != TL_CLI_CONTINUE) return rc;
     if (!c->ep.model_path) return tl_cli_usage_error(&cmd, "--model DIR is required");
     c->ep.backend = (tl_backend_kind)c->backend;
+    c->ep.prefix_cache_bytes = c->no_cache ? -1 : 0;
     chat_sample_defaults(c, &cmd);
     return TL_CLI_CONTINUE;
 }
@@ -139,6 +148,27 @@ static void print_events(const chat_state *c, const tl_parse_event *ev, int n, i
     fflush(stdout);
 }
 
+/* Where this turn's prompt stops being the generation prompt, in tokens (0: not a clean token
+ * boundary): the point the next turn shares, snapshotted (docs/architecture.md §4.1). */
+static int chat_snap_point(chat_state *c, const char *text, size_t len, const tl_tok_ids *ids) {
+    if (!tl_engine_prefix_enabled(c->eng)) return 0;
+    tl_chat_opts co = c->co;
+    co.add_generation_prompt = 0;
+    char *t2 = NULL, err[64];
+    size_t n2 = 0;
+    int at = 0;
+    if (!tl_chat_render(c->msgs, NULL, &co, &t2, &n2, err, sizeof err) && n2 < len &&
+        !memcmp(t2, text, n2)) {
+        tl_tok_ids p = {0};
+        if (tl_tokenize(c->tok, t2, n2, 0, &p) > 0 && p.n < ids->n &&
+            !memcmp(p.ids, ids->ids, p.n * sizeof(int32_t)))
+            at = (int)p.n;
+        tl_tok_ids_free(&p);
+    }
+    free(t2);
+    return at;
+}
+
 /* The conversation rendered and tokenized into ids; TL_ERR_CONTEXT_FULL when it does not fit. */
 static int chat_prompt(chat_state *c, tl_tok_ids *ids) {
     char *text = NULL, err[512];
@@ -148,6 +178,7 @@ static int chat_prompt(chat_state *c, tl_tok_ids *ids) {
         return TL_ERR_INVALID;
     }
     int rc = tl_tokenize(c->tok, text, len, 0, ids);
+    c->snap_at = rc < 0 ? 0 : chat_snap_point(c, text, len, ids);
     free(text);
     int max_ctx = tl_engine_max_ctx(c->eng);
     if (rc < 0 || ids->n == 0 || (int)ids->n >= max_ctx) {
@@ -173,14 +204,46 @@ static void chat_out_text(const chat_state *c, chat_out *o, const char *piece, s
     print_events(c, ev, k, &o->in_reason);
 }
 
+/* The prompt's start from the prefix cache, and its part up to the snapshot point prefilled and
+ * snapshotted. Returns the tokens the session now holds, or a negative status. */
+static int chat_prefix(chat_state *c, const tl_tok_ids *ids) {
+    char err[512];
+    int n = (int)ids->n;
+    int got = tl_session_prefix_load(c->sess, NULL, ids->ids, n, n - 1, err, sizeof err);
+    if (got < 0) {
+        fprintf(stderr, "tulip chat: prefix cache: %s\n", err);
+        got = tl_session_reset(c->sess);
+        if (got < 0) return got;
+    }
+    c->n_reused += got;
+    c->n_prompted += n;
+    if (c->snap_at > got) {
+        tl_batch_entry pre = {.sess = c->sess, .tokens = ids->ids + got, .n_tok = c->snap_at - got};
+        int rc = tl_engine_step(c->eng, &pre, 1, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "\ntulip chat: %s\n", err);
+            return rc;
+        }
+        got = c->snap_at;
+        if (tl_session_prefix_save(c->sess, NULL, err, sizeof err) < 0)
+            fprintf(stderr, "tulip chat: prefix cache: %s\n", err);
+    }
+    return got;
+}
+
 /* Prefill the prompt, then sample until a stop token, -n, the context or Ctrl-C. */
 static int chat_generate(chat_state *c, const tl_tok_ids *ids, chat_out *o) {
     const tl_config *cfg = tl_engine_config(c->eng);
     int max_ctx = tl_engine_max_ctx(c->eng), n_gen = 0, rc;
     char err[512];
     tl_sample_out out;
-    tl_batch_entry be = {
-        .sess = c->sess, .tokens = ids->ids, .n_tok = (int)ids->n, .sample = &c->sp, .out = &out};
+    int start = chat_prefix(c, ids);
+    if (start < 0) return start;
+    tl_batch_entry be = {.sess = c->sess,
+                         .tokens = ids->ids + start,
+                         .n_tok = (int)ids->n - start,
+                         .sample = &c->sp,
+                         .out = &out};
     interrupted = 0;
     for (;;) {
         if ((rc = tl_engine_step(c->eng, &be, 1, err, sizeof err))) {
@@ -291,6 +354,9 @@ int cmd_chat(int argc, char **argv) {
         sigaction(SIGINT, &sa, NULL);
         chat_loop(&c);
     }
+    if (!rc && c.n_reused) /* how much of the prompts the prefix cache saved */
+        fprintf(stderr, "tulip chat: prefix cache: %lld of %lld prompt tokens reused\n", c.n_reused,
+                c.n_prompted);
     chat_close(&c);
     return rc;
 }

@@ -179,6 +179,7 @@ static int run_prompt(run_state *r) {
 static int run_open(run_state *r) {
     tl_engine_params *ep = &r->o.ep;
     ep->max_seqs = 1;
+    ep->prefix_cache_bytes = -1;                              /* one prompt: nothing to reuse */
     if (!ep->max_ctx) ep->max_ctx = r->n_prompt + r->o.n_gen; /* the last token is never fed */
     if (tl_engine_open(&r->e, ep, r->err, sizeof r->err)) {
         fprintf(stderr, "tulip: %s\n", r->err);

@@ -24,7 +24,9 @@ static const char serve_about[] =
     "One log line per generation request (id, tokens, TTFT, duration, finish reason);\n"
     "an X-Request-Id header (1-128 chars of A-Za-z0-9._:-) names the request and is\n"
     "echoed; otherwise one is generated. The API key may come from --api-key-file or\n"
-    "the TULIP_API_KEY environment variable instead of the command line.\n";
+    "the TULIP_API_KEY environment variable instead of the command line. Prompt prefixes\n"
+    "are reused across requests and turns from a prefix cache of KV pages and state\n"
+    "snapshots (--prefix-cache-gb; CPU default 0.25 GiB); usage reports the cached tokens.\n";
 
 typedef struct serve_opts {
     tl_server_params p;
@@ -120,6 +122,10 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         /* no metavar: the name alone fills the help's first column */
         TL_OPT_DOUBLE("gpu-memory-utilization", 0, &p->gpu_memory_utilization, NULL, 0, 1,
                       "F: GPU memory share for weights, state and KV (0.9)"),
+        TL_OPT_DOUBLE("prefix-cache-gb", 0, &p->prefix_cache_gb, "GB", 0, 1e6,
+                      "prefix cache budget in GiB (default: 1/4 of free GPU memory)"),
+        TL_OPT_FLAG("no-prefix-cache", 0, &p->no_prefix_cache,
+                    "do not reuse prompt prefixes across requests"),
         TL_OPT_INT("queue", 0, &p->max_queue, "N", 0, TL_OPT_NOMAX,
                    "requests that may wait to start (default 64; then 429)"),
         TL_OPT_INT("step-tokens", 0, &p->step_tokens, "N", 0, TL_OPT_NOMAX,

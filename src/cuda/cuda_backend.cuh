@@ -52,6 +52,15 @@ typedef struct cuda_be {
     float *conv_st;           /* [n_gdn][max_seqs][3][conv_dim] */
     float *rec_st;            /* [n_gdn][max_seqs][nv][128][128] */
 
+    /* prefix cache storage (cuda_prefix.cu, docs/architecture.md §4.1); pc_n_snap 0: none */
+    uint16_t *pc_k, *pc_v; /* [n_attn][pc_n_page][TL_KV_PAGE][n_kv * 256] bf16 */
+    float *pc_snap;        /* [pc_n_snap]: [n_gdn][nv*128*128] recurrent, [n_gdn][3*conv_dim] */
+    int pc_n_page, pc_n_snap;
+    long long pc_bytes;
+    int32_t *d_pc_meta, *h_pc_meta; /* page pairs [3*max_pages], then restored tokens,
+                                       positions, slots [3*max_ctx]; pinned mirror */
+    size_t pc_meta_ints;
+
     /* activations for max_tok tokens */
     float *x, *proj, *conv_out, *y, *q, *part, *rlog, *wts, *wsh, *act, *xo, *logits;
     int32_t *ids;
@@ -112,6 +121,14 @@ int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t er
 int cb_device_broken(cuda_be *be);
 /* The device views of the step metadata (tl_gpu_seqs over d_meta). */
 tl_gpu_seqs cb_seqs(const cuda_be *be, int n_tok, int n_seg);
+/* cuda_prefix.cu: the prefix cache's storage (before the KV pool), its metadata (after), the
+ * backend ops on b, and freeing. */
+int cb_pc_alloc_storage(cuda_be *be, const tl_cuda_params *p, char *err, size_t errlen);
+int cb_pc_alloc_meta(cuda_be *be, char *err, size_t errlen);
+void cb_pc_attach(cuda_be *be, tl_backend *b);
+void cb_pc_free(cuda_be *be);
+size_t cb_pc_page_bytes(const cuda_be *be);
+size_t cb_pc_snap_bytes(const cuda_be *be);
 /* cuda_weights.cu: the model's weights onto the device (from m, or random from p's seed). */
 int cb_weights_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, char *err,
                     size_t errlen);

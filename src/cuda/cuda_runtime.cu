@@ -80,6 +80,7 @@ static void free_state(cuda_be *be) {
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if (hs[i]) cudaFreeHost(hs[i]);
     tl_kv_pages_free(&be->pages);
+    cb_pc_free(be);
 }
 
 static void cb_close(tl_backend *b) {
@@ -322,6 +323,7 @@ static int alloc_state(cuda_be *be, const tl_cuda_params *p, char *err, size_t e
     ALLOC(be->rec_st, float, rec > 0 ? rec : 1);
     ZERO(be->conv_st, conv * 4);
     ZERO(be->rec_st, rec * 4);
+    TRY(cb_pc_alloc_storage(be, p, err, errlen)); /* before the pool takes what is left */
     TRY(size_pool(be, p, err, errlen));
     size_t kv = (size_t)be->n_attn * be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
     ALLOC(be->kc, uint16_t, kv > 0 ? kv : 1);
@@ -332,7 +334,7 @@ static int alloc_state(cuda_be *be, const tl_cuda_params *p, char *err, size_t e
     TRY(tl_kv_pages_init(&be->pages, be->n_page, be->max_seqs, be->max_pages, TL_KV_PAGE,
                          be->h_ptab, err, errlen));
     ZERO(be->d_ptab, nt * sizeof(int32_t));
-    return 0;
+    return cb_pc_alloc_meta(be, err, errlen);
 }
 
 /* The bf16 buffers and workspaces of the prefill GEMM path. */
@@ -446,6 +448,7 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
         return st;
     }
     b->max_ctx = be->max_ctx; /* chosen in alloc_state when p->max_ctx is 0 */
+    cb_pc_attach(be, b);
     *out = b;
     return 0;
 }

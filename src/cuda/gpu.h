@@ -230,6 +230,16 @@ typedef struct tl_gpu_kv_pages {
     int max_pages;
 } tl_gpu_kv_pages;
 
+/* Prefix cache copies (k_page_copy.cu, docs/architecture.md §4.1): for each of n_pairs page pairs
+ * (device int32 [n_pairs][3]: source page, destination page, rows) and each of n_layer layers,
+ * token rows 0..rows-1 of the source page are copied to the destination page. A pool is
+ * [n_layer][pages][TL_KV_PAGE][row_elems] bf16 with src_pages / dst_pages pages a layer (the KV
+ * cache: row_elems = n_kv * 256). row_elems a multiple of 8 and both pools 16-byte aligned, else
+ * TL_ERR_INVALID. Bit-exact. */
+int tl_gpu_kv_page_copy(uint16_t *dst, int dst_pages, const uint16_t *src, int src_pages,
+                        const int32_t *pairs, int n_pairs, int n_layer, int row_elems,
+                        const tl_gpu_stream *st);
+
 /* q/k RMSNorm1p + NeoX RoPE (64 dims) from proj [n_tok, ld_proj] (per head [query 256 | gate
  * 256], then K (n_kv*256), then V); q_out [n_tok, n_head, 256] f32 (NULL: q is written back in
  * place of the raw query inside proj); K and V written to the paged caches kc/vc at (slot, pos)

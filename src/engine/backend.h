@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include "tulip.h"
 #include "model/weights.h"
+#include "engine/prefix_cache.h"
 
 /* One sequence's part of a batched forward. Positions pos .. pos+n_tok-1 are computed; the slot's
  * state must hold exactly `pos` tokens before the call and holds pos+n_tok after it. */
@@ -43,7 +44,31 @@ typedef struct tl_backend {
      * then keeps it out of use until a later reset succeeds). */
     int (*reset_slot)(struct tl_backend *b, int slot);
     int (*forward)(struct tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen);
+
+    /* Prefix cache storage (docs/architecture.md §4.1; the decisions are prefix_cache.c's, the
+     * backend only copies). NULL ops: no prefix cache. pc_page_bytes: one cache page (the KV of
+     * TL_PC_PAGE positions, every attention layer); pc_snap_bytes: one slot's GDN conv and
+     * recurrent state; pc_budget: the budget the backend set aside at open (bytes; 0: none, the
+     * engine picks it). */
+    size_t pc_page_bytes, pc_snap_bytes;
+    long long pc_budget;
+    /* Allocates n_page cache pages and n_snap snapshots (once). 0, TL_ERR_NOMEM / TL_ERR_CUDA. */
+    int (*cache_alloc)(struct tl_backend *b, int n_page, int n_snap, char *err, size_t errlen);
+    /* Copies a slot holding exactly io->n_tok tokens into the cache: positions of page k into
+     * cache page io->page[k] (skipped when < 0; the last page's positions up to n_tok only) and
+     * the GDN state into snapshot io->snap. The slot is unchanged. */
+    int (*cache_save)(struct tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen);
+    /* Starts an empty slot from the cache: KV pages for io->n_tok positions (all or nothing:
+     * TL_ERR_CONTEXT_FULL when the pool is short, the slot unchanged), those positions copied
+     * from the cache pages, the GDN state from the snapshot; tokens[0..n_tok) are the tokens
+     * they hold (penalty counts; n_prompt as in tl_fwd_entry). On any other failure the slot's
+     * state is undefined (the engine resets it). */
+    int (*cache_load)(struct tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,
+                      int n_prompt, char *err, size_t errlen);
 } tl_backend;
+
+/* Tokens of one prefix cache page (both backends). */
+#define TL_PC_PAGE 64
 
 /* The backend an engine runs on: for tests that inject backend faults (engine.c). */
 tl_backend *tl_engine_backend_impl(tl_engine *e);
@@ -72,6 +97,10 @@ typedef struct tl_cuda_params {
     /* kv_tokens 0: the fraction of the GPU's memory in use once the pool is allocated (the pool
      * at most max_seqs * max_ctx); 0 = 0.9 */
     double gpu_memory_utilization;
+    /* Prefix cache budget set aside before the KV pool is sized: > 0 bytes; < 0 = a default
+     * from the free memory; 0 = no prefix cache (direct users such as tests/gpu get none unless
+     * they ask; the engine maps its own convention, tulip.h, onto this one). */
+    long long prefix_cache_bytes;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);

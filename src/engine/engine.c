@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/util.h"
 #include "engine/backend.h"
+#include "engine/prefix_cache.h"
 #include "engine/sample.h"
 #include "model/weights.h"
 
@@ -25,6 +26,8 @@ struct tl_engine {
     int n_sample_vocab;        /* ids >= this are padding: never sampled */
     unsigned char *slot_state; /* SLOT_* per slot */
     float *scratch;            /* [max_seqs, n_vocab] logits for host sampling */
+    int pc_on;                 /* the prefix cache (§4.1) is in use */
+    tl_prefix_cache pc;
 };
 
 struct tl_session {
@@ -68,7 +71,11 @@ static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t
                          .gpu_memory_utilization = p->gpu_memory_utilization,
                          .random_weights = p->random_weights,
                          .seed = p->seed,
-                         .weight_bits = p->weight_bits ? p->weight_bits : 16};
+                         .weight_bits = p->weight_bits ? p->weight_bits : 16,
+                         /* tulip.h: 0 default, < 0 off; backend.h: < 0 default, 0 off */
+                         .prefix_cache_bytes = p->prefix_cache_bytes == 0  ? -1
+                                               : p->prefix_cache_bytes < 0 ? 0
+                                                                           : p->prefix_cache_bytes};
     return tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, n);
 #else
     return tl_errf(cerr, n, TL_ERR_UNSUPPORTED, "this build has no CUDA backend (make cuda)");
@@ -101,6 +108,30 @@ static int open_backend(tl_engine *e, const tl_engine_params *p, char *err, size
     return open_cpu(e, p, err, errlen);
 }
 
+/* The prefix cache: the budget the backend set aside (CUDA) or the one asked for (default 256
+ * MiB), split by tl_pc_layout, storage in the backend, bookkeeping here. */
+static int open_prefix_cache(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
+    tl_backend *b = e->be;
+    if (p->prefix_cache_bytes < 0 || !b->cache_alloc) return 0;
+    long long bytes = b->pc_budget > 0            ? b->pc_budget
+                      : p->prefix_cache_bytes > 0 ? p->prefix_cache_bytes
+                                                  : 256ll << 20;
+    int n_page, n_snap;
+    int rc = tl_pc_layout(bytes, b->pc_page_bytes, b->pc_snap_bytes, &n_page, &n_snap, err, errlen);
+    if (!rc) rc = b->cache_alloc(b, n_page, n_snap, err, errlen);
+    if (!rc)
+        rc = tl_pc_init(&e->pc, n_page, n_snap, TL_PC_PAGE, b->pc_page_bytes, b->pc_snap_bytes, err,
+                        errlen);
+    if (rc) return rc;
+    e->pc_on = 1;
+    fprintf(stderr,
+            "tulip: prefix cache %.2f GiB: %d snapshots of %.1f MiB, %d pages of %d tokens "
+            "(%.2f MiB each)\n",
+            (double)bytes / (1 << 30), n_snap, (double)b->pc_snap_bytes / (1 << 20), n_page,
+            TL_PC_PAGE, (double)b->pc_page_bytes / (1 << 20));
+    return 0;
+}
+
 int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t errlen) {
     if (!out || !p) return tl_errf(err, errlen, TL_ERR_INVALID, "no engine parameters");
     *out = NULL;
@@ -120,6 +151,7 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
         fprintf(stderr,
                 "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
                 p->model_path, tl_time_s() - t0, t1 - t0, e->be->name, tl_time_s() - t1);
+    if (!rc) rc = open_prefix_cache(e, p, err, errlen);
     if (!rc) e->slot_state = xcalloc(e->max_seqs, 1);
     if (!rc && !e->be->can_sample) {
         e->scratch = calloc((size_t)e->max_seqs * e->cfg.n_vocab, sizeof(float));
@@ -136,6 +168,7 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
 void tl_engine_close(tl_engine *e) {
     if (!e) return;
     if (e->be) e->be->close(e->be);
+    if (e->pc_on) tl_pc_free(&e->pc);
     if (e->model) tl_model_close(e->model);
     free(e->slot_state);
     free(e->scratch);
@@ -239,6 +272,86 @@ int tl_session_restore(tl_session *s, const tl_session_snap *snap) {
     s->n_prompt = snap->n_prompt;
     s->rng = snap->rng;
     return TL_OK;
+}
+
+/* ====== Prefix cache (docs/architecture.md §4.1). ====== */
+
+int tl_engine_prefix_enabled(const tl_engine *e) { return e && e->pc_on; }
+
+/* Room for n tokens in the session's history. */
+static int history_reserve(tl_session *s, int n) {
+    if (n <= s->cap) return 0;
+    int cap = TL_MAX(s->cap * 2, n + 64);
+    int32_t *nt = realloc(s->tokens, sizeof(int32_t) * cap);
+    if (!nt) return TL_ERR_NOMEM;
+    s->tokens = nt;
+    s->cap = cap;
+    return 0;
+}
+
+int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *tokens, int n,
+                           int max_len, char *err, size_t errlen) {
+    if (!s || !tokens || n < 0 || s->n_tokens != 0 || s->lost)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: needs an empty, usable session");
+    tl_engine *e = s->e;
+    if (!e->pc_on) return 0;
+    max_len = TL_MIN(max_len, e->max_ctx - 1);
+    int32_t *pages = malloc(sizeof(int32_t) * (size_t)(TL_MAX(max_len, 1) / TL_PC_PAGE + 1));
+    if (!pages) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    tl_pc_io io;
+    int hit = tl_pc_lookup(&e->pc, salt, tokens, n, max_len, pages, &io), rc = 0;
+    if (hit >= 0 && history_reserve(s, io.n_tok))
+        rc = tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    if (hit >= 0 && !rc)
+        rc = e->be->cache_load(e->be, s->slot, &io, tokens, s->n_prompt, err, errlen);
+    free(pages);
+    if (hit < 0 || rc == TL_ERR_CONTEXT_FULL || rc == TL_ERR_NOMEM) return hit < 0 ? 0 : rc;
+    if (rc) {
+        s->lost = rc;
+        return rc;
+    }
+    memcpy(s->tokens, tokens, sizeof(int32_t) * (size_t)io.n_tok);
+    s->n_tokens = io.n_tok;
+    return io.n_tok;
+}
+
+int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen) {
+    if (!s) return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: no session");
+    tl_engine *e = s->e;
+    if (!e->pc_on || s->n_tokens == 0 || s->lost) return 0;
+    int32_t *pages = malloc(sizeof(int32_t) * (size_t)(s->n_tokens / TL_PC_PAGE + 1));
+    if (!pages) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    tl_pc_io io;
+    int rc = tl_pc_plan_save(&e->pc, salt, s->tokens, s->n_tokens, pages, &io);
+    if (rc == 1) {
+        int st = e->be->cache_save(e->be, s->slot, &io, err, errlen);
+        if (st) {
+            tl_pc_abort(&e->pc, &io);
+            rc = st;
+        } else
+            tl_pc_commit(&e->pc, &io);
+    } else if (rc == 2)
+        rc = 1; /* already cached */
+    free(pages);
+    return rc;
+}
+
+int tl_engine_prefix_stats(const tl_engine *e, tl_prefix_stats *out) {
+    if (!e || !out) return TL_ERR_INVALID;
+    memset(out, 0, sizeof *out);
+    if (!e->pc_on) return 0;
+    tl_pc_stats st;
+    tl_pc_get_stats(&e->pc, &st);
+    *out = (tl_prefix_stats){.queries = st.queries,
+                             .hits = st.hits,
+                             .hit_tokens = st.hit_tokens,
+                             .evictions = st.evictions,
+                             .saves = st.saves,
+                             .snapshots = st.snaps_used,
+                             .bytes_used = st.bytes_used,
+                             .bytes_total = st.bytes_total,
+                             .snap_bytes = st.snaps_used * (long long)e->pc.snap_bytes};
+    return 0;
 }
 
 /* ====== The step. ====== */

@@ -475,12 +475,13 @@ const char *tl_ant_stop_reason(const char *finish_reason, int stop_seq) {
     return "end_turn";
 }
 
-static json_t *usage_json(int in, int out) {
+/* Anthropic counts prompt tokens read from the cache apart: input_tokens are the others. */
+static json_t *usage_json(int in, int cached, int out) {
     json_t *u = json_object();
-    json_object_set_new(u, "input_tokens", json_integer(in));
+    json_object_set_new(u, "input_tokens", json_integer(in - cached));
     json_object_set_new(u, "output_tokens", json_integer(out));
     json_object_set_new(u, "cache_creation_input_tokens", json_integer(0));
-    json_object_set_new(u, "cache_read_input_tokens", json_integer(0));
+    json_object_set_new(u, "cache_read_input_tokens", json_integer(cached));
     return u;
 }
 
@@ -564,7 +565,7 @@ static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, 
     json_t *msg = tl_gen_message(&g);
     json_t *m = message_json(id, s->model_name, tl_ant_blocks(msg),
                              tl_ant_stop_reason(tl_gen_finish_reason(&g, fin), g.stopped),
-                             stop_seq(&g), usage_json(j->n_prompt, g.n_completion));
+                             stop_seq(&g), usage_json(j->n_prompt, j->n_cached, g.n_completion));
     json_decref(msg);
     memset(out, 0, sizeof *out);
     out->status = 200;
@@ -688,7 +689,8 @@ static void stream_finish(struct tl_ant_stream *st, int fin) {
                         json_string(tl_ant_stop_reason(tl_gen_finish_reason(g, fin), g->stopped)));
     json_object_set_new(delta, "stop_sequence", seq ? json_string(seq) : json_null());
     json_object_set_new(d, "delta", delta);
-    json_object_set_new(d, "usage", usage_json(st->job->n_prompt, g->n_completion));
+    json_object_set_new(d, "usage",
+                        usage_json(st->job->n_prompt, st->job->n_cached, g->n_completion));
     event(st, "message_delta", d);
     event(st, "message_stop", json_object());
 }
@@ -698,7 +700,7 @@ static void stream_start(struct tl_ant_stream *st) {
     json_t *d = json_object();
     json_object_set_new(d, "message",
                         message_json(st->id, st->s->model_name, json_array(), NULL, NULL,
-                                     usage_json(st->job->n_prompt, 0)));
+                                     usage_json(st->job->n_prompt, 0, 0)));
     event(st, "message_start", d);
     event(st, "ping", json_object());
 }

@@ -117,6 +117,12 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
     g.kv_pages_free = kv.pages_free;
     g.kv_page_tokens = kv.page_tokens;
     g.kv_capacity = kv.pages_total * kv.page_tokens;
+    tl_prefix_stats ps;
+    tl_sched_prefix_stats(s->sched, &ps);
+    g.pc_on = s->prefix_cache;
+    g.pc_queries = ps.queries, g.pc_hits = ps.hits, g.pc_hit_tokens = ps.hit_tokens;
+    g.pc_evictions = ps.evictions, g.pc_snap_bytes = ps.snap_bytes;
+    g.pc_bytes_used = ps.bytes_used, g.pc_bytes_total = ps.bytes_total;
     char *text = tl_metrics_render(s->metrics, &g);
     if (!text) {
         tl_oai_error e;
@@ -196,6 +202,30 @@ static int force_tokens(tl_server *s, const tl_oai_req *r, tl_job *j, tl_oai_err
     return 0;
 }
 
+/* The prefix cache's snapshot point of a chat prompt (docs/architecture.md §4.1): the end of its
+ * last complete message, i.e. the prompt rendered without the generation prompt. The next turn
+ * re-renders this turn's answer differently from what was generated (earlier turns lose their
+ * reasoning), so that is the longest prefix the next request is sure to share. 0 when the
+ * rendering without the generation prompt is not a token prefix of the prompt. */
+static int snap_point(tl_server *s, const json_t *msgs, const json_t *tools, tl_chat_opts co,
+                      const char *text, size_t len, const tl_job *j) {
+    char *t2 = NULL, err[64];
+    size_t n2 = 0;
+    co.add_generation_prompt = 0;
+    int at = 0;
+    if (!tl_chat_render(msgs, tools, &co, &t2, &n2, err, sizeof err) && n2 > 0 && n2 < len &&
+        !memcmp(t2, text, n2)) {
+        tl_tok_ids ids = {0};
+        int n = tl_tokenize(s->tok, t2, n2, 0, &ids);
+        if (n > 0 && (int)ids.n < j->n_prompt &&
+            !memcmp(ids.ids, j->prompt, sizeof(int32_t) * ids.n))
+            at = (int)ids.n;
+        tl_tok_ids_free(&ids);
+    }
+    free(t2);
+    return at;
+}
+
 /* Builds the job for a validated request: prompt ids, sampling, limits. */
 static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, tl_oai_error *e) {
     tl_job *j = tl_job_new();
@@ -209,16 +239,17 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
         co.preserve_thinking = r->preserve_thinking;
         char *text = NULL, err[256] = "";
         size_t len = 0;
-        st = tl_chat_render(msgs, r->tool_choice == TL_TOOL_NONE ? NULL : r->tools, &co, &text,
-                            &len, err, sizeof err);
-        json_decref(msgs);
+        const json_t *tools = r->tool_choice == TL_TOOL_NONE ? NULL : r->tools;
+        st = tl_chat_render(msgs, tools, &co, &text, &len, err, sizeof err);
         if (st) {
             tl_oai_fail(e, st == TL_ERR_NOMEM ? st : TL_ERR_INVALID, "messages", "%s", err);
         } else {
             st = tokenize_into(s, text, len, j, e);
             trace(s, id, "prompt", json_stringn(text, len));
+            if (!st && s->prefix_cache) j->snap_at = snap_point(s, msgs, tools, co, text, len, j);
             free(text);
         }
+        json_decref(msgs);
         if (!st && !r->script) st = tl_con_from_request(&s->con, r, &j->con, e);
         if (!st && !j->con) st = force_tokens(s, r, j, e);
         j->think_end_id = r->enable_thinking ? s->think_end_id : -1;
@@ -270,6 +301,7 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
     j->stop_ids = r->stop_ids, j->n_stop_ids = r->n_stop_ids;
     r->stop_ids = NULL, r->n_stop_ids = 0;
     j->min_tokens = r->min_tokens;
+    j->cache_salt = r->cache_salt ? xstrdup(r->cache_salt) : NULL;
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
     j->fail_after = r->fail_after;
@@ -400,7 +432,7 @@ static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, 
     json_t *lp = tl_gen_take_logprobs(&g);
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
     json_object_set_new(choice, "finish_reason", json_string(tl_gen_finish_reason(&g, fin)));
-    tl_oai_usage u = {j->n_prompt, g.n_completion, g.n_reasoning};
+    tl_oai_usage u = {j->n_prompt, g.n_completion, g.n_reasoning, j->n_cached};
     json_t *resp =
         tl_oai_envelope(id, r->kind == TL_OAI_CHAT ? "chat.completion" : "text_completion",
                         (long)time(NULL), s->model_name, choice, tl_oai_usage_json(&u));
@@ -477,7 +509,8 @@ static void stream_finish(struct tl_stream *st, int fin) {
     flush_deltas(st);
     put_chunk(st, NULL, tl_gen_take_logprobs(&st->gen), tl_gen_finish_reason(&st->gen, fin));
     if (st->req.include_usage) {
-        tl_oai_usage u = {st->job->n_prompt, st->gen.n_completion, st->gen.n_reasoning};
+        tl_oai_usage u = {st->job->n_prompt, st->gen.n_completion, st->gen.n_reasoning,
+                          st->job->n_cached};
         json_t *env = tl_oai_envelope(
             st->id, st->req.kind == TL_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
             st->created, st->s->model_name, NULL, tl_oai_usage_json(&u));

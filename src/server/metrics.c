@@ -344,5 +344,29 @@ char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g) {
                   "# TYPE tulip_kv_cache_page_tokens gauge\ntulip_kv_cache_page_tokens %d\n",
                   g->kv_pages_total, g->kv_pages_total - g->kv_pages_free, g->kv_pages_free,
                   g->kv_page_tokens);
+    if (g->pc_on) /* docs/architecture.md §4.1 */
+        tl_buf_printf(
+            &b,
+            "# HELP tulip_prefix_cache_queries_total Prefix cache lookups (one per admission).\n"
+            "# TYPE tulip_prefix_cache_queries_total counter\ntulip_prefix_cache_queries_total "
+            "%lld\n"
+            "# HELP tulip_prefix_cache_hits_total Lookups that restored a cached prefix.\n"
+            "# TYPE tulip_prefix_cache_hits_total counter\ntulip_prefix_cache_hits_total %lld\n"
+            "# HELP tulip_prefix_cache_hit_tokens_total Prompt tokens restored from the cache.\n"
+            "# TYPE tulip_prefix_cache_hit_tokens_total counter\n"
+            "tulip_prefix_cache_hit_tokens_total %lld\n"
+            "# HELP tulip_prefix_cache_evictions_total Snapshots evicted to make room (LRU).\n"
+            "# TYPE tulip_prefix_cache_evictions_total counter\n"
+            "tulip_prefix_cache_evictions_total %lld\n"
+            "# HELP tulip_prefix_cache_snapshot_bytes State snapshot bytes in use.\n"
+            "# TYPE tulip_prefix_cache_snapshot_bytes gauge\ntulip_prefix_cache_snapshot_bytes "
+            "%lld\n"
+            "# HELP tulip_prefix_cache_used_bytes Snapshot and KV page bytes in use.\n"
+            "# TYPE tulip_prefix_cache_used_bytes gauge\ntulip_prefix_cache_used_bytes %lld\n"
+            "# HELP tulip_prefix_cache_capacity_bytes The prefix cache's budget.\n"
+            "# TYPE tulip_prefix_cache_capacity_bytes gauge\ntulip_prefix_cache_capacity_bytes "
+            "%lld\n",
+            g->pc_queries, g->pc_hits, g->pc_hit_tokens, g->pc_evictions, g->pc_snap_bytes,
+            g->pc_bytes_used, g->pc_bytes_total);
     return tl_buf_take(&b, NULL); /* NULL when memory ran out */
 }

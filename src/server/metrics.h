@@ -14,6 +14,10 @@ typedef struct tl_metrics_gauges {
     long kv_tokens, kv_capacity;
     long kv_pages_total, kv_pages_free; /* the KV pool (tulip.h tl_kv_stats) */
     int kv_page_tokens;
+    /* the prefix cache (tulip.h tl_prefix_stats; pc_on 0: no series) */
+    int pc_on;
+    long long pc_queries, pc_hits, pc_hit_tokens, pc_evictions, pc_snap_bytes, pc_bytes_used,
+        pc_bytes_total;
 } tl_metrics_gauges;
 
 tl_metrics *tl_metrics_new(void);
@@ -33,7 +37,7 @@ void tl_metrics_finish(tl_metrics *m, int finish);
 /* A running sequence was preempted (its KV pages freed, to be recomputed). */
 void tl_metrics_preempt(tl_metrics *m);
 /* Prefix cache lookups: prompt tokens looked up and tokens found cached (vllm:prefix_cache_*).
- * Zero until the scheduler has a prefix cache to feed them from. */
+ * Fed by the scheduler at each first admission (sched.c prefix_load). */
 void tl_metrics_prefix_cache(tl_metrics *m, long queries, long hits);
 
 /* vLLM's finish reasons (vllm:request_success_total{finished_reason}). */

@@ -697,6 +697,13 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
         return 0;
     }
     if (!strcmp(k, "ignore_eos")) return get_bool(v, k, &r->ignore_eos, e);
+    if (!strcmp(k, "cache_salt")) { /* vLLM's: partitions the prefix cache */
+        if (json_is_null(v)) return 0;
+        if (get_str(v, k, &r->cache_salt, e)) return e->status;
+        if (!r->cache_salt[0] || strlen(r->cache_salt) > 256)
+            return tl_oai_fail(e, TL_ERR_INVALID, k, "'cache_salt' must be 1 to 256 bytes");
+        return 0;
+    }
     if (ignored_field(k, chat)) return ignored_type_ok(k, v, e);
     if (!strcmp(k, "min_tokens")) {
         if (get_int(v, k, 0, 1 << 30, &x, e)) return e->status;
@@ -915,6 +922,9 @@ json_t *tl_oai_usage_json(const tl_oai_usage *u) {
     json_object_set_new(o, "prompt_tokens", json_integer(u->prompt_tokens));
     json_object_set_new(o, "completion_tokens", json_integer(u->completion_tokens));
     json_object_set_new(o, "total_tokens", json_integer(u->prompt_tokens + u->completion_tokens));
+    json_t *p = json_object();
+    json_object_set_new(p, "cached_tokens", json_integer(u->cached_tokens));
+    json_object_set_new(o, "prompt_tokens_details", p);
     json_t *d = json_object();
     json_object_set_new(d, "reasoning_tokens", json_integer(u->reasoning_tokens));
     json_object_set_new(o, "completion_tokens_details", d);

@@ -134,8 +134,9 @@ typedef struct tl_oai_req {
     int echo;         /* completions: the prompt comes first in the output */
     int32_t *script;  /* test mode: tokens to emit instead of sampled ones (owned) */
     int n_script;
-    int fail_after; /* test mode: the engine fails the job after this many tokens */
-    int fail_lost;  /* test mode: ... as a lost device (the whole engine fails) */
+    int fail_after;         /* test mode: the engine fails the job after this many tokens */
+    int fail_lost;          /* test mode: ... as a lost device (the whole engine fails) */
+    const char *cache_salt; /* borrowed from root; NULL: none (docs/architecture.md §4.1) */
 } tl_oai_req;
 
 /* Parse and validate a /v1/chat/completions or /v1/completions body. On failure e says why
@@ -160,9 +161,11 @@ typedef struct tl_oai_usage {
     int prompt_tokens;
     int completion_tokens;
     int reasoning_tokens;
+    int cached_tokens; /* prompt tokens served from the prefix cache */
 } tl_oai_usage;
 
-/* {"prompt_tokens","completion_tokens","total_tokens","completion_tokens_details":{...}} */
+/* {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"},
+ * "completion_tokens_details":{...}} */
 json_t *tl_oai_usage_json(const tl_oai_usage *u);
 
 /* One logprob record of a generated token, for both APIs. token_text is the token's bytes

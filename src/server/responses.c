@@ -722,10 +722,10 @@ static json_t *resp_new(const char *id, const char *model, json_t *body, const t
     return o;
 }
 
-static void resp_usage(resp_out *o, int n_prompt, const tl_gen *g) {
+static void resp_usage(resp_out *o, int n_prompt, int n_cached, const tl_gen *g) {
     json_t *u = json_object(), *in = json_object(), *out = json_object();
     json_object_set_new(u, "input_tokens", json_integer(n_prompt));
-    json_object_set_new(in, "cached_tokens", json_integer(0));
+    json_object_set_new(in, "cached_tokens", json_integer(n_cached));
     json_object_set_new(u, "input_tokens_details", in);
     json_object_set_new(u, "output_tokens", json_integer(g->n_completion));
     json_object_set_new(out, "reasoning_tokens", json_integer(g->n_reasoning));
@@ -736,7 +736,7 @@ static void resp_usage(resp_out *o, int n_prompt, const tl_gen *g) {
 
 /* The end of generation (fin: TL_FIN_STOP or TL_FIN_LENGTH): closes the open item, sets status
  * and usage, emits response.completed or response.incomplete. */
-static void resp_finish(resp_out *o, int fin, int n_prompt, const tl_gen *g) {
+static void resp_finish(resp_out *o, int fin, int n_prompt, int n_cached, const tl_gen *g) {
     int incomplete = fin == TL_FIN_LENGTH && !g->stopped;
     close_item(o, incomplete ? "incomplete" : "completed");
     json_object_set_new(o->resp, "status", json_string(incomplete ? "incomplete" : "completed"));
@@ -745,7 +745,7 @@ static void resp_finish(resp_out *o, int fin, int n_prompt, const tl_gen *g) {
         json_object_set_new(d, "reason", json_string("max_output_tokens"));
         json_object_set_new(o->resp, "incomplete_details", d);
     }
-    resp_usage(o, n_prompt, g);
+    resp_usage(o, n_prompt, n_cached, g);
     json_t *ev = json_object();
     json_object_set_new(ev, "response", json_deep_copy(o->resp));
     emit(o, incomplete ? "response.incomplete" : "response.completed", ev);
@@ -815,7 +815,7 @@ static int pump(resp_stream *st) {
     if (fin == TL_FIN_STOP || fin == TL_FIN_LENGTH) tl_gen_end(&st->gen);
     put_deltas(&st->o, tl_gen_take_deltas(&st->gen));
     if (fin == TL_FIN_STOP || fin == TL_FIN_LENGTH)
-        resp_finish(&st->o, fin, st->job->n_prompt, &st->gen);
+        resp_finish(&st->o, fin, st->job->n_prompt, st->job->n_cached, &st->gen);
     else if (fin)
         job_failed(st, fin);
     return fin ? fin : n == EV_BATCH ? -1 : 0; /* -1: more may be ready at once */

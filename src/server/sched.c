@@ -54,6 +54,7 @@ void tl_job_unref(tl_job *j) {
     free(j->min_allow);
     free(j->min_and);
     tl_con_free(j->con);
+    free(j->cache_salt);
     free(j->seq);
     free(j->ev);
     free(j);
@@ -119,13 +120,15 @@ struct tl_sched {
     int n_running; /* mirrors the engine thread's count for stats */
     int n_sessions;
     long kv_tokens;
-    tl_kv_stats kv_pub; /* the pool as of the last step */
+    tl_kv_stats kv_pub;     /* the pool as of the last step */
+    tl_prefix_stats pc_pub; /* the prefix cache as of the last step */
 
     /* fixed at create */
     tl_kv_stats kv0; /* the pool when idle (its sizes do not change) */
     long seq_tokens; /* most tokens of one sequence: min(max_ctx, KV positions of the pool) */
 
     /* engine thread only */
+    int pc_on;        /* the engine has a prefix cache */
     tl_kv_stats kv;   /* the pool now (refreshed at each step and preemption) */
     int admit_hold;   /* a step found the pool shorter than planned: admit nothing more until a
                          running job ends */
@@ -136,7 +139,10 @@ struct tl_sched {
     tl_sample_out *outs;     /* [max_seqs]: the step's samples */
 };
 
+static void snap_save(tl_sched *s, tl_job *j);
+
 static void job_finish(tl_sched *s, tl_job *j, int fin, int st, const char *msg) {
+    if (j->sess && (fin == TL_FIN_STOP || fin == TL_FIN_LENGTH)) snap_save(s, j); /* §4.1 */
     if (j->sess) {
         int rc = tl_session_close(j->sess);
         j->sess = NULL;
@@ -263,6 +269,53 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
     return 0;
 }
 
+/* ====== Prefix cache (docs/architecture.md §4.1, §6.1). ====== */
+
+static int is_decoding(const tl_job *j);
+
+/* Snapshots the job's session where it stands; a failure only costs the snapshot. */
+static void snap_save(tl_sched *s, tl_job *j) {
+    if (!s->pc_on || !j->sess) return;
+    char err[256];
+    int rc = tl_session_prefix_save(j->sess, j->cache_salt, err, sizeof err);
+    if (rc < 0) fprintf(stderr, "tulip: prefix cache snapshot failed: %s\n", err);
+}
+
+/* The first snapshot point of j's prefill after `from`: the end of its last complete message,
+ * every snap_every tokens, or the end of what it prefills (n_target). */
+static int next_snap_point(const tl_sched *s, const tl_job *j, int from) {
+    int p = j->n_target;
+    if (j->snap_at > from && j->snap_at < p) p = j->snap_at;
+    int every = (from / s->p.snap_every + 1) * s->p.snap_every;
+    return TL_MIN(p, every);
+}
+
+/* The tokens of the prefill of a and the prompt of b have in common. */
+static int shared_prefix(const tl_job *a, const tl_job *b) {
+    int n = TL_MIN(a->n_target, b->n_prompt), i = 0;
+    while (i < n && a->seq[i] == b->prompt[i]) i++;
+    return i;
+}
+
+static int same_salt(const tl_job *a, const tl_job *b) {
+    return !strcmp(a->cache_salt ? a->cache_salt : "", b->cache_salt ? b->cache_salt : "");
+}
+
+/* Should queued job j wait for a running job still prefilling a prefix they share, until it has
+ * snapshotted it (concurrent sharers: the first computes, the others reuse)? Yes when a running
+ * job of the same salt will take a snapshot at a point p with n_fed < p <= the shared prefix
+ * (and p < j's prompt: j must compute at least one token). */
+static int wait_for_sharer(const tl_sched *s, const tl_job *j) {
+    if (!s->pc_on || j->n_preempt) return 0;
+    for (int i = 0; i < s->n_live; i++) {
+        const tl_job *r = s->running[i];
+        if (is_decoding(r) || r->finished || !same_salt(r, j)) continue;
+        int shared = TL_MIN(shared_prefix(r, j), j->n_prompt - 1);
+        if (next_snap_point(s, r, r->n_fed) <= shared) return 1;
+    }
+    return 0;
+}
+
 /* Mirrors the engine thread's counts for tl_sched_stats. */
 static void publish_stats(tl_sched *s) {
     long kv = 0;
@@ -274,7 +327,10 @@ static void publish_stats(tl_sched *s) {
     }
     tl_kv_stats ks;
     tl_engine_kv_stats(s->eng, &ks);
+    tl_prefix_stats ps;
+    tl_engine_prefix_stats(s->eng, &ps);
     pthread_mutex_lock(&s->mu);
+    s->pc_pub = ps;
     s->n_running = s->n_live;
     s->n_sessions = n_sess;
     s->kv_tokens = kv;
@@ -355,6 +411,7 @@ static long start_pages(const tl_sched *s, const tl_job *j) {
  * wait. */
 static void preempt(tl_sched *s, int idx) {
     tl_job *j = s->running[idx];
+    snap_save(s, j); /* readmitted, it restores this instead of recomputing (§4.1) */
     tl_session_save(j->sess, &j->snap);
     int rc = tl_session_close(j->sess);
     j->sess = NULL;
@@ -385,9 +442,10 @@ typedef struct step_plan {
     long free; /* pages free once the planned tokens are in */
 } step_plan;
 
-static int chunk_tokens(const tl_job *j, const step_plan *sp) {
+static int chunk_tokens(const tl_sched *s, const tl_job *j, const step_plan *sp) {
     if (sp->budget <= 0 && sp->moved) return 0;
-    return TL_MIN(j->n_target - j->n_fed, TL_MAX(sp->budget, 32));
+    int end = s->pc_on ? next_snap_point(s, j, j->n_fed) : j->n_target; /* a chunk ends there */
+    return TL_MIN(end - j->n_fed, TL_MAX(sp->budget, 32));
 }
 
 /* Plans running[i]'s tokens of this step within the free pages: a prefill chunk shrinks to the
@@ -396,7 +454,7 @@ static int chunk_tokens(const tl_job *j, const step_plan *sp) {
  * the next job). A job alone that cannot grow is at the pool's limit: it ends ("length"). */
 static int plan_job(tl_sched *s, int i, step_plan *sp) {
     tl_job *j = s->running[i];
-    int dec = is_decoding(j), want = dec ? 1 : chunk_tokens(j, sp);
+    int dec = is_decoding(j), want = dec ? 1 : chunk_tokens(s, j, sp);
     long past = tl_session_n_past(j->sess), need;
     j->n_plan = 0;
     if (want == 0) return 1;
@@ -435,6 +493,8 @@ static void plan_running(tl_sched *s, step_plan *sp) {
 /* A session for a job being admitted (the first time: its sequence starts as the prompt; after
  * a preemption: restored to where it stopped), or the job ends (bad parameters, no slot).
  * Returns 1 when the job can run. */
+static int prefix_load(tl_sched *s, tl_job *j, char *err, size_t errlen);
+
 static int job_start(tl_sched *s, tl_job *j, double now) {
     char err[256];
     /* checked here too, so that one job's bad parameters never fail the whole step */
@@ -453,6 +513,8 @@ static int job_start(tl_sched *s, tl_job *j, double now) {
     }
     st = tl_session_open(s->eng, &j->sess, err, sizeof err);
     if (!st && j->n_preempt) st = tl_session_restore(j->sess, &j->snap);
+    j->n_fed = 0;
+    if (!st) st = prefix_load(s, j, err, sizeof err);
     if (st) {
         if (st == TL_ERR_DEVICE_LOST) { /* no slot could be reset: the device is gone */
             fprintf(stderr, "tulip: opening a session failed: %s\n", err);
@@ -462,6 +524,28 @@ static int job_start(tl_sched *s, tl_job *j, double now) {
         return 0;
     }
     return 1;
+}
+
+/* The longest cached prefix of the job's tokens (at least one is left to compute): the session
+ * starts there. A backend failure resets the session and the job computes everything. */
+static int prefix_load(tl_sched *s, tl_job *j, char *err, size_t errlen) {
+    if (!s->pc_on) return 0;
+    int got = tl_session_prefix_load(j->sess, j->cache_salt, j->seq, j->n_target, j->n_target - 1,
+                                     err, errlen);
+    if (got < 0) {
+        fprintf(stderr, "tulip: prefix cache load failed (computing the prompt): %s\n", err);
+        int rc = tl_session_reset(j->sess);
+        if (rc)
+            return tl_errf(err, errlen, rc, "resetting a session failed: %s", tl_status_str(rc));
+        if (j->n_preempt) tl_session_restore(j->sess, &j->snap);
+        got = 0;
+    }
+    j->n_fed = got;
+    if (!j->n_preempt) {
+        j->n_cached = got;
+        if (s->m) tl_metrics_prefix_cache(s->m, j->n_target, got); /* vllm:prefix_cache_* */
+    }
+    return 0;
 }
 
 /* 4. Admission, FIFO: the queue's head starts when a slot is free and its tokens and first token
@@ -484,7 +568,7 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
         tl_job *j = s->q_head;
         long need = j ? start_pages(s, j) : 0;
         if (!j || stop || s->lost || s->n_live >= s->max_seqs ||
-            (s->n_live && (need > avail || s->admit_hold))) {
+            (s->n_live && (need > avail || s->admit_hold || wait_for_sharer(s, j)))) {
             pthread_mutex_unlock(&s->mu);
             return;
         }
@@ -496,9 +580,8 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
         if (!job_start(s, j, now)) continue;
         avail -= need;
         s->running[s->n_live++] = j;
-        j->n_fed = 0;
-        j->n_plan = chunk_tokens(j, sp);
-        sp->free -= tl_kv_pages_to_grow(&s->kv, 0, j->n_plan);
+        j->n_plan = chunk_tokens(s, j, sp); /* n_fed: the tokens restored from the cache */
+        sp->free -= tl_kv_pages_to_grow(&s->kv, 0, j->n_fed + j->n_plan);
         if (j->n_plan) sp->budget -= j->n_plan, sp->moved = 1;
     }
 }
@@ -617,7 +700,10 @@ static void deliver(tl_sched *s, int n) {
     double now = tl_time_s();
     for (int i = 0; i < n; i++) {
         tl_job *j = s->entry_job[i];
-        if (s->entries[i].tokens != &j->next_tok) j->n_fed += s->entries[i].n_tok;
+        if (s->entries[i].tokens != &j->next_tok) {
+            j->n_fed += s->entries[i].n_tok;
+            if (s->pc_on && j->n_fed == next_snap_point(s, j, j->n_fed - 1)) snap_save(s, j);
+        }
         if (s->entries[i].sample) job_after_sample(s, j, &s->outs[i], now);
     }
 }
@@ -676,6 +762,8 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->p = *p;
     if (s->p.step_tokens <= 0) s->p.step_tokens = 512;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
+    if (s->p.snap_every <= 0) s->p.snap_every = 4096;
+    s->pc_on = tl_engine_prefix_enabled(e);
     s->m = m;
     s->max_seqs = tl_engine_max_seqs(e);
     s->max_ctx = tl_engine_max_ctx(e);
@@ -805,6 +893,12 @@ void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long 
     if (running) *running = s->n_running;
     if (sessions) *sessions = s->n_sessions;
     if (kv_tokens) *kv_tokens = s->kv_tokens;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void tl_sched_prefix_stats(tl_sched *s, tl_prefix_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->pc_pub;
     pthread_mutex_unlock(&s->mu);
 }
 

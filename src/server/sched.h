@@ -57,6 +57,13 @@ typedef struct tl_job {
     int think_end_id; /* -1: none */
     int in_think;
     struct tl_con *con; /* constrained decoding (server/constrain.h), owned; NULL: none */
+    /* Prefix cache (docs/architecture.md §4.1, §6.1): the salt (owned, NULL: none), and where
+     * the last complete message before the generation prompt ends (a snapshot point; 0: none). */
+    char *cache_salt;
+    int snap_at;
+    /* Set by the engine thread before the first event (read it after one, or once finished):
+     * prompt tokens restored from the prefix cache at the job's first start. */
+    int n_cached;
 
     /* Shared between the engine thread and the reader, under mu. */
     pthread_mutex_t mu;
@@ -106,6 +113,7 @@ int tl_job_take(tl_job *j, tl_sample_out *out, int max, int *finished);
 typedef struct tl_sched_params {
     int max_queue;   /* waiting jobs beyond this answer TL_ERR_BUSY (429) */
     int step_tokens; /* token budget of one step: decode tokens + prefill chunk(s) */
+    int snap_every;  /* prefix cache snapshot every this many prompt tokens (0: 4096) */
 } tl_sched_params;
 
 typedef struct tl_sched tl_sched;
@@ -127,6 +135,8 @@ void tl_sched_free(tl_sched *s);
 int tl_sched_lost(const tl_sched *s);
 /* Snapshot: waiting jobs, running jobs, live sessions, tokens held in KV by live sessions. */
 void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long *kv_tokens);
+/* The prefix cache as of the last step (tulip.h tl_prefix_stats; zeros without one). */
+void tl_sched_prefix_stats(tl_sched *s, tl_prefix_stats *out);
 /* The KV pool as of the last step (tulip.h tl_kv_stats). */
 void tl_sched_kv_stats(tl_sched *s, tl_kv_stats *out);
 /* The most tokens one sequence can hold: the context, or the whole KV pool when that is less. A

@@ -142,17 +142,20 @@ static int check_template(tl_server *s, char *err, size_t errlen) {
 }
 
 static int open_all(tl_server *s, char *err, size_t errlen) {
-    tl_engine_params ep = {.model_path = s->p.model_path,
-                           .backend = s->p.backend,
-                           .allow_test_shape = s->p.allow_test_shape,
-                           .n_threads = s->p.n_threads,
-                           .max_seqs = s->p.max_seqs,
-                           .max_ctx = s->p.max_ctx,
-                           .kv_tokens = s->p.kv_tokens,
-                           .gpu_memory_utilization = s->p.gpu_memory_utilization,
-                           .random_weights = s->p.random_weights,
-                           .seed = s->p.seed,
-                           .weight_bits = s->p.weight_bits};
+    tl_engine_params ep = {
+        .model_path = s->p.model_path,
+        .backend = s->p.backend,
+        .allow_test_shape = s->p.allow_test_shape,
+        .n_threads = s->p.n_threads,
+        .max_seqs = s->p.max_seqs,
+        .max_ctx = s->p.max_ctx,
+        .kv_tokens = s->p.kv_tokens,
+        .gpu_memory_utilization = s->p.gpu_memory_utilization,
+        .random_weights = s->p.random_weights,
+        .seed = s->p.seed,
+        .weight_bits = s->p.weight_bits,
+        .prefix_cache_bytes =
+            s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0)};
     int st = tl_engine_open(&s->eng, &ep, err, errlen);
     if (st) return st;
     const char *tp = s->p.tokenizer_path ? s->p.tokenizer_path : s->p.model_path;
@@ -170,6 +173,7 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
     s->max_ctx = tl_engine_max_ctx(s->eng);
     int te = tl_token_id(s->tok, "</think>");
     s->think_end_id = te >= 0 ? te : -1;
+    s->prefix_cache = tl_engine_prefix_enabled(s->eng);
     int32_t eos[4];
     int n_eos = c->n_eos < 4 ? c->n_eos : 4;
     for (int i = 0; i < n_eos; i++) eos[i] = c->eos_ids[i];

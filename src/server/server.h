@@ -46,6 +46,10 @@ typedef struct tl_server_params {
     int log_json;            /* --log-format json: request and stats lines as JSON objects */
     double stats_interval_s; /* periodic stats line every this many seconds; < 0: never; 0: 10 */
     int strict_template;     /* refuse to start when the checkpoint's chat template differs */
+    /* Prefix cache (docs/architecture.md §4.1): budget in GiB (0 = the engine's default), or
+     * off */
+    double prefix_cache_gb;
+    int no_prefix_cache;
 } tl_server_params;
 
 #define TL_SERVER_MAX_NAMES 16
@@ -77,6 +81,7 @@ typedef struct tl_server {
     int max_ctx;
     int think_end_id; /* "</think>" or -1 */
     tl_con_ctx con;   /* constrained decoding: the vocabulary trie, end and tool-call ids */
+    int prefix_cache; /* the engine has a prefix cache */
     long created;
     struct MHD_Daemon *daemon;
     atomic_int draining;

@@ -433,7 +433,7 @@ static void test_error_table_and_body(void) {
 }
 
 static void test_response_json(void) {
-    tl_oai_usage u = {10, 5, 3};
+    tl_oai_usage u = {10, 5, 3, 4};
     json_t *env = tl_oai_envelope("chatcmpl-x", "chat.completion", 1700000000, "tiny",
                                   json_object(), tl_oai_usage_json(&u));
     char *s = tl_oai_dump(env);
@@ -445,6 +445,9 @@ static void test_response_json(void) {
     CHECK_EQ_INT(json_integer_value(json_object_get(
                      json_object_get(us, "completion_tokens_details"), "reasoning_tokens")),
                  3);
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(us, "prompt_tokens_details"),
+                                                    "cached_tokens")),
+                 4);
     json_decref(j);
     free(s);
 

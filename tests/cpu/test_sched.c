@@ -645,6 +645,122 @@ static void test_pool_unreported(void) {
     tl_engine_close(e);
 }
 
+/* ====== Prefix cache (docs/architecture.md §4.1, §6.1). ====== */
+
+static tl_engine *open_engine_pc(int max_seqs, long long pc_bytes) {
+    tl_engine_params ep = {.model_path = MODEL,
+                           .backend = TL_BACKEND_CPU,
+                           .allow_test_shape = 1,
+                           .n_threads = 1,
+                           .max_seqs = max_seqs,
+                           .max_ctx = 512,
+                           .prefix_cache_bytes = pc_bytes};
+    char err[512];
+    tl_engine *e = NULL;
+    if (tl_engine_open(&e, &ep, err, sizeof err)) fprintf(stderr, "tl_engine_open: %s\n", err);
+    return e;
+}
+
+static tl_job *job_from(const int32_t *t, int n, int snap_at, const char *salt, int max_tokens) {
+    tl_job *j = tl_job_new();
+    j->prompt = xmalloc(sizeof(int32_t) * (size_t)n);
+    memcpy(j->prompt, t, sizeof(int32_t) * (size_t)n);
+    j->n_prompt = n;
+    j->sample = (tl_sample_params){.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    j->max_tokens = max_tokens;
+    j->ignore_eos = 1;
+    j->snap_at = snap_at;
+    j->cache_salt = salt ? strdup(salt) : NULL;
+    return j;
+}
+
+/* Runs the jobs (submitted together) on s; tokens into out[k], returns nothing. */
+static void run_jobs(tl_sched *s, tl_job **js, int n, int32_t (*out)[8], int *cached) {
+    char err[256];
+    int got;
+    for (int k = 0; k < n; k++) CHECK_EQ_INT(tl_sched_submit(s, js[k], err, sizeof err), 0);
+    for (int k = 0; k < n; k++) {
+        CHECK_EQ_INT(collect(js[k], out[k], 8, &got), TL_FIN_LENGTH);
+        CHECK_EQ_INT(got, 8);
+        if (cached) cached[k] = js[k]->n_cached;
+        tl_job_unref(js[k]);
+    }
+}
+
+/* A conversation of turns, served with and without the cache: the same greedy tokens, and the
+ * cached tokens the snapshot points promise (the end of the last message, the end of the
+ * generation); a salt sees none of it; three concurrent jobs with one prefix: the first computes
+ * it, the others wait for its snapshot and reuse it. */
+static void test_prefix_cache_turns(void) {
+    tl_engine *eon = open_engine_pc(3, 0), *eoff = open_engine_pc(3, -1);
+    CHECK(eon && eoff);
+    if (!eon || !eoff) return;
+    CHECK(!tl_engine_prefix_enabled(eoff));
+    tl_sched *son, *soff;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 16, .snap_every = 64};
+    CHECK_EQ_INT(tl_sched_create(&son, eon, &sp, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_create(&soff, eoff, &sp, NULL, err, sizeof err), 0);
+    int32_t t[200], a[1][8], b[1][8];
+    for (int i = 0; i < 200; i++) t[i] = (int32_t)((i * 7919 + 13) % 250 + 3);
+    /* turn 1: 60 tokens, the last message ends at 50 */
+    int c[3];
+    tl_job *j1 = job_from(t, 60, 50, NULL, 8), *j1o = job_from(t, 60, 50, NULL, 8);
+    run_jobs(son, &j1, 1, a, c);
+    CHECK_EQ_INT(c[0], 0);
+    run_jobs(soff, &j1o, 1, b, NULL);
+    CHECK(!memcmp(a, b, sizeof a));
+    /* turn 2: the first 50 tokens again, then 40 others (the earlier answer re-rendered) */
+    int32_t t2[90];
+    memcpy(t2, t, 50 * 4);
+    for (int i = 50; i < 90; i++) t2[i] = (int32_t)((i * 31 + 5) % 250 + 3);
+    tl_job *j2 = job_from(t2, 90, 80, NULL, 8), *j2o = job_from(t2, 90, 80, NULL, 8);
+    run_jobs(son, &j2, 1, a, c);
+    CHECK_EQ_INT(c[0], 50);
+    run_jobs(soff, &j2o, 1, b, NULL);
+    CHECK(!memcmp(a, b, sizeof a));
+    /* a continuation of turn 2's generated text: the end-of-generation snapshot (90 + 7 fed) */
+    int32_t t3[110];
+    memcpy(t3, t2, 90 * 4);
+    memcpy(t3 + 90, a[0], 8 * 4);
+    for (int i = 98; i < 110; i++) t3[i] = (int32_t)((i * 17 + 1) % 250 + 3);
+    tl_job *j3 = job_from(t3, 110, 0, NULL, 8), *j3o = job_from(t3, 110, 0, NULL, 8);
+    run_jobs(son, &j3, 1, a, c);
+    CHECK_EQ_INT(c[0], 97);
+    run_jobs(soff, &j3o, 1, b, NULL);
+    CHECK(!memcmp(a, b, sizeof a));
+    /* the same under a salt: nothing cached for it */
+    tl_job *j4 = job_from(t3, 110, 0, "other", 8);
+    run_jobs(son, &j4, 1, a, c);
+    CHECK_EQ_INT(c[0], 0);
+    CHECK(!memcmp(a, b, sizeof a));
+    /* concurrent sharers: three new prompts sharing 150 tokens, submitted at once */
+    int32_t t5[3][160];
+    tl_job *js[3], *jo[3];
+    int32_t o5[3][8], r5[3][8];
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < 160; i++) t5[k][i] = (int32_t)((i * 101 + 7) % 250 + 3);
+        t5[k][155] = (int32_t)(3 + k); /* they differ after 150 */
+        js[k] = job_from(t5[k], 160, 150, NULL, 8);
+        jo[k] = job_from(t5[k], 160, 150, NULL, 8);
+    }
+    run_jobs(son, js, 3, o5, c);
+    CHECK_EQ_INT(c[0], 0);
+    CHECK_EQ_INT(c[1], 150);
+    CHECK_EQ_INT(c[2], 150);
+    run_jobs(soff, jo, 3, r5, NULL);
+    CHECK(!memcmp(o5, r5, sizeof o5));
+    tl_prefix_stats ps;
+    tl_sched_prefix_stats(son, &ps);
+    CHECK_EQ_INT(ps.queries, 7);
+    CHECK_EQ_INT(ps.hits, 4);
+    CHECK_EQ_INT(ps.hit_tokens, 50 + 97 + 150 + 150);
+    tl_sched_free(son);
+    tl_sched_free(soff);
+    tl_engine_close(eon);
+    tl_engine_close(eoff);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
@@ -658,5 +774,6 @@ int main(void) {
     T_RUN(test_pool_too_small_for_prompt);
     T_RUN(test_pool_queue_full);
     T_RUN(test_pool_unreported);
+    T_RUN(test_prefix_cache_turns);
     return t_summary();
 }

@@ -1292,6 +1292,50 @@ static void test_sample_restrict_law(void) {
     sample_restrict_law(0, 64, 40);
 }
 
+/* tl_gpu_kv_page_copy (the prefix cache's page copies) against a host copy, bit for bit, at the
+ * production row (2 KV heads x 256) over 10 layers: random bf16 pools, random page pairs with
+ * every row count 1..64 at some point, and the rows past each pair's count untouched. */
+static void test_kv_page_copy(void) {
+    enum { L = 10, SP = 12, DP = 9, NP = 6, ROW = TL_N_HEAD_KV * 256 };
+    size_t ns = (size_t)L * SP * TL_KV_PAGE * ROW, nd = (size_t)L * DP * TL_KV_PAGE * ROW;
+    uint16_t *hs = xmalloc(ns * 2), *hd = xmalloc(nd * 2), *want = xmalloc(nd * 2);
+    uint16_t *got = xmalloc(nd * 2);
+    unsigned long long r = 0xc0ffee14ull;
+    for (size_t i = 0; i < ns; i++) hs[i] = (uint16_t)t_rng_next(&r);
+    for (size_t i = 0; i < nd; i++) hd[i] = (uint16_t)t_rng_next(&r);
+    int ok = 1;
+    for (int rep = 0; rep < 12 && ok; rep++) {
+        int32_t pairs[3 * NP];
+        int used[DP] = {0};
+        for (int p = 0; p < NP; p++) { /* distinct destinations: the copies do not overlap */
+            int d;
+            do d = (int)(t_rng_next(&r) % DP);
+            while (used[d]);
+            used[d] = 1;
+            pairs[3 * p] = (int32_t)(t_rng_next(&r) % SP), pairs[3 * p + 1] = d;
+            pairs[3 * p + 2] = rep == 0 && p == 0 ? 64 : 1 + (int)((rep * NP + p) % 64);
+        }
+        memcpy(want, hd, nd * 2);
+        for (int l = 0; l < L; l++)
+            for (int p = 0; p < NP; p++)
+                memcpy(want + ((size_t)l * DP + pairs[3 * p + 1]) * TL_KV_PAGE * ROW,
+                       hs + ((size_t)l * SP + pairs[3 * p]) * TL_KV_PAGE * ROW,
+                       (size_t)pairs[3 * p + 2] * ROW * 2);
+        uint16_t *ds = dev_from(hs, ns * 2), *dd = dev_from(hd, nd * 2);
+        int32_t *dp = dev_from(pairs, sizeof pairs);
+        CHECK_EQ_INT(tl_gpu_kv_page_copy(dd, DP, ds, SP, dp, NP, L, ROW, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        tl_gpu_download(got, dd, nd * 2);
+        ok = !memcmp(got, want, nd * 2);
+        tl_gpu_free(ds), tl_gpu_free(dd), tl_gpu_free(dp);
+    }
+    printf("# kv_page_copy: 12 random sets of 6 page pairs x 10 layers == host copy: %s\n",
+           ok ? "yes" : "NO");
+    CHECK(ok);
+    CHECK_EQ_INT(tl_gpu_kv_page_copy(hd, 1, hs, 1, NULL, 1, 1, 12, NULL), TL_ERR_INVALID);
+    free(hs), free(hd), free(want), free(got);
+}
+
 int main(void) {
     char err[256];
     if (tl_gpu_init(err, sizeof err)) {
@@ -1321,5 +1365,6 @@ int main(void) {
     T_RUN(test_sample_restrict_greedy);
     T_RUN(test_sample_restrict_none);
     T_RUN(test_sample_restrict_law);
+    T_RUN(test_kv_page_copy);
     return t_summary();
 }

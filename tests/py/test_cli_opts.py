@@ -27,11 +27,12 @@ OPTIONS = {
             "--dump-logits", "--backend", "--threads", "--ctx", "--allow-test-shape"],
     "chat": ["-m", "--model", "--tokenizer", "--system", "--no-thinking", "--hide-thinking", "-n",
              "--temperature", "--top-k", "--top-p", "--min-p", "--presence-penalty", "--seed", "--ctx",
-             "--backend", "--threads", "--allow-test-shape"],
+             "--backend", "--threads", "--allow-test-shape", "--no-prefix-cache"],
     "serve": ["--model", "--tokenizer", "--served-model-name", "--host", "--port", "--api-key",
               "--max-seqs", "--ctx", "--kv-tokens", "--queue", "--step-tokens", "--max-body", "--max-conns",
               "--drain-timeout", "--idle-timeout", "--trace", "--keepalive", "--backend", "--threads",
-              "--allow-test-shape", "--random-weights", "--weight-bits", "--seed", "--test-mode"],
+              "--allow-test-shape", "--random-weights", "--weight-bits", "--seed", "--test-mode",
+              "--prefix-cache-gb", "--no-prefix-cache"],
     "bench": ["--random-weights", "--bits", "--seed", "--model", "--lengths", "--gen", "--repeats", "--json",
               "--prof", "--ops", "--allow-test-shape"],
     "info": ["--model", "--allow-test-shape"],
@@ -229,6 +230,22 @@ def test_chat_equals_form():
     b = tulip("chat", *joined, *common, input="Hello\n")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert a.stdout.strip() and a.stdout == b.stdout
+
+
+def test_chat_reuses_turns():
+    """Three greedy turns of `tulip chat`: with the prefix cache (turns 2 and 3 start from the
+    snapshot the turn before left at the end of its last message) the same answers as with
+    --no-prefix-cache, and the cache reports reused prompt tokens."""
+    args = ["--model", MODEL, "--tokenizer", TOKENIZER, "--backend", "cpu", "--threads", "1", "-n", "6",
+            "--temperature", "0", "--ctx", "512", "--allow-test-shape", "--no-thinking"]
+    lines = "Hello\nTell me more\nAnd more\n"
+    a = tulip("chat", *args, input=lines)
+    b = tulip("chat", *args, "--no-prefix-cache", input=lines)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout and a.stdout.count("\n") >= 3
+    m = re.search(r"prefix cache: (\d+) of (\d+) prompt tokens reused", a.stderr)
+    assert m and 0 < int(m.group(1)) < int(m.group(2)), a.stderr
+    assert "reused" not in b.stderr
 
 
 def test_quantize_equals_form(tmp_path):

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Multi-turn prefix-cache benchmark (issue 14, docs/architecture.md §4.1): replays agent-like
+conversations against `tulip serve` and reports the time to first token of every turn with the
+prefix cache and without it (--no-prefix-cache), and how many prompt tokens were served from the
+cache against how many the chat template makes reusable.
+
+A conversation: a system prompt of about --sys-tokens tokens (instructions and JSON tool
+definitions, the same for every conversation), then --turns turns, each adding about
+--turn-tokens tokens of user text and generating exactly --gen tokens (ignore_eos), thinking off
+(--thinking to turn it on). --convs "1 8" runs 1 conversation, then 8 at once (threads, one
+request in flight per conversation), all sharing the system prompt. Reusable tokens of a turn:
+the previous turn's prompt without its generation prompt (measured with /tokenize), which is
+what the template renders the same way in the next turn.
+
+The server is started here (cache on, then off) from --bin with --serve-args, unless --url is
+given (then only that server is measured, and --mode names it). Only the standard library.
+
+  bench/multiturn.py                                   # H200: random 4-bit weights, the protocol
+  bench/multiturn.py --bin build/cpu/tulip --serve-args "--model tests/data/tiny-a \\
+      --tokenizer tests/data/tiny-tokenizer/tokenizer.json --allow-test-shape --backend cpu" \\
+      --sys-tokens 200 --turn-tokens 30 --gen 8 --turns 3 --convs "1 2"   # CI smoke size
+
+Prints a markdown table per concurrency level (mean over the conversations of each turn) and, with
+--json FILE, every measurement."""
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = ("alpha beta gamma delta file path read write search query result error value table "
+         "index record update create delete list open close status check build test run deploy "
+         "config option module function return string number object array field schema").split()
+
+
+def words(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Client:
+    def __init__(self, url):
+        u = url.split("//", 1)[-1].rstrip("/")
+        self.host, self.port = u.split(":")[0], int(u.split(":")[1])
+        c = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        c.request("GET", "/v1/models")
+        self.model = json.loads(c.getresponse().read())["data"][0]["id"]
+        c.close()
+
+    def post(self, path, body, stream=False):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=3600)
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        return c, c.getresponse()
+
+    def tokens(self, messages, gen_prompt, kwargs):
+        c, r = self.post("/tokenize", {"messages": messages, "add_generation_prompt": gen_prompt,
+                                       "chat_template_kwargs": kwargs})
+        out = json.loads(r.read())
+        c.close()
+        if "count" not in out:
+            raise RuntimeError(f"/tokenize: {out}")
+        return out["count"]
+
+    def chat(self, messages, gen, kwargs):
+        """One streamed turn: (text, ttft seconds, usage)."""
+        body = {"model": self.model, "messages": messages, "max_tokens": gen, "ignore_eos": True,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                "chat_template_kwargs": kwargs}
+        t0 = time.perf_counter()
+        c, r = self.post("/v1/chat/completions", body)
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]}")
+        text, ttft, usage = "", None, None
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for ch in ev.get("choices", []):
+                d = ch.get("delta", {})
+                piece = (d.get("content") or "") + (d.get("reasoning_content") or "")
+                if piece and ttft is None:
+                    ttft = time.perf_counter() - t0
+                text += d.get("content") or ""
+        c.close()
+        return text, ttft if ttft is not None else time.perf_counter() - t0, usage
+
+
+def system_prompt(client, target, kwargs):
+    """Instructions and tool definitions grown to about `target` tokens."""
+    rng = random.Random(1)
+    tools, text = [], "You are a coding agent. Follow the rules below.\n"
+    while True:
+        msgs = [{"role": "system", "content": text + json.dumps(tools)},
+                {"role": "user", "content": "x"}]  # the template needs a user turn
+        if client.tokens(msgs, False, kwargs) >= target:
+            return msgs[0]["content"]
+        k = len(tools)
+        tools.append({"type": "function", "function": {
+            "name": f"tool_{k}", "description": words(rng, 30),
+            "parameters": {"type": "object", "properties": {
+                f"arg_{i}": {"type": "string", "description": words(rng, 8)} for i in range(4)}}}})
+        text += f"Rule {k}: {words(rng, 40)}\n"
+
+
+def conversation(client, conv, sysp, a, kwargs, out):
+    rng = random.Random(conv)  # conv: a seed, different for every level
+    msgs = [{"role": "system", "content": sysp}]
+    prev_reusable = 0
+    for t in range(a.turns):
+        msgs.append({"role": "user", "content": f"Turn {t}: " + words(rng, int(a.turn_tokens * 0.9))})
+        n_prompt = client.tokens(msgs, True, kwargs)
+        text, ttft, usage = client.chat(msgs, a.gen, kwargs)
+        cached = (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        out.append({"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
+                    "cached_tokens": cached, "reusable_tokens": prev_reusable})
+        prev_reusable = client.tokens(msgs, False, kwargs)
+        msgs.append({"role": "assistant", "content": text})
+
+
+def run_level(client, n_conv, sysp, a, kwargs):
+    out, threads, errors = [], [], []
+    seed = random.Random(n_conv).randrange(1 << 30)
+
+    def one(c):
+        try:
+            conversation(client, seed + c, sysp, a, kwargs, out)
+        except Exception as e:  # reported after the join: the run fails
+            errors.append(e)
+
+    for c in range(n_conv):
+        th = threading.Thread(target=one, args=(c,))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def start_server(a, extra):
+    log = tempfile.NamedTemporaryFile(prefix="tulip-mt-", suffix=".log", delete=False)
+    cmd = [a.bin, "serve", "--port", "0", *shlex.split(a.serve_args), *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+        if m:
+            return p, m.group(1), log.name
+    p.kill()
+    raise RuntimeError("tulip serve did not start: " + open(log.name).read()[-3000:])
+
+
+def stop_server(p):
+    p.terminate()
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+
+
+def measure(url, a, kwargs):
+    client = Client(url)
+    sysp = system_prompt(client, a.sys_tokens, kwargs)
+    return {n: run_level(client, n, sysp, a, kwargs) for n in a.levels}
+
+
+def table(res_on, res_off, n_conv, a):
+    rows = ["| turn | prompt tokens | TTFT cached ms | TTFT uncached ms | cached tokens | "
+            "reusable | cached / reusable |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in range(1, a.turns + 1):
+        on = [r for r in res_on[n_conv] if r["turn"] == t]
+        off = [r for r in res_off[n_conv] if r["turn"] == t] if res_off else []
+        mean = lambda xs, k: sum(x[k] for x in xs) / len(xs) if xs else float("nan")
+        reus, cach = mean(on, "reusable_tokens"), mean(on, "cached_tokens")
+        rows.append(f"| {t} | {mean(on, 'prompt_tokens'):.0f} | {1000 * mean(on, 'ttft_s'):.1f} | "
+                    f"{1000 * mean(off, 'ttft_s'):.1f} | {cach:.0f} | {reus:.0f} | "
+                    + (f"{cach / reus:.3f}" if reus else "-") + " |")
+    return "\n".join(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "tulip"))
+    ap.add_argument("--serve-args", default="--random-weights --weight-bits 4 "
+                    "--tokenizer bench/out/multiturn/tokenizer.json --ctx 32768 --max-seqs 16")
+    ap.add_argument("--url", help="measure this running server only")
+    ap.add_argument("--mode", default="cached", help="with --url: what the server is (label)")
+    ap.add_argument("--sys-tokens", type=int, default=8192)
+    ap.add_argument("--turn-tokens", type=int, default=500)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--convs", default="1 8")
+    ap.add_argument("--thinking", action="store_true")
+    ap.add_argument("--json", help="write every measurement here")
+    a = ap.parse_args()
+    a.levels = [int(x) for x in a.convs.split()]
+    kwargs = {"enable_thinking": bool(a.thinking)}
+    if "bench/out/multiturn/tokenizer.json" in a.serve_args:  # the default: the shared Qwen3 one
+        os.makedirs(os.path.join(ROOT, "bench/out/multiturn"), exist_ok=True)
+        subprocess.run(f"gunzip -c ../shared/data/qwen3-tokenizer.json.gz > "
+                       f"bench/out/multiturn/tokenizer.json", shell=True, check=True, cwd=ROOT)
+    if a.url:
+        res = {a.mode: measure(a.url, a, kwargs)}
+        res_on, res_off = res[a.mode], None
+    else:
+        res_on = res_off = None
+        for extra, name in (([], "on"), (["--no-prefix-cache"], "off")):
+            p, url, log = start_server(a, extra)
+            try:
+                r = measure(url, a, kwargs)
+            finally:
+                stop_server(p)
+                os.unlink(log)
+            if name == "on":
+                res_on = r
+            else:
+                res_off = r
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    print(f"multiturn: commit {commit}, system ~{a.sys_tokens} tokens, {a.turns} turns of "
+          f"~{a.turn_tokens} tokens, {a.gen} generated, thinking {'on' if a.thinking else 'off'}")
+    for n in a.levels:
+        print(f"\n{n} conversation(s) at once (means per turn)\n")
+        print(table(res_on, res_off, n, a))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"on": res_on, "off": res_off}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

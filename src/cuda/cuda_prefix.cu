@@ -1,0 +1,233 @@
+/* The CUDA backend's prefix cache storage and copies (backend.h cache_alloc / cache_save /
+ * cache_load; docs/architecture.md §4.1). Every decision is prefix_cache.c's; here only bytes
+ * move, on the backend's stream: KV rows between the slot's pages and the cache's pages with
+ * tl_gpu_kv_page_copy (all layers in one launch each for K and V), the GDN conv and recurrent
+ * state between the slot and a snapshot with one strided cudaMemcpy2DAsync each, and on a load
+ * the restored tokens' penalty counts (tl_gpu_penalty_add). Storage is set aside at open, before
+ * the KV pool takes the free memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda/cuda_backend.cuh"
+
+extern "C" {
+#include "common/status.h"
+#include "common/util.h"
+#include "engine/prefix_cache.h"
+}
+
+static size_t rec_floats(const cuda_be *be) { return (size_t)be->cfg.gdn_n_v_head * 128 * 128; }
+static size_t conv_floats(const cuda_be *be) { return (size_t)3 * be->conv_dim; }
+static int row_elems(const cuda_be *be) { return be->cfg.n_head_kv * 256; }
+
+size_t cb_pc_page_bytes(const cuda_be *be) {
+    return (size_t)2 * be->n_attn * TL_KV_PAGE * row_elems(be) * sizeof(uint16_t);
+}
+size_t cb_pc_snap_bytes(const cuda_be *be) {
+    return (size_t)be->n_gdn * (rec_floats(be) + conv_floats(be)) * sizeof(float);
+}
+
+/* The budget: given (> 0), or (< 0) a quarter of what --gpu-memory-utilization leaves now (at
+ * most 32 GiB); 0 with the cache off. */
+static long long pc_budget(const cuda_be *be, const tl_cuda_params *p) {
+    if (p->prefix_cache_bytes >= 0) return p->prefix_cache_bytes;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+    double util = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.9;
+    double avail = util * (double)total_b - (double)(total_b - free_b);
+    return avail > 0 ? (long long)TL_MIN(avail / 4, 32.0 * (1ll << 30)) : 0;
+}
+
+/* Before the KV pool is sized: the cache's pages and snapshots (none when the budget is 0, or,
+ * for the default budget, when it holds not even one snapshot). */
+int cb_pc_alloc_storage(cuda_be *be, const tl_cuda_params *p, char *err, size_t errlen) {
+    long long bytes = pc_budget(be, p);
+    size_t pb = cb_pc_page_bytes(be), sb = cb_pc_snap_bytes(be);
+    if (bytes <= 0 || pb == 0 || sb == 0) return 0;
+    int np, ns;
+    int st = tl_pc_layout(bytes, pb, sb, &np, &ns, err, errlen);
+    if (st && p->prefix_cache_bytes < 0) { /* the default found too little room: say so */
+        fprintf(stderr, "tulip: no prefix cache: %s\n", err);
+        if (err && errlen) err[0] = 0;
+        return 0;
+    }
+    if (st) return st;
+    size_t kv = (size_t)be->n_attn * np * TL_KV_PAGE * row_elems(be);
+    be->pc_k = (uint16_t *)tl_gpu_malloc(kv * sizeof(uint16_t));
+    be->pc_v = (uint16_t *)tl_gpu_malloc(kv * sizeof(uint16_t));
+    be->pc_snap = (float *)tl_gpu_malloc((size_t)ns * sb);
+    if (!be->pc_k || !be->pc_v || !be->pc_snap)
+        return tl_errf(err, errlen, TL_ERR_NOMEM,
+                       "cudaMalloc of the prefix cache (%.2f GiB) failed: lower --prefix-cache-gb",
+                       (double)bytes / (1 << 30));
+    be->pc_n_page = np, be->pc_n_snap = ns, be->pc_bytes = bytes;
+    return 0;
+}
+
+/* After the pool: the metadata buffers (page pairs, then tokens / positions / slots). */
+int cb_pc_alloc_meta(cuda_be *be, char *err, size_t errlen) {
+    if (!be->pc_n_snap) return 0;
+    be->pc_meta_ints = 3 * (size_t)be->max_pages + 3 * (size_t)be->max_ctx;
+    be->d_pc_meta = (int32_t *)tl_gpu_malloc(be->pc_meta_ints * sizeof(int32_t));
+    if (!be->d_pc_meta || cudaMallocHost(&be->h_pc_meta, be->pc_meta_ints * sizeof(int32_t)))
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "prefix cache metadata: out of memory");
+    return 0;
+}
+
+void cb_pc_free(cuda_be *be) {
+    tl_gpu_free(be->pc_k);
+    tl_gpu_free(be->pc_v);
+    tl_gpu_free(be->pc_snap);
+    tl_gpu_free(be->d_pc_meta);
+    if (be->h_pc_meta) cudaFreeHost(be->h_pc_meta);
+}
+
+static int cb_cache_alloc(tl_backend *b, int n_page, int n_snap, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    if (n_page != be->pc_n_page || n_snap != be->pc_n_snap)
+        return tl_errf(err, errlen, TL_ERR_INTERNAL,
+                       "prefix cache: %d pages / %d snapshots asked, %d / %d allocated", n_page,
+                       n_snap, be->pc_n_page, be->pc_n_snap);
+    return 0;
+}
+
+static int check_io(const cuda_be *be, int slot, const tl_pc_io *io, char *err, size_t errlen) {
+    int bad = slot < 0 || slot >= be->max_seqs || io->n_tok <= 0 || io->n_tok > be->max_ctx ||
+              io->snap < 0 || io->snap >= be->pc_n_snap ||
+              io->n_pages != TL_CEIL_DIV(io->n_tok, TL_KV_PAGE);
+    for (int k = 0; k < io->n_pages && !bad; k++) bad = io->page[k] >= be->pc_n_page;
+    if (bad)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix cache: bad copy (slot %d, %d tokens)",
+                       slot, io->n_tok);
+    if (be->lost) return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost");
+    return 0;
+}
+
+/* K and V rows of the page pairs in h_pc_meta[0 .. 3n): to_cache picks the direction. */
+static int copy_pages(cuda_be *be, int n, int to_cache) {
+    if (n == 0 || be->n_attn == 0) return 0;
+    tl_gpu_stream st = cb_stream(be, 0);
+    CUDA_TRY(cudaMemcpyAsync(be->d_pc_meta, be->h_pc_meta, (size_t)3 * n * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, be->stream));
+    uint16_t *src[2] = {be->kc, be->vc}, *dst[2] = {be->pc_k, be->pc_v};
+    for (int i = 0; i < 2; i++) {
+        if (to_cache)
+            TRY(tl_gpu_kv_page_copy(dst[i], be->pc_n_page, src[i], be->n_page, be->d_pc_meta, n,
+                                    be->n_attn, row_elems(be), &st));
+        else
+            TRY(tl_gpu_kv_page_copy(src[i], be->n_page, dst[i], be->pc_n_page, be->d_pc_meta, n,
+                                    be->n_attn, row_elems(be), &st));
+    }
+    return 0;
+}
+
+/* The slot's conv and recurrent state of every GDN layer <-> snapshot `snap` ([n_gdn][rec], then
+ * [n_gdn][conv]): one strided copy each. */
+static int copy_state(cuda_be *be, int slot, int snap, int to_cache) {
+    if (be->n_gdn == 0) return 0;
+    size_t rec = rec_floats(be), conv = conv_floats(be);
+    float *s_rec = be->pc_snap + (size_t)snap * be->n_gdn * (rec + conv);
+    float *s_conv = s_rec + (size_t)be->n_gdn * rec;
+    float *b_rec = be->rec_st + (size_t)slot * rec, *b_conv = be->conv_st + (size_t)slot * conv;
+    size_t bp_rec = (size_t)be->max_seqs * rec * 4, bp_conv = (size_t)be->max_seqs * conv * 4;
+    if (to_cache) {
+        CUDA_TRY(cudaMemcpy2DAsync(s_rec, rec * 4, b_rec, bp_rec, rec * 4, be->n_gdn,
+                                   cudaMemcpyDeviceToDevice, be->stream));
+        CUDA_TRY(cudaMemcpy2DAsync(s_conv, conv * 4, b_conv, bp_conv, conv * 4, be->n_gdn,
+                                   cudaMemcpyDeviceToDevice, be->stream));
+    } else {
+        CUDA_TRY(cudaMemcpy2DAsync(b_rec, bp_rec, s_rec, rec * 4, rec * 4, be->n_gdn,
+                                   cudaMemcpyDeviceToDevice, be->stream));
+        CUDA_TRY(cudaMemcpy2DAsync(b_conv, bp_conv, s_conv, conv * 4, conv * 4, be->n_gdn,
+                                   cudaMemcpyDeviceToDevice, be->stream));
+    }
+    return 0;
+}
+
+/* Ends a copy: waits for the stream; a CUDA error fails it (a sticky one loses the device). */
+static int finish(cuda_be *be, int st, char *err, size_t errlen) {
+    if (st == 0) {
+        cudaError_t e = cudaStreamSynchronize(be->stream);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "tulip: prefix cache copy: %s\n", cudaGetErrorString(e));
+            st = TL_ERR_CUDA;
+        }
+    }
+    if (st == TL_ERR_CUDA && cb_device_broken(be)) be->lost = 1;
+    if (st) return tl_errf(err, errlen, st, "prefix cache copy failed: %s", tl_status_str(st));
+    return 0;
+}
+
+static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    TRY(check_io(be, slot, io, err, errlen));
+    if (be->n_attn && be->pages.np[slot] != io->n_pages)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: slot %d holds %d pages, not %d",
+                       slot, be->pages.np[slot], io->n_pages);
+    const int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
+    int n = 0;
+    for (int k = 0; k < io->n_pages; k++) {
+        if (io->page[k] < 0) continue;
+        int32_t *m = be->h_pc_meta + 3 * n++;
+        m[0] = row[k], m[1] = io->page[k];
+        m[2] = TL_MIN(TL_KV_PAGE, io->n_tok - k * TL_KV_PAGE);
+    }
+    int st = copy_pages(be, n, 1);
+    if (!st) st = copy_state(be, slot, io->snap, 1);
+    return finish(be, st, err, errlen);
+}
+
+/* The restored tokens into the slot's penalty counts (the slot was reset: its counts are 0). */
+static int count_restored(cuda_be *be, int slot, const int32_t *tokens, int n, int n_prompt) {
+    int32_t *h = be->h_pc_meta + 3 * (size_t)be->max_pages, *d = be->d_pc_meta + 3 * be->max_pages;
+    for (int i = 0; i < n; i++) h[i] = tokens[i], h[n + i] = i, h[2 * n + i] = slot;
+    be->h_nprompt[slot] = n_prompt;
+    CUDA_TRY(cudaMemcpyAsync(be->d_nprompt + slot, be->h_nprompt + slot, sizeof(int32_t),
+                             cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(
+        cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice, be->stream));
+    tl_gpu_stream st = cb_stream(be, 0);
+    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
+                              &st);
+}
+
+static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,
+                         int n_prompt, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    TRY(check_io(be, slot, io, err, errlen));
+    for (int k = 0; k < io->n_pages; k++)
+        if (io->page[k] < 0)
+            return tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: no cache page %d", k);
+    if (be->pages.np[slot] != 0)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: slot %d is not empty", slot);
+    if (be->n_attn) { /* the slot's pages, all or nothing, and their table entries */
+        int len = io->n_tok, old = 0;
+        TRY(tl_kv_pages_reserve(&be->pages, &slot, &len, 1, &old, err, errlen));
+        size_t off = (size_t)slot * be->max_pages;
+        int st = 0;
+        if (cudaMemcpyAsync(be->d_ptab + off, be->h_ptab + off, io->n_pages * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, be->stream) != cudaSuccess)
+            st = TL_ERR_CUDA;
+        if (st) return finish(be, st, err, errlen);
+    }
+    const int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
+    for (int k = 0; k < io->n_pages; k++) {
+        int32_t *m = be->h_pc_meta + 3 * k;
+        m[0] = io->page[k], m[1] = row[k];
+        m[2] = TL_MIN(TL_KV_PAGE, io->n_tok - k * TL_KV_PAGE);
+    }
+    int st = copy_pages(be, io->n_pages, 0);
+    if (!st) st = copy_state(be, slot, io->snap, 0);
+    if (!st) st = count_restored(be, slot, tokens, io->n_tok, n_prompt);
+    return finish(be, st, err, errlen);
+}
+
+void cb_pc_attach(cuda_be *be, tl_backend *b) {
+    if (!be->pc_n_snap) return;
+    b->pc_page_bytes = cb_pc_page_bytes(be);
+    b->pc_snap_bytes = cb_pc_snap_bytes(be);
+    b->pc_budget = be->pc_bytes;
+    b->cache_alloc = cb_cache_alloc;
+    b->cache_save = cb_cache_save;
+    b->cache_load = cb_cache_load;
+}
