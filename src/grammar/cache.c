@@ -13,10 +13,10 @@
 #include "grammar/grammar.h"
 #include "grammar/grammar_int.h"
 
-#define MAX_STATES 2048          /* interned states per cache (~2 KB each with transitions) */
+#define MAX_STATES 2048             /* interned states per cache (~2 KB each with transitions) */
 #define HTAB       (2 * MAX_STATES) /* open addressing, at most half full */
-#define T_UNKNOWN  0             /* trans[]: not computed yet; T_DEAD: no stack survives */
-#define T_DEAD     (-1)          /* else: state id + 1 */
+#define T_UNKNOWN  0                /* trans[]: not computed yet; T_DEAD: no stack survives */
+#define T_DEAD     (-1)             /* else: state id + 1 */
 
 typedef struct dstate {
     tl_gstack_set set; /* a private copy, never modified */
@@ -38,7 +38,7 @@ struct tl_grammar_cache {
     dstate *st;
     int32_t *trans; /* 256 per state */
     int n_st, cap_st;
-    int32_t *htab; /* state id + 1, 0 = empty slot */
+    int32_t *htab;      /* state id + 1, 0 = empty slot */
     tl_gstack_set *lvl; /* per trie depth: scratch set of a state that is not interned */
     int32_t *lid;       /* per trie depth: the state's id, or -1 (then lvl[d] holds it) */
     mentry *m;
@@ -138,7 +138,8 @@ static int step(tl_grammar_cache *c, size_t d, uint8_t b) {
     int alive = c->lvl[d].n_stacks > 0;
     int32_t id = -1;
     if (alive && (rc = intern(c, &c->lvl[d], &id))) return rc;
-    if (from >= 0 && (!alive || id >= 0)) c->trans[(size_t)from * 256 + b] = alive ? id + 1 : T_DEAD;
+    if (from >= 0 && (!alive || id >= 0))
+        c->trans[(size_t)from * 256 + b] = alive ? id + 1 : T_DEAD;
     c->lid[d] = id;
     return alive;
 }
@@ -276,8 +277,7 @@ int tl_grammar_mask_cached(tl_grammar_cache *c, const tl_grammar_state *s, const
         c->lid[0] = root;
         if (root < 0 && (rc = tl_gset_copy(&c->lvl[0], &s->cur))) return rc;
         /* unbounded first: its dmax then answers every bound at or above it */
-        if (root >= 0 && c->n_m > 0 && bound < TL_GRAMMAR_INF &&
-            !lookup(c, root, TL_GRAMMAR_INF)) {
+        if (root >= 0 && c->n_m > 0 && bound < TL_GRAMMAR_INF && !lookup(c, root, TL_GRAMMAR_INF)) {
             if ((rc = walk_into(c, root, TL_GRAMMAR_INF, NULL, mask))) return rc;
             e = lookup(c, root, bound);
         }

@@ -48,8 +48,7 @@ static const char *const formats[] = {"date", "time", "date-time", "uuid", "emai
 static json_t *rand_schema(int depth);
 
 static json_t *rand_object(int depth) {
-    json_t *o = json_pack("{s:s}", "type", "object"), *props = json_object(),
-           *req = json_array();
+    json_t *o = json_pack("{s:s}", "type", "object"), *props = json_object(), *req = json_array();
     int n = 1 + (int)rnd(3);
     for (int i = 0; i < n; i++) {
         const char *k = keys[rnd(sizeof keys / sizeof *keys)];
@@ -72,16 +71,26 @@ static json_t *rand_array(int depth) {
 
 static json_t *rand_leaf(void) {
     switch (rnd(10)) {
-    case 0: return json_pack("{s:s}", "type", "integer");
-    case 1: return json_pack("{s:s}", "type", "number");
-    case 2: return json_pack("{s:s}", "type", "boolean");
-    case 3: return json_pack("{s:[s,s]}", "type", "string", "null");
-    case 4: return json_pack("{s:s,s:s}", "type", "string", "format", formats[rnd(5)]);
-    case 5: return json_pack("{s:[s,s,i,n]}", "enum", "red", "gr\"een", 42);
-    case 6: return json_pack("{s:s}", "const", "fixed\\value");
-    case 7: return json_pack("{s:s,s:i}", "type", "string", "maxLength", 1 + rnd(6));
-    case 8: return json_pack("{s:s,s:i}", "type", "string", "minLength", 2);
-    default: return json_pack("{s:s}", "type", "string");
+    case 0:
+        return json_pack("{s:s}", "type", "integer");
+    case 1:
+        return json_pack("{s:s}", "type", "number");
+    case 2:
+        return json_pack("{s:s}", "type", "boolean");
+    case 3:
+        return json_pack("{s:[s,s]}", "type", "string", "null");
+    case 4:
+        return json_pack("{s:s,s:s}", "type", "string", "format", formats[rnd(5)]);
+    case 5:
+        return json_pack("{s:[s,s,i,n]}", "enum", "red", "gr\"een", 42);
+    case 6:
+        return json_pack("{s:s}", "const", "fixed\\value");
+    case 7:
+        return json_pack("{s:s,s:i}", "type", "string", "maxLength", 1 + rnd(6));
+    case 8:
+        return json_pack("{s:s,s:i}", "type", "string", "minLength", 2);
+    default:
+        return json_pack("{s:s}", "type", "string");
     }
 }
 
@@ -98,7 +107,7 @@ static json_t *rand_schema(int depth) {
 /* Grammar number i of the test set: random schemas, then the corpus, then the other kinds. */
 static const char *const regexes[] = {"[a-z]+@[a-z]+\\.com", "\\d{3}-\\d{4}", "(ab|c\"d)*e?",
                                       ".{0,12}x", "\\w+( \\w+)*"};
-#define N_RANDOM 40
+#define N_RANDOM   40
 #define N_GRAMMARS (N_RANDOM + N_CORPUS + 1 + 5 + 2)
 
 static tl_grammar *grammar_at(size_t i, char *name, size_t nlen) {
@@ -225,9 +234,12 @@ static int rand_bound(const tl_grammar_state *st) {
     int d = tl_grammar_distance(st);
     switch (rnd(4)) {
     case 0:
-    case 1: return -1;
-    case 2: return d >= (1 << 29) ? (int)rnd(40) : d + (int)rnd(6) - 2;
-    default: return (int)rnd(30);
+    case 1:
+        return -1;
+    case 2:
+        return d >= (1 << 29) ? (int)rnd(40) : d + (int)rnd(6) - 2;
+    default:
+        return (int)rnd(30);
     }
 }
 
@@ -268,8 +280,8 @@ static int pick(const uint32_t *m, const vset *t) {
             ids[n++] = i;
             if (nc < 64 && strchr("\"]}>", t->bytes[i][t->lens[i] - 1])) cl[nc++] = i;
         }
-    int r = nc && rnd(3) == 0 ? cl[rnd((uint32_t)nc)]
-            : n               ? ids[rnd((uint32_t)n)]
+    int r = nc && rnd(3) == 0               ? cl[rnd((uint32_t)nc)]
+            : n                             ? ids[rnd((uint32_t)n)]
             : t->end >= 0 && bit(m, t->end) ? t->end
                                             : -1;
     free(ids);
