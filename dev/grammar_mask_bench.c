@@ -47,7 +47,8 @@ static void add(cls *c, double d) {
     if (d > c->worst) c->worst = d;
 }
 
-static int mode; /* 0 cached, 1 oneshot, 2 ref */
+static int mode;                 /* 0 cached, 1 oneshot, 2 ref */
+static uint64_t n_hits, n_walks; /* cached mode: masks from the LRU, masks walked */
 
 static int mask(tl_grammar_cache *c, const tl_grammar_state *st, const tl_grammar_vocab *v,
                 const int32_t *end, int bound, uint32_t *m) {
@@ -81,6 +82,12 @@ static void walk(tl_tokenizer *tok, tl_grammar *g, const tl_grammar_vocab *v, in
         if (tl_grammar_accept_bytes(st, (const uint8_t *)b, len)) break;
     }
     *steps_out = steps;
+    if (c) {
+        uint64_t h, w, st_n;
+        tl_grammar_cache_stats(c, &h, &w, &st_n);
+        n_hits += h;
+        n_walks += w;
+    }
     tl_grammar_cache_free(c);
     tl_grammar_state_free(st);
 }
@@ -136,6 +143,9 @@ int main(int argc, char **argv) {
     printf("all schemas:\n");
     print_cls("narrow", &all_narrow);
     print_cls("wide", &all_wide);
+    if (mode == 0)
+        printf("cache: %llu masks from the LRU, %llu walked\n", (unsigned long long)n_hits,
+               (unsigned long long)n_walks);
     free(m);
     tl_grammar_vocab_free(v);
     tl_tokenizer_free(tok);
