@@ -63,7 +63,7 @@ static uint32_t set_hash(const tl_gstack_set *s) {
 static int set_equal(const tl_gstack_set *a, const tl_gstack_set *b) {
     if (a->n_stacks != b->n_stacks) return 0;
     for (size_t i = 0; i < a->n_stacks; i++)
-        if (!tl_gset_contains(b, a->data + a->off[i], a->len[i], a->hash[i])) return 0;
+        if (!tl_gset_contains(b, tl_gset_stack(a, i), a->len[i], a->hash[i])) return 0;
     return 1;
 }
 

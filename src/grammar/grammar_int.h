@@ -51,6 +51,10 @@ struct tl_grammar_state {
 void tl_gset_clear(tl_gstack_set *s);
 void tl_gset_free(tl_gstack_set *s);
 int tl_gset_copy(tl_gstack_set *dst, const tl_gstack_set *src);
+/* Stack i of s (NULL when it is empty: data may be NULL when every stack is). */
+static inline const int32_t *tl_gset_stack(const tl_gstack_set *s, size_t i) {
+    return s->len[i] ? s->data + s->off[i] : NULL;
+}
 /* 1 if s holds the stack stk[0..len) whose stack hash (s->hash's kind) is h, else 0. */
 int tl_gset_contains(const tl_gstack_set *s, const int32_t *stk, size_t len, uint32_t h);
 /* out = the stacks of `in` advanced over byte b (expanded). out is cleared first. */

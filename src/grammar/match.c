@@ -179,7 +179,7 @@ int tl_gset_advance(const struct tl_grammar *g, const tl_gstack_set *in, uint8_t
 int tl_gset_copy(tl_gstack_set *dst, const tl_gstack_set *src) {
     tl_gset_clear(dst);
     for (size_t i = 0; i < src->n_stacks; i++) {
-        int rc = push_unique(dst, src->data + src->off[i], src->len[i]);
+        int rc = push_unique(dst, tl_gset_stack(src, i), src->len[i]);
         if (rc) return rc;
     }
     return 0;
