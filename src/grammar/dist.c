@@ -64,7 +64,7 @@ int tl_grammar_minrest(struct tl_grammar *g) {
 int32_t tl_gset_distance(const struct tl_grammar *g, const tl_gstack_set *s) {
     int32_t best = TL_GRAMMAR_INF;
     for (size_t i = 0; i < s->n_stacks && best > 0; i++) {
-        const int32_t *stk = s->data + s->off[i];
+        const int32_t *stk = tl_gset_stack(s, i);
         int32_t d = 0;
         for (uint32_t k = 0; k < s->len[i] && d < best; k++) d = sat_add(d, g->minrest[stk[k]]);
         if (d < best) best = d;

@@ -68,6 +68,29 @@ int tl_grammar_mask(const tl_grammar_state *s, const tl_grammar_vocab *v, const 
 int tl_grammar_mask_within(const tl_grammar_state *s, const tl_grammar_vocab *v,
                            const int32_t *end_ids, size_t n_end, int max_dist, uint32_t *mask);
 
+/* The reference for the two above: the plain walk of the trie that advances the matcher's stack
+ * set over every edge (no memo, no cache; about 100 ms on the 151K Qwen vocabulary inside a free
+ * string). Same arguments and result; tests compare the fast masks with it bit for bit. */
+int tl_grammar_mask_ref(const tl_grammar_state *s, const tl_grammar_vocab *v,
+                        const int32_t *end_ids, size_t n_end, int max_dist, uint32_t *mask);
+
+/* A mask cache for one grammar and one vocabulary (src/grammar/cache.c): matcher states interned
+ * by their exact stack set with their byte transitions memoized, and the last n_masks masks
+ * (0: none kept) by the state they start from (docs/architecture.md §9 "Mask"). Belongs to one
+ * thread at a time (one per constrained sequence); bounded memory (a full state table is
+ * emptied at the next call). g and v must outlive it. */
+typedef struct tl_grammar_cache tl_grammar_cache;
+int tl_grammar_cache_new(const tl_grammar *g, const tl_grammar_vocab *v, int n_masks,
+                         tl_grammar_cache **out);
+void tl_grammar_cache_free(tl_grammar_cache *c);
+/* tl_grammar_mask_within through the cache: the same bits. s must be a state of c's grammar
+ * (else TL_ERR_INVALID). */
+int tl_grammar_mask_cached(tl_grammar_cache *c, const tl_grammar_state *s, const int32_t *end_ids,
+                           size_t n_end, int max_dist, uint32_t *mask);
+/* Counters of c since it was made: masks served from the LRU, masks walked, states interned. */
+void tl_grammar_cache_stats(const tl_grammar_cache *c, uint64_t *hits, uint64_t *walks,
+                            uint64_t *states);
+
 /* The fewest bytes that complete the document from s: 0 when it is complete, 1 << 29 when no
  * finite continuation completes it. */
 int tl_grammar_distance(const tl_grammar_state *s);

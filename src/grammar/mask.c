@@ -1,26 +1,17 @@
-/* The token mask (src/grammar/mask.c): a byte trie of the vocabulary, built once, and the
- * allowed-token bitmap computed by a depth-first walk of the trie that advances the matcher's
- * stack set one byte per trie edge and prunes a subtree as soon as the set becomes empty. */
+/* The token mask (src/grammar/mask.c): a byte trie of the vocabulary, built once (and flattened
+ * in depth-first order for the fast walk of cache.c), and the reference mask: a depth-first walk
+ * of the trie that advances the matcher's stack set one byte per trie edge and prunes a subtree
+ * as soon as the set becomes empty. tl_grammar_mask/_within use the fast walk (cache.c), which
+ * must give the same bits (tests/cpu/test_grammar.c checks it against this walk). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "common/util.h"
 #include "grammar/grammar.h"
 #include "grammar/grammar_int.h"
 
-typedef struct tnode {
-    int32_t child, sibling; /* first child, next sibling (-1 = none) */
-    int32_t tok;            /* first token ending here (-1 = none); more via tok_next */
-    uint8_t byte;
-} tnode;
-
-struct tl_grammar_vocab {
-    tnode *nodes;
-    size_t n_nodes, cap_nodes;
-    int32_t *tok_next;
-    int n_vocab;
-    size_t max_len;
-};
+typedef tl_tnode tnode;
 
 static int32_t add_node(tl_grammar_vocab *v, uint8_t byte) {
     if (v->n_nodes == v->cap_nodes) {
@@ -58,6 +49,44 @@ static int insert(tl_grammar_vocab *v, int32_t id, const uint8_t *s, size_t n) {
     return 0;
 }
 
+/* Fills the depth-first arrays (df_*) from the linked trie; iterative (tokens may be long). */
+static int flatten(tl_grammar_vocab *v) {
+    size_t n = v->n_nodes - 1;
+    v->df_byte = malloc(n + 1);
+    v->df_depth = malloc((n + 1) * sizeof(uint32_t));
+    v->df_tok = malloc((n + 1) * sizeof(int32_t));
+    v->df_end = malloc((n + 1) * sizeof(int32_t));
+    int32_t *stk = malloc((v->max_len + 1) * sizeof(int32_t)),
+            *pos = malloc((v->max_len + 1) * sizeof(int32_t));
+    if (!v->df_byte || !v->df_depth || !v->df_tok || !v->df_end || !stk || !pos) {
+        free(stk);
+        free(pos);
+        return TL_ERR_NOMEM;
+    }
+    size_t sp = 0, k = 0;
+    int32_t cur = v->nodes[0].child;
+    for (;;) {
+        for (; cur >= 0; cur = v->nodes[cur].child) { /* descend, numbering in pre-order */
+            v->df_byte[k] = v->nodes[cur].byte;
+            v->df_depth[k] = (uint32_t)sp + 1;
+            v->df_tok[k] = v->nodes[cur].tok;
+            stk[sp] = cur;
+            pos[sp++] = (int32_t)k++;
+        }
+        while (sp > 0 && cur < 0) { /* climb until a node with a next sibling */
+            sp--;
+            v->df_end[pos[sp]] = (int32_t)k;
+            cur = v->nodes[stk[sp]].sibling;
+        }
+        if (cur < 0) break;
+    }
+    TL_ASSERT(k == n);
+    v->n_df = n;
+    free(stk);
+    free(pos);
+    return 0;
+}
+
 int tl_grammar_vocab_new(const char *const *bytes, const size_t *lens, int n_vocab,
                          tl_grammar_vocab **out) {
     *out = NULL;
@@ -69,6 +98,8 @@ int tl_grammar_vocab_new(const char *const *bytes, const size_t *lens, int n_voc
     int rc = v->tok_next ? add_node(v, 0) : TL_ERR_NOMEM;
     for (int i = 0; i < n_vocab && rc >= 0; i++)
         if (bytes[i] && lens[i] > 0) rc = insert(v, i, (const uint8_t *)bytes[i], lens[i]);
+    if (rc >= 0 && v->n_nodes > (size_t)INT32_MAX) rc = TL_ERR_NOMEM;
+    if (rc >= 0) rc = flatten(v);
     if (rc < 0) {
         tl_grammar_vocab_free(v);
         return rc;
@@ -81,6 +112,10 @@ void tl_grammar_vocab_free(tl_grammar_vocab *v) {
     if (!v) return;
     free(v->nodes);
     free(v->tok_next);
+    free(v->df_byte);
+    free(v->df_depth);
+    free(v->df_tok);
+    free(v->df_end);
     free(v);
 }
 
@@ -117,15 +152,16 @@ int tl_grammar_mask(const tl_grammar_state *s, const tl_grammar_vocab *v, const 
 
 int tl_grammar_mask_within(const tl_grammar_state *s, const tl_grammar_vocab *v,
                            const int32_t *end_ids, size_t n_end, int max_dist, uint32_t *mask) {
-    memset(mask, 0, ((size_t)v->n_vocab + 31) / 32 * sizeof(uint32_t));
-    walk w = {s->g, v, calloc(v->max_len + 1, sizeof(tl_gstack_set)), mask,
-              max_dist < 0 || max_dist >= TL_GRAMMAR_INF ? TL_GRAMMAR_INF : max_dist};
-    if (!w.sets) return TL_ERR_NOMEM;
-    w.sets[0] = s->cur; /* borrowed: only read */
-    int rc = walk_node(&w, 0, 0);
-    for (size_t d = 1; d <= v->max_len; d++) tl_gset_free(&w.sets[d]);
-    free(w.sets);
+    tl_grammar_cache *c;
+    int rc = tl_grammar_cache_new(s->g, v, 0, &c);
     if (rc) return rc;
+    rc = tl_grammar_mask_cached(c, s, end_ids, n_end, max_dist, mask);
+    tl_grammar_cache_free(c);
+    return rc;
+}
+
+void tl_grammar_mask_ends(const tl_grammar_state *s, const tl_grammar_vocab *v,
+                          const int32_t *end_ids, size_t n_end, uint32_t *mask) {
     int done = tl_grammar_is_complete(s);
     for (size_t i = 0; i < n_end; i++) {
         int32_t t = end_ids[i];
@@ -135,5 +171,19 @@ int tl_grammar_mask_within(const tl_grammar_state *s, const tl_grammar_vocab *v,
         else
             mask[t >> 5] &= ~(1u << (t & 31));
     }
+}
+
+int tl_grammar_mask_ref(const tl_grammar_state *s, const tl_grammar_vocab *v,
+                        const int32_t *end_ids, size_t n_end, int max_dist, uint32_t *mask) {
+    memset(mask, 0, ((size_t)v->n_vocab + 31) / 32 * sizeof(uint32_t));
+    walk w = {s->g, v, calloc(v->max_len + 1, sizeof(tl_gstack_set)), mask,
+              max_dist < 0 || max_dist >= TL_GRAMMAR_INF ? TL_GRAMMAR_INF : max_dist};
+    if (!w.sets) return TL_ERR_NOMEM;
+    w.sets[0] = s->cur; /* borrowed: only read */
+    int rc = walk_node(&w, 0, 0);
+    for (size_t d = 1; d <= v->max_len; d++) tl_gset_free(&w.sets[d]);
+    free(w.sets);
+    if (rc) return rc;
+    tl_grammar_mask_ends(s, v, end_ids, n_end, mask);
     return 0;
 }

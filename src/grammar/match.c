@@ -84,18 +84,24 @@ static int grow_slots(tl_gstack_set *s) {
     return 0;
 }
 
-/* Adds a copy of stk unless the set holds it already. */
-static int push_unique(tl_gstack_set *s, const int32_t *stk, size_t len) {
-    uint32_t h = stack_hash(stk, len);
-    int rc = grow_slots(s);
-    if (rc) return rc;
+int tl_gset_contains(const tl_gstack_set *s, const int32_t *stk, size_t len, uint32_t h) {
+    if (!s->n_slots) return 0;
     size_t m = s->n_slots - 1;
     for (size_t i = h & m; s->stamp[i] == s->gen; i = (i + 1) & m) {
         uint32_t k = s->slot[i] - 1;
         if (s->hash[k] == h && s->len[k] == len &&
             (len == 0 || memcmp(s->data + s->off[k], stk, len * sizeof(*stk)) == 0))
-            return 0;
+            return 1;
     }
+    return 0;
+}
+
+/* Adds a copy of stk unless the set holds it already. */
+static int push_unique(tl_gstack_set *s, const int32_t *stk, size_t len) {
+    uint32_t h = stack_hash(stk, len);
+    int rc = grow_slots(s);
+    if (rc) return rc;
+    if (tl_gset_contains(s, stk, len, h)) return 0;
     if (s->n_stacks >= TL_GRAMMAR_MAX_STACKS) return TL_ERR_NOMEM;
     rc = reserve(s, len);
     if (rc) return rc;
@@ -173,7 +179,7 @@ int tl_gset_advance(const struct tl_grammar *g, const tl_gstack_set *in, uint8_t
 int tl_gset_copy(tl_gstack_set *dst, const tl_gstack_set *src) {
     tl_gset_clear(dst);
     for (size_t i = 0; i < src->n_stacks; i++) {
-        int rc = push_unique(dst, src->data + src->off[i], src->len[i]);
+        int rc = push_unique(dst, tl_gset_stack(src, i), src->len[i]);
         if (rc) return rc;
     }
     return 0;

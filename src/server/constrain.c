@@ -18,10 +18,15 @@
 #include "server/constrain.h"
 #include "tokenizer/bpe.h"
 
+/* Masks a job's cache keeps (19 KB each for the 151K vocabulary): the string interiors and
+ * structural positions a document revisits (docs/architecture.md §9 "Mask"). */
+#define TL_CON_MASKS 8
+
 struct tl_con {
     const tl_con_ctx *ctx;
     tl_grammar *g;
     tl_grammar_state *st;
+    tl_grammar_cache *cache; /* interned states, memoized transitions, recent masks */
     uint32_t *mask;
     int wait_think;  /* free until </think> */
     int32_t trigger; /* then free until this token (-1: none) */
@@ -189,6 +194,7 @@ static int con_new(const tl_con_ctx *ctx, tl_grammar *g, tl_con **out) {
     c->trigger = -1;
     c->mask = calloc((size_t)ctx->n_words, sizeof(uint32_t));
     int st = c->mask ? tl_grammar_state_new(g, &c->st) : TL_ERR_NOMEM;
+    if (!st) st = tl_grammar_cache_new(g, ctx->vocab, TL_CON_MASKS, &c->cache);
     if (st) {
         tl_con_free(c);
         return st;
@@ -264,6 +270,7 @@ int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out
 
 void tl_con_free(tl_con *c) {
     if (!c) return;
+    tl_grammar_cache_free(c->cache);
     tl_grammar_state_free(c->st);
     tl_grammar_free(c->g);
     free(c->mask);
@@ -313,7 +320,7 @@ static int mask_empty(const tl_con *c) {
 }
 
 static int compute(tl_con *c, int max_dist) {
-    int st = tl_grammar_mask_within(c->st, c->ctx->vocab, c->ctx->end_ids, (size_t)c->ctx->n_end,
+    int st = tl_grammar_mask_cached(c->cache, c->st, c->ctx->end_ids, (size_t)c->ctx->n_end,
                                     max_dist, c->mask);
     return st ? st : add_tool_tokens(c, max_dist);
 }
