@@ -291,7 +291,14 @@ def test_vllm_metrics_page():
             prompt += u["prompt_tokens"]
             gen += u["completion_tokens"]
             itl += u["completion_tokens"] - 1
-        after, fams = samples(s.metrics_text())
+        # a request's series are recorded when its HTTP connection completes (reqlog.c), which
+        # may be just after the client has read the body: wait (bounded) for the last one
+        ok_key = key("vllm:request_success_total", finished_reason="length")
+        for _ in range(100):
+            after, fams = samples(s.metrics_text())
+            if after.get(ok_key, 0) - before.get(ok_key, 0) >= n:
+                break
+            time.sleep(0.05)
         d = lambda k: after[k] - before.get(k, 0)
         assert d(key("vllm:prompt_tokens_total")) == prompt
         assert d(key("vllm:generation_tokens_total")) == gen
