@@ -435,10 +435,18 @@ static int build_choices(tl_server *s, const char *id, tl_oai_req *r, req_choice
         (*j)->sample.seed = r->has_seed ? r->sample.seed + (uint64_t)k
                             : k         ? tl_api_seed()
                                         : r->sample.seed;
-        tl_gen_init(&c[k].gen, r, s->tok, s->think_end_id, tl_api_seed());
-        if (r->kind == TL_OAI_COMPLETION && r->echo) tl_gen_echo(&c[k].gen, r->prompts[k / n].text);
     }
     return st;
+}
+
+/* Each choice's output state, over r where it stays for the whole request (a tl_gen borrows
+ * the request's stop strings). */
+static void init_gens(tl_server *s, const tl_oai_req *r, req_choice *c, int nc) {
+    for (int k = 0; k < nc; k++) {
+        tl_gen_init(&c[k].gen, r, s->tok, s->think_end_id, tl_api_seed());
+        if (r->kind == TL_OAI_COMPLETION && r->echo)
+            tl_gen_echo(&c[k].gen, r->prompts[k / r->n].text);
+    }
 }
 
 /* Parses, builds and queues every choice of the request. On failure fills e, frees r and
@@ -767,6 +775,7 @@ static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len
         return 0;
     }
     if (!r.stream) {
+        init_gens(s, &r, c, nc);
         int rc = run_blocking(s, id, &r, c, nc, fd, out);
         choices_free(c, nc);
         tl_oai_req_free(&r);
@@ -777,6 +786,7 @@ static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len
     st->req = r;
     st->c = c;
     st->nc = nc;
+    init_gens(s, &st->req, c, nc);
     st->fd = fd;
     st->created = (long)time(NULL);
     snprintf(st->id, sizeof st->id, "%s", id);

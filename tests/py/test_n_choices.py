@@ -8,6 +8,7 @@ on the same tokenizer.json and the jinja2 reference renderer (chat_ref.py), comp
 from max_tokens with ignore_eos, prefix-cache hits from the snapshot rule of docs/architecture.md
 §4.1 (the end of the last message, or one token before the end of an identical completions
 prompt) and reproducibility/distinctness from the seed + index rule."""
+import json
 import random
 
 import openai
@@ -192,3 +193,43 @@ def test_completions_identical_prompt_prefills_once(srv, client):
     r = client.completions.create(model=MODEL_NAME, prompt=prompt, n=4, max_tokens=2)
     assert r.usage.prompt_tokens == n_prompt
     assert hit_tokens(srv) - h0 == 3 * (n_prompt - 1)  # all but the last prompt token
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL = ("Let me look.</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n</function>\n</tool_call>")
+
+
+def test_per_choice_stop_reasoning_and_tool_calls(client):
+    # a scripted output (every choice emits it): each choice parses its own stop string...
+    kw = dict(stop=["STOP"], extra_body={"tulip_test_script": ids("Hello STOP world")})
+    r = chat(client, 2, **kw)
+    assert texts(r) == ["Hello ", "Hello "] and [c.finish_reason for c in r.choices] == ["stop"] * 2
+    got = ["", ""]
+    for ch in chat(client, 2, stream=True, **kw):
+        for c in ch.choices:
+            got[c.index] += c.delta.content or ""
+    assert got == ["Hello ", "Hello "]
+    # ... and its own reasoning and tool call, with distinct call ids
+    r = client.chat.completions.create(model=MODEL_NAME, messages=USER, n=3, tools=TOOLS,
+                                       extra_body={"tulip_test_script": ids(CALL)})
+    assert [c.finish_reason for c in r.choices] == ["tool_calls"] * 3
+    for c in r.choices:
+        assert c.message.reasoning_content == "Let me look."
+        (tc,) = c.message.tool_calls
+        assert tc.function.name == "get_weather" and json.loads(tc.function.arguments) == {"city": "Paris"}
+    assert len({c.message.tool_calls[0].id for c in r.choices}) == 3
+    names, fins = {}, {}
+    for ch in client.chat.completions.create(model=MODEL_NAME, messages=USER, n=3, tools=TOOLS,
+                                             stream=True,
+                                             extra_body={"tulip_test_script": ids(CALL)}):
+        for c in ch.choices:
+            for d in c.delta.tool_calls or []:
+                if d.function.name:
+                    names[c.index] = d.function.name
+            if c.finish_reason:
+                fins[c.index] = c.finish_reason
+    assert names == {0: "get_weather", 1: "get_weather", 2: "get_weather"}
+    assert fins == {0: "tool_calls", 1: "tool_calls", 2: "tool_calls"}
