@@ -1,10 +1,10 @@
 /* The endpoints: /v1/chat/completions, /v1/completions (streaming and not), /v1/models, /health,
  * /metrics. A generation request is parsed and validated (openai.c), rendered with the chat
- * template and tokenized, checked against the context and the KV pool, then queued as a tl_job;
- * this thread
- * then reads the job's tokens through a tl_gen (text, stop strings, reasoning, tool calls) and
- * writes the response or SSE chunks. The client socket is watched for a hang-up all along, so
- * a client that leaves cancels its job within one engine step.
+ * template and tokenized, checked against the context and the KV pool, then queued as one tl_job
+ * per choice (`n` x prompts, docs/api.md §6); this thread then reads the jobs' tokens through one
+ * tl_gen each (text, stop strings, reasoning, tool calls) and writes the response or SSE chunks.
+ * The client socket is watched for a hang-up all along, so a client that leaves cancels its job
+ * within one engine step.
  *
  * Runs on libmicrohttpd's connection threads; shares only the tl_server (read-only after
  * startup), the scheduler (thread-safe) and the tokenizer (thread-safe). */
