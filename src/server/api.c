@@ -1,18 +1,21 @@
 /* The endpoints: /v1/chat/completions, /v1/completions (streaming and not), /v1/models, /health,
  * /metrics. A generation request is parsed and validated (openai.c), rendered with the chat
- * template and tokenized, checked against the context and the KV pool, then queued as a tl_job;
- * this thread
- * then reads the job's tokens through a tl_gen (text, stop strings, reasoning, tool calls) and
- * writes the response or SSE chunks. The client socket is watched for a hang-up all along, so
- * a client that leaves cancels its job within one engine step.
+ * template and tokenized, checked against the context and the KV pool, then queued as one tl_job
+ * per choice (`n` x prompts, docs/api.md §6); this thread then reads the jobs' tokens through one
+ * tl_gen each (text, stop strings, reasoning, tool calls) and writes the response or SSE chunks.
+ * The client socket is watched for a hang-up all along, so a client that leaves cancels its job
+ * within one engine step.
  *
  * Runs on libmicrohttpd's connection threads; shares only the tl_server (read-only after
  * startup), the scheduler (thread-safe) and the tokenizer (thread-safe). */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 #include "common/status.h"
 #include "common/util.h"
 #include "model/config.h"
@@ -226,8 +229,43 @@ static int snap_point(tl_server *s, const json_t *msgs, const json_t *tools, tl_
     return at;
 }
 
-/* Builds the job for a validated request: prompt ids, sampling, limits. */
-static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, tl_oai_error *e) {
+/* A malloc'd copy of n elements of size sz (NULL for none); TL_ERR_NOMEM when it fails. */
+static int dup_arr(const void *src, size_t n, size_t sz, void *out, tl_oai_error *e) {
+    void *p = NULL;
+    if (src && n) {
+        p = malloc(n * sz);
+        if (!p) return tl_oai_fail(e, TL_ERR_NOMEM, NULL, "out of memory copying the request");
+        memcpy(p, src, n * sz);
+    }
+    memcpy(out, &p, sizeof p);
+    return 0;
+}
+
+/* The request's sampling, limits and token restrictions into j (copies: the request's choices
+ * each own theirs). */
+static int job_params(const tl_oai_req *r, tl_job *j, tl_oai_error *e) {
+    j->sample = r->sample;
+    if (dup_arr(r->bias_ids, (size_t)r->n_bias, sizeof(int32_t), &j->bias_ids, e) ||
+        dup_arr(r->bias_vals, (size_t)r->n_bias, sizeof(float), &j->bias_vals, e) ||
+        dup_arr(r->stop_ids, (size_t)r->n_stop_ids, sizeof(int32_t), &j->stop_ids, e) ||
+        dup_arr(r->script, (size_t)r->n_script, sizeof(int32_t), &j->script, e))
+        return e->status;
+    j->sample.bias_ids = j->bias_ids, j->sample.bias_vals = j->bias_vals;
+    j->n_stop_ids = r->n_stop_ids;
+    j->n_script = r->n_script;
+    j->min_tokens = r->min_tokens;
+    j->cache_salt = r->cache_salt ? xstrdup(r->cache_salt) : NULL;
+    j->max_tokens = r->max_tokens;
+    j->ignore_eos = r->ignore_eos;
+    j->fail_after = r->fail_after;
+    j->fail_lost = r->fail_lost;
+    return 0;
+}
+
+/* Builds the job for a validated request: prompt ids (completions: of prompt number `prompt`),
+ * sampling, limits. */
+static int make_job(tl_server *s, const char *id, tl_oai_req *r, int prompt, tl_job **out,
+                    tl_oai_error *e) {
     tl_job *j = tl_job_new();
     if (!j) return tl_oai_fail(e, TL_ERR_INTERNAL, NULL, "cannot create an event fd");
     int st = 0;
@@ -254,19 +292,16 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
         if (!st && !j->con) st = force_tokens(s, r, j, e);
         j->think_end_id = r->enable_thinking ? s->think_end_id : -1;
         j->in_think = r->enable_thinking;
-    } else if (r->prompt_text) {
-        st = tokenize_into(s, r->prompt_text, strlen(r->prompt_text), j, e);
+    } else if (r->prompts[prompt].text) {
+        st = tokenize_into(s, r->prompts[prompt].text, strlen(r->prompts[prompt].text), j, e);
     } else {
-        for (int i = 0; i < r->n_prompt_ids && !st; i++)
-            if (r->prompt_ids[i] >= s->n_vocab)
+        const tl_oai_prompt *p = &r->prompts[prompt];
+        for (int i = 0; i < p->n_ids && !st; i++)
+            if (p->ids[i] >= s->n_vocab)
                 st = tl_oai_fail(e, TL_ERR_INVALID, "prompt", "token id %d is not below %d",
-                                 r->prompt_ids[i], s->n_vocab);
-        if (!st) {
-            j->prompt = r->prompt_ids;
-            j->n_prompt = r->n_prompt_ids;
-            r->prompt_ids = NULL;
-            r->n_prompt_ids = 0;
-        }
+                                 p->ids[i], s->n_vocab);
+        if (!st) st = dup_arr(p->ids, (size_t)p->n_ids, sizeof(int32_t), &j->prompt, e);
+        if (!st) j->n_prompt = p->n_ids;
     }
     if (!st && r->kind == TL_OAI_COMPLETION && !r->script)
         st = tl_con_from_request(&s->con, r, &j->con, e);
@@ -291,25 +326,34 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, tl_job **out, t
         e->n_prompt = j->n_prompt;
         e->n_ctx = seq;
     }
+    if (!st) st = job_params(r, j, e);
     if (st) {
         tl_job_unref(j);
         return st;
     }
-    j->sample = r->sample;
-    j->bias_ids = r->bias_ids, j->bias_vals = r->bias_vals; /* the job owns them from here */
-    r->bias_ids = NULL, r->bias_vals = NULL;
-    j->stop_ids = r->stop_ids, j->n_stop_ids = r->n_stop_ids;
-    r->stop_ids = NULL, r->n_stop_ids = 0;
-    j->min_tokens = r->min_tokens;
-    j->cache_salt = r->cache_salt ? xstrdup(r->cache_salt) : NULL;
-    j->max_tokens = r->max_tokens;
-    j->ignore_eos = r->ignore_eos;
-    j->fail_after = r->fail_after;
-    j->fail_lost = r->fail_lost;
-    j->script = r->script;
-    j->n_script = r->n_script;
-    r->script = NULL;
-    r->n_script = 0;
+    *out = j;
+    return 0;
+}
+
+/* Another choice of the same prompt as j0 (n > 1): the same prompt ids and forcing, its own
+ * constraint state and copies of the restrictions. */
+static int clone_job(tl_server *s, const tl_oai_req *r, const tl_job *j0, tl_job **out,
+                     tl_oai_error *e) {
+    tl_job *j = tl_job_new();
+    if (!j) return tl_oai_fail(e, TL_ERR_INTERNAL, NULL, "cannot create an event fd");
+    int st = dup_arr(j0->prompt, (size_t)j0->n_prompt, sizeof(int32_t), &j->prompt, e);
+    j->n_prompt = j0->n_prompt;
+    j->snap_at = j0->snap_at;
+    j->think_end_id = j0->think_end_id;
+    j->in_think = j0->in_think;
+    if (!st) st = dup_arr(j0->force, (size_t)j0->n_force, sizeof(int32_t), &j->force, e);
+    j->n_force = j0->n_force;
+    if (!st && j0->con) st = tl_con_from_request(&s->con, r, &j->con, e);
+    if (!st) st = job_params(r, j, e);
+    if (st) {
+        tl_job_unref(j);
+        return st;
+    }
     *out = j;
     return 0;
 }
@@ -320,30 +364,112 @@ uint64_t tl_api_seed(void) {
     return x;
 }
 
-/* Parses, builds and queues. On failure fills e and returns its status. */
+/* Queues a built job; on failure fills e, drops the job and returns the status. */
+static int submit(tl_server *s, const char *id, tl_job *j, tl_oai_error *e) {
+    char err[256] = "";
+    int st = tl_sched_submit(s->sched, j, err, sizeof err);
+    if (st) {
+        tl_oai_fail(e, st, NULL, "%s", err);
+        if (st == TL_ERR_CANCELLED) e->http = 503, e->type = "server_error";
+        tl_job_unref(j);
+        return st;
+    }
+    tl_metrics_prompt_tokens(s->metrics, j->n_prompt);
+    tl_server_note_job(s, j); /* the request's log line and vLLM metrics (reqlog.c) */
+    trace(s, id, "queued", json_integer(j->n_prompt));
+    return 0;
+}
+
+/* Parses, builds and queues one job (the chat path of the Anthropic and Responses APIs, which
+ * have no `n`). On failure fills e and returns its status. */
 static int start(tl_server *s, const char *id, tl_oai_kind kind, const char *body, size_t len,
                  tl_oai_req *r, tl_job **j, tl_oai_error *e) {
     if (s->trace) trace(s, id, "request", json_stringn(body, len));
     int st = tl_oai_parse(r, kind, body, len, &s->oai, s->n_vocab, e);
     if (st) return st;
-    st = make_job(s, id, r, j, e);
+    if (r->n != 1 || r->n_prompts > 1)
+        st = tl_oai_fail(e, TL_ERR_UNSUPPORTED, "n", "several choices are not supported here");
+    if (!st) st = make_job(s, id, r, 0, j, e);
+    if (!st) st = submit(s, id, *j, e);
     if (st) {
-        tl_oai_req_free(r);
-        return st;
-    }
-    char err[256] = "";
-    st = tl_sched_submit(s->sched, *j, err, sizeof err);
-    if (st) {
-        tl_oai_fail(e, st, NULL, "%s", err);
-        if (st == TL_ERR_CANCELLED) e->http = 503, e->type = "server_error";
-        tl_job_unref(*j);
         *j = NULL;
         tl_oai_req_free(r);
+    }
+    return st;
+}
+
+/* ====== Several choices (docs/api.md §6). ======
+ * A request becomes prompts x n jobs, choice k = prompt * n + i, each read through its own
+ * tl_gen. With a seed, choice k samples from seed + k (tl_rng_seed); without, each its own
+ * random seed. */
+
+typedef struct req_choice {
+    tl_job *job;
+    tl_gen gen;
+    int fin; /* TL_FIN_NONE while it runs, then its tl_finish (a matched stop string: STOP) */
+} req_choice;
+
+static void choices_free(req_choice *c, int nc) {
+    for (int k = 0; c && k < nc; k++) {
+        if (c[k].job) {
+            tl_job_cancel(c[k].job); /* no-op when it already ended */
+            tl_job_unref(c[k].job);
+        }
+        if (c[k].gen.dt) tl_gen_free(&c[k].gen);
+    }
+    free(c);
+}
+
+/* Every choice's job, built before any is queued (a bad prompt queues nothing). Identical
+ * completions prompts (n > 1) snapshot one token before their end, so the others restore all
+ * but that token from the prefix cache (docs/architecture.md §4.1). */
+static int build_choices(tl_server *s, const char *id, tl_oai_req *r, req_choice *c, int nc,
+                         tl_oai_error *e) {
+    int n = r->n, st = 0;
+    for (int k = 0; k < nc && !st; k++) {
+        tl_job **j = &c[k].job;
+        st = k % n ? clone_job(s, r, c[k - k % n].job, j, e) : make_job(s, id, r, k / n, j, e);
+        if (st) break;
+        if (n > 1 && s->prefix_cache && r->kind == TL_OAI_COMPLETION)
+            (*j)->snap_at = (*j)->n_prompt - 1;
+        (*j)->sample.seed = r->has_seed ? r->sample.seed + (uint64_t)k
+                            : k         ? tl_api_seed()
+                                        : r->sample.seed;
+    }
+    return st;
+}
+
+/* Each choice's output state, over r where it stays for the whole request (a tl_gen borrows
+ * the request's stop strings). */
+static void init_gens(tl_server *s, const tl_oai_req *r, req_choice *c, int nc) {
+    for (int k = 0; k < nc; k++) {
+        tl_gen_init(&c[k].gen, r, s->tok, s->think_end_id, tl_api_seed());
+        if (r->kind == TL_OAI_COMPLETION && r->echo)
+            tl_gen_echo(&c[k].gen, r->prompts[k / r->n].text);
+    }
+}
+
+/* Parses, builds and queues every choice of the request. On failure fills e, frees r and
+ * returns its status (nothing stays queued). */
+static int start_all(tl_server *s, const char *id, tl_oai_kind kind, const char *body, size_t len,
+                     tl_oai_req *r, req_choice **out, int *n_out, tl_oai_error *e) {
+    if (s->trace) trace(s, id, "request", json_stringn(body, len));
+    int st = tl_oai_parse(r, kind, body, len, &s->oai, s->n_vocab, e);
+    if (st) return st;
+    int nc = r->n * (kind == TL_OAI_COMPLETION ? r->n_prompts : 1);
+    req_choice *c = xcalloc((size_t)nc, sizeof *c); /* nc <= TL_OAI_MAX_CHOICES */
+    st = build_choices(s, id, r, c, nc, e);
+    for (int k = 0; k < nc && !st; k++) {
+        st = submit(s, id, c[k].job, e);
+        if (st) c[k].job = NULL; /* submit dropped it; the queued ones are cancelled below */
+    }
+    if (st) {
+        choices_free(c, nc);
+        tl_oai_req_free(r);
         return st;
     }
-    tl_metrics_prompt_tokens(s->metrics, (*j)->n_prompt);
-    tl_server_note_job(s, *j); /* the request's log line and vLLM metrics (reqlog.c) */
-    trace(s, id, "queued", json_integer((*j)->n_prompt));
+    *out = c;
+    *n_out = nc;
     return 0;
 }
 
@@ -357,7 +483,7 @@ int tl_api_count_chat(tl_server *s, const char *body, size_t len, int *n, tl_oai
     tl_job *j = NULL;
     int st = tl_oai_parse(&r, TL_OAI_CHAT, body, len, &s->oai, s->n_vocab, e);
     if (st) return st;
-    st = make_job(s, "count", &r, &j, e);
+    st = make_job(s, "count", &r, 0, &j, e);
     if (!st) *n = j->n_prompt;
     if (j) tl_job_unref(j);
     tl_oai_req_free(&r);
@@ -400,45 +526,72 @@ int tl_api_drain_job(tl_job *j, tl_gen *g, int fd) {
     }
 }
 
-static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, int fd,
-                        tl_reply *out) {
-    tl_gen g;
-    tl_gen_init(&g, r, s->tok, s->think_end_id, tl_api_seed());
-    int fin = tl_api_drain_job(j, &g, fd);
-    if (fin < 0) {
-        trace(s, id, "client gone", NULL);
-        tl_gen_free(&g);
-        return -1;
+/* The error a failed (or shutdown-cancelled) job gives its request. */
+static void fin_error(const tl_job *j, int fin, tl_oai_error *e) {
+    if (fin == TL_FIN_ERROR) {
+        tl_api_job_error(j, e);
+        return;
     }
-    if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
-        tl_oai_error e;
-        if (fin == TL_FIN_ERROR)
-            tl_api_job_error(j, &e);
-        else
-            tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
-        if (fin == TL_FIN_CANCELLED) e.http = 503, e.type = "server_error";
-        tl_api_error(out, &e);
-        trace(s, id, "error", json_string(out->body));
-        tl_gen_free(&g);
-        return 0;
+    tl_oai_fail(e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
+    e->http = 503, e->type = "server_error";
+}
+
+/* Usage of the whole request: each distinct prompt counted once (with the cached tokens its
+ * first choice restored), completion tokens summed over the choices (docs/api.md §6). */
+static tl_oai_usage choices_usage(const req_choice *c, int nc, int n) {
+    tl_oai_usage u = {0};
+    for (int k = 0; k < nc; k++) {
+        if (k % n == 0)
+            u.prompt_tokens += c[k].job->n_prompt, u.cached_tokens += c[k].job->n_cached;
+        u.completion_tokens += c[k].gen.n_completion;
+        u.reasoning_tokens += c[k].gen.n_reasoning;
     }
-    tl_gen_end(&g);
-    json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
-    if (r->kind == TL_OAI_CHAT)
-        json_object_set_new(choice, "message", reasoning_alias(tl_gen_message(&g)));
+    return u;
+}
+
+/* One finished choice of a non-streaming response. */
+static json_t *choice_json(req_choice *c, int k, int chat) {
+    json_t *o = json_object();
+    json_object_set_new(o, "index", json_integer(k));
+    if (chat)
+        json_object_set_new(o, "message", reasoning_alias(tl_gen_message(&c->gen)));
     else
-        json_object_set_new(choice, "text", json_stringn(g.text.p ? g.text.p : "", g.text.n));
-    json_t *lp = tl_gen_take_logprobs(&g);
-    json_object_set_new(choice, "logprobs", lp ? lp : json_null());
-    json_object_set_new(choice, "finish_reason", json_string(tl_gen_finish_reason(&g, fin)));
-    tl_oai_usage u = {j->n_prompt, g.n_completion, g.n_reasoning, j->n_cached};
-    json_t *resp =
-        tl_oai_envelope(id, r->kind == TL_OAI_CHAT ? "chat.completion" : "text_completion",
-                        (long)time(NULL), s->model_name, choice, tl_oai_usage_json(&u));
+        json_object_set_new(o, "text",
+                            json_stringn(c->gen.text.p ? c->gen.text.p : "", c->gen.text.n));
+    json_t *lp = tl_gen_take_logprobs(&c->gen);
+    json_object_set_new(o, "logprobs", lp ? lp : json_null());
+    json_object_set_new(o, "finish_reason", json_string(tl_gen_finish_reason(&c->gen, c->fin)));
+    return o;
+}
+
+/* Reads every choice to its end (in order: the others keep generating meanwhile) and replies.
+ * A failed choice fails the request and cancels the rest; returns -1 when the client left. */
+static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, req_choice *c, int nc, int fd,
+                        tl_reply *out) {
+    for (int k = 0; k < nc; k++) {
+        int fin = tl_api_drain_job(c[k].job, &c[k].gen, fd);
+        if (fin < 0) {
+            trace(s, id, "client gone", NULL);
+            return -1; /* choices_free cancels the others */
+        }
+        if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
+            tl_oai_error e;
+            fin_error(c[k].job, fin, &e);
+            tl_api_error(out, &e);
+            trace(s, id, "error", json_string(out->body));
+            return 0;
+        }
+        c[k].fin = fin;
+        tl_gen_end(&c[k].gen);
+    }
+    int chat = r->kind == TL_OAI_CHAT;
+    tl_oai_usage u = choices_usage(c, nc, r->n);
+    json_t *resp = tl_oai_envelope(id, chat ? "chat.completion" : "text_completion",
+                                   (long)time(NULL), s->model_name, NULL, tl_oai_usage_json(&u));
+    json_t *arr = json_object_get(resp, "choices");
+    for (int k = 0; k < nc; k++) json_array_append_new(arr, choice_json(&c[k], k, chat));
     reply_json(out, 200, resp);
     trace(s, id, "response", json_string(out->body));
-    tl_gen_free(&g);
     return 0;
 }
 
@@ -447,8 +600,8 @@ static int run_blocking(tl_server *s, const char *id, tl_oai_req *r, tl_job *j, 
 struct tl_stream {
     tl_server *s;
     tl_oai_req req;
-    tl_job *job;
-    tl_gen gen;
+    req_choice *c;
+    int nc, n_done;
     int fd;
     char id[64];
     long created;
@@ -461,10 +614,11 @@ static void stream_frame(struct tl_stream *st, const char *json) {
     trace(st->s, st->id, "chunk", json_string(json));
 }
 
-static void put_chunk(struct tl_stream *st, json_t *delta, json_t *lp, const char *finish) {
+/* One chunk of choice k (chunks of different choices interleave, as OpenAI's do). */
+static void put_chunk(struct tl_stream *st, int k, json_t *delta, json_t *lp, const char *finish) {
     int chat = st->req.kind == TL_OAI_CHAT;
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(k));
     if (chat) {
         json_object_set_new(choice, "delta", delta ? reasoning_alias(delta) : json_object());
     } else {
@@ -481,36 +635,43 @@ static void put_chunk(struct tl_stream *st, json_t *delta, json_t *lp, const cha
     free(txt);
 }
 
-/* Turns the deltas produced so far into chunks; pending logprobs ride on the last one. */
-static void flush_deltas(struct tl_stream *st) {
-    json_t *ds = tl_gen_take_deltas(&st->gen);
+/* Turns choice k's deltas produced so far into chunks; pending logprobs ride on the last one. */
+static void flush_deltas(struct tl_stream *st, int k) {
+    tl_gen *g = &st->c[k].gen;
+    json_t *ds = tl_gen_take_deltas(g);
     size_t n = json_array_size(ds);
     for (size_t i = 0; i < n; i++) {
-        json_t *lp = i + 1 == n ? tl_gen_take_logprobs(&st->gen) : NULL;
-        put_chunk(st, json_incref(json_array_get(ds, i)), lp, NULL);
+        json_t *lp = i + 1 == n ? tl_gen_take_logprobs(g) : NULL;
+        put_chunk(st, k, json_incref(json_array_get(ds, i)), lp, NULL);
     }
     json_decref(ds);
 }
 
-static void stream_finish(struct tl_stream *st, int fin) {
+/* The whole stream fails: one error event, the other choices cancelled, no [DONE]. */
+static void stream_fail(struct tl_stream *st, int k, int fin) {
+    tl_oai_error e;
+    fin_error(st->c[k].job, fin, &e);
+    char *txt = tl_oai_error_json(&e);
+    stream_frame(st, txt);
+    free(txt);
+    for (int i = 0; i < st->nc; i++) tl_job_cancel(st->c[i].job);
+    st->done = 1;
+}
+
+/* Choice k ended with fin: its last chunk; after the last choice the usage chunk and [DONE]. */
+static void choice_finish(struct tl_stream *st, int k, int fin) {
     if (fin == TL_FIN_ERROR || fin == TL_FIN_CANCELLED) {
-        tl_oai_error e;
-        if (fin == TL_FIN_ERROR)
-            tl_api_job_error(st->job, &e);
-        else
-            tl_oai_fail(&e, TL_ERR_CANCELLED, NULL, "the request was cancelled (shutdown)");
-        char *txt = tl_oai_error_json(&e);
-        stream_frame(st, txt);
-        free(txt);
-        st->done = 1;
+        stream_fail(st, k, fin);
         return;
     }
-    tl_gen_end(&st->gen);
-    flush_deltas(st);
-    put_chunk(st, NULL, tl_gen_take_logprobs(&st->gen), tl_gen_finish_reason(&st->gen, fin));
+    req_choice *c = &st->c[k];
+    c->fin = fin;
+    tl_gen_end(&c->gen);
+    flush_deltas(st, k);
+    put_chunk(st, k, NULL, tl_gen_take_logprobs(&c->gen), tl_gen_finish_reason(&c->gen, fin));
+    if (++st->n_done < st->nc) return;
     if (st->req.include_usage) {
-        tl_oai_usage u = {st->job->n_prompt, st->gen.n_completion, st->gen.n_reasoning,
-                          st->job->n_cached};
+        tl_oai_usage u = choices_usage(st->c, st->nc, st->req.n);
         json_t *env = tl_oai_envelope(
             st->id, st->req.kind == TL_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
             st->created, st->s->model_name, NULL, tl_oai_usage_json(&u));
@@ -522,37 +683,67 @@ static void stream_finish(struct tl_stream *st, int fin) {
     st->done = 1;
 }
 
-long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
+/* Takes the pending events of every running choice into chunks. Returns 1 if any came. */
+static int stream_poll_choices(struct tl_stream *st) {
     tl_sample_out ev[EV_BATCH];
+    int any = 0;
+    for (int k = 0; k < st->nc && !st->done; k++) {
+        req_choice *c = &st->c[k];
+        if (c->fin) continue;
+        int fin, n = tl_job_take(c->job, ev, EV_BATCH, &fin), stopped = 0;
+        any |= n > 0;
+        for (int i = 0; i < n && !stopped; i++) stopped = tl_gen_push(&c->gen, &ev[i]);
+        if (stopped) {
+            tl_job_cancel(c->job);
+            choice_finish(st, k, TL_FIN_STOP);
+            continue;
+        }
+        flush_deltas(st, k);
+        if (fin) choice_finish(st, k, fin);
+    }
+    return any;
+}
+
+/* Waits up to timeout_ms for an event of any running choice, watching the client socket.
+ * Returns 1 (something to read), 0 (timeout) or -1 (the client went away). */
+static int stream_wait(struct tl_stream *st, int timeout_ms) {
+    struct pollfd p[TL_OAI_MAX_CHOICES + 1];
+    int m = 0;
+    for (int k = 0; k < st->nc; k++)
+        if (!st->c[k].fin) p[m++] = (struct pollfd){.fd = st->c[k].job->efd, .events = POLLIN};
+    p[m] = (struct pollfd){.fd = st->fd, .events = POLLRDHUP};
+    int r = poll(p, (nfds_t)m + (st->fd >= 0), timeout_ms);
+    if (r < 0) return errno == EINTR ? 0 : -1;
+    if (st->fd >= 0 && (p[m].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) return -1;
+    int got = 0;
+    for (int i = 0; i < m; i++)
+        if (p[i].revents & POLLIN) {
+            uint64_t v;
+            ssize_t rd = read(p[i].fd, &v, sizeof v);
+            (void)rd;
+            got = 1;
+        }
+    return got;
+}
+
+long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
     for (;;) {
         if (tl_sbuf_unread(&st->out)) return (long)tl_sbuf_read(&st->out, buf, max);
         if (st->done) return -1;
         if (!st->started) {
             st->started = 1;
-            if (st->req.kind == TL_OAI_CHAT) {
+            for (int k = 0; k < st->nc && st->req.kind == TL_OAI_CHAT; k++) {
                 json_t *d = json_object();
                 json_object_set_new(d, "role", json_string("assistant"));
                 json_object_set_new(d, "content", json_string(""));
-                put_chunk(st, d, NULL, NULL);
+                put_chunk(st, k, d, NULL, NULL);
             }
             continue;
         }
-        int fin, n = tl_job_take(st->job, ev, EV_BATCH, &fin), stopped = 0;
-        for (int i = 0; i < n && !stopped; i++) stopped = tl_gen_push(&st->gen, &ev[i]);
-        if (stopped) {
-            tl_job_cancel(st->job);
-            stream_finish(st, TL_FIN_STOP);
-            continue;
-        }
-        flush_deltas(st);
-        if (fin) {
-            stream_finish(st, fin);
-            continue;
-        }
-        if (n) continue;
-        int w = tl_job_wait(st->job, st->fd, (int)(st->s->p.keepalive_s * 1000));
+        if (stream_poll_choices(st) || st->done || tl_sbuf_unread(&st->out)) continue;
+        int w = stream_wait(st, (int)(st->s->p.keepalive_s * 1000));
         if (w < 0) {
-            tl_job_cancel(st->job);
+            for (int k = 0; k < st->nc; k++) tl_job_cancel(st->c[k].job);
             trace(st->s, st->id, "client gone", NULL);
             return -2;
         }
@@ -562,9 +753,7 @@ long tl_stream_read(struct tl_stream *st, char *buf, size_t max) {
 
 void tl_stream_free(struct tl_stream *st) {
     if (!st) return;
-    tl_job_cancel(st->job); /* no-op when it already ended */
-    tl_job_unref(st->job);
-    tl_gen_free(&st->gen);
+    choices_free(st->c, st->nc); /* cancels the jobs still running */
     tl_oai_req_free(&st->req);
     tl_sbuf_free(&st->out);
     free(st);
@@ -575,29 +764,32 @@ void tl_stream_free(struct tl_stream *st) {
 static int generate(tl_server *s, tl_oai_kind kind, const char *body, size_t len, int fd,
                     tl_reply *out) {
     tl_oai_req r;
-    tl_job *j = NULL;
+    req_choice *c = NULL;
+    int nc = 0;
     tl_oai_error e;
     char id[64];
     tl_oai_make_id(id, sizeof id, kind == TL_OAI_CHAT ? "chatcmpl-" : "cmpl-");
-    if (start(s, id, kind, body, len, &r, &j, &e)) {
+    if (start_all(s, id, kind, body, len, &r, &c, &nc, &e)) {
         tl_api_error(out, &e);
         trace(s, id, "error", json_string(out->body));
         return 0;
     }
     if (!r.stream) {
-        int rc = run_blocking(s, id, &r, j, fd, out);
-        tl_job_unref(j);
+        init_gens(s, &r, c, nc);
+        int rc = run_blocking(s, id, &r, c, nc, fd, out);
+        choices_free(c, nc);
         tl_oai_req_free(&r);
         return rc;
     }
     struct tl_stream *st = xcalloc(1, sizeof *st);
     st->s = s;
     st->req = r;
-    st->job = j;
+    st->c = c;
+    st->nc = nc;
+    init_gens(s, &st->req, c, nc);
     st->fd = fd;
     st->created = (long)time(NULL);
     snprintf(st->id, sizeof st->id, "%s", id);
-    tl_gen_init(&st->gen, &st->req, s->tok, s->think_end_id, tl_api_seed());
     memset(out, 0, sizeof *out);
     out->status = 200;
     out->stream = st;

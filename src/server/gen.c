@@ -36,14 +36,15 @@ void tl_gen_init(tl_gen *g, const tl_oai_req *r, const tl_tokenizer *tok, int th
         g->max_stop_len = TL_MAX(g->max_stop_len, strlen(r->stop[i]));
     g->want_logprobs = r->logprobs;
     g->deltas = json_array();
-    if (!g->chat && r->echo && r->prompt_text) { /* echo: the prompt opens the text */
-        size_t n = strlen(r->prompt_text);
-        xbuf_append(&g->text, r->prompt_text, n);
-        json_t *d = json_object();
-        json_object_set_new(d, "text", json_stringn(r->prompt_text, n));
-        json_array_append_new(g->deltas, d);
-        g->lp_offset = (int)n;
-    }
+}
+
+void tl_gen_echo(tl_gen *g, const char *prompt) {
+    size_t n = strlen(prompt);
+    xbuf_append(&g->text, prompt, n);
+    json_t *d = json_object();
+    json_object_set_new(d, "text", json_stringn(prompt, n));
+    json_array_append_new(g->deltas, d);
+    g->lp_offset = (int)n;
 }
 
 void tl_gen_free(tl_gen *g) {

@@ -45,6 +45,8 @@ typedef struct tl_gen {
 void tl_gen_init(tl_gen *g, const tl_oai_req *r, const tl_tokenizer *tok, int think_end_id,
                  uint64_t id_seed);
 void tl_gen_free(tl_gen *g);
+/* Completions `echo`: the prompt text opens the output (call right after tl_gen_init). */
+void tl_gen_echo(tl_gen *g, const char *prompt);
 
 /* One generated token. Returns 1 when a stop string matched (the caller cancels the job and
  * finishes with "stop"), else 0. */

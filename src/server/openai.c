@@ -487,24 +487,44 @@ static int parse_stop(tl_oai_req *r, json_t *v, tl_oai_error *e) {
     return 0;
 }
 
-static int parse_prompt(tl_oai_req *r, json_t *v, int n_vocab, tl_oai_error *e) {
-    if (json_is_array(v) && json_array_size(v) == 1 &&
-        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
-        v = json_array_get(v, 0); /* a batch of one prompt */
+/* One prompt: a non-empty string or an array of token ids, into pr. name is the field
+ * ("prompt" or "prompt[i]"). */
+static int parse_one_prompt(tl_oai_prompt *pr, json_t *v, const char *name, int n_vocab,
+                            tl_oai_error *e) {
     if (json_is_string(v)) {
         if (json_string_length(v) == 0)
-            return tl_oai_fail(e, TL_ERR_INVALID, "prompt", "'prompt' is empty");
-        r->prompt_text = json_string_value(v);
+            return tl_oai_fail(e, TL_ERR_INVALID, name, "'%s' is empty", name);
+        pr->text = json_string_value(v);
         return 0;
     }
-    if (json_is_array(v)) {
-        if (json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0)))
-            return tl_oai_fail(
-                e, TL_ERR_UNSUPPORTED, "prompt",
-                "'prompt' with several prompts is not supported (send one at a time)");
-        return get_ids(v, "prompt", n_vocab, 1 << 24, &r->prompt_ids, &r->n_prompt_ids, e);
+    if (json_is_array(v)) return get_ids(v, name, n_vocab, 1 << 24, &pr->ids, &pr->n_ids, e);
+    return FAIL_TYPE(e, name, "a string or an array of token ids");
+}
+
+/* prompt: a string, an array of token ids, or an array of up to TL_OAI_MAX_PROMPTS of those
+ * (docs/api.md §3, §6). */
+static int parse_prompt(tl_oai_req *r, json_t *v, int n_vocab, tl_oai_error *e) {
+    int batch =
+        json_is_array(v) && json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0));
+    size_t n = batch ? json_array_size(v) : 1;
+    if (n > TL_OAI_MAX_PROMPTS)
+        return tl_oai_fail(e, TL_ERR_INVALID, "prompt", "'prompt' has %zu prompts, at most %d", n,
+                           TL_OAI_MAX_PROMPTS);
+    r->prompts = xcalloc(n, sizeof *r->prompts);
+    r->n_prompts = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, batch && n > 1 ? "prompt[%zu]" : "prompt", i);
+        json_t *p = batch ? json_array_get(v, i) : v;
+        if (batch && !json_is_string(p) && !json_is_array(p))
+            return FAIL_TYPE(e, name, "a string or an array of token ids");
+        int st = parse_one_prompt(&r->prompts[i], p, name, n_vocab, e);
+        if (st) return st;
     }
-    return FAIL_TYPE(e, "prompt", "a string or an array of token ids");
+    r->prompt_text = r->prompts[0].text;
+    r->prompt_ids = r->prompts[0].ids;
+    r->n_prompt_ids = r->prompts[0].n_ids;
+    return 0;
 }
 
 static uint64_t random_seed(void) {
@@ -649,12 +669,9 @@ static int parse_field(tl_oai_req *r, const char *k, json_t *v, const tl_oai_opt
         return 0;
     }
     if (!strcmp(k, "stop")) return parse_stop(r, v, e);
-    if (!strcmp(k, "n")) {
-        if (get_int(v, k, 1, 128, &x, e)) return e->status;
-        if (x != 1)
-            return tl_oai_fail(e, TL_ERR_UNSUPPORTED, k,
-                               "'n' must be 1 (several choices are not "
-                               "supported)");
+    if (!strcmp(k, "n")) { /* several choices: docs/api.md §6 */
+        if (get_int(v, k, 1, TL_OAI_MAX_N, &x, e)) return e->status;
+        r->n = (int)x;
         return 0;
     }
     if (!strcmp(k, "logprobs")) {
@@ -752,6 +769,7 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
     r->enable_thinking = 1;
     r->parallel_tool_calls = 1;
     r->skip_special = 1;
+    r->n = 1;
     r->sample.temperature = r->sample.top_p = r->sample.min_p = -1000;
     r->sample.presence_penalty = r->sample.frequency_penalty = r->sample.repetition_penalty = -1000;
     r->sample.top_k = -1000;
@@ -860,7 +878,7 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
                         "'top_logprobs' requires 'logprobs' to be true");
             goto err;
         }
-    } else if (!r->prompt_text && !r->prompt_ids) {
+    } else if (!r->n_prompts) {
         tl_oai_fail(e, TL_ERR_INVALID, "prompt", "'prompt' is required");
         goto err;
     }
@@ -880,9 +898,16 @@ int tl_oai_parse(tl_oai_req *r, tl_oai_kind kind, const char *body, size_t len,
     if (!r->has_seed) sp->seed = random_seed();
     sp->n_logprobs = r->logprobs ? r->top_logprobs : 0;
     sp->n_bias = r->n_bias, sp->bias_ids = r->bias_ids, sp->bias_vals = r->bias_vals;
-    if (r->echo && !r->prompt_text) {
-        tl_oai_fail(e, TL_ERR_UNSUPPORTED, "echo",
-                    "'echo' is supported with a text prompt (not token ids)");
+    for (int i = 0; i < r->n_prompts; i++)
+        if (r->echo && !r->prompts[i].text) {
+            tl_oai_fail(e, TL_ERR_UNSUPPORTED, "echo",
+                        "'echo' is supported with text prompts (not token ids)");
+            goto err;
+        }
+    if ((long)r->n * TL_MAX(r->n_prompts, 1) > TL_OAI_MAX_CHOICES) {
+        tl_oai_fail(e, TL_ERR_INVALID, "n",
+                    "%d prompts x n = %d asks for %d choices, at most %d per request", r->n_prompts,
+                    r->n, r->n_prompts * r->n, TL_OAI_MAX_CHOICES);
         goto err;
     }
     if (kind == TL_OAI_COMPLETION && r->max_tokens < 0) r->max_tokens = 16; /* OpenAI default */
@@ -899,7 +924,8 @@ void tl_oai_req_free(tl_oai_req *r) {
         free(r->msgs[i].tool_calls);
     }
     free(r->msgs);
-    free(r->prompt_ids);
+    for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].ids);
+    free(r->prompts);
     free(r->script);
     free(r->bias_ids);
     free(r->bias_vals);

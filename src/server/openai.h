@@ -13,6 +13,9 @@
 #define TL_OAI_MAX_STOP     16   /* stop strings per request */
 #define TL_OAI_MAX_STOP_LEN 256  /* bytes per stop string */
 #define TL_OAI_MAX_SCRIPT   4096 /* test-script tokens per request */
+#define TL_OAI_MAX_N        16   /* choices per prompt (`n`) */
+#define TL_OAI_MAX_PROMPTS  64   /* prompts of one /v1/completions request */
+#define TL_OAI_MAX_CHOICES  128  /* prompts x n of one request (each is a tl_job) */
 
 /* A request-level error: the HTTP status, OpenAI type/code, the offending field and a message.
  * Filled by the parsers; rendered by tl_oai_error_json. */
@@ -89,6 +92,14 @@ typedef struct tl_oai_opts {
     json_t *default_ctk;
 } tl_oai_opts;
 
+/* One prompt of a completions request: text (borrowed from the request JSON) or token ids
+ * (owned). */
+typedef struct tl_oai_prompt {
+    const char *text;
+    int32_t *ids;
+    int n_ids;
+} tl_oai_prompt;
+
 /* A validated request. Every const char * points into root, which the request owns. */
 typedef struct tl_oai_req {
     tl_oai_kind kind;
@@ -106,10 +117,14 @@ typedef struct tl_oai_req {
     int enable_thinking;   /* default 1 */
     int preserve_thinking; /* default 0 */
 
-    /* completions: text or token ids */
+    /* completions: text or token ids, per prompt (docs/api.md §6); prompt_text / prompt_ids
+     * are the first prompt's (aliases into prompts[0]) */
+    tl_oai_prompt *prompts; /* owned, n_prompts >= 1 */
+    int n_prompts;
     const char *prompt_text;
-    int32_t *prompt_ids; /* owned */
+    int32_t *prompt_ids; /* not owned: prompts[0].ids */
     int n_prompt_ids;
+    int n; /* choices per prompt, 1..TL_OAI_MAX_N (choice index = prompt * n + i) */
 
     /* generation */
     int stream;

@@ -171,7 +171,7 @@ static void test_chat_bad_input(void) {
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"stream_options\":{\"include_usage\":true}}",
                 TL_ERR_INVALID, 400, "stream_options");
     /* unsupported fields: named, never ignored */
-    expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":2}", TL_ERR_UNSUPPORTED, 400, "n");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":17}", TL_ERR_INVALID, 400, "n");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"audio\":{}}", TL_ERR_UNSUPPORTED, 400, "audio");
     expect_fail(TL_OAI_CHAT, "{" MSG ",\"verbosity\":\"low\"}", TL_ERR_UNSUPPORTED, 400,
                 "verbosity");
@@ -357,6 +357,70 @@ static void test_test_script_only_in_test_mode(void) {
                 "tulip_test_script");
 }
 
+/* n and several prompts (docs/api.md §6): limits, order, echo per prompt. */
+static void test_n_and_prompts(void) {
+    setup(0);
+    tl_oai_req r;
+    tl_oai_error e;
+    CHECK_EQ_INT(parse(TL_OAI_CHAT, "{" MSG "}", &r, &e), 0);
+    CHECK_EQ_INT(r.n, 1);
+    tl_oai_req_free(&r);
+    CHECK_EQ_INT(parse(TL_OAI_CHAT, "{" MSG ",\"n\":16}", &r, &e), 0);
+    CHECK_EQ_INT(r.n, TL_OAI_MAX_N);
+    tl_oai_req_free(&r);
+    CHECK_EQ_INT(parse(TL_OAI_CHAT, "{" MSG ",\"n\":null}", &r, &e), 0);
+    CHECK_EQ_INT(r.n, 1);
+    tl_oai_req_free(&r);
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":0}", TL_ERR_INVALID, 400, "n");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":17}", TL_ERR_INVALID, 400, "n");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":2.5}", TL_ERR_INVALID, 400, "n");
+    expect_fail(TL_OAI_CHAT, "{" MSG ",\"n\":\"2\"}", TL_ERR_INVALID, 400, "n");
+    /* several prompts: strings and token-id arrays, in order */
+    CHECK_EQ_INT(parse(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",[7,8,9],\"bc\"],\"n\":3}", &r, &e),
+                 0);
+    CHECK_EQ_INT(r.n_prompts, 3);
+    CHECK_EQ_INT(r.n, 3);
+    CHECK_STR(r.prompts[0].text, "a");
+    CHECK(r.prompts[1].text == NULL);
+    CHECK_EQ_INT(r.prompts[1].n_ids, 3);
+    CHECK_EQ_INT(r.prompts[1].ids[2], 9);
+    CHECK_STR(r.prompts[2].text, "bc");
+    CHECK_STR(r.prompt_text, "a"); /* the first prompt's aliases */
+    tl_oai_req_free(&r);
+    CHECK_EQ_INT(parse(TL_OAI_COMPLETION, "{\"prompt\":[\"x\",\"y\"],\"echo\":true}", &r, &e), 0);
+    CHECK_EQ_INT(r.n_prompts, 2);
+    CHECK_EQ_INT(r.echo, 1);
+    tl_oai_req_free(&r);
+    /* 64 prompts x 2 = 128 choices is the most; 65 prompts, or 9 x 16, is refused */
+    char body[1024];
+    int p = snprintf(body, sizeof body, "{\"n\":2,\"prompt\":[");
+    for (int i = 0; i < TL_OAI_MAX_PROMPTS; i++)
+        p += snprintf(body + p, sizeof body - (size_t)p, "%s\"a\"", i ? "," : "");
+    snprintf(body + p, sizeof body - (size_t)p, "]}");
+    CHECK_EQ_INT(parse(TL_OAI_COMPLETION, body, &r, &e), 0);
+    CHECK_EQ_INT(r.n_prompts, 64);
+    tl_oai_req_free(&r);
+    p = snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i <= TL_OAI_MAX_PROMPTS; i++)
+        p += snprintf(body + p, sizeof body - (size_t)p, "%s\"a\"", i ? "," : "");
+    snprintf(body + p, sizeof body - (size_t)p, "]}");
+    expect_fail(TL_OAI_COMPLETION, body, TL_ERR_INVALID, 400, "prompt");
+    expect_fail(TL_OAI_COMPLETION,
+                "{\"n\":16,\"prompt\":[\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\",\"a\"]}",
+                TL_ERR_INVALID, 400, "n");
+    /* each prompt is validated, named by its position */
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",\"\"]}", TL_ERR_INVALID, 400, "prompt[1]");
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",[1,999]]}", TL_ERR_INVALID, 400,
+                "prompt[1]");
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",5]}", TL_ERR_INVALID, 400, "prompt[1]");
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[[1],{}]}", TL_ERR_INVALID, 400, "prompt[1]");
+    /* echo needs text prompts; best_of stays 1 */
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",[1,2]],\"echo\":true}", TL_ERR_UNSUPPORTED,
+                400, "echo");
+    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":\"a\",\"best_of\":2,\"n\":2}", TL_ERR_UNSUPPORTED,
+                400, "best_of");
+}
+
 static void test_completion_prompts(void) {
     setup(0);
     tl_oai_req r;
@@ -383,7 +447,6 @@ static void test_completion_prompts(void) {
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":\"\"}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,-2]}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,320]}", TL_ERR_INVALID, 400, "prompt");
-    expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", TL_ERR_UNSUPPORTED, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":{}}", TL_ERR_INVALID, 400, "prompt");
     expect_fail(TL_OAI_COMPLETION, "{\"prompt\":[1,2],\"echo\":true}", TL_ERR_UNSUPPORTED, 400,
                 "echo");
@@ -523,6 +586,7 @@ int main(void) {
     T_RUN(test_default_ctk);
     T_RUN(test_test_script_only_in_test_mode);
     T_RUN(test_completion_prompts);
+    T_RUN(test_n_and_prompts);
     T_RUN(test_error_table_and_body);
     T_RUN(test_response_json);
     T_RUN(test_sse_framing);

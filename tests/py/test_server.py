@@ -482,8 +482,11 @@ def test_bad_input(srv, client):
     assert st == 400
     # unsupported fields are named, through the official client too
     with pytest.raises(openai.BadRequestError) as ei:
-        client.chat.completions.create(model=MODEL_NAME, messages=USER, n=2)
-    assert ei.value.body["param"] == "n" and ei.value.body["code"] == "unsupported_parameter"
+        client.chat.completions.create(model=MODEL_NAME, messages=USER, n=17)  # 1..16
+    assert ei.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model=MODEL_NAME, prompt="a", best_of=2)
+    assert ei.value.body["param"] == "best_of" and ei.value.body["code"] == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(model=MODEL_NAME, messages=USER,
                                        extra_body={"guided_json": {"type": "string", "pattern": "a+"}})
