@@ -47,10 +47,10 @@ static void gen_alt(pat *x, int depth, int *nullable);
 static void gen_class(pat *x) {
     static const struct {
         const char *t, *p;
-    } m[] = {{"a", "a"},       {"b-d", "b-d"},   {"0-3", "0-3"},      {"_", "_"},
-             {"\\.", "."},     {"\\-", "-"},     {"\\n", "\n"},       {"\\t", "\t"},
-             {"\\d", "0-9"},   {"\\w", "_0-9A-Za-z"}, {"\\s", "\t\n\v\f\r "}, {"Z", "Z"},
-             {"\\*", "*"},     {"\\(", "("},     {"\\|", "|"},        {" ", " "}};
+    } m[] = {{"a", "a"},     {"b-d", "b-d"},        {"0-3", "0-3"},         {"_", "_"},
+             {"\\.", "."},   {"\\-", "-"},          {"\\n", "\n"},          {"\\t", "\t"},
+             {"\\d", "0-9"}, {"\\w", "_0-9A-Za-z"}, {"\\s", "\t\n\v\f\r "}, {"Z", "Z"},
+             {"\\*", "*"},   {"\\(", "("},          {"\\|", "|"},           {" ", " "}};
     int neg = rnd(3) == 0, n = 1 + (int)rnd(3);
     char pb[256] = "[";
     put(x, neg ? "[^" : "[", "");
@@ -74,11 +74,28 @@ static void gen_class(pat *x) {
 static int gen_atom(pat *x, int depth) {
     static const struct {
         const char *t, *p;
-    } lit[] = {{"a", "a"},     {"b", "b"},     {"c", "c"},   {"Z", "Z"},   {"0", "0"},
-               {"9", "9"},     {"_", "_"},     {" ", " "},   {"\\.", "[.]"}, {"\\+", "[+]"},
-               {"\\*", "[*]"}, {"\\(", "[(]"}, {"\\|", "[|]"}, {"-", "-"},  {"\\n", "[\n]"},
-               {"\\t", "[\t]"}, {".", "[^\n]"}, {"\\d", "[0-9]"}, {"\\D", "[^0-9]"},
-               {"\\w", "[_0-9A-Za-z]"}, {"\\W", "[^_0-9A-Za-z]"}, {"\\s", "[\t\n\v\f\r ]"},
+    } lit[] = {{"a", "a"},
+               {"b", "b"},
+               {"c", "c"},
+               {"Z", "Z"},
+               {"0", "0"},
+               {"9", "9"},
+               {"_", "_"},
+               {" ", " "},
+               {"\\.", "[.]"},
+               {"\\+", "[+]"},
+               {"\\*", "[*]"},
+               {"\\(", "[(]"},
+               {"\\|", "[|]"},
+               {"-", "-"},
+               {"\\n", "[\n]"},
+               {"\\t", "[\t]"},
+               {".", "[^\n]"},
+               {"\\d", "[0-9]"},
+               {"\\D", "[^0-9]"},
+               {"\\w", "[_0-9A-Za-z]"},
+               {"\\W", "[^_0-9A-Za-z]"},
+               {"\\s", "[\t\n\v\f\r ]"},
                {"\\S", "[^\t\n\v\f\r ]"}};
     uint32_t k = rnd(10);
     if (k < 2 && depth < 3) {
@@ -193,8 +210,7 @@ static size_t g_walk(const tl_grammar *g, char *out) {
 
 static int n_cmp, n_match;
 
-static void compare(const tl_grammar *g, const regex_t *re, const pat *x, const char *s,
-                    size_t n) {
+static void compare(const tl_grammar *g, const regex_t *re, const pat *x, const char *s, size_t n) {
     char buf[64];
     memcpy(buf, s, n);
     buf[n] = 0;
@@ -259,11 +275,19 @@ static void test_regex_cases(void) {
     static const struct {
         const char *re, *s;
         int ok;
-    } c[] = {{"^a+$", "aaa", 1},        {"^a+$", "", 0},          {"a{2,3}", "aaaa", 0},
-             {"a{2,}?", "aa", 1},       {"[^a]", "\xc3\xa9", 1},  {"[a-c]x", "bx", 1},
-             {"\\d{3}-\\d{2}", "123-45", 1}, {"\\d{3}-\\d{2}", "12-345", 0},
-             {"(?:ab|cd)+", "abcdab", 1}, {"(?:ab|cd)+", "abc", 0}, {".", "\n", 0},
-             {"\\.", "x", 0},           {"é+", "éé", 1}};
+    } c[] = {{"^a+$", "aaa", 1},
+             {"^a+$", "", 0},
+             {"a{2,3}", "aaaa", 0},
+             {"a{2,}?", "aa", 1},
+             {"[^a]", "\xc3\xa9", 1},
+             {"[a-c]x", "bx", 1},
+             {"\\d{3}-\\d{2}", "123-45", 1},
+             {"\\d{3}-\\d{2}", "12-345", 0},
+             {"(?:ab|cd)+", "abcdab", 1},
+             {"(?:ab|cd)+", "abc", 0},
+             {".", "\n", 0},
+             {"\\.", "x", 0},
+             {"é+", "éé", 1}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         tl_grammar *g = compile_regex(c[i].re);
         if (!g) continue;
@@ -272,8 +296,8 @@ static void test_regex_cases(void) {
         CHECK_EQ_INT(got, c[i].ok);
         tl_grammar_free(g);
     }
-    static const char *const refused[] = {"(a*)*", "a\\1",  "(?=a)", "\\bx", "a^b",
-                                          "a++",   "[é]", "a{1001}", "x$y"};
+    static const char *const refused[] = {"(a*)*", "a\\1", "(?=a)",   "\\bx", "a^b",
+                                          "a++",   "[é]",  "a{1001}", "x$y"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         tl_grammar_spec sp = {.kind = TL_GRAMMAR_REGEX, .regex = refused[i]};
         tl_grammar *g = NULL;
@@ -351,7 +375,8 @@ static int bfs_distance(const tl_grammar_state *s) {
             }
             key k = state_key(nx);
             int dup = 0;
-            for (int i = 0; i < tail && !dup; i++) dup = seen[i].n == k.n && !memcmp(seen[i].b, k.b, k.n);
+            for (int i = 0; i < tail && !dup; i++)
+                dup = seen[i].n == k.n && !memcmp(seen[i].b, k.b, k.n);
             if (dup || tail == BFS_MAX) {
                 if (!dup) ans = -1;
                 free(k.b);
