@@ -9,7 +9,15 @@
  * up to TL_REGEX_MAX_REPEAT; a lazy '?' after them is accepted: the language is the same).
  * Refused (TL_ERR_UNSUPPORTED, the construct named): backreferences, lookaround, \b \B, other
  * (?...) groups, non-ASCII class members, anchors elsewhere, possessive quantifiers, and a
- * quantifier on something that can match the empty string. */
+ * quantifier on something that can match the empty string.
+ *
+ * tl_regex_json_rule is the same subset for JSON Schema's `pattern` (docs/architecture.md §9): the
+ * rule is the body of a JSON string whose decoded value matches, each character written in one
+ * canonical JSON form (`"` `\` and control characters escaped: \" \\ \b \f \n \r \t, others
+ * \u00XX; '<' as \u003c when no_lt), with search semantics: every top-level alternative gets
+ * "any characters" before it unless it starts with '^' and after it unless it ends with '$'.
+ * There \s and \S are refused (ECMA-262 and Python count non-ASCII spaces in them). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +31,9 @@ typedef struct rx {
     char *err;
     size_t errlen;
     int depth;
+    int json;   /* 0: raw bytes; 1: JSON string body; 2: the same with '<' escaped */
+    int search; /* JSON Schema `pattern`: anchors per top-level alternative, else "any" */
+    int dollar; /* the last top-level alternative parsed ended with '$' */
 } rx;
 
 typedef struct piece {
@@ -87,12 +98,46 @@ static int escape_byte(int c) {
     }
 }
 
+/* In JSON mode, the escape that writes byte c inside a string (into out), or 0 when c is written
+ * as itself. */
+static int json_escape(const rx *x, int c, char out[8]) {
+    if (!x->json || !(c < 0x20 || c == '"' || c == '\\' || (c == '<' && x->json == 2))) return 0;
+    static const char shorts[] = "\"\"\\\\\bb\ff\nn\rr\tt"; /* byte, its letter after '\' */
+    for (const char *q = shorts; *q; q += 2)
+        if (*q == c) return out[0] = '\\', out[1] = q[1], out[2] = 0, 1;
+    snprintf(out, 8, "\\u%04x", c);
+    return 1;
+}
+
+/* Appends escape esc to rule r; the hex letters of a \u escape in either case. */
+static void esc_rule(rx *x, int r, const char *esc) {
+    for (const char *q = esc; *q; q++) {
+        int lo = q - esc >= 2 && *q >= 'a' && *q <= 'f';
+        if (lo) {
+            int h = tl_gb_rule(x->b);
+            tl_gb_char(x->b, h, (uint8_t)*q, (uint8_t)*q);
+            tl_gb_alt(x->b, h);
+            tl_gb_char(x->b, h, (uint8_t)(*q - 32), (uint8_t)(*q - 32));
+            tl_gb_ref(x->b, r, h);
+        } else {
+            tl_gb_char(x->b, r, (uint8_t)*q, (uint8_t)*q);
+        }
+    }
+}
+
 static int set_rule(rx *x, const bset *s) {
     int r = tl_gb_rule(x->b), first = 1;
     for (int c = 0; c < 128; c++) {
         if (!s->on[c]) continue;
+        char esc[8];
+        if (json_escape(x, c, esc)) {
+            if (!first) tl_gb_alt(x->b, r);
+            esc_rule(x, r, esc);
+            first = 0;
+            continue;
+        }
         int hi = c;
-        while (hi + 1 < 128 && s->on[hi + 1]) hi++;
+        while (hi + 1 < 128 && s->on[hi + 1] && !json_escape(x, hi + 1, esc)) hi++;
         if (!first) tl_gb_alt(x->b, r);
         tl_gb_char(x->b, r, (uint8_t)c, (uint8_t)hi);
         first = 0;
@@ -113,6 +158,7 @@ static int class_member(rx *x, bset *s, int *single) {
     if (c != '\\') return *single = c, 0;
     if (x->p >= x->end) return -1;
     c = (unsigned char)*x->p++;
+    if (x->search && (c == 's' || c == 'S')) return -1;
     if (shorthand(c, s)) return 0;
     *single = escape_byte(c);
     return *single >= 0 ? 0 : -1;
@@ -156,7 +202,11 @@ static piece literal(rx *x) {
     size_t n = *p < 0x80 ? 1 : *p < 0xE0 ? 2 : *p < 0xF0 ? 3 : 4;
     if (n > (size_t)(x->end - x->p)) n = (size_t)(x->end - x->p);
     int r = tl_gb_rule(x->b);
-    tl_gb_lit(x->b, r, x->p, n);
+    char esc[8];
+    if (n == 1 && json_escape(x, *p, esc))
+        esc_rule(x, r, esc);
+    else
+        tl_gb_lit(x->b, r, x->p, n);
     x->p += n;
     return (piece){x->b->err ? x->b->err : r, 0};
 }
@@ -196,6 +246,10 @@ static piece parse_atom(rx *x) {
         int e = (unsigned char)x->p[1];
         x->p += 2;
         bset s = {{0}, 0};
+        if (x->search && (e == 's' || e == 'S')) {
+            char what[3] = {'\\', (char)e, 0};
+            return fail(x, TL_ERR_UNSUPPORTED, "unsupported regex escape \"%s\"", what);
+        }
         if (shorthand(e, &s)) return (piece){set_rule(x, &s), 0};
         int byte = escape_byte(e);
         if (byte < 0) {
@@ -288,8 +342,10 @@ static piece parse_quant(rx *x, piece a) {
 static piece parse_concat(rx *x) {
     int r = tl_gb_rule(x->b), nullable = 1;
     while (x->p < x->end && *x->p != '|' && *x->p != ')') {
-        if (*x->p == '$' && x->p + 1 == x->end && x->depth == 0) {
+        if (*x->p == '$' && x->depth == 0 &&
+            (x->p + 1 == x->end || (x->search && x->p[1] == '|'))) {
             x->p++;
+            x->dollar = 1;
             break;
         }
         piece a = parse_quant(x, parse_atom(x));
@@ -315,10 +371,44 @@ static piece parse_alt(rx *x) {
 }
 
 int tl_regex_rule(tl_gbuild *b, const char *re, char *err, size_t errlen) {
-    rx x = {b, re, re + strlen(re), err, errlen, 0};
+    rx x = {b, re, re + strlen(re), err, errlen, 0, 0, 0, 0};
     if (x.p < x.end && *x.p == '^') x.p++;
     piece p = parse_alt(&x);
     if (p.rule >= 0 && x.p < x.end)
         return tl_errf(err, errlen, TL_ERR_INVALID, "unbalanced \")\" in the regex");
     return p.rule;
+}
+
+/* One top-level alternative under search semantics: "any"* before it unless it starts with '^',
+ * after it unless it ends with '$'. */
+static piece search_alternative(rx *x, int any) {
+    int caret = x->p < x->end && *x->p == '^';
+    x->p += caret;
+    x->dollar = 0;
+    piece c = parse_concat(x);
+    if (c.rule < 0) return c;
+    int r = tl_gb_rule(x->b);
+    if (!caret) tl_gb_ref(x->b, r, any);
+    tl_gb_ref(x->b, r, c.rule);
+    if (!x->dollar) tl_gb_ref(x->b, r, any);
+    return (piece){x->b->err ? x->b->err : r, 0};
+}
+
+int tl_regex_json_rule(tl_gbuild *b, const char *re, int no_lt, char *err, size_t errlen) {
+    rx x = {b, re, re + strlen(re), err, errlen, 0, no_lt ? 2 : 1, 1, 0};
+    bset all = {{0}, 1};
+    set_range(&all, 0, 127, 1);
+    int ch = set_rule(&x, &all), any = ch < 0 ? ch : repeat(&x, ch, 0, -1);
+    if (any < 0) return any;
+    int r = tl_gb_rule(b);
+    for (int i = 0;; i++) {
+        piece c = search_alternative(&x, any);
+        if (c.rule < 0) return c.rule;
+        if (i) tl_gb_alt(b, r);
+        tl_gb_ref(b, r, c.rule);
+        if (x.p >= x.end || *x.p != '|') break;
+        x.p++;
+    }
+    if (x.p < x.end) return tl_errf(err, errlen, TL_ERR_INVALID, "unbalanced \")\" in the regex");
+    return b->err ? b->err : r;
 }

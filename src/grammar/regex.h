@@ -12,4 +12,9 @@
  * naming the construct that cannot be honoured. */
 int tl_regex_rule(tl_gbuild *b, const char *re, char *err, size_t errlen);
 
+/* JSON Schema `pattern`: the body (quotes left out) of a JSON string whose decoded value
+ * contains a match of re (search semantics; '^' / '$' anchor a top-level alternative); no_lt:
+ * '<' is written \u003c (tl_jrules.no_lt). Same errors. */
+int tl_regex_json_rule(tl_gbuild *b, const char *re, int no_lt, char *err, size_t errlen);
+
 #endif

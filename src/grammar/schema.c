@@ -1,14 +1,15 @@
 /* JSON Schema -> grammar compiler (src/grammar/schema.c). Supported: type (lists too), enum,
  * const, anyOf/oneOf (as alternatives), allOf of one schema, $ref into the document (recursive),
  * properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
- * minLength/maxLength, format (format.c), nullable. Anything else that constrains is refused by
- * name. */
+ * minLength/maxLength, format (format.c), pattern (regex.c, search semantics), nullable. Anything
+ * else that constrains is refused by name. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
 #include "grammar/format.h"
 #include "grammar/json_rules.h"
+#include "grammar/regex.h"
 #include "grammar/schema.h"
 
 typedef struct cx {
@@ -43,6 +44,7 @@ static const char *const handled[] = {"type",
                                       "minLength",
                                       "maxLength",
                                       "format",
+                                      "pattern",
                                       NULL};
 
 static int in_list(const char *const *l, const char *k) {
@@ -156,9 +158,32 @@ static int c_format(cx *c, const json_t *s, const json_t *f) {
     return rc;
 }
 
+/* A string whose value contains a match of `pattern` (docs/architecture.md §9). Its intersection
+ * with minLength/maxLength is not built: the combination is refused. */
+static int c_pattern(cx *c, const json_t *s, const json_t *p) {
+    static const char *const ok[] = {"type", "nullable", NULL};
+    int rc = only(c, s, "pattern", ok);
+    if (rc) return rc;
+    if (!json_is_string(p) || strlen(json_string_value(p)) != json_string_length(p))
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID,
+                       "schema keyword \"pattern\" must be a string without NUL");
+    char why[200] = "";
+    int body = tl_regex_json_rule(c->b, json_string_value(p), c->j->no_lt, why, sizeof why);
+    if (body < 0)
+        return tl_errf(c->err, c->errlen, body, "schema keyword \"pattern\": %s",
+                       why[0] ? why : "grammar construction failed");
+    int r = tl_gb_rule(c->b);
+    tl_gb_lit(c->b, r, "\"", 1);
+    tl_gb_ref(c->b, r, body);
+    tl_gb_lit(c->b, r, "\"", 1);
+    return c->b->err ? c->b->err : r;
+}
+
 static int c_string(cx *c, const json_t *s) {
     const json_t *f = json_object_get(s, "format");
     if (f) return c_format(c, s, f);
+    const json_t *p = json_object_get(s, "pattern");
+    if (p) return c_pattern(c, s, p);
     long mn, mx;
     int rc = bound(c, s, "minLength", 0, &mn);
     if (!rc) rc = bound(c, s, "maxLength", -1, &mx);
@@ -456,7 +481,7 @@ static int type_set(cx *c, const json_t *s) {
         for (int i = 0; obj[i]; i++) m |= json_object_get(s, obj[i]) ? T_OBJ : 0;
         for (int i = 0; arr[i]; i++) m |= json_object_get(s, arr[i]) ? T_ARR : 0;
         if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
-            json_object_get(s, "format"))
+            json_object_get(s, "format") || json_object_get(s, "pattern"))
             m |= T_STR;
         if (!m) m = T_NULL | T_BOOL | T_OBJ | T_ARR | T_STR | T_NUM;
     }

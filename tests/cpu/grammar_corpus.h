@@ -185,7 +185,9 @@ typedef struct gunsup {
 } gunsup;
 
 static const gunsup g_unsupported[] = {
-    {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", "pattern"},
+    {"{\"type\":\"string\",\"pattern\":\"\\\\s+\"}", "pattern"},
+    {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "pattern"},
+    {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "pattern"},
     {"{\"type\":\"string\",\"format\":\"ipv4\"}", "format"},
     {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":3}", "format"},
     {"{\"type\":\"integer\",\"minimum\":0}", "minimum"},

@@ -3,7 +3,10 @@
  * their POSIX ERE equivalent; random strings, strings walked through the grammar and their
  * mutations must be accepted by the grammar matcher exactly when glibc's regexec (anchored as
  * ^(...)$, C locale, ASCII strings) matches them. Distance: tl_grammar_distance from random
- * states equals a breadth-first search over all 256 bytes on small grammars. */
+ * states equals a breadth-first search over all 256 bytes on small grammars. `pattern` (JSON
+ * Schema strings, search semantics): json.dumps-style serializations (jansson) of random values
+ * are accepted exactly when POSIX finds a match in the value, and every string walked through the
+ * grammar decodes (jansson) to a value that POSIX finds a match in. */
 #include <jansson.h>
 #include <regex.h>
 #include <stdint.h>
@@ -467,10 +470,177 @@ static void test_distance_schema(void) {
     CHECK(n_done >= 40);
 }
 
+/* ---- JSON Schema `pattern`: a JSON string whose decoded value contains a match ---- */
+
+/* A search pattern: top-level alternatives, each maybe anchored with '^' / '$' (in POSIX ERE
+ * anchors also bind per alternative). \s and \S are left out (refused in `pattern`). */
+static void gen_search(pat *x) {
+    int n = rnd(3) == 0 ? 2 : 1, nl;
+    for (int i = 0; i < n; i++) {
+        if (i) put(x, "|", "|");
+        if (rnd(3) == 0) put(x, "^", "^");
+        gen_concat(x, 0, &nl);
+        if (rnd(3) == 0) put(x, "$", "$");
+    }
+}
+
+static tl_grammar *compile_pattern(const char *re, int *refused) {
+    json_t *sch = json_pack("{s:s, s:s}", "type", "string", "pattern", re);
+    tl_grammar *g = NULL;
+    char err[256] = "";
+    int rc = tl_grammar_from_schema(sch, &g, err, sizeof err);
+    json_decref(sch);
+    *refused = rc == TL_ERR_UNSUPPORTED && strstr(err, "pattern") != NULL;
+    if (rc && !*refused) fprintf(stderr, "pattern %s: %s\n", re, err);
+    CHECK(rc == 0 || *refused);
+    return g;
+}
+
+/* The byte alphabet of the values: ASCII only (POSIX in the C locale sees bytes), with the
+ * characters JSON escapes. */
+static const char valpha[] = "abcZ09_.-+*( \t\n\"\\<|";
+
+/* grammar(json.dumps(v)) == POSIX search(v) for value v (n bytes, no NUL). */
+static void compare_value(const tl_grammar *g, const regex_t *re, const pat *x, const char *v,
+                          size_t n) {
+    json_t *js = json_stringn(v, n);
+    char *doc = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
+    char buf[64];
+    memcpy(buf, v, n);
+    buf[n] = 0;
+    int want = regexec(re, buf, 0, NULL, 0) == 0, got = g_match(g, doc, strlen(doc));
+    if (want != got)
+        fprintf(stderr, "pattern /%s/ (POSIX /%s/) on %s: %d, grammar %d\n", x->t, x->p, doc, want,
+                got);
+    CHECK_EQ_INT(got, want);
+    n_cmp++;
+    n_match += want;
+    free(doc);
+    json_decref(js);
+}
+
+/* A document walked through g over printable ASCII: must be a JSON string (jansson) whose value
+ * POSIX finds a match in; returns its decoded bytes in v (length, or -1 when none came out). */
+static long walk_value(const tl_grammar *g, const regex_t *re, const pat *x, char *v) {
+    tl_grammar_state *st;
+    CHECK_EQ_INT(tl_grammar_state_new(g, &st), 0);
+    char doc[80];
+    size_t n = 0;
+    for (; n < 70 && !tl_grammar_is_complete(st); n++) {
+        uint8_t ok[96];
+        int k = 0;
+        for (int b = 0x20; b < 0x7f; b++) {
+            tl_grammar_state *c;
+            CHECK_EQ_INT(tl_grammar_state_clone(st, &c), 0);
+            if (!tl_grammar_accept_byte(c, (uint8_t)b)) ok[k++] = (uint8_t)b;
+            tl_grammar_state_free(c);
+        }
+        if (!k) break;
+        /* favour the closing quote so that documents end */
+        doc[n] =
+            k > 1 && rnd(8) == 0 && memchr(ok, '"', (size_t)k) ? '"' : (char)ok[rnd((uint32_t)k)];
+        tl_grammar_accept_byte(st, (uint8_t)doc[n]);
+    }
+    int done = tl_grammar_is_complete(st);
+    tl_grammar_state_free(st);
+    if (!done) return -1;
+    json_error_t je;
+    json_t *js = json_loadb(doc, n, JSON_DECODE_ANY, &je);
+    CHECK(js && json_is_string(js));
+    if (!js || !json_is_string(js)) {
+        fprintf(stderr, "pattern /%s/: walked %.*s is not a JSON string\n", x->t, (int)n, doc);
+        json_decref(js);
+        return -1;
+    }
+    size_t len = json_string_length(js);
+    if (len > 63) len = 63;
+    memcpy(v, json_string_value(js), len);
+    v[len] = 0;
+    int m = regexec(re, v, 0, NULL, 0) == 0;
+    if (!m)
+        fprintf(stderr, "pattern /%s/ (POSIX /%s/): walked %.*s has no match\n", x->t, x->p, (int)n,
+                doc);
+    CHECK(m);
+    json_decref(js);
+    return (long)len;
+}
+
+static void test_schema_pattern(void) {
+    int n_pat = 0, n_walk = 0;
+    n_cmp = n_match = 0;
+    for (int it = 0; it < 300; it++) {
+        pat x = {{0}, {0}, 0, 0};
+        gen_search(&x);
+        if (strstr(x.t, "\\s") || strstr(x.t, "\\S")) continue;
+        int refused;
+        tl_grammar *g = compile_pattern(x.t, &refused);
+        CHECK(!refused);
+        regex_t re;
+        CHECK_EQ_INT(regcomp(&re, x.p, REG_EXTENDED | REG_NOSUB), 0);
+        if (!g) continue;
+        n_pat++;
+        int n_dist = 0;
+        check_distances(g, x.t, 1, &n_dist);
+        char v[64];
+        for (int k = 0; k < 30; k++) {
+            size_t n = rnd(10);
+            for (size_t i = 0; i < n; i++) v[i] = valpha[rnd(sizeof valpha - 1)];
+            compare_value(g, &re, &x, v, n);
+        }
+        for (int k = 0; k < 8; k++) {
+            long n = walk_value(g, &re, &x, v);
+            if (n < 0) continue;
+            n_walk++;
+            compare_value(g, &re, &x, v, (size_t)n);
+            if (n) { /* a mutation of a matching value */
+                v[rnd((uint32_t)n)] = valpha[rnd(sizeof valpha - 1)];
+                compare_value(g, &re, &x, v, (size_t)n);
+            }
+        }
+        regfree(&re);
+        tl_grammar_free(g);
+    }
+    fprintf(stderr, "pattern: %d patterns, %d walked values, %d comparisons, %d matches\n", n_pat,
+            n_walk, n_cmp, n_match);
+    CHECK(n_pat >= 150 && n_walk >= 600);
+    CHECK(n_match > n_cmp / 5 && n_match < n_cmp);
+}
+
+/* Hand-worked `pattern` cases: the documents are JSON texts. */
+static void test_schema_pattern_cases(void) {
+    static const struct {
+        const char *re, *doc;
+        int ok;
+    } c[] = {{"a+", "\"xxaay\"", 1},     {"^a+", "\"xa\"", 0},       {"^a+", "\"ab\"", 1},
+             {"b$", "\"ab\"", 1},        {"b$", "\"ba\"", 0},        {"^a$|^b$", "\"b\"", 1},
+             {"^a$|^b$", "\"ab\"", 0},   {"\"", "\"x\\\"\"", 1},     {"\"", "\"x\"", 0},
+             {"a\\nb", "\"a\\nb\"", 1},  {"a.b", "\"a\\nb\"", 0},    {"[<]", "\"<\"", 1},
+             {"x", "\"\\u0001x\"", 1},   {"x", "\"\\u0078\"", 0}, /* one canonical form */
+             {"^\\d{3}$", "\"123\"", 1}, {"^\\d{3}$", "\"1234\"", 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        int refused;
+        tl_grammar *g = compile_pattern(c[i].re, &refused);
+        if (!g) continue;
+        int got = g_match(g, c[i].doc, strlen(c[i].doc));
+        if (got != c[i].ok) fprintf(stderr, "pattern case /%s/ %s\n", c[i].re, c[i].doc);
+        CHECK_EQ_INT(got, c[i].ok);
+        tl_grammar_free(g);
+    }
+    static const char *const refused_pats[] = {"\\s", "[\\S]", "a(?=b)", "(a)\\1", "a^b"};
+    for (size_t i = 0; i < sizeof refused_pats / sizeof refused_pats[0]; i++) {
+        int refused;
+        tl_grammar *g = compile_pattern(refused_pats[i], &refused);
+        CHECK(refused && !g);
+        tl_grammar_free(g);
+    }
+}
+
 int main(void) {
     T_RUN(test_regex_cases);
     T_RUN(test_regex_vs_posix);
     T_RUN(test_distance_regex);
     T_RUN(test_distance_schema);
+    T_RUN(test_schema_pattern_cases);
+    T_RUN(test_schema_pattern);
     return t_summary();
 }
