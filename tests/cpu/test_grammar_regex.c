@@ -323,7 +323,7 @@ typedef struct key {
 static int cmp_stack(const void *a, const void *b) {
     const key *x = a, *y = b;
     size_t n = x->n < y->n ? x->n : y->n;
-    int c = memcmp(x->b, y->b, n);
+    int c = n ? memcmp(x->b, y->b, n) : 0;
     return c ? c : (x->n > y->n) - (x->n < y->n);
 }
 
