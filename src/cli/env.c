@@ -27,6 +27,8 @@ static const env_switch env_switches[] = {
      "CUDA: tokens per micro-batch, >= 16 (default 2048; no GEMM: 512)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens decode on the tensor cores (default 8; 0: never)"},
+    {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,
+     "CUDA: batches of >= N tokens compute the router on the tensor cores (default 128; 0: never)"},
     {"TL_CUDA_ATTN_NO_TC=1", ENGINE_CMDS,
      "CUDA: CUDA-core split-KV decode attention instead of tensor-core"},
     {"TL_CUDA_ATTN_MIN_CHUNK=N", ENGINE_CMDS,

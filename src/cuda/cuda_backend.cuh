@@ -11,12 +11,13 @@ extern "C" {
 }
 
 #define CB_MAX_GRAPH_B                                                                             \
-    256                     /* decode batch sizes captured as graphs (each once, when first seen)  \
-                             */
-#define CB_DECODE_SPLIT 128 /* split-KV partials per (token, head) on the decode path */
-#define CB_PF_MIN       16 /* a sequence's chunk of at least this many tokens takes the GEMM path */
-#define CB_TC_MIN       8  /* default tc_min (below): from 8 sequences the batched path wins */
-#define CB_MAX_SEQS     1024 /* slots at most (the step's per-entry arrays) */
+    256 /* decode batch sizes captured as graphs (each once, when first seen)                      \
+         */
+#define CB_DECODE_SPLIT    128 /* split-KV partials per (token, head) on the decode path */
+#define CB_PF_MIN          16 /* a sequence's chunk of at least this many tokens takes the GEMM path */
+#define CB_ROUTER_GEMM_MIN 128  /* micro-batches of this many tokens get the router GEMM */
+#define CB_TC_MIN          8    /* default tc_min (below): from 8 sequences the batched path wins */
+#define CB_MAX_SEQS        1024 /* slots at most (the step's per-entry arrays) */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
 typedef struct cb_layer {
@@ -68,7 +69,7 @@ typedef struct cuda_be {
     /* prefill path (production shapes only: the prefill kernels of gpu.h are built for
      * them): bf16 activations for the tensor-core GEMMs, GDN gates, MoE plan and slots */
     int pf_ok;
-    uint16_t *xb, *yb, *hexp, *yslot, *hs, *ys;
+    uint16_t *xb, *xlo, *yb, *hexp, *yslot, *hs, *ys; /* xlo: low plane of xb (router) */
     float *gg, *gbeta, *shl;
     int32_t *plan;
     void *gdn_ws;
@@ -101,6 +102,9 @@ typedef struct cuda_be {
     int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
     int tc_min;     /* micro-batches of at least this many tokens (not one long chunk) run on the
                        tensor-core decode path (TL_CUDA_TC_MIN; 0: never) */
+    int router_min; /* micro-batches of at least this many tokens on the GEMM paths compute the
+                       router with the tensor-core GEMM, else the GEMV (TL_CUDA_ROUTER_GEMM_MIN;
+                       0: never) */
     int pdl_off;    /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic
                        dependence */
     tl_gpu_attn_opts attn; /* TL_CUDA_ATTN_NO_TC, TL_CUDA_ATTN_MIN_CHUNK */

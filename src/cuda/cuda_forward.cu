@@ -226,17 +226,25 @@ static int attn_prefill(const layer_ctx *x, int slot, int pos0) {
     return tl_gpu_attn_prefill(be->yb, &qh, &gh, &kv, x->T, pos0, TL_ATTN_IN_F32, x->st);
 }
 
-/* Prefill MoE block: router GEMV + top-k, normed x as bf16, plan, grouped expert GEMMs, the
- * shared expert as two dense GEMMs, weighted combine + residual. */
+/* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,
+ * plan, grouped expert GEMMs, the shared expert as two dense GEMMs, weighted combine + residual.
+ * note: the router GEMM from be->router_min (128) tokens on; below, the GEMV (f32 input): measured
+ * 2026-12-04 (decode batches, tulip bench --batch): GEMV faster at 16 and 32, tied at 64, GEMM
+ * faster at 128, 256 and on prefill chunks (notes/2026-12-04-router-conv1d.md). */
 static int moe_prefill(const layer_ctx *x) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
     int D = c->n_embd, E = c->n_expert, K = c->n_expert_used, F = c->n_ff_expert, T = x->T;
     float eps = c->rms_eps;
-    TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
+    if (D % 128 == 0 && L->router.bits == 16 && be->router_min > 0 && T >= be->router_min) {
+        TRY(tl_gpu_rmsnorm_bf16x2(be->xb, be->xlo, be->x, L->ffn_norm, T, D, eps, x->st));
+        TRY(tl_gpu_router_gemm(be->rlog, E + 1, &L->router, be->xb, be->xlo, T, x->st));
+    } else {
+        TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps, x->st));
+    }
     TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T, x->st));
-    TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps, x->st));
     TRY(tl_gpu_moe_pf_plan(be->plan, be->ids, T, x->st));
     tl_gpu_gemm_w gu0 = expert_w(&L->gate_up, 0, 2 * F), dn0 = expert_w(&L->down, 0, D);
     TRY(tl_gpu_moe_pf_gate_up(be->hexp, be->xb, &gu0, be->plan, T, x->st));

@@ -67,13 +67,13 @@ extern "C" int tl_gpu_sync(void) {
 
 static void free_state(cuda_be *be) {
     void *ps[] = {
-        be->kc,        be->vc,         be->conv_st,     be->rec_st,   be->x,         be->proj,
-        be->conv_out,  be->y,          be->q,           be->part,     be->rlog,      be->wts,
-        be->wsh,       be->act,        be->xo,          be->logits,   be->ids,       be->d_meta,
-        be->d_params,  be->d_keys,     be->d_out,       be->d_counts, be->d_nprompt, be->d_sscratch,
-        be->xb,        be->yb,         be->hexp,        be->yslot,    be->hs,        be->ys,
-        be->gg,        be->gbeta,      be->shl,         be->plan,     be->gdn_ws,    be->d_ptab,
-        be->d_rowslot, be->d_bias_ids, be->d_bias_vals, be->d_allow,  be->d_rlogits};
+        be->kc,       be->vc,        be->conv_st,    be->rec_st,      be->x,         be->proj,
+        be->conv_out, be->y,         be->q,          be->part,        be->rlog,      be->wts,
+        be->wsh,      be->act,       be->xo,         be->logits,      be->ids,       be->d_meta,
+        be->d_params, be->d_keys,    be->d_out,      be->d_counts,    be->d_nprompt, be->d_sscratch,
+        be->xb,       be->xlo,       be->yb,         be->hexp,        be->yslot,     be->hs,
+        be->ys,       be->gg,        be->gbeta,      be->shl,         be->plan,      be->gdn_ws,
+        be->d_ptab,   be->d_rowslot, be->d_bias_ids, be->d_bias_vals, be->d_allow,   be->d_rlogits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
     void *hs[] = {be->h_meta,    be->h_ptab,    be->h_params,   be->h_keys,      be->h_out,
                   be->h_nprompt, be->h_rowslot, be->h_bias_ids, be->h_bias_vals, be->h_allow};
@@ -218,6 +218,9 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
     be->n_valid = TL_MIN(c->n_vocab, TL_N_VOCAB_TOKENS);
     be->graphs_off = env_int("TL_CUDA_NO_GRAPH") || tl_cuda_sync_each();
     be->pdl_off = env_int("TL_CUDA_NO_PDL") != 0;
+    be->router_min = getenv("TL_CUDA_ROUTER_GEMM_MIN")
+                         ? TL_MAX(0, env_int("TL_CUDA_ROUTER_GEMM_MIN"))
+                         : CB_ROUTER_GEMM_MIN;
     be->tc_min = getenv("TL_CUDA_TC_MIN") ? TL_MAX(0, env_int("TL_CUDA_TC_MIN")) : CB_TC_MIN;
     be->attn.cuda_core = env_int("TL_CUDA_ATTN_NO_TC") != 0;
     be->attn.min_chunk = TL_MAX(0, env_int("TL_CUDA_ATTN_MIN_CHUNK"));
@@ -343,6 +346,7 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     size_t T = be->max_tok, D = c->n_embd, K = c->n_expert_used, F = c->n_ff_expert;
     size_t yd = TL_MAX(be->val_dim, c->n_head * 256);
     ALLOC(be->xb, uint16_t, T * D);
+    ALLOC(be->xlo, uint16_t, T * D);
     ALLOC(be->yb, uint16_t, T * yd);
     ALLOC(be->hexp, uint16_t, T * K * F);
     ALLOC(be->yslot, uint16_t, T * K * D);

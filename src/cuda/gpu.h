@@ -137,6 +137,9 @@ int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const int32_t *rows
 /* The same with bf16 output (the prefill GEMMs' input). */
 int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n, float eps,
                         const tl_gpu_stream *st);
+/* The same, plus the low plane yl = bf16(v - y) of each normed value v (yl may be NULL). */
+int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, const float *w, int n_rows,
+                          int n, float eps, const tl_gpu_stream *st);
 /* y[i] = x[i] rounded to bf16 (nearest even), i < n: f32 activations into the GEMMs. */
 int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *st);
 
@@ -146,6 +149,13 @@ int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *s
  * rmsnorm(x; norm_w) when norm_w is non-NULL. ldx, ldy: row strides. */
 int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                 const float *norm_w, float eps, int n_tok, int accumulate, const tl_gpu_stream *st);
+
+/* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
+ * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of
+ * the normed input (tl_gpu_rmsnorm_bf16x2). W bf16, W->cols % 128 == 0; ldy >= W->rows. A
+ * token's result does not depend on n_tok. */
+int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
+                       const uint16_t *xl, int n_tok, const tl_gpu_stream *st);
 
 /* Prefill: y[n, rows] = x[n, cols] W^T, x bf16 row-major (row stride cols), fp32 accumulate,
  * then the epilogue of `flags`. Any n >= 0 (n == 0 is a no-op). */

@@ -3,37 +3,56 @@
 #include "cuda/cuda_common.cuh"
 
 /* conv1d_silu_kernel
- *   out[t, ch] = silu( sum_{k=0..3} w[ch, k] * c_{t-3+k}[ch] ),  c_{t} = in[t, ch]; the three
- *   inputs before a segment's first token come from state[slot][0..2][ch] (oldest first), which
- *   is shifted to the segment's last three inputs at the end.
+ *   out[t, ch] = silu( sum_{k=0..3} w[ch, k] * c_{t-3+k}[ch] ),  c_t = in[t, ch] for the
+ *   segment's tokens, and c_{-3..-1} = state[slot][0..2][ch] (oldest first); the state becomes
+ *   the segment's last three inputs c_{n-3..n-1}.
  * Shapes: in [n_tok, ld_in] (first C columns used), out [n_tok, C], w [C, 4], state
  *   [n_slot][3][C] f32.
- * Threads: one thread per (segment, channel), looping over the segment's tokens in order.
+ * Threads: one thread per (segment, channel, chunk of CV_CHUNK tokens), sliding over its chunk;
+ *   a chunk after the first reads its three predecessors from `in`. Only chunk 0 reads and
+ *   writes the state (it computes the new state from `in` right after reading the old one), so
+ *   the chunks run in parallel without a race. Every output is the same expression as in a
+ *   token-serial loop: bit-identical to it.
  * Bytes: in + out (8 * C per token) + state (2 * 12 * C per segment) + w.
  * Tested against cpu_conv1d_step (test_kernels.c: test_conv1d). */
+#define CV_CHUNK 32
 __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, int ld_in,
                                    const float *w, int C, tl_gpu_seqs s) {
     pdl_trigger();
     pdl_wait();
-    int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
+    int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y, i0 = blockIdx.z * CV_CHUNK;
     if (ch >= C) return;
-    int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
-    float *st = state + (size_t)slot * 3 * C + ch;
-    float s0 = st[0], s1 = st[C], s2 = st[2 * C];
+    int n = s.seg_n[g];
+    if (i0 >= n) return;
+    const float *ic = in + (size_t)s.seg_tok0[g] * ld_in + ch;
+    float *oc = out + (size_t)s.seg_tok0[g] * C + ch;
+    float s0, s1, s2;
+    if (i0 == 0) {
+        float *st = state + (size_t)s.seg_slot[g] * 3 * C + ch;
+        s0 = st[0], s1 = st[C], s2 = st[2 * C];
+        float old[3] = {s0, s1, s2};
+        for (int k = 0; k < 3; k++) {
+            int j = n - 3 + k; /* c_j; j < 0: the old state's entry j + 3 */
+            st[(size_t)k * C] = j >= 0 ? ic[(size_t)j * ld_in] : old[j + 3];
+        }
+    } else {
+        s0 = ic[(size_t)(i0 - 3) * ld_in], s1 = ic[(size_t)(i0 - 2) * ld_in];
+        s2 = ic[(size_t)(i0 - 1) * ld_in];
+    }
     float4 wv = *(const float4 *)(w + (size_t)ch * 4);
-    for (int i = 0; i < n; i++) {
-        size_t t = (size_t)(t0 + i);
-        float xv = in[t * ld_in + ch];
-        out[t * C + ch] = conv4_silu(wv, s0, s1, s2, xv);
+    int i1 = min(n, i0 + CV_CHUNK);
+    for (int i = i0; i < i1; i++) {
+        float xv = ic[(size_t)i * ld_in];
+        oc[(size_t)i * C] = conv4_silu(wv, s0, s1, s2, xv);
         s0 = s1, s1 = s2, s2 = xv;
     }
-    st[0] = s0, st[C] = s1, st[2 * C] = s2;
 }
 
 extern "C" int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w,
                              int C, const tl_gpu_seqs *s, const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
-    dim3 grid(CEIL_DIV(C, 256), s->n_seg);
+    int longest = s->n_tok - s->n_seg + 1; /* every segment has at least one token */
+    dim3 grid(CEIL_DIV(C, 256), s->n_seg, CEIL_DIV(longest, CV_CHUNK));
     TL_LAUNCH(st, "conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C,
               *s);
     return 0;

@@ -52,6 +52,8 @@ template <int BITS, int WM, int NJ, int MI> struct gm_cfg {
     static constexpr int A_BYTES = BM * GM_LDS * 2;
     static constexpr int B_BYTES = BITS == 16 ? BN * GM_LDS * 2 : BN * GM_BK / 2 + BN * 4;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    /* note: 8 stages for the 16x128 tile measured no better than 4 (decode batch 64 and 256,
+     * 2026-12-04, notes/2026-12-04-router-conv1d.md) */
     static constexpr int STAGES = (3 * STAGE_BYTES <= 120 * 1024 || BITS == 4) ? 4 : 3;
     static constexpr int SMEM = STAGES * STAGE_BYTES;
 };

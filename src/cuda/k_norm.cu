@@ -30,9 +30,12 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
 }
 
 /* rmsnorm_bf16_kernel: the same RMSNorm written as bf16, the activation format of the prefill
- * GEMMs (gpu.h). y [n_rows, n] bf16. One block of 256 per row.
- * Tested through the whole prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode). */
-__global__ void rmsnorm_bf16_kernel(uint16_t *y, const float *x, const float *w, int n, float eps) {
+ * GEMMs (gpu.h). y [n_rows, n] bf16; yl (if non-NULL) gets the low plane bf16(v - y) of each
+ * normed value v, for the router's split-precision GEMM (k_router.cu). One block of 256 per row.
+ * Tested through the whole prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and
+ * test_kernels.c: test_router_gemm. */
+__global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, const float *w,
+                                    int n, float eps) {
     __shared__ float sbuf[32];
     int i = blockIdx.x;
     const float *xr = x + (size_t)i * n;
@@ -40,14 +43,24 @@ __global__ void rmsnorm_bf16_kernel(uint16_t *y, const float *x, const float *w,
     for (int c = threadIdx.x; c < n; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
     s = block_sum(s, sbuf);
     float inv = rsqrtf(s / (float)n + eps);
-    for (int c = threadIdx.x; c < n; c += blockDim.x)
-        y[(size_t)i * n + c] = f2bf(xr[c] * inv * w[c]);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) {
+        float v = xr[c] * inv * w[c];
+        uint16_t h = f2bf(v);
+        y[(size_t)i * n + c] = h;
+        if (yl) yl[(size_t)i * n + c] = f2bf(v - bf2f(h));
+    }
 }
 
 extern "C" int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n,
                                    float eps, const tl_gpu_stream *st) {
+    return tl_gpu_rmsnorm_bf16x2(y, NULL, x, w, n_rows, n, eps, st);
+}
+
+extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, const float *w,
+                                     int n_rows, int n, float eps, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
-    TL_LAUNCH(st, "rmsnorm_bf16", rmsnorm_bf16_kernel, dim3(n_rows), dim3(256), 0, y, x, w, n, eps);
+    TL_LAUNCH(st, "rmsnorm_bf16", rmsnorm_bf16_kernel, dim3(n_rows), dim3(256), 0, y, yl, x, w, n,
+              eps);
     return 0;
 }
 

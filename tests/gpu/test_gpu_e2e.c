@@ -600,7 +600,9 @@ static int cmp_double(const void *a, const void *b) {
 
 /* A random 4-bit production-shape backend (prod4_cfg) of max_seqs slots, with tc_min (the
  * TL_CUDA_TC_MIN switch, read at open) as given: "1" puts every short micro-batch on the
- * tensor-core decode path, "0" none. */
+ * tensor-core decode path, "0" none. The router GEMM serves every batch size on the tensor-core
+ * paths (by default batches under 128 tokens use the GEMV, which rounds differently), so that
+ * batched == alone holds exactly. */
 static tl_backend *open_prod4(int max_seqs, int max_ctx, const char *tc_min) {
     tl_config c;
     prod4_cfg(&c);
@@ -612,8 +614,10 @@ static tl_backend *open_prod4(int max_seqs, int max_ctx, const char *tc_min) {
     tl_backend *b = NULL;
     char err[512] = "";
     setenv("TL_CUDA_TC_MIN", tc_min, 1);
+    setenv("TL_CUDA_ROUTER_GEMM_MIN", "1", 1); /* one router kind at every batch size */
     int st = tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err);
     unsetenv("TL_CUDA_TC_MIN");
+    unsetenv("TL_CUDA_ROUTER_GEMM_MIN");
     if (st) printf("# backend open failed: %s\n", err);
     CHECK_EQ_INT(st, 0);
     return b;

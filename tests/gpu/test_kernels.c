@@ -74,6 +74,59 @@ static void test_gemv_bf16(void) {
     gemv_case(257, TL_N_EMBD, 8, 5, 1, 0);
 }
 
+/* The micro-batch router on the tensor cores (split bf16 planes of x and W) against the host
+ * matvec of the normed input: NMSE <= 1e-9 (bf16 x alone would give ~1e-6: the case fails if the
+ * low planes are dropped), and each token alone gives the same bits as in the batch. */
+static void router_case(int bits, int n_tok) {
+    const int rows = 257, cols = TL_N_EMBD;
+    hmat W;
+    hmat_random(&W, rows, cols, bits, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    CHECK(bits == 8 ? dW.sb != NULL : dW.sb == NULL);
+    float *x = rand_vec((size_t)n_tok * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *ref = xmalloc(sizeof(float) * n_tok * rows), *xn = xmalloc(sizeof(float) * cols);
+    for (int t = 0; t < n_tok; t++) {
+        cpu_rmsnorm(xn, x + (size_t)t * cols, nw, cols, 1e-6f);
+        cpu_matvec(ref + (size_t)t * rows, &W.m, xn);
+    }
+    float *dx = dev_from(x, sizeof(float) * n_tok * cols),
+          *dnw = dev_from(nw, sizeof(float) * cols);
+    uint16_t *dxh = tl_gpu_malloc((size_t)n_tok * cols * 2),
+             *dxl = tl_gpu_malloc((size_t)n_tok * cols * 2);
+    float *dy = tl_gpu_malloc(sizeof(float) * n_tok * rows),
+          *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(dxh, dxl, dx, dnw, n_tok, cols, 1e-6f, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_router_gemm(dy, rows, &dW, dxh, dxl, n_tok, NULL), 0);
+    float *got = host_from(dy, (size_t)n_tok * rows);
+    char what[96];
+    snprintf(what, sizeof what, "router gemm %s t%d", bits == 8 ? "q8->bf16 hi+lo" : "bf16", n_tok);
+    check_nmse(what, got, ref, (size_t)n_tok * rows, 1e-9);
+    int diff = 0;
+    for (int t = 0; t < n_tok; t += 7) {
+        CHECK_EQ_INT(tl_gpu_router_gemm(dy1, rows, &dW, dxh + (size_t)t * cols,
+                                        dxl + (size_t)t * cols, 1, NULL),
+                     0);
+        float *one = host_from(dy1, rows);
+        diff += memcmp(one, got + (size_t)t * rows, sizeof(float) * rows) != 0;
+        free(one);
+    }
+    printf("# %s: tokens alone vs batch: %d differ (want 0)\n", what, diff);
+    CHECK_EQ_INT(diff, 0);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dxh), tl_gpu_free(dxl), tl_gpu_free(dy);
+    tl_gpu_free(dy1), tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(ref), free(xn), free(got);
+    hmat_free(&W);
+}
+
+static void test_router_gemm(void) {
+    router_case(8, 37); /* 8-bit router (MLX files): hi + lo planes; tokens not a multiple of 16 */
+    router_case(8, 300);
+    router_case(0, 19); /* bf16 router: no low plane */
+}
+
 /* q4 GEMV: a token's outputs do not depend on the other tokens of its tile (the mma computes each
  * output row of A on its own), so 5 tokens together == each token alone, bit for bit. */
 static void test_gemv_q4_batch_exact(void) {
@@ -268,17 +321,19 @@ static void test_gemv_conv1d_fused(void) {
 
 static void test_conv1d(void) {
     int C = 2 * TL_GDN_N_K_HEAD * TL_GDN_K_DIM + TL_GDN_N_V_HEAD * TL_GDN_V_DIM, ld = C + 64;
-    int slot[2] = {1, 0}, pos0[2] = {3, 0}, n[2] = {5, 1}, T = 6, n_slot = 2;
+    /* segments shorter than 3 (state partly kept), longer than the kernel's 32-token chunks */
+    int slot[5] = {1, 0, 3, 2, 4}, pos0[5] = {3, 0, 9, 1, 0}, n[5] = {5, 1, 70, 2, 100};
+    int T = 178, n_slot = 5, n_seg = 5;
     float *in = rand_vec((size_t)T * ld, 1.0f, &rs), *w = rand_vec((size_t)C * 4, 0.5f, &rs);
     float *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
     float *ref = xmalloc(sizeof(float) * T * C), *st_ref = xmalloc(sizeof(float) * n_slot * 3 * C);
     memcpy(st_ref, st, sizeof(float) * n_slot * 3 * C);
     int t = 0;
-    for (int g = 0; g < 2; g++)
+    for (int g = 0; g < n_seg; g++)
         for (int j = 0; j < n[g]; j++, t++)
             cpu_conv1d_step(ref + (size_t)t * C, st_ref + (size_t)slot[g] * 3 * C,
                             in + (size_t)t * ld, w, C, 4);
-    dseqs d = make_seqs(2, slot, pos0, n);
+    dseqs d = make_seqs(n_seg, slot, pos0, n);
     float *din = dev_from(in, sizeof(float) * T * ld), *dw = dev_from(w, sizeof(float) * C * 4);
     float *dst = dev_from(st, sizeof(float) * n_slot * 3 * C),
           *dout = tl_gpu_malloc(sizeof(float) * T * C);
@@ -1343,6 +1398,7 @@ int main(void) {
         return 1;
     }
     T_RUN(test_gemv_bf16);
+    T_RUN(test_router_gemm);
     T_RUN(test_gemv_q4);
     T_RUN(test_gemv_q4_batch_exact);
     T_RUN(test_gemv_conv1d_fused);
