@@ -63,6 +63,9 @@ typedef struct tl_engine_params {
      * state snapshots together); 0 = default (CUDA: a quarter of the memory left after the
      * weights, state and activations, at most 32 GiB; CPU: 256 MiB); < 0 = off. */
     long long prefix_cache_bytes;
+    /* CUDA: the Gated DeltaNet recurrent state in bf16 instead of fp32 (half the bytes per
+     * sequence and per decode step; rounding measured in notes/2026-12-04-bf16-state.md) */
+    int state_bf16;
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.

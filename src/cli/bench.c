@@ -31,6 +31,7 @@
 
 typedef struct bench_opts {
     int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
+    int state_bf16; /* --state-dtype bf16 */
     int backend, threads;
     uint64_t seed;
     const char *model_dir, *lengths_arg;
@@ -94,6 +95,8 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
                     "no checkpoint: the full-size model built on the GPU from --seed"),
         TL_OPT_CHOICE("bits", 0, &o->bits, "4|16", bench_bits,
                       "random weights: 4-bit (default) or bf16"),
+        TL_OPT_CHOICE("state-dtype", 0, &o->state_bf16, "fp32|bf16", tl_cli_state_dtypes,
+                      "Gated DeltaNet state precision (default fp32)"),
         TL_OPT_U64("seed", 0, &o->seed, "N",
                    "random weights, prompts and sampling seed (default 1)"),
         TL_CLI_OPT_MODEL(&o->model_dir, 0),
@@ -263,6 +266,7 @@ static int bench_open_engine(bench_state *bs) {
                            .random_weights = o->random,
                            .seed = o->seed,
                            .weight_bits = o->bits,
+                           .state_bf16 = o->state_bf16,
                            .prefix_cache_bytes = -1}; /* one prompt each: nothing to reuse */
     double t_open = tl_time_s();
     if (tl_engine_open(&bs->e, &ep, bs->err, sizeof bs->err)) {

@@ -13,6 +13,7 @@
 
 const tl_opt_choice tl_cli_backend_choices[] = {
     {"cpu", TL_BACKEND_CPU}, {"cuda", TL_BACKEND_CUDA}, {"auto", TL_BACKEND_AUTO}, {NULL, 0}};
+const tl_opt_choice tl_cli_state_dtypes[] = {{"fp32", 0}, {"bf16", 1}, {NULL, 0}};
 
 #define LONG_VAL_BASE 0x100 /* getopt_long's val for opts[i] given by its long name: base + i */
 #define HELP_COL      32    /* the column option help starts at */

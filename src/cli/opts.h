@@ -117,6 +117,7 @@ void tl_cli_print_env(FILE *f, unsigned cmds);
 
 /* Shared choice lists. */
 extern const tl_opt_choice tl_cli_backend_choices[]; /* cpu, cuda, auto -> TL_BACKEND_* */
+extern const tl_opt_choice tl_cli_state_dtypes[];    /* fp32 -> 0, bf16 -> 1 (state_bf16) */
 
 #define TL_CLI_NOPTS(table) ((int)(sizeof(table) / sizeof((table)[0])))
 

@@ -122,6 +122,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         /* no metavar: the name alone fills the help's first column */
         TL_OPT_DOUBLE("gpu-memory-utilization", 0, &p->gpu_memory_utilization, NULL, 0, 1,
                       "F: GPU memory share for weights, state and KV (0.9)"),
+        TL_OPT_CHOICE("state-dtype", 0, &p->state_bf16, "fp32|bf16", tl_cli_state_dtypes,
+                      "CUDA: Gated DeltaNet state precision (default fp32)"),
         TL_OPT_DOUBLE("prefix-cache-gb", 0, &p->prefix_cache_gb, "GB", 0, 1e6,
                       "prefix cache budget in GiB (default: 1/4 of free GPU memory)"),
         TL_OPT_FLAG("no-prefix-cache", 0, &p->no_prefix_cache,

@@ -51,11 +51,14 @@ typedef struct cuda_be {
     int32_t *d_ptab, *h_ptab; /* [max_seqs][max_pages] page ids: device, pinned host mirror */
     tl_kv_pages pages;        /* which slot holds which page (table = h_ptab) */
     float *conv_st;           /* [n_gdn][max_seqs][3][conv_dim] */
-    float *rec_st;            /* [n_gdn][max_seqs][nv][128][128] */
+    char *rec_st;             /* [n_gdn][max_seqs][nv][128][128] of st_esz bytes (f32 or bf16) */
+    int st_bf16;              /* recurrent state in bf16 (--state-dtype bf16) */
+    size_t st_esz;            /* bytes per recurrent-state element: 4, or 2 with st_bf16 */
 
     /* prefix cache storage (cuda_prefix.cu, docs/architecture.md §4.1); pc_n_snap 0: none */
     uint16_t *pc_k, *pc_v; /* [n_attn][pc_n_page][TL_KV_PAGE][n_kv * 256] bf16 */
-    float *pc_snap;        /* [pc_n_snap]: [n_gdn][nv*128*128] recurrent, [n_gdn][3*conv_dim] */
+    char *pc_snap; /* [pc_n_snap]: [n_gdn][nv*128*128] recurrent (st_esz each), [n_gdn][3*conv_dim]
+                      f32 */
     int pc_n_page, pc_n_snap;
     long long pc_bytes;
     int32_t *d_pc_meta, *h_pc_meta; /* page pairs [3*max_pages], then restored tokens,

@@ -126,9 +126,9 @@ static int op_gdn(const op_ctx *o) {
     OP_VARS;
     int nv = be->cfg.gdn_n_v_head, z_off = be->conv_dim, b_off = z_off + be->val_dim,
         a_off = b_off + nv;
-    return tl_gpu_gdn(be->y, be->rec_st, be->conv_out, be->proj, be->ld_gdn_in, z_off, b_off, a_off,
-                      G->dt_bias, G->a_neg, G->gdn_norm, be->cfg.gdn_n_k_head, nv, be->cfg.rms_eps,
-                      s, st);
+    return tl_gpu_gdn(be->y, be->rec_st, be->st_bf16, be->conv_out, be->proj, be->ld_gdn_in, z_off,
+                      b_off, a_off, G->dt_bias, G->a_neg, G->gdn_norm, be->cfg.gdn_n_k_head, nv,
+                      be->cfg.rms_eps, s, st);
 }
 static int op_gdn_out(const op_ctx *o) {
     OP_VARS;

@@ -71,7 +71,8 @@ typedef struct layer_ctx {
     const tl_gpu_seqs *s;
     const tl_gpu_stream *st;
     int T, z_off, b_off, a_off;
-    float *conv_st, *rec_st;
+    float *conv_st;
+    char *rec_st; /* this layer's recurrent state, be->st_esz bytes per element */
     uint16_t *kc, *vc;
     tl_gpu_kv_pages pg;
 } layer_ctx;
@@ -87,7 +88,7 @@ static layer_ctx layer_at(cuda_be *be, int il, int T, const tl_gpu_seqs *s,
     x.be = be, x.L = L, x.s = s, x.st = st, x.T = T;
     x.z_off = be->conv_dim, x.b_off = x.z_off + be->val_dim, x.a_off = x.b_off + c->gdn_n_v_head;
     x.conv_st = be->conv_st + L->st_idx * conv_layer;
-    x.rec_st = be->rec_st + L->st_idx * rec_layer;
+    x.rec_st = be->rec_st + L->st_idx * rec_layer * be->st_esz;
     x.kc = be->kc + L->st_idx * kv_layer, x.vc = be->vc + L->st_idx * kv_layer;
     x.pg.table = be->d_ptab, x.pg.max_pages = be->max_pages;
     return x;
@@ -109,9 +110,9 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
         TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                           x->st));
     }
-    TRY(tl_gpu_gdn(be->y, x->rec_st, be->conv_out, be->proj, ld, x->z_off, x->b_off, x->a_off,
-                   L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head, eps, x->s,
-                   x->st));
+    TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off, x->b_off,
+                   x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head,
+                   eps, x->s, x->st));
     return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, x->st);
 }
 
@@ -198,10 +199,12 @@ static int gdn_prefill(const layer_ctx *x, int slot) {
                       x->st));
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
-    float *S = x->rec_st + (size_t)slot * nv * 128 * 128;
+    char *S = x->rec_st + (size_t)slot * nv * 128 * 128 * be->st_esz;
     TRY(tl_gpu_gdn_chunk(be->y, S, be->conv_out, be->conv_out + nk * 128,
                          be->conv_out + 2 * nk * 128, be->conv_dim, be->gg, be->gbeta, T,
-                         TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32, be->gdn_ws, x->st));
+                         TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 |
+                             (be->st_bf16 ? TL_GDN_STATE_BF16 : 0),
+                         be->gdn_ws, x->st));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
                                      c->rms_eps, x->st);
 }
@@ -294,8 +297,9 @@ static int gdn_tc(const layer_ctx *x) {
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                       x->st));
-    TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->conv_out, be->proj, ld, x->b_off, x->a_off, L->dt_bias,
-                       L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s, x->st));
+    TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
+                       x->a_off, L->dt_bias, L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s,
+                       x->st));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm,
                                      c->gdn_n_v_head, T, c->rms_eps, x->st);
 }

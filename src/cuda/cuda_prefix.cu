@@ -24,7 +24,7 @@ size_t cb_pc_page_bytes(const cuda_be *be) {
     return (size_t)2 * be->n_attn * TL_KV_PAGE * row_elems(be) * sizeof(uint16_t);
 }
 size_t cb_pc_snap_bytes(const cuda_be *be) {
-    return (size_t)be->n_gdn * (rec_floats(be) + conv_floats(be)) * sizeof(float);
+    return (size_t)be->n_gdn * (rec_floats(be) * be->st_esz + conv_floats(be) * sizeof(float));
 }
 
 /* The budget: given (> 0), or (< 0) a quarter of what --gpu-memory-utilization leaves now (at
@@ -55,7 +55,7 @@ int cb_pc_alloc_storage(cuda_be *be, const tl_cuda_params *p, char *err, size_t 
     size_t kv = (size_t)be->n_attn * np * TL_KV_PAGE * row_elems(be);
     be->pc_k = (uint16_t *)tl_gpu_malloc(kv * sizeof(uint16_t));
     be->pc_v = (uint16_t *)tl_gpu_malloc(kv * sizeof(uint16_t));
-    be->pc_snap = (float *)tl_gpu_malloc((size_t)ns * sb);
+    be->pc_snap = (char *)tl_gpu_malloc((size_t)ns * sb);
     if (!be->pc_k || !be->pc_v || !be->pc_snap)
         return tl_errf(err, errlen, TL_ERR_NOMEM,
                        "cudaMalloc of the prefix cache (%.2f GiB) failed: lower --prefix-cache-gb",
@@ -125,18 +125,19 @@ static int copy_pages(cuda_be *be, int n, int to_cache) {
  * [n_gdn][conv]): one strided copy each. */
 static int copy_state(cuda_be *be, int slot, int snap, int to_cache) {
     if (be->n_gdn == 0) return 0;
-    size_t rec = rec_floats(be), conv = conv_floats(be);
-    float *s_rec = be->pc_snap + (size_t)snap * be->n_gdn * (rec + conv);
-    float *s_conv = s_rec + (size_t)be->n_gdn * rec;
-    float *b_rec = be->rec_st + (size_t)slot * rec, *b_conv = be->conv_st + (size_t)slot * conv;
-    size_t bp_rec = (size_t)be->max_seqs * rec * 4, bp_conv = (size_t)be->max_seqs * conv * 4;
+    size_t rec = rec_floats(be) * be->st_esz, conv = conv_floats(be); /* rec in bytes */
+    char *s_rec = be->pc_snap + (size_t)snap * cb_pc_snap_bytes(be);
+    float *s_conv = (float *)(s_rec + (size_t)be->n_gdn * rec);
+    char *b_rec = be->rec_st + (size_t)slot * rec;
+    float *b_conv = be->conv_st + (size_t)slot * conv;
+    size_t bp_rec = (size_t)be->max_seqs * rec, bp_conv = (size_t)be->max_seqs * conv * 4;
     if (to_cache) {
-        CUDA_TRY(cudaMemcpy2DAsync(s_rec, rec * 4, b_rec, bp_rec, rec * 4, be->n_gdn,
+        CUDA_TRY(cudaMemcpy2DAsync(s_rec, rec, b_rec, bp_rec, rec, be->n_gdn,
                                    cudaMemcpyDeviceToDevice, be->stream));
         CUDA_TRY(cudaMemcpy2DAsync(s_conv, conv * 4, b_conv, bp_conv, conv * 4, be->n_gdn,
                                    cudaMemcpyDeviceToDevice, be->stream));
     } else {
-        CUDA_TRY(cudaMemcpy2DAsync(b_rec, bp_rec, s_rec, rec * 4, rec * 4, be->n_gdn,
+        CUDA_TRY(cudaMemcpy2DAsync(b_rec, bp_rec, s_rec, rec, rec, be->n_gdn,
                                    cudaMemcpyDeviceToDevice, be->stream));
         CUDA_TRY(cudaMemcpy2DAsync(b_conv, bp_conv, s_conv, conv * 4, conv * 4, be->n_gdn,
                                    cudaMemcpyDeviceToDevice, be->stream));

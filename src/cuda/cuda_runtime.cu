@@ -110,8 +110,8 @@ static int cb_reset_slot(tl_backend *b, int slot) {
     size_t rec = (size_t)be->cfg.gdn_n_v_head * 128 * 128, conv = (size_t)3 * be->conv_dim;
     cudaError_t e = cudaSuccess;
     for (int g = 0; g < be->n_gdn && e == cudaSuccess; g++) {
-        e = cudaMemsetAsync(be->rec_st + ((size_t)g * be->max_seqs + slot) * rec, 0, rec * 4,
-                            be->stream);
+        e = cudaMemsetAsync(be->rec_st + ((size_t)g * be->max_seqs + slot) * rec * be->st_esz, 0,
+                            rec * be->st_esz, be->stream);
         if (e == cudaSuccess)
             e = cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4,
                                 be->stream);
@@ -218,6 +218,8 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
     be->n_valid = TL_MIN(c->n_vocab, TL_N_VOCAB_TOKENS);
     be->graphs_off = env_int("TL_CUDA_NO_GRAPH") || tl_cuda_sync_each();
     be->pdl_off = env_int("TL_CUDA_NO_PDL") != 0;
+    be->st_bf16 = p->state_bf16 != 0 || env_int("TL_CUDA_STATE_BF16") != 0;
+    be->st_esz = be->st_bf16 ? 2 : 4;
     be->router_min = getenv("TL_CUDA_ROUTER_GEMM_MIN")
                          ? TL_MAX(0, env_int("TL_CUDA_ROUTER_GEMM_MIN"))
                          : CB_ROUTER_GEMM_MIN;
@@ -323,9 +325,9 @@ static int alloc_state(cuda_be *be, const tl_cuda_params *p, char *err, size_t e
     size_t conv = (size_t)be->n_gdn * be->max_seqs * 3 * be->conv_dim;
     size_t rec = (size_t)be->n_gdn * be->max_seqs * c->gdn_n_v_head * 128 * 128;
     ALLOC(be->conv_st, float, conv > 0 ? conv : 1);
-    ALLOC(be->rec_st, float, rec > 0 ? rec : 1);
+    ALLOC(be->rec_st, char, rec > 0 ? rec * be->st_esz : 1);
     ZERO(be->conv_st, conv * 4);
-    ZERO(be->rec_st, rec * 4);
+    ZERO(be->rec_st, rec * be->st_esz);
     TRY(cb_pc_alloc_storage(be, p, err, errlen)); /* before the pool takes what is left */
     TRY(size_pool(be, p, err, errlen));
     size_t kv = (size_t)be->n_attn * be->n_page * TL_KV_PAGE * c->n_head_kv * 256;

@@ -185,19 +185,20 @@ int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
                        const tl_gpu_stream *st);
 /* Decode: the Gated DeltaNet step (§2.4 steps 4-8) per segment, token by token: q, k, v from
  * qkv [n_tok, 2*nk*128 + nv*128] (conv output), z, b, a from proj [n_tok, ld_proj] at column
- * offsets z_off, b_off, a_off. S [n_slot][nv][128][128] f32. y [n_tok, nv*128] = gated RMSNorm
- * of the output with norm_w [128]. */
-int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj, int z_off,
-               int b_off, int a_off, const float *dt_bias, const float *a_neg, const float *norm_w,
-               int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s,
+ * offsets z_off, b_off, a_off. S [n_slot][nv][128][128] f32, or bf16 when s_bf16 (read into
+ * f32 registers, rounded back once per segment). y [n_tok, nv*128] = gated RMSNorm of the output
+ * with norm_w [128]. */
+int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
+               int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
+               const float *norm_w, int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s,
                const tl_gpu_stream *st);
 /* The same step without the gated norm (steps 4-7): o [n_tok, nv*128] f32 raw; for many
  * sequences at once (the state is cut by columns into more, smaller blocks; the batched decode
  * path then applies tl_gpu_gated_rmsnorm_bf16). Same results as tl_gpu_gdn up to the order of the
  * q/k norm sums. */
-int tl_gpu_gdn_raw(float *o, float *S, const float *qkv, const float *proj, int ld_proj, int b_off,
-                   int a_off, const float *dt_bias, const float *a_neg, int n_k_head, int n_v_head,
-                   const tl_gpu_seqs *s, const tl_gpu_stream *st);
+int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
+                   int b_off, int a_off, const float *dt_bias, const float *a_neg, int n_k_head,
+                   int n_v_head, const tl_gpu_seqs *s, const tl_gpu_stream *st);
 /* Prefill: the gates (§2.4 step 4), fp32: for token t and value head h,
  * g[t,h] = a_neg[h] * softplus(a[t*ld + h] + dt_bias[h]), beta[t,h] = sigmoid(b[t*ld + h]);
  * a, b f32 rows of stride ld (columns of the fused in-projection output); a_neg = -exp(A_log). */
@@ -216,9 +217,10 @@ enum {
     TL_GDN_L2NORM = 1,
     TL_GDN_OUT_F32 = 2,
     TL_GDN_IN_F32 = 4,
+    TL_GDN_STATE_BF16 = 8, /* state bf16 (f32 inside the kernel, rounded once per segment) */
 };
 size_t tl_gpu_gdn_chunk_ws_bytes(void);
-int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
+int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const void *v,
                      int tok_stride, const float *g, const float *beta, int T, int flags, void *ws,
                      const tl_gpu_stream *st);
 /* Prefill: y bf16 [n, nv*128] = RMSNorm(o; w) * silu(z) per value head (o f32 [n, nv*128], z at

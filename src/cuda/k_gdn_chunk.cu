@@ -237,7 +237,8 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 /* ====== Sequential pass over the chunks of one head. ======
  * math: v_new = U - W S;  o = Qg S + Aqk v_new;  S = e^{gc_63} S + Kd^T v_new
  *   (Qg = q e^gc, Kd = k e^{gc_63 - gc} from the prep kernel)
- * shapes: state f32 [32][128][128] (slice of 32 value columns per block); o [T, 32, 128].
+ * shapes: state f32 [32][128][128], or bf16 with TL_GDN_STATE_BF16 (f32 in shared memory, rounded
+ *   back once at the end) (slice of 32 value columns per block); o [T, 32, 128].
  * threads: block = (value-column slice, value head), NW = 8 warps; the first two steps map
  *   warp w to chunk rows (64/NW)w.. and the lane to a column; the state update maps warp w to
  *   state rows (128/NW)w... (16 warps measured 4 % slower, notes/2026-12-02-prefill-kernels.md.)
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
 template <int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
-    gdn_seq_kernel(void *o, float *state, const float *ws, int t_seg, int n_chunks, int T,
+    gdn_seq_kernel(void *o, void *state, const float *ws, int t_seg, int n_chunks, int T,
                    int flags) {
     extern __shared__ __align__(16) float gs_smem[];
     float *sK = gs_smem + GS_OFF_K, *sQ = gs_smem + GS_OFF_Q, *sS = gs_smem + GS_OFF_S;
@@ -269,7 +270,9 @@ __global__ void __launch_bounds__(NW * 32, 1)
     const int h = blockIdx.y;
     const int c0 = blockIdx.x * GC_DVB;
     const int out_f32 = flags & TL_GDN_OUT_F32;
-    float *Sg = state + (size_t)h * GC_DK * GC_DK;
+    const int s_bf16 = flags & TL_GDN_STATE_BF16;
+    float *Sg = (float *)state + (size_t)h * GC_DK * GC_DK;       /* f32 state */
+    uint16_t *Sb = (uint16_t *)state + (size_t)h * GC_DK * GC_DK; /* bf16 state */
 
     auto rec_of = [&](int c) { return ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS; };
     auto fetch_buf =
@@ -297,7 +300,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
     for (int u = 0; u < RS; u++) {
         int d = warp * RS + u;
-        sS[d * GC_DVB + lane] = Sg[(size_t)d * GC_DK + c0 + lane];
+        size_t i = (size_t)d * GC_DK + c0 + lane;
+        sS[d * GC_DVB + lane] = s_bf16 ? bf2f(Sb[i]) : Sg[i];
     }
     /* note: cp.async groups, in commit order: buf_0, Q_0, K_0, then per chunk c: buf_{c+1},
      * Q_{c+1}, K_{c+1} (empty past the end), so "all but the newest 1 / 2" below name exactly the
@@ -392,7 +396,11 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
     for (int u = 0; u < RS; u++) {
         int d = warp * RS + u;
-        Sg[(size_t)d * GC_DK + c0 + lane] = sS[d * GC_DVB + lane];
+        size_t i = (size_t)d * GC_DK + c0 + lane;
+        if (s_bf16)
+            Sb[i] = f2bf(sS[d * GC_DVB + lane]);
+        else
+            Sg[i] = sS[d * GC_DVB + lane];
     }
 }
 
@@ -422,7 +430,7 @@ extern "C" size_t tl_gpu_gdn_chunk_ws_bytes(void) {
     return (size_t)(GC_SEG / GC_L) * GC_NH * GC_WS_FLOATS * 4;
 }
 
-extern "C" int tl_gpu_gdn_chunk(void *o, float *state, const void *q, const void *k, const void *v,
+extern "C" int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const void *v,
                                 int tok_stride, const float *g, const float *beta, int T, int flags,
                                 void *ws, const tl_gpu_stream *st) {
     if (!o || !state || !q || !k || !v || !g || !beta || !ws || T < 0) return TL_ERR_INVALID;

@@ -5,6 +5,18 @@
 
 #define GDN_D 128 /* key and value head dim (shape.h TL_GDN_K_DIM, TL_GDN_V_DIM) */
 
+/* The recurrent state is f32, or bf16 (--state-dtype bf16): loaded into f32 registers at the
+ * start of a segment and rounded back (nearest even) at its end. */
+static __device__ __forceinline__ float state_ld(const void *S, int bf, size_t i) {
+    return bf ? bf2f(((const uint16_t *)S)[i]) : ((const float *)S)[i];
+}
+static __device__ __forceinline__ void state_st(void *S, int bf, size_t i, float v) {
+    if (bf)
+        ((uint16_t *)S)[i] = f2bf(v);
+    else
+        ((float *)S)[i] = v;
+}
+
 /* gdn_step_kernel  (docs/model.md §2.4 steps 4-8, HF torch_recurrent_gated_delta_rule)
  *   beta = sigmoid(b);  g = a_neg * softplus(a + dt_bias)
  *   q = l2norm(q) / sqrt(128);  k = l2norm(k)            (x * rsqrt(sum x^2 + 1e-6))
@@ -12,7 +24,7 @@
  *   y = o / sqrt(mean(o^2) + eps) * norm_w * silu(z)
  * Shapes: qkv [n_tok, 2*nk*128 + nv*128] (q | k | v, head-major); proj [n_tok, ld_proj] holds z
  *   (nv*128 at z_off), b (nv at b_off), a (nv at a_off); S [n_slot][nv][128 (key)][128 (value)]
- *   f32; y [n_tok, nv*128]. Value head h reads key head h / (nv/nk).
+ *   f32 or bf16 (state_ld); y [n_tok, nv*128]. Value head h reads key head h / (nv/nk).
  * Threads: one block of 512 per (value head, segment); thread i owns state column c = i%128 and
  *   rows 32*(i/128) .. +31 in registers (a warp reads 128 contiguous bytes of one state row); the
  *   four owners of a column add their partial sums through shared memory in a fixed order.
@@ -20,8 +32,8 @@
  * Bytes: S read and written once per segment (64 KiB per head) + q, k, v, z per token.
  * Tested against cpu_l2norm + cpu_gdn_step + cpu_rmsnorm_gated (test_kernels.c: test_gdn). */
 __global__ void __launch_bounds__(512)
-    gdn_step_kernel(float *y, float *S, const float *qkv, const float *proj, int ld_proj, int z_off,
-                    int b_off, int a_off, const float *dt_bias, const float *a_neg,
+    gdn_step_kernel(float *y, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
+                    int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                     const float *norm_w, int nk, int nv, float eps, tl_gpu_seqs s) {
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][GDN_D];
@@ -31,13 +43,14 @@ __global__ void __launch_bounds__(512)
     int c = tid & (GDN_D - 1), rp = tid >> 7, kh = h / (nv / nk);
     int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
     int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
-    float *Sh = S + ((size_t)slot * nv + h) * GDN_D * GDN_D;
+    size_t Sh = ((size_t)slot * nv + h) * GDN_D * GDN_D; /* element offset of the head */
     float st[32];
     /* under PDL the state load may overlap the previous kernel: only this layer's GDN step
      * touches S inside a step, and the slot table was uploaded before the step began */
     pdl_trigger();
 #pragma unroll
-    for (int i = 0; i < 32; i++) st[i] = Sh[(size_t)(rp * 32 + i) * GDN_D + c];
+    for (int i = 0; i < 32; i++)
+        st[i] = state_ld(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c);
     pdl_wait();
     float nwc = norm_w[c], dtb = dt_bias[h], an = a_neg[h];
     for (int i = 0; i < n; i++) {
@@ -92,17 +105,17 @@ __global__ void __launch_bounds__(512)
         __syncthreads(); /* sq/sk/s_gate are rewritten by the next token */
     }
 #pragma unroll
-    for (int i = 0; i < 32; i++) Sh[(size_t)(rp * 32 + i) * GDN_D + c] = st[i];
+    for (int i = 0; i < 32; i++) state_st(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c, st[i]);
 }
 
-extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *proj, int ld_proj,
-                          int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
-                          const float *norm_w, int n_k_head, int n_v_head, float eps,
-                          const tl_gpu_seqs *s, const tl_gpu_stream *st) {
+extern "C" int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const float *proj,
+                          int ld_proj, int z_off, int b_off, int a_off, const float *dt_bias,
+                          const float *a_neg, const float *norm_w, int n_k_head, int n_v_head,
+                          float eps, const tl_gpu_seqs *s, const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head, s->n_seg);
-    TL_LAUNCH(st, "gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, qkv, proj, ld_proj, z_off,
-              b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
+    TL_LAUNCH(st, "gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, s_bf16, qkv, proj, ld_proj,
+              z_off, b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
     return 0;
 }
 
@@ -117,9 +130,9 @@ extern "C" int tl_gpu_gdn(float *y, float *S, const float *qkv, const float *pro
  * partial sums added in the fixed order of gdn_step_kernel. No PDL (the GEMM path launches it).
  * Tested against cpu_gdn_step (test_kernels.c: test_gdn, raw output and state). */
 __global__ void __launch_bounds__(128)
-    gdn_cols_kernel(float *o_out, float *S, const float *qkv, const float *proj, int ld_proj,
-                    int b_off, int a_off, const float *dt_bias, const float *a_neg, int nk, int nv,
-                    tl_gpu_seqs s) {
+    gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
+                    int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
+                    int nk, int nv, tl_gpu_seqs s) {
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][32];
     __shared__ float sbuf[32];
@@ -128,10 +141,11 @@ __global__ void __launch_bounds__(128)
     int c = (blockIdx.x & 3) * 32 + (tid & 31), rp = tid >> 5, kh = h / (nv / nk);
     int slot = s.seg_slot[g], t0 = s.seg_tok0[g], n = s.seg_n[g];
     int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
-    float *Sh = S + ((size_t)slot * nv + h) * GDN_D * GDN_D;
+    size_t Sh = ((size_t)slot * nv + h) * GDN_D * GDN_D; /* element offset of the head */
     float st[32];
 #pragma unroll
-    for (int i = 0; i < 32; i++) st[i] = Sh[(size_t)(rp * 32 + i) * GDN_D + c];
+    for (int i = 0; i < 32; i++)
+        st[i] = state_ld(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c);
     float dtb = dt_bias[h], an = a_neg[h];
     for (int i = 0; i < n; i++) {
         size_t t = (size_t)(t0 + i);
@@ -174,16 +188,16 @@ __global__ void __launch_bounds__(128)
         __syncthreads(); /* sq/sk/s_part/s_gate are rewritten by the next token */
     }
 #pragma unroll
-    for (int i = 0; i < 32; i++) Sh[(size_t)(rp * 32 + i) * GDN_D + c] = st[i];
+    for (int i = 0; i < 32; i++) state_st(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c, st[i]);
 }
 
-extern "C" int tl_gpu_gdn_raw(float *o, float *S, const float *qkv, const float *proj, int ld_proj,
-                              int b_off, int a_off, const float *dt_bias, const float *a_neg,
-                              int n_k_head, int n_v_head, const tl_gpu_seqs *s,
+extern "C" int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, const float *proj,
+                              int ld_proj, int b_off, int a_off, const float *dt_bias,
+                              const float *a_neg, int n_k_head, int n_v_head, const tl_gpu_seqs *s,
                               const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head * 4, s->n_seg);
-    TL_LAUNCH(st, "gdn_cols", gdn_cols_kernel, grid, dim3(128), 0, o, S, qkv, proj, ld_proj, b_off,
-              a_off, dt_bias, a_neg, n_k_head, n_v_head, *s);
+    TL_LAUNCH(st, "gdn_cols", gdn_cols_kernel, grid, dim3(128), 0, o, S, s_bf16, qkv, proj, ld_proj,
+              b_off, a_off, dt_bias, a_neg, n_k_head, n_v_head, *s);
     return 0;
 }

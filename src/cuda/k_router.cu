@@ -8,12 +8,12 @@
  *   computed as xh*wh + xh*wl + xl*wh (the xl*wl term, ~2^-18 of the product, is dropped);
  *   wl = W.sb (the low plane of a non-bf16 router) or absent.
  * Shapes: W bf16 [rows, K] (K % (16 * RW_SPLIT) == 0), xh / xl bf16 [n_tok, K], y f32 [n_tok, ldy].
- * Threads: RW_SPLIT warps per block; the block owns 16 tokens x 8 * RW_NT rows; warp w sums the K slice
- *   [w, w + 1) * K / RW_SPLIT with mma.sync m16n8k16 (fragments loaded straight from global/L1);
- *   the slices meet in shared memory and are added in slice order, so a token's result does not
- *   depend on n_tok or on the other tokens (batched == alone, bit for bit).
- * FLOPs: 3 * 2 * rows * K per token. Bytes: W once per 16 tokens from L2, x once per 8 * RW_NT rows.
- * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm). */
+ * Threads: RW_SPLIT warps per block; the block owns 16 tokens x 8 * RW_NT rows; warp w sums the K
+ * slice [w, w + 1) * K / RW_SPLIT with mma.sync m16n8k16 (fragments loaded straight from
+ * global/L1); the slices meet in shared memory and are added in slice order, so a token's result
+ * does not depend on n_tok or on the other tokens (batched == alone, bit for bit). FLOPs: 3 * 2 *
+ * rows * K per token. Bytes: W once per 16 tokens from L2, x once per 8 * RW_NT rows. Tested
+ * against a host double reference (tests/gpu/test_kernels.c: test_router_gemm). */
 #define RW_SPLIT 8
 #define RW_NT    2 /* n8 tiles per block: 8 * RW_NT rows */
 __global__ void __launch_bounds__(RW_SPLIT * 32)
@@ -69,7 +69,7 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % (16 * RW_SPLIT) || ldy < W->rows) return TL_ERR_INVALID;
     dim3 grid(CEIL_DIV(n_tok, 16), CEIL_DIV(W->rows, 8 * RW_NT));
-    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(RW_SPLIT * 32), 0, y, ldy, *W, xh,
-              xl, n_tok);
+    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(RW_SPLIT * 32), 0, y, ldy, *W, xh, xl,
+              n_tok);
     return 0;
 }

@@ -58,6 +58,9 @@ static int load_model(tl_engine *e, const tl_engine_params *p, char *err, size_t
 static int open_cpu(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
     if (!e->model)
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "random weights need the CUDA backend");
+    if (p->state_bf16)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "--state-dtype bf16 needs the CUDA backend (the CPU oracle keeps fp32)");
     return tl_backend_cpu_open(&e->be, e->model, e->max_seqs, e->max_ctx, p->kv_tokens,
                                p->n_threads, err, errlen);
 }
@@ -72,6 +75,7 @@ static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t
                          .random_weights = p->random_weights,
                          .seed = p->seed,
                          .weight_bits = p->weight_bits ? p->weight_bits : 16,
+                         .state_bf16 = p->state_bf16,
                          /* tulip.h: 0 default, < 0 off; backend.h: < 0 default, 0 off */
                          .prefix_cache_bytes = p->prefix_cache_bytes == 0  ? -1
                                                : p->prefix_cache_bytes < 0 ? 0

@@ -154,6 +154,7 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
         .random_weights = s->p.random_weights,
         .seed = s->p.seed,
         .weight_bits = s->p.weight_bits,
+        .state_bf16 = s->p.state_bf16,
         .prefix_cache_bytes =
             s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0)};
     int st = tl_engine_open(&s->eng, &ep, err, errlen);

@@ -41,6 +41,7 @@ typedef struct tl_server_params {
     uint64_t seed;
     /* CUDA without --kv-tokens: the share of GPU memory (tl_engine_params); 0 = 0.9 */
     double gpu_memory_utilization;
+    int state_bf16; /* --state-dtype bf16 (tl_engine_params) */
     /* What GET /version reports (the CLI's build; NULL: "unknown"). */
     const char *version, *commit, *arch;
     int log_json;            /* --log-format json: request and stats lines as JSON objects */

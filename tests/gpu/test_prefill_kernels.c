@@ -652,6 +652,33 @@ static void gdn_case(int T) {
         free(cf);
     }
 
+    /* bf16 state (TL_GDN_STATE_BF16): the oracle runs from the same bf16 initial state in f32;
+     * the kernel rounds the state to bf16 at the end of each 2048-token launch (one rounding of
+     * the state is NMSE ~1e-6 at most on what follows), so the bound stays 1e-5 */
+    {
+        uint16_t *S16 = xmalloc(ns * 2);
+        float *S_b = xmalloc(ns * 4), *o_b = xmalloc((size_t)T * HV * DV * 4);
+        for (size_t i = 0; i < ns; i++) S16[i] = tl_f32_to_bf16(S0[i]);
+        bf16_to_f32(S_b, S16, ns);
+        for (int t = 0; t < T; t++)
+            cpu_gdn_step(o_b + (size_t)t * HV * DV, S_b, q + (size_t)t * HK * DK,
+                         k + (size_t)t * HK * DK, v + (size_t)t * HV * DV, g + (size_t)t * HV,
+                         beta + (size_t)t * HV, HK, HV, DK, DV);
+        CU(cudaMemcpy(dS, S16, ns * 2, cudaMemcpyHostToDevice));
+        CHECK_EQ_INT(tl_gpu_gdn_chunk(dof, dS, dc, dc + HK * DK, dc + 2 * HK * DK, stride, dg, db,
+                                      T, TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_STATE_BF16, dws,
+                                      NULL),
+                     0);
+        to_host(o_got, dof, (size_t)T * HV * DV * 4);
+        to_host(S16, dS, ns * 2);
+        bf16_to_f32(S_got, S16, ns);
+        snprintf(buf, sizeof buf, "gdn chunk T=%d bf16 state: output vs step", T);
+        CHECK(report(buf, o_got, o_b, (size_t)T * HV * DV) <= 1e-5);
+        snprintf(buf, sizeof buf, "gdn chunk T=%d bf16 state: state vs step", T);
+        CHECK(report(buf, S_got, S_b, ns) <= 1e-5);
+        free(S16), free(S_b), free(o_b);
+    }
+
     cudaFree(dc), cudaFree(dS), cudaFree(dg), cudaFree(db), cudaFree(dof), cudaFree(dob),
         cudaFree(dws);
     free(cb), free(q), free(k), free(v), free(g), free(beta), free(S0), free(S_ref), free(S_got);
