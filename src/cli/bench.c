@@ -7,10 +7,12 @@
  * nothing (the model card's, or the checkpoint's generation_config.json), or argmax with --greedy.
  * On the CUDA backend also achieved GB/s and % of the measured HBM bandwidth for decode at batch 1
  * (bytes a step must move, from the uploaded weights: tl_cuda_decode_bytes), TFLOP/s for prefill,
- * and the --ops / --prof tables. --random-weights builds the full-size model on the GPU from a
- * seed, so it runs where no checkpoint exists; a test-shape checkpoint also runs on the CPU
- * backend (how CI tests this file). The phases: parse options -> open (engine, sampling settings,
- * sessions) -> each length (repeats of prefill + batched decode, medians) -> report. */
+ * and the --ops / --prof / --prof-prefill tables and the --profile-range bracket (one prefill
+ * or one decode step for ncu: bench/prefill_profile.sh). --random-weights builds the full-size
+ * model on the GPU from a seed, so it runs where no checkpoint exists; a test-shape checkpoint also
+ * runs on the CPU backend (how CI tests this file). The phases: parse options -> open (engine,
+ * sampling settings, sessions) -> each length (repeats of prefill + batched decode, medians) ->
+ * report. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,14 +33,17 @@
 
 typedef struct bench_opts {
     int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
-    int state_bf16; /* --state-dtype bf16 */
-    int backend, threads;
+    int state_bf16;                            /* --state-dtype bf16 */
+    int backend, threads, prof_prefill, range; /* range: 0, BENCH_RANGE_PREFILL or _DECODE */
     uint64_t seed;
     const char *model_dir, *lengths_arg;
     int lengths[BENCH_MAX_LEN], n_len, max_len;
 } bench_opts;
 
 static const tl_opt_choice bench_bits[] = {{"4", 4}, {"16", 16}, {NULL, 0}};
+enum { BENCH_RANGE_PREFILL = 1, BENCH_RANGE_DECODE = 2 };
+static const tl_opt_choice bench_ranges[] = {
+    {"prefill", BENCH_RANGE_PREFILL}, {"decode", BENCH_RANGE_DECODE}, {NULL, 0}};
 
 /* --lengths 256,512,4K -> o->lengths (a K suffix multiplies by 1024). 0 or a usage error (2). */
 static int bench_parse_lengths(const tl_cli_cmd *cmd, bench_opts *o) {
@@ -74,8 +79,15 @@ static int bench_check_opts(const tl_cli_cmd *cmd, const bench_opts *o) {
                                   "--batch %d needs %d sequence slots, but --max-seqs is %d "
                                   "(--max-seqs must be at least --batch)",
                                   o->batch, o->batch, o->max_seqs);
-    const char *cuda_only = o->random ? "--random-weights" : o->ops ? "--ops" : "--prof";
-    int wants_cuda = o->random || o->ops || o->prof;
+    if (o->range == BENCH_RANGE_DECODE && o->gen < 3)
+        return tl_cli_usage_error(cmd, "--profile-range decode brackets the third decode step: "
+                                       "--gen must be at least 3");
+    const char *cuda_only = o->random         ? "--random-weights"
+                            : o->ops          ? "--ops"
+                            : o->prof         ? "--prof"
+                            : o->prof_prefill ? "--prof-prefill"
+                                              : "--profile-range";
+    int wants_cuda = o->random || o->ops || o->prof || o->prof_prefill || o->range;
 #ifdef TL_NO_CUDA
     if (wants_cuda)
         return tl_cli_usage_error(cmd,
@@ -114,6 +126,11 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
                    "runs per length; the median counts (default 3)"),
         TL_OPT_FLAG("json", 0, &o->json, "one JSON object instead of the markdown table"),
         TL_OPT_FLAG("prof", 0, &o->prof, "per-kernel table of one decode step at the first length"),
+        TL_OPT_FLAG("prof-prefill", 0, &o->prof_prefill,
+                    "per-kernel table (CUDA events) of the first prefill at the first length"),
+        TL_OPT_CHOICE("profile-range", 0, &o->range, "prefill|decode", bench_ranges,
+                      "cudaProfilerStart/Stop around the first prefill, or the third decode step, "
+                      "at the first length (ncu --profile-from-start off)"),
         TL_OPT_FLAG("ops", 0, &o->ops,
                     "time each decode op in place (back-to-back graph) at the first length"),
         TL_CLI_OPT_BACKEND(&o->backend),
@@ -153,6 +170,7 @@ static double hook_decode_bytes(const tl_backend *b, int kv) { return tl_cuda_de
 static void hook_prof_enable(tl_backend *b) { tl_cuda_prof_enable(b, 1); }
 static void hook_prof_report(tl_backend *b, FILE *f) { tl_cuda_prof_report(b, f); }
 static int hook_ops(tl_backend *b, FILE *f) { return tl_cuda_bench_ops(b, f); }
+static int hook_range(int on) { return tl_gpu_profiler_range(on); }
 #else
 #define NO_CUDA_HOOK tl_assert_fail(__FILE__, __LINE__, "a CUDA bench hook in a build without CUDA")
 static double hook_hbm_bw(void) { NO_CUDA_HOOK; }
@@ -161,6 +179,7 @@ static double hook_decode_bytes(const tl_backend *b, int kv) { NO_CUDA_HOOK; }
 static void hook_prof_enable(tl_backend *b) { NO_CUDA_HOOK; }
 static void hook_prof_report(tl_backend *b, FILE *f) { NO_CUDA_HOOK; }
 static int hook_ops(tl_backend *b, FILE *f) { NO_CUDA_HOOK; }
+static int hook_range(int on) { NO_CUDA_HOOK; }
 #endif
 
 /* ====== State, helpers. ====== */
@@ -284,8 +303,10 @@ static int bench_open_engine(bench_state *bs) {
                 o->max_len, o->gen, need_ctx, tl_engine_max_ctx(bs->e));
         return 2;
     }
-    if ((o->ops || o->prof) && !bs->cuda) {
-        fprintf(stderr, "tulip bench: --ops and --prof need the CUDA backend; this run is on %s\n",
+    if ((o->ops || o->prof || o->prof_prefill || o->range) && !bs->cuda) {
+        fprintf(stderr,
+                "tulip bench: --ops, --prof, --prof-prefill and --profile-range need the CUDA "
+                "backend; this run is on %s\n",
                 bs->b->name);
         return 2;
     }
@@ -401,10 +422,19 @@ static int bench_step(bench_state *bs, int n, int first, const char *what, int a
     return 0;
 }
 
+/* --profile-range: cudaProfilerStart (on) or Stop around one step. Returns 0 or 1. */
+static int bench_range(int on) {
+    if (!hook_range(on)) return 0;
+    fprintf(stderr, "tulip bench: --profile-range: cudaProfiler%s failed\n", on ? "Start" : "Stop");
+    return 1;
+}
+
 /* Sequence i from empty through its prompt of L tokens, as the server's last prefill chunk does:
  * one entry that samples the first token; *secs is the time of that step alone (the reset and
- * the prompt's ids come before). Returns 0 or 1. */
-static int bench_prefill(bench_state *bs, int i, int L, double *secs) {
+ * the prompt's ids come before). first: the run's first prefill, the one --prof-prefill and
+ * --profile-range prefill look at (the timing of that repeat includes their cost). Returns 0 or
+ * 1. */
+static int bench_prefill(bench_state *bs, int i, int L, double *secs, int first) {
     int st = tl_session_reset(bs->sess[i]);
     if (st) {
         fprintf(stderr, "tulip bench: resetting sequence %d failed: %s\n", i, tl_status_str(st));
@@ -416,9 +446,20 @@ static int bench_prefill(bench_state *bs, int i, int L, double *secs) {
                                   .n_tok = L,
                                   .sample = &bs->seq_sp[i],
                                   .out = &bs->out[0]};
+    int prof = first && bs->o.prof_prefill, range = first && bs->o.range == BENCH_RANGE_PREFILL;
+    if (prof) hook_prof_enable(bs->b);
+    if (range && bench_range(1)) return 1;
     double t0 = tl_time_s();
     if (bench_step(bs, 1, i, "prefill", L)) return 1;
     *secs = tl_time_s() - t0;
+    if (range && bench_range(0)) return 1;
+    if (prof) {
+        printf("\nper-kernel time of one eager prefill of %d tokens (CUDA events after each "
+               "launch; graph off while profiling):\n\n",
+               L);
+        hook_prof_report(bs->b, stdout);
+        printf("\n");
+    }
     return 0;
 }
 
@@ -434,8 +475,11 @@ static int bench_decode(bench_state *bs, int L, int tables) {
                                       .out = &bs->out[i]};
     for (int s = 0; s < bs->o.gen; s++) {
         int here = tables && s == 2;
+        int range = here && bs->o.range == BENCH_RANGE_DECODE;
         if (here && bs->o.prof) hook_prof_enable(bs->b);
+        if (range && bench_range(1)) return 1;
         if (bench_step(bs, B, 0, "decode", L + s)) return 1;
+        if (range && bench_range(0)) return 1;
         if (here && bench_step_tables(bs, L + s)) return 1;
     }
     return 0;
@@ -447,7 +491,7 @@ static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec
     int L = bs->o.lengths[li];
     double t_pre = 0, t_other;
     for (int i = 0; i < bs->o.batch; i++)
-        if (bench_prefill(bs, i, L, i ? &t_other : &t_pre)) return 1;
+        if (bench_prefill(bs, i, L, i ? &t_other : &t_pre, li == 0 && r == 0 && i == 0)) return 1;
     double t0 = tl_time_s();
     if (bench_decode(bs, L, li == 0 && r == 0)) return 1;
     double t1 = tl_time_s();

@@ -1,6 +1,8 @@
 /* Measurement inside the CUDA backend: the per-kernel profiler (an event after every launch of
- * an eager step, tulip bench --profile), `tulip bench --ops` (each decode op timed in place), and
- * the byte counts and bandwidth probe the bench reports against. */
+ * an eager step, tulip bench --prof / --prof-prefill), the profiler range around one step
+ * (tulip bench --profile-range, for ncu), `tulip bench --ops` (each decode op timed in place),
+ * and the byte counts and bandwidth probe the bench reports against. */
+#include <cuda_profiler_api.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cuda/cuda_backend.cuh"
@@ -82,7 +84,18 @@ extern "C" void tl_cuda_prof_report(tl_backend *b, void *file) {
         fprintf(f, "| %s | %d | %.4f | %.1f%% |\n", rows[i].name, rows[i].calls, rows[i].ms,
                 total > 0 ? 100.0 * rows[i].ms / total : 0.0);
     fprintf(f, "| total (launch gaps included) | | %.4f | 100%% |\n", total);
+    if (be->prof->n >= PROF_MAX)
+        fprintf(f, "\n(truncated: the first %d launches only; the profiler holds no more)\n",
+                PROF_MAX - 1);
     tl_cuda_prof_enable(b, 0);
+}
+
+/* ====== Profiler range (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi) */
+
+extern "C" int tl_gpu_profiler_range(int on) {
+    CUDA_TRY(cudaDeviceSynchronize()); /* the range holds exactly the launches in between */
+    CUDA_TRY(on ? cudaProfilerStart() : cudaProfilerStop());
+    return 0;
 }
 
 /* ====== tulip bench --ops: each decode op of one token timed in place ======

@@ -389,6 +389,11 @@ double tl_gpu_measure_bw(size_t bytes);
  * a table (name, calls, ms, share) to f and clears it. Graph replay is bypassed while on. */
 void tl_cuda_prof_enable(tl_backend *b, int on);
 void tl_cuda_prof_report(tl_backend *b, void *file);
+/* on = 1: synchronize, then cudaProfilerStart; on = 0: synchronize, then cudaProfilerStop. The
+ * launches in between are what `ncu --profile-from-start off` profiles (tulip bench
+ * --profile-range; bench/prefill_profile.sh); without a profiler attached both are no-ops.
+ * 0 or TL_ERR_CUDA (the CUDA error printed). */
+int tl_gpu_profiler_range(int on);
 /* tulip bench --ops: after a decode step, times each decode op of one token in place (a graph of
  * back-to-back launches, PDL as in the step) and prints a table to file. */
 int tl_cuda_bench_ops(tl_backend *b, void *file);

@@ -3,7 +3,8 @@
 # root, with the binaries built here (`make cuda` + the GPU test binaries) and .deps carried
 # (tools/gpu_deps.sh). Logs go under $OUT; a short summary goes to stdout. Steps, each optional:
 #   tests     bash tests/run.sh --gpu, then compute-sanitizer memcheck on test_gpu_e2e --quick
-#   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit)
+#   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit) on the
+#             seeds $HF_SEEDS (default 1; issue 13's yardstick: 1,2,3,5,7,11,13,21 with HF_S=600)
 #   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3: sampled with
 #             the server's defaults; add --greedy for argmax); with BASELINE=path/to/tulip the
 #             same bench of that binary first, in the same call, with $BASELINE_BENCH if set (a
@@ -32,9 +33,9 @@ fi
 if has hf; then
     echo "== hf_fullwidth"
     PYTHONUNBUFFERED=1 timeout "${HF_S:-270}" python3 tools/hf_fullwidth.py --out /tmp/fw \
-        --layers 4 --steps 32 >"$O/hf.txt" 2>&1
+        --layers 4 --steps 32 --seeds "${HF_SEEDS:-1}" >"$O/hf.txt" 2>&1
     echo "hf rc=$?"
-    grep -E '^#|PASS|FAIL|Error' "$O/hf.txt" | cut -c1-200 | tail -24
+    grep -E '^\||^(PASS|FAIL)|Error' "$O/hf.txt" | cut -c1-240
     rm -rf /tmp/fw
 fi
 if has bench; then

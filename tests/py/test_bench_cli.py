@@ -156,6 +156,10 @@ def test_sampling_reaches_the_engine_step(tmp_path):
     (["--batch", "3", "--max-seqs", "2"], "--batch 3 needs 3 sequence slots, but --max-seqs is 2"),
     (["--ops"], "--ops needs the CUDA backend"),
     (["--prof"], "--prof needs the CUDA backend"),
+    (["--prof-prefill"], "--prof-prefill needs the CUDA backend"),
+    (["--profile-range", "prefill"], "--profile-range needs the CUDA backend"),
+    (["--profile-range", "decode", "--gen", "2"], "--gen must be at least 3"),
+    (["--profile-range", "both"], "bad value 'both' for --profile-range"),
     (["--random-weights"], "give --random-weights or --model DIR, not both"),
 ])
 def test_bad_options_exit_2(args, message):
