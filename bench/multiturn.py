@@ -20,6 +20,10 @@ given (then only that server is measured, and --mode names it). Only the standar
       --tokenizer tests/data/tiny-tokenizer/tokenizer.json --allow-test-shape --backend cpu" \\
       --sys-tokens 200 --turn-tokens 30 --gen 8 --turns 3 --convs "1 2"   # CI smoke size
 
+Every cached turn is followed by a prompt of the turn's new (uncached) token count under its own
+cache_salt: its TTFT is what prefilling only the new part costs, so "cached - alone" is the
+cache's overhead (issue 14: at most 10 ms). --no-fresh skips it.
+
 Prints a markdown table per concurrency level (mean over the conversations of each turn) and, with
 --json FILE, every measurement."""
 import argparse
@@ -68,11 +72,11 @@ class Client:
             raise RuntimeError(f"/tokenize: {out}")
         return out["count"]
 
-    def chat(self, messages, gen, kwargs):
+    def chat(self, messages, gen, kwargs, extra=None):
         """One streamed turn: (text, ttft seconds, usage)."""
         body = {"model": self.model, "messages": messages, "max_tokens": gen, "ignore_eos": True,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-                "chat_template_kwargs": kwargs}
+                "chat_template_kwargs": kwargs, **(extra or {})}
         t0 = time.perf_counter()
         c, r = self.post("/v1/chat/completions", body)
         if r.status != 200:
@@ -112,6 +116,21 @@ def system_prompt(client, target, kwargs):
         text += f"Rule {k}: {words(rng, 40)}\n"
 
 
+def fresh_ttft(client, rng, n_new, tag, a, kwargs):
+    """TTFT of a prompt of about n_new tokens that nothing cached shares (its own cache_salt):
+    the time to prefill only what a cached turn had to prefill."""
+    n_words, text = max(1, int(n_new * 0.9)), None
+    for _ in range(4):  # tokens grow about linearly with the words: scale the count to fit
+        text = words(rng, n_words)
+        got = client.tokens([{"role": "user", "content": text}], True, kwargs)
+        if abs(got - n_new) <= max(8, n_new // 20):
+            break
+        n_words = max(1, round(n_words * n_new / max(got, 1)))
+    msgs = [{"role": "user", "content": text}]
+    _, ttft, usage = client.chat(msgs, 1, kwargs, {"cache_salt": tag})
+    return ttft, got
+
+
 def conversation(client, conv, sysp, a, kwargs, out):
     rng = random.Random(conv)  # conv: a seed, different for every level
     msgs = [{"role": "system", "content": sysp}]
@@ -121,8 +140,12 @@ def conversation(client, conv, sysp, a, kwargs, out):
         n_prompt = client.tokens(msgs, True, kwargs)
         text, ttft, usage = client.chat(msgs, a.gen, kwargs)
         cached = (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
-        out.append({"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
-                    "cached_tokens": cached, "reusable_tokens": prev_reusable})
+        row = {"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
+               "cached_tokens": cached, "reusable_tokens": prev_reusable}
+        if a.fresh and cached > 0:
+            row["fresh_ttft_s"], row["fresh_tokens"] = fresh_ttft(  # its own words: the
+                client, random.Random(f"{conv}-{t}"), n_prompt - cached,  # conversation's rng stays f"fresh-{conv}-{t}-{random.random()}", a, kwargs)
+        out.append(row)
         prev_reusable = client.tokens(msgs, False, kwargs)
         msgs.append({"role": "assistant", "content": text})
 
@@ -180,15 +203,19 @@ def measure(url, a, kwargs):
 
 def table(res_on, res_off, n_conv, a):
     rows = ["| turn | prompt tokens | TTFT cached ms | TTFT uncached ms | cached tokens | "
-            "reusable | cached / reusable |", "|---:|---:|---:|---:|---:|---:|---:|"]
+            "reusable | cached / reusable | TTFT of the new tokens alone ms | cached - alone ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in range(1, a.turns + 1):
         on = [r for r in res_on[n_conv] if r["turn"] == t]
         off = [r for r in res_off[n_conv] if r["turn"] == t] if res_off else []
         mean = lambda xs, k: sum(x[k] for x in xs) / len(xs) if xs else float("nan")
         reus, cach = mean(on, "reusable_tokens"), mean(on, "cached_tokens")
+        fr = [r for r in on if "fresh_ttft_s" in r]
+        fresh = (f"{1000 * mean(fr, 'fresh_ttft_s'):.1f} | "
+                 f"{1000 * (mean(fr, 'ttft_s') - mean(fr, 'fresh_ttft_s')):+.1f}") if fr else "- | -"
         rows.append(f"| {t} | {mean(on, 'prompt_tokens'):.0f} | {1000 * mean(on, 'ttft_s'):.1f} | "
                     f"{1000 * mean(off, 'ttft_s'):.1f} | {cach:.0f} | {reus:.0f} | "
-                    + (f"{cach / reus:.3f}" if reus else "-") + " |")
+                    + (f"{cach / reus:.3f}" if reus else "-") + f" | {fresh} |")
     return "\n".join(rows)
 
 
@@ -205,6 +232,9 @@ def main():
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--convs", default="1 8")
     ap.add_argument("--thinking", action="store_true")
+    ap.add_argument("--no-fresh", dest="fresh", action="store_false",
+                    help="skip the TTFT of each cached turn's new tokens alone (a prompt of that "
+                    "many tokens under its own cache_salt, sent right after the turn)")
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
     a.levels = [int(x) for x in a.convs.split()]

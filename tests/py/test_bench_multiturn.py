@@ -34,3 +34,6 @@ def test_multiturn_smoke(tmp_path, binary):
             assert x["ttft_s"] > 0 and x["prompt_tokens"] > x["reusable_tokens"]
             if x["turn"] >= 2:
                 assert x["cached_tokens"] >= 0.95 * x["reusable_tokens"] > 0, x
+                # the fresh prompt of the turn's new tokens alone: within 5% (or 8 tokens)
+                new = x["prompt_tokens"] - x["cached_tokens"]
+                assert x["fresh_ttft_s"] > 0 and abs(x["fresh_tokens"] - new) <= max(8, new // 20), x
