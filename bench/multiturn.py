@@ -143,8 +143,10 @@ def conversation(client, conv, sysp, a, kwargs, out):
         row = {"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
                "cached_tokens": cached, "reusable_tokens": prev_reusable}
         if a.fresh and cached > 0:
-            row["fresh_ttft_s"], row["fresh_tokens"] = fresh_ttft(  # its own words: the
-                client, random.Random(f"{conv}-{t}"), n_prompt - cached,  # conversation's rng stays f"fresh-{conv}-{t}-{random.random()}", a, kwargs)
+            # its own words (the conversation's rng stays as without the fresh prompts)
+            row["fresh_ttft_s"], row["fresh_tokens"] = fresh_ttft(
+                client, random.Random(f"{conv}-{t}"), n_prompt - cached,
+                f"fresh-{conv}-{t}-{random.random()}", a, kwargs)
         out.append(row)
         prev_reusable = client.tokens(msgs, False, kwargs)
         msgs.append({"role": "assistant", "content": text})
