@@ -1,75 +1,119 @@
 /* The MoE router (and shared-expert gate) of a whole micro-batch on the tensor cores: the
  * GEMM-path counterpart of the decode router GEMV, keeping its precision with split bf16
- * planes (docs/architecture.md §4). */
+ * planes (docs/architecture.md §5.2). */
 #include "cuda/cuda_common.cuh"
 
 /* router_mma_kernel
  *   y[t, r] = sum_c (xh[t, c] + xl[t, c]) * (wh[r, c] + wl[r, c]),  r < W.rows, t < n_tok,
- *   computed as xh*wh + xh*wl + xl*wh (the xl*wl term, ~2^-18 of the product, is dropped);
+ *   computed as xh*wh + xl*wh + xh*wl (the xl*wl term, ~2^-18 of the product, is dropped);
  *   wl = W.sb (the low plane of a non-bf16 router) or absent.
- * Shapes: W bf16 [rows, K] (K % (16 * RW_SPLIT) == 0), xh / xl bf16 [n_tok, K], y f32 [n_tok, ldy].
- * Threads: RW_SPLIT warps per block; the block owns 16 tokens x 8 * RW_NT rows; warp w sums the K
- * slice [w, w + 1) * K / RW_SPLIT with mma.sync m16n8k16 (fragments loaded straight from
- * global/L1); the slices meet in shared memory and are added in slice order, so a token's result
- * does not depend on n_tok or on the other tokens (batched == alone, bit for bit). FLOPs: 3 * 2 *
- * rows * K per token. Bytes: W once per 16 tokens from L2, x once per 8 * RW_NT rows. Tested
- * against a host double reference (tests/gpu/test_kernels.c: test_router_gemm). */
-#define RW_SPLIT 8
-#define RW_NT    2 /* n8 tiles per block: 8 * RW_NT rows */
-__global__ void __launch_bounds__(RW_SPLIT * 32)
+ * Shapes: W bf16 [rows, K] (K % 64 == 0), xh / xl bf16 [n_tok, K], y f32 [n_tok, ldy].
+ * Threads: 8 warps; the block owns 64 tokens x 64 rows, warp (wm, wn) = 16 tokens x 32 rows
+ *   (4 n8 tiles). K runs in 64-wide tiles through a 2-stage cp.async pipeline into shared memory
+ *   (rows padded to 72 elements: ldmatrix rows hit distinct bank groups); tokens and rows past
+ *   the ends load as zeros and are not stored. Each output is one accumulation chain over k in
+ *   order, so a token's result does not depend on n_tok or the other tokens (batched == alone).
+ * FLOPs: 3 * 2 * rows * K per token. Bytes: W (both planes) once per 64 tokens, x once per 64
+ *   rows, from L2.
+ * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm). */
+#define RT_M     64              /* tokens per block */
+#define RT_N     64              /* router rows per block */
+#define RT_K     64              /* k per stage */
+#define RT_LDS   72              /* padded row, elements */
+#define RT_TILE  (RT_M * RT_LDS) /* elements of one 64-row tile */
+#define RT_STAGE (4 * RT_TILE)   /* xh, xl, wh, wl */
+#define RT_SMEM  (2 * RT_STAGE * 2)
+__global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
                       int n_tok) {
-    __shared__ float part[RW_SPLIT][16][8 * RW_NT + 1];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    int K = W.cols, t0 = blockIdx.x * 16, r0 = blockIdx.y * 8 * RW_NT, ks = K / RW_SPLIT;
-    int ta = min(t0 + g, n_tok - 1), tb = min(t0 + g + 8, n_tok - 1);
-    const uint32_t *ah0 = (const uint32_t *)(xh + (size_t)ta * K),
-                   *ah1 = (const uint32_t *)(xh + (size_t)tb * K),
-                   *al0 = (const uint32_t *)(xl + (size_t)ta * K),
-                   *al1 = (const uint32_t *)(xl + (size_t)tb * K);
-    const uint32_t *bh[RW_NT], *bl[RW_NT];
-    for (int j = 0; j < RW_NT; j++) {
-        int r = min(r0 + 8 * j + g, W.rows - 1);
-        bh[j] = (const uint32_t *)((const uint16_t *)W.w + (size_t)r * K);
-        bl[j] = W.sb ? (const uint32_t *)((const uint16_t *)W.sb + (size_t)r * K) : NULL;
-    }
-    float acc[RW_NT][4] = {};
-    int k_end = (warp + 1) * ks;
-#pragma unroll 4
-    for (int k = warp * ks; k < k_end; k += 16) {
-        int i = (k >> 1) + c; /* u32 index of columns k + 2c, k + 2c + 1 */
-        uint32_t a[4] = {__ldg(ah0 + i), __ldg(ah1 + i), __ldg(ah0 + i + 4), __ldg(ah1 + i + 4)};
-        uint32_t l[4] = {__ldg(al0 + i), __ldg(al1 + i), __ldg(al0 + i + 4), __ldg(al1 + i + 4)};
+    extern __shared__ __align__(16) uint16_t rt_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    const int t0 = blockIdx.x * RT_M, r0 = blockIdx.y * RT_N, K = W.cols, KT = K / RT_K;
+    const uint16_t *wh = (const uint16_t *)W.w, *wl = (const uint16_t *)W.sb;
+    /* this thread's 16-byte chunks of a stage: row tid/8 and tid/8 + 32, column chunk tid%8 */
+    auto load = [&](int stage, int kt) {
+        uint16_t *s = rt_smem + stage * RT_STAGE;
+        int c8 = (tid & 7) * 8, k0 = kt * RT_K + c8;
 #pragma unroll
-        for (int j = 0; j < RW_NT; j++) {
-            uint32_t b0 = __ldg(bh[j] + i), b1 = __ldg(bh[j] + i + 4);
-            mma_bf16(acc[j], a, b0, b1);
-            mma_bf16(acc[j], l, b0, b1);
-            if (bl[j]) mma_bf16(acc[j], a, __ldg(bl[j] + i), __ldg(bl[j] + i + 4));
+        for (int h = 0; h < 2; h++) {
+            int r = (tid >> 3) + 32 * h, t = t0 + r, w = r0 + r;
+            int tok = t < n_tok ? t : 0, row = w < W.rows ? w : 0;
+            cp_async16(s + r * RT_LDS + c8, xh + (size_t)tok * K + k0, t < n_tok ? 16 : 0);
+            cp_async16(s + RT_TILE + r * RT_LDS + c8, xl + (size_t)tok * K + k0,
+                       t < n_tok ? 16 : 0);
+            cp_async16(s + 2 * RT_TILE + r * RT_LDS + c8, wh + (size_t)row * K + k0,
+                       w < W.rows ? 16 : 0);
+            if (wl)
+                cp_async16(s + 3 * RT_TILE + r * RT_LDS + c8, wl + (size_t)row * K + k0,
+                           w < W.rows ? 16 : 0);
         }
-    }
+    };
+    float acc[4][4] = {};
+    load(0, 0);
+    cp_async_commit();
+    for (int kt = 0; kt < KT; kt++) {
+        if (kt + 1 < KT) load((kt + 1) & 1, kt + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const uint16_t *s = rt_smem + (kt & 1) * RT_STAGE;
 #pragma unroll
-    for (int j = 0; j < RW_NT; j++) {
-        part[warp][g][8 * j + 2 * c] = acc[j][0], part[warp][g][8 * j + 2 * c + 1] = acc[j][1];
-        part[warp][g + 8][8 * j + 2 * c] = acc[j][2];
-        part[warp][g + 8][8 * j + 2 * c + 1] = acc[j][3];
+        for (int kk = 0; kk < RT_K / 16; kk++) {
+            uint32_t ah[4], al[4], bh[4][2], bl[4][2];
+            int ar = (wm * 16 + (lane & 15)) * RT_LDS + kk * 16 + (lane >> 4) * 8;
+            ldmatrix_x4(ah, s + ar);
+            ldmatrix_x4(al, s + RT_TILE + ar);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                int br = (wn * 32 + np * 16 + (lane >> 4) * 8 + (lane & 7)) * RT_LDS + kk * 16 +
+                         ((lane >> 3) & 1) * 8;
+                uint32_t r[4];
+                ldmatrix_x4(r, s + 2 * RT_TILE + br);
+                bh[2 * np][0] = r[0], bh[2 * np][1] = r[1];
+                bh[2 * np + 1][0] = r[2], bh[2 * np + 1][1] = r[3];
+                if (wl) {
+                    ldmatrix_x4(r, s + 3 * RT_TILE + br);
+                    bl[2 * np][0] = r[0], bl[2 * np][1] = r[1];
+                    bl[2 * np + 1][0] = r[2], bl[2 * np + 1][1] = r[3];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                mma_bf16(acc[j], ah, bh[j][0], bh[j][1]);
+                mma_bf16(acc[j], al, bh[j][0], bh[j][1]);
+                if (wl) mma_bf16(acc[j], ah, bl[j][0], bl[j][1]);
+            }
+        }
+        __syncthreads(); /* this stage is refilled by the next iteration's load */
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < 16 * 8 * RW_NT; e += blockDim.x) {
-        int tt = e / (8 * RW_NT), rr = e % (8 * RW_NT), t = t0 + tt, r = r0 + rr;
-        if (t >= n_tok || r >= W.rows) continue;
-        float s = part[0][tt][rr];
-        for (int w = 1; w < RW_SPLIT; w++) s += part[w][tt][rr];
-        y[(size_t)t * ldy + r] = s;
+    cp_async_wait<0>();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = t0 + wm * 16 + (lane >> 2) + 8 * h;
+        if (t >= n_tok) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int r = r0 + wn * 32 + 8 * j + 2 * (lane & 3) + e;
+                if (r < W.rows) y[(size_t)t * ldy + r] = acc[j][2 * h + e];
+            }
     }
 }
 
 extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
-    if (W->bits != 16 || W->cols % (16 * RW_SPLIT) || ldy < W->rows) return TL_ERR_INVALID;
-    dim3 grid(CEIL_DIV(n_tok, 16), CEIL_DIV(W->rows, 8 * RW_NT));
-    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(RW_SPLIT * 32), 0, y, ldy, *W, xh, xl,
+    if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(router_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 RT_SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N));
+    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(256), RT_SMEM, y, ldy, *W, xh, xl,
               n_tok);
     return 0;
 }
