@@ -63,6 +63,10 @@ typedef struct tl_engine_params {
      * state snapshots together); 0 = default (CUDA: a quarter of the memory left after the
      * weights, state and activations, at most 32 GiB; CPU: 256 MiB); < 0 = off. */
     long long prefix_cache_bytes;
+    /* CUDA device ordinal among the visible devices (CUDA_VISIBLE_DEVICES, applied by the CUDA
+     * runtime, decides which those are); 0 = the first. The CPU backend has only 0: any other
+     * value is TL_ERR_INVALID when it is the backend chosen. */
+    int device;
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.

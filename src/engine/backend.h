@@ -101,6 +101,9 @@ typedef struct tl_cuda_params {
      * from the free memory; 0 = no prefix cache (direct users such as tests/gpu get none unless
      * they ask; the engine maps its own convention, tulip.h, onto this one). */
     long long prefix_cache_bytes;
+    /* CUDA device ordinal among the visible ones (CUDA_VISIBLE_DEVICES, applied by the runtime);
+     * every entry point makes it current on its calling thread. */
+    int device;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);
