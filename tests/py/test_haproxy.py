@@ -287,3 +287,27 @@ def test_two_replicas_behind_haproxy():
         for r in reps:
             r.stop()
     assert time.time() - t0 < 60
+
+
+@need_haproxy
+def test_replicas_script_smoke(tmp_path):
+    """bench/replicas.sh at smoke size on the CPU backend: two replicas, haproxy, one load level,
+    the multi-turn replay (every reusable token cached: each conversation stays on its replica)
+    and the kill test (no errors after the kill); every process it started is gone afterwards."""
+    base, lb = free_base(2), free_base(1)
+    env = dict(os.environ, BACKEND="cpu", MODEL="tests/data/tiny-a",
+               TOKENIZER="tests/data/tiny-tokenizer/tokenizer.json", BIN=BINARIES["cpu"],
+               REPLICAS="2", BASE_PORT=str(base), LB_PORT=str(lb), LEVELS="2", DURATION="3",
+               MAX_TOKENS="8", MAX_SEQS="4", CTX="4096", KILL="1", KILL_AT="1",
+               MT_ARGS="--sys-tokens 200 --turn-tokens 30 --gen 8 --turns 3 --convs 2",
+               OUT=str(tmp_path / "out"))
+    r = subprocess.run(["bash", "bench/replicas.sh", "--allow-test-shape", "--threads", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    assert re.search(r"^\| 2 \| 2 \| \d+ \| 0 \|", out, re.M), out
+    m = re.search(r"cached-token rate ([0-9.]+)", out)
+    assert m and float(m.group(1)) == 1.0, out
+    assert "r0=DOWN r1=UP" in out and "ok: no errors after the kill" in out, out
+    for port in (base, base + 1, lb):
+        assert port_free(port), f"port {port} still held after the script"
