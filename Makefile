@@ -146,7 +146,7 @@ fuzz: $(FUZZERS)
 
 APT_PKGS := build-essential pkg-config clang clang-format libclang-rt-14-dev python3 python3-venv \
             libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcmocka-dev \
-            systemd
+            systemd haproxy
 deps:
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PKGS) >/dev/null

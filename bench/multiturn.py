@@ -10,7 +10,8 @@ definitions, the same for every conversation), then --turns turns, each adding a
 (--thinking to turn it on). --convs "1 8" runs 1 conversation, then 8 at once (threads, one
 request in flight per conversation), all sharing the system prompt. Reusable tokens of a turn:
 the previous turn's prompt without its generation prompt (measured with /tokenize), which is
-what the template renders the same way in the next turn.
+what the template renders the same way in the next turn. Each conversation's turns carry
+`X-Session-Id: multiturn-<seed>`, so behind a balancer (bench/replicas.sh) it stays on one replica.
 
 The server is started here (cache on, then off) from --bin with --serve-args, unless --url is
 given (then only that server is measured, and --mode names it). Only the standard library.
@@ -58,9 +59,12 @@ class Client:
         self.model = json.loads(c.getresponse().read())["data"][0]["id"]
         c.close()
 
-    def post(self, path, body, stream=False):
+    def post(self, path, body, stream=False, session=None):
         c = http.client.HTTPConnection(self.host, self.port, timeout=3600)
-        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        h = {"Content-Type": "application/json"}
+        if session:  # a balancer in front keeps the conversation on one replica (docs/deploy.md)
+            h["X-Session-Id"] = session
+        c.request("POST", path, json.dumps(body), h)
         return c, c.getresponse()
 
     def tokens(self, messages, gen_prompt, kwargs):
@@ -72,13 +76,13 @@ class Client:
             raise RuntimeError(f"/tokenize: {out}")
         return out["count"]
 
-    def chat(self, messages, gen, kwargs, extra=None):
+    def chat(self, messages, gen, kwargs, session=None, extra=None):
         """One streamed turn: (text, ttft seconds, usage)."""
         body = {"model": self.model, "messages": messages, "max_tokens": gen, "ignore_eos": True,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                 "chat_template_kwargs": kwargs, **(extra or {})}
         t0 = time.perf_counter()
-        c, r = self.post("/v1/chat/completions", body)
+        c, r = self.post("/v1/chat/completions", body, session=session)
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]}")
         text, ttft, usage = "", None, None
@@ -116,7 +120,7 @@ def system_prompt(client, target, kwargs):
         text += f"Rule {k}: {words(rng, 40)}\n"
 
 
-def fresh_ttft(client, rng, n_new, tag, a, kwargs):
+def fresh_ttft(client, rng, n_new, tag, session, kwargs):
     """TTFT of a prompt of about n_new tokens that nothing cached shares (its own cache_salt):
     the time to prefill only what a cached turn had to prefill."""
     n_words, text = max(1, int(n_new * 0.9)), None
@@ -127,7 +131,7 @@ def fresh_ttft(client, rng, n_new, tag, a, kwargs):
             break
         n_words = max(1, round(n_words * n_new / max(got, 1)))
     msgs = [{"role": "user", "content": text}]
-    _, ttft, usage = client.chat(msgs, 1, kwargs, {"cache_salt": tag})
+    _, ttft, usage = client.chat(msgs, 1, kwargs, session=session, extra={"cache_salt": tag})
     return ttft, got
 
 
@@ -138,7 +142,7 @@ def conversation(client, conv, sysp, a, kwargs, out):
     for t in range(a.turns):
         msgs.append({"role": "user", "content": f"Turn {t}: " + words(rng, int(a.turn_tokens * 0.9))})
         n_prompt = client.tokens(msgs, True, kwargs)
-        text, ttft, usage = client.chat(msgs, a.gen, kwargs)
+        text, ttft, usage = client.chat(msgs, a.gen, kwargs, session=f"multiturn-{conv}")
         cached = (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
         row = {"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
                "cached_tokens": cached, "reusable_tokens": prev_reusable}
@@ -146,7 +150,7 @@ def conversation(client, conv, sysp, a, kwargs, out):
             # its own words (the conversation's rng stays as without the fresh prompts)
             row["fresh_ttft_s"], row["fresh_tokens"] = fresh_ttft(
                 client, random.Random(f"{conv}-{t}"), n_prompt - cached,
-                f"fresh-{conv}-{t}-{random.random()}", a, kwargs)
+                f"fresh-{conv}-{t}-{random.random()}", f"multiturn-{conv}", kwargs)
         out.append(row)
         prev_reusable = client.tokens(msgs, False, kwargs)
         msgs.append({"role": "assistant", "content": text})

@@ -66,6 +66,10 @@ typedef struct tl_engine_params {
     /* CUDA: the Gated DeltaNet recurrent state in bf16 instead of fp32 (half the bytes per
      * sequence and per decode step; rounding measured in notes/2026-12-04-bf16-state.md) */
     int state_bf16;
+    /* CUDA device ordinal among the visible devices (CUDA_VISIBLE_DEVICES, applied by the CUDA
+     * runtime, decides which those are); 0 = the first. The CPU backend has only 0: any other
+     * value is TL_ERR_INVALID when it is the backend chosen. */
+    int device;
 } tl_engine_params;
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.

@@ -2,6 +2,7 @@
 # Copies the shared libraries tulip links that the GPU machine lacks (libmicrohttpd and its TLS
 # stack, libutf8proc, libjansson, libpcre2) into .deps/lib (git-ignored), so a build made here runs
 # there: name .deps in the device tool's carry and set LD_LIBRARY_PATH=.deps/lib.
+# Also haproxy, for bench/replicas.sh, into .deps/haproxy (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .deps/lib
@@ -15,3 +16,17 @@ for l in $libs; do
     done
 done
 du -sh .deps/lib
+# bench/replicas.sh needs haproxy, which the GPU machine lacks: the binary and the libraries it
+# needs go to .deps/haproxy (apart from .deps/lib, whose LD_LIBRARY_PATH the GPU scripts give
+# torch too; libstdc++ and libgcc_s stay the machine's own, which are newer).
+if hp=$(command -v haproxy || ls /usr/sbin/haproxy 2>/dev/null); then
+    mkdir -p .deps/haproxy/lib
+    cp -L "$hp" .deps/haproxy/haproxy
+    ldd "$hp" | awk '$3 ~ /^\// {print $3}' | while read -r d; do
+        case "$(basename "$d")" in libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;; *) cp -L "$d" .deps/haproxy/lib/ ;; esac
+    done
+    LD_LIBRARY_PATH=.deps/haproxy/lib .deps/haproxy/haproxy -v | head -1
+    du -sh .deps/haproxy
+else
+    echo "gpu_deps: haproxy not installed here (apt-get install haproxy): bench/replicas.sh will not run there"
+fi

@@ -20,7 +20,11 @@ static const char serve_about[] =
     "recomputed later (its client sees only a pause). --trace logs bodies, rendered\n"
     "prompts, each SSE chunk, responses and errors.\n"
     "The socket opens before the model loads: /health answers 503 {\"status\":\"loading\"}\n"
-    "(and every API route 503) until it is ready, and 503 again while draining.\n"
+    "(and every API route 503) until it is ready, and 503 again while draining: on\n"
+    "SIGTERM or SIGINT new requests get 503 (Retry-After), running ones finish for up\n"
+    "to --drain-timeout seconds, then the process exits 0. One process serves one GPU:\n"
+    "--device N picks the N-th device CUDA_VISIBLE_DEVICES leaves visible; run one\n"
+    "replica per GPU behind a balancer (docs/deploy.md).\n"
     "One log line per generation request (id, tokens, TTFT, duration, finish reason);\n"
     "an X-Request-Id header (1-128 chars of A-Za-z0-9._:-) names the request and is\n"
     "echoed; otherwise one is generated. The API key may come from --api-key-file or\n"
@@ -78,6 +82,9 @@ static int serve_finish(serve_opts *o, const tl_cli_cmd *cmd) {
     if (!p->model_path && !p->random_weights)
         return tl_cli_usage_error(cmd, "--model DIR is required (or --random-weights)");
     p->backend = (tl_backend_kind)o->backend;
+    if (p->backend == TL_BACKEND_CPU && p->device != 0)
+        return tl_cli_usage_error(cmd, "--device %d: the CPU backend has no devices (only 0)",
+                                  p->device);
     p->max_body = (size_t)o->max_body;
     if (p->default_ctk) { /* checked here so a typo exits 2 before the model loads */
         char err[256];
@@ -144,6 +151,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         TL_OPT_DOUBLE("keepalive", 0, &p->keepalive_s, "S", 0, 86400,
                       "SSE ': keepalive' comment after S s without tokens (5)"),
         TL_CLI_OPT_BACKEND(&o->backend),
+        TL_OPT_INT("device", 0, &p->device, "N", 0, TL_OPT_NOMAX,
+                   "CUDA device: N-th of CUDA_VISIBLE_DEVICES' list (default 0)"),
         TL_CLI_OPT_THREADS(&p->n_threads),
         TL_CLI_OPT_ALLOW_TEST_SHAPE(&p->allow_test_shape),
         TL_OPT_FLAG("random-weights", 0, &p->random_weights,

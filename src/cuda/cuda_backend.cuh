@@ -41,6 +41,7 @@ typedef struct cuda_be {
     int max_seqs, max_ctx, max_tok, max_out, part_rows;
     int n_attn, n_gdn, conv_dim, val_dim, ld_gdn_in, ld_attn_in, n_valid;
     int lost;
+    int device; /* the CUDA device ordinal (tl_cuda_params.device); cb_bind makes it current */
     cb_layer L[TL_MAX_LAYERS];
     tl_gpu_gemm_w embd, lm_head;
     float *out_norm;
@@ -126,6 +127,7 @@ int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t er
 /* After a failed call: 1 if the CUDA context is broken by a sticky error (the backend is then
  * lost), 0 if the error was not sticky and the device still works. */
 int cb_device_broken(cuda_be *be);
+int cb_bind(const cuda_be *be); /* makes be->device the calling thread's current device */
 /* The device views of the step metadata (tl_gpu_seqs over d_meta). */
 tl_gpu_seqs cb_seqs(const cuda_be *be, int n_tok, int n_seg);
 /* cuda_prefix.cu: the prefix cache's storage (before the KV pool), its metadata (after), the

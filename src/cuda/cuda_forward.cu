@@ -573,6 +573,8 @@ int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t er
     if (err && errlen) err[0] = 0;
     if (be->lost)
         return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost after an earlier error");
+    if (cb_bind(be))
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     int st = forward_impl(be, e, n, err, errlen);
     if (st == TL_ERR_CUDA) {
         if (cb_device_broken(be)) be->lost = 1;

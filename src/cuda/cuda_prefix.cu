@@ -84,6 +84,8 @@ void cb_pc_free(cuda_be *be) {
 
 static int cb_cache_alloc(tl_backend *b, int n_page, int n_snap, char *err, size_t errlen) {
     cuda_be *be = (cuda_be *)b->impl;
+    if (cb_bind(be))
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     if (n_page != be->pc_n_page || n_snap != be->pc_n_snap)
         return tl_errf(err, errlen, TL_ERR_INTERNAL,
                        "prefix cache: %d pages / %d snapshots asked, %d / %d allocated", n_page,
@@ -161,6 +163,8 @@ static int finish(cuda_be *be, int st, char *err, size_t errlen) {
 
 static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen) {
     cuda_be *be = (cuda_be *)b->impl;
+    if (cb_bind(be))
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     TRY(check_io(be, slot, io, err, errlen));
     if (be->n_attn && be->pages.np[slot] != io->n_pages)
         return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: slot %d holds %d pages, not %d",
@@ -195,6 +199,8 @@ static int count_restored(cuda_be *be, int slot, const int32_t *tokens, int n, i
 static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,
                          int n_prompt, char *err, size_t errlen) {
     cuda_be *be = (cuda_be *)b->impl;
+    if (cb_bind(be))
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     TRY(check_io(be, slot, io, err, errlen));
     for (int k = 0; k < io->n_pages; k++)
         if (io->page[k] < 0)

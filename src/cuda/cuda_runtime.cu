@@ -11,16 +11,23 @@ extern "C" {
 
 /* ====== Device and memory ====== */
 
-extern "C" int tl_gpu_init(char *err, size_t errlen) {
+/* `device` indexes the devices the runtime sees: CUDA_VISIBLE_DEVICES, applied by the runtime,
+ * decides which those are (docs/deploy.md). The calling thread's current device becomes it. */
+extern "C" int tl_gpu_init(int device, char *err, size_t errlen) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
         return tl_errf(err, errlen, TL_ERR_CUDA, "no CUDA device (%s)",
                        e != cudaSuccess ? cudaGetErrorString(e) : "count is 0");
+    if (device < 0 || device >= n)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "CUDA device %d does not exist: %d visible (0..%d; CUDA_VISIBLE_DEVICES "
+                       "selects which)",
+                       device, n, n - 1);
     cudaDeviceProp pr;
-    if ((e = cudaGetDeviceProperties(&pr, 0)) != cudaSuccess ||
-        (e = cudaSetDevice(0)) != cudaSuccess)
-        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot open CUDA device 0: %s",
+    if ((e = cudaGetDeviceProperties(&pr, device)) != cudaSuccess ||
+        (e = cudaSetDevice(device)) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot open CUDA device %d: %s", device,
                        cudaGetErrorString(e));
     if (pr.major != 9)
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
@@ -32,6 +39,15 @@ extern "C" int tl_gpu_init(char *err, size_t errlen) {
     if (st) return tl_errf(err, errlen, st, "kernel setup (shared-memory limits) failed");
     cb_grid_cap();
     return 0;
+}
+
+extern "C" int tl_gpu_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
 extern "C" void *tl_gpu_malloc(size_t n) {
@@ -83,10 +99,20 @@ static void free_state(cuda_be *be) {
     cb_pc_free(be);
 }
 
+/* The CUDA runtime's current device is per host thread: every entry point of the backend makes
+ * the backend's device current first, since the thread that opened it (the server's loader) is
+ * not the one that steps it (the engine thread). Returns 0 or TL_ERR_CUDA. */
+int cb_bind(const cuda_be *be) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == be->device) return 0;
+    return cudaSetDevice(be->device) == cudaSuccess ? 0 : TL_ERR_CUDA;
+}
+
 static void cb_close(tl_backend *b) {
     if (!b) return;
     cuda_be *be = (cuda_be *)b->impl;
     if (be) {
+        cb_bind(be);
         cudaDeviceSynchronize();
         for (int i = 0; i <= CB_MAX_GRAPH_B; i++)
             if (be->graph[i]) cudaGraphExecDestroy(be->graph[i]);
@@ -106,6 +132,7 @@ static int cb_reset_slot(tl_backend *b, int slot) {
     cuda_be *be = (cuda_be *)b->impl;
     if (slot < 0 || slot >= be->max_seqs) return TL_ERR_INVALID;
     if (be->lost) return TL_ERR_DEVICE_LOST;
+    TRY(cb_bind(be));
     tl_kv_pages_release(&be->pages, slot);
     size_t rec = (size_t)be->cfg.gdn_n_v_head * 128 * 128, conv = (size_t)3 * be->conv_dim;
     cudaError_t e = cudaSuccess;
@@ -184,6 +211,9 @@ static int check_params(const tl_config *c, const tl_model *m, const tl_cuda_par
         return tl_errf(err, errlen, TL_ERR_INVALID,
                        "CUDA backend: gpu_memory_utilization = %g, must be in (0, 1] (0: 0.9)",
                        p->gpu_memory_utilization);
+    if (p->device < 0)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: device %d is negative",
+                       p->device);
     if (p->random_weights && p->weight_bits != 4 && p->weight_bits != 16)
         return tl_errf(err, errlen, TL_ERR_INVALID, "random weights: bits must be 4 or 16, not %d",
                        p->weight_bits);
@@ -437,9 +467,10 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     *out = NULL;
     const tl_config *c = m ? &m->cfg : cfg;
     TRY(check_params(c, m, p, err, errlen));
-    TRY(tl_gpu_init(err, errlen));
+    TRY(tl_gpu_init(p->device, err, errlen));
     tl_backend *b = (tl_backend *)xcalloc(1, sizeof *b);
     cuda_be *be = (cuda_be *)xcalloc(1, sizeof *be);
+    be->device = p->device;
     b->name = "cuda";
     b->can_sample = 1;
     b->impl = be;

@@ -26,9 +26,13 @@ extern "C" {
 
 /* ====== Device, memory, launch context ====== */
 
-/* Selects device 0, checks it can run sm_90a code, and sets the kernels' shared-memory limits
- * (call once before any other entry; outside graph capture). */
-int tl_gpu_init(char *err, size_t errlen);
+/* Makes `device` (an ordinal among the devices CUDA_VISIBLE_DEVICES leaves visible) the calling
+ * thread's current device, checks it can run sm_90a code, and sets the kernels' shared-memory
+ * limits (call once before any other entry; outside graph capture). An ordinal out of range is
+ * TL_ERR_INVALID naming it and the visible count. */
+int tl_gpu_init(int device, char *err, size_t errlen);
+/* Devices the runtime sees (after CUDA_VISIBLE_DEVICES); 0 when none or on error. */
+int tl_gpu_device_count(void);
 void *tl_gpu_malloc(size_t n); /* NULL on failure */
 void tl_gpu_free(void *p);
 int tl_gpu_upload(void *dst, const void *src, size_t n);

@@ -102,6 +102,9 @@ typedef struct tl_cuda_params {
      * they ask; the engine maps its own convention, tulip.h, onto this one). */
     long long prefix_cache_bytes;
     int state_bf16; /* GDN recurrent state in bf16 (tl_engine_params) */
+    /* CUDA device ordinal among the visible ones (CUDA_VISIBLE_DEVICES, applied by the runtime);
+     * every entry point makes it current on its calling thread. */
+    int device;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);

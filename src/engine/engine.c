@@ -56,6 +56,11 @@ static int load_model(tl_engine *e, const tl_engine_params *p, char *err, size_t
 }
 
 static int open_cpu(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
+    if (p->device != 0)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "device %d: the CPU backend has no devices (only 0); --device selects a "
+                       "CUDA GPU",
+                       p->device);
     if (!e->model)
         return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "random weights need the CUDA backend");
     if (p->state_bf16)
@@ -79,7 +84,8 @@ static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t
                          /* tulip.h: 0 default, < 0 off; backend.h: < 0 default, 0 off */
                          .prefix_cache_bytes = p->prefix_cache_bytes == 0  ? -1
                                                : p->prefix_cache_bytes < 0 ? 0
-                                                                           : p->prefix_cache_bytes};
+                                                                           : p->prefix_cache_bytes,
+                         .device = p->device};
     return tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, n);
 #else
     return tl_errf(cerr, n, TL_ERR_UNSUPPORTED, "this build has no CUDA backend (make cuda)");

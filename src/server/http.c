@@ -167,6 +167,10 @@ static enum MHD_Result queue_reply(struct MHD_Connection *c, tl_server *s, tl_co
         allow_str(s, cn->methods, allow, sizeof allow);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
+    /* 503 (loading, draining, device lost): when to try again; a balancer's client may go to
+     * another replica at once (docs/deploy.md). */
+    if (rep->status == 503)
+        MHD_add_response_header(resp, "Retry-After", atomic_load(&s->ready) ? "1" : "5");
     if (cn->close) MHD_add_response_header(resp, "Connection", "close");
     if (cn->rl.id[0]) MHD_add_response_header(resp, "X-Request-Id", cn->rl.id);
     cn->rl.status = rep->status;
@@ -492,9 +496,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cn->body.err)
         return reply_error(c, s, cn, TL_ERR_NOMEM, 500, "server_error", NULL,
                            "out of memory reading the request body");
-    if (atomic_load(&s->draining) && cn->r != R_METRICS && cn->r != R_HEALTH)
+    if (atomic_load(&s->draining) && cn->r != R_METRICS && cn->r != R_HEALTH) {
+        cn->close = 1; /* a keep-alive client (a balancer) reconnects, to another replica */
         return reply_error(c, s, cn, TL_ERR_CANCELLED, 503, "server_error", NULL,
-                           "the server is shutting down");
+                           "the server is draining (shutting down): it admits no new requests; "
+                           "retry on another replica");
+    }
     if (!atomic_load(&s->ready) && cn->r != R_VERSION) return reply_loading(c, s, cn);
 
     tl_reqlog_set_current(&cn->rl); /* api.c's tl_server_note_job finds it */

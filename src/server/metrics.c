@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "common/util.h"
 #include "server/metrics.h"
 #include "server/sched.h"
@@ -255,6 +256,20 @@ static void render_vllm(tl_buf *b, tl_metrics *m, const tl_metrics_gauges *g) {
                   "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
                   "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{%s} %.6f\n",
                   lab, g->running, lab, g->queued, lab, kv);
+    /* The Gateway API inference extension's endpoint picker reads these two as well (its vLLM
+     * defaults; docs/deploy.md): the KV page size and count for its prefix-cache scorer, and
+     * the LoRA state (tulip serves no adapters: none loaded, none waiting, at most 0). */
+    tl_buf_printf(b,
+                  "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                  "# TYPE vllm:cache_config_info gauge\n"
+                  "vllm:cache_config_info{%s,block_size=\"%d\",num_gpu_blocks=\"%ld\","
+                  "enable_prefix_caching=\"%s\"} 1\n"
+                  "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+                  "# TYPE vllm:lora_requests_info gauge\n"
+                  "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\","
+                  "waiting_lora_adapters=\"\"} %.1f\n",
+                  lab, g->kv_page_tokens, g->kv_pages_total, g->pc_on ? "True" : "False",
+                  (double)time(NULL));
     static const struct {
         const char *name, *help;
     } ctr[] = {

@@ -2,8 +2,10 @@
  * while the model loads), load the engine and tokenizer on a loader thread, compare the
  * checkpoint's chat template with tulip's, start the engine thread, then mark the server ready.
  * Wait for SIGINT/SIGTERM (printing a stats line every --log-stats-interval seconds while busy),
- * then drain: stop accepting, let running streams finish for --drain-timeout seconds, cancel the
- * rest, close everything, exit 0. A signal during the load exits at once (nothing to drain). A
+ * then drain: /health answers 503 {"status":"draining"} at once and every new request 503 (the
+ * socket stays open, so a balancer's health check sees the drain rather than a refused
+ * connection), running streams finish for up to --drain-timeout seconds, the rest are cancelled,
+ * everything is closed, exit 0. A signal during the load exits at once (nothing to drain). A
  * device error that made the engine unusable ends the process with status 1 so a supervisor
  * restarts it.
  *
@@ -155,6 +157,7 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
         .seed = s->p.seed,
         .weight_bits = s->p.weight_bits,
         .state_bf16 = s->p.state_bf16,
+        .device = s->p.device,
         .prefix_cache_bytes =
             s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0)};
     int st = tl_engine_open(&s->eng, &ep, err, errlen);
@@ -367,7 +370,7 @@ int tl_server_run(const tl_server_params *p) {
     else
         fprintf(stderr, "tulip serve: the engine failed; exiting so a supervisor can restart\n");
     atomic_store(&s->draining, 1);
-    tl_http_quiesce(s);
+    if (lost) tl_http_quiesce(s); /* draining keeps answering 503 (docs/architecture.md §6.4) */
     tl_sched_shutdown(s->sched, lost ? 0 : s->p.drain_s);
     /* Every job has ended; give the connection threads a moment to put the last bytes (final
      * chunk, error frame, [DONE]) on the wire before the daemon closes the sockets. */

@@ -23,6 +23,7 @@ typedef struct tl_server_params {
     const char *api_key;         /* NULL: no auth */
     const char *allowed_origins; /* CORS: "a,b" or "*"; NULL: off (no Access-Control-*) */
     tl_backend_kind backend;
+    int device; /* CUDA device ordinal among the visible ones (CUDA_VISIBLE_DEVICES); CPU: 0 */
     int allow_test_shape;
     int n_threads;
     int max_seqs, max_ctx;

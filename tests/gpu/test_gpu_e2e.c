@@ -13,6 +13,7 @@
  * allows 1e-4 for bf16 KV attention; we use 5e-6 (~7x the measured spread) and require identical
  * greedy tokens whenever the oracle's top-2 margin exceeds 1e-3 (otherwise a near-tie). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "gpu_util.h"
@@ -870,9 +871,74 @@ static void test_prefix_cache_gemm_path(void) {
     b->close(b);
 }
 
+/* --device (tl_cuda_params.device, docs/deploy.md): an ordinal past the visible devices is
+ * refused at open naming it and the count; a backend opened on the last visible device on one
+ * thread and stepped from another thread (whose current device is still 0, as the server's
+ * engine thread after the loader opened it) computes bit for bit what a device-0 backend stepped
+ * on the opening thread computes (same GPU model, same kernels: test_determinism shows a run is
+ * bitwise repeatable). On a one-GPU machine the last device is 0 and only the thread hop is
+ * exercised; on two or more the stepping thread must switch devices. */
+typedef struct dev_job {
+    tl_backend *b;
+    const int32_t *tok;
+    float *l;
+    int V, st;
+} dev_job;
+
+static void *dev_steps(void *arg) {
+    dev_job *j = arg;
+    j->st = j->b->reset_slot(j->b, 0);
+    if (!j->st) j->st = fwd1(j->b, 0, 0, j->tok, 12, j->l);
+    for (int s = 1; s < 6 && !j->st; s++)
+        j->st = fwd1(j->b, 0, 11 + s, j->tok + 11 + s, 1, j->l + (size_t)s * j->V);
+    return NULL;
+}
+
+static void test_device_select(void) {
+    int n = tl_gpu_device_count();
+    CHECK(n >= 1);
+    printf("# %d visible CUDA device(s)\n", n);
+    rmodel r;
+    rm_build(&r, 0, 4);
+    int V = r.m.cfg.n_vocab;
+    tl_cuda_params p = {.max_seqs = 1, .max_ctx = 64, .weight_bits = 16, .device = n};
+    tl_backend *bad = NULL;
+    char err[512] = "", want[64];
+    CHECK_EQ_INT(tl_backend_cuda_open(&bad, &r.m, NULL, &p, err, sizeof err), TL_ERR_INVALID);
+    CHECK(bad == NULL);
+    snprintf(want, sizeof want, "CUDA device %d does not exist: %d visible", n, n);
+    CHECK(strstr(err, want) != NULL);
+    p.device = -1;
+    CHECK_EQ_INT(tl_backend_cuda_open(&bad, &r.m, NULL, &p, err, sizeof err), TL_ERR_INVALID);
+
+    int32_t tok[20];
+    for (int i = 0; i < 20; i++) tok[i] = (int32_t)(t_rng_next(&rs) % V);
+    float *l0 = xmalloc(sizeof(float) * V * 6), *l1 = xmalloc(sizeof(float) * V * 6);
+    tl_backend *b0 = open_be(&r.m, 1, 64);
+    p.device = n - 1;
+    tl_backend *b1 = NULL;
+    CHECK_EQ_INT(tl_backend_cuda_open(&b1, &r.m, NULL, &p, err, sizeof err), 0);
+    if (b0 && b1) {
+        dev_job j0 = {b0, tok, l0, V, 0}, j1 = {b1, tok, l1, V, 0};
+        dev_steps(&j0);
+        pthread_t th;
+        CHECK_EQ_INT(pthread_create(&th, NULL, dev_steps, &j1), 0);
+        pthread_join(th, NULL);
+        CHECK_EQ_INT(j0.st, 0);
+        CHECK_EQ_INT(j1.st, 0);
+        CHECK(memcmp(l0, l1, sizeof(float) * V * 6) == 0);
+        dev_steps(&j0); /* the opening thread still steps its own backend after the hop */
+        CHECK_EQ_INT(j0.st, 0);
+    }
+    if (b0) b0->close(b0);
+    if (b1) b1->close(b1);
+    free(l0), free(l1);
+    rm_free(&r);
+}
+
 int main(int argc, char **argv) {
     char err[256];
-    if (tl_gpu_init(err, sizeof err)) {
+    if (tl_gpu_init(0, err, sizeof err)) {
         printf("FAIL gpu_init: %s\n", err);
         return 1;
     }
@@ -894,5 +960,6 @@ int main(int argc, char **argv) {
     T_RUN(test_poisoned_router); /* after the others: the tests above keep their random draws */
     T_RUN(test_prefix_cache_small);
     if (!quick) T_RUN(test_prefix_cache_gemm_path);
+    T_RUN(test_device_select);
     return t_summary();
 }

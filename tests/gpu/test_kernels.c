@@ -1425,7 +1425,7 @@ static void test_kv_page_copy(void) {
 
 int main(void) {
     char err[256];
-    if (tl_gpu_init(err, sizeof err)) {
+    if (tl_gpu_init(0, err, sizeof err)) {
         printf("FAIL gpu_init: %s\n", err);
         return 1;
     }

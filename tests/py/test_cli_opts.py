@@ -32,7 +32,7 @@ OPTIONS = {
               "--max-seqs", "--ctx", "--kv-tokens", "--queue", "--step-tokens", "--max-body", "--max-conns",
               "--drain-timeout", "--idle-timeout", "--trace", "--keepalive", "--backend", "--threads",
               "--allow-test-shape", "--random-weights", "--weight-bits", "--seed", "--test-mode",
-              "--prefix-cache-gb", "--no-prefix-cache"],
+              "--prefix-cache-gb", "--no-prefix-cache", "--device"],
     "bench": ["--random-weights", "--bits", "--seed", "--model", "--lengths", "--gen", "--repeats", "--json",
               "--prof", "--ops", "--allow-test-shape"],
     "info": ["--model", "--allow-test-shape"],
@@ -154,6 +154,8 @@ def test_unknown_option_exits_2(binary, cmd):
     ("serve", ["--model", MODEL, "--kv-tokens", "1e9"], "--kv-tokens", "1e9"),
     ("serve", ["--model", MODEL, "--drain-timeout", "inf"], "--drain-timeout", "inf"),
     ("serve", ["--model", MODEL, "--max-body", "-1"], "--max-body", "-1"),
+    ("serve", ["--model", MODEL, "--device", "-1"], "--device", "-1"),
+    ("serve", ["--model", MODEL, "--device", "gpu1"], "--device", "gpu1"),
     ("serve", ["--random-weights", "--weight-bits", "8"], "--weight-bits", "8"),
     ("bench", ["--random-weights", "--gen", "0"], "--gen", "0"),
     ("bench", ["--random-weights", "--repeats=17"], "--repeats", "17"),
@@ -179,6 +181,8 @@ def test_bad_value_exits_2_naming_option_and_value(cmd, args, option, value):
     ("prompt", [], "--messages FILE.json"),
     ("quantize", ["--in", MODEL], "--in and --out are required"),
     ("serve", ["--model"], "--model needs a value"),
+    ("serve", ["--model", MODEL, "--backend", "cpu", "--device", "1"],
+     "--device 1: the CPU backend has no devices (only 0)"),
     ("info", ["--model", MODEL, "--allow-test-shape=yes"], "--allow-test-shape takes no value"),
 ])
 def test_missing_or_malformed_exits_2(cmd, args, message):
@@ -286,3 +290,15 @@ def test_serve_equals_form():
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
     assert p.returncode == 0
+
+
+def test_serve_device_without_cuda_is_an_error_at_startup():
+    """--device N > 0 when the backend chosen is the CPU one (a CPU-only build picks it for the
+    test-shape model): the load fails at startup with a message naming the device, exit 1, no
+    server left running."""
+    p = subprocess.run([TULIP, "serve", f"--model={MODEL}", f"--tokenizer={TOKENIZER}",
+                        "--allow-test-shape", "--threads=1", "--port=0", "--device", "2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert "device 2: the CPU backend has no devices (only 0)" in p.stderr, p.stderr
+    assert "listening on" not in p.stdout

@@ -237,6 +237,37 @@ def test_draining_health_503():
     assert got["status"] == 200 and got["body"].rstrip().endswith(b"data: [DONE]")
 
 
+def test_gateway_inference_extension_metrics():
+    """The series the Gateway API inference extension's endpoint picker scrapes with its vLLM
+    defaults (gateway-api-inference-extension pkg/epp/server/options.go: TotalQueuedRequestsMetric
+    vllm:num_requests_waiting, TotalRunningRequestsMetric vllm:num_requests_running,
+    KVCacheUsagePercentageMetric vllm:kv_cache_usage_perc, LoRAInfoMetric vllm:lora_requests_info,
+    CacheInfoMetric vllm:cache_config_info with labels block_size and num_gpu_blocks) are gauges
+    on the page. With --kv-tokens 4096 the pool is 4096 / 64 = 64 pages of 64 tokens (64-token
+    pages: docs/architecture.md §4), idle: usage 0, nothing running or waiting. No LoRA: max_lora
+    0, no adapters, the value a current Unix time (the EPP keeps the newest series)."""
+    s = Serve("--kv-tokens", "4096")
+    try:
+        _, fams = samples(s.metrics_text())
+    finally:
+        s.stop()
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc", "vllm:lora_requests_info", "vllm:cache_config_info"):
+        assert name in fams and fams[name].type == "gauge", name
+        assert len(fams[name].samples) == 1, fams[name].samples
+    one = lambda n: fams[n].samples[0]  # noqa: E731
+    assert one("vllm:num_requests_waiting").value == 0
+    assert one("vllm:num_requests_running").value == 0
+    assert one("vllm:kv_cache_usage_perc").value == 0
+    cc = one("vllm:cache_config_info")
+    assert (cc.labels["block_size"], cc.labels["num_gpu_blocks"], cc.value) == ("64", "64", 1)
+    lora = one("vllm:lora_requests_info")
+    assert {k: lora.labels[k] for k in ("max_lora", "running_lora_adapters",
+                                        "waiting_lora_adapters")} == \
+        {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert abs(lora.value - time.time()) < 60
+
+
 def test_vllm_metrics_page():
     """The whole page parses with prometheus_client; the vLLM families have vLLM's types, labels
     and bucket boundaries; after real requests the token counters moved by exactly the usage the
