@@ -17,8 +17,11 @@ import argparse
 import csv
 from collections import OrderedDict
 
-TIME_UNIT_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
-BYTE_UNIT = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+# ncu spells units either way depending on its version ("nsecond" / "ns", "Kbyte" / "KB")
+TIME_UNIT_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+                "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+BYTE_UNIT = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+             "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 
 
 def parse(lines):

@@ -93,3 +93,10 @@ def test_cli(tmp_path):
     r = subprocess.run([py, os.path.join(ROOT, "tools", "ncu_step_table.py"), str(empty), "--all"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "no ncu CSV rows" in r.stderr
+
+
+def test_short_unit_names():
+    # ncu 2025+ writes "ns" / "byte" (the H200's ncu did): the same values as the long names
+    lines = open(CSV).read().replace('"usecond","800"', '"ns","800000"').splitlines(True)
+    t = {k[0]: m["gpu__time_duration.sum"] for k, m in nt.parse(lines).items()}
+    assert t[2] == pytest.approx(800)
