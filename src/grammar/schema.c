@@ -1,14 +1,17 @@
 /* JSON Schema -> grammar compiler (src/grammar/schema.c). Supported: type (lists too), enum,
  * const, anyOf/oneOf (as alternatives), allOf of one schema, $ref into the document (recursive),
  * properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
- * minLength/maxLength, format (format.c), pattern (regex.c, search semantics), nullable. Anything
- * else that constrains is refused by name. */
+ * minLength/maxLength, format (format.c), pattern (regex.c, search semantics), nullable,
+ * minimum/maximum/exclusive* (numrange.c), multipleOf 1. Anything else that constrains is refused
+ * by name. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
 #include "grammar/format.h"
 #include "grammar/json_rules.h"
+#include "grammar/numrange.h"
 #include "grammar/regex.h"
 #include "grammar/schema.h"
 
@@ -45,6 +48,11 @@ static const char *const handled[] = {"type",
                                       "maxLength",
                                       "format",
                                       "pattern",
+                                      "minimum",
+                                      "maximum",
+                                      "exclusiveMinimum",
+                                      "exclusiveMaximum",
+                                      "multipleOf",
                                       NULL};
 
 static int in_list(const char *const *l, const char *k) {
@@ -432,6 +440,77 @@ static int c_array(cx *c, const json_t *s) {
     return b->err ? b->err : r;
 }
 
+static const char *const num_keys[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
+                                       NULL};
+
+/* One bound keyword k (num_keys[k]) as the least (lower bounds) or greatest (upper) value written,
+ * scaled by 10^16 for a number. Exact for the value the bound parses to; an exclusive bound of a
+ * number is taken at the next double inside, so a written value that a validator parses into a
+ * double is strictly inside too (docs/architecture.md §9, "Numeric bounds"). */
+static int num_bound(cx *c, const json_t *v, int k, int integer, tl_i128 *out) {
+    int lower = k < 2, excl = k & 1, scale = integer ? 0 : 16;
+    if (!json_is_number(v))
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"%s\" must be a number", num_keys[k]);
+    if (json_is_integer(v) && (integer || !excl)) {
+        tl_i128 x = (tl_i128)json_integer_value(v) * (integer ? 1 : TL_NUM_UNIT);
+        *out = excl ? (lower ? x + 1 : x - 1) : x;
+        return 0;
+    }
+    double d = json_number_value(v);
+    if (json_is_integer(v) && (fabs(d) >= 9e18 || (json_int_t)d != json_integer_value(v)))
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "\"%s\": an integer that is not exactly a double is not supported",
+                       num_keys[k]);
+    if (excl && integer) { /* the next integer strictly inside */
+        tl_i128 f = tl_num_scale_double(d, 0, !lower);
+        *out = lower ? f + 1 : f - 1;
+        return 0;
+    }
+    if (excl) d = nextafter(d, lower ? INFINITY : -INFINITY);
+    *out = tl_num_scale_double(d, scale, lower);
+    return 0;
+}
+
+/* integer / number: without bounds the plain rule (exponent allowed); with bounds the range
+ * automaton of numrange.c (no exponent). */
+static int c_number(cx *c, const json_t *s, int integer) {
+    tl_i128 max = integer ? TL_NUM_MAX_INT : TL_NUM_MAX_DEC, lo = -max, hi = max;
+    int any = 0;
+    for (int k = 0; num_keys[k]; k++) {
+        const json_t *v = json_object_get(s, num_keys[k]);
+        tl_i128 x = 0;
+        if (!v) continue;
+        int rc = num_bound(c, v, k, integer, &x);
+        if (rc) return rc;
+        any = 1;
+        if (k < 2 && x > lo) lo = x;
+        if (k >= 2 && x < hi) hi = x;
+    }
+    if (!any) return tl_jr_number(c->j, integer);
+    if (lo > hi)
+        return tl_errf(
+            c->err, c->errlen, TL_ERR_UNSUPPORTED,
+            "no %s written by the grammar (at most 16 digits before and after the point) "
+            "satisfies \"minimum\"/\"maximum\" and their exclusive forms",
+            integer ? "integer" : "number");
+    return tl_num_range_rule(c->b, integer, lo, hi);
+}
+
+/* multipleOf: only 1 (an integer), which makes "number" "integer". */
+static int multiple_of(cx *c, const json_t *s, int *is_one) {
+    const json_t *v = json_object_get(s, "multipleOf");
+    *is_one = 0;
+    if (!v) return 0;
+    if (!json_is_number(v) || json_number_value(v) <= 0)
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID,
+                       "\"multipleOf\" must be a positive number");
+    if (json_number_value(v) != 1.0)
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "schema keyword \"multipleOf\" is supported only with the value 1");
+    *is_one = 1;
+    return 0;
+}
+
 static int c_type(cx *c, const json_t *s, int t) {
     switch (t) {
     case T_NULL:
@@ -450,9 +529,9 @@ static int c_type(cx *c, const json_t *s, int t) {
     case T_STR:
         return c_string(c, s);
     case T_INT:
-        return tl_jr_number(c->j, 1);
+        return c_number(c, s, 1);
     default:
-        return tl_jr_number(c->j, 0);
+        return c_number(c, s, 0);
     }
 }
 
@@ -483,9 +562,14 @@ static int type_set(cx *c, const json_t *s) {
         if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
             json_object_get(s, "format") || json_object_get(s, "pattern"))
             m |= T_STR;
+        for (int i = 0; num_keys[i]; i++) m |= json_object_get(s, num_keys[i]) ? T_NUM : 0;
+        m |= json_object_get(s, "multipleOf") ? T_NUM : 0;
         if (!m) m = T_NULL | T_BOOL | T_OBJ | T_ARR | T_STR | T_NUM;
     }
     if (m & T_NUM) m &= ~T_INT;
+    int one, rc = multiple_of(c, s, &one);
+    if (rc) return rc;
+    if (one && (m & T_NUM)) m = (m & ~T_NUM) | T_INT;
     if (json_is_true(json_object_get(s, "nullable"))) m |= T_NULL;
     return m ? m : tl_errf(c->err, c->errlen, TL_ERR_INVALID, "empty \"type\" list");
 }
