@@ -1,6 +1,6 @@
 /* JSON Schema -> grammar compiler (src/grammar/schema.c). Supported: type (lists too), enum,
- * const, anyOf/oneOf (as alternatives), allOf of one schema, $ref into the document (recursive),
- * properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
+ * const, anyOf/oneOf (as alternatives), allOf (merged by allof.c), $ref into the document
+ * (recursive), properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
  * minLength/maxLength, format (format.c), pattern (regex.c, search semantics), nullable,
  * minimum/maximum/exclusive* (numrange.c), multipleOf 1. Anything else that constrains is refused
  * by name. */
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "grammar/allof.h"
 #include "grammar/format.h"
 #include "grammar/json_rules.h"
 #include "grammar/numrange.h"
@@ -23,7 +24,7 @@ typedef struct cx {
     int *ref_rule, n_ref, cap_ref;
     char *err;
     size_t errlen;
-    int depth;
+    int depth, merges;
 } cx;
 
 static const char *const annot[] = {
@@ -253,12 +254,6 @@ static int c_combo(cx *c, const json_t *s, const char *what) {
     if (rc) return rc;
     if (!json_is_array(l) || json_array_size(l) == 0)
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"%s\" must be a non-empty array", what);
-    if (!strcmp(what, "allOf")) {
-        if (json_array_size(l) != 1)
-            return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
-                           "\"allOf\" with more than one schema is not supported");
-        return c_schema(c, json_array_get(l, 0));
-    }
     int r = tl_gb_rule(c->b);
     for (size_t i = 0; i < json_array_size(l); i++) {
         int a = c_schema(c, json_array_get(l, i));
@@ -266,6 +261,47 @@ static int c_combo(cx *c, const json_t *s, const char *what) {
         if (i) tl_gb_alt(c->b, r);
         tl_gb_ref(c->b, r, a);
     }
+    return r;
+}
+
+/* allOf (and the schema's other keywords): merged into one schema by allof.c, compiled in turn.
+ * A distributed anyOf/oneOf comes back as an anyOf of allOfs: each is merged the same way, and
+ * one that no value satisfies is left out. With `empty`, a conjunction that no value satisfies
+ * sets *empty instead of failing alone. */
+#define MAX_MERGES 2000
+
+static int c_allof(cx *c, const json_t *s, int *empty) {
+    if (++c->merges > MAX_MERGES)
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "\"allOf\" needing more than %d merges is not supported", MAX_MERGES);
+    json_t *m;
+    int none = 0, rc = tl_allof_merge(c->root, s, &m, &none, c->err, c->errlen);
+    if (rc) {
+        if (none && empty) *empty = 1;
+        return rc;
+    }
+    const json_t *alts = json_object_get(m, "anyOf");
+    if (!alts) {
+        rc = c_schema(c, m);
+        json_decref(m);
+        return rc;
+    }
+    int r = tl_gb_rule(c->b), used = 0;
+    for (size_t i = 0; i < json_array_size(alts) && r >= 0; i++) {
+        int e = 0, a = c_allof(c, json_array_get(alts, i), &e);
+        if (a < 0 && e) continue;
+        if (a < 0) r = a;
+        if (a >= 0 && used++) tl_gb_alt(c->b, r);
+        if (a >= 0) tl_gb_ref(c->b, r, a);
+    }
+    json_decref(m);
+    if (r >= 0 && !used) {
+        if (empty) *empty = 1;
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID,
+                       "\"allOf\": no value satisfies every schema in any combination of the "
+                       "anyOf/oneOf alternatives");
+    }
+    if (r >= 0 && c->err) c->err[0] = 0; /* a left-out alternative's message */
     return r;
 }
 
@@ -582,17 +618,15 @@ static int c_schema(cx *c, const json_t *s) {
     if (++c->depth > 200) return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "schema too deep");
     int r = check_keys(c, s);
     if (r) goto out;
-    if (json_object_get(s, "$ref")) {
+    if (json_object_get(s, "allOf")) {
+        r = c_allof(c, s, NULL);
+    } else if (json_object_get(s, "$ref")) {
         r = only(c, s, "$ref", (const char *const[]){NULL});
         if (!r) r = c_ref(c, s);
     } else if (json_object_get(s, "enum") || json_object_get(s, "const")) {
         r = c_enum(c, s);
-    } else if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf") ||
-               json_object_get(s, "allOf")) {
-        r = c_combo(c, s,
-                    json_object_get(s, "anyOf")   ? "anyOf"
-                    : json_object_get(s, "oneOf") ? "oneOf"
-                                                  : "allOf");
+    } else if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf")) {
+        r = c_combo(c, s, json_object_get(s, "anyOf") ? "anyOf" : "oneOf");
     } else {
         int m = r = type_set(c, s);
         if (m > 0) r = tl_gb_rule(c->b);

@@ -109,6 +109,48 @@ static const gcase g_corpus[] = {
      {"0", "\"\""},
      {NULL}},
     {"{\"allOf\":[{\"type\":\"string\",\"maxLength\":2}]}", {"\"ab\""}, {"\"abc\"", "1"}, {NULL}},
+    /* allOf with several schemas, merged (src/grammar/allof.c) */
+    {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3},{\"minLength\":1}]}",
+     {"\"abc\"", "\"a\""},
+     {"\"abcd\"", "\"\"", "1", "null"},
+     {NULL}},
+    {"{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+     "\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}",
+     {"{\"a\":1,\"b\":\"x\"}", "{\"a\":-7,\"b\":\"\"}"},
+     {"{\"a\":1}", "{\"b\":\"x\"}", "{\"a\":\"1\",\"b\":\"x\"}", "{\"a\":1,\"b\":2}", "[]"},
+     {"{\"b\":\"x\",\"a\":1}", "{\"a\":1,\"b\":\"x\",\"c\":2}"}},
+    {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},\"additionalProperties\":"
+     "false},{\"properties\":{\"a\":{\"minimum\":0},\"c\":{}}}]}",
+     {"{\"a\":0}", "{\"a\":5,\"b\":null}", "{}", "{\"b\":[1]}"},
+     {"{\"a\":-1}", "{\"c\":1}", "{\"a\":1.5}", "{\"a\":1,\"c\":1}"},
+     {NULL}},
+    {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"allOf\":[{"
+     "\"additionalProperties\":{\"maximum\":9}}]}",
+     {"{\"k\":1}", "{}", "{\"x\":9,\"y\":-3}"},
+     {"{\"k\":10}", "{\"k\":\"1\"}", "{\"k\":1.5}"},
+     {NULL}},
+    {"{\"allOf\":[{\"type\":\"integer\",\"minimum\":0},{\"maximum\":10},{\"exclusiveMaximum\":8}]}",
+     {"0", "7", "3"},
+     {"-1", "8", "10", "2.5", "\"3\""},
+     {NULL}},
+    {"{\"allOf\":[{\"enum\":[\"a\",\"b\",\"c\",1]},{\"enum\":[\"b\",\"c\",\"d\",1]},{\"type\":"
+     "\"string\"}]}",
+     {"\"b\"", "\"c\""},
+     {"\"a\"", "\"d\"", "1"},
+     {NULL}},
+    {"{\"allOf\":[{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]},{\"anyOf\":[{"
+     "\"type\":\"string\",\"maxLength\":2},{\"type\":\"null\"},{\"type\":\"integer\","
+     "\"minimum\":5}]}]}",
+     {"\"ab\"", "\"\"", "5", "123"},
+     {"\"abc\"", "null", "4", "-5", "true"},
+     {NULL}},
+    {"{\"$defs\":{\"base\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\"}},"
+     "\"required\":[\"id\"]}},\"allOf\":[{\"$ref\":\"#/$defs/base\"},{\"properties\":{\"n\":{"
+     "\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":2}}}],\"properties\":{"
+     "\"n\":{\"minItems\":1}}}",
+     {"{\"id\":\"x\"}", "{\"id\":\"x\",\"n\":[1]}", "{\"id\":\"\",\"n\":[1,2]}"},
+     {"{}", "{\"id\":\"x\",\"n\":[]}", "{\"id\":\"x\",\"n\":[1,2,3]}", "{\"id\":1}"},
+     {NULL}},
     {"{\"$defs\":{\"pos\":{\"type\":\"integer\"}},\"type\":\"object\",\"properties\":{\"p\":{"
      "\"$ref\":\"#/$defs/pos\"}},\"required\":[\"p\"]}",
      {"{\"p\":3}"},
@@ -201,7 +243,11 @@ static const gunsup g_unsupported[] = {
     {"{\"type\":\"array\",\"contains\":{\"type\":\"integer\"}}", "contains"},
     {"{\"not\":{\"type\":\"null\"}}", "not"},
     {"{\"if\":{\"type\":\"null\"},\"then\":{}}", "if"},
-    {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf"},
+    {"{\"allOf\":[{\"type\":\"string\",\"format\":\"date\"},{\"format\":\"uuid\"}]}", "allOf"},
+    {"{\"allOf\":[{\"type\":\"array\",\"prefixItems\":[{}]},{\"items\":{\"type\":\"null\"}}]}",
+     "prefixItems"},
+    {"{\"allOf\":[{\"type\":\"string\",\"pattern\":\"a\"},{\"pattern\":\"b\"}]}", "allOf"},
+    {"{\"allOf\":[{\"$ref\":\"#\"}]}", "allOf"},
     {"{\"type\":\"object\",\"dependentRequired\":{\"a\":[\"b\"]}}", "dependentRequired"},
     {"{\"$ref\":\"#/$defs/missing\"}", "$ref"},
     {"{\"$ref\":\"http://example.com/s.json\"}", "$ref"},
