@@ -3,11 +3,11 @@
  * schema's own other keywords) are merged keyword by keyword where the result accepts exactly
  * the values that every branch accepts; a branch with anyOf/oneOf is distributed over its
  * alternatives; anything else that two branches both constrain is refused naming allOf. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
 #include "grammar/allof.h"
+#include "grammar/schema.h"
 
 #define MAX_BRANCHES 64
 #define MAX_REF_HOPS 32
@@ -22,35 +22,10 @@ typedef struct mx {
     size_t errlen;
 } mx;
 
-static const char *const annot[] = {
-    "$schema",    "$id",      "$comment",  "title", "description", "default", "examples",
-    "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", NULL};
-
 static int in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return 1;
     return 0;
-}
-
-static const json_t *resolve(const json_t *root, const char *ref) {
-    if (!ref || ref[0] != '#') return NULL;
-    const json_t *cur = root;
-    const char *p = ref + 1;
-    char key[256];
-    while (*p == '/' && cur) {
-        p++;
-        size_t n = 0;
-        for (; *p && *p != '/'; p++) {
-            char ch = *p;
-            if (ch == '~' && (p[1] == '0' || p[1] == '1')) ch = *++p == '0' ? '~' : '/';
-            if (n + 1 >= sizeof(key)) return NULL;
-            key[n++] = ch;
-        }
-        key[n] = 0;
-        cur = json_is_array(cur) ? json_array_get(cur, (size_t)strtoul(key, NULL, 10))
-                                 : json_object_get(cur, key);
-    }
-    return *p ? NULL : cur;
 }
 
 /* A shallow copy of object s without key k, owned by m. */
@@ -64,7 +39,8 @@ static json_t *without(mx *m, const json_t *s, const char *k) {
 static int only_ref(const json_t *s) {
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)s, k, v) if (strcmp(k, "$ref") && !in_list(annot, k)) return 0;
+    json_object_foreach((json_t *)s, k,
+                        v) if (strcmp(k, "$ref") && !tl_schema_is_annotation(k)) return 0;
     return 1;
 }
 
@@ -80,7 +56,7 @@ static int add_branch(mx *m, const json_t *s, int hops) {
             return tl_errf(m->err, m->errlen, TL_ERR_UNSUPPORTED,
                            "\"allOf\" member with \"$ref\" and other keywords is not supported");
         const char *ref = json_string_value(json_object_get(s, "$ref"));
-        const json_t *t = resolve(m->root, ref);
+        const json_t *t = tl_schema_resolve(m->root, ref);
         if (!t)
             return tl_errf(m->err, m->errlen, TL_ERR_UNSUPPORTED, "$ref \"%s\" cannot be resolved",
                            ref ? ref : "(not a string)");
@@ -409,7 +385,7 @@ static int merge_all(mx *m, json_t *out) {
         const char *k;
         json_t *v;
         json_object_foreach((json_t *)m->br[i], k, v) {
-            if (in_list(annot, k) || json_object_get(out, k) || !strcmp(k, "type") ||
+            if (tl_schema_is_annotation(k) || json_object_get(out, k) || !strcmp(k, "type") ||
                 !strcmp(k, "nullable") || !strcmp(k, "enum") || !strcmp(k, "const") ||
                 (n_obj > 1 && is_obj_key(k)))
                 continue;

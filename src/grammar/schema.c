@@ -92,9 +92,10 @@ enum { T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_INT = 32, T_N
 static const char *const tnames[] = {"null",   "boolean", "object", "array",
                                      "string", "integer", "number"};
 
-/* A JSON pointer "#", "#/a/b" (with ~0 ~1) inside the root document, or NULL. */
-static const json_t *resolve(const json_t *root, const char *ref) {
-    if (ref[0] != '#') return NULL;
+int tl_schema_is_annotation(const char *k) { return in_list(annot, k); }
+
+const json_t *tl_schema_resolve(const json_t *root, const char *ref) {
+    if (!ref || ref[0] != '#') return NULL;
     const json_t *cur = root;
     const char *p = ref + 1;
     char key[256];
@@ -116,7 +117,7 @@ static const json_t *resolve(const json_t *root, const char *ref) {
 
 static int c_ref(cx *c, const json_t *s) {
     const char *ref = json_string_value(json_object_get(s, "$ref"));
-    const json_t *t = ref ? resolve(c->root, ref) : NULL;
+    const json_t *t = tl_schema_resolve(c->root, ref);
     if (!t)
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "$ref \"%s\" cannot be resolved",
                        ref ? ref : "(not a string)");
