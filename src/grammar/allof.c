@@ -156,11 +156,14 @@ static int merge_type(mx *m, json_t *out) {
         return tl_errf(m->err, m->errlen, TL_ERR_INVALID,
                        "\"allOf\": the schemas' \"type\"s have no type in common");
     json_t *l = json_array();
-    for (int k = 0; l && k < 7; k++) {
+    int rc = l ? 0 : TL_ERR_NOMEM;
+    for (int k = 0; !rc && k < 7; k++) {
         if (!(mask & (1 << k)) || ((1 << k) == T_INT && (mask & T_NUM))) continue;
-        if (json_array_append_new(l, json_string(tnames[k]))) return TL_ERR_NOMEM;
+        rc = json_array_append_new(l, json_string(tnames[k])) ? TL_ERR_NOMEM : 0;
     }
-    return l && !json_object_set_new(out, "type", l) ? 0 : TL_ERR_NOMEM;
+    if (!rc) rc = json_object_set(out, "type", l) ? TL_ERR_NOMEM : 0;
+    json_decref(l);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- object */
