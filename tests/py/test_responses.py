@@ -237,7 +237,7 @@ def test_bad_input(srv):
         ({"input": "Hi", "conversation": "conv_1"}, "conversation"),
         ({"input": "Hi", "text": {"format": {"type": "grammar"}}}, "text.format"),
         ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x",
-                                             "schema": {"type": "integer", "multipleOf": 3}}}},
+                                             "schema": {"type": "string", "pattern": "a"}}}},
          "response_format"),
         ({"input": "Hi", "truncation": "auto"}, "truncation"),
         ({"input": "Hi", "top_logprobs": 2}, "top_logprobs"),
