@@ -10,6 +10,7 @@ hand-rolled SSE reader, so 64+ clients in threads cost little next to the server
 
   tools/loadtest.py --url http://127.0.0.1:8000 -n 8 -t 30 --max-tokens 256
   tools/loadtest.py ... --json out.json     # also write the numbers as JSON
+  tools/loadtest.py ... --response-format rf.json   # constrained decoding (bench/structured.sh)
 
 Every request asks for exactly --max-tokens tokens (ignore_eos, a tulip/vLLM extension; pass
 --no-ignore-eos for servers without it), so runs compare at a fixed output length."""
@@ -119,6 +120,8 @@ def client_loop(args, stats, t_end):
         req["ignore_eos"] = True
     if args.no_think:
         req["chat_template_kwargs"] = {"enable_thinking": False}
+    if args.response_format is not None:
+        req["response_format"] = args.response_format
     body = json.dumps(req)
     conn = None
     while time.perf_counter() < t_end:
@@ -151,7 +154,15 @@ def main():
     ap.add_argument("--no-ignore-eos", action="store_true")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--response-format", default=None, metavar="FILE",
+                    help="a JSON file whose object is sent as every request's response_format\n"
+                         "(e.g. {\"type\": \"json_schema\", \"json_schema\": {...}})")
     args = ap.parse_args()
+    if args.response_format is not None:
+        with open(args.response_format) as f:
+            args.response_format = json.load(f)
+        if not isinstance(args.response_format, dict):
+            ap.error("--response-format: the file must hold a JSON object")
 
     if args.model is None:
         u = urllib.parse.urlparse(args.url)
@@ -176,6 +187,7 @@ def main():
         "url": args.url, "model": args.model, "concurrency": args.concurrency,
         "duration_s": round(wall, 3), "max_tokens": args.max_tokens,
         "prompt_words": args.prompt_words, "requests": stats.requests, "errors": stats.errors,
+        "response_format": (args.response_format or {}).get("type", "text"),
         "output_tokens": stats.tokens, "output_tok_s": round(stats.tokens / wall, 2),
         "ttft_p50_ms": round(percentile(stats.ttft, 50) * 1e3, 2),
         "ttft_p99_ms": round(percentile(stats.ttft, 99) * 1e3, 2),

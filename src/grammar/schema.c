@@ -1,14 +1,18 @@
 /* JSON Schema -> grammar compiler (src/grammar/schema.c). Supported: type (lists too), enum,
- * const, anyOf/oneOf (as alternatives), allOf of one schema, $ref into the document (recursive),
- * properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
- * minLength/maxLength, format (format.c), pattern (regex.c, search semantics), nullable. Anything
- * else that constrains is refused by name. */
+ * const, anyOf/oneOf (as alternatives), allOf (merged by allof.c), $ref into the document
+ * (recursive), properties/required/additionalProperties, items/prefixItems/minItems/maxItems,
+ * minLength/maxLength, format (format.c), pattern (regex.c, search semantics), nullable,
+ * minimum/maximum/exclusive* (numrange.c), multipleOf 1. Anything else that constrains is refused
+ * by name. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "grammar/allof.h"
 #include "grammar/format.h"
 #include "grammar/json_rules.h"
+#include "grammar/numrange.h"
 #include "grammar/regex.h"
 #include "grammar/schema.h"
 
@@ -20,7 +24,7 @@ typedef struct cx {
     int *ref_rule, n_ref, cap_ref;
     char *err;
     size_t errlen;
-    int depth;
+    int depth, merges;
 } cx;
 
 static const char *const annot[] = {
@@ -45,6 +49,11 @@ static const char *const handled[] = {"type",
                                       "maxLength",
                                       "format",
                                       "pattern",
+                                      "minimum",
+                                      "maximum",
+                                      "exclusiveMinimum",
+                                      "exclusiveMaximum",
+                                      "multipleOf",
                                       NULL};
 
 static int in_list(const char *const *l, const char *k) {
@@ -83,9 +92,10 @@ enum { T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_INT = 32, T_N
 static const char *const tnames[] = {"null",   "boolean", "object", "array",
                                      "string", "integer", "number"};
 
-/* A JSON pointer "#", "#/a/b" (with ~0 ~1) inside the root document, or NULL. */
-static const json_t *resolve(const json_t *root, const char *ref) {
-    if (ref[0] != '#') return NULL;
+int tl_schema_is_annotation(const char *k) { return in_list(annot, k); }
+
+const json_t *tl_schema_resolve(const json_t *root, const char *ref) {
+    if (!ref || ref[0] != '#') return NULL;
     const json_t *cur = root;
     const char *p = ref + 1;
     char key[256];
@@ -107,7 +117,7 @@ static const json_t *resolve(const json_t *root, const char *ref) {
 
 static int c_ref(cx *c, const json_t *s) {
     const char *ref = json_string_value(json_object_get(s, "$ref"));
-    const json_t *t = ref ? resolve(c->root, ref) : NULL;
+    const json_t *t = tl_schema_resolve(c->root, ref);
     if (!t)
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "$ref \"%s\" cannot be resolved",
                        ref ? ref : "(not a string)");
@@ -245,12 +255,6 @@ static int c_combo(cx *c, const json_t *s, const char *what) {
     if (rc) return rc;
     if (!json_is_array(l) || json_array_size(l) == 0)
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"%s\" must be a non-empty array", what);
-    if (!strcmp(what, "allOf")) {
-        if (json_array_size(l) != 1)
-            return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
-                           "\"allOf\" with more than one schema is not supported");
-        return c_schema(c, json_array_get(l, 0));
-    }
     int r = tl_gb_rule(c->b);
     for (size_t i = 0; i < json_array_size(l); i++) {
         int a = c_schema(c, json_array_get(l, i));
@@ -258,6 +262,47 @@ static int c_combo(cx *c, const json_t *s, const char *what) {
         if (i) tl_gb_alt(c->b, r);
         tl_gb_ref(c->b, r, a);
     }
+    return r;
+}
+
+/* allOf (and the schema's other keywords): merged into one schema by allof.c, compiled in turn.
+ * A distributed anyOf/oneOf comes back as an anyOf of allOfs: each is merged the same way, and
+ * one that no value satisfies is left out. With `empty`, a conjunction that no value satisfies
+ * sets *empty instead of failing alone. */
+#define MAX_MERGES 2000
+
+static int c_allof(cx *c, const json_t *s, int *empty) {
+    if (++c->merges > MAX_MERGES)
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "\"allOf\" needing more than %d merges is not supported", MAX_MERGES);
+    json_t *m;
+    int none = 0, rc = tl_allof_merge(c->root, s, &m, &none, c->err, c->errlen);
+    if (rc) {
+        if (none && empty) *empty = 1;
+        return rc;
+    }
+    const json_t *alts = json_object_get(m, "anyOf");
+    if (!alts) {
+        rc = c_schema(c, m);
+        json_decref(m);
+        return rc;
+    }
+    int r = tl_gb_rule(c->b), used = 0;
+    for (size_t i = 0; i < json_array_size(alts) && r >= 0; i++) {
+        int e = 0, a = c_allof(c, json_array_get(alts, i), &e);
+        if (a < 0 && e) continue;
+        if (a < 0) r = a;
+        if (a >= 0 && used++) tl_gb_alt(c->b, r);
+        if (a >= 0) tl_gb_ref(c->b, r, a);
+    }
+    json_decref(m);
+    if (r >= 0 && !used) {
+        if (empty) *empty = 1;
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID,
+                       "\"allOf\": no value satisfies every schema in any combination of the "
+                       "anyOf/oneOf alternatives");
+    }
+    if (r >= 0 && c->err) c->err[0] = 0; /* a left-out alternative's message */
     return r;
 }
 
@@ -432,6 +477,77 @@ static int c_array(cx *c, const json_t *s) {
     return b->err ? b->err : r;
 }
 
+static const char *const num_keys[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
+                                       NULL};
+
+/* One bound keyword k (num_keys[k]) as the least (lower bounds) or greatest (upper) value written,
+ * scaled by 10^16 for a number. Exact for the value the bound parses to; an exclusive bound of a
+ * number is taken at the next double inside, so a written value that a validator parses into a
+ * double is strictly inside too (docs/architecture.md §9, "Numeric bounds"). */
+static int num_bound(cx *c, const json_t *v, int k, int integer, tl_i128 *out) {
+    int lower = k < 2, excl = k & 1, scale = integer ? 0 : 16;
+    if (!json_is_number(v))
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"%s\" must be a number", num_keys[k]);
+    if (json_is_integer(v) && (integer || !excl)) {
+        tl_i128 x = (tl_i128)json_integer_value(v) * (integer ? 1 : TL_NUM_UNIT);
+        *out = excl ? (lower ? x + 1 : x - 1) : x;
+        return 0;
+    }
+    double d = json_number_value(v);
+    if (json_is_integer(v) && (fabs(d) >= 9e18 || (json_int_t)d != json_integer_value(v)))
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "\"%s\": an integer that is not exactly a double is not supported",
+                       num_keys[k]);
+    if (excl && integer) { /* the next integer strictly inside */
+        tl_i128 f = tl_num_scale_double(d, 0, !lower);
+        *out = lower ? f + 1 : f - 1;
+        return 0;
+    }
+    if (excl) d = nextafter(d, lower ? INFINITY : -INFINITY);
+    *out = tl_num_scale_double(d, scale, lower);
+    return 0;
+}
+
+/* integer / number: without bounds the plain rule (exponent allowed); with bounds the range
+ * automaton of numrange.c (no exponent). */
+static int c_number(cx *c, const json_t *s, int integer) {
+    tl_i128 max = integer ? TL_NUM_MAX_INT : TL_NUM_MAX_DEC, lo = -max, hi = max;
+    int any = 0;
+    for (int k = 0; num_keys[k]; k++) {
+        const json_t *v = json_object_get(s, num_keys[k]);
+        tl_i128 x = 0;
+        if (!v) continue;
+        int rc = num_bound(c, v, k, integer, &x);
+        if (rc) return rc;
+        any = 1;
+        if (k < 2 && x > lo) lo = x;
+        if (k >= 2 && x < hi) hi = x;
+    }
+    if (!any) return tl_jr_number(c->j, integer);
+    if (lo > hi)
+        return tl_errf(
+            c->err, c->errlen, TL_ERR_UNSUPPORTED,
+            "no %s written by the grammar (at most 16 digits before and after the point) "
+            "satisfies \"minimum\"/\"maximum\" and their exclusive forms",
+            integer ? "integer" : "number");
+    return tl_num_range_rule(c->b, integer, lo, hi);
+}
+
+/* multipleOf: only 1 (an integer), which makes "number" "integer". */
+static int multiple_of(cx *c, const json_t *s, int *is_one) {
+    const json_t *v = json_object_get(s, "multipleOf");
+    *is_one = 0;
+    if (!v) return 0;
+    if (!json_is_number(v) || json_number_value(v) <= 0)
+        return tl_errf(c->err, c->errlen, TL_ERR_INVALID,
+                       "\"multipleOf\" must be a positive number");
+    if (json_number_value(v) != 1.0)
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "schema keyword \"multipleOf\" is supported only with the value 1");
+    *is_one = 1;
+    return 0;
+}
+
 static int c_type(cx *c, const json_t *s, int t) {
     switch (t) {
     case T_NULL:
@@ -450,9 +566,9 @@ static int c_type(cx *c, const json_t *s, int t) {
     case T_STR:
         return c_string(c, s);
     case T_INT:
-        return tl_jr_number(c->j, 1);
+        return c_number(c, s, 1);
     default:
-        return tl_jr_number(c->j, 0);
+        return c_number(c, s, 0);
     }
 }
 
@@ -483,9 +599,14 @@ static int type_set(cx *c, const json_t *s) {
         if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
             json_object_get(s, "format") || json_object_get(s, "pattern"))
             m |= T_STR;
+        for (int i = 0; num_keys[i]; i++) m |= json_object_get(s, num_keys[i]) ? T_NUM : 0;
+        m |= json_object_get(s, "multipleOf") ? T_NUM : 0;
         if (!m) m = T_NULL | T_BOOL | T_OBJ | T_ARR | T_STR | T_NUM;
     }
     if (m & T_NUM) m &= ~T_INT;
+    int one, rc = multiple_of(c, s, &one);
+    if (rc) return rc;
+    if (one && (m & T_NUM)) m = (m & ~T_NUM) | T_INT;
     if (json_is_true(json_object_get(s, "nullable"))) m |= T_NULL;
     return m ? m : tl_errf(c->err, c->errlen, TL_ERR_INVALID, "empty \"type\" list");
 }
@@ -498,17 +619,15 @@ static int c_schema(cx *c, const json_t *s) {
     if (++c->depth > 200) return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED, "schema too deep");
     int r = check_keys(c, s);
     if (r) goto out;
-    if (json_object_get(s, "$ref")) {
+    if (json_object_get(s, "allOf")) {
+        r = c_allof(c, s, NULL);
+    } else if (json_object_get(s, "$ref")) {
         r = only(c, s, "$ref", (const char *const[]){NULL});
         if (!r) r = c_ref(c, s);
     } else if (json_object_get(s, "enum") || json_object_get(s, "const")) {
         r = c_enum(c, s);
-    } else if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf") ||
-               json_object_get(s, "allOf")) {
-        r = c_combo(c, s,
-                    json_object_get(s, "anyOf")   ? "anyOf"
-                    : json_object_get(s, "oneOf") ? "oneOf"
-                                                  : "allOf");
+    } else if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf")) {
+        r = c_combo(c, s, json_object_get(s, "anyOf") ? "anyOf" : "oneOf");
     } else {
         int m = r = type_set(c, s);
         if (m > 0) r = tl_gb_rule(c->b);

@@ -12,6 +12,10 @@
  * tl_grammar_from_schema). */
 int tl_schema_rule(tl_gbuild *b, tl_jrules *j, const json_t *root, const json_t *schema, char *err,
                    size_t errlen);
+/* The node a JSON pointer "#", "#/a/b" (with ~0 ~1) names inside root, or NULL (also for NULL). */
+const json_t *tl_schema_resolve(const json_t *root, const char *ref);
+/* 1 if k is an annotation keyword (title, description, $defs, ...): ignored by the compiler. */
+int tl_schema_is_annotation(const char *k);
 /* The rule of any JSON object ({"type":"json_object"}). */
 int tl_schema_json_object(tl_jrules *j);
 

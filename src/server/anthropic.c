@@ -375,6 +375,10 @@ static int convert_field(const char *k, json_t *v, int count_only, json_t *o, tl
         json_object_del(v, "format");
         return check_keys(v, k, keys, e);
     }
+    if (!strcmp(k, "cache_salt")) { /* vLLM's field: validated by openai.c as in chat */
+        json_object_set(o, k, v);
+        return 0;
+    }
     if (!strncmp(k, "tulip_test_", 11)) { /* openai.c honours them only in --test-mode */
         json_object_set(o, k, v);
         return 0;

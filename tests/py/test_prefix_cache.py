@@ -142,6 +142,37 @@ def test_anthropic_and_responses_usage(pair):
     assert st == 200 and q2["usage"]["input_tokens_details"]["cached_tokens"] > 0
 
 
+def test_anthropic_and_responses_salt(pair):
+    # cache_salt on /v1/messages and /v1/responses (as in chat: 1 to 256 bytes): a second turn
+    # under the same salt reads the first turn's cache, the same turn under another salt (or
+    # none) reads nothing of it
+    on, _ = pair
+    ab = {"model": "tiny-a", "max_tokens": 6, "system": SYSTEM + " salted anthropic",
+          "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
+                       {"role": "user", "content": "Next"}]}
+    rb = {"model": "tiny-a", "instructions": SYSTEM + " salted responses", "max_output_tokens": 6,
+          "reasoning": {"effort": "none"},
+          "input": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
+                    {"role": "user", "content": "Next"}]}
+
+    def cached(path, body, salt):
+        b = dict(body, **({"cache_salt": salt} if salt else {}))
+        st, r = on.post_json(path, b)
+        assert st == 200, r
+        u = r["usage"]
+        return u["cache_read_input_tokens"] if path == "/v1/messages" else \
+            u["input_tokens_details"]["cached_tokens"]
+    for path, body, turn in (("/v1/messages", ab, "messages"), ("/v1/responses", rb, "input")):
+        first = dict(body, **{turn: body[turn][:1]})  # turn 1: its snapshot is what turn 2 reuses
+        assert cached(path, first, "s-one") == 0
+        assert cached(path, body, "s-two") == 0       # another salt: nothing shared
+        assert cached(path, body, None) == 0          # no salt: nothing shared either
+        assert cached(path, body, "s-one") > 0        # the same salt: turn 1's prefix
+        for bad in (5, "", "x" * 257):
+            st, r = on.post_json(path, dict(body, cache_salt=bad))
+            assert st == 400 and "cache_salt" in json.dumps(r), (path, bad, r)
+
+
 def test_metrics(pair):
     on, off = pair
     m = on.metrics()
