@@ -125,9 +125,9 @@ static void test_mtp_rows_equal_batch(void) {
     CHECK_EQ_INT(cpu_mtp_forward(f.m, &a, f.tokens, f.hidden, f.T, 0, h, NULL, lg), 0);
     int same = 1;
     for (int p = 0; p < f.T; p++) {
-        CHECK_EQ_INT(cpu_mtp_forward(f.m, &b, f.tokens + p, f.hidden + (size_t)p * f.D, 1, p, h1,
-                                     l1, NULL),
-                     0);
+        CHECK_EQ_INT(
+            cpu_mtp_forward(f.m, &b, f.tokens + p, f.hidden + (size_t)p * f.D, 1, p, h1, l1, NULL),
+            0);
         same &= !memcmp(l1, lg + (size_t)p * f.V, sizeof(float) * f.V);
         same &= !memcmp(h1, h + (size_t)p * f.D, sizeof(float) * f.D);
     }
