@@ -205,7 +205,64 @@ static void test_greedy_exact(void) {
     tl_engine_close(e0);
 }
 
+/* Sampling: the law of each emitted position. RUNS short generations (a 10-token prompt, 5
+ * tokens, seeds 1..RUNS) without and with speculation (K = 3, the head's drafts); the counts of
+ * the token at positions 1..4 (position 0 comes from the prefill, no draft) are compared with a
+ * two-sample chi-square (categories with fewer than 10 draws together lumped in one), bound at
+ * the upper 3e-7 quantile as in test_sample.c. A wrong residual or acceptance skews these laws
+ * by far more: with q in place of p after a rejection the rejected drafts' mass moves. */
+enum { RUNS = 1000, LEN = 5 };
+
+static void sample_runs(tl_engine *e, const tl_sample_params *sp0, int (*cnt)[320]) {
+    for (int r = 1; r <= RUNS; r++) {
+        gen g;
+        tl_sample_params sp = *sp0;
+        sp.seed = (uint64_t)r;
+        gen_init(e, &g, 0, 10, LEN, &sp);
+        CHECK_EQ_INT(run_all(e, &g, 1, 0), 0);
+        for (int t = 0; t < LEN; t++)
+            if (g.tok[t] >= 0 && g.tok[t] < 320) cnt[t][g.tok[t]]++;
+        tl_session_close(g.s);
+    }
+}
+
+static void test_sampling_law(void) {
+    make_prompts();
+    static int c0[LEN][320], c1[LEN][320];
+    tl_sample_params sp = {.temperature = 1.0f, .top_p = 1, .repetition_penalty = 1};
+    tl_engine *e0 = open_engine(MODEL, 0, 1, -1), *e1 = open_engine(MODEL, 3, 1, -1);
+    CHECK(e0 && e1);
+    if (!e0 || !e1) return;
+    sample_runs(e0, &sp, c0);
+    sample_runs(e1, &sp, c1);
+    tl_spec_stats st;
+    tl_engine_spec_stats(e1, &st);
+    printf("# sampling, K=3: %lld drafted, %lld accepted (%.0f%%)\n", st.drafted, st.accepted,
+           100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
+    CHECK(st.accepted > 0 && st.accepted < st.drafted);
+    for (int t = 1; t < LEN; t++) {
+        double chi2 = 0;
+        int k = 0, la = 0, lb = 0;
+        for (int v = 0; v < 320; v++) {
+            int a = c0[t][v], b = c1[t][v];
+            if (a + b < 10) {
+                la += a, lb += b;
+                continue;
+            }
+            chi2 += (double)(a - b) * (a - b) / (a + b), k++;
+        }
+        if (la + lb > 0) chi2 += (double)(la - lb) * (la - lb) / (la + lb), k++;
+        double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
+        double bound = df * c3 * c3 * c3;
+        printf("# position %d: %d categories, chi2 %.1f (bound %.0f)\n", t, k, chi2, bound);
+        CHECK(chi2 < bound);
+    }
+    tl_engine_close(e0);
+    tl_engine_close(e1);
+}
+
 int main(void) {
     T_RUN(test_greedy_exact);
+    T_RUN(test_sampling_law);
     return t_summary();
 }
