@@ -155,7 +155,8 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
         .seed = s->p.seed,
         .weight_bits = s->p.weight_bits,
         .prefix_cache_bytes =
-            s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0)};
+            s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0),
+        .spec_tokens = s->p.spec_tokens};
     int st = tl_engine_open(&s->eng, &ep, err, errlen);
     if (st) return st;
     const char *tp = s->p.tokenizer_path ? s->p.tokenizer_path : s->p.model_path;
