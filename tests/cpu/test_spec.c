@@ -261,8 +261,85 @@ static void test_sampling_law(void) {
     tl_engine_close(e1);
 }
 
+/* Speculation off: a checkpoint without a head (tiny-a) opens with it off and runs as before;
+ * a count outside 0..TL_MAX_SPEC is refused at open. */
+static void test_off_and_limits(void) {
+    tl_engine *e = open_engine("tests/data/tiny-a", 3, 1, -1);
+    CHECK(e != NULL);
+    if (e) {
+        CHECK_EQ_INT(tl_engine_spec_tokens(e), 0);
+        gen g;
+        gen_init(e, &g, 0, 8, 6, &GREEDY);
+        CHECK_EQ_INT(run_all(e, &g, 1, 0), 0);
+        CHECK_EQ_INT(g.n_gen, 6);
+        tl_spec_stats st;
+        CHECK_EQ_INT(tl_engine_spec_stats(e, &st), 0);
+        CHECK_EQ_INT(st.drafted, 0);
+        tl_session_close(g.s);
+        tl_engine_close(e);
+    }
+    tl_engine_params ep = {.model_path = MODEL,
+                           .backend = TL_BACKEND_CPU,
+                           .allow_test_shape = 1,
+                           .max_ctx = 64,
+                           .spec_tokens = TL_MAX_SPEC + 1};
+    char err[256] = "";
+    tl_engine *bad = NULL;
+    CHECK_EQ_INT(tl_engine_open(&bad, &ep, err, sizeof err), TL_ERR_INVALID);
+    CHECK(bad == NULL && strstr(err, "speculative tokens 5"));
+}
+
+/* A session started from a prefix-cache snapshot has no head rows: it decodes without drafts,
+ * and its tokens are those of the plain engine; a session computed whole on the same engine
+ * still drafts. */
+static void test_prefix_cache_hit(void) {
+    make_prompts();
+    char err[256];
+    gen ref, a, b;
+    tl_engine *e0 = open_engine(MODEL, 0, 2, -1), *e = open_engine(MODEL, 2, 2, 1 << 22);
+    CHECK(e0 && e);
+    if (!e0 || !e) return;
+    gen_init(e0, &ref, 1, 16, 20, &GREEDY);
+    CHECK_EQ_INT(run_all(e0, &ref, 1, 0), 0);
+    /* a computes the prompt's first 12 tokens and snapshots them */
+    gen_init(e, &a, 1, 12, 1, &GREEDY);
+    CHECK_EQ_INT(run_all(e, &a, 1, 0), 0);
+    tl_session_close(a.s);
+    CHECK_EQ_INT(tl_session_open(e, &a.s, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_engine_step(e,
+                                &(tl_batch_entry){.sess = a.s, .tokens = PROMPTS[1], .n_tok = 12},
+                                1, err, sizeof err),
+                 0);
+    CHECK_EQ_INT(tl_session_prefix_save(a.s, NULL, err, sizeof err), 1);
+    tl_session_close(a.s);
+    /* b starts from it */
+    gen_init(e, &b, 1, 16, 20, &GREEDY);
+    CHECK_EQ_INT(tl_session_prefix_load(b.s, NULL, PROMPTS[1], 16, 15, err, sizeof err), 12);
+    b.fed_prompt = 12;
+    tl_spec_stats s0, s1;
+    tl_engine_spec_stats(e, &s0);
+    CHECK_EQ_INT(run_all(e, &b, 1, 0), 0);
+    tl_engine_spec_stats(e, &s1);
+    CHECK_EQ_INT(s1.drafted, s0.drafted); /* no drafts from a restored session */
+    CHECK(!memcmp(b.tok, ref.tok, sizeof(int32_t) * 20));
+    CHECK(!memcmp(b.lp, ref.lp, sizeof(float) * 20));
+    tl_session_close(b.s);
+    /* computed whole on the same engine: drafts, same tokens */
+    gen_init(e, &b, 1, 16, 20, &GREEDY);
+    CHECK_EQ_INT(run_all(e, &b, 1, 0), 0);
+    tl_engine_spec_stats(e, &s0);
+    CHECK(s0.drafted > s1.drafted);
+    CHECK(!memcmp(b.tok, ref.tok, sizeof(int32_t) * 20));
+    tl_session_close(b.s);
+    tl_session_close(ref.s);
+    tl_engine_close(e0);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_greedy_exact);
     T_RUN(test_sampling_law);
+    T_RUN(test_off_and_limits);
+    T_RUN(test_prefix_cache_hit);
     return t_summary();
 }
