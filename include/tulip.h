@@ -70,7 +70,13 @@ typedef struct tl_engine_params {
      * runtime, decides which those are); 0 = the first. The CPU backend has only 0: any other
      * value is TL_ERR_INVALID when it is the backend chosen. */
     int device;
+    /* Speculative decoding with the checkpoint's MTP head (docs/architecture.md §3.6): draft
+     * tokens per step, 0 = off, 1..TL_MAX_SPEC. Turned off, said once on stderr, when the
+     * checkpoint has no MTP head or the backend does not implement speculation. */
+    int spec_tokens;
 } tl_engine_params;
+
+#define TL_MAX_SPEC 4
 
 /* Opens the model at p->model_path (or builds random weights), picks the backend, uploads.
  * On failure *out is NULL and err names the file, tensor and field at fault. */
@@ -80,6 +86,16 @@ const struct tl_config *tl_engine_config(const tl_engine *e);
 tl_backend_kind tl_engine_backend(const tl_engine *e);
 int tl_engine_max_ctx(const tl_engine *e);
 int tl_engine_max_seqs(const tl_engine *e);
+/* Draft tokens per step of speculative decoding in effect (0: off). */
+int tl_engine_spec_tokens(const tl_engine *e);
+
+/* Speculative decoding counters since open (vLLM's spec_decode metrics). */
+typedef struct tl_spec_stats {
+    long long drafts;   /* verify steps of one sequence (each drafted 1..K tokens) */
+    long long drafted;  /* draft tokens proposed */
+    long long accepted; /* of them, accepted by the verify */
+} tl_spec_stats;
+int tl_engine_spec_stats(const tl_engine *e, tl_spec_stats *out);
 
 /* The KV cache pool, in pages. A session holding n tokens holds exactly ceil(n / page_tokens)
  * pages (pages are taken as positions are computed and all given back at reset or close), so
@@ -217,6 +233,15 @@ typedef struct tl_batch_entry {
     const tl_sample_params *sample;
     tl_sample_out *out;
     float *logits;
+    /* Speculative decoding (docs/architecture.md §3.6): at most this many tokens may be emitted
+     * beyond the sample (0: none); `out` then has room for 1 + spec_max samples. The engine
+     * drafts only for a one-token entry with a sample, of a session that has sampled before,
+     * without an `allow` mask and without `logits`, and never past the context. */
+    int spec_max;
+    /* out: samples written, out[0 .. n_out) in order (0 without a sample, else 1 + the drafts
+     * accepted). All but the last were fed to the session already (it holds n_tok + n_out - 1
+     * more tokens); the last is the new sample, fed by the next step as before. */
+    int n_out;
 } tl_batch_entry;
 
 /* Runs one forward over all entries (each session at most once per call). n == 0 does nothing.

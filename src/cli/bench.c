@@ -33,8 +33,8 @@
 
 typedef struct bench_opts {
     int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
-    int state_bf16;                            /* --state-dtype bf16 */
-    int backend, threads, prof_prefill, range; /* range: 0, BENCH_RANGE_PREFILL or _DECODE */
+    int state_bf16;                                  /* --state-dtype bf16 */
+    int backend, threads, prof_prefill, range, spec; /* range: 0, BENCH_RANGE_PREFILL or _DECODE */
     uint64_t seed;
     const char *model_dir, *lengths_arg;
     int lengths[BENCH_MAX_LEN], n_len, max_len;
@@ -120,6 +120,8 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
                    "sequences decoding together, each at context L (default 1)"),
         TL_OPT_INT("max-seqs", 0, &o->max_seqs, "N", 0, BENCH_MAX_BATCH,
                    "sequence slots the engine opens (default: --batch)"),
+        TL_OPT_INT("speculative-tokens", 0, &o->spec, "K", 0, TL_MAX_SPEC,
+                   "MTP draft tokens verified per step (default 0: off)"),
         TL_OPT_FLAG("greedy", 0, &o->greedy,
                     "argmax, no penalties (default: the server's default sampling)"),
         TL_OPT_INT("repeats", 0, &o->repeats, "N", 1, BENCH_MAX_REPEATS,
@@ -199,10 +201,14 @@ typedef struct bench_state {
     tl_session **sess;
     tl_sample_params *seq_sp;
     tl_batch_entry *ent;
-    tl_sample_out *out;
+    tl_sample_out *out; /* [batch][1 + TL_MAX_SPEC] */
     int32_t *tok;
+    int *made, *idx; /* [batch]: tokens generated in this decode, the step's sequence per entry */
+    long long steps; /* decode steps of the last bench_decode */
     double pre_tps[BENCH_MAX_LEN], gen_tps[BENCH_MAX_LEN], ms_step[BENCH_MAX_LEN],
-        gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN]; /* gbps: NAN where not known */
+        gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN];          /* gbps: NAN where not known */
+    double acc_rate[BENCH_MAX_LEN], per_step[BENCH_MAX_LEN]; /* speculation: accepted/drafted,
+                                                                tokens per step and sequence */
     char err[1024];
 } bench_state;
 
@@ -286,7 +292,8 @@ static int bench_open_engine(bench_state *bs) {
                            .seed = o->seed,
                            .weight_bits = o->bits,
                            .state_bf16 = o->state_bf16,
-                           .prefix_cache_bytes = -1}; /* one prompt each: nothing to reuse */
+                           .prefix_cache_bytes = -1, /* one prompt each: nothing to reuse */
+                           .spec_tokens = o->spec};
     double t_open = tl_time_s();
     if (tl_engine_open(&bs->e, &ep, bs->err, sizeof bs->err)) {
         fprintf(stderr, "tulip bench: %s\n", bs->err);
@@ -360,8 +367,10 @@ static int bench_open_sessions(bench_state *bs) {
     bs->sess = xcalloc(B, sizeof *bs->sess);
     bs->seq_sp = xcalloc(B, sizeof *bs->seq_sp);
     bs->ent = xcalloc(B, sizeof *bs->ent);
-    bs->out = xcalloc(B, sizeof *bs->out);
+    bs->out = xcalloc((size_t)B * (1 + TL_MAX_SPEC), sizeof *bs->out);
     bs->tok = xcalloc(B, sizeof *bs->tok);
+    bs->made = xcalloc(B, sizeof *bs->made);
+    bs->idx = xcalloc(B, sizeof *bs->idx);
     for (int i = 0; i < B; i++) {
         bs->seq_sp[i] = bs->sp;
         bs->seq_sp[i].seed = bs->o.seed + (uint64_t)i;
@@ -377,7 +386,7 @@ static void bench_close(bench_state *bs) {
     for (int i = 0; bs->sess && i < bs->o.batch; i++) tl_session_close(bs->sess[i]);
     tl_engine_close(bs->e);
     free(bs->prompt), free(bs->sess), free(bs->seq_sp), free(bs->ent), free(bs->out);
-    free(bs->tok);
+    free(bs->tok), free(bs->made), free(bs->idx);
 }
 
 /* ====== Measuring. ====== */
@@ -463,26 +472,52 @@ static int bench_prefill(bench_state *bs, int i, int L, double *secs, int first)
     return 0;
 }
 
-/* --gen steps with every sequence decoding one token per step, as sched.c's build_batch makes
- * them. The tables of --ops / --prof come from the third step of the first run. Returns 0 or 1. */
+/* Every sequence decodes --gen tokens, all together, as sched.c's build_batch makes the steps:
+ * one token a step, or with --speculative-tokens up to 1 + K (never past --gen); a sequence that
+ * is done leaves the batch. The tables of --ops / --prof come from the third step of the first
+ * run. Returns 0 or 1. */
 static int bench_decode(bench_state *bs, int L, int tables) {
-    int B = bs->o.batch;
-    for (int i = 0; i < B; i++)
-        bs->ent[i] = (tl_batch_entry){.sess = bs->sess[i],
-                                      .tokens = &bs->tok[i],
-                                      .n_tok = 1,
-                                      .sample = &bs->seq_sp[i],
-                                      .out = &bs->out[i]};
-    for (int s = 0; s < bs->o.gen; s++) {
+    int B = bs->o.batch, W = 1 + TL_MAX_SPEC;
+    for (int i = 0; i < B; i++) bs->made[i] = 0;
+    bs->steps = 0;
+    for (int s = 0;; s++) {
+        int n = 0;
+        for (int i = 0; i < B; i++) {
+            if (bs->made[i] >= bs->o.gen) continue;
+            bs->ent[n] = (tl_batch_entry){.sess = bs->sess[i],
+                                          .tokens = &bs->tok[i],
+                                          .n_tok = 1,
+                                          .sample = &bs->seq_sp[i],
+                                          .out = &bs->out[(size_t)i * W],
+                                          .spec_max = bs->o.gen - bs->made[i] - 1};
+            bs->idx[n++] = i;
+        }
+        if (!n) return 0;
         int here = tables && s == 2;
         int range = here && bs->o.range == BENCH_RANGE_DECODE;
         if (here && bs->o.prof) hook_prof_enable(bs->b);
         if (range && bench_range(1)) return 1;
-        if (bench_step(bs, B, 0, "decode", L + s)) return 1;
+        if (tl_engine_step(bs->e, bs->ent, n, bs->err, sizeof bs->err)) {
+            fprintf(stderr, "tulip bench: decode at %d: %s\n", L + s, bs->err);
+            return 1;
+        }
         if (range && bench_range(0)) return 1;
+        bs->steps++;
+        for (int k = 0; k < n; k++) {
+            int i = bs->idx[k];
+            const tl_sample_out *o = bs->ent[k].out;
+            for (int j = 0; j < bs->ent[k].n_out; j++)
+                if (o[j].token < 0) {
+                    fprintf(stderr,
+                            "tulip bench: decode at %d: sequence %d has non-finite logits\n", L + s,
+                            i);
+                    return 1;
+                }
+            bs->made[i] += bs->ent[k].n_out;
+            bs->tok[i] = o[bs->ent[k].n_out - 1].token;
+        }
         if (here && bench_step_tables(bs, L + s)) return 1;
     }
-    return 0;
 }
 
 /* Repeat r at the li-th length: sequence 0's prefill (timed), the others' (untimed), then the
@@ -507,17 +542,32 @@ static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec
 static int bench_length(bench_state *bs, int li) {
     int L = bs->o.lengths[li], gen = bs->o.gen, reps = bs->o.repeats, B = bs->o.batch;
     double pr[BENCH_MAX_REPEATS], gr[BENCH_MAX_REPEATS];
-    for (int r = 0; r < reps; r++)
+    tl_spec_stats s0, s1;
+    tl_engine_spec_stats(bs->e, &s0);
+    long long steps = 0;
+    for (int r = 0; r < reps; r++) {
         if (bench_repeat(bs, li, r, &pr[r], &gr[r])) return 1;
+        steps += bs->steps;
+    }
+    tl_engine_spec_stats(bs->e, &s1);
     bs->pre_tps[li] = median(pr, reps);
     bs->gen_tps[li] = median(gr, reps);
-    bs->ms_step[li] = 1000.0 * B / bs->gen_tps[li];
+    /* a step makes B x per_step tokens (per_step 1 without speculation) */
+    bs->acc_rate[li] = s1.drafted > s0.drafted
+                           ? (double)(s1.accepted - s0.accepted) / (double)(s1.drafted - s0.drafted)
+                           : NAN;
+    bs->per_step[li] = (double)reps * B * gen / (double)TL_MAX(steps, 1) / B;
+    bs->ms_step[li] = 1000.0 * B * bs->per_step[li] / bs->gen_tps[li];
     bs->gbps[li] =
         bs->cuda && B == 1 ? hook_decode_bytes(bs->b, L + gen / 2) * bs->gen_tps[li] : NAN;
     bs->tflops[li] = prefill_flops(bs->cfg, L) / (L / bs->pre_tps[li]) / 1e12;
     fprintf(stderr,
             "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
             L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
+    if (tl_engine_spec_tokens(bs->e))
+        fprintf(stderr,
+                "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step\n",
+                L, 100 * bs->acc_rate[li], bs->per_step[li]);
     return 0;
 }
 
@@ -551,9 +601,15 @@ static void bench_report_json(const bench_state *bs, double mp, double mg) {
         put_num("%.1f", bs->gbps[i] / 1e9, 1);
         printf(", \"gen_pct_peak\": ");
         put_num("%.1f", 100.0 * bs->gbps[i] / bs->hbm, 1);
+        if (tl_engine_spec_tokens(bs->e)) {
+            printf(", \"spec_acceptance\": ");
+            put_num("%.4f", bs->acc_rate[i], 1);
+            printf(", \"spec_tokens_per_step\": %.3f", bs->per_step[i]);
+        }
         printf("}");
     }
-    printf("], \"mean_prefill_tps\": %.1f, \"mean_gen_tps\": %.1f}\n", mp, mg);
+    printf("], \"speculative_tokens\": %d, \"mean_prefill_tps\": %.1f, \"mean_gen_tps\": %.1f}\n",
+           tl_engine_spec_tokens(bs->e), mp, mg);
 }
 
 /* The markdown table: at batch 1 the columns BENCHMARKS.md has always had; at batch B the decode
@@ -563,13 +619,24 @@ static void bench_report_table(const bench_state *bs, double mp, double mg) {
     const bench_opts *o = &bs->o;
     char samp[256], hbm[32] = "no GPU";
     bench_sampling_text(&bs->sp, samp, sizeof samp);
-    printf("batch %d on the %s backend, %d decode steps; sampling: %s: %s\n\n", o->batch,
-           bs->b->name, o->gen, bs->sp_source, samp);
+    int K = tl_engine_spec_tokens(bs->e);
+    printf("batch %d on the %s backend, %d decode %s", o->batch, bs->b->name, o->gen,
+           K ? "tokens per sequence" : "steps");
+    if (K) { /* one line: the table's caption */
+        printf(" (speculative decoding, %d MTP draft tokens a step; drafts accepted / tokens per "
+               "step and sequence:",
+               K);
+        for (int i = 0; i < o->n_len; i++)
+            printf("%s %d: %.1f%% / %.2f", i ? "," : "", o->lengths[i], 100 * bs->acc_rate[i],
+                   bs->per_step[i]);
+        printf(")");
+    }
+    printf("; sampling: %s: %s\n\n", bs->sp_source, samp);
     if (bs->cuda) snprintf(hbm, sizeof hbm, "%.0f GB/s", bs->hbm / 1e9);
     printf("| ctx | prefill tok/s | prefill TFLOP/s | decode tok/s | decode GB/s | %% of HBM (%s) |"
            "%s\n",
-           hbm, o->batch > 1 ? " decode ms/step |" : "");
-    printf("|---:|---:|---:|---:|---:|---:|%s\n", o->batch > 1 ? "---:|" : "");
+           hbm, o->batch > 1 || K ? " decode ms/step |" : "");
+    printf("|---:|---:|---:|---:|---:|---:|%s\n", o->batch > 1 || K ? "---:|" : "");
     double ms = 0;
     for (int i = 0; i < o->n_len; i++) {
         printf("| %d | %.1f | %.1f | %.1f | ", o->lengths[i], bs->pre_tps[i], bs->tflops[i],
@@ -578,12 +645,12 @@ static void bench_report_table(const bench_state *bs, double mp, double mg) {
         printf("| ");
         put_num("%.1f%% ", 100.0 * bs->gbps[i] / bs->hbm, 0);
         printf("|");
-        if (o->batch > 1) printf(" %.3f |", bs->ms_step[i]);
+        if (o->batch > 1 || K) printf(" %.3f |", bs->ms_step[i]);
         printf("\n");
         ms += bs->ms_step[i] / o->n_len;
     }
     printf("| mean | %.1f | | %.1f | | |", mp, mg);
-    if (o->batch > 1) printf(" %.3f |", ms);
+    if (o->batch > 1 || K) printf(" %.3f |", ms);
     printf("\n");
 }
 

@@ -82,6 +82,9 @@ static void info_header(const tl_model *m, const char *dir, double t_load) {
            c->tie_embeddings ? "yes" : "no", c->mtp_n_layer);
     for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_ids[i]);
     printf("\n");
+    printf("mtp          %s\n",
+           m->has_mtp ? "head bound (mtp.fc, mtp.layers.0, norms): --speculative-tokens available"
+                      : "no MTP head in the checkpoint: speculative decoding off");
     int n_attn = 0;
     for (int i = 0; i < c->n_layer; i++) n_attn += c->layer_kind[i] == TL_LAYER_ATTN;
     printf("layer kinds  %d linear_attention (L), %d full_attention (A): ", c->n_layer - n_attn,

@@ -230,7 +230,12 @@ static int run_generate(run_state *r) {
     int32_t next;
     for (int step = 0; step < r->o.n_gen; step++) {
         tl_sample_out out;
-        tl_batch_entry be = {r->s, feed, n_feed, &r->o.sp, &out, r->logits};
+        tl_batch_entry be = {.sess = r->s,
+                             .tokens = feed,
+                             .n_tok = n_feed,
+                             .sample = &r->o.sp,
+                             .out = &out,
+                             .logits = r->logits};
         if ((rc = tl_engine_step(r->e, &be, 1, r->err, sizeof r->err))) break;
         if (r->df && fwrite(r->logits, sizeof(float), n_vocab, r->df) != (size_t)n_vocab) {
             snprintf(r->err, sizeof r->err, "write error on %s", r->o.dump);

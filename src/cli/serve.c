@@ -30,7 +30,10 @@ static const char serve_about[] =
     "echoed; otherwise one is generated. The API key may come from --api-key-file or\n"
     "the TULIP_API_KEY environment variable instead of the command line. Prompt prefixes\n"
     "are reused across requests and turns from a prefix cache of KV pages and state\n"
-    "snapshots (--prefix-cache-gb; CPU default 0.25 GiB); usage reports the cached tokens.\n";
+    "snapshots (--prefix-cache-gb; CPU default 0.25 GiB); usage reports the cached tokens.\n"
+    "--speculative-tokens K drafts K tokens a step with the checkpoint's MTP head and\n"
+    "verifies them in one forward (greedy output unchanged, sampling the same law); off\n"
+    "without an MTP head or on a backend without it (CPU only so far), said at startup.\n";
 
 typedef struct serve_opts {
     tl_server_params p;
@@ -135,6 +138,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
                       "prefix cache budget in GiB (default: 1/4 of free GPU memory)"),
         TL_OPT_FLAG("no-prefix-cache", 0, &p->no_prefix_cache,
                     "do not reuse prompt prefixes across requests"),
+        TL_OPT_INT("speculative-tokens", 0, &p->spec_tokens, "K", 0, TL_MAX_SPEC,
+                   "MTP draft tokens verified per step (0 = off, the default; 1..4)"),
         TL_OPT_INT("queue", 0, &p->max_queue, "N", 0, TL_OPT_NOMAX,
                    "requests that may wait to start (default 64; then 429)"),
         TL_OPT_INT("step-tokens", 0, &p->step_tokens, "N", 0, TL_OPT_NOMAX,

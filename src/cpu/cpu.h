@@ -97,6 +97,32 @@ void cpu_state_reset(cpu_state *st, const tl_config *c);
 int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, float *logits,
                 float *all_logits);
 
+/* cpu_forward, and hidden (if non-NULL) receives [n, n_embd] final-normed hidden states (the
+ * lm_head's input; the MTP head's input, docs/model.md §3.3). */
+int cpu_forward_h(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, float *logits,
+                  float *all_logits, float *hidden);
+
+/* ---- the MTP head (docs/model.md §3.2) ---- */
+
+/* Its KV cache for one sequence: [max_ctx, n_head_kv, head_dim] K and V (f32). */
+typedef struct cpu_mtp_state {
+    int max_ctx;
+    float *k, *v;
+} cpu_mtp_state;
+
+int cpu_mtp_state_init(cpu_mtp_state *s, const tl_config *c, int max_ctx);
+void cpu_mtp_state_free(cpu_mtp_state *s);
+
+/* n MTP rows at positions pos0 .. pos0+n-1 (the positions of their hidden states). Row i pairs
+ * tokens[i] (the token after that position) with hidden[i] ([n_embd]: the trunk's final-normed
+ * hidden, or the h' of the previous draft step) and attends over rows 0..pos0+i of s (rows
+ * below pos0 must have been computed before; rows from pos0 on are written). h_out ([n, n_embd],
+ * may be NULL) receives RMSNorm1p(t; mtp.norm), the next draft step's hidden; logits ([n_vocab])
+ * the last row's draft logits, all_logits ([n, n_vocab]) every row's. TL_ERR_INVALID without an
+ * MTP head or with a bad token, TL_ERR_CONTEXT_FULL past max_ctx. */
+int cpu_mtp_forward(const tl_model *m, cpu_mtp_state *s, const int32_t *tokens, const float *hidden,
+                    int n, int pos0, float *h_out, float *logits, float *all_logits);
+
 /* Thread count for cpu_matmul (0 = all cores). */
 void cpu_set_threads(int n);
 

@@ -95,8 +95,9 @@ static void gdn_mixer(const tl_config *c, const tl_layer *L, cpu_state *st, int 
     free(qkv), free(z), free(bb), free(aa), free(y), free(cv), free(g), free(beta);
 }
 
-/* Gated attention mixer over n tokens at positions pos0..: u [n, D] -> out [n, D]. */
-static void attn_mixer(const tl_config *c, const tl_layer *L, cpu_state *st, int il, const float *u,
+/* Gated attention mixer over n tokens at positions pos0..: u [n, D] -> out [n, D]; K and V of
+ * the new positions are written into the cache kc, vc ([max_ctx, n_head_kv, head_dim]). */
+static void attn_mixer(const tl_config *c, const tl_layer *L, float *kc, float *vc, const float *u,
                        float *out, int n, int pos0) {
     int H = c->n_head, Hkv = c->n_head_kv, hd = c->head_dim;
     float *qg = xmalloc(sizeof(float) * (size_t)n * H * hd * 2);
@@ -120,12 +121,10 @@ static void attn_mixer(const tl_config *c, const tl_layer *L, cpu_state *st, int
             cpu_rmsnorm(kh, kh, L->attn_k_norm, hd, c->rms_eps);
             cpu_rope_neox(kh, c->n_rot, pos, c->rope_theta);
         }
-        memcpy(st->kv_k[il] + (size_t)pos * Hkv * hd, k + (size_t)t * Hkv * hd,
-               sizeof(float) * Hkv * hd);
-        memcpy(st->kv_v[il] + (size_t)pos * Hkv * hd, v + (size_t)t * Hkv * hd,
-               sizeof(float) * Hkv * hd);
+        memcpy(kc + (size_t)pos * Hkv * hd, k + (size_t)t * Hkv * hd, sizeof(float) * Hkv * hd);
+        memcpy(vc + (size_t)pos * Hkv * hd, v + (size_t)t * Hkv * hd, sizeof(float) * Hkv * hd);
     }
-    cpu_attention(o, q, st->kv_k[il], st->kv_v[il], n, pos0, H, Hkv, hd, 1.0f / sqrtf((float)hd));
+    cpu_attention(o, q, kc, vc, n, pos0, H, Hkv, hd, 1.0f / sqrtf((float)hd));
     for (int t = 0; t < n; t++)
         for (int h = 0; h < H; h++) {
             const float *gate = qg + ((size_t)t * H + h) * hd * 2 + hd;
@@ -194,8 +193,31 @@ static void moe_block(const tl_config *c, const tl_layer *L, const float *u, flo
     free(router), free(g);
 }
 
+/* One pre-norm decoder block over x [n, D] in place: mixer (attention into kc/vc, or GDN on
+ * st's layer il), then the MoE; u, o are [n, D] scratch. */
+static void decoder_block(const tl_config *c, const tl_layer *L, cpu_state *st, int il, float *kc,
+                          float *vc, float *x, float *u, float *o, int n, int pos0, float *gap) {
+    int D = c->n_embd;
+    for (int t = 0; t < n; t++)
+        cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->attn_norm, D, c->rms_eps);
+    if (L->kind == TL_LAYER_GDN)
+        gdn_mixer(c, L, st, il, u, o, n);
+    else
+        attn_mixer(c, L, kc, vc, u, o, n, pos0);
+    for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
+    for (int t = 0; t < n; t++)
+        cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
+    moe_block(c, L, u, o, n, gap);
+    for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
+}
+
 int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, float *logits,
                 float *all_logits) {
+    return cpu_forward_h(m, st, tokens, n, logits, all_logits, NULL);
+}
+
+int cpu_forward_h(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, float *logits,
+                  float *all_logits, float *hidden) {
     const tl_config *c = &m->cfg;
     int D = c->n_embd;
     if (n <= 0) return TL_ERR_INVALID;
@@ -207,24 +229,14 @@ int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, 
     float *u = xmalloc(sizeof(float) * (size_t)n * D);
     float *o = xmalloc(sizeof(float) * (size_t)n * D);
     for (int t = 0; t < n; t++) cpu_mat_row(x + (size_t)t * D, &m->tok_embd, tokens[t]);
-    for (int il = 0; il < c->n_layer; il++) {
-        const tl_layer *L = &m->layers[il];
-        for (int t = 0; t < n; t++)
-            cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->attn_norm, D, c->rms_eps);
-        if (L->kind == TL_LAYER_GDN)
-            gdn_mixer(c, L, st, il, u, o, n);
-        else
-            attn_mixer(c, L, st, il, u, o, n, st->n_past);
-        for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
-        for (int t = 0; t < n; t++)
-            cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, c->rms_eps);
-        moe_block(c, L, u, o, n, &st->route_gap);
-        for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
-    }
+    for (int il = 0; il < c->n_layer; il++)
+        decoder_block(c, &m->layers[il], st, il, st->kv_k[il], st->kv_v[il], x, u, o, n, st->n_past,
+                      &st->route_gap);
     st->n_past += n;
-    int first = all_logits ? 0 : n - 1;
+    int first = all_logits || hidden ? 0 : n - 1;
     for (int t = first; t < n; t++)
         cpu_rmsnorm(u + (size_t)t * D, x + (size_t)t * D, m->out_norm, D, c->rms_eps);
+    if (hidden) memcpy(hidden, u, sizeof(float) * (size_t)n * D);
     if (all_logits) {
         cpu_matmul(all_logits, &m->output, u, n);
         if (logits)
@@ -233,5 +245,57 @@ int cpu_forward(const tl_model *m, cpu_state *st, const int32_t *tokens, int n, 
         cpu_matmul(logits, &m->output, u + (size_t)(n - 1) * D, 1);
     }
     free(x), free(u), free(o);
+    return TL_OK;
+}
+
+/* ====== The MTP head (docs/model.md §3.2). ====== */
+
+int cpu_mtp_state_init(cpu_mtp_state *s, const tl_config *c, int max_ctx) {
+    size_t n = (size_t)max_ctx * c->n_head_kv * c->head_dim;
+    s->max_ctx = max_ctx;
+    s->k = calloc(n, sizeof(float));
+    s->v = calloc(n, sizeof(float));
+    if (s->k && s->v) return TL_OK;
+    cpu_mtp_state_free(s);
+    return TL_ERR_NOMEM;
+}
+
+void cpu_mtp_state_free(cpu_mtp_state *s) {
+    free(s->k);
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+int cpu_mtp_forward(const tl_model *m, cpu_mtp_state *s, const int32_t *tokens, const float *hidden,
+                    int n, int pos0, float *h_out, float *logits, float *all_logits) {
+    const tl_config *c = &m->cfg;
+    const tl_mtp *x = &m->mtp;
+    int D = c->n_embd;
+    if (!m->has_mtp || n <= 0 || pos0 < 0) return TL_ERR_INVALID;
+    if (pos0 + n > s->max_ctx) return TL_ERR_CONTEXT_FULL;
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab) return TL_ERR_INVALID;
+    float *cat = xmalloc(sizeof(float) * (size_t)n * 2 * D);
+    float *h = xmalloc(sizeof(float) * (size_t)n * D);
+    float *u = xmalloc(sizeof(float) * (size_t)n * D);
+    float *o = xmalloc(sizeof(float) * (size_t)n * D);
+    /* 1-2: [RMSNorm1p(E[token]) | RMSNorm1p(hidden)], embedding first, then fc */
+    for (int t = 0; t < n; t++) {
+        float *ct = cat + (size_t)t * 2 * D;
+        cpu_mat_row(ct, &m->tok_embd, tokens[t]);
+        cpu_rmsnorm(ct, ct, x->norm_emb, D, c->rms_eps);
+        cpu_rmsnorm(ct + D, hidden + (size_t)t * D, x->norm_hid, D, c->rms_eps);
+    }
+    cpu_matmul(h, &x->fc, cat, n);
+    /* 3: one gated-attention + MoE block with the head's own KV cache */
+    float gap = INFINITY;
+    decoder_block(c, &x->layer, NULL, 0, s->k, s->v, h, u, o, n, pos0, &gap);
+    /* 4: mtp.norm, the trunk's lm_head */
+    for (int t = 0; t < n; t++)
+        cpu_rmsnorm(u + (size_t)t * D, h + (size_t)t * D, x->norm, D, c->rms_eps);
+    if (h_out) memcpy(h_out, u, sizeof(float) * (size_t)n * D);
+    if (all_logits) cpu_matmul(all_logits, &m->output, u, n);
+    if (logits) cpu_matmul(logits, &m->output, u + (size_t)(n - 1) * D, 1);
+    free(cat), free(h), free(u), free(o);
     return TL_OK;
 }

@@ -19,6 +19,10 @@ typedef struct tl_fwd_entry {
     const int32_t *tokens;
     int n_tok;
     float *logits; /* out: [n_vocab] logits of the last token, or NULL */
+    /* out: [n_tok, n_vocab] logits of every token, or NULL. Set on a speculative verify
+     * (docs/architecture.md §3.6): the slot must then be able to roll back to any length in
+     * pos+1 .. pos+n_tok (rollback below). */
+    float *all_logits;
     /* device sampling (only read by backends with can_sample): */
     const tl_sample_params *sample; /* NULL: no sample wanted */
     uint64_t *rng;                  /* the sequence's RNG state, advanced by one draw */
@@ -27,6 +31,18 @@ typedef struct tl_fwd_entry {
     int n_prompt; /* history[0..n_prompt) is prompt, the rest generated */
     tl_sample_out *out;
 } tl_fwd_entry;
+
+/* One MTP draft step of one sequence (docs/architecture.md §3.6, docs/model.md §3.3). The slot
+ * holds len tokens. step 0: the head's row at position len - 1, pairing `token` (the sampled,
+ * not yet fed token) with the slot's trunk hidden at len - 1 (that row becomes part of the
+ * head's cache). step k > 0: the row at position len - 1 + k, pairing `token` (draft k) with the
+ * h' of step k - 1 (a speculative row: the verify's rows overwrite it). */
+typedef struct tl_draft_entry {
+    int slot;
+    int step;
+    int32_t token;
+    float *logits; /* out: [n_vocab] draft logits */
+} tl_draft_entry;
 
 typedef struct tl_backend {
     const char *name;
@@ -44,6 +60,24 @@ typedef struct tl_backend {
      * then keeps it out of use until a later reset succeeds). */
     int (*reset_slot)(struct tl_backend *b, int slot);
     int (*forward)(struct tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen);
+
+    /* Speculative decoding with the MTP head (docs/architecture.md §3.6). NULL ops: not
+     * implemented (the engine runs without speculation and says so once).
+     * spec_init: called once after open, before any forward, with the most draft tokens per
+     * step (1..4): allocates the head's KV cache per slot and what rollback needs. From then on
+     * every forward() also computes the head's rows its entries make computable (row p once the
+     * token at p + 1 is known: rows len - 1 .. pos + n_tok - 2 of an entry) and keeps the last
+     * trunk hiddens of each slot. 0, TL_ERR_NOMEM, TL_ERR_UNSUPPORTED (no MTP head). */
+    int (*spec_init)(struct tl_backend *b, int max_draft, char *err, size_t errlen);
+    /* 1 when the slot's head cache covers every row below its length (it may draft); 0 after
+     * a prefix-cache load, which restores no head rows (the sequence then decodes plainly). */
+    int (*spec_ready)(struct tl_backend *b, int slot);
+    /* One draft step for n entries (distinct slots). */
+    int (*draft)(struct tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen);
+    /* After a forward with all_logits: the slot back to n_keep tokens (the accepted ones), as if
+     * only those had been fed: GDN conv and recurrent state, KV length and pages, the head's
+     * rows (valid below n_keep - 1) and its hidden (that of position n_keep - 1). */
+    int (*rollback)(struct tl_backend *b, int slot, int n_keep, char *err, size_t errlen);
 
     /* Prefix cache storage (docs/architecture.md §4.1; the decisions are prefix_cache.c's, the
      * backend only copies). NULL ops: no prefix cache. pc_page_bytes: one cache page (the KV of

@@ -1,7 +1,10 @@
 /* CPU reference backend: one cpu_state per slot, entries run one after another through
  * cpu_forward (the oracle). Used by CI end to end and wherever no GPU is present. Its KV pool
  * (backend.h) is bookkeeping over kv_pages.c: with kv_tokens set, a real limit on the tokens
- * all slots hold together, as on the GPU; without, one page of max_ctx per slot. */
+ * all slots hold together, as on the GPU; without, one page of max_ctx per slot.
+ * Speculative decoding (docs/architecture.md §3.6): the MTP head's cache and hiddens per slot;
+ * a verify is rolled back by restoring the GDN state saved before it and recomputing the
+ * accepted tokens (exact on the CPU: a chunk computes what token-by-token steps compute). */
 #include <stdlib.h>
 #include <string.h>
 #include "common/status.h"
@@ -10,10 +13,24 @@
 #include "engine/backend.h"
 #include "engine/kv_pages.h"
 
+/* A slot's speculative-decoding state (docs/architecture.md §3.6). */
+typedef struct {
+    cpu_mtp_state mtp;
+    int mtp_len;         /* head rows computed: positions 0 .. mtp_len - 1; -1: not kept */
+    float *hid;          /* [max_draft + 1][n_embd] trunk hiddens of positions hid_pos0 .. */
+    int hid_pos0, hid_n; /* .. hid_pos0 + hid_n - 1 (the last forward's last ones) */
+    float *chain;        /* [n_embd] h' of the last draft step */
+    float *gdn;          /* the GDN state before the last verify */
+    int32_t *vtok;       /* the last verify's tokens, at positions vpos .. vpos + vn - 1 */
+    int vpos, vn;        /* vn 0: no verify to roll back */
+} cpu_spec;
+
 typedef struct {
     const tl_model *m;
     int max_seqs;
     cpu_state *st;
+    int spec_k;   /* most draft tokens per step; 0: no speculation */
+    cpu_spec *sp; /* [max_seqs] when spec_k > 0 */
     tl_kv_pages pages;
     /* prefix cache storage (backend.h): pages [n_pc_page][attn layer][TL_PC_PAGE][kv row] K
      * then V, f32; snapshots [n_pc_snap][gdn layer] conv then recurrent state, f32 */
@@ -24,7 +41,18 @@ typedef struct {
     int n_attn, n_gdn;
 } cpu_backend;
 
+static void spec_free(cpu_backend *c) {
+    for (int i = 0; c->sp && i < c->max_seqs; i++) {
+        cpu_spec *x = &c->sp[i];
+        cpu_mtp_state_free(&x->mtp);
+        free(x->hid), free(x->chain), free(x->gdn), free(x->vtok);
+    }
+    free(c->sp);
+    c->sp = NULL;
+}
+
 static void cpu_free(cpu_backend *c, int n_state) {
+    spec_free(c);
     for (int i = 0; i < n_state; i++) cpu_state_free(&c->st[i]);
     tl_kv_pages_free(&c->pages);
     free(c->pc_pages);
@@ -44,6 +72,7 @@ static int cpu_reset_slot(tl_backend *b, int slot) {
     if (slot < 0 || slot >= c->max_seqs) return TL_ERR_INVALID;
     tl_kv_pages_release(&c->pages, slot);
     cpu_state_reset(&c->st[slot], &c->m->cfg);
+    if (c->sp) c->sp[slot].mtp_len = 0, c->sp[slot].hid_n = 0, c->sp[slot].vn = 0;
     return TL_OK;
 }
 
@@ -53,6 +82,162 @@ static void cpu_kv_stats(tl_backend *b, tl_kv_stats *out) {
     out->pages_total = p->n_page;
     out->pages_free = p->n_free;
     out->pages_per_seq = p->max_pages;
+}
+
+/* Copies the GDN conv and recurrent state of st to buf (to_buf) or back. */
+static void gdn_copy(cpu_backend *c, cpu_state *st, float *buf, int to_buf) {
+    const tl_config *cfg = &c->m->cfg;
+    for (int il = 0; il < cfg->n_layer; il++) {
+        if (cfg->layer_kind[il] == TL_LAYER_ATTN) continue;
+        if (to_buf)
+            memcpy(buf, st->conv[il], c->conv_n * 4),
+                memcpy(buf + c->conv_n, st->rec[il], c->rec_n * 4);
+        else
+            memcpy(st->conv[il], buf, c->conv_n * 4),
+                memcpy(st->rec[il], buf + c->conv_n, c->rec_n * 4);
+        buf += c->conv_n + c->rec_n;
+    }
+}
+
+/* ====== Speculative decoding (backend.h, docs/architecture.md §3.6). ====== */
+
+/* The head's rows an entry makes computable: mtp_len .. pos + n_tok - 2 (row p pairs the hidden
+ * of position p with the token at p + 1); h [n_tok][D] are the entry's trunk hiddens. */
+static int spec_rows(cpu_backend *c, cpu_spec *x, const tl_fwd_entry *e, const float *h) {
+    int D = c->m->cfg.n_embd, r0 = x->mtp_len, r1 = e->pos + e->n_tok - 1;
+    if (r0 < 0) return TL_OK;
+    if (r0 < e->pos - 1) { /* rows missing below this entry: the head is not kept for the slot */
+        x->mtp_len = -1;
+        return TL_OK;
+    }
+    int n = r1 - r0;
+    if (n <= 0) return TL_OK;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+    float *hid = malloc(sizeof(float) * (size_t)n * D);
+    if (!tok || !hid) {
+        free(tok), free(hid);
+        return TL_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        int p = r0 + i;
+        tok[i] = e->tokens[p + 1 - e->pos];
+        const float *src =
+            p < e->pos ? x->hid + (size_t)(p - x->hid_pos0) * D : h + (size_t)(p - e->pos) * D;
+        TL_ASSERT(p >= e->pos || (p >= x->hid_pos0 && p < x->hid_pos0 + x->hid_n));
+        memcpy(hid + (size_t)i * D, src, sizeof(float) * D);
+    }
+    int rc = cpu_mtp_forward(c->m, &x->mtp, tok, hid, n, r0, NULL, NULL, NULL);
+    if (!rc) x->mtp_len = r1;
+    free(tok), free(hid);
+    return rc;
+}
+
+/* One entry with speculation on: the GDN state saved first when it is a verify, the trunk with
+ * its hiddens, the head's rows, the last hiddens kept. */
+static int spec_forward(cpu_backend *c, const tl_fwd_entry *e) {
+    cpu_state *st = &c->st[e->slot];
+    cpu_spec *x = &c->sp[e->slot];
+    int D = c->m->cfg.n_embd, n = e->n_tok;
+    x->vn = 0;
+    if (e->all_logits) {
+        if (n > c->spec_k + 1) return TL_ERR_INVALID;
+        gdn_copy(c, st, x->gdn, 1);
+        memcpy(x->vtok, e->tokens, sizeof(int32_t) * (size_t)n);
+        x->vpos = e->pos, x->vn = n;
+    }
+    float *h = malloc(sizeof(float) * (size_t)n * D);
+    if (!h) return TL_ERR_NOMEM;
+    int rc = cpu_forward_h(c->m, st, e->tokens, n, e->logits, e->all_logits, h);
+    if (!rc) rc = spec_rows(c, x, e, h);
+    if (!rc) {
+        int keep = TL_MIN(n, c->spec_k + 1);
+        memcpy(x->hid, h + (size_t)(n - keep) * D, sizeof(float) * (size_t)keep * D);
+        x->hid_pos0 = e->pos + n - keep, x->hid_n = keep;
+    }
+    free(h);
+    return rc;
+}
+
+static int cpu_spec_ready(tl_backend *b, int slot) {
+    cpu_backend *c = b->impl;
+    if (!c->sp || slot < 0 || slot >= c->max_seqs) return 0;
+    int len = c->st[slot].n_past;
+    return len > 0 && c->sp[slot].mtp_len == len - 1;
+}
+
+static int cpu_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen) {
+    cpu_backend *c = b->impl;
+    int D = c->m->cfg.n_embd;
+    for (int i = 0; i < n; i++) {
+        if (!c->sp || d[i].slot < 0 || d[i].slot >= c->max_seqs || d[i].step < 0 ||
+            d[i].step >= c->spec_k)
+            return tl_errf(err, errlen, TL_ERR_INVALID, "draft: bad slot %d / step %d", d[i].slot,
+                           d[i].step);
+        cpu_spec *x = &c->sp[d[i].slot];
+        int len = c->st[d[i].slot].n_past, pos = len - 1 + d[i].step;
+        if (d[i].step == 0 && !cpu_spec_ready(b, d[i].slot))
+            return tl_errf(err, errlen, TL_ERR_INTERNAL,
+                           "draft: slot %d has no MTP rows up to its length %d", d[i].slot, len);
+        const float *h = d[i].step ? x->chain : x->hid + (size_t)(len - 1 - x->hid_pos0) * D;
+        float *hn = malloc(sizeof(float) * D);
+        if (!hn) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+        int rc = cpu_mtp_forward(c->m, &x->mtp, &d[i].token, h, 1, pos, hn, d[i].logits, NULL);
+        if (!rc) memcpy(x->chain, hn, sizeof(float) * D);
+        free(hn);
+        if (rc) return tl_errf(err, errlen, rc, "draft: MTP head: %s", tl_status_str(rc));
+        if (d[i].step == 0) x->mtp_len = len;
+    }
+    return TL_OK;
+}
+
+static int cpu_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t errlen) {
+    cpu_backend *c = b->impl;
+    if (!c->sp || slot < 0 || slot >= c->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "rollback: bad slot %d", slot);
+    cpu_state *st = &c->st[slot];
+    cpu_spec *x = &c->sp[slot];
+    if (!x->vn || n_keep <= x->vpos || n_keep > x->vpos + x->vn || st->n_past != x->vpos + x->vn)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "rollback: slot %d to %d tokens, but its verify covered %d..%d", slot,
+                       n_keep, x->vpos, x->vpos + x->vn);
+    if (n_keep < st->n_past) { /* restore, then recompute the accepted tokens */
+        gdn_copy(c, st, x->gdn, 0);
+        st->n_past = x->vpos;
+        int rc = cpu_forward(c->m, st, x->vtok, n_keep - x->vpos, NULL, NULL);
+        if (rc) return tl_errf(err, errlen, rc, "rollback: recompute: %s", tl_status_str(rc));
+        tl_kv_pages_truncate(&c->pages, slot, n_keep);
+        if (x->mtp_len > n_keep - 1) x->mtp_len = n_keep - 1;
+        x->hid_n = n_keep - x->hid_pos0;
+        TL_ASSERT(x->hid_n >= 1);
+    }
+    x->vn = 0;
+    return TL_OK;
+}
+
+static int cpu_spec_init(tl_backend *b, int max_draft, char *err, size_t errlen) {
+    cpu_backend *c = b->impl;
+    if (!c->m->has_mtp)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED, "the checkpoint has no MTP head");
+    if (max_draft < 1 || max_draft > TL_MAX_SPEC || c->sp)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "spec_init: %d draft tokens", max_draft);
+    int D = c->m->cfg.n_embd, ok = 1;
+    c->sp = xcalloc((size_t)c->max_seqs, sizeof *c->sp);
+    for (int i = 0; i < c->max_seqs && ok; i++) {
+        cpu_spec *x = &c->sp[i];
+        ok = !cpu_mtp_state_init(&x->mtp, &c->m->cfg, c->st[i].max_ctx);
+        x->hid = malloc(sizeof(float) * (size_t)(max_draft + 1) * D);
+        x->chain = malloc(sizeof(float) * D);
+        x->gdn = malloc(b->pc_snap_bytes);
+        x->vtok = malloc(sizeof(int32_t) * (size_t)(max_draft + 1));
+        ok = ok && x->hid && x->chain && x->gdn && x->vtok;
+    }
+    if (!ok) {
+        spec_free(c);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory for the MTP state of %d slots",
+                       c->max_seqs);
+    }
+    c->spec_k = max_draft;
+    return TL_OK;
 }
 
 /* Every entry's position is checked, then the pages of the whole step are taken (all or
@@ -74,7 +259,9 @@ static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_
     if (slot != slot_stack) free(slot);
     if (len != len_stack) free(len);
     for (int i = 0; i < n && !rc; i++) {
-        rc = cpu_forward(c->m, &c->st[e[i].slot], e[i].tokens, e[i].n_tok, e[i].logits, NULL);
+        rc = c->spec_k ? spec_forward(c, &e[i])
+                       : cpu_forward(c->m, &c->st[e[i].slot], e[i].tokens, e[i].n_tok, e[i].logits,
+                                     e[i].all_logits);
         if (rc) rc = tl_errf(err, errlen, rc, "cpu forward: %s", tl_status_str(rc));
     }
     return rc;
@@ -119,18 +306,7 @@ static void copy_page(cpu_backend *c, cpu_state *st, int pg, int p0, int p1, int
 }
 
 static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
-    const tl_config *cfg = &c->m->cfg;
-    float *p = c->pc_snaps + (size_t)sn * c->n_gdn * (c->conv_n + c->rec_n);
-    for (int il = 0; il < cfg->n_layer; il++) {
-        if (cfg->layer_kind[il] == TL_LAYER_ATTN) continue;
-        if (to_cache)
-            memcpy(p, st->conv[il], c->conv_n * 4),
-                memcpy(p + c->conv_n, st->rec[il], c->rec_n * 4);
-        else
-            memcpy(st->conv[il], p, c->conv_n * 4),
-                memcpy(st->rec[il], p + c->conv_n, c->rec_n * 4);
-        p += c->conv_n + c->rec_n;
-    }
+    gdn_copy(c, st, c->pc_snaps + (size_t)sn * c->n_gdn * (c->conv_n + c->rec_n), to_cache);
 }
 
 static int check_io(const cpu_backend *c, int slot, const tl_pc_io *io, char *err, size_t errlen) {
@@ -176,6 +352,7 @@ static int cpu_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int
         copy_page(c, st, io->page[k], k * TL_PC_PAGE, TL_MIN(io->n_tok, (k + 1) * TL_PC_PAGE), 0);
     copy_snap(c, st, io->snap, 0);
     st->n_past = io->n_tok;
+    if (c->sp) c->sp[slot].mtp_len = -1; /* no head rows in a snapshot: no drafting (§3.6) */
     return 0;
 }
 
@@ -235,6 +412,10 @@ int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int m
     b->reset_slot = cpu_reset_slot;
     b->kv_stats = cpu_kv_stats;
     b->forward = cpu_fwd;
+    b->spec_init = cpu_spec_init;
+    b->spec_ready = cpu_spec_ready;
+    b->draft = cpu_draft;
+    b->rollback = cpu_rollback;
     cpu_cache_sizes(b, &m->cfg);
     *out = b;
     return TL_OK;

@@ -28,6 +28,13 @@ struct tl_engine {
     float *scratch;            /* [max_seqs, n_vocab] logits for host sampling */
     int pc_on;                 /* the prefix cache (§4.1) is in use */
     tl_prefix_cache pc;
+    /* speculative decoding (docs/architecture.md §3.6) */
+    int spec_k;        /* draft tokens per step; 0: off */
+    float *spec_lg;    /* [max_seqs][spec_k + 1][n_vocab] verify logits */
+    float *spec_q;     /* [max_seqs][spec_k][n_vocab] draft logits, then their law q */
+    float *spec_p;     /* [n_vocab] a target law */
+    int32_t *spec_tok; /* [max_seqs][spec_k + 1]: the fed token, then the drafts */
+    tl_spec_stats spec;
 };
 
 struct tl_session {
@@ -142,6 +149,36 @@ static int open_prefix_cache(tl_engine *e, const tl_engine_params *p, char *err,
     return 0;
 }
 
+/* Speculative decoding, when asked for and possible (docs/architecture.md §3.6): the backend's
+ * MTP state, the host buffers of drafts and verifies. Off, said once, without an MTP head or a
+ * backend that implements it. */
+static int open_spec(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
+    if (p->spec_tokens < 0 || p->spec_tokens > TL_MAX_SPEC)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "speculative tokens %d: not in [0, %d]",
+                       p->spec_tokens, TL_MAX_SPEC);
+    if (!p->spec_tokens) return 0;
+    const char *off = !e->model || !e->model->has_mtp ? "the checkpoint has no MTP head (mtp.*)"
+                      : !e->be->spec_init || !e->be->draft || !e->be->rollback || !e->be->spec_ready
+                          ? "the backend does not implement it"
+                          : NULL;
+    if (off) {
+        fprintf(stderr, "tulip: speculative decoding off: %s\n", off);
+        return 0;
+    }
+    int K = p->spec_tokens, rc = e->be->spec_init(e->be, K, err, errlen);
+    if (rc) return rc;
+    size_t V = (size_t)e->cfg.n_vocab, S = (size_t)e->max_seqs;
+    e->spec_lg = malloc(sizeof(float) * S * (K + 1) * V);
+    e->spec_q = malloc(sizeof(float) * S * K * V);
+    e->spec_p = malloc(sizeof(float) * V);
+    e->spec_tok = malloc(sizeof(int32_t) * S * (K + 1));
+    if (!e->spec_lg || !e->spec_q || !e->spec_p || !e->spec_tok)
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory for speculative decoding");
+    e->spec_k = K;
+    fprintf(stderr, "tulip: speculative decoding: up to %d draft tokens per step (MTP head)\n", K);
+    return 0;
+}
+
 int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t errlen) {
     if (!out || !p) return tl_errf(err, errlen, TL_ERR_INVALID, "no engine parameters");
     *out = NULL;
@@ -162,6 +199,7 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
                 "tulip: loaded %s in %.1f s (read and checked %.1f s, %s backend setup %.1f s)\n",
                 p->model_path, tl_time_s() - t0, t1 - t0, e->be->name, tl_time_s() - t1);
     if (!rc) rc = open_prefix_cache(e, p, err, errlen);
+    if (!rc) rc = open_spec(e, p, err, errlen);
     if (!rc) e->slot_state = xcalloc(e->max_seqs, 1);
     if (!rc && !e->be->can_sample) {
         e->scratch = calloc((size_t)e->max_seqs * e->cfg.n_vocab, sizeof(float));
@@ -182,6 +220,7 @@ void tl_engine_close(tl_engine *e) {
     if (e->model) tl_model_close(e->model);
     free(e->slot_state);
     free(e->scratch);
+    free(e->spec_lg), free(e->spec_q), free(e->spec_p), free(e->spec_tok);
     free(e);
 }
 
@@ -191,6 +230,12 @@ tl_backend_kind tl_engine_backend(const tl_engine *e) {
 }
 int tl_engine_max_ctx(const tl_engine *e) { return e->max_ctx; }
 int tl_engine_max_seqs(const tl_engine *e) { return e->max_seqs; }
+int tl_engine_spec_tokens(const tl_engine *e) { return e ? e->spec_k : 0; }
+int tl_engine_spec_stats(const tl_engine *e, tl_spec_stats *out) {
+    if (!e || !out) return TL_ERR_INVALID;
+    *out = e->spec;
+    return TL_OK;
+}
 tl_backend *tl_engine_backend_impl(tl_engine *e) { return e->be; }
 
 int tl_engine_kv_stats(const tl_engine *e, tl_kv_stats *out) {
@@ -452,12 +497,14 @@ static int check_step(tl_engine *e, const tl_batch_entry *b, int n, char *err, s
     return TL_OK;
 }
 
-/* Room for every entry's tokens in its session's history (the only allocation of a step). */
-static int grow_histories(const tl_batch_entry *b, int n, char *err, size_t errlen) {
+/* Room for every entry's tokens (and k[i] drafts) in its session's history (the only
+ * allocation of a step). */
+static int grow_histories(const tl_batch_entry *b, const int *k, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         tl_session *s = b[i].sess;
-        if (s->n_tokens + b[i].n_tok <= s->cap) continue;
-        int cap = TL_MAX(s->cap * 2, s->n_tokens + b[i].n_tok + 64);
+        int need = s->n_tokens + b[i].n_tok + k[i];
+        if (need <= s->cap) continue;
+        int cap = TL_MAX(s->cap * 2, need + 64);
         int32_t *nt = realloc(s->tokens, sizeof(int32_t) * cap);
         if (!nt) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
         s->tokens = nt;
@@ -494,12 +541,164 @@ static void fill_fwd(tl_engine *e, const tl_batch_entry *b, tl_fwd_entry *x) {
     }
 }
 
+/* ====== Speculative decoding (docs/architecture.md §3.6). ====== */
+
+/* Draft tokens for entry b this step: 0 unless speculation is on and b is a one-token decode
+ * entry with a sample (of a session that sampled before, so its RNG is seeded), no allowed-token
+ * mask (a grammar's mask depends on the tokens before it) and no logits wanted, whose slot's
+ * head is up to date; at most spec_max, and within the context (the verify feeds k + 1 tokens,
+ * then one is sampled). */
+static int spec_tokens_of(const tl_engine *e, const tl_batch_entry *b) {
+    const tl_session *s = b->sess;
+    if (!e->spec_k || b->spec_max <= 0 || b->n_tok != 1 || !b->sample || b->sample->allow ||
+        b->logits || s->n_prompt < 0 || !e->be->spec_ready(e->be, s->slot))
+        return 0;
+    int k = TL_MIN(e->spec_k, b->spec_max);
+    return TL_MAX(0, TL_MIN(k, e->max_ctx - s->n_tokens - 2));
+}
+
+/* One token from a dense law (tl_sample_probs) with one uniform; greedy laws are one-hot. */
+static int draw_dense(const float *q, int V, uint64_t *rng) {
+    double tot = 0, acc = 0;
+    for (int i = 0; i < V; i++) tot += q[i];
+    double u = tl_rng_uniform(rng) * tot;
+    int last = 0;
+    for (int i = 0; i < V; i++) {
+        if (q[i] <= 0) continue;
+        acc += q[i];
+        last = i;
+        if (u < acc) return i;
+    }
+    return last;
+}
+
+/* The drafts: k[i] chained steps of the MTP head per entry, all entries' step j in one backend
+ * call. Each draft is drawn from its own law q (the sampling parameters applied to the draft
+ * logits, with the drafts before it in the history): the argmax when greedy, else one draw from
+ * the session's RNG. A draft whose logits are not finite ends that entry's drafts there. The
+ * session's history holds the fed token and the drafts past its length (not counted yet). */
+static int spec_draft(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err, size_t errlen) {
+    size_t V = (size_t)e->cfg.n_vocab;
+    int K = e->spec_k, Vs = e->n_sample_vocab;
+    tl_draft_entry stackd[64];
+    tl_draft_entry *d = n <= 64 ? stackd : calloc(n, sizeof *d);
+    int *ent = malloc(sizeof(int) * (size_t)n);
+    if (!d || !ent) {
+        if (d != stackd) free(d);
+        free(ent);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    }
+    int rc = 0;
+    for (int j = 0; j < K && !rc; j++) {
+        int nd = 0;
+        for (int i = 0; i < n; i++) {
+            if (k[i] <= j) continue;
+            tl_session *s = b[i].sess;
+            int32_t *tok = e->spec_tok + (size_t)s->slot * (K + 1);
+            if (j == 0) tok[0] = b[i].tokens[0], s->tokens[s->n_tokens] = tok[0];
+            d[nd] = (tl_draft_entry){.slot = s->slot,
+                                     .step = j,
+                                     .token = tok[j],
+                                     .logits = e->spec_q + ((size_t)s->slot * K + j) * V};
+            ent[nd++] = i;
+        }
+        if (!nd) break;
+        rc = e->be->draft(e->be, d, nd, err, errlen);
+        for (int t = 0; t < nd && !rc; t++) {
+            tl_batch_entry *x = &b[ent[t]];
+            tl_session *s = x->sess;
+            float *q = d[t].logits;
+            int ok =
+                tl_sample_probs(q, Vs, x->sample, s->tokens, s->n_tokens + 1 + j, s->n_prompt, q);
+            if (ok < 0) rc = tl_errf(err, errlen, ok, "drafting: %s", tl_status_str(ok));
+            if (ok != 1) {
+                k[ent[t]] = j; /* no law to draw from: the drafts end before this one */
+                continue;
+            }
+            int32_t dt = x->sample->temperature <= 0 ? draw_dense(q, Vs, &(uint64_t){1})
+                                                     : draw_dense(q, Vs, &s->rng);
+            e->spec_tok[(size_t)s->slot * (K + 1) + j + 1] = dt;
+            s->tokens[s->n_tokens + 1 + j] = dt;
+        }
+    }
+    if (d != stackd) free(d);
+    free(ent);
+    return rc;
+}
+
+/* The verify entry of a speculating session: its token and the k drafts, logits of each. */
+static void spec_fill(tl_engine *e, const tl_batch_entry *b, int k, tl_fwd_entry *x) {
+    int slot = b->sess->slot;
+    x->tokens = e->spec_tok + (size_t)slot * (e->spec_k + 1);
+    x->n_tok = k + 1;
+    x->n_history = x->pos + k + 1;
+    x->logits = NULL;
+    x->sample = NULL;
+    x->all_logits = e->spec_lg + (size_t)slot * (e->spec_k + 1) * e->cfg.n_vocab;
+}
+
+/* Acceptance of one verified entry: draft i against the target at verify row i (the row after
+ * the fed token and drafts 1..i), in order, until one is rejected; then the correction, or the
+ * bonus token from the last row when all were accepted. Greedy: accepted when the target's own
+ * greedy sample (tl_sample_host) is the draft, so the tokens and logprobs are those of decoding
+ * without speculation. Sampling: tl_spec_accept (min(1, p/q), else a draw from max(0, p - q)),
+ * so each token has the target's law. The session keeps the fed token and the accepted drafts;
+ * the backend rolls the rest back. */
+static int spec_finish(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, char *err,
+                       size_t errlen) {
+    tl_session *s = b->sess;
+    const tl_sample_params *sp = b->sample;
+    int K = e->spec_k, k = f->n_tok - 1, Vs = e->n_sample_vocab, base = s->n_tokens, acc = 0;
+    size_t V = (size_t)e->cfg.n_vocab;
+    const int32_t *tok = f->tokens;
+    int greedy = sp->temperature <= 0, n_out = 0, stop = 0, rc = 0;
+    for (int i = 0; i < k && !stop && !rc; i++) {
+        const float *row = f->all_logits + (size_t)i * V;
+        tl_sample_out *o = &b->out[n_out++];
+        int nh = base + 1 + i;
+        if (greedy) {
+            rc = tl_sample_host(row, Vs, sp, &s->rng, s->tokens, nh, s->n_prompt, o);
+            stop = o->token != tok[i + 1];
+            continue;
+        }
+        int ok = tl_sample_probs(row, Vs, sp, s->tokens, nh, s->n_prompt, e->spec_p);
+        if (ok != 1) { /* no target law (non-finite): the sampler says which */
+            rc = ok < 0 ? ok : tl_sample_host(row, Vs, sp, &s->rng, s->tokens, nh, s->n_prompt, o);
+            stop = 1;
+            continue;
+        }
+        const float *q = e->spec_q + ((size_t)s->slot * K + i) * V;
+        int a, t = tl_spec_accept(e->spec_p, q, Vs, tok[i + 1], &s->rng, &a);
+        tl_sample_logprobs(row, Vs, t, sp->n_logprobs, o);
+        stop = !a;
+    }
+    acc = stop ? n_out - 1 : n_out;
+    if (!rc && !stop) /* every draft accepted: the bonus token */
+        rc = tl_sample_host(f->all_logits + (size_t)k * V, Vs, sp, &s->rng, s->tokens, base + 1 + k,
+                            s->n_prompt, &b->out[n_out++]);
+    if (rc) return tl_errf(err, errlen, rc, "sampling: %s", tl_status_str(rc));
+    if (acc < k) rc = e->be->rollback(e->be, s->slot, base + 1 + acc, err, errlen);
+    if (rc) return rc;
+    s->n_tokens = base + 1 + acc;
+    b->n_out = n_out;
+    e->spec.drafts++;
+    e->spec.drafted += k;
+    e->spec.accepted += acc;
+    return 0;
+}
+
 /* After a forward: advance each session, sample on the host when the backend does not. */
-static int finish_step(tl_engine *e, const tl_batch_entry *b, const tl_fwd_entry *f, int n,
-                       char *err, size_t errlen) {
+static int finish_step(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, int n, char *err,
+                       size_t errlen) {
     for (int i = 0; i < n; i++) {
         tl_session *s = b[i].sess;
+        if (f[i].all_logits) { /* a speculative verify (§3.6) */
+            int rc = spec_finish(e, &b[i], &f[i], err, errlen);
+            if (rc) return rc;
+            continue;
+        }
         s->n_tokens += b[i].n_tok;
+        b[i].n_out = b[i].sample ? 1 : 0;
         if (!b[i].sample || e->be->can_sample) continue;
         int rc = tl_sample_host(f[i].logits, e->n_sample_vocab, b[i].sample, &s->rng, s->tokens,
                                 s->n_tokens, s->n_prompt, b[i].out);
@@ -516,20 +715,44 @@ int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t err
     int rc = check_step(e, b, n, err, errlen); /* everything before changing anything */
     if (rc || n == 0) return rc;
     tl_fwd_entry stackf[64];
+    int stackk[64];
+    uint64_t stackr[64];
     tl_fwd_entry *f = n <= 64 ? stackf : calloc(n, sizeof *f);
-    if (!f) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
-    rc = grow_histories(b, n, err, errlen);
+    int *k = n <= 64 ? stackk : calloc(n, sizeof *k);
+    uint64_t *rng0 = n <= 64 ? stackr : calloc(n, sizeof *rng0);
+    if (!f || !k || !rng0) {
+        if (f != stackf) free(f), free(k), free(rng0);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    }
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        k[i] = spec_tokens_of(e, &b[i]);
+        any |= k[i] > 0;
+        rng0[i] = b[i].sess->rng;
+        b[i].n_out = 0;
+    }
+    rc = grow_histories(b, k, n, err, errlen);
+    if (!rc && any) {
+        rc = spec_draft(e, b, k, n, err, errlen);
+        if (rc) mark_lost(b, n, rc);
+    }
     if (!rc) {
         for (int i = 0; i < n; i++) fill_fwd(e, &b[i], &f[i]);
+        for (int i = 0; i < n; i++)
+            if (k[i]) spec_fill(e, &b[i], k[i], &f[i]);
         rc = e->be->forward(e->be, f, n, err, errlen);
-        /* a full KV pool changes no session (tulip.h); any other failure leaves the state of
-         * every session in the batch undefined: they refuse steps until reset */
+        /* a full KV pool changes no session (tulip.h): the draws of the drafts are undone (the
+         * head's rows the drafts wrote are valid ones or above the slot's length); any other
+         * failure leaves the state of every session in the batch undefined: they refuse steps
+         * until reset */
+        if (rc == TL_ERR_CONTEXT_FULL)
+            for (int i = 0; i < n; i++) b[i].sess->rng = rng0[i];
         if (rc && rc != TL_ERR_CONTEXT_FULL) mark_lost(b, n, rc);
     }
     if (!rc) {
         rc = finish_step(e, b, f, n, err, errlen);
         if (rc) mark_lost(b, n, rc);
     }
-    if (f != stackf) free(f);
+    if (f != stackf) free(f), free(k), free(rng0);
     return rc;
 }

@@ -81,3 +81,11 @@ void tl_kv_pages_release(tl_kv_pages *p, int slot) {
     for (int i = p->np[slot] - 1; i >= 0; i--) p->free_pg[p->n_free++] = row[i];
     p->np[slot] = 0;
 }
+
+void tl_kv_pages_truncate(tl_kv_pages *p, int slot, int len) {
+    if (slot < 0 || slot >= p->max_seqs || len < 0) return;
+    int32_t *row = p->table + (size_t)slot * p->max_pages;
+    int keep = pages_for(p, len);
+    for (int i = p->np[slot] - 1; i >= keep; i--) p->free_pg[p->n_free++] = row[i];
+    if (keep < p->np[slot]) p->np[slot] = keep;
+}

@@ -36,5 +36,9 @@ int tl_kv_pages_reserve(tl_kv_pages *p, const int *slot, const int *len, int n, 
 /* Returns all pages of slot to the pool (their contents are stale: a page is only read below its
  * slot's length, which the next owner writes first). */
 void tl_kv_pages_release(tl_kv_pages *p, int slot);
+/* Shrinks slot to the pages of its first len positions (a speculative verify rolled back,
+ * docs/architecture.md §3.6); the pages past them return to the pool. Nothing when it holds no
+ * more. */
+void tl_kv_pages_truncate(tl_kv_pages *p, int slot, int len);
 
 #endif

@@ -192,3 +192,76 @@ int tl_sample_host(const float *logits, int V, const tl_sample_params *p, uint64
     free(l);
     return rc;
 }
+
+/* ====== Speculative decoding helpers (docs/architecture.md §3.6). ====== */
+
+int tl_sample_probs(const float *logits, int V, const tl_sample_params *p, const int32_t *history,
+                    int n_history, int n_prompt, float *probs) {
+    int ok = 1;
+    for (int i = 0; i < V && ok; i++) ok = isfinite(logits[i]) || logits[i] == -INFINITY;
+    float *l = ok ? malloc(sizeof(float) * V) : NULL;
+    cand *c = ok && p->temperature > 0 ? malloc(sizeof(cand) * V) : NULL;
+    if (ok && (!l || (p->temperature > 0 && !c))) {
+        free(l), free(c);
+        return TL_ERR_NOMEM;
+    }
+    if (ok) memcpy(l, logits, sizeof(float) * V);
+    if (ok && restricted(p)) ok = apply_restrictions(l, V, p);
+    if (ok && apply_penalties(l, V, p, history, n_history, n_prompt)) {
+        free(l), free(c);
+        return TL_ERR_NOMEM;
+    }
+    if (ok) {
+        int any = 0;
+        for (int i = 0; i < V; i++) any |= isfinite(l[i]);
+        ok = any;
+    }
+    if (ok) {
+        memset(probs, 0, sizeof(float) * V);
+        if (p->temperature <= 0) {
+            int best = 0;
+            for (int i = 1; i < V; i++)
+                if (l[i] > l[best]) best = i;
+            probs[best] = 1;
+        } else {
+            sorted_probs(l, V, p->temperature, c);
+            int n = n_candidates(c, V, p);
+            double tot = 0;
+            for (int i = 0; i < n; i++) tot += c[i].p;
+            for (int i = 0; i < n; i++) probs[c[i].id] = (float)(c[i].p / tot);
+        }
+    }
+    free(l), free(c);
+    return ok;
+}
+
+void tl_sample_logprobs(const float *logits, int V, int token, int n_top, tl_sample_out *out) {
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    logprobs(logits, V, out, TL_MIN(TL_MAX(n_top, 0), TL_MAX_LOGPROBS));
+}
+
+int tl_spec_accept(const float *p, const float *q, int V, int d, uint64_t *rng, int *accepted) {
+    double u = tl_rng_uniform(rng);
+    /* accept when u < p/q, written without the division: q[d] > 0 for a drawn d */
+    if (u * (double)q[d] < (double)p[d]) {
+        *accepted = 1;
+        return d;
+    }
+    *accepted = 0;
+    double tot = 0;
+    for (int i = 0; i < V; i++) tot += p[i] > q[i] ? (double)p[i] - q[i] : 0;
+    int use_p = !(tot > 0);
+    if (use_p)
+        for (int i = 0; i < V; i++) tot += p[i];
+    double r = tl_rng_uniform(rng) * tot, acc = 0;
+    int last = -1;
+    for (int i = 0; i < V; i++) {
+        double w = use_p ? p[i] : (p[i] > q[i] ? (double)p[i] - q[i] : 0);
+        if (w <= 0) continue;
+        acc += w;
+        last = i;
+        if (r < acc) return i;
+    }
+    return last >= 0 ? last : d;
+}

@@ -24,4 +24,24 @@ double tl_rng_uniform(uint64_t *s);
 int tl_sample_host(const float *logits, int n_vocab, const tl_sample_params *p, uint64_t *rng,
                    const int32_t *history, int n_history, int n_prompt, tl_sample_out *out);
 
+/* The distribution tl_sample_host draws from (steps 1b-3), dense over n_vocab: probs[i] is the
+ * probability of drawing i (0 for tokens the filters drop), a one-hot of the argmax when
+ * temperature <= 0. Returns 1, 0 when there is none (non-finite logits, nothing allowed), or
+ * TL_ERR_NOMEM. */
+int tl_sample_probs(const float *logits, int n_vocab, const tl_sample_params *p,
+                    const int32_t *history, int n_history, int n_prompt, float *probs);
+
+/* out->logprob and top logprobs of `token` under the unmodified logits (as tl_sample_host
+ * reports them); out->token = token. */
+void tl_sample_logprobs(const float *logits, int n_vocab, int token, int n_top, tl_sample_out *out);
+
+/* Speculative rejection sampling of one draft token (docs/architecture.md §3.6): d was drawn
+ * from q; with p the target distribution, d is accepted with probability min(1, p[d] / q[d])
+ * (one uniform from *rng); otherwise the token returned is drawn from max(0, p - q) renormalised
+ * (a second uniform). So the token returned has law p exactly. *accepted says which. p and q are
+ * dense over n_vocab (tl_sample_probs). When p - q has no positive mass left (p == q up to
+ * rounding) the draw is from p. */
+int tl_spec_accept(const float *p, const float *q, int n_vocab, int d, uint64_t *rng,
+                   int *accepted);
+
 #endif

@@ -151,11 +151,71 @@ static int plan_raw(plan *p, const tl_model *m, const char *src, const char *dst
     return TL_OK;
 }
 
+/* One decoder layer L: out names "<P>layers.<il>.*", raw tensors read from "<src>layers.<il>.*".
+ */
+static int plan_layer(plan *p, const tl_model *m, const tl_layer *L, const char *P, const char *src,
+                      int il, char *err, size_t errlen) {
+    const tl_config *c = &m->cfg;
+    char n[192], s[192];
+    int st;
+#define OUT(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, P, il), n)
+#define SRC(fmt) (snprintf(s, sizeof s, "%slayers.%d." fmt, src, il), s)
+    plan_vec(p, OUT("input_layernorm.weight"), L->attn_norm, c->n_embd);
+    plan_vec(p, OUT("post_attention_layernorm.weight"), L->ffn_norm, c->n_embd);
+    if (L->kind == TL_LAYER_ATTN) {
+        plan_mat(p, OUT("self_attn.q_proj"), &L->attn_q, 1, 0, p->bits, 0);
+        plan_mat(p, OUT("self_attn.k_proj"), &L->attn_k, 1, 0, p->bits, 0);
+        plan_mat(p, OUT("self_attn.v_proj"), &L->attn_v, 1, 0, p->bits, 0);
+        plan_mat(p, OUT("self_attn.o_proj"), &L->attn_o, 1, 0, p->bits, 0);
+        plan_vec(p, OUT("self_attn.q_norm.weight"), L->attn_q_norm, c->head_dim);
+        plan_vec(p, OUT("self_attn.k_norm.weight"), L->attn_k_norm, c->head_dim);
+    } else {
+        int64_t conv_shape[3] = {tl_config_gdn_conv_dim(c), c->gdn_conv_k, 1};
+        plan_mat(p, OUT("linear_attn.in_proj_qkv"), &L->gdn_qkv, 1, 0, p->bits, 0);
+        plan_mat(p, OUT("linear_attn.in_proj_z"), &L->gdn_z, 1, 0, p->bits, 0);
+        plan_mat(p, OUT("linear_attn.in_proj_b"), &L->gdn_b, 1, 0, p->bits, 0);
+        plan_mat(p, OUT("linear_attn.in_proj_a"), &L->gdn_a, 1, 0, p->bits, 0);
+        if ((st = plan_raw(p, m, SRC("linear_attn.conv1d.weight"), OUT("linear_attn.conv1d.weight"),
+                           3, conv_shape, err, errlen)) ||
+            (st = plan_raw(p, m, SRC("linear_attn.dt_bias"), OUT("linear_attn.dt_bias"), 0, NULL,
+                           err, errlen)) ||
+            (st = plan_raw(p, m, SRC("linear_attn.A_log"), OUT("linear_attn.A_log"), 0, NULL, err,
+                           errlen)) ||
+            (st = plan_raw(p, m, SRC("linear_attn.norm.weight"), OUT("linear_attn.norm.weight"), 0,
+                           NULL, err, errlen)))
+            return st;
+        plan_mat(p, OUT("linear_attn.out_proj"), &L->gdn_out, 1, 0, p->bits, 0);
+    }
+    plan_mat(p, OUT("mlp.gate"), &L->moe_router, 1, 0, 8, 1);
+    plan_mat(p, OUT("mlp.shared_expert.gate_proj"), &L->sh_gate, 1, 0, p->bits, 0);
+    plan_mat(p, OUT("mlp.shared_expert.up_proj"), &L->sh_up, 1, 0, p->bits, 0);
+    plan_mat(p, OUT("mlp.shared_expert.down_proj"), &L->sh_down, 1, 0, p->bits, 0);
+    plan_mat(p, OUT("mlp.shared_expert_gate"), &L->sh_gate_inp, 1, 0, 8, 1);
+    plan_mat(p, OUT("mlp.switch_mlp.gate_proj"), L->exp_gate, c->n_expert, 1, p->bits, 0);
+    plan_mat(p, OUT("mlp.switch_mlp.up_proj"), L->exp_up, c->n_expert, 1, p->bits, 0);
+    plan_mat(p, OUT("mlp.switch_mlp.down_proj"), L->exp_down, c->n_expert, 1, p->bits, 0);
+#undef OUT
+#undef SRC
+    return TL_OK;
+}
+
+/* The MTP head (docs/model.md §3), kept under its own names "mtp.*" in the MLX conventions of
+ * the trunk (offset norms, switch_mlp experts, quantized linears; the router 8-bit). */
+static int plan_mtp(plan *p, const tl_model *m, char *err, size_t errlen) {
+    const tl_mtp *x = &m->mtp;
+    int d = m->cfg.n_embd;
+    plan_vec(p, "mtp.pre_fc_norm_embedding.weight", x->norm_emb, d);
+    plan_vec(p, "mtp.pre_fc_norm_hidden.weight", x->norm_hid, d);
+    plan_mat(p, "mtp.fc", &x->fc, 1, 0, p->bits, 0);
+    plan_vec(p, "mtp.norm.weight", x->norm, d);
+    return plan_layer(p, m, &x->layer, "mtp.", "mtp.", 0, err, errlen);
+}
+
 static int build_plan(plan *p, const tl_model *m, char *err, size_t errlen) {
     const tl_config *c = &m->cfg;
     const char *src = ((const tl_model_priv *)m->priv)->prefix;
     const char *P = "language_model.model.";
-    char n[192], s[192];
+    char n[192];
     int st;
     snprintf(n, sizeof n, "%sembed_tokens", P);
     plan_mat(p, n, &m->tok_embd, 1, 0, p->bits, 0);
@@ -163,48 +223,9 @@ static int build_plan(plan *p, const tl_model *m, char *err, size_t errlen) {
     plan_vec(p, n, m->out_norm, c->n_embd);
     if (m->output.w != m->tok_embd.w || !c->tie_embeddings)
         plan_mat(p, "language_model.lm_head", &m->output, 1, 0, p->bits, 0);
-    for (int il = 0; il < c->n_layer; il++) {
-        const tl_layer *L = &m->layers[il];
-#define OUT(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, P, il), n)
-#define SRC(fmt) (snprintf(s, sizeof s, "%slayers.%d." fmt, src, il), s)
-        plan_vec(p, OUT("input_layernorm.weight"), L->attn_norm, c->n_embd);
-        plan_vec(p, OUT("post_attention_layernorm.weight"), L->ffn_norm, c->n_embd);
-        if (L->kind == TL_LAYER_ATTN) {
-            plan_mat(p, OUT("self_attn.q_proj"), &L->attn_q, 1, 0, p->bits, 0);
-            plan_mat(p, OUT("self_attn.k_proj"), &L->attn_k, 1, 0, p->bits, 0);
-            plan_mat(p, OUT("self_attn.v_proj"), &L->attn_v, 1, 0, p->bits, 0);
-            plan_mat(p, OUT("self_attn.o_proj"), &L->attn_o, 1, 0, p->bits, 0);
-            plan_vec(p, OUT("self_attn.q_norm.weight"), L->attn_q_norm, c->head_dim);
-            plan_vec(p, OUT("self_attn.k_norm.weight"), L->attn_k_norm, c->head_dim);
-        } else {
-            int64_t conv_shape[3] = {tl_config_gdn_conv_dim(c), c->gdn_conv_k, 1};
-            plan_mat(p, OUT("linear_attn.in_proj_qkv"), &L->gdn_qkv, 1, 0, p->bits, 0);
-            plan_mat(p, OUT("linear_attn.in_proj_z"), &L->gdn_z, 1, 0, p->bits, 0);
-            plan_mat(p, OUT("linear_attn.in_proj_b"), &L->gdn_b, 1, 0, p->bits, 0);
-            plan_mat(p, OUT("linear_attn.in_proj_a"), &L->gdn_a, 1, 0, p->bits, 0);
-            if ((st = plan_raw(p, m, SRC("linear_attn.conv1d.weight"),
-                               OUT("linear_attn.conv1d.weight"), 3, conv_shape, err, errlen)) ||
-                (st = plan_raw(p, m, SRC("linear_attn.dt_bias"), OUT("linear_attn.dt_bias"), 0,
-                               NULL, err, errlen)) ||
-                (st = plan_raw(p, m, SRC("linear_attn.A_log"), OUT("linear_attn.A_log"), 0, NULL,
-                               err, errlen)) ||
-                (st = plan_raw(p, m, SRC("linear_attn.norm.weight"), OUT("linear_attn.norm.weight"),
-                               0, NULL, err, errlen)))
-                return st;
-            plan_mat(p, OUT("linear_attn.out_proj"), &L->gdn_out, 1, 0, p->bits, 0);
-        }
-        plan_mat(p, OUT("mlp.gate"), &L->moe_router, 1, 0, 8, 1);
-        plan_mat(p, OUT("mlp.shared_expert.gate_proj"), &L->sh_gate, 1, 0, p->bits, 0);
-        plan_mat(p, OUT("mlp.shared_expert.up_proj"), &L->sh_up, 1, 0, p->bits, 0);
-        plan_mat(p, OUT("mlp.shared_expert.down_proj"), &L->sh_down, 1, 0, p->bits, 0);
-        plan_mat(p, OUT("mlp.shared_expert_gate"), &L->sh_gate_inp, 1, 0, 8, 1);
-        plan_mat(p, OUT("mlp.switch_mlp.gate_proj"), L->exp_gate, c->n_expert, 1, p->bits, 0);
-        plan_mat(p, OUT("mlp.switch_mlp.up_proj"), L->exp_up, c->n_expert, 1, p->bits, 0);
-        plan_mat(p, OUT("mlp.switch_mlp.down_proj"), L->exp_down, c->n_expert, 1, p->bits, 0);
-#undef OUT
-#undef SRC
-    }
-    return TL_OK;
+    for (int il = 0; il < c->n_layer; il++)
+        if ((st = plan_layer(p, m, &m->layers[il], P, src, il, err, errlen))) return st;
+    return m->has_mtp ? plan_mtp(p, m, err, errlen) : TL_OK;
 }
 
 /* Header entries of one unit (1 or 3), names kept in nb[3][208]. */

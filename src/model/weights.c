@@ -10,7 +10,10 @@
  *        stacked "mlp.switch_mlp.{gate,up,down}_proj" [E, out, in]; conv1d [C, K, 1]; any
  *        linear may be affine-quantized (U32 weight + scales + biases; bits and group are read
  *        from the shapes and cross-checked with config.json "quantization").
- * "model.visual.*" / "vision_tower.*" are left out of the directory; "mtp.*" stays addressable.
+ * "model.visual.*" / "vision_tower.*" are left out of the directory. "mtp.*" (the MTP head,
+ * docs/model.md §3) is bound into m->mtp when its layer is there, in either format: the same
+ * names, the same conventions as the trunk (MLX: offset norms, switch_mlp experts, quantized
+ * linears), experts fused or per expert; it may sit in its own shard.
  *
  * Matrices stay in the mapping; 1-D vectors become f32 with the storage convention removed. */
 #include <dirent.h>
@@ -529,19 +532,49 @@ static int bind_moe(bind_ctx *b, int il, tl_layer *L) {
     return bind_experts(b, il, L);
 }
 
-/* One decoder layer: its two norms, the mixer of its kind, the MoE block. */
-static int bind_layer(bind_ctx *b, int il) {
+/* One decoder layer into L: its two norms (count: in the offset check), the mixer of kind,
+ * the MoE block. */
+static int bind_layer_into(bind_ctx *b, int il, tl_layer *L, tl_layer_kind kind, int count) {
     const tl_config *c = &b->m->cfg;
-    tl_layer *L = &b->m->layers[il];
     int d = c->n_embd, st;
-    L->kind = c->layer_kind[il];
-    if ((st = bind_vec(b, layer_name(b, il, "input_layernorm.weight"), d, VEC_NORM1P, 1,
+    L->kind = kind;
+    if ((st = bind_vec(b, layer_name(b, il, "input_layernorm.weight"), d, VEC_NORM1P, count,
                        &L->attn_norm)) ||
-        (st = bind_vec(b, layer_name(b, il, "post_attention_layernorm.weight"), d, VEC_NORM1P, 1,
-                       &L->ffn_norm)))
+        (st = bind_vec(b, layer_name(b, il, "post_attention_layernorm.weight"), d, VEC_NORM1P,
+                       count, &L->ffn_norm)))
         return st;
     st = L->kind == TL_LAYER_ATTN ? bind_attn(b, il, L) : bind_gdn(b, il, L);
     return st ? st : bind_moe(b, il, L);
+}
+
+static int bind_layer(bind_ctx *b, int il) {
+    return bind_layer_into(b, il, &b->m->layers[il], b->m->cfg.layer_kind[il], 1);
+}
+
+/* The MTP head (docs/model.md §3.1), when the checkpoint has it: config mtp_num_hidden_layers
+ * >= 1 and any of mtp.pre_fc_norm_* / mtp.layers.0.* present (a file with only mtp.fc and
+ * mtp.norm, such as the tiny test fixtures, has no usable head). Then every tensor must be
+ * there with its shape. Its norms stay out of the offset check (they follow the trunk's
+ * convention, but are not part of what the check measured). */
+static int bind_mtp(bind_ctx *b) {
+    tl_model *m = b->m;
+    const tl_config *c = &m->cfg;
+    int d = c->n_embd, st;
+    if (c->mtp_n_layer < 1 || !(tl_model_find(m, "mtp.pre_fc_norm_embedding.weight") ||
+                                tl_model_find(m, "mtp.pre_fc_norm_hidden.weight") ||
+                                tl_model_find(m, "mtp.layers.0.input_layernorm.weight")))
+        return TL_OK;
+    tl_mtp *x = &m->mtp;
+    const char *pre = b->pre;
+    b->pre = "mtp.";
+    if (!(st = bind_vec(b, "mtp.pre_fc_norm_embedding.weight", d, VEC_NORM1P, 0, &x->norm_emb)) &&
+        !(st = bind_vec(b, "mtp.pre_fc_norm_hidden.weight", d, VEC_NORM1P, 0, &x->norm_hid)) &&
+        !(st = bind_mat(b, "mtp.fc", d, 2 * d, &x->fc)) &&
+        !(st = bind_layer_into(b, 0, &x->layer, TL_LAYER_ATTN, 0)))
+        st = bind_vec(b, "mtp.norm.weight", d, VEC_NORM1P, 0, &x->norm);
+    b->pre = pre;
+    m->has_mtp = st == TL_OK;
+    return st;
 }
 
 /* Which of the three name layouts the file uses, told by where embed_tokens is: sets b->pre,
@@ -632,6 +665,7 @@ static int bind_model(tl_model *m, char *err, size_t errlen) {
     if (st || (st = bind_globals(&b))) return st;
     for (int il = 0; il < m->cfg.n_layer; il++)
         if ((st = bind_layer(&b, il))) return st;
+    if ((st = bind_mtp(&b))) return st;
     return check_norm_offset(&b);
 }
 

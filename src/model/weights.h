@@ -95,6 +95,15 @@ typedef struct tl_layer {
     tl_mat sh_gate_inp; /* [1, n_embd] shared_expert_gate */
 } tl_layer;
 
+/* The multi-token-prediction head (docs/model.md §3): mtp.* of the checkpoint. */
+typedef struct tl_mtp {
+    float *norm_emb; /* [n_embd] mtp.pre_fc_norm_embedding, offset applied */
+    float *norm_hid; /* [n_embd] mtp.pre_fc_norm_hidden, offset applied */
+    tl_mat fc;       /* [n_embd, 2*n_embd]: columns [embedding | hidden] */
+    tl_layer layer;  /* mtp.layers.0: gated full attention + MoE (kind TL_LAYER_ATTN) */
+    float *norm;     /* [n_embd] mtp.norm, offset applied */
+} tl_mtp;
+
 typedef enum tl_ckpt_format {
     TL_CKPT_HF = 0,  /* official safetensors: zero-centred norms (+1), fused experts */
     TL_CKPT_MLX = 1, /* mlx-lm / mlx-vlm: offset norms, switch_mlp, affine quantization */
@@ -107,6 +116,11 @@ typedef struct tl_model {
     float *out_norm; /* [n_embd] offset applied */
     tl_mat output;   /* [n_vocab, n_embd] lm_head */
     tl_layer layers[TL_MAX_LAYERS];
+    /* 1 when the checkpoint has the MTP head (config mtp_num_hidden_layers >= 1 and mtp.* tensors
+     * beyond fc/norm present; every one of them then bound and checked), else 0 (speculative
+     * decoding is then off). */
+    int has_mtp;
+    tl_mtp mtp;
 
     /* tensor directory over all files (MTP tensors stay addressable here) */
     tl_tensor *tensors;

@@ -126,6 +126,10 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
     g.pc_queries = ps.queries, g.pc_hits = ps.hits, g.pc_hit_tokens = ps.hit_tokens;
     g.pc_evictions = ps.evictions, g.pc_snap_bytes = ps.snap_bytes;
     g.pc_bytes_used = ps.bytes_used, g.pc_bytes_total = ps.bytes_total;
+    tl_spec_stats ss;
+    tl_sched_spec_stats(s->sched, &ss);
+    g.spec_on = tl_engine_spec_tokens(s->eng) > 0;
+    g.spec_drafts = ss.drafts, g.spec_drafted = ss.drafted, g.spec_accepted = ss.accepted;
     char *text = tl_metrics_render(s->metrics, &g);
     if (!text) {
         tl_oai_error e;

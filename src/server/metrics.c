@@ -290,6 +290,19 @@ static void render_vllm(tl_buf *b, tl_metrics *m, const tl_metrics_gauges *g) {
     for (int i = 0; i < TL_MREASON_COUNT; i++)
         tl_buf_printf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lab,
                       tl_metrics_reason_name(i), m->success[i]);
+    if (g->spec_on) /* vLLM's spec_decode counters (docs/architecture.md §3.6) */
+        tl_buf_printf(
+            b,
+            "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"
+            "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+            "vllm:spec_decode_num_drafts_total{%s} %lld\n"
+            "# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.\n"
+            "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+            "vllm:spec_decode_num_draft_tokens_total{%s} %lld\n"
+            "# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.\n"
+            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+            "vllm:spec_decode_num_accepted_tokens_total{%s} %lld\n",
+            lab, g->spec_drafts, lab, g->spec_drafted, lab, g->spec_accepted);
     char hlab[320];
     snprintf(hlab, sizeof hlab, "%s,", lab);
     for (int i = 0; i < V_COUNT; i++)

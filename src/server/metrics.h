@@ -18,6 +18,9 @@ typedef struct tl_metrics_gauges {
     int pc_on;
     long long pc_queries, pc_hits, pc_hit_tokens, pc_evictions, pc_snap_bytes, pc_bytes_used,
         pc_bytes_total;
+    /* speculative decoding (tulip.h tl_spec_stats; spec_on 0: no series) */
+    int spec_on;
+    long long spec_drafts, spec_drafted, spec_accepted;
 } tl_metrics_gauges;
 
 tl_metrics *tl_metrics_new(void);

@@ -122,6 +122,7 @@ struct tl_sched {
     long kv_tokens;
     tl_kv_stats kv_pub;     /* the pool as of the last step */
     tl_prefix_stats pc_pub; /* the prefix cache as of the last step */
+    tl_spec_stats spec_pub; /* speculative decoding counters as of the last step */
 
     /* fixed at create */
     tl_kv_stats kv0; /* the pool when idle (its sizes do not change) */
@@ -129,6 +130,7 @@ struct tl_sched {
 
     /* engine thread only */
     int pc_on;        /* the engine has a prefix cache */
+    int spec_k;       /* draft tokens per step of speculative decoding (0: off, §3.6) */
     tl_kv_stats kv;   /* the pool now (refreshed at each step and preemption) */
     int admit_hold;   /* a step found the pool shorter than planned: admit nothing more until a
                          running job ends */
@@ -136,7 +138,7 @@ struct tl_sched {
     int n_live;       /* of running[] */
     tl_batch_entry *entries; /* [max_seqs]: the step's batch, at most one entry per job */
     tl_job **entry_job;      /* [max_seqs]: the job of each entry */
-    tl_sample_out *outs;     /* [max_seqs]: the step's samples */
+    tl_sample_out *outs;     /* [max_seqs][1 + spec_k]: the step's samples */
 };
 
 static void snap_save(tl_sched *s, tl_job *j);
@@ -329,8 +331,11 @@ static void publish_stats(tl_sched *s) {
     tl_engine_kv_stats(s->eng, &ks);
     tl_prefix_stats ps;
     tl_engine_prefix_stats(s->eng, &ps);
+    tl_spec_stats ss;
+    tl_engine_spec_stats(s->eng, &ss);
     pthread_mutex_lock(&s->mu);
     s->pc_pub = ps;
+    s->spec_pub = ss;
     s->n_running = s->n_live;
     s->n_sessions = n_sess;
     s->kv_tokens = kv;
@@ -448,6 +453,23 @@ static int chunk_tokens(const tl_sched *s, const tl_job *j, const step_plan *sp)
     return TL_MIN(end - j->n_fed, TL_MAX(sp->budget, 32));
 }
 
+/* Draft tokens a decoding job may have verified this step (docs/architecture.md §3.6): none for
+ * jobs whose tokens are decided outside the sampler (test scripts, forced tool calls), that are
+ * constrained (a grammar's mask holds for one position) or still under min_tokens; at most what
+ * max_tokens leaves after this step's sample, short enough that every emitted token stays below
+ * the sequence limit (so job_after_sample's length check, made with the step's final length,
+ * cannot end a job early), and within the free pages (its pages taken from sp). */
+static int spec_budget(tl_sched *s, tl_job *j, long past, step_plan *sp) {
+    if (!s->spec_k || j->script || j->force || j->con || j->n_gen < j->min_tokens) return 0;
+    long k = s->spec_k;
+    if (j->max_tokens > 0) k = TL_MIN(k, j->max_tokens - j->n_gen - 1);
+    k = TL_MIN(k, s->seq_tokens - past - 3);
+    while (k > 0 && tl_kv_pages_to_grow(&s->kv, past + 1, past + 1 + k) > sp->free) k--;
+    if (k <= 0) return 0;
+    sp->free -= tl_kv_pages_to_grow(&s->kv, past + 1, past + 1 + k);
+    return (int)k;
+}
+
 /* Plans running[i]'s tokens of this step within the free pages: a prefill chunk shrinks to the
  * pages left; when not even one token fits, the newest running job is preempted, until this one
  * fits or is itself the newest and yields. Returns 0 when it was preempted (running[i] is now
@@ -478,6 +500,7 @@ static int plan_job(tl_sched *s, int i, step_plan *sp) {
     sp->free -= need;
     j->n_plan = want;
     if (!dec) sp->budget -= want, sp->moved = 1;
+    j->n_spec = dec ? spec_budget(s, j, past, sp) : 0;
     return 1;
 }
 
@@ -639,7 +662,8 @@ static int build_batch(tl_sched *s) {
                 s->entries[n] = (tl_batch_entry){.sess = j->sess,
                                                  .tokens = &j->next_tok,
                                                  .n_tok = 1,
-                                                 .sample = job_sample(s, j)};
+                                                 .sample = job_sample(s, j),
+                                                 .spec_max = j->n_spec};
             else
                 s->entries[n] = (tl_batch_entry){
                     .sess = j->sess,
@@ -650,7 +674,7 @@ static int build_batch(tl_sched *s) {
         }
     }
     for (int i = 0; i < n; i++)
-        if (s->entries[i].sample) s->entries[i].out = &s->outs[i];
+        if (s->entries[i].sample) s->entries[i].out = &s->outs[(size_t)i * (1 + s->spec_k)];
     return n;
 }
 
@@ -704,7 +728,10 @@ static void deliver(tl_sched *s, int n) {
             j->n_fed += s->entries[i].n_tok;
             if (s->pc_on && j->n_fed == next_snap_point(s, j, j->n_fed - 1)) snap_save(s, j);
         }
-        if (s->entries[i].sample) job_after_sample(s, j, &s->outs[i], now);
+        /* with speculation a step may emit several tokens (§3.6); a job that ends on one
+         * drops the rest (its session closes) */
+        for (int k = 0; s->entries[i].sample && k < s->entries[i].n_out; k++)
+            if (job_after_sample(s, j, &s->entries[i].out[k], now)) break;
     }
 }
 
@@ -764,6 +791,7 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     if (s->p.max_queue < 0) s->p.max_queue = 0;
     if (s->p.snap_every <= 0) s->p.snap_every = 4096;
     s->pc_on = tl_engine_prefix_enabled(e);
+    s->spec_k = tl_engine_spec_tokens(e);
     s->m = m;
     s->max_seqs = tl_engine_max_seqs(e);
     s->max_ctx = tl_engine_max_ctx(e);
@@ -783,7 +811,7 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->running = xcalloc((size_t)s->max_seqs, sizeof *s->running);
     s->entries = xcalloc((size_t)s->max_seqs, sizeof *s->entries);
     s->entry_job = xcalloc((size_t)s->max_seqs, sizeof *s->entry_job);
-    s->outs = xcalloc((size_t)s->max_seqs, sizeof *s->outs);
+    s->outs = xcalloc((size_t)s->max_seqs * (1 + s->spec_k), sizeof *s->outs);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->accepting = 1;
@@ -899,6 +927,12 @@ void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long 
 void tl_sched_prefix_stats(tl_sched *s, tl_prefix_stats *out) {
     pthread_mutex_lock(&s->mu);
     *out = s->pc_pub;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void tl_sched_spec_stats(tl_sched *s, tl_spec_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->spec_pub;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -87,6 +87,8 @@ typedef struct tl_job {
                              preemption n_seq */
     int n_fed;            /* tokens of seq consumed by the current session (prefill) */
     int n_plan;           /* tokens this step (0: none) */
+    int n_spec;           /* draft tokens it may have verified this step (docs/architecture.md
+                             §3.6; 0: none) */
     int32_t next_tok;     /* decode input of the next step */
     int force_pos;        /* next forced token; -1: forcing not active */
     tl_session_snap snap; /* the sampler's state while preempted */
@@ -137,6 +139,8 @@ int tl_sched_lost(const tl_sched *s);
 void tl_sched_stats(tl_sched *s, int *queued, int *running, int *sessions, long *kv_tokens);
 /* The prefix cache as of the last step (tulip.h tl_prefix_stats; zeros without one). */
 void tl_sched_prefix_stats(tl_sched *s, tl_prefix_stats *out);
+/* Speculative decoding counters as of the last step (tulip.h tl_spec_stats). */
+void tl_sched_spec_stats(tl_sched *s, tl_spec_stats *out);
 /* The KV pool as of the last step (tulip.h tl_kv_stats). */
 void tl_sched_kv_stats(tl_sched *s, tl_kv_stats *out);
 /* The most tokens one sequence can hold: the context, or the whole KV pool when that is less. A

@@ -159,7 +159,8 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
         .state_bf16 = s->p.state_bf16,
         .device = s->p.device,
         .prefix_cache_bytes =
-            s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0)};
+            s->p.no_prefix_cache ? -1 : (long long)(s->p.prefix_cache_gb * 1073741824.0),
+        .spec_tokens = s->p.spec_tokens};
     int st = tl_engine_open(&s->eng, &ep, err, errlen);
     if (st) return st;
     const char *tp = s->p.tokenizer_path ? s->p.tokenizer_path : s->p.model_path;

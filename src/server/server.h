@@ -52,6 +52,7 @@ typedef struct tl_server_params {
      * off */
     double prefix_cache_gb;
     int no_prefix_cache;
+    int spec_tokens; /* speculative decoding draft tokens (docs/architecture.md §3.6; 0: off) */
 } tl_server_params;
 
 #define TL_SERVER_MAX_NAMES 16

@@ -406,6 +406,33 @@ static void test_release_and_reuse(void) {
     tl_kv_pages_free(&p);
 }
 
+/* Truncation (a rolled-back verify): the slot keeps the pages of its first len positions, in
+ * place; the rest return to the pool; growing again takes free pages. */
+static void test_truncate(void) {
+    tl_kv_pages p;
+    char err[256];
+    CHECK_EQ_INT(tl_kv_pages_init(&p, 8, 2, 8, 4, NULL, err, sizeof err), 0);
+    int slot[] = {0}, len[] = {21}; /* 6 pages */
+    CHECK_EQ_INT(tl_kv_pages_reserve(&p, slot, len, 1, NULL, err, sizeof err), 0);
+    int32_t held[6];
+    memcpy(held, p.table, sizeof held);
+    tl_kv_pages_truncate(&p, 0, 17); /* 5 pages */
+    CHECK_EQ_INT(p.np[0], 5);
+    CHECK_EQ_INT(p.n_free, 3);
+    tl_kv_pages_truncate(&p, 0, 20); /* still 5 */
+    CHECK_EQ_INT(p.np[0], 5);
+    tl_kv_pages_truncate(&p, 0, 30); /* never grows */
+    CHECK_EQ_INT(p.np[0], 5);
+    tl_kv_pages_truncate(&p, 0, 9); /* 3 pages */
+    CHECK_EQ_INT(p.np[0], 3);
+    CHECK_EQ_INT(p.n_free, 5);
+    for (int k = 0; k < 3; k++) CHECK_EQ_INT(p.table[k], held[k]);
+    tl_kv_pages_truncate(&p, 5, 0); /* bad slot: nothing */
+    CHECK_EQ_INT(p.n_free, 5);
+    check_ownership(&p);
+    tl_kv_pages_free(&p);
+}
+
 /* A slot repeated in one call: the longest length counts (the original kv_reserve counted every
  * entry's growth and would have refused {35, 35, 20} in a pool of 4 pages). */
 static void test_repeated_slot(void) {
@@ -478,6 +505,7 @@ static void test_all_or_nothing(void) {
 }
 
 int main(void) {
+    T_RUN(test_truncate);
     T_RUN(test_init_args);
     T_RUN(test_caller_table);
     T_RUN(test_release_and_reuse);

@@ -130,6 +130,52 @@ static int mat_close(const tl_mat *q, const tl_mat *f, double *max_rel) {
 
 static float bf16r(float x) { return tl_bf16_to_f32(tl_f32_to_bf16(x)); }
 
+/* Layer b (quantized) against a (the source). */
+static void compare_layer(const tl_layer *a, const tl_layer *b, const tl_config *c, int bits,
+                          int group, double *mrp) {
+    double mr = *mrp;
+    CHECK_EQ_INT(b->kind, a->kind);
+    /* norms are stored as bf16(1 + w), as mlx's conversion rounds them */
+    for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
+    for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
+    if (a->kind == TL_LAYER_ATTN) {
+        CHECK(mat_close(&b->attn_q, &a->attn_q, &mr));
+        CHECK(mat_close(&b->attn_k, &a->attn_k, &mr));
+        CHECK(mat_close(&b->attn_v, &a->attn_v, &mr));
+        CHECK(mat_close(&b->attn_o, &a->attn_o, &mr));
+        for (int i = 0; i < c->head_dim; i++) CHECK(bf16r(a->attn_q_norm[i]) == b->attn_q_norm[i]);
+        for (int i = 0; i < c->head_dim; i++) CHECK(bf16r(a->attn_k_norm[i]) == b->attn_k_norm[i]);
+    } else {
+        CHECK(mat_close(&b->gdn_qkv, &a->gdn_qkv, &mr));
+        CHECK(mat_close(&b->gdn_z, &a->gdn_z, &mr));
+        CHECK(mat_close(&b->gdn_b, &a->gdn_b, &mr));
+        CHECK(mat_close(&b->gdn_a, &a->gdn_a, &mr));
+        CHECK(mat_close(&b->gdn_out, &a->gdn_out, &mr));
+        int conv = tl_config_gdn_conv_dim(c);
+        for (int i = 0; i < conv * c->gdn_conv_k; i++) CHECK(a->gdn_conv[i] == b->gdn_conv[i]);
+        for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_a_neg[i] == b->gdn_a_neg[i]);
+        for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_dt_bias[i] == b->gdn_dt_bias[i]);
+        for (int i = 0; i < c->gdn_v_dim; i++) CHECK(a->gdn_norm[i] == b->gdn_norm[i]);
+    }
+    CHECK(mat_close(&b->moe_router, &a->moe_router, &mr));
+    CHECK(mat_close(&b->sh_gate_inp, &a->sh_gate_inp, &mr));
+    CHECK(mat_close(&b->sh_gate, &a->sh_gate, &mr));
+    CHECK(mat_close(&b->sh_up, &a->sh_up, &mr));
+    CHECK(mat_close(&b->sh_down, &a->sh_down, &mr));
+    if (c->n_embd % group == 0) {
+        CHECK_EQ_INT(b->moe_router.bits, 8);
+        CHECK_EQ_INT(b->sh_gate_inp.bits, 8);
+        CHECK_EQ_INT(b->sh_up.bits, bits);
+        CHECK_EQ_INT(b->exp_gate[0].bits, bits);
+    }
+    for (int e = 0; e < c->n_expert; e++) {
+        CHECK(mat_close(&b->exp_gate[e], &a->exp_gate[e], &mr));
+        CHECK(mat_close(&b->exp_up[e], &a->exp_up[e], &mr));
+        CHECK(mat_close(&b->exp_down[e], &a->exp_down[e], &mr));
+    }
+    *mrp = mr;
+}
+
 static void compare_models(const tl_model *h, const tl_model *q, int bits, int group) {
     const tl_config *c = &h->cfg;
     double mr = 0;
@@ -141,48 +187,18 @@ static void compare_models(const tl_model *h, const tl_model *q, int bits, int g
     CHECK(mat_close(&q->output, &h->output, &mr));
     CHECK_EQ_INT(q->tok_embd.bits, c->n_embd % group ? 0 : bits);
     for (int i = 0; i < c->n_embd; i++) CHECK(q->out_norm[i] == bf16r(h->out_norm[i]));
-    for (int il = 0; il < c->n_layer; il++) {
-        const tl_layer *a = &h->layers[il], *b = &q->layers[il];
-        CHECK_EQ_INT(b->kind, a->kind);
-        /* norms are stored as bf16(1 + w), as mlx's conversion rounds them */
-        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->attn_norm[i]) == b->attn_norm[i]);
-        for (int i = 0; i < c->n_embd; i++) CHECK(bf16r(a->ffn_norm[i]) == b->ffn_norm[i]);
-        if (a->kind == TL_LAYER_ATTN) {
-            CHECK(mat_close(&b->attn_q, &a->attn_q, &mr));
-            CHECK(mat_close(&b->attn_k, &a->attn_k, &mr));
-            CHECK(mat_close(&b->attn_v, &a->attn_v, &mr));
-            CHECK(mat_close(&b->attn_o, &a->attn_o, &mr));
-            for (int i = 0; i < c->head_dim; i++)
-                CHECK(bf16r(a->attn_q_norm[i]) == b->attn_q_norm[i]);
-            for (int i = 0; i < c->head_dim; i++)
-                CHECK(bf16r(a->attn_k_norm[i]) == b->attn_k_norm[i]);
-        } else {
-            CHECK(mat_close(&b->gdn_qkv, &a->gdn_qkv, &mr));
-            CHECK(mat_close(&b->gdn_z, &a->gdn_z, &mr));
-            CHECK(mat_close(&b->gdn_b, &a->gdn_b, &mr));
-            CHECK(mat_close(&b->gdn_a, &a->gdn_a, &mr));
-            CHECK(mat_close(&b->gdn_out, &a->gdn_out, &mr));
-            int conv = tl_config_gdn_conv_dim(c);
-            for (int i = 0; i < conv * c->gdn_conv_k; i++) CHECK(a->gdn_conv[i] == b->gdn_conv[i]);
-            for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_a_neg[i] == b->gdn_a_neg[i]);
-            for (int i = 0; i < c->gdn_n_v_head; i++) CHECK(a->gdn_dt_bias[i] == b->gdn_dt_bias[i]);
-            for (int i = 0; i < c->gdn_v_dim; i++) CHECK(a->gdn_norm[i] == b->gdn_norm[i]);
-        }
-        CHECK(mat_close(&b->moe_router, &a->moe_router, &mr));
-        CHECK(mat_close(&b->sh_gate_inp, &a->sh_gate_inp, &mr));
-        CHECK(mat_close(&b->sh_gate, &a->sh_gate, &mr));
-        CHECK(mat_close(&b->sh_up, &a->sh_up, &mr));
-        CHECK(mat_close(&b->sh_down, &a->sh_down, &mr));
-        if (c->n_embd % group == 0) {
-            CHECK_EQ_INT(b->moe_router.bits, 8);
-            CHECK_EQ_INT(b->sh_gate_inp.bits, 8);
-            CHECK_EQ_INT(b->sh_up.bits, bits);
-            CHECK_EQ_INT(b->exp_gate[0].bits, bits);
-        }
-        for (int e = 0; e < c->n_expert; e++) {
-            CHECK(mat_close(&b->exp_gate[e], &a->exp_gate[e], &mr));
-            CHECK(mat_close(&b->exp_up[e], &a->exp_up[e], &mr));
-            CHECK(mat_close(&b->exp_down[e], &a->exp_down[e], &mr));
+    for (int il = 0; il < c->n_layer; il++)
+        compare_layer(&h->layers[il], &q->layers[il], c, bits, group, &mr);
+    /* the MTP head is kept, quantized in the trunk's conventions */
+    CHECK_EQ_INT(q->has_mtp, h->has_mtp);
+    if (h->has_mtp && q->has_mtp) {
+        compare_layer(&h->mtp.layer, &q->mtp.layer, c, bits, group, &mr);
+        CHECK(mat_close(&q->mtp.fc, &h->mtp.fc, &mr));
+        CHECK_EQ_INT(q->mtp.fc.bits, (2 * c->n_embd) % group ? 0 : bits);
+        for (int i = 0; i < c->n_embd; i++) {
+            CHECK(q->mtp.norm[i] == bf16r(h->mtp.norm[i]));
+            CHECK(q->mtp.norm_emb[i] == bf16r(h->mtp.norm_emb[i]));
+            CHECK(q->mtp.norm_hid[i] == bf16r(h->mtp.norm_hid[i]));
         }
     }
     printf("# largest error / bound over all weights: %.3f\n", mr);
@@ -203,7 +219,7 @@ static void quantize_and_compare(const char *in, const char *tag, int bits, int 
     CHECK_EQ_INT(st, 0);
     if (h && q) {
         compare_models(h, q, bits, group);
-        CHECK(tl_model_find(q, "mtp.fc.weight") == NULL); /* MLX drops MTP */
+        if (!h->has_mtp) CHECK(tl_model_find(q, "mtp.fc.weight") == NULL); /* no head, none kept */
         CHECK(tl_model_find(q, "language_model.model.layers.0.mlp.switch_mlp.gate_proj.weight"));
         CHECK_EQ_INT(q->cfg.n_eos, h->cfg.n_eos);
     }
@@ -237,6 +253,12 @@ static void test_quantize_synthetic(void) {
     tc_opts o2 = {.per_expert = 1};
     CHECK_EQ_INT(tc_write(in, &o2), 0);
     quantize_and_compare(in, "qout2", 4, 64, 0);
+    tc_opts o3 = {.mtp = 1}, o4 = {.mtp = 1, .per_expert = 1};
+    CHECK_EQ_INT(tc_write(in, &o3), 0);
+    quantize_and_compare(in, "qmtp", 4, 64, 0);
+    quantize_and_compare(in, "qmtp8", 8, 32, 20000); /* MTP spread over shards */
+    CHECK_EQ_INT(tc_write(in, &o4), 0);
+    quantize_and_compare(in, "qmtp2", 4, 64, 0);
     tc_rmdir(in);
 }
 

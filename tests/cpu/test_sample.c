@@ -475,7 +475,121 @@ static void test_restrict_distribution(void) {
     check_distribution("bias -100 on 3", L12, 12, &p, none);
 }
 
+/* ====== Speculative decoding: the dense distribution and the acceptance routine. ====== */
+
+/* tl_sample_probs is the law tl_sample_host draws from: equal to the reference distribution. */
+static void test_sample_probs(void) {
+    const int32_t hist[5] = {3, 7, 0, 7, 11};
+    history h = {hist, 5, 2}, none = {0};
+    tl_sample_params ps[5] = {sp(1, 0, 1, 0), sp(0.7f, 5, 0.8f, 0), sp(1.3f, 0, 0.9f, 0.05f),
+                              sp(1, 6, 1, 0), sp(0.9f, 0, 1, 0.2f)};
+    ps[3].presence_penalty = 0.5f, ps[3].frequency_penalty = 0.3f, ps[3].repetition_penalty = 1.3f;
+    float pr[12];
+    double q[12], worst = 0;
+    for (int k = 0; k < 5; k++) {
+        history hh = k == 3 ? h : none;
+        CHECK_EQ_INT(tl_sample_probs(L12, 12, &ps[k], hh.hist, hh.n_hist, hh.n_prompt, pr), 1);
+        ref_distribution(L12, 12, &ps[k], hh, q);
+        for (int i = 0; i < 12; i++) {
+            worst = fmax(worst, fabs(pr[i] - q[i]));
+            CHECK((pr[i] == 0) == (q[i] == 0)); /* the same candidate set */
+        }
+    }
+    printf("# tl_sample_probs vs reference: max diff %.2g\n", worst);
+    CHECK(worst < 1e-6); /* float probabilities of a double reference */
+    tl_sample_params g = sp(0, 0, 1, 0);
+    CHECK_EQ_INT(tl_sample_probs(L12, 12, &g, NULL, 0, 0, pr), 1);
+    for (int i = 0; i < 12; i++) CHECK(pr[i] == (i == 0 ? 1.0f : 0.0f)); /* argmax of L12 */
+    float bad[12];
+    memcpy(bad, L12, sizeof bad);
+    bad[4] = NAN;
+    CHECK_EQ_INT(tl_sample_probs(bad, 12, &ps[0], NULL, 0, 0, pr), 0);
+}
+
+/* One token of speculative sampling, many times: d ~ q (drawn here), then tl_spec_accept. The
+ * emitted token must follow p (chi-square, bound as check_distribution's) whatever q is, never
+ * be a token outside p's support, and the acceptance rate must be sum_i min(p_i, q_i) (the
+ * theory of rejection sampling) within 5 standard deviations. */
+static void check_accept_law(const char *name, const double *pd, const double *qd, int V) {
+    enum { N = 200000 };
+    float p[16], q[16];
+    for (int i = 0; i < V; i++) p[i] = (float)pd[i], q[i] = (float)qd[i];
+    int cnt[16] = {0}, acc = 0, outside = 0;
+    uint64_t rq = tl_rng_seed(4242), ra = tl_rng_seed(777);
+    for (int t = 0; t < N; t++) {
+        double u = tl_rng_uniform(&rq), c = 0;
+        int d = -1;
+        for (int i = 0; i < V && d < 0; i++)
+            if (qd[i] > 0 && u < (c += qd[i])) d = i;
+        for (int i = V - 1; d < 0; i--) /* rounding: the last of positive mass */
+            if (qd[i] > 0) d = i;
+        int a, tok = tl_spec_accept(p, q, V, d, &ra, &a);
+        acc += a;
+        if (tok < 0 || tok >= V || pd[tok] == 0)
+            outside++;
+        else
+            cnt[tok]++;
+    }
+    double chi2 = 0, want_acc = 0;
+    int k = 0;
+    for (int i = 0; i < V; i++) {
+        want_acc += fmin(pd[i], qd[i]);
+        if (pd[i] == 0) continue;
+        k++;
+        double w = pd[i] * N;
+        chi2 += (cnt[i] - w) * (cnt[i] - w) / w;
+    }
+    double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
+    double bound = df * c3 * c3 * c3, rate = (double)acc / N;
+    double sd = sqrt(fmax(want_acc * (1 - want_acc), 1e-12) / N);
+    printf("# accept %-14s chi2 %6.1f (bound %.0f), acceptance %.4f (theory %.4f)\n", name, chi2,
+           bound, rate, want_acc);
+    CHECK_EQ_INT(outside, 0);
+    CHECK(k == 1 ? cnt[0] + outside == N || chi2 == 0 : chi2 < bound);
+    CHECK(fabs(rate - want_acc) <= 5 * sd + 1e-9);
+}
+
+static void test_spec_accept(void) {
+    enum { V = 12 };
+    double p[V], q[V];
+    /* random p and q with partly disjoint supports */
+    uint64_t r = tl_rng_seed(99);
+    for (int trial = 0; trial < 3; trial++) {
+        double sp_ = 0, sq = 0;
+        for (int i = 0; i < V; i++) {
+            p[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r);
+            q[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r) * tl_rng_uniform(&r);
+            sp_ += p[i], sq += q[i];
+        }
+        for (int i = 0; i < V; i++) p[i] /= sp_, q[i] /= sq;
+        char nm[32];
+        snprintf(nm, sizeof nm, "random %d", trial % 10);
+        check_accept_law(nm, p, q, V);
+    }
+    /* q == p: every draft accepted */
+    check_accept_law("q = p", p, p, V);
+    /* disjoint supports: never accepted, the token still follows p */
+    for (int i = 0; i < V; i++) p[i] = i < 6 ? (i + 1) / 21.0 : 0, q[i] = i < 6 ? 0 : 1.0 / 6;
+    check_accept_law("disjoint", p, q, V);
+    /* q uniform, p peaked */
+    for (int i = 0; i < V; i++) p[i] = i == 3 ? 0.89 : 0.01, q[i] = 1.0 / V;
+    check_accept_law("uniform q", p, q, V);
+    /* greedy (one-hot p and q): accepted exactly when they agree, else the target's token */
+    float po[V] = {0}, qo[V] = {0};
+    po[5] = 1, qo[5] = 1;
+    uint64_t rr = tl_rng_seed(1);
+    int a, t = tl_spec_accept(po, qo, V, 5, &rr, &a);
+    CHECK_EQ_INT(a, 1);
+    CHECK_EQ_INT(t, 5);
+    qo[5] = 0, qo[2] = 1;
+    t = tl_spec_accept(po, qo, V, 2, &rr, &a);
+    CHECK_EQ_INT(a, 0);
+    CHECK_EQ_INT(t, 5);
+}
+
 int main(void) {
+    T_RUN(test_sample_probs);
+    T_RUN(test_spec_accept);
     T_RUN(test_distribution_filters);
     T_RUN(test_top_p_boundaries);
     T_RUN(test_distribution_penalties);

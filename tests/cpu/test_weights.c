@@ -157,6 +157,70 @@ static void expect_fail(const char *tag, const tc_opts *o, const char *s1, const
     tc_rmdir(dir);
 }
 
+/* The MTP head (docs/model.md §3.1): every view holds the written values (norms +1, fused
+ * experts split, per-expert tensors equivalent). */
+static void check_mtp(const tl_model *m) {
+    CHECK_EQ_INT(m->has_mtp, 1);
+    if (!m->has_mtp) return;
+    const tl_mtp *x = &m->mtp;
+    for (int i = 0; i < TC_EMBD; i++) {
+        CHECK(x->norm_emb[i] == 1.0f + tc_val("mtp.pre_fc_norm_embedding.weight", i));
+        CHECK(x->norm_hid[i] == 1.0f + tc_val("mtp.pre_fc_norm_hidden.weight", i));
+        CHECK(x->norm[i] == 1.0f + tc_val("mtp.norm.weight", i));
+        CHECK(x->layer.attn_norm[i] == 1.0f + tc_val("mtp.layers.0.input_layernorm.weight", i));
+    }
+    CHECK_EQ_INT(x->fc.rows, TC_EMBD);
+    CHECK_EQ_INT(x->fc.cols, 2 * TC_EMBD);
+    CHECK(mat_matches(&x->fc, "mtp.fc.weight", 0));
+    CHECK_EQ_INT(x->layer.kind, TL_LAYER_ATTN);
+    CHECK(mat_matches(&x->layer.attn_q, "mtp.layers.0.self_attn.q_proj.weight", 0));
+    CHECK(mat_matches(&x->layer.attn_o, "mtp.layers.0.self_attn.o_proj.weight", 0));
+    for (int i = 0; i < TC_HEAD_DIM; i++)
+        CHECK(x->layer.attn_q_norm[i] == 1.0f + tc_val("mtp.layers.0.self_attn.q_norm.weight", i));
+    CHECK(mat_matches(&x->layer.moe_router, "mtp.layers.0.mlp.gate.weight", 0));
+    CHECK(mat_matches(&x->layer.sh_up, "mtp.layers.0.mlp.shared_expert.up_proj.weight", 0));
+    const char *gu = "mtp.layers.0.mlp.experts.gate_up_proj",
+               *dn = "mtp.layers.0.mlp.experts.down_proj";
+    for (int e = 0; e < TC_EXP; e++) {
+        CHECK(mat_matches(&x->layer.exp_gate[e], gu, (size_t)e * 2 * TC_FF * TC_EMBD));
+        CHECK(mat_matches(&x->layer.exp_up[e], gu, ((size_t)e * 2 * TC_FF + TC_FF) * TC_EMBD));
+        CHECK(mat_matches(&x->layer.exp_down[e], dn, (size_t)e * TC_EMBD * TC_FF));
+    }
+}
+
+static void test_mtp(void) {
+    char dir[256];
+    for (int per_expert = 0; per_expert < 2; per_expert++) {
+        tc_tmpdir(dir, sizeof dir, per_expert ? "mtp-perexp" : "mtp-fused");
+        tc_opts o = {.mtp = 1, .per_expert = per_expert};
+        CHECK_EQ_INT(tc_write(dir, &o), 0);
+        tl_model *m = open_ok(dir);
+        if (m) {
+            check_views(m, P);
+            check_mtp(m);
+        }
+        tl_model_close(m);
+        tc_rmdir(dir);
+    }
+    /* only mtp.fc (as the tiny fixtures): no head, MTP off, the model loads */
+    tc_tmpdir(dir, sizeof dir, "mtp-none");
+    tc_opts o = {0};
+    CHECK_EQ_INT(tc_write(dir, &o), 0);
+    tl_model *m = open_ok(dir);
+    if (m) CHECK_EQ_INT(m->has_mtp, 0);
+    tl_model_close(m);
+    tc_rmdir(dir);
+    /* a head with a malformed or missing tensor is an error naming it */
+    tc_opts b1 = {.mtp = 1, .bad_shape = "mtp.fc.weight"};
+    expect_fail("mtp-shape", &b1, "'mtp.fc.weight': shape [65, 128], expected [64, 128]", NULL);
+    tc_opts b2 = {.mtp = 1, .bad_shape = "mtp.layers.0.self_attn.k_proj.weight"};
+    expect_fail("mtp-shape2", &b2, "mtp.layers.0.self_attn.k_proj.weight", "expected [32, 64]");
+    tc_opts b3 = {.mtp = 1, .omit = "mtp.norm.weight"};
+    expect_fail("mtp-miss", &b3, "'mtp.norm.weight' is missing", NULL);
+    tc_opts b4 = {.mtp = 1, .per_expert = 1, .omit = "mtp.layers.0.mlp.experts.3.up_proj.weight"};
+    expect_fail("mtp-miss2", &b4, "mtp.layers.0.mlp.experts.3.up_proj.weight", "missing");
+}
+
 static void test_missing_tensor(void) {
     tc_opts o = {.omit = P "layers.3.self_attn.k_proj.weight"};
     expect_fail("miss", &o, "layers.3.self_attn.k_proj.weight", "missing");
@@ -349,5 +413,6 @@ int main(void) {
     T_RUN(test_no_files);
     T_RUN(test_sharded);
     T_RUN(test_fixtures);
+    T_RUN(test_mtp);
     return t_summary();
 }

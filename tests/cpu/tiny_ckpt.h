@@ -69,11 +69,12 @@ typedef struct tc_opts {
     int text_only;               /* "model." prefix and a flat config */
     int add_offset;              /* store norms already offset by +1 (wrongly, for HF) */
     const char *config_override; /* whole config.json text, if set */
+    int mtp;                     /* write the whole MTP head (mtp.*), experts as per_expert says */
 } tc_opts;
 
 typedef struct tc_list {
-    tl_st_entry e[256];
-    void *buf[256];
+    tl_st_entry e[320];
+    void *buf[320];
     int n;
 } tc_list;
 
@@ -139,6 +140,7 @@ static inline void tc_config(const char *dir, const tc_opts *o) {
         "\"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8, \"linear_conv_kernel_dim\": 4, "
         "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, "
         "\"shared_expert_intermediate_size\": 32, \"rms_norm_eps\": 1e-06, "
+        "\"mtp_num_hidden_layers\": 1, "
         "\"max_position_embeddings\": 4096, \"eos_token_id\": 7, "
         "\"layer_types\": [\"linear_attention\", \"linear_attention\", \"linear_attention\", "
         "\"full_attention\"], "
@@ -154,6 +156,74 @@ static inline void tc_config(const char *dir, const tc_opts *o) {
     fclose(f);
 }
 
+/* One decoder layer "<pre>layers.<il>.*" (attention or GDN mixer, MoE). */
+static inline void tc_layer(tc_list *L, const tc_opts *o, const char *pre, int il, int attn) {
+    char n[256];
+#define NM(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+    tc_add(L, o, NM("%slayers.%d.input_layernorm.weight", pre, il), 1, TC_EMBD, 0, 0);
+    tc_add(L, o, NM("%slayers.%d.post_attention_layernorm.weight", pre, il), 1, TC_EMBD, 0, 0);
+    if (attn) {
+        tc_add(L, o, NM("%slayers.%d.self_attn.q_proj.weight", pre, il), 2,
+               TC_HEAD * TC_HEAD_DIM * 2, TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.self_attn.k_proj.weight", pre, il), 2,
+               TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.self_attn.v_proj.weight", pre, il), 2,
+               TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.self_attn.o_proj.weight", pre, il), 2, TC_EMBD,
+               TC_HEAD * TC_HEAD_DIM, 0);
+        tc_add(L, o, NM("%slayers.%d.self_attn.q_norm.weight", pre, il), 1, TC_HEAD_DIM, 0, 0);
+        tc_add(L, o, NM("%slayers.%d.self_attn.k_norm.weight", pre, il), 1, TC_HEAD_DIM, 0, 0);
+    } else {
+        tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, il), 2, TC_CONV, TC_EMBD,
+               0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_z.weight", pre, il), 2, TC_VALDIM, TC_EMBD,
+               0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_b.weight", pre, il), 2, TC_VH, TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_a.weight", pre, il), 2, TC_VH, TC_EMBD, 0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.conv1d.weight", pre, il), 3, TC_CONV, 1, TC_CONVK);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.dt_bias", pre, il), 1, TC_VH, 0, 0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.A_log", pre, il), 1, TC_VH, 0, 0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.norm.weight", pre, il), 1, TC_VD, 0, 0);
+        tc_add(L, o, NM("%slayers.%d.linear_attn.out_proj.weight", pre, il), 2, TC_EMBD, TC_VALDIM,
+               0);
+    }
+    tc_add(L, o, NM("%slayers.%d.mlp.gate.weight", pre, il), 2, TC_EXP, TC_EMBD, 0);
+    tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, il), 2, TC_FF_SH,
+           TC_EMBD, 0);
+    tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.up_proj.weight", pre, il), 2, TC_FF_SH, TC_EMBD,
+           0);
+    tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.down_proj.weight", pre, il), 2, TC_EMBD,
+           TC_FF_SH, 0);
+    tc_add(L, o, NM("%slayers.%d.mlp.shared_expert_gate.weight", pre, il), 2, 1, TC_EMBD, 0);
+    if (!o->per_expert) {
+        tc_add(L, o, NM("%slayers.%d.mlp.experts.gate_up_proj", pre, il), 3, TC_EXP, 2 * TC_FF,
+               TC_EMBD);
+        tc_add(L, o, NM("%slayers.%d.mlp.experts.down_proj", pre, il), 3, TC_EXP, TC_EMBD, TC_FF);
+    } else {
+        /* same values as the fused tensors: element (e, r, c) of the fused tensor */
+        char fused[256];
+        for (int e = 0; e < TC_EXP; e++) {
+            const char *parts[3] = {"gate_proj", "up_proj", "down_proj"};
+            for (int k = 0; k < 3; k++) {
+                int rows = k == 2 ? TC_EMBD : TC_FF, cols = k == 2 ? TC_FF : TC_EMBD;
+                tc_add(L, o, NM("%slayers.%d.mlp.experts.%d.%s.weight", pre, il, e, parts[k]), 2,
+                       rows, cols, 0);
+                tl_st_entry *en = &L->e[L->n - 1];
+                if (en->dtype != TL_DT_BF16 || strcmp(en->name, n)) continue;
+                snprintf(fused, sizeof fused, "%slayers.%d.mlp.experts.%s", pre, il,
+                         k == 2 ? "down_proj" : "gate_up_proj");
+                uint16_t *p = L->buf[L->n - 1];
+                size_t total = k == 2 ? TC_EMBD : 2 * TC_FF, r0 = k == 1 ? TC_FF : 0;
+                for (int r = 0; r < rows && r < en->shape[0]; r++)
+                    for (int c = 0; c < cols; c++)
+                        p[(size_t)r * cols + c] =
+                            tl_f32_to_bf16(tc_raw(fused, ((size_t)e * total + r0 + r) * cols + c));
+            }
+        }
+    }
+#undef NM
+}
+
 /* Writes the checkpoint into dir (created). Returns 0 or the writer's status. */
 static inline int tc_write(const char *dir, const tc_opts *o) {
     mkdir(dir, 0755);
@@ -165,74 +235,14 @@ static inline int tc_write(const char *dir, const tc_opts *o) {
     tc_add(L, o, NM("%sembed_tokens.weight", pre), 2, TC_VOCAB, TC_EMBD, 0);
     tc_add(L, o, NM("%snorm.weight", pre), 1, TC_EMBD, 0, 0);
     tc_add(L, o, "lm_head.weight", 2, TC_VOCAB, TC_EMBD, 0);
-    for (int il = 0; il < TC_LAYERS; il++) {
-        tc_add(L, o, NM("%slayers.%d.input_layernorm.weight", pre, il), 1, TC_EMBD, 0, 0);
-        tc_add(L, o, NM("%slayers.%d.post_attention_layernorm.weight", pre, il), 1, TC_EMBD, 0, 0);
-        if (tc_is_attn(il)) {
-            tc_add(L, o, NM("%slayers.%d.self_attn.q_proj.weight", pre, il), 2,
-                   TC_HEAD * TC_HEAD_DIM * 2, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.k_proj.weight", pre, il), 2,
-                   TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.v_proj.weight", pre, il), 2,
-                   TC_HEAD_KV * TC_HEAD_DIM, TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.o_proj.weight", pre, il), 2, TC_EMBD,
-                   TC_HEAD * TC_HEAD_DIM, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.q_norm.weight", pre, il), 1, TC_HEAD_DIM, 0, 0);
-            tc_add(L, o, NM("%slayers.%d.self_attn.k_norm.weight", pre, il), 1, TC_HEAD_DIM, 0, 0);
-        } else {
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, il), 2, TC_CONV,
-                   TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_z.weight", pre, il), 2, TC_VALDIM,
-                   TC_EMBD, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_b.weight", pre, il), 2, TC_VH, TC_EMBD,
-                   0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.in_proj_a.weight", pre, il), 2, TC_VH, TC_EMBD,
-                   0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.conv1d.weight", pre, il), 3, TC_CONV, 1,
-                   TC_CONVK);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.dt_bias", pre, il), 1, TC_VH, 0, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.A_log", pre, il), 1, TC_VH, 0, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.norm.weight", pre, il), 1, TC_VD, 0, 0);
-            tc_add(L, o, NM("%slayers.%d.linear_attn.out_proj.weight", pre, il), 2, TC_EMBD,
-                   TC_VALDIM, 0);
-        }
-        tc_add(L, o, NM("%slayers.%d.mlp.gate.weight", pre, il), 2, TC_EXP, TC_EMBD, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, il), 2, TC_FF_SH,
-               TC_EMBD, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.up_proj.weight", pre, il), 2, TC_FF_SH,
-               TC_EMBD, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert.down_proj.weight", pre, il), 2, TC_EMBD,
-               TC_FF_SH, 0);
-        tc_add(L, o, NM("%slayers.%d.mlp.shared_expert_gate.weight", pre, il), 2, 1, TC_EMBD, 0);
-        if (!o->per_expert) {
-            tc_add(L, o, NM("%slayers.%d.mlp.experts.gate_up_proj", pre, il), 3, TC_EXP, 2 * TC_FF,
-                   TC_EMBD);
-            tc_add(L, o, NM("%slayers.%d.mlp.experts.down_proj", pre, il), 3, TC_EXP, TC_EMBD,
-                   TC_FF);
-        } else {
-            /* same values as the fused tensors: element (e, r, c) of the fused tensor */
-            char fused[256];
-            for (int e = 0; e < TC_EXP; e++) {
-                const char *parts[3] = {"gate_proj", "up_proj", "down_proj"};
-                for (int k = 0; k < 3; k++) {
-                    int rows = k == 2 ? TC_EMBD : TC_FF, cols = k == 2 ? TC_FF : TC_EMBD;
-                    tc_add(L, o, NM("%slayers.%d.mlp.experts.%d.%s.weight", pre, il, e, parts[k]),
-                           2, rows, cols, 0);
-                    tl_st_entry *en = &L->e[L->n - 1];
-                    if (en->dtype != TL_DT_BF16 || strcmp(en->name, n)) continue;
-                    snprintf(fused, sizeof fused, "%slayers.%d.mlp.experts.%s", pre, il,
-                             k == 2 ? "down_proj" : "gate_up_proj");
-                    uint16_t *p = L->buf[L->n - 1];
-                    size_t total = k == 2 ? TC_EMBD : 2 * TC_FF, r0 = k == 1 ? TC_FF : 0;
-                    for (int r = 0; r < rows && r < en->shape[0]; r++)
-                        for (int c = 0; c < cols; c++)
-                            p[(size_t)r * cols + c] = tl_f32_to_bf16(
-                                tc_raw(fused, ((size_t)e * total + r0 + r) * cols + c));
-                }
-            }
-        }
-    }
+    for (int il = 0; il < TC_LAYERS; il++) tc_layer(L, o, pre, il, tc_is_attn(il));
     tc_add(L, o, "mtp.fc.weight", 2, TC_EMBD, 2 * TC_EMBD, 0);
+    if (o->mtp) {
+        tc_add(L, o, "mtp.pre_fc_norm_embedding.weight", 1, TC_EMBD, 0, 0);
+        tc_add(L, o, "mtp.pre_fc_norm_hidden.weight", 1, TC_EMBD, 0, 0);
+        tc_add(L, o, "mtp.norm.weight", 1, TC_EMBD, 0, 0);
+        tc_layer(L, o, "mtp.", 0, 1);
+    }
     tc_add(L, o, "model.visual.patch_embed.proj.weight", 3, 8, 3, 4);
 #undef NM
     snprintf(n, sizeof n, "%s/model.safetensors", dir);

@@ -86,6 +86,32 @@ def test_batch3_aggregates(binary):
         assert math.isclose(float(rows["mean"][col]), mean(col), rel_tol=0, abs_tol=0.06), col
 
 
+@pytest.mark.parametrize("binary", BINS)
+def test_speculative(binary):
+    """--speculative-tokens on the tiny model with an MTP head: the caption gives the acceptance
+    and tokens per step per length (at least 1: the sample; at most 1 + K), the JSON the same
+    fields; a model without a head runs with speculation off, said on stderr."""
+    args = ["--model", "tests/data/tiny-mtp", *BASE[2:5], "--lengths", "8,16", "--gen", "12",
+            "--repeats", "1", "--speculative-tokens", "2"]
+    r = bench(*args, binary=binary)
+    assert r.returncode == 0, r.stderr
+    above, head, rows = parse(r.stdout)
+    assert head[6:] == ["decode ms/step"], head
+    m = re.search(r"12 decode tokens per sequence \(speculative decoding, 2 MTP draft tokens a step; "
+                  r"drafts accepted / tokens per step and sequence: 8: ([0-9.]+)% / ([0-9.]+), "
+                  r"16: ([0-9.]+)% / ([0-9.]+)\); sampling: ", above)
+    assert m, above
+    for acc, per in ((m[1], m[2]), (m[3], m[4])):
+        assert 0 <= float(acc) <= 100 and 1 <= float(per) <= 3
+    j = json.loads(bench(*args, "--json", binary=binary).stdout)
+    assert j["speculative_tokens"] == 2
+    assert all(0 <= row["spec_acceptance"] <= 1 and 1 <= row["spec_tokens_per_step"] <= 3
+               for row in j["rows"])
+    r = bench(*BASE, "--speculative-tokens", "2", binary=binary)
+    assert r.returncode == 0 and "speculative decoding off: the checkpoint has no MTP head" in r.stderr
+    assert "decode steps" in parse(r.stdout)[0]
+
+
 def test_batch_json():
     r = bench(*BASE, "--batch", "3", "--json")
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,345 @@
+/* Speculative decoding with the MTP head (docs/architecture.md §3.6) on the CPU backend, tiny
+ * model with a head (tests/data/tiny-mtp). The reference is the same engine without
+ * speculation:
+ *   greedy    the emitted tokens and their logprobs are identical (bit for bit: the CPU
+ *             backend computes a verify chunk exactly as token-by-token steps) for K = 1..4,
+ *             several prompts, several sessions batched in one engine (speculating and plain
+ *             sessions and a prefill chunk in the same step), max_tokens never exceeded;
+ *   sampling  the law of the emitted tokens equals the non-speculative sampler's: chi-square of
+ *             the counts of each position's token over many short seeded runs (per position,
+ *             both engines' counts against each other), the acceptance itself checked on
+ *             synthetic laws in tests/cpu/test_sample.c.
+ * Drafts come from the real head (whose random weights rarely agree with the trunk) and, to
+ * drive the accept and rollback paths at every length, from a wrapper of the backend's draft op
+ * that replaces the head's logits by a peak at the reference continuation's token (7 times in
+ * 10, else at another token): the engine under test is the real one either way.
+ * Also: the counters, a checkpoint without a head (speculation off, the step as before), a
+ * prefix-cache hit (the session decodes without drafts, exactly). */
+#include <math.h>
+#include <stdint.h>
+#include "common/util.h"
+#include "engine/backend.h"
+#include "tulip.h"
+#include "t_check.h"
+
+#define MODEL "tests/data/tiny-mtp"
+
+static tl_engine *open_engine(const char *model, int k, int max_seqs, long long pc) {
+    tl_engine_params ep = {.model_path = model,
+                           .backend = TL_BACKEND_CPU,
+                           .allow_test_shape = 1,
+                           .n_threads = 1,
+                           .max_seqs = max_seqs,
+                           .max_ctx = 256,
+                           .prefix_cache_bytes = pc,
+                           .spec_tokens = k};
+    char err[512];
+    tl_engine *e = NULL;
+    if (tl_engine_open(&e, &ep, err, sizeof err)) fprintf(stderr, "tl_engine_open: %s\n", err);
+    return e;
+}
+
+enum { MAXS = 4, NGEN = 40 };
+
+/* One sequence being generated: its prompt, tokens out, and what the next step feeds. */
+typedef struct {
+    tl_session *s;
+    const int32_t *prompt;
+    int n_prompt, fed_prompt, n_gen, max_gen;
+    int32_t next;
+    int32_t tok[NGEN + TL_MAX_SPEC + 1];
+    float lp[NGEN + TL_MAX_SPEC + 1];
+    tl_sample_params sp;
+    tl_sample_out out[1 + TL_MAX_SPEC];
+} gen;
+
+/* The draft wrapper: when on, slot i's draft step j is steered to CHEAT_REF[i][CHEAT_GEN[i]->n_gen
+ * + j] (the token the reference emitted there) 7 times in 10. Sessions opened in order on a
+ * fresh engine hold slots 0, 1, ... */
+static int (*real_draft)(tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen);
+static const gen *CHEAT_GEN[MAXS];
+static const int32_t *CHEAT_REF[MAXS];
+static int cheat_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen) {
+    int rc = real_draft(b, d, n, err, errlen), V = 320;
+    for (int i = 0; i < n && !rc; i++) {
+        const gen *g = CHEAT_GEN[d[i].slot];
+        if (!g) continue;
+        int at = g->n_gen + d[i].step;
+        if (at >= NGEN) continue;
+        uint32_t h = (uint32_t)(at * 2654435761u) ^ (uint32_t)(d[i].slot * 40503u + d[i].step);
+        h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+        int t = CHEAT_REF[d[i].slot][at];
+        if (h % 10 >= 7) t = (t + 1 + (int)(h % 7)) % V;
+        for (int v = 0; v < V; v++) d[i].logits[v] = v == t ? 4.0f : -1.0f;
+    }
+    return rc;
+}
+
+/* Runs every gen to max_gen tokens, all in one engine, one entry per gen per step. A gen whose
+ * index is in `plain` never speculates (spec_max 0); prompts are fed in chunks of 5 (so a
+ * prefill chunk often shares a step with decode entries). Returns 0 or the step's status. */
+static int run_all(tl_engine *e, gen *g, int n, unsigned plain) {
+    char err[256];
+    for (;;) {
+        tl_batch_entry b[MAXS];
+        int m = 0, idx[MAXS];
+        for (int i = 0; i < n; i++) {
+            gen *x = &g[i];
+            if (x->n_gen >= x->max_gen) continue;
+            tl_batch_entry *be = &b[m];
+            memset(be, 0, sizeof *be);
+            be->sess = x->s;
+            if (x->fed_prompt < x->n_prompt) {
+                int c = TL_MIN(5, x->n_prompt - x->fed_prompt);
+                be->tokens = x->prompt + x->fed_prompt;
+                be->n_tok = c;
+                x->fed_prompt += c;
+                if (x->fed_prompt < x->n_prompt) {
+                    idx[m++] = i;
+                    continue;
+                }
+            } else {
+                be->tokens = &x->next;
+                be->n_tok = 1;
+                be->spec_max = plain >> i & 1 ? 0 : x->max_gen - x->n_gen - 1;
+            }
+            be->sample = &x->sp;
+            be->out = x->out;
+            idx[m++] = i;
+        }
+        if (!m) return 0;
+        int rc = tl_engine_step(e, b, m, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "step: %s\n", err);
+            return rc;
+        }
+        for (int j = 0; j < m; j++) {
+            gen *x = &g[idx[j]];
+            if (!b[j].sample) {
+                CHECK_EQ_INT(b[j].n_out, 0);
+                continue;
+            }
+            CHECK(b[j].n_out >= 1 && b[j].n_out <= 1 + b[j].spec_max);
+            for (int k = 0; k < b[j].n_out; k++) {
+                x->tok[x->n_gen] = x->out[k].token;
+                x->lp[x->n_gen++] = x->out[k].logprob;
+            }
+            x->next = x->out[b[j].n_out - 1].token;
+        }
+    }
+}
+
+static int32_t PROMPTS[4][16];
+
+static void make_prompts(void) {
+    uint64_t r = 12345;
+    for (int i = 0; i < 4; i++)
+        for (int t = 0; t < 16; t++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            PROMPTS[i][t] = (int32_t)((r >> 33) % 287);
+        }
+}
+
+static void gen_init(tl_engine *e, gen *g, int i, int n_prompt, int max_gen,
+                     const tl_sample_params *sp) {
+    char err[256];
+    memset(g, 0, sizeof *g);
+    CHECK_EQ_INT(tl_session_open(e, &g->s, err, sizeof err), 0);
+    g->prompt = PROMPTS[i];
+    g->n_prompt = n_prompt;
+    g->max_gen = max_gen;
+    g->sp = *sp;
+}
+
+static const tl_sample_params GREEDY = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+
+/* Greedy: K = 0 (reference) and K = 1..4, each with 4 sequences batched (one plain). */
+static void test_greedy_exact(void) {
+    make_prompts();
+    gen ref[4], g[4];
+    tl_engine *e0 = open_engine(MODEL, 0, MAXS, -1);
+    CHECK(e0 != NULL);
+    if (!e0) return;
+    CHECK_EQ_INT(tl_engine_spec_tokens(e0), 0);
+    static const int NP[4] = {16, 9, 3, 12}, NG[4] = {NGEN, 23, NGEN, 7};
+    tl_sample_params sp[4] = {GREEDY, GREEDY, GREEDY, GREEDY};
+    sp[1].repetition_penalty = 1.3f; /* penalties see the drafts in the history */
+    sp[3].presence_penalty = 0.7f, sp[3].n_logprobs = 3;
+    for (int i = 0; i < 4; i++) gen_init(e0, &ref[i], i, NP[i], NG[i], &sp[i]);
+    CHECK_EQ_INT(run_all(e0, ref, 4, 0), 0);
+    for (int run = 0; run < 2 * TL_MAX_SPEC; run++) {
+        int K = run % TL_MAX_SPEC + 1, cheat = run >= TL_MAX_SPEC;
+        tl_engine *e = open_engine(MODEL, K, MAXS, -1);
+        CHECK(e != NULL);
+        if (!e) continue;
+        CHECK_EQ_INT(tl_engine_spec_tokens(e), K);
+        tl_backend *be = tl_engine_backend_impl(e);
+        real_draft = be->draft;
+        if (cheat) be->draft = cheat_draft;
+        for (int i = 0; i < 4; i++) {
+            gen_init(e, &g[i], i, NP[i], NG[i], &sp[i]);
+            CHEAT_GEN[i] = &g[i], CHEAT_REF[i] = ref[i].tok;
+        }
+        CHECK_EQ_INT(run_all(e, g, 4, 1u << 2), 0);
+        int same = 1;
+        for (int i = 0; i < 4; i++) {
+            CHECK_EQ_INT(g[i].n_gen, NG[i]); /* never more than max_tokens */
+            same &= !memcmp(g[i].tok, ref[i].tok, sizeof(int32_t) * NG[i]);
+            same &= !memcmp(g[i].lp, ref[i].lp, sizeof(float) * NG[i]);
+        }
+        CHECK(same);
+        tl_spec_stats st;
+        CHECK_EQ_INT(tl_engine_spec_stats(e, &st), 0);
+        printf("# K=%d, %s drafts: %lld verifies, %lld drafted, %lld accepted (%.0f%%)\n", K,
+               cheat ? "steered" : "MTP head", st.drafts, st.drafted, st.accepted,
+               100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
+        CHECK(st.drafted > 0);
+        if (cheat) { /* the accept and the rollback paths both ran */
+            CHECK(st.accepted > st.drafted / 3);
+            CHECK(st.accepted < st.drafted);
+        }
+        for (int i = 0; i < 4; i++) tl_session_close(g[i].s);
+        tl_engine_close(e);
+    }
+    for (int i = 0; i < 4; i++) tl_session_close(ref[i].s);
+    tl_engine_close(e0);
+}
+
+/* Sampling: the law of each emitted position. RUNS short generations (a 10-token prompt, 5
+ * tokens, seeds 1..RUNS) without and with speculation (K = 3, the head's drafts); the counts of
+ * the token at positions 1..4 (position 0 comes from the prefill, no draft) are compared with a
+ * two-sample chi-square (categories with fewer than 10 draws together lumped in one), bound at
+ * the upper 3e-7 quantile as in test_sample.c. A wrong residual or acceptance skews these laws
+ * by far more: with q in place of p after a rejection the rejected drafts' mass moves. */
+enum { RUNS = 1000, LEN = 5 };
+
+static void sample_runs(tl_engine *e, const tl_sample_params *sp0, int (*cnt)[320]) {
+    for (int r = 1; r <= RUNS; r++) {
+        gen g;
+        tl_sample_params sp = *sp0;
+        sp.seed = (uint64_t)r;
+        gen_init(e, &g, 0, 10, LEN, &sp);
+        CHECK_EQ_INT(run_all(e, &g, 1, 0), 0);
+        for (int t = 0; t < LEN; t++)
+            if (g.tok[t] >= 0 && g.tok[t] < 320) cnt[t][g.tok[t]]++;
+        tl_session_close(g.s);
+    }
+}
+
+static void test_sampling_law(void) {
+    make_prompts();
+    static int c0[LEN][320], c1[LEN][320];
+    tl_sample_params sp = {.temperature = 1.0f, .top_p = 1, .repetition_penalty = 1};
+    tl_engine *e0 = open_engine(MODEL, 0, 1, -1), *e1 = open_engine(MODEL, 3, 1, -1);
+    CHECK(e0 && e1);
+    if (!e0 || !e1) return;
+    sample_runs(e0, &sp, c0);
+    sample_runs(e1, &sp, c1);
+    tl_spec_stats st;
+    tl_engine_spec_stats(e1, &st);
+    printf("# sampling, K=3: %lld drafted, %lld accepted (%.0f%%)\n", st.drafted, st.accepted,
+           100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
+    CHECK(st.accepted > 0 && st.accepted < st.drafted);
+    for (int t = 1; t < LEN; t++) {
+        double chi2 = 0;
+        int k = 0, la = 0, lb = 0;
+        for (int v = 0; v < 320; v++) {
+            int a = c0[t][v], b = c1[t][v];
+            if (a + b < 10) {
+                la += a, lb += b;
+                continue;
+            }
+            chi2 += (double)(a - b) * (a - b) / (a + b), k++;
+        }
+        if (la + lb > 0) chi2 += (double)(la - lb) * (la - lb) / (la + lb), k++;
+        double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
+        double bound = df * c3 * c3 * c3;
+        printf("# position %d: %d categories, chi2 %.1f (bound %.0f)\n", t, k, chi2, bound);
+        CHECK(chi2 < bound);
+    }
+    tl_engine_close(e0);
+    tl_engine_close(e1);
+}
+
+/* Speculation off: a checkpoint without a head (tiny-a) opens with it off and runs as before;
+ * a count outside 0..TL_MAX_SPEC is refused at open. */
+static void test_off_and_limits(void) {
+    tl_engine *e = open_engine("tests/data/tiny-a", 3, 1, -1);
+    CHECK(e != NULL);
+    if (e) {
+        CHECK_EQ_INT(tl_engine_spec_tokens(e), 0);
+        gen g;
+        gen_init(e, &g, 0, 8, 6, &GREEDY);
+        CHECK_EQ_INT(run_all(e, &g, 1, 0), 0);
+        CHECK_EQ_INT(g.n_gen, 6);
+        tl_spec_stats st;
+        CHECK_EQ_INT(tl_engine_spec_stats(e, &st), 0);
+        CHECK_EQ_INT(st.drafted, 0);
+        tl_session_close(g.s);
+        tl_engine_close(e);
+    }
+    tl_engine_params ep = {.model_path = MODEL,
+                           .backend = TL_BACKEND_CPU,
+                           .allow_test_shape = 1,
+                           .max_ctx = 64,
+                           .spec_tokens = TL_MAX_SPEC + 1};
+    char err[256] = "";
+    tl_engine *bad = NULL;
+    CHECK_EQ_INT(tl_engine_open(&bad, &ep, err, sizeof err), TL_ERR_INVALID);
+    CHECK(bad == NULL && strstr(err, "speculative tokens 5"));
+}
+
+/* A session started from a prefix-cache snapshot has no head rows: it decodes without drafts,
+ * and its tokens are those of the plain engine; a session computed whole on the same engine
+ * still drafts. */
+static void test_prefix_cache_hit(void) {
+    make_prompts();
+    char err[256];
+    gen ref, a, b;
+    tl_engine *e0 = open_engine(MODEL, 0, 2, -1), *e = open_engine(MODEL, 2, 2, 1 << 22);
+    CHECK(e0 && e);
+    if (!e0 || !e) return;
+    gen_init(e0, &ref, 1, 16, 20, &GREEDY);
+    CHECK_EQ_INT(run_all(e0, &ref, 1, 0), 0);
+    /* a computes the prompt's first 12 tokens and snapshots them */
+    gen_init(e, &a, 1, 12, 1, &GREEDY);
+    CHECK_EQ_INT(run_all(e, &a, 1, 0), 0);
+    tl_session_close(a.s);
+    CHECK_EQ_INT(tl_session_open(e, &a.s, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_engine_step(e,
+                                &(tl_batch_entry){.sess = a.s, .tokens = PROMPTS[1], .n_tok = 12},
+                                1, err, sizeof err),
+                 0);
+    CHECK_EQ_INT(tl_session_prefix_save(a.s, NULL, err, sizeof err), 1);
+    tl_session_close(a.s);
+    /* b starts from it */
+    gen_init(e, &b, 1, 16, 20, &GREEDY);
+    CHECK_EQ_INT(tl_session_prefix_load(b.s, NULL, PROMPTS[1], 16, 15, err, sizeof err), 12);
+    b.fed_prompt = 12;
+    tl_spec_stats s0, s1;
+    tl_engine_spec_stats(e, &s0);
+    CHECK_EQ_INT(run_all(e, &b, 1, 0), 0);
+    tl_engine_spec_stats(e, &s1);
+    CHECK_EQ_INT(s1.drafted, s0.drafted); /* no drafts from a restored session */
+    CHECK(!memcmp(b.tok, ref.tok, sizeof(int32_t) * 20));
+    CHECK(!memcmp(b.lp, ref.lp, sizeof(float) * 20));
+    tl_session_close(b.s);
+    /* computed whole on the same engine: drafts, same tokens */
+    gen_init(e, &b, 1, 16, 20, &GREEDY);
+    CHECK_EQ_INT(run_all(e, &b, 1, 0), 0);
+    tl_engine_spec_stats(e, &s0);
+    CHECK(s0.drafted > s1.drafted);
+    CHECK(!memcmp(b.tok, ref.tok, sizeof(int32_t) * 20));
+    tl_session_close(b.s);
+    tl_session_close(ref.s);
+    tl_engine_close(e0);
+    tl_engine_close(e);
+}
+
+int main(void) {
+    T_RUN(test_greedy_exact);
+    T_RUN(test_sampling_law);
+    T_RUN(test_off_and_limits);
+    T_RUN(test_prefix_cache_hit);
+    return t_summary();
+}
