@@ -62,6 +62,7 @@ for n in $LEVELS; do
     done
 done
 
+grep -hE "finish=(error|abort)" "$OUT/serve.err" | head -3 | sed 's/^/server: /' || true
 "$PY" - "$OUT" $LEVELS <<'PYEOF'
 import json, sys
 out, levels = sys.argv[1], sys.argv[2:]
@@ -76,6 +77,10 @@ for n in levels:
               f"{x['itl_p50_ms']} | {x['itl_mean_ms']} | {x['output_tok_s']} |")
     f, s = r["free"]["output_tok_s"], r["schema"]["output_tok_s"]
     ratios.append((n, s / f if f > 0 else float("nan")))
+for n in levels:  # what failed, in the client's and the server's words (first few)
+    for m in ("free", "schema"):
+        for e in json.load(open(f"{out}/n{n}-{m}.json")).get("error_samples", []):
+            print(f"error ({n} clients, {m}): {e}")
 print()
 print("| clients | constrained / unconstrained output tok/s |")
 print("|---|---|")

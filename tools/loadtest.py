@@ -186,7 +186,7 @@ def main():
     res = {
         "url": args.url, "model": args.model, "concurrency": args.concurrency,
         "duration_s": round(wall, 3), "max_tokens": args.max_tokens,
-        "prompt_words": args.prompt_words, "requests": stats.requests, "errors": stats.errors,
+        "prompt_words": args.prompt_words, "requests": stats.requests, "errors": stats.errors, "error_samples": stats.error_samples,
         "response_format": (args.response_format or {}).get("type", "text"),
         "output_tokens": stats.tokens, "output_tok_s": round(stats.tokens / wall, 2),
         "ttft_p50_ms": round(percentile(stats.ttft, 50) * 1e3, 2),

@@ -1374,6 +1374,53 @@ static void sample_restrict_law(int two_pass, int n_rows, int n_launch) {
     free(lg), free(allow), free(p), free(keys), free(out);
 }
 
+/* A grammar's mask: only a few tokens allowed in the full vocabulary (the rest of each part is
+ * -inf, so the two-pass path's per-part top-k meets mass ties), at the server's default sampling
+ * (temperature 1, top-k 20, top-p 0.95, presence penalty 1.5 over counts): every draw is an
+ * allowed token, never TL_TOKEN_NONE_ALLOWED or a stray id. Allowed sets of 1, 2, 7, 25 and 300
+ * ids below 151,669 (the Qwen3 tokenizer's size, as on the lent GPU), 64 rows x 8 launches each. */
+static void test_sample_sparse_mask(void) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS, W = (V + 31) / 32, R = 64;
+    const int sizes[5] = {1, 2, 7, 25, 300};
+    unsigned long long r0 = 0xa110;
+    float *lg = xmalloc(sizeof(float) * V * (size_t)R);
+    for (size_t i = 0; i < (size_t)V * R; i++) lg[i] = 3.0f * t_randf(&r0);
+    int32_t *cnt = xcalloc((size_t)V * R, sizeof(int32_t));
+    for (int i = 0; i < 4000; i++) cnt[t_rng_next(&r0) % ((uint64_t)V * R)] = 1 | (1 << 30);
+    uint32_t *allow = xmalloc(4 * (size_t)W);
+    tl_sample_params *p = xmalloc(sizeof(tl_sample_params) * R);
+    uint64_t *keys = xmalloc(8 * (size_t)R);
+    tl_sample_out *out = xmalloc(sizeof(tl_sample_out) * R);
+    int bad = 0, draws = 0;
+    for (int si = 0; si < 5; si++) {
+        memset(allow, 0, 4 * (size_t)W);
+        for (int j = 0; j < sizes[si]; j++) {
+            int id = (int)(t_rng_next(&r0) % 151669);
+            allow[id / 32] |= 1u << (id % 32);
+        }
+        for (int it = 0; it < 8; it++) {
+            for (int r = 0; r < R; r++) {
+                p[r] = greedy_params();
+                p[r].temperature = 1.0f, p[r].top_k = 20, p[r].top_p = 0.95f;
+                p[r].presence_penalty = 1.5f, p[r].allow = allow;
+                keys[r] = 0x9E3779B97F4A7C15ull * (uint64_t)(si * 1000 + it * R + r + 1);
+            }
+            run_sample(out, lg, V, nv, p, keys, cnt, R);
+            for (int r = 0; r < R; r++, draws++) {
+                int t = out[r].token;
+                int ok = t >= 0 && t < V && ((allow[t / 32] >> (t % 32)) & 1u);
+                if (!ok && bad < 5)
+                    printf("# sparse mask (%d allowed) row %d: token %d not allowed\n", sizes[si],
+                           r, t);
+                bad += !ok;
+            }
+        }
+    }
+    printf("# sparse masks: %d of %d draws outside the allowed set (want 0)\n", bad, draws);
+    CHECK_EQ_INT(bad, 0);
+    free(lg), free(cnt), free(allow), free(p), free(keys), free(out);
+}
+
 static void test_sample_restrict_law(void) {
     sample_restrict_law(1, 64, 40);
     sample_restrict_law(0, 64, 40);
@@ -1453,6 +1500,7 @@ int main(void) {
     T_RUN(test_sample_restrict_greedy);
     T_RUN(test_sample_restrict_none);
     T_RUN(test_sample_restrict_law);
+    T_RUN(test_sample_sparse_mask);
     T_RUN(test_kv_page_copy);
     return t_summary();
 }
