@@ -319,9 +319,27 @@ static int mask_empty(const tl_con *c) {
     return 1;
 }
 
+/* End ids past the tokenizer's vocabulary (a model config whose eos ids the tokenizer lacks, e.g.
+ * random weights with the Qwen3.6 ids served with an older tokenizer): the grammar's mask covers
+ * the tokenizer's ids only, so they are set here, where the document is complete (the mask
+ * spans the model's rows: tl_con_ctx_init). Without them a complete document left nothing to
+ * sample before max_tokens. */
+static void add_far_ends(tl_con *c) {
+    int nv = tl_tokenizer_n_vocab(c->ctx->tok), done = tl_grammar_is_complete(c->st);
+    for (int i = 0; i < c->ctx->n_end; i++) {
+        int32_t t = c->ctx->end_ids[i];
+        if (t < nv || t >= c->ctx->n_words * 32) continue;
+        if (done) /* set, or cleared: the grammar's mask does not write these words' bits */
+            c->mask[t >> 5] |= 1u << (t & 31);
+        else
+            c->mask[t >> 5] &= ~(1u << (t & 31));
+    }
+}
+
 static int compute(tl_con *c, int max_dist) {
     int st = tl_grammar_mask_cached(c->cache, c->st, c->ctx->end_ids, (size_t)c->ctx->n_end,
                                     max_dist, c->mask);
+    if (!st) add_far_ends(c);
     return st ? st : add_tool_tokens(c, max_dist);
 }
 

@@ -598,3 +598,71 @@ def test_responses_text_format(srv):
     for t in texts:
         if r["status"] == "completed":
             validate(json.loads(t), schema)
+
+
+def _far_eos_model(dst):
+    """tiny-a with its embedding and LM head padded from 320 to 384 rows and the end id 350: an
+    id the tokenizer (320 ids) lacks, as random weights with the Qwen3.6 end ids served with the
+    Qwen3 tokenizer. Pure Python (the bf16 rows are copied bytes of existing rows)."""
+    import os
+    import struct
+    src = os.path.join(os.path.dirname(__file__), "..", "data", "tiny-a")
+    with open(os.path.join(src, "model.safetensors"), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    out, blobs, off = {}, [], 0
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        s, e = v["data_offsets"]
+        b, shape = data[s:e], list(v["shape"])
+        if k in ("lm_head.weight", "model.language_model.embed_tokens.weight"):
+            row = shape[1] * 2
+            b = b + b[: 64 * row]  # rows 320..383 repeat rows 0..63
+            shape[0] += 64
+        out[k] = {"dtype": v["dtype"], "shape": shape, "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(out).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+
+    def fix(d):
+        for k in list(d):
+            if k == "vocab_size":
+                d[k] = 384
+            elif k == "eos_token_id":
+                d[k] = 350
+            elif isinstance(d[k], dict):
+                fix(d[k])
+    fix(cfg)
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"))
+    json.dump({"eos_token_id": [350]}, open(os.path.join(dst, "generation_config.json"), "w"))
+
+
+@pytest.mark.parametrize("binary", ["cpu", "asan"])
+def test_end_id_outside_the_tokenizer(tmp_path, binary):
+    """A complete document with tokens left must still be able to end when the model's end id is
+    not one of the tokenizer's ids (the grammar's mask covers the tokenizer only): with ignore_eos
+    every request runs to max_tokens, and used to fail with "no token of the vocabulary continues
+    the output" once the document was complete (H200, bench/structured.sh, 2026-12-04)."""
+    _far_eos_model(str(tmp_path))
+    s = Server(BINARIES[binary], "--model", str(tmp_path), "--ctx", "512", "--max-seqs", "2")
+    try:
+        for schema in ({"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 9}):
+            for seed in range(3):
+                st, r = s.post_json("/v1/chat/completions", {
+                    "model": tmp_path.name, "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 16, "ignore_eos": True, "seed": seed,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                    "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "x", "schema": schema}}})
+                assert st == 200, r
+                ch = r["choices"][0]
+                assert ch["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 16, r
+                jsonschema.validate(json.loads(ch["message"]["content"]), schema)
+    finally:
+        s.stop()
