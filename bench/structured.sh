@@ -26,31 +26,10 @@ PROMPT_WORDS=${PROMPT_WORDS:-64}
 LEVELS=${LEVELS:-"1 64"}
 OUT=${OUT:-bench/out/structured}
 SCHEMA=${SCHEMA:-bench/structured_schema.json}
-TOK=${TOKENIZER:-../shared/data/qwen3-tokenizer.json.gz}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-if [[ "$TOK" == *.gz ]]; then
-    gunzip -c "$TOK" > "$OUT/tokenizer.json"
-    TOK="$OUT/tokenizer.json"
-fi
-max_level=$(printf '%s\n' $LEVELS | sort -n | tail -1)
-
-if [ -n "${MODEL:-}" ]; then
-    src=(--model "$MODEL")
-else
-    src=(--random-weights --weight-bits 4)
-fi
-"$BIN" serve "${src[@]}" --tokenizer "$TOK" --port 0 \
-    --max-seqs "$max_level" --ctx 4096 "$@" > "$OUT/serve.out" 2> "$OUT/serve.err" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-    grep -q "listening on" "$OUT/serve.out" 2>/dev/null && break
-    kill -0 $pid 2>/dev/null || { cat "$OUT/serve.err"; exit 1; }
-    sleep 0.5
-done
-url=$(grep -o 'http://[0-9.]*:[0-9]*' "$OUT/serve.out" | head -1)
-head -1 "$OUT/serve.out"
+source bench/serve_lib.sh
+serve_start "$@"
 
 for n in $LEVELS; do
     for mode in free schema; do
