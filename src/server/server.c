@@ -285,9 +285,8 @@ static void announce(tl_server *s) {
     fflush(stdout);
 }
 
-int tl_server_run(const tl_server_params *p) {
-    tl_server *s = xcalloc(1, sizeof *s);
-    s->p = *p;
+/* The parameters' defaults (tl_server_params: 0 means the default). */
+static void server_defaults(tl_server *s) {
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (!s->p.max_queue) s->p.max_queue = 64;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
@@ -297,6 +296,67 @@ int tl_server_run(const tl_server_params *p) {
     if (s->p.drain_s <= 0) s->p.drain_s = 10;
     if (s->p.idle_timeout_s <= 0) s->p.idle_timeout_s = 300;
     if (s->p.keepalive_s <= 0) s->p.keepalive_s = 5;
+}
+
+/* Waits for a signal (its number in *sig), for the engine to be lost (*sig 0), or first for the
+ * load to end (then announces the server). A signal during the load exits the process at once
+ * (nothing runs yet; the load cannot be interrupted). Returns -1 if the load failed, else 0. */
+static int server_wait(tl_server *s, const sigset_t *set, pthread_t lt, int *sig) {
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    stats_state stats = {tl_time_s(), 0, 0, 0};
+    int loading = 1;
+    for (;;) {
+        *sig = sigtimedwait(set, NULL, &ts);
+        if (*sig > 0) break;
+        if (loading && atomic_load(&load_rc)) {
+            pthread_join(lt, NULL);
+            loading = 0;
+            if (atomic_load(&load_rc) < 0) {
+                fprintf(stderr, "tulip serve: %s\n", load_err);
+                return -1;
+            }
+            announce(s);
+            stats.t_last = tl_time_s();
+        }
+        if (loading) continue;
+        if (tl_sched_lost(s->sched)) break;
+        stats_tick(s, &stats);
+    }
+    if (loading) {
+        atomic_store(&s->draining, 1);
+        tl_http_stop(s);
+        fprintf(stderr, "tulip serve: %s while loading: exiting\n",
+                *sig == SIGINT ? "SIGINT" : "SIGTERM");
+        fflush(NULL);
+        _exit(0);
+    }
+    return 0;
+}
+
+/* After a signal: drain (503 to new requests, running ones finish within drain_s), then stop.
+ * After a lost engine: stop at once. Returns the exit status (0, or 1 when the engine was lost). */
+static int server_drain(tl_server *s, int sig) {
+    int lost = tl_sched_lost(s->sched);
+    if (sig > 0)
+        fprintf(stderr, "tulip serve: %s: draining (up to %.0f s for running requests)\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM", s->p.drain_s);
+    else
+        fprintf(stderr, "tulip serve: the engine failed; exiting so a supervisor can restart\n");
+    atomic_store(&s->draining, 1);
+    if (lost) tl_http_quiesce(s); /* draining keeps answering 503 (docs/architecture.md §6.4) */
+    tl_sched_shutdown(s->sched, lost ? 0 : s->p.drain_s);
+    /* Every job has ended; give the connection threads a moment to put the last bytes (final
+     * chunk, error frame, [DONE]) on the wire before the daemon closes the sockets. */
+    for (int i = 0; i < 250 && atomic_load(&s->n_active) > 0; i++) usleep(20000);
+    tl_http_stop(s);
+    fprintf(stderr, "tulip serve: stopped\n");
+    return lost ? 1 : 0;
+}
+
+int tl_server_run(const tl_server_params *p) {
+    tl_server *s = xcalloc(1, sizeof *s);
+    s->p = *p;
+    server_defaults(s);
     s->created = (long)time(NULL);
     set_names(s);
 
@@ -310,7 +370,7 @@ int tl_server_run(const tl_server_params *p) {
     json_object_seed(0);
 
     char err[1024] = "";
-    int rc = 1, loading = 0;
+    int rc = 1, sig = 0;
     pthread_t lt;
     s->t0 = tl_time_s();
     pthread_mutex_init(&s->trace_mu, NULL);
@@ -332,53 +392,7 @@ int tl_server_run(const tl_server_params *p) {
         fprintf(stderr, "tulip serve: cannot start the loader thread\n");
         goto out;
     }
-    loading = 1;
-
-    /* Wait for a signal, for the engine to be lost, or (first) for the load to end. */
-    int sig = 0;
-    struct timespec ts = {0, 200 * 1000 * 1000};
-    stats_state stats = {tl_time_s(), 0, 0, 0};
-    for (;;) {
-        sig = sigtimedwait(&set, NULL, &ts);
-        if (sig > 0) break;
-        if (loading && atomic_load(&load_rc)) {
-            pthread_join(lt, NULL);
-            loading = 0;
-            if (atomic_load(&load_rc) < 0) {
-                fprintf(stderr, "tulip serve: %s\n", load_err);
-                goto out;
-            }
-            announce(s);
-            stats.t_last = tl_time_s();
-        }
-        if (loading) continue;
-        if (tl_sched_lost(s->sched)) break;
-        stats_tick(s, &stats);
-    }
-    if (loading) {
-        /* Nothing runs yet: stop listening and leave; the load cannot be interrupted. */
-        atomic_store(&s->draining, 1);
-        tl_http_stop(s);
-        fprintf(stderr, "tulip serve: %s while loading: exiting\n",
-                sig == SIGINT ? "SIGINT" : "SIGTERM");
-        fflush(NULL);
-        _exit(0);
-    }
-    int lost = tl_sched_lost(s->sched);
-    if (sig > 0)
-        fprintf(stderr, "tulip serve: %s: draining (up to %.0f s for running requests)\n",
-                sig == SIGINT ? "SIGINT" : "SIGTERM", s->p.drain_s);
-    else
-        fprintf(stderr, "tulip serve: the engine failed; exiting so a supervisor can restart\n");
-    atomic_store(&s->draining, 1);
-    if (lost) tl_http_quiesce(s); /* draining keeps answering 503 (docs/architecture.md §6.4) */
-    tl_sched_shutdown(s->sched, lost ? 0 : s->p.drain_s);
-    /* Every job has ended; give the connection threads a moment to put the last bytes (final
-     * chunk, error frame, [DONE]) on the wire before the daemon closes the sockets. */
-    for (int i = 0; i < 250 && atomic_load(&s->n_active) > 0; i++) usleep(20000);
-    tl_http_stop(s);
-    rc = lost ? 1 : 0;
-    fprintf(stderr, "tulip serve: stopped\n");
+    if (server_wait(s, &set, lt, &sig) == 0) rc = server_drain(s, sig);
 
 out:
     tl_http_stop(s);
