@@ -9,7 +9,9 @@
 #
 # Extra arguments go to `tulip serve`; LOADTEST_ARGS go to tools/loadtest.py (e.g.
 # LOADTEST_ARGS="--temperature 0" for greedy; its default, temperature 1.0 with the server's other
-# defaults, is the model card's sampling). The tokenizer defaults to ../shared/data's Qwen3 one
+# defaults, is the model card's sampling; "--distinct-prompts" gives every request its own prompt:
+# by default all clients send one prompt, which the prefix cache serves and which makes greedy
+# streams identical, routing to the same experts). The tokenizer defaults to ../shared/data's Qwen3 one
 # (its chat tokens are all the template needs; ignore_eos keeps every request at MAX_TOKENS).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,6 +17,7 @@ Every request asks for exactly --max-tokens tokens (ignore_eos, a tulip/vLLM ext
 import argparse
 import http.client
 import json
+import random
 import statistics
 import sys
 import threading
@@ -123,8 +124,12 @@ def client_loop(args, stats, t_end):
     if args.response_format is not None:
         req["response_format"] = args.response_format
     body = json.dumps(req)
-    conn = None
+    conn, rng = None, random.Random()
     while time.perf_counter() < t_end:
+        if args.distinct_prompts:  # a different prompt per request: no shared prefix, no twins
+            req["messages"][0]["content"] = " ".join(rng.choice(words)
+                                                     for _ in range(args.prompt_words))
+            body = json.dumps(req)
         try:
             if conn is None:
                 conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=args.timeout)
@@ -152,6 +157,9 @@ def main():
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--no-think", action="store_true", help="chat_template_kwargs.enable_thinking=false")
     ap.add_argument("--no-ignore-eos", action="store_true")
+    ap.add_argument("--distinct-prompts", action="store_true",
+                    help="a random prompt per request (default: one prompt for every request, so "
+                    "the prefix cache serves it and greedy streams are identical)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--response-format", default=None, metavar="FILE",
@@ -186,7 +194,8 @@ def main():
     res = {
         "url": args.url, "model": args.model, "concurrency": args.concurrency,
         "duration_s": round(wall, 3), "max_tokens": args.max_tokens,
-        "prompt_words": args.prompt_words, "requests": stats.requests, "errors": stats.errors, "error_samples": stats.error_samples,
+        "prompt_words": args.prompt_words, "distinct_prompts": args.distinct_prompts,
+        "requests": stats.requests, "errors": stats.errors, "error_samples": stats.error_samples,
         "response_format": (args.response_format or {}).get("type", "text"),
         "output_tokens": stats.tokens, "output_tok_s": round(stats.tokens / wall, 2),
         "ttft_p50_ms": round(percentile(stats.ttft, 50) * 1e3, 2),

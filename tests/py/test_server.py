@@ -447,6 +447,19 @@ def test_loadtest_tool(srv, tmp_path):
     assert res["output_tokens"] == 8 * res["requests"]
     assert res["output_tok_s"] > 0 and res["ttft_p50_ms"] > 0 and res["itl_p50_ms"] > 0
     assert "| 4 |" in p.stdout
+    # --distinct-prompts: every request's prompt differs, so the prefix cache serves (almost)
+    # nothing of it; the same prompt every time is served from the cache
+    hits = []
+    for extra in ([], ["--distinct-prompts"]):
+        before = srv.metrics()
+        p = subprocess.run([sys.executable, f"{ROOT}/tools/loadtest.py", "--url", srv.base, "-n",
+                            "2", "-t", "1.0", "--max-tokens", "4", "--prompt-words", "40",
+                            "--json", str(out), *extra], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and json.loads(out.read_text())["errors"] == 0, p.stderr
+        k = "tulip_prefix_cache_hit_tokens_total"
+        hits.append(srv.metrics()[k] - before[k])
+    assert hits[0] > 0 and hits[1] < hits[0] / 4, hits
 
 
 # ---------------------------------------------------------------- bad input
