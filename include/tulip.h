@@ -242,6 +242,13 @@ typedef struct tl_batch_entry {
      * accepted). All but the last were fed to the session already (it holds n_tok + n_out - 1
      * more tokens); the last is the new sample, fed by the next step as before. */
     int n_out;
+    /* Called once during the step, after the forward is under way and before `sample` is read
+     * (CUDA: while the GPU runs the step's kernels), so the caller can finish what `sample`
+     * points to, e.g. a grammar's allowed-token mask computed on the CPU in the shadow of the
+     * forward (server: constrained decoding). NULL: none. The engine drafts no tokens for such
+     * an entry. */
+    void (*prepare)(void *ctx);
+    void *prepare_ctx;
 } tl_batch_entry;
 
 /* Runs one forward over all entries (each session at most once per call). n == 0 does nothing.

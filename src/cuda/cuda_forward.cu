@@ -552,6 +552,10 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
     int n_seg;
     tl_mb_iter it = tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
     while (tl_mb_next(&it, segs, &n_seg)) TRY(micro_step(be, e, segs, n_seg, row_of, err, errlen));
+    /* the launches above run on the GPU while the callers finish their sample parameters (a
+     * grammar's mask: tulip.h tl_batch_entry.prepare) */
+    for (int i = 0; i < n; i++)
+        if (e[i].prepare) e[i].prepare(e[i].prepare_ctx);
     if (n_rows > 0) TRY(sample_rows(be, e, n, row_of, n_rows));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
     CUDA_TRY(cudaGetLastError());

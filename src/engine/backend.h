@@ -30,6 +30,9 @@ typedef struct tl_fwd_entry {
     int n_history;
     int n_prompt; /* history[0..n_prompt) is prompt, the rest generated */
     tl_sample_out *out;
+    /* called before `sample` is read (tulip.h tl_batch_entry.prepare), or NULL */
+    void (*prepare)(void *ctx);
+    void *prepare_ctx;
 } tl_fwd_entry;
 
 /* One MTP draft step of one sequence (docs/architecture.md §3.6, docs/model.md §3.3). The slot

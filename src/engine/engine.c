@@ -534,6 +534,7 @@ static void fill_fwd(tl_engine *e, const tl_batch_entry *b, tl_fwd_entry *x) {
     if (e->be->can_sample) {
         x->sample = b->sample;
         x->logits = b->logits;
+        x->prepare = b->prepare, x->prepare_ctx = b->prepare_ctx;
     } else {
         x->logits = b->logits   ? b->logits
                     : b->sample ? e->scratch + (size_t)s->slot * e->cfg.n_vocab
@@ -551,7 +552,7 @@ static void fill_fwd(tl_engine *e, const tl_batch_entry *b, tl_fwd_entry *x) {
 static int spec_tokens_of(const tl_engine *e, const tl_batch_entry *b) {
     const tl_session *s = b->sess;
     if (!e->spec_k || b->spec_max <= 0 || b->n_tok != 1 || !b->sample || b->sample->allow ||
-        b->logits || s->n_prompt < 0 || !e->be->spec_ready(e->be, s->slot))
+        b->prepare || b->logits || s->n_prompt < 0 || !e->be->spec_ready(e->be, s->slot))
         return 0;
     int k = TL_MIN(e->spec_k, b->spec_max);
     return TL_MAX(0, TL_MIN(k, e->max_ctx - s->n_tokens - 2));
@@ -700,6 +701,7 @@ static int finish_step(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, i
         s->n_tokens += b[i].n_tok;
         b[i].n_out = b[i].sample ? 1 : 0;
         if (!b[i].sample || e->be->can_sample) continue;
+        if (b[i].prepare) b[i].prepare(b[i].prepare_ctx);
         int rc = tl_sample_host(f[i].logits, e->n_sample_vocab, b[i].sample, &s->rng, s->tokens,
                                 s->n_tokens, s->n_prompt, b[i].out);
         if (rc) return tl_errf(err, errlen, rc, "sampling: %s", tl_status_str(rc));

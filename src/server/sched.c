@@ -214,6 +214,10 @@ static int seq_push(tl_job *j, int32_t t) {
  * when the job ended (it stays in running[] until the sweep). */
 static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now) {
     int n_gen = j->n_gen, script_end = 0;
+    if (j->con_failed) { /* job_mask: this step's mask could not be computed */
+        job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, j->con_err);
+        return 1;
+    }
     if (o->token == TL_TOKEN_NONE_ALLOWED && !j->script) { /* allow/bias left nothing */
         job_finish(s, j, TL_FIN_ERROR, TL_ERR_INVALID,
                    "the token restrictions (logit_bias, min_tokens) left no token to sample");
@@ -611,7 +615,7 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
 
 /* The sampling parameters of j's next token: with EOS and the stop ids banned while fewer than
  * min_tokens are out (the ban bitset is built once, at the first such step; a grammar's mask of
- * this step, constrain() below, is intersected with it in min_and). */
+ * this step, job_mask below, is intersected with it in min_and). */
 static const tl_sample_params *job_sample(tl_sched *s, tl_job *j) {
     if (j->n_gen >= j->min_tokens) return &j->sample;
     int V = s->n_vocab, W = (V + 31) / 32;
@@ -625,28 +629,27 @@ static const tl_sample_params *job_sample(tl_sched *s, tl_job *j) {
     }
     j->sample_min = j->sample;
     j->sample_min.allow = j->min_allow;
-    if (j->sample.allow) { /* constrained: grammar mask AND the min_tokens ban */
-        if (!j->min_and) j->min_and = xmalloc(sizeof(uint32_t) * (size_t)W);
-        for (int w = 0; w < W; w++) j->min_and[w] = j->sample.allow[w] & j->min_allow[w];
-        j->sample_min.allow = j->min_and;
-    }
     return &j->sample_min;
 }
 
-/* 5a. The allowed-token masks of the constrained jobs that sample this step (a decode token or
- * the last chunk of a prompt); a job whose mask fails ends with the error. */
-static void constrain(tl_sched *s) {
-    char err[256];
-    for (int i = 0; i < s->n_live; i++) {
-        tl_job *j = s->running[i];
-        if (!j->con || !j->n_plan || j->finished) continue;
-        j->sample.allow = NULL;
-        if (!is_decoding(j) && j->n_fed + j->n_plan != j->n_target) continue;
-        const uint32_t *m = NULL;
-        int left = j->max_tokens > 0 ? j->max_tokens - j->n_gen : 0;
-        if (tl_con_mask(j->con, left, &m, err, sizeof err))
-            job_finish(s, j, TL_FIN_ERROR, TL_ERR_INTERNAL, err);
-        j->sample.allow = m;
+/* 5a. A constrained job's allowed-token mask of this step (tl_batch_entry.prepare): called by the
+ * engine while the forward runs, so the grammar's work overlaps the GPU's; written into the
+ * parameters the entry points to (and ANDed with the min_tokens ban). A mask that cannot be
+ * computed leaves the token unrestricted and marks the job, which ends with the error once the
+ * step is over (job_after_sample). */
+static void job_mask(void *ctx) {
+    tl_job *j = ctx;
+    const uint32_t *m = NULL;
+    int left = j->max_tokens > 0 ? j->max_tokens - j->n_gen : 0;
+    if (tl_con_mask(j->con, left, &m, j->con_err, sizeof j->con_err)) j->con_failed = 1, m = NULL;
+    j->sample.allow = m;
+    if (j->n_gen >= j->min_tokens) return;
+    j->sample_min.allow = j->min_allow;
+    if (m) { /* constrained: grammar mask AND the min_tokens ban */
+        int W = j->con_words;
+        if (!j->min_and) j->min_and = xmalloc(sizeof(uint32_t) * (size_t)W);
+        for (int w = 0; w < W; w++) j->min_and[w] = m[w] & j->min_allow[w];
+        j->sample_min.allow = j->min_and;
     }
 }
 
@@ -673,8 +676,16 @@ static int build_batch(tl_sched *s) {
             s->entry_job[n++] = j;
         }
     }
-    for (int i = 0; i < n; i++)
-        if (s->entries[i].sample) s->entries[i].out = &s->outs[(size_t)i * (1 + s->spec_k)];
+    for (int i = 0; i < n; i++) {
+        tl_job *j = s->entry_job[i];
+        if (!s->entries[i].sample) continue;
+        s->entries[i].out = &s->outs[(size_t)i * (1 + s->spec_k)];
+        if (j->con) { /* the mask comes during the forward: job_mask */
+            j->sample.allow = NULL, j->sample_min.allow = j->min_allow;
+            j->con_words = (s->n_vocab + 31) / 32;
+            s->entries[i].prepare = job_mask, s->entries[i].prepare_ctx = j;
+        }
+    }
     return n;
 }
 
@@ -762,7 +773,6 @@ static void *engine_main(void *arg) {
         step_plan sp;
         plan_running(s, &sp);
         admit(s, stop, &sp);
-        constrain(s);
         int n = build_batch(s);
         publish_stats(s);
         if (n > 0) {

@@ -57,6 +57,9 @@ typedef struct tl_job {
     int think_end_id; /* -1: none */
     int in_think;
     struct tl_con *con; /* constrained decoding (server/constrain.h), owned; NULL: none */
+    int con_failed;     /* this step's mask could not be computed (con_err says why) */
+    int con_words;      /* words of a mask (n_vocab bits) */
+    char con_err[256];
     /* Prefix cache (docs/architecture.md §4.1, §6.1): the salt (owned, NULL: none), and where
      * the last complete message before the generation prompt ends (a snapshot point; 0: none). */
     char *cache_salt;
