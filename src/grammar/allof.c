@@ -409,8 +409,10 @@ int tl_allof_merge(const json_t *root, const json_t *s, json_t **out, int *empty
         const char *what = json_object_get(m.br[i], "anyOf")   ? "anyOf"
                            : json_object_get(m.br[i], "oneOf") ? "oneOf"
                                                                : NULL;
+        if (what && !strcmp(what, "oneOf")) /* exactly one: only where no value matches two */
+            rc = tl_oneof_disjoint(root, json_object_get(m.br[i], "oneOf"), err, errlen);
         if (what) {
-            rc = distribute(&m, i, what, out);
+            if (!rc) rc = distribute(&m, i, what, out);
             json_decref(m.own);
             return rc;
         }

@@ -255,6 +255,8 @@ static int c_combo(cx *c, const json_t *s, const char *what) {
     if (rc) return rc;
     if (!json_is_array(l) || json_array_size(l) == 0)
         return tl_errf(c->err, c->errlen, TL_ERR_INVALID, "\"%s\" must be a non-empty array", what);
+    if (!strcmp(what, "oneOf") && (rc = tl_oneof_disjoint(c->root, l, c->err, c->errlen)))
+        return rc; /* alternatives are oneOf only where no value matches two */
     int r = tl_gb_rule(c->b);
     for (size_t i = 0; i < json_array_size(l); i++) {
         int a = c_schema(c, json_array_get(l, i));

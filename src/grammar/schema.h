@@ -16,6 +16,10 @@ int tl_schema_rule(tl_gbuild *b, tl_jrules *j, const json_t *root, const json_t 
 const json_t *tl_schema_resolve(const json_t *root, const char *ref);
 /* 1 if k is an annotation keyword (title, description, $defs, ...): ignored by the compiler. */
 int tl_schema_is_annotation(const char *k);
+/* 0 when no value can match two of the oneOf alternatives `alts` (provably: different JSON
+ * types, different const/enum values, or a required property with different const/enum values
+ * in object branches), else TL_ERR_UNSUPPORTED with err naming oneOf (src/grammar/oneof.c). */
+int tl_oneof_disjoint(const json_t *root, const json_t *alts, char *err, size_t errlen);
 /* The rule of any JSON object ({"type":"json_object"}). */
 int tl_schema_json_object(tl_jrules *j);
 

@@ -108,6 +108,18 @@ static const gcase g_corpus[] = {
      {"true", "null"},
      {"0", "\"\""},
      {NULL}},
+    /* oneOf told apart by a required const discriminator, and by enum values */
+    {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"},\"v\":{"
+     "\"type\":\"integer\"}},\"required\":[\"k\",\"v\"],\"additionalProperties\":false},"
+     "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"},\"v\":{\"type\":"
+     "\"string\"}},\"required\":[\"k\",\"v\"],\"additionalProperties\":false}]}",
+     {"{\"k\":\"a\",\"v\":1}", "{\"k\":\"b\",\"v\":\"x\"}"},
+     {"{\"k\":\"a\",\"v\":\"x\"}", "{\"k\":\"c\",\"v\":1}", "{\"v\":1}"},
+     {NULL}},
+    {"{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[\"1\",3]}]}",
+     {"1", "3", "\"1\""},
+     {"4", "\"2\""},
+     {NULL}},
     {"{\"allOf\":[{\"type\":\"string\",\"maxLength\":2}]}", {"\"ab\""}, {"\"abc\"", "1"}, {NULL}},
     /* allOf with several schemas, merged (src/grammar/allof.c) */
     {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3},{\"minLength\":1}]}",
@@ -256,6 +268,15 @@ static const gunsup g_unsupported[] = {
     {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"hostname\"}}}",
      "format"},
     {"false", "false"},
+    /* oneOf whose alternatives may share a value (exactly one must match): refused */
+    {"{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", "oneOf"},
+    {"{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", "oneOf"},
+    {"{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[2,3]}]}", "oneOf"},
+    {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"}}},"
+     "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"b\"}}}]}",
+     "oneOf"}, /* k not required: {} matches both */
+    {"{\"oneOf\":[{},{\"type\":\"null\"}]}", "oneOf"},
+    {"{\"allOf\":[{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}]}", "oneOf"},
 };
 
 #endif

@@ -99,6 +99,14 @@ HAND = [
     {"oneOf": [{"type": "null"}, {"type": "array", "prefixItems": [{"type": "string"},
                                                                   {"type": "boolean"}],
                                   "items": False}]},
+    # a discriminated union (jsonschema checks that exactly one alternative matches)
+    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "circle"},
+                                                 "r": {"type": "number", "minimum": 0}},
+                "required": ["kind", "r"], "additionalProperties": False},
+               {"type": "object", "properties": {"kind": {"const": "square"},
+                                                 "side": {"type": "integer", "maximum": 9}},
+                "required": ["kind", "side"], "additionalProperties": False},
+               {"type": "null"}]},
     {"$defs": {"node": {"type": "object", "properties": {
         "v": {"type": "integer"},
         "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
@@ -552,6 +560,9 @@ UNSUPPORTED = [
     ({"allOf": [{"type": "string", "format": "date"}, {"format": "uuid"}]}, "allOf"),
     ({"allOf": [{"type": "array", "prefixItems": [{}]}, {"items": {"type": "null"}}]}, "allOf"),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),  # 1 matches both
+    ({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}}},
+                {"type": "object", "properties": {"k": {"const": 2}}}]}, "oneOf"),  # k optional
 ]
 
 
