@@ -503,6 +503,66 @@ static int poison_step(tl_backend *b, int32_t (*prompts)[6], int n, int32_t *tok
  * new backend afterwards works. (b) A NaN embedding row of token X (bf16 model: the separate
  * route kernel) poisons only the sequence that contains X: it gets -1, the other sequence of the
  * same batch gets the token it gets alone. */
+/* tl_fwd_entry.prepare (the server's constrained-decoding mask, computed while the forward
+ * runs): called exactly once per entry, before the sampler reads the parameters. The callback
+ * sets an allowed-token mask holding one id; the sampled token must be that id (sampling at
+ * temperature 1, top-k 20: without the mask the draw would be one of the model's top 20). */
+typedef struct {
+    tl_sample_params *sp;
+    uint32_t *allow;
+    int calls;
+} prep_ctx;
+
+static void prep_one(void *ctx) {
+    prep_ctx *c = ctx;
+    c->calls++;
+    c->sp->allow = c->allow;
+}
+
+static void test_prepare_callback(void) {
+    rmodel r;
+    rm_build(&r, 0, 4);
+    int V = r.m.cfg.n_vocab, W = (V + 31) / 32;
+    tl_backend *b = open_be(&r.m, 2, 64);
+    if (!b) {
+        rm_free(&r);
+        return;
+    }
+    uint32_t *allow = xcalloc((size_t)W, 4);
+    int want = V / 3 + 7, ok = 0;
+    allow[want / 32] |= 1u << (want % 32);
+    for (int s = 0; s < 4; s++) {
+        CHECK_EQ_INT(b->reset_slot(b, 0), 0);
+        CHECK_EQ_INT(b->reset_slot(b, 1), 0);
+        tl_sample_params sp[2];
+        memset(sp, 0, sizeof sp);
+        for (int i = 0; i < 2; i++)
+            sp[i].temperature = 1.0f, sp[i].top_k = 20, sp[i].top_p = 1.0f,
+            sp[i].repetition_penalty = 1.0f;
+        prep_ctx pc = {&sp[0], allow, 0};
+        int32_t tok[2][5];
+        for (int i = 0; i < 10; i++) tok[i / 5][i % 5] = (int32_t)(t_rng_next(&rs) % V);
+        tl_fwd_entry e[2];
+        tl_sample_out so[2];
+        uint64_t rng[2] = {11 + (uint64_t)s, 99};
+        memset(e, 0, sizeof e);
+        for (int i = 0; i < 2; i++)
+            e[i].slot = i, e[i].pos = 0, e[i].tokens = tok[i], e[i].n_tok = 5, e[i].sample = &sp[i],
+            e[i].rng = &rng[i], e[i].out = &so[i], e[i].n_prompt = 5;
+        e[0].prepare = prep_one, e[0].prepare_ctx = &pc; /* entry 1 has none */
+        char err[256];
+        CHECK_EQ_INT(b->forward(b, e, 2, err, sizeof err), 0);
+        CHECK_EQ_INT(pc.calls, 1);
+        ok += so[0].token == want && so[1].token >= 0 && so[1].token < V;
+    }
+    printf("# prepare callback: masked draws == the one allowed id in %d of 4 steps (want 4)\n",
+           ok);
+    CHECK_EQ_INT(ok, 4);
+    free(allow);
+    b->close(b);
+    rm_free(&r);
+}
+
 static void test_poisoned_router(void) {
     int32_t prompts[2][6] = {{5, 9, 17, 33, 2, 8}, {7, 11, 13, 19, 23, 29}}, tok[2], alone[2];
     for (int pass = 0; pass < 2; pass++) {
@@ -955,6 +1015,7 @@ int main(int argc, char **argv) {
     T_RUN(test_determinism);
     T_RUN(test_batched_eq_alone);
     T_RUN(test_sampling_and_errors);
+    T_RUN(test_prepare_callback);
     if (!quick) T_RUN(test_prefill_gemm_vs_decode);
     if (!quick) T_RUN(test_tc_decode_batched);
     T_RUN(test_poisoned_router); /* after the others: the tests above keep their random draws */
