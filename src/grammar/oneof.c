@@ -9,7 +9,7 @@
 enum {
     K_NULL = 1,
     K_BOOL = 2,
-    K_INT = 4, /* integers: both "integer" and "number" */
+    K_INT = 4,  /* integers: both "integer" and "number" */
     K_FRAC = 8, /* numbers with a fraction: "number" only */
     K_STR = 16,
     K_ARR = 32,
@@ -28,13 +28,15 @@ static unsigned kind_of_value(const json_t *v) {
     if (json_is_null(v)) return K_NULL;
     if (json_is_boolean(v)) return K_BOOL;
     if (json_is_integer(v)) return K_INT;
-    if (json_is_real(v)) return json_real_value(v) == (double)(long long)json_real_value(v) ? K_INT : K_FRAC;
+    if (json_is_real(v))
+        return json_real_value(v) == (double)(long long)json_real_value(v) ? K_INT : K_FRAC;
     if (json_is_string(v)) return K_STR;
     return json_is_array(v) ? K_ARR : K_OBJ;
 }
 
 static unsigned kind_of_name(const char *t) {
-    static const char *const names[] = {"null", "boolean", "integer", "number", "string", "array", "object"};
+    static const char *const names[] = {"null",   "boolean", "integer", "number",
+                                        "string", "array",   "object"};
     static const unsigned kinds[] = {K_NULL, K_BOOL, K_INT, K_INT | K_FRAC, K_STR, K_ARR, K_OBJ};
     for (int i = 0; i < 7; i++)
         if (!strcmp(t, names[i])) return kinds[i];
@@ -108,7 +110,8 @@ static int values_disjoint(const json_t *a, const json_t *b) {
 static int is_required(const json_t *s, const char *p) {
     const json_t *r = json_object_get(s, "required");
     for (size_t i = 0; i < json_array_size(r); i++)
-        if (json_is_string(json_array_get(r, i)) && !strcmp(json_string_value(json_array_get(r, i)), p))
+        if (json_is_string(json_array_get(r, i)) &&
+            !strcmp(json_string_value(json_array_get(r, i)), p))
             return 1;
     return 0;
 }
@@ -151,11 +154,12 @@ int tl_oneof_disjoint(const json_t *root, const json_t *alts, char *err, size_t 
     for (size_t i = 0; i < n && !st; i++)
         for (size_t j = i + 1; j < n && !st; j++)
             if (!pair_disjoint(root, &br[i], &br[j]))
-                st = tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
-                             "\"oneOf\" alternatives %zu and %zu may both match a value (exactly one "
-                             "must): give them different types, different const/enum values or a "
-                             "required const discriminator property, or use anyOf",
-                             i, j);
+                st = tl_errf(
+                    err, errlen, TL_ERR_UNSUPPORTED,
+                    "\"oneOf\" alternatives %zu and %zu may both match a value (exactly one "
+                    "must): give them different types, different const/enum values or a "
+                    "required const discriminator property, or use anyOf",
+                    i, j);
     for (size_t i = 0; i < n; i++) json_decref(br[i].vals);
     return st;
 }
