@@ -184,9 +184,35 @@ static int is_required(const json_t *req, const char *name) {
     return 0;
 }
 
+/* A tool's parameters are written as its object's properties: any other top-level keyword
+ * (allOf, anyOf, $ref, patternProperties, ...) would go unenforced, so it is refused by name;
+ * "type" must be "object". */
+static int params_check(tc *c, const json_t *params) {
+    static const char *const ok[] = {"type",  "properties",  "required", "additionalProperties",
+                                     "$defs", "definitions", NULL};
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)params, k, v) {
+        int good = tl_schema_is_annotation(k);
+        for (const char *const *o = ok; *o && !good; o++) good = !strcmp(*o, k);
+        if (!good)
+            return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                           "unsupported schema keyword \"%s\" at the top of a tool's parameters "
+                           "(they are an object's properties, required and additionalProperties)",
+                           k);
+    }
+    const json_t *t = json_object_get(params, "type");
+    if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "object")))
+        return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                       "tool parameters of a \"type\" other than \"object\" are not supported");
+    return 0;
+}
+
 /* The parameters in order, optional ones skippable: chain[i] = param_i chain[i+1] (| chain[i+1]
  * when optional); then "</function>\n". */
 static int params_rule(tc *c, const json_t *params) {
+    int st = params_check(c, params);
+    if (st) return st;
     const json_t *props = json_object_get(params, "properties");
     const json_t *req = json_object_get(params, "required");
     int next = tl_gb_rule(c->b);

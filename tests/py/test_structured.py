@@ -592,6 +592,18 @@ def test_bad_requests(srv):
     for extra, param in cases:
         st, r = chat(srv, dict(base, **extra))
         assert st == 400 and r["error"]["param"] == param, (extra, r)
+    # a strict tool whose parameters use a top-level keyword the tool-call grammar does not
+    # enforce: refused by name (not a call whose arguments go unchecked; a forced tool that is
+    # not strict falls back to forcing the call's opening tokens, as for any keyword)
+    for params, kw in (({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}]},
+                        "allOf"),
+                       ({"type": "object", "properties": {"a": {"type": "integer"}},
+                         "anyOf": [{"required": ["a"]}]}, "anyOf"),
+                       ({"type": "array", "items": {}}, "object")):
+        tools = [{"type": "function", "function": {"name": "f", "strict": True,
+                                                   "parameters": params}}]
+        st, r = chat(srv, dict(base, tools=tools, tool_choice="required"))
+        assert st == 400 and kw in r["error"]["message"], (params, r)
 
 
 def test_responses_text_format(srv):
