@@ -1,6 +1,7 @@
 /* oneOf: the compiler builds alternatives, which is exactly oneOf only when no value can match
  * two of them. This file decides that conservatively (tl_oneof_disjoint); anything it cannot
  * prove disjoint is refused naming oneOf, never compiled as anyOf (docs/architecture.md §9). */
+#include <math.h>
 #include <string.h>
 
 #include "common/status.h"
@@ -28,8 +29,7 @@ static unsigned kind_of_value(const json_t *v) {
     if (json_is_null(v)) return K_NULL;
     if (json_is_boolean(v)) return K_BOOL;
     if (json_is_integer(v)) return K_INT;
-    if (json_is_real(v))
-        return json_real_value(v) == (double)(long long)json_real_value(v) ? K_INT : K_FRAC;
+    if (json_is_real(v)) return floor(json_real_value(v)) == json_real_value(v) ? K_INT : K_FRAC;
     if (json_is_string(v)) return K_STR;
     return json_is_array(v) ? K_ARR : K_OBJ;
 }

@@ -680,8 +680,8 @@ static int build_batch(tl_sched *s) {
         tl_job *j = s->entry_job[i];
         if (!s->entries[i].sample) continue;
         s->entries[i].out = &s->outs[(size_t)i * (1 + s->spec_k)];
-        if (j->con) { /* the mask comes during the forward: job_mask */
-            j->sample.allow = NULL, j->sample_min.allow = j->min_allow;
+        if (j->con) {               /* the mask comes during the forward: job_mask */
+            j->sample.allow = NULL; /* job_sample left sample_min's at the min_tokens ban */
             j->con_words = (s->n_vocab + 31) / 32;
             s->entries[i].prepare = job_mask, s->entries[i].prepare_ctx = j;
         }

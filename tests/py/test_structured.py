@@ -185,13 +185,16 @@ def json_request(schema, seed, max_tokens=160):
                                 "json_schema": {"name": "t", "schema": schema, "strict": True}}}
 
 
-def run_corpus(srv, schemas):
-    def one(i_s):
-        i, s = i_s
-        st, r = chat(srv, json_request(s, 1000 + i))
-        return s, st, r
+def run_corpus(srv, schemas, seeds=None, max_tokens=160):
+    """One constrained request per schema (seed 1000 + i unless seeds are given), 16 at a time:
+    [(schema, status, response)] in order."""
+    seeds = seeds or [1000 + i for i in range(len(schemas))]
+
+    def one(s_seed):
+        st, r = chat(srv, json_request(s_seed[0], s_seed[1], max_tokens))
+        return s_seed[0], st, r
     with cf.ThreadPoolExecutor(16) as ex:
-        return list(ex.map(one, enumerate(schemas)))
+        return list(ex.map(one, zip(schemas, seeds)))
 
 
 # ---------------------------------------------------------------- tests
@@ -261,21 +264,17 @@ def test_numeric_bounds(srv):
     rng = random.Random(1614)
     schemas = NUMERIC + [gen_numeric(rng) for _ in range(60)]
     reqs = [(s, 500 + i * 3 + k) for i, s in enumerate(schemas) for k in range(3)]
-
-    def one(sd):
-        return sd[0], chat(srv, json_request(sd[0], sd[1], max_tokens=60))
     done = 0
-    with cf.ThreadPoolExecutor(16) as ex:
-        for s, (st, r) in ex.map(one, reqs):
-            assert st == 200, (s, r)
-            c = r["choices"][0]
-            if c["finish_reason"] != "stop":
-                continue
-            text = c["message"]["content"]
-            if s.get("type") != "object" and len(s) > 1:  # with bounds: no exponent
-                assert "e" not in text.lower(), (s, text)
-            validate(json.loads(text), s)
-            done += 1
+    for s, st, r in run_corpus(srv, [q[0] for q in reqs], [q[1] for q in reqs], max_tokens=60):
+        assert st == 200, (s, r)
+        c = r["choices"][0]
+        if c["finish_reason"] != "stop":
+            continue
+        text = c["message"]["content"]
+        if s.get("type") != "object" and len(s) > 1:  # with bounds: no exponent
+            assert "e" not in text.lower(), (s, text)
+        validate(json.loads(text), s)
+        done += 1
     print(f"numeric bounds: {done} of {len(reqs)} complete and valid")
     assert done >= 0.95 * len(reqs), f"only {done} of {len(reqs)} completed"
 
@@ -338,18 +337,14 @@ def test_allof_merged(srv):
     rng = random.Random(1603)
     schemas = ALLOF + [gen_allof(rng) for _ in range(80)]
     reqs = [(s, 700 + i * 2 + k) for i, s in enumerate(schemas) for k in range(2)]
-
-    def one(sd):
-        return sd[0], chat(srv, json_request(sd[0], sd[1]))
     done = 0
-    with cf.ThreadPoolExecutor(16) as ex:
-        for s, (st, r) in ex.map(one, reqs):
-            assert st == 200, (s, r)
-            c = r["choices"][0]
-            if c["finish_reason"] != "stop":
-                continue
-            validate(json.loads(c["message"]["content"]), s)
-            done += 1
+    for s, st, r in run_corpus(srv, [q[0] for q in reqs], [q[1] for q in reqs]):
+        assert st == 200, (s, r)
+        c = r["choices"][0]
+        if c["finish_reason"] != "stop":
+            continue
+        validate(json.loads(c["message"]["content"]), s)
+        done += 1
     print(f"allOf: {done} of {len(reqs)} complete and valid")
     assert done >= 0.95 * len(reqs), f"only {done} of {len(reqs)} completed"
 
