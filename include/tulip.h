@@ -245,8 +245,9 @@ typedef struct tl_batch_entry {
     /* Called once during the step, after the forward is under way and before `sample` is read
      * (CUDA: while the GPU runs the step's kernels), so the caller can finish what `sample`
      * points to, e.g. a grammar's allowed-token mask computed on the CPU in the shadow of the
-     * forward (server: constrained decoding). NULL: none. The engine drafts no tokens for such
-     * an entry. */
+     * forward (server: constrained decoding). The calls of different entries may run at the
+     * same time on different threads (CUDA: the CPU worker pool), so a callback may touch only
+     * its own entry's state. NULL: none. The engine drafts no tokens for such an entry. */
     void (*prepare)(void *ctx);
     void *prepare_ctx;
 } tl_batch_entry;

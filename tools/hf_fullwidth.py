@@ -448,7 +448,8 @@ def run_tulip(a, model_dir, prompt, env_extra, V):
     dump = os.path.join(model_dir, "tulip_logits.f32")
     cmd = [a.tulip, "run", "--model", model_dir, "--allow-test-shape", "--backend", a.backend, "--prompt-ids",
            ",".join(map(str, prompt)), "-n", str(a.steps), "--temperature", "0", "--ignore-eos",
-           "--print-ids", "--dump-logits", dump, "--ctx", "256"]
+           "--print-ids", "--dump-logits", dump, "--ctx",
+           str(max(256, len(prompt) + a.steps + 16))]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env_extra})
     if r.returncode != 0:
         return None, f"rc {r.returncode}: {r.stderr[-2000:]}"

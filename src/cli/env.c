@@ -37,6 +37,8 @@ static const env_switch env_switches[] = {
      "CUDA: at least N keys per split-KV attention chunk (default 32)"},
     {"TL_CUDA_VERBOSE", ENGINE_CMDS,
      "CUDA, if set: report the weight upload also for --random-weights"},
+    {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
+     "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
     {"TL_GEMM_TILE=0..5", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256)"},

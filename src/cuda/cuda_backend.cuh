@@ -113,12 +113,15 @@ typedef struct cuda_be {
                        dependence */
     tl_gpu_attn_opts attn; /* TL_CUDA_ATTN_NO_TC, TL_CUDA_ATTN_MIN_CHUNK */
     tl_gpu_prof *prof;     /* non-NULL while the per-kernel profiler is on (cuda_bench.cu) */
+    float *gemm_ws;        /* split-K partials of the dense GEMMs (k_gemm.cu), for the stream */
+    size_t gemm_ws_bytes;
 } cuda_be;
 
 /* The launch context of the backend's stream: decode kernels with PDL (unless TL_CUDA_NO_PDL=1),
  * everything else without; the profiler attached when it is on. */
 static inline tl_gpu_stream cb_stream(const cuda_be *be, int pdl) {
-    tl_gpu_stream s = {(void *)be->stream, pdl && !be->pdl_off, be->prof};
+    tl_gpu_stream s = {(void *)be->stream, pdl && !be->pdl_off, be->prof, be->gemm_ws,
+                       be->gemm_ws_bytes};
     return s;
 }
 

@@ -15,8 +15,31 @@
 #include "cuda/cuda_backend.cuh"
 
 extern "C" {
+#include "common/pool.h"
 #include "common/util.h"
 #include "engine/batch_plan.h"
+}
+
+/* The entries' prepare callbacks (tulip.h tl_batch_entry.prepare), in parallel over the CPU
+ * worker pool: each touches only its own entry's parameters. */
+typedef struct {
+    const tl_fwd_entry *e;
+    int idx[CB_MAX_SEQS];
+} prep_job;
+
+static void prep_one(void *ctx, int i) {
+    const prep_job *j = (const prep_job *)ctx;
+    j->e[j->idx[i]].prepare(j->e[j->idx[i]].prepare_ctx);
+}
+
+static void run_prepares(const tl_fwd_entry *e, int n) {
+    prep_job j;
+    int m = 0;
+    j.e = e;
+    for (int i = 0; i < n; i++)
+        if (e[i].prepare) j.idx[m++] = i;
+    if (m == 1) prep_one(&j, 0);
+    if (m > 1) tl_pool_for(m, prep_one, &j);
 }
 
 /* Views of the metadata block (device or host base; batch_plan.h fills the host one). */
@@ -553,9 +576,9 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
     tl_mb_iter it = tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
     while (tl_mb_next(&it, segs, &n_seg)) TRY(micro_step(be, e, segs, n_seg, row_of, err, errlen));
     /* the launches above run on the GPU while the callers finish their sample parameters (a
-     * grammar's mask: tulip.h tl_batch_entry.prepare) */
-    for (int i = 0; i < n; i++)
-        if (e[i].prepare) e[i].prepare(e[i].prepare_ctx);
+     * grammar's mask: tulip.h tl_batch_entry.prepare), the entries' calls spread over the CPU
+     * worker pool (64 constrained streams: 64 masks a step) */
+    run_prepares(e, n);
     if (n_rows > 0) TRY(sample_rows(be, e, n, row_of, n_rows));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
     CUDA_TRY(cudaGetLastError());

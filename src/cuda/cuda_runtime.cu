@@ -82,14 +82,15 @@ extern "C" int tl_gpu_sync(void) {
 /* ====== Close and reset ====== */
 
 static void free_state(cuda_be *be) {
-    void *ps[] = {
-        be->kc,       be->vc,        be->conv_st,    be->rec_st,      be->x,         be->proj,
-        be->conv_out, be->y,         be->q,          be->part,        be->rlog,      be->wts,
-        be->wsh,      be->act,       be->xo,         be->logits,      be->ids,       be->d_meta,
-        be->d_params, be->d_keys,    be->d_out,      be->d_counts,    be->d_nprompt, be->d_sscratch,
-        be->xb,       be->xlo,       be->yb,         be->hexp,        be->yslot,     be->hs,
-        be->ys,       be->gg,        be->gbeta,      be->shl,         be->plan,      be->gdn_ws,
-        be->d_ptab,   be->d_rowslot, be->d_bias_ids, be->d_bias_vals, be->d_allow,   be->d_rlogits};
+    void *ps[] = {be->kc,          be->vc,       be->conv_st,   be->rec_st,     be->x,
+                  be->proj,        be->conv_out, be->y,         be->q,          be->part,
+                  be->rlog,        be->wts,      be->wsh,       be->act,        be->xo,
+                  be->logits,      be->ids,      be->d_meta,    be->d_params,   be->d_keys,
+                  be->d_out,       be->d_counts, be->d_nprompt, be->d_sscratch, be->xb,
+                  be->xlo,         be->yb,       be->hexp,      be->yslot,      be->hs,
+                  be->ys,          be->gg,       be->gbeta,     be->shl,        be->plan,
+                  be->gdn_ws,      be->gemm_ws,  be->d_ptab,    be->d_rowslot,  be->d_bias_ids,
+                  be->d_bias_vals, be->d_allow,  be->d_rlogits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
     void *hs[] = {be->h_meta,    be->h_ptab,    be->h_params,   be->h_keys,      be->h_out,
                   be->h_nprompt, be->h_rowslot, be->h_bias_ids, be->h_bias_vals, be->h_allow};
@@ -389,6 +390,18 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->shl, float, T);
     ALLOC(be->plan, int32_t, tl_gpu_moe_pf_plan_ints((int)T));
     ALLOC(be->gdn_ws, char, tl_gpu_gdn_chunk_ws_bytes());
+    /* split-K partials (k_gemm.cu): the most any dense 4-bit product of a decode batch needs */
+    size_t ws = 0;
+    tl_gpu_gemm_w gus = be->L[0].gate_up, dns = be->L[0].down;
+    gus.rows = 2 * (int)F, dns.rows = (int)D;
+    const tl_gpu_gemm_w *m[2] = {&gus, &dns};
+    for (int i = 0; i < 2; i++) ws = TL_MAX(ws, tl_gpu_gemm_ws_bytes(m[i], (int)T));
+    for (int il = 0; il < c->n_layer; il++) {
+        ws = TL_MAX(ws, tl_gpu_gemm_ws_bytes(&be->L[il].in, (int)T));
+        ws = TL_MAX(ws, tl_gpu_gemm_ws_bytes(&be->L[il].out, (int)T));
+    }
+    if (ws) ALLOC(be->gemm_ws, float, ws / sizeof(float));
+    be->gemm_ws_bytes = ws;
     return 0;
 }
 

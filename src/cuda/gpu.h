@@ -48,6 +48,8 @@ typedef struct tl_gpu_stream {
     int pdl;           /* 1: programmatic dependent launch (decode kernels wait for their
                         * predecessor inside the kernel: cuda_common.cuh) */
     tl_gpu_prof *prof; /* NULL, or a profiler that records an event after every launch */
+    float *ws;         /* NULL, or device scratch for split-K GEMM partials (tl_gpu_gemm) */
+    size_t ws_bytes;
 } tl_gpu_stream;
 
 /* ====== Weights ======
@@ -170,6 +172,12 @@ enum {
 };
 int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res, int flags,
                 const tl_gpu_stream *st);
+/* Split-K (k_gemm.cu): a 4-bit product of n <= TL_GEMM_SPLITK_MAX_N tokens on a small-row matrix
+ * splits K when st->ws holds tl_gpu_gemm_ws_bytes(w, n) (0: this matrix never splits); the split
+ * depends on the shape only, so a token's result does not depend on n up to the limit. Without
+ * the workspace the product runs unsplit (other rounding). */
+#define TL_GEMM_SPLITK_MAX_N 256
+size_t tl_gpu_gemm_ws_bytes(const tl_gpu_gemm_w *w, int n);
 
 /* ====== Gated DeltaNet (docs/model.md §2.4) ====== */
 

@@ -45,6 +45,7 @@ typedef struct gemm_args {
     const int32_t *plan;  /* moe plan (above) */
     long long w_estride;  /* bytes between experts' w */
     long long sb_estride; /* u32 words between experts' sb */
+    float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
 } gemm_args;
 
 template <int BITS, int WM, int NJ, int MI> struct gm_cfg {
@@ -146,11 +147,11 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
         a_src[j] = p.x + (size_t)(a_ok[j] ? src : 0) * p.K + (tid & 7) * 8;
     }
 
-    const int KT = p.K / GM_BK;
+    const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT; /* split-K: z's share */
     auto load_stage = [&](int stage, int kt) {
         uint8_t *s = gm_smem + stage * C::STAGE_BYTES;
         uint16_t *sA = (uint16_t *)s;
-        const int k0 = kt * GM_BK;
+        const int k0 = (kt_base + kt) * GM_BK;
 #pragma unroll
         for (int j = 0; j < MI; j++) {
             int r = (tid >> 3) + (THREADS / 8) * j;
@@ -261,6 +262,21 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
     cp_async_wait<0>();
 
     /* ---- epilogue ---- */
+    if (p.ws) { /* split-K: raw partial sums; gemm_splitk_reduce applies the epilogue */
+        float *wz = p.ws + (size_t)blockIdx.z * p.M * p.N;
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int m = m0 + wm * 16 * MI + mi * 16 + (lane >> 2) + h * 8;
+                if (m >= m_end) continue;
+#pragma unroll
+                for (int nj = 0; nj < NJ; nj++)
+                    *(float2 *)(wz + (size_t)m * p.N + n0 + wn * 8 * NJ + nj * 8 + 2 * (lane & 3)) =
+                        make_float2(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+            }
+        return;
+    }
     const int swiglu = p.flags & TL_GEMM_SWIGLU;
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
@@ -289,7 +305,7 @@ __global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
 }
 
 template <int BITS, int WM, int NJ, int MI>
-static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st, int ksplit = 1) {
     typedef gm_cfg<BITS, WM, NJ, MI> C;
     static int attr_set;
     if (!attr_set) {
@@ -301,7 +317,7 @@ static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st) 
     }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    dim3 grid(p->N / C::BN, grid_y);
+    dim3 grid(p->N / C::BN, grid_y, ksplit);
     TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_mma" : "gemm_mma_moe",
               gemm_mma_kernel<BITS, WM, NJ, MI>, grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
@@ -577,10 +593,10 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * expert). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5 };
 
-static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y,
-                       const tl_gpu_stream *st) {
+static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const tl_gpu_stream *st,
+                       int ksplit = 1) {
 #define GM_CASE(B, T, WM, NJ, MI)                                                                  \
-    if (bits == B && tile == T) return launch_gemm<B, WM, NJ, MI>(p, grid_y, st);
+    if (bits == B && tile == T) return launch_gemm<B, WM, NJ, MI>(p, grid_y, st, ksplit);
     GM_CASE(16, GM_T128, 2, 4, 4)
     GM_CASE(16, GM_T64, 1, 4, 4)
     GM_CASE(16, GM_T256, 2, 8, 4)
@@ -622,6 +638,57 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
     return bits == 4 ? GM_T64 : GM_WG64;
 }
 
+/* ====== Split-K for decode batches. ======
+ * note: a dense 4-bit product of a decode batch (n <= TL_GEMM_SPLITK_MAX_N tokens, the 16x128 and
+ * 64x128 tiles) has few blocks per matrix (the out-projection: 16 of 128 rows, K = 4096) whose
+ * long K loops leave the weight stream latency-bound (the dense GEMMs of a 64-sequence step: 3.2
+ * ms for ~1 GB, notes/2026-12-03-batched-decode.md). So K is split over gridDim.z blocks that
+ * write f32 partials to the stream's workspace, and gemm_splitk_reduce sums them in z order and
+ * applies the epilogue. The split depends only on the matrix shape (doubling while the blocks of
+ * one 16-token tile are under one wave of the H200's 132 SMs and every share keeps >= 4 k tiles),
+ * never on n: a token's result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it
+ * off (A/B). */
+#define GM_SPLITK_SMS 132
+
+static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
+    static int off = -1;
+    if (off < 0) off = getenv("TL_GEMM_SPLITK") && atoi(getenv("TL_GEMM_SPLITK")) == 0;
+    if (off || w->bits != 4) return 1;
+    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1;
+    while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4) s *= 2;
+    return s;
+}
+
+extern "C" size_t tl_gpu_gemm_ws_bytes(const tl_gpu_gemm_w *w, int n) {
+    int s = w ? gemm_splitk_of(w) : 1;
+    n = n < TL_GEMM_SPLITK_MAX_N ? n : TL_GEMM_SPLITK_MAX_N;
+    return s > 1 ? (size_t)s * n * w->rows * sizeof(float) : 0;
+}
+
+/* y = epilogue(sum over z of ws[z]): one thread per two adjacent outputs. SwiGLU: output o of a
+ * row takes gate column (o / 8) * 16 + o % 8 and up column that + 8 (rows interleaved by 8). */
+__global__ void gemm_splitk_reduce(gemm_args p, int ksplit) {
+    pdl_wait();
+    const int swiglu = p.flags & TL_GEMM_SWIGLU;
+    const int pairs = (swiglu ? p.N / 2 : p.N) / 2;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)p.M * pairs) return;
+    int m = (int)(i / pairs), o = (int)(i % pairs) * 2;
+    int c = swiglu ? (o / 8) * 16 + o % 8 : o;
+    const size_t zs = (size_t)p.M * p.N, at = (size_t)m * p.N + c;
+    float v0 = 0.f, v1 = 0.f, u0 = 0.f, u1 = 0.f;
+    for (int z = 0; z < ksplit; z++) {
+        float2 g = *(const float2 *)(p.ws + z * zs + at);
+        v0 += g.x, v1 += g.y;
+        if (swiglu) {
+            float2 u = *(const float2 *)(p.ws + z * zs + at + 8);
+            u0 += u.x, u1 += u.y;
+        }
+    }
+    if (swiglu) v0 = silu_f(v0) * u0, v1 = silu_f(v1) * u1;
+    gm_store2(p, (size_t)m * p.ldy + o, v0, v1);
+}
+
 /* Token rows of a tile shape's block. */
 static int tile_bm(int tile) {
     return tile == GM_T16 ? 16 : tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
@@ -651,7 +718,16 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
-    int bm = tile_bm(tile);
+    int bm = tile_bm(tile), ks = gemm_splitk_of(w);
+    if (ks > 1 && n <= TL_GEMM_SPLITK_MAX_N && (tile == GM_T16 || tile == GM_T64) && st && st->ws &&
+        tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes) {
+        p.ws = st->ws;
+        TRY(gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st, ks));
+        long pairs = (long)n * ((flags & TL_GEMM_SWIGLU) ? w->rows / 4 : w->rows / 2);
+        TL_LAUNCH(st, "gemm_splitk_reduce", gemm_splitk_reduce,
+                  dim3((unsigned)CEIL_DIV(pairs, 256)), dim3(256), 0, p, ks);
+        return 0;
+    }
     return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st);
 }
 

@@ -321,6 +321,74 @@ static void test_gemm_epilogues(void) {
     free(xb), free(xf);
 }
 
+/* Split-K (k_gemm.cu) for decode batches: with a workspace on the stream, the 4-bit products of
+ * <= TL_GEMM_SPLITK_MAX_N tokens on small-row matrices split K. Checked: the matrices of the
+ * model that split do (workspace > 0), each against the oracle (f32 out, in-place residual, and
+ * SwiGLU), and a token's output bit-identical at n = 1, 37, 64 and 200 (the split depends on the
+ * shape only). */
+static void splitk_case(int rows, int cols, int flags) {
+    const int ns[4] = {1, 37, 64, 200}, nmax = 200;
+    int swiglu = (flags & TL_GEMM_SWIGLU) != 0, oc = swiglu ? rows / 2 : rows;
+    mlx_host m;
+    mlx_rand(&m, rows, cols);
+    tl_gpu_gemm_w gw = q4_upload(&m, 1, rows);
+    size_t wsb = tl_gpu_gemm_ws_bytes(&gw, nmax);
+    CHECK(wsb > 0);
+    tl_gpu_stream st = {0};
+    st.ws = dmalloc(wsb), st.ws_bytes = wsb;
+    uint16_t *xb = xmalloc((size_t)nmax * cols * 2);
+    float *xf = xmalloc((size_t)nmax * cols * 4), *ref = xmalloc((size_t)nmax * rows * 4);
+    float *res = xmalloc((size_t)nmax * oc * 4), *got = xmalloc((size_t)nmax * oc * 4);
+    float *first = xmalloc((size_t)oc * 4);
+    rand_bf16(xb, xf, (size_t)nmax * cols, 1.0f);
+    uint16_t *rb = xmalloc((size_t)nmax * oc * 2);
+    rand_bf16(rb, res, (size_t)nmax * oc, 2.0f);
+    tl_mat v = mlx_view(&m, 0, rows);
+    cpu_matmul(ref, &v, xf, nmax);
+    if (swiglu) /* rows interleaved by 8: gate block, then its up block */
+        for (int t = 0; t < nmax; t++)
+            for (int o = 0; o < oc; o++) {
+                int c = (o / 8) * 16 + o % 8;
+                ref[(size_t)t * oc + o] =
+                    cpu_silu(ref[(size_t)t * rows + c]) * ref[(size_t)t * rows + c + 8];
+            }
+    if (flags & TL_GEMM_ADD_RES)
+        for (size_t i = 0; i < (size_t)nmax * oc; i++) ref[i] += res[i];
+    void *dx = dup_to_dev(xb, (size_t)nmax * cols * 2), *dy = dmalloc((size_t)nmax * oc * 4);
+    for (int k = 0; k < 4; k++) {
+        int n = ns[k];
+        if (flags & TL_GEMM_ADD_RES)
+            CU(cudaMemcpy(dy, res, (size_t)n * oc * 4, cudaMemcpyHostToDevice));
+        else
+            CU(cudaMemset(dy, 0xff, (size_t)n * oc * 4));
+        CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &gw, n, dy, flags | TL_GEMM_OUT_F32, &st), 0);
+        CU(cudaDeviceSynchronize());
+        to_host(got, dy, (size_t)n * oc * 4);
+        char buf[96];
+        snprintf(buf, sizeof buf, "split-K q4 %dx%d flags %d n=%d", rows, cols, flags, n);
+        CHECK(report(buf, got, ref, (size_t)n * oc) <= 1e-5);
+        if (k == 0)
+            memcpy(first, got, (size_t)oc * 4);
+        else
+            CHECK(memcmp(first, got, (size_t)oc * 4) == 0); /* token 0: same bits at any n */
+    }
+    cudaFree(dx), cudaFree(dy), cudaFree(st.ws), cudaFree((void *)gw.w), cudaFree((void *)gw.sb);
+    mlx_free(&m);
+    free(xb), free(xf), free(ref), free(res), free(got), free(first), free(rb);
+}
+
+static void test_gemm_splitk(void) {
+    splitk_case(2048, 4096, 0);               /* GDN out / attention o */
+    splitk_case(2048, 4096, TL_GEMM_ADD_RES); /* ... adding into the residual in place */
+    splitk_case(1024, 2048, TL_GEMM_SWIGLU);  /* shared expert gate/up */
+    splitk_case(2048, 512, 0);                /* shared expert down */
+    splitk_case(12416, 2048, 0);              /* fused GDN in-projection */
+    /* the LM head never splits (enough blocks; its tile is the wgmma one) */
+    tl_gpu_gemm_w lm = {0};
+    lm.bits = 4, lm.rows = TL_N_VOCAB, lm.cols = TL_N_EMBD;
+    CHECK(tl_gpu_gemm_ws_bytes(&lm, 64) == 0);
+}
+
 /* ====== MoE grouped GEMM ====== */
 
 /* Router ids: 8 distinct experts per token, skewed so some experts get > 128 tokens (several M
@@ -736,6 +804,7 @@ int main(void) {
     T_RUN(test_gemm_lm_head_rows);
     T_RUN(test_gemm_q4_matches_oracle);
     T_RUN(test_gemm_epilogues);
+    T_RUN(test_gemm_splitk);
     T_RUN(test_moe_grouped_matches_oracle);
     T_RUN(test_attn_prefill_matches_oracle);
     T_RUN(test_gdn_gates_match_oracle);
