@@ -121,7 +121,7 @@ static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx,
  * bytes: X read N/BN times (from L2), W read ceil(M/BM) times (L2), Y written once.
  * reference: cpu_matmul (tests/gpu/test_prefill_kernels.c). */
 template <int BITS, int WM, int NJ, int MI>
-__global__ void __launch_bounds__(128 * WM, 1) gemm_mma_kernel(gemm_args p) {
+__global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gemm_args p) {
     typedef gm_cfg<BITS, WM, NJ, MI> C;
     constexpr int BM = C::BM, BN = C::BN, THREADS = C::THREADS;
     extern __shared__ __align__(128) uint8_t gm_smem[];
@@ -312,6 +312,11 @@ static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st, 
         if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ, MI>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  C::SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        /* all of L1 as shared memory: the 16-row tile runs 8 blocks an SM (launch bounds) */
+        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ, MI>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
