@@ -35,7 +35,8 @@ static int body_rule(const tl_grammar_spec *sp, tl_gbuild *b, tl_jrules *j, char
     case TL_GRAMMAR_CHOICE:
         return choice_rule(b, sp->choices, err, errlen);
     case TL_GRAMMAR_TOOL_CALLS:
-        return tl_toolcall_rule(b, j, sp->tools, sp->tool_name, sp->parallel, err, errlen);
+        return tl_toolcall_rule(b, j, sp->tools, sp->tool_name, sp->parallel, sp->lenient, err,
+                                errlen);
     }
     return tl_errf(err, errlen, TL_ERR_INVALID, "unknown grammar kind");
 }

@@ -112,6 +112,9 @@ typedef struct tl_grammar_spec {
     const json_t *tools;   /* TOOL_CALLS: OpenAI tools [{"type":"function","function":{...}}] */
     const char *tool_name; /* TOOL_CALLS: NULL = any of tools, else only this one */
     int parallel;          /* TOOL_CALLS: several calls allowed (else exactly one) */
+    int lenient;           /* TOOL_CALLS: a tool that is not strict has the parts of its schema
+                              the grammar cannot take relaxed (toolcall.c) instead of failing;
+                              err then names the last one relaxed */
     const char *prefix;    /* NULL or literal bytes before the document (e.g. "\n\n") */
 } tl_grammar_spec;
 

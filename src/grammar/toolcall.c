@@ -13,7 +13,12 @@
  *     pattern) and typeless schemas other than a string enum or {} are refused by name.
  *   - integer, number, boolean, object, array, null: compact JSON under the property's schema
  *     (src/grammar/schema.c), with '<' inside strings written as \u003c.
- * Several calls (parallel) are separated by "\n". */
+ * Several calls (parallel) are separated by "\n".
+ * Lenient (a forced call to a tool that is not strict): a parameter whose schema the grammar
+ * cannot take is written as a value of its declared type(s) only (a string parameter: any raw
+ * text), and top-level keywords other than the properties are ignored, so the call still parses
+ * with a known name and declared, well-typed parameters; err names the last part relaxed. A
+ * strict tool is never relaxed: what cannot be honoured fails by name. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +34,8 @@ typedef struct tc {
     tl_jrules *j;
     char *err;
     size_t errlen;
+    int lenient; /* the tool at hand may be relaxed (tl_toolcall_rule) */
+    int relaxed; /* parts relaxed so far */
 } tc;
 
 /* Raw text: one or more characters, none of them '<'. */
@@ -151,7 +158,7 @@ static int str_value(tc *c, const char *pname, const json_t *prop) {
     return allows_null(prop) ? raw_chars(c) : raw_not_null(c);
 }
 
-static int param_value(tc *c, const char *pname, const json_t *root, const json_t *prop) {
+static int param_strict(tc *c, const char *pname, const json_t *root, const json_t *prop) {
     if (!prop || tl_parse_value_type(prop) == TL_PVAL_STR) return str_value(c, pname, prop);
     int r = tl_schema_rule(c->b, c->j, root, prop, c->err, c->errlen);
     if (r < 0 && c->err && c->errlen) {
@@ -160,6 +167,26 @@ static int param_value(tc *c, const char *pname, const json_t *root, const json_
         tl_errf(c->err, c->errlen, r, "tool parameter \"%s\": %s", pname, tmp);
     }
     return r;
+}
+
+/* A parameter's value; lenient, a schema the grammar cannot take becomes its declared type(s)
+ * only: {"type": T} (any raw text for a string parameter), or any JSON value. */
+static int param_value(tc *c, const char *pname, const json_t *root, const json_t *prop) {
+    int r = param_strict(c, pname, root, prop);
+    if (r != TL_ERR_UNSUPPORTED || !c->lenient) return r;
+    c->relaxed++;
+    size_t n = strlen(c->err);
+    if (n + 40 < c->errlen)
+        snprintf(c->err + n, c->errlen - n, ": its type only (tool not strict)");
+    if (tl_parse_value_type(prop) == TL_PVAL_STR)
+        return allows_null(prop) ? raw_chars(c) : raw_not_null(c);
+    json_t *t = json_object_get(prop, "type"), *loose = json_object();
+    if (!loose) return TL_ERR_NOMEM;
+    if (t) json_object_set(loose, "type", t);
+    char scratch[64] = "";
+    r = tl_schema_rule(c->b, c->j, root, loose, scratch, sizeof scratch);
+    json_decref(loose);
+    return r >= 0 ? r : tl_jr_value(c->j);
 }
 
 /* "<parameter=P>\nVALUE\n</parameter>\n" */
@@ -195,14 +222,17 @@ static int params_check(tc *c, const json_t *params) {
     json_object_foreach((json_t *)params, k, v) {
         int good = tl_schema_is_annotation(k);
         for (const char *const *o = ok; *o && !good; o++) good = !strcmp(*o, k);
-        if (!good)
-            return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
-                           "unsupported schema keyword \"%s\" at the top of a tool's parameters "
-                           "(they are an object's properties, required and additionalProperties)",
-                           k);
+        if (!good) {
+            tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
+                    "unsupported schema keyword \"%s\" at the top of a tool's parameters (they "
+                    "are an object's properties, required and additionalProperties)%s",
+                    k, c->lenient ? ": ignored (tool not strict)" : "");
+            if (!c->lenient) return TL_ERR_UNSUPPORTED;
+            c->relaxed++;
+        }
     }
     const json_t *t = json_object_get(params, "type");
-    if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "object")))
+    if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "object")) && !c->lenient)
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
                        "tool parameters of a \"type\" other than \"object\" are not supported");
     return 0;
@@ -257,7 +287,8 @@ static int params_rule(tc *c, const json_t *params) {
 }
 
 /* "<function=NAME>\n" params "</function>\n" for one tool. */
-static int function_rule(tc *c, const json_t *fn) {
+static int function_rule(tc *c, const json_t *fn, int lenient) {
+    c->lenient = lenient && !json_is_true(json_object_get(fn, "strict"));
     const char *name = json_string_value(json_object_get(fn, "name"));
     if (!name || !name[0] || strpbrk(name, "<>\n\r"))
         return tl_errf(c->err, c->errlen, TL_ERR_UNSUPPORTED,
@@ -278,15 +309,15 @@ static int function_rule(tc *c, const json_t *fn) {
 }
 
 int tl_toolcall_rule(tl_gbuild *b, tl_jrules *j, const json_t *tools, const char *only,
-                     int parallel, char *err, size_t errlen) {
-    tc c = {b, j, err, errlen};
+                     int parallel, int lenient, char *err, size_t errlen) {
+    tc c = {b, j, err, errlen, 0, 0};
     j->no_lt = 1;
     int fns = tl_gb_rule(b), n = 0;
     for (size_t i = 0; i < json_array_size(tools); i++) {
         const json_t *fn = json_object_get(json_array_get(tools, i), "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
         if (!fn || (only && (!name || strcmp(name, only)))) continue;
-        int f = function_rule(&c, fn);
+        int f = function_rule(&c, fn, lenient);
         if (f < 0) return f;
         if (n++) tl_gb_alt(b, fns);
         tl_gb_ref(b, fns, f);

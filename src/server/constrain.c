@@ -213,6 +213,7 @@ static int tool_spec(const tl_oai_req *r, tl_grammar_spec *sp, int *trigger) {
                             .tools = r->tools,
                             .tool_name = r->tool_choice == TL_TOOL_NAMED ? r->tool_name : NULL,
                             .parallel = r->parallel_tool_calls,
+                            .lenient = forced,
                             .prefix = forced && r->enable_thinking ? "\n\n" : NULL};
     *trigger = !forced;
     return 1;
@@ -244,13 +245,8 @@ int tl_con_from_request(const tl_con_ctx *ctx, const tl_oai_req *r, tl_con **out
     char err[400] = "";
     int st = tl_grammar_compile(has_out ? &rs.sp : &tsp, &g, err, sizeof err);
     json_decref(rs.owned);
-    if (st && has_tool && !trigger && !any_strict(r)) {
-        fprintf(stderr,
-                "tulip: the forced tool call cannot be constrained (%s); forcing only its "
-                "opening tokens\n",
-                err);
-        return 0;
-    }
+    if (!st && err[0]) /* a forced call to a tool that is not strict, relaxed (toolcall.c) */
+        fprintf(stderr, "tulip: forced tool call: %s\n", err);
     if (st)
         return tl_oai_fail(e,
                            st == TL_ERR_NOMEM     ? st

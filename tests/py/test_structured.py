@@ -396,7 +396,8 @@ def test_schema_pattern(srv, pat):
 
 def test_tool_parameter_pattern(srv):
     # an object parameter is JSON inside markup: '<' is written \u003c there (tl_jrules.no_lt);
-    # a string parameter itself is raw text and keeps refusing pattern (toolcall.c)
+    # a string parameter itself is raw text, where pattern cannot be enforced (toolcall.c: a
+    # strict tool refuses it, a forced one that is not strict gets any text)
     tools = [{"type": "function", "function": {"name": "tag", "parameters": {
         "type": "object", "properties": {"o": {
             "type": "object", "properties": {"t": {"type": "string", "pattern": r"^<[a-z]{1,4}>$"}},
@@ -478,6 +479,44 @@ def test_forced_tool_calls(srv, choice):
         calls = check_calls(r, names)
         if seed % 2:
             assert len(calls) == 1
+
+
+RELAXED = {"type": "function", "function": {"name": "fetch", "parameters": {
+    "type": "object", "properties": {
+        "url": {"type": "string", "format": "uri"},
+        "n": {"type": "integer", "multipleOf": 3},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    "required": ["url", "n"], "allOf": [{"required": ["url"]}]}}}
+
+
+def test_forced_tool_relaxed(srv):
+    # a forced call to a tool that is not strict, whose schema has keywords the tool-call grammar
+    # cannot take (format "uri", multipleOf, uniqueItems, a top-level allOf): the call is still
+    # constrained to the tool's name and its declared parameters, each of its declared type
+    # (toolcall.c, lenient); the same tool marked strict is a 400 naming a keyword
+    for seed in range(6):
+        st, r = chat(srv, {"messages": [{"role": "user", "content": "go"}], "tools": [RELAXED],
+                           "tool_choice": "required", "seed": seed, "max_tokens": 200,
+                           "chat_template_kwargs": NO_THINK})
+        assert st == 200, r
+        c = r["choices"][0]
+        assert c["finish_reason"] == "tool_calls", r
+        for call in c["message"]["tool_calls"]:
+            assert call["function"]["name"] == "fetch"
+            args = json.loads(call["function"]["arguments"])
+            assert set(args) <= {"url", "n", "tags"} and {"url", "n"} <= set(args), args
+            assert isinstance(args["url"], str) and args["url"]
+            assert isinstance(args["n"], int) and not isinstance(args["n"], bool)
+            if "tags" in args:
+                assert isinstance(args["tags"], list)
+                assert all(isinstance(t, str) for t in args["tags"])
+    strict = json.loads(json.dumps(RELAXED))
+    strict["function"]["strict"] = True
+    st, r = chat(srv, {"messages": [{"role": "user", "content": "go"}], "tools": [strict],
+                       "tool_choice": "required", "max_tokens": 50})
+    assert st == 400 and r["error"]["param"] == "tools", r
+    assert any(k in r["error"]["message"] for k in ("format", "multipleOf", "uniqueItems",
+                                                    "allOf")), r
 
 
 def stream_chat(srv, body):
@@ -589,7 +628,7 @@ def test_bad_requests(srv):
         assert st == 400 and r["error"]["param"] == param, (extra, r)
     # a strict tool whose parameters use a top-level keyword the tool-call grammar does not
     # enforce: refused by name (not a call whose arguments go unchecked; a forced tool that is
-    # not strict falls back to forcing the call's opening tokens, as for any keyword)
+    # not strict is relaxed instead: test_forced_tool_relaxed)
     for params, kw in (({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}]},
                         "allOf"),
                        ({"type": "object", "properties": {"a": {"type": "integer"}},
