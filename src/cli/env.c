@@ -20,6 +20,8 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_SYNC=1", ENGINE_CMDS,
      "CUDA: sync and check after every kernel, errors name it (no graphs)"},
     {"TL_CUDA_NO_GRAPH=1", ENGINE_CMDS, "CUDA: decode steps run eagerly, without CUDA graphs"},
+    {"TL_CUDA_NO_MIX=1", ENGINE_CMDS,
+     "CUDA: prefill chunks run alone instead of sharing a micro-batch with the decode tokens"},
     {"TL_CUDA_NO_PDL=1", ENGINE_CMDS, "CUDA: decode kernels without programmatic dependent launch"},
     {"TL_CUDA_NO_PREFILL_GEMM", ENGINE_CMDS,
      "CUDA, if set: prefill through the decode kernels, not the GEMM path"},

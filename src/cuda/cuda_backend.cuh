@@ -104,6 +104,9 @@ typedef struct cuda_be {
     cudaStream_t stream;
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
     int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
+    int mix;        /* long chunks share micro-batches with the short entries (batch_plan.h
+                       tl_mb_begin_mixed): the tensor-core path on, tc_min <= CB_PF_MIN, and not
+                       TL_CUDA_NO_MIX=1 */
     int tc_min;     /* micro-batches of at least this many tokens (not one long chunk) run on the
                        tensor-core decode path (TL_CUDA_TC_MIN; 0: never) */
     int router_min; /* micro-batches of at least this many tokens on the GEMM paths compute the

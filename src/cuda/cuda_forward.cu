@@ -310,41 +310,94 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
  * per-token conv1d, GDN step and split-KV attention (docs/architecture.md §4). Activations go
  * into the GEMMs as bf16, as on the prefill path: same math as run_layers, prefill rounding. */
 
-/* GDN mixer: in-proj GEMM, conv1d, the GDN step per segment cut by state columns (raw output),
- * the gated norm into bf16. */
-static int gdn_tc(const layer_ctx *x) {
+/* The long segments of a mixed micro-batch (batch_plan.h tl_mb_begin_mixed): prefill chunks of
+ * >= CB_PF_MIN tokens after the short segments (decode tokens, short prompts), which are the
+ * first n_short_seg segments and n_short_tok tokens. The short ones take the decode mixers, each
+ * long one the prefill mixers (chunked GDN, flash attention); the GEMMs and the MoE run over all
+ * tokens at once, so the weights and the touched experts are read once for both. */
+typedef struct mb_long {
+    int n_short_tok, n_short_seg, n;
+    int tok0[CB_MAX_SEQS], len[CB_MAX_SEQS], slot[CB_MAX_SEQS], pos0[CB_MAX_SEQS];
+} mb_long;
+
+/* From a micro-batch's host metadata: the segments from the first long one on. */
+static void mb_long_of(const tl_mb_meta *h, int n_seg, int T, mb_long *lg) {
+    int k = 0;
+    while (k < n_seg && h->seg_n[k] < CB_PF_MIN) k++;
+    lg->n_short_seg = k, lg->n_short_tok = k < n_seg ? h->seg_tok0[k] : T, lg->n = 0;
+    for (; k < n_seg; k++, lg->n++) {
+        lg->tok0[lg->n] = h->seg_tok0[k], lg->len[lg->n] = h->seg_n[k];
+        lg->slot[lg->n] = h->seg_slot[k], lg->pos0[lg->n] = h->seg_pos0[k];
+    }
+}
+
+/* GDN mixer: in-proj GEMM, conv1d, the GDN step per short segment cut by state columns (raw
+ * output) and the chunked GDN per long one, the gated norm into bf16. */
+static int gdn_tc(const layer_ctx *x, const mb_long *lg) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
-    int ld = be->ld_gdn_in, T = x->T;
+    int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                       x->st));
-    TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
-                       x->a_off, L->dt_bias, L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s,
-                       x->st));
-    return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm,
-                                     c->gdn_n_v_head, T, c->rms_eps, x->st);
+    tl_gpu_seqs ss = cb_seqs(be, lg->n_short_tok, lg->n_short_seg);
+    if (lg->n_short_tok > 0)
+        TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
+                           x->a_off, L->dt_bias, L->a_neg, nk, nv, &ss, x->st));
+    if (lg->n > 0)
+        TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
+                             L->dt_bias, L->a_neg, T, x->st));
+    for (int i = 0; i < lg->n; i++) {
+        size_t t0 = (size_t)lg->tok0[i];
+        const float *cv = be->conv_out + t0 * be->conv_dim;
+        TRY(tl_gpu_gdn_chunk(
+            be->y + t0 * nv * 128, x->rec_st + (size_t)lg->slot[i] * nv * 128 * 128 * be->st_esz,
+            cv, cv + nk * 128, cv + 2 * nk * 128, be->conv_dim, be->gg + t0 * nv,
+            be->gbeta + t0 * nv, lg->len[i],
+            TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 | (be->st_bf16 ? TL_GDN_STATE_BF16 : 0),
+            be->gdn_ws, x->st));
+    }
+    return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
+                                     c->rms_eps, x->st);
 }
 
-/* Attention mixer: in-proj GEMM, q/k norm + RoPE + KV write, split-KV attention with the gate,
- * output as bf16. */
-static int attn_tc(const layer_ctx *x, int n_split) {
+/* Attention mixer: in-proj GEMM, q/k norm + RoPE + KV write for all tokens, split-KV attention
+ * with the gate for the short segments (output as bf16), flash attention over its slot's pages
+ * for each long one. */
+static int attn_tc(const layer_ctx *x, int n_split, const mb_long *lg) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
-    int ld = be->ld_attn_in, T = x->T;
+    int ld = be->ld_attn_in, T = x->T, qd = c->n_head * 256;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_qk_rope_kv(be->q, x->kc, x->vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
                           c->n_head_kv, &x->pg, c->rope_theta, c->rms_eps, x->s, x->st));
-    TRY(tl_gpu_attn(be->y, be->part, be->q, x->kc, x->vc, be->proj, ld, c->n_head, c->n_head_kv,
-                    &x->pg, n_split, x->s, &be->attn, x->st));
-    return tl_gpu_cast_bf16(be->yb, be->y, (long)T * c->n_head * 256, x->st);
+    tl_gpu_seqs ss = cb_seqs(be, lg->n_short_tok, lg->n_short_seg);
+    if (lg->n_short_tok > 0) {
+        TRY(tl_gpu_attn(be->y, be->part, be->q, x->kc, x->vc, be->proj, ld, c->n_head, c->n_head_kv,
+                        &x->pg, n_split, &ss, &be->attn, x->st));
+        TRY(tl_gpu_cast_bf16(be->yb, be->y, (long)lg->n_short_tok * qd, x->st));
+    }
+    for (int i = 0; i < lg->n; i++) {
+        size_t t0 = (size_t)lg->tok0[i];
+        tl_gpu_kv_view kv;
+        memset(&kv, 0, sizeof kv);
+        kv.k = x->kc, kv.v = x->vc;
+        kv.pages = be->d_ptab + (size_t)lg->slot[i] * be->max_pages, kv.page_tokens = TL_KV_PAGE;
+        kv.tok_stride = c->n_head_kv * 256;
+        kv.page_stride = (long long)TL_KV_PAGE * kv.tok_stride;
+        tl_gpu_heads qh = {be->q + t0 * qd, qd, 256}, gh = {be->proj + t0 * ld + 256, ld, 512};
+        TRY(tl_gpu_attn_prefill(be->yb + t0 * qd, &qh, &gh, &kv, lg->len[i], lg->pos0[i],
+                                TL_ATTN_IN_F32, x->st));
+    }
+    return 0;
 }
 
 /* All launches of one micro-batch on the tensor-core decode path (graph-capturable; no PDL: the
  * GEMM kernels do not wait on a programmatic dependency). */
-static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split,
+                         const mb_long *lg) {
     const tl_config *c = &be->cfg;
     tl_gpu_stream st = cb_stream(be, 0);
     tl_mb_meta d = meta_at(be, be->d_meta);
@@ -354,7 +407,7 @@ static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0,
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
         TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
-        TRY(x.L->kind == TL_LAYER_GDN ? gdn_tc(&x) : attn_tc(&x, n_split));
+        TRY(x.L->kind == TL_LAYER_GDN ? gdn_tc(&x, lg) : attn_tc(&x, n_split, lg));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
                         &st));
         TRY(moe_prefill(&x));
@@ -363,10 +416,14 @@ static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0,
 }
 
 /* The path of a micro-batch that is not one long chunk: tensor cores from tc_min tokens on (on
- * production shapes), else the GEMV decode kernels. */
-static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
-    if (be->pf_ok && be->tc_min > 0 && T >= be->tc_min)
-        return run_layers_tc(be, T, n_seg, n_out, out_row0, n_split);
+ * production shapes), else the GEMV decode kernels. lg: its long segments (NULL: none). */
+static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split,
+                     const mb_long *lg) {
+    if (be->pf_ok && be->tc_min > 0 && T >= be->tc_min) {
+        mb_long none;
+        none.n_short_tok = T, none.n_short_seg = n_seg, none.n = 0;
+        return run_layers_tc(be, T, n_seg, n_out, out_row0, n_split, lg ? lg : &none);
+    }
     return run_layers(be, T, n_seg, n_out, out_row0, n_split);
 }
 
@@ -374,7 +431,7 @@ static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int
 static int capture_decode_graph(cuda_be *be, int T, int n_split, char *err, size_t errlen) {
     cudaGraph_t g;
     CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
-    int st = run_short(be, T, T, T, 0, n_split);
+    int st = run_short(be, T, T, T, 0, n_split, NULL);
     cudaError_t ce = cudaStreamEndCapture(be->stream, &g);
     if (st || ce != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_CUDA, "graph capture failed (%s)",
@@ -410,7 +467,9 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs,
     int use_graph = kind == TL_MB_DECODE && T <= CB_MAX_GRAPH_B && in.n_out == T &&
                     in.out_row0 == 0 && !be->graphs_off && !be->prof;
     if (!use_graph) {
-        st = run_short(be, T, in.n_seg, in.n_out, in.out_row0, n_split);
+        mb_long lg; /* 16 KB of stack */
+        mb_long_of(&h, in.n_seg, T, &lg);
+        st = run_short(be, T, in.n_seg, in.n_out, in.out_row0, n_split, lg.n ? &lg : NULL);
         return st ? tl_errf(err, errlen, st, "CUDA forward failed (see log)") : 0;
     }
     if (!be->graph[T]) TRY(capture_decode_graph(be, T, n_split, err, errlen));
@@ -573,7 +632,8 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
     for (int i = 0; i < n; i++) n_tok[i] = e[i].n_tok;
     tl_mb_seg segs[CB_MAX_SEQS];
     int n_seg;
-    tl_mb_iter it = tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
+    tl_mb_iter it = be->mix ? tl_mb_begin_mixed(n_tok, n, be->max_tok, be->max_seqs, long_min)
+                            : tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
     while (tl_mb_next(&it, segs, &n_seg)) TRY(micro_step(be, e, segs, n_seg, row_of, err, errlen));
     /* the launches above run on the GPU while the callers finish their sample parameters (a
      * grammar's mask: tulip.h tl_batch_entry.prepare), the entries' calls spread over the CPU

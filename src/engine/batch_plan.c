@@ -3,7 +3,13 @@
 #include "common/util.h"
 
 tl_mb_iter tl_mb_begin(const int *n_tok, int n, int max_tok, int max_seg, int long_min) {
-    tl_mb_iter it = {n_tok, n, max_tok, max_seg, long_min, 0, 0, 0};
+    tl_mb_iter it = {n_tok, n, max_tok, max_seg, long_min, 0, 0, 0, 0};
+    return it;
+}
+
+tl_mb_iter tl_mb_begin_mixed(const int *n_tok, int n, int max_tok, int max_seg, int long_min) {
+    tl_mb_iter it = tl_mb_begin(n_tok, n, max_tok, max_seg, long_min);
+    it.mix = long_min > 0;
     return it;
 }
 
@@ -14,12 +20,15 @@ int tl_mb_next(tl_mb_iter *it, tl_mb_seg *segs, int *n_seg) {
             int nt = it->n_tok[it->i];
             int big = it->long_min > 0 && nt >= it->long_min;
             if (big != it->pass) continue;
-            if (big && ns > 0) break; /* a long entry runs alone: flush what is pending */
+            /* a long entry runs alone (flush what is pending), or, mixed, joins only with at least
+             * long_min tokens (the long segments of a micro-batch come after the short ones) */
+            if (big && ns > 0 && (!it->mix || TL_MIN(nt - it->off, it->max_tok - T) < it->long_min))
+                break;
             while (it->off < nt) {
                 int take = TL_MIN(nt - it->off, it->max_tok - T);
                 segs[ns].entry = it->i, segs[ns].start = it->off, segs[ns].n = take;
                 ns++, T += take, it->off += take;
-                if (T == it->max_tok || ns == it->max_seg || big) {
+                if (T == it->max_tok || ns == it->max_seg || (big && !it->mix)) {
                     if (it->off == nt) it->i++, it->off = 0;
                     *n_seg = ns;
                     return 1;

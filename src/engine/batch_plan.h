@@ -19,11 +19,19 @@ typedef struct tl_mb_seg {
 typedef struct tl_mb_iter {
     const int *n_tok; /* [n] tokens per entry, each >= 1 */
     int n, max_tok, max_seg, long_min;
+    int mix;          /* long chunks join the short entries' micro-batch (tl_mb_begin_mixed) */
     int pass, i, off; /* position: pass 0 = short entries, 1 = long ones */
 } tl_mb_iter;
 
 /* Starts an iteration (max_tok >= 1, max_seg >= 1; long_min 0 = no long path). */
 tl_mb_iter tl_mb_begin(const int *n_tok, int n, int max_tok, int max_seg, int long_min);
+/* The same, mixed: the long entries' chunks are packed after the short entries into the same
+ * micro-batches (so that one pass over the weights serves decode tokens and prefill chunks
+ * together) instead of running alone. Within every micro-batch the segments shorter than
+ * long_min come first and all later ones have at least long_min tokens (a long entry's piece
+ * joins a micro-batch only if at least long_min tokens of room are left; else the micro-batch
+ * ends). A micro-batch holding one segment of >= long_min tokens is still TL_MB_LONG. */
+tl_mb_iter tl_mb_begin_mixed(const int *n_tok, int n, int max_tok, int max_seg, int long_min);
 /* The next micro-batch into segs[0 .. *n_seg) (segs holds max_seg): 1, or 0 when done. */
 int tl_mb_next(tl_mb_iter *it, tl_mb_seg *segs, int *n_seg);
 

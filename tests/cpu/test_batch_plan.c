@@ -232,6 +232,117 @@ static void test_pack_cases(void) {
     CHECK_EQ_INT(ns, 0);
 }
 
+/* ---- mixed packing (tl_mb_begin_mixed) ---- */
+
+static void mod_pack_mixed(const int *n_tok, int n, int max_tok, int max_seg, int long_min,
+                           plan *pl) {
+    tl_mb_seg *segs = malloc((size_t)max_seg * sizeof *segs);
+    tl_mb_iter it = tl_mb_begin_mixed(n_tok, n, max_tok, max_seg, long_min);
+    int n_seg = -1, ok = 1;
+    while (ok && tl_mb_next(&it, segs, &n_seg))
+        ok = n_seg >= 1 && n_seg <= max_seg && plan_add(pl, segs, n_seg);
+    CHECK(ok);
+    CHECK_EQ_INT(tl_mb_next(&it, segs, &n_seg), 0);
+    free(segs);
+}
+
+/* Invariants of a mixed plan: each token of each entry once and in order; at most max_tok tokens
+ * and max_seg segments a micro-batch; every short entry's tokens before every long entry's;
+ * inside a micro-batch, after a segment of >= long_min tokens only such segments; and a
+ * micro-batch ends only when full (max_tok or max_seg), at the end, or when the next segment is
+ * a long entry's with less than long_min tokens of room. Returns the number of violations. */
+static int mixed_violations(const plan *pl, const int *n_tok, int n, int max_tok, int max_seg,
+                            int long_min) {
+    int bad = 0, seen_long = 0;
+    int *next = calloc((size_t)n, sizeof(int));
+    for (int b = 0; b < pl->n_mb; b++) {
+        int f = pl->first[b], ns = pl->first[b + 1] - f, T = 0, in_long = 0;
+        bad += ns < 1 || ns > max_seg;
+        for (int k = 0; k < ns; k++) {
+            const tl_mb_seg *s = &pl->segs[f + k];
+            bad += s->start != next[s->entry];
+            next[s->entry] = s->start + s->n;
+            T += s->n;
+            int lg_entry = n_tok[s->entry] >= long_min, lg_seg = s->n >= long_min;
+            bad += !lg_entry && seen_long;
+            seen_long |= lg_entry;
+            bad += in_long && !lg_seg;
+            in_long |= lg_seg;
+        }
+        bad += T > max_tok;
+        if (b + 1 < pl->n_mb && T < max_tok && ns < max_seg) {
+            const tl_mb_seg *nx = &pl->segs[pl->first[b + 1]];
+            int room = max_tok - T, rest = n_tok[nx->entry] - nx->start;
+            bad += !(n_tok[nx->entry] >= long_min && TL_MIN(room, rest) < long_min);
+        }
+    }
+    for (int i = 0; i < n; i++) bad += next[i] != n_tok[i];
+    free(next);
+    return bad;
+}
+
+static void test_pack_mixed(void) {
+    unsigned long long rs = 0x313ed5ull;
+    int n_joined = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        batch_cfg c;
+        pick_batch(&rs, &c);
+        int cap = total_tokens(&c) + 2;
+        plan got;
+        plan_init(&got, cap);
+        mod_pack_mixed(c.n_tok, c.n, c.max_tok, c.max_seg, c.long_min, &got);
+        int bad = c.long_min > 0
+                      ? mixed_violations(&got, c.n_tok, c.n, c.max_tok, c.max_seg, c.long_min)
+                      : 0;
+        if (c.long_min == 0) { /* no long path: the same plan as unmixed */
+            plan want;
+            plan_init(&want, cap);
+            mod_pack(c.n_tok, c.n, c.max_tok, c.max_seg, 0, &want);
+            bad += !plans_equal(&want, &got);
+            plan_free(&want);
+        }
+        for (int b = 0; b < got.n_mb && c.long_min > 0; b++) { /* short + long in one batch */
+            int sh = 0, lg = 0;
+            for (int k = got.first[b]; k < got.first[b + 1]; k++) {
+                int big = c.n_tok[got.segs[k].entry] >= c.long_min;
+                sh |= !big, lg |= big;
+            }
+            n_joined += sh && lg;
+        }
+        CHECK_EQ_INT(bad, 0);
+        plan_free(&got);
+        if (bad) {
+            fprintf(stderr, "  batch %d: n %d max_tok %d max_seg %d long_min %d\n", iter, c.n,
+                    c.max_tok, c.max_seg, c.long_min);
+            break;
+        }
+    }
+    CHECK(n_joined > 300); /* decode tokens and prefill chunks did share micro-batches */
+    static const struct {
+        int n, n_tok[6], max_tok, max_seg, long_min;
+        const char *want;
+    } cases[] = {
+        /* the decodes and both prompts in one micro-batch */
+        {4, {1, 40, 1, 20}, 64, 8, 16, "0:0+1 2:0+1 1:0+40 3:0+20"},
+        /* room for 22 of the 40: joins; the rest starts the next micro-batch */
+        {3, {1, 40, 1}, 24, 8, 16, "0:0+1 2:0+1 1:0+22 | 1:22+18"},
+        /* room for 10 < 16: the micro-batch ends before the long entry */
+        {3, {1, 40, 5}, 16, 8, 16, "0:0+1 2:0+5 | 1:0+16 | 1:16+16 | 1:32+8"},
+        /* a long entry's short tail leads the next micro-batch, another long one joins */
+        {3, {1, 40, 30}, 32, 8, 16, "0:0+1 1:0+31 | 1:31+9 2:0+23 | 2:23+7"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        plan got;
+        plan_init(&got, 64);
+        mod_pack_mixed(cases[k].n_tok, cases[k].n, cases[k].max_tok, cases[k].max_seg,
+                       cases[k].long_min, &got);
+        char str[512];
+        plan_str(&got, str, sizeof str);
+        CHECK_STR(str, cases[k].want);
+        plan_free(&got);
+    }
+}
+
 /* ---- tl_mb_fill ---- */
 
 typedef struct fill_buf {
@@ -377,12 +488,16 @@ static void test_fill_rows(void) {
         bad += rows_violations(st.e, c->n, row_of, n_rows);
         fill_buf fb = fill_alloc(c->max_tok, c->max_seg);
         tl_mb_seg *segs = malloc((size_t)c->max_seg * sizeof *segs);
-        tl_mb_iter it = tl_mb_begin(c->n_tok, c->n, c->max_tok, c->max_seg, c->long_min);
-        int ns;
-        while (tl_mb_next(&it, segs, &ns)) {
-            tl_mb_info info;
-            tl_mb_fill(st.e, segs, ns, row_of, &fb.m, &info);
-            bad += row_mismatches(st.e, segs, ns, row_of, &info);
+        for (int mix = 0; mix < 2; mix++) { /* plain and mixed packing: the same rows */
+            tl_mb_iter it =
+                mix ? tl_mb_begin_mixed(c->n_tok, c->n, c->max_tok, c->max_seg, c->long_min)
+                    : tl_mb_begin(c->n_tok, c->n, c->max_tok, c->max_seg, c->long_min);
+            int ns;
+            while (tl_mb_next(&it, segs, &ns)) {
+                tl_mb_info info;
+                tl_mb_fill(st.e, segs, ns, row_of, &fb.m, &info);
+                bad += row_mismatches(st.e, segs, ns, row_of, &info);
+            }
         }
         free(segs), fill_release(&fb), free(st.toks);
         if (bad) fprintf(stderr, "  step %d: outputs land in other entries' rows\n", iter);
@@ -525,6 +640,7 @@ static void test_kind_splits_match_original(void) {
 int main(void) {
     T_RUN(test_pack_cases);
     T_RUN(test_pack_matches_original);
+    T_RUN(test_pack_mixed);
     T_RUN(test_fill);
     T_RUN(test_fill_rows);
     T_RUN(test_rows_scheduler_step);

@@ -767,6 +767,74 @@ static void test_tc_decode_batched(void) {
     free(tok), free(alone), free(bat), free(gemv);
 }
 
+/* Mixed micro-batches (batch_plan.h tl_mb_begin_mixed; cuda_forward.cu mb_long): one step of 6
+ * decode tokens (slots 0..5, after 5-token prompts) and prefill chunks of 40 and `chunk` tokens
+ * (slots 6, 7, from position 0), on a backend that packs them into one micro-batch and on one
+ * with TL_CUDA_NO_MIX=1, where each chunk runs alone on the prefill path; then one decode step of
+ * all 8 slots on both (the states and KV the mixed step left behind). chunk = 100: every
+ * micro-batch of both runs has <= 256 tokens, so the GEMMs take the same tiles and split and
+ * every row is computed by the same kernels in the same order: NMSE <= 1e-8 and the same greedy
+ * tokens. chunk = 300: the mixed batch (346 tokens) no longer splits K, so the decode rows round
+ * differently from the 6-token batch: the GEMM-path bound (1e-2, as test_tc_decode_batched). */
+static void mixed_case(int chunk, double tol) {
+    int V = TL_N_VOCAB, S = 8, n_out = S;
+    setenv("TL_CUDA_NO_MIX", "1", 1);
+    tl_backend *sep = open_prod4(S, 512, "1");
+    unsetenv("TL_CUDA_NO_MIX");
+    tl_backend *mix = open_prod4(S, 512, "1");
+    if (!sep || !mix) {
+        if (sep) sep->close(sep);
+        if (mix) mix->close(mix);
+        return;
+    }
+    int32_t *tok = xmalloc(sizeof(int32_t) * S * 512);
+    for (int i = 0; i < S * 512; i++) tok[i] = (int32_t)(t_rng_next(&rs) % TL_N_VOCAB_TOKENS);
+    float *lg[2], *lg2[2];
+    tl_backend *bs[2] = {sep, mix};
+    char err[256] = "";
+    for (int k = 0; k < 2; k++) {
+        tl_backend *b = bs[k];
+        lg[k] = xmalloc(sizeof(float) * V * n_out), lg2[k] = xmalloc(sizeof(float) * V * S);
+        for (int q = 0; q < 6; q++) CHECK_EQ_INT(fwd1(b, q, 0, tok + (size_t)q * 512, 5, NULL), 0);
+        tl_fwd_entry e[8];
+        memset(e, 0, sizeof e);
+        for (int q = 0; q < S; q++) {
+            int n = q < 6 ? 1 : q == 6 ? 40 : chunk, pos = q < 6 ? 5 : 0;
+            e[q].slot = q, e[q].pos = pos, e[q].tokens = tok + (size_t)q * 512 + pos;
+            e[q].n_tok = n, e[q].logits = lg[k] + (size_t)q * V;
+        }
+        CHECK_EQ_INT(b->forward(b, e, S, err, sizeof err), 0);
+        for (int q = 0; q < S; q++) { /* then one decode step of every slot */
+            int pos = q < 6 ? 6 : q == 6 ? 40 : chunk;
+            e[q].pos = pos, e[q].tokens = tok + (size_t)q * 512 + pos, e[q].n_tok = 1;
+            e[q].logits = lg2[k] + (size_t)q * V;
+        }
+        CHECK_EQ_INT(b->forward(b, e, S, err, sizeof err), 0);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "mixed step (chunk %d) vs chunks alone", chunk);
+    check_nmse(what, lg[1], lg[0], (size_t)V * n_out, tol);
+    snprintf(what, sizeof what, "... then a decode step of all slots");
+    check_nmse(what, lg2[1], lg2[0], (size_t)V * S, tol);
+    int same = 0;
+    for (int r = 0; r < 2 * S; r++) {
+        float m0, m1;
+        const float *a = r < S ? lg[0] + (size_t)r * V : lg2[0] + (size_t)(r - S) * V;
+        const float *b = r < S ? lg[1] + (size_t)r * V : lg2[1] + (size_t)(r - S) * V;
+        same += argmax_margin(a, V, &m0) == argmax_margin(b, V, &m1);
+    }
+    printf("# greedy tokens equal: %d of %d\n", same, 2 * S);
+    if (tol <= 1e-8) CHECK_EQ_INT(same, 2 * S);
+    for (int k = 0; k < 2; k++) free(lg[k]), free(lg2[k]);
+    free(tok);
+    sep->close(sep), mix->close(mix);
+}
+
+static void test_mixed_step(void) {
+    mixed_case(100, 1e-8);
+    mixed_case(300, 1e-2);
+}
+
 /* ====== Prefix cache (docs/architecture.md §4.1): the backend's cache_save / cache_load. ======
  * A prompt of 200 tokens: slot 0 prefills 150 and is snapshotted (2 full pages and a partial one
  * of 22 rows); slot 1 starts from that snapshot and prefills the other 50; slot 2 computes the
@@ -1018,6 +1086,7 @@ int main(int argc, char **argv) {
     T_RUN(test_prepare_callback);
     if (!quick) T_RUN(test_prefill_gemm_vs_decode);
     if (!quick) T_RUN(test_tc_decode_batched);
+    if (!quick) T_RUN(test_mixed_step);
     T_RUN(test_poisoned_router); /* after the others: the tests above keep their random draws */
     T_RUN(test_prefix_cache_small);
     if (!quick) T_RUN(test_prefix_cache_gemm_path);
