@@ -773,10 +773,14 @@ static void test_tc_decode_batched(void) {
  * with TL_CUDA_NO_MIX=1, where each chunk runs alone on the prefill path; then one decode step of
  * all 8 slots on both (the states and KV the mixed step left behind). chunk = 100: every
  * micro-batch of both runs has <= 256 tokens, so the GEMMs take the same tiles and split and
- * every row is computed by the same kernels in the same order: NMSE <= 1e-8 and the same greedy
- * tokens. chunk = 300: the mixed batch (346 tokens) no longer splits K, so the decode rows round
- * differently from the 6-token batch: the GEMM-path bound (1e-2, as test_tc_decode_batched). */
-static void mixed_case(int chunk, double tol) {
+ * every row is computed by the same kernels in the same order: the states are the same bits, and
+ * the decode step after it must match to NMSE <= 1e-8 with the same greedy tokens. The mixed
+ * step's own logits differ in the chunks' rows only by the LM head: alone, a chunk's last row
+ * goes through the prefill path's f32 GEMV head, mixed through the batched path's bf16 GEMM head
+ * (measured 1.2e-6 on the H200): bound 1e-5 there. chunk = 300: the mixed batch (346 tokens) no
+ * longer splits K, so the decode rows round differently from the 6-token batch: the GEMM-path
+ * bound (1e-2, as test_tc_decode_batched) for both steps. */
+static void mixed_case(int chunk, double tol_step, double tol) {
     int V = TL_N_VOCAB, S = 8, n_out = S;
     setenv("TL_CUDA_NO_MIX", "1", 1);
     tl_backend *sep = open_prod4(S, 512, "1");
@@ -813,7 +817,7 @@ static void mixed_case(int chunk, double tol) {
     }
     char what[96];
     snprintf(what, sizeof what, "mixed step (chunk %d) vs chunks alone", chunk);
-    check_nmse(what, lg[1], lg[0], (size_t)V * n_out, tol);
+    check_nmse(what, lg[1], lg[0], (size_t)V * n_out, tol_step);
     snprintf(what, sizeof what, "... then a decode step of all slots");
     check_nmse(what, lg2[1], lg2[0], (size_t)V * S, tol);
     int same = 0;
@@ -831,8 +835,8 @@ static void mixed_case(int chunk, double tol) {
 }
 
 static void test_mixed_step(void) {
-    mixed_case(100, 1e-8);
-    mixed_case(300, 1e-2);
+    mixed_case(100, 1e-5, 1e-8);
+    mixed_case(300, 1e-2, 1e-2);
 }
 
 /* ====== Prefix cache (docs/architecture.md §4.1): the backend's cache_save / cache_load. ======
