@@ -27,6 +27,8 @@ static const env_switch env_switches[] = {
      "CUDA, if set: prefill through the decode kernels, not the GEMM path"},
     {"TL_CUDA_MAX_TOK=N", ENGINE_CMDS,
      "CUDA: tokens per micro-batch, >= 16 (default 2048; no GEMM: 512)"},
+    {"TL_CUDA_TC_PDL=0", ENGINE_CMDS,
+     "CUDA: the batched tensor-core path without programmatic dependent launch (A/B)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens decode on the tensor cores (default 8; 0: never)"},
     {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,

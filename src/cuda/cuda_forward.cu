@@ -394,12 +394,13 @@ static int attn_tc(const layer_ctx *x, int n_split, const mb_long *lg) {
     return 0;
 }
 
-/* All launches of one micro-batch on the tensor-core decode path (graph-capturable; no PDL: the
- * GEMM kernels do not wait on a programmatic dependency). */
+/* All launches of one micro-batch on the tensor-core decode path (graph-capturable), under PDL
+ * unless TL_CUDA_NO_PDL=1 or TL_CUDA_TC_PDL=0: every kernel on it waits for its predecessor
+ * (pdl_wait), and a dense GEMM requests its first weight tiles before waiting. */
 static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split,
                          const mb_long *lg) {
     const tl_config *c = &be->cfg;
-    tl_gpu_stream st = cb_stream(be, 0);
+    tl_gpu_stream st = cb_stream(be, be->tc_pdl);
     tl_mb_meta d = meta_at(be, be->d_meta);
     tl_gpu_seqs s = cb_seqs(be, T, n_seg);
     TRY(count_tokens(be, T, &st));

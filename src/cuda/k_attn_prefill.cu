@@ -26,6 +26,7 @@
 __global__ void __launch_bounds__(AP_THREADS, 2)
     attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                         int pos0, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     const void *qv = qh.p, *gatev = gh.p;
     const int q_tok_stride = qh.tok_stride, q_head_stride = qh.head_stride;
     extern __shared__ __align__(128) uint16_t ap_smem[];

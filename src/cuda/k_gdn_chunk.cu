@@ -89,6 +89,7 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
                     const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float gp_smem[];
     float *sK = gp_smem + GP_OFF_K, *sKt = gp_smem + GP_OFF_KT, *sQ = gp_smem + GP_OFF_Q;
     float *sV = gp_smem + GP_OFF_V, *sA = gp_smem + GP_OFF_A, *sG = gp_smem + GP_OFF_G;
@@ -263,6 +264,7 @@ template <int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
     gdn_seq_kernel(void *o, void *state, const float *ws, int t_seg, int n_chunks, int T,
                    int flags) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float gs_smem[];
     float *sK = gs_smem + GS_OFF_K, *sQ = gs_smem + GS_OFF_Q, *sS = gs_smem + GS_OFF_S;
     constexpr int THREADS = NW * 32, RW = GC_L / NW, RS = GC_DK / NW; /* rows per warp */
@@ -408,6 +410,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
  * threads: one per (token, head). reference: cpu_softplus / cpu_sigmoid in the test. */
 __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b, int ld,
                                  const float *dt_bias, const float *a_neg, int T) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * GC_NH) return;
     int t = i / GC_NH, h = i % GC_NH;

@@ -132,6 +132,9 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
+    /* PDL (batched path): the MoE plan comes from the previous kernel; a dense product's weights
+     * do not, and its first stages of them are requested before the wait (prologue below) */
+    if (p.mode != GM_DENSE) pdl_wait();
     if (!gm_tile<BITS, BM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
 
     /* A source rows of this thread's MI chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
@@ -148,15 +151,18 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
     }
 
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT; /* split-K: z's share */
-    auto load_stage = [&](int stage, int kt) {
-        uint8_t *s = gm_smem + stage * C::STAGE_BYTES;
-        uint16_t *sA = (uint16_t *)s;
+    auto load_a = [&](int stage, int kt) {
+        uint16_t *sA = (uint16_t *)(gm_smem + stage * C::STAGE_BYTES);
         const int k0 = (kt_base + kt) * GM_BK;
 #pragma unroll
         for (int j = 0; j < MI; j++) {
             int r = (tid >> 3) + (THREADS / 8) * j;
             cp_async16(sA + r * GM_LDS + (tid & 7) * 8, a_src[j] + k0, a_ok[j] ? 16 : 0);
         }
+    };
+    auto load_b = [&](int stage, int kt) {
+        uint8_t *s = gm_smem + stage * C::STAGE_BYTES;
+        const int k0 = (kt_base + kt) * GM_BK;
         if (BITS == 16) {
             uint16_t *sB = (uint16_t *)(s + C::A_BYTES);
             const uint16_t *wg = (const uint16_t *)wb;
@@ -180,6 +186,10 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
                 cp_async16(sS + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
         }
     };
+    auto load_stage = [&](int stage, int kt) {
+        load_a(stage, kt);
+        load_b(stage, kt);
+    };
 
     float acc[MI][NJ][4];
 #pragma unroll
@@ -189,9 +199,16 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
+                /* prologue: the first stages' weights, the wait for the previous kernel (dense),
+                 * then their activations; cp.async group 0 holds every prologue weight tile, so the
+                 * waits below stay correct */
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++)
+        if (s < KT) load_b(s, s);
+    if (p.mode == GM_DENSE) pdl_wait();
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
-        if (s < KT) load_stage(s, s);
+        if (s < KT) load_a(s, s);
         cp_async_commit();
     }
 
@@ -412,6 +429,7 @@ static __device__ __forceinline__ void wg_mma_m64n256k16(float *d, uint64_t da, 
 
 template <int BITS, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     typedef wg_cfg<BITS, WGS> C;
     constexpr int BM = C::BM, THREADS = C::THREADS;
     extern __shared__ uint8_t wg_smem_raw[];

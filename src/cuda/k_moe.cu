@@ -384,6 +384,7 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
  * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
  *   cannot change any result: each output row depends only on its own input row). */
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ int cnt[256], cur[256];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -443,6 +444,7 @@ extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
 __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *yslot,
                                    const float *wts, const uint16_t *sh, const float *sh_logit,
                                    int n_embd, int out_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     const int t = blockIdx.x;
     for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
         float acc[8];

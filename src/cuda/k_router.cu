@@ -26,6 +26,7 @@
 __global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
                       int n_tok) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) uint16_t rt_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
     const int t0 = blockIdx.x * RT_M, r0 = blockIdx.y * RT_N, K = W.cols, KT = K / RT_K;
