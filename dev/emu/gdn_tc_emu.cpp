@@ -9,7 +9,7 @@
  *   g++ -O2 -std=c++17 -Idev/emu -Iinclude -Isrc -Itests dev/emu/gdn_tc_emu.cpp \
  *       build/cuda/src/cpu/cpu_gdn.o build/cuda/src/cpu/cpu_ops.o build/cuda/src/common/util.o \
  *       -lm -o /tmp/gdn_tc_emu
- *   /tmp/gdn_tc_emu T init(0|1) fma|tf32|3xtf32|bf16 [state_bf16 0|1] */
+ *   /tmp/gdn_tc_emu T init(0|1) fma|tf32|3xtf32|bf16 [state_bf16 0|1 [io_bf16 0|1]] */
 #include <ucontext.h>
 
 #include "../../src/cuda/k_gdn_chunk.cu"
@@ -153,6 +153,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int T = atoi(argv[1]), init = atoi(argv[2]), sb16 = argc > 4 && atoi(argv[4]);
+    const int io16 = argc > 5 && atoi(argv[5]);
     int kern = TL_GDN_KERN_TF32;
     if (!strcmp(argv[3], "fma")) kern = TL_GDN_KERN_FMA;
     if (!strcmp(argv[3], "3xtf32")) kern = TL_GDN_KERN_3XTF32;
@@ -190,10 +191,18 @@ int main(int argc, char **argv) {
     float *o = (float *)xmalloc((size_t)T * HV * DV * 4),
           *o_ref = (float *)xmalloc((size_t)DV * T * 2 * 4);
     void *ws = xmalloc(tl_gpu_gdn_chunk_ws_bytes());
-    int st = tl_gpu_gdn_chunk(
-        o, sb16 ? (void *)S16 : (void *)S, c, c + HK * DK, c + 2 * HK * DK, stride, g, beta, T,
-        TL_GDN_L2NORM | TL_GDN_IN_F32 | TL_GDN_OUT_F32 | kern | (sb16 ? TL_GDN_STATE_BF16 : 0), ws,
-        NULL);
+    /* io16: bf16 input and output instead of f32 */
+    uint16_t *cb = (uint16_t *)xmalloc((size_t)T * stride * 2);
+    uint16_t *ob = (uint16_t *)xmalloc((size_t)T * HV * DV * 2);
+    for (size_t i = 0; i < (size_t)T * stride; i++) cb[i] = tl_f32_to_bf16(c[i]);
+    void *Sp = sb16 ? (void *)S16 : (void *)S;
+    int fl = TL_GDN_L2NORM | kern | (sb16 ? TL_GDN_STATE_BF16 : 0);
+    int st = io16 ? tl_gpu_gdn_chunk(ob, Sp, cb, cb + HK * DK, cb + 2 * HK * DK, stride, g, beta, T,
+                                     fl, ws, NULL)
+                  : tl_gpu_gdn_chunk(o, Sp, c, c + HK * DK, c + 2 * HK * DK, stride, g, beta, T,
+                                     fl | TL_GDN_IN_F32 | TL_GDN_OUT_F32, ws, NULL);
+    if (io16)
+        for (size_t i = 0; i < (size_t)T * HV * DV; i++) o[i] = tl_bf16_to_f32(ob[i]);
     if (st) return fprintf(stderr, "status %d\n", st), 1;
     if (sb16)
         for (size_t i = 0; i < ns; i++) S[i] = tl_bf16_to_f32(S16[i]);
@@ -213,8 +222,9 @@ int main(int argc, char **argv) {
             memcpy(got + ((size_t)e * T + t) * DV, o + ((size_t)t * HV + h) * DV, DV * 4);
         }
     }
-    printf("T=%d init=%d %s%s: output nmse %.3e  state nmse %.3e  (heads %d, %d)\n", T, init,
-           argv[3], sb16 ? " bf16-state" : "", t_nmse(got, o_ref, (size_t)T * DV * 2),
-           t_nmse(Sg, Sr, (size_t)DK * DV * 2), emu_heads[0], emu_heads[1]);
+    printf("T=%d init=%d %s%s%s: output nmse %.3e  state nmse %.3e  (heads %d, %d)\n", T, init,
+           argv[3], sb16 ? " bf16-state" : "", io16 ? " bf16-io" : "",
+           t_nmse(got, o_ref, (size_t)T * DV * 2), t_nmse(Sg, Sr, (size_t)DK * DV * 2),
+           emu_heads[0], emu_heads[1]);
     return 0;
 }
