@@ -103,18 +103,27 @@ static __device__ __forceinline__ void gc_scan_g(float *sG, float *sB, float *re
  * diagonal); out, (T + I) diag(beta) with T[i][j] = A[i][j] + sum_m A[i][m] T[m][j].
  * note: column j of T depends only on column j of the rows above it, so 64 threads solve
  * independently; A rows are read as warp-wide broadcasts and x[] stays in registers (fully
- * unrolled); x[i] = 0 for i <= j falls out of the recurrence without masking. The caller
- * synchronises before and after. */
+ * unrolled); x[i] = 0 for i <= j falls out of the recurrence without masking. Each row's sum runs
+ * in NACC interleaved partial sums (m mod NACC), so the dependent chain is i / NACC long instead
+ * of i (1: gdn_prep_kernel's order, kept as it was). The caller synchronises before and after. */
+template <int NACC>
 static __device__ __forceinline__ void gc_solve_T(float *sA, int ld, const float *sB, int tid) {
     if (tid >= GC_L) return;
     const int j = tid;
     float x[GC_L];
 #pragma unroll
     for (int i = 0; i < GC_L; i++) {
-        float s = sA[i * ld + j];
+        float s[NACC];
+        s[0] = sA[i * ld + j];
 #pragma unroll
-        for (int m = 0; m < i; m++) s += sA[i * ld + m] * x[m];
-        x[i] = s;
+        for (int a = 1; a < NACC; a++) s[a] = 0.f;
+#pragma unroll
+        for (int m = 0; m < i; m++) s[m % NACC] += sA[i * ld + m] * x[m];
+#pragma unroll
+        for (int w = 1; w < NACC; w *= 2)
+#pragma unroll
+            for (int a = 0; a + w < NACC; a += 2 * w) s[a] += s[a + w];
+        x[i] = s[0];
     }
     bar_sync_named(1, 64);
     float bj = sB[j];
@@ -211,7 +220,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     }
     __syncthreads();
 
-    gc_solve_T(sA, GC_L, sB, tid);
+    gc_solve_T<1>(sA, GC_L, sB, tid);
     __syncthreads();
 
     /* W = (T beta)(k e^gc), U = (T beta) v: rows i = 8w+u, columns lane + 32c */
@@ -489,7 +498,8 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
 /* ====== Prep on tensor cores ======
  * math: as gdn_prep_kernel. K K^T and q K^T [64x64, k = 128], then W = T' (k e^gc) and U = T' v
  * [64x128, k = 64] with T' = (T + I) diag(beta), by mma; T itself by the fp32 forward
- * substitution of gc_solve_T (64 independent columns; a blocked mma solve is not done).
+ * substitution of gc_solve_T (64 independent columns, 4 partial sums per row; a blocked mma
+ * solve is not done) on warps 0-1 while warps 2-7 write Qg, Kd and k e^gc.
  * shapes: as gdn_prep_kernel; the same workspace record.
  * threads: block = (chunk, value head), 256 threads. K K^T, q K^T: warp w owns rows 16(w/2)..
  *   and columns 32(w%2).. (warps 1 and 3 hold only zeros above the diagonal and skip the mma).
@@ -608,22 +618,24 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     }
     if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
     __syncthreads();
-    /* Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), k e^gc (for W) */
-    for (int u = 0; u < 8; u++) {
-        int i = warp * 8 + u;
-        float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
-        float4 qv = *(const float4 *)(sQ + i * TP_LDK + 4 * lane);
-        float4 kv = *(const float4 *)(sK + i * TP_LDK + 4 * lane);
-        *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) =
-            make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
-        *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) =
-            make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
-        *(float4 *)(sKg + i * TP_LDV + 4 * lane) =
-            make_float4(kv.x * eq, kv.y * eq, kv.z * eq, kv.w * eq);
-    }
     tp_kk_qk<SPLIT>(sA, rec, sK, sQ, sG, sB, warp, lane);
     __syncthreads();
-    gc_solve_T(sA, TP_LDT, sB, tid);
+    if (warp < 2) {
+        gc_solve_T<4>(sA, TP_LDT, sB, tid);
+    } else {
+        /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), k e^gc (W) */
+        for (int i = warp - 2; i < GC_L; i += 6) {
+            float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
+            float4 qv = *(const float4 *)(sQ + i * TP_LDK + 4 * lane);
+            float4 kv = *(const float4 *)(sK + i * TP_LDK + 4 * lane);
+            *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) =
+                make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
+            *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) =
+                make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
+            *(float4 *)(sKg + i * TP_LDV + 4 * lane) =
+                make_float4(kv.x * eq, kv.y * eq, kv.z * eq, kv.w * eq);
+        }
+    }
     __syncthreads();
     tp_wu<SPLIT>(rec, sA, sKg, sV, warp, lane);
 }
