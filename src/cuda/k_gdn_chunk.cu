@@ -48,25 +48,33 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
                                                   const void *q, const void *k, int tok_stride,
                                                   int hk, int t0, int T, int l2, int in_f32,
                                                   int warp, int lane) {
+    /* all 8 rows' loads first, so their latencies overlap (the norms' shuffles would otherwise
+     * wait for each row in turn) */
+    float4 kr[8], qr[8];
+#pragma unroll
     for (int u = 0; u < 8; u++) {
-        int i = warp * 8 + u, t = t0 + i;
-        float kv[4] = {0, 0, 0, 0}, qv[4] = {0, 0, 0, 0};
+        int t = t0 + warp * 8 + u;
+        kr[u] = qr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (t < T) {
             size_t idx = (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
-            float4 kr = gc_load4(k, idx, in_f32), qr = gc_load4(q, idx, in_f32);
-            kv[0] = kr.x, kv[1] = kr.y, kv[2] = kr.z, kv[3] = kr.w;
-            qv[0] = qr.x, qv[1] = qr.y, qv[2] = qr.z, qv[3] = qr.w;
-            if (l2) {
-                float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
-                float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
-                for (int off = 16; off > 0; off >>= 1) {
-                    sk += __shfl_xor_sync(0xffffffffu, sk, off);
-                    sq += __shfl_xor_sync(0xffffffffu, sq, off);
-                }
-                float rk = 1.0f / sqrtf(sk + 1e-6f);
-                float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
-                for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
+            kr[u] = gc_load4(k, idx, in_f32), qr[u] = gc_load4(q, idx, in_f32);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        int i = warp * 8 + u, t = t0 + i;
+        float kv[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
+        float qv[4] = {qr[u].x, qr[u].y, qr[u].z, qr[u].w};
+        if (t < T && l2) {
+            float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
+            float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
+            for (int off = 16; off > 0; off >>= 1) {
+                sk += __shfl_xor_sync(0xffffffffu, sk, off);
+                sq += __shfl_xor_sync(0xffffffffu, sq, off);
             }
+            float rk = 1.0f / sqrtf(sk + 1e-6f);
+            float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
+            for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
         }
         *(float4 *)(sK + i * ld + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
         *(float4 *)(sQ + i * ld + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
@@ -609,12 +617,17 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     const int t0 = t_seg + c * GC_L;
     float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
 
-    gc_load_qk(sQ, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
-    for (int u = 0; u < 8; u++) {
-        int i = warp * 8 + u, t = t0 + i;
-        float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < T) vv = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
-        *(float4 *)(sV + i * TP_LDV + 4 * lane) = vv;
+    {
+        float4 vv[8]; /* v loads issued before the q, k ones are waited for */
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int t = t0 + warp * 8 + u;
+            vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < T) vv[u] = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
+        }
+        gc_load_qk(sQ, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
+#pragma unroll
+        for (int u = 0; u < 8; u++) *(float4 *)(sV + (warp * 8 + u) * TP_LDV + 4 * lane) = vv[u];
     }
     if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
     __syncthreads();
