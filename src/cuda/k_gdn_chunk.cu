@@ -708,154 +708,167 @@ static __device__ __forceinline__ void ts_store_o(void *o, const float (&oo)[2][
         }
 }
 
+/* W, Aqk, the U slice (columns c0..c0+31) and gc of one chunk record into a buffer. */
+static __device__ __forceinline__ void ts_fetch_buf(float *buf, const float *rec, int c0, int tid) {
+    ts_fetch(buf + TS_BUF_W, TS_LDW, rec + GC_WS_W, GC_DK, GC_L, GC_DK / 4, tid);
+    ts_fetch(buf + TS_BUF_AQK, TS_LDA, rec + GC_WS_AQK, GC_L, GC_L, GC_L / 4, tid);
+    ts_fetch(buf + TS_BUF_U, TS_LDS, rec + GC_WS_U + c0, GC_DK, GC_L, GC_DVB / 4, tid);
+    if (tid < GC_L / 4) cp_async16(buf + TS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
+}
+
+/* The state slice [128][32] between global (f32, or bf16 with s_bf16) and shared memory. */
+static __device__ __forceinline__ void ts_state_io(float *sS, void *state, int h, int c0,
+                                                   int s_bf16, int store, int tid) {
+    float *Sg = (float *)state + (size_t)h * GC_DK * GC_DK;
+    uint16_t *Sb = (uint16_t *)state + (size_t)h * GC_DK * GC_DK;
+    for (int i = tid; i < GC_DK * GC_DVB; i += GC_THREADS) {
+        int d = i / GC_DVB, cc = i % GC_DVB;
+        size_t gi = (size_t)d * GC_DK + c0 + cc;
+        float *ss = sS + d * TS_LDS + cc;
+        if (store && s_bf16)
+            Sb[gi] = f2bf(*ss);
+        else if (store)
+            Sg[gi] = *ss;
+        else
+            *ss = s_bf16 ? bf2f(Sb[gi]) : Sg[gi];
+    }
+}
+
+/* oo = Qg S and v_new = U - W S (in place of U) for the warp's tile: rows 16 mt.., columns
+ * 16 nh.. of the slice. */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], const float *sW,
+                                                         const float *sQ, const float *sS,
+                                                         float *sU, int mt, int nh, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float vp[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) vp[nt][e] = oo[nt][e] = 0.f;
+#pragma unroll 4
+    for (int k0 = 0; k0 < GC_DK; k0 += 8) {
+        tc_frag_a fw, fq;
+        tc_load_a<SPLIT, false>(fw, sW + 16 * mt * TS_LDW, TS_LDW, k0, lane);
+        tc_load_a<SPLIT, false>(fq, sQ + 16 * mt * TS_LDW, TS_LDW, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            tc_frag_b fs;
+            tc_load_b<SPLIT, false>(fs, sS + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            tc_mma<SPLIT>(vp[nt], fw, fs);
+            tc_mma<SPLIT>(oo[nt], fq, fs);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float2 *p = (float2 *)(sU + (16 * mt + g + 8 * r) * TS_LDS + 16 * nh + 8 * nt + 2 * t);
+            float2 u = *p;
+            u.x -= vp[nt][2 * r], u.y -= vp[nt][2 * r + 1];
+            *p = u;
+        }
+}
+
+/* oo += Aqk v_new for the warp's tile (Aqk lower triangular: row block mt needs 16(mt+1)
+ * columns). */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const float *sAqk, const float *sU,
+                                              int mt, int nh, int lane) {
+    for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
+        tc_frag_a fa;
+        tc_load_a<SPLIT, false>(fa, sAqk + 16 * mt * TS_LDA, TS_LDA, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            tc_frag_b fv;
+            tc_load_b<SPLIT, false>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            tc_mma<SPLIT>(oo[nt], fa, fv);
+        }
+    }
+}
+
+/* S = e^{gc_63} S + Kd^T v_new on state rows 16 warp.. (all 32 columns of the slice). */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_update(float *sS, const float *sK, const float *sU,
+                                                 float egl, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < GC_L; k0 += 8) {
+        tc_frag_a fk;
+        tc_load_a<SPLIT, true>(fk, sK + 16 * warp, TS_LDKD, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            tc_frag_b fv;
+            tc_load_b<SPLIT, false>(fv, sU + 8 * nt, TS_LDS, k0, lane);
+            tc_mma<SPLIT>(acc[nt], fk, fv);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float2 *p = (float2 *)(sS + (16 * warp + g + 8 * r) * TS_LDS + 8 * nt + 2 * t);
+            float2 s = *p;
+            s.x = s.x * egl + acc[nt][2 * r], s.y = s.y * egl + acc[nt][2 * r + 1];
+            *p = s;
+        }
+}
+
 template <int SPLIT>
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_seq_tc_kernel(void *o, void *state, const float *ws, int t_seg, int n_chunks, int T,
                       int flags) {
     extern __shared__ __align__(16) float ts_smem[];
     float *sS = ts_smem + TS_OFF_S, *sQ = ts_smem + TS_OFF_Q, *sK = ts_smem + TS_OFF_K;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.y, c0 = blockIdx.x * GC_DVB;
     const int mt = warp & 3, nh = warp >> 2; /* W S, Qg S, Aqk v_new tile */
     const int out_f32 = flags & TL_GDN_OUT_F32, s_bf16 = flags & TL_GDN_STATE_BF16;
-    float *Sg = (float *)state + (size_t)h * GC_DK * GC_DK;       /* f32 state */
-    uint16_t *Sb = (uint16_t *)state + (size_t)h * GC_DK * GC_DK; /* bf16 state */
+    const float *rec0 = ws + (size_t)h * GC_WS_FLOATS; /* chunk c: + c * GC_NH * GC_WS_FLOATS */
+    const size_t rec_stride = (size_t)GC_NH * GC_WS_FLOATS;
 
-    auto rec_of = [&](int c) { return ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS; };
-    auto fetch_buf =
-        [&](int c) { /* W, Aqk, U slice, gc of chunk c */
-                     if (c >= n_chunks) return;
-                     float *buf = ts_smem + TS_OFF_BUF + (c & 1) * TS_BUF_FLOATS;
-                     const float *rec = rec_of(c);
-                     ts_fetch(buf + TS_BUF_W, TS_LDW, rec + GC_WS_W, GC_DK, GC_L, GC_DK / 4, tid);
-                     ts_fetch(buf + TS_BUF_AQK, TS_LDA, rec + GC_WS_AQK, GC_L, GC_L, GC_L / 4, tid);
-                     ts_fetch(buf + TS_BUF_U, TS_LDS, rec + GC_WS_U + c0, GC_DK, GC_L, GC_DVB / 4,
-                              tid);
-                     if (tid < GC_L / 4)
-                         cp_async16(buf + TS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
-        };
-    auto fetch_rows = [&](float *dst, int dld, int c,
-                          int off) { /* Qg or Kd of chunk c */
-                                     if (c < n_chunks)
-                                         ts_fetch(dst, dld, rec_of(c) + off, GC_DK, GC_L, GC_DK / 4,
-                                                  tid);
-    };
-
-    for (int i = tid; i < GC_DK * GC_DVB; i += GC_THREADS) {
-        int d = i / GC_DVB, cc = i % GC_DVB;
-        size_t gi = (size_t)d * GC_DK + c0 + cc;
-        sS[d * TS_LDS + cc] = s_bf16 ? bf2f(Sb[gi]) : Sg[gi];
-    }
+    ts_state_io(sS, state, h, c0, s_bf16, 0, tid);
     /* note: cp.async groups as in gdn_seq_kernel: buf_0, Q_0, K_0, then per chunk c: buf_{c+1},
      * Q_{c+1}, K_{c+1} (empty past the end). */
-    fetch_buf(0);
+    ts_fetch_buf(ts_smem + TS_OFF_BUF, rec0, c0, tid);
     cp_async_commit();
-    fetch_rows(sQ, TS_LDW, 0, GC_WS_QG);
+    ts_fetch(sQ, TS_LDW, rec0 + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
     cp_async_commit();
-    fetch_rows(sK, TS_LDKD, 0, GC_WS_KD);
+    ts_fetch(sK, TS_LDKD, rec0 + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
     cp_async_commit();
 
     for (int c = 0; c < n_chunks; c++) {
-        const int t0 = t_seg + c * GC_L;
+        const int t0 = t_seg + c * GC_L, more = c + 1 < n_chunks;
+        const float *next = rec0 + (size_t)(more ? c + 1 : c) * rec_stride; /* chunk c + 1 */
         float *buf = ts_smem + TS_OFF_BUF + (c & 1) * TS_BUF_FLOATS;
-        const float *sW = buf + TS_BUF_W, *sAqk = buf + TS_BUF_AQK, *sG = buf + TS_BUF_G;
-        float *sU = buf + TS_BUF_U;
         cp_async_wait<1>(); /* buf_c and Q_c (K_c may still be in flight) */
         __syncthreads();
-        fetch_buf(c + 1);
+        if (more) ts_fetch_buf(ts_smem + TS_OFF_BUF + ((c + 1) & 1) * TS_BUF_FLOATS, next, c0, tid);
         cp_async_commit();
 
-        /* W S and Qg S; v_new = U - W S in place of U */
-        float vp[2][4], oo[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) vp[nt][e] = oo[nt][e] = 0.f;
-#pragma unroll 4
-        for (int k0 = 0; k0 < GC_DK; k0 += 8) {
-            tc_frag_a fw, fq;
-            tc_load_a<SPLIT, false>(fw, sW + 16 * mt * TS_LDW, TS_LDW, k0, lane);
-            tc_load_a<SPLIT, false>(fq, sQ + 16 * mt * TS_LDW, TS_LDW, k0, lane);
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                tc_frag_b fs;
-                tc_load_b<SPLIT, false>(fs, sS + 16 * nh + 8 * nt, TS_LDS, k0, lane);
-                tc_mma<SPLIT>(vp[nt], fw, fs);
-                tc_mma<SPLIT>(oo[nt], fq, fs);
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float2 *p =
-                    (float2 *)(sU + (16 * mt + g + 8 * r) * TS_LDS + 16 * nh + 8 * nt + 2 * t);
-                float2 u = *p;
-                u.x -= vp[nt][2 * r], u.y -= vp[nt][2 * r + 1];
-                *p = u;
-            }
+        float oo[2][4];
+        ts_state_products<SPLIT>(oo, buf + TS_BUF_W, sQ, sS, buf + TS_BUF_U, mt, nh, lane);
         __syncthreads(); /* v_new complete; Q free */
-        fetch_rows(sQ, TS_LDW, c + 1, GC_WS_QG);
+        if (more) ts_fetch(sQ, TS_LDW, next + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
         cp_async_commit();
 
-        /* o += Aqk v_new */
-        for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
-            tc_frag_a fa;
-            tc_load_a<SPLIT, false>(fa, sAqk + 16 * mt * TS_LDA, TS_LDA, k0, lane);
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                tc_frag_b fv;
-                tc_load_b<SPLIT, false>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
-                tc_mma<SPLIT>(oo[nt], fa, fv);
-            }
-        }
+        ts_aqk<SPLIT>(oo, buf + TS_BUF_AQK, buf + TS_BUF_U, mt, nh, lane);
         ts_store_o(o, oo, out_f32, t0, T, h, c0 + 16 * nh, mt, lane);
 
-        /* S = e^{gL} S + Kd^T v_new: state rows 16w.. */
         cp_async_wait<2>(); /* K_c */
         __syncthreads();
-        {
-            float acc[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
-#pragma unroll 2
-            for (int k0 = 0; k0 < GC_L; k0 += 8) {
-                tc_frag_a fk;
-                tc_load_a<SPLIT, true>(fk, sK + 16 * warp, TS_LDKD, k0, lane);
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    tc_frag_b fv;
-                    tc_load_b<SPLIT, false>(fv, sU + 8 * nt, TS_LDS, k0, lane);
-                    tc_mma<SPLIT>(acc[nt], fk, fv);
-                }
-            }
-            float egl = expf(sG[GC_L - 1]);
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float2 *p = (float2 *)(sS + (16 * warp + g + 8 * r) * TS_LDS + 8 * nt + 2 * t);
-                    float2 s = *p;
-                    s.x = s.x * egl + acc[nt][2 * r], s.y = s.y * egl + acc[nt][2 * r + 1];
-                    *p = s;
-                }
-        }
+        ts_update<SPLIT>(sS, sK, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp, lane);
         __syncthreads(); /* K free, S updated */
-        fetch_rows(sK, TS_LDKD, c + 1, GC_WS_KD);
+        if (more) ts_fetch(sK, TS_LDKD, next + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
         cp_async_commit();
     }
     cp_async_wait<0>();
-
-    for (int i = tid; i < GC_DK * GC_DVB; i += GC_THREADS) {
-        int d = i / GC_DVB, cc = i % GC_DVB;
-        size_t gi = (size_t)d * GC_DK + c0 + cc;
-        if (s_bf16)
-            Sb[gi] = f2bf(sS[d * TS_LDS + cc]);
-        else
-            Sg[gi] = sS[d * TS_LDS + cc];
-    }
+    ts_state_io(sS, state, h, c0, s_bf16, 1, tid);
 }
 
 /* math: g = a_neg softplus(a + dt_bias) (torch softplus, threshold 20), beta = sigmoid(b).
