@@ -313,12 +313,29 @@ typedef struct {
     float *S, *g, *b;
     uint16_t *o;
     void *ws;
-    int T;
+    int T, kern; /* TL_GDN_KERN_* */
 } gdn_ctx;
 static void gdn_run(void *p) {
     gdn_ctx *g = (gdn_ctx *)p;
     OK(tl_gpu_gdn_chunk(g->o, g->S, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, g->T,
-                        TL_GDN_L2NORM, g->ws, NULL));
+                        TL_GDN_L2NORM | g->kern, g->ws, NULL));
+}
+/* the two halves of the tensor-core pair alone (tf32: SPLIT 0, 3xTF32: SPLIT 1) */
+template <int SPLIT> static void gdn_run_prep_tc(void *p) {
+    gdn_ctx *g = (gdn_ctx *)p;
+    for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
+        int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
+        gdn_prep_tc_kernel<SPLIT><<<dim3(n_chunks, GC_NH), GC_THREADS, TP_SMEM>>>(
+            (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0);
+    }
+}
+template <int SPLIT> static void gdn_run_seq_tc(void *p) {
+    gdn_ctx *g = (gdn_ctx *)p;
+    for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
+        int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
+        gdn_seq_tc_kernel<SPLIT><<<dim3(GC_DK / GC_DVB, GC_NH), GC_THREADS, TS_SMEM>>>(
+            g->o, g->S, (const float *)g->ws, t_seg, n_chunks, g->T, 0);
+    }
 }
 /* the two halves of v2 alone (same launches as tl_gpu_gdn_chunk) */
 static void gdn_run_prep(void *p) {
@@ -362,14 +379,26 @@ static void bench_gdn(void) {
                                   64.0 * 128 * 128 * 2 + 64.0 * 64 * 128 + 64.0 * 128 * 128);
         double flop = per_chunk * 32 * ((g.T + 63) / 64);
         char name[96];
-        for (int ver = 1; ver <= 2; ver++) {
-            snprintf(name, sizeof name, "gdn chunk v%d T=%d (fp32 CUDA cores)", ver, g.T);
-            float ms = time_ms(ver == 1 ? gdn_run_v1 : gdn_run, &g, 10);
+        static const struct {
+            int kern;
+            const char *name;
+        } vers[] = {{-1, "v1 (fp32 CUDA cores)"},
+                    {TL_GDN_KERN_FMA, "v2 (fp32 CUDA cores)"},
+                    {TL_GDN_KERN_TF32, "tc tf32"},
+                    {TL_GDN_KERN_3XTF32, "tc 3xtf32"}};
+        for (int ver = 0; ver < 4; ver++) {
+            snprintf(name, sizeof name, "gdn chunk %s T=%d", vers[ver].name, g.T);
+            g.kern = vers[ver].kern;
+            float ms = time_ms(g.kern < 0 ? gdn_run_v1 : gdn_run, &g, 10);
             row(name, ms, flop);
             printf("    -> %.0f tok/s per layer, 30 layers: %.2f ms\n", g.T / (ms * 1e-3), 30 * ms);
         }
         printf("    v2 prep only %.3f ms, sequential only %.3f ms\n", time_ms(gdn_run_prep, &g, 10),
                time_ms(gdn_run_seq<8>, &g, 10));
+        printf("    tc tf32 prep only %.3f ms, sequential only %.3f ms\n",
+               time_ms(gdn_run_prep_tc<0>, &g, 10), time_ms(gdn_run_seq_tc<0>, &g, 10));
+        printf("    tc 3xtf32 prep only %.3f ms, sequential only %.3f ms\n",
+               time_ms(gdn_run_prep_tc<1>, &g, 10), time_ms(gdn_run_seq_tc<1>, &g, 10));
         cudaFree(g.c), cudaFree(g.S), cudaFree(g.g), cudaFree(g.b), cudaFree(g.o), cudaFree(g.ws);
     }
 }

@@ -41,6 +41,8 @@ static const env_switch env_switches[] = {
      "CUDA: at least N keys per split-KV attention chunk (default 32)"},
     {"TL_CUDA_VERBOSE", ENGINE_CMDS,
      "CUDA, if set: report the weight upload also for --random-weights"},
+    {"TL_CUDA_GDN=tf32|3xtf32|fma", ENGINE_CMDS,
+     "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
     {"TL_GEMM_TILE=0..5", ENGINE_CMDS,

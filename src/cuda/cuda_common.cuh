@@ -1,8 +1,9 @@
 /* Shared by every .cu file of the CUDA backend: the one launch convention (TL_LAUNCH), the error
  * macros, and the device helpers every kernel uses (bf16 conversion, warp/block reductions,
- * programmatic dependent launch, cp.async, ldmatrix, the mma.sync wrapper, activations, the
- * splitmix64 hash). Header-only; the only state is the read-once TL_CUDA_SYNC switch. The 4-bit
- * GEMV machinery shared by the GEMV and MoE kernels is in k_q4m.cuh. */
+ * programmatic dependent launch, cp.async, ldmatrix, the mma.sync wrappers (bf16, tf32), named
+ * barriers, activations, the splitmix64 hash). Header-only; the only state is the read-once
+ * TL_CUDA_SYNC switch. The 4-bit GEMV machinery shared by the GEMV and MoE kernels is in
+ * k_q4m.cuh. */
 #ifndef TL_CUDA_COMMON_CUH
 #define TL_CUDA_COMMON_CUH
 
@@ -235,6 +236,25 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
 }
 __device__ __forceinline__ void mma_bf16(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
     mma_bf16(*(float(*)[4])d, a[0], a[1], a[2], a[3], b0, b1);
+}
+
+/* x rounded to tf32 (nearest, ties away from zero: cvt.rna), as an f32 bit pattern. */
+__device__ __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+/* d += a(16x8, row) * b(8x8, col): mma.sync m16n8k8, tf32 inputs, f32 accumulators. */
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* Barrier id (1..15) over the first n threads of the block (n a multiple of 32). */
+__device__ __forceinline__ void bar_sync_named(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 #endif

@@ -224,12 +224,18 @@ int tl_gpu_gdn_gates(float *g, float *beta, const float *a, const float *b, int 
  * dim)][128 (value dim)], read and written in place. o [T, 32, 128] bf16 (f32 with
  * TL_GDN_OUT_F32). TL_GDN_L2NORM: q and k are raw; the kernel L2-normalises them (eps 1e-6,
  * fp32) and scales q by 1/sqrt(128). Without it they must be normalised already. ws: device
- * scratch of tl_gpu_gdn_chunk_ws_bytes() bytes (fixed, ~150 MB; any T), owned by the caller. */
+ * scratch of tl_gpu_gdn_chunk_ws_bytes() bytes (fixed, ~150 MB; any T), owned by the caller.
+ * TL_GDN_KERN_*: which kernels (0: the TL_CUDA_GDN switch, default tf32): fp32 FMA, tensor cores
+ * with tf32 operands, or tensor cores with 3xTF32 split operands (fp32-like products). */
 enum {
     TL_GDN_L2NORM = 1,
     TL_GDN_OUT_F32 = 2,
     TL_GDN_IN_F32 = 4,
     TL_GDN_STATE_BF16 = 8, /* state bf16 (f32 inside the kernel, rounded once per segment) */
+    TL_GDN_KERN_FMA = 16,
+    TL_GDN_KERN_TF32 = 32,
+    TL_GDN_KERN_3XTF32 = 48,
+    TL_GDN_KERN_MASK = 48,
 };
 size_t tl_gpu_gdn_chunk_ws_bytes(void);
 int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const void *v,

@@ -1,10 +1,16 @@
 /* Chunked Gated DeltaNet for prefill (chunk 64, WY / UT-transform form of HF
- * torch_chunk_gated_delta_rule), fp32 throughout. Two kernels per segment of up to 2048 tokens:
- * a prep kernel computes every chunk's state-independent matrices (T, W, U, masked q k^T) in
- * parallel over (chunk, head) into the caller's workspace, then a sequential kernel walks the
- * chunks of each head in order applying them to the state, which stays in shared memory.
+ * torch_chunk_gated_delta_rule). Two kernels per segment of up to 2048 tokens: a prep kernel
+ * computes every chunk's state-independent matrices (T, W, U, masked q k^T) in parallel over
+ * (chunk, head) into the caller's workspace, then a sequential kernel walks the chunks of each
+ * head in order applying them to the state, which stays f32 in shared memory. Two versions of the
+ * pair, chosen per call (TL_GDN_KERN_* in gpu.h, else TL_CUDA_GDN): fp32 FMA throughout
+ * (gdn_prep_kernel, gdn_seq_kernel), and tensor cores (gdn_prep_tc_kernel, gdn_seq_tc_kernel:
+ * mma.sync with tf32 operands, or 3xTF32 split operands; fp32 accumulation and state).
  * Never allocates, never synchronises. Invariant: equals the token-by-token recurrence
- * (cpu_gdn_step) up to fp32 rounding. dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
+ * (cpu_gdn_step) up to fp32 rounding (tf32: up to the operand rounding measured in
+ * tests/gpu/test_prefill_kernels.c). dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
+#include <string.h>
+
 #include "cuda/cuda_common.cuh"
 #include "model/shape.h"
 
@@ -27,9 +33,6 @@
 #define GC_WS_KD     (GC_WS_QG + GC_L * GC_DK)
 #define GC_WS_FLOATS (GC_WS_KD + GC_L * GC_DK)
 
-/* Loads rows 8w..8w+7 of a chunk's q and k (key head hk) into f32 [64][128] shared arrays
- * (optionally L2-normalised, q scaled by 1/sqrt(128)); rows past T are zero. Lane holds dims
- * 4*lane..4*lane+3. Kt (if non-NULL) receives the transpose of k, [128][GC_KT_LD]. */
 /* 4 consecutive values of a bf16 (in_f32 = 0) or f32 row, as f32. */
 static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, int in_f32) {
     if (in_f32) return *(const float4 *)((const float *)base + idx);
@@ -37,34 +40,103 @@ static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, 
     return make_float4(bf16x2_lo(r.x), bf16x2_hi(r.x), bf16x2_lo(r.y), bf16x2_hi(r.y));
 }
 
-static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt, const void *q,
-                                                  const void *k, int tok_stride, int hk, int t0,
-                                                  int T, int l2, int in_f32, int warp, int lane) {
+/* Loads rows 8w..8w+7 of a chunk's q and k (key head hk) into f32 [64][128] shared arrays
+ * (optionally L2-normalised, q scaled by 1/sqrt(128)) of row stride ld; rows past T are zero.
+ * Lane holds dims 4*lane..4*lane+3. Kt (if non-NULL) receives the transpose of k,
+ * [128][GC_KT_LD]. */
+static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt, int ld,
+                                                  const void *q, const void *k, int tok_stride,
+                                                  int hk, int t0, int T, int l2, int in_f32,
+                                                  int warp, int lane) {
+    /* all 8 rows' loads first, so their latencies overlap (the norms' shuffles would otherwise
+     * wait for each row in turn) */
+    float4 kr[8], qr[8];
+#pragma unroll
     for (int u = 0; u < 8; u++) {
-        int i = warp * 8 + u, t = t0 + i;
-        float kv[4] = {0, 0, 0, 0}, qv[4] = {0, 0, 0, 0};
+        int t = t0 + warp * 8 + u;
+        kr[u] = qr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (t < T) {
             size_t idx = (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
-            float4 kr = gc_load4(k, idx, in_f32), qr = gc_load4(q, idx, in_f32);
-            kv[0] = kr.x, kv[1] = kr.y, kv[2] = kr.z, kv[3] = kr.w;
-            qv[0] = qr.x, qv[1] = qr.y, qv[2] = qr.z, qv[3] = qr.w;
-            if (l2) {
-                float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
-                float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
-                for (int off = 16; off > 0; off >>= 1) {
-                    sk += __shfl_xor_sync(0xffffffffu, sk, off);
-                    sq += __shfl_xor_sync(0xffffffffu, sq, off);
-                }
-                float rk = 1.0f / sqrtf(sk + 1e-6f);
-                float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
-                for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
-            }
+            kr[u] = gc_load4(k, idx, in_f32), qr[u] = gc_load4(q, idx, in_f32);
         }
-        *(float4 *)(sK + i * GC_DK + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
-        *(float4 *)(sQ + i * GC_DK + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        int i = warp * 8 + u, t = t0 + i;
+        float kv[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
+        float qv[4] = {qr[u].x, qr[u].y, qr[u].z, qr[u].w};
+        if (t < T && l2) {
+            float sk = kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3];
+            float sq = qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3];
+            for (int off = 16; off > 0; off >>= 1) {
+                sk += __shfl_xor_sync(0xffffffffu, sk, off);
+                sq += __shfl_xor_sync(0xffffffffu, sq, off);
+            }
+            float rk = 1.0f / sqrtf(sk + 1e-6f);
+            float rq = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf((float)GC_DK));
+            for (int e = 0; e < 4; e++) kv[e] *= rk, qv[e] *= rq;
+        }
+        *(float4 *)(sK + i * ld + 4 * lane) = make_float4(kv[0], kv[1], kv[2], kv[3]);
+        *(float4 *)(sQ + i * ld + 4 * lane) = make_float4(qv[0], qv[1], qv[2], qv[3]);
         if (sKt)
             for (int e = 0; e < 4; e++) sKt[(4 * lane + e) * GC_KT_LD + i] = kv[e];
     }
+}
+
+/* Warp 0: inclusive scan of g over the chunk into sG (and rec's gc), beta into sB (2 tokens per
+ * lane); padded tokens get g = 0, beta = 0. */
+static __device__ __forceinline__ void gc_scan_g(float *sG, float *sB, float *rec, const float *g,
+                                                 const float *beta, int t0, int T, int h,
+                                                 int lane) {
+    float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
+    int ta = t0 + 2 * lane, tb = ta + 1;
+    if (ta < T) g0 = g[(size_t)ta * GC_NH + h], b0 = beta[(size_t)ta * GC_NH + h];
+    if (tb < T) g1 = g[(size_t)tb * GC_NH + h], b1 = beta[(size_t)tb * GC_NH + h];
+    float s = g0 + g1;
+    for (int off = 1; off < 32; off <<= 1) {
+        float y = __shfl_up_sync(0xffffffffu, s, off);
+        if (lane >= off) s += y;
+    }
+    float excl = s - (g0 + g1);
+    sG[2 * lane] = excl + g0;
+    sG[2 * lane + 1] = excl + g0 + g1;
+    sB[2 * lane] = b0;
+    sB[2 * lane + 1] = b1;
+    rec[GC_WS_G + 2 * lane] = excl + g0;
+    rec[GC_WS_G + 2 * lane + 1] = excl + g0 + g1;
+}
+
+/* T by forward substitution, in place in sA [64][ld] (row stride ld), fp32, threads 0..63 one
+ * column each (the others return at once): in, A strictly lower (zero on and above the
+ * diagonal); out, (T + I) diag(beta) with T[i][j] = A[i][j] + sum_m A[i][m] T[m][j].
+ * note: column j of T depends only on column j of the rows above it, so 64 threads solve
+ * independently; A rows are read as warp-wide broadcasts and x[] stays in registers (fully
+ * unrolled); x[i] = 0 for i <= j falls out of the recurrence without masking. Each row's sum runs
+ * in NACC interleaved partial sums (m mod NACC), so the dependent chain is i / NACC long instead
+ * of i (1: gdn_prep_kernel's order, kept as it was). The caller synchronises before and after. */
+template <int NACC>
+static __device__ __forceinline__ void gc_solve_T(float *sA, int ld, const float *sB, int tid) {
+    if (tid >= GC_L) return;
+    const int j = tid;
+    float x[GC_L];
+#pragma unroll
+    for (int i = 0; i < GC_L; i++) {
+        float s[NACC];
+        s[0] = sA[i * ld + j];
+#pragma unroll
+        for (int a = 1; a < NACC; a++) s[a] = 0.f;
+#pragma unroll
+        for (int m = 0; m < i; m++) s[m % NACC] += sA[i * ld + m] * x[m];
+#pragma unroll
+        for (int w = 1; w < NACC; w *= 2)
+#pragma unroll
+            for (int a = 0; a + w < NACC; a += 2 * w) s[a] += s[a + w];
+        x[i] = s[0];
+    }
+    bar_sync_named(1, 64);
+    float bj = sB[j];
+#pragma unroll
+    for (int i = 0; i < GC_L; i++) sA[i * ld + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
 }
 
 /* ====== Prep: chunk-local WY matrices, parallel over (chunk, head). ======
@@ -99,32 +171,14 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     const int t0 = t_seg + c * GC_L;
     float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
 
-    gc_load_qk(sQ, sK, sKt, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
+    gc_load_qk(sQ, sK, sKt, GC_DK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
     for (int u = 0; u < 8; u++) {
         int i = warp * 8 + u, t = t0 + i;
         float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
         if (t < T) vv = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
         *(float4 *)(sV + i * GC_DK + 4 * lane) = vv;
     }
-    if (warp == 0) {
-        /* inclusive scan of g over the chunk (2 values per lane); padded tokens: g = 0, beta = 0 */
-        float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
-        int ta = t0 + 2 * lane, tb = ta + 1;
-        if (ta < T) g0 = g[(size_t)ta * GC_NH + h], b0 = beta[(size_t)ta * GC_NH + h];
-        if (tb < T) g1 = g[(size_t)tb * GC_NH + h], b1 = beta[(size_t)tb * GC_NH + h];
-        float s = g0 + g1;
-        for (int off = 1; off < 32; off <<= 1) {
-            float y = __shfl_up_sync(0xffffffffu, s, off);
-            if (lane >= off) s += y;
-        }
-        float excl = s - (g0 + g1);
-        sG[2 * lane] = excl + g0;
-        sG[2 * lane + 1] = excl + g0 + g1;
-        sB[2 * lane] = b0;
-        sB[2 * lane + 1] = b1;
-        rec[GC_WS_G + 2 * lane] = excl + g0;
-        rec[GC_WS_G + 2 * lane + 1] = excl + g0 + g1;
-    }
+    if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
     __syncthreads();
     for (int u = 0; u < 8; u++) {
         int i = warp * 8 + u;
@@ -175,25 +229,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     }
     __syncthreads();
 
-    /* T by forward substitution, one column per thread (threads 0..63).
-     * note: column j of T depends only on column j of the rows above it, so 64 threads solve
-     * independently; A rows are read as warp-wide broadcasts and x[] stays in registers (fully
-     * unrolled); x[i] = 0 for i <= j falls out of the recurrence without masking. */
-    if (tid < GC_L) {
-        const int j = tid;
-        float x[GC_L];
-#pragma unroll
-        for (int i = 0; i < GC_L; i++) {
-            float s = sA[i * GC_L + j];
-#pragma unroll
-            for (int m = 0; m < i; m++) s += sA[i * GC_L + m] * x[m];
-            x[i] = s;
-        }
-        asm volatile("bar.sync 1, 64;\n" ::);
-        float bj = sB[j];
-#pragma unroll
-        for (int i = 0; i < GC_L; i++) sA[i * GC_L + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
-    }
+    gc_solve_T<1>(sA, GC_L, sB, tid);
     __syncthreads();
 
     /* W = (T beta)(k e^gc), U = (T beta) v: rows i = 8w+u, columns lane + 32c */
@@ -406,6 +442,439 @@ __global__ void __launch_bounds__(NW * 32, 1)
     }
 }
 
+/* ====== Tensor-core versions: mma.sync m16n8k8 with tf32 operands, fp32 accumulate ======
+ * The same two passes, the same workspace records (so either prep feeds either sequential
+ * kernel), every product on the tensor cores; the state stays f32 in shared memory between
+ * chunks. SPLIT = 0: operands rounded to tf32 (10-bit mantissa, relative 2^-11). SPLIT = 1:
+ * 3xTF32, x = hi + lo with hi = tf32(x), lo = tf32(x - hi), a b ~ hi*hi + hi*lo + lo*hi (the
+ * dropped lo*lo and the rounding of lo leave ~2^-21 relative: fp32-like products, 3x the mma).
+ * Fragment layout of m16n8k8.tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8"), g = lane / 4,
+ * t = lane % 4: a0 (row g, col t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t,
+ * n g), b1 (k t + 4, n g); c0, c1 (row g, cols 2t, 2t + 1), c2, c3 (row g + 8, same cols).
+ * Shared-memory row strides are padded so that the fragment loads are free of bank conflicts:
+ * row-major A and n-major B read address row*ld + t (+ g*ld), which wants ld = 4 mod 32; k-major
+ * B and transposed A read t*ld + g, which wants ld = 8 mod 32. */
+
+struct tc_frag_a {
+    uint32_t h[4], l[4]; /* hi and (SPLIT) lo parts */
+};
+struct tc_frag_b {
+    uint32_t h[2], l[2];
+};
+
+template <int SPLIT>
+static __device__ __forceinline__ void tc_split(uint32_t &h, uint32_t &l, float x) {
+    h = tf32_of(x);
+    if (SPLIT) l = tf32_of(x - __uint_as_float(h));
+}
+
+/* A fragment of the 16x8 block at column k0 of A (origin at the tile's first row): A(m, k) =
+ * A[m * ld + k], or A[k * ld + m] when AT (A stored transposed). */
+template <int SPLIT, bool AT>
+static __device__ __forceinline__ void tc_load_a(tc_frag_a &f, const float *A, int ld, int k0,
+                                                 int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int m = g + 8 * (e & 1), k = k0 + t + 4 * (e >> 1);
+        tc_split<SPLIT>(f.h[e], f.l[e], AT ? A[k * ld + m] : A[m * ld + k]);
+    }
+}
+
+/* B fragment of the 8x8 block at row k0 of B (origin at the tile's first column): B(k, n) =
+ * B[k * ld + n], or B[n * ld + k] when BT. */
+template <int SPLIT, bool BT>
+static __device__ __forceinline__ void tc_load_b(tc_frag_b &f, const float *B, int ld, int k0,
+                                                 int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        int k = k0 + t + 4 * e;
+        tc_split<SPLIT>(f.h[e], f.l[e], BT ? B[g * ld + k] : B[k * ld + g]);
+    }
+}
+
+/* d += a b, the small terms first. */
+template <int SPLIT>
+static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
+                                              const tc_frag_b &b) {
+    if (SPLIT) {
+        mma_tf32(d, a.l, b.h[0], b.h[1]);
+        mma_tf32(d, a.h, b.l[0], b.l[1]);
+    }
+    mma_tf32(d, a.h, b.h[0], b.h[1]);
+}
+
+/* ====== Prep on tensor cores ======
+ * math: as gdn_prep_kernel. K K^T and q K^T [64x64, k = 128], then W = T' (k e^gc) and U = T' v
+ * [64x128, k = 64] with T' = (T + I) diag(beta), by mma; T itself by the fp32 forward
+ * substitution of gc_solve_T (64 independent columns, 4 partial sums per row; a blocked mma
+ * solve is not done) on warps 0-1 while warps 2-7 write Qg, Kd and k e^gc.
+ * shapes: as gdn_prep_kernel; the same workspace record.
+ * threads: block = (chunk, value head), 256 threads. K K^T, q K^T: warp w owns rows 16(w/2)..
+ *   and columns 32(w%2).. (warps 1 and 3 hold only zeros above the diagonal and skip the mma).
+ *   W, U: warp w owns rows 16(w%4).. and columns 64(w/4)..; T' is lower triangular, so row block
+ *   r needs only its first 16(r+1) columns.
+ * bytes: as gdn_prep_kernel. reference: through tl_gpu_gdn_chunk against cpu_gdn_step
+ * (tests/gpu/test_prefill_kernels.c). */
+#define TP_LDK    132 /* q, k rows (row-major A, n-major B): 4 mod 32 */
+#define TP_LDV    136 /* v, k e^gc rows (k-major B): 8 mod 32 */
+#define TP_LDT    68  /* A, then T' (row-major A) */
+#define TP_OFF_K  0
+#define TP_OFF_Q  (TP_OFF_K + GC_L * TP_LDK)
+#define TP_OFF_V  (TP_OFF_Q + GC_L * TP_LDK)
+#define TP_OFF_KG (TP_OFF_V + GC_L * TP_LDV)
+#define TP_OFF_A  (TP_OFF_KG + GC_L * TP_LDV)
+#define TP_OFF_G  (TP_OFF_A + GC_L * TP_LDT)
+#define TP_OFF_B  (TP_OFF_G + GC_L)
+#define TP_SMEM   ((TP_OFF_B + GC_L) * 4)
+
+/* A (strictly lower, into sA) and Aqk (into the record) from K K^T and q K^T. */
+template <int SPLIT>
+static __device__ __forceinline__ void tp_kk_qk(float *sA, float *rec, const float *sK,
+                                                const float *sQ, const float *sG, const float *sB,
+                                                int warp, int lane) {
+    const int mt = warp >> 1, nh = warp & 1, g = lane >> 2, t = lane & 3;
+    float ak[4][4], aq[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ak[nt][e] = aq[nt][e] = 0.f;
+    if (!(nh == 1 && mt < 2)) {
+#pragma unroll 2
+        for (int k0 = 0; k0 < GC_DK; k0 += 8) {
+            tc_frag_a fk, fq;
+            tc_load_a<SPLIT, false>(fk, sK + 16 * mt * TP_LDK, TP_LDK, k0, lane);
+            tc_load_a<SPLIT, false>(fq, sQ + 16 * mt * TP_LDK, TP_LDK, k0, lane);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                tc_frag_b fb;
+                tc_load_b<SPLIT, true>(fb, sK + (32 * nh + 8 * nt) * TP_LDK, TP_LDK, k0, lane);
+                tc_mma<SPLIT>(ak[nt], fk, fb);
+                tc_mma<SPLIT>(aq[nt], fq, fb);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int i = 16 * mt + g + 8 * r, j = 32 * nh + 8 * nt + 2 * t;
+            float gi = sG[i], bi = sB[i], a2[2], q2[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float dec = j + e <= i ? expf(gi - sG[j + e]) : 0.f;
+                a2[e] = j + e < i ? -bi * ak[nt][2 * r + e] * dec : 0.f;
+                q2[e] = aq[nt][2 * r + e] * dec;
+            }
+            *(float2 *)(sA + i * TP_LDT + j) = make_float2(a2[0], a2[1]);
+            *(float2 *)(rec + GC_WS_AQK + i * GC_L + j) = make_float2(q2[0], q2[1]);
+        }
+}
+
+/* W = T' (k e^gc) and U = T' v into the record. */
+template <int SPLIT>
+static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const float *sKg,
+                                             const float *sV, int warp, int lane) {
+    const int mt = warp & 3, nh = warp >> 2, g = lane >> 2, t = lane & 3;
+    float aw[8][4], au[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) aw[nt][e] = au[nt][e] = 0.f;
+    for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
+        tc_frag_a ft;
+        tc_load_a<SPLIT, false>(ft, sA + 16 * mt * TP_LDT, TP_LDT, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            tc_frag_b fk, fv;
+            tc_load_b<SPLIT, false>(fk, sKg + 64 * nh + 8 * nt, TP_LDV, k0, lane);
+            tc_load_b<SPLIT, false>(fv, sV + 64 * nh + 8 * nt, TP_LDV, k0, lane);
+            tc_mma<SPLIT>(aw[nt], ft, fk);
+            tc_mma<SPLIT>(au[nt], ft, fv);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int i = 16 * mt + g + 8 * r, n = 64 * nh + 8 * nt + 2 * t;
+            *(float2 *)(rec + GC_WS_W + i * GC_DK + n) =
+                make_float2(aw[nt][2 * r], aw[nt][2 * r + 1]);
+            *(float2 *)(rec + GC_WS_U + i * GC_DK + n) =
+                make_float2(au[nt][2 * r], au[nt][2 * r + 1]);
+        }
+}
+
+template <int SPLIT>
+__global__ void __launch_bounds__(GC_THREADS, 1)
+    gdn_prep_tc_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
+                       const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ __align__(16) float tp_smem[];
+    float *sK = tp_smem + TP_OFF_K, *sQ = tp_smem + TP_OFF_Q, *sV = tp_smem + TP_OFF_V;
+    float *sKg = tp_smem + TP_OFF_KG, *sA = tp_smem + TP_OFF_A, *sG = tp_smem + TP_OFF_G;
+    float *sB = tp_smem + TP_OFF_B;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int c = blockIdx.x, h = blockIdx.y, hk = h / (TL_GDN_N_V_HEAD / TL_GDN_N_K_HEAD);
+    const int t0 = t_seg + c * GC_L;
+    float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
+
+    {
+        float4 vv[8]; /* v loads issued before the q, k ones are waited for */
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int t = t0 + warp * 8 + u;
+            vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < T) vv[u] = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
+        }
+        gc_load_qk(sQ, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
+#pragma unroll
+        for (int u = 0; u < 8; u++) *(float4 *)(sV + (warp * 8 + u) * TP_LDV + 4 * lane) = vv[u];
+    }
+    if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
+    __syncthreads();
+    tp_kk_qk<SPLIT>(sA, rec, sK, sQ, sG, sB, warp, lane);
+    __syncthreads();
+    if (warp < 2) {
+        gc_solve_T<4>(sA, TP_LDT, sB, tid);
+    } else {
+        /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), k e^gc (W) */
+        for (int i = warp - 2; i < GC_L; i += 6) {
+            float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
+            float4 qv = *(const float4 *)(sQ + i * TP_LDK + 4 * lane);
+            float4 kv = *(const float4 *)(sK + i * TP_LDK + 4 * lane);
+            *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) =
+                make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
+            *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) =
+                make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
+            *(float4 *)(sKg + i * TP_LDV + 4 * lane) =
+                make_float4(kv.x * eq, kv.y * eq, kv.z * eq, kv.w * eq);
+        }
+    }
+    __syncthreads();
+    tp_wu<SPLIT>(rec, sA, sKg, sV, warp, lane);
+}
+
+/* ====== Sequential pass on tensor cores ======
+ * math: as gdn_seq_kernel: v_new = U - W S; o = Qg S + Aqk v_new; S = e^{gc_63} S + Kd^T v_new,
+ *   each product by mma (W S, Qg S: [64x128] x [128x32]; Aqk v_new: [64x64] x [64x32], lower
+ *   triangular, so row block r needs 16(r+1) columns; Kd^T v_new: [128x64] x [64x32]). The
+ *   state slice stays f32 in shared memory across all chunks of the launch; only its operand
+ *   copies are rounded (tf32, or split with SPLIT), never the state itself.
+ * shapes: as gdn_seq_kernel.
+ * threads: block = (32-column slice of the value dim, value head), 8 warps. W S, Qg S, Aqk v_new:
+ *   warp w owns output rows 16(w%4).. and columns 16(w/4)..; the state update: warp w owns state
+ *   rows 16w.. and all 32 columns.
+ * The cp.async pipeline is gdn_seq_kernel's (the same groups in the same order), into padded
+ * rows. bytes: as gdn_seq_kernel. reference: through tl_gpu_gdn_chunk against cpu_gdn_step
+ * (tests/gpu/test_prefill_kernels.c). */
+#define TS_LDW        132 /* W, Qg rows (row-major A): 4 mod 32 */
+#define TS_LDKD       136 /* Kd rows (transposed A): 8 mod 32 */
+#define TS_LDA        68  /* Aqk rows (row-major A) */
+#define TS_LDS        40  /* state slice [128][32] and U / v_new slice [64][32] (k-major B) */
+#define TS_OFF_S      0
+#define TS_OFF_Q      (TS_OFF_S + GC_DK * TS_LDS)
+#define TS_OFF_K      (TS_OFF_Q + GC_L * TS_LDW)
+#define TS_OFF_BUF    (TS_OFF_K + GC_L * TS_LDKD) /* 2 buffers of W, Aqk, U slice, gc */
+#define TS_BUF_W      0
+#define TS_BUF_AQK    (TS_BUF_W + GC_L * TS_LDW)
+#define TS_BUF_U      (TS_BUF_AQK + GC_L * TS_LDA)
+#define TS_BUF_G      (TS_BUF_U + GC_L * TS_LDS)
+#define TS_BUF_FLOATS (TS_BUF_G + GC_L)
+#define TS_SMEM       ((TS_OFF_BUF + 2 * TS_BUF_FLOATS) * 4)
+
+/* Copies (cp.async) rows x 4*n4 floats from src (row stride sld) to dst (row stride dld). */
+static __device__ __forceinline__ void ts_fetch(float *dst, int dld, const float *src, int sld,
+                                                int rows, int n4, int tid) {
+    for (int i = tid; i < rows * n4; i += GC_THREADS) {
+        int r = i / n4, cc = i % n4;
+        cp_async16(dst + r * dld + 4 * cc, src + (size_t)r * sld + 4 * cc, 16);
+    }
+}
+
+/* The output tile of one warp: rows 16 mt.., columns c0 + 16 nh.. (2 n-tiles), o f32 or bf16. */
+static __device__ __forceinline__ void ts_store_o(void *o, const float (&oo)[2][4], int out_f32,
+                                                  int t0, int T, int h, int col, int mt, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int tt = t0 + 16 * mt + g + 8 * r;
+            if (tt >= T) continue;
+            size_t idx = ((size_t)tt * GC_NH + h) * GC_DK + col + 8 * nt + 2 * t;
+            if (out_f32)
+                *(float2 *)((float *)o + idx) = make_float2(oo[nt][2 * r], oo[nt][2 * r + 1]);
+            else
+                *(uint32_t *)((uint16_t *)o + idx) = bf16x2_pack(oo[nt][2 * r], oo[nt][2 * r + 1]);
+        }
+}
+
+/* W, Aqk, the U slice (columns c0..c0+31) and gc of one chunk record into a buffer. */
+static __device__ __forceinline__ void ts_fetch_buf(float *buf, const float *rec, int c0, int tid) {
+    ts_fetch(buf + TS_BUF_W, TS_LDW, rec + GC_WS_W, GC_DK, GC_L, GC_DK / 4, tid);
+    ts_fetch(buf + TS_BUF_AQK, TS_LDA, rec + GC_WS_AQK, GC_L, GC_L, GC_L / 4, tid);
+    ts_fetch(buf + TS_BUF_U, TS_LDS, rec + GC_WS_U + c0, GC_DK, GC_L, GC_DVB / 4, tid);
+    if (tid < GC_L / 4) cp_async16(buf + TS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
+}
+
+/* The state slice [128][32] between global (f32, or bf16 with s_bf16) and shared memory. */
+static __device__ __forceinline__ void ts_state_io(float *sS, void *state, int h, int c0,
+                                                   int s_bf16, int store, int tid) {
+    float *Sg = (float *)state + (size_t)h * GC_DK * GC_DK;
+    uint16_t *Sb = (uint16_t *)state + (size_t)h * GC_DK * GC_DK;
+    for (int i = tid; i < GC_DK * GC_DVB; i += GC_THREADS) {
+        int d = i / GC_DVB, cc = i % GC_DVB;
+        size_t gi = (size_t)d * GC_DK + c0 + cc;
+        float *ss = sS + d * TS_LDS + cc;
+        if (store && s_bf16)
+            Sb[gi] = f2bf(*ss);
+        else if (store)
+            Sg[gi] = *ss;
+        else
+            *ss = s_bf16 ? bf2f(Sb[gi]) : Sg[gi];
+    }
+}
+
+/* oo = Qg S and v_new = U - W S (in place of U) for the warp's tile: rows 16 mt.., columns
+ * 16 nh.. of the slice. */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], const float *sW,
+                                                         const float *sQ, const float *sS,
+                                                         float *sU, int mt, int nh, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float vp[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) vp[nt][e] = oo[nt][e] = 0.f;
+#pragma unroll 4
+    for (int k0 = 0; k0 < GC_DK; k0 += 8) {
+        tc_frag_a fw, fq;
+        tc_load_a<SPLIT, false>(fw, sW + 16 * mt * TS_LDW, TS_LDW, k0, lane);
+        tc_load_a<SPLIT, false>(fq, sQ + 16 * mt * TS_LDW, TS_LDW, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            tc_frag_b fs;
+            tc_load_b<SPLIT, false>(fs, sS + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            tc_mma<SPLIT>(vp[nt], fw, fs);
+            tc_mma<SPLIT>(oo[nt], fq, fs);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float2 *p = (float2 *)(sU + (16 * mt + g + 8 * r) * TS_LDS + 16 * nh + 8 * nt + 2 * t);
+            float2 u = *p;
+            u.x -= vp[nt][2 * r], u.y -= vp[nt][2 * r + 1];
+            *p = u;
+        }
+}
+
+/* oo += Aqk v_new for the warp's tile (Aqk lower triangular: row block mt needs 16(mt+1)
+ * columns). */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const float *sAqk, const float *sU,
+                                              int mt, int nh, int lane) {
+    for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
+        tc_frag_a fa;
+        tc_load_a<SPLIT, false>(fa, sAqk + 16 * mt * TS_LDA, TS_LDA, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            tc_frag_b fv;
+            tc_load_b<SPLIT, false>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            tc_mma<SPLIT>(oo[nt], fa, fv);
+        }
+    }
+}
+
+/* S = e^{gc_63} S + Kd^T v_new on state rows 16 warp.. (all 32 columns of the slice). */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_update(float *sS, const float *sK, const float *sU,
+                                                 float egl, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+#pragma unroll 2
+    for (int k0 = 0; k0 < GC_L; k0 += 8) {
+        tc_frag_a fk;
+        tc_load_a<SPLIT, true>(fk, sK + 16 * warp, TS_LDKD, k0, lane);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            tc_frag_b fv;
+            tc_load_b<SPLIT, false>(fv, sU + 8 * nt, TS_LDS, k0, lane);
+            tc_mma<SPLIT>(acc[nt], fk, fv);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float2 *p = (float2 *)(sS + (16 * warp + g + 8 * r) * TS_LDS + 8 * nt + 2 * t);
+            float2 s = *p;
+            s.x = s.x * egl + acc[nt][2 * r], s.y = s.y * egl + acc[nt][2 * r + 1];
+            *p = s;
+        }
+}
+
+template <int SPLIT>
+__global__ void __launch_bounds__(GC_THREADS, 1)
+    gdn_seq_tc_kernel(void *o, void *state, const float *ws, int t_seg, int n_chunks, int T,
+                      int flags) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ __align__(16) float ts_smem[];
+    float *sS = ts_smem + TS_OFF_S, *sQ = ts_smem + TS_OFF_Q, *sK = ts_smem + TS_OFF_K;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.y, c0 = blockIdx.x * GC_DVB;
+    const int mt = warp & 3, nh = warp >> 2; /* W S, Qg S, Aqk v_new tile */
+    const int out_f32 = flags & TL_GDN_OUT_F32, s_bf16 = flags & TL_GDN_STATE_BF16;
+    const float *rec0 = ws + (size_t)h * GC_WS_FLOATS; /* chunk c: + c * GC_NH * GC_WS_FLOATS */
+    const size_t rec_stride = (size_t)GC_NH * GC_WS_FLOATS;
+
+    ts_state_io(sS, state, h, c0, s_bf16, 0, tid);
+    /* note: cp.async groups as in gdn_seq_kernel: buf_0, Q_0, K_0, then per chunk c: buf_{c+1},
+     * Q_{c+1}, K_{c+1} (empty past the end). */
+    ts_fetch_buf(ts_smem + TS_OFF_BUF, rec0, c0, tid);
+    cp_async_commit();
+    ts_fetch(sQ, TS_LDW, rec0 + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
+    cp_async_commit();
+    ts_fetch(sK, TS_LDKD, rec0 + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
+    cp_async_commit();
+
+    for (int c = 0; c < n_chunks; c++) {
+        const int t0 = t_seg + c * GC_L, more = c + 1 < n_chunks;
+        const float *next = rec0 + (size_t)(more ? c + 1 : c) * rec_stride; /* chunk c + 1 */
+        float *buf = ts_smem + TS_OFF_BUF + (c & 1) * TS_BUF_FLOATS;
+        cp_async_wait<1>(); /* buf_c and Q_c (K_c may still be in flight) */
+        __syncthreads();
+        if (more) ts_fetch_buf(ts_smem + TS_OFF_BUF + ((c + 1) & 1) * TS_BUF_FLOATS, next, c0, tid);
+        cp_async_commit();
+
+        float oo[2][4];
+        ts_state_products<SPLIT>(oo, buf + TS_BUF_W, sQ, sS, buf + TS_BUF_U, mt, nh, lane);
+        __syncthreads(); /* v_new complete; Q free */
+        if (more) ts_fetch(sQ, TS_LDW, next + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
+        cp_async_commit();
+
+        ts_aqk<SPLIT>(oo, buf + TS_BUF_AQK, buf + TS_BUF_U, mt, nh, lane);
+        ts_store_o(o, oo, out_f32, t0, T, h, c0 + 16 * nh, mt, lane);
+
+        cp_async_wait<2>(); /* K_c */
+        __syncthreads();
+        ts_update<SPLIT>(sS, sK, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp, lane);
+        __syncthreads(); /* K free, S updated */
+        if (more) ts_fetch(sK, TS_LDKD, next + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    ts_state_io(sS, state, h, c0, s_bf16, 1, tid);
+}
+
 /* math: g = a_neg softplus(a + dt_bias) (torch softplus, threshold 20), beta = sigmoid(b).
  * threads: one per (token, head). reference: cpu_softplus / cpu_sigmoid in the test. */
 __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b, int ld,
@@ -433,6 +902,41 @@ extern "C" size_t tl_gpu_gdn_chunk_ws_bytes(void) {
     return (size_t)(GC_SEG / GC_L) * GC_NH * GC_WS_FLOATS * 4;
 }
 
+/* The kernel pair of a call: flags' TL_GDN_KERN_* field, else TL_CUDA_GDN (read once; fma,
+ * tf32, 3xtf32; default tf32, an unknown value says so on stderr and keeps the default). */
+static int gdn_kernel_choice(int flags) {
+    static int env = -1;
+    if (flags & TL_GDN_KERN_MASK) return flags & TL_GDN_KERN_MASK;
+    if (env < 0) {
+        const char *e = getenv("TL_CUDA_GDN");
+        int v = TL_GDN_KERN_TF32;
+        if (e && !strcmp(e, "fma"))
+            v = TL_GDN_KERN_FMA;
+        else if (e && !strcmp(e, "3xtf32"))
+            v = TL_GDN_KERN_3XTF32;
+        else if (e && *e && strcmp(e, "tf32"))
+            fprintf(stderr, "TL_CUDA_GDN=%s: not fma, tf32 or 3xtf32; using tf32\n", e);
+        env = v;
+    }
+    return env;
+}
+
+static int gdn_set_smem(void) {
+    CUDA_TRY(cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GP_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(gdn_seq_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  GS_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(gdn_prep_tc_kernel<0>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, TP_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(gdn_prep_tc_kernel<1>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, TP_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(gdn_seq_tc_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TS_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(gdn_seq_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TS_SMEM));
+    return 0;
+}
+
 extern "C" int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const void *v,
                                 int tok_stride, const float *g, const float *beta, int T, int flags,
                                 void *ws, const tl_gpu_stream *st) {
@@ -442,20 +946,32 @@ extern "C" int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void 
     if (T == 0) return 0;
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 GP_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gdn_seq_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 GS_SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
+        TRY(gdn_set_smem());
         attr_set = 1;
     }
+    const int kern = gdn_kernel_choice(flags), l2 = flags & TL_GDN_L2NORM;
+    const int in_f32 = flags & TL_GDN_IN_F32;
+    const dim3 seq_grid(GC_DK / GC_DVB, GC_NH);
     for (int t_seg = 0; t_seg < T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
-        TL_LAUNCH(st, "gdn_prep", gdn_prep_kernel, dim3(n_chunks, GC_NH), dim3(GC_THREADS), GP_SMEM,
-                  (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, (int)(flags & TL_GDN_L2NORM),
-                  (int)(flags & TL_GDN_IN_F32));
-        TL_LAUNCH(st, "gdn_seq", gdn_seq_kernel<8>, dim3(GC_DK / GC_DVB, GC_NH), dim3(256), GS_SMEM,
-                  o, state, (const float *)ws, t_seg, n_chunks, T, flags);
+        dim3 prep_grid(n_chunks, GC_NH);
+        const float *cws = (const float *)ws;
+        if (kern == TL_GDN_KERN_FMA) {
+            TL_LAUNCH(st, "gdn_prep", gdn_prep_kernel, prep_grid, dim3(GC_THREADS), GP_SMEM,
+                      (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
+            TL_LAUNCH(st, "gdn_seq", gdn_seq_kernel<8>, seq_grid, dim3(256), GS_SMEM, o, state, cws,
+                      t_seg, n_chunks, T, flags);
+        } else if (kern == TL_GDN_KERN_TF32) {
+            TL_LAUNCH(st, "gdn_prep_tc", gdn_prep_tc_kernel<0>, prep_grid, dim3(GC_THREADS),
+                      TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
+            TL_LAUNCH(st, "gdn_seq_tc", gdn_seq_tc_kernel<0>, seq_grid, dim3(GC_THREADS), TS_SMEM,
+                      o, state, cws, t_seg, n_chunks, T, flags);
+        } else {
+            TL_LAUNCH(st, "gdn_prep_3xtf32", gdn_prep_tc_kernel<1>, prep_grid, dim3(GC_THREADS),
+                      TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
+            TL_LAUNCH(st, "gdn_seq_3xtf32", gdn_seq_tc_kernel<1>, seq_grid, dim3(GC_THREADS),
+                      TS_SMEM, o, state, cws, t_seg, n_chunks, T, flags);
+        }
     }
     return 0;
 }
