@@ -159,6 +159,10 @@ int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *token
  * empty session, or no free KV page for its partial page); negative: the backend failed (the
  * session is unchanged, the cache is as before). */
 int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen);
+/* The same for a session that is about to be closed or reset: its last, partial KV page is handed
+ * to the cache instead of copied (so the snapshot needs no free page). The session then refuses
+ * steps (TL_ERR_INVALID) until it is reset. */
+int tl_session_prefix_save_last(tl_session *s, const char *salt, char *err, size_t errlen);
 
 typedef struct tl_prefix_stats {
     long long queries;     /* tl_session_prefix_load calls */

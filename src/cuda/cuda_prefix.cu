@@ -159,7 +159,8 @@ static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err,
         return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     TRY(check_io(be, slot, io, err, errlen));
     int np = TL_CEIL_DIV(io->n_tok, TL_KV_PAGE);
-    if ((be->n_attn && be->pages.np[slot] != np) || io->part_rows != io->n_tok % TL_KV_PAGE ||
+    if ((be->n_attn && be->pages.np[slot] != np) ||
+        (io->part_rows && io->part_rows != io->n_tok % TL_KV_PAGE) ||
         (io->part_rows && (io->part_src < 0 || io->part_src >= be->n_page || io->part_dst < 0 ||
                            io->part_dst >= be->n_page)))
         return tl_errf(err, errlen, TL_ERR_INVALID,

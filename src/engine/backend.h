@@ -94,8 +94,9 @@ typedef struct tl_backend {
     /* Allocates n_snap snapshots (once). 0, TL_ERR_NOMEM / TL_ERR_CUDA. */
     int (*cache_alloc)(struct tl_backend *b, int n_snap, char *err, size_t errlen);
     /* A snapshot of a slot holding exactly io->n_tok tokens: rows [0, io->part_rows) of pool page
-     * io->part_src copied into pool page io->part_dst (none when part_rows is 0), the GDN state
-     * into snapshot io->snap. The slot is unchanged; its full pages are shared as they are. */
+     * io->part_src copied into pool page io->part_dst (none when part_rows is 0: no partial page,
+     * or the cache keeps the slot's own), the GDN state into snapshot io->snap. The slot is
+     * unchanged; its full pages are shared as they are. */
     int (*cache_save)(struct tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen);
     /* Starts an empty slot from the cache: the shared pages io->page[0..n_full) mapped into its
      * page table (read-only: the slot writes only from n_tok on), a page of its own for the

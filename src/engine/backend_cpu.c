@@ -374,7 +374,7 @@ static int cpu_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err
     if (rc) return rc;
     cpu_state *st = &c->st[slot];
     int n_page = c->pages.n_page;
-    if (st->n_past != io->n_tok || io->part_rows != io->n_tok % TL_PC_PAGE ||
+    if (st->n_past != io->n_tok || (io->part_rows && io->part_rows != io->n_tok % TL_PC_PAGE) ||
         (io->part_rows && (io->part_src < 0 || io->part_src >= n_page || io->part_dst < 0 ||
                            io->part_dst >= n_page)))
         return tl_errf(err, errlen, TL_ERR_INVALID,

@@ -44,7 +44,8 @@ struct tl_session {
     int n_tokens, cap;
     int n_prompt; /* tokens before the first sample; -1 until then */
     uint64_t rng;
-    int lost; /* 0, or the status that left the slot's state undefined */
+    int lost;   /* 0, or the status that left the slot's state undefined */
+    int sealed; /* a final prefix save gave its last page to the cache: no more steps */
 };
 
 /* ====== Opening: model, limits, backend. ====== */
@@ -317,6 +318,7 @@ int tl_session_n_past(const tl_session *s) { return s->n_tokens; }
 
 int tl_session_reset(tl_session *s) {
     s->n_tokens = 0;
+    s->sealed = 0;
     s->n_prompt = -1;
     s->lost = s->e->be->reset_slot(s->e->be, s->slot);
     return s->lost;
@@ -378,12 +380,13 @@ int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *token
     return io.n_tok;
 }
 
-int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen) {
+static int prefix_save(tl_session *s, const char *salt, int last, char *err, size_t errlen) {
     if (!s) return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: no session");
     tl_engine *e = s->e;
-    if (!e->pc_on || s->n_tokens == 0 || s->lost) return 0;
+    if (!e->pc_on || s->n_tokens == 0 || s->lost || s->sealed) return 0;
     tl_pc_io io;
-    int rc = tl_pc_plan_save(&e->pc, salt, s->tokens, s->n_tokens, s->slot, &io);
+    int rc = tl_pc_plan_save(&e->pc, salt, s->tokens, s->n_tokens, s->slot, last, &io);
+    if (last) s->sealed = 1; /* its last page may now be the cache's: it must not grow */
     if (rc == 1) {
         int st = e->be->cache_save(e->be, s->slot, &io, err, errlen);
         if (st) {
@@ -394,6 +397,14 @@ int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t er
     } else if (rc == 2)
         rc = 1; /* already cached */
     return rc;
+}
+
+int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen) {
+    return prefix_save(s, salt, 0, err, errlen);
+}
+
+int tl_session_prefix_save_last(tl_session *s, const char *salt, char *err, size_t errlen) {
+    return prefix_save(s, salt, 1, err, errlen);
 }
 
 int tl_engine_prefix_stats(const tl_engine *e, tl_prefix_stats *out) {
@@ -461,6 +472,11 @@ static int check_entry(tl_engine *e, const tl_batch_entry *b, int i, char *err, 
         if (b[j].sess == s)
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "batch entries %d and %d: one session twice in one step", j, i);
+    if (s->sealed)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "batch entry %d: the session was sealed by a final prefix save; reset or "
+                       "close it",
+                       i);
     if (s->lost)
         return tl_errf(err, errlen, TL_ERR_INVALID,
                        "batch entry %d: the session's state was lost (%s); reset or close it", i,

@@ -272,7 +272,7 @@ static int take_snap(tl_prefix_cache *c) {
  * published, then a new partial page; each referenced. 0 (nothing held, the chain's references
  * dropped too) when a page cannot be published or taken. */
 static int plan_pages(tl_prefix_cache *c, uint64_t sh, const int32_t *tokens, int n,
-                      const int32_t *row, int32_t *ids, const uint64_t *hashes, int m) {
+                      const int32_t *row, int last, int32_t *ids, const uint64_t *hashes, int m) {
     int P = c->page_tokens, nf = n / P, k;
     for (k = m; k < nf; k++) { /* the slot's own page: not in the cache (its chain stops at m) */
         if (c->pg[row[k]].refs > 0) break;
@@ -280,7 +280,10 @@ static int plan_pages(tl_prefix_cache *c, uint64_t sh, const int32_t *tokens, in
         page_ref(c, ids[k]);
         page_publish(c, ids[k], sh, k ? ids[k - 1] : -1, hashes[k], tokens + (size_t)k * P);
     }
-    if (k == nf && n % P) {
+    if (k == nf && n % P && last && c->pg[row[nf]].refs == 0) { /* the slot's own, held */
+        page_ref(c, row[nf]);
+        ids[k++] = row[nf];
+    } else if (k == nf && n % P) {
         int id = tl_kv_pages_take(c->pool); /* may evict: the pages above are referenced */
         if (id >= 0) {
             c->pg[id].refs = 1, c->pg[id].full = 0, c->n_held++;
@@ -293,7 +296,7 @@ static int plan_pages(tl_prefix_cache *c, uint64_t sh, const int32_t *tokens, in
 }
 
 int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
-                    tl_pc_io *io) {
+                    int last, tl_pc_io *io) {
     int P = c->page_tokens, nf = n / P, np = nf + (n % P ? 1 : 0), rc = 0;
     if (n <= 0 || slot < 0 || slot >= c->pool->max_seqs || c->pool->np[slot] != np) return 0;
     const int32_t *row = c->pool->table + (size_t)slot * c->pool->max_pages;
@@ -315,7 +318,7 @@ int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens,
         for (int k = m - 1; k >= 0; k--) page_unref(c, ids[k]);
         goto out;
     }
-    if (!plan_pages(c, sh, tokens, n, row, ids, hashes, m)) goto out;
+    if (!plan_pages(c, sh, tokens, n, row, last, ids, hashes, m)) goto out;
     tl_pc_snap *s = &c->sn[si];
     s->pages = malloc(sizeof(int32_t) * (size_t)np);
     s->tail = malloc(sizeof(int32_t) * (size_t)(n % P + 1));
@@ -333,7 +336,7 @@ int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens,
                      .page = NULL,
                      .part_src = n % P ? row[nf] : -1,
                      .part_dst = n % P ? ids[nf] : -1,
-                     .part_rows = n % P,
+                     .part_rows = n % P && ids[nf] != row[nf] ? n % P : 0,
                      .snap = si};
     rc = 1;
 out:

@@ -105,12 +105,14 @@ int tl_pc_lookup(tl_prefix_cache *c, const char *salt, const int32_t *tokens, in
 
 /* Plans a snapshot of tokens[0..n) for salt, held by pool slot `slot` (which holds exactly the
  * pages of n tokens): the cached full pages of its chain are referenced, the slot's own full pages
- * past them published (shared, no copy), a pool page taken for the partial page and a snapshot
- * slot (evicting least recently used snapshots as needed); io filled. Returns 1 when the backend
+ * past them published (shared, no copy), a pool page taken for the partial page (with `last`, for
+ * a slot that will not be written again, the slot's own partial page is held instead: nothing to
+ * copy, part_rows 0) and a snapshot slot (evicting least recently used snapshots as needed); io
+ * filled. Returns 1 when the backend
  * must now copy (then tl_pc_commit or tl_pc_abort), 2 when it is already cached (made most
  * recent), 0 when it cannot be saved (no free page or snapshot, no host memory). */
 int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
-                    tl_pc_io *io);
+                    int last, tl_pc_io *io);
 /* After a successful backend copy: the planned snapshot becomes visible. */
 void tl_pc_commit(tl_prefix_cache *c, const tl_pc_io *io);
 /* After a failed copy: the planned snapshot and its new pages are dropped. */

@@ -58,7 +58,7 @@ static void bk_close(bk *k) {
 static int save_in(bk *k, int slot, const char *salt, const int32_t *t, int n, tl_pc_io *io) {
     char err[256];
     CHECK_EQ_INT(tl_kv_pages_reserve(&k->pool, &slot, &n, 1, NULL, err, sizeof err), 0);
-    int rc = tl_pc_plan_save(&k->c, salt, t, n, slot, io);
+    int rc = tl_pc_plan_save(&k->c, salt, t, n, slot, 0, io);
     if (rc == 1) tl_pc_commit(&k->c, io);
     tl_kv_pages_release(&k->pool, slot);
     return rc;
@@ -106,7 +106,7 @@ static void test_chain_and_partial(void) {
     CHECK_EQ_INT(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err), 0);
     int32_t own[3];
     memcpy(own, k.pool.table, sizeof own);
-    CHECK_EQ_INT(tl_pc_plan_save(c, NULL, a, 150, 0, &io), 1);
+    CHECK_EQ_INT(tl_pc_plan_save(c, NULL, a, 150, 0, 0, &io), 1);
     tl_pc_commit(c, &io);
     CHECK_EQ_INT(io.n_full, 2);
     CHECK_EQ_INT(io.part_rows, 22);
@@ -129,6 +129,19 @@ static void test_chain_and_partial(void) {
     CHECK_EQ_INT(io.part_rows, 42);
     CHECK_EQ_INT(k.pool.n_free, 12);
     CHECK_EQ_INT(k.c.pg[own[0]].refs, 2); /* both snapshots use a's first pages */
+    /* a last save (the slot closes next): the slot's own partial page is kept, nothing copied */
+    slot = 1, n = 100;
+    CHECK_EQ_INT(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err), 0);
+    int32_t last_own = k.pool.table[k.pool.max_pages + 1];
+    int32_t e100[100]; /* a's first page, then its own tokens */
+    memcpy(e100, a, sizeof e100);
+    e100[99] = (a[99] + 1) % 50;
+    CHECK_EQ_INT(tl_pc_plan_save(c, NULL, e100, 100, 1, 1, &io), 1);
+    tl_pc_commit(c, &io);
+    CHECK(io.part_rows == 0 && io.part_dst == last_own && k.pool.held[last_own]);
+    tl_kv_pages_release(&k.pool, 1);
+    CHECK(k.pool.refs[last_own] == 1 && k.pool.held[last_own]); /* cached, idle */
+    CHECK_EQ_INT(k.pool.n_free, 11); /* its first page went back: a's is cached */
     /* lookups: a's prompt of 200 finds a at 150 (b diverges at 150); b's finds b's 170 */
     CHECK(tl_pc_lookup(c, NULL, a, 200, 200, got, &io) >= 0);
     CHECK_EQ_INT(io.n_tok, 150);
@@ -150,7 +163,7 @@ static void test_chain_and_partial(void) {
     CHECK_EQ_INT(st.queries, 5);
     CHECK_EQ_INT(st.hits, 3);
     CHECK_EQ_INT(st.hit_tokens, 150 + 170 + 150);
-    CHECK_EQ_INT(st.pages_used, 4);
+    CHECK_EQ_INT(st.pages_used, 5);
     tl_pc_clear(c);
     CHECK_EQ_INT(k.pool.n_free, 16);
     bk_close(&k);
@@ -328,7 +341,10 @@ static void test_random_stress(void) {
             int slot = 0;
             char err[256];
             if (tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err)) continue;
-            int rc = tl_pc_plan_save(c, SALTS[salt], q, n, 0, &io);
+            int last = (int)(rng_next(&s) % 2); /* the slot is released next either way */
+            int rc = tl_pc_plan_save(c, SALTS[salt], q, n, 0, last, &io);
+            if (rc == 1 && last)
+                CHECK(io.part_rows == 0 && (n % P == 0 || io.part_dst == io.part_src));
             if (rc == 1 && rng_next(&s) % 10 == 0) {
                 tl_pc_abort(c, &io); /* a failed backend copy */
             } else if (rc == 1) {
@@ -475,7 +491,14 @@ static void run_saving(tl_engine *e, const char *salt, const int32_t *t, const i
     for (int i = 0; i < n_at; i++) {
         CHECK_EQ_INT(feed(e, s, t + done, at[i] - done, 50, NULL), 0);
         done = at[i];
-        CHECK_EQ_INT(tl_session_prefix_save(s, salt, err, sizeof err), 1);
+        if (i < n_at - 1) {
+            CHECK_EQ_INT(tl_session_prefix_save(s, salt, err, sizeof err), 1);
+            continue;
+        }
+        /* the last one as the scheduler saves a finishing sequence: its last page kept */
+        CHECK_EQ_INT(tl_session_prefix_save_last(s, salt, err, sizeof err), 1);
+        tl_batch_entry b = {.sess = s, .tokens = t, .n_tok = 1};
+        CHECK(tl_engine_step(e, &b, 1, err, sizeof err) == TL_ERR_INVALID); /* sealed */
     }
     tl_session_close(s);
 }

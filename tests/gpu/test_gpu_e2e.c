@@ -840,7 +840,7 @@ static void pc_case(tl_backend *b, int V, int V_tok, const char *what, double to
     CHECK_EQ_INT(fwd1(b, 0, 0, tok, CUT, NULL), 0);
     int32_t pages[8];
     tl_pc_io io;
-    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, CUT, 0, &io), 1);
+    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, CUT, 0, 0, &io), 1);
     CHECK_EQ_INT(b->cache_save(b, 0, &io, err, sizeof err), 0);
     tl_pc_commit(&r.pc, &io);
     CHECK_EQ_INT(b->reset_slot(b, 0), 0); /* its full pages stay: the cache holds them */
@@ -908,7 +908,7 @@ static void pc_share_case(tl_backend *b, int V, int V_tok, int cut, const char *
     tl_kv_pages *pool = b->kv_pool(b);
     CHECK_EQ_INT(fwd1(b, 0, 0, tok, cut, NULL), 0);
     tl_pc_io io;
-    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, cut, 0, &io), 1);
+    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, cut, 0, 0, &io), 1);
     CHECK_EQ_INT(b->cache_save(b, 0, &io, err, sizeof err), 0);
     tl_pc_commit(&r.pc, &io);
     int nf = cut / TL_PC_PAGE;
