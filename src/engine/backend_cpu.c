@@ -276,8 +276,9 @@ static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_
         rc = c->spec_k ? spec_forward(c, &e[i])
                        : cpu_forward(c->m, &c->st[e[i].slot], e[i].tokens, e[i].n_tok, e[i].logits,
                                      e[i].all_logits);
+        /* even after a failure: the rows the slot now counts, so its reset's check holds */
+        store_rows(c, e[i].slot, e[i].pos, c->st[e[i].slot].n_past);
         if (rc) rc = tl_errf(err, errlen, rc, "cpu forward: %s", tl_status_str(rc));
-        if (!rc) store_rows(c, e[i].slot, e[i].pos, c->st[e[i].slot].n_past);
     }
     return rc;
 }
