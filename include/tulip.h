@@ -156,9 +156,13 @@ int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *token
                            int max_len, char *err, size_t errlen);
 /* Snapshots the session's state after every token it holds, under salt (LRU: the least recently
  * used snapshots make room). 1: saved (or was already cached); 0: nothing saved (no cache, an
- * empty session, or a sequence longer than the whole budget); negative: the backend failed (the
+ * empty session, or no free KV page for its partial page); negative: the backend failed (the
  * session is unchanged, the cache is as before). */
 int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen);
+/* The same for a session that is about to be closed or reset: its last, partial KV page is handed
+ * to the cache instead of copied (so the snapshot needs no free page). The session then refuses
+ * steps (TL_ERR_INVALID) until it is reset. */
+int tl_session_prefix_save_last(tl_session *s, const char *salt, char *err, size_t errlen);
 
 typedef struct tl_prefix_stats {
     long long queries;     /* tl_session_prefix_load calls */
@@ -168,7 +172,7 @@ typedef struct tl_prefix_stats {
     long long saves;       /* snapshots taken */
     long snapshots;        /* snapshots held now */
     long long bytes_used;  /* snapshot states and KV pages held now */
-    long long bytes_total; /* the budget */
+    long long bytes_total; /* the snapshot budget plus the KV pool (whose pages it shares) */
     long long snap_bytes;  /* bytes of snapshot states held now */
 } tl_prefix_stats;
 /* Fills *out (all zero without a cache); 0, or TL_ERR_INVALID without an engine or out. */

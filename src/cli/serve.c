@@ -29,8 +29,9 @@ static const char serve_about[] =
     "an X-Request-Id header (1-128 chars of A-Za-z0-9._:-) names the request and is\n"
     "echoed; otherwise one is generated. The API key may come from --api-key-file or\n"
     "the TULIP_API_KEY environment variable instead of the command line. Prompt prefixes\n"
-    "are reused across requests and turns from a prefix cache of KV pages and state\n"
-    "snapshots (--prefix-cache-gb; CPU default 0.25 GiB); usage reports the cached tokens.\n"
+    "are reused across requests and turns from a prefix cache of state snapshots\n"
+    "(--prefix-cache-gb; CPU default 0.25 GiB) and KV pages shared in the KV pool;\n"
+    "usage reports the cached tokens.\n"
     "--speculative-tokens K drafts K tokens a step with the checkpoint's MTP head and\n"
     "verifies them in one forward (greedy output unchanged, sampling the same law); off\n"
     "without an MTP head or on a backend without it (CPU only so far), said at startup.\n";
@@ -135,7 +136,7 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
         TL_OPT_CHOICE("state-dtype", 0, &p->state_bf16, "fp32|bf16", tl_cli_state_dtypes,
                       "CUDA: Gated DeltaNet state precision (default fp32)"),
         TL_OPT_DOUBLE("prefix-cache-gb", 0, &p->prefix_cache_gb, "GB", 0, 1e6,
-                      "prefix cache budget in GiB (default: 1/4 of free GPU memory)"),
+                      "prefix cache snapshot budget in GiB (default: 1/8 of free GPU memory)"),
         TL_OPT_FLAG("no-prefix-cache", 0, &p->no_prefix_cache,
                     "do not reuse prompt prefixes across requests"),
         TL_OPT_INT("speculative-tokens", 0, &p->spec_tokens, "K", 0, TL_MAX_SPEC,

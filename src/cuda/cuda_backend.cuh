@@ -57,10 +57,9 @@ typedef struct cuda_be {
     size_t st_esz;            /* bytes per recurrent-state element: 4, or 2 with st_bf16 */
 
     /* prefix cache storage (cuda_prefix.cu, docs/architecture.md §4.1); pc_n_snap 0: none */
-    uint16_t *pc_k, *pc_v; /* [n_attn][pc_n_page][TL_KV_PAGE][n_kv * 256] bf16 */
     char *pc_snap; /* [pc_n_snap]: [n_gdn][nv*128*128] recurrent (st_esz each), [n_gdn][3*conv_dim]
                       f32 */
-    int pc_n_page, pc_n_snap;
+    int pc_n_snap; /* its KV pages are pool pages (kc, vc) */
     long long pc_bytes;
     int32_t *d_pc_meta, *h_pc_meta; /* page pairs [3*max_pages], then restored tokens,
                                        positions, slots [3*max_ctx]; pinned mirror */

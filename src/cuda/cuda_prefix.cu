@@ -1,10 +1,12 @@
 /* The CUDA backend's prefix cache storage and copies (backend.h cache_alloc / cache_save /
- * cache_load; docs/architecture.md §4.1). Every decision is prefix_cache.c's; here only bytes
- * move, on the backend's stream: KV rows between the slot's pages and the cache's pages with
- * tl_gpu_kv_page_copy (all layers in one launch each for K and V), the GDN conv and recurrent
- * state between the slot and a snapshot with one strided cudaMemcpy2DAsync each, and on a load
- * the restored tokens' penalty counts (tl_gpu_penalty_add). Storage is set aside at open, before
- * the KV pool takes the free memory. */
+ * cache_load; docs/architecture.md §4.1). Every decision is prefix_cache.c's. The cache's KV
+ * pages are pool pages: a full page is shared by entering its id in a slot's page table (the
+ * attention kernels read every position through the table), so only the partial page at the
+ * snapshot point moves, pool page to pool page with tl_gpu_kv_page_copy (all layers in one launch
+ * each for K and V); the GDN conv and recurrent state move between the slot and a snapshot with
+ * one strided cudaMemcpy2DAsync each, and on a load the restored tokens' penalty counts are added
+ * (tl_gpu_penalty_add). The snapshot states are set aside at open, before the KV pool takes the
+ * free memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,40 +29,37 @@ size_t cb_pc_snap_bytes(const cuda_be *be) {
     return (size_t)be->n_gdn * (rec_floats(be) * be->st_esz + conv_floats(be) * sizeof(float));
 }
 
-/* The budget: given (> 0), or (< 0) a quarter of what --gpu-memory-utilization leaves now (at
- * most 32 GiB); 0 with the cache off. */
+/* The snapshot budget: given (> 0), or (< 0) an eighth of what --gpu-memory-utilization leaves
+ * now (at most 16 GiB); 0 with the cache off. */
 static long long pc_budget(const cuda_be *be, const tl_cuda_params *p) {
     if (p->prefix_cache_bytes >= 0) return p->prefix_cache_bytes;
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
     double util = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.9;
     double avail = util * (double)total_b - (double)(total_b - free_b);
-    return avail > 0 ? (long long)TL_MIN(avail / 4, 32.0 * (1ll << 30)) : 0;
+    return avail > 0 ? (long long)TL_MIN(avail / 8, 16.0 * (1ll << 30)) : 0;
 }
 
-/* Before the KV pool is sized: the cache's pages and snapshots (none when the budget is 0, or,
- * for the default budget, when it holds not even one snapshot). */
+/* Before the KV pool is sized: the snapshot states (none when the budget is 0, or, for the default
+ * budget, when it holds not even one snapshot). */
 int cb_pc_alloc_storage(cuda_be *be, const tl_cuda_params *p, char *err, size_t errlen) {
     long long bytes = pc_budget(be, p);
-    size_t pb = cb_pc_page_bytes(be), sb = cb_pc_snap_bytes(be);
-    if (bytes <= 0 || pb == 0 || sb == 0) return 0;
-    int np, ns;
-    int st = tl_pc_layout(bytes, pb, sb, &np, &ns, err, errlen);
+    size_t sb = cb_pc_snap_bytes(be);
+    if (bytes <= 0 || sb == 0) return 0;
+    int ns;
+    int st = tl_pc_layout(bytes, sb, &ns, err, errlen);
     if (st && p->prefix_cache_bytes < 0) { /* the default found too little room: say so */
         fprintf(stderr, "tulip: no prefix cache: %s\n", err);
         if (err && errlen) err[0] = 0;
         return 0;
     }
     if (st) return st;
-    size_t kv = (size_t)be->n_attn * np * TL_KV_PAGE * row_elems(be);
-    be->pc_k = (uint16_t *)tl_gpu_malloc(kv * sizeof(uint16_t));
-    be->pc_v = (uint16_t *)tl_gpu_malloc(kv * sizeof(uint16_t));
     be->pc_snap = (char *)tl_gpu_malloc((size_t)ns * sb);
-    if (!be->pc_k || !be->pc_v || !be->pc_snap)
+    if (!be->pc_snap)
         return tl_errf(err, errlen, TL_ERR_NOMEM,
                        "cudaMalloc of the prefix cache (%.2f GiB) failed: lower --prefix-cache-gb",
                        (double)bytes / (1 << 30));
-    be->pc_n_page = np, be->pc_n_snap = ns, be->pc_bytes = bytes;
+    be->pc_n_snap = ns, be->pc_bytes = bytes;
     return 0;
 }
 
@@ -75,29 +74,26 @@ int cb_pc_alloc_meta(cuda_be *be, char *err, size_t errlen) {
 }
 
 void cb_pc_free(cuda_be *be) {
-    tl_gpu_free(be->pc_k);
-    tl_gpu_free(be->pc_v);
     tl_gpu_free(be->pc_snap);
     tl_gpu_free(be->d_pc_meta);
     if (be->h_pc_meta) cudaFreeHost(be->h_pc_meta);
 }
 
-static int cb_cache_alloc(tl_backend *b, int n_page, int n_snap, char *err, size_t errlen) {
+static int cb_cache_alloc(tl_backend *b, int n_snap, char *err, size_t errlen) {
     cuda_be *be = (cuda_be *)b->impl;
     if (cb_bind(be))
         return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
-    if (n_page != be->pc_n_page || n_snap != be->pc_n_snap)
+    if (n_snap != be->pc_n_snap)
         return tl_errf(err, errlen, TL_ERR_INTERNAL,
-                       "prefix cache: %d pages / %d snapshots asked, %d / %d allocated", n_page,
-                       n_snap, be->pc_n_page, be->pc_n_snap);
+                       "prefix cache: %d snapshots asked, %d allocated", n_snap, be->pc_n_snap);
     return 0;
 }
 
+static tl_kv_pages *cb_kv_pool(tl_backend *b) { return &((cuda_be *)b->impl)->pages; }
+
 static int check_io(const cuda_be *be, int slot, const tl_pc_io *io, char *err, size_t errlen) {
     int bad = slot < 0 || slot >= be->max_seqs || io->n_tok <= 0 || io->n_tok > be->max_ctx ||
-              io->snap < 0 || io->snap >= be->pc_n_snap ||
-              io->n_pages != TL_CEIL_DIV(io->n_tok, TL_KV_PAGE);
-    for (int k = 0; k < io->n_pages && !bad; k++) bad = io->page[k] >= be->pc_n_page;
+              io->snap < 0 || io->snap >= be->pc_n_snap || io->n_full != io->n_tok / TL_KV_PAGE;
     if (bad)
         return tl_errf(err, errlen, TL_ERR_INVALID, "prefix cache: bad copy (slot %d, %d tokens)",
                        slot, io->n_tok);
@@ -105,21 +101,17 @@ static int check_io(const cuda_be *be, int slot, const tl_pc_io *io, char *err, 
     return 0;
 }
 
-/* K and V rows of the page pairs in h_pc_meta[0 .. 3n): to_cache picks the direction. */
-static int copy_pages(cuda_be *be, int n, int to_cache) {
-    if (n == 0 || be->n_attn == 0) return 0;
+/* Rows [0, rows) of pool page src into pool page dst, K and V of every attention layer. */
+static int copy_partial(cuda_be *be, int src, int dst, int rows) {
+    if (rows == 0 || be->n_attn == 0) return 0;
     tl_gpu_stream st = cb_stream(be, 0);
-    CUDA_TRY(cudaMemcpyAsync(be->d_pc_meta, be->h_pc_meta, (size_t)3 * n * sizeof(int32_t),
+    be->h_pc_meta[0] = src, be->h_pc_meta[1] = dst, be->h_pc_meta[2] = rows;
+    CUDA_TRY(cudaMemcpyAsync(be->d_pc_meta, be->h_pc_meta, 3 * sizeof(int32_t),
                              cudaMemcpyHostToDevice, be->stream));
-    uint16_t *src[2] = {be->kc, be->vc}, *dst[2] = {be->pc_k, be->pc_v};
-    for (int i = 0; i < 2; i++) {
-        if (to_cache)
-            TRY(tl_gpu_kv_page_copy(dst[i], be->pc_n_page, src[i], be->n_page, be->d_pc_meta, n,
-                                    be->n_attn, row_elems(be), &st));
-        else
-            TRY(tl_gpu_kv_page_copy(src[i], be->n_page, dst[i], be->pc_n_page, be->d_pc_meta, n,
-                                    be->n_attn, row_elems(be), &st));
-    }
+    TRY(tl_gpu_kv_page_copy(be->kc, be->n_page, be->kc, be->n_page, be->d_pc_meta, 1, be->n_attn,
+                            row_elems(be), &st));
+    TRY(tl_gpu_kv_page_copy(be->vc, be->n_page, be->vc, be->n_page, be->d_pc_meta, 1, be->n_attn,
+                            row_elems(be), &st));
     return 0;
 }
 
@@ -166,18 +158,15 @@ static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err,
     if (cb_bind(be))
         return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     TRY(check_io(be, slot, io, err, errlen));
-    if (be->n_attn && be->pages.np[slot] != io->n_pages)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: slot %d holds %d pages, not %d",
-                       slot, be->pages.np[slot], io->n_pages);
-    const int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
-    int n = 0;
-    for (int k = 0; k < io->n_pages; k++) {
-        if (io->page[k] < 0) continue;
-        int32_t *m = be->h_pc_meta + 3 * n++;
-        m[0] = row[k], m[1] = io->page[k];
-        m[2] = TL_MIN(TL_KV_PAGE, io->n_tok - k * TL_KV_PAGE);
-    }
-    int st = copy_pages(be, n, 1);
+    int np = TL_CEIL_DIV(io->n_tok, TL_KV_PAGE);
+    if ((be->n_attn && be->pages.np[slot] != np) ||
+        (io->part_rows && io->part_rows != io->n_tok % TL_KV_PAGE) ||
+        (io->part_rows && (io->part_src < 0 || io->part_src >= be->n_page || io->part_dst < 0 ||
+                           io->part_dst >= be->n_page)))
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "prefix save: slot %d holds %d pages, not %d (partial page %d -> %d)", slot,
+                       be->pages.np[slot], np, io->part_src, io->part_dst);
+    int st = copy_partial(be, io->part_src, io->part_dst, io->part_rows);
     if (!st) st = copy_state(be, slot, io->snap, 1);
     return finish(be, st, err, errlen);
 }
@@ -196,34 +185,42 @@ static int count_restored(cuda_be *be, int slot, const int32_t *tokens, int n, i
                               &st);
 }
 
+/* The slot's table: the shared full pages, then a page of its own for the partial page (all or
+ * nothing: on failure the slot holds no page); the row uploaded. */
+static int map_pages(cuda_be *be, int slot, const tl_pc_io *io, char *err, size_t errlen) {
+    TRY(tl_kv_pages_map(&be->pages, slot, io->page, io->n_full, err, errlen));
+    int len = io->n_tok, rc = tl_kv_pages_reserve(&be->pages, &slot, &len, 1, NULL, err, errlen);
+    if (rc) {
+        tl_kv_pages_release(&be->pages, slot);
+        return rc;
+    }
+    size_t off = (size_t)slot * be->max_pages;
+    CUDA_TRY(cudaMemcpyAsync(be->d_ptab + off, be->h_ptab + off,
+                             be->pages.np[slot] * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             be->stream));
+    return 0;
+}
+
 static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,
                          int n_prompt, char *err, size_t errlen) {
     cuda_be *be = (cuda_be *)b->impl;
     if (cb_bind(be))
         return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     TRY(check_io(be, slot, io, err, errlen));
-    for (int k = 0; k < io->n_pages; k++)
-        if (io->page[k] < 0)
-            return tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: no cache page %d", k);
+    int part = io->n_tok % TL_KV_PAGE;
+    if (part && (io->page[io->n_full] < 0 || io->page[io->n_full] >= be->n_page))
+        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: no partial page");
     if (be->pages.np[slot] != 0)
         return tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: slot %d is not empty", slot);
-    if (be->n_attn) { /* the slot's pages, all or nothing, and their table entries */
-        int len = io->n_tok, old = 0;
-        TRY(tl_kv_pages_reserve(&be->pages, &slot, &len, 1, &old, err, errlen));
-        size_t off = (size_t)slot * be->max_pages;
-        int st = 0;
-        if (cudaMemcpyAsync(be->d_ptab + off, be->h_ptab + off, io->n_pages * sizeof(int32_t),
-                            cudaMemcpyHostToDevice, be->stream) != cudaSuccess)
-            st = TL_ERR_CUDA;
-        if (st) return finish(be, st, err, errlen);
+    int st = 0;
+    if (be->n_attn) {
+        st = map_pages(be, slot, io, err, errlen);
+        if (st == TL_ERR_CONTEXT_FULL || st == TL_ERR_INVALID) return st;
+        if (!st && part) {
+            const int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
+            st = copy_partial(be, io->page[io->n_full], row[io->n_full], part);
+        }
     }
-    const int32_t *row = be->h_ptab + (size_t)slot * be->max_pages;
-    for (int k = 0; k < io->n_pages; k++) {
-        int32_t *m = be->h_pc_meta + 3 * k;
-        m[0] = io->page[k], m[1] = row[k];
-        m[2] = TL_MIN(TL_KV_PAGE, io->n_tok - k * TL_KV_PAGE);
-    }
-    int st = copy_pages(be, io->n_pages, 0);
     if (!st) st = copy_state(be, slot, io->snap, 0);
     if (!st) st = count_restored(be, slot, tokens, io->n_tok, n_prompt);
     return finish(be, st, err, errlen);
@@ -234,6 +231,7 @@ void cb_pc_attach(cuda_be *be, tl_backend *b) {
     b->pc_page_bytes = cb_pc_page_bytes(be);
     b->pc_snap_bytes = cb_pc_snap_bytes(be);
     b->pc_budget = be->pc_bytes;
+    b->kv_pool = cb_kv_pool;
     b->cache_alloc = cb_cache_alloc;
     b->cache_save = cb_cache_save;
     b->cache_load = cb_cache_load;

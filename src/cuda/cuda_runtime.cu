@@ -160,7 +160,7 @@ static void cb_kv_stats(tl_backend *b, tl_kv_stats *out) {
     const tl_kv_pages *p = &((cuda_be *)b->impl)->pages;
     out->page_tokens = p->page_tokens;
     out->pages_total = p->n_page;
-    out->pages_free = p->n_free;
+    out->pages_free = tl_kv_pages_available(p); /* idle prefix-cache pages are evicted on demand */
     out->pages_per_seq = p->max_pages;
 }
 

@@ -83,23 +83,28 @@ typedef struct tl_backend {
     int (*rollback)(struct tl_backend *b, int slot, int n_keep, char *err, size_t errlen);
 
     /* Prefix cache storage (docs/architecture.md §4.1; the decisions are prefix_cache.c's, the
-     * backend only copies). NULL ops: no prefix cache. pc_page_bytes: one cache page (the KV of
-     * TL_PC_PAGE positions, every attention layer); pc_snap_bytes: one slot's GDN conv and
-     * recurrent state; pc_budget: the budget the backend set aside at open (bytes; 0: none, the
-     * engine picks it). */
+     * backend only copies). NULL ops: no prefix cache. The cache's KV pages are pool pages,
+     * shared through the page tables: kv_pool gives the backend's pool bookkeeping (pages of
+     * TL_PC_PAGE tokens). pc_page_bytes: one pool page (the KV of TL_PC_PAGE positions, every
+     * attention layer); pc_snap_bytes: one slot's GDN conv and recurrent state; pc_budget: the
+     * snapshot budget the backend set aside at open (bytes; 0: none, the engine picks it). */
     size_t pc_page_bytes, pc_snap_bytes;
     long long pc_budget;
-    /* Allocates n_page cache pages and n_snap snapshots (once). 0, TL_ERR_NOMEM / TL_ERR_CUDA. */
-    int (*cache_alloc)(struct tl_backend *b, int n_page, int n_snap, char *err, size_t errlen);
-    /* Copies a slot holding exactly io->n_tok tokens into the cache: positions of page k into
-     * cache page io->page[k] (skipped when < 0; the last page's positions up to n_tok only) and
-     * the GDN state into snapshot io->snap. The slot is unchanged. */
+    tl_kv_pages *(*kv_pool)(struct tl_backend *b);
+    /* Allocates n_snap snapshots (once). 0, TL_ERR_NOMEM / TL_ERR_CUDA. */
+    int (*cache_alloc)(struct tl_backend *b, int n_snap, char *err, size_t errlen);
+    /* A snapshot of a slot holding exactly io->n_tok tokens: rows [0, io->part_rows) of pool page
+     * io->part_src copied into pool page io->part_dst (none when part_rows is 0: no partial page,
+     * or the cache keeps the slot's own), the GDN state into snapshot io->snap. The slot is
+     * unchanged; its full pages are shared as they are. */
     int (*cache_save)(struct tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen);
-    /* Starts an empty slot from the cache: KV pages for io->n_tok positions (all or nothing:
-     * TL_ERR_CONTEXT_FULL when the pool is short, the slot unchanged), those positions copied
-     * from the cache pages, the GDN state from the snapshot; tokens[0..n_tok) are the tokens
-     * they hold (penalty counts; n_prompt as in tl_fwd_entry). On any other failure the slot's
-     * state is undefined (the engine resets it). */
+    /* Starts an empty slot from the cache: the shared pages io->page[0..n_full) mapped into its
+     * page table (read-only: the slot writes only from n_tok on), a page of its own for the
+     * partial page (all or nothing: TL_ERR_CONTEXT_FULL when the pool is short, the slot
+     * unchanged) with rows [0, n_tok % TL_PC_PAGE) copied from io->page[n_full], the GDN state
+     * from the snapshot; tokens[0..n_tok) are the tokens they hold (penalty counts; n_prompt as
+     * in tl_fwd_entry). On any other failure the slot's state is undefined (the engine resets
+     * it). */
     int (*cache_load)(struct tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,
                       int n_prompt, char *err, size_t errlen);
 } tl_backend;
@@ -110,11 +115,11 @@ typedef struct tl_backend {
 /* The backend an engine runs on: for tests that inject backend faults (engine.c). */
 tl_backend *tl_engine_backend_impl(tl_engine *e);
 
-/* CPU reference backend (always available). Each slot holds max_ctx tokens of KV. kv_tokens > 0
- * adds a pool of that many tokens (pages of TL_CPU_KV_PAGE) that all slots share, kept with
- * kv_pages.c as the CUDA backend keeps its pool: the memory is still max_ctx per slot, but the
- * sequences together hold no more than the pool, exactly as on the GPU (the scheduler's
- * admission and preemption are tested this way). kv_tokens 0: one page of max_ctx per slot. */
+/* CPU reference backend (always available). Each slot holds max_ctx tokens of KV. Its pool of
+ * pages of TL_CPU_KV_PAGE tokens is kept with kv_pages.c as the CUDA backend keeps its own: with
+ * kv_tokens > 0 that many tokens that all slots share (the memory is still max_ctx per slot, but
+ * the sequences together hold no more than the pool, exactly as on the GPU: the scheduler's
+ * admission and preemption are tested this way); kv_tokens 0: every slot full. */
 #define TL_CPU_KV_PAGE 64
 int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int max_ctx,
                         long kv_tokens, int n_threads, char *err, size_t errlen);

@@ -1,7 +1,13 @@
 /* CPU reference backend: one cpu_state per slot, entries run one after another through
  * cpu_forward (the oracle). Used by CI end to end and wherever no GPU is present. Its KV pool
  * (backend.h) is bookkeeping over kv_pages.c: with kv_tokens set, a real limit on the tokens
- * all slots hold together, as on the GPU; without, one page of max_ctx per slot.
+ * all slots hold together, as on the GPU; without, room for every slot full.
+ * Prefix cache (docs/architecture.md §4.1): cpu_forward reads a slot's own contiguous KV, so the
+ * pool's pages are mirrored in a page store written through on every forward (each slot's rows
+ * into the pages its table names). Sharing a page is then bookkeeping only, as on the GPU; a load
+ * copies the shared pages' rows into the slot (the copy path), and a slot's reset checks that
+ * every page it held still holds its rows (a shared page overwritten or reused while in use
+ * would fail that check).
  * Speculative decoding (docs/architecture.md §3.6): the MTP head's cache and hiddens per slot;
  * a verify is rolled back by restoring the GDN state saved before it and recomputing the
  * accepted tokens (exact on the CPU: a chunk computes what token-by-token steps compute). */
@@ -32,10 +38,10 @@ typedef struct {
     int spec_k;   /* most draft tokens per step; 0: no speculation */
     cpu_spec *sp; /* [max_seqs] when spec_k > 0 */
     tl_kv_pages pages;
-    /* prefix cache storage (backend.h): pages [n_pc_page][attn layer][TL_PC_PAGE][kv row] K
-     * then V, f32; snapshots [n_pc_snap][gdn layer] conv then recurrent state, f32 */
+    /* prefix cache storage (backend.h): the page store [pool page][attn layer][TL_PC_PAGE][kv
+     * row] K then V, f32; snapshots [n_pc_snap][gdn layer] conv then recurrent state, f32 */
     float *pc_pages, *pc_snaps;
-    int n_pc_page, n_pc_snap;
+    int n_pc_snap;
     size_t kv_row;        /* floats of one position's K (or V) of one layer */
     size_t conv_n, rec_n; /* floats of one layer's conv / recurrent state */
     int n_attn, n_gdn;
@@ -67,9 +73,12 @@ static void cpu_close(tl_backend *b) {
     free(b);
 }
 
+static void store_check(cpu_backend *c, int slot);
+
 static int cpu_reset_slot(tl_backend *b, int slot) {
     cpu_backend *c = b->impl;
     if (slot < 0 || slot >= c->max_seqs) return TL_ERR_INVALID;
+    store_check(c, slot);
     tl_kv_pages_release(&c->pages, slot);
     cpu_state_reset(&c->st[slot], &c->m->cfg);
     if (c->sp) c->sp[slot].mtp_len = 0, c->sp[slot].hid_n = 0, c->sp[slot].vn = 0;
@@ -80,9 +89,11 @@ static void cpu_kv_stats(tl_backend *b, tl_kv_stats *out) {
     const tl_kv_pages *p = &((cpu_backend *)b->impl)->pages;
     out->page_tokens = p->page_tokens;
     out->pages_total = p->n_page;
-    out->pages_free = p->n_free;
+    out->pages_free = tl_kv_pages_available(p); /* idle cached pages are evicted on demand */
     out->pages_per_seq = p->max_pages;
 }
+
+static tl_kv_pages *cpu_kv_pool(tl_backend *b) { return &((cpu_backend *)b->impl)->pages; }
 
 /* Copies the GDN conv and recurrent state of st to buf (to_buf) or back. */
 static void gdn_copy(cpu_backend *c, cpu_state *st, float *buf, int to_buf) {
@@ -190,6 +201,8 @@ static int cpu_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, s
     return TL_OK;
 }
 
+static void store_rows(cpu_backend *c, int slot, int p0, int p1);
+
 static int cpu_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t errlen) {
     cpu_backend *c = b->impl;
     if (!c->sp || slot < 0 || slot >= c->max_seqs)
@@ -206,6 +219,7 @@ static int cpu_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t e
         int rc = cpu_forward(c->m, st, x->vtok, n_keep - x->vpos, NULL, NULL);
         if (rc) return tl_errf(err, errlen, rc, "rollback: recompute: %s", tl_status_str(rc));
         tl_kv_pages_truncate(&c->pages, slot, n_keep);
+        store_rows(c, slot, x->vpos, n_keep);
         if (x->mtp_len > n_keep - 1) x->mtp_len = n_keep - 1;
         x->hid_n = n_keep - x->hid_pos0;
         TL_ASSERT(x->hid_n >= 1);
@@ -262,47 +276,84 @@ static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_
         rc = c->spec_k ? spec_forward(c, &e[i])
                        : cpu_forward(c->m, &c->st[e[i].slot], e[i].tokens, e[i].n_tok, e[i].logits,
                                      e[i].all_logits);
+        /* even after a failure: the rows the slot now counts, so its reset's check holds */
+        store_rows(c, e[i].slot, e[i].pos, c->st[e[i].slot].n_past);
         if (rc) rc = tl_errf(err, errlen, rc, "cpu forward: %s", tl_status_str(rc));
     }
     return rc;
 }
 
-/* ====== Prefix cache storage (backend.h): plain copies between a slot and the cache. ====== */
+/* ====== Prefix cache storage (backend.h): the page store and plain copies. ====== */
 
-static int cpu_cache_alloc(tl_backend *b, int n_page, int n_snap, char *err, size_t errlen) {
+static int cpu_cache_alloc(tl_backend *b, int n_snap, char *err, size_t errlen) {
     cpu_backend *c = b->impl;
     if (c->pc_pages) return tl_errf(err, errlen, TL_ERR_INVALID, "prefix cache allocated twice");
-    c->pc_pages = malloc((size_t)n_page * b->pc_page_bytes);
+    c->pc_pages = calloc((size_t)c->pages.n_page, b->pc_page_bytes); /* touched as used */
     c->pc_snaps = malloc((size_t)n_snap * b->pc_snap_bytes);
     if (!c->pc_pages || !c->pc_snaps) {
         free(c->pc_pages), free(c->pc_snaps);
         c->pc_pages = c->pc_snaps = NULL;
         return tl_errf(err, errlen, TL_ERR_NOMEM,
-                       "out of memory for the prefix cache (%d pages, %d snapshots)", n_page,
-                       n_snap);
+                       "out of memory for the prefix cache (%d pages, %d snapshots)",
+                       c->pages.n_page, n_snap);
     }
-    c->n_pc_page = n_page, c->n_pc_snap = n_snap;
+    c->n_pc_snap = n_snap;
     return 0;
 }
 
-/* Copies positions [p0, p1) of every attention layer between slot state st and cache page pg
- * (rows p0 % TL_PC_PAGE on); to_cache picks the direction. */
-static void copy_page(cpu_backend *c, cpu_state *st, int pg, int p0, int p1, int to_cache) {
+/* Where row r (< TL_PC_PAGE) of K (v = 0) or V (v = 1) of attention layer a lies in store page pg.
+ */
+static float *store_at(cpu_backend *c, int pg, int a, int v, int r) {
+    size_t page = (size_t)2 * c->n_attn * TL_PC_PAGE * c->kv_row;
+    return c->pc_pages + (size_t)pg * page + ((size_t)(2 * a + v) * TL_PC_PAGE + r) * c->kv_row;
+}
+
+/* Copies positions [p0, p1) (within one page) of every attention layer between slot state st and
+ * store page pg (rows p0 % TL_PC_PAGE on); to_store picks the direction; check instead compares
+ * them and returns 1 when they differ. */
+static int copy_page(cpu_backend *c, cpu_state *st, int pg, int p0, int p1, int to_store,
+                     int check) {
     const tl_config *cfg = &c->m->cfg;
-    float *page = c->pc_pages + (size_t)pg * (2 * c->n_attn * TL_PC_PAGE * c->kv_row);
-    size_t n = (size_t)(p1 - p0) * c->kv_row, r0 = (size_t)(p0 % TL_PC_PAGE) * c->kv_row;
+    size_t n = (size_t)(p1 - p0) * c->kv_row * sizeof(float);
+    int diff = 0;
     for (int il = 0, a = 0; il < cfg->n_layer; il++) {
         if (cfg->layer_kind[il] != TL_LAYER_ATTN) continue;
-        float *pk = page + (size_t)(2 * a) * TL_PC_PAGE * c->kv_row + r0;
-        float *pv = pk + (size_t)TL_PC_PAGE * c->kv_row;
+        float *pk = store_at(c, pg, a, 0, p0 % TL_PC_PAGE),
+              *pv = store_at(c, pg, a, 1, p0 % TL_PC_PAGE);
         float *sk = st->kv_k[il] + (size_t)p0 * c->kv_row,
               *sv = st->kv_v[il] + (size_t)p0 * c->kv_row;
-        if (to_cache)
-            memcpy(pk, sk, n * sizeof(float)), memcpy(pv, sv, n * sizeof(float));
+        if (check)
+            diff |= memcmp(pk, sk, n) != 0 || memcmp(pv, sv, n) != 0;
+        else if (to_store)
+            memcpy(pk, sk, n), memcpy(pv, sv, n);
         else
-            memcpy(sk, pk, n * sizeof(float)), memcpy(sv, pv, n * sizeof(float));
+            memcpy(sk, pk, n), memcpy(sv, pv, n);
         a++;
     }
+    return diff;
+}
+
+/* The slot's positions [p0, p1) into the store pages its table names (write-through). */
+static void store_rows(cpu_backend *c, int slot, int p0, int p1) {
+    if (!c->pc_pages) return;
+    const int32_t *row = c->pages.table + (size_t)slot * c->pages.max_pages;
+    for (int p = p0; p < p1;) {
+        int q = TL_MIN(p1, (p / TL_PC_PAGE + 1) * TL_PC_PAGE);
+        copy_page(c, &c->st[slot], row[p / TL_PC_PAGE], p, q, 1, 0);
+        p = q;
+    }
+}
+
+/* Every page the slot holds still holds the slot's rows: no page was overwritten or handed to
+ * another holder while the slot used it (docs/architecture.md §4.1). A broken invariant. */
+static void store_check(cpu_backend *c, int slot) {
+    if (!c->pc_pages) return;
+    const int32_t *row = c->pages.table + (size_t)slot * c->pages.max_pages;
+    int n = c->st[slot].n_past, diff = 0;
+    TL_ASSERT(c->pages.np[slot] >= TL_CEIL_DIV(n, TL_PC_PAGE));
+    for (int p = 0; p < n && !diff; p += TL_PC_PAGE)
+        diff = copy_page(c, &c->st[slot], row[p / TL_PC_PAGE], p, TL_MIN(n, p + TL_PC_PAGE), 0, 1);
+    TL_ASSERT(!diff);
 }
 
 static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
@@ -311,9 +362,8 @@ static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
 
 static int check_io(const cpu_backend *c, int slot, const tl_pc_io *io, char *err, size_t errlen) {
     int bad = slot < 0 || slot >= c->max_seqs || io->n_tok <= 0 || io->snap < 0 ||
-              io->snap >= c->n_pc_snap || io->n_pages != TL_CEIL_DIV(io->n_tok, TL_PC_PAGE) ||
-              io->n_tok > c->st[0].max_ctx;
-    for (int k = 0; k < io->n_pages && !bad; k++) bad = io->page[k] >= c->n_pc_page;
+              io->snap >= c->n_pc_snap || io->n_full != io->n_tok / TL_PC_PAGE ||
+              io->n_tok > c->st[0].max_ctx || c->pages.page_tokens != TL_PC_PAGE;
     return bad ? tl_errf(err, errlen, TL_ERR_INVALID, "prefix cache: bad copy (slot %d, %d tokens)",
                          slot, io->n_tok)
                : 0;
@@ -324,13 +374,19 @@ static int cpu_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err
     int rc = check_io(c, slot, io, err, errlen);
     if (rc) return rc;
     cpu_state *st = &c->st[slot];
-    if (st->n_past != io->n_tok)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: slot %d holds %d tokens, not %d",
-                       slot, st->n_past, io->n_tok);
-    for (int k = 0; k < io->n_pages; k++)
-        if (io->page[k] >= 0)
-            copy_page(c, st, io->page[k], k * TL_PC_PAGE, TL_MIN(io->n_tok, (k + 1) * TL_PC_PAGE),
-                      1);
+    int n_page = c->pages.n_page;
+    if (st->n_past != io->n_tok || (io->part_rows && io->part_rows != io->n_tok % TL_PC_PAGE) ||
+        (io->part_rows && (io->part_src < 0 || io->part_src >= n_page || io->part_dst < 0 ||
+                           io->part_dst >= n_page)))
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "prefix save: slot %d holds %d tokens, asked %d (partial page %d -> %d)",
+                       slot, st->n_past, io->n_tok, io->part_src, io->part_dst);
+    if (io->part_rows) { /* store page to store page: what the slot wrote there */
+        for (int a = 0; a < c->n_attn; a++)
+            for (int v = 0; v < 2; v++)
+                memcpy(store_at(c, io->part_dst, a, v, 0), store_at(c, io->part_src, a, v, 0),
+                       (size_t)io->part_rows * c->kv_row * sizeof(float));
+    }
     copy_snap(c, st, io->snap, 1);
     return 0;
 }
@@ -339,19 +395,27 @@ static int cpu_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int
                           int n_prompt, char *err, size_t errlen) {
     (void)tokens, (void)n_prompt; /* the host sampler reads the session's own history */
     cpu_backend *c = b->impl;
-    int rc = check_io(c, slot, io, err, errlen);
-    for (int k = 0; k < io->n_pages && !rc; k++)
-        if (io->page[k] < 0)
-            rc = tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: no page %d", k);
+    int rc = check_io(c, slot, io, err, errlen), part = io->n_tok % TL_PC_PAGE;
     cpu_state *st = &c->st[slot];
-    if (!rc && st->n_past != 0)
+    if (!rc && (st->n_past != 0 || c->pages.np[slot] != 0))
         rc = tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: slot %d is not empty", slot);
-    if (!rc) rc = tl_kv_pages_reserve(&c->pages, &slot, &io->n_tok, 1, NULL, err, errlen);
+    if (!rc && part && (io->page[io->n_full] < 0 || io->page[io->n_full] >= c->pages.n_page))
+        rc = tl_errf(err, errlen, TL_ERR_INVALID, "prefix load: no partial page");
+    if (!rc) rc = tl_kv_pages_map(&c->pages, slot, io->page, io->n_full, err, errlen);
+    if (!rc) {
+        rc = tl_kv_pages_reserve(&c->pages, &slot, &io->n_tok, 1, NULL, err, errlen);
+        if (rc) tl_kv_pages_release(&c->pages, slot); /* the slot unchanged */
+    }
     if (rc) return rc;
-    for (int k = 0; k < io->n_pages; k++)
-        copy_page(c, st, io->page[k], k * TL_PC_PAGE, TL_MIN(io->n_tok, (k + 1) * TL_PC_PAGE), 0);
+    for (int k = 0; k < io->n_full; k++) /* the copy path: shared rows into the slot's own KV */
+        copy_page(c, st, io->page[k], k * TL_PC_PAGE, (k + 1) * TL_PC_PAGE, 0, 0);
+    if (part) {
+        int p0 = io->n_full * TL_PC_PAGE;
+        copy_page(c, st, io->page[io->n_full], p0, p0 + part, 0, 0);
+    }
     copy_snap(c, st, io->snap, 0);
     st->n_past = io->n_tok;
+    if (part) store_rows(c, slot, io->n_full * TL_PC_PAGE, io->n_tok); /* its own last page */
     if (c->sp) c->sp[slot].mtp_len = -1; /* no head rows in a snapshot: no drafting (§3.6) */
     return 0;
 }
@@ -365,18 +429,18 @@ static void cpu_cache_sizes(tl_backend *b, const tl_config *cfg) {
         cfg->layer_kind[il] == TL_LAYER_ATTN ? c->n_attn++ : c->n_gdn++;
     b->pc_page_bytes = TL_MAX(1, 2 * (size_t)c->n_attn * TL_PC_PAGE * c->kv_row * sizeof(float));
     b->pc_snap_bytes = TL_MAX(1, (size_t)c->n_gdn * (c->conv_n + c->rec_n) * sizeof(float));
+    b->kv_pool = cpu_kv_pool;
     b->cache_alloc = cpu_cache_alloc;
     b->cache_save = cpu_cache_save;
     b->cache_load = cpu_cache_load;
 }
 
-/* The pool: kv_tokens rounded up to pages of TL_CPU_KV_PAGE (at most every slot full), or one
- * page of max_ctx tokens per slot. */
+/* The pool: kv_tokens rounded up to pages of TL_CPU_KV_PAGE, at most (and by default) every slot
+ * full. */
 static int cpu_pool(cpu_backend *c, int max_ctx, long kv_tokens, char *err, size_t errlen) {
-    if (kv_tokens <= 0)
-        return tl_kv_pages_init(&c->pages, c->max_seqs, c->max_seqs, 1, max_ctx, NULL, err, errlen);
     long max_pages = TL_CEIL_DIV((long)max_ctx, TL_CPU_KV_PAGE);
-    long n_page = TL_MIN(TL_CEIL_DIV(kv_tokens, TL_CPU_KV_PAGE), c->max_seqs * max_pages);
+    long all = c->max_seqs * max_pages;
+    long n_page = kv_tokens > 0 ? TL_MIN(TL_CEIL_DIV(kv_tokens, TL_CPU_KV_PAGE), all) : all;
     return tl_kv_pages_init(&c->pages, (int)n_page, c->max_seqs, (int)max_pages, TL_CPU_KV_PAGE,
                             NULL, err, errlen);
 }

@@ -44,7 +44,8 @@ struct tl_session {
     int n_tokens, cap;
     int n_prompt; /* tokens before the first sample; -1 until then */
     uint64_t rng;
-    int lost; /* 0, or the status that left the slot's state undefined */
+    int lost;   /* 0, or the status that left the slot's state undefined */
+    int sealed; /* a final prefix save gave its last page to the cache: no more steps */
 };
 
 /* ====== Opening: model, limits, backend. ====== */
@@ -125,27 +126,32 @@ static int open_backend(tl_engine *e, const tl_engine_params *p, char *err, size
     return open_cpu(e, p, err, errlen);
 }
 
-/* The prefix cache: the budget the backend set aside (CUDA) or the one asked for (default 256
- * MiB), split by tl_pc_layout, storage in the backend, bookkeeping here. */
+/* The prefix cache: snapshot states within the budget the backend set aside (CUDA) or the one
+ * asked for (default 256 MiB), storage in the backend; its KV pages are the backend's pool pages
+ * (so it needs a pool of TL_PC_PAGE-token pages); bookkeeping here. */
 static int open_prefix_cache(tl_engine *e, const tl_engine_params *p, char *err, size_t errlen) {
     tl_backend *b = e->be;
     if (p->prefix_cache_bytes < 0 || !b->cache_alloc) return 0;
+    tl_kv_pages *pool = b->kv_pool ? b->kv_pool(b) : NULL;
+    if (!pool || pool->page_tokens != TL_PC_PAGE) {
+        fprintf(stderr, "tulip: no prefix cache: the backend's KV pool has no %d-token pages\n",
+                TL_PC_PAGE);
+        return 0;
+    }
     long long bytes = b->pc_budget > 0            ? b->pc_budget
                       : p->prefix_cache_bytes > 0 ? p->prefix_cache_bytes
                                                   : 256ll << 20;
-    int n_page, n_snap;
-    int rc = tl_pc_layout(bytes, b->pc_page_bytes, b->pc_snap_bytes, &n_page, &n_snap, err, errlen);
-    if (!rc) rc = b->cache_alloc(b, n_page, n_snap, err, errlen);
-    if (!rc)
-        rc = tl_pc_init(&e->pc, n_page, n_snap, TL_PC_PAGE, b->pc_page_bytes, b->pc_snap_bytes, err,
-                        errlen);
+    int n_snap;
+    int rc = tl_pc_layout(bytes, b->pc_snap_bytes, &n_snap, err, errlen);
+    if (!rc) rc = b->cache_alloc(b, n_snap, err, errlen);
+    if (!rc) rc = tl_pc_init(&e->pc, pool, n_snap, b->pc_page_bytes, b->pc_snap_bytes, err, errlen);
     if (rc) return rc;
     e->pc_on = 1;
     fprintf(stderr,
-            "tulip: prefix cache %.2f GiB: %d snapshots of %.1f MiB, %d pages of %d tokens "
-            "(%.2f MiB each)\n",
-            (double)bytes / (1 << 30), n_snap, (double)b->pc_snap_bytes / (1 << 20), n_page,
-            TL_PC_PAGE, (double)b->pc_page_bytes / (1 << 20));
+            "tulip: prefix cache %.2f GiB: %d snapshots of %.1f MiB; KV pages shared with the "
+            "pool (%d pages of %d tokens)\n",
+            (double)bytes / (1 << 30), n_snap, (double)b->pc_snap_bytes / (1 << 20), pool->n_page,
+            TL_PC_PAGE);
     return 0;
 }
 
@@ -215,8 +221,8 @@ int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t
 
 void tl_engine_close(tl_engine *e) {
     if (!e) return;
+    if (e->pc_on) tl_pc_free(&e->pc); /* first: it is the pool's reclaim hook */
     if (e->be) e->be->close(e->be);
-    if (e->pc_on) tl_pc_free(&e->pc);
     if (e->model) tl_model_close(e->model);
     free(e->slot_state);
     free(e->scratch);
@@ -312,6 +318,7 @@ int tl_session_n_past(const tl_session *s) { return s->n_tokens; }
 
 int tl_session_reset(tl_session *s) {
     s->n_tokens = 0;
+    s->sealed = 0;
     s->n_prompt = -1;
     s->lost = s->e->be->reset_slot(s->e->be, s->slot);
     return s->lost;
@@ -357,8 +364,11 @@ int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *token
     int hit = tl_pc_lookup(&e->pc, salt, tokens, n, max_len, pages, &io), rc = 0;
     if (hit >= 0 && history_reserve(s, io.n_tok))
         rc = tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
-    if (hit >= 0 && !rc)
+    if (hit >= 0 && !rc) { /* the snapshot stays while the load's page reservation evicts */
+        e->pc.pinned = hit;
         rc = e->be->cache_load(e->be, s->slot, &io, tokens, s->n_prompt, err, errlen);
+        e->pc.pinned = -1;
+    }
     free(pages);
     if (hit < 0 || rc == TL_ERR_CONTEXT_FULL || rc == TL_ERR_NOMEM) return hit < 0 ? 0 : rc;
     if (rc) {
@@ -370,14 +380,13 @@ int tl_session_prefix_load(tl_session *s, const char *salt, const int32_t *token
     return io.n_tok;
 }
 
-int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen) {
+static int prefix_save(tl_session *s, const char *salt, int last, char *err, size_t errlen) {
     if (!s) return tl_errf(err, errlen, TL_ERR_INVALID, "prefix save: no session");
     tl_engine *e = s->e;
-    if (!e->pc_on || s->n_tokens == 0 || s->lost) return 0;
-    int32_t *pages = malloc(sizeof(int32_t) * (size_t)(s->n_tokens / TL_PC_PAGE + 1));
-    if (!pages) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    if (!e->pc_on || s->n_tokens == 0 || s->lost || s->sealed) return 0;
     tl_pc_io io;
-    int rc = tl_pc_plan_save(&e->pc, salt, s->tokens, s->n_tokens, pages, &io);
+    int rc = tl_pc_plan_save(&e->pc, salt, s->tokens, s->n_tokens, s->slot, last, &io);
+    if (last) s->sealed = 1; /* its last page may now be the cache's: it must not grow */
     if (rc == 1) {
         int st = e->be->cache_save(e->be, s->slot, &io, err, errlen);
         if (st) {
@@ -387,8 +396,15 @@ int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t er
             tl_pc_commit(&e->pc, &io);
     } else if (rc == 2)
         rc = 1; /* already cached */
-    free(pages);
     return rc;
+}
+
+int tl_session_prefix_save(tl_session *s, const char *salt, char *err, size_t errlen) {
+    return prefix_save(s, salt, 0, err, errlen);
+}
+
+int tl_session_prefix_save_last(tl_session *s, const char *salt, char *err, size_t errlen) {
+    return prefix_save(s, salt, 1, err, errlen);
 }
 
 int tl_engine_prefix_stats(const tl_engine *e, tl_prefix_stats *out) {
@@ -456,6 +472,11 @@ static int check_entry(tl_engine *e, const tl_batch_entry *b, int i, char *err, 
         if (b[j].sess == s)
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "batch entries %d and %d: one session twice in one step", j, i);
+    if (s->sealed)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "batch entry %d: the session was sealed by a final prefix save; reset or "
+                       "close it",
+                       i);
     if (s->lost)
         return tl_errf(err, errlen, TL_ERR_INVALID,
                        "batch entry %d: the session's state was lost (%s); reset or close it", i,

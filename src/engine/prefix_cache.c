@@ -1,6 +1,6 @@
-/* The prefix cache's bookkeeping (prefix_cache.h): content-addressed pages, snapshots, refcounts,
- * LRU eviction within the budget. No backend calls: the engine passes the tl_pc_io this module
- * fills to the backend's cache_save / cache_load. */
+/* The prefix cache's bookkeeping (prefix_cache.h): content-addressed KV-pool pages, snapshots,
+ * refcounts, LRU eviction within the snapshot budget and on the pool's demand. No backend calls:
+ * the engine passes the tl_pc_io this module fills to the backend's cache_save / cache_load. */
 #include <stdlib.h>
 #include <string.h>
 #include "common/status.h"
@@ -31,48 +31,48 @@ static uint64_t page_hash(uint64_t parent, const int32_t *tok, int n) {
 
 /* ====== Setup. ====== */
 
-int tl_pc_layout(long long bytes, size_t page_bytes, size_t snap_bytes, int *n_page, int *n_snap,
-                 char *err, size_t errlen) {
-    long long least = (long long)snap_bytes + 2 * (long long)page_bytes;
-    if (page_bytes == 0 || snap_bytes == 0 || bytes < least)
+int tl_pc_layout(long long bytes, size_t snap_bytes, int *n_snap, char *err, size_t errlen) {
+    if (snap_bytes == 0 || bytes < (long long)snap_bytes)
         return tl_errf(err, errlen, TL_ERR_INVALID,
                        "prefix cache: a budget of %lld bytes holds no snapshot (one needs %zu "
-                       "bytes of state and pages of %zu bytes: at least %lld bytes)",
-                       bytes, snap_bytes, page_bytes, least);
-    long long ns = TL_MAX(1, bytes / 2 / (long long)snap_bytes);
-    long long np = (bytes - ns * (long long)snap_bytes) / (long long)page_bytes;
-    if (np > (1 << 30) || ns > (1 << 30))
+                       "bytes of state: at least %zu bytes)",
+                       bytes, snap_bytes, snap_bytes);
+    long long ns = bytes / (long long)snap_bytes;
+    if (ns > (1 << 30))
         return tl_errf(err, errlen, TL_ERR_INVALID, "prefix cache: %lld bytes is too large", bytes);
-    *n_page = (int)np, *n_snap = (int)ns;
+    *n_snap = (int)ns;
     return 0;
 }
 
-int tl_pc_init(tl_prefix_cache *c, int n_page, int n_snap, int page_tokens, size_t page_bytes,
+static void pc_reclaim(void *ctx, int need);
+
+int tl_pc_init(tl_prefix_cache *c, tl_kv_pages *pool, int n_snap, size_t page_bytes,
                size_t snap_bytes, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    if (page_tokens < 1 || n_page < 1 || n_snap < 1)
+    if (!pool || pool->page_tokens < 1 || pool->n_page < 1 || n_snap < 1)
         return tl_errf(err, errlen, TL_ERR_INVALID,
-                       "prefix cache: bad sizes (%d pages of %d tokens, %d snapshots)", n_page,
-                       page_tokens, n_snap);
-    c->page_tokens = page_tokens;
-    c->n_page = (int)n_page, c->n_snap = (int)n_snap;
+                       "prefix cache: bad sizes (%d pool pages of %d tokens, %d snapshots)",
+                       pool ? pool->n_page : 0, pool ? pool->page_tokens : 0, n_snap);
+    c->pool = pool;
+    c->page_tokens = pool->page_tokens;
+    c->n_page = pool->n_page, c->n_snap = n_snap;
     c->page_bytes = page_bytes, c->snap_bytes = snap_bytes;
+    c->pinned = -1;
     c->n_bucket = TL_MAX(16, c->n_page * 2);
     c->pg = calloc((size_t)c->n_page, sizeof *c->pg);
-    c->pg_tok = malloc((size_t)c->n_page * page_tokens * sizeof(int32_t));
+    c->pg_tok = malloc((size_t)c->n_page * c->page_tokens * sizeof(int32_t));
     c->bucket = malloc((size_t)c->n_bucket * sizeof(int32_t));
     c->sn = calloc((size_t)c->n_snap, sizeof *c->sn);
     if (!c->pg || !c->pg_tok || !c->bucket || !c->sn) {
         tl_pc_free(c);
         return tl_errf(err, errlen, TL_ERR_NOMEM, "prefix cache: out of memory for %d pages",
-                       n_page);
+                       pool->n_page);
     }
     for (int i = 0; i < c->n_bucket; i++) c->bucket[i] = -1;
-    for (int i = 0; i < c->n_page; i++) c->pg[i].next = i + 1 < c->n_page ? i + 1 : -1;
-    c->free_head = c->n_page ? 0 : -1;
-    c->n_free = c->n_page;
+    for (int i = 0; i < c->n_page; i++) c->pg[i].next = -1, c->pg[i].parent = -1;
     c->st.snaps_total = c->n_snap, c->st.pages_total = c->n_page;
     c->st.bytes_total = (long long)c->n_snap * snap_bytes + (long long)c->n_page * page_bytes;
+    pool->reclaim = pc_reclaim, pool->reclaim_ctx = c;
     return 0;
 }
 
@@ -86,6 +86,7 @@ static void snap_drop_mem(tl_pc_snap *s) {
 void tl_pc_free(tl_prefix_cache *c) {
     if (c->sn)
         for (int i = 0; i < c->n_snap; i++) snap_drop_mem(&c->sn[i]);
+    if (c->pool && c->pool->reclaim_ctx == c) c->pool->reclaim = NULL, c->pool->reclaim_ctx = NULL;
     free(c->pg);
     free(c->pg_tok);
     free(c->bucket);
@@ -120,17 +121,12 @@ static void bucket_unlink(tl_prefix_cache *c, int id) {
     *pp = c->pg[id].next;
 }
 
-/* A free page, taken off the free list (refs 1), or -1. */
-static int page_take(tl_prefix_cache *c) {
-    int id = c->free_head;
-    if (id < 0) return -1;
-    c->free_head = c->pg[id].next;
-    c->n_free--;
-    memset(&c->pg[id], 0, sizeof c->pg[id]);
-    c->pg[id].refs = 1;
-    c->pg[id].parent = -1;
-    c->pg[id].next = -1;
-    return id;
+/* A snapshot starts using page id: the cache holds it in the pool from its first user. */
+static void page_ref(tl_prefix_cache *c, int id) {
+    if (c->pg[id].refs++ == 0) {
+        tl_kv_pages_hold(c->pool, id);
+        c->n_held++;
+    }
 }
 
 static void page_unref(tl_prefix_cache *c, int id) {
@@ -139,9 +135,9 @@ static void page_unref(tl_prefix_cache *c, int id) {
     if (--p->refs > 0) return;
     if (p->full) bucket_unlink(c, id);
     p->full = 0;
-    p->next = c->free_head;
-    c->free_head = id;
-    c->n_free++;
+    p->next = -1;
+    c->n_held--;
+    tl_kv_pages_unhold(c->pool, id);
 }
 
 /* Makes a taken page a content-addressed one. */
@@ -202,7 +198,7 @@ static void fill_io(const tl_prefix_cache *c, const tl_pc_snap *s, int idx, int3
                     tl_pc_io *io) {
     int np = s->n_full + (s->n_tok % c->page_tokens ? 1 : 0);
     memcpy(pages, s->pages, sizeof(int32_t) * np);
-    *io = (tl_pc_io){.n_tok = s->n_tok, .n_pages = np, .page = pages, .snap = idx};
+    *io = (tl_pc_io){.n_tok = s->n_tok, .n_full = s->n_full, .page = pages, .snap = idx};
 }
 
 int tl_pc_lookup(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int max_len,
@@ -229,15 +225,22 @@ int tl_pc_lookup(tl_prefix_cache *c, const char *salt, const int32_t *tokens, in
     return best;
 }
 
-/* Evicts the least recently used snapshot; 0 when there is none. */
+/* Evicts the least recently used snapshot (not the pinned one); 0 when there is none. */
 static int evict_one(tl_prefix_cache *c) {
     int v = -1;
     for (int i = 0; i < c->n_snap; i++)
-        if (c->sn[i].used && (v < 0 || c->sn[i].lru < c->sn[v].lru)) v = i;
+        if (c->sn[i].used && i != c->pinned && (v < 0 || c->sn[i].lru < c->sn[v].lru)) v = i;
     if (v < 0) return 0;
     snap_release(c, v);
     c->st.evictions++;
     return 1;
+}
+
+/* The pool's reclaim hook (kv_pages.h): snapshots evicted LRU until `need` pages are free. */
+static void pc_reclaim(void *ctx, int need) {
+    tl_prefix_cache *c = ctx;
+    while (c->pool->n_free < need && evict_one(c)) {
+    }
 }
 
 static int free_snap(const tl_prefix_cache *c) {
@@ -257,39 +260,50 @@ static int snap_find_same(tl_prefix_cache *c, uint64_t sh, const char *salt, con
     return -1;
 }
 
-/* Room for `need` new pages and one snapshot, evicting LRU snapshots; 0 when even an empty cache
- * would not do. */
-static int make_room(tl_prefix_cache *c, int need) {
-    while (c->n_free < need || free_snap(c) < 0)
-        if (!evict_one(c)) return 0;
-    return 1;
+/* A snapshot slot, evicting the least recently used snapshot when none is free; -1: none. */
+static int take_snap(tl_prefix_cache *c) {
+    int si = free_snap(c);
+    if (si < 0 && evict_one(c)) si = free_snap(c);
+    return si;
 }
 
-/* Takes page ids for every page of tokens[0..n): the cached ones (referenced now, so that no
- * eviction frees them; pages_out[k] = -1 in the io, ids[k] the id) and new ones. */
-static int plan_pages(tl_prefix_cache *c, uint64_t sh, const int32_t *tokens, int n, int32_t *ids,
-                      const uint64_t *hashes, int m, int32_t *pages_out) {
-    int P = c->page_tokens, nf = n / P, np = nf + (n % P ? 1 : 0);
-    for (int k = 0; k < m; k++) c->pg[ids[k]].refs++, pages_out[k] = -1;
-    if (!make_room(c, np - m)) {
-        for (int k = m - 1; k >= 0; k--) page_unref(c, ids[k]);
-        return 0;
+/* The page ids of every page of tokens[0..n) held by `row` (the slot's table): the cached ones of
+ * the chain (ids[0..m), already referenced by the caller), then the slot's own full pages
+ * published, then a new partial page; each referenced. 0 (nothing held, the chain's references
+ * dropped too) when a page cannot be published or taken. */
+static int plan_pages(tl_prefix_cache *c, uint64_t sh, const int32_t *tokens, int n,
+                      const int32_t *row, int last, int32_t *ids, const uint64_t *hashes, int m) {
+    int P = c->page_tokens, nf = n / P, k;
+    for (k = m; k < nf; k++) { /* the slot's own page: not in the cache (its chain stops at m) */
+        if (c->pg[row[k]].refs > 0) break;
+        ids[k] = row[k];
+        page_ref(c, ids[k]);
+        page_publish(c, ids[k], sh, k ? ids[k - 1] : -1, hashes[k], tokens + (size_t)k * P);
     }
-    for (int k = m; k < np; k++) {
-        ids[k] = pages_out[k] = page_take(c);
-        TL_ASSERT(ids[k] >= 0);
-        if (k < nf) page_publish(c, ids[k], sh, k ? ids[k - 1] : -1, hashes[k], tokens + k * P);
+    if (k == nf && n % P && last && c->pg[row[nf]].refs == 0) { /* the slot's own, held */
+        page_ref(c, row[nf]);
+        ids[k++] = row[nf];
+    } else if (k == nf && n % P) {
+        int id = tl_kv_pages_take(c->pool); /* may evict: the pages above are referenced */
+        if (id >= 0) {
+            c->pg[id].refs = 1, c->pg[id].full = 0, c->n_held++;
+            ids[k++] = id;
+        }
     }
-    return 1;
+    if (k == nf + (n % P ? 1 : 0)) return 1;
+    while (k-- > 0) page_unref(c, ids[k]);
+    return 0;
 }
 
-int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n,
-                    int32_t *pages_out, tl_pc_io *io) {
+int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
+                    int last, tl_pc_io *io) {
     int P = c->page_tokens, nf = n / P, np = nf + (n % P ? 1 : 0), rc = 0;
-    if (n <= 0 || np > c->n_page) return 0; /* longer than the whole budget */
+    if (n <= 0 || slot < 0 || slot >= c->pool->max_seqs || c->pool->np[slot] != np) return 0;
+    const int32_t *row = c->pool->table + (size_t)slot * c->pool->max_pages;
     uint64_t sh = tl_pc_salt_hash(salt);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(np + 1));
     uint64_t *hashes = malloc(sizeof(uint64_t) * (size_t)(nf + 1));
+    int si = -1;
     if (!ids || !hashes) goto out;
     int m = chain_walk(c, sh, tokens, n, ids, hashes);
     int same = snap_find_same(c, sh, salt, tokens, n, ids, m);
@@ -298,8 +312,13 @@ int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens,
         rc = 2;
         goto out;
     }
-    if (!plan_pages(c, sh, tokens, n, ids, hashes, m, pages_out)) goto out;
-    int si = free_snap(c);
+    for (int k = 0; k < m; k++) page_ref(c, ids[k]); /* kept through the evictions below */
+    si = take_snap(c);
+    if (si < 0) {
+        for (int k = m - 1; k >= 0; k--) page_unref(c, ids[k]);
+        goto out;
+    }
+    if (!plan_pages(c, sh, tokens, n, row, last, ids, hashes, m)) goto out;
     tl_pc_snap *s = &c->sn[si];
     s->pages = malloc(sizeof(int32_t) * (size_t)np);
     s->tail = malloc(sizeof(int32_t) * (size_t)(n % P + 1));
@@ -312,7 +331,13 @@ int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens,
     s->used = 1, s->salt = sh, s->n_tok = n, s->n_full = nf, s->lru = ++c->clock;
     memcpy(s->pages, ids, sizeof(int32_t) * np);
     memcpy(s->tail, tokens + (size_t)nf * P, sizeof(int32_t) * (n % P));
-    *io = (tl_pc_io){.n_tok = n, .n_pages = np, .page = pages_out, .snap = si};
+    *io = (tl_pc_io){.n_tok = n,
+                     .n_full = nf,
+                     .page = NULL,
+                     .part_src = n % P ? row[nf] : -1,
+                     .part_dst = n % P ? ids[nf] : -1,
+                     .part_rows = n % P && ids[nf] != row[nf] ? n % P : 0,
+                     .snap = si};
     rc = 1;
 out:
     free(ids);
@@ -339,6 +364,6 @@ void tl_pc_get_stats(const tl_prefix_cache *c, tl_pc_stats *out) {
     long used = 0;
     for (int i = 0; i < c->n_snap; i++) used += c->sn[i].used;
     out->snaps_used = used;
-    out->pages_used = c->n_page - c->n_free;
+    out->pages_used = c->n_held;
     out->bytes_used = used * (long long)c->snap_bytes + out->pages_used * (long long)c->page_bytes;
 }

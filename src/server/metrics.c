@@ -389,9 +389,9 @@ char *tl_metrics_render(tl_metrics *m, const tl_metrics_gauges *g) {
             "# HELP tulip_prefix_cache_snapshot_bytes State snapshot bytes in use.\n"
             "# TYPE tulip_prefix_cache_snapshot_bytes gauge\ntulip_prefix_cache_snapshot_bytes "
             "%lld\n"
-            "# HELP tulip_prefix_cache_used_bytes Snapshot and KV page bytes in use.\n"
+            "# HELP tulip_prefix_cache_used_bytes Snapshot and cached KV page bytes in use.\n"
             "# TYPE tulip_prefix_cache_used_bytes gauge\ntulip_prefix_cache_used_bytes %lld\n"
-            "# HELP tulip_prefix_cache_capacity_bytes The prefix cache's budget.\n"
+            "# HELP tulip_prefix_cache_capacity_bytes Snapshot budget plus the KV pool it shares.\n"
             "# TYPE tulip_prefix_cache_capacity_bytes gauge\ntulip_prefix_cache_capacity_bytes "
             "%lld\n",
             g->pc_queries, g->pc_hits, g->pc_hit_tokens, g->pc_evictions, g->pc_snap_bytes,

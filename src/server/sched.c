@@ -141,10 +141,10 @@ struct tl_sched {
     tl_sample_out *outs;     /* [max_seqs][1 + spec_k]: the step's samples */
 };
 
-static void snap_save(tl_sched *s, tl_job *j);
+static void snap_save(tl_sched *s, tl_job *j, int last);
 
 static void job_finish(tl_sched *s, tl_job *j, int fin, int st, const char *msg) {
-    if (j->sess && (fin == TL_FIN_STOP || fin == TL_FIN_LENGTH)) snap_save(s, j); /* §4.1 */
+    if (j->sess && (fin == TL_FIN_STOP || fin == TL_FIN_LENGTH)) snap_save(s, j, 1); /* §4.1 */
     if (j->sess) {
         int rc = tl_session_close(j->sess);
         j->sess = NULL;
@@ -279,11 +279,13 @@ static int job_after_sample(tl_sched *s, tl_job *j, tl_sample_out *o, double now
 
 static int is_decoding(const tl_job *j);
 
-/* Snapshots the job's session where it stands; a failure only costs the snapshot. */
-static void snap_save(tl_sched *s, tl_job *j) {
+/* Snapshots the job's session where it stands; a failure only costs the snapshot. last: the
+ * session is closed next (its partial page goes to the cache instead of being copied). */
+static void snap_save(tl_sched *s, tl_job *j, int last) {
     if (!s->pc_on || !j->sess) return;
     char err[256];
-    int rc = tl_session_prefix_save(j->sess, j->cache_salt, err, sizeof err);
+    int rc = last ? tl_session_prefix_save_last(j->sess, j->cache_salt, err, sizeof err)
+                  : tl_session_prefix_save(j->sess, j->cache_salt, err, sizeof err);
     if (rc < 0) fprintf(stderr, "tulip: prefix cache snapshot failed: %s\n", err);
 }
 
@@ -420,7 +422,7 @@ static long start_pages(const tl_sched *s, const tl_job *j) {
  * wait. */
 static void preempt(tl_sched *s, int idx) {
     tl_job *j = s->running[idx];
-    snap_save(s, j); /* readmitted, it restores this instead of recomputing (§4.1) */
+    snap_save(s, j, 1); /* readmitted, it restores this instead of recomputing (§4.1) */
     tl_session_save(j->sess, &j->snap);
     int rc = tl_session_close(j->sess);
     j->sess = NULL;
@@ -737,7 +739,7 @@ static void deliver(tl_sched *s, int n) {
         tl_job *j = s->entry_job[i];
         if (s->entries[i].tokens != &j->next_tok) {
             j->n_fed += s->entries[i].n_tok;
-            if (s->pc_on && j->n_fed == next_snap_point(s, j, j->n_fed - 1)) snap_save(s, j);
+            if (s->pc_on && j->n_fed == next_snap_point(s, j, j->n_fed - 1)) snap_save(s, j, 0);
         }
         /* with speculation a step may emit several tokens (§3.6); a job that ends on one
          * drops the rest (its session closes) */

@@ -504,7 +504,65 @@ static void test_all_or_nothing(void) {
     tl_kv_pages_free(&p);
 }
 
+/* Sharing (the prefix cache's use, kv_pages.h): a hand-worked sequence of hold, map, take,
+ * release and unhold with the references, free and idle counts after each, and the reclaim hook:
+ * called with the pages needed when the free ones are short but the idle ones would do, not
+ * called when even they would not. */
+typedef struct {
+    tl_kv_pages *p;
+    int calls, last_need;
+    int32_t drop[4];
+    int n_drop;
+} reclaim_log;
+
+static void reclaim_cb(void *ctx, int need) {
+    reclaim_log *r = ctx;
+    r->calls++, r->last_need = need;
+    while (r->n_drop > 0 && r->p->n_free < need) tl_kv_pages_unhold(r->p, r->drop[--r->n_drop]);
+}
+
+static void test_sharing(void) {
+    tl_kv_pages p;
+    char err[256];
+    CHECK_EQ_INT(tl_kv_pages_init(&p, 6, 3, 4, 10, NULL, err, sizeof err), 0);
+    reclaim_log rl = {.p = &p};
+    p.reclaim = reclaim_cb, p.reclaim_ctx = &rl;
+    int s0 = 0, l0 = 25;
+    CHECK_EQ_INT(tl_kv_pages_reserve(&p, &s0, &l0, 1, NULL, err, sizeof err), 0); /* 3 pages */
+    int32_t a = p.table[0], b = p.table[1];
+    tl_kv_pages_hold(&p, a), tl_kv_pages_hold(&p, b); /* the cache shares slot 0's pages */
+    CHECK(p.refs[a] == 2 && p.refs[b] == 2 && p.n_idle == 0 && p.n_free == 3);
+    int32_t c = tl_kv_pages_take(&p); /* a page of the cache's own: idle */
+    CHECK(c >= 0 && p.refs[c] == 1 && p.held[c] && p.n_idle == 1 && p.n_free == 2);
+    int32_t ids[2] = {a, b};
+    CHECK_EQ_INT(tl_kv_pages_map(&p, 1, ids, 2, err, sizeof err), 0);
+    CHECK(p.np[1] == 2 && p.table[4] == a && p.table[5] == b && p.refs[a] == 3);
+    CHECK(tl_kv_pages_map(&p, 1, ids, 2, err, sizeof err) == TL_ERR_INVALID); /* not empty */
+    int32_t bad[1] = {p.free_pg[0]};
+    CHECK(tl_kv_pages_map(&p, 2, bad, 1, err, sizeof err) == TL_ERR_INVALID); /* a free page */
+    tl_kv_pages_release(&p, 0);
+    CHECK(p.refs[a] == 2 && p.n_free == 3 && p.n_idle == 1); /* slot 0's third page came back */
+    tl_kv_pages_release(&p, 1);
+    CHECK(p.refs[a] == 1 && p.n_idle == 3 && p.n_free == 3 && tl_kv_pages_available(&p) == 6);
+    /* 4 pages for slot 2: one short, the hook drops c (the last listed) and that is enough */
+    rl.drop[0] = a, rl.drop[1] = b, rl.drop[2] = c, rl.n_drop = 3;
+    int s2 = 2, l2 = 40;
+    CHECK_EQ_INT(tl_kv_pages_reserve(&p, &s2, &l2, 1, NULL, err, sizeof err), 0);
+    CHECK(rl.calls == 1 && rl.last_need == 4 && rl.n_drop == 2 && !p.held[c]);
+    CHECK(p.n_free == 0 && p.n_idle == 2);
+    /* 3 more than available: no call, nothing changes */
+    int s1 = 1, l1 = 30;
+    CHECK(tl_kv_pages_reserve(&p, &s1, &l1, 1, NULL, err, sizeof err) == TL_ERR_CONTEXT_FULL);
+    CHECK(rl.calls == 1 && p.n_idle == 2);
+    tl_kv_pages_unhold(&p, a), tl_kv_pages_unhold(&p, b);
+    tl_kv_pages_release(&p, 2);
+    CHECK(p.n_free == 6 && p.n_idle == 0);
+    check_ownership(&p);
+    tl_kv_pages_free(&p);
+}
+
 int main(void) {
+    T_RUN(test_sharing);
     T_RUN(test_truncate);
     T_RUN(test_init_args);
     T_RUN(test_caller_table);

@@ -36,117 +36,230 @@ static void rand_tokens(int32_t *t, int n, int vocab, uint64_t *s) {
     for (int i = 0; i < n; i++) t[i] = (int32_t)(rng_next(s) % (uint64_t)vocab);
 }
 
-/* ====== Bookkeeping alone. ====== */
+/* ====== Bookkeeping alone: the cache over a KV pool (kv_pages.h), slots as sequences. ====== */
 
-static tl_prefix_cache make_cache(int n_page, int n_snap) {
+typedef struct bk {
+    tl_kv_pages pool;
     tl_prefix_cache c;
+} bk;
+
+static void bk_open(bk *k, int n_page, int n_slot, int n_snap) {
     char err[256];
-    CHECK_EQ_INT(tl_pc_init(&c, n_page, n_snap, P, 100, 1000, err, sizeof err), 0);
-    return c;
+    CHECK_EQ_INT(tl_kv_pages_init(&k->pool, n_page, n_slot, 16, P, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_pc_init(&k->c, &k->pool, n_snap, 100, 1000, err, sizeof err), 0);
 }
 
-static int save(tl_prefix_cache *c, const char *salt, const int32_t *t, int n, int32_t *pages,
-                tl_pc_io *io) {
-    int rc = tl_pc_plan_save(c, salt, t, n, pages, io);
-    if (rc == 1) tl_pc_commit(c, io);
+static void bk_close(bk *k) {
+    tl_pc_free(&k->c);
+    tl_kv_pages_free(&k->pool);
+}
+
+/* Slot `slot` (empty) computes t[0..n) (its own pages), is snapshotted, then released. */
+static int save_in(bk *k, int slot, const char *salt, const int32_t *t, int n, tl_pc_io *io) {
+    char err[256];
+    CHECK_EQ_INT(tl_kv_pages_reserve(&k->pool, &slot, &n, 1, NULL, err, sizeof err), 0);
+    int rc = tl_pc_plan_save(&k->c, salt, t, n, slot, 0, io);
+    if (rc == 1) tl_pc_commit(&k->c, io);
+    tl_kv_pages_release(&k->pool, slot);
+    return rc;
+}
+
+static int save(bk *k, const char *salt, const int32_t *t, int n, tl_pc_io *io) {
+    return save_in(k, 0, salt, t, n, io);
+}
+
+/* What a backend's cache_load does with the pool: the shared pages mapped, a page of the slot's
+ * own for the rest (its partial page). */
+static int load_into(bk *k, int slot, const tl_pc_io *io) {
+    char err[256];
+    int rc = tl_kv_pages_map(&k->pool, slot, io->page, io->n_full, err, sizeof err);
+    int n = io->n_tok;
+    if (!rc) rc = tl_kv_pages_reserve(&k->pool, &slot, &n, 1, NULL, err, sizeof err);
     return rc;
 }
 
 static void test_layout(void) {
-    int np = 0, ns = 0;
+    int ns = 0;
     char err[256] = "";
-    CHECK_EQ_INT(tl_pc_layout(10000, 100, 1000, &np, &ns, err, sizeof err), 0);
-    CHECK_EQ_INT(ns, 5);  /* half the budget: 5000 / 1000 */
-    CHECK_EQ_INT(np, 50); /* the rest: 5000 / 100 */
-    CHECK(tl_pc_layout(1199, 100, 1000, &np, &ns, err, sizeof err) == TL_ERR_INVALID);
-    CHECK(strstr(err, "at least 1200") != NULL);
-    CHECK_EQ_INT(tl_pc_layout(1200, 100, 1000, &np, &ns, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_pc_layout(10500, 1000, &ns, err, sizeof err), 0);
+    CHECK_EQ_INT(ns, 10); /* the whole budget holds snapshot states; KV pages are the pool's */
+    CHECK(tl_pc_layout(999, 1000, &ns, err, sizeof err) == TL_ERR_INVALID);
+    CHECK(strstr(err, "at least 1000") != NULL);
+    CHECK_EQ_INT(tl_pc_layout(1000, 1000, &ns, err, sizeof err), 0);
     CHECK_EQ_INT(ns, 1);
-    CHECK_EQ_INT(np, 2);
 }
 
 static void test_chain_and_partial(void) {
-    tl_prefix_cache c = make_cache(16, 4);
-    int32_t a[200], b[200], pages[8], got[8];
+    bk k;
+    bk_open(&k, 16, 2, 4);
+    tl_prefix_cache *c = &k.c;
+    int32_t a[200], b[200], got[8];
     uint64_t s = 1;
     rand_tokens(a, 200, 50, &s);
     memcpy(b, a, sizeof a);
     b[150] = (a[150] + 1) % 50; /* b shares a's first 150 tokens */
     tl_pc_io io;
-    CHECK_EQ_INT(save(&c, NULL, a, 150, pages, &io), 1); /* 2 full pages + 22 tokens */
-    CHECK_EQ_INT(io.n_pages, 3);
-    CHECK(pages[0] >= 0 && pages[1] >= 0 && pages[2] >= 0);
-    CHECK_EQ_INT(c.n_free, 13);
-    CHECK_EQ_INT(save(&c, NULL, a, 150, pages, &io), 2); /* the same snapshot again */
-    /* b up to 170: its first two pages are a's (nothing to copy), page 2 differs from a's partial
-     * page after token 150, so it is new, and its own partial page too */
-    CHECK_EQ_INT(save(&c, NULL, b, 170, pages, &io), 1);
-    CHECK_EQ_INT(pages[0], -1);
-    CHECK_EQ_INT(pages[1], -1);
-    CHECK(pages[2] >= 0);
-    CHECK_EQ_INT(c.n_free, 12);
+    /* a at 150: the slot's 2 full pages are published (no copy), its partial page (22 rows)
+     * copied into a new page */
+    int slot = 0, n = 150;
+    char err[256];
+    CHECK_EQ_INT(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err), 0);
+    int32_t own[3];
+    memcpy(own, k.pool.table, sizeof own);
+    CHECK_EQ_INT(tl_pc_plan_save(c, NULL, a, 150, 0, 0, &io), 1);
+    tl_pc_commit(c, &io);
+    CHECK_EQ_INT(io.n_full, 2);
+    CHECK_EQ_INT(io.part_rows, 22);
+    CHECK_EQ_INT(io.part_src, own[2]);
+    CHECK(io.part_dst >= 0 && io.part_dst != own[0] && io.part_dst != own[1] &&
+          io.part_dst != own[2]);
+    CHECK(k.pool.refs[own[0]] == 2 && k.pool.refs[own[1]] == 2 && k.pool.refs[own[2]] == 1);
+    CHECK(k.pool.held[own[0]] && k.pool.held[own[1]] && !k.pool.held[own[2]]);
+    CHECK_EQ_INT(k.pool.n_free, 12); /* the slot's 3 pages and the partial copy */
+    CHECK_EQ_INT(k.pool.n_idle, 1);  /* the partial copy: only the cache holds it */
+    tl_kv_pages_release(&k.pool, 0);
+    CHECK_EQ_INT(k.pool.n_free, 13); /* the slot's partial page came back, the rest is cached */
+    CHECK_EQ_INT(k.pool.n_idle, 3);
+    CHECK_EQ_INT(tl_kv_pages_available(&k.pool), 16);
+    CHECK_EQ_INT(save(&k, NULL, a, 150, &io), 2); /* the same snapshot again */
+    CHECK_EQ_INT(k.pool.n_free, 13);              /* the slot's duplicate pages went back */
+    /* b up to 170: its first two pages are a's (referenced, the slot's own copies stay private and
+     * go back), its partial page of 42 rows is new */
+    CHECK_EQ_INT(save(&k, NULL, b, 170, &io), 1);
+    CHECK_EQ_INT(io.part_rows, 42);
+    CHECK_EQ_INT(k.pool.n_free, 12);
+    CHECK_EQ_INT(k.c.pg[own[0]].refs, 2); /* both snapshots use a's first pages */
+    /* a last save (the slot closes next): the slot's own partial page is kept, nothing copied */
+    slot = 1, n = 100;
+    CHECK_EQ_INT(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err), 0);
+    int32_t last_own = k.pool.table[k.pool.max_pages + 1];
+    int32_t e100[100]; /* a's first page, then its own tokens */
+    memcpy(e100, a, sizeof e100);
+    e100[99] = (a[99] + 1) % 50;
+    CHECK_EQ_INT(tl_pc_plan_save(c, NULL, e100, 100, 1, 1, &io), 1);
+    tl_pc_commit(c, &io);
+    CHECK(io.part_rows == 0 && io.part_dst == last_own && k.pool.held[last_own]);
+    tl_kv_pages_release(&k.pool, 1);
+    CHECK(k.pool.refs[last_own] == 1 && k.pool.held[last_own]); /* cached, idle */
+    CHECK_EQ_INT(k.pool.n_free, 11); /* its first page went back: a's is cached */
     /* lookups: a's prompt of 200 finds a at 150 (b diverges at 150); b's finds b's 170 */
-    CHECK(tl_pc_lookup(&c, NULL, a, 200, 200, got, &io) >= 0);
+    CHECK(tl_pc_lookup(c, NULL, a, 200, 200, got, &io) >= 0);
     CHECK_EQ_INT(io.n_tok, 150);
-    CHECK(tl_pc_lookup(&c, NULL, b, 200, 200, got, &io) >= 0);
+    CHECK(io.page[0] == own[0] && io.page[1] == own[1]);
+    CHECK(tl_pc_lookup(c, NULL, b, 200, 200, got, &io) >= 0);
     CHECK_EQ_INT(io.n_tok, 170);
     /* max_len below 170 gives a's 150 for b too (the same first 150 tokens) */
-    CHECK(tl_pc_lookup(&c, NULL, b, 200, 169, got, &io) >= 0);
+    CHECK(tl_pc_lookup(c, NULL, b, 200, 169, got, &io) >= 0);
     CHECK_EQ_INT(io.n_tok, 150);
     /* a prompt that differs in the first page finds nothing */
     int32_t d[200];
     memcpy(d, a, sizeof a);
     d[3] = (a[3] + 1) % 50;
-    CHECK(tl_pc_lookup(&c, NULL, d, 200, 200, got, &io) < 0);
+    CHECK(tl_pc_lookup(c, NULL, d, 200, 200, got, &io) < 0);
     /* one that ends inside a's partial page finds nothing longer than it */
-    CHECK(tl_pc_lookup(&c, NULL, a, 149, 149, got, &io) < 0);
+    CHECK(tl_pc_lookup(c, NULL, a, 149, 149, got, &io) < 0);
     tl_pc_stats st;
-    tl_pc_get_stats(&c, &st);
+    tl_pc_get_stats(c, &st);
     CHECK_EQ_INT(st.queries, 5);
     CHECK_EQ_INT(st.hits, 3);
     CHECK_EQ_INT(st.hit_tokens, 150 + 170 + 150);
-    tl_pc_free(&c);
+    CHECK_EQ_INT(st.pages_used, 5);
+    tl_pc_clear(c);
+    CHECK_EQ_INT(k.pool.n_free, 16);
+    bk_close(&k);
+}
+
+/* Two sequences started from one snapshot hold the same page ids (read-only), each its own copy
+ * of the partial page; the refcounts count both slots and the cache; eviction while they run
+ * frees none of their pages; their release leaves the pages cached (idle) or frees them. */
+static void test_sharing(void) {
+    bk k;
+    bk_open(&k, 16, 3, 4);
+    int32_t a[200], got[8];
+    uint64_t s = 4;
+    rand_tokens(a, 200, 50, &s);
+    tl_pc_io io;
+    CHECK_EQ_INT(save_in(&k, 2, NULL, a, 150, &io), 1);
+    int part = io.part_dst;
+    for (int slot = 0; slot < 2; slot++) {
+        CHECK(tl_pc_lookup(&k.c, NULL, a, 200, 199, got, &io) >= 0);
+        CHECK_EQ_INT(load_into(&k, slot, &io), 0);
+    }
+    const int32_t *r0 = k.pool.table, *r1 = k.pool.table + k.pool.max_pages;
+    CHECK(r0[0] == got[0] && r1[0] == got[0] && r0[1] == got[1] && r1[1] == got[1]);
+    CHECK(k.pool.refs[got[0]] == 3 && k.pool.refs[got[1]] == 3);
+    CHECK(r0[2] != r1[2] && r0[2] != part && r1[2] != part); /* partial pages: own copies */
+    CHECK_EQ_INT(k.pool.n_idle, 1);                          /* the cache's partial page */
+    CHECK_EQ_INT(tl_kv_pages_available(&k.pool), 16 - 4);
+    /* the pool needs every available page: the snapshot is evicted, the shared pages stay */
+    int slot = 2, n = 12 * P;
+    char err[256];
+    CHECK_EQ_INT(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(k.c.st.evictions, 1);
+    CHECK(k.pool.refs[got[0]] == 2 && !k.pool.held[got[0]]);
+    CHECK(tl_pc_lookup(&k.c, NULL, a, 200, 199, got, &io) < 0);
+    CHECK_EQ_INT(k.pool.n_free, 0);
+    /* one page more is one too many: nothing left to evict, nothing changed */
+    n = 13 * P;
+    CHECK(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err) == TL_ERR_CONTEXT_FULL);
+    for (int i = 0; i < 3; i++) tl_kv_pages_release(&k.pool, i);
+    CHECK_EQ_INT(k.pool.n_free, 16);
+    bk_close(&k);
 }
 
 static void test_salt(void) {
-    tl_prefix_cache c = make_cache(16, 4);
+    bk k;
+    bk_open(&k, 16, 1, 4);
     int32_t a[100], pages[4];
     uint64_t s = 2;
     rand_tokens(a, 100, 50, &s);
     tl_pc_io io;
-    CHECK_EQ_INT(save(&c, "alice", a, 70, pages, &io), 1);
-    CHECK(tl_pc_lookup(&c, "bob", a, 100, 100, pages, &io) < 0);
-    CHECK(tl_pc_lookup(&c, NULL, a, 100, 100, pages, &io) < 0);
-    CHECK(tl_pc_lookup(&c, "alice", a, 100, 100, pages, &io) >= 0);
-    CHECK_EQ_INT(save(&c, "", a, 70, pages, &io), 1);            /* no salt: a different snapshot */
-    CHECK(pages[0] >= 0);                                        /* and pages of its own */
-    CHECK(tl_pc_lookup(&c, NULL, a, 100, 100, pages, &io) >= 0); /* NULL == "" */
-    tl_pc_free(&c);
+    CHECK_EQ_INT(save(&k, "alice", a, 70, &io), 1);
+    CHECK(tl_pc_lookup(&k.c, "bob", a, 100, 100, pages, &io) < 0);
+    CHECK(tl_pc_lookup(&k.c, NULL, a, 100, 100, pages, &io) < 0);
+    CHECK(tl_pc_lookup(&k.c, "alice", a, 100, 100, pages, &io) >= 0);
+    int alice0 = pages[0];
+    CHECK_EQ_INT(save(&k, "", a, 70, &io), 1); /* no salt: a different snapshot */
+    CHECK(tl_pc_lookup(&k.c, NULL, a, 100, 100, pages, &io) >= 0); /* NULL == "" */
+    CHECK(pages[0] != alice0);                                     /* and pages of its own */
+    bk_close(&k);
 }
 
+/* LRU order over snapshots, and the pool's demand evicting the least recently used first. */
 static void test_lru(void) {
-    tl_prefix_cache c = make_cache(64, 3);
+    bk k;
+    bk_open(&k, 64, 2, 3);
     int32_t t[5][80], pages[4];
     uint64_t s = 3;
     for (int i = 0; i < 5; i++) rand_tokens(t[i], 80, 50, &s);
     tl_pc_io io;
-    for (int i = 0; i < 3; i++) CHECK_EQ_INT(save(&c, NULL, t[i], 80, pages, &io), 1);
-    CHECK(tl_pc_lookup(&c, NULL, t[0], 80, 80, pages, &io) >= 0); /* 0 is now the newest */
-    CHECK_EQ_INT(save(&c, NULL, t[3], 80, pages, &io), 1);        /* evicts 1 */
-    CHECK(tl_pc_lookup(&c, NULL, t[1], 80, 80, pages, &io) < 0);
-    CHECK(tl_pc_lookup(&c, NULL, t[0], 80, 80, pages, &io) >= 0);
-    CHECK(tl_pc_lookup(&c, NULL, t[2], 80, 80, pages, &io) >= 0);
-    CHECK_EQ_INT(save(&c, NULL, t[4], 80, pages, &io), 1); /* evicts 3, the least recent */
-    CHECK(tl_pc_lookup(&c, NULL, t[3], 80, 80, pages, &io) < 0);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(save(&k, NULL, t[i], 80, &io), 1);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[0], 80, 80, pages, &io) >= 0); /* 0 is now the newest */
+    CHECK_EQ_INT(save(&k, NULL, t[3], 80, &io), 1);                 /* evicts 1 */
+    CHECK(tl_pc_lookup(&k.c, NULL, t[1], 80, 80, pages, &io) < 0);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[0], 80, 80, pages, &io) >= 0);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[2], 80, 80, pages, &io) >= 0);
+    CHECK_EQ_INT(save(&k, NULL, t[4], 80, &io), 1); /* evicts 3, the least recent */
+    CHECK(tl_pc_lookup(&k.c, NULL, t[3], 80, 80, pages, &io) < 0);
     tl_pc_stats st;
-    tl_pc_get_stats(&c, &st);
+    tl_pc_get_stats(&k.c, &st);
     CHECK_EQ_INT(st.evictions, 2);
     CHECK_EQ_INT(st.pages_used, 3 * 2);
-    /* longer than the whole budget of pages: not saved */
-    int32_t big[64 * 70];
-    rand_tokens(big, 64 * 70, 50, &s);
-    CHECK_EQ_INT(save(&c, NULL, big, 64 * 70, NULL, &io), 0);
-    tl_pc_free(&c);
+    /* the pool wants 60 of its 64 pages: 58 are free, so one snapshot goes (the least recent: 2) */
+    int slot = 1, n = 60 * P;
+    char err[256];
+    tl_kv_pages_free(&k.pool);
+    tl_pc_free(&k.c);
+    CHECK_EQ_INT(tl_kv_pages_init(&k.pool, 64, 2, 64, P, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_pc_init(&k.c, &k.pool, 3, 100, 1000, err, sizeof err), 0);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(save(&k, NULL, t[i], 80, &io), 1);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[0], 80, 80, pages, &io) >= 0); /* 1 is the least recent */
+    CHECK_EQ_INT(tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(k.c.st.evictions, 1);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[1], 80, 80, pages, &io) < 0);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[0], 80, 80, pages, &io) >= 0);
+    CHECK(tl_pc_lookup(&k.c, NULL, t[2], 80, 80, pages, &io) >= 0);
+    bk_close(&k);
 }
 
 /* The random stress's oracle: what the test saved in each snapshot slot. */
@@ -164,41 +277,58 @@ static int common_prefix(const int32_t *a, const int32_t *b, int n) {
     return i;
 }
 
-/* Every live snapshot against the record of its slot; refcounts against the snapshots. */
-static void check_invariants(tl_prefix_cache *c, const rec *recs) {
-    int *refs = calloc((size_t)c->n_page, sizeof(int));
+/* Every live snapshot against the record of its slot; refcounts against the snapshots and the
+ * slots' tables; the pool's counts. */
+static void check_invariants(bk *k, const rec *recs) {
+    tl_prefix_cache *c = &k->c;
+    tl_kv_pages *pool = &k->pool;
+    int *refs = calloc((size_t)c->n_page, sizeof(int)), *srefs = calloc((size_t)c->n_page, 4);
     for (int i = 0; i < c->n_snap; i++) {
         const tl_pc_snap *s = &c->sn[i];
         if (!s->used) continue;
         const rec *r = &recs[i];
         CHECK_EQ_INT(s->n_tok, r->n);
         int np = s->n_full + (s->n_tok % P ? 1 : 0), ok = 1;
-        for (int k = 0; k < np; k++) refs[s->pages[k]]++;
-        for (int k = 0; k < s->n_full; k++) {
-            ok &= !memcmp(c->pg_tok + (size_t)s->pages[k] * P, r->tok + k * P, P * 4);
-            ok &= c->pg[s->pages[k]].parent == (k ? s->pages[k - 1] : -1);
-            ok &= c->pg[s->pages[k]].full == 1;
+        for (int q = 0; q < np; q++) refs[s->pages[q]]++;
+        for (int q = 0; q < s->n_full; q++) {
+            ok &= !memcmp(c->pg_tok + (size_t)s->pages[q] * P, r->tok + q * P, P * 4);
+            ok &= c->pg[s->pages[q]].parent == (q ? s->pages[q - 1] : -1);
+            ok &= c->pg[s->pages[q]].full == 1;
         }
         ok &= !memcmp(s->tail, r->tok + s->n_full * P, (size_t)(s->n_tok % P) * 4);
         ok &= s->salt == tl_pc_salt_hash(SALTS[r->salt]);
         CHECK(ok);
     }
-    int n_free = 0;
+    for (int sl = 0; sl < pool->max_seqs; sl++)
+        for (int q = 0; q < pool->np[sl]; q++) srefs[pool->table[sl * pool->max_pages + q]]++;
+    int n_free = 0, n_idle = 0, n_held = 0;
     for (int p = 0; p < c->n_page; p++) {
         CHECK_EQ_INT(c->pg[p].refs, refs[p]);
-        n_free += refs[p] == 0;
+        CHECK_EQ_INT(pool->held[p], refs[p] > 0);
+        CHECK_EQ_INT(pool->refs[p], srefs[p] + (refs[p] > 0));
+        n_free += pool->refs[p] == 0;
+        n_idle += refs[p] > 0 && srefs[p] == 0;
+        n_held += refs[p] > 0;
     }
-    CHECK_EQ_INT(c->n_free, n_free);
-    free(refs);
+    CHECK_EQ_INT(pool->n_free, n_free);
+    CHECK_EQ_INT(pool->n_idle, n_idle);
+    CHECK_EQ_INT(c->n_held, n_held);
+    free(refs), free(srefs);
 }
 
+/* Saves (slot 0) and lookups at random under pressure, while slot 1 holds a loaded prefix for a
+ * while (a running sequence): its pages must keep their content (a published page in its table
+ * still holds the tokens it loaded) and never be free. */
 static void test_random_stress(void) {
-    tl_prefix_cache c = make_cache(40, 6);
-    rec *recs = calloc((size_t)c.n_snap, sizeof(rec));
-    int32_t base[3][400], q[400], pages[8];
+    bk k;
+    bk_open(&k, 40, 2, 6);
+    tl_prefix_cache *c = &k.c;
+    rec *recs = calloc((size_t)c->n_snap, sizeof(rec));
+    int32_t base[3][400], q[400], pages[8], run_tok[400];
+    int run_n = 0, run_left = 0;
     uint64_t s = 99;
     for (int b = 0; b < 3; b++) rand_tokens(base[b], 400, 4, &s); /* few symbols: many shares */
-    long hits = 0;
+    long hits = 0, runs = 0;
     for (int it = 0; it < 3000; it++) {
         /* a query: one base with a random tail from a random point */
         int b = (int)(rng_next(&s) % 3), cut = (int)(rng_next(&s) % 400),
@@ -208,49 +338,84 @@ static void test_random_stress(void) {
         int n = 1 + (int)(rng_next(&s) % 399);
         tl_pc_io io;
         if (rng_next(&s) % 2) {
-            int rc = tl_pc_plan_save(&c, SALTS[salt], q, n, pages, &io);
+            int slot = 0;
+            char err[256];
+            if (tl_kv_pages_reserve(&k.pool, &slot, &n, 1, NULL, err, sizeof err)) continue;
+            int last = (int)(rng_next(&s) % 2); /* the slot is released next either way */
+            int rc = tl_pc_plan_save(c, SALTS[salt], q, n, 0, last, &io);
+            if (rc == 1 && last)
+                CHECK(io.part_rows == 0 && (n % P == 0 || io.part_dst == io.part_src));
             if (rc == 1 && rng_next(&s) % 10 == 0) {
-                tl_pc_abort(&c, &io); /* a failed backend copy */
+                tl_pc_abort(c, &io); /* a failed backend copy */
             } else if (rc == 1) {
-                tl_pc_commit(&c, &io);
+                tl_pc_commit(c, &io);
                 memcpy(recs[io.snap].tok, q, sizeof(int32_t) * n);
                 recs[io.snap].n = n, recs[io.snap].salt = salt;
             }
+            tl_kv_pages_release(&k.pool, 0);
         } else {
             int max_len = 1 + (int)(rng_next(&s) % 400), want = 0;
-            for (int i = 0; i < c.n_snap; i++) /* the oracle: longest live prefix */
-                if (c.sn[i].used && recs[i].salt == salt && recs[i].n <= max_len &&
+            for (int i = 0; i < c->n_snap; i++) /* the oracle: longest live prefix */
+                if (c->sn[i].used && recs[i].salt == salt && recs[i].n <= max_len &&
                     recs[i].n <= n && common_prefix(recs[i].tok, q, recs[i].n) == recs[i].n)
                     want = TL_MAX(want, recs[i].n);
-            int got = tl_pc_lookup(&c, SALTS[salt], q, n, max_len, pages, &io) >= 0 ? io.n_tok : 0;
+            int got = tl_pc_lookup(c, SALTS[salt], q, n, max_len, pages, &io) >= 0 ? io.n_tok : 0;
             CHECK_EQ_INT(got, want);
             hits += got > 0;
+            if (got > 0 && run_left == 0) {
+                c->pinned = io.snap;
+                int rc = load_into(&k, 1, &io);
+                c->pinned = -1;
+                if (!rc) {
+                    memcpy(run_tok, q, sizeof(int32_t) * got);
+                    run_n = got, run_left = 1 + (int)(rng_next(&s) % 20), runs++;
+                } else
+                    tl_kv_pages_release(&k.pool, 1);
+            }
         }
-        check_invariants(&c, recs);
+        if (run_left > 0) { /* the running sequence's pages: held, and what it loaded */
+            const int32_t *row = k.pool.table + k.pool.max_pages;
+            for (int p = 0; p < run_n / P; p++) {
+                CHECK(k.pool.refs[row[p]] >= 1);
+                if (c->pg[row[p]].full)
+                    CHECK(!memcmp(c->pg_tok + (size_t)row[p] * P, run_tok + p * P, P * 4));
+            }
+            if (--run_left == 0) tl_kv_pages_release(&k.pool, 1);
+        }
+        check_invariants(&k, recs);
         if (t_fail_checks) break;
     }
+    fprintf(stderr, "  stress: %ld hits, %ld runs, %lld evictions, %lld saves\n", hits, runs,
+            c->st.evictions, c->st.saves);
     CHECK(hits > 100); /* the stress exercised hits, not only misses */
-    CHECK(c.st.evictions > 100);
-    tl_pc_clear(&c);
-    CHECK_EQ_INT(c.n_free, c.n_page);
+    CHECK(runs > 50);
+    CHECK(c->st.evictions > 100);
+    tl_kv_pages_release(&k.pool, 1);
+    tl_pc_clear(c);
+    CHECK_EQ_INT(k.pool.n_free, k.pool.n_page);
     free(recs);
-    tl_pc_free(&c);
+    bk_close(&k);
 }
 
 /* ====== The engine on the tiny model. ====== */
 
-static tl_engine *open_engine(int max_seqs, long long pc_bytes) {
+static tl_engine *open_engine_kv(int max_seqs, long long pc_bytes, long kv_tokens) {
     tl_engine_params ep = {.model_path = MODEL,
                            .backend = TL_BACKEND_CPU,
                            .allow_test_shape = 1,
                            .n_threads = 1,
                            .max_seqs = max_seqs,
                            .max_ctx = 512,
+                           .kv_tokens = kv_tokens,
                            .prefix_cache_bytes = pc_bytes};
     char err[512];
     tl_engine *e = NULL;
     if (tl_engine_open(&e, &ep, err, sizeof err)) fprintf(stderr, "tl_engine_open: %s\n", err);
     return e;
+}
+
+static tl_engine *open_engine(int max_seqs, long long pc_bytes) {
+    return open_engine_kv(max_seqs, pc_bytes, 0);
 }
 
 /* Feeds t[0..n) to s in chunks of `chunk`, the last one with logits into `logits` (if set). */
@@ -326,7 +491,14 @@ static void run_saving(tl_engine *e, const char *salt, const int32_t *t, const i
     for (int i = 0; i < n_at; i++) {
         CHECK_EQ_INT(feed(e, s, t + done, at[i] - done, 50, NULL), 0);
         done = at[i];
-        CHECK_EQ_INT(tl_session_prefix_save(s, salt, err, sizeof err), 1);
+        if (i < n_at - 1) {
+            CHECK_EQ_INT(tl_session_prefix_save(s, salt, err, sizeof err), 1);
+            continue;
+        }
+        /* the last one as the scheduler saves a finishing sequence: its last page kept */
+        CHECK_EQ_INT(tl_session_prefix_save_last(s, salt, err, sizeof err), 1);
+        tl_batch_entry b = {.sess = s, .tokens = t, .n_tok = 1};
+        CHECK(tl_engine_step(e, &b, 1, err, sizeof err) == TL_ERR_INVALID); /* sealed */
     }
     tl_session_close(s);
 }
@@ -369,6 +541,57 @@ static void test_engine_cached_equals_uncached(void) {
     CHECK(st.bytes_used > 0 && st.bytes_used <= st.bytes_total);
     free(la);
     free(lb);
+    tl_engine_close(e);
+}
+
+/* Two sessions started from one snapshot, running side by side: their page tables hold the same
+ * pool pages for the shared full pages (refcount: both and the cache), each its own last page;
+ * interleaved, each gives the tokens and logits of the uncached run (the CPU backend's reset
+ * also checks that no page a session held was overwritten: backend_cpu.c store_check). */
+static void test_engine_sharing(void) {
+    tl_engine *e = open_engine(3, 0);
+    if (!e) return;
+    int V = tl_engine_config(e)->n_vocab;
+    tl_kv_pages *pool = tl_engine_backend_impl(e)->kv_pool(tl_engine_backend_impl(e));
+    int32_t t[300], ta[GEN], tb[2][GEN];
+    float *la = malloc(sizeof(float) * V * GEN), *lb = malloc(sizeof(float) * V * GEN * 2);
+    float *lg = malloc(sizeof(float) * V * 2);
+    uint64_t s = 17;
+    rand_tokens(t, 300, V, &s);
+    int at[] = {200};
+    run_saving(e, NULL, t, at, 1);
+    char err[256];
+    tl_session *x[2];
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_INT(tl_session_open(e, &x[k], err, sizeof err), 0);
+        CHECK_EQ_INT(tl_session_prefix_load(x[k], NULL, t, 260, 259, err, sizeof err), 200);
+    }
+    int sl[2], n = 0; /* the two slots holding pages */
+    for (int i = 0; i < pool->max_seqs && n < 2; i++)
+        if (pool->np[i]) sl[n++] = i;
+    CHECK_EQ_INT(n, 2);
+    const int32_t *r0 = pool->table + sl[0] * pool->max_pages,
+                  *r1 = pool->table + sl[1] * pool->max_pages;
+    CHECK(pool->np[sl[0]] == 4 && pool->np[sl[1]] == 4);
+    for (int k = 0; k < 3; k++)
+        CHECK(r0[k] == r1[k] && pool->refs[r0[k]] == 3 && pool->held[r0[k]]);
+    CHECK(r0[3] != r1[3] && pool->refs[r0[3]] == 1 && pool->refs[r1[3]] == 1);
+    for (int i = 200; i < 260; i += 7) /* interleaved chunks */
+        for (int k = 0; k < 2; k++)
+            CHECK_EQ_INT(feed(e, x[k], t + i, TL_MIN(7, 260 - i), 7, lg + (size_t)k * V), 0);
+    for (int k = 0; k < 2; k++) /* greedy, one after the other, the other still open */
+        greedy(e, x[k], lg + (size_t)k * V, V, GEN, tb[k], lb + (size_t)k * V * GEN);
+    for (int k = 0; k < 2; k++) tl_session_close(x[k]);
+    uncached(e, t, 260, GEN, ta, la);
+    for (int k = 0; k < 2; k++) {
+        CHECK(!memcmp(ta, tb[k], sizeof ta));
+        CHECK(!memcmp(la, lb + (size_t)k * V * GEN, sizeof(float) * (size_t)V * GEN));
+    }
+    tl_kv_stats ks;
+    tl_engine_kv_stats(e, &ks); /* cached pages count as free (evicted on demand) */
+    CHECK_EQ_INT(ks.pages_free, ks.pages_total);
+    CHECK(pool->n_free < pool->n_page);
+    free(la), free(lb), free(lg);
     tl_engine_close(e);
 }
 
@@ -418,20 +641,21 @@ static void test_engine_off(void) {
     CHECK(strstr(err, "prefix cache") != NULL);
 }
 
-/* Many conversations interleaved under a budget of a few snapshots: each turn starts from the
- * cache when it can, runs while other sessions save (and so evict), and must equal its
- * uncached computation. */
+/* Many conversations interleaved under a budget of a few snapshots and a KV pool barely larger
+ * than the running sessions need: each turn starts from the cache when it can, runs while other
+ * sessions save and take pages (and so evict snapshots and their pages), and must equal its
+ * uncached computation; no page a running session holds is evicted or overwritten (the CPU
+ * backend checks every page at each session's close). */
 static void test_engine_eviction_stress(void) {
     enum { NC = 6, TURNS = 4, TURN = 40, NS = 3 };
     tl_engine *probe = open_engine(1, 0);
     if (!probe) return;
     tl_backend *b = tl_engine_backend_impl(probe);
-    /* room for about 20 pages (half the budget) and at least 3 snapshots: far less than the
-     * conversations need */
-    long long budget =
-        2 * TL_MAX(3 * (long long)b->pc_snap_bytes, 20 * (long long)b->pc_page_bytes);
+    /* 24 snapshots (about two rounds of saves); a pool of 20 pages where the 3 running sessions
+     * hold up to 9 (the answers of 4 turns: 192 tokens each) */
+    long long budget = 24 * (long long)b->pc_snap_bytes;
     tl_engine_close(probe);
-    tl_engine *e = open_engine(NS, budget);
+    tl_engine *e = open_engine_kv(NS, budget, 20 * P);
     if (!e) return;
     int V = tl_engine_config(e)->n_vocab;
     static int32_t conv[NC][TURNS * TURN + TURNS * GEN];
@@ -495,10 +719,12 @@ static void test_engine_eviction_stress(void) {
 int main(void) {
     T_RUN(test_layout);
     T_RUN(test_chain_and_partial);
+    T_RUN(test_sharing);
     T_RUN(test_salt);
     T_RUN(test_lru);
     T_RUN(test_random_stress);
     T_RUN(test_engine_cached_equals_uncached);
+    T_RUN(test_engine_sharing);
     T_RUN(test_engine_salt);
     T_RUN(test_engine_off);
     T_RUN(test_engine_eviction_stress);

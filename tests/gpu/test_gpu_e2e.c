@@ -859,15 +859,14 @@ typedef struct pc_run {
 
 static int pc_open(pc_run *r, tl_backend *b, int V) {
     char err[256] = "";
-    int np = 0, ns = 0;
+    int ns = 0;
     r->b = b, r->V = V;
-    CHECK(b->cache_alloc != NULL);
-    if (!b->cache_alloc) return -1;
-    int st =
-        tl_pc_layout(b->pc_budget, b->pc_page_bytes, b->pc_snap_bytes, &np, &ns, err, sizeof err);
-    if (!st) st = b->cache_alloc(b, np, ns, err, sizeof err);
+    CHECK(b->cache_alloc != NULL && b->kv_pool != NULL);
+    if (!b->cache_alloc || !b->kv_pool) return -1;
+    int st = tl_pc_layout(b->pc_budget, b->pc_snap_bytes, &ns, err, sizeof err);
+    if (!st) st = b->cache_alloc(b, ns, err, sizeof err);
     if (!st)
-        st = tl_pc_init(&r->pc, np, ns, TL_PC_PAGE, b->pc_page_bytes, b->pc_snap_bytes, err,
+        st = tl_pc_init(&r->pc, b->kv_pool(b), ns, b->pc_page_bytes, b->pc_snap_bytes, err,
                         sizeof err);
     if (st) printf("# prefix cache: %s\n", err);
     CHECK_EQ_INT(st, 0);
@@ -913,10 +912,10 @@ static void pc_case(tl_backend *b, int V, int V_tok, const char *what, double to
     CHECK_EQ_INT(fwd1(b, 0, 0, tok, CUT, NULL), 0);
     int32_t pages[8];
     tl_pc_io io;
-    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, CUT, pages, &io), 1);
+    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, CUT, 0, 0, &io), 1);
     CHECK_EQ_INT(b->cache_save(b, 0, &io, err, sizeof err), 0);
     tl_pc_commit(&r.pc, &io);
-    CHECK_EQ_INT(b->reset_slot(b, 0), 0);
+    CHECK_EQ_INT(b->reset_slot(b, 0), 0); /* its full pages stay: the cache holds them */
     /* slot 1: from the cache, then the rest */
     CHECK(tl_pc_lookup(&r.pc, NULL, tok, N, N - 1, pages, &io) >= 0);
     CHECK_EQ_INT(io.n_tok, CUT);
@@ -954,8 +953,79 @@ static void pc_case(tl_backend *b, int V, int V_tok, const char *what, double to
     CHECK(nm <= tol);
     CHECK(t1 == t0 || m0 < min_margin);
     CHECK(nm_steps <= tol);
+    for (int s = 0; s < 3; s++) CHECK_EQ_INT(b->reset_slot(b, s), 0);
+    tl_pc_clear(&r.pc); /* the pool's pages back before the next case */
     tl_pc_free(&r.pc);
     free(l0), free(l1), free(l2);
+}
+
+/* Pages shared with running sequences (docs/architecture.md §4.1): slot 0 prefills `cut` tokens
+ * of a 200-token prompt and is snapshotted while it keeps running; slots 1 and 2 start from the
+ * snapshot, so their page tables hold slot 0's full pages (same ids, pool references 3 slots + the
+ * cache); the partial page (cut % 64 rows) is each slot's own copy. Slot 1, then slot 2, then
+ * slot 0 prefill the other 200 - cut tokens and run 8 penalised greedy steps, each reading the
+ * shared pages after the others wrote past them; then slot 2, reset, computes the same chunks
+ * from scratch without the cache. All four must agree bit for bit (the same chunk boundaries and
+ * kernels, so the same arithmetic): any write into a shared page, or a shared page handed to
+ * another slot, changes the later readers' logits. cut = 128 is the boundary case (no partial
+ * page: the next token starts a new page of the sharer's own). */
+static void pc_share_case(tl_backend *b, int V, int V_tok, int cut, const char *what) {
+    pc_run r;
+    if (pc_open(&r, b, V)) return;
+    enum { N = 200, G = 8 };
+    int32_t tok[N], pages[8];
+    unsigned long long prs = 0x5eed0015ull + (unsigned)cut;
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(t_rng_next(&prs) % (unsigned)V_tok);
+    char err[256] = "";
+    tl_kv_pages *pool = b->kv_pool(b);
+    CHECK_EQ_INT(fwd1(b, 0, 0, tok, cut, NULL), 0);
+    tl_pc_io io;
+    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, cut, 0, 0, &io), 1);
+    CHECK_EQ_INT(b->cache_save(b, 0, &io, err, sizeof err), 0);
+    tl_pc_commit(&r.pc, &io);
+    int nf = cut / TL_PC_PAGE;
+    for (int s = 1; s <= 2; s++) {
+        CHECK(tl_pc_lookup(&r.pc, NULL, tok, N, N - 1, pages, &io) >= 0);
+        CHECK_EQ_INT(io.n_tok, cut);
+        CHECK_EQ_INT(b->cache_load(b, s, &io, tok, 0, err, sizeof err), 0);
+    }
+    const int32_t *row0 = pool->table, *row1 = pool->table + pool->max_pages,
+                  *row2 = pool->table + 2 * pool->max_pages;
+    int shared = 1;
+    for (int k = 0; k < nf; k++)
+        shared &= row1[k] == row0[k] && row2[k] == row0[k] && pool->refs[row0[k]] == 4 &&
+                  pool->held[row0[k]];
+    if (cut % TL_PC_PAGE) /* each its own partial page, and the cache's copy a fourth */
+        shared &= row1[nf] != row0[nf] && row2[nf] != row0[nf] && row1[nf] != row2[nf] &&
+                  row1[nf] != pages[nf] && pool->refs[row1[nf]] == 1;
+    CHECK(shared);
+    float *l[4];
+    int32_t g[4][G];
+    for (int i = 0; i < 4; i++) l[i] = xmalloc(sizeof(float) * V * (G + 1));
+    int order[3] = {1, 2, 0};
+    for (int i = 0; i < 3; i++) {
+        int s = order[i];
+        CHECK_EQ_INT(fwd1(b, s, cut, tok + cut, N - cut, l[s]), 0);
+        float m;
+        pc_steps(&r, s, N, argmax_margin(l[s], V, &m), tok, N, G, g[s], l[s] + V);
+    }
+    CHECK_EQ_INT(b->reset_slot(b, 2), 0); /* slot 2 again, from scratch: the reference */
+    CHECK_EQ_INT(fwd1(b, 2, 0, tok, cut, NULL), 0);
+    CHECK_EQ_INT(fwd1(b, 2, cut, tok + cut, N - cut, l[3]), 0);
+    float m;
+    pc_steps(&r, 2, N, argmax_margin(l[3], V, &m), tok, N, G, g[3], l[3] + V);
+    int same = 1;
+    for (int i = 0; i < 3; i++)
+        same &=
+            !memcmp(l[i], l[3], sizeof(float) * V * (G + 1)) && !memcmp(g[i], g[3], sizeof g[3]);
+    printf("# prefix cache %s, cut %d: two sharers and the owner == uncached bit for bit: %s\n",
+           what, cut, same ? "yes" : "NO");
+    CHECK(same);
+    for (int s = 0; s < 3; s++) CHECK_EQ_INT(b->reset_slot(b, s), 0);
+    tl_pc_clear(&r.pc);
+    CHECK_EQ_INT(pool->n_free, pool->n_page); /* every page back */
+    tl_pc_free(&r.pc);
+    for (int i = 0; i < 4; i++) free(l[i]);
 }
 
 static void test_prefix_cache_small(void) {
@@ -968,6 +1038,8 @@ static void test_prefix_cache_small(void) {
     CHECK_EQ_INT(tl_backend_cuda_open(&b, &r.m, NULL, &p, err, sizeof err), 0);
     if (b) {
         pc_case(b, r.m.cfg.n_vocab, r.m.cfg.n_vocab, "small q4, decode kernels", 1e-8, 1e-3f);
+        pc_share_case(b, r.m.cfg.n_vocab, r.m.cfg.n_vocab, 150, "small, decode kernels");
+        pc_share_case(b, r.m.cfg.n_vocab, r.m.cfg.n_vocab, 128, "small, decode kernels");
         b->close(b);
     } else
         printf("# %s\n", err);
@@ -1000,6 +1072,8 @@ static void test_prefix_cache_gemm_path(void) {
         return;
     }
     pc_case(b, TL_N_VOCAB, TL_N_VOCAB_TOKENS, "full width q4, GEMM prefill path", 1e-2, 0.05f);
+    pc_share_case(b, TL_N_VOCAB, TL_N_VOCAB_TOKENS, 150, "full width q4, GEMM prefill path");
+    pc_share_case(b, TL_N_VOCAB, TL_N_VOCAB_TOKENS, 128, "full width q4, GEMM prefill path");
     b->close(b);
 }
 
