@@ -300,6 +300,12 @@ size_t cb_weight_bytes(const cuda_be *be) {
         n += tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) + tl_gpu_mat_bytes(&L->router) +
              tl_gpu_mat_bytes(&L->gate_up) + tl_gpu_mat_bytes(&L->down);
     }
+    if (be->sp) { /* the MTP head */
+        const cb_layer *L = &be->sp->L;
+        n += tl_gpu_mat_bytes(&be->sp->fc) + tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) +
+             tl_gpu_mat_bytes(&L->router) + tl_gpu_mat_bytes(&L->gate_up) +
+             tl_gpu_mat_bytes(&L->down);
+    }
     return n;
 }
 

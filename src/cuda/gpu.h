@@ -144,6 +144,15 @@ int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows,
 /* The same, plus the low plane yl = bf16(v - y) of each normed value v (yl may be NULL). */
 int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, const float *w, int n_rows,
                           int n, float eps, const tl_gpu_stream *st);
+/* The MTP head's input (docs/model.md §3.2 step 1): cat [n_tok, 2n] = [rmsnorm(e[t]; w_e) |
+ * rmsnorm(h[r]; w_h)] with r = h_rows[t] (h_rows NULL: r = t), the embedding first. */
+int tl_gpu_mtp_cat(float *cat, const float *e, const float *w_e, const float *h,
+                   const int32_t *h_rows, const float *w_h, int n_tok, int n, float eps,
+                   const tl_gpu_stream *st);
+/* dst[dst_rows[i]] = src[src_rows[i]] for i < n_rows, rows of n f32 (a NULL index array: row i);
+ * the destination rows must be distinct. Bit-exact. */
+int tl_gpu_copy_rows(float *dst, const int32_t *dst_rows, const float *src, const int32_t *src_rows,
+                     int n_rows, int n, const tl_gpu_stream *st);
 /* y[i] = x[i] rounded to bf16 (nearest even), i < n: f32 activations into the GEMMs. */
 int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *st);
 
