@@ -46,10 +46,14 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     const tl_config *c = &be->cfg;
     size_t D = c->n_embd, T = be->max_tok, S = be->max_seqs, K1 = sp->K + 1, V = c->n_vocab;
     SP_ALLOC(sp->hid, float, (T + S * K1 + S) * D);
+    /* finite from the start: a slot loaded from the prefix cache computes head rows (never used)
+     * from ring rows nobody wrote */
+    if (cudaMemset(sp->hid, 0, (T + S * K1 + S) * D * sizeof(float)) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: cudaMemset failed");
     SP_ALLOC(sp->cat, float, T * 2 * D);
-    SP_ALLOC(sp->eb, float, T * D);
-    SP_ALLOC(sp->alog, float, S * K1 * V);
-    SP_ALLOC(sp->gdn, char, S * TL_MAX(cb_pc_snap_bytes(be), (size_t)1));
+    SP_ALLOC(sp->eb, float, T *D);
+    SP_ALLOC(sp->alog, float, S *K1 *V);
+    SP_ALLOC(sp->gdn, char, S *TL_MAX(cb_pc_snap_bytes(be), (size_t)1));
     size_t mi = be->meta_ints + 4 * T, hi = 3 * (size_t)be->max_ctx;
     SP_ALLOC(sp->d_meta, int32_t, mi);
     SP_ALLOC(sp->d_hist, int32_t, hi);
@@ -101,8 +105,8 @@ static int recount(cuda_be *be, int slot, const int32_t *hist, int n) {
         CUDA_TRY(cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice,
                                  be->stream));
         tl_gpu_stream st = cb_stream(be, 0);
-        TRY(tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt,
-                               n, &st));
+        TRY(tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
+                               &st));
     }
     return 0;
 }
@@ -198,8 +202,7 @@ int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_
         sp->n_alog += na;
     }
     if (nt > 0)
-        TRY(cb_mtp_block(be, sp->d_meta, nt, ns, 0, tc && sp->tc_ok, 0,
-                         extra(be, sp->d_meta, 0)));
+        TRY(cb_mtp_block(be, sp->d_meta, nt, ns, 0, tc && sp->tc_ok, 0, extra(be, sp->d_meta, 0)));
     return tl_gpu_copy_rows(sp->hid, extra(be, sp->d_meta, 1), sp->hid, extra(be, sp->d_meta, 2),
                             nr, D, &st);
 }
@@ -292,8 +295,9 @@ static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, 
         int s = d[i].slot;
         if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= sp->K || !d[i].logits ||
             d[i].token < 0 || d[i].token >= be->cfg.n_vocab)
-            return tl_errf(err, errlen, TL_ERR_INVALID, "draft %d: bad slot %d / step %d / token %d",
-                           i, s, d[i].step, d[i].token);
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "draft %d: bad slot %d / step %d / token %d", i, s, d[i].step,
+                           d[i].token);
         for (int j = 0; j < i; j++)
             if (d[j].slot == s)
                 return tl_errf(err, errlen, TL_ERR_INVALID, "draft: slot %d twice", s);

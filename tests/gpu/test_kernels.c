@@ -213,6 +213,59 @@ static void test_rmsnorm(void) {
     free(x), free(w), free(got), free(ref);
 }
 
+/* The MTP head's input (docs/model.md §3.2 step 1): [rmsnorm(e[t]; w_e) | rmsnorm(h[r_t]; w_h)]
+ * with the hidden rows picked (repeated and out of order) against cpu_rmsnorm of each half, at
+ * the production width. */
+static void test_mtp_cat(void) {
+    int n = TL_N_EMBD, T = 5, H = 7;
+    float *e = rand_vec((size_t)T * n, 2.0f, &rs), *h = rand_vec((size_t)H * n, 5.0f, &rs);
+    float *we = rand_vec(n, 1.0f, &rs), *wh = rand_vec(n, 1.0f, &rs);
+    int32_t pick[5] = {6, 0, 3, 3, 1};
+    float *de = dev_from(e, sizeof(float) * T * n), *dh = dev_from(h, sizeof(float) * H * n);
+    float *dwe = dev_from(we, sizeof(float) * n), *dwh = dev_from(wh, sizeof(float) * n);
+    int32_t *dp = dev_from(pick, sizeof pick);
+    float *dc = tl_gpu_malloc(sizeof(float) * 2 * T * n);
+    CHECK_EQ_INT(tl_gpu_mtp_cat(dc, de, dwe, dh, dp, dwh, T, n, 1e-6f, NULL), 0);
+    float *got = host_from(dc, 2 * (size_t)T * n), *ref = xmalloc(sizeof(float) * 2 * T * n);
+    for (int t = 0; t < T; t++) {
+        cpu_rmsnorm(ref + (size_t)t * 2 * n, e + (size_t)t * n, we, n, 1e-6f);
+        cpu_rmsnorm(ref + (size_t)t * 2 * n + n, h + (size_t)pick[t] * n, wh, n, 1e-6f);
+    }
+    /* elementwise fp32 as test_rmsnorm: atol 1e-6 + rtol 1e-5 (docs/developing.md §3); only the
+     * order of the sum of squares differs */
+    for (int i = 0; i < 2 * T * n; i++) CHECK_CLOSE(got[i], ref[i], 1e-6, 1e-5);
+    CHECK_EQ_INT(tl_gpu_mtp_cat(dc, de, dwe, dh, dp, dwh, -1, n, 1e-6f, NULL), TL_ERR_INVALID);
+    tl_gpu_free(de), tl_gpu_free(dh), tl_gpu_free(dwe), tl_gpu_free(dwh), tl_gpu_free(dp);
+    tl_gpu_free(dc);
+    free(e), free(h), free(we), free(wh), free(got), free(ref);
+}
+
+/* Row gather/scatter (the MTP hiddens' ring and chain, cuda_spec.cu): bit-exact against the host
+ * copy, with both index arrays, with one of them NULL, untouched rows unchanged. */
+static void test_copy_rows(void) {
+    int n = TL_N_EMBD, NS = 9, ND = 11;
+    float *src = rand_vec((size_t)NS * n, 3.0f, &rs), *dst0 = rand_vec((size_t)ND * n, 1.0f, &rs);
+    int32_t di[4] = {10, 2, 7, 0}, si[4] = {3, 8, 3, 0};
+    float *ds = dev_from(src, sizeof(float) * NS * n), *dd = dev_from(dst0, sizeof(float) * ND * n);
+    int32_t *ddi = dev_from(di, sizeof di), *dsi = dev_from(si, sizeof si);
+    float *want = xmalloc(sizeof(float) * ND * n);
+    memcpy(want, dst0, sizeof(float) * ND * n);
+    for (int i = 0; i < 4; i++)
+        memcpy(want + (size_t)di[i] * n, src + (size_t)si[i] * n, sizeof(float) * n);
+    CHECK_EQ_INT(tl_gpu_copy_rows(dd, ddi, ds, dsi, 4, n, NULL), 0);
+    float *got = host_from(dd, (size_t)ND * n);
+    CHECK(!memcmp(got, want, sizeof(float) * ND * n));
+    free(got);
+    for (int i = 0; i < 4; i++) /* source rows 0..3 in order (src_rows NULL) */
+        memcpy(want + (size_t)di[i] * n, src + (size_t)i * n, sizeof(float) * n);
+    CHECK_EQ_INT(tl_gpu_copy_rows(dd, ddi, ds, NULL, 4, n, NULL), 0);
+    got = host_from(dd, (size_t)ND * n);
+    CHECK(!memcmp(got, want, sizeof(float) * ND * n));
+    CHECK_EQ_INT(tl_gpu_copy_rows(dd, ddi, ds, NULL, 4, 0, NULL), TL_ERR_INVALID);
+    tl_gpu_free(ds), tl_gpu_free(dd), tl_gpu_free(ddi), tl_gpu_free(dsi);
+    free(src), free(dst0), free(want), free(got);
+}
+
 /* f32 -> bf16 on the device (the decode mixers' outputs into the tensor-core GEMMs) equals the
  * host's round-to-nearest-even tl_f32_to_bf16 bit for bit, over random values of many magnitudes
  * (n not a multiple of the block: the grid-stride tail). */
@@ -1483,6 +1536,8 @@ int main(void) {
     T_RUN(test_gemv_conv1d_fused);
     T_RUN(test_embed);
     T_RUN(test_rmsnorm);
+    T_RUN(test_mtp_cat);
+    T_RUN(test_copy_rows);
     T_RUN(test_cast_bf16);
     T_RUN(test_conv1d);
     T_RUN(test_gdn);
