@@ -50,11 +50,22 @@ typedef struct cb_spec {
      * micro-batch, then ring rows [max_seqs][K+1] (position p of a slot at p % (K+1)), then one
      * chain row per slot (the last draft step's h') */
     float *hid;
-    float *cat, *eb;          /* [max_tok][2 n_embd], [max_tok][n_embd] */
-    float *alog;              /* [max_seqs * (K+1)][n_vocab] verify logits */
-    char *gdn;                /* [max_seqs][snap bytes]: GDN state before a verify */
-    int32_t *d_meta, *h_meta; /* the head's micro-batch: meta_at layout, then src,
-                                 ring destination and ring source rows [3][max_tok] */
+    float *cat, *eb; /* [max_tok][2 n_embd], [max_tok][n_embd] */
+    float *alog;     /* [max_seqs * (K+1)][n_vocab] verify logits */
+    /* rollback (docs/architecture.md §3.6): per-token state copies written by the verify's GDN
+     * kernels (gpu.h tl_gpu_ring), conv f32 [n_gdn][max_seqs][K][3][conv_dim] and recurrent
+     * [n_gdn][max_seqs][K][nv][128][128] (st_esz), copy j = the state after the verify's token
+     * j; d_rpos [max_seqs] the verify's first position per slot (-1: none this step). With
+     * TL_CUDA_SPEC_RECOMPUTE=1 instead: gdn, [max_seqs][snap bytes], the GDN state before a
+     * verify, restored, and the accepted tokens run again. */
+    float *conv_ring;
+    char *rec_ring;
+    int32_t *d_rpos, *h_rpos;
+    int recompute;
+    char *gdn;
+    /* the head's micro-batch: meta_at layout, then [4][max_tok]: the hiddens' source rows, the
+     * ring's destination and source rows, the verify rows to gather */
+    int32_t *d_meta, *h_meta;
     cudaEvent_t meta_ev;
     int32_t *d_hist, *h_hist; /* [3][max_ctx]: a history for the penalty counts */
     /* per slot (host) */

@@ -81,7 +81,12 @@ typedef struct layer_ctx {
     char *rec_st; /* this layer's recurrent state, be->st_esz bytes per element */
     uint16_t *kc, *vc;
     tl_gpu_kv_pages pg;
+    /* a GDN layer's per-token state copies of speculative verifies (cuda_spec.cu); base NULL:
+     * none */
+    tl_gpu_ring cring, rring;
 } layer_ctx;
+
+static const tl_gpu_ring *ring_of(const tl_gpu_ring *r) { return r->base ? r : NULL; }
 
 static layer_ctx layer_of(cuda_be *be, const cb_layer *L, int T, const tl_gpu_seqs *s,
                           const tl_gpu_stream *st) {
@@ -96,6 +101,16 @@ static layer_ctx layer_of(cuda_be *be, const cb_layer *L, int T, const tl_gpu_se
     x.rec_st = be->rec_st + L->st_idx * rec_layer * be->st_esz;
     x.kc = be->kc + L->st_idx * kv_layer, x.vc = be->vc + L->st_idx * kv_layer;
     x.pg.table = be->d_ptab, x.pg.max_pages = be->max_pages;
+    memset(&x.cring, 0, sizeof x.cring);
+    memset(&x.rring, 0, sizeof x.rring);
+    const cb_spec *sp = be->sp;
+    if (sp && sp->conv_ring && L->kind == TL_LAYER_GDN) { /* cuda_spec.cu: the rings' layout */
+        size_t n = (size_t)be->max_seqs * sp->K;
+        x.cring.base = sp->conv_ring + L->st_idx * n * 3 * be->conv_dim;
+        x.rring.base = sp->rec_ring + L->st_idx * n * c->gdn_n_v_head * 128 * 128 * be->st_esz;
+        x.cring.pos0 = x.rring.pos0 = sp->d_rpos;
+        x.cring.n = x.rring.n = sp->K;
+    }
     return x;
 }
 
@@ -118,11 +133,11 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
     } else {
         TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0, x->st));
         TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
-                          x->st));
+                          ring_of(&x->cring), x->st));
     }
     TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off, x->b_off,
                    x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head,
-                   eps, x->s, x->st));
+                   eps, x->s, ring_of(&x->rring), x->st));
     return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, x->st);
 }
 
@@ -205,7 +220,7 @@ static int gdn_prefill(const layer_ctx *x, int slot) {
     const cb_layer *L = x->L;
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
-    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
+    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
                       x->st));
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
@@ -306,10 +321,10 @@ static int gdn_tc(const layer_ctx *x) {
     int ld = be->ld_gdn_in, T = x->T;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
-                      x->st));
+                      ring_of(&x->cring), x->st));
     TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
                        x->a_off, L->dt_bias, L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s,
-                       x->st));
+                       ring_of(&x->rring), x->st));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm,
                                      c->gdn_n_v_head, T, c->rms_eps, x->st);
 }

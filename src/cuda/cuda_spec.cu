@@ -53,7 +53,22 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     SP_ALLOC(sp->cat, float, T * 2 * D);
     SP_ALLOC(sp->eb, float, T *D);
     SP_ALLOC(sp->alog, float, S *K1 *V);
-    SP_ALLOC(sp->gdn, char, S *TL_MAX(cb_pc_snap_bytes(be), (size_t)1));
+    const char *rv = getenv("TL_CUDA_SPEC_RECOMPUTE");
+    sp->recompute = rv && atoi(rv) != 0;
+    if (sp->recompute) {
+        SP_ALLOC(sp->gdn, char, S *TL_MAX(cb_pc_snap_bytes(be), (size_t)1));
+    } else if (be->n_gdn > 0) {
+        size_t n = (size_t)be->n_gdn * S * sp->K;
+        SP_ALLOC(sp->conv_ring, float, n * 3 * be->conv_dim);
+        SP_ALLOC(sp->rec_ring, char, n * c->gdn_n_v_head * 128 * 128 * be->st_esz);
+    }
+    SP_ALLOC(sp->d_rpos, int32_t, S);
+    if (cudaMallocHost(&sp->h_rpos, S * sizeof(int32_t)) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
+    for (size_t i = 0; i < S; i++) sp->h_rpos[i] = -1;
+    if (cudaMemcpy(sp->d_rpos, sp->h_rpos, S * sizeof(int32_t), cudaMemcpyHostToDevice) !=
+        cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: upload failed");
     size_t mi = be->meta_ints + 4 * T, hi = 3 * (size_t)be->max_ctx;
     SP_ALLOC(sp->d_meta, int32_t, mi);
     SP_ALLOC(sp->d_hist, int32_t, hi);
@@ -79,10 +94,12 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
 void cb_spec_free(cuda_be *be) {
     cb_spec *sp = be->sp;
     if (!sp) return;
-    void *ds[] = {sp->hid, sp->cat, sp->eb, sp->alog, sp->gdn, sp->d_meta, sp->d_hist};
+    void *ds[] = {sp->hid,    sp->cat,    sp->eb,        sp->alog,     sp->gdn,
+                  sp->d_meta, sp->d_hist, sp->conv_ring, sp->rec_ring, sp->d_rpos};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) tl_gpu_free(ds[i]);
     if (sp->h_meta) cudaFreeHost(sp->h_meta);
     if (sp->h_hist) cudaFreeHost(sp->h_hist);
+    if (sp->h_rpos) cudaFreeHost(sp->h_rpos);
     if (sp->meta_ev) cudaEventDestroy(sp->meta_ev);
     free(sp->len), free(sp->ok), free(sp->dirty), free(sp->vpos), free(sp->vn);
     free(sp->vtok), free(sp->vprompt), free(sp->arow);
@@ -111,21 +128,26 @@ static int recount(cuda_be *be, int slot, const int32_t *hist, int n) {
     return 0;
 }
 
-/* Before the micro-batches (d_nprompt uploaded): a verify entry's GDN state saved and its tokens
- * kept for a rollback; stale penalty counts rebuilt where the device samples; lengths. */
+/* Before the micro-batches (d_nprompt uploaded): what a verify entry's rollback needs (the
+ * positions whose GDN states the kernels copy, or with TL_CUDA_SPEC_RECOMPUTE=1 the state saved
+ * and the tokens kept); stale penalty counts rebuilt where the device samples; lengths. */
 int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
-    int K1 = sp->K + 1;
+    int K1 = sp->K + 1, rpos_set = 0;
     sp->n_alog = 0;
     for (int i = 0; i < n; i++) {
         int slot = e[i].slot;
         sp->vn[slot] = 0;
+        if (sp->h_rpos[slot] >= 0) sp->h_rpos[slot] = -1, rpos_set = 1;
         if (e[i].all_logits) {
             if (e[i].n_tok > K1)
                 return tl_errf(err, errlen, TL_ERR_INVALID,
                                "entry %d: logits of %d tokens, at most %d (1 + draft tokens)", i,
                                e[i].n_tok, K1);
-            TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 1));
+            if (sp->recompute)
+                TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 1));
+            else if (e[i].n_tok > 1) /* copies after tokens 0 .. K - 1 */
+                sp->h_rpos[slot] = e[i].pos, rpos_set = 1;
             sp->vpos[slot] = e[i].pos, sp->vn[slot] = e[i].n_tok, sp->vprompt[slot] = e[i].n_prompt;
             memcpy(sp->vtok + (size_t)slot * K1, e[i].tokens, sizeof(int32_t) * e[i].n_tok);
         }
@@ -138,6 +160,11 @@ int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t e
         }
         sp->len[slot] = e[i].pos + e[i].n_tok;
     }
+    /* h_rpos may be rewritten here: the last upload from it finished at the previous forward's
+     * final synchronize */
+    if (rpos_set)
+        CUDA_TRY(cudaMemcpyAsync(sp->d_rpos, sp->h_rpos, be->max_seqs * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, be->stream));
     return 0;
 }
 
@@ -345,9 +372,28 @@ static int cb_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, si
     return op_end(be, draft_impl(be, d, n, err, errlen), "CUDA draft step", err, errlen);
 }
 
-/* The slot back to n_keep tokens: its GDN state from before the verify, the accepted tokens
- * run again (their KV, head rows and hiddens too), the pages past n_keep returned; the penalty
- * counts are rebuilt before the device next samples for the slot. */
+/* The slot's GDN state := the copies after the verify's token j (every GDN layer: one strided
+ * copy for the recurrent states, one for the conv states), on the stream: the next call's
+ * kernels see it, and an error surfaces at its synchronize. */
+static int ring_restore(cuda_be *be, int slot, int j) {
+    cb_spec *sp = be->sp;
+    if (be->n_gdn == 0) return 0;
+    size_t rec = (size_t)be->cfg.gdn_n_v_head * 128 * 128 * be->st_esz;
+    size_t conv = 3 * (size_t)be->conv_dim * sizeof(float), S = be->max_seqs, K = sp->K;
+    const char *r_src = sp->rec_ring + ((size_t)slot * K + j) * rec;
+    const char *c_src = (const char *)sp->conv_ring + ((size_t)slot * K + j) * conv;
+    CUDA_TRY(cudaMemcpy2DAsync(be->rec_st + slot * rec, S * rec, r_src, S * K * rec, rec, be->n_gdn,
+                               cudaMemcpyDeviceToDevice, be->stream));
+    CUDA_TRY(cudaMemcpy2DAsync((char *)be->conv_st + slot * conv, S * conv, c_src, S * K * conv,
+                               conv, be->n_gdn, cudaMemcpyDeviceToDevice, be->stream));
+    return 0;
+}
+
+/* The slot back to n_keep tokens: its GDN state the copy the verify's kernels wrote after token
+ * n_keep - 1 (TL_CUDA_SPEC_RECOMPUTE=1: the state from before the verify, the accepted tokens run
+ * again), the pages past n_keep returned; the KV below n_keep, the head's rows below n_keep - 1
+ * and the hidden of n_keep - 1 are the verify's own. The penalty counts are rebuilt before the
+ * device next samples for the slot. */
 static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
     if (!sp || !sp->on || slot < 0 || slot >= be->max_seqs)
@@ -359,12 +405,17 @@ static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t er
                        n_keep, v0, v0 + vn);
     sp->vn[slot] = 0;
     if (n_keep == v0 + vn) return 0;
-    TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 0));
-    tl_fwd_entry x;
-    memset(&x, 0, sizeof x);
-    x.slot = slot, x.pos = v0, x.tokens = sp->vtok + (size_t)slot * (sp->K + 1);
-    x.n_tok = n_keep - v0, x.n_prompt = sp->vprompt[slot];
-    TRY(cb_forward_impl(be, &x, 1, err, errlen));
+    if (sp->recompute) {
+        TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 0));
+        tl_fwd_entry x;
+        memset(&x, 0, sizeof x);
+        x.slot = slot, x.pos = v0, x.tokens = sp->vtok + (size_t)slot * (sp->K + 1);
+        x.n_tok = n_keep - v0, x.n_prompt = sp->vprompt[slot];
+        TRY(cb_forward_impl(be, &x, 1, err, errlen));
+    } else {
+        TRY(ring_restore(be, slot, n_keep - v0 - 1));
+        sp->len[slot] = n_keep;
+    }
     tl_kv_pages_truncate(&be->pages, slot, n_keep);
     sp->dirty[slot] = 1; /* the counts hold the verify's tokens and the accepted ones again */
     return 0;

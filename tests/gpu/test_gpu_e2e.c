@@ -1021,17 +1021,21 @@ static void rm_add_mtp(rmodel *r, int bits) {
     r->m.has_mtp = 1;
 }
 
-/* A backend with the head for up to K draft tokens, speculation on. TL_CUDA_TC_MIN=0 keeps
- * every micro-batch of a full-width model on the GEMV kernels (the oracle comparisons' path;
- * the tensor-core path's rounding is test_tc_decode_batched's and test_spec_gemm_path's). */
-static tl_backend *open_spec(const tl_model *m, int max_seqs, int max_ctx, int K) {
+/* A backend with the head for up to K draft tokens, speculation on (rollback by the verify's
+ * state copies, or with recompute by TL_CUDA_SPEC_RECOMPUTE=1's restore and recompute).
+ * TL_CUDA_TC_MIN=0 keeps every micro-batch of a full-width model on the GEMV kernels (the oracle
+ * comparisons' path; the tensor-core path's rounding is test_tc_decode_batched's and
+ * test_spec_gemm_path's). */
+static tl_backend *open_spec(const tl_model *m, int max_seqs, int max_ctx, int K, int recompute) {
     tl_cuda_params p = {
         .max_seqs = max_seqs, .max_ctx = max_ctx, .weight_bits = 16, .spec_tokens = K};
     tl_backend *b = NULL;
     char err[512] = "";
     setenv("TL_CUDA_TC_MIN", "0", 1);
+    if (recompute) setenv("TL_CUDA_SPEC_RECOMPUTE", "1", 1);
     int st = tl_backend_cuda_open(&b, m, NULL, &p, err, sizeof err);
     unsetenv("TL_CUDA_TC_MIN");
+    unsetenv("TL_CUDA_SPEC_RECOMPUTE");
     if (!st) st = b->spec_init(b, K, err, sizeof err);
     if (st) printf("# spec backend open failed: %s\n", err);
     CHECK_EQ_INT(st, 0);
@@ -1051,7 +1055,7 @@ static void mtp_draft_case(int full, int bits) {
     rm_add_mtp(&r, bits);
     const tl_config *c = &r.m.cfg;
     int V = c->n_vocab, D = c->n_embd, K = 3, max_ctx = 64, len[2] = {12, 7};
-    tl_backend *b = open_spec(&r.m, 2, max_ctx, K);
+    tl_backend *b = open_spec(&r.m, 2, max_ctx, K, 0);
     if (!b) {
         rm_free(&r);
         return;
@@ -1267,14 +1271,15 @@ static int sp_step(tl_backend *b, const sp_ref *r, sp_seq *q, int K, int V, doub
  * negative presence penalty after rollbacks picks the host sampler's token over the accepted
  * history (stale counts would still hold the rejected drafts). TL_CUDA_TC_MIN=0 keeps the
  * full-width model on the GEMV path for both runs (the tensor-core path's rounding is
- * test_tc_decode_batched's; open_spec). */
-static void spec_greedy_case(int full, int bits) {
+ * test_tc_decode_batched's; open_spec). Rollback by the verify's state copies (the default), and
+ * once (small q4) by TL_CUDA_SPEC_RECOMPUTE=1's restore and recompute. */
+static void spec_greedy_case(int full, int bits, int recompute) {
     rmodel rm;
     rm_build(&rm, full, bits);
     rm_add_mtp(&rm, bits);
     const tl_config *c = &rm.m.cfg;
     int V = c->n_vocab;
-    tl_backend *b = open_spec(&rm.m, 6, 128, TL_MAX_SPEC);
+    tl_backend *b = open_spec(&rm.m, 6, 128, TL_MAX_SPEC, recompute);
     if (!b) {
         rm_free(&rm);
         return;
@@ -1313,10 +1318,11 @@ static void spec_greedy_case(int full, int bits) {
             for (int s = 0; s < SP_SEQ; s++) len[3 + s] = SP_P + q[s].n_out - 1;
             sp_check_pages(b, len, 6);
         }
-        printf("# spec greedy %s %s K=%d: %d steps for %d + %d tokens, compared %d + %d, worst "
+        printf("# spec greedy %s %s%s K=%d: %d steps for %d + %d tokens, compared %d + %d, worst "
                "logits nmse %.3e (tol 1e-6)\n",
-               full ? "full-width" : "small", bits ? "q4" : "bf16", K, steps, q[0].n_out,
-               q[1].n_out, q[0].compared, q[1].compared, worst);
+               full ? "full-width" : "small", bits ? "q4" : "bf16",
+               recompute ? " (restore + recompute)" : "", K, steps, q[0].n_out, q[1].n_out,
+               q[0].compared, q[1].compared, worst);
         CHECK(worst <= 1e-6);
         for (int s = 0; s < 2; s++) CHECK(q[s].compared >= SP_N / 2);
         CHECK(steps < SP_N); /* the steered drafts were accepted: fewer steps than tokens */
@@ -1350,9 +1356,10 @@ static void spec_greedy_case(int full, int bits) {
     rm_free(&rm);
 }
 
-static void test_spec_greedy_small_bf16(void) { spec_greedy_case(0, 0); }
-static void test_spec_greedy_small_q4(void) { spec_greedy_case(0, 4); }
-static void test_spec_greedy_fullwidth_q4(void) { spec_greedy_case(1, 4); }
+static void test_spec_greedy_small_bf16(void) { spec_greedy_case(0, 0, 0); }
+static void test_spec_greedy_small_q4(void) { spec_greedy_case(0, 4, 0); }
+static void test_spec_greedy_fullwidth_q4(void) { spec_greedy_case(1, 4, 0); }
+static void test_spec_greedy_recompute(void) { spec_greedy_case(0, 4, 1); }
 
 /* The head's rows on the tensor-core path: production widths (random 4-bit weights), a prompt of
  * 64 tokens prefilled as one chunk (the GEMM path: its head rows through fc and the in-projection
@@ -1445,6 +1452,7 @@ int main(int argc, char **argv) {
     T_RUN(test_spec_greedy_small_bf16);
     T_RUN(test_spec_greedy_small_q4);
     if (!quick) T_RUN(test_spec_greedy_fullwidth_q4);
+    T_RUN(test_spec_greedy_recompute);
     if (!quick) T_RUN(test_spec_gemm_path);
     return t_summary();
 }
