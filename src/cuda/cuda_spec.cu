@@ -3,9 +3,10 @@
  * their K and V: the head's KV is layer n_attn of the paged pool, on the slot's own pages), the
  * final-normed hiddens the head reads (a ring of the last K + 1 positions per slot), the logits
  * of every token of a verify entry, the draft steps (the whole head block), and the rollback of a
- * verify: the slot's GDN state saved before it is restored and the accepted tokens run again.
- * The head's weights are uploaded by cuda_weights.cu; the block itself is cb_mtp_block
- * (cuda_forward.cu). */
+ * verify: the GDN state the verify's kernels copied after the last accepted token copied back
+ * (or, with TL_CUDA_SPEC_RECOMPUTE=1, the state saved before the verify restored and the accepted
+ * tokens run again). The head's weights are uploaded by cuda_weights.cu; the block itself is
+ * cb_mtp_block (cuda_forward.cu). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

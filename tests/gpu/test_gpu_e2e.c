@@ -1124,7 +1124,9 @@ static void test_mtp_draft_small_bf16(void) { mtp_draft_case(0, 0); }
 static void test_mtp_draft_small_q4(void) { mtp_draft_case(0, 4); }
 static void test_mtp_draft_fullwidth_q4(void) { mtp_draft_case(1, 4); }
 
-enum { SP_N = 24, SP_P = 12, SP_SEQ = 3 };
+/* prompts of 52 tokens: the verifies and drafts cross the first KV page boundary (64), so
+ * draft pages and their return on rollback are exercised */
+enum { SP_N = 24, SP_P = 52, SP_SEQ = 3 };
 
 /* The reference: SP_SEQ prompts decoded greedily without speculation, batched (slots 0..2):
  * ref[s][i] the i-th token (ref[s][0] from the prompt's logits), lg[s][i] its logits. */
