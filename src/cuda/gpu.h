@@ -212,7 +212,8 @@ int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
  * qkv [n_tok, 2*nk*128 + nv*128] (conv output), z, b, a from proj [n_tok, ld_proj] at column
  * offsets z_off, b_off, a_off. S [n_slot][nv][128][128] f32, or bf16 when s_bf16 (read into
  * f32 registers, rounded back once per segment). y [n_tok, nv*128] = gated RMSNorm of the output
- * with norm_w [128]. */
+ * with norm_w [128]. ring (NULL: none): the state after tokens of a verify, [n_slot][ring->n]
+ * [nv][128][128] in S's dtype (each copy rounded from the f32 registers when bf16). */
 int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
                int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                const float *norm_w, int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s,
@@ -220,7 +221,7 @@ int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const float *pro
 /* The same step without the gated norm (steps 4-7): o [n_tok, nv*128] f32 raw; for many
  * sequences at once (the state is cut by columns into more, smaller blocks; the batched decode
  * path then applies tl_gpu_gated_rmsnorm_bf16). Same results as tl_gpu_gdn up to the order of the
- * q/k norm sums. */
+ * q/k norm sums; ring as there. */
 int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
                    int b_off, int a_off, const float *dt_bias, const float *a_neg, int n_k_head,
                    int n_v_head, const tl_gpu_seqs *s, const tl_gpu_ring *ring,
