@@ -15,15 +15,13 @@
 extern "C" {
 #include "common/status.h"
 #include "common/util.h"
+#include "engine/spec_plan.h"
 }
 
-/* Rows of sp->hid: the micro-batch's, then the ring (position p of a slot), then the chain. */
-static int ring_row(const cuda_be *be, int slot, int pos) {
-    int K1 = be->sp->K + 1;
-    return be->max_tok + slot * K1 + pos % K1;
-}
-static int chain_row(const cuda_be *be, int slot) {
-    return be->max_tok + be->max_seqs * (be->sp->K + 1) + slot;
+/* The rows of sp->hid (engine/spec_plan.h): the micro-batch's, the ring, the chain. */
+static tl_spec_layout layout(const cuda_be *be) {
+    tl_spec_layout l = {be->sp->K, be->max_tok, be->max_seqs};
+    return l;
 }
 
 /* The head's extra metadata after the meta_at block: source rows of the hiddens, the ring's
@@ -169,46 +167,6 @@ int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t e
     return 0;
 }
 
-/* Host metadata of the head's rows of one micro-batch (segments segs of entries e): row q - 1
- * for every token at position q >= 1 (the token at q with the hidden of q - 1: the previous
- * token's in the micro-batch, or the slot's ring for the first of a segment); the ring rows the
- * segments' last K + 1 tokens fill; the tokens of verify entries (all_logits) and their rows.
- * Returns the head's token count; *n_hseg, *n_ring, *n_alog the others. */
-static int head_meta(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs, int n_seg,
-                     int *n_hseg, int *n_ring, int *n_alog) {
-    cb_spec *sp = be->sp;
-    int K1 = sp->K + 1, t0 = 0, nt = 0, ns = 0, nr = 0, na = 0;
-    tl_mb_meta m = cb_meta_at(be, sp->h_meta);
-    int32_t *src = extra(be, sp->h_meta, 0), *rdst = extra(be, sp->h_meta, 1);
-    int32_t *rsrc = extra(be, sp->h_meta, 2), *asrc = extra(be, sp->h_meta, 3);
-    for (int g = 0; g < n_seg; g++) {
-        const tl_fwd_entry *en = &e[segs[g].entry];
-        int start = segs[g].start, n = segs[g].n, pos0 = en->pos + start, slot = en->slot;
-        int j0 = pos0 == 0 ? 1 : 0; /* position 0 has no hidden before it */
-        if (j0 < n) {
-            m.seg_tok0[ns] = nt, m.seg_n[ns] = n - j0, m.seg_slot[ns] = slot;
-            m.seg_pos0[ns] = pos0 + j0 - 1;
-            for (int j = j0; j < n; j++, nt++) {
-                int q = pos0 + j;
-                m.tokens[nt] = en->tokens[start + j];
-                m.tok_pos[nt] = q - 1, m.tok_slot[nt] = slot, m.tok_seg[nt] = ns;
-                src[nt] = j > 0 ? t0 + j - 1 : ring_row(be, slot, q - 1);
-            }
-            ns++;
-        }
-        for (int j = TL_MAX(0, n - K1); j < n; j++, nr++)
-            rdst[nr] = ring_row(be, slot, pos0 + j), rsrc[nr] = t0 + j;
-        if (en->all_logits)
-            for (int j = 0; j < n; j++, na++) {
-                asrc[na] = t0 + j;
-                sp->arow[(size_t)segs[g].entry * K1 + start + j] = sp->n_alog + na;
-            }
-        t0 += n;
-    }
-    *n_hseg = ns, *n_ring = nr, *n_alog = na;
-    return nt;
-}
-
 /* After the trunk's layers of one micro-batch (be->x holds its residual rows): the final norm of
  * every row, the LM head over the verify entries' rows, the head's rows, then the ring. */
 int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_seg, int tc) {
@@ -220,7 +178,12 @@ int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_
     tl_gpu_stream st = cb_stream(be, 0);
     TRY(tl_gpu_rmsnorm(sp->hid, be->x, be->out_norm, NULL, T, D, c->rms_eps, &st));
     CUDA_TRY(cudaEventSynchronize(sp->meta_ev)); /* the previous upload has read h_meta */
-    int nt = head_meta(be, e, segs, n_seg, &ns, &nr, &na);
+    tl_spec_layout l = layout(be);
+    tl_mb_meta m = cb_meta_at(be, sp->h_meta);
+    int32_t *h = sp->h_meta;
+    int nt =
+        tl_spec_head_rows(&l, e, segs, n_seg, &m, extra(be, h, 0), extra(be, h, 1), extra(be, h, 2),
+                          extra(be, h, 3), sp->arow, sp->n_alog, &ns, &nr, &na);
     CUDA_TRY(cudaMemcpyAsync(sp->d_meta, sp->h_meta, (be->meta_ints + 4 * (size_t)be->max_tok) * 4,
                              cudaMemcpyHostToDevice, be->stream));
     CUDA_TRY(cudaEventRecord(sp->meta_ev, be->stream));
@@ -297,21 +260,6 @@ static int cb_spec_ready(tl_backend *b, int slot) {
     return sp && sp->on && slot >= 0 && slot < be->max_seqs && sp->ok[slot] && sp->len[slot] > 0;
 }
 
-/* Host metadata of a draft step: one single-token segment per entry at position len - 1 + step,
- * its hidden from the ring (step 0) or the chain (step > 0); the chain rows it writes. */
-static void draft_meta(cuda_be *be, const tl_draft_entry *d, int n) {
-    cb_spec *sp = be->sp;
-    tl_mb_meta m = cb_meta_at(be, sp->h_meta);
-    int32_t *src = extra(be, sp->h_meta, 0), *cdst = extra(be, sp->h_meta, 1);
-    for (int i = 0; i < n; i++) {
-        int slot = d[i].slot, pos = sp->len[slot] - 1 + d[i].step;
-        m.tokens[i] = d[i].token, m.tok_pos[i] = pos, m.tok_slot[i] = slot, m.tok_seg[i] = i;
-        m.seg_tok0[i] = i, m.seg_n[i] = 1, m.seg_slot[i] = slot, m.seg_pos0[i] = pos;
-        src[i] = d[i].step == 0 ? ring_row(be, slot, sp->len[slot] - 1) : chain_row(be, slot);
-        cdst[i] = chain_row(be, slot);
-    }
-}
-
 static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, int *need,
                         char *err, size_t errlen) {
     cb_spec *sp = be->sp;
@@ -350,7 +298,13 @@ static int draft_impl(cuda_be *be, const tl_draft_entry *d, int n, char *err, si
     TRY(check_drafts(be, d, n, slot, need, err, errlen));
     TRY(cb_kv_grow(be, slot, need, n, err, errlen)); /* rows past the length: the verify's pages */
     CUDA_TRY(cudaEventSynchronize(sp->meta_ev));
-    draft_meta(be, d, n);
+    int len[CB_MAX_SEQS], step[CB_MAX_SEQS];
+    int32_t tok[CB_MAX_SEQS];
+    for (int i = 0; i < n; i++) len[i] = sp->len[slot[i]], step[i] = d[i].step, tok[i] = d[i].token;
+    tl_spec_layout l = layout(be);
+    tl_mb_meta m = cb_meta_at(be, sp->h_meta);
+    tl_spec_draft_rows(&l, slot, len, step, tok, n, &m, extra(be, sp->h_meta, 0),
+                       extra(be, sp->h_meta, 1));
     CUDA_TRY(cudaMemcpyAsync(sp->d_meta, sp->h_meta, (be->meta_ints + 4 * (size_t)be->max_tok) * 4,
                              cudaMemcpyHostToDevice, be->stream));
     CUDA_TRY(cudaEventRecord(sp->meta_ev, be->stream));
