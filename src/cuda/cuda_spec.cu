@@ -351,7 +351,9 @@ static int ring_restore(cuda_be *be, int slot, int j) {
  * device next samples for the slot. */
 static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
-    if (!sp || !sp->on || slot < 0 || slot >= be->max_seqs)
+    if (!sp || !sp->on)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "rollback: speculative decoding is not on");
+    if (slot < 0 || slot >= be->max_seqs)
         return tl_errf(err, errlen, TL_ERR_INVALID, "rollback: bad slot %d", slot);
     int v0 = sp->vpos[slot], vn = sp->vn[slot];
     if (!vn || n_keep <= v0 || n_keep > v0 + vn || sp->len[slot] != v0 + vn)
@@ -389,8 +391,10 @@ void cb_spec_slot(cuda_be *be, int slot, int n_tok) {
     sp->len[slot] = n_tok, sp->ok[slot] = n_tok == 0, sp->dirty[slot] = 0, sp->vn[slot] = 0;
 }
 
+/* Always: without the head (tl_cuda_params.spec_tokens 0) spec_init says so and the others
+ * refuse, so a caller learns why rather than finding NULL ops. */
 void cb_spec_attach(cuda_be *be, tl_backend *b) {
-    if (!be->sp) return;
+    (void)be;
     b->spec_init = cb_spec_init;
     b->spec_ready = cb_spec_ready;
     b->draft = cb_draft;

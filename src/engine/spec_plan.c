@@ -48,8 +48,8 @@ void tl_spec_draft_rows(const tl_spec_layout *l, const int *slot, const int *len
         int pos = len[i] - 1 + step[i];
         m->tokens[i] = token[i], m->tok_pos[i] = pos, m->tok_slot[i] = slot[i], m->tok_seg[i] = i;
         m->seg_tok0[i] = i, m->seg_n[i] = 1, m->seg_slot[i] = slot[i], m->seg_pos0[i] = pos;
-        src[i] = step[i] == 0 ? tl_spec_ring_row(l, slot[i], len[i] - 1)
-                              : tl_spec_chain_row(l, slot[i]);
+        src[i] =
+            step[i] == 0 ? tl_spec_ring_row(l, slot[i], len[i] - 1) : tl_spec_chain_row(l, slot[i]);
         cdst[i] = tl_spec_chain_row(l, slot[i]);
     }
 }

@@ -129,14 +129,14 @@ static void test_head_rows_simulated(void) {
                 bufs b;
                 bufs_init(&b);
                 int arow[S * 5], ns, nr, na;
-                int nt = tl_spec_head_rows(&l, e, segs, n_seg, &b.m, b.src, b.rdst, b.rsrc,
-                                           b.asrc, arow, 0, &ns, &nr, &na);
+                int nt = tl_spec_head_rows(&l, e, segs, n_seg, &b.m, b.src, b.rdst, b.rsrc, b.asrc,
+                                           arow, 0, &ns, &nr, &na);
                 for (int t = 0; t < nt; t++) {
                     int s = b.m.tok_slot[t], q = b.m.tok_pos[t] + 1;
                     bad += label[b.src[t]] != LAB(gen, s, q - 1); /* the hidden of q - 1 */
                     bad += b.m.tokens[t] != 1000 * s + q;         /* the token at q */
-                    bad += b.m.seg_pos0[b.m.tok_seg[t]] + (t - b.m.seg_tok0[b.m.tok_seg[t]]) !=
-                           q - 1;
+                    bad +=
+                        b.m.seg_pos0[b.m.tok_seg[t]] + (t - b.m.seg_tok0[b.m.tok_seg[t]]) != q - 1;
                 }
                 rows += nt;
                 int moved[MT];

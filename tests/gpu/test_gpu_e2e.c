@@ -1120,6 +1120,39 @@ static void mtp_draft_case(int full, int bits) {
     rm_free(&r);
 }
 
+/* A checkpoint without the head: opening for speculation is refused naming it; a backend opened
+ * without it refuses spec_init (UNSUPPORTED), drafts and rollbacks (INVALID) with a message, and
+ * forward refuses logits of every token. */
+static void test_spec_without_head(void) {
+    rmodel r;
+    rm_build(&r, 0, 0);
+    tl_cuda_params p = {.max_seqs = 2, .max_ctx = 64, .weight_bits = 16, .spec_tokens = 2};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, &r.m, NULL, &p, err, sizeof err), TL_ERR_UNSUPPORTED);
+    printf("# open with spec_tokens, no head: %s\n", err);
+    CHECK(strstr(err, "MTP") != NULL);
+    b = open_be(&r.m, 2, 64);
+    if (b) {
+        CHECK_EQ_INT(b->spec_init(b, 2, err, sizeof err), TL_ERR_UNSUPPORTED);
+        CHECK(strstr(err, "MTP") != NULL);
+        CHECK(!b->spec_ready(b, 0));
+        float lg[1];
+        tl_draft_entry d = {.slot = 0, .step = 0, .token = 1, .logits = lg};
+        CHECK_EQ_INT(b->draft(b, &d, 1, err, sizeof err), TL_ERR_INVALID);
+        CHECK_EQ_INT(b->rollback(b, 0, 1, err, sizeof err), TL_ERR_INVALID);
+        int32_t tok[2] = {1, 2};
+        float *al = xmalloc(sizeof(float) * 2 * r.m.cfg.n_vocab);
+        tl_fwd_entry e;
+        memset(&e, 0, sizeof e);
+        e.slot = 0, e.tokens = tok, e.n_tok = 2, e.all_logits = al;
+        CHECK_EQ_INT(b->forward(b, &e, 1, err, sizeof err), TL_ERR_UNSUPPORTED);
+        free(al);
+        b->close(b);
+    }
+    rm_free(&r);
+}
+
 static void test_mtp_draft_small_bf16(void) { mtp_draft_case(0, 0); }
 static void test_mtp_draft_small_q4(void) { mtp_draft_case(0, 4); }
 static void test_mtp_draft_fullwidth_q4(void) { mtp_draft_case(1, 4); }
@@ -1448,6 +1481,7 @@ int main(int argc, char **argv) {
     T_RUN(test_prefix_cache_small);
     if (!quick) T_RUN(test_prefix_cache_gemm_path);
     T_RUN(test_device_select);
+    T_RUN(test_spec_without_head);
     T_RUN(test_mtp_draft_small_bf16);
     T_RUN(test_mtp_draft_small_q4);
     if (!quick) T_RUN(test_mtp_draft_fullwidth_q4);
