@@ -72,7 +72,8 @@ typedef struct tl_engine_params {
     int device;
     /* Speculative decoding with the checkpoint's MTP head (docs/architecture.md §3.6): draft
      * tokens per step, 0 = off, 1..TL_MAX_SPEC. Turned off, said once on stderr, when the
-     * checkpoint has no MTP head or the backend does not implement speculation. */
+     * checkpoint has no MTP head or the backend does not implement speculation. With
+     * random_weights (CUDA) the head is random too (for measuring costs). */
     int spec_tokens;
 } tl_engine_params;
 

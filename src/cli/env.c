@@ -35,6 +35,8 @@ static const env_switch env_switches[] = {
      "CUDA: batches of >= N tokens compute the router on the tensor cores (default 128; 0: never)"},
     {"TL_CUDA_STATE_BF16=1", ENGINE_CMDS,
      "CUDA: Gated DeltaNet state in bf16, as --state-dtype bf16 (for tools that run `tulip run`)"},
+    {"TL_CUDA_SPEC_RECOMPUTE=1", ENGINE_CMDS,
+     "CUDA, --speculative-tokens: roll back by restore + recompute, not state copies"},
     {"TL_CUDA_ATTN_NO_TC=1", ENGINE_CMDS,
      "CUDA: CUDA-core split-KV decode attention instead of tensor-core"},
     {"TL_CUDA_ATTN_MIN_CHUNK=N", ENGINE_CMDS,

@@ -34,7 +34,7 @@ static const char serve_about[] =
     "usage reports the cached tokens.\n"
     "--speculative-tokens K drafts K tokens a step with the checkpoint's MTP head and\n"
     "verifies them in one forward (greedy output unchanged, sampling the same law); off\n"
-    "without an MTP head or on a backend without it (CPU only so far), said at startup.\n";
+    "without an MTP head, said at startup.\n";
 
 typedef struct serve_opts {
     tl_server_params p;

@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "engine/kv_pages.h"
+#include "engine/batch_plan.h"
 }
 
 #define CB_MAX_GRAPH_B                                                                             \
@@ -36,6 +37,49 @@ typedef struct cb_layer {
     int st_idx;             /* index among layers of its kind (KV / GDN state arrays) */
 } cb_layer;
 
+/* Speculative decoding on the device (cuda_spec.cu, docs/architecture.md §3.6): the MTP head's
+ * weights, its KV (layer n_attn of the paged pool), the hiddens it reads, and per slot what a
+ * rollback needs. Allocated at open when tl_cuda_params.spec_tokens > 0. */
+typedef struct cb_spec {
+    int K;                             /* most draft tokens a step */
+    int on;                            /* spec_init was called */
+    cb_layer L;                        /* mtp.layers.0 (attention, st_idx = n_attn), MoE */
+    float *norm_emb, *norm_hid, *norm; /* [n_embd] (1+w) */
+    tl_gpu_gemm_w fc;                  /* [n_embd, 2 n_embd]: embedding columns first */
+    /* final-normed hiddens [hid_rows][n_embd]: rows 0 .. max_tok-1 those of the running
+     * micro-batch, then ring rows [max_seqs][K+1] (position p of a slot at p % (K+1)), then one
+     * chain row per slot (the last draft step's h') */
+    float *hid;
+    float *cat, *eb; /* [max_tok][2 n_embd], [max_tok][n_embd] */
+    float *alog;     /* [max_seqs * (K+1)][n_vocab] verify logits */
+    /* rollback (docs/architecture.md §3.6): per-token state copies written by the verify's GDN
+     * kernels (gpu.h tl_gpu_ring), conv f32 [n_gdn][max_seqs][K][3][conv_dim] and recurrent
+     * [n_gdn][max_seqs][K][nv][128][128] (st_esz), copy j = the state after the verify's token
+     * j; d_rpos [max_seqs] the verify's first position per slot (-1: none this step). With
+     * TL_CUDA_SPEC_RECOMPUTE=1 instead: gdn, [max_seqs][snap bytes], the GDN state before a
+     * verify, restored, and the accepted tokens run again. */
+    float *conv_ring;
+    char *rec_ring;
+    int32_t *d_rpos, *h_rpos;
+    int recompute;
+    char *gdn;
+    /* the head's micro-batch: meta_at layout, then [4][max_tok]: the hiddens' source rows, the
+     * ring's destination and source rows, the verify rows to gather */
+    int32_t *d_meta, *h_meta;
+    cudaEvent_t meta_ev;
+    int32_t *d_hist, *h_hist; /* [3][max_ctx]: a history for the penalty counts */
+    /* per slot (host) */
+    int *len;         /* tokens the slot holds */
+    int *ok;          /* the head's rows cover the slot (0 after a cache load) */
+    int *dirty;       /* penalty counts hold tokens a rollback removed */
+    int *vpos, *vn;   /* the last verify: positions vpos .. vpos+vn-1; vn 0: none */
+    int32_t *vtok;    /* [max_seqs][K+1] its tokens */
+    int32_t *vprompt; /* its n_prompt */
+    int *arow;        /* [max_seqs][K+1]: the alog row of entry i's token k */
+    int n_alog;       /* alog rows used in this step */
+    int tc_ok;        /* be->yb holds [max_tok][2 n_embd] bf16 (fc's GEMM) */
+} cb_spec;
+
 typedef struct cuda_be {
     tl_config cfg;
     int max_seqs, max_ctx, max_tok, max_out, part_rows;
@@ -45,6 +89,8 @@ typedef struct cuda_be {
     cb_layer L[TL_MAX_LAYERS];
     tl_gpu_gemm_w embd, lm_head;
     float *out_norm;
+    cb_spec *sp;     /* NULL: no speculative decoding */
+    int n_kv_layers; /* KV layers in the pool: n_attn, + 1 for the MTP head */
 
     /* sequence state */
     uint16_t *kc, *vc;        /* [n_attn][n_page][TL_KV_PAGE][n_kv][256] bf16 (gpu.h: paged) */
@@ -144,6 +190,36 @@ void cb_pc_attach(cuda_be *be, tl_backend *b);
 void cb_pc_free(cuda_be *be);
 size_t cb_pc_page_bytes(const cuda_be *be);
 size_t cb_pc_snap_bytes(const cuda_be *be);
+/* The slot's GDN conv and recurrent state <-> buf (cb_pc_snap_bytes: [n_gdn][recurrent], then
+ * [n_gdn][conv]), device to device on the backend's stream; to_buf picks the direction. */
+int cb_state_copy(cuda_be *be, int slot, char *buf, int to_buf);
+/* cuda_spec.cu: speculative decoding (docs/architecture.md §3.6). cb_spec_alloc at open (after
+ * the activations, before the KV pool), cb_spec_free at close, cb_spec_attach sets b's ops. */
+int cb_spec_alloc(cuda_be *be, char *err, size_t errlen);
+void cb_spec_free(cuda_be *be);
+void cb_spec_attach(cuda_be *be, tl_backend *b);
+/* In a forward: before the micro-batches (verify snapshots, penalty counts rebuilt), after each
+ * micro-batch (all-logits rows, the head's rows, the hiddens kept), after the step's final
+ * synchronize (verify logits to the host) and when the page reservation failed. */
+int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen);
+int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs, int n_seg, int tc);
+int cb_spec_end(cuda_be *be, const tl_fwd_entry *e, int n);
+void cb_spec_unreserve(cuda_be *be, const tl_fwd_entry *e, int n);
+/* A slot reset (n_tok 0) or loaded from the prefix cache (n_tok tokens, no head rows). */
+void cb_spec_slot(cuda_be *be, int slot, int n_tok);
+/* Pages for slot[i] up to len[i] positions (all or nothing) and their page-table entries
+ * uploaded (cuda_forward.cu). */
+int cb_kv_grow(cuda_be *be, const int *slot, const int *len, int n, char *err, size_t errlen);
+/* The views of a metadata block in the layout of the step's (d_meta / h_meta). */
+tl_mb_meta cb_meta_at(const cuda_be *be, int32_t *base);
+/* The whole forward (the rollback's recompute calls it). */
+int cb_forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen);
+/* The MTP head's block over T rows (metadata at d_base, hiddens sp->hid[src_rows]); full 0: K
+ * and V only; and the final norm + LM head over n rows (cuda_forward.cu). */
+int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int tc, int n_split,
+                 const int32_t *src_rows);
+int cb_lm_head(cuda_be *be, float *logits, float *xo, const float *x, const float *norm_w, int n,
+               int tc);
 /* cuda_weights.cu: the model's weights onto the device (from m, or random from p's seed). */
 int cb_weights_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, char *err,
                     size_t errlen);

@@ -133,7 +133,7 @@ static int op_gdn_in_conv(const op_ctx *o) {
 static int op_conv(const op_ctx *o) {
     OP_VARS;
     return tl_gpu_conv1d(be->conv_out, be->conv_st, be->proj, be->ld_gdn_in, G->conv_w,
-                         be->conv_dim, s, st);
+                         be->conv_dim, s, NULL, st);
 }
 static int op_gdn(const op_ctx *o) {
     OP_VARS;
@@ -141,7 +141,7 @@ static int op_gdn(const op_ctx *o) {
         a_off = b_off + nv;
     return tl_gpu_gdn(be->y, be->rec_st, be->st_bf16, be->conv_out, be->proj, be->ld_gdn_in, z_off,
                       b_off, a_off, G->dt_bias, G->a_neg, G->gdn_norm, be->cfg.gdn_n_k_head, nv,
-                      be->cfg.rms_eps, s, st);
+                      be->cfg.rms_eps, s, NULL, st);
 }
 static int op_gdn_out(const op_ctx *o) {
     OP_VARS;
@@ -299,6 +299,12 @@ size_t cb_weight_bytes(const cuda_be *be) {
         const cb_layer *L = &be->L[il];
         n += tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) + tl_gpu_mat_bytes(&L->router) +
              tl_gpu_mat_bytes(&L->gate_up) + tl_gpu_mat_bytes(&L->down);
+    }
+    if (be->sp) { /* the MTP head */
+        const cb_layer *L = &be->sp->L;
+        n += tl_gpu_mat_bytes(&be->sp->fc) + tl_gpu_mat_bytes(&L->in) + tl_gpu_mat_bytes(&L->out) +
+             tl_gpu_mat_bytes(&L->router) + tl_gpu_mat_bytes(&L->gate_up) +
+             tl_gpu_mat_bytes(&L->down);
     }
     return n;
 }

@@ -52,13 +52,19 @@ static tl_mb_meta meta_at(const cuda_be *be, int32_t *base) {
     return v;
 }
 
-tl_gpu_seqs cb_seqs(const cuda_be *be, int n_tok, int n_seg) {
-    tl_mb_meta d = meta_at(be, be->d_meta);
+tl_mb_meta cb_meta_at(const cuda_be *be, int32_t *base) { return meta_at(be, base); }
+
+static tl_gpu_seqs seqs_at(const cuda_be *be, int32_t *base, int n_tok, int n_seg) {
+    tl_mb_meta d = meta_at(be, base);
     tl_gpu_seqs s;
     s.tok_pos = d.tok_pos, s.tok_slot = d.tok_slot, s.tok_seg = d.tok_seg;
     s.seg_tok0 = d.seg_tok0, s.seg_n = d.seg_n, s.seg_slot = d.seg_slot, s.seg_pos0 = d.seg_pos0;
     s.n_tok = n_tok, s.n_seg = n_seg;
     return s;
+}
+
+tl_gpu_seqs cb_seqs(const cuda_be *be, int n_tok, int n_seg) {
+    return seqs_at(be, be->d_meta, n_tok, n_seg);
 }
 
 /* The final norm and the LM head over the n_out output rows (logits rows out_row0..). */
@@ -98,12 +104,16 @@ typedef struct layer_ctx {
     char *rec_st; /* this layer's recurrent state, be->st_esz bytes per element */
     uint16_t *kc, *vc;
     tl_gpu_kv_pages pg;
+    /* a GDN layer's per-token state copies of speculative verifies (cuda_spec.cu); base NULL:
+     * none */
+    tl_gpu_ring cring, rring;
 } layer_ctx;
 
-static layer_ctx layer_at(cuda_be *be, int il, int T, const tl_gpu_seqs *s,
+static const tl_gpu_ring *ring_of(const tl_gpu_ring *r) { return r->base ? r : NULL; }
+
+static layer_ctx layer_of(cuda_be *be, const cb_layer *L, int T, const tl_gpu_seqs *s,
                           const tl_gpu_stream *st) {
     const tl_config *c = &be->cfg;
-    const cb_layer *L = &be->L[il];
     size_t kv_layer = (size_t)be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
     size_t conv_layer = (size_t)be->max_seqs * 3 * be->conv_dim;
     size_t rec_layer = (size_t)be->max_seqs * c->gdn_n_v_head * 128 * 128;
@@ -114,7 +124,22 @@ static layer_ctx layer_at(cuda_be *be, int il, int T, const tl_gpu_seqs *s,
     x.rec_st = be->rec_st + L->st_idx * rec_layer * be->st_esz;
     x.kc = be->kc + L->st_idx * kv_layer, x.vc = be->vc + L->st_idx * kv_layer;
     x.pg.table = be->d_ptab, x.pg.max_pages = be->max_pages;
+    memset(&x.cring, 0, sizeof x.cring);
+    memset(&x.rring, 0, sizeof x.rring);
+    const cb_spec *sp = be->sp;
+    if (sp && sp->conv_ring && L->kind == TL_LAYER_GDN) { /* cuda_spec.cu: the rings' layout */
+        size_t n = (size_t)be->max_seqs * sp->K;
+        x.cring.base = sp->conv_ring + L->st_idx * n * 3 * be->conv_dim;
+        x.rring.base = sp->rec_ring + L->st_idx * n * c->gdn_n_v_head * 128 * 128 * be->st_esz;
+        x.cring.pos0 = x.rring.pos0 = sp->d_rpos;
+        x.cring.n = x.rring.n = sp->K;
+    }
     return x;
+}
+
+static layer_ctx layer_at(cuda_be *be, int il, int T, const tl_gpu_seqs *s,
+                          const tl_gpu_stream *st) {
+    return layer_of(be, &be->L[il], T, s, st);
 }
 
 /* Decode GDN block: in-proj (norm fused; for q4 with one token per sequence the conv1d too),
@@ -131,11 +156,11 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
     } else {
         TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0, x->st));
         TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
-                          x->st));
+                          ring_of(&x->cring), x->st));
     }
     TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off, x->b_off,
                    x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head,
-                   eps, x->s, x->st));
+                   eps, x->s, ring_of(&x->rring), x->st));
     return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, x->st);
 }
 
@@ -218,7 +243,7 @@ static int gdn_prefill(const layer_ctx *x, int slot) {
     const cb_layer *L = x->L;
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
-    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
+    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
                       x->st));
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
@@ -340,11 +365,11 @@ static int gdn_tc(const layer_ctx *x, const mb_long *lg) {
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
-                      x->st));
+                      ring_of(&x->cring), x->st));
     tl_gpu_seqs ss = cb_seqs(be, lg->n_short_tok, lg->n_short_seg);
     if (lg->n_short_tok > 0)
         TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
-                           x->a_off, L->dt_bias, L->a_neg, nk, nv, &ss, x->st));
+                           x->a_off, L->dt_bias, L->a_neg, nk, nv, &ss, ring_of(&x->rring), x->st));
     if (lg->n > 0)
         TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                              L->dt_bias, L->a_neg, T, x->st));
@@ -428,6 +453,67 @@ static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int
     return run_layers(be, T, n_seg, n_out, out_row0, n_split);
 }
 
+/* ====== The MTP head's block (docs/model.md §3.2; driven by cuda_spec.cu) ======
+ * T rows described by the metadata at d_base (meta_at layout; positions are the rows' own: the
+ * position of the hidden each one reads), token embeddings and the hiddens sp->hid[src_rows]
+ * normed and concatenated, then fc into be->x. full = 0: only the attention's K and V of the rows
+ * into the head's KV layer (all a trunk forward needs: later draft steps attend to them); full =
+ * 1: the whole block (attention with the gate, o-proj, MoE), leaving t in be->x. tc: the
+ * tensor-core GEMMs (bf16 activations), as the trunk's micro-batch used; else the GEMVs. */
+int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int tc, int n_split,
+                 const int32_t *src_rows) {
+    cb_spec *sp = be->sp;
+    const tl_config *c = &be->cfg;
+    int D = c->n_embd;
+    float eps = c->rms_eps;
+    tl_gpu_stream st = cb_stream(be, 0);
+    tl_mb_meta d = meta_at(be, d_base);
+    tl_gpu_seqs s = seqs_at(be, d_base, T, n_seg);
+    layer_ctx x = layer_of(be, &sp->L, T, &s, &st);
+    const cb_layer *L = &sp->L;
+    TRY(tl_gpu_embed(sp->eb, &be->embd, d.tokens, T, &st));
+    TRY(tl_gpu_mtp_cat(sp->cat, sp->eb, sp->norm_emb, sp->hid, src_rows, sp->norm_hid, T, D, eps,
+                       &st));
+    if (tc) {
+        TRY(tl_gpu_cast_bf16(be->yb, sp->cat, (long)T * 2 * D, &st));
+        TRY(tl_gpu_gemm(be->x, be->yb, &sp->fc, T, NULL, TL_GEMM_OUT_F32, &st));
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->attn_norm, T, D, eps, &st));
+        if (!full) {
+            TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, &st));
+            return tl_gpu_qk_rope_kv(NULL, x.kc, x.vc, be->proj, be->ld_attn_in, L->q_norm,
+                                     L->k_norm, c->n_head, c->n_head_kv, &x.pg, c->rope_theta, eps,
+                                     &s, &st);
+        }
+        TRY(attn_tc(&x, n_split));
+        TRY(tl_gpu_gemm(be->x, be->yb, &L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, &st));
+        return moe_prefill(&x);
+    }
+    TRY(tl_gpu_gemv(be->x, D, &sp->fc, sp->cat, 2 * D, NULL, 0.0f, T, 0, &st));
+    if (!full) {
+        TRY(tl_gpu_gemv(be->proj, be->ld_attn_in, &L->in, be->x, D, L->attn_norm, eps, T, 0, &st));
+        return tl_gpu_qk_rope_kv(NULL, x.kc, x.vc, be->proj, be->ld_attn_in, L->q_norm, L->k_norm,
+                                 c->n_head, c->n_head_kv, &x.pg, c->rope_theta, eps, &s, &st);
+    }
+    TRY(attn_decode(&x, n_split));
+    return moe_decode(&x);
+}
+
+/* The final norm (norm_w) and the LM head over n rows of x into logits [n][n_vocab]: the GEMM
+ * on the tensor cores when tc (and the head's shape suits it), else the GEMV. xo: [n][n_embd]
+ * scratch that receives the normed rows. */
+int cb_lm_head(cuda_be *be, float *logits, float *xo, const float *x, const float *norm_w, int n,
+               int tc) {
+    const tl_config *c = &be->cfg;
+    if (n <= 0) return 0;
+    tl_gpu_stream st = cb_stream(be, 0);
+    if (norm_w) TRY(tl_gpu_rmsnorm(xo, x, norm_w, NULL, n, c->n_embd, c->rms_eps, &st));
+    if (tc && be->lm_head.rows == c->n_vocab && c->n_vocab % 128 == 0) {
+        TRY(tl_gpu_cast_bf16(be->xb, xo, (long)n * c->n_embd, &st));
+        return tl_gpu_gemm(logits, be->xb, &be->lm_head, n, NULL, TL_GEMM_OUT_F32, &st);
+    }
+    return tl_gpu_gemv(logits, c->n_vocab, &be->lm_head, xo, c->n_embd, NULL, 0.0f, n, 0, &st);
+}
+
 /* Captures the decode launches of a batch of T single tokens into be->graph[T] (once). */
 static int capture_decode_graph(cuda_be *be, int T, int n_split, char *err, size_t errlen) {
     cudaGraph_t g;
@@ -460,21 +546,25 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs,
     int long_min = be->pf_ok ? CB_PF_MIN : 0, T = in.n_tok;
     tl_mb_kind kind = tl_mb_kind_of(&in, long_min, be->max_seqs);
     int n_split = tl_mb_attn_splits(&in, kind, CB_DECODE_SPLIT, be->part_rows);
-    int st;
-    if (kind == TL_MB_LONG) {
-        st = run_prefill(be, T, h.seg_slot[0], h.seg_pos0[0], in.n_out, in.out_row0);
-        return st ? tl_errf(err, errlen, st, "CUDA prefill failed (see log)") : 0;
-    }
+    int st, tc = be->pf_ok && (kind == TL_MB_LONG || (be->tc_min > 0 && T >= be->tc_min));
     int use_graph = kind == TL_MB_DECODE && T <= CB_MAX_GRAPH_B && in.n_out == T &&
                     in.out_row0 == 0 && !be->graphs_off && !be->prof;
-    if (!use_graph) {
+    if (kind == TL_MB_LONG) {
+        st = run_prefill(be, T, h.seg_slot[0], h.seg_pos0[0], in.n_out, in.out_row0);
+        if (st) return tl_errf(err, errlen, st, "CUDA prefill failed (see log)");
+    } else if (!use_graph) {
         mb_long lg; /* 16 KB of stack */
         mb_long_of(&h, in.n_seg, T, &lg);
         st = run_short(be, T, in.n_seg, in.n_out, in.out_row0, n_split, lg.n ? &lg : NULL);
-        return st ? tl_errf(err, errlen, st, "CUDA forward failed (see log)") : 0;
+        if (st) return tl_errf(err, errlen, st, "CUDA forward failed (see log)");
+    } else {
+        if (!be->graph[T]) TRY(capture_decode_graph(be, T, n_split, err, errlen));
+        CUDA_TRY(cudaGraphLaunch(be->graph[T], be->stream));
     }
-    if (!be->graph[T]) TRY(capture_decode_graph(be, T, n_split, err, errlen));
-    CUDA_TRY(cudaGraphLaunch(be->graph[T], be->stream));
+    if (be->sp) { /* the MTP head's rows, verify logits, hiddens (docs/architecture.md §3.6) */
+        st = cb_spec_micro(be, e, segs, n_seg, tc);
+        if (st) return tl_errf(err, errlen, st, "CUDA MTP head rows failed (see log)");
+    }
     return 0;
 }
 
@@ -490,9 +580,14 @@ static int has_penalty(const tl_sample_params *p) {
  * h_ptab (the table's storage) may be rewritten here: every earlier upload from it finished at
  * the previous forward's final synchronize. */
 static int kv_reserve(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
-    if (be->n_attn == 0) return 0;
-    int slot[CB_MAX_SEQS], len[CB_MAX_SEQS], old[CB_MAX_SEQS];
+    int slot[CB_MAX_SEQS], len[CB_MAX_SEQS];
     for (int i = 0; i < n; i++) slot[i] = e[i].slot, len[i] = e[i].pos + e[i].n_tok;
+    return cb_kv_grow(be, slot, len, n, err, errlen);
+}
+
+int cb_kv_grow(cuda_be *be, const int *slot, const int *len, int n, char *err, size_t errlen) {
+    if (be->n_kv_layers == 0) return 0;
+    int old[CB_MAX_SEQS];
     TRY(tl_kv_pages_reserve(&be->pages, slot, len, n, old, err, errlen));
     for (int i = 0; i < n; i++) {
         int have = old[i], want = be->pages.np[slot[i]];
@@ -520,6 +615,11 @@ static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, char *
             return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
                            "entry %d: %d + %d tokens exceed the context of %d", i, en->pos,
                            en->n_tok, be->max_ctx);
+        if (en->all_logits && !be->sp)
+            return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                           "entry %d: logits of every token need speculative decoding "
+                           "(tl_cuda_params.spec_tokens)",
+                           i);
         for (int j = 0; j < en->n_tok; j++)
             if (en->tokens[j] < 0 || en->tokens[j] >= be->cfg.n_vocab)
                 return tl_errf(err, errlen, TL_ERR_INVALID,
@@ -620,14 +720,17 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
     return 0;
 }
 
-static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+int cb_forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
     int row_of[CB_MAX_SEQS], long_min = be->pf_ok ? CB_PF_MIN : 0;
     TRY(check_entries(be, e, n, err, errlen));
     int n_rows = tl_mb_rows(e, n, long_min, row_of); /* in plan order: batch_plan.h */
-    TRY(kv_reserve(be, e, n, err, errlen));
+    int rs = kv_reserve(be, e, n, err, errlen);
+    if (rs == TL_ERR_CONTEXT_FULL && be->sp) cb_spec_unreserve(be, e, n); /* pages of drafts */
+    if (rs) return rs;
     for (int i = 0; i < n; i++) be->h_nprompt[e[i].slot] = e[i].n_prompt; /* -1: not known */
     CUDA_TRY(cudaMemcpyAsync(be->d_nprompt, be->h_nprompt, be->max_seqs * sizeof(int32_t),
                              cudaMemcpyHostToDevice, be->stream));
+    if (be->sp) TRY(cb_spec_begin(be, e, n, err, errlen)); /* after d_nprompt: recounts read it */
     if (be->prof) tl_gpu_prof_mark(be->prof, be->stream, "start");
     int n_tok[CB_MAX_SEQS];
     for (int i = 0; i < n; i++) n_tok[i] = e[i].n_tok;
@@ -640,6 +743,7 @@ static int forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, si
      * grammar's mask: tulip.h tl_batch_entry.prepare), the entries' calls spread over the CPU
      * worker pool (64 constrained streams: 64 masks a step) */
     run_prepares(e, n);
+    if (be->sp) TRY(cb_spec_end(be, e, n)); /* verify logits to the host */
     if (n_rows > 0) TRY(sample_rows(be, e, n, row_of, n_rows));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
     CUDA_TRY(cudaGetLastError());
@@ -663,7 +767,7 @@ int cb_forward(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t er
         return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost after an earlier error");
     if (cb_bind(be))
         return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
-    int st = forward_impl(be, e, n, err, errlen);
+    int st = cb_forward_impl(be, e, n, err, errlen);
     if (st == TL_ERR_CUDA) {
         if (cb_device_broken(be)) be->lost = 1;
         if (err && errlen && !err[0])

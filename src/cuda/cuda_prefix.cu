@@ -118,9 +118,13 @@ static int copy_partial(cuda_be *be, int src, int dst, int rows) {
 /* The slot's conv and recurrent state of every GDN layer <-> snapshot `snap` ([n_gdn][rec], then
  * [n_gdn][conv]): one strided copy each. */
 static int copy_state(cuda_be *be, int slot, int snap, int to_cache) {
+    return cb_state_copy(be, slot, be->pc_snap + (size_t)snap * cb_pc_snap_bytes(be), to_cache);
+}
+
+int cb_state_copy(cuda_be *be, int slot, char *buf, int to_cache) {
     if (be->n_gdn == 0) return 0;
     size_t rec = rec_floats(be) * be->st_esz, conv = conv_floats(be); /* rec in bytes */
-    char *s_rec = be->pc_snap + (size_t)snap * cb_pc_snap_bytes(be);
+    char *s_rec = buf;
     float *s_conv = (float *)(s_rec + (size_t)be->n_gdn * rec);
     char *b_rec = be->rec_st + (size_t)slot * rec;
     float *b_conv = be->conv_st + (size_t)slot * conv;
@@ -223,6 +227,7 @@ static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int3
     }
     if (!st) st = copy_state(be, slot, io->snap, 0);
     if (!st) st = count_restored(be, slot, tokens, io->n_tok, n_prompt);
+    if (!st) cb_spec_slot(be, slot, io->n_tok); /* no head rows in a snapshot (§3.6) */
     return finish(be, st, err, errlen);
 }
 

@@ -118,6 +118,7 @@ static void cb_close(tl_backend *b) {
         for (int i = 0; i <= CB_MAX_GRAPH_B; i++)
             if (be->graph[i]) cudaGraphExecDestroy(be->graph[i]);
         cb_weights_free(be);
+        cb_spec_free(be);
         free_state(be);
         free(be->prof);
         if (be->meta_ev) cudaEventDestroy(be->meta_ev);
@@ -135,6 +136,7 @@ static int cb_reset_slot(tl_backend *b, int slot) {
     if (be->lost) return TL_ERR_DEVICE_LOST;
     TRY(cb_bind(be));
     tl_kv_pages_release(&be->pages, slot);
+    cb_spec_slot(be, slot, 0);
     size_t rec = (size_t)be->cfg.gdn_n_v_head * 128 * 128, conv = (size_t)3 * be->conv_dim;
     cudaError_t e = cudaSuccess;
     for (int g = 0; g < be->n_gdn && e == cudaSuccess; g++) {
@@ -215,6 +217,13 @@ static int check_params(const tl_config *c, const tl_model *m, const tl_cuda_par
     if (p->device < 0)
         return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: device %d is negative",
                        p->device);
+    if (p->spec_tokens < 0 || p->spec_tokens > TL_MAX_SPEC)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "CUDA backend: spec_tokens = %d, must be 0..%d",
+                       p->spec_tokens, TL_MAX_SPEC);
+    if (p->spec_tokens > 0 && !p->random_weights && !(m && m->has_mtp))
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "CUDA backend: speculative decoding asked for, but the checkpoint has no "
+                       "MTP head (mtp.*)");
     if (p->random_weights && p->weight_bits != 4 && p->weight_bits != 16)
         return tl_errf(err, errlen, TL_ERR_INVALID, "random weights: bits must be 4 or 16, not %d",
                        p->weight_bits);
@@ -265,6 +274,7 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
         be->L[il].st_idx = c->layer_kind[il] == TL_LAYER_ATTN ? ia++ : ig++;
     }
     be->n_attn = ia, be->n_gdn = ig;
+    be->n_kv_layers = ia + (p->spec_tokens > 0); /* the MTP head's KV: layer n_attn */
 }
 
 #define ALLOC(ptr, type, count)                                                                    \
@@ -290,9 +300,9 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
                            cudaGetErrorString(e_));                                                \
     } while (0)
 
-/* Bytes of one KV page: K and V of every attention layer, bf16. */
+/* Bytes of one KV page: K and V of every attention layer (and the MTP head's), bf16. */
 static size_t kv_page_bytes(const cuda_be *be) {
-    return (size_t)2 * be->n_attn * TL_KV_PAGE * be->cfg.n_head_kv * 256 * sizeof(uint16_t);
+    return (size_t)2 * be->n_kv_layers * TL_KV_PAGE * be->cfg.n_head_kv * 256 * sizeof(uint16_t);
 }
 
 /* The pages the GPU's memory allows: the process may hold `util` of the device's memory once the
@@ -363,7 +373,7 @@ static int alloc_state(cuda_be *be, const tl_cuda_params *p, char *err, size_t e
     ZERO(be->rec_st, rec * be->st_esz);
     TRY(cb_pc_alloc_storage(be, p, err, errlen)); /* before the pool takes what is left */
     TRY(size_pool(be, p, err, errlen));
-    size_t kv = (size_t)be->n_attn * be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
+    size_t kv = (size_t)be->n_kv_layers * be->n_page * TL_KV_PAGE * c->n_head_kv * 256;
     ALLOC(be->kc, uint16_t, kv > 0 ? kv : 1);
     ALLOC(be->vc, uint16_t, kv > 0 ? kv : 1);
     size_t nt = (size_t)be->max_seqs * be->max_pages;
@@ -469,6 +479,7 @@ static int open_phases(cuda_be *be, const tl_model *m, const tl_cuda_params *p, 
     TRY(create_stream(be, err, errlen));
     TRY(cb_weights_load(be, m, p, err, errlen));
     TRY(alloc_activations(be, err, errlen)); /* before the state: the KV pool takes what is left */
+    if (be->sp) TRY(cb_spec_alloc(be, err, errlen));
     TRY(alloc_state(be, p, err, errlen));
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaGetLastError();
@@ -501,6 +512,7 @@ extern "C" int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const t
     }
     b->max_ctx = be->max_ctx; /* chosen in alloc_state when p->max_ctx is 0 */
     cb_pc_attach(be, b);
+    cb_spec_attach(be, b);
     *out = b;
     return 0;
 }

@@ -435,10 +435,51 @@ static int upload_model(cuda_be *be, const tl_model *m, char *err, size_t errlen
     return 0;
 }
 
+/* The MTP head (docs/model.md §3.1) when speculative decoding is asked for: its block as a trunk
+ * attention layer (the same layouts: 4-bit where the checkpoint's parts are MLX 4-bit g64, else
+ * bf16), fc [n_embd, 2 n_embd] as one matrix, the three norms; random (from a seed of its own, so
+ * the trunk is the same with and without it) with random weights. */
+static int mtp_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, char *err,
+                    size_t errlen) {
+    const tl_config *c = &be->cfg;
+    cb_spec *sp = (cb_spec *)xcalloc(1, sizeof *sp);
+    be->sp = sp;
+    sp->K = p->spec_tokens;
+    sp->L.kind = TL_LAYER_ATTN;
+    sp->L.st_idx = be->n_attn; /* its KV: the pool's layer after the trunk's */
+    if (p->random_weights) {
+        uint64_t rs = (p->seed ? p->seed : 1) ^ 0x6d74702d68656164ull;
+        TRY(random_layer(be, &sp->L, p->weight_bits, &rs, err, errlen));
+        TRY(mat_random(&sp->fc, p->weight_bits, c->n_embd, 2 * c->n_embd, host_rng(&rs), 0.02f, err,
+                       errlen));
+        ONES(sp->norm_emb, c->n_embd);
+        ONES(sp->norm_hid, c->n_embd);
+        ONES(sp->norm, c->n_embd);
+        return 0;
+    }
+    const tl_mtp *x = &m->mtp;
+    TRY(upload_layer(be, &sp->L, &x->layer, err, errlen));
+    const tl_mat *pf[1] = {&x->fc};
+    TRY(tl_gpu_mat_upload(&sp->fc, pf, 1, 0, err, errlen));
+    UP(sp->norm_emb, x->norm_emb, c->n_embd);
+    UP(sp->norm_hid, x->norm_hid, c->n_embd);
+    UP(sp->norm, x->norm, c->n_embd);
+    return 0;
+}
+
+static void layer_free(cb_layer *L) {
+    tl_gpu_mat_free(&L->in), tl_gpu_mat_free(&L->out), tl_gpu_mat_free(&L->router);
+    tl_gpu_mat_free(&L->gate_up), tl_gpu_mat_free(&L->down);
+    float *vs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm,
+                   L->conv_w,    L->dt_bias,  L->a_neg,  L->gdn_norm};
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) tl_gpu_free(vs[i]);
+}
+
 int cb_weights_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, char *err,
                     size_t errlen) {
     double t0 = tl_time_s();
     TRY(p->random_weights ? random_model(be, p, err, errlen) : upload_model(be, m, err, errlen));
+    if (p->spec_tokens > 0) TRY(mtp_load(be, m, p, err, errlen));
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_CUDA, "weight upload: %s", cudaGetErrorString(e));
@@ -449,16 +490,14 @@ int cb_weights_load(cuda_be *be, const tl_model *m, const tl_cuda_params *p, cha
 }
 
 void cb_weights_free(cuda_be *be) {
-    for (int il = 0; il < be->cfg.n_layer; il++) {
-        cb_layer *L = &be->L[il];
-        tl_gpu_mat_free(&L->in), tl_gpu_mat_free(&L->out), tl_gpu_mat_free(&L->router);
-        tl_gpu_mat_free(&L->gate_up), tl_gpu_mat_free(&L->down);
-        float *vs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm,
-                       L->conv_w,    L->dt_bias,  L->a_neg,  L->gdn_norm};
-        for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) tl_gpu_free(vs[i]);
-    }
+    for (int il = 0; il < be->cfg.n_layer; il++) layer_free(&be->L[il]);
     tl_gpu_mat_free(&be->embd), tl_gpu_mat_free(&be->lm_head);
     tl_gpu_free(be->out_norm);
+    if (be->sp) { /* the MTP head's weights (its buffers: cb_spec_free) */
+        layer_free(&be->sp->L);
+        tl_gpu_mat_free(&be->sp->fc);
+        tl_gpu_free(be->sp->norm_emb), tl_gpu_free(be->sp->norm_hid), tl_gpu_free(be->sp->norm);
+    }
 }
 
 /* ====== 4-bit repack (MLX -> q4 tiled) and SwiGLU interleave. ====== */

@@ -146,6 +146,15 @@ int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows,
 /* The same, plus the low plane yl = bf16(v - y) of each normed value v (yl may be NULL). */
 int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, const float *w, int n_rows,
                           int n, float eps, const tl_gpu_stream *st);
+/* The MTP head's input (docs/model.md §3.2 step 1): cat [n_tok, 2n] = [rmsnorm(e[t]; w_e) |
+ * rmsnorm(h[r]; w_h)] with r = h_rows[t] (h_rows NULL: r = t), the embedding first. */
+int tl_gpu_mtp_cat(float *cat, const float *e, const float *w_e, const float *h,
+                   const int32_t *h_rows, const float *w_h, int n_tok, int n, float eps,
+                   const tl_gpu_stream *st);
+/* dst[dst_rows[i]] = src[src_rows[i]] for i < n_rows, rows of n f32 (a NULL index array: row i);
+ * the destination rows must be distinct. Bit-exact. */
+int tl_gpu_copy_rows(float *dst, const int32_t *dst_rows, const float *src, const int32_t *src_rows,
+                     int n_rows, int n, const tl_gpu_stream *st);
 /* y[i] = x[i] rounded to bf16 (nearest even), i < n: f32 activations into the GEMMs. */
 int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *st);
 
@@ -181,11 +190,23 @@ size_t tl_gpu_gemm_ws_bytes(const tl_gpu_gemm_w *w, int n);
 
 /* ====== Gated DeltaNet (docs/model.md §2.4) ====== */
 
+/* Per-token state copies of a speculative verify (docs/architecture.md §3.6), written by the
+ * decode kernels conv1d, gdn and gdn_raw: a token at position p of slot s with pos0[s] >= 0 and
+ * 0 <= j = p - pos0[s] < n also writes the state after it to copy j of the slot, at element
+ * (s * n + j) * (one slot's state of the kernel's layer) of base, in the state's own layout and
+ * dtype. A rollback to any of those positions is then a copy. NULL (or base NULL): none. */
+typedef struct tl_gpu_ring {
+    void *base;
+    const int32_t *pos0; /* [n_slot] device; < 0: no copies for that slot */
+    int n;
+} tl_gpu_ring;
+
 /* Causal depthwise conv (kernel 4) + SiLU over the first C columns of in [n_tok, ld_in], per
  * segment, in token order; state [n_slot][3][C] f32 holds each slot's last 3 pre-conv inputs
- * (oldest first). out [n_tok, C]. w [C, 4]. */
+ * (oldest first). out [n_tok, C]. w [C, 4]. ring (NULL: none): the state after tokens of
+ * a verify, f32 [n_slot][ring->n][3][C]. */
 int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w, int C,
-                  const tl_gpu_seqs *s, const tl_gpu_stream *st);
+                  const tl_gpu_seqs *s, const tl_gpu_ring *ring, const tl_gpu_stream *st);
 /* Decode: tl_gpu_gemv (no accumulate) for a q4 GDN in-projection of one token per sequence with
  * the conv1d of tl_gpu_conv1d fused: rows r < C give conv_out[t, r] (SiLU of the conv over
  * conv_state[tok_slot[t]] and the new value, state shifted) instead of y[t, r]; rows >= C go
@@ -199,18 +220,20 @@ int tl_gpu_gemv_conv1d(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
  * qkv [n_tok, 2*nk*128 + nv*128] (conv output), z, b, a from proj [n_tok, ld_proj] at column
  * offsets z_off, b_off, a_off. S [n_slot][nv][128][128] f32, or bf16 when s_bf16 (read into
  * f32 registers, rounded back once per segment). y [n_tok, nv*128] = gated RMSNorm of the output
- * with norm_w [128]. */
+ * with norm_w [128]. ring (NULL: none): the state after tokens of a verify, [n_slot][ring->n]
+ * [nv][128][128] in S's dtype (each copy rounded from the f32 registers when bf16). */
 int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
                int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                const float *norm_w, int n_k_head, int n_v_head, float eps, const tl_gpu_seqs *s,
-               const tl_gpu_stream *st);
+               const tl_gpu_ring *ring, const tl_gpu_stream *st);
 /* The same step without the gated norm (steps 4-7): o [n_tok, nv*128] f32 raw; for many
  * sequences at once (the state is cut by columns into more, smaller blocks; the batched decode
  * path then applies tl_gpu_gated_rmsnorm_bf16). Same results as tl_gpu_gdn up to the order of the
- * q/k norm sums. */
+ * q/k norm sums; ring as there. */
 int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
                    int b_off, int a_off, const float *dt_bias, const float *a_neg, int n_k_head,
-                   int n_v_head, const tl_gpu_seqs *s, const tl_gpu_stream *st);
+                   int n_v_head, const tl_gpu_seqs *s, const tl_gpu_ring *ring,
+                   const tl_gpu_stream *st);
 /* Prefill: the gates (§2.4 step 4), fp32: for token t and value head h,
  * g[t,h] = a_neg[h] * softplus(a[t*ld + h] + dt_bias[h]), beta[t,h] = sigmoid(b[t*ld + h]);
  * a, b f32 rows of stride ld (columns of the fused in-projection output); a_neg = -exp(A_log). */

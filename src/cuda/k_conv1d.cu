@@ -13,11 +13,13 @@
  *   writes the state (it computes the new state from `in` right after reading the old one), so
  *   the chunks run in parallel without a race. Every output is the same expression as in a
  *   token-serial loop: bit-identical to it.
- * Bytes: in + out (8 * C per token) + state (2 * 12 * C per segment) + w.
- * Tested against cpu_conv1d_step (test_kernels.c: test_conv1d). */
+ * Ring (gpu.h tl_gpu_ring; a speculative verify): chunk 0's thread also writes the state after
+ * each token with a copy, c_{i-2}, c_{i-1}, c_i, from the old state and `in` (no reads of out).
+ * Bytes: in + out (8 * C per token) + state (2 * 12 * C per segment) + w (+ 12 * C per copy).
+ * Tested against cpu_conv1d_step (test_kernels.c: test_conv1d, with copies). */
 #define CV_CHUNK 32
 __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, int ld_in,
-                                   const float *w, int C, tl_gpu_seqs s) {
+                                   const float *w, int C, tl_gpu_seqs s, tl_gpu_ring ring) {
     pdl_trigger();
     pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y, i0 = blockIdx.z * CV_CHUNK;
@@ -35,6 +37,18 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
             int j = n - 3 + k; /* c_j; j < 0: the old state's entry j + 3 */
             st[(size_t)k * C] = j >= 0 ? ic[(size_t)j * ld_in] : old[j + 3];
         }
+        int slot = s.seg_slot[g], p0 = ring.base ? ring.pos0[slot] : -1;
+        if (p0 >= 0) { /* copies of the state after tokens i (positions p0 .. p0 + ring.n - 1) */
+            int pos = s.seg_pos0[g];
+            for (int i = max(0, p0 - pos); i < min(n, p0 + ring.n - pos); i++) {
+                float *rc =
+                    (float *)ring.base + ((size_t)slot * ring.n + (pos + i - p0)) * 3 * C + ch;
+                for (int k = 0; k < 3; k++) {
+                    int j = i - 2 + k;
+                    rc[(size_t)k * C] = j >= 0 ? ic[(size_t)j * ld_in] : old[j + 3];
+                }
+            }
+        }
     } else {
         s0 = ic[(size_t)(i0 - 3) * ld_in], s1 = ic[(size_t)(i0 - 2) * ld_in];
         s2 = ic[(size_t)(i0 - 1) * ld_in];
@@ -49,11 +63,14 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
 }
 
 extern "C" int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w,
-                             int C, const tl_gpu_seqs *s, const tl_gpu_stream *st) {
+                             int C, const tl_gpu_seqs *s, const tl_gpu_ring *ring,
+                             const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
+    tl_gpu_ring r = {NULL, NULL, 0};
+    if (ring && ring->base) r = *ring;
     int longest = s->n_tok - s->n_seg + 1; /* every segment has at least one token */
     dim3 grid(CEIL_DIV(C, 256), s->n_seg, CEIL_DIV(longest, CV_CHUNK));
-    TL_LAUNCH(st, "conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C,
-              *s);
+    TL_LAUNCH(st, "conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C, *s,
+              r);
     return 0;
 }

@@ -17,6 +17,15 @@ static __device__ __forceinline__ void state_st(void *S, int bf, size_t i, float
         ((float *)S)[i] = v;
 }
 
+/* The element offset of copy (slot, position pos) of a head's state in ring (gpu.h
+ * tl_gpu_ring), or -1 when that token keeps no copy. */
+static __device__ __forceinline__ long long ring_at(const tl_gpu_ring &ring, int slot, int pos,
+                                                    int nv, int h) {
+    int p0 = ring.base ? ring.pos0[slot] : -1, j = pos - p0;
+    if (p0 < 0 || j < 0 || j >= ring.n) return -1;
+    return (((long long)slot * ring.n + j) * nv + h) * GDN_D * GDN_D;
+}
+
 /* gdn_step_kernel  (docs/model.md §2.4 steps 4-8, HF torch_recurrent_gated_delta_rule)
  *   beta = sigmoid(b);  g = a_neg * softplus(a + dt_bias)
  *   q = l2norm(q) / sqrt(128);  k = l2norm(k)            (x * rsqrt(sum x^2 + 1e-6))
@@ -29,12 +38,14 @@ static __device__ __forceinline__ void state_st(void *S, int bf, size_t i, float
  *   rows 32*(i/128) .. +31 in registers (a warp reads 128 contiguous bytes of one state row); the
  *   four owners of a column add their partial sums through shared memory in a fixed order.
  *   Tokens of the segment run in order inside the block.
- * Bytes: S read and written once per segment (64 KiB per head) + q, k, v, z per token.
+ * Bytes: S read and written once per segment (64 KiB per head) + q, k, v, z per token (+ S
+ *   written once more per token with a ring copy: gpu.h tl_gpu_ring, a speculative verify).
  * Tested against cpu_l2norm + cpu_gdn_step + cpu_rmsnorm_gated (test_kernels.c: test_gdn). */
 __global__ void __launch_bounds__(512)
     gdn_step_kernel(float *y, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
                     int z_off, int b_off, int a_off, const float *dt_bias, const float *a_neg,
-                    const float *norm_w, int nk, int nv, float eps, tl_gpu_seqs s) {
+                    const float *norm_w, int nk, int nv, float eps, tl_gpu_seqs s,
+                    tl_gpu_ring ring) {
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][GDN_D];
     __shared__ float sbuf[32];
@@ -102,6 +113,12 @@ __global__ void __launch_bounds__(512)
             y[t * (nv * GDN_D) + h * GDN_D + c] =
                 o * rsqrtf(oo / (float)GDN_D + eps) * nwc * silu_f(z);
         }
+        long long rc = ring_at(ring, slot, s.seg_pos0[g] + i, nv, h);
+        if (rc >= 0) {
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+                state_st(ring.base, s_bf16, (size_t)rc + (size_t)(rp * 32 + j) * GDN_D + c, st[j]);
+        }
         __syncthreads(); /* sq/sk/s_gate are rewritten by the next token */
     }
 #pragma unroll
@@ -111,11 +128,14 @@ __global__ void __launch_bounds__(512)
 extern "C" int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const float *proj,
                           int ld_proj, int z_off, int b_off, int a_off, const float *dt_bias,
                           const float *a_neg, const float *norm_w, int n_k_head, int n_v_head,
-                          float eps, const tl_gpu_seqs *s, const tl_gpu_stream *st) {
+                          float eps, const tl_gpu_seqs *s, const tl_gpu_ring *ring,
+                          const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head, s->n_seg);
+    tl_gpu_ring r = {NULL, NULL, 0};
+    if (ring && ring->base) r = *ring;
     TL_LAUNCH(st, "gdn_step", gdn_step_kernel, grid, dim3(512), 0, y, S, s_bf16, qkv, proj, ld_proj,
-              z_off, b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s);
+              z_off, b_off, a_off, dt_bias, a_neg, norm_w, n_k_head, n_v_head, eps, *s, r);
     return 0;
 }
 
@@ -127,12 +147,12 @@ extern "C" int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const
  * their state loads, recurrences and stores interleave on an SM instead of alternating in two
  * large blocks. o is raw (f32 [n_tok, nv*128]); the gated RMSNorm follows
  * (tl_gpu_gated_rmsnorm_bf16). Thread (warp w, lane l) owns column 32*quarter + l, rows 32w..+31;
- * partial sums added in the fixed order of gdn_step_kernel. No PDL (the GEMM path launches it).
+ * partial sums added in the fixed order of gdn_step_kernel. Waits for its predecessor (PDL).
  * Tested against cpu_gdn_step (test_kernels.c: test_gdn, raw output and state). */
 __global__ void __launch_bounds__(128)
     gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
                     int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
-                    int nk, int nv, tl_gpu_seqs s) {
+                    int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][32];
@@ -186,6 +206,12 @@ __global__ void __launch_bounds__(128)
         if (rp == 0)
             o_out[t * (nv * GDN_D) + h * GDN_D + c] =
                 s_part[0][tid] + s_part[1][tid] + s_part[2][tid] + s_part[3][tid];
+        long long rc = ring_at(ring, slot, s.seg_pos0[g] + i, nv, h);
+        if (rc >= 0) {
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+                state_st(ring.base, s_bf16, (size_t)rc + (size_t)(rp * 32 + j) * GDN_D + c, st[j]);
+        }
         __syncthreads(); /* sq/sk/s_part/s_gate are rewritten by the next token */
     }
 #pragma unroll
@@ -195,10 +221,12 @@ __global__ void __launch_bounds__(128)
 extern "C" int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, const float *proj,
                               int ld_proj, int b_off, int a_off, const float *dt_bias,
                               const float *a_neg, int n_k_head, int n_v_head, const tl_gpu_seqs *s,
-                              const tl_gpu_stream *st) {
+                              const tl_gpu_ring *ring, const tl_gpu_stream *st) {
     if (s->n_seg <= 0) return 0;
     dim3 grid(n_v_head * 4, s->n_seg);
+    tl_gpu_ring r = {NULL, NULL, 0};
+    if (ring && ring->base) r = *ring;
     TL_LAUNCH(st, "gdn_cols", gdn_cols_kernel, grid, dim3(128), 0, o, S, s_bf16, qkv, proj, ld_proj,
-              b_off, a_off, dt_bias, a_neg, n_k_head, n_v_head, *s);
+              b_off, a_off, dt_bias, a_neg, n_k_head, n_v_head, *s, r);
     return 0;
 }

@@ -107,3 +107,54 @@ extern "C" int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gp
     TL_LAUNCH(st, "cast_bf16", cast_bf16_kernel, dim3((unsigned)blocks), dim3(256), 0, y, x, n);
     return 0;
 }
+
+/* mtp_cat_kernel  (docs/model.md §3.2 step 1: the MTP head's input)
+ *   cat[t, 0:n]  = rmsnorm(e[t]; w_e)
+ *   cat[t, n:2n] = rmsnorm(h[r]; w_h),  r = h_rows ? h_rows[t] : t
+ * Shapes: e [n_tok, n] f32 (the token's embedding), h [*, n] f32 (a hidden picked by row),
+ * cat [n_tok, 2n] f32. Threads: one block of 256 per (token, half); block reduction as
+ * rmsnorm_row_kernel. Tested against cpu_rmsnorm (test_kernels.c: test_mtp_cat). */
+__global__ void mtp_cat_kernel(float *cat, const float *e, const float *w_e, const float *h,
+                               const int32_t *h_rows, const float *w_h, int n, float eps) {
+    __shared__ float sbuf[32];
+    int t = blockIdx.x, half = blockIdx.y;
+    const float *xr = half ? h + (size_t)(h_rows ? h_rows[t] : t) * n : e + (size_t)t * n;
+    const float *w = half ? w_h : w_e;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
+    s = block_sum(s, sbuf);
+    float inv = rsqrtf(s / (float)n + eps);
+    float *y = cat + (size_t)t * 2 * n + (size_t)half * n;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) y[c] = xr[c] * inv * w[c];
+}
+
+extern "C" int tl_gpu_mtp_cat(float *cat, const float *e, const float *w_e, const float *h,
+                              const int32_t *h_rows, const float *w_h, int n_tok, int n, float eps,
+                              const tl_gpu_stream *st) {
+    if (n_tok < 0 || n <= 0) return TL_ERR_INVALID;
+    if (n_tok == 0) return 0;
+    TL_LAUNCH(st, "mtp_cat", mtp_cat_kernel, dim3(n_tok, 2), dim3(256), 0, cat, e, w_e, h, h_rows,
+              w_h, n, eps);
+    return 0;
+}
+
+/* copy_rows_kernel: dst[dr, :] = src[sr, :], dr = dst_rows ? dst_rows[i] : i, sr likewise, for
+ * i < n_rows (rows of n f32; the destination rows must be distinct). Threads: one block of 256
+ * per row. Bit-exact; tested in test_kernels.c: test_copy_rows. */
+__global__ void copy_rows_kernel(float *dst, const int32_t *dst_rows, const float *src,
+                                 const int32_t *src_rows, int n) {
+    int i = blockIdx.x;
+    float *d = dst + (size_t)(dst_rows ? dst_rows[i] : i) * n;
+    const float *s = src + (size_t)(src_rows ? src_rows[i] : i) * n;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) d[c] = s[c];
+}
+
+extern "C" int tl_gpu_copy_rows(float *dst, const int32_t *dst_rows, const float *src,
+                                const int32_t *src_rows, int n_rows, int n,
+                                const tl_gpu_stream *st) {
+    if (n_rows < 0 || n <= 0) return TL_ERR_INVALID;
+    if (n_rows == 0) return 0;
+    TL_LAUNCH(st, "copy_rows", copy_rows_kernel, dim3(n_rows), dim3(256), 0, dst, dst_rows, src,
+              src_rows, n);
+    return 0;
+}

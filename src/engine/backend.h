@@ -147,6 +147,11 @@ typedef struct tl_cuda_params {
     /* CUDA device ordinal among the visible ones (CUDA_VISIBLE_DEVICES, applied by the runtime);
      * every entry point makes it current on its calling thread. */
     int device;
+    /* > 0: the most MTP draft tokens a step (1..TL_MAX_SPEC; docs/architecture.md §3.6): the
+     * MTP head is uploaded (random with random_weights), its KV gets a layer in the pool and
+     * the buffers of drafts, verifies and rollbacks are allocated at open; spec_init may then
+     * ask for up to this many. 0: no speculation (spec_init fails). */
+    int spec_tokens;
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);

@@ -93,7 +93,12 @@ static int open_cuda(tl_engine *e, const tl_engine_params *p, char *cerr, size_t
                          .prefix_cache_bytes = p->prefix_cache_bytes == 0  ? -1
                                                : p->prefix_cache_bytes < 0 ? 0
                                                                            : p->prefix_cache_bytes,
-                         .device = p->device};
+                         .device = p->device,
+                         /* the head is uploaded only when speculation can run (§3.6) */
+                         .spec_tokens = p->spec_tokens > 0 && p->spec_tokens <= TL_MAX_SPEC &&
+                                                (e->model ? e->model->has_mtp : p->random_weights)
+                                            ? p->spec_tokens
+                                            : 0};
     return tl_backend_cuda_open(&e->be, e->model, &e->cfg, &cp, cerr, n);
 #else
     return tl_errf(cerr, n, TL_ERR_UNSUPPORTED, "this build has no CUDA backend (make cuda)");
@@ -163,7 +168,8 @@ static int open_spec(tl_engine *e, const tl_engine_params *p, char *err, size_t 
         return tl_errf(err, errlen, TL_ERR_INVALID, "speculative tokens %d: not in [0, %d]",
                        p->spec_tokens, TL_MAX_SPEC);
     if (!p->spec_tokens) return 0;
-    const char *off = !e->model || !e->model->has_mtp ? "the checkpoint has no MTP head (mtp.*)"
+    /* random weights (CUDA): the backend builds a random head */
+    const char *off = e->model && !e->model->has_mtp ? "the checkpoint has no MTP head (mtp.*)"
                       : !e->be->spec_init || !e->be->draft || !e->be->rollback || !e->be->spec_ready
                           ? "the backend does not implement it"
                           : NULL;

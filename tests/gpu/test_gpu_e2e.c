@@ -19,6 +19,7 @@
 #include "gpu_util.h"
 #include "engine/backend.h"
 #include "engine/prefix_cache.h"
+#include "engine/sample.h"
 #include "model/shape.h"
 
 static unsigned long long rs = 0xfeedbeefcafef00dull;
@@ -45,6 +46,8 @@ static float *rm_vec(rmodel *r, size_t n, float base, float amp) {
     return v;
 }
 
+static void rm_layer(rmodel *r, tl_layer *L, int il, tl_layer_kind kind, int bits);
+
 static void rm_build(rmodel *r, int full, int bits) {
     memset(r, 0, sizeof *r);
     tl_config *c = &r->m.cfg;
@@ -68,59 +71,65 @@ static void rm_build(rmodel *r, int full, int bits) {
     c->max_pos = TL_MAX_POS;
     for (int il = 0; il < c->n_layer; il++)
         c->layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
-    int D = c->n_embd, E = c->n_expert, F = c->n_ff_expert, nv = c->gdn_n_v_head;
-    int conv = tl_config_gdn_conv_dim(c), val = tl_config_gdn_val_dim(c);
-    float a = 0.08f;
+    int D = c->n_embd, E = c->n_expert;
     r->m.tok_embd = rm_mat(r, c->n_vocab, D, bits, 0.5f)->m;
     r->m.output = rm_mat(r, c->n_vocab, D, bits, 0.1f)->m;
     r->m.out_norm = rm_vec(r, D, 1.0f, 0.2f);
-    r->ex_g = xcalloc((size_t)c->n_layer * E, sizeof(hmat));
-    r->ex_u = xcalloc((size_t)c->n_layer * E, sizeof(hmat));
-    r->ex_d = xcalloc((size_t)c->n_layer * E, sizeof(hmat));
-    r->views = xcalloc((size_t)c->n_layer * 3 * E, sizeof(tl_mat));
-    for (int il = 0; il < c->n_layer; il++) {
-        tl_layer *L = &r->m.layers[il];
-        L->kind = c->layer_kind[il];
-        L->attn_norm = rm_vec(r, D, 1.0f, 0.2f);
-        L->ffn_norm = rm_vec(r, D, 1.0f, 0.2f);
-        if (L->kind == TL_LAYER_GDN) {
-            L->gdn_qkv = rm_mat(r, conv, D, bits, a)->m;
-            L->gdn_z = rm_mat(r, val, D, bits, a)->m;
-            L->gdn_b = rm_mat(r, nv, D, bits, a)->m;
-            L->gdn_a = rm_mat(r, nv, D, bits, a)->m;
-            L->gdn_conv = rm_vec(r, (size_t)conv * 4, 0.0f, 0.5f);
-            L->gdn_dt_bias = rm_vec(r, nv, 1.0f, 0.5f);
-            L->gdn_a_neg = rm_vec(r, nv, -8.0f, 7.0f);
-            L->gdn_norm = rm_vec(r, 128, 1.0f, 0.2f);
-            L->gdn_out = rm_mat(r, D, val, bits, a)->m;
-        } else {
-            L->attn_q = rm_mat(r, c->n_head * 512, D, bits, a)->m;
-            L->attn_k = rm_mat(r, c->n_head_kv * 256, D, bits, a)->m;
-            L->attn_v = rm_mat(r, c->n_head_kv * 256, D, bits, a)->m;
-            L->attn_o = rm_mat(r, D, c->n_head * 256, bits, a)->m;
-            L->attn_q_norm = rm_vec(r, 256, 1.0f, 0.2f);
-            L->attn_k_norm = rm_vec(r, 256, 1.0f, 0.2f);
-        }
-        L->moe_router = rm_mat(r, E, D, 0, 0.3f)->m;
-        L->sh_gate_inp = rm_mat(r, 1, D, 0, a)->m;
-        L->sh_gate = rm_mat(r, F, D, bits, a)->m;
-        L->sh_up = rm_mat(r, F, D, bits, a)->m;
-        L->sh_down = rm_mat(r, D, F, bits, a)->m;
-        tl_mat *vg = r->views + (size_t)il * 3 * E, *vu = vg + E, *vd = vu + E;
-        for (int e = 0; e < E; e++) {
-            hmat *hg = &r->ex_g[il * E + e], *hu = &r->ex_u[il * E + e], *hd = &r->ex_d[il * E + e];
-            hmat_random(hg, F, D, bits, a, &rs);
-            hmat_random(hu, F, D, bits, a, &rs);
-            hmat_random(hd, D, F, bits, a, &rs);
-            vg[e] = hg->m, vu[e] = hu->m, vd[e] = hd->m;
-        }
-        L->exp_gate = vg, L->exp_up = vu, L->exp_down = vd;
+    /* experts of n_layer layers and of the MTP head's block (rm_add_mtp) */
+    r->ex_g = xcalloc((size_t)(c->n_layer + 1) * E, sizeof(hmat));
+    r->ex_u = xcalloc((size_t)(c->n_layer + 1) * E, sizeof(hmat));
+    r->ex_d = xcalloc((size_t)(c->n_layer + 1) * E, sizeof(hmat));
+    r->views = xcalloc((size_t)(c->n_layer + 1) * 3 * E, sizeof(tl_mat));
+    for (int il = 0; il < c->n_layer; il++)
+        rm_layer(r, &r->m.layers[il], il, c->layer_kind[il], bits);
+}
+
+/* One random layer of kind `kind` into L (its experts in slot il of r's expert arrays). */
+static void rm_layer(rmodel *r, tl_layer *L, int il, tl_layer_kind kind, int bits) {
+    const tl_config *c = &r->m.cfg;
+    int D = c->n_embd, E = c->n_expert, F = c->n_ff_expert, nv = c->gdn_n_v_head;
+    int conv = tl_config_gdn_conv_dim(c), val = tl_config_gdn_val_dim(c);
+    float a = 0.08f;
+    L->kind = kind;
+    L->attn_norm = rm_vec(r, D, 1.0f, 0.2f);
+    L->ffn_norm = rm_vec(r, D, 1.0f, 0.2f);
+    if (L->kind == TL_LAYER_GDN) {
+        L->gdn_qkv = rm_mat(r, conv, D, bits, a)->m;
+        L->gdn_z = rm_mat(r, val, D, bits, a)->m;
+        L->gdn_b = rm_mat(r, nv, D, bits, a)->m;
+        L->gdn_a = rm_mat(r, nv, D, bits, a)->m;
+        L->gdn_conv = rm_vec(r, (size_t)conv * 4, 0.0f, 0.5f);
+        L->gdn_dt_bias = rm_vec(r, nv, 1.0f, 0.5f);
+        L->gdn_a_neg = rm_vec(r, nv, -8.0f, 7.0f);
+        L->gdn_norm = rm_vec(r, 128, 1.0f, 0.2f);
+        L->gdn_out = rm_mat(r, D, val, bits, a)->m;
+    } else {
+        L->attn_q = rm_mat(r, c->n_head * 512, D, bits, a)->m;
+        L->attn_k = rm_mat(r, c->n_head_kv * 256, D, bits, a)->m;
+        L->attn_v = rm_mat(r, c->n_head_kv * 256, D, bits, a)->m;
+        L->attn_o = rm_mat(r, D, c->n_head * 256, bits, a)->m;
+        L->attn_q_norm = rm_vec(r, 256, 1.0f, 0.2f);
+        L->attn_k_norm = rm_vec(r, 256, 1.0f, 0.2f);
     }
+    L->moe_router = rm_mat(r, E, D, 0, 0.3f)->m;
+    L->sh_gate_inp = rm_mat(r, 1, D, 0, a)->m;
+    L->sh_gate = rm_mat(r, F, D, bits, a)->m;
+    L->sh_up = rm_mat(r, F, D, bits, a)->m;
+    L->sh_down = rm_mat(r, D, F, bits, a)->m;
+    tl_mat *vg = r->views + (size_t)il * 3 * E, *vu = vg + E, *vd = vu + E;
+    for (int e = 0; e < E; e++) {
+        hmat *hg = &r->ex_g[il * E + e], *hu = &r->ex_u[il * E + e], *hd = &r->ex_d[il * E + e];
+        hmat_random(hg, F, D, bits, a, &rs);
+        hmat_random(hu, F, D, bits, a, &rs);
+        hmat_random(hd, D, F, bits, a, &rs);
+        vg[e] = hg->m, vu[e] = hu->m, vd[e] = hd->m;
+    }
+    L->exp_gate = vg, L->exp_up = vu, L->exp_down = vd;
 }
 
 static void rm_free(rmodel *r) {
     for (int i = 0; i < r->n_mats; i++) hmat_free(&r->mats[i]);
-    int n = r->m.cfg.n_layer * r->m.cfg.n_expert;
+    int n = (r->m.cfg.n_layer + 1) * r->m.cfg.n_expert;
     for (int i = 0; i < n; i++)
         hmat_free(&r->ex_g[i]), hmat_free(&r->ex_u[i]), hmat_free(&r->ex_d[i]);
     for (int i = 0; i < r->n_vecs; i++) free(r->vecs[i]);
@@ -1142,6 +1151,456 @@ static void test_device_select(void) {
     rm_free(&r);
 }
 
+/* ====== Speculative decoding on the GPU (docs/architecture.md §3.6) ====== */
+
+/* A random MTP head (docs/model.md §3.1) for r: one gated-attention + MoE block of the trunk's
+ * shapes (its experts in the arrays' last slot), fc [n_embd, 2 n_embd], three norms. */
+static void rm_add_mtp(rmodel *r, int bits) {
+    const tl_config *c = &r->m.cfg;
+    int D = c->n_embd;
+    tl_mtp *x = &r->m.mtp;
+    x->norm_emb = rm_vec(r, D, 1.0f, 0.2f);
+    x->norm_hid = rm_vec(r, D, 1.0f, 0.2f);
+    x->fc = rm_mat(r, D, 2 * D, bits, 0.08f)->m;
+    rm_layer(r, &x->layer, c->n_layer, TL_LAYER_ATTN, bits);
+    x->norm = rm_vec(r, D, 1.0f, 0.2f);
+    r->m.has_mtp = 1;
+}
+
+/* A backend with the head for up to K draft tokens, speculation on (rollback by the verify's
+ * state copies, or with recompute by TL_CUDA_SPEC_RECOMPUTE=1's restore and recompute).
+ * TL_CUDA_TC_MIN=0 keeps every micro-batch of a full-width model on the GEMV kernels (the oracle
+ * comparisons' path; the tensor-core path's rounding is test_tc_decode_batched's and
+ * test_spec_gemm_path's). */
+static tl_backend *open_spec(const tl_model *m, int max_seqs, int max_ctx, int K, int recompute) {
+    tl_cuda_params p = {
+        .max_seqs = max_seqs, .max_ctx = max_ctx, .weight_bits = 16, .spec_tokens = K};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    setenv("TL_CUDA_TC_MIN", "0", 1);
+    if (recompute) setenv("TL_CUDA_SPEC_RECOMPUTE", "1", 1);
+    int st = tl_backend_cuda_open(&b, m, NULL, &p, err, sizeof err);
+    unsetenv("TL_CUDA_TC_MIN");
+    unsetenv("TL_CUDA_SPEC_RECOMPUTE");
+    if (!st) st = b->spec_init(b, K, err, sizeof err);
+    if (st) printf("# spec backend open failed: %s\n", err);
+    CHECK_EQ_INT(st, 0);
+    return b;
+}
+
+/* Draft logits on the GPU against cpu_mtp_forward (the oracle): two sequences (prompts of 12 and
+ * 7 tokens, prefilled in one forward, so the head's rows of both come from one micro-batch), then
+ * K chained draft steps of both in one draft call each, random draft tokens. The oracle's head
+ * cache is filled from cpu_forward_h's hiddens (rows 0 .. n - 2), step 0 reads the trunk's last
+ * hidden, step j > 0 the h' of step j - 1. Bound: logits NMSE 5e-6, the e2e bound and for the same
+ * reason (the GPU keeps the trunk's and the head's K and V in bf16; the head adds one attention +
+ * MoE block to the 4 layers). Also: the op's errors (a step past K, a slot not ready). */
+static void mtp_draft_case(int full, int bits) {
+    rmodel r;
+    rm_build(&r, full, bits);
+    rm_add_mtp(&r, bits);
+    const tl_config *c = &r.m.cfg;
+    int V = c->n_vocab, D = c->n_embd, K = 3, max_ctx = 64, len[2] = {12, 7};
+    tl_backend *b = open_spec(&r.m, 2, max_ctx, K, 0);
+    if (!b) {
+        rm_free(&r);
+        return;
+    }
+    int32_t prompt[2][12];
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 12; i++) prompt[s][i] = (int32_t)(t_rng_next(&rs) % V);
+    tl_fwd_entry e[2];
+    memset(e, 0, sizeof e);
+    float *lg = xmalloc(sizeof(float) * 2 * V);
+    for (int s = 0; s < 2; s++)
+        e[s].slot = s, e[s].tokens = prompt[s], e[s].n_tok = len[s], e[s].logits = lg + s * V;
+    char err[256] = "";
+    CHECK_EQ_INT(b->forward(b, e, 2, err, sizeof err), 0);
+    CHECK(b->spec_ready(b, 0) && b->spec_ready(b, 1));
+    cpu_state st[2];
+    cpu_mtp_state ms[2];
+    float *hid = xmalloc(sizeof(float) * 12 * D), *hc[2], *hn = xmalloc(sizeof(float) * D);
+    float *lc = xmalloc(sizeof(float) * V), *dg = xmalloc(sizeof(float) * 2 * V);
+    float route_gap = INFINITY;
+    for (int s = 0; s < 2; s++) {
+        CHECK_EQ_INT(cpu_state_init(&st[s], c, max_ctx), 0);
+        CHECK_EQ_INT(cpu_mtp_state_init(&ms[s], c, max_ctx), 0);
+        CHECK_EQ_INT(cpu_forward_h(&r.m, &st[s], prompt[s], len[s], lc, NULL, hid), 0);
+        route_gap = fminf(route_gap, st[s].route_gap);
+        check_nmse("mtp case: prompt logits", lg + s * V, lc, V, 5e-6);
+        CHECK_EQ_INT(
+            cpu_mtp_forward(&r.m, &ms[s], prompt[s] + 1, hid, len[s] - 1, 0, NULL, NULL, NULL), 0);
+        hc[s] = xmalloc(sizeof(float) * D);
+        memcpy(hc[s], hid + (size_t)(len[s] - 1) * D, sizeof(float) * D);
+    }
+    double worst = 0;
+    for (int j = 0; j < K; j++) {
+        tl_draft_entry d[2];
+        for (int s = 0; s < 2; s++)
+            d[s] = (tl_draft_entry){.slot = s,
+                                    .step = j,
+                                    .token = (int32_t)(t_rng_next(&rs) % V),
+                                    .logits = dg + s * V};
+        CHECK_EQ_INT(b->draft(b, d, 2, err, sizeof err), 0);
+        for (int s = 0; s < 2; s++) {
+            CHECK_EQ_INT(
+                cpu_mtp_forward(&r.m, &ms[s], &d[s].token, hc[s], 1, len[s] - 1 + j, hn, lc, NULL),
+                0);
+            memcpy(hc[s], hn, sizeof(float) * D);
+            double nm = t_nmse(dg + s * V, lc, V);
+            if (!(nm <= worst)) worst = nm;
+        }
+    }
+    printf("# mtp drafts %s %s vs cpu_mtp_forward: 2 sequences x %d steps, worst nmse %.3e (tol "
+           "5e-6; trunk routing gap %.2e)\n",
+           full ? "full-width" : "small", bits ? "q4" : "bf16", K, worst, route_gap);
+    CHECK(worst <= 5e-6);
+    tl_draft_entry bad = {.slot = 0, .step = K, .token = 1, .logits = dg};
+    CHECK_EQ_INT(b->draft(b, &bad, 1, err, sizeof err), TL_ERR_INVALID);
+    CHECK_EQ_INT(b->reset_slot(b, 1), 0);
+    bad.slot = 1, bad.step = 0;
+    CHECK(b->draft(b, &bad, 1, err, sizeof err) != 0); /* an empty slot has no row to draft */
+    b->close(b);
+    for (int s = 0; s < 2; s++) cpu_state_free(&st[s]), cpu_mtp_state_free(&ms[s]), free(hc[s]);
+    free(lg), free(hid), free(hn), free(lc), free(dg);
+    rm_free(&r);
+}
+
+/* A checkpoint without the head: opening for speculation is refused naming it; a backend opened
+ * without it refuses spec_init (UNSUPPORTED), drafts and rollbacks (INVALID) with a message, and
+ * forward refuses logits of every token. */
+static void test_spec_without_head(void) {
+    rmodel r;
+    rm_build(&r, 0, 0);
+    tl_cuda_params p = {.max_seqs = 2, .max_ctx = 64, .weight_bits = 16, .spec_tokens = 2};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, &r.m, NULL, &p, err, sizeof err), TL_ERR_UNSUPPORTED);
+    printf("# open with spec_tokens, no head: %s\n", err);
+    CHECK(strstr(err, "MTP") != NULL);
+    b = open_be(&r.m, 2, 64);
+    if (b) {
+        CHECK_EQ_INT(b->spec_init(b, 2, err, sizeof err), TL_ERR_UNSUPPORTED);
+        CHECK(strstr(err, "MTP") != NULL);
+        CHECK(!b->spec_ready(b, 0));
+        float lg[1];
+        tl_draft_entry d = {.slot = 0, .step = 0, .token = 1, .logits = lg};
+        CHECK_EQ_INT(b->draft(b, &d, 1, err, sizeof err), TL_ERR_INVALID);
+        CHECK_EQ_INT(b->rollback(b, 0, 1, err, sizeof err), TL_ERR_INVALID);
+        int32_t tok[2] = {1, 2};
+        float *al = xmalloc(sizeof(float) * 2 * r.m.cfg.n_vocab);
+        tl_fwd_entry e;
+        memset(&e, 0, sizeof e);
+        e.slot = 0, e.tokens = tok, e.n_tok = 2, e.all_logits = al;
+        CHECK_EQ_INT(b->forward(b, &e, 1, err, sizeof err), TL_ERR_UNSUPPORTED);
+        free(al);
+        b->close(b);
+    }
+    rm_free(&r);
+}
+
+static void test_mtp_draft_small_bf16(void) { mtp_draft_case(0, 0); }
+static void test_mtp_draft_small_q4(void) { mtp_draft_case(0, 4); }
+static void test_mtp_draft_fullwidth_q4(void) { mtp_draft_case(1, 4); }
+
+/* prompts of 52 tokens: the verifies and drafts cross the first KV page boundary (64), so
+ * draft pages and their return on rollback are exercised */
+enum { SP_N = 24, SP_P = 52, SP_SEQ = 3 };
+
+/* The reference: SP_SEQ prompts decoded greedily without speculation, batched (slots 0..2):
+ * ref[s][i] the i-th token (ref[s][0] from the prompt's logits), lg[s][i] its logits. */
+typedef struct sp_ref {
+    int32_t prompt[SP_SEQ][SP_P], tok[SP_SEQ][SP_N + 1];
+    float *lg[SP_SEQ]; /* [SP_N + 1][V] */
+    float margin[SP_SEQ][SP_N + 1];
+} sp_ref;
+
+static void sp_reference(tl_backend *b, sp_ref *r, int V) {
+    tl_fwd_entry e[SP_SEQ];
+    char err[256];
+    for (int s = 0; s < SP_SEQ; s++) r->lg[s] = xmalloc(sizeof(float) * (SP_N + 1) * V);
+    for (int i = 0; i <= SP_N; i++) {
+        memset(e, 0, sizeof e);
+        for (int s = 0; s < SP_SEQ; s++) {
+            e[s].slot = s, e[s].logits = r->lg[s] + (size_t)i * V;
+            e[s].pos = i ? SP_P + i - 1 : 0;
+            e[s].tokens = i ? &r->tok[s][i - 1] : r->prompt[s], e[s].n_tok = i ? 1 : SP_P;
+        }
+        CHECK_EQ_INT(b->forward(b, e, SP_SEQ, err, sizeof err), 0);
+        for (int s = 0; s < SP_SEQ; s++)
+            r->tok[s][i] = argmax_margin(r->lg[s] + (size_t)i * V, V, &r->margin[s][i]);
+    }
+}
+
+/* Steering: whether draft j of a verify at emitted count `at` is replaced by the reference token
+ * (7 times in 10, a fixed hash), so acceptance and rollback run at every length. */
+static int sp_steer(int s, int at, int j) {
+    uint32_t h = (uint32_t)(at * 2654435761u) ^ (uint32_t)(s * 40503u + j * 977u);
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    return h % 10 < 7;
+}
+
+/* One speculating sequence of the run. */
+typedef struct sp_seq {
+    int slot, n_out, diverged, compared;
+    int32_t hist[SP_P + SP_N + 8]; /* prompt, then the emitted tokens */
+    int32_t vt[TL_MAX_SPEC + 1];   /* the verify's tokens: t0, drafts */
+    int k;
+} sp_seq;
+
+/* The page pool holds exactly each slot's ceil(len / 64) pages (a rollback returned the rest). */
+static void sp_check_pages(tl_backend *b, const int *len, int n) {
+    tl_kv_stats ks;
+    b->kv_stats(b, &ks);
+    int held = 0;
+    for (int i = 0; i < n; i++) held += TL_CEIL_DIV(len[i], ks.page_tokens);
+    CHECK_EQ_INT(ks.pages_total - ks.pages_free, held);
+}
+
+/* One step of the run: K chained drafts of sequences 0 and 1 (steered), the verify of both and a
+ * plain decode token of sequence 2 in one forward; acceptance on the host by argmax (the
+ * engine's greedy rule), rollback of the rejected drafts. Every verify row that follows only
+ * reference tokens is compared with the reference's logits at that position. */
+static int sp_step(tl_backend *b, const sp_ref *r, sp_seq *q, int K, int V, double *worst) {
+    char err[256];
+    float *dl = xmalloc(sizeof(float) * 2 * V), *al = xmalloc(sizeof(float) * 2 * (K + 1) * V);
+    float *pl = xmalloc(sizeof(float) * V);
+    for (int s = 0; s < 2; s++) {
+        q[s].k = TL_MIN(K, SP_N - q[s].n_out); /* never past the reference */
+        q[s].vt[0] = q[s].hist[SP_P + q[s].n_out - 1];
+    }
+    for (int j = 0; j < K; j++) {
+        tl_draft_entry d[2];
+        int nd = 0, who[2];
+        for (int s = 0; s < 2; s++)
+            if (q[s].k > j)
+                who[nd] = s, d[nd++] = (tl_draft_entry){.slot = q[s].slot,
+                                                        .step = j,
+                                                        .token = q[s].vt[j],
+                                                        .logits = dl + (size_t)s * V};
+        if (!nd) break;
+        CHECK_EQ_INT(b->draft(b, d, nd, err, sizeof err), 0);
+        for (int t = 0; t < nd; t++) {
+            int s = who[t], at = q[s].n_out + j;
+            float m;
+            int32_t dt = argmax_margin(dl + (size_t)s * V, V, &m);
+            if (sp_steer(s, at, j)) dt = r->tok[s][at];
+            q[s].vt[j + 1] = dt;
+        }
+    }
+    tl_fwd_entry e[3];
+    memset(e, 0, sizeof e);
+    for (int s = 0; s < 2; s++) {
+        e[s].slot = q[s].slot, e[s].pos = SP_P + q[s].n_out - 1, e[s].tokens = q[s].vt;
+        e[s].n_tok = q[s].k + 1, e[s].all_logits = al + (size_t)s * (K + 1) * V;
+        e[s].n_prompt = SP_P;
+    }
+    /* sequence 2 decodes plainly in the same step (its own reference position) */
+    int n_e = q[2].n_out <= SP_N ? 3 : 2;
+    if (n_e == 3) {
+        e[2].slot = q[2].slot, e[2].pos = SP_P + q[2].n_out - 1, e[2].n_prompt = SP_P;
+        e[2].tokens = &q[2].hist[SP_P + q[2].n_out - 1], e[2].n_tok = 1, e[2].logits = pl;
+    }
+    CHECK_EQ_INT(b->forward(b, e, n_e, err, sizeof err), 0);
+    if (n_e == 3) {
+        double nm = t_nmse(pl, r->lg[2] + (size_t)q[2].n_out * V, V);
+        if (!(nm <= *worst)) *worst = nm;
+        float m;
+        q[2].hist[SP_P + q[2].n_out] = argmax_margin(pl, V, &m);
+        q[2].n_out++;
+    }
+    for (int s = 0; s < 2; s++) {
+        int acc = 0, stop = 0;
+        for (int i = 0; i <= q[s].k && !stop; i++) {
+            const float *row = al + ((size_t)s * (K + 1) + i) * V;
+            int at = q[s].n_out; /* this row predicts reference token `at` */
+            float m;
+            int32_t y = argmax_margin(row, V, &m);
+            if (!q[s].diverged) {
+                double nm = t_nmse(row, r->lg[s] + (size_t)at * V, V);
+                if (!(nm <= *worst)) *worst = nm;
+                if (r->margin[s][at] <= 1e-3f)
+                    q[s].diverged = 1; /* a near-tie: the two runs may part here */
+                else {
+                    q[s].compared++;
+                    CHECK_EQ_INT(y, r->tok[s][at]);
+                }
+            }
+            q[s].hist[SP_P + q[s].n_out++] = y;
+            stop = i == q[s].k || q[s].vt[i + 1] != y;
+            if (!stop) acc++;
+        }
+        int n_keep = e[s].pos + 1 + acc;
+        if (acc < q[s].k) CHECK_EQ_INT(b->rollback(b, q[s].slot, n_keep, err, sizeof err), 0);
+    }
+    free(dl), free(al), free(pl);
+    return 0;
+}
+
+/* Greedy output with speculation equals decoding without it, for K = 1..4: two speculating
+ * sequences and one plain one share every step, drafts steered to the reference 7 times in 10
+ * so that every acceptance length and rollback occurs. The reference is this GPU's own plain
+ * decoding (slots 0..2 of the same backend). Checked: every emitted token equals the reference's
+ * where its top-2 margin exceeds 1e-3 (the first near-tie ends the comparison of that sequence;
+ * at least half of the tokens must be compared), and every verify row's logits (including rows
+ * after a rollback, i.e. rollback then continue == never drafted) against the reference's at the
+ * same position: NMSE <= 1e-6. Both runs use the same kernels in f32 except the split-KV
+ * attention's partition (a verify is not a one-token micro-batch) and the recompute's segment
+ * length, which change only the order of f32 sums (~1e-12); a wrong GDN state or KV length (a
+ * rejected draft left in) moves logits by NMSE > 1e-3. Then the pages each slot holds, a rollback
+ * past the verify (refused), and the penalty counts: a device-sampled step with a strong
+ * negative presence penalty after rollbacks picks the host sampler's token over the accepted
+ * history (stale counts would still hold the rejected drafts). TL_CUDA_TC_MIN=0 keeps the
+ * full-width model on the GEMV path for both runs (the tensor-core path's rounding is
+ * test_tc_decode_batched's; open_spec). Rollback by the verify's state copies (the default), and
+ * once (small q4) by TL_CUDA_SPEC_RECOMPUTE=1's restore and recompute. */
+static void spec_greedy_case(int full, int bits, int recompute) {
+    rmodel rm;
+    rm_build(&rm, full, bits);
+    rm_add_mtp(&rm, bits);
+    const tl_config *c = &rm.m.cfg;
+    int V = c->n_vocab;
+    tl_backend *b = open_spec(&rm.m, 6, 128, TL_MAX_SPEC, recompute);
+    if (!b) {
+        rm_free(&rm);
+        return;
+    }
+    sp_ref *r = xcalloc(1, sizeof *r);
+    for (int s = 0; s < SP_SEQ; s++)
+        for (int i = 0; i < SP_P; i++) r->prompt[s][i] = (int32_t)(t_rng_next(&rs) % V);
+    sp_reference(b, r, V);
+    char err[256];
+    for (int K = 1; K <= TL_MAX_SPEC; K++) {
+        sp_seq q[SP_SEQ];
+        memset(q, 0, sizeof q);
+        tl_fwd_entry e[SP_SEQ];
+        memset(e, 0, sizeof e);
+        float *lg = xmalloc(sizeof(float) * SP_SEQ * V);
+        for (int s = 0; s < SP_SEQ; s++) {
+            q[s].slot = 3 + s;
+            CHECK_EQ_INT(b->reset_slot(b, q[s].slot), 0);
+            memcpy(q[s].hist, r->prompt[s], sizeof r->prompt[s]);
+            e[s].slot = q[s].slot, e[s].tokens = r->prompt[s], e[s].n_tok = SP_P;
+            e[s].logits = lg + (size_t)s * V, e[s].n_prompt = SP_P;
+        }
+        CHECK_EQ_INT(b->forward(b, e, SP_SEQ, err, sizeof err), 0);
+        for (int s = 0; s < SP_SEQ; s++) {
+            float m;
+            q[s].hist[SP_P] = argmax_margin(lg + (size_t)s * V, V, &m);
+            CHECK_EQ_INT(q[s].hist[SP_P], r->tok[s][0]);
+            q[s].n_out = 1;
+        }
+        double worst = 0;
+        int steps = 0;
+        while (q[0].n_out <= SP_N && q[1].n_out <= SP_N) {
+            sp_step(b, r, q, K, V, &worst);
+            steps++;
+            int len[6] = {SP_P + SP_N, SP_P + SP_N, SP_P + SP_N};
+            for (int s = 0; s < SP_SEQ; s++) len[3 + s] = SP_P + q[s].n_out - 1;
+            sp_check_pages(b, len, 6);
+        }
+        printf("# spec greedy %s %s%s K=%d: %d steps for %d + %d tokens, compared %d + %d, worst "
+               "logits nmse %.3e (tol 1e-6)\n",
+               full ? "full-width" : "small", bits ? "q4" : "bf16",
+               recompute ? " (restore + recompute)" : "", K, steps, q[0].n_out, q[1].n_out,
+               q[0].compared, q[1].compared, worst);
+        CHECK(worst <= 1e-6);
+        for (int s = 0; s < 2; s++) CHECK(q[s].compared >= SP_N / 2);
+        CHECK(steps < SP_N); /* the steered drafts were accepted: fewer steps than tokens */
+        /* a rollback without a verify before it is refused */
+        CHECK_EQ_INT(b->rollback(b, q[0].slot, SP_P, err, sizeof err), TL_ERR_INVALID);
+        /* penalty counts after rollbacks: device greedy with presence -20 == the host sampler */
+        {
+            sp_seq *x = &q[0];
+            int pos = SP_P + x->n_out - 1;
+            tl_sample_params sp;
+            memset(&sp, 0, sizeof sp);
+            sp.top_p = 1.0f, sp.repetition_penalty = 1.0f, sp.presence_penalty = -20.0f;
+            tl_sample_out so, ho;
+            uint64_t rng = 3, hr = 3;
+            tl_fwd_entry pe;
+            memset(&pe, 0, sizeof pe);
+            pe.slot = x->slot, pe.pos = pos, pe.tokens = &x->hist[pos], pe.n_tok = 1;
+            pe.logits = lg, pe.sample = &sp, pe.rng = &rng, pe.out = &so;
+            pe.history = x->hist, pe.n_history = pos + 1, pe.n_prompt = SP_P;
+            CHECK_EQ_INT(b->forward(b, &pe, 1, err, sizeof err), 0);
+            CHECK_EQ_INT(tl_sample_host(lg, V, &sp, &hr, x->hist, pos + 1, SP_P, &ho), 0);
+            printf("#   presence -20 after rollbacks: device token %d, host %d\n", so.token,
+                   ho.token);
+            CHECK_EQ_INT(so.token, ho.token);
+        }
+        free(lg);
+    }
+    b->close(b);
+    for (int s = 0; s < SP_SEQ; s++) free(r->lg[s]);
+    free(r);
+    rm_free(&rm);
+}
+
+static void test_spec_greedy_small_bf16(void) { spec_greedy_case(0, 0, 0); }
+static void test_spec_greedy_small_q4(void) { spec_greedy_case(0, 4, 0); }
+static void test_spec_greedy_fullwidth_q4(void) { spec_greedy_case(1, 4, 0); }
+static void test_spec_greedy_recompute(void) { spec_greedy_case(0, 4, 1); }
+
+/* The head's rows on the tensor-core path: production widths (random 4-bit weights), a prompt of
+ * 64 tokens prefilled as one chunk (the GEMM path: its head rows through fc and the in-projection
+ * as GEMMs) in slot 0 and token by token (the GEMV path) in slot 1; three chained draft steps of
+ * both must agree within the bound of test_prefill_gemm_vs_decode (NMSE 1e-2: bf16 activations
+ * into the GEMMs) and pick the same top-1 unless its margin is small. Then the verify logits on
+ * that path: 4-token verifies of both slots in one micro-batch of 8 tokens (the batched
+ * tensor-core decode path) against the same tokens fed one at a time, same bound. */
+static void test_spec_gemm_path(void) {
+    tl_config c;
+    prod4_cfg(&c);
+    tl_cuda_params p = {.max_seqs = 2,
+                        .max_ctx = 512,
+                        .random_weights = 1,
+                        .seed = 7,
+                        .weight_bits = 4,
+                        .spec_tokens = 3};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    int st = tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err);
+    if (!st) st = b->spec_init(b, 3, err, sizeof err);
+    CHECK_EQ_INT(st, 0);
+    if (st) {
+        printf("# %s\n", err);
+        if (b) b->close(b);
+        return;
+    }
+    int V = c.n_vocab, n = 64;
+    int32_t *tok = xmalloc(sizeof(int32_t) * (n + 8));
+    for (int i = 0; i < n + 8; i++) tok[i] = (int32_t)(t_rng_next(&rs) % TL_N_VOCAB_TOKENS);
+    float *la = xmalloc(sizeof(float) * 4 * V), *lb = xmalloc(sizeof(float) * 4 * V);
+    for (int i = 0; i < n; i++) CHECK_EQ_INT(fwd1(b, 1, i, tok + i, 1, NULL), 0);
+    CHECK_EQ_INT(fwd1(b, 0, 0, tok, n, NULL), 0);
+    for (int j = 0; j < 3; j++) {
+        tl_draft_entry d[2] = {{.slot = 0, .step = j, .token = tok[n + j], .logits = la},
+                               {.slot = 1, .step = j, .token = tok[n + j], .logits = lb}};
+        CHECK_EQ_INT(b->draft(b, d, 2, err, sizeof err), 0);
+        float ma, mb;
+        int ta = argmax_margin(la, V, &ma), tb = argmax_margin(lb, V, &mb);
+        printf("# draft step %d, head rows by GEMM vs GEMV: top-1 %d vs %d (margin %.3f)\n", j, ta,
+               tb, mb);
+        check_nmse("mtp draft gemm vs gemv rows", la, lb, V, 1e-2);
+        CHECK(ta == tb || mb < 0.05f);
+    }
+    tl_fwd_entry e[2];
+    memset(e, 0, sizeof e);
+    for (int s = 0; s < 2; s++)
+        e[s].slot = s, e[s].pos = n, e[s].tokens = tok + n, e[s].n_tok = 4,
+        e[s].all_logits = s ? lb : la;
+    CHECK_EQ_INT(b->forward(b, e, 2, err, sizeof err), 0); /* 8 tokens: the tensor-core path */
+    CHECK_EQ_INT(b->rollback(b, 1, n + 1, err, sizeof err), 0);
+    float *lc = xmalloc(sizeof(float) * V);
+    for (int i = 1; i < 4; i++) {
+        CHECK_EQ_INT(fwd1(b, 1, n + i, tok + n + i, 1, lc), 0);
+        check_nmse("verify row (tensor cores) vs decode", la + (size_t)i * V, lc, V, 1e-2);
+    }
+    b->close(b);
+    free(tok), free(la), free(lb), free(lc);
+}
+
 int main(int argc, char **argv) {
     char err[256];
     if (tl_gpu_init(0, err, sizeof err)) {
@@ -1169,5 +1628,14 @@ int main(int argc, char **argv) {
     T_RUN(test_prefix_cache_small);
     if (!quick) T_RUN(test_prefix_cache_gemm_path);
     T_RUN(test_device_select);
+    T_RUN(test_spec_without_head);
+    T_RUN(test_mtp_draft_small_bf16);
+    T_RUN(test_mtp_draft_small_q4);
+    if (!quick) T_RUN(test_mtp_draft_fullwidth_q4);
+    T_RUN(test_spec_greedy_small_bf16);
+    T_RUN(test_spec_greedy_small_q4);
+    if (!quick) T_RUN(test_spec_greedy_fullwidth_q4);
+    T_RUN(test_spec_greedy_recompute);
+    if (!quick) T_RUN(test_spec_gemm_path);
     return t_summary();
 }

@@ -213,6 +213,59 @@ static void test_rmsnorm(void) {
     free(x), free(w), free(got), free(ref);
 }
 
+/* The MTP head's input (docs/model.md §3.2 step 1): [rmsnorm(e[t]; w_e) | rmsnorm(h[r_t]; w_h)]
+ * with the hidden rows picked (repeated and out of order) against cpu_rmsnorm of each half, at
+ * the production width. */
+static void test_mtp_cat(void) {
+    int n = TL_N_EMBD, T = 5, H = 7;
+    float *e = rand_vec((size_t)T * n, 2.0f, &rs), *h = rand_vec((size_t)H * n, 5.0f, &rs);
+    float *we = rand_vec(n, 1.0f, &rs), *wh = rand_vec(n, 1.0f, &rs);
+    int32_t pick[5] = {6, 0, 3, 3, 1};
+    float *de = dev_from(e, sizeof(float) * T * n), *dh = dev_from(h, sizeof(float) * H * n);
+    float *dwe = dev_from(we, sizeof(float) * n), *dwh = dev_from(wh, sizeof(float) * n);
+    int32_t *dp = dev_from(pick, sizeof pick);
+    float *dc = tl_gpu_malloc(sizeof(float) * 2 * T * n);
+    CHECK_EQ_INT(tl_gpu_mtp_cat(dc, de, dwe, dh, dp, dwh, T, n, 1e-6f, NULL), 0);
+    float *got = host_from(dc, 2 * (size_t)T * n), *ref = xmalloc(sizeof(float) * 2 * T * n);
+    for (int t = 0; t < T; t++) {
+        cpu_rmsnorm(ref + (size_t)t * 2 * n, e + (size_t)t * n, we, n, 1e-6f);
+        cpu_rmsnorm(ref + (size_t)t * 2 * n + n, h + (size_t)pick[t] * n, wh, n, 1e-6f);
+    }
+    /* elementwise fp32 as test_rmsnorm: atol 1e-6 + rtol 1e-5 (docs/developing.md §3); only the
+     * order of the sum of squares differs */
+    for (int i = 0; i < 2 * T * n; i++) CHECK_CLOSE(got[i], ref[i], 1e-6, 1e-5);
+    CHECK_EQ_INT(tl_gpu_mtp_cat(dc, de, dwe, dh, dp, dwh, -1, n, 1e-6f, NULL), TL_ERR_INVALID);
+    tl_gpu_free(de), tl_gpu_free(dh), tl_gpu_free(dwe), tl_gpu_free(dwh), tl_gpu_free(dp);
+    tl_gpu_free(dc);
+    free(e), free(h), free(we), free(wh), free(got), free(ref);
+}
+
+/* Row gather/scatter (the MTP hiddens' ring and chain, cuda_spec.cu): bit-exact against the host
+ * copy, with both index arrays, with one of them NULL, untouched rows unchanged. */
+static void test_copy_rows(void) {
+    int n = TL_N_EMBD, NS = 9, ND = 11;
+    float *src = rand_vec((size_t)NS * n, 3.0f, &rs), *dst0 = rand_vec((size_t)ND * n, 1.0f, &rs);
+    int32_t di[4] = {10, 2, 7, 0}, si[4] = {3, 8, 3, 0};
+    float *ds = dev_from(src, sizeof(float) * NS * n), *dd = dev_from(dst0, sizeof(float) * ND * n);
+    int32_t *ddi = dev_from(di, sizeof di), *dsi = dev_from(si, sizeof si);
+    float *want = xmalloc(sizeof(float) * ND * n);
+    memcpy(want, dst0, sizeof(float) * ND * n);
+    for (int i = 0; i < 4; i++)
+        memcpy(want + (size_t)di[i] * n, src + (size_t)si[i] * n, sizeof(float) * n);
+    CHECK_EQ_INT(tl_gpu_copy_rows(dd, ddi, ds, dsi, 4, n, NULL), 0);
+    float *got = host_from(dd, (size_t)ND * n);
+    CHECK(!memcmp(got, want, sizeof(float) * ND * n));
+    free(got);
+    for (int i = 0; i < 4; i++) /* source rows 0..3 in order (src_rows NULL) */
+        memcpy(want + (size_t)di[i] * n, src + (size_t)i * n, sizeof(float) * n);
+    CHECK_EQ_INT(tl_gpu_copy_rows(dd, ddi, ds, NULL, 4, n, NULL), 0);
+    got = host_from(dd, (size_t)ND * n);
+    CHECK(!memcmp(got, want, sizeof(float) * ND * n));
+    CHECK_EQ_INT(tl_gpu_copy_rows(dd, ddi, ds, NULL, 4, 0, NULL), TL_ERR_INVALID);
+    tl_gpu_free(ds), tl_gpu_free(dd), tl_gpu_free(ddi), tl_gpu_free(dsi);
+    free(src), free(dst0), free(want), free(got);
+}
+
 /* f32 -> bf16 on the device (the decode mixers' outputs into the tensor-core GEMMs) equals the
  * host's round-to-nearest-even tl_f32_to_bf16 bit for bit, over random values of many magnitudes
  * (n not a multiple of the block: the grid-stride tail). */
@@ -285,7 +338,7 @@ static void test_gemv_conv1d_fused(void) {
           *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
     float *dc1 = tl_gpu_malloc(sizeof(float) * T * C), *dc2 = tl_gpu_malloc(sizeof(float) * T * C);
     CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s, NULL, NULL), 0);
     CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
                                     d.s.tok_slot, NULL),
                  0);
@@ -319,30 +372,54 @@ static void test_gemv_conv1d_fused(void) {
 
 /* ---- conv1d ---- */
 
+/* Also the per-token state copies of a speculative verify (gpu.h tl_gpu_ring, 3 copies a slot):
+ * slot 1 from position 4 (tokens 1..3 of its 5: the first one's state still holds the old
+ * state's last entry), slot 3 from position 49 (inside the 70-token segment, in its second
+ * 32-token chunk), no copies for the others; each copy equals the oracle's state after that
+ * token, bit for bit (copies of inputs), and the slots without copies leave the ring untouched. */
 static void test_conv1d(void) {
     int C = 2 * TL_GDN_N_K_HEAD * TL_GDN_K_DIM + TL_GDN_N_V_HEAD * TL_GDN_V_DIM, ld = C + 64;
     /* segments shorter than 3 (state partly kept), longer than the kernel's 32-token chunks */
     int slot[5] = {1, 0, 3, 2, 4}, pos0[5] = {3, 0, 9, 1, 0}, n[5] = {5, 1, 70, 2, 100};
-    int T = 178, n_slot = 5, n_seg = 5;
+    int T = 178, n_slot = 5, n_seg = 5, RN = 3;
+    int32_t rpos[5] = {-1, 4, -1, 49, -1};
+    size_t SS = (size_t)3 * C; /* one slot's state */
     float *in = rand_vec((size_t)T * ld, 1.0f, &rs), *w = rand_vec((size_t)C * 4, 0.5f, &rs);
-    float *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
-    float *ref = xmalloc(sizeof(float) * T * C), *st_ref = xmalloc(sizeof(float) * n_slot * 3 * C);
-    memcpy(st_ref, st, sizeof(float) * n_slot * 3 * C);
+    float *st = rand_vec((size_t)n_slot * SS, 1.0f, &rs);
+    float *ring0 = rand_vec((size_t)n_slot * RN * SS, 1.0f, &rs);
+    float *ref = xmalloc(sizeof(float) * T * C), *st_ref = xmalloc(sizeof(float) * n_slot * SS);
+    float *ring_ref = xmalloc(sizeof(float) * n_slot * RN * SS);
+    memcpy(st_ref, st, sizeof(float) * n_slot * SS);
+    memcpy(ring_ref, ring0, sizeof(float) * n_slot * RN * SS);
     int t = 0;
     for (int g = 0; g < n_seg; g++)
-        for (int j = 0; j < n[g]; j++, t++)
-            cpu_conv1d_step(ref + (size_t)t * C, st_ref + (size_t)slot[g] * 3 * C,
-                            in + (size_t)t * ld, w, C, 4);
+        for (int j = 0; j < n[g]; j++, t++) {
+            float *sr = st_ref + (size_t)slot[g] * SS;
+            cpu_conv1d_step(ref + (size_t)t * C, sr, in + (size_t)t * ld, w, C, 4);
+            int k = pos0[g] + j - rpos[slot[g]];
+            if (rpos[slot[g]] >= 0 && k >= 0 && k < RN)
+                memcpy(ring_ref + ((size_t)slot[g] * RN + k) * SS, sr, sizeof(float) * SS);
+        }
     dseqs d = make_seqs(n_seg, slot, pos0, n);
     float *din = dev_from(in, sizeof(float) * T * ld), *dw = dev_from(w, sizeof(float) * C * 4);
-    float *dst = dev_from(st, sizeof(float) * n_slot * 3 * C),
+    float *dst = dev_from(st, sizeof(float) * n_slot * SS),
           *dout = tl_gpu_malloc(sizeof(float) * T * C);
-    CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, din, ld, dw, C, &d.s, NULL), 0);
-    float *got = host_from(dout, (size_t)T * C), *gst = host_from(dst, (size_t)n_slot * 3 * C);
+    float *dring = dev_from(ring0, sizeof(float) * n_slot * RN * SS);
+    int32_t *drpos = dev_from(rpos, sizeof rpos);
+    tl_gpu_ring ring = {dring, drpos, RN};
+    CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, din, ld, dw, C, &d.s, &ring, NULL), 0);
+    float *got = host_from(dout, (size_t)T * C), *gst = host_from(dst, (size_t)n_slot * SS);
+    float *gring = host_from(dring, (size_t)n_slot * RN * SS);
     check_nmse("conv1d out", got, ref, (size_t)T * C, 1e-12);
-    check_nmse("conv1d state", gst, st_ref, (size_t)n_slot * 3 * C, 0.0); /* a copy: exact */
+    check_nmse("conv1d state", gst, st_ref, (size_t)n_slot * SS, 0.0); /* a copy: exact */
+    int ring_ok = !memcmp(gring, ring_ref, sizeof(float) * n_slot * RN * SS);
+    printf("# conv1d state copies (slots 1 and 3, 3 each) == the oracle's states: %s\n",
+           ring_ok ? "yes" : "NO");
+    CHECK(ring_ok);
     tl_gpu_free(din), tl_gpu_free(dw), tl_gpu_free(dst), tl_gpu_free(dout), tl_gpu_free(d.buf);
+    tl_gpu_free(dring), tl_gpu_free(drpos);
     free(in), free(w), free(st), free(ref), free(st_ref), free(got), free(gst);
+    free(ring0), free(ring_ref), free(gring);
 }
 
 /* ---- GDN step ---- */
@@ -359,7 +436,11 @@ static float *state_from(const void *d, size_t n, int bf16) {
 }
 
 /* bf16: the state in bf16 (--state-dtype bf16): the oracle starts from the same bf16 values and
- * rounds each touched slot's state to bf16 at the end of its segment, as the kernels do. */
+ * rounds each touched slot's state to bf16 at the end of its segment, as the kernels do. Also
+ * the per-token state copies of a speculative verify (gpu.h tl_gpu_ring, 2 a slot): slot 0 from
+ * position 1 (after its tokens 1 and 2), slot 2 from position 7 (its one token), none for slot
+ * 1; each copy against the oracle's state after that token (rounded to bf16 with a bf16 state:
+ * the kernels store a copy from their f32 registers), same bound as the state. */
 static void gdn_case(int bf16) {
     const int nk = TL_GDN_N_K_HEAD, nv = TL_GDN_N_V_HEAD, Dd = 128;
     int conv_dim = 2 * nk * Dd + nv * Dd, val = nv * Dd;
@@ -378,6 +459,15 @@ static void gdn_case(int bf16) {
         for (size_t i = 0; i < SN; i++) S[i] = tl_bf16_to_f32(tl_f32_to_bf16(S[i]));
     memcpy(S_ref, S, SN * sizeof(float));
     float *ref = xmalloc(sizeof(float) * T * val), *ref_raw = xmalloc(sizeof(float) * T * val);
+    const int RN = 2;
+    int32_t rpos[3] = {1, -1, 7};
+    size_t SS = (size_t)nv * Dd * Dd; /* one slot's state */
+    float *ring0 = rand_vec((size_t)n_slot * RN * SS, 0.3f, &rs);
+    if (bf16)
+        for (size_t i = 0; i < (size_t)n_slot * RN * SS; i++)
+            ring0[i] = tl_bf16_to_f32(tl_f32_to_bf16(ring0[i]));
+    float *ring_ref = xmalloc(sizeof(float) * n_slot * RN * SS);
+    memcpy(ring_ref, ring0, sizeof(float) * n_slot * RN * SS);
     float q[16 * 128], k[16 * 128], g[32], beta[32];
     int t = 0;
     for (int sg = 0; sg < 2; sg++)
@@ -400,6 +490,13 @@ static void gdn_case(int bf16) {
             memcpy(ref_raw + (size_t)t * val, o, sizeof(float) * val);
             for (int h = 0; h < nv; h++)
                 cpu_rmsnorm_gated(o + h * Dd, o + h * Dd, pr + z_off + h * Dd, nw, Dd, eps);
+            int rk = pos0[sg] + j - rpos[slot[sg]];
+            if (rpos[slot[sg]] >= 0 && rk >= 0 && rk < RN) { /* a state copy after this token */
+                float *rr = ring_ref + ((size_t)slot[sg] * RN + rk) * SS;
+                memcpy(rr, S_ref + (size_t)slot[sg] * SS, sizeof(float) * SS);
+                if (bf16)
+                    for (size_t i = 0; i < SS; i++) rr[i] = tl_bf16_to_f32(tl_f32_to_bf16(rr[i]));
+            }
             if (bf16 && j == n[sg] - 1) /* end of the segment: the state is stored as bf16 */
                 for (size_t i = 0; i < (size_t)nv * Dd * Dd; i++) {
                     float *v = S_ref + (size_t)slot[sg] * nv * Dd * Dd + i;
@@ -417,9 +514,20 @@ static void gdn_case(int bf16) {
     float *dnw = dev_from(nw, sizeof(float) * Dd);
     void *dS = dev_from(S_up, SN * esz);
     float *dy = tl_gpu_malloc(sizeof(float) * T * val);
+    size_t RNN = (size_t)n_slot * RN * SS;
+    uint16_t *R16 = xmalloc(RNN * 2);
+    for (size_t i = 0; i < RNN; i++) R16[i] = tl_f32_to_bf16(ring0[i]);
+    const void *R_up = bf16 ? (const void *)R16 : (const void *)ring0;
+    void *dR = dev_from(R_up, RNN * esz);
+    int32_t *drpos = dev_from(rpos, sizeof rpos);
+    tl_gpu_ring ring = {dR, drpos, RN};
     CHECK_EQ_INT(tl_gpu_gdn(dy, dS, bf16, dqkv, dproj, ld_proj, z_off, b_off, a_off, ddtb, daneg,
-                            dnw, nk, nv, eps, &d.s, NULL),
+                            dnw, nk, nv, eps, &d.s, &ring, NULL),
                  0);
+    float *gR = state_from(dR, RNN, bf16);
+    check_nmse(bf16 ? "gdn state copies (bf16)" : "gdn state copies", gR, ring_ref, RNN,
+               bf16 ? 1e-8 : 1e-9);
+    free(gR);
     float *got = host_from(dy, (size_t)T * val), *gS = state_from(dS, SN, bf16);
     /* docs/developing.md §3 starts the GDN step at NMSE 1e-7; fp32 state vs double oracle measures
      * ~1e-13. The bf16 state: the outputs come from f32 registers (same bound); the stored state
@@ -430,9 +538,15 @@ static void gdn_case(int bf16) {
     /* the column-cut kernel of the batched path: raw output (no gated norm) and the state, from
      * the same initial state; the same tolerance (the same fp32 recurrence per column) */
     CHECK_EQ_INT(tl_gpu_upload(dS, S_up, SN * esz), 0);
+    CHECK_EQ_INT(tl_gpu_upload(dR, R_up, RNN * esz), 0);
     CHECK_EQ_INT(tl_gpu_gdn_raw(dy, dS, bf16, dqkv, dproj, ld_proj, b_off, a_off, ddtb, daneg, nk,
-                                nv, &d.s, NULL),
+                                nv, &d.s, &ring, NULL),
                  0);
+    gR = state_from(dR, RNN, bf16);
+    check_nmse("gdn state copies (cols)", gR, ring_ref, RNN, bf16 ? 1e-8 : 1e-9);
+    free(gR);
+    tl_gpu_free(dR), tl_gpu_free(drpos);
+    free(R16), free(ring0), free(ring_ref);
     float *got_raw = host_from(dy, (size_t)T * val), *gS2 = state_from(dS, SN, bf16);
     check_nmse("gdn raw output (cols)", got_raw, ref_raw, (size_t)T * val, 1e-9);
     check_nmse("gdn state (cols)", gS2, S_ref, SN, bf16 ? 1e-8 : 1e-9);
@@ -1483,6 +1597,8 @@ int main(void) {
     T_RUN(test_gemv_conv1d_fused);
     T_RUN(test_embed);
     T_RUN(test_rmsnorm);
+    T_RUN(test_mtp_cat);
+    T_RUN(test_copy_rows);
     T_RUN(test_cast_bf16);
     T_RUN(test_conv1d);
     T_RUN(test_gdn);

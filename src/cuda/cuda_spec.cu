@@ -1,0 +1,402 @@
+/* The CUDA backend's speculative decoding (backend.h spec_init / spec_ready / draft / rollback,
+ * docs/architecture.md §3.6): the MTP head's rows after every micro-batch of the trunk (only
+ * their K and V: the head's KV is layer n_attn of the paged pool, on the slot's own pages), the
+ * final-normed hiddens the head reads (a ring of the last K + 1 positions per slot), the logits
+ * of every token of a verify entry, the draft steps (the whole head block), and the rollback of a
+ * verify: the GDN state the verify's kernels copied after the last accepted token copied back
+ * (or, with TL_CUDA_SPEC_RECOMPUTE=1, the state saved before the verify restored and the accepted
+ * tokens run again). The head's weights are uploaded by cuda_weights.cu; the block itself is
+ * cb_mtp_block (cuda_forward.cu). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda/cuda_backend.cuh"
+
+extern "C" {
+#include "common/status.h"
+#include "common/util.h"
+#include "engine/spec_plan.h"
+}
+
+/* The rows of sp->hid (engine/spec_plan.h): the micro-batch's, the ring, the chain. */
+static tl_spec_layout layout(const cuda_be *be) {
+    tl_spec_layout l = {be->sp->K, be->max_tok, be->max_seqs};
+    return l;
+}
+
+/* The head's extra metadata after the meta_at block: source rows of the hiddens, the ring's
+ * destination and source rows, the verify rows to gather (each [max_tok]). */
+static int32_t *extra(const cuda_be *be, int32_t *base, int k) {
+    return base + be->meta_ints + (size_t)k * be->max_tok;
+}
+
+#define SP_ALLOC(ptr, type, count)                                                                 \
+    do {                                                                                           \
+        size_t n_ = (size_t)(count) * sizeof(type);                                                \
+        if (!((ptr) = (type *)tl_gpu_malloc(n_)))                                                  \
+            return tl_errf(err, errlen, TL_ERR_NOMEM,                                              \
+                           "cudaMalloc of %zu bytes for speculative decoding failed (%s)", n_,     \
+                           #ptr);                                                                  \
+    } while (0)
+
+/* At open, after the activations and before the KV pool (the weights made be->sp). */
+int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    const tl_config *c = &be->cfg;
+    size_t D = c->n_embd, T = be->max_tok, S = be->max_seqs, K1 = sp->K + 1, V = c->n_vocab;
+    SP_ALLOC(sp->hid, float, (T + S * K1 + S) * D);
+    /* finite from the start: a slot loaded from the prefix cache computes head rows (never used)
+     * from ring rows nobody wrote */
+    if (cudaMemset(sp->hid, 0, (T + S * K1 + S) * D * sizeof(float)) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: cudaMemset failed");
+    SP_ALLOC(sp->cat, float, T * 2 * D);
+    SP_ALLOC(sp->eb, float, T *D);
+    SP_ALLOC(sp->alog, float, S *K1 *V);
+    const char *rv = getenv("TL_CUDA_SPEC_RECOMPUTE");
+    sp->recompute = rv && atoi(rv) != 0;
+    if (sp->recompute) {
+        SP_ALLOC(sp->gdn, char, S *TL_MAX(cb_pc_snap_bytes(be), (size_t)1));
+    } else if (be->n_gdn > 0) {
+        size_t n = (size_t)be->n_gdn * S * sp->K;
+        SP_ALLOC(sp->conv_ring, float, n * 3 * be->conv_dim);
+        SP_ALLOC(sp->rec_ring, char, n * c->gdn_n_v_head * 128 * 128 * be->st_esz);
+    }
+    SP_ALLOC(sp->d_rpos, int32_t, S);
+    if (cudaMallocHost(&sp->h_rpos, S * sizeof(int32_t)) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
+    for (size_t i = 0; i < S; i++) sp->h_rpos[i] = -1;
+    if (cudaMemcpy(sp->d_rpos, sp->h_rpos, S * sizeof(int32_t), cudaMemcpyHostToDevice) !=
+        cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: upload failed");
+    size_t mi = be->meta_ints + 4 * T, hi = 3 * (size_t)be->max_ctx;
+    SP_ALLOC(sp->d_meta, int32_t, mi);
+    SP_ALLOC(sp->d_hist, int32_t, hi);
+    if (cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
+        cudaMallocHost(&sp->h_hist, hi * 4) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
+    if (cudaEventCreateWithFlags(&sp->meta_ev, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(sp->meta_ev, be->stream) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: event creation failed");
+    sp->len = (int *)xcalloc(S, sizeof(int));
+    sp->ok = (int *)xcalloc(S, sizeof(int));
+    sp->dirty = (int *)xcalloc(S, sizeof(int));
+    sp->vpos = (int *)xcalloc(S, sizeof(int));
+    sp->vn = (int *)xcalloc(S, sizeof(int));
+    sp->vtok = (int32_t *)xcalloc(S * K1, sizeof(int32_t));
+    sp->vprompt = (int32_t *)xcalloc(S, sizeof(int32_t));
+    sp->arow = (int *)xcalloc(S * K1, sizeof(int));
+    for (size_t i = 0; i < S; i++) sp->ok[i] = 1;
+    sp->tc_ok = be->pf_ok && (size_t)TL_MAX(be->val_dim, c->n_head * 256) >= 2 * D;
+    return 0;
+}
+
+void cb_spec_free(cuda_be *be) {
+    cb_spec *sp = be->sp;
+    if (!sp) return;
+    void *ds[] = {sp->hid,    sp->cat,    sp->eb,        sp->alog,     sp->gdn,
+                  sp->d_meta, sp->d_hist, sp->conv_ring, sp->rec_ring, sp->d_rpos};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) tl_gpu_free(ds[i]);
+    if (sp->h_meta) cudaFreeHost(sp->h_meta);
+    if (sp->h_hist) cudaFreeHost(sp->h_hist);
+    if (sp->h_rpos) cudaFreeHost(sp->h_rpos);
+    if (sp->meta_ev) cudaEventDestroy(sp->meta_ev);
+    free(sp->len), free(sp->ok), free(sp->dirty), free(sp->vpos), free(sp->vn);
+    free(sp->vtok), free(sp->vprompt), free(sp->arow);
+    free(sp);
+    be->sp = NULL;
+}
+
+/* ====== In a forward ====== */
+
+/* The slot's penalty counts rebuilt from its history (tokens 0 .. n - 1): after a rollback they
+ * still count the rejected drafts, and a device-sampled entry is about to read them. */
+static int recount(cuda_be *be, int slot, const int32_t *hist, int n) {
+    cb_spec *sp = be->sp;
+    CUDA_TRY(cudaMemsetAsync(be->d_counts + (size_t)slot * be->cfg.n_vocab, 0,
+                             (size_t)be->cfg.n_vocab * sizeof(int32_t), be->stream));
+    if (n > 0) {
+        int32_t *h = sp->h_hist, *d = sp->d_hist;
+        CUDA_TRY(cudaStreamSynchronize(be->stream)); /* h_hist free again */
+        for (int i = 0; i < n; i++) h[i] = hist[i], h[n + i] = i, h[2 * n + i] = slot;
+        CUDA_TRY(cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                 be->stream));
+        tl_gpu_stream st = cb_stream(be, 0);
+        TRY(tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
+                               &st));
+    }
+    return 0;
+}
+
+/* Before the micro-batches (d_nprompt uploaded): what a verify entry's rollback needs (the
+ * positions whose GDN states the kernels copy, or with TL_CUDA_SPEC_RECOMPUTE=1 the state saved
+ * and the tokens kept); stale penalty counts rebuilt where the device samples; lengths. */
+int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    int K1 = sp->K + 1, rpos_set = 0;
+    sp->n_alog = 0;
+    for (int i = 0; i < n; i++) {
+        int slot = e[i].slot;
+        sp->vn[slot] = 0;
+        if (sp->h_rpos[slot] >= 0) sp->h_rpos[slot] = -1, rpos_set = 1;
+        if (e[i].all_logits) {
+            if (e[i].n_tok > K1)
+                return tl_errf(err, errlen, TL_ERR_INVALID,
+                               "entry %d: logits of %d tokens, at most %d (1 + draft tokens)", i,
+                               e[i].n_tok, K1);
+            if (sp->recompute)
+                TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 1));
+            else if (e[i].n_tok > 1) /* copies after tokens 0 .. K - 1 */
+                sp->h_rpos[slot] = e[i].pos, rpos_set = 1;
+            sp->vpos[slot] = e[i].pos, sp->vn[slot] = e[i].n_tok, sp->vprompt[slot] = e[i].n_prompt;
+            memcpy(sp->vtok + (size_t)slot * K1, e[i].tokens, sizeof(int32_t) * e[i].n_tok);
+        }
+        if (e[i].sample && sp->dirty[slot]) {
+            if (!e[i].history || e[i].n_history < e[i].pos)
+                return tl_errf(err, errlen, TL_ERR_INVALID,
+                               "entry %d: no history to recount the penalties of slot %d", i, slot);
+            TRY(recount(be, slot, e[i].history, e[i].pos));
+            sp->dirty[slot] = 0;
+        }
+        sp->len[slot] = e[i].pos + e[i].n_tok;
+    }
+    /* h_rpos may be rewritten here: the last upload from it finished at the previous forward's
+     * final synchronize */
+    if (rpos_set)
+        CUDA_TRY(cudaMemcpyAsync(sp->d_rpos, sp->h_rpos, be->max_seqs * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, be->stream));
+    return 0;
+}
+
+/* After the trunk's layers of one micro-batch (be->x holds its residual rows): the final norm of
+ * every row, the LM head over the verify entries' rows, the head's rows, then the ring. */
+int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_seg, int tc) {
+    const tl_mb_seg *segs = (const tl_mb_seg *)segs_v;
+    cb_spec *sp = be->sp;
+    const tl_config *c = &be->cfg;
+    int D = c->n_embd, V = c->n_vocab, T = 0, ns, nr, na;
+    for (int g = 0; g < n_seg; g++) T += segs[g].n;
+    tl_gpu_stream st = cb_stream(be, 0);
+    TRY(tl_gpu_rmsnorm(sp->hid, be->x, be->out_norm, NULL, T, D, c->rms_eps, &st));
+    CUDA_TRY(cudaEventSynchronize(sp->meta_ev)); /* the previous upload has read h_meta */
+    tl_spec_layout l = layout(be);
+    tl_mb_meta m = cb_meta_at(be, sp->h_meta);
+    int32_t *h = sp->h_meta;
+    int nt =
+        tl_spec_head_rows(&l, e, segs, n_seg, &m, extra(be, h, 0), extra(be, h, 1), extra(be, h, 2),
+                          extra(be, h, 3), sp->arow, sp->n_alog, &ns, &nr, &na);
+    CUDA_TRY(cudaMemcpyAsync(sp->d_meta, sp->h_meta, (be->meta_ints + 4 * (size_t)be->max_tok) * 4,
+                             cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(cudaEventRecord(sp->meta_ev, be->stream));
+    if (na > 0) { /* every verify token's logits (its hidden was normed above) */
+        TRY(tl_gpu_copy_rows(sp->eb, NULL, sp->hid, extra(be, sp->d_meta, 3), na, D, &st));
+        TRY(cb_lm_head(be, sp->alog + (size_t)sp->n_alog * V, sp->eb, sp->eb, NULL, na, tc));
+        sp->n_alog += na;
+    }
+    if (nt > 0)
+        TRY(cb_mtp_block(be, sp->d_meta, nt, ns, 0, tc && sp->tc_ok, 0, extra(be, sp->d_meta, 0)));
+    return tl_gpu_copy_rows(sp->hid, extra(be, sp->d_meta, 1), sp->hid, extra(be, sp->d_meta, 2),
+                            nr, D, &st);
+}
+
+/* Before the step's final synchronize: each verify entry's logits rows to the host. */
+int cb_spec_end(cuda_be *be, const tl_fwd_entry *e, int n) {
+    cb_spec *sp = be->sp;
+    size_t V = be->cfg.n_vocab;
+    int K1 = sp->K + 1;
+    for (int i = 0; i < n; i++) {
+        if (!e[i].all_logits) continue;
+        for (int k = 0; k < e[i].n_tok;) { /* runs of consecutive rows in one copy */
+            int r0 = sp->arow[(size_t)i * K1 + k], m = 1;
+            while (k + m < e[i].n_tok && sp->arow[(size_t)i * K1 + k + m] == r0 + m) m++;
+            CUDA_TRY(cudaMemcpyAsync(e[i].all_logits + k * V, sp->alog + (size_t)r0 * V,
+                                     sizeof(float) * V * m, cudaMemcpyDeviceToHost, be->stream));
+            k += m;
+        }
+    }
+    return 0;
+}
+
+/* The step could not take its pages: pages a draft took past a slot's length go back, so the
+ * slot holds exactly those of its tokens again (no session changed, backend.h). */
+void cb_spec_unreserve(cuda_be *be, const tl_fwd_entry *e, int n) {
+    for (int i = 0; i < n; i++) tl_kv_pages_truncate(&be->pages, e[i].slot, e[i].pos);
+}
+
+/* ====== The backend's ops ====== */
+
+static int op_begin(cuda_be *be, char *err, size_t errlen) {
+    if (err && errlen) err[0] = 0;
+    if (be->lost)
+        return tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the GPU was lost after an earlier error");
+    if (cb_bind(be))
+        return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
+    return 0;
+}
+
+/* A failed op: a sticky CUDA error loses the device (as a failed forward does). */
+static int op_end(cuda_be *be, int st, const char *what, char *err, size_t errlen) {
+    if (st == TL_ERR_CUDA && cb_device_broken(be)) be->lost = 1;
+    if (st && err && errlen && !err[0]) tl_errf(err, errlen, st, "%s: %s", what, tl_status_str(st));
+    return st;
+}
+
+static int cb_spec_init(tl_backend *b, int max_draft, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    if (!be->sp)
+        return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
+                       "the CUDA backend was opened without the MTP head "
+                       "(tl_cuda_params.spec_tokens 0)");
+    if (max_draft < 1 || max_draft > be->sp->K)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "spec_init: %d draft tokens, the backend was opened for 1..%d", max_draft,
+                       be->sp->K);
+    be->sp->on = 1;
+    return 0;
+}
+
+static int cb_spec_ready(tl_backend *b, int slot) {
+    cuda_be *be = (cuda_be *)b->impl;
+    cb_spec *sp = be->sp;
+    return sp && sp->on && slot >= 0 && slot < be->max_seqs && sp->ok[slot] && sp->len[slot] > 0;
+}
+
+static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, int *need,
+                        char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    if (!sp || !sp->on)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "draft: speculative decoding is not on");
+    if (n < 1 || n > be->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "draft: %d entries", n);
+    for (int i = 0; i < n; i++) {
+        int s = d[i].slot;
+        if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= sp->K || !d[i].logits ||
+            d[i].token < 0 || d[i].token >= be->cfg.n_vocab)
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "draft %d: bad slot %d / step %d / token %d", i, s, d[i].step,
+                           d[i].token);
+        for (int j = 0; j < i; j++)
+            if (d[j].slot == s)
+                return tl_errf(err, errlen, TL_ERR_INVALID, "draft: slot %d twice", s);
+        if (!sp->ok[s] || sp->len[s] < 1)
+            return tl_errf(err, errlen, TL_ERR_INTERNAL,
+                           "draft: slot %d has no MTP rows up to its length %d", s, sp->len[s]);
+        slot[i] = s, need[i] = sp->len[s] + d[i].step; /* positions up to len - 1 + step */
+        if (need[i] > be->max_ctx)
+            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                           "draft: slot %d at %d tokens, step %d is past the context of %d", s,
+                           sp->len[s], d[i].step, be->max_ctx);
+    }
+    return 0;
+}
+
+/* One head step for n entries: the whole block (attention over the head's rows 0 .. pos of the
+ * slot, MoE), mtp.norm into the chain rows, the LM head, the logits to the host. */
+static int draft_impl(cuda_be *be, const tl_draft_entry *d, int n, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    int slot[CB_MAX_SEQS], need[CB_MAX_SEQS];
+    size_t V = be->cfg.n_vocab;
+    TRY(check_drafts(be, d, n, slot, need, err, errlen));
+    TRY(cb_kv_grow(be, slot, need, n, err, errlen)); /* rows past the length: the verify's pages */
+    CUDA_TRY(cudaEventSynchronize(sp->meta_ev));
+    int len[CB_MAX_SEQS], step[CB_MAX_SEQS];
+    int32_t tok[CB_MAX_SEQS];
+    for (int i = 0; i < n; i++) len[i] = sp->len[slot[i]], step[i] = d[i].step, tok[i] = d[i].token;
+    tl_spec_layout l = layout(be);
+    tl_mb_meta m = cb_meta_at(be, sp->h_meta);
+    tl_spec_draft_rows(&l, slot, len, step, tok, n, &m, extra(be, sp->h_meta, 0),
+                       extra(be, sp->h_meta, 1));
+    CUDA_TRY(cudaMemcpyAsync(sp->d_meta, sp->h_meta, (be->meta_ints + 4 * (size_t)be->max_tok) * 4,
+                             cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(cudaEventRecord(sp->meta_ev, be->stream));
+    int tc = be->pf_ok && sp->tc_ok && be->tc_min > 0 && n >= be->tc_min;
+    TRY(cb_mtp_block(be, sp->d_meta, n, n, 1, tc, CB_DECODE_SPLIT, extra(be, sp->d_meta, 0)));
+    tl_gpu_stream st = cb_stream(be, 0);
+    TRY(tl_gpu_rmsnorm(be->xo, be->x, sp->norm, NULL, n, be->cfg.n_embd, be->cfg.rms_eps, &st));
+    TRY(tl_gpu_copy_rows(sp->hid, extra(be, sp->d_meta, 1), be->xo, NULL, n, be->cfg.n_embd, &st));
+    TRY(cb_lm_head(be, be->logits, be->xo, be->xo, NULL, n, tc));
+    for (int i = 0; i < n; i++)
+        CUDA_TRY(cudaMemcpyAsync(d[i].logits, be->logits + (size_t)i * V, sizeof(float) * V,
+                                 cudaMemcpyDeviceToHost, be->stream));
+    CUDA_TRY(cudaStreamSynchronize(be->stream));
+    return 0;
+}
+
+static int cb_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    TRY(op_begin(be, err, errlen));
+    return op_end(be, draft_impl(be, d, n, err, errlen), "CUDA draft step", err, errlen);
+}
+
+/* The slot's GDN state := the copies after the verify's token j (every GDN layer: one strided
+ * copy for the recurrent states, one for the conv states), on the stream: the next call's
+ * kernels see it, and an error surfaces at its synchronize. */
+static int ring_restore(cuda_be *be, int slot, int j) {
+    cb_spec *sp = be->sp;
+    if (be->n_gdn == 0) return 0;
+    size_t rec = (size_t)be->cfg.gdn_n_v_head * 128 * 128 * be->st_esz;
+    size_t conv = 3 * (size_t)be->conv_dim * sizeof(float), S = be->max_seqs, K = sp->K;
+    const char *r_src = sp->rec_ring + ((size_t)slot * K + j) * rec;
+    const char *c_src = (const char *)sp->conv_ring + ((size_t)slot * K + j) * conv;
+    CUDA_TRY(cudaMemcpy2DAsync(be->rec_st + slot * rec, S * rec, r_src, S * K * rec, rec, be->n_gdn,
+                               cudaMemcpyDeviceToDevice, be->stream));
+    CUDA_TRY(cudaMemcpy2DAsync((char *)be->conv_st + slot * conv, S * conv, c_src, S * K * conv,
+                               conv, be->n_gdn, cudaMemcpyDeviceToDevice, be->stream));
+    return 0;
+}
+
+/* The slot back to n_keep tokens: its GDN state the copy the verify's kernels wrote after token
+ * n_keep - 1 (TL_CUDA_SPEC_RECOMPUTE=1: the state from before the verify, the accepted tokens run
+ * again), the pages past n_keep returned; the KV below n_keep, the head's rows below n_keep - 1
+ * and the hidden of n_keep - 1 are the verify's own. The penalty counts are rebuilt before the
+ * device next samples for the slot. */
+static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    if (!sp || !sp->on)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "rollback: speculative decoding is not on");
+    if (slot < 0 || slot >= be->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "rollback: bad slot %d", slot);
+    int v0 = sp->vpos[slot], vn = sp->vn[slot];
+    if (!vn || n_keep <= v0 || n_keep > v0 + vn || sp->len[slot] != v0 + vn)
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "rollback: slot %d to %d tokens, but its verify covered %d..%d", slot,
+                       n_keep, v0, v0 + vn);
+    sp->vn[slot] = 0;
+    if (n_keep == v0 + vn) return 0;
+    if (sp->recompute) {
+        TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 0));
+        tl_fwd_entry x;
+        memset(&x, 0, sizeof x);
+        x.slot = slot, x.pos = v0, x.tokens = sp->vtok + (size_t)slot * (sp->K + 1);
+        x.n_tok = n_keep - v0, x.n_prompt = sp->vprompt[slot];
+        TRY(cb_forward_impl(be, &x, 1, err, errlen));
+    } else {
+        TRY(ring_restore(be, slot, n_keep - v0 - 1));
+        sp->len[slot] = n_keep;
+    }
+    tl_kv_pages_truncate(&be->pages, slot, n_keep);
+    sp->dirty[slot] = 1; /* the counts hold the verify's tokens and the accepted ones again */
+    return 0;
+}
+
+static int cb_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    TRY(op_begin(be, err, errlen));
+    return op_end(be, rollback_impl(be, slot, n_keep, err, errlen), "CUDA rollback", err, errlen);
+}
+
+/* A slot was reset (n_tok 0) or loaded from the prefix cache (no head rows: no drafting). */
+void cb_spec_slot(cuda_be *be, int slot, int n_tok) {
+    cb_spec *sp = be->sp;
+    if (!sp) return;
+    sp->len[slot] = n_tok, sp->ok[slot] = n_tok == 0, sp->dirty[slot] = 0, sp->vn[slot] = 0;
+}
+
+/* Always: without the head (tl_cuda_params.spec_tokens 0) spec_init says so and the others
+ * refuse, so a caller learns why rather than finding NULL ops. */
+void cb_spec_attach(cuda_be *be, tl_backend *b) {
+    (void)be;
+    b->spec_init = cb_spec_init;
+    b->spec_ready = cb_spec_ready;
+    b->draft = cb_draft;
+    b->rollback = cb_rollback;
+}
