@@ -484,7 +484,9 @@ int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int t
                                      L->k_norm, c->n_head, c->n_head_kv, &x.pg, c->rope_theta, eps,
                                      &s, &st);
         }
-        TRY(attn_tc(&x, n_split));
+        mb_long none; /* the head's rows are all short segments */
+        none.n_short_tok = T, none.n_short_seg = n_seg, none.n = 0;
+        TRY(attn_tc(&x, n_split, &none));
         TRY(tl_gpu_gemm(be->x, be->yb, &L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, &st));
         return moe_prefill(&x);
     }
