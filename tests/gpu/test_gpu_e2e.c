@@ -1192,9 +1192,14 @@ static tl_backend *open_spec(const tl_model *m, int max_seqs, int max_ctx, int K
  * 7 tokens, prefilled in one forward, so the head's rows of both come from one micro-batch), then
  * K chained draft steps of both in one draft call each, random draft tokens. The oracle's head
  * cache is filled from cpu_forward_h's hiddens (rows 0 .. n - 2), step 0 reads the trunk's last
- * hidden, step j > 0 the h' of step j - 1. Bound: logits NMSE 5e-6, the e2e bound and for the same
- * reason (the GPU keeps the trunk's and the head's K and V in bf16; the head adds one attention +
- * MoE block to the 4 layers). Also: the op's errors (a step past K, a slot not ready). */
+ * hidden, step j > 0 the h' of step j - 1. Bound: logits NMSE 5e-6 on the small models, the e2e
+ * bound and for the same reason (the GPU keeps the trunk's and the head's K and V in bf16; the head
+ * adds one attention + MoE block to the 4 layers); measured on the H200 (2026-12-04) 9.0e-7 (bf16)
+ * and 1.6e-6 (q4). At full width the chained steps spread more (each step's input is the previous
+ * step's h', 2048 wide, through bf16 K/V and the 4-bit GEMVs): measured 1.63e-5 with the trunk's
+ * own prompt logits inside 5e-6, so the full-width bound is 5e-5 (3x that, under the 1e-4
+ * docs/developing.md §3 allows for bf16 KV attention; a layout or indexing error gives ~1). Also:
+ * the op's errors (a step past K, a slot not ready). */
 static void mtp_draft_case(int full, int bits) {
     rmodel r;
     rm_build(&r, full, bits);
@@ -1251,10 +1256,11 @@ static void mtp_draft_case(int full, int bits) {
             if (!(nm <= worst)) worst = nm;
         }
     }
+    double tol = full ? 5e-5 : 5e-6;
     printf("# mtp drafts %s %s vs cpu_mtp_forward: 2 sequences x %d steps, worst nmse %.3e (tol "
-           "5e-6; trunk routing gap %.2e)\n",
-           full ? "full-width" : "small", bits ? "q4" : "bf16", K, worst, route_gap);
-    CHECK(worst <= 5e-6);
+           "%.0e; trunk routing gap %.2e)\n",
+           full ? "full-width" : "small", bits ? "q4" : "bf16", K, worst, tol, route_gap);
+    CHECK(worst <= tol);
     tl_draft_entry bad = {.slot = 0, .step = K, .token = 1, .logits = dg};
     CHECK_EQ_INT(b->draft(b, &bad, 1, err, sizeof err), TL_ERR_INVALID);
     CHECK_EQ_INT(b->reset_slot(b, 1), 0);
