@@ -237,22 +237,42 @@ static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
 
 /* Prefill GDN block (input xb = normed x, bf16): in-proj GEMM, conv1d, gates, chunked delta
  * rule on slot's state, gated norm into yb. */
+/* The chunked GDN over tokens t0 .. t0 + n - 1 of the micro-batch (one segment of slot), from the
+ * conv output and the gates already computed for them; raw output into be->y. */
+static int gdn_chunk_seg(const layer_ctx *x, int slot, size_t t0, int n) {
+    cuda_be *be = x->be;
+    int nv = be->cfg.gdn_n_v_head, nk = be->cfg.gdn_n_k_head;
+    const float *cv = be->conv_out + t0 * be->conv_dim;
+    return tl_gpu_gdn_chunk(
+        be->y + t0 * nv * 128, x->rec_st + (size_t)slot * nv * 128 * 128 * be->st_esz, cv,
+        cv + nk * 128, cv + 2 * nk * 128, be->conv_dim, be->gg + t0 * nv, be->gbeta + t0 * nv, n,
+        TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 | (be->st_bf16 ? TL_GDN_STATE_BF16 : 0),
+        be->gdn_ws, x->st);
+}
+
+/* The flash-attention view of slot's pages in this layer's KV cache. */
+static tl_gpu_kv_view slot_kv(const layer_ctx *x, int slot) {
+    const cuda_be *be = x->be;
+    tl_gpu_kv_view kv;
+    memset(&kv, 0, sizeof kv);
+    kv.k = x->kc, kv.v = x->vc;
+    kv.pages = be->d_ptab + (size_t)slot * be->max_pages, kv.page_tokens = TL_KV_PAGE;
+    kv.tok_stride = be->cfg.n_head_kv * 256;
+    kv.page_stride = (long long)TL_KV_PAGE * kv.tok_stride;
+    return kv;
+}
+
 static int gdn_prefill(const layer_ctx *x, int slot) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
-    int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head;
+    int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
                       x->st));
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
-    char *S = x->rec_st + (size_t)slot * nv * 128 * 128 * be->st_esz;
-    TRY(tl_gpu_gdn_chunk(be->y, S, be->conv_out, be->conv_out + nk * 128,
-                         be->conv_out + 2 * nk * 128, be->conv_dim, be->gg, be->gbeta, T,
-                         TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 |
-                             (be->st_bf16 ? TL_GDN_STATE_BF16 : 0),
-                         be->gdn_ws, x->st));
+    TRY(gdn_chunk_seg(x, slot, 0, T));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
                                      c->rms_eps, x->st);
 }
@@ -267,12 +287,7 @@ static int attn_prefill(const layer_ctx *x, int slot, int pos0) {
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, x->T, NULL, TL_GEMM_OUT_F32, x->st));
     TRY(tl_gpu_qk_rope_kv(NULL, x->kc, x->vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
                           c->n_head_kv, &x->pg, c->rope_theta, c->rms_eps, x->s, x->st));
-    tl_gpu_kv_view kv;
-    memset(&kv, 0, sizeof kv);
-    kv.k = x->kc, kv.v = x->vc;
-    kv.pages = be->d_ptab + (size_t)slot * be->max_pages, kv.page_tokens = TL_KV_PAGE;
-    kv.tok_stride = c->n_head_kv * 256;
-    kv.page_stride = (long long)TL_KV_PAGE * kv.tok_stride;
+    tl_gpu_kv_view kv = slot_kv(x, slot);
     tl_gpu_heads qh = {be->proj, ld, 512}, gh = {be->proj + 256, ld, 512};
     return tl_gpu_attn_prefill(be->yb, &qh, &gh, &kv, x->T, pos0, TL_ATTN_IN_F32, x->st);
 }
@@ -345,6 +360,11 @@ typedef struct mb_long {
     int tok0[CB_MAX_SEQS], len[CB_MAX_SEQS], slot[CB_MAX_SEQS], pos0[CB_MAX_SEQS];
 } mb_long;
 
+/* A micro-batch of short segments only (T tokens, n_seg segments). */
+static void mb_long_none(mb_long *lg, int T, int n_seg) {
+    lg->n_short_tok = T, lg->n_short_seg = n_seg, lg->n = 0;
+}
+
 /* From a micro-batch's host metadata: the segments from the first long one on. */
 static void mb_long_of(const tl_mb_meta *h, int n_seg, int T, mb_long *lg) {
     int k = 0;
@@ -373,16 +393,7 @@ static int gdn_tc(const layer_ctx *x, const mb_long *lg) {
     if (lg->n > 0)
         TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                              L->dt_bias, L->a_neg, T, x->st));
-    for (int i = 0; i < lg->n; i++) {
-        size_t t0 = (size_t)lg->tok0[i];
-        const float *cv = be->conv_out + t0 * be->conv_dim;
-        TRY(tl_gpu_gdn_chunk(
-            be->y + t0 * nv * 128, x->rec_st + (size_t)lg->slot[i] * nv * 128 * 128 * be->st_esz,
-            cv, cv + nk * 128, cv + 2 * nk * 128, be->conv_dim, be->gg + t0 * nv,
-            be->gbeta + t0 * nv, lg->len[i],
-            TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 | (be->st_bf16 ? TL_GDN_STATE_BF16 : 0),
-            be->gdn_ws, x->st));
-    }
+    for (int i = 0; i < lg->n; i++) TRY(gdn_chunk_seg(x, lg->slot[i], lg->tok0[i], lg->len[i]));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
                                      c->rms_eps, x->st);
 }
@@ -406,12 +417,7 @@ static int attn_tc(const layer_ctx *x, int n_split, const mb_long *lg) {
     }
     for (int i = 0; i < lg->n; i++) {
         size_t t0 = (size_t)lg->tok0[i];
-        tl_gpu_kv_view kv;
-        memset(&kv, 0, sizeof kv);
-        kv.k = x->kc, kv.v = x->vc;
-        kv.pages = be->d_ptab + (size_t)lg->slot[i] * be->max_pages, kv.page_tokens = TL_KV_PAGE;
-        kv.tok_stride = c->n_head_kv * 256;
-        kv.page_stride = (long long)TL_KV_PAGE * kv.tok_stride;
+        tl_gpu_kv_view kv = slot_kv(x, lg->slot[i]);
         tl_gpu_heads qh = {be->q + t0 * qd, qd, 256}, gh = {be->proj + t0 * ld + 256, ld, 512};
         TRY(tl_gpu_attn_prefill(be->yb + t0 * qd, &qh, &gh, &kv, lg->len[i], lg->pos0[i],
                                 TL_ATTN_IN_F32, x->st));
@@ -447,7 +453,7 @@ static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int
                      const mb_long *lg) {
     if (be->pf_ok && be->tc_min > 0 && T >= be->tc_min) {
         mb_long none;
-        none.n_short_tok = T, none.n_short_seg = n_seg, none.n = 0;
+        mb_long_none(&none, T, n_seg);
         return run_layers_tc(be, T, n_seg, n_out, out_row0, n_split, lg ? lg : &none);
     }
     return run_layers(be, T, n_seg, n_out, out_row0, n_split);
@@ -485,7 +491,7 @@ int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int t
                                      &s, &st);
         }
         mb_long none; /* the head's rows are all short segments */
-        none.n_short_tok = T, none.n_short_seg = n_seg, none.n = 0;
+        mb_long_none(&none, T, n_seg);
         TRY(attn_tc(&x, n_split, &none));
         TRY(tl_gpu_gemm(be->x, be->yb, &L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, &st));
         return moe_prefill(&x);
