@@ -205,6 +205,63 @@ static int op_lm_head(const op_ctx *o) {
                        0.0f, 1, 0, st);
 }
 
+/* Best time of `reps` back-to-back launches of graph ge over 5 replays (one more warms up). */
+static int best_replay_ms(cuda_be *be, cudaGraphExec_t ge, int reps, float *best) {
+    cudaEvent_t e0, e1;
+    CUDA_TRY(cudaEventCreate(&e0));
+    CUDA_TRY(cudaEventCreate(&e1));
+    *best = 1e30f;
+    for (int rep = 0; rep < 6; rep++) {
+        CUDA_TRY(cudaEventRecord(e0, be->stream));
+        for (int i = 0; i < reps; i++) CUDA_TRY(cudaGraphLaunch(ge, be->stream));
+        CUDA_TRY(cudaEventRecord(e1, be->stream));
+        CUDA_TRY(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_TRY(cudaEventElapsedTime(&ms, e0, e1));
+        if (rep > 0 && ms < *best) *best = ms; /* rep 0 warms up */
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return 0;
+}
+
+/* Where a decode step's time goes beyond the ops: for each batch size T with a captured decode
+ * graph (be->graph[T]: the step just measured; launched again it reruns the same positions, so
+ * only the state and one KV row per sequence are rewritten), that forward launched back to back,
+ * and the sampler over its T rows with the last step's parameters and penalty counts (read only),
+ * captured alone. Step − forward − sampler is what the host adds (uploads, launches, the
+ * synchronisation and the engine between steps). */
+static int step_parts(cuda_be *be, FILE *f) {
+    const int R = 20;
+    tl_gpu_stream st = cb_stream(be, 0);
+    int head = 0;
+    for (int T = 1; T <= CB_MAX_GRAPH_B; T++) {
+        if (!be->graph[T]) continue;
+        if (!head++)
+            fprintf(f, "\n| part of a decode step (device time) | tokens | us |\n|---|---:|---:|\n");
+        float ms;
+        TRY(best_replay_ms(be, be->graph[T], R, &ms));
+        fprintf(f, "| forward graph, launched back to back | %d | %.1f |\n", T, 1000.0 * ms / R);
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
+        int rc = 0;
+        for (int r = 0; r < R && !rc; r++)
+            rc = tl_gpu_sample(be->d_out, be->logits, be->cfg.n_vocab, be->n_valid, be->d_params,
+                               be->d_keys, be->d_counts, be->d_rowslot, be->d_sscratch, NULL, T,
+                               &st);
+        CUDA_TRY(cudaStreamEndCapture(be->stream, &g));
+        if (rc) return rc;
+        CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
+        cudaGraphDestroy(g);
+        rc = best_replay_ms(be, ge, 1, &ms);
+        cudaGraphExecDestroy(ge);
+        if (rc) return rc;
+        fprintf(f, "| sampler (the last step's settings and counts), captured | %d | %.1f |\n", T,
+                1000.0 * ms / R);
+    }
+    return 0;
+}
+
 extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
     cuda_be *be = (cuda_be *)b->impl;
     FILE *f = (FILE *)file;
@@ -244,9 +301,6 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         {"lm_head gemv_q4", op_lm_head, 1, tl_gpu_mat_bytes(&be->lm_head)},
     };
     const int R = 40;
-    cudaEvent_t e0, e1;
-    CUDA_TRY(cudaEventCreate(&e0));
-    CUDA_TRY(cudaEventCreate(&e1));
     double total = 0;
     fprintf(f, "| op (one token) | per step | us per call | GB/s | us per step "
                "|\n|---|---:|---:|---:|---:|\n");
@@ -261,17 +315,10 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
         if (st) return st;
         CUDA_TRY(cudaGraphInstantiate(&ge, g, 0));
         cudaGraphDestroy(g);
-        float best = 1e30f;
-        for (int rep = 0; rep < 6; rep++) {
-            CUDA_TRY(cudaEventRecord(e0, be->stream));
-            CUDA_TRY(cudaGraphLaunch(ge, be->stream));
-            CUDA_TRY(cudaEventRecord(e1, be->stream));
-            CUDA_TRY(cudaEventSynchronize(e1));
-            float ms;
-            CUDA_TRY(cudaEventElapsedTime(&ms, e0, e1));
-            if (rep > 0 && ms < best) best = ms; /* rep 0 warms up */
-        }
+        float best;
+        st = best_replay_ms(be, ge, 1, &best);
         cudaGraphExecDestroy(ge);
+        if (st) return st;
         double us = 1000.0 * best / R;
         total += us * ops[i].per_step;
         if (ops[i].bytes)
@@ -282,9 +329,8 @@ extern "C" int tl_cuda_bench_ops(tl_backend *b, void *file) {
                     us * ops[i].per_step);
     }
     fprintf(f, "| sum over one step | | | | %.1f |\n", total);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
     CUDA_TRY(cudaGetLastError());
-    return 0;
+    return step_parts(be, f);
 }
 
 /* ====== Bytes and bandwidth ====== */
