@@ -47,6 +47,8 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
+    {"TL_GEMM_Q4W=0", ENGINE_CMDS,
+     "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
     {"TL_GEMM_TILE=0..5", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256)"},

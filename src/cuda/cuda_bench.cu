@@ -237,7 +237,8 @@ static int step_parts(cuda_be *be, FILE *f) {
     for (int T = 1; T <= CB_MAX_GRAPH_B; T++) {
         if (!be->graph[T]) continue;
         if (!head++)
-            fprintf(f, "\n| part of a decode step (device time) | tokens | us |\n|---|---:|---:|\n");
+            fprintf(f,
+                    "\n| part of a decode step (device time) | tokens | us |\n|---|---:|---:|\n");
         float ms;
         TRY(best_replay_ms(be, be->graph[T], R, &ms));
         fprintf(f, "| forward graph, launched back to back | %d | %.1f |\n", T, 1000.0 * ms / R);

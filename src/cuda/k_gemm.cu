@@ -8,7 +8,7 @@
  * at entry). Sections: tiling, mma.sync kernel, wgmma kernel, dispatch, MoE grouped GEMM. */
 #include <stdlib.h>
 
-#include "cuda/cuda_common.cuh"
+#include "cuda/k_q4m.cuh"
 
 /* ====== Tiling. ======
  * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 16*MI*WM and BN = 32*NJ: 4*WM
@@ -321,6 +321,190 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
     }
 }
 
+/* ====== The MoE grouped GEMM of decode batches with the weights as the A operand ("q4w"). ======
+ * math: as gemm_mma_kernel (same plan, tile of 16 tokens x 128 weight rows, epilogues), for
+ *   4-bit weights and the MoE grouped GEMMs of fewer than 512 tokens (a decode batch's MoE).
+ * note: the mma takes 16 weight rows as A (m16) and the tokens as B (n8; a second n8 block only
+ *   when the tile has more than 8 tokens), so one mma covers 256 weights instead of 128. The A
+ *   registers are the packed nibbles made bf16 128 + q in two integer ops each (gpu.h's q4 tile
+ *   order: the word of row-block tile rb holds rows g of an m16 block, tile rb + 1 rows g + 8),
+ *   with no scale applied: per group of 64 columns (one k stage) the mma sums d = sum (128 + q) x
+ *   into fresh registers, and the stage ends with acc += s d + (b - 128 s) Sx, Sx = the token's
+ *   sum of bf16 x over the group (one more mma against an all-ones A). So the weights are used
+ *   exactly (q and the fp32 scale; gemm_mma_kernel rounds s q + b to bf16: NMSE vs the oracle
+ *   1e-12 instead of 1e-6) and a warp issues ~15 instructions per weight word instead of ~24.
+ * threads: 8 warps; warp wn owns weight rows n0 + 16 wn .. + 15 (one m16 block); lane (g, t)
+ *   ends with rows g, g + 8 for tokens 2t, 2t + 1 of each n8 block.
+ * bytes, pipeline, PDL: as gemm_mma_kernel<4, 1, 4, 1>. TL_GEMM_Q4W=0 runs that kernel instead.
+ * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tile 5), and
+ *   test_tc_decode_batched (batched == alone, bitwise). */
+/* q4w_epilogue: lane (g, t) of the warp owning weight rows r0 .. r0 + 15 holds acc[nb][c] =
+ * output (token m0 + 8 nb + 2t + (c & 1), weight row r0 + g + 8 (c >> 1)). Split-K: raw partials
+ * to p.ws. SwiGLU: rows g (gate) and g + 8 (up) are one output, column r0 / 2 + g. Else one
+ * output per row. Adjacent output columns sit in lanes 4 apart: the even-g lane takes its
+ * neighbour's value and stores the pair (gm_store2). */
+template <int NB>
+static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&acc)[NB][4], int m0,
+                                                    int m_end, const int32_t *perm, int r0, int g,
+                                                    int t) {
+    const int swiglu = p.flags & TL_GEMM_SWIGLU;
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int m = m0 + 8 * nb + 2 * t + (c & 1), row = r0 + g + 8 * (c >> 1);
+            float v = acc[nb][c];
+            if (p.ws) {
+                if (m < m_end) p.ws[(size_t)blockIdx.z * p.M * p.N + (size_t)m * p.N + row] = v;
+                continue;
+            }
+            if (swiglu) {
+                if (c >= 2) continue;
+                v = silu_f(v) * acc[nb][c + 2];
+                row = r0 / 2 + g;
+            }
+            float vn = __shfl_down_sync(0xffffffffu, v, 4);
+            if ((g & 1) || m >= m_end) continue;
+            size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+            gm_store2(p, orow + row, v, vn);
+        }
+}
+
+/* The stages of gemm_q4w_kernel<BMT>: BMT token rows padded to GM_LDS, then 128 weight rows x
+ * 64 columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, *>). */
+#define Q4W_THREADS 256
+template <int BMT> struct q4w_cfg {
+    static constexpr int A_BYTES = BMT * GM_LDS * 2, STAGE_BYTES = A_BYTES + 128 * 32 + 128 * 4;
+    static constexpr int STAGES = 4, SMEM = STAGES * STAGE_BYTES;
+};
+
+/* The main loop and epilogue of one block of a BMT-token tile holding NB n8 blocks of tokens
+ * (NB * 8 >= its token count). Per k stage (one group of 64 columns) the warp makes the A
+ * fragments of its 16 rows once (16 registers), then for each n8 block sums d and Sx over the
+ * four k16 steps and folds them into acc with the group's scale and bias. */
+template <int BMT, int NB>
+static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
+                                                 const uint32_t *sbb, const int32_t *perm, int m0,
+                                                 int m_end) {
+    typedef q4w_cfg<BMT> C;
+    extern __shared__ __align__(128) uint8_t gm_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 128;
+    constexpr int A_PER = BMT * 8 / Q4W_THREADS > 0 ? BMT * 8 / Q4W_THREADS : 1;
+    const uint16_t *a_ptr[A_PER];
+    int a_ok[A_PER];
+#pragma unroll
+    for (int j = 0; j < A_PER; j++) { /* chunk tid + 256 j: token row c / 8, 16 B column c % 8 */
+        int c = tid + Q4W_THREADS * j, r = c >> 3;
+        a_ok[j] = c < BMT * 8 && m0 + r < m_end;
+        int src = a_ok[j] ? m0 + r : 0;
+        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[src] >> 3;
+        a_ptr[j] = p.x + (size_t)src * p.K + (c & 7) * 8;
+    }
+    const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
+    const uint32_t *wq = (const uint32_t *)wb;
+    auto load_a = [&](int stage, int kt) {
+        uint16_t *sA = (uint16_t *)(gm_smem + stage * C::STAGE_BYTES);
+#pragma unroll
+        for (int j = 0; j < A_PER; j++) {
+            int c = tid + Q4W_THREADS * j;
+            if (c < BMT * 8)
+                cp_async16(sA + (c >> 3) * GM_LDS + (c & 7) * 8, a_ptr[j] + (kt_base + kt) * GM_BK,
+                           a_ok[j] ? 16 : 0);
+        }
+    };
+    auto load_b =
+        [&](int stage,
+            int kt) { /* thread tid: 16 bytes of row block tid/16 */
+                      uint32_t *sQ = (uint32_t *)(gm_smem + stage * C::STAGE_BYTES + C::A_BYTES);
+                      const int k0 = (kt_base + kt) * GM_BK, rb = tid >> 4, ch = tid & 15;
+                      cp_async16(sQ + rb * 64 + ch * 4,
+                                 wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                                 16);
+                      if (tid < 32)
+                          cp_async16(sQ + 1024 + tid * 4,
+                                     sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+        };
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++)
+        if (s < KT) load_b(s, s);
+    if (p.mode == GM_DENSE) pdl_wait();
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++) {
+        if (s < KT) load_a(s, s);
+        cp_async_commit();
+    }
+    const uint32_t ONES = 0x3F803F80u, E = 0x43004300u;
+    /* ldmatrix.x2 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15 */
+    const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8;
+    float acc[NB][4] = {};
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();
+        int nk = kt + C::STAGES - 1;
+        if (nk < KT) load_a(nk % C::STAGES, nk), load_b(nk % C::STAGES, nk);
+        cp_async_commit();
+        const uint8_t *st = gm_smem + (kt % C::STAGES) * C::STAGE_BYTES;
+        const uint16_t *sA = (const uint16_t *)st;
+        const uint32_t *sQ = (const uint32_t *)(st + C::A_BYTES), *sS = sQ + 1024;
+        /* A fragments of the four k16 steps: row-block tiles 2wn (rows g) and 2wn + 1 (g + 8) */
+        uint32_t af[4][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t wl = sQ[(2 * wn) * 64 + h * 32 + lane],
+                     wu = sQ[(2 * wn + 1) * 64 + h * 32 + lane];
+#pragma unroll
+            for (int s2 = 0; s2 < 2; s2++) {
+                af[2 * h + s2][0] = q4m_nib(wl >> (8 * s2), E);
+                af[2 * h + s2][1] = q4m_nib(wu >> (8 * s2), E);
+                af[2 * h + s2][2] = q4m_nib(wl >> (8 * s2 + 4), E);
+                af[2 * h + s2][3] = q4m_nib(wu >> (8 * s2 + 4), E);
+            }
+        }
+        uint32_t ul = sS[wn * 16 + g], uh = sS[wn * 16 + g + 8];
+        float sl = __uint_as_float(ul << 16), bl = __uint_as_float(ul & 0xffff0000u);
+        float su = __uint_as_float(uh << 16), bu = __uint_as_float(uh & 0xffff0000u);
+        float cl = fmaf(-128.0f, sl, bl), cu = fmaf(-128.0f, su, bu);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            float dq[4] = {}, dsx[4] = {};
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t xb[2];
+                ldmatrix_x2(xb, sA + nb * 8 * GM_LDS + x_off + kk * 16);
+                mma_bf16(dsx, ONES, ONES, ONES, ONES, xb[0], xb[1]);
+                mma_bf16(dq, af[kk][0], af[kk][1], af[kk][2], af[kk][3], xb[0], xb[1]);
+            }
+            /* the group's scale and bias: acc += s d + (b - 128 s) Sx */
+            acc[nb][0] = fmaf(sl, dq[0], fmaf(cl, dsx[0], acc[nb][0]));
+            acc[nb][1] = fmaf(sl, dq[1], fmaf(cl, dsx[1], acc[nb][1]));
+            acc[nb][2] = fmaf(su, dq[2], fmaf(cu, dsx[0], acc[nb][2]));
+            acc[nb][3] = fmaf(su, dq[3], fmaf(cu, dsx[1], acc[nb][3]));
+        }
+    }
+    cp_async_wait<0>();
+    q4w_epilogue<NB>(p, acc, m0, m_end, perm, n0 + wn * 16, g, t);
+}
+
+/* BMT = 16: the MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token
+ * count). A token's outputs do not depend on the tile or NB (each mma column is its own dot
+ * product), so batched == alone stays bitwise. The dense products keep gemm_mma_kernel: with
+ * 16- and 32-token q4w tiles they measured no faster at 8-64 tokens and slower at 256 (decode
+ * batch 256: 9,290 -> 8,553 tok/s, 2026-12-04), and one kernel must serve every batch size. */
+template <int BMT> __global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm;
+    int m0, m_end;
+    if (p.mode != GM_DENSE) pdl_wait();
+    if (!gm_tile<4, BMT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    static_assert(BMT == 16, "16-token tiles (one or two n8 blocks)");
+    if (m_end - m0 > 8) /* block-uniform */
+        q4w_block<BMT, 2>(p, wb, sbb, perm, m0, m_end);
+    else
+        q4w_block<BMT, 1>(p, wb, sbb, perm, m0, m_end);
+}
+
 template <int BITS, int WM, int NJ, int MI>
 static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st, int ksplit = 1) {
     typedef gm_cfg<BITS, WM, NJ, MI> C;
@@ -616,8 +800,38 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * expert). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5 };
 
+template <int BMT>
+static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st, int ksplit) {
+    typedef q4w_cfg<BMT> C;
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(gemm_q4w_kernel<BMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(gemm_q4w_kernel<BMT>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    if (grid_y <= 0) return 0;
+    if (grid_y > 65535) return TL_ERR_INVALID;
+    dim3 grid(p->N / 128, grid_y, ksplit);
+    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_q4w" : "gemm_q4w_moe", gemm_q4w_kernel<BMT>, grid,
+              dim3(Q4W_THREADS), C::SMEM, *p);
+    return 0;
+}
+
+/* 1 unless TL_GEMM_Q4W=0: the 16-token 4-bit tile runs gemm_q4w_kernel. */
+static int gemm_q4w_on(void) {
+    static int on = -1;
+    if (on < 0) on = !(getenv("TL_GEMM_Q4W") && atoi(getenv("TL_GEMM_Q4W")) == 0);
+    return on;
+}
+
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const tl_gpu_stream *st,
                        int ksplit = 1) {
+    if (bits == 4 && tile == GM_T16 && p->mode != GM_DENSE && gemm_q4w_on())
+        return launch_q4w<16>(p, grid_y, st, ksplit);
 #define GM_CASE(B, T, WM, NJ, MI)                                                                  \
     if (bits == B && tile == T) return launch_gemm<B, WM, NJ, MI>(p, grid_y, st, ksplit);
     GM_CASE(16, GM_T128, 2, 4, 4)
