@@ -94,55 +94,55 @@ __global__ void __launch_bounds__(256, 2)
 /* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows);
  * with W.sb non-NULL, W.sb is a second bf16 plane (the low bits of non-bf16 weights) and
  * W = W.w + W.sb.
- * Threads: 256 = 8 warps on the same 8 rows; warp w takes the 16-byte column chunks
+ * Threads: 256 = 8 warps on the same R rows; warp w takes the 16-byte column chunks
  *   (w*32 + lane)*8 + j*2048 of each row (split-K), partial sums meet in shared memory and are
- *   added in warp order (deterministic). grid.x = ceil(rows/8): enough blocks even for the
- *   257-row router.
+ *   added in warp order (deterministic). grid.x = ceil(rows/R): R = 8, or R = 2 for matrices of
+ *   at most 1024 rows (the 257-row router: 129 blocks instead of 33, which left most SMs idle).
  * Bytes: rows*K*2 per token tile. Tested against cpu_matvec (test_gemv_bf16). */
-template <int NT>
+template <int NT, int R>
 __global__ void __launch_bounds__(256)
     gemv_bf16_splitk_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx,
                             const float *nw, float eps, int n_tok, int accumulate) {
-    __shared__ float s_part[8][8 * NT + NT];
+    __shared__ float s_part[8][R * NT + NT];
     pdl_trigger();
     pdl_wait();
     int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * R;
     const float *xp[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
-    float acc[8][NT], ss[NT];
-    bf16_rows8_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
+    float acc[R][NT], ss[NT];
+    bf16_rows_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
     if (W.sb) { /* the low bf16 plane of non-bf16 weights (8-bit router): y = hi x + lo x */
-        float acc2[8][NT], ss2[NT];
-        bf16_rows8_dot<NT>(acc2, ss2, (const uint16_t *)W.sb, W.cols, r0, W.rows, xp, nw, nt, warp,
-                           8);
+        float acc2[R][NT], ss2[NT];
+        bf16_rows_dot<NT>(acc2, ss2, (const uint16_t *)W.sb, W.cols, r0, W.rows, xp, nw, nt, warp,
+                          8);
 #pragma unroll
-        for (int r = 0; r < 8; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[r][t] += acc2[r][t];
     }
 #pragma unroll
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 #pragma unroll
     for (int t = 0; t < NT; t++) ss[t] = warp_sum(ss[t]);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < 8; r++)
+        for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) s_part[warp][r * NT + t] = acc[r][t];
 #pragma unroll
-        for (int t = 0; t < NT; t++) s_part[warp][8 * NT + t] = ss[t];
+        for (int t = 0; t < NT; t++) s_part[warp][R * NT + t] = ss[t];
     }
     __syncthreads();
     int i = threadIdx.x;
-    if (i >= 8 * NT) return;
+    if (i >= R * NT) return;
     int r = i / NT, t = i % NT;
     if (t >= nt || r0 + r >= W.rows) return;
     float v = 0.0f, sq = 0.0f;
-    for (int w = 0; w < 8; w++) v += s_part[w][i], sq += s_part[w][8 * NT + t];
+    for (int w = 0; w < 8; w++) v += s_part[w][i], sq += s_part[w][R * NT + t];
     if (nw) v *= rsqrtf(sq / (float)W.cols + eps);
     float *o = y + (size_t)(t0 + t) * ldy + r0 + r;
     *o = accumulate ? *o + v : v;
@@ -150,9 +150,14 @@ __global__ void __launch_bounds__(256)
 
 #define GEMV_BF16_CASE(NT_)                                                                        \
     case NT_:                                                                                      \
-        TL_LAUNCH(st, "gemv_bf16", gemv_bf16_splitk_kernel<NT_>,                                   \
-                  dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W, x,   \
-                  ldx, nw, eps, n_tok, acc);                                                       \
+        if (W->rows <= 1024)                                                                       \
+            TL_LAUNCH(st, "gemv_bf16", (gemv_bf16_splitk_kernel<NT_, 2>),                          \
+                      dim3(CEIL_DIV(W->rows, 2), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W,  \
+                      x, ldx, nw, eps, n_tok, acc);                                                \
+        else                                                                                       \
+            TL_LAUNCH(st, "gemv_bf16", (gemv_bf16_splitk_kernel<NT_, 8>),                          \
+                      dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W,  \
+                      x, ldx, nw, eps, n_tok, acc);                                                \
         break;
 
 /* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB)

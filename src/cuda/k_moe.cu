@@ -51,26 +51,33 @@ __device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++)
         if (p[i] >= 0.0f) p[i] *= inv;
+    /* top-k by key = bits(p) + 1 (p >= 0, so the order of the keys is the order of p; 0 =
+     * padding or taken): each round the warp's largest key (one redux), then the lowest expert
+     * id holding it (another), so ties go to the lower id as in the reference */
+    uint32_t key[ROUTE_PER];
+#pragma unroll
+    for (int i = 0; i < ROUTE_PER; i++) key[i] = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
     float wsum = 0.0f, my_w = 0.0f;
     int id = 0;
     for (int j = 0; j < k; j++) {
-        float best = -1.5f; /* below padding (-1) and taken (-2) never wins */
-        int bid = 0x7fffffff;
+        /* this lane's best, the lowest i among equals: a tree whose left side has the lower i */
+        uint32_t tk[ROUTE_PER], ti[ROUTE_PER];
 #pragma unroll
-        for (int i = 0; i < ROUTE_PER; i++) {
-            int e = lane + 32 * i;
-            if (p[i] > best || (p[i] == best && e < bid)) best = p[i], bid = e;
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-            if (ob > best || (ob == best && oi < bid)) best = ob, bid = oi;
-        }
+        for (int i = 0; i < ROUTE_PER; i++) tk[i] = key[i], ti[i] = i;
+#pragma unroll
+        for (int w = 1; w < ROUTE_PER; w <<= 1)
+#pragma unroll
+            for (int i = 0; i + w < ROUTE_PER; i += 2 * w)
+                if (tk[i + w] > tk[i]) tk[i] = tk[i + w], ti[i] = ti[i + w];
+        uint32_t bk = tk[0], bi = ti[0];
+        uint32_t m = __reduce_max_sync(0xffffffffu, bk);
+        uint32_t wid = __reduce_min_sync(0xffffffffu, bk == m ? (uint32_t)lane + 32u * bi : ~0u);
+        float best = __uint_as_float(m - 1u);
         wsum += best;
-        if (lane == j) my_w = best, id = bid;
+        if (lane == j) my_w = best, id = (int)wid;
 #pragma unroll
         for (int i = 0; i < ROUTE_PER; i++)
-            if (lane + 32 * i == bid) p[i] = -2.0f; /* taken */
+            if ((uint32_t)lane + 32u * i == wid) key[i] = 0u; /* taken */
     }
     *my_id = id, *my_wn = my_w / wsum;
 }
@@ -217,7 +224,7 @@ __global__ void __launch_bounds__(256)
     if (grp * 8 < F) {
         const float *xp[1] = {xrow};
         float acc[8][1], ss[1];
-        bf16_rows8_dot<1>(acc, ss, (const uint16_t *)w, K, 8 * rbl, 2 * F, xp, norm_w, 1, 0, 1);
+        bf16_rows_dot<1>(acc, ss, (const uint16_t *)w, K, 8 * rbl, 2 * F, xp, norm_w, 1, 0, 1);
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             float a = warp_sum(acc[r][0]);
@@ -276,7 +283,7 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
     } else {
         const float *xp[1] = {arow};
         float acc[8][1], ss[1];
-        bf16_rows8_dot<1>(acc, ss, (const uint16_t *)w, F, 8 * rb, n_embd, xp, NULL, 1, 0, 1);
+        bf16_rows_dot<1>(acc, ss, (const uint16_t *)w, F, 8 * rb, n_embd, xp, NULL, 1, 0, 1);
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             float a = warp_sum(acc[r][0]);

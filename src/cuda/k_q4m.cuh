@@ -1,6 +1,6 @@
 /* The 4-bit GEMV machinery on tensor cores ("q4m"), shared by the decode GEMV (k_gemv.cu) and
  * the decode MoE (k_moe.cu): staging of x as bf16 hi/lo rows, the per-tile dot product, the
- * persistent cp.async weight ring, and the bf16 8-row dot of the bf16 GEMV paths. */
+ * persistent cp.async weight ring, and the bf16 R-row dot of the bf16 GEMV paths. */
 #ifndef TL_K_Q4M_CUH
 #define TL_K_Q4M_CUH
 
@@ -223,25 +223,25 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
     cp_async_wait<0>();
 }
 
-/* Dot of bf16 rows r0..r0+7 (rows >= n_rows skipped) with NT inputs over the columns
+/* Dot of bf16 rows r0..r0+R-1 (rows >= n_rows skipped) with NT inputs over the columns
  * c = (slice*32 + lane)*8 + j*256*n_slices (16 bytes per row per lane per step); n_slices = 1
  * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
  * per-lane partial sums (reduce with warp_sum or across warps). */
-template <int NT>
+template <int NT, int R>
 __device__ __forceinline__ void
-bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
-               const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
+bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
+              const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         ss[t] = 0.0f;
 #pragma unroll
-        for (int r = 0; r < 8; r++) acc[r][t] = 0.0f;
+        for (int r = 0; r < R; r++) acc[r][t] = 0.0f;
     }
     for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * n_slices) {
-        uint4 q[8];
+        uint4 q[R];
 #pragma unroll
-        for (int r = 0; r < 8; r++)
+        for (int r = 0; r < R; r++)
             q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
                                    : make_uint4(0, 0, 0, 0);
         float4 wa = make_float4(1, 1, 1, 1), wb = wa;
@@ -258,7 +258,7 @@ bf16_rows8_dot(float (&acc)[8][NT], float (&ss)[NT], const uint16_t *w, int K, i
                 xv[i] *= xm[i];
             }
 #pragma unroll
-            for (int r = 0; r < 8; r++) {
+            for (int r = 0; r < R; r++) {
                 uint32_t u[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
