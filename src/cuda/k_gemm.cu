@@ -413,18 +413,15 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
                            a_ok[j] ? 16 : 0);
         }
     };
-    auto load_b =
-        [&](int stage,
-            int kt) { /* thread tid: 16 bytes of row block tid/16 */
-                      uint32_t *sQ = (uint32_t *)(gm_smem + stage * C::STAGE_BYTES + C::A_BYTES);
-                      const int k0 = (kt_base + kt) * GM_BK, rb = tid >> 4, ch = tid & 15;
-                      cp_async16(sQ + rb * 64 + ch * 4,
-                                 wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
-                                 16);
-                      if (tid < 32)
-                          cp_async16(sQ + 1024 + tid * 4,
-                                     sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
-        };
+    /* weights: thread tid copies 16 bytes of row block tid / 16 (2 tiles of 128 B each) */
+    auto load_b = [&](int stage, int kt) {
+        uint32_t *sQ = (uint32_t *)(gm_smem + stage * C::STAGE_BYTES + C::A_BYTES);
+        const int k0 = (kt_base + kt) * GM_BK, rb = tid >> 4, ch = tid & 15;
+        cp_async16(sQ + rb * 64 + ch * 4,
+                   wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
+        if (tid < 32)
+            cp_async16(sQ + 1024 + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+    };
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++)
         if (s < KT) load_b(s, s);
