@@ -112,6 +112,23 @@ static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx,
     }
 }
 
+/* The pipeline prologue of the mma kernels: the first STAGES - 1 stages' weights, the wait for
+ * the previous kernel (dense products only: their weights do not depend on it; a MoE plan does,
+ * and its kernel waited before reading it), then those stages' activations. cp.async group 0
+ * holds every prologue weight tile, so the main loop's waits stay correct. */
+template <int STAGES, class LoadA, class LoadB>
+static __device__ __forceinline__ void gm_prologue(int KT, bool dense, LoadA load_a, LoadB load_b) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < KT) load_b(s, s);
+    if (dense) pdl_wait();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < KT) load_a(s, s);
+        cp_async_commit();
+    }
+}
+
 /* ====== The GEMM kernel. ======
  * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
  * shapes: X bf16 [*, K]; W bf16 [N, K] or q4 tiled; Y bf16/f32 [*, ldy].
@@ -199,18 +216,7 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-                /* prologue: the first stages' weights, the wait for the previous kernel (dense),
-                 * then their activations; cp.async group 0 holds every prologue weight tile, so the
-                 * waits below stay correct */
-#pragma unroll
-    for (int s = 0; s < C::STAGES - 1; s++)
-        if (s < KT) load_b(s, s);
-    if (p.mode == GM_DENSE) pdl_wait();
-#pragma unroll
-    for (int s = 0; s < C::STAGES - 1; s++) {
-        if (s < KT) load_a(s, s);
-        cp_async_commit();
-    }
+    gm_prologue<C::STAGES>(KT, p.mode == GM_DENSE, load_a, load_b);
 
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<C::STAGES - 2>();
@@ -340,8 +346,8 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tile 5), and
  *   test_tc_decode_batched (batched == alone, bitwise). */
 /* q4w_epilogue: lane (g, t) of the warp owning weight rows r0 .. r0 + 15 holds acc[nb][c] =
- * output (token m0 + 8 nb + 2t + (c & 1), weight row r0 + g + 8 (c >> 1)). Split-K: raw partials
- * to p.ws. SwiGLU: rows g (gate) and g + 8 (up) are one output, column r0 / 2 + g. Else one
+ * output (token m0 + 8 nb + 2t + (c & 1), weight row r0 + g + 8 (c >> 1)). SwiGLU: rows g (gate)
+ * and g + 8 (up) are one output, column r0 / 2 + g. Else one
  * output per row. Adjacent output columns sit in lanes 4 apart: the even-g lane takes its
  * neighbour's value and stores the pair (gm_store2). */
 template <int NB>
@@ -355,10 +361,6 @@ static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&
         for (int c = 0; c < 4; c++) {
             int m = m0 + 8 * nb + 2 * t + (c & 1), row = r0 + g + 8 * (c >> 1);
             float v = acc[nb][c];
-            if (p.ws) {
-                if (m < m_end) p.ws[(size_t)blockIdx.z * p.M * p.N + (size_t)m * p.N + row] = v;
-                continue;
-            }
             if (swiglu) {
                 if (c >= 2) continue;
                 v = silu_f(v) * acc[nb][c + 2];
@@ -371,48 +373,35 @@ static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&
         }
 }
 
-/* The stages of gemm_q4w_kernel<BMT>: BMT token rows padded to GM_LDS, then 128 weight rows x
- * 64 columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, *>). */
+/* The stages of gemm_q4w_kernel: its 16 token rows padded to GM_LDS, then 128 weight rows x 64
+ * columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, 1>). */
 #define Q4W_THREADS 256
-template <int BMT> struct q4w_cfg {
-    static constexpr int A_BYTES = BMT * GM_LDS * 2, STAGE_BYTES = A_BYTES + 128 * 32 + 128 * 4;
-    static constexpr int STAGES = 4, SMEM = STAGES * STAGE_BYTES;
-};
+typedef gm_cfg<4, 1, 4, 1> q4w_cfg;
 
-/* The main loop and epilogue of one block of a BMT-token tile holding NB n8 blocks of tokens
+/* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
  * (NB * 8 >= its token count). Per k stage (one group of 64 columns) the warp makes the A
  * fragments of its 16 rows once (16 registers), then for each n8 block sums d and Sx over the
  * four k16 steps and folds them into acc with the group's scale and bias. */
-template <int BMT, int NB>
+template <int NB>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
                                                  int m_end) {
-    typedef q4w_cfg<BMT> C;
+    typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 128;
-    constexpr int A_PER = BMT * 8 / Q4W_THREADS > 0 ? BMT * 8 / Q4W_THREADS : 1;
-    const uint16_t *a_ptr[A_PER];
-    int a_ok[A_PER];
-#pragma unroll
-    for (int j = 0; j < A_PER; j++) { /* chunk tid + 256 j: token row c / 8, 16 B column c % 8 */
-        int c = tid + Q4W_THREADS * j, r = c >> 3;
-        a_ok[j] = c < BMT * 8 && m0 + r < m_end;
-        int src = a_ok[j] ? m0 + r : 0;
-        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[src] >> 3;
-        a_ptr[j] = p.x + (size_t)src * p.K + (c & 7) * 8;
-    }
+    /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
+    const int a_row = tid >> 3, a_ok = tid < 128 && m0 + a_row < m_end;
+    int a_src = a_ok ? m0 + a_row : 0;
+    if (p.mode == GM_MOE_GATHER && a_ok) a_src = perm[a_src] >> 3;
+    const uint16_t *a_ptr = p.x + (size_t)a_src * p.K + (tid & 7) * 8;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
     const uint32_t *wq = (const uint32_t *)wb;
     auto load_a = [&](int stage, int kt) {
         uint16_t *sA = (uint16_t *)(gm_smem + stage * C::STAGE_BYTES);
-#pragma unroll
-        for (int j = 0; j < A_PER; j++) {
-            int c = tid + Q4W_THREADS * j;
-            if (c < BMT * 8)
-                cp_async16(sA + (c >> 3) * GM_LDS + (c & 7) * 8, a_ptr[j] + (kt_base + kt) * GM_BK,
-                           a_ok[j] ? 16 : 0);
-        }
+        if (tid < 128)
+            cp_async16(sA + a_row * GM_LDS + (tid & 7) * 8, a_ptr + (kt_base + kt) * GM_BK,
+                       a_ok ? 16 : 0);
     };
     /* weights: thread tid copies 16 bytes of row block tid / 16 (2 tiles of 128 B each) */
     auto load_b = [&](int stage, int kt) {
@@ -423,15 +412,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
         if (tid < 32)
             cp_async16(sQ + 1024 + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
     };
-#pragma unroll
-    for (int s = 0; s < C::STAGES - 1; s++)
-        if (s < KT) load_b(s, s);
-    if (p.mode == GM_DENSE) pdl_wait();
-#pragma unroll
-    for (int s = 0; s < C::STAGES - 1; s++) {
-        if (s < KT) load_a(s, s);
-        cp_async_commit();
-    }
+    gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
     const uint32_t ONES = 0x3F803F80u, E = 0x43004300u;
     /* ldmatrix.x2 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15 */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8;
@@ -484,23 +465,22 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     q4w_epilogue<NB>(p, acc, m0, m_end, perm, n0 + wn * 16, g, t);
 }
 
-/* BMT = 16: the MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token
- * count). A token's outputs do not depend on the tile or NB (each mma column is its own dot
- * product), so batched == alone stays bitwise. The dense products keep gemm_mma_kernel: with
- * 16- and 32-token q4w tiles they measured no faster at 8-64 tokens and slower at 256 (decode
- * batch 256: 9,290 -> 8,553 tok/s, 2026-12-04), and one kernel must serve every batch size. */
-template <int BMT> __global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
+/* The MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token count). A token's
+ * outputs do not depend on the tile or NB (each mma column is its own dot product), so batched ==
+ * alone stays bitwise. The dense products keep gemm_mma_kernel: with 16- and 32-token q4w tiles
+ * they measured no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
+ * 2026-12-04), and one kernel must serve every batch size. */
+__global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
-    if (p.mode != GM_DENSE) pdl_wait();
-    if (!gm_tile<4, BMT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
-    static_assert(BMT == 16, "16-token tiles (one or two n8 blocks)");
+    pdl_wait(); /* the plan comes from the previous kernel */
+    if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     if (m_end - m0 > 8) /* block-uniform */
-        q4w_block<BMT, 2>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<2>(p, wb, sbb, perm, m0, m_end);
     else
-        q4w_block<BMT, 1>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<1>(p, wb, sbb, perm, m0, m_end);
 }
 
 template <int BITS, int WM, int NJ, int MI>
@@ -798,28 +778,24 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * expert). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5 };
 
-template <int BMT>
-static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st, int ksplit) {
-    typedef q4w_cfg<BMT> C;
+static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_q4w_kernel<BMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 C::SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gemm_q4w_kernel<BMT>,
-                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+        if (cudaFuncSetAttribute(gemm_q4w_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 q4w_cfg::SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(gemm_q4w_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    dim3 grid(p->N / 128, grid_y, ksplit);
-    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_q4w" : "gemm_q4w_moe", gemm_q4w_kernel<BMT>, grid,
-              dim3(Q4W_THREADS), C::SMEM, *p);
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel, dim3(p->N / 128, grid_y), dim3(Q4W_THREADS),
+              q4w_cfg::SMEM, *p);
     return 0;
 }
 
-/* 1 unless TL_GEMM_Q4W=0: the 16-token 4-bit tile runs gemm_q4w_kernel. */
+/* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
 static int gemm_q4w_on(void) {
     static int on = -1;
     if (on < 0) on = !(getenv("TL_GEMM_Q4W") && atoi(getenv("TL_GEMM_Q4W")) == 0);
@@ -828,8 +804,8 @@ static int gemm_q4w_on(void) {
 
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const tl_gpu_stream *st,
                        int ksplit = 1) {
-    if (bits == 4 && tile == GM_T16 && p->mode != GM_DENSE && gemm_q4w_on())
-        return launch_q4w<16>(p, grid_y, st, ksplit);
+    if (bits == 4 && tile == GM_T16 && p->mode != GM_DENSE && ksplit == 1 && gemm_q4w_on())
+        return launch_q4w(p, grid_y, st);
 #define GM_CASE(B, T, WM, NJ, MI)                                                                  \
     if (bits == B && tile == T) return launch_gemm<B, WM, NJ, MI>(p, grid_y, st, ksplit);
     GM_CASE(16, GM_T128, 2, 4, 4)
