@@ -95,6 +95,10 @@ typedef struct tl_spec_stats {
     long long drafts;   /* verify steps of one sequence (each drafted 1..K tokens) */
     long long drafted;  /* draft tokens proposed */
     long long accepted; /* of them, accepted by the verify */
+    /* wall seconds of the steps that speculated, by phase: the backend's draft calls, the host's
+     * draft laws and draws, the forward (verify and the step's other entries), the acceptance
+     * (target laws, draws, rollbacks) */
+    double s_draft, s_draft_host, s_forward, s_accept;
 } tl_spec_stats;
 int tl_engine_spec_stats(const tl_engine *e, tl_spec_stats *out);
 

@@ -564,10 +564,16 @@ static int bench_length(bench_state *bs, int li) {
     fprintf(stderr,
             "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
             L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
-    if (tl_engine_spec_tokens(bs->e))
+    if (tl_engine_spec_tokens(bs->e)) {
+        double ms = 1000.0 / (double)TL_MAX(s1.drafts - s0.drafts, 1);
         fprintf(stderr,
-                "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step\n",
-                L, 100 * bs->acc_rate[li], bs->per_step[li]);
+                "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step; "
+                "per speculating sequence-step: draft %.3f ms (backend) + %.3f ms (host laws), "
+                "forward %.3f ms, acceptance %.3f ms\n",
+                L, 100 * bs->acc_rate[li], bs->per_step[li], ms * (s1.s_draft - s0.s_draft),
+                ms * (s1.s_draft_host - s0.s_draft_host), ms * (s1.s_forward - s0.s_forward),
+                ms * (s1.s_accept - s0.s_accept));
+    }
     return 0;
 }
 

@@ -11,6 +11,21 @@
 #include "model/weights.h"
 #include "engine/prefix_cache.h"
 
+/* A sampling law in sparse form (docs/architecture.md §3.6): the survivors of the sampler's
+ * filters (tl_sample_probs) with their probabilities, and what a logprob needs. Speculative
+ * decoding drafts and accepts on laws, so a backend that computes them on the device sends a few
+ * hundred bytes a row instead of the 248K logits. A parameter set has a sparse law when
+ * tl_law_ok (sample.h): greedy, or 1 <= top_k <= TL_LAW_MAX, without logit bias, allowed-token
+ * mask or top logprobs. */
+#define TL_LAW_MAX 64
+typedef struct tl_law {
+    int32_t n;              /* survivors; 0: the row has no law (a non-finite logit) */
+    int32_t id[TL_LAW_MAX]; /* most likely first (ties: lower id first) */
+    float p[TL_LAW_MAX];    /* probabilities, summing to 1 (greedy: one survivor of 1) */
+    float lp[TL_LAW_MAX];   /* logprobs of id[] under the unmodified logits, rounded as the
+                             * backend's own sampler rounds them */
+} tl_law;
+
 /* One sequence's part of a batched forward. Positions pos .. pos+n_tok-1 are computed; the slot's
  * state must hold exactly `pos` tokens before the call and holds pos+n_tok after it. */
 typedef struct tl_fwd_entry {
@@ -23,6 +38,10 @@ typedef struct tl_fwd_entry {
      * (docs/architecture.md §3.6): the slot must then be able to roll back to any length in
      * pos+1 .. pos+n_tok (rollback below). */
     float *all_logits;
+    /* out: [n_tok] laws of every token instead of all_logits (backends with can_law), under
+     * law_sample; row i's penalties count tokens[0..i] and the history before pos */
+    tl_law *all_laws;
+    const tl_sample_params *law_sample;
     /* device sampling (only read by backends with can_sample): */
     const tl_sample_params *sample; /* NULL: no sample wanted */
     uint64_t *rng;                  /* the sequence's RNG state, advanced by one draw */
@@ -45,11 +64,18 @@ typedef struct tl_draft_entry {
     int step;
     int32_t token;
     float *logits; /* out: [n_vocab] draft logits */
+    /* out instead of logits (backends with can_law), or NULL: the law of the draft logits under
+     * sample, whose penalties count the history before the slot's length and chain[0..step] (the
+     * sampled token, then the drafts before this step) */
+    tl_law *law;
+    const tl_sample_params *sample;
+    const int32_t *chain;
 } tl_draft_entry;
 
 typedef struct tl_backend {
     const char *name;
     int can_sample; /* 1: forward() samples on the device when e->sample is set */
+    int can_law;    /* 1: draft() and forward() fill tl_law rows where asked (speculation) */
     int max_ctx;    /* tokens per slot, set at open (a backend asked for 0 chooses it) */
     void *impl;
     void (*close)(struct tl_backend *b);

@@ -34,6 +34,8 @@ struct tl_engine {
     float *spec_q;     /* [max_seqs][spec_k][n_vocab] draft logits, then their law q */
     float *spec_p;     /* [n_vocab] a target law */
     int32_t *spec_tok; /* [max_seqs][spec_k + 1]: the fed token, then the drafts */
+    tl_law *spec_qlaw; /* [max_seqs][spec_k] the drafts' laws (tl_law_ok parameters) */
+    tl_law *spec_plaw; /* [max_seqs][spec_k + 1] the verify rows' laws */
     tl_spec_stats spec;
 };
 
@@ -184,7 +186,9 @@ static int open_spec(tl_engine *e, const tl_engine_params *p, char *err, size_t 
     e->spec_q = malloc(sizeof(float) * S * K * V);
     e->spec_p = malloc(sizeof(float) * V);
     e->spec_tok = malloc(sizeof(int32_t) * S * (K + 1));
-    if (!e->spec_lg || !e->spec_q || !e->spec_p || !e->spec_tok)
+    e->spec_qlaw = malloc(sizeof(tl_law) * S * K);
+    e->spec_plaw = malloc(sizeof(tl_law) * S * (K + 1));
+    if (!e->spec_lg || !e->spec_q || !e->spec_p || !e->spec_tok || !e->spec_qlaw || !e->spec_plaw)
         return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory for speculative decoding");
     e->spec_k = K;
     fprintf(stderr, "tulip: speculative decoding: up to %d draft tokens per step (MTP head)\n", K);
@@ -233,6 +237,7 @@ void tl_engine_close(tl_engine *e) {
     free(e->slot_state);
     free(e->scratch);
     free(e->spec_lg), free(e->spec_q), free(e->spec_p), free(e->spec_tok);
+    free(e->spec_qlaw), free(e->spec_plaw);
     free(e);
 }
 
@@ -600,6 +605,26 @@ static int draw_dense(const float *q, int V, uint64_t *rng) {
     return last;
 }
 
+/* Draft j + 1 of entry x from its law d->law (computed here from the logits when the backend
+ * cannot): greedy, the first survivor; else one draw from the session's RNG. No law (non-finite
+ * logits): the drafts end before it (*k = j). */
+static int draft_law(tl_engine *e, tl_batch_entry *x, const tl_draft_entry *d, int j, int *k) {
+    tl_session *s = x->sess;
+    if (!e->be->can_law) {
+        int rc = tl_sample_law(d->logits, e->n_sample_vocab, x->sample, s->tokens,
+                               s->n_tokens + 1 + j, s->n_prompt, d->law);
+        if (rc) return rc;
+    }
+    if (d->law->n < 1) {
+        *k = j;
+        return 0;
+    }
+    int32_t dt = tl_law_draw(d->law, x->sample->temperature <= 0, &s->rng);
+    e->spec_tok[(size_t)s->slot * (e->spec_k + 1) + j + 1] = dt;
+    s->tokens[s->n_tokens + 1 + j] = dt;
+    return 0;
+}
+
 /* The drafts: k[i] chained steps of the MTP head per entry, all entries' step j in one backend
  * call. Each draft is drawn from its own law q (the sampling parameters applied to the draft
  * logits, with the drafts before it in the history): the argmax when greedy, else one draw from
@@ -624,17 +649,29 @@ static int spec_draft(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err,
             tl_session *s = b[i].sess;
             int32_t *tok = e->spec_tok + (size_t)s->slot * (K + 1);
             if (j == 0) tok[0] = b[i].tokens[0], s->tokens[s->n_tokens] = tok[0];
+            int lawm = tl_law_ok(b[i].sample);
             d[nd] = (tl_draft_entry){.slot = s->slot,
                                      .step = j,
                                      .token = tok[j],
-                                     .logits = e->spec_q + ((size_t)s->slot * K + j) * V};
+                                     .logits = e->spec_q + ((size_t)s->slot * K + j) * V,
+                                     .law = lawm ? e->spec_qlaw + (size_t)s->slot * K + j : NULL,
+                                     .sample = b[i].sample,
+                                     .chain = tok};
             ent[nd++] = i;
         }
         if (!nd) break;
+        double t0 = tl_time_s();
         rc = e->be->draft(e->be, d, nd, err, errlen);
+        double t1 = tl_time_s();
+        e->spec.s_draft += t1 - t0;
         for (int t = 0; t < nd && !rc; t++) {
             tl_batch_entry *x = &b[ent[t]];
             tl_session *s = x->sess;
+            if (d[t].law) {
+                rc = draft_law(e, x, &d[t], j, &k[ent[t]]);
+                if (rc) rc = tl_errf(err, errlen, rc, "drafting: %s", tl_status_str(rc));
+                continue;
+            }
             float *q = d[t].logits;
             int ok =
                 tl_sample_probs(q, Vs, x->sample, s->tokens, s->n_tokens + 1 + j, s->n_prompt, q);
@@ -648,6 +685,7 @@ static int spec_draft(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err,
             e->spec_tok[(size_t)s->slot * (K + 1) + j + 1] = dt;
             s->tokens[s->n_tokens + 1 + j] = dt;
         }
+        e->spec.s_draft_host += tl_time_s() - t1;
     }
     if (d != stackd) free(d);
     free(ent);
@@ -663,6 +701,11 @@ static void spec_fill(tl_engine *e, const tl_batch_entry *b, int k, tl_fwd_entry
     x->logits = NULL;
     x->sample = NULL;
     x->all_logits = e->spec_lg + (size_t)slot * (e->spec_k + 1) * e->cfg.n_vocab;
+    if (tl_law_ok(b->sample) && e->be->can_law) {
+        x->all_laws = e->spec_plaw + (size_t)slot * (e->spec_k + 1);
+        x->law_sample = b->sample;
+        x->all_logits = NULL;
+    }
 }
 
 /* Acceptance of one verified entry: draft i against the target at verify row i (the row after
@@ -672,26 +715,70 @@ static void spec_fill(tl_engine *e, const tl_batch_entry *b, int k, tl_fwd_entry
  * without speculation. Sampling: tl_spec_accept (min(1, p/q), else a draw from max(0, p - q)),
  * so each token has the target's law. The session keeps the fed token and the accepted drafts;
  * the backend rolls the rest back. */
-static int spec_finish(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, char *err,
-                       size_t errlen) {
+/* Verify row i's law: the backend's, or computed here from the row's logits. */
+static int row_law(tl_engine *e, const tl_batch_entry *b, const tl_fwd_entry *f, int i,
+                   tl_law **out) {
+    tl_session *s = b->sess;
+    *out = e->spec_plaw + (size_t)s->slot * (e->spec_k + 1) + i;
+    if (f->all_laws) return 0;
+    return tl_sample_law(f->all_logits + (size_t)i * e->cfg.n_vocab, e->n_sample_vocab, b->sample,
+                         s->tokens, s->n_tokens + 1 + i, s->n_prompt, *out);
+}
+
+/* One emitted token: `token` with its logprob under row law p (none: the non-finite marker). */
+static void law_out(const tl_law *p, int token, tl_sample_out *o) {
+    memset(o, 0, sizeof *o);
+    o->token = p->n < 1 ? TL_TOKEN_NON_FINITE : token;
+    o->logprob = p->n < 1 ? NAN : tl_law_logprob(p, token);
+}
+
+/* spec_finish on laws (tl_law_ok parameters): the same acceptance, each row's law and each
+ * draft's law instead of dense distributions; returns the number of tokens emitted. */
+static int finish_laws(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, int *acc, int *rc) {
+    tl_session *s = b->sess;
+    int k = f->n_tok - 1, greedy = b->sample->temperature <= 0, n_out = 0, stop = 0;
+    const int32_t *tok = f->tokens;
+    tl_law *p;
+    for (int i = 0; i < k && !stop && !*rc; i++) {
+        tl_sample_out *o = &b->out[n_out++];
+        if ((*rc = row_law(e, b, f, i, &p))) break;
+        if (p->n < 1 || greedy) {
+            law_out(p, p->id[0], o);
+            stop = p->n < 1 || o->token != tok[i + 1];
+            continue;
+        }
+        const tl_law *q = e->spec_qlaw + (size_t)s->slot * e->spec_k + i;
+        int a, t = tl_spec_accept_law(p, q, tok[i + 1], &s->rng, &a, &o->logprob);
+        o->token = t, o->n_top = 0;
+        stop = !a;
+    }
+    *acc = stop ? n_out - 1 : n_out;
+    if (!*rc && !stop && !(*rc = row_law(e, b, f, k, &p))) /* all accepted: the bonus token */
+        law_out(p, p->n < 1 ? 0 : tl_law_draw(p, greedy, &s->rng), &b->out[n_out++]);
+    return n_out;
+}
+
+/* spec_finish on dense rows (parameters without a sparse law): the target's law over the whole
+ * vocabulary per row (tl_sample_probs), the drafts' from spec_q; returns the tokens emitted. */
+static int finish_dense(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, int *acc, int *rc) {
     tl_session *s = b->sess;
     const tl_sample_params *sp = b->sample;
-    int K = e->spec_k, k = f->n_tok - 1, Vs = e->n_sample_vocab, base = s->n_tokens, acc = 0;
+    int K = e->spec_k, k = f->n_tok - 1, Vs = e->n_sample_vocab, base = s->n_tokens;
     size_t V = (size_t)e->cfg.n_vocab;
     const int32_t *tok = f->tokens;
-    int greedy = sp->temperature <= 0, n_out = 0, stop = 0, rc = 0;
-    for (int i = 0; i < k && !stop && !rc; i++) {
+    int greedy = sp->temperature <= 0, n_out = 0, stop = 0;
+    for (int i = 0; i < k && !stop && !*rc; i++) {
         const float *row = f->all_logits + (size_t)i * V;
         tl_sample_out *o = &b->out[n_out++];
         int nh = base + 1 + i;
         if (greedy) {
-            rc = tl_sample_host(row, Vs, sp, &s->rng, s->tokens, nh, s->n_prompt, o);
+            *rc = tl_sample_host(row, Vs, sp, &s->rng, s->tokens, nh, s->n_prompt, o);
             stop = o->token != tok[i + 1];
             continue;
         }
         int ok = tl_sample_probs(row, Vs, sp, s->tokens, nh, s->n_prompt, e->spec_p);
         if (ok != 1) { /* no target law (non-finite): the sampler says which */
-            rc = ok < 0 ? ok : tl_sample_host(row, Vs, sp, &s->rng, s->tokens, nh, s->n_prompt, o);
+            *rc = ok < 0 ? ok : tl_sample_host(row, Vs, sp, &s->rng, s->tokens, nh, s->n_prompt, o);
             stop = 1;
             continue;
         }
@@ -700,10 +787,19 @@ static int spec_finish(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, c
         tl_sample_logprobs(row, Vs, t, sp->n_logprobs, o);
         stop = !a;
     }
-    acc = stop ? n_out - 1 : n_out;
-    if (!rc && !stop) /* every draft accepted: the bonus token */
-        rc = tl_sample_host(f->all_logits + (size_t)k * V, Vs, sp, &s->rng, s->tokens, base + 1 + k,
-                            s->n_prompt, &b->out[n_out++]);
+    *acc = stop ? n_out - 1 : n_out;
+    if (!*rc && !stop) /* every draft accepted: the bonus token */
+        *rc = tl_sample_host(f->all_logits + (size_t)k * V, Vs, sp, &s->rng, s->tokens,
+                             base + 1 + k, s->n_prompt, &b->out[n_out++]);
+    return n_out;
+}
+
+static int spec_finish(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, char *err,
+                       size_t errlen) {
+    tl_session *s = b->sess;
+    int k = f->n_tok - 1, base = s->n_tokens, acc = 0, rc = 0;
+    int n_out =
+        tl_law_ok(b->sample) ? finish_laws(e, b, f, &acc, &rc) : finish_dense(e, b, f, &acc, &rc);
     if (rc) return tl_errf(err, errlen, rc, "sampling: %s", tl_status_str(rc));
     if (acc < k) rc = e->be->rollback(e->be, s->slot, base + 1 + acc, err, errlen);
     if (rc) return rc;
@@ -720,7 +816,7 @@ static int finish_step(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, i
                        size_t errlen) {
     for (int i = 0; i < n; i++) {
         tl_session *s = b[i].sess;
-        if (f[i].all_logits) { /* a speculative verify (§3.6) */
+        if (f[i].all_logits || f[i].all_laws) { /* a speculative verify (§3.6) */
             int rc = spec_finish(e, &b[i], &f[i], err, errlen);
             if (rc) return rc;
             continue;
@@ -769,7 +865,9 @@ int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t err
         for (int i = 0; i < n; i++) fill_fwd(e, &b[i], &f[i]);
         for (int i = 0; i < n; i++)
             if (k[i]) spec_fill(e, &b[i], k[i], &f[i]);
+        double t0 = tl_time_s();
         rc = e->be->forward(e->be, f, n, err, errlen);
+        if (any) e->spec.s_forward += tl_time_s() - t0;
         /* a full KV pool changes no session (tulip.h): the draws of the drafts are undone (the
          * head's rows the drafts wrote are valid ones or above the slot's length); any other
          * failure leaves the state of every session in the batch undefined: they refuse steps
@@ -779,7 +877,9 @@ int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t err
         if (rc && rc != TL_ERR_CONTEXT_FULL) mark_lost(b, n, rc);
     }
     if (!rc) {
+        double t0 = tl_time_s();
         rc = finish_step(e, b, f, n, err, errlen);
+        if (any) e->spec.s_accept += tl_time_s() - t0;
         if (rc) mark_lost(b, n, rc);
     }
     if (f != stackf) free(f), free(k), free(rng0);

@@ -265,3 +265,125 @@ int tl_spec_accept(const float *p, const float *q, int V, int d, uint64_t *rng, 
     }
     return last >= 0 ? last : d;
 }
+
+/* ====== Sparse laws (backend.h tl_law; docs/architecture.md §3.6). ====== */
+
+int tl_law_ok(const tl_sample_params *p) {
+    return p->n_logprobs <= 0 && p->n_bias <= 0 && !p->allow &&
+           (p->temperature <= 0 || (p->top_k >= 1 && p->top_k <= TL_LAW_MAX));
+}
+
+/* The k largest of l[0..V) into id[] (largest first, ties: lower id first); returns how many. */
+static int top_ids(const float *l, int V, int k, int32_t *id) {
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        if (l[i] == -INFINITY || (n == k && !(l[i] > l[id[n - 1]]))) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && l[i] > l[id[j - 1]]) id[j] = id[j - 1], j--;
+        id[j] = i;
+    }
+    return n;
+}
+
+/* The survivors of the candidates id[0..n) (sorted) as in n_candidates (and the CUDA sampler's
+ * merge: the 40-nat window below the best too, under float resolution of the mass): their
+ * count, with their renormalised probabilities into law->p. */
+static int law_survivors(const float *l, const tl_sample_params *p, int n, tl_law *law) {
+    double w[TL_LAW_MAX], best = l[law->id[0]] / p->temperature, kept = 0, cum = 0;
+    int keep = 0;
+    for (; keep < n; keep++) {
+        double x = l[law->id[keep]] / p->temperature - best;
+        if (x < -40.0 || (p->min_p > 0 && x < log(p->min_p))) break;
+        w[keep] = exp(x), kept += w[keep];
+    }
+    if (p->top_p > 0 && p->top_p < 1) {
+        int k2 = 0;
+        while (k2 < keep) {
+            cum += w[k2++];
+            if (cum >= (double)p->top_p * kept) break;
+        }
+        keep = k2;
+    }
+    keep = keep < 1 ? 1 : keep;
+    double tot = 0;
+    for (int i = 0; i < keep; i++) tot += w[i];
+    for (int i = 0; i < keep; i++) law->p[i] = (float)(w[i] / tot);
+    return keep;
+}
+
+int tl_sample_law(const float *logits, int V, const tl_sample_params *p, const int32_t *history,
+                  int n_history, int n_prompt, tl_law *law) {
+    law->n = 0;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY) return TL_OK; /* no law */
+        mx = logits[i] > mx ? logits[i] : mx;
+    }
+    if (mx == -INFINITY) return TL_OK;
+    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
+    float *l = malloc(sizeof(float) * V);
+    if (!l) return TL_ERR_NOMEM;
+    memcpy(l, logits, sizeof(float) * V);
+    int rc = apply_penalties(l, V, p, history, n_history, n_prompt);
+    int n = rc ? 0 : top_ids(l, V, p->temperature <= 0 ? 1 : p->top_k, law->id);
+    if (n > 0 && p->temperature <= 0)
+        law->n = 1, law->p[0] = 1.0f;
+    else if (n > 0)
+        law->n = law_survivors(l, p, n, law);
+    double lse = mx + log(sum); /* the logprobs as logprobs() rounds them */
+    for (int i = 0; i < law->n; i++) law->lp[i] = (float)(logits[law->id[i]] - lse);
+    free(l);
+    return rc;
+}
+
+int tl_law_draw(const tl_law *q, int greedy, uint64_t *rng) {
+    if (greedy || q->n == 1) return q->id[0];
+    double tot = 0, acc = 0;
+    for (int i = 0; i < q->n; i++) tot += q->p[i];
+    double u = tl_rng_uniform(rng) * tot;
+    int last = 0;
+    for (int i = 0; i < q->n; i++) {
+        if (q->p[i] <= 0) continue;
+        acc += q->p[i], last = i;
+        if (u < acc) return q->id[i];
+    }
+    return q->id[last];
+}
+
+static float law_p(const tl_law *l, int token) {
+    for (int i = 0; i < l->n; i++)
+        if (l->id[i] == token) return l->p[i];
+    return 0.0f;
+}
+
+float tl_law_logprob(const tl_law *p, int token) {
+    for (int i = 0; i < p->n; i++)
+        if (p->id[i] == token) return p->lp[i];
+    return NAN;
+}
+
+int tl_spec_accept_law(const tl_law *p, const tl_law *q, int d, uint64_t *rng, int *accepted,
+                       float *logprob) {
+    double u = tl_rng_uniform(rng), pd = law_p(p, d), qd = law_p(q, d);
+    int t = d;
+    *accepted = u * qd < pd; /* u < p/q without the division: q(d) > 0 for a drawn d */
+    if (!*accepted) {
+        double w[TL_LAW_MAX], tot = 0;
+        for (int i = 0; i < p->n; i++) {
+            double x = (double)p->p[i] - law_p(q, p->id[i]);
+            w[i] = x > 0 ? x : 0, tot += w[i];
+        }
+        if (!(tot > 0))
+            for (int i = 0; i < p->n; i++) tot += (w[i] = p->p[i]);
+        double r = tl_rng_uniform(rng) * tot, acc = 0;
+        int last = -1;
+        for (int i = 0; i < p->n && t == d; i++) {
+            if (w[i] <= 0) continue;
+            acc += w[i], last = i;
+            if (r < acc) t = p->id[i];
+        }
+        if (t == d && last >= 0) t = p->id[last];
+    }
+    *logprob = tl_law_logprob(p, t);
+    return t;
+}

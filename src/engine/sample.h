@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include "tulip.h"
+#include "engine/backend.h"
 
 /* Seeds a sequence's RNG stream. */
 uint64_t tl_rng_seed(uint64_t seed);
@@ -43,5 +44,25 @@ void tl_sample_logprobs(const float *logits, int n_vocab, int token, int n_top, 
  * rounding) the draw is from p. */
 int tl_spec_accept(const float *p, const float *q, int n_vocab, int d, uint64_t *rng,
                    int *accepted);
+
+/* 1 if p has a sparse law (backend.h tl_law): greedy, or 1 <= top_k <= TL_LAW_MAX, with no logit
+ * bias, allowed-token mask or top logprobs. */
+int tl_law_ok(const tl_sample_params *p);
+/* The law of tl_sample_probs in sparse form (p must be tl_law_ok): the survivors most likely
+ * first with their renormalised probabilities and their logprobs under the unmodified logits;
+ * law->n = 0 when there is none. The host reference of the CUDA law kernels. Returns TL_OK or
+ * TL_ERR_NOMEM. */
+int tl_sample_law(const float *logits, int n_vocab, const tl_sample_params *p,
+                  const int32_t *history, int n_history, int n_prompt, tl_law *law);
+/* One token from a law (n >= 1): the first survivor when greedy (no uniform drawn), else one
+ * uniform from *rng over the survivors. */
+int tl_law_draw(const tl_law *q, int greedy, uint64_t *rng);
+/* tl_spec_accept on laws: d drawn from q, accepted with probability min(1, p(d) / q(d)), else the
+ * token drawn from max(0, p - q) renormalised (from p when that has no mass). *logprob: the
+ * returned token's logprob under the unmodified logits (it is always one of p's survivors). */
+int tl_spec_accept_law(const tl_law *p, const tl_law *q, int d, uint64_t *rng, int *accepted,
+                       float *logprob);
+/* The logprob of p's survivor `token` under the unmodified logits (NaN if it is none). */
+float tl_law_logprob(const tl_law *p, int token);
 
 #endif

@@ -587,9 +587,132 @@ static void test_spec_accept(void) {
     CHECK_EQ_INT(t, 5);
 }
 
+/* ====== Sparse laws (tl_sample_law, tl_law_draw, tl_spec_accept_law). ====== */
+
+/* tl_sample_law against the dense tl_sample_probs on random logits (V = 300, a few exact ties,
+ * a history with penalties): the same survivors (most likely first), the same probabilities,
+ * and logprobs equal to tl_sample_logprobs'. */
+static void test_sample_law(void) {
+    enum { V = 300 };
+    float l[V], pr[V];
+    int32_t hist[40];
+    uint64_t r = tl_rng_seed(5);
+    tl_sample_params ps[6] = {sp(0, 0, 1, 0),    sp(1, 20, 0.95f, 0),
+                              sp(0.7f, 5, 1, 0), sp(1.3f, 64, 0.9f, 0.02f),
+                              sp(1, 1, 1, 0),    sp(0.5f, 40, 0.5f, 0)};
+    ps[0].presence_penalty = 1.5f, ps[1].presence_penalty = 1.5f;
+    ps[3].frequency_penalty = 0.4f, ps[3].repetition_penalty = 1.2f;
+    double worst = 0;
+    int cases = 0;
+    for (int trial = 0; trial < 20; trial++) {
+        for (int i = 0; i < V; i++) l[i] = (float)(4 * (tl_rng_uniform(&r) - 0.5));
+        for (int i = 0; i < 8; i++) l[(int)(tl_rng_uniform(&r) * V)] = l[7]; /* exact ties */
+        for (int i = 0; i < 40; i++) hist[i] = (int32_t)(tl_rng_uniform(&r) * V);
+        for (int k = 0; k < 6; k++) {
+            tl_law law;
+            CHECK(tl_law_ok(&ps[k]));
+            CHECK_EQ_INT(tl_sample_law(l, V, &ps[k], hist, 40, 25, &law), 0);
+            CHECK_EQ_INT(tl_sample_probs(l, V, &ps[k], hist, 40, 25, pr), 1);
+            int nz = 0;
+            for (int i = 0; i < V; i++) nz += pr[i] > 0;
+            CHECK_EQ_INT(law.n, nz);
+            for (int i = 0; i < law.n; i++) {
+                worst = fmax(worst, fabs(law.p[i] - pr[law.id[i]]));
+                CHECK(i == 0 || law.p[i] <= law.p[i - 1]);
+                tl_sample_out o;
+                tl_sample_logprobs(l, V, law.id[i], 0, &o);
+                CHECK(law.lp[i] == o.logprob);
+            }
+            cases++;
+        }
+    }
+    printf("# tl_sample_law vs tl_sample_probs: %d cases, max diff %.2g\n", cases, worst);
+    CHECK(worst < 1e-6);
+    tl_sample_params no = sp(1, 0, 1, 0); /* top-k off: no sparse law */
+    CHECK(!tl_law_ok(&no));
+    no = sp(1, 20, 1, 0), no.n_logprobs = 2;
+    CHECK(!tl_law_ok(&no));
+    tl_law law;
+    l[3] = NAN;
+    CHECK_EQ_INT(tl_sample_law(l, V, &ps[1], NULL, 0, 0, &law), 0);
+    CHECK_EQ_INT(law.n, 0);
+}
+
+/* A dense law into sparse form (most likely first; the logprobs are not used here). */
+static void to_law(const double *pd, int V, tl_law *o) {
+    o->n = 0;
+    for (int i = 0; i < V; i++) {
+        if (pd[i] <= 0) continue;
+        int j = o->n++;
+        for (; j > 0 && o->p[j - 1] < pd[i]; j--)
+            o->id[j] = o->id[j - 1], o->p[j] = o->p[j - 1], o->lp[j] = o->lp[j - 1];
+        o->id[j] = i, o->p[j] = (float)pd[i], o->lp[j] = (float)log(pd[i]);
+    }
+}
+
+/* tl_spec_accept_law: the emitted token follows p, whatever q is, and the acceptance rate is
+ * sum min(p, q) (as check_accept_law for the dense routine); drafts drawn by tl_law_draw. */
+static void check_accept_sparse(const char *name, const double *pd, const double *qd, int V) {
+    enum { N = 200000 };
+    tl_law p, q;
+    to_law(pd, V, &p), to_law(qd, V, &q);
+    int cnt[16] = {0}, acc = 0, outside = 0;
+    uint64_t rq = tl_rng_seed(4243), ra = tl_rng_seed(778);
+    for (int t = 0; t < N; t++) {
+        int d = tl_law_draw(&q, 0, &rq), a;
+        float lp;
+        int tok = tl_spec_accept_law(&p, &q, d, &ra, &a, &lp);
+        acc += a;
+        if (tok < 0 || tok >= V || pd[tok] == 0 || lp != (float)log(pd[tok]))
+            outside++;
+        else
+            cnt[tok]++;
+    }
+    double chi2 = 0, want = 0;
+    int k = 0;
+    for (int i = 0; i < V; i++) {
+        want += fmin(pd[i], qd[i]);
+        if (pd[i] == 0) continue;
+        k++;
+        chi2 += (cnt[i] - pd[i] * N) * (cnt[i] - pd[i] * N) / (pd[i] * N);
+    }
+    double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
+    double bound = df * c3 * c3 * c3, rate = (double)acc / N;
+    double sd = sqrt(fmax(want * (1 - want), 1e-12) / N);
+    printf("# sparse accept %-10s chi2 %6.1f (bound %.0f), acceptance %.4f (theory %.4f)\n", name,
+           chi2, bound, rate, want);
+    CHECK_EQ_INT(outside, 0);
+    CHECK(k == 1 ? cnt[0] + outside == N || chi2 == 0 : chi2 < bound);
+    CHECK(fabs(rate - want) <= 5 * sd + 1e-9);
+}
+
+static void test_spec_accept_law(void) {
+    enum { V = 12 };
+    double p[V], q[V];
+    uint64_t r = tl_rng_seed(98);
+    for (int trial = 0; trial < 3; trial++) {
+        double sp_ = 0, sq = 0;
+        for (int i = 0; i < V; i++) {
+            p[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r);
+            q[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r) * tl_rng_uniform(&r);
+            sp_ += p[i], sq += q[i];
+        }
+        for (int i = 0; i < V; i++) p[i] /= sp_, q[i] /= sq;
+        check_accept_sparse(trial == 0   ? "random 0"
+                            : trial == 1 ? "random 1"
+                                         : "random 2",
+                            p, q, V);
+    }
+    check_accept_sparse("q = p", p, p, V);
+    for (int i = 0; i < V; i++) p[i] = i < 6 ? (i + 1) / 21.0 : 0, q[i] = i < 6 ? 0 : 1.0 / 6;
+    check_accept_sparse("disjoint", p, q, V);
+}
+
 int main(void) {
     T_RUN(test_sample_probs);
     T_RUN(test_spec_accept);
+    T_RUN(test_sample_law);
+    T_RUN(test_spec_accept_law);
     T_RUN(test_distribution_filters);
     T_RUN(test_top_p_boundaries);
     T_RUN(test_distribution_penalties);

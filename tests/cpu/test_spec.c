@@ -226,19 +226,19 @@ static void sample_runs(tl_engine *e, const tl_sample_params *sp0, int (*cnt)[32
     }
 }
 
-static void test_sampling_law(void) {
-    make_prompts();
+/* One parameter set: RUNS generations without and with K = 3, the laws compared. */
+static void sampling_law_case(const char *name, const tl_sample_params *sp) {
     static int c0[LEN][320], c1[LEN][320];
-    tl_sample_params sp = {.temperature = 1.0f, .top_p = 1, .repetition_penalty = 1};
+    memset(c0, 0, sizeof c0), memset(c1, 0, sizeof c1);
     tl_engine *e0 = open_engine(MODEL, 0, 1, -1), *e1 = open_engine(MODEL, 3, 1, -1);
     CHECK(e0 && e1);
     if (!e0 || !e1) return;
-    sample_runs(e0, &sp, c0);
-    sample_runs(e1, &sp, c1);
+    sample_runs(e0, sp, c0);
+    sample_runs(e1, sp, c1);
     tl_spec_stats st;
     tl_engine_spec_stats(e1, &st);
-    printf("# sampling, K=3: %lld drafted, %lld accepted (%.0f%%)\n", st.drafted, st.accepted,
-           100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
+    printf("# sampling (%s), K=3: %lld drafted, %lld accepted (%.0f%%)\n", name, st.drafted,
+           st.accepted, 100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
     CHECK(st.accepted > 0 && st.accepted < st.drafted);
     for (int t = 1; t < LEN; t++) {
         double chi2 = 0;
@@ -259,6 +259,20 @@ static void test_sampling_law(void) {
     }
     tl_engine_close(e0);
     tl_engine_close(e1);
+}
+
+/* The dense path (top-k off: no sparse law) and the sparse-law path (the model card's settings:
+ * top-k 20, top-p 0.95, presence penalty 1.5; tl_law_ok). */
+static void test_sampling_law(void) {
+    make_prompts();
+    tl_sample_params dense = {.temperature = 1.0f, .top_p = 1, .repetition_penalty = 1};
+    tl_sample_params card = {.temperature = 1.0f,
+                             .top_k = 20,
+                             .top_p = 0.95f,
+                             .presence_penalty = 1.5f,
+                             .repetition_penalty = 1};
+    sampling_law_case("dense, top-k off", &dense);
+    sampling_law_case("sparse laws, model card", &card);
 }
 
 /* Speculation off: a checkpoint without a head (tiny-a) opens with it off and runs as before;
