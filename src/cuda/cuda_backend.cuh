@@ -67,11 +67,17 @@ typedef struct cb_spec {
      * ring's destination and source rows, the verify rows to gather */
     int32_t *d_meta, *h_meta;
     cudaEvent_t meta_ev;
-    int32_t *d_hist, *h_hist; /* [3][max_ctx]: a history for the penalty counts */
+    /* sampling laws (tl_gpu_sample_law) of up to max_seqs * (K+1) rows: parameters, then the
+     * ints [3 + TL_LAW_ADJ][rows] (logits row, count slot, unused, adjustments), the laws, the
+     * kernels' scratch */
+    tl_sample_params *d_lp, *h_lp;
+    int32_t *d_li, *h_li;
+    tl_law *d_law;
+    float *d_lscr;
+    int law_rows;
     /* per slot (host) */
     int *len;         /* tokens the slot holds */
     int *ok;          /* the head's rows cover the slot (0 after a cache load) */
-    int *dirty;       /* penalty counts hold tokens a rollback removed */
     int *vpos, *vn;   /* the last verify: positions vpos .. vpos+vn-1; vn 0: none */
     int32_t *vtok;    /* [max_seqs][K+1] its tokens */
     int32_t *vprompt; /* its n_prompt */

@@ -623,7 +623,7 @@ static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, char *
             return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
                            "entry %d: %d + %d tokens exceed the context of %d", i, en->pos,
                            en->n_tok, be->max_ctx);
-        if (en->all_logits && !be->sp)
+        if ((en->all_logits || en->all_laws) && !be->sp)
             return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
                            "entry %d: logits of every token need speculative decoding "
                            "(tl_cuda_params.spec_tokens)",

@@ -15,6 +15,7 @@
 extern "C" {
 #include "common/status.h"
 #include "common/util.h"
+#include "engine/sample.h"
 #include "engine/spec_plan.h"
 }
 
@@ -68,18 +69,22 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     if (cudaMemcpy(sp->d_rpos, sp->h_rpos, S * sizeof(int32_t), cudaMemcpyHostToDevice) !=
         cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: upload failed");
-    size_t mi = be->meta_ints + 4 * T, hi = 3 * (size_t)be->max_ctx;
+    size_t mi = be->meta_ints + 4 * T, R = S * K1, li = (3 + TL_LAW_ADJ) * R;
+    sp->law_rows = (int)R;
     SP_ALLOC(sp->d_meta, int32_t, mi);
-    SP_ALLOC(sp->d_hist, int32_t, hi);
+    SP_ALLOC(sp->d_lp, tl_sample_params, R);
+    SP_ALLOC(sp->d_li, int32_t, li);
+    SP_ALLOC(sp->d_law, tl_law, R);
+    SP_ALLOC(sp->d_lscr, float, R *tl_gpu_law_scratch_floats());
     if (cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
-        cudaMallocHost(&sp->h_hist, hi * 4) != cudaSuccess)
+        cudaMallocHost(&sp->h_lp, R * sizeof(tl_sample_params)) != cudaSuccess ||
+        cudaMallocHost(&sp->h_li, li * 4) != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
     if (cudaEventCreateWithFlags(&sp->meta_ev, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventRecord(sp->meta_ev, be->stream) != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_CUDA, "speculative decoding: event creation failed");
     sp->len = (int *)xcalloc(S, sizeof(int));
     sp->ok = (int *)xcalloc(S, sizeof(int));
-    sp->dirty = (int *)xcalloc(S, sizeof(int));
     sp->vpos = (int *)xcalloc(S, sizeof(int));
     sp->vn = (int *)xcalloc(S, sizeof(int));
     sp->vtok = (int32_t *)xcalloc(S * K1, sizeof(int32_t));
@@ -93,14 +98,16 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
 void cb_spec_free(cuda_be *be) {
     cb_spec *sp = be->sp;
     if (!sp) return;
-    void *ds[] = {sp->hid,    sp->cat,    sp->eb,        sp->alog,     sp->gdn,
-                  sp->d_meta, sp->d_hist, sp->conv_ring, sp->rec_ring, sp->d_rpos};
+    void *ds[] = {sp->hid,    sp->cat,       sp->eb,       sp->alog,   sp->gdn,
+                  sp->d_meta, sp->conv_ring, sp->rec_ring, sp->d_rpos, sp->d_lp,
+                  sp->d_li,   sp->d_law,     sp->d_lscr};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) tl_gpu_free(ds[i]);
     if (sp->h_meta) cudaFreeHost(sp->h_meta);
-    if (sp->h_hist) cudaFreeHost(sp->h_hist);
+    if (sp->h_lp) cudaFreeHost(sp->h_lp);
+    if (sp->h_li) cudaFreeHost(sp->h_li);
     if (sp->h_rpos) cudaFreeHost(sp->h_rpos);
     if (sp->meta_ev) cudaEventDestroy(sp->meta_ev);
-    free(sp->len), free(sp->ok), free(sp->dirty), free(sp->vpos), free(sp->vn);
+    free(sp->len), free(sp->ok), free(sp->vpos), free(sp->vn);
     free(sp->vtok), free(sp->vprompt), free(sp->arow);
     free(sp);
     be->sp = NULL;
@@ -108,28 +115,9 @@ void cb_spec_free(cuda_be *be) {
 
 /* ====== In a forward ====== */
 
-/* The slot's penalty counts rebuilt from its history (tokens 0 .. n - 1): after a rollback they
- * still count the rejected drafts, and a device-sampled entry is about to read them. */
-static int recount(cuda_be *be, int slot, const int32_t *hist, int n) {
-    cb_spec *sp = be->sp;
-    CUDA_TRY(cudaMemsetAsync(be->d_counts + (size_t)slot * be->cfg.n_vocab, 0,
-                             (size_t)be->cfg.n_vocab * sizeof(int32_t), be->stream));
-    if (n > 0) {
-        int32_t *h = sp->h_hist, *d = sp->d_hist;
-        CUDA_TRY(cudaStreamSynchronize(be->stream)); /* h_hist free again */
-        for (int i = 0; i < n; i++) h[i] = hist[i], h[n + i] = i, h[2 * n + i] = slot;
-        CUDA_TRY(cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                 be->stream));
-        tl_gpu_stream st = cb_stream(be, 0);
-        TRY(tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
-                               &st));
-    }
-    return 0;
-}
-
-/* Before the micro-batches (d_nprompt uploaded): what a verify entry's rollback needs (the
- * positions whose GDN states the kernels copy, or with TL_CUDA_SPEC_RECOMPUTE=1 the state saved
- * and the tokens kept); stale penalty counts rebuilt where the device samples; lengths. */
+/* Before the micro-batches: what a verify entry's rollback needs (the positions whose GDN
+ * states the kernels copy, or with TL_CUDA_SPEC_RECOMPUTE=1 the state saved and the tokens
+ * kept); lengths. */
 int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
     int K1 = sp->K + 1, rpos_set = 0;
@@ -138,7 +126,7 @@ int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t e
         int slot = e[i].slot;
         sp->vn[slot] = 0;
         if (sp->h_rpos[slot] >= 0) sp->h_rpos[slot] = -1, rpos_set = 1;
-        if (e[i].all_logits) {
+        if (e[i].all_logits || e[i].all_laws) {
             if (e[i].n_tok > K1)
                 return tl_errf(err, errlen, TL_ERR_INVALID,
                                "entry %d: logits of %d tokens, at most %d (1 + draft tokens)", i,
@@ -149,13 +137,6 @@ int cb_spec_begin(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t e
                 sp->h_rpos[slot] = e[i].pos, rpos_set = 1;
             sp->vpos[slot] = e[i].pos, sp->vn[slot] = e[i].n_tok, sp->vprompt[slot] = e[i].n_prompt;
             memcpy(sp->vtok + (size_t)slot * K1, e[i].tokens, sizeof(int32_t) * e[i].n_tok);
-        }
-        if (e[i].sample && sp->dirty[slot]) {
-            if (!e[i].history || e[i].n_history < e[i].pos)
-                return tl_errf(err, errlen, TL_ERR_INVALID,
-                               "entry %d: no history to recount the penalties of slot %d", i, slot);
-            TRY(recount(be, slot, e[i].history, e[i].pos));
-            sp->dirty[slot] = 0;
         }
         sp->len[slot] = e[i].pos + e[i].n_tok;
     }
@@ -198,11 +179,63 @@ int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_
                             nr, D, &st);
 }
 
-/* Before the step's final synchronize: each verify entry's logits rows to the host. */
+/* Law row j of a launch (tl_gpu_sample_law): logits row `row`, the counts of `slot` adjusted
+ * by adj[0..n_adj) (v > 0: token v - 1 once more, v < 0: token -v - 1 once less). */
+static void law_row(cb_spec *sp, int j, const tl_sample_params *p, int row, int slot,
+                    const int32_t *adj, int n_adj) {
+    size_t R = (size_t)sp->law_rows;
+    tl_sample_params *q = &sp->h_lp[j];
+    *q = *p;
+    q->bias_ids = NULL, q->bias_vals = NULL, q->n_bias = 0, q->allow = NULL, q->n_logprobs = 0;
+    sp->h_li[j] = row, sp->h_li[R + j] = slot;
+    for (int a = 0; a < TL_LAW_ADJ; a++) sp->h_li[(3 + a) * R + j] = a < n_adj ? adj[a] : 0;
+}
+
+/* The laws of the n staged rows (law_row; logits rows of `logits`) into sp->d_law, on the stream.
+ * The pinned staging is free: every earlier upload from it finished at the synchronize that
+ * ends each draft call and each forward. */
+static int law_launch(cuda_be *be, int n, const float *logits) {
+    cb_spec *sp = be->sp;
+    size_t R = (size_t)sp->law_rows;
+    CUDA_TRY(cudaMemcpyAsync(sp->d_lp, sp->h_lp, n * sizeof(tl_sample_params),
+                             cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(cudaMemcpyAsync(sp->d_li, sp->h_li, (3 + TL_LAW_ADJ) * R * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, be->stream));
+    tl_gpu_stream st = cb_stream(be, 0);
+    return tl_gpu_sample_law(sp->d_law, logits, be->cfg.n_vocab, be->n_valid, sp->d_li, sp->d_lp,
+                             be->d_counts, sp->d_li + R, sp->d_li + 3 * R, sp->d_lscr, n, &st);
+}
+
+/* The verify entries' laws (all_laws): row k of entry i counts its tokens 0..k (the forward fed
+ * all of them, so the later ones are taken out). Staged, launched and copied to the host. */
+static int verify_laws(cuda_be *be, const tl_fwd_entry *e, int n) {
+    cb_spec *sp = be->sp;
+    int K1 = sp->K + 1, nl = 0;
+    for (int i = 0; i < n; i++) {
+        if (!e[i].all_laws) continue;
+        for (int k = 0; k < e[i].n_tok; k++) {
+            int32_t adj[TL_LAW_ADJ], na = 0;
+            for (int j = k + 1; j < e[i].n_tok; j++) adj[na++] = -(e[i].tokens[j] + 1);
+            law_row(sp, nl++, e[i].law_sample, sp->arow[(size_t)i * K1 + k], e[i].slot, adj, na);
+        }
+    }
+    if (!nl) return 0;
+    TRY(law_launch(be, nl, sp->alog));
+    for (int i = 0, r = 0; i < n; i++) {
+        if (!e[i].all_laws) continue;
+        CUDA_TRY(cudaMemcpyAsync(e[i].all_laws, sp->d_law + r, e[i].n_tok * sizeof(tl_law),
+                                 cudaMemcpyDeviceToHost, be->stream));
+        r += e[i].n_tok;
+    }
+    return 0;
+}
+
+/* Before the step's final synchronize: each verify entry's logits rows or laws to the host. */
 int cb_spec_end(cuda_be *be, const tl_fwd_entry *e, int n) {
     cb_spec *sp = be->sp;
     size_t V = be->cfg.n_vocab;
     int K1 = sp->K + 1;
+    TRY(verify_laws(be, e, n));
     for (int i = 0; i < n; i++) {
         if (!e[i].all_logits) continue;
         for (int k = 0; k < e[i].n_tok;) { /* runs of consecutive rows in one copy */
@@ -270,7 +303,8 @@ static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, 
     for (int i = 0; i < n; i++) {
         int s = d[i].slot;
         if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= sp->K || !d[i].logits ||
-            d[i].token < 0 || d[i].token >= be->cfg.n_vocab)
+            d[i].token < 0 || d[i].token >= be->cfg.n_vocab ||
+            (d[i].law && (!d[i].sample || !d[i].chain || !tl_law_ok(d[i].sample))))
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "draft %d: bad slot %d / step %d / token %d", i, s, d[i].step,
                            d[i].token);
@@ -286,6 +320,27 @@ static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, 
                            "draft: slot %d at %d tokens, step %d is past the context of %d", s,
                            sp->len[s], d[i].step, be->max_ctx);
     }
+    return 0;
+}
+
+/* The laws of the draft entries that ask for one (row i of be->logits is entry i's): the slot's
+ * counts hold its tokens before its length; the chain's tokens (the sampled one, the drafts
+ * before this step) are counted in as generated. Copied to the host. */
+static int draft_laws(cuda_be *be, const tl_draft_entry *d, int n) {
+    cb_spec *sp = be->sp;
+    int nl = 0;
+    for (int i = 0; i < n; i++) {
+        if (!d[i].law) continue;
+        int32_t adj[TL_LAW_ADJ];
+        for (int a = 0; a <= d[i].step; a++) adj[a] = d[i].chain[a] + 1;
+        law_row(sp, nl++, d[i].sample, i, d[i].slot, adj, d[i].step + 1);
+    }
+    if (!nl) return 0;
+    TRY(law_launch(be, nl, be->logits));
+    for (int i = 0, r = 0; i < n; i++)
+        if (d[i].law)
+            CUDA_TRY(cudaMemcpyAsync(d[i].law, sp->d_law + r++, sizeof(tl_law),
+                                     cudaMemcpyDeviceToHost, be->stream));
     return 0;
 }
 
@@ -314,9 +369,11 @@ static int draft_impl(cuda_be *be, const tl_draft_entry *d, int n, char *err, si
     TRY(tl_gpu_rmsnorm(be->xo, be->x, sp->norm, NULL, n, be->cfg.n_embd, be->cfg.rms_eps, &st));
     TRY(tl_gpu_copy_rows(sp->hid, extra(be, sp->d_meta, 1), be->xo, NULL, n, be->cfg.n_embd, &st));
     TRY(cb_lm_head(be, be->logits, be->xo, be->xo, NULL, n, tc));
+    TRY(draft_laws(be, d, n));
     for (int i = 0; i < n; i++)
-        CUDA_TRY(cudaMemcpyAsync(d[i].logits, be->logits + (size_t)i * V, sizeof(float) * V,
-                                 cudaMemcpyDeviceToHost, be->stream));
+        if (!d[i].law)
+            CUDA_TRY(cudaMemcpyAsync(d[i].logits, be->logits + (size_t)i * V, sizeof(float) * V,
+                                     cudaMemcpyDeviceToHost, be->stream));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
     return 0;
 }
@@ -347,8 +404,8 @@ static int ring_restore(cuda_be *be, int slot, int j) {
 /* The slot back to n_keep tokens: its GDN state the copy the verify's kernels wrote after token
  * n_keep - 1 (TL_CUDA_SPEC_RECOMPUTE=1: the state from before the verify, the accepted tokens run
  * again), the pages past n_keep returned; the KV below n_keep, the head's rows below n_keep - 1
- * and the hidden of n_keep - 1 are the verify's own. The penalty counts are rebuilt before the
- * device next samples for the slot. */
+ * and the hidden of n_keep - 1 are the verify's own; the rejected tokens leave the penalty
+ * counts. */
 static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
     if (!sp || !sp->on)
@@ -362,6 +419,12 @@ static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t er
                        n_keep, v0, v0 + vn);
     sp->vn[slot] = 0;
     if (n_keep == v0 + vn) return 0;
+    /* the counts hold every verify token: the rejected ones out (all of them when recomputing,
+     * whose forward counts the kept ones in again); verify tokens are all generated */
+    int32_t *vt = sp->vtok + (size_t)slot * (sp->K + 1);
+    int out0 = sp->recompute ? 0 : n_keep - v0;
+    tl_gpu_stream st = cb_stream(be, 0);
+    TRY(tl_gpu_penalty_sub(be->d_counts, be->cfg.n_vocab, vt + out0, slot, vn - out0, &st));
     if (sp->recompute) {
         TRY(cb_state_copy(be, slot, sp->gdn + (size_t)slot * cb_pc_snap_bytes(be), 0));
         tl_fwd_entry x;
@@ -374,7 +437,6 @@ static int rollback_impl(cuda_be *be, int slot, int n_keep, char *err, size_t er
         sp->len[slot] = n_keep;
     }
     tl_kv_pages_truncate(&be->pages, slot, n_keep);
-    sp->dirty[slot] = 1; /* the counts hold the verify's tokens and the accepted ones again */
     return 0;
 }
 
@@ -388,7 +450,7 @@ static int cb_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t er
 void cb_spec_slot(cuda_be *be, int slot, int n_tok) {
     cb_spec *sp = be->sp;
     if (!sp) return;
-    sp->len[slot] = n_tok, sp->ok[slot] = n_tok == 0, sp->dirty[slot] = 0, sp->vn[slot] = 0;
+    sp->len[slot] = n_tok, sp->ok[slot] = n_tok == 0, sp->vn[slot] = 0;
 }
 
 /* Always: without the head (tl_cuda_params.spec_tokens 0) spec_init says so and the others
@@ -399,4 +461,5 @@ void cb_spec_attach(cuda_be *be, tl_backend *b) {
     b->spec_ready = cb_spec_ready;
     b->draft = cb_draft;
     b->rollback = cb_rollback;
+    b->can_law = be->sp != NULL;
 }

@@ -411,13 +411,32 @@ int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_va
                   const int32_t *count_slot, float *scratch, float *restricted, int n_rows,
                   const tl_gpu_stream *st);
 /* Penalty counts kept per slot across steps, updated as tokens are fed: for each token t of a
- * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets bit
- * 30, and 1 more when the token was generated: n_prompt[slot] >= 0 and tok_pos[t] >=
- * n_prompt[slot] (n_prompt[slot] < 0: all prompt so far). counts [n_slot][n_vocab]; the backend
- * zeroes a slot's row when it resets the slot. */
+ * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets 1
+ * more when the token was generated (n_prompt[slot] >= 0 and tok_pos[t] >= n_prompt[slot]),
+ * else bit 30 (prompt; n_prompt[slot] < 0: all prompt so far). The repetition penalty applies
+ * where either is set, presence and frequency to the generated count. counts
+ * [n_slot][n_vocab]; the backend zeroes a slot's row when it resets the slot. */
 int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens, const int32_t *tok_pos,
                        const int32_t *tok_slot, const int32_t *n_prompt, int n_tok,
                        const tl_gpu_stream *st);
+/* The generated tokens tokens[0..n_tok) (HOST array, n_tok <= TL_LAW_ADJ) of `slot` taken out of
+ * its counts (1 less each): a speculative rollback's rejected drafts. */
+int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int slot, int n_tok,
+                       const tl_gpu_stream *st);
+/* Sampling laws (engine/backend.h tl_law) of n_rows rows instead of draws, for speculative
+ * decoding: row r is logits row row_of[r] (device [n_rows] i32), under params[r] (tl_law_ok:
+ * greedy or 1 <= top_k <= TL_LAW_MAX, no restrictions, no top logprobs), with the counts of
+ * slot count_slot[r] adjusted by adj[r][0..TL_LAW_ADJ) (device i32; v > 0: token v - 1 counted
+ * once more as generated, v < 0: token -v - 1 once less, 0: nothing). The same filters and
+ * survivors as tl_gpu_sample's two-pass path (and the host's tl_sample_law, 40-nat window
+ * included); logprobs as tl_gpu_sample rounds them. laws: device [n_rows]; scratch: device
+ * [n_rows][tl_gpu_law_scratch_floats()] f32. TL_ERR_UNSUPPORTED when n_valid is too large
+ * for the two-pass parts. */
+int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
+                      const int32_t *row_of, const tl_sample_params *params, const int32_t *counts,
+                      const int32_t *count_slot, const int32_t *adj, float *scratch, int n_rows,
+                      const tl_gpu_stream *st);
+size_t tl_gpu_law_scratch_floats(void);
 
 /* ====== Bench and profiler (cuda_bench.cu) ====== */
 

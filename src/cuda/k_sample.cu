@@ -42,8 +42,9 @@ __device__ argmax_t block_argmax(float v, int i, float *sv, int *si) {
     return r;
 }
 
+/* c: bit 30 = in the prompt, low 24 bits = times generated (tl_gpu_penalty_add). */
 __device__ __forceinline__ float apply_pen(float l, int c, const tl_sample_params &P) {
-    if ((c & (1 << 30)) && P.repetition_penalty != 1.0f)
+    if ((c & ((1 << 30) | 0xffffff)) && P.repetition_penalty != 1.0f)
         l = l > 0.0f ? l / P.repetition_penalty : l * P.repetition_penalty;
     int n = c & 0xffffff;
     if (n > 0) l -= P.presence_penalty + P.frequency_penalty * (float)n;
@@ -146,11 +147,24 @@ __device__ __forceinline__ uint32_t fkey(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ part_rec *part_recs(float *scratch, int row, int V) {
-    return (part_rec *)(scratch + (size_t)row * 2 * V);
+/* A row's scratch (stride floats a row: 2 * n_vocab for tl_gpu_sample, LAW_SCR for the laws):
+ * FP part records, then FP * FK candidates. */
+#define LAW_SCR (FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK)
+__device__ __forceinline__ part_rec *part_recs(float *scratch, int row, size_t stride) {
+    return (part_rec *)(scratch + (size_t)row * stride);
 }
-__device__ __forceinline__ float2 *part_cands(float *scratch, int row, int V) {
-    return (float2 *)(scratch + (size_t)row * 2 * V + FP * (sizeof(part_rec) / 4));
+__device__ __forceinline__ float2 *part_cands(float *scratch, int row, size_t stride) {
+    return (float2 *)(scratch + (size_t)row * stride + FP * (sizeof(part_rec) / 4));
+}
+
+/* A law row's count of token i: the slot's, with the row's adjustments (tl_gpu_sample_law). */
+__device__ __forceinline__ int adj_count(int c, int i, const int32_t *adj) {
+    for (int a = 0; a < TL_LAW_ADJ; a++) {
+        int v = adj[a];
+        if (v > 0 && v - 1 == i) c += 1;
+        if (v < 0 && -v - 1 == i) c -= 1;
+    }
+    return c;
 }
 
 /* The key of the k-th largest of keys[0..n) (radix select, 8 bits a round) and how many keys
@@ -268,10 +282,14 @@ __device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int
     }
 }
 
+/* LAW (tl_gpu_sample_law): row r reads logits row row_of[r] and its counts with adj's
+ * adjustments; no restrictions. */
+template <bool LAW>
 __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, const float *restricted, int V, int n_valid,
                        const tl_sample_params *params, const int32_t *counts,
-                       const int32_t *count_slot, float *scratch, int fast) {
+                       const int32_t *count_slot, float *scratch, int fast, const int32_t *row_of,
+                       const int32_t *adj_rows, size_t stride) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
     __shared__ uint32_t keys[FCH];
@@ -279,15 +297,22 @@ __global__ void __launch_bounds__(FT)
     int row = blockIdx.y, part = blockIdx.x, tid = threadIdx.x;
     tl_sample_params P = params[row];
     if (!fast_row(P, fast)) return;
-    const float *lg = logits + (size_t)row * V, *ls = draw_row(lg, restricted, row, V, P);
+    const float *lg = logits + (size_t)(LAW ? row_of[row] : row) * V;
+    const float *ls = LAW ? lg : draw_row(lg, restricted, row, V, P);
     const int32_t *cnt = counts ? counts + (size_t)(count_slot ? count_slot[row] : row) * V : NULL;
+    int32_t adj[TL_LAW_ADJ];
+    for (int a = 0; a < TL_LAW_ADJ; a++)
+        adj[a] = LAW && adj_rows ? adj_rows[row * TL_LAW_ADJ + a] : 0;
     int per = CEIL_DIV(n_valid, FP), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     uint32_t tmax = 0; /* this thread's largest key */
     for (int j = tid; j < n; j += FT) {
-        float l = lg[i0 + j], lr = ls[i0 + j], lp = cnt ? apply_pen(lr, cnt[i0 + j], P) : lr;
+        float l = lg[i0 + j], lr = ls[i0 + j];
+        int cj = cnt ? cnt[i0 + j] : 0;
+        if (LAW) cj = adj_count(cj, i0 + j, adj);
+        float lp = cnt ? apply_pen(lr, cj, P) : lr;
         float mn = fmaxf(m, l);
         s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
         if (P.temperature <= 0.0f) {
@@ -299,7 +324,7 @@ __global__ void __launch_bounds__(FT)
     }
     float M = block_max(m, sbuf);
     float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sbuf);
-    part_rec *rec = part_recs(scratch, row, V) + part;
+    part_rec *rec = part_recs(scratch, row, stride) + part;
     if (P.temperature <= 0.0f) {
         argmax_t a = block_argmax(bv, bi, sbuf, sibuf);
         if (tid == 0) rec->m = M, rec->s = S, rec->gv = a.v, rec->gi = a.i, rec->nc = 0;
@@ -308,7 +333,7 @@ __global__ void __launch_bounds__(FT)
     __syncthreads();
     int k = min(P.top_k, n);
     if (k > 0)
-        part_topk(keys, n, k, tmax, i0, part_cands(scratch, row, V) + part * FK, pairs, hist,
+        part_topk(keys, n, k, tmax, i0, part_cands(scratch, row, stride) + part * FK, pairs, hist,
                   s_cnt);
     if (tid == 0) rec->m = M, rec->s = S, rec->nc = k;
 }
@@ -330,26 +355,49 @@ __device__ void sort_cands(float2 *c, int n) {
     __syncthreads();
 }
 
+/* One row's law (LAW) from the merged candidates: the first `keep` of c (sorted) with their
+ * probabilities renormalised over them, and their logprobs under the unmodified logits. */
+__device__ void write_law(tl_law *law, const float2 *c, int keep, const float *lg, float lse) {
+    __shared__ double s_tot;
+    if (threadIdx.x == 0) {
+        double tot = 0;
+        for (int i = 0; i < keep; i++) tot += exp((double)c[i].x - c[0].x);
+        s_tot = tot, law->n = keep;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < keep; i += blockDim.x) {
+        int id = __float_as_int(c[i].y);
+        law->id[i] = id;
+        law->p[i] = (float)(exp((double)c[i].x - c[0].x) / s_tot);
+        law->lp[i] = lg[id] - lse;
+    }
+}
+
+/* LAW (tl_gpu_sample_law): writes laws[row] instead of drawing; row r reads logits row_of[r]. */
+template <bool LAW>
 __global__ void __launch_bounds__(FT)
     sample_merge_kernel(tl_sample_out *out, const float *logits, int V,
                         const tl_sample_params *params, const uint64_t *keys, float *scratch,
-                        int fast) {
+                        int fast, tl_law *laws, const int32_t *row_of, size_t stride) {
     __shared__ float2 c[FP * FK];
     __shared__ float sbuf[32];
     __shared__ int sibuf[32];
     int row = blockIdx.x, tid = threadIdx.x;
     tl_sample_params P = params[row];
     if (!fast_row(P, fast)) return;
-    const part_rec *rec = part_recs(scratch, row, V);
+    const part_rec *rec = part_recs(scratch, row, stride);
+    const float *lg = logits + (size_t)(LAW ? row_of[row] : row) * V;
     __shared__ int s_off[FP + 1];
     int lane = tid & 31;
     /* every warp merges the FP (= 32) part records, one per lane: fixed shuffle order */
     float mb = rec[lane].m, M = warp_max(mb);
     float S = warp_sum(mb == -INFINITY ? 0.0f : rec[lane].s * expf(mb - M));
     float lse = M + logf(S);
-    tl_sample_out *o = out + row;
+    tl_sample_out *o = LAW ? NULL : out + row;
+    tl_law *law = LAW ? laws + row : NULL;
     if (!isfinite(lse)) { /* NaN from a NaN or +inf logit: no distribution */
-        if (tid == 0) o->token = -1, o->logprob = NAN, o->n_top = 0;
+        if (tid == 0 && LAW) law->n = 0;
+        if (tid == 0 && !LAW) o->token = -1, o->logprob = NAN, o->n_top = 0;
         return;
     }
     int token;
@@ -362,6 +410,13 @@ __global__ void __launch_bounds__(FT)
             if (am_better(ov, oi, bv, bi)) bv = ov, bi = oi;
         }
         token = bv == -INFINITY ? TL_TOKEN_NONE_ALLOWED : bi;
+        if (LAW) {
+            if (tid == 0) {
+                law->n = token >= 0, law->id[0] = token, law->p[0] = 1.0f;
+                law->lp[0] = token >= 0 ? lg[token] - lse : NAN;
+            }
+            return;
+        }
     } else {
         int nc = rec[lane].nc, inc = nc;
         for (int d = 1; d < 32; d <<= 1) {
@@ -374,7 +429,7 @@ __global__ void __launch_bounds__(FT)
         int n = s_off[FP];
         int n2 = 1;
         while (n2 < n) n2 <<= 1;
-        const float2 *pc = part_cands(scratch, row, V);
+        const float2 *pc = part_cands(scratch, row, stride);
         for (int i = tid; i < n2; i += FT) {
             float2 v = make_float2(-INFINITY, __int_as_float(0x7fffffff));
             if (i < n) {
@@ -386,7 +441,8 @@ __global__ void __launch_bounds__(FT)
         }
         sort_cands(c, n2);
         if (c[0].x == -INFINITY) { /* the restrictions left nothing (block-uniform) */
-            if (tid == 0) o->token = TL_TOKEN_NONE_ALLOWED, o->logprob = NAN, o->n_top = 0;
+            if (tid == 0 && LAW) law->n = 0;
+            if (tid == 0 && !LAW) o->token = TL_TOKEN_NONE_ALLOWED, o->logprob = NAN, o->n_top = 0;
             return;
         }
         /* survivors: the top k, within 40 nats and min-p of the best, then the top-p prefix */
@@ -409,6 +465,10 @@ __global__ void __launch_bounds__(FT)
             s_keep = keep < 1 ? 1 : keep;
         }
         __syncthreads();
+        if (LAW) {
+            write_law(law, c, s_keep, lg, lse);
+            return;
+        }
         uint64_t key = keys[row];
         float bv = -INFINITY;
         int bi = 0x7fffffff;
@@ -421,7 +481,7 @@ __global__ void __launch_bounds__(FT)
     }
     if (tid == 0) {
         o->token = token;
-        o->logprob = token >= 0 ? logits[(size_t)row * V + token] - lse : NAN;
+        o->logprob = token >= 0 ? lg[token] - lse : NAN;
         o->n_top = 0;
     }
 }
@@ -602,11 +662,13 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
     /* the two-pass path needs each part in shared memory and its records in the row's scratch */
     int fast = n_valid <= FP * FCH && 2 * n_vocab >= FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK;
     if (fast) {
-        TL_LAUNCH(st, "sample_part", sample_part_kernel, dim3(FP, n_rows), dim3(FT), 0, logits,
-                  (const float *)restricted, n_vocab, n_valid, params, counts, count_slot, scratch,
-                  fast);
-        TL_LAUNCH(st, "sample_merge", sample_merge_kernel, dim3(n_rows), dim3(FT), 0, out, logits,
-                  n_vocab, params, keys, scratch, fast);
+        size_t stride = 2 * (size_t)n_vocab;
+        TL_LAUNCH(st, "sample_part", sample_part_kernel<false>, dim3(FP, n_rows), dim3(FT), 0,
+                  logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_slot,
+                  scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride);
+        TL_LAUNCH(st, "sample_merge", sample_merge_kernel<false>, dim3(n_rows), dim3(FT), 0, out,
+                  logits, n_vocab, params, keys, scratch, fast, (tl_law *)NULL,
+                  (const int32_t *)NULL, stride);
     }
     TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits,
               (const float *)restricted, n_vocab, n_valid, params, keys, counts, count_slot,
@@ -626,8 +688,20 @@ __global__ void penalty_add_kernel(int32_t *counts, int V, const int32_t *tokens
     int tok = tokens[t], slot = tok_slot[t], np = n_prompt[slot];
     if (tok < 0 || tok >= V) return;
     int32_t *c = counts + (size_t)slot * V + tok;
-    atomicOr(c, 1 << 30);
-    if (np >= 0 && tok_pos[t] >= np) atomicAdd(c, 1);
+    if (np >= 0 && tok_pos[t] >= np)
+        atomicAdd(c, 1);
+    else
+        atomicOr(c, 1 << 30);
+}
+
+/* penalty_sub_kernel: the generated tokens t.t[0..n) of one slot taken out of its counts again
+ * (a speculative rollback); one thread a token. */
+struct sub_tokens {
+    int32_t t[TL_LAW_ADJ];
+};
+__global__ void penalty_sub_kernel(int32_t *counts, int V, sub_tokens t, int slot, int n_tok) {
+    int i = threadIdx.x;
+    if (i < n_tok && t.t[i] >= 0 && t.t[i] < V) atomicSub(counts + (size_t)slot * V + t.t[i], 1);
 }
 
 extern "C" int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens,
@@ -636,5 +710,34 @@ extern "C" int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *t
     if (n_tok <= 0) return 0;
     TL_LAUNCH(st, "penalty_add", penalty_add_kernel, dim3(CEIL_DIV(n_tok, 256)), dim3(256), 0,
               counts, n_vocab, tokens, tok_pos, tok_slot, n_prompt, n_tok);
+    return 0;
+}
+
+extern "C" int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int slot,
+                                  int n_tok, const tl_gpu_stream *st) {
+    if (n_tok <= 0) return 0;
+    if (n_tok > TL_LAW_ADJ) return TL_ERR_INVALID;
+    sub_tokens t;
+    for (int i = 0; i < n_tok; i++) t.t[i] = tokens[i];
+    TL_LAUNCH(st, "penalty_sub", penalty_sub_kernel, dim3(1), dim3(32), 0, counts, n_vocab, t, slot,
+              n_tok);
+    return 0;
+}
+
+extern "C" size_t tl_gpu_law_scratch_floats(void) { return LAW_SCR; }
+
+extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
+                                 const int32_t *row_of, const tl_sample_params *params,
+                                 const int32_t *counts, const int32_t *count_slot,
+                                 const int32_t *adj, float *scratch, int n_rows,
+                                 const tl_gpu_stream *st) {
+    if (n_rows <= 0) return 0;
+    if (n_valid > FP * FCH) return TL_ERR_UNSUPPORTED; /* a part must fit in shared memory */
+    TL_LAUNCH(st, "sample_law_part", sample_part_kernel<true>, dim3(FP, n_rows), dim3(FT), 0,
+              logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_slot, scratch, 1,
+              row_of, adj, (size_t)LAW_SCR);
+    TL_LAUNCH(st, "sample_law_merge", sample_merge_kernel<true>, dim3(n_rows), dim3(FT), 0,
+              (tl_sample_out *)NULL, logits, n_vocab, params, (const uint64_t *)NULL, scratch, 1,
+              laws, row_of, (size_t)LAW_SCR);
     return 0;
 }

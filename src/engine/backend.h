@@ -18,6 +18,9 @@
  * tl_law_ok (sample.h): greedy, or 1 <= top_k <= TL_LAW_MAX, without logit bias, allowed-token
  * mask or top logprobs. */
 #define TL_LAW_MAX 64
+/* Count adjustments a law row of the CUDA backend takes (tl_gpu_sample_law): the tokens a
+ * speculative step has fed or will feed around the row, at most the fed one and the drafts. */
+#define TL_LAW_ADJ (TL_MAX_SPEC + 1)
 typedef struct tl_law {
     int32_t n;              /* survivors; 0: the row has no law (a non-finite logit) */
     int32_t id[TL_LAW_MAX]; /* most likely first (ties: lower id first) */

@@ -31,7 +31,7 @@ int tl_spec_head_rows(const tl_spec_layout *l, const tl_fwd_entry *e, const tl_m
         }
         for (int j = TL_MAX(0, n - K1); j < n; j++, nr++)
             rdst[nr] = tl_spec_ring_row(l, slot, pos0 + j), rsrc[nr] = t0 + j;
-        if (en->all_logits)
+        if (en->all_logits || en->all_laws)
             for (int j = 0; j < n; j++, na++) {
                 asrc[na] = t0 + j;
                 arow[(size_t)segs[g].entry * K1 + start + j] = alog0 + na;

@@ -1235,7 +1235,7 @@ static void test_sample_determinism_penalties(void) {
     CHECK_EQ_INT(hc[7], 1 << 30);
     CHECK_EQ_INT(hc[V + 5], 1 << 30);
     CHECK_EQ_INT(hc[V + 9], 1 << 30);
-    CHECK_EQ_INT(hc[V + 6], (1 << 30) | 2);
+    CHECK_EQ_INT(hc[V + 6], 2); /* generated: a count, no prompt bit */
     /* the sampler reads a row's counts through count_slot: logits 6 = 4.0, 5 = 3.5; frequency
      * 1.0 takes 6 (generated twice in slot 1) to 2.0, so 5 wins with slot 1's counts; slot 0
      * never saw 6, so 6 wins with slot 0's */
@@ -1584,6 +1584,100 @@ static void test_kv_page_copy(void) {
     free(hs), free(hd), free(want), free(got);
 }
 
+/* tl_gpu_sample_law against the host's tl_sample_law on random full-vocabulary rows, as
+ * speculative decoding uses it: rows read through a row map (in reverse order), counts of two
+ * slots built by tl_gpu_penalty_add from a prompt and a generated part, adjusted per row (tokens
+ * counted in, as a draft row's chain; tokens taken out, as a verify row's later drafts), and the
+ * host given the history those counts and adjustments stand for. Then tl_gpu_penalty_sub takes
+ * generated tokens out again (a rollback). Laws: the same survivors in the same order (ties to
+ * the lower id), probabilities within 1e-5, logprobs within 1e-5 (float lse vs double). */
+static void test_sample_law(void) {
+    enum { R = 6, NP = 30, NG = 20 };
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    float *lg = rand_vec((size_t)R * V, 3.0f, &rs);
+    int32_t hist[2][NP + NG + 8], pos[NP + NG], slot[NP + NG], tok[NP + NG], np[2] = {NP, NP};
+    int32_t *dc = tl_gpu_malloc(4 * (size_t)2 * V), *dnp = dev_from(np, sizeof np);
+    CHECK_EQ_INT(tl_gpu_memset(dc, 0, 4 * (size_t)2 * V), 0);
+    for (int sl = 0; sl < 2; sl++) {
+        for (int i = 0; i < NP + NG; i++) { /* a few repeats: generated tokens seen twice */
+            int32_t t = (int32_t)(t_rng_next(&rs) % 4000) * 61 % nv;
+            if (i >= NP && i % 3 == 0) t = hist[sl][i - 2];
+            hist[sl][i] = tok[i] = t, pos[i] = i, slot[i] = sl;
+            lg[(size_t)(sl + 1) * V + t] += 2.0f; /* penalised tokens near the top */
+        }
+        int32_t *dt = dev_from(tok, sizeof tok), *dp = dev_from(pos, sizeof pos),
+                *ds = dev_from(slot, sizeof slot);
+        CHECK_EQ_INT(tl_gpu_penalty_add(dc, V, dt, dp, ds, dnp, NP + NG, NULL), 0);
+        tl_gpu_free(dt), tl_gpu_free(dp), tl_gpu_free(ds);
+    }
+    tl_sample_params p[R];
+    for (int r = 0; r < R; r++) p[r] = greedy_params();
+    p[1].temperature = 1.0f, p[1].top_k = 20, p[1].top_p = 0.95f, p[1].presence_penalty = 1.5f;
+    p[2].temperature = 0.5f, p[2].top_k = 64, p[2].min_p = 0.01f, p[2].repetition_penalty = 1.3f;
+    p[3].temperature = 1.0f, p[3].top_k = 5, p[3].frequency_penalty = 0.7f;
+    p[4].presence_penalty = 3.0f; /* greedy with penalties */
+    p[5].temperature = 2.0f, p[5].top_k = 40, p[5].top_p = 0.5f, p[5].presence_penalty = 1.0f;
+    int32_t ints[(3 + TL_LAW_ADJ) * R] = {0};
+    int nh[R];
+    int32_t h[R][NP + NG + 8];
+    for (int r = 0; r < R; r++) {
+        int sl = r % 2, na = 0;
+        ints[r] = R - 1 - r; /* logits row: reversed */
+        memcpy(h[r], hist[sl], sizeof(int32_t) * (NP + NG));
+        nh[r] = NP + NG;
+        if (r % 3 == 1) /* counted in: two new tokens and one already generated */
+            for (int a = 0; a < 3; a++) {
+                int32_t t = a == 2 ? hist[sl][NP + 1] : (int32_t)(t_rng_next(&rs) % (uint32_t)nv);
+                ints[(3 + na++) * R + r] = t + 1, h[r][nh[r]++] = t;
+            }
+        if (r % 3 == 2) /* taken out: the last three generated tokens */
+            for (int a = 0; a < 3; a++) ints[(3 + na++) * R + r] = -(h[r][--nh[r]] + 1);
+        ints[R + r] = sl;
+    }
+    float *dl = dev_from(lg, sizeof(float) * (size_t)R * V);
+    tl_sample_params *dpp = dev_from(p, sizeof p);
+    int32_t *di = dev_from(ints, sizeof ints);
+    float *scr = tl_gpu_malloc(sizeof(float) * R * tl_gpu_law_scratch_floats());
+    tl_law *dlaw = tl_gpu_malloc(sizeof(tl_law) * R), law[R];
+    CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, dc, di + R, di + 3 * R, scr, R, NULL),
+                 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    tl_gpu_download(law, dlaw, sizeof law);
+    double dp_max = 0, dl_max = 0;
+    int same = 1;
+    for (int r = 0; r < R; r++) {
+        tl_law ref;
+        const float *row = lg + (size_t)(R - 1 - r) * V;
+        CHECK_EQ_INT(tl_sample_law(row, nv, &p[r], h[r], nh[r], NP, &ref), 0);
+        same &= law[r].n == ref.n && ref.n > 0;
+        for (int i = 0; i < ref.n && i < law[r].n; i++) {
+            same &= law[r].id[i] == ref.id[i];
+            dp_max = fmax(dp_max, fabs(law[r].p[i] - ref.p[i]));
+            dl_max = fmax(dl_max, fabs(law[r].lp[i] - ref.lp[i]));
+        }
+        printf("# law row %d: %d survivors (host %d), best %d (host %d)\n", r, law[r].n, ref.n,
+               law[r].id[0], ref.id[0]);
+    }
+    printf("# laws vs tl_sample_law: max |dp| %.2g, max |dlogprob| %.2g\n", dp_max, dl_max);
+    CHECK(same);
+    CHECK(dp_max < 1e-5);
+    CHECK(dl_max < 1e-5);
+    /* rollback: two generated tokens of slot 1 out again */
+    int32_t out2[2] = {hist[1][NP + NG - 1], hist[1][NP + NG - 2]};
+    int32_t before[2], after[2];
+    tl_gpu_download(before, dc + V + out2[0], 4), tl_gpu_download(before + 1, dc + V + out2[1], 4);
+    CHECK_EQ_INT(tl_gpu_penalty_sub(dc, V, out2, 1, 2, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    tl_gpu_download(after, dc + V + out2[0], 4), tl_gpu_download(after + 1, dc + V + out2[1], 4);
+    int twice = out2[0] == out2[1];
+    CHECK_EQ_INT(after[0], before[0] - 1 - twice);
+    CHECK_EQ_INT(after[1], before[1] - 1 - twice);
+    CHECK_EQ_INT(after[0] & 0xffffff, (before[0] & 0xffffff) - 1 - twice);
+    tl_gpu_free(dl), tl_gpu_free(dpp), tl_gpu_free(di), tl_gpu_free(scr), tl_gpu_free(dlaw);
+    tl_gpu_free(dc), tl_gpu_free(dnp);
+    free(lg);
+}
+
 int main(void) {
     char err[256];
     if (tl_gpu_init(0, err, sizeof err)) {
@@ -1618,5 +1712,6 @@ int main(void) {
     T_RUN(test_sample_restrict_law);
     T_RUN(test_sample_sparse_mask);
     T_RUN(test_kv_page_copy);
+    T_RUN(test_sample_law);
     return t_summary();
 }
