@@ -506,10 +506,44 @@ static void test_sample_probs(void) {
     CHECK_EQ_INT(tl_sample_probs(bad, 12, &ps[0], NULL, 0, 0, pr), 0);
 }
 
-/* One token of speculative sampling, many times: d ~ q (drawn here), then tl_spec_accept. The
- * emitted token must follow p (chi-square, bound as check_distribution's) whatever q is, never
- * be a token outside p's support, and the acceptance rate must be sum_i min(p_i, q_i) (the
- * theory of rejection sampling) within 5 standard deviations. */
+/* The verdict on N tokens of speculative sampling (cnt: how often each token came out, acc: how
+ * many drafts were accepted, outside: tokens outside p's support or with a wrong logprob): the
+ * emitted tokens follow p (chi-square, bound as check_distribution's), none outside, and the
+ * acceptance rate is sum_i min(p_i, q_i) (the theory of rejection sampling) within 5 standard
+ * deviations. */
+static void accept_verdict(const char *name, const double *pd, const double *qd, int V,
+                           const int *cnt, int N, int acc, int outside) {
+    double chi2 = 0, want = 0;
+    int k = 0;
+    for (int i = 0; i < V; i++) {
+        want += fmin(pd[i], qd[i]);
+        if (pd[i] == 0) continue;
+        k++;
+        chi2 += (cnt[i] - pd[i] * N) * (cnt[i] - pd[i] * N) / (pd[i] * N);
+    }
+    double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
+    double bound = df * c3 * c3 * c3, rate = (double)acc / N;
+    double sd = sqrt(fmax(want * (1 - want), 1e-12) / N);
+    printf("# accept %-16s chi2 %6.1f (bound %.0f), acceptance %.4f (theory %.4f)\n", name, chi2,
+           bound, rate, want);
+    CHECK_EQ_INT(outside, 0);
+    CHECK(k == 1 ? cnt[0] + outside == N || chi2 == 0 : chi2 < bound);
+    CHECK(fabs(rate - want) <= 5 * sd + 1e-9);
+}
+
+/* Random laws p and q over V tokens with partly disjoint supports. */
+static void random_pq(uint64_t *r, double *p, double *q, int V) {
+    double sp_ = 0, sq = 0;
+    for (int i = 0; i < V; i++) {
+        p[i] = tl_rng_uniform(r) < 0.2 ? 0 : tl_rng_uniform(r);
+        q[i] = tl_rng_uniform(r) < 0.2 ? 0 : tl_rng_uniform(r) * tl_rng_uniform(r);
+        sp_ += p[i], sq += q[i];
+    }
+    for (int i = 0; i < V; i++) p[i] /= sp_, q[i] /= sq;
+}
+
+/* One token of speculative sampling, many times: d ~ q (drawn here), then tl_spec_accept, judged
+ * by accept_verdict. */
 static void check_accept_law(const char *name, const double *pd, const double *qd, int V) {
     enum { N = 200000 };
     float p[16], q[16];
@@ -530,23 +564,7 @@ static void check_accept_law(const char *name, const double *pd, const double *q
         else
             cnt[tok]++;
     }
-    double chi2 = 0, want_acc = 0;
-    int k = 0;
-    for (int i = 0; i < V; i++) {
-        want_acc += fmin(pd[i], qd[i]);
-        if (pd[i] == 0) continue;
-        k++;
-        double w = pd[i] * N;
-        chi2 += (cnt[i] - w) * (cnt[i] - w) / w;
-    }
-    double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
-    double bound = df * c3 * c3 * c3, rate = (double)acc / N;
-    double sd = sqrt(fmax(want_acc * (1 - want_acc), 1e-12) / N);
-    printf("# accept %-14s chi2 %6.1f (bound %.0f), acceptance %.4f (theory %.4f)\n", name, chi2,
-           bound, rate, want_acc);
-    CHECK_EQ_INT(outside, 0);
-    CHECK(k == 1 ? cnt[0] + outside == N || chi2 == 0 : chi2 < bound);
-    CHECK(fabs(rate - want_acc) <= 5 * sd + 1e-9);
+    accept_verdict(name, pd, qd, V, cnt, N, acc, outside);
 }
 
 static void test_spec_accept(void) {
@@ -555,13 +573,7 @@ static void test_spec_accept(void) {
     /* random p and q with partly disjoint supports */
     uint64_t r = tl_rng_seed(99);
     for (int trial = 0; trial < 3; trial++) {
-        double sp_ = 0, sq = 0;
-        for (int i = 0; i < V; i++) {
-            p[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r);
-            q[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r) * tl_rng_uniform(&r);
-            sp_ += p[i], sq += q[i];
-        }
-        for (int i = 0; i < V; i++) p[i] /= sp_, q[i] /= sq;
+        random_pq(&r, p, q, V);
         char nm[32];
         snprintf(nm, sizeof nm, "random %d", trial % 10);
         check_accept_law(nm, p, q, V);
@@ -650,8 +662,8 @@ static void to_law(const double *pd, int V, tl_law *o) {
     }
 }
 
-/* tl_spec_accept_law: the emitted token follows p, whatever q is, and the acceptance rate is
- * sum min(p, q) (as check_accept_law for the dense routine); drafts drawn by tl_law_draw. */
+/* tl_spec_accept_law, as check_accept_law for the dense routine; drafts drawn by tl_law_draw,
+ * and the returned logprob must be the survivor's own. */
 static void check_accept_sparse(const char *name, const double *pd, const double *qd, int V) {
     enum { N = 200000 };
     tl_law p, q;
@@ -668,22 +680,7 @@ static void check_accept_sparse(const char *name, const double *pd, const double
         else
             cnt[tok]++;
     }
-    double chi2 = 0, want = 0;
-    int k = 0;
-    for (int i = 0; i < V; i++) {
-        want += fmin(pd[i], qd[i]);
-        if (pd[i] == 0) continue;
-        k++;
-        chi2 += (cnt[i] - pd[i] * N) * (cnt[i] - pd[i] * N) / (pd[i] * N);
-    }
-    double df = k > 1 ? k - 1 : 1, a3 = 2 / (9 * df), c3 = 1 - a3 + 5 * sqrt(a3);
-    double bound = df * c3 * c3 * c3, rate = (double)acc / N;
-    double sd = sqrt(fmax(want * (1 - want), 1e-12) / N);
-    printf("# sparse accept %-10s chi2 %6.1f (bound %.0f), acceptance %.4f (theory %.4f)\n", name,
-           chi2, bound, rate, want);
-    CHECK_EQ_INT(outside, 0);
-    CHECK(k == 1 ? cnt[0] + outside == N || chi2 == 0 : chi2 < bound);
-    CHECK(fabs(rate - want) <= 5 * sd + 1e-9);
+    accept_verdict(name, pd, qd, V, cnt, N, acc, outside);
 }
 
 static void test_spec_accept_law(void) {
@@ -691,21 +688,14 @@ static void test_spec_accept_law(void) {
     double p[V], q[V];
     uint64_t r = tl_rng_seed(98);
     for (int trial = 0; trial < 3; trial++) {
-        double sp_ = 0, sq = 0;
-        for (int i = 0; i < V; i++) {
-            p[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r);
-            q[i] = tl_rng_uniform(&r) < 0.2 ? 0 : tl_rng_uniform(&r) * tl_rng_uniform(&r);
-            sp_ += p[i], sq += q[i];
-        }
-        for (int i = 0; i < V; i++) p[i] /= sp_, q[i] /= sq;
-        check_accept_sparse(trial == 0   ? "random 0"
-                            : trial == 1 ? "random 1"
-                                         : "random 2",
-                            p, q, V);
+        random_pq(&r, p, q, V);
+        char nm[32];
+        snprintf(nm, sizeof nm, "sparse random %d", trial);
+        check_accept_sparse(nm, p, q, V);
     }
-    check_accept_sparse("q = p", p, p, V);
+    check_accept_sparse("sparse q = p", p, p, V);
     for (int i = 0; i < V; i++) p[i] = i < 6 ? (i + 1) / 21.0 : 0, q[i] = i < 6 ? 0 : 1.0 / 6;
-    check_accept_sparse("disjoint", p, q, V);
+    check_accept_sparse("sparse disjoint", p, q, V);
 }
 
 int main(void) {
