@@ -209,6 +209,7 @@ typedef struct bench_state {
         gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN];          /* gbps: NAN where not known */
     double acc_rate[BENCH_MAX_LEN], per_step[BENCH_MAX_LEN]; /* speculation: accepted/drafted,
                                                                 tokens per step and sequence */
+    double spec_ms[BENCH_MAX_LEN][3]; /* ms per speculating step: drafts, forward, acceptance */
     char err[1024];
 } bench_state;
 
@@ -566,6 +567,9 @@ static int bench_length(bench_state *bs, int li) {
             L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
     if (tl_engine_spec_tokens(bs->e)) {
         double ms = 1000.0 / (double)TL_MAX(s1.drafts - s0.drafts, 1);
+        bs->spec_ms[li][0] = ms * (s1.s_draft - s0.s_draft + s1.s_draft_host - s0.s_draft_host);
+        bs->spec_ms[li][1] = ms * (s1.s_forward - s0.s_forward);
+        bs->spec_ms[li][2] = ms * (s1.s_accept - s0.s_accept);
         fprintf(stderr,
                 "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step; "
                 "per speculating sequence-step: draft %.3f ms (backend) + %.3f ms (host laws), "
@@ -610,7 +614,9 @@ static void bench_report_json(const bench_state *bs, double mp, double mg) {
         if (tl_engine_spec_tokens(bs->e)) {
             printf(", \"spec_acceptance\": ");
             put_num("%.4f", bs->acc_rate[i], 1);
-            printf(", \"spec_tokens_per_step\": %.3f", bs->per_step[i]);
+            printf(", \"spec_tokens_per_step\": %.3f, \"spec_ms_draft\": %.3f, "
+                   "\"spec_ms_forward\": %.3f, \"spec_ms_accept\": %.3f",
+                   bs->per_step[i], bs->spec_ms[i][0], bs->spec_ms[i][1], bs->spec_ms[i][2]);
         }
         printf("}");
     }

@@ -205,3 +205,26 @@ def test_lengths_beyond_the_models_context_exit_2():
     r = bench(*BASE[:5], "--lengths", str(max_pos), "--gen", "4", "--repeats", "1")
     assert r.returncode == 2, r.stderr
     assert f"need a context of {max_pos + 5} tokens; this model allows {max_pos}" in r.stderr, r.stderr
+
+
+def test_spec_curve_script():
+    """bench/spec_curve.sh on the tiny MTP model: the cost table has K = 0 and each K asked, with
+    each phase's time, and the curve one row per acceptance rate whose tok/s grow with the rate
+    (more tokens a step at the same measured cost)."""
+    env = dict(os.environ, TULIP="build/cpu/tulip", LEN="16", GEN="6", KS="1 3",
+               ARGS="--model tests/data/tiny-mtp --allow-test-shape --backend cpu")
+    r = subprocess.run(["bash", "bench/spec_curve.sh"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if re.match(r"^\| [0-9]", ln)]
+    cost = [[c.strip() for c in ln.strip("|").split("|")] for ln in rows[:3]]
+    assert [c[0] for c in cost] == ["0", "1", "3"]
+    for c in cost[1:]:
+        draft, fwd, acc, step = (float(x) for x in c[1:5])
+        assert draft > 0 and fwd > 0 and acc >= 0 and step > 0, c
+    curve = [[c.strip() for c in ln.strip("|").split("|")] for ln in rows[3:]]
+    assert [c[0] for c in curve] == ["0.50", "0.60", "0.70", "0.75", "0.80", "0.90"]
+    for k in (1, 2):
+        tps = [float(c[k].split()[0]) for c in curve]
+        assert all(b > a for a, b in zip(tps, tps[1:])), tps
+    assert "plain decode:" in r.stdout
