@@ -579,13 +579,16 @@ static void fill_fwd(tl_engine *e, const tl_batch_entry *b, tl_fwd_entry *x) {
 /* Draft tokens for entry b this step: 0 unless speculation is on and b is a one-token decode
  * entry with a sample (of a session that sampled before, so its RNG is seeded), no allowed-token
  * mask (a grammar's mask depends on the tokens before it) and no logits wanted, whose slot's
- * head is up to date; at most spec_max, and within the context (the verify feeds k + 1 tokens,
- * then one is sampled). */
+ * head is up to date, and whose parameters have a sparse law when the backend computes laws; at
+ * most spec_max, and within the context (the verify feeds k + 1 tokens, then one is sampled). */
 static int spec_tokens_of(const tl_engine *e, const tl_batch_entry *b) {
     const tl_session *s = b->sess;
     if (!e->spec_k || b->spec_max <= 0 || b->n_tok != 1 || !b->sample || b->sample->allow ||
         b->prepare || b->logits || s->n_prompt < 0 || !e->be->spec_ready(e->be, s->slot))
         return 0;
+    /* a backend with laws samples the rest on the device: the dense host path over its whole
+     * vocabulary (O(V log V) a row) would cost more than the drafts can save */
+    if (e->be->can_law && !tl_law_ok(b->sample)) return 0;
     int k = TL_MIN(e->spec_k, b->spec_max);
     return TL_MAX(0, TL_MIN(k, e->max_ctx - s->n_tokens - 2));
 }
