@@ -23,6 +23,12 @@ typedef struct tl_fwd_entry {
      * (docs/architecture.md §3.6): the slot must then be able to roll back to any length in
      * pos+1 .. pos+n_tok (rollback below). */
     float *all_logits;
+    /* Prefix cache (docs/architecture.md §4.1): snap_at > 0 (pos < snap_at < pos + n_tok): the
+     * GDN conv and recurrent state after position snap_at - 1 are written into prefix-cache
+     * snapshot `snap` during the forward, as cache_save would write them after a step that ended
+     * there (the KV rows stay in the slot's pages: cache_save with io->state_in copies those
+     * after the step). 0: none. */
+    int snap_at, snap;
     /* device sampling (only read by backends with can_sample): */
     const tl_sample_params *sample; /* NULL: no sample wanted */
     uint64_t *rng;                  /* the sequence's RNG state, advanced by one draw */
@@ -96,7 +102,9 @@ typedef struct tl_backend {
     /* A snapshot of a slot holding exactly io->n_tok tokens: rows [0, io->part_rows) of pool page
      * io->part_src copied into pool page io->part_dst (none when part_rows is 0: no partial page,
      * or the cache keeps the slot's own), the GDN state into snapshot io->snap. The slot is
-     * unchanged; its full pages are shared as they are. */
+     * unchanged; its full pages are shared as they are. io->state_in: the state is in the
+     * snapshot already (tl_fwd_entry.snap_at) and the slot may hold more than io->n_tok tokens:
+     * only the page rows are copied. */
     int (*cache_save)(struct tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen);
     /* Starts an empty slot from the cache: the shared pages io->page[0..n_full) mapped into its
      * page table (read-only: the slot writes only from n_tok on), a page of its own for the
