@@ -132,6 +132,9 @@ tl_backend *tl_engine_backend_impl(tl_engine *e);
 int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int max_ctx,
                         long kv_tokens, int n_threads, char *err, size_t errlen);
 
+/* For tests: the CPU backend's prefix-cache snapshot `snap` (pc_snap_bytes bytes), or NULL. */
+const void *tl_backend_cpu_snapshot(const tl_backend *b, int snap);
+
 #ifndef TL_NO_CUDA
 /* CUDA backend: uploads the model, allocates state for max_seqs slots of max_ctx tokens.
  * Returns TL_ERR_UNSUPPORTED (with a message naming the field) for dimensions its kernels were

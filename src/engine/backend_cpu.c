@@ -381,6 +381,12 @@ static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
     gdn_copy(c, st, c->pc_snaps + (size_t)sn * c->n_gdn * (c->conv_n + c->rec_n), to_cache);
 }
 
+const void *tl_backend_cpu_snapshot(const tl_backend *b, int snap) {
+    const cpu_backend *c = b->impl;
+    if (!c->pc_snaps || snap < 0 || snap >= c->n_pc_snap) return NULL;
+    return c->pc_snaps + (size_t)snap * c->n_gdn * (c->conv_n + c->rec_n);
+}
+
 static int check_io(const cpu_backend *c, int slot, const tl_pc_io *io, char *err, size_t errlen) {
     int bad = slot < 0 || slot >= c->max_seqs || io->n_tok <= 0 || io->snap < 0 ||
               io->snap >= c->n_pc_snap || io->n_full != io->n_tok / TL_PC_PAGE ||
