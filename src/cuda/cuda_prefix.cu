@@ -231,6 +231,17 @@ static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int3
     return finish(be, st, err, errlen);
 }
 
+extern "C" int tl_backend_cuda_snapshot(tl_backend *b, int snap, void *out) {
+    cuda_be *be = (cuda_be *)b->impl;
+    if (snap < 0 || snap >= be->pc_n_snap || !out) return TL_ERR_INVALID;
+    if (cb_bind(be)) return TL_ERR_CUDA;
+    size_t n = cb_pc_snap_bytes(be);
+    CUDA_TRY(cudaMemcpyAsync(out, be->pc_snap + (size_t)snap * n, n, cudaMemcpyDeviceToHost,
+                             be->stream));
+    CUDA_TRY(cudaStreamSynchronize(be->stream));
+    return 0;
+}
+
 void cb_pc_attach(cuda_be *be, tl_backend *b) {
     if (!be->pc_n_snap) return;
     b->pc_page_bytes = cb_pc_page_bytes(be);

@@ -166,6 +166,9 @@ typedef struct tl_cuda_params {
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);
+/* For tests: the CUDA backend's prefix-cache snapshot `snap` (pc_snap_bytes bytes) into host
+ * memory out, after the work queued so far. 0, TL_ERR_INVALID, TL_ERR_CUDA. */
+int tl_backend_cuda_snapshot(tl_backend *b, int snap, void *out);
 #endif
 
 #endif
