@@ -259,6 +259,14 @@ typedef struct tl_batch_entry {
      * its own entry's state. NULL: none. The engine drafts no tokens for such an entry. */
     void (*prepare)(void *ctx);
     void *prepare_ctx;
+    /* Prefix cache (docs/architecture.md §4.1): snap_at > 0, with n_past < snap_at < n_past +
+     * n_tok: a snapshot of the session after its first snap_at tokens, under snap_salt, taken
+     * inside this step (the state that tl_session_prefix_save would save after a step ending
+     * there, without ending the step there). Like that call it is best effort: no snapshot when
+     * the cache has no room, and a failed copy only costs the snapshot. 0: none (and ignored
+     * without a prefix cache). */
+    int snap_at;
+    const char *snap_salt;
 } tl_batch_entry;
 
 /* Runs one forward over all entries (each session at most once per call). n == 0 does nothing.
@@ -267,7 +275,8 @@ typedef struct tl_batch_entry {
  *   TL_ERR_INVALID       e NULL; n < 0 or n > max_seqs; entries NULL with n > 0; an entry with no
  *                        session or one of another engine, tokens NULL or n_tok <= 0; a session
  *                        twice; a session whose state was lost (below); a token id outside
- *                        [0, n_vocab); sample without out; sample params that
+ *                        [0, n_vocab); snap_at not 0 and not inside the entry; sample without
+ *                        out; sample params that
  *                        tl_sample_params_check refuses;
  *   TL_ERR_CONTEXT_FULL  n_past + n_tok exceeds max_ctx, or reaches it with a sample asked for
  *                        (the sampled token is part of the sequence too: a sequence never holds

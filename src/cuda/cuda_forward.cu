@@ -250,6 +250,47 @@ static int gdn_chunk_seg(const layer_ctx *x, int slot, size_t t0, int n) {
         be->gdn_ws, x->st);
 }
 
+/* A snapshot point inside a segment that runs on the chunked GDN (backend.h snap_at; docs/
+ * architecture.md §4.1): k > 0 tokens of the segment before it, buf the snapshot (cb_pc_snap_bytes
+ * layout). Only the GDN is cut there; projections, attention and MoE stay one pass. */
+typedef struct seg_snap {
+    int k;
+    char *buf;
+} seg_snap;
+
+static size_t rec_bytes(const cuda_be *be) {
+    return (size_t)be->cfg.gdn_n_v_head * 128 * 128 * be->st_esz;
+}
+
+/* This layer's conv state at the point (the last 3 pre-conv inputs before it: rows of the
+ * in-projection's conv columns, the older ones from the slot's state when the point is fewer
+ * than 3 tokens into the segment) into the snapshot. Enqueued after the in-projection and before
+ * conv1d, which overwrites the slot's state. */
+static int snap_conv(const layer_ctx *x, int slot, size_t t0, const seg_snap *sn) {
+    cuda_be *be = x->be;
+    size_t C = (size_t)be->conv_dim, ld = (size_t)be->ld_gdn_in;
+    int k = sn->k, old = TL_MAX(0, 3 - k);
+    float *dst = (float *)(sn->buf + (size_t)be->n_gdn * rec_bytes(be)) + x->L->st_idx * 3 * C;
+    if (old)
+        CUDA_TRY(cudaMemcpyAsync(dst, x->conv_st + ((size_t)slot * 3 + k) * C, old * C * 4,
+                                 cudaMemcpyDeviceToDevice, be->stream));
+    CUDA_TRY(cudaMemcpy2DAsync(dst + old * C, C * 4, be->proj + (t0 + k + old - 3) * ld, ld * 4,
+                               C * 4, 3 - old, cudaMemcpyDeviceToDevice, be->stream));
+    return 0;
+}
+
+/* gdn_chunk_seg, cut at the snapshot point when there is one: the chunked GDN up to it, this
+ * layer's recurrent state into the snapshot, the chunked GDN of the rest from there. */
+static int gdn_chunk_cut(const layer_ctx *x, int slot, size_t t0, int n, const seg_snap *sn) {
+    if (!sn || sn->k <= 0) return gdn_chunk_seg(x, slot, t0, n);
+    cuda_be *be = x->be;
+    size_t rec = rec_bytes(be);
+    TRY(gdn_chunk_seg(x, slot, t0, sn->k));
+    CUDA_TRY(cudaMemcpyAsync(sn->buf + x->L->st_idx * rec, x->rec_st + slot * rec, rec,
+                             cudaMemcpyDeviceToDevice, be->stream));
+    return gdn_chunk_seg(x, slot, t0 + sn->k, n - sn->k);
+}
+
 /* The flash-attention view of slot's pages in this layer's KV cache. */
 static tl_gpu_kv_view slot_kv(const layer_ctx *x, int slot) {
     const cuda_be *be = x->be;
@@ -262,17 +303,18 @@ static tl_gpu_kv_view slot_kv(const layer_ctx *x, int slot) {
     return kv;
 }
 
-static int gdn_prefill(const layer_ctx *x, int slot) {
+static int gdn_prefill(const layer_ctx *x, int slot, const seg_snap *sn) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
+    if (sn->k) TRY(snap_conv(x, slot, 0, sn));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
                       x->st));
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
-    TRY(gdn_chunk_seg(x, slot, 0, T));
+    TRY(gdn_chunk_cut(x, slot, 0, T, sn));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
                                      c->rms_eps, x->st);
 }
@@ -325,7 +367,8 @@ static int moe_prefill(const layer_ctx *x) {
 /* One prefill chunk of one sequence (T tokens at slot, pos0) on the tensor-core path: bf16
  * activations into the GEMMs (residual stream stays f32), chunked GDN, flash attention, grouped
  * MoE. Same math as run_layers; rounding differs (bf16 GEMM inputs). No PDL. */
-static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int out_row0) {
+static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int out_row0,
+                       const seg_snap *sn) {
     const tl_config *c = &be->cfg;
     tl_gpu_stream st = cb_stream(be, 0);
     tl_mb_meta d = meta_at(be, be->d_meta);
@@ -335,7 +378,7 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
         TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
-        TRY(x.L->kind == TL_LAYER_GDN ? gdn_prefill(&x, slot) : attn_prefill(&x, slot, pos0));
+        TRY(x.L->kind == TL_LAYER_GDN ? gdn_prefill(&x, slot, sn) : attn_prefill(&x, slot, pos0));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
                         &st));
         TRY(moe_prefill(&x));
@@ -358,6 +401,7 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
 typedef struct mb_long {
     int n_short_tok, n_short_seg, n;
     int tok0[CB_MAX_SEQS], len[CB_MAX_SEQS], slot[CB_MAX_SEQS], pos0[CB_MAX_SEQS];
+    seg_snap snap[CB_MAX_SEQS]; /* k 0: no snapshot point inside */
 } mb_long;
 
 /* A micro-batch of short segments only (T tokens, n_seg segments). */
@@ -373,6 +417,7 @@ static void mb_long_of(const tl_mb_meta *h, int n_seg, int T, mb_long *lg) {
     for (; k < n_seg; k++, lg->n++) {
         lg->tok0[lg->n] = h->seg_tok0[k], lg->len[lg->n] = h->seg_n[k];
         lg->slot[lg->n] = h->seg_slot[k], lg->pos0[lg->n] = h->seg_pos0[k];
+        lg->snap[lg->n].k = 0, lg->snap[lg->n].buf = NULL;
     }
 }
 
@@ -384,6 +429,8 @@ static int gdn_tc(const layer_ctx *x, const mb_long *lg) {
     const cb_layer *L = x->L;
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head, nk = c->gdn_n_k_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
+    for (int i = 0; i < lg->n; i++)
+        if (lg->snap[i].k) TRY(snap_conv(x, lg->slot[i], lg->tok0[i], &lg->snap[i]));
     TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                       ring_of(&x->cring), x->st));
     tl_gpu_seqs ss = cb_seqs(be, lg->n_short_tok, lg->n_short_seg);
@@ -393,7 +440,8 @@ static int gdn_tc(const layer_ctx *x, const mb_long *lg) {
     if (lg->n > 0)
         TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                              L->dt_bias, L->a_neg, T, x->st));
-    for (int i = 0; i < lg->n; i++) TRY(gdn_chunk_seg(x, lg->slot[i], lg->tok0[i], lg->len[i]));
+    for (int i = 0; i < lg->n; i++)
+        TRY(gdn_chunk_cut(x, lg->slot[i], lg->tok0[i], lg->len[i], &lg->snap[i]));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
                                      c->rms_eps, x->st);
 }
@@ -540,6 +588,96 @@ static int capture_decode_graph(cuda_be *be, int T, int n_split, char *err, size
     return 0;
 }
 
+/* ====== Snapshots inside the step (backend.h snap_at; docs/architecture.md §4.1) ======
+ * A point inside a segment on the chunked GDN (a long micro-batch, or a long segment of a
+ * tensor-core one) cuts only that GDN (seg_snap above). Anywhere else (the decode kernels step
+ * token by token: small models, TL_CUDA_NO_PREFILL_GEMM, short pieces) the micro-batch ends at
+ * the point (tl_mb_iter.cut) and the slot's state is copied into the snapshot after it: two
+ * passes over the weights, still one step and no host synchronisation. */
+
+static char *snap_buf(cuda_be *be, int snap) {
+    return be->pc_snap + (size_t)snap * cb_pc_snap_bytes(be);
+}
+
+/* Tokens of segment sg before its entry's snapshot point when the point is strictly inside it;
+ * else 0. */
+static int seg_snap_k(const tl_fwd_entry *e, const tl_mb_seg *sg) {
+    const tl_fwd_entry *en = &e[sg->entry];
+    int k = en->snap_at - (en->pos + sg->start);
+    return en->snap_at && k > 0 && k < sg->n ? k : 0;
+}
+
+/* Does segment k of a micro-batch of T tokens run on the chunked GDN? micro_step's dispatch: a
+ * long micro-batch (run_prefill), or on the tensor-core path a segment from the first long one
+ * on (mb_long_of); the decode kernels otherwise. */
+static int seg_chunked(const cuda_be *be, const tl_mb_seg *segs, int n_seg, int T, int k) {
+    if (!be->pf_ok) return 0;
+    if (n_seg == 1 && T >= CB_PF_MIN) return 1;
+    if (be->tc_min <= 0 || T < be->tc_min) return 0;
+    int first = 0;
+    while (first < n_seg && segs[first].n < CB_PF_MIN) first++;
+    return k >= first;
+}
+
+static tl_mb_iter step_iter(const cuda_be *be, const int *n_tok, int n, const int *cut) {
+    int long_min = be->pf_ok ? CB_PF_MIN : 0;
+    tl_mb_iter it = be->mix ? tl_mb_begin_mixed(n_tok, n, be->max_tok, be->max_seqs, long_min)
+                            : tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
+    it.cut = cut;
+    return it;
+}
+
+/* The step's cuts: every snapshot point that the plan puts inside a segment off the chunked GDN
+ * ends its micro-batch instead; planned again until no new cut (a cut moves the micro-batches
+ * after it). Host only. */
+static void plan_cuts(const cuda_be *be, const tl_fwd_entry *e, int n, const int *n_tok, int *cut) {
+    tl_mb_seg segs[CB_MAX_SEQS];
+    int n_seg, again = 1;
+    for (int i = 0; i < n; i++) cut[i] = 0;
+    while (again) {
+        again = 0;
+        tl_mb_iter it = step_iter(be, n_tok, n, cut);
+        while (tl_mb_next(&it, segs, &n_seg)) {
+            int T = 0;
+            for (int k = 0; k < n_seg; k++) T += segs[k].n;
+            for (int k = 0; k < n_seg; k++) {
+                const tl_fwd_entry *en = &e[segs[k].entry];
+                if (!seg_snap_k(e, &segs[k]) || seg_chunked(be, segs, n_seg, T, k)) continue;
+                cut[segs[k].entry] = en->snap_at - en->pos;
+                again = 1;
+            }
+        }
+    }
+}
+
+/* The snapshot points of a micro-batch's segments: inside a chunked segment, where the GDN is
+ * cut (lg's long segments, or *one for a long micro-batch); at a segment's end (a cut), the
+ * slot's state copied after the micro-batch (snap_after). TL_ERR_INTERNAL for a point inside a
+ * segment of the decode kernels (plan_cuts should have cut there). */
+static int seg_snaps(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs, int n_seg, int T,
+                     mb_long *lg, seg_snap *one) {
+    one->k = 0, one->buf = NULL;
+    for (int k = 0; k < n_seg; k++) {
+        int sk = seg_snap_k(e, &segs[k]);
+        if (!sk) continue;
+        if (!seg_chunked(be, segs, n_seg, T, k)) return TL_ERR_INTERNAL;
+        seg_snap sn = {sk, snap_buf(be, e[segs[k].entry].snap)};
+        if (n_seg == 1 && T >= CB_PF_MIN) *one = sn;
+        if (lg && k >= lg->n_short_seg) lg->snap[k - lg->n_short_seg] = sn;
+    }
+    return 0;
+}
+
+/* After a micro-batch: the state of each slot whose segment ended at its snapshot point. */
+static int snap_after(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs, int n_seg) {
+    for (int k = 0; k < n_seg; k++) {
+        const tl_fwd_entry *en = &e[segs[k].entry];
+        if (en->snap_at && en->pos + segs[k].start + segs[k].n == en->snap_at)
+            TRY(cb_state_copy(be, en->slot, snap_buf(be, en->snap), 1));
+    }
+    return 0;
+}
+
 /* Runs one micro-batch: fills and uploads its metadata (batch_plan.h), then takes its path: the
  * prefill GEMMs for a long chunk, a captured graph for a decode batch, else the decode kernels. */
 static int micro_step(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs, int n_seg,
@@ -557,18 +695,24 @@ static int micro_step(cuda_be *be, const tl_fwd_entry *e, const tl_mb_seg *segs,
     int st, tc = be->pf_ok && (kind == TL_MB_LONG || (be->tc_min > 0 && T >= be->tc_min));
     int use_graph = kind == TL_MB_DECODE && T <= CB_MAX_GRAPH_B && in.n_out == T &&
                     in.out_row0 == 0 && !be->graphs_off && !be->prof;
+    mb_long lg; /* 28 KB of stack */
+    seg_snap one;
+    mb_long_of(&h, in.n_seg, T, &lg);
+    if (seg_snaps(be, e, segs, n_seg, T, &lg, &one))
+        return tl_errf(err, errlen, TL_ERR_INTERNAL,
+                       "a snapshot point inside a segment off the chunked GDN");
     if (kind == TL_MB_LONG) {
-        st = run_prefill(be, T, h.seg_slot[0], h.seg_pos0[0], in.n_out, in.out_row0);
+        st = run_prefill(be, T, h.seg_slot[0], h.seg_pos0[0], in.n_out, in.out_row0, &one);
         if (st) return tl_errf(err, errlen, st, "CUDA prefill failed (see log)");
     } else if (!use_graph) {
-        mb_long lg; /* 16 KB of stack */
-        mb_long_of(&h, in.n_seg, T, &lg);
         st = run_short(be, T, in.n_seg, in.n_out, in.out_row0, n_split, lg.n ? &lg : NULL);
         if (st) return tl_errf(err, errlen, st, "CUDA forward failed (see log)");
     } else {
         if (!be->graph[T]) TRY(capture_decode_graph(be, T, n_split, err, errlen));
         CUDA_TRY(cudaGraphLaunch(be->graph[T], be->stream));
     }
+    st = snap_after(be, e, segs, n_seg);
+    if (st) return tl_errf(err, errlen, st, "CUDA snapshot copy failed (see log)");
     if (be->sp) { /* the MTP head's rows, verify logits, hiddens (docs/architecture.md §3.6) */
         st = cb_spec_micro(be, e, segs, n_seg, tc);
         if (st) return tl_errf(err, errlen, st, "CUDA MTP head rows failed (see log)");
@@ -623,6 +767,11 @@ static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, char *
             return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
                            "entry %d: %d + %d tokens exceed the context of %d", i, en->pos,
                            en->n_tok, be->max_ctx);
+        if (en->snap_at && (en->snap_at <= en->pos || en->snap_at >= en->pos + en->n_tok ||
+                            en->snap < 0 || en->snap >= be->pc_n_snap || en->all_logits || en->all_laws))
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "entry %d: snapshot %d at %d not inside positions %d .. %d", i, en->snap,
+                           en->snap_at, en->pos + 1, en->pos + en->n_tok - 1);
         if ((en->all_logits || en->all_laws) && !be->sp)
             return tl_errf(err, errlen, TL_ERR_UNSUPPORTED,
                            "entry %d: logits of every token need speculative decoding "
@@ -740,12 +889,12 @@ int cb_forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t
                              cudaMemcpyHostToDevice, be->stream));
     if (be->sp) TRY(cb_spec_begin(be, e, n, err, errlen)); /* after d_nprompt: recounts read it */
     if (be->prof) tl_gpu_prof_mark(be->prof, be->stream, "start");
-    int n_tok[CB_MAX_SEQS];
-    for (int i = 0; i < n; i++) n_tok[i] = e[i].n_tok;
+    int n_tok[CB_MAX_SEQS], cut[CB_MAX_SEQS], any_snap = 0;
+    for (int i = 0; i < n; i++) n_tok[i] = e[i].n_tok, any_snap |= e[i].snap_at != 0;
+    if (any_snap) plan_cuts(be, e, n, n_tok, cut);
     tl_mb_seg segs[CB_MAX_SEQS];
     int n_seg;
-    tl_mb_iter it = be->mix ? tl_mb_begin_mixed(n_tok, n, be->max_tok, be->max_seqs, long_min)
-                            : tl_mb_begin(n_tok, n, be->max_tok, be->max_seqs, long_min);
+    tl_mb_iter it = step_iter(be, n_tok, n, any_snap ? cut : NULL);
     while (tl_mb_next(&it, segs, &n_seg)) TRY(micro_step(be, e, segs, n_seg, row_of, err, errlen));
     /* the launches above run on the GPU while the callers finish their sample parameters (a
      * grammar's mask: tulip.h tl_batch_entry.prepare), the entries' calls spread over the CPU

@@ -162,8 +162,8 @@ static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err,
     if (cb_bind(be))
         return tl_errf(err, errlen, TL_ERR_CUDA, "cannot make CUDA device %d current", be->device);
     TRY(check_io(be, slot, io, err, errlen));
-    int np = TL_CEIL_DIV(io->n_tok, TL_KV_PAGE);
-    if ((be->n_attn && be->pages.np[slot] != np) ||
+    int np = TL_CEIL_DIV(io->n_tok, TL_KV_PAGE), have = be->pages.np[slot];
+    if ((be->n_attn && (io->state_in ? have < np : have != np)) ||
         (io->part_rows && io->part_rows != io->n_tok % TL_KV_PAGE) ||
         (io->part_rows && (io->part_src < 0 || io->part_src >= be->n_page || io->part_dst < 0 ||
                            io->part_dst >= be->n_page)))
@@ -171,7 +171,7 @@ static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err,
                        "prefix save: slot %d holds %d pages, not %d (partial page %d -> %d)", slot,
                        be->pages.np[slot], np, io->part_src, io->part_dst);
     int st = copy_partial(be, io->part_src, io->part_dst, io->part_rows);
-    if (!st) st = copy_state(be, slot, io->snap, 1);
+    if (!st && !io->state_in) st = copy_state(be, slot, io->snap, 1); /* else the forward did */
     return finish(be, st, err, errlen);
 }
 
@@ -229,6 +229,17 @@ static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int3
     if (!st) st = count_restored(be, slot, tokens, io->n_tok, n_prompt);
     if (!st) cb_spec_slot(be, slot, io->n_tok); /* no head rows in a snapshot (§3.6) */
     return finish(be, st, err, errlen);
+}
+
+extern "C" int tl_backend_cuda_snapshot(tl_backend *b, int snap, void *out) {
+    cuda_be *be = (cuda_be *)b->impl;
+    if (snap < 0 || snap >= be->pc_n_snap || !out) return TL_ERR_INVALID;
+    if (cb_bind(be)) return TL_ERR_CUDA;
+    size_t n = cb_pc_snap_bytes(be);
+    CUDA_TRY(cudaMemcpyAsync(out, be->pc_snap + (size_t)snap * n, n, cudaMemcpyDeviceToHost,
+                             be->stream));
+    CUDA_TRY(cudaStreamSynchronize(be->stream));
+    return 0;
 }
 
 void cb_pc_attach(cuda_be *be, tl_backend *b) {

@@ -45,6 +45,12 @@ typedef struct tl_fwd_entry {
      * law_sample; row i's penalties count tokens[0..i] and the history before pos */
     tl_law *all_laws;
     const tl_sample_params *law_sample;
+    /* Prefix cache (docs/architecture.md §4.1): snap_at > 0 (pos < snap_at < pos + n_tok): the
+     * GDN conv and recurrent state after position snap_at - 1 are written into prefix-cache
+     * snapshot `snap` during the forward, as cache_save would write them after a step that ended
+     * there (the KV rows stay in the slot's pages: cache_save with io->state_in copies those
+     * after the step). 0: none. */
+    int snap_at, snap;
     /* device sampling (only read by backends with can_sample): */
     const tl_sample_params *sample; /* NULL: no sample wanted */
     uint64_t *rng;                  /* the sequence's RNG state, advanced by one draw */
@@ -125,7 +131,9 @@ typedef struct tl_backend {
     /* A snapshot of a slot holding exactly io->n_tok tokens: rows [0, io->part_rows) of pool page
      * io->part_src copied into pool page io->part_dst (none when part_rows is 0: no partial page,
      * or the cache keeps the slot's own), the GDN state into snapshot io->snap. The slot is
-     * unchanged; its full pages are shared as they are. */
+     * unchanged; its full pages are shared as they are. io->state_in: the state is in the
+     * snapshot already (tl_fwd_entry.snap_at) and the slot may hold more than io->n_tok tokens:
+     * only the page rows are copied. */
     int (*cache_save)(struct tl_backend *b, int slot, const tl_pc_io *io, char *err, size_t errlen);
     /* Starts an empty slot from the cache: the shared pages io->page[0..n_full) mapped into its
      * page table (read-only: the slot writes only from n_tok on), a page of its own for the
@@ -152,6 +160,9 @@ tl_backend *tl_engine_backend_impl(tl_engine *e);
 #define TL_CPU_KV_PAGE 64
 int tl_backend_cpu_open(tl_backend **out, const tl_model *m, int max_seqs, int max_ctx,
                         long kv_tokens, int n_threads, char *err, size_t errlen);
+
+/* For tests: the CPU backend's prefix-cache snapshot `snap` (pc_snap_bytes bytes), or NULL. */
+const void *tl_backend_cpu_snapshot(const tl_backend *b, int snap);
 
 #ifndef TL_NO_CUDA
 /* CUDA backend: uploads the model, allocates state for max_seqs slots of max_ctx tokens.
@@ -184,6 +195,9 @@ typedef struct tl_cuda_params {
 } tl_cuda_params;
 int tl_backend_cuda_open(tl_backend **out, const tl_model *m, const tl_config *cfg,
                          const tl_cuda_params *p, char *err, size_t errlen);
+/* For tests: the CUDA backend's prefix-cache snapshot `snap` (pc_snap_bytes bytes) into host
+ * memory out, after the work queued so far. 0, TL_ERR_INVALID, TL_ERR_CUDA. */
+int tl_backend_cuda_snapshot(tl_backend *b, int snap, void *out);
 #endif
 
 #endif

@@ -74,6 +74,7 @@ static void cpu_close(tl_backend *b) {
 }
 
 static void store_check(cpu_backend *c, int slot);
+static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache);
 
 static int cpu_reset_slot(tl_backend *b, int slot) {
     cpu_backend *c = b->impl;
@@ -254,6 +255,28 @@ static int cpu_spec_init(tl_backend *b, int max_draft, char *err, size_t errlen)
     return TL_OK;
 }
 
+static int one_forward(cpu_backend *c, const tl_fwd_entry *e) {
+    return c->spec_k
+               ? spec_forward(c, e)
+               : cpu_forward(c->m, &c->st[e->slot], e->tokens, e->n_tok, e->logits, e->all_logits);
+}
+
+/* One entry; with a snapshot point inside it (backend.h snap_at), as two entries cut there with
+ * the GDN state copied into the snapshot between them: exactly what two steps and a save do. */
+static int entry_forward(cpu_backend *c, const tl_fwd_entry *e) {
+    if (!e->snap_at) return one_forward(c, e);
+    if (e->snap_at <= e->pos || e->snap_at >= e->pos + e->n_tok || e->snap < 0 ||
+        e->snap >= c->n_pc_snap || e->all_logits)
+        return TL_ERR_INVALID;
+    int k = e->snap_at - e->pos;
+    tl_fwd_entry a = *e, z = *e;
+    a.n_tok = k, a.logits = NULL, a.snap_at = 0;
+    z.pos = e->snap_at, z.tokens = e->tokens + k, z.n_tok = e->n_tok - k, z.snap_at = 0;
+    int rc = one_forward(c, &a);
+    if (!rc) copy_snap(c, &c->st[e->slot], e->snap, 1);
+    return rc ? rc : one_forward(c, &z);
+}
+
 /* Every entry's position is checked, then the pages of the whole step are taken (all or
  * nothing: TL_ERR_CONTEXT_FULL changes no slot), then the entries run. */
 static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
@@ -273,9 +296,7 @@ static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_
     if (slot != slot_stack) free(slot);
     if (len != len_stack) free(len);
     for (int i = 0; i < n && !rc; i++) {
-        rc = c->spec_k ? spec_forward(c, &e[i])
-                       : cpu_forward(c->m, &c->st[e[i].slot], e[i].tokens, e[i].n_tok, e[i].logits,
-                                     e[i].all_logits);
+        rc = entry_forward(c, &e[i]);
         /* even after a failure: the rows the slot now counts, so its reset's check holds */
         store_rows(c, e[i].slot, e[i].pos, c->st[e[i].slot].n_past);
         if (rc) rc = tl_errf(err, errlen, rc, "cpu forward: %s", tl_status_str(rc));
@@ -360,6 +381,12 @@ static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
     gdn_copy(c, st, c->pc_snaps + (size_t)sn * c->n_gdn * (c->conv_n + c->rec_n), to_cache);
 }
 
+const void *tl_backend_cpu_snapshot(const tl_backend *b, int snap) {
+    const cpu_backend *c = b->impl;
+    if (!c->pc_snaps || snap < 0 || snap >= c->n_pc_snap) return NULL;
+    return c->pc_snaps + (size_t)snap * c->n_gdn * (c->conv_n + c->rec_n);
+}
+
 static int check_io(const cpu_backend *c, int slot, const tl_pc_io *io, char *err, size_t errlen) {
     int bad = slot < 0 || slot >= c->max_seqs || io->n_tok <= 0 || io->snap < 0 ||
               io->snap >= c->n_pc_snap || io->n_full != io->n_tok / TL_PC_PAGE ||
@@ -375,7 +402,8 @@ static int cpu_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err
     if (rc) return rc;
     cpu_state *st = &c->st[slot];
     int n_page = c->pages.n_page;
-    if (st->n_past != io->n_tok || (io->part_rows && io->part_rows != io->n_tok % TL_PC_PAGE) ||
+    int held = io->state_in ? st->n_past >= io->n_tok : st->n_past == io->n_tok;
+    if (!held || (io->part_rows && io->part_rows != io->n_tok % TL_PC_PAGE) ||
         (io->part_rows && (io->part_src < 0 || io->part_src >= n_page || io->part_dst < 0 ||
                            io->part_dst >= n_page)))
         return tl_errf(err, errlen, TL_ERR_INVALID,
@@ -387,7 +415,7 @@ static int cpu_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err
                 memcpy(store_at(c, io->part_dst, a, v, 0), store_at(c, io->part_src, a, v, 0),
                        (size_t)io->part_rows * c->kv_row * sizeof(float));
     }
-    copy_snap(c, st, io->snap, 1);
+    if (!io->state_in) copy_snap(c, st, io->snap, 1); /* else the forward wrote it */
     return 0;
 }
 

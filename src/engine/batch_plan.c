@@ -3,7 +3,7 @@
 #include "common/util.h"
 
 tl_mb_iter tl_mb_begin(const int *n_tok, int n, int max_tok, int max_seg, int long_min) {
-    tl_mb_iter it = {n_tok, n, max_tok, max_seg, long_min, 0, 0, 0, 0};
+    tl_mb_iter it = {n_tok, n, max_tok, max_seg, long_min, 0, NULL, 0, 0, 0};
     return it;
 }
 
@@ -20,14 +20,21 @@ int tl_mb_next(tl_mb_iter *it, tl_mb_seg *segs, int *n_seg) {
             int nt = it->n_tok[it->i];
             int big = it->long_min > 0 && nt >= it->long_min;
             if (big != it->pass) continue;
+            int c = it->cut ? it->cut[it->i] : 0;
+            int end = c > it->off && c < nt ? c : nt; /* this piece ends there */
             /* a long entry runs alone (flush what is pending), or, mixed, joins only with at least
              * long_min tokens (the long segments of a micro-batch come after the short ones) */
-            if (big && ns > 0 && (!it->mix || TL_MIN(nt - it->off, it->max_tok - T) < it->long_min))
+            if (big && ns > 0 &&
+                (!it->mix || TL_MIN(end - it->off, it->max_tok - T) < it->long_min))
                 break;
             while (it->off < nt) {
-                int take = TL_MIN(nt - it->off, it->max_tok - T);
+                int take = TL_MIN(end - it->off, it->max_tok - T);
                 segs[ns].entry = it->i, segs[ns].start = it->off, segs[ns].n = take;
                 ns++, T += take, it->off += take;
+                if (it->off == c && c < nt) { /* the cut: the micro-batch ends here */
+                    *n_seg = ns;
+                    return 1;
+                }
                 if (T == it->max_tok || ns == it->max_seg || (big && !it->mix)) {
                     if (it->off == nt) it->i++, it->off = 0;
                     *n_seg = ns;

@@ -19,7 +19,10 @@ typedef struct tl_mb_seg {
 typedef struct tl_mb_iter {
     const int *n_tok; /* [n] tokens per entry, each >= 1 */
     int n, max_tok, max_seg, long_min;
-    int mix;          /* long chunks join the short entries' micro-batch (tl_mb_begin_mixed) */
+    int mix; /* long chunks join the short entries' micro-batch (tl_mb_begin_mixed) */
+    /* NULL, or [n]: cut[i] > 0 ends a micro-batch after token cut[i] - 1 of entry i (set after
+     * tl_mb_begin*; a backend that snapshots the state there: backend.h snap_at) */
+    const int *cut;
     int pass, i, off; /* position: pass 0 = short entries, 1 = long ones */
 } tl_mb_iter;
 

@@ -497,6 +497,10 @@ static int check_entry(tl_engine *e, const tl_batch_entry *b, int i, char *err, 
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "batch entry %d: token id %d out of range [0, %d)", i, b[i].tokens[t],
                            e->cfg.n_vocab);
+    if (b[i].snap_at && (b[i].snap_at <= s->n_tokens || b[i].snap_at >= s->n_tokens + b[i].n_tok))
+        return tl_errf(err, errlen, TL_ERR_INVALID,
+                       "batch entry %d: snapshot point %d not inside positions %d .. %d", i,
+                       b[i].snap_at, s->n_tokens + 1, s->n_tokens + b[i].n_tok - 1);
     if (b[i].sample && !b[i].out)
         return tl_errf(err, errlen, TL_ERR_INVALID, "batch entry %d: sample without out", i);
     char why[96];
@@ -835,6 +839,43 @@ static int finish_step(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, i
     return TL_OK;
 }
 
+/* Snapshots inside the step (tulip.h tl_batch_entry.snap_at, §4.1), before the forward: a
+ * reserved snapshot slot for each (history appended by fill_fwd); an entry that gets none (no
+ * cache, already cached, no room) takes no snapshot. */
+static void snap_reserve(tl_engine *e, const tl_batch_entry *b, tl_fwd_entry *f, int n) {
+    for (int i = 0; i < n; i++) {
+        f[i].snap_at = 0;
+        if (!b[i].snap_at || !e->pc_on) continue;
+        int si = tl_pc_reserve(&e->pc, b[i].snap_salt, b[i].sess->tokens, b[i].snap_at);
+        if (si >= 0) f[i].snap_at = b[i].snap_at, f[i].snap = si;
+    }
+}
+
+/* After the forward: each reserved snapshot planned (its pages published) and its partial page
+ * copied, or given back when the step failed (ok 0). A failed copy only costs the snapshot. */
+static void snap_finish(tl_engine *e, const tl_batch_entry *b, const tl_fwd_entry *f, int n,
+                        int ok) {
+    for (int i = 0; i < n; i++) {
+        if (!f[i].snap_at) continue;
+        if (!ok) {
+            tl_pc_unreserve(&e->pc, f[i].snap);
+            continue;
+        }
+        tl_pc_io io;
+        const tl_session *s = b[i].sess;
+        char why[256];
+        int rc = tl_pc_plan_save_at(&e->pc, b[i].snap_salt, s->tokens, f[i].snap_at, s->slot,
+                                    f[i].snap, &io);
+        if (rc != 1) continue;
+        int st = e->be->cache_save(e->be, s->slot, &io, why, sizeof why);
+        if (st) {
+            tl_pc_abort(&e->pc, &io);
+            fprintf(stderr, "tulip: prefix cache snapshot failed: %s\n", why);
+        } else
+            tl_pc_commit(&e->pc, &io);
+    }
+}
+
 static void mark_lost(const tl_batch_entry *b, int n, int rc) {
     for (int i = 0; i < n; i++) b[i].sess->lost = rc;
 }
@@ -868,9 +909,11 @@ int tl_engine_step(tl_engine *e, tl_batch_entry *b, int n, char *err, size_t err
         for (int i = 0; i < n; i++) fill_fwd(e, &b[i], &f[i]);
         for (int i = 0; i < n; i++)
             if (k[i]) spec_fill(e, &b[i], k[i], &f[i]);
+        snap_reserve(e, b, f, n);
         double t0 = tl_time_s();
         rc = e->be->forward(e->be, f, n, err, errlen);
         if (any) e->spec.s_forward += tl_time_s() - t0;
+        snap_finish(e, b, f, n, rc == 0);
         /* a full KV pool changes no session (tulip.h): the draws of the drafts are undone (the
          * head's rows the drafts wrote are valid ones or above the slot's length); any other
          * failure leaves the state of every session in the batch undefined: they refuse steps

@@ -245,7 +245,7 @@ static void pc_reclaim(void *ctx, int need) {
 
 static int free_snap(const tl_prefix_cache *c) {
     for (int i = 0; i < c->n_snap; i++)
-        if (!c->sn[i].used) return i;
+        if (!c->sn[i].used && !c->sn[i].reserved) return i;
     return -1;
 }
 
@@ -295,15 +295,19 @@ static int plan_pages(tl_prefix_cache *c, uint64_t sh, const int32_t *tokens, in
     return 0;
 }
 
-int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
-                    int last, tl_pc_io *io) {
-    int P = c->page_tokens, nf = n / P, np = nf + (n % P ? 1 : 0), rc = 0;
-    if (n <= 0 || slot < 0 || slot >= c->pool->max_seqs || c->pool->np[slot] != np) return 0;
+/* tl_pc_plan_save's work; si: the snapshot slot reserved for it (tl_pc_reserve), or -1 to take
+ * one. The slot holds exactly the pages of n tokens, or (reserved) at least them. */
+static int plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
+                     int last, int si, tl_pc_io *io) {
+    int P = c->page_tokens, nf = n / P, np = nf + (n % P ? 1 : 0), rc = 0, res = si >= 0;
+    if (res) c->sn[si].reserved = 0; /* taken now, or given back below */
+    if (n <= 0 || slot < 0 || slot >= c->pool->max_seqs ||
+        (res ? c->pool->np[slot] < np : c->pool->np[slot] != np))
+        return 0;
     const int32_t *row = c->pool->table + (size_t)slot * c->pool->max_pages;
     uint64_t sh = tl_pc_salt_hash(salt);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(np + 1));
     uint64_t *hashes = malloc(sizeof(uint64_t) * (size_t)(nf + 1));
-    int si = -1;
     if (!ids || !hashes) goto out;
     int m = chain_walk(c, sh, tokens, n, ids, hashes);
     int same = snap_find_same(c, sh, salt, tokens, n, ids, m);
@@ -313,7 +317,7 @@ int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens,
         goto out;
     }
     for (int k = 0; k < m; k++) page_ref(c, ids[k]); /* kept through the evictions below */
-    si = take_snap(c);
+    if (!res) si = take_snap(c);
     if (si < 0) {
         for (int k = m - 1; k >= 0; k--) page_unref(c, ids[k]);
         goto out;
@@ -337,12 +341,43 @@ int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens,
                      .part_src = n % P ? row[nf] : -1,
                      .part_dst = n % P ? ids[nf] : -1,
                      .part_rows = n % P && ids[nf] != row[nf] ? n % P : 0,
-                     .snap = si};
+                     .snap = si,
+                     .state_in = res};
     rc = 1;
 out:
     free(ids);
     free(hashes);
     return rc;
+}
+
+int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
+                    int last, tl_pc_io *io) {
+    return plan_save(c, salt, tokens, n, slot, last, -1, io);
+}
+
+int tl_pc_reserve(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n) {
+    if (n <= 0) return -1;
+    uint64_t sh = tl_pc_salt_hash(salt);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n / c->page_tokens + 1));
+    if (!ids) return -1;
+    int m = chain_walk(c, sh, tokens, n, ids, NULL);
+    int same = snap_find_same(c, sh, salt, tokens, n, ids, m), si = -1;
+    free(ids);
+    if (same >= 0)
+        c->sn[same].lru = ++c->clock;
+    else if ((si = take_snap(c)) >= 0)
+        c->sn[si].reserved = 1;
+    return si;
+}
+
+void tl_pc_unreserve(tl_prefix_cache *c, int snap) {
+    if (snap >= 0 && snap < c->n_snap) c->sn[snap].reserved = 0;
+}
+
+int tl_pc_plan_save_at(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
+                       int snap, tl_pc_io *io) {
+    if (snap < 0 || snap >= c->n_snap || !c->sn[snap].reserved) return 0;
+    return plan_save(c, salt, tokens, n, slot, 0, snap, io);
 }
 
 void tl_pc_commit(tl_prefix_cache *c, const tl_pc_io *io) {

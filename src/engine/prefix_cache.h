@@ -39,6 +39,7 @@ typedef struct tl_pc_page {
 
 typedef struct tl_pc_snap {
     int used;
+    int reserved; /* taken for a snapshot inside a step (tl_pc_reserve), not yet used */
     uint64_t salt;
     char *salt_str; /* exact salt ("" for none) */
     int n_tok;      /* the snapshot is the state after this many tokens */
@@ -82,6 +83,9 @@ typedef struct tl_pc_io {
     const int32_t *page; /* load: n_full + (n_tok % page_tokens ? 1 : 0) pool page ids */
     int part_src, part_dst, part_rows;
     int snap;
+    /* save: 1 when the GDN state is in snapshot snap already (the forward wrote it there:
+     * tl_pc_plan_save_at), so only the partial page is copied */
+    int state_in;
 } tl_pc_io;
 
 /* How many snapshot states a budget of `bytes` holds (snap_bytes each, at least one). 0, or
@@ -113,6 +117,20 @@ int tl_pc_lookup(tl_prefix_cache *c, const char *salt, const int32_t *tokens, in
  * recent), 0 when it cannot be saved (no free page or snapshot, no host memory). */
 int tl_pc_plan_save(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
                     int last, tl_pc_io *io);
+/* A snapshot taken inside an engine step (docs/architecture.md §4.1): the state after tokens[0..n)
+ * is written by the forward that computes position n - 1 while the step goes on past it.
+ * tl_pc_reserve, before the step: a snapshot slot for it (evicting least recently used snapshots
+ * as needed), not visible and never evicted until planned or given back. Returns its index, or
+ * -1 when there is nothing to do (already cached: made most recent) or no slot. */
+int tl_pc_reserve(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n);
+/* A reservation given back (the step failed or was not run). */
+void tl_pc_unreserve(tl_prefix_cache *c, int snap);
+/* After the step succeeded: tl_pc_plan_save for the reserved snapshot `snap` of a slot that now
+ * holds at least the pages of n tokens (its full pages below n published, the rows of its page
+ * at n - n % page_tokens to copy), io->state_in set. The reservation ends either way; returns as
+ * tl_pc_plan_save (1: copy the page, then tl_pc_commit or tl_pc_abort). */
+int tl_pc_plan_save_at(tl_prefix_cache *c, const char *salt, const int32_t *tokens, int n, int slot,
+                       int snap, tl_pc_io *io);
 /* After a successful backend copy: the planned snapshot becomes visible. */
 void tl_pc_commit(tl_prefix_cache *c, const tl_pc_io *io);
 /* After a failed copy: the planned snapshot and its new pages are dropped. */

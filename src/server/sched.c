@@ -453,10 +453,23 @@ typedef struct step_plan {
     long free; /* pages free once the planned tokens are in */
 } step_plan;
 
+/* A chunk holds at most one snapshot point inside it, taken inside the step (snap_inside), and
+ * ends at the one after it at the latest (saved after the step: deliver). */
 static int chunk_tokens(const tl_sched *s, const tl_job *j, const step_plan *sp) {
     if (sp->budget <= 0 && sp->moved) return 0;
-    int end = s->pc_on ? next_snap_point(s, j, j->n_fed) : j->n_target; /* a chunk ends there */
+    int end = j->n_target;
+    if (s->pc_on) {
+        int p = next_snap_point(s, j, j->n_fed);
+        end = p < j->n_target ? next_snap_point(s, j, p) : p;
+    }
     return TL_MIN(end - j->n_fed, TL_MAX(sp->budget, 32));
+}
+
+/* The snapshot point inside j's planned chunk (tl_batch_entry.snap_at), or 0. */
+static int snap_inside(const tl_sched *s, const tl_job *j) {
+    if (!s->pc_on) return 0;
+    int p = next_snap_point(s, j, j->n_fed);
+    return p < j->n_fed + j->n_plan ? p : 0;
 }
 
 /* Draft tokens a decoding job may have verified this step (docs/architecture.md §3.6): none for
@@ -674,7 +687,9 @@ static int build_batch(tl_sched *s) {
                     .sess = j->sess,
                     .tokens = j->seq + j->n_fed,
                     .n_tok = j->n_plan,
-                    .sample = j->n_fed + j->n_plan == j->n_target ? job_sample(s, j) : NULL};
+                    .sample = j->n_fed + j->n_plan == j->n_target ? job_sample(s, j) : NULL,
+                    .snap_at = snap_inside(s, j),
+                    .snap_salt = j->cache_salt};
             s->entry_job[n++] = j;
         }
     }

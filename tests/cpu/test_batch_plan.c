@@ -637,10 +637,76 @@ static void test_kind_splits_match_original(void) {
     CHECK(seen[0] > 1000 && seen[1] > 1000 && seen[2] > 1000);
 }
 
+/* Cuts (tl_mb_iter.cut, a snapshot point inside an entry): on random batches, mixed or not, every
+ * token once and in order, no segment across a cut, a micro-batch ends at each cut, the token and
+ * segment limits hold; without a cut, the plan of the iterator without cuts. */
+static int cut_violations(const plan *pl, const int *n_tok, const int *cut, int n, int max_tok,
+                          int max_seg) {
+    int bad = 0;
+    int *next = calloc((size_t)n, sizeof(int));
+    for (int b = 0; b < pl->n_mb; b++) {
+        int f = pl->first[b], ns = pl->first[b + 1] - f, T = 0;
+        bad += ns < 1 || ns > max_seg;
+        for (int k = 0; k < ns; k++) {
+            const tl_mb_seg *sg = &pl->segs[f + k];
+            int c = cut[sg->entry];
+            bad += sg->start != next[sg->entry];
+            next[sg->entry] = sg->start + sg->n;
+            T += sg->n;
+            bad += c > sg->start && c < sg->start + sg->n; /* across the cut */
+            bad += c == sg->start + sg->n && c < n_tok[sg->entry] && k != ns - 1; /* not the end */
+        }
+        bad += T > max_tok;
+    }
+    for (int i = 0; i < n; i++) bad += next[i] != n_tok[i];
+    free(next);
+    return bad;
+}
+
+static void pack_cut(const batch_cfg *c, const int *cut, int mixed, plan *pl) {
+    tl_mb_seg *segs = malloc((size_t)c->max_seg * sizeof *segs);
+    tl_mb_iter it = mixed ? tl_mb_begin_mixed(c->n_tok, c->n, c->max_tok, c->max_seg, c->long_min)
+                          : tl_mb_begin(c->n_tok, c->n, c->max_tok, c->max_seg, c->long_min);
+    it.cut = cut;
+    int n_seg, ok = 1;
+    while (ok && tl_mb_next(&it, segs, &n_seg)) ok = plan_add(pl, segs, n_seg);
+    CHECK(ok);
+    free(segs);
+}
+
+static void test_pack_cuts(void) {
+    unsigned long long rs = 0xc47c475ull;
+    int n_cut = 0;
+    for (int iter = 0; iter < 2000; iter++) {
+        batch_cfg c;
+        pick_batch(&rs, &c);
+        int cut[256] = {0}, any = 0;
+        for (int i = 0; i < c.n; i++)
+            if (c.n_tok[i] > 1 && rnd(&rs, 3) == 0) cut[i] = 1 + rnd(&rs, c.n_tok[i] - 1), any = 1;
+        int mixed = rnd(&rs, 2), cap = total_tokens(&c) + 2;
+        plan got, want;
+        plan_init(&got, cap);
+        pack_cut(&c, cut, mixed, &got);
+        int bad = cut_violations(&got, c.n_tok, cut, c.n, c.max_tok, c.max_seg);
+        if (bad) fprintf(stderr, "iter %d: %d violations (mixed %d)\n", iter, bad, mixed);
+        CHECK_EQ_INT(bad, 0);
+        if (!any) { /* no cut: the plain iterator's plan */
+            plan_init(&want, cap);
+            pack_cut(&c, NULL, mixed, &want);
+            CHECK(plans_equal(&got, &want));
+            plan_free(&want);
+        }
+        n_cut += any;
+        plan_free(&got);
+    }
+    CHECK(n_cut > 500);
+}
+
 int main(void) {
     T_RUN(test_pack_cases);
     T_RUN(test_pack_matches_original);
     T_RUN(test_pack_mixed);
+    T_RUN(test_pack_cuts);
     T_RUN(test_fill);
     T_RUN(test_fill_rows);
     T_RUN(test_rows_scheduler_step);

@@ -716,6 +716,119 @@ static void test_engine_eviction_stress(void) {
     tl_engine_close(e);
 }
 
+/* ====== Snapshots inside a step (issue 14 B: tl_batch_entry.snap_at, backend.h snap_at). ====== */
+
+/* One forward of tokens [pos, pos + n) of slot (snap_at/snap: a point inside, or 0), logits out. */
+static int bfwd(tl_backend *b, int slot, const int32_t *t, int pos, int n, int snap_at, int snap,
+                float *logits) {
+    char err[256];
+    tl_fwd_entry x = {.slot = slot,
+                      .pos = pos,
+                      .tokens = t + pos,
+                      .n_tok = n,
+                      .logits = logits,
+                      .n_prompt = -1,
+                      .snap_at = snap_at,
+                      .snap = snap};
+    int rc = b->forward(b, &x, 1, err, sizeof err);
+    if (rc) fprintf(stderr, "forward: %s\n", err);
+    return rc;
+}
+
+/* The slot's GDN state into snapshot snap (a cache_save of n_tok tokens without a page copy). */
+static int bsave(tl_backend *b, int slot, int n_tok, int snap) {
+    char err[256];
+    tl_pc_io io = {
+        .n_tok = n_tok, .n_full = n_tok / P, .part_src = -1, .part_dst = -1, .snap = snap};
+    int rc = b->cache_save(b, slot, &io, err, sizeof err);
+    if (rc) fprintf(stderr, "cache_save: %s\n", err);
+    return rc;
+}
+
+/* Backend level, CPU: one forward of [0, N) with the point S inside writes the snapshot that
+ * [0, S), a save, then [S, N) write, bit for bit (S on a page boundary, inside a page, one token
+ * in, one before the end), and ends in the same state with the same logits. The snapshots are
+ * written straight through the backend (the engine's cache holds none yet: fresh engine). */
+static void test_backend_in_step_snapshot(void) {
+    tl_engine *e = open_engine(2, 0);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_backend *b = tl_engine_backend_impl(e);
+    int V = tl_engine_config(e)->n_vocab, N = 230;
+    size_t sb = b->pc_snap_bytes;
+    int32_t t[230];
+    uint64_t s = 99;
+    rand_tokens(t, N, V, &s);
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    int at[] = {128, 200, 1, 229, 70};
+    for (int k = 0; k < 5; k++) {
+        int S = at[k];
+        CHECK_EQ_INT(bfwd(b, 0, t, 0, N, S, 0, la), 0);
+        CHECK_EQ_INT(bfwd(b, 1, t, 0, S, 0, 0, NULL), 0);
+        CHECK_EQ_INT(bsave(b, 1, S, 1), 0);
+        CHECK_EQ_INT(bfwd(b, 1, t, S, N - S, 0, 0, lb), 0);
+        const void *a = tl_backend_cpu_snapshot(b, 0), *z = tl_backend_cpu_snapshot(b, 1);
+        CHECK(a && z && !memcmp(a, z, sb));                /* the snapshot, bit for bit */
+        CHECK(!memcmp(la, lb, sizeof(float) * (size_t)V)); /* the logits at N - 1 */
+        CHECK_EQ_INT(bsave(b, 0, N, 2), 0);
+        CHECK_EQ_INT(bsave(b, 1, N, 3), 0);
+        CHECK(!memcmp(tl_backend_cpu_snapshot(b, 2), tl_backend_cpu_snapshot(b, 3), sb));
+        CHECK(memcmp(a, tl_backend_cpu_snapshot(b, 2), sb) != 0); /* the state moved on */
+        CHECK_EQ_INT(b->reset_slot(b, 0), 0);
+        CHECK_EQ_INT(b->reset_slot(b, 1), 0);
+    }
+    /* a point not inside the entry is refused */
+    CHECK_EQ_INT(bfwd(b, 0, t, 0, 10, 10, 0, NULL), TL_ERR_INVALID);
+    CHECK_EQ_INT(b->reset_slot(b, 0), 0);
+    free(la), free(lb);
+    tl_engine_close(e);
+}
+
+/* Engine level: a prompt fed in steps that carry snapshot points inside them (tl_batch_entry
+ * snap_at, the scheduler's way) leaves snapshots that later prompts hit, with the logits and
+ * greedy tokens of computing everything, bit for bit; the stats count each in-step save; a
+ * point outside the entry fails the step with TL_ERR_INVALID and changes nothing. */
+static void test_engine_in_step_snapshot(void) {
+    tl_engine *e = open_engine(2, 0);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    int V = tl_engine_config(e)->n_vocab;
+    char err[256];
+    int32_t t[300], ta[GEN], tb[GEN];
+    float *la = malloc(sizeof(float) * V * GEN), *lb = malloc(sizeof(float) * V * GEN);
+    uint64_t s = 31;
+    rand_tokens(t, 300, V, &s);
+    tl_session *ss = NULL;
+    CHECK_EQ_INT(tl_session_open(e, &ss, err, sizeof err), 0);
+    tl_batch_entry bad = {.sess = ss, .tokens = t, .n_tok = 100, .snap_at = 100};
+    CHECK_EQ_INT(tl_engine_step(e, &bad, 1, err, sizeof err), TL_ERR_INVALID);
+    CHECK_EQ_INT(tl_session_n_past(ss), 0);
+    /* [0, 150) with a point at 128 (a page boundary), [150, 260) with one at 203 (in a page) */
+    tl_batch_entry b1 = {.sess = ss, .tokens = t, .n_tok = 150, .snap_at = 128};
+    tl_batch_entry b2 = {.sess = ss, .tokens = t + 150, .n_tok = 110, .snap_at = 203};
+    CHECK_EQ_INT(tl_engine_step(e, &b1, 1, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_engine_step(e, &b2, 1, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_session_n_past(ss), 260);
+    tl_session_close(ss);
+    tl_prefix_stats st;
+    CHECK_EQ_INT(tl_engine_prefix_stats(e, &st), 0);
+    CHECK_EQ_INT(st.saves, 2);
+    CHECK_EQ_INT(st.snapshots, 2);
+    int lens[] = {280, 180, 129}, wants[] = {203, 128, 128};
+    for (int k = 0; k < 3; k++) {
+        uncached(e, t, lens[k], GEN, ta, la);
+        cached(e, NULL, t, lens[k], wants[k], GEN, tb, lb);
+        CHECK(!memcmp(ta, tb, sizeof ta));
+        CHECK(!memcmp(la, lb, sizeof(float) * (size_t)V * GEN));
+    }
+    free(la), free(lb);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_layout);
     T_RUN(test_chain_and_partial);
@@ -728,5 +841,7 @@ int main(void) {
     T_RUN(test_engine_salt);
     T_RUN(test_engine_off);
     T_RUN(test_engine_eviction_stress);
+    T_RUN(test_backend_in_step_snapshot);
+    T_RUN(test_engine_in_step_snapshot);
     return t_summary();
 }

@@ -761,6 +761,64 @@ static void test_prefix_cache_turns(void) {
     tl_engine_close(eoff);
 }
 
+/* The prefill entries the engine thread's forwards saw (test_cached_turn_one_step). */
+static int (*rec_real_fwd)(tl_backend *, const tl_fwd_entry *, int, char *, size_t);
+static int rec_n, rec_pos[64], rec_ntok[64], rec_snap[64];
+
+static int recording_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++)
+        if (e[i].n_tok > 1 && rec_n < 64)
+            rec_pos[rec_n] = e[i].pos, rec_ntok[rec_n] = e[i].n_tok,
+            rec_snap[rec_n++] = e[i].snap_at;
+    return rec_real_fwd(b, e, n, err, errlen);
+}
+
+/* A cached turn is one engine step (issue 14 B): after the load of the earlier turn's snapshot,
+ * its new tokens are prefilled in one forward whose entry carries the new snapshot point (the
+ * last message's end) inside it; the next turn then hits that snapshot, and every turn gives the
+ * greedy tokens of an engine without a cache. */
+static void test_cached_turn_one_step(void) {
+    tl_engine *eon = open_engine_pc(2, 0), *eoff = open_engine_pc(2, -1);
+    CHECK(eon && eoff);
+    if (!eon || !eoff) return;
+    tl_backend *be = tl_engine_backend_impl(eon);
+    rec_real_fwd = be->forward;
+    be->forward = recording_fwd;
+    tl_sched *son, *soff;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 8, .step_tokens = 256, .snap_every = 4096};
+    CHECK_EQ_INT(tl_sched_create(&son, eon, &sp, NULL, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_create(&soff, eoff, &sp, NULL, err, sizeof err), 0);
+    int32_t t[3][140], a[1][8], b[1][8];
+    int lens[3] = {60, 100, 140}, snaps[3] = {50, 90, 133}, hit[3] = {0, 50, 90};
+    for (int k = 0; k < 3; k++) /* turn k: turn k - 1 up to its snapshot point, then new text */
+        for (int i = 0; i < 140; i++)
+            t[k][i] = k && i < hit[k] ? t[k - 1][i] : (int32_t)((i * 7919 + 29 * k) % 250 + 3);
+    for (int k = 0; k < 3; k++) {
+        int c;
+        rec_n = 0;
+        tl_job *j = job_from(t[k], lens[k], snaps[k], NULL, 8),
+               *jo = job_from(t[k], lens[k], snaps[k], NULL, 8);
+        run_jobs(son, &j, 1, a, &c);
+        run_jobs(soff, &jo, 1, b, NULL);
+        CHECK(!memcmp(a, b, sizeof a));
+        CHECK_EQ_INT(c, hit[k]);
+        CHECK_EQ_INT(rec_n, 1); /* one prefill step */
+        CHECK_EQ_INT(rec_pos[0], hit[k]);
+        CHECK_EQ_INT(rec_ntok[0], lens[k] - hit[k]);
+        CHECK_EQ_INT(rec_snap[0], snaps[k]);
+    }
+    tl_prefix_stats ps;
+    tl_sched_prefix_stats(son, &ps);
+    CHECK_EQ_INT(ps.hits, 2);
+    CHECK_EQ_INT(ps.hit_tokens, 50 + 90);
+    tl_sched_free(son);
+    tl_sched_free(soff);
+    be->forward = rec_real_fwd;
+    tl_engine_close(eon);
+    tl_engine_close(eoff);
+}
+
 int main(void) {
     T_RUN(test_batched_equals_sequential);
     T_RUN(test_cancel_and_queue_full);
@@ -775,5 +833,6 @@ int main(void) {
     T_RUN(test_pool_queue_full);
     T_RUN(test_pool_unreported);
     T_RUN(test_prefix_cache_turns);
+    T_RUN(test_cached_turn_one_step);
     return t_summary();
 }

@@ -1607,6 +1607,182 @@ static void test_spec_gemm_path(void) {
     free(tok), free(la), free(lb), free(lc);
 }
 
+/* ====== Snapshots inside a step (issue 14 B; backend.h snap_at, docs/architecture.md §4.1) ======
+ * One forward of [pos0, N) with the snapshot point S inside it (slot 0) against [pos0, S) computed
+ * alone, saved, then [S, N) (slot 1, the reference, saved under another salt): the two snapshots'
+ * conv and recurrent state, the logits at N - 1, and a load of the in-step snapshot (slot 2) then
+ * [S, N) against the reference's logits. Cases: S at a page boundary and inside one, S one and two
+ * tokens into the segment (the conv rows from the slot's earlier state), S - pos0 a multiple of
+ * 64 and not, S one before the end; with_short: a 10-token entry of another slot in the same
+ * forward (a mixed micro-batch: on the GEMM path the long segment takes gdn_tc's cut).
+ * Small model (decode kernels): the micro-batch is cut at S, so alone it computes exactly what the
+ * reference computes: bit for bit; with another entry in the micro-batch the GEMV lane split
+ * moves the fp32 order (test_batched_eq_alone's bound, 1e-8). GEMM path: only the chunked GDN is
+ * cut (its chunks start at pos0 as in the reference), but the projections see N - pos0 rows
+ * instead of S - pos0 (another GEMM tile, split-K), so the states differ by that rounding, carried
+ * through the MoE: bound `tol` (the logits bound pc_case uses on this path; the measured NMSEs are
+ * printed: tighten once known). */
+typedef struct mid_shape {
+    int n_gdn, conv_n, rec_n; /* GDN layers; floats of one layer's conv / recurrent state */
+} mid_shape;
+
+static mid_shape mid_shape_of(const tl_config *c) {
+    mid_shape m = {0, 3 * tl_config_gdn_conv_dim(c), c->gdn_n_v_head * 128 * 128};
+    for (int il = 0; il < c->n_layer; il++) m.n_gdn += c->layer_kind[il] == TL_LAYER_GDN;
+    return m;
+}
+
+/* One forward of slot: [pos, pos + n) with the point snap_at (0: none) into snapshot snap. */
+static int fwd_snap(tl_backend *b, int slot, int pos, const int32_t *tok, int n, int snap_at,
+                    int snap, float *logits, int short_slot, const int32_t *short_tok) {
+    tl_fwd_entry e[2];
+    memset(e, 0, sizeof e);
+    e[0].slot = slot, e[0].pos = pos, e[0].tokens = tok + pos, e[0].n_tok = n;
+    e[0].logits = logits, e[0].snap_at = snap_at, e[0].snap = snap;
+    e[1].slot = short_slot, e[1].tokens = short_tok, e[1].n_tok = 10; /* pos 0 */
+    char err[256] = "";
+    int st = b->forward(b, e, short_slot >= 0 ? 2 : 1, err, sizeof err);
+    if (st) printf("# forward: %s\n", err);
+    return st;
+}
+
+/* Snapshot bytes a vs z: NMSE of the conv and of the recurrent parts (f32 state), bitwise flag. */
+static void mid_cmp(const mid_shape *m, const float *a, const float *z, double *nm_conv,
+                    double *nm_rec, int *same) {
+    size_t rec = (size_t)m->n_gdn * m->rec_n, conv = (size_t)m->n_gdn * m->conv_n;
+    *nm_rec = t_nmse(a, z, rec);
+    *nm_conv = t_nmse(a + rec, z + rec, conv);
+    *same = !memcmp(a, z, (rec + conv) * sizeof(float));
+}
+
+static void mid_case(tl_backend *b, const tl_config *c, int V_tok, const char *what, int pos0,
+                     int S, int with_short, int bitwise, double tol) {
+    pc_run r;
+    int V = c->n_vocab;
+    if (pc_open(&r, b, V)) return;
+    enum { N = 200 };
+    mid_shape m = mid_shape_of(c);
+    size_t sb = b->pc_snap_bytes;
+    CHECK_EQ_INT((long)sb, (long)(m.n_gdn * (size_t)(m.conv_n + m.rec_n) * sizeof(float)));
+    int32_t tok[N], stok[10], pages[8];
+    unsigned long long prs = 0x5eed0016ull + (unsigned)(S * 7 + pos0);
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(t_rng_next(&prs) % (unsigned)V_tok);
+    for (int i = 0; i < 10; i++) stok[i] = (int32_t)(t_rng_next(&prs) % (unsigned)V_tok);
+    char err[256] = "";
+    float *la = xmalloc(sizeof(float) * V), *lb = xmalloc(sizeof(float) * V);
+    float *lc = xmalloc(sizeof(float) * V);
+    float *sa = xmalloc(sb), *sz = xmalloc(sb);
+    /* slot 0: [pos0, N) in one forward, the point S inside; the snapshot planned after it */
+    if (pos0) CHECK_EQ_INT(fwd1(b, 0, 0, tok, pos0, NULL), 0);
+    int si = tl_pc_reserve(&r.pc, NULL, tok, S);
+    CHECK(si >= 0);
+    CHECK_EQ_INT(fwd_snap(b, 0, pos0, tok, N - pos0, S, si, la, with_short ? 2 : -1, stok), 0);
+    tl_pc_io io;
+    CHECK_EQ_INT(tl_pc_plan_save_at(&r.pc, NULL, tok, S, 0, si, &io), 1);
+    CHECK(io.state_in && io.snap == si);
+    CHECK_EQ_INT(b->cache_save(b, 0, &io, err, sizeof err), 0);
+    tl_pc_commit(&r.pc, &io);
+    /* slot 1: the reference, [pos0, S) alone, saved (salt "ref"), then [S, N) */
+    if (pos0) CHECK_EQ_INT(fwd1(b, 1, 0, tok, pos0, NULL), 0);
+    CHECK_EQ_INT(fwd1(b, 1, pos0, tok + pos0, S - pos0, NULL), 0);
+    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, "ref", tok, S, 1, 0, &io), 1);
+    int sref = io.snap;
+    CHECK_EQ_INT(b->cache_save(b, 1, &io, err, sizeof err), 0);
+    tl_pc_commit(&r.pc, &io);
+    CHECK_EQ_INT(fwd1(b, 1, S, tok + S, N - S, lb), 0);
+    CHECK_EQ_INT(tl_backend_cuda_snapshot(b, si, sa), 0);
+    CHECK_EQ_INT(tl_backend_cuda_snapshot(b, sref, sz), 0);
+    double nm_conv, nm_rec;
+    int same;
+    mid_cmp(&m, sa, sz, &nm_conv, &nm_rec, &same);
+    /* slot 2: the in-step snapshot loaded, then [S, N) (slots 0 and 1 reset first: the small
+     * backend's pool holds three sequences, the cache's pages come out of it) */
+    for (int q = 0; q < 3; q++) CHECK_EQ_INT(b->reset_slot(b, q), 0);
+    CHECK(tl_pc_lookup(&r.pc, NULL, tok, N, N - 1, pages, &io) == si);
+    CHECK_EQ_INT(io.n_tok, S);
+    CHECK_EQ_INT(b->cache_load(b, 2, &io, tok, 0, err, sizeof err), 0);
+    CHECK_EQ_INT(fwd1(b, 2, S, tok + S, N - S, lc), 0);
+    double nm_ab = t_nmse(la, lb, V), nm_cb = t_nmse(lc, lb, V);
+    int same_c = !memcmp(lc, lb, sizeof(float) * V);
+    float mb, mc;
+    int tb = argmax_margin(lb, V, &mb), tc = argmax_margin(lc, V, &mc);
+    printf("# in-step snapshot %s, [%d, %d) point %d%s: state == split %s (conv nmse %.3e, "
+           "recurrent %.3e); logits at N-1 nmse %.3e; loaded + rest vs split: %s, nmse %.3e, "
+           "top-1 %d vs %d (margin %.3f)\n",
+           what, pos0, N, S, with_short ? " + a short entry" : "", same ? "bitwise" : "NOT bitwise",
+           nm_conv, nm_rec, nm_ab, same_c ? "bitwise" : "not bitwise", nm_cb, tc, tb, mb);
+    if (bitwise) {
+        CHECK(same);
+        CHECK(same_c);
+        CHECK(!memcmp(la, lb, sizeof(float) * V));
+    }
+    CHECK(nm_conv <= tol && nm_rec <= tol);
+    CHECK(nm_ab <= tol && nm_cb <= tol);
+    CHECK(tc == tb || mb < 0.05f);
+    for (int s = 0; s < 3; s++) CHECK_EQ_INT(b->reset_slot(b, s), 0);
+    tl_pc_clear(&r.pc);
+    CHECK_EQ_INT(b->kv_pool(b)->n_free, b->kv_pool(b)->n_page);
+    tl_pc_free(&r.pc);
+    free(la), free(lb), free(lc), free(sa), free(sz);
+}
+
+static const int MID_CASES[][3] = {/* pos0, S, with_short */
+                                   {0, 128, 0},   {0, 150, 0},   {0, 2, 0},   {100, 101, 0},
+                                   {100, 164, 0}, {100, 199, 0}, {0, 150, 1}, {100, 164, 1}};
+
+static void test_prefix_mid_entry_small(void) {
+    rmodel r;
+    rm_build(&r, 0, 4);
+    tl_cuda_params p = {
+        .max_seqs = 3, .max_ctx = 256, .weight_bits = 16, .prefix_cache_bytes = 64ll << 20};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, &r.m, NULL, &p, err, sizeof err), 0);
+    if (b) {
+        for (size_t k = 0; k < sizeof MID_CASES / sizeof MID_CASES[0]; k++) {
+            const int *q = MID_CASES[k];
+            mid_case(b, &r.m.cfg, r.m.cfg.n_vocab, "small q4, decode kernels (cut micro-batch)",
+                     q[0], q[1], q[2], !q[2], 1e-8);
+        }
+        b->close(b);
+    } else
+        printf("# %s\n", err);
+    rm_free(&r);
+}
+
+static void test_prefix_mid_entry_gemm(void) {
+    tl_config c;
+    memset(&c, 0, sizeof c);
+    c.n_embd = TL_N_EMBD, c.n_layer = 4, c.n_vocab = TL_N_VOCAB, c.n_head = TL_N_HEAD;
+    c.n_head_kv = TL_N_HEAD_KV, c.head_dim = TL_HEAD_DIM, c.n_rot = TL_N_ROT,
+    c.rope_theta = TL_ROPE_THETA;
+    c.gdn_n_k_head = TL_GDN_N_K_HEAD, c.gdn_n_v_head = TL_GDN_N_V_HEAD, c.gdn_k_dim = TL_GDN_K_DIM;
+    c.gdn_v_dim = TL_GDN_V_DIM, c.gdn_conv_k = TL_GDN_CONV_K, c.n_expert = TL_N_EXPERT;
+    c.n_expert_used = TL_N_EXPERT_USED, c.n_ff_expert = c.n_ff_shared = TL_N_FF_EXPERT;
+    c.rms_eps = TL_RMS_EPS, c.max_pos = TL_MAX_POS;
+    for (int il = 0; il < c.n_layer; il++)
+        c.layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+    tl_cuda_params p = {.max_seqs = 3,
+                        .max_ctx = 512,
+                        .random_weights = 1,
+                        .seed = 7,
+                        .weight_bits = 4,
+                        .prefix_cache_bytes = 1ll << 30};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err), 0);
+    if (!b) {
+        printf("# %s\n", err);
+        return;
+    }
+    for (size_t k = 0; k < sizeof MID_CASES / sizeof MID_CASES[0]; k++) {
+        const int *q = MID_CASES[k];
+        mid_case(b, &c, TL_N_VOCAB_TOKENS, "full width q4, GEMM path (chunked GDN cut)", q[0], q[1],
+                 q[2], 0, 1e-2);
+    }
+    b->close(b);
+}
+
 int main(int argc, char **argv) {
     char err[256];
     if (tl_gpu_init(0, err, sizeof err)) {
@@ -1643,5 +1819,7 @@ int main(int argc, char **argv) {
     if (!quick) T_RUN(test_spec_greedy_fullwidth_q4);
     T_RUN(test_spec_greedy_recompute);
     if (!quick) T_RUN(test_spec_gemm_path);
+    T_RUN(test_prefix_mid_entry_small); /* appended: the tests above keep their random draws */
+    if (!quick) T_RUN(test_prefix_mid_entry_gemm);
     return t_summary();
 }
