@@ -145,8 +145,8 @@ static void run_script(int bad, script_out *r) {
     for (int i = 0; i < PA; i++) pa[i] = (int32_t)(17 * i % 250 + 3);
     for (int i = 0; i < PB; i++) pb[i] = (int32_t)(29 * i % 250 + 3);
     tl_sample_out oa, ob;
-    tl_batch_entry b[2] = {{A, pa, PA, &SP_A, &oa, r->logits_a, 0, 0, NULL, NULL},
-                           {B, pb, PB, &SP_B, &ob, NULL, 0, 0, NULL, NULL}};
+    tl_batch_entry b[2] = {{A, pa, PA, &SP_A, &oa, r->logits_a, 0, 0, NULL, NULL, 0, NULL},
+                           {B, pb, PB, &SP_B, &ob, NULL, 0, 0, NULL, NULL, 0, NULL}};
     for (int s = 0; s < NSTEP; s++) {
         if (bad) bad_calls(e, A, B, F);
         b[0].logits = r->logits_a + (size_t)s * V;
@@ -188,7 +188,7 @@ static void test_context_limit_counts_the_sampled_token(void) {
     for (int i = 0; i < 16; i++) tok[i] = (int32_t)(i + 3);
     tl_sample_out o;
     char err[256];
-    tl_batch_entry b = {s, tok, 15, &SP_B, &o, NULL, 0, 0, NULL, NULL};
+    tl_batch_entry b = {s, tok, 15, &SP_B, &o, NULL, 0, 0, NULL, NULL, 0, NULL};
     CHECK_EQ_INT(tl_engine_step(e, &b, 1, err, sizeof err), 0); /* 15 + the sampled 16th */
     b.tokens = &o.token, b.n_tok = 1;
     CHECK_EQ_INT(tl_engine_step(e, &b, 1, err, sizeof err), TL_ERR_CONTEXT_FULL);
