@@ -95,6 +95,9 @@ typedef struct tl_spec_stats {
     long long drafts;   /* verify steps of one sequence (each drafted 1..K tokens) */
     long long drafted;  /* draft tokens proposed */
     long long accepted; /* of them, accepted by the verify */
+    /* per draft position i (0: the first draft): verify steps that drafted more than i tokens,
+     * and of them those whose draft i was accepted (so were drafts 0..i-1) */
+    long long drafted_pos[TL_MAX_SPEC], accepted_pos[TL_MAX_SPEC];
 } tl_spec_stats;
 int tl_engine_spec_stats(const tl_engine *e, tl_spec_stats *out);
 

@@ -209,6 +209,7 @@ typedef struct bench_state {
         gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN];          /* gbps: NAN where not known */
     double acc_rate[BENCH_MAX_LEN], per_step[BENCH_MAX_LEN]; /* speculation: accepted/drafted,
                                                                 tokens per step and sequence */
+    double acc_pos[BENCH_MAX_LEN][TL_MAX_SPEC]; /* draft i accepted / steps that drafted it */
     char err[1024];
 } bench_state;
 
@@ -556,6 +557,10 @@ static int bench_length(bench_state *bs, int li) {
     bs->acc_rate[li] = s1.drafted > s0.drafted
                            ? (double)(s1.accepted - s0.accepted) / (double)(s1.drafted - s0.drafted)
                            : NAN;
+    for (int i = 0; i < TL_MAX_SPEC; i++) {
+        long long nd = s1.drafted_pos[i] - s0.drafted_pos[i];
+        bs->acc_pos[li][i] = nd > 0 ? (double)(s1.accepted_pos[i] - s0.accepted_pos[i]) / nd : NAN;
+    }
     bs->per_step[li] = (double)reps * B * gen / (double)TL_MAX(steps, 1) / B;
     bs->ms_step[li] = 1000.0 * B * bs->per_step[li] / bs->gen_tps[li];
     bs->gbps[li] =
@@ -564,10 +569,14 @@ static int bench_length(bench_state *bs, int li) {
     fprintf(stderr,
             "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
             L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
-    if (tl_engine_spec_tokens(bs->e))
-        fprintf(stderr,
-                "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step\n",
-                L, 100 * bs->acc_rate[li], bs->per_step[li]);
+    int K = tl_engine_spec_tokens(bs->e);
+    if (!K) return 0;
+    fprintf(stderr,
+            "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step; "
+            "accepted by draft position:",
+            L, 100 * bs->acc_rate[li], bs->per_step[li]);
+    for (int i = 0; i < K; i++) fprintf(stderr, " %d: %.1f%%", i + 1, 100 * bs->acc_pos[li][i]);
+    fprintf(stderr, "\n");
     return 0;
 }
 
@@ -604,7 +613,13 @@ static void bench_report_json(const bench_state *bs, double mp, double mg) {
         if (tl_engine_spec_tokens(bs->e)) {
             printf(", \"spec_acceptance\": ");
             put_num("%.4f", bs->acc_rate[i], 1);
-            printf(", \"spec_tokens_per_step\": %.3f", bs->per_step[i]);
+            printf(", \"spec_tokens_per_step\": %.3f, \"spec_acceptance_per_pos\": [",
+                   bs->per_step[i]);
+            for (int j = 0; j < tl_engine_spec_tokens(bs->e); j++) {
+                printf("%s", j ? ", " : "");
+                put_num("%.4f", bs->acc_pos[i][j], 1);
+            }
+            printf("]");
         }
         printf("}");
     }
