@@ -630,9 +630,70 @@ def train(args):
     size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
     sample = sample_text(model, tok, device)
     log(f, f"greedy sample from 'The': {sample!r}")
+    model, head, tok = load_checkpoint(args.out, device)  # the BF16 weights tulip reads
+    pos = simulate_spec(model, head, tok, device, args.sim_k, args.sim_gen, args.sim_prompts)
+    log(f, f"simulated greedy speculation on the written checkpoint (K {args.sim_k}, "
+        f"{args.sim_prompts} held-out prompts, {args.sim_gen} tokens each; tools/spec_measure.py "
+        "should find the same in tulip): accepted by draft position "
+        + " ".join(f"{i + 1}: {a}/{d}" for i, (a, d) in enumerate(pos)))
     log(f, f"wrote {args.out} (model.safetensors {size / 2**20:.1f} MiB BF16) in "
         f"{time.time() - t0:.1f}s in all")
     f.close()
+
+
+def held_out_prompts(n, chars=300):
+    """n passages of the held-out last 5% of the corpus, each cut at spaces (spec_measure.py
+    feeds the same ones to tulip)."""
+    text = corpus_text()
+    held = text[len(text) * 19 // 20:]
+    step = max(len(held) // n, chars)
+    out = []
+    for i in range(n):
+        p = held[i * step:i * step + chars]
+        out.append(p[p.find(" ") + 1:p.rfind(" ")])
+    return out
+
+
+def simulate_spec(model, head, tok, device, k=2, gen=64, n_prompts=4):
+    """Greedy speculative decoding as tulip runs it (engine.c spec_finish, backend draft: draft 1
+    from the last fed position's hidden and the sampled token, draft j + 1 from draft j's h'),
+    recomputing everything each step: [(accepted_i, drafted_i)] per draft position, summed over
+    held-out prompts. What tools/spec_measure.py should find in tulip on the same checkpoint."""
+    import torch
+    emb, lm = model.model.embed_tokens.weight, model.lm_head.weight
+    pos = [[0, 0] for _ in range(k)]
+    with torch.no_grad():
+        for text in held_out_prompts(n_prompts):
+            x = tok.encode(text).ids
+            x.append(int(model(input_ids=torch.tensor([x], device=device)).logits[0, -1].argmax()))
+            made = 1
+            while made < gen:
+                kk = min(k, gen - made - 1)
+                if kk == 0:
+                    break
+                ids = torch.tensor([x], device=device)
+                hid = model.model(input_ids=ids[:, :-1]).last_hidden_state  # positions 0..len-1
+                drafts, toks = [], [ids[:, 1:]]
+                for j in range(kk):
+                    hs = head(emb, hid, toks)
+                    drafts.append(int((hs[-1][0, -1] @ lm.T).argmax()))
+                    toks.append(torch.full_like(toks[0], drafts[-1]))  # row len-1 matters
+                acc = 0
+                for j in range(kk):  # as tl_spec_stats counts: drafted_pos[j] for every j < kk
+                    pos[j][1] += 1
+                for j in range(kk):
+                    g = int(model(input_ids=torch.tensor([x], device=device)).logits[0, -1].argmax())
+                    if g != drafts[j]:
+                        x.append(g)
+                        break
+                    x.append(g)
+                    pos[j][0] += 1
+                    acc += 1
+                else:  # all accepted: the bonus token
+                    x.append(int(model(input_ids=torch.tensor([x], device=device)).logits[0, -1]
+                                 .argmax()))
+                made += acc + 1
+    return pos
 
 
 def sample_text(model, tok, device, prompt="The", n=40):
@@ -645,9 +706,45 @@ def sample_text(model, tok, device, prompt="The", n=40):
     return tok.decode(x[0].tolist())
 
 
+def load_checkpoint(d, device):
+    """A directory written by write_checkpoint -> (HF trunk, MtpHead, tokenizer), fp32."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as cfgmod
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modmod
+    text = json.load(open(os.path.join(d, "config.json")))["text_config"]
+    tcfg = cfgmod.Qwen3_5MoeTextConfig(**text)
+    tcfg._attn_implementation = "sdpa"
+    model = modmod.Qwen3_5MoeForCausalLM(tcfg).float()
+    head = torch_modules()(text).float()
+    W = {k: torch.from_numpy(v) for k, v in
+         st_read_f32(os.path.join(d, "model.safetensors")).items()}
+    model.load_state_dict({("model." + k[len("model.language_model."):]
+                            if k.startswith("model.language_model.") else k): v
+                           for k, v in W.items() if not k.startswith("mtp.")})
+    head.load_state_dict({k[4:]: v for k, v in W.items() if k.startswith("mtp.")})
+    return (model.to(device).eval(), head.to(device).eval(),
+            Tokenizer.from_file(os.path.join(d, "tokenizer.json")))
+
+
+def simulate(args):
+    import torch
+    model, head, tok = load_checkpoint(args.simulate, torch.device(args.device))
+    pos = simulate_spec(model, head, tok, torch.device(args.device), k=args.sim_k,
+                        gen=args.sim_gen, n_prompts=args.sim_prompts)
+    print(f"{args.simulate}: simulated greedy speculation, K {args.sim_k}, {args.sim_prompts} "
+          f"held-out prompts, {args.sim_gen} tokens each; accepted by draft position: "
+          + " ".join(f"{i + 1}: {a}/{d}" for i, (a, d) in enumerate(pos)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="checkpoint directory to write")
+    ap.add_argument("--out", help="checkpoint directory to write")
+    ap.add_argument("--simulate", metavar="DIR", help="no training: load DIR and simulate greedy "
+                    "speculation in PyTorch (the per-position counts tulip should report)")
+    ap.add_argument("--sim-k", type=int, default=3)
+    ap.add_argument("--sim-gen", type=int, default=64)
+    ap.add_argument("--sim-prompts", type=int, default=4)
     ap.add_argument("--minutes", type=float, default=4.0, help="training time budget")
     ap.add_argument("--steps", type=int, default=0, help="a fixed step count instead (smoke runs)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
@@ -660,6 +757,10 @@ def main():
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.simulate:
+        return simulate(args)
+    if not args.out:
+        ap.error("--out DIR is required")
     train(args)
 
 
