@@ -522,7 +522,7 @@ def losses(model, head, x, aux_fn, depth=DEPTH):
     toks = [x[:, d:d + A] for d in range(1, depth + 1)]
     hs = head(emb, hid[:, :A].detach(), toks)
     lg_t = logits.detach().float()
-    loss_h, st = 0.0, {"ce": ce.item()}
+    loss_h, st = 0.0, {"ce": ce.detach()}  # tensors: read (a device sync) only when printed
     for d, h in enumerate(hs, start=1):
         lg = (h @ lm.T).float()
         tgt = x[:, d + 1:d + 1 + A]
@@ -530,8 +530,8 @@ def losses(model, head, x, aux_fn, depth=DEPTH):
         hard = F.cross_entropy(lg.reshape(-1, V), tgt.reshape(-1))
         soft = -(teach * torch.log_softmax(lg, -1)).sum(-1).mean()
         loss_h = loss_h + 0.5 * (hard + soft)
-        st[f"acc{d}"] = (lg.argmax(-1) == tgt).float().mean().item()
-        st[f"agree{d}"] = (lg.argmax(-1) == lg_t[:, d:d + A].argmax(-1)).float().mean().item()
+        st[f"acc{d}"] = (lg.argmax(-1) == tgt).float().mean()
+        st[f"agree{d}"] = (lg.argmax(-1) == lg_t[:, d:d + A].argmax(-1)).float().mean()
     return ce + c.router_aux_loss_coef * aux, loss_h / depth, st
 
 
@@ -544,12 +544,12 @@ def evaluate(model, head, ids, seq, device, aux_fn, n_batch=8, bs=16):
         for i in range(0, n, bs):
             _, _, st = losses(model, head, x[i:i + bs], aux_fn)
             for k, v in st.items():
-                agg[k] = agg.get(k, 0.0) + v * len(x[i:i + bs]) / n
+                agg[k] = agg.get(k, 0.0) + float(v) * len(x[i:i + bs]) / n
     return agg
 
 
 def fmt(st):
-    return " ".join(f"{k} {v:.3f}" for k, v in st.items())
+    return " ".join(f"{k} {float(v):.3f}" for k, v in st.items())
 
 
 def train(args):
@@ -582,7 +582,17 @@ def train(args):
     tcfg = cfgmod.Qwen3_5MoeTextConfig(**TEXT)
     tcfg._attn_implementation = "sdpa"
     model = modmod.Qwen3_5MoeForCausalLM(tcfg).float().to(device)
-    head = MtpHead(TEXT).float().to(device)
+    head = fit(args, f, model, MtpHead(TEXT).float().to(device), train_ids, device,
+               modmod.load_balancing_loss_func)
+    report(args, f, model, head, tok, held_ids, device, modmod.load_balancing_loss_func,
+           transformers.__version__)
+    log(f, f"done in {time.time() - t0:.1f}s in all")
+    f.close()
+
+
+def fit(args, f, model, head, train_ids, device, aux_fn):
+    """The training loop: AdamW, 50 warm-up steps, cosine to 10% over --minutes (or --steps)."""
+    import torch
     for n_, p in head.named_parameters():  # HF-like init; norms stay 0 (scale 1 + w)
         if not n_.endswith("norm.weight") and "norm_" not in n_:
             torch.nn.init.normal_(p, std=0.02)
@@ -593,7 +603,6 @@ def train(args):
     params = list(model.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
-    aux_fn = modmod.load_balancing_loss_func
     budget, step, t_train = args.minutes * 60.0, 0, time.time()
     while True:
         frac = step / args.steps if args.steps else (time.time() - t_train) / budget
@@ -613,10 +622,16 @@ def train(args):
         if step % args.log_every == 0:
             log(f, f"step {step:5d} {time.time() - t_train:6.1f}s lr {lr:.2e} train {fmt(st)}")
         step += 1
+    log(f, f"trained {step} steps in {time.time() - t_train:.1f}s")
+    return head
+
+
+def report(args, f, model, head, tok, held_ids, device, aux_fn, versions):
+    """Held-out figures, the checkpoint, a greedy sample, the simulated acceptance."""
     model.eval()
     head.eval()
     ev = evaluate(model, head, held_ids, args.seq, device, aux_fn)
-    log(f, f"trained {step} steps in {time.time() - t_train:.1f}s; held-out: trunk loss "
+    log(f, f"held-out: trunk loss "
         f"{ev['ce']:.3f} (ppl {math.exp(ev['ce']):.1f}); MTP head top-1 accuracy by depth "
         + ", ".join(f"{d}: {ev[f'acc{d}']:.3f}" for d in range(1, DEPTH + 1))
         + "; head argmax == trunk argmax (greedy acceptance estimate) "
@@ -626,7 +641,7 @@ def train(args):
                for k, v in model.state_dict().items()}
     tensors.update({"mtp." + k: v.detach().float().cpu().numpy()
                     for k, v in head.state_dict().items()})
-    write_checkpoint(args.out, tensors, tok, versions=transformers.__version__)
+    write_checkpoint(args.out, tensors, tok, versions=versions)
     size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
     sample = sample_text(model, tok, device)
     log(f, f"greedy sample from 'The': {sample!r}")
@@ -636,9 +651,7 @@ def train(args):
         f"{args.sim_prompts} held-out prompts, {args.sim_gen} tokens each; tools/spec_measure.py "
         "should find the same in tulip): accepted by draft position "
         + " ".join(f"{i + 1}: {a}/{d}" for i, (a, d) in enumerate(pos)))
-    log(f, f"wrote {args.out} (model.safetensors {size / 2**20:.1f} MiB BF16) in "
-        f"{time.time() - t0:.1f}s in all")
-    f.close()
+    log(f, f"wrote {args.out} (model.safetensors {size / 2**20:.1f} MiB BF16)")
 
 
 def held_out_prompts(n, chars=300):
