@@ -116,3 +116,12 @@ def test_speculative_greedy_equals_plain(random_ckpt, binary):
         assert a1 <= d1 and a2 <= min(a1, d2) and steps + acc <= 40 - 1
         if m == TRAINED:  # a trained head agrees with the trunk at least this often
             assert a1 >= 0.25 * d1, spec.stderr
+
+
+def test_corpus_and_prompts():
+    """The corpus is the same text each time (what the held-out split and spec_measure.py's
+    prompts rely on), megabytes of it, and the prompts are distinct passages of its last 5%."""
+    a, b = ttm.corpus_text(), ttm.corpus_text()
+    assert a == b and len(a) > 1_000_000
+    ps = ttm.held_out_prompts(4)
+    assert len(set(ps)) == 4 and all(len(p) > 100 and p in a[len(a) * 19 // 20:] for p in ps)
