@@ -582,7 +582,7 @@ def train(args):
     tcfg = cfgmod.Qwen3_5MoeTextConfig(**TEXT)
     tcfg._attn_implementation = "sdpa"
     model = modmod.Qwen3_5MoeForCausalLM(tcfg).float().to(device)
-    head = fit(args, f, model, MtpHead(TEXT).float().to(device), train_ids, device,
+    head = fit(args, f, model, MtpHead(TEXT).float().to(device), train_ids, held_ids, device,
                modmod.load_balancing_loss_func)
     report(args, f, model, head, tok, held_ids, device, modmod.load_balancing_loss_func,
            transformers.__version__)
@@ -590,8 +590,10 @@ def train(args):
     f.close()
 
 
-def fit(args, f, model, head, train_ids, device, aux_fn):
-    """The training loop: AdamW, 50 warm-up steps, cosine to 10% over --minutes (or --steps)."""
+def fit(args, f, model, head, train_ids, held_ids, device, aux_fn):
+    """The training loop: AdamW, 50 warm-up steps, cosine to 10% over --minutes (or --steps).
+    Every --log-every steps a quick held-out loss; the weights of the best one are kept (a few
+    MB of text for millions of parameters: later epochs can overfit)."""
     import torch
     for n_, p in head.named_parameters():  # HF-like init; norms stay 0 (scale 1 + w)
         if not n_.endswith("norm.weight") and "norm_" not in n_:
@@ -603,7 +605,10 @@ def fit(args, f, model, head, train_ids, device, aux_fn):
     params = list(model.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(args.seed)
+    model.train()
+    head.train()
     budget, step, t_train = args.minutes * 60.0, 0, time.time()
+    best = (float("inf"), 0, None)
     while True:
         frac = step / args.steps if args.steps else (time.time() - t_train) / budget
         if frac >= 1.0:
@@ -611,19 +616,41 @@ def fit(args, f, model, head, train_ids, device, aux_fn):
         lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        model.train()
-        head.train()
         x = batches(train_ids, args.batch, args.seq, gen, device)
         lt, lh, st = losses(model, head, x, aux_fn)
         opt.zero_grad(set_to_none=True)
         (lt + lh).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if step % args.log_every == 0:
-            log(f, f"step {step:5d} {time.time() - t_train:6.1f}s lr {lr:.2e} train {fmt(st)}")
         step += 1
-    log(f, f"trained {step} steps in {time.time() - t_train:.1f}s")
+        if step % args.log_every == 0:
+            best = checkpoint_best(args, f, model, head, held_ids, device, aux_fn, best, step, lr,
+                                   st, time.time() - t_train)
+    if step % args.log_every:
+        best = checkpoint_best(args, f, model, head, held_ids, device, aux_fn, best, step, lr, st,
+                               time.time() - t_train)
+    model.load_state_dict(best[2][0])
+    head.load_state_dict(best[2][1])
+    log(f, f"trained {step} steps in {time.time() - t_train:.1f}s; kept step {best[1]} "
+        f"(held-out trunk loss {best[0]:.3f})")
     return head
+
+
+def checkpoint_best(args, f, model, head, held_ids, device, aux_fn, best, step, lr, st, secs):
+    """Logs the step with a held-out loss on 2 batches; returns best updated (loss, step,
+    (trunk state, head state) copied)."""
+    model.eval()
+    head.eval()
+    ev = evaluate(model, head, held_ids, args.seq, device, aux_fn, n_batch=2)
+    model.train()
+    head.train()
+    log(f, f"step {step:5d} {secs:6.1f}s lr {lr:.2e} train {fmt(st)} | held-out ce "
+        f"{ev['ce']:.3f} agree1 {ev['agree1']:.3f}")
+    if ev["ce"] >= best[0]:
+        return best
+    copy = ({k: v.detach().clone() for k, v in model.state_dict().items()},
+            {k: v.detach().clone() for k, v in head.state_dict().items()})
+    return (ev["ce"], step, copy)
 
 
 def report(args, f, model, head, tok, held_ids, device, aux_fn, versions):
