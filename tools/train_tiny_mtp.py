@@ -801,6 +801,8 @@ def main():
         return simulate(args)
     if not args.out:
         ap.error("--out DIR is required")
+    if args.steps < 0 or (not args.steps and args.minutes <= 0):
+        ap.error("--minutes must be > 0 (or --steps N > 0)")
     train(args)
 
 
