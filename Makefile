@@ -151,11 +151,20 @@ deps:
 	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PKGS) >/dev/null
 
-# The tiny demo model (random weights made by transformers, tests/data/tiny-a): greedy ids from
-# prompt ids, then a chat message through the template, tokenizer and detokenizer.
+# The demo model. tests/data/tiny-trained when it exists (tools/train_tiny_mtp.py: trained on the
+# stdlib's docstrings, with an MTP head): greedy text from a raw prompt with speculative decoding
+# (the acceptance per draft position on stderr), then a chat message through the template. Else
+# tests/data/tiny-a (random weights made by transformers): greedy ids from prompt ids, then a chat
+# message through the template, tokenizer and detokenizer.
+DEMO_TRAINED := $(wildcard tests/data/tiny-trained/config.json)
 demo: build/tulip
+ifneq ($(DEMO_TRAINED),)
+	./build/tulip run --model tests/data/tiny-trained --allow-test-shape --raw -p "Return a new list of" -n 48 --temperature 0 --speculative-tokens 2
+	./build/tulip run --model tests/data/tiny-trained --allow-test-shape -p "What does the len function do?" -n 32 --seed 7 --no-thinking
+else
 	./build/tulip run --model tests/data/tiny-a --allow-test-shape --prompt-ids 1,2,3,4 -n 16 --temperature 0 --print-ids
 	./build/tulip run --model tests/data/tiny-a --allow-test-shape -p "Hello, who are you?" -n 24 --seed 7
+endif
 
 format:
 	clang-format -i $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh')

@@ -99,6 +99,9 @@ typedef struct tl_spec_stats {
      * draft laws and draws, the forward (verify and the step's other entries), the acceptance
      * (target laws, draws, rollbacks) */
     double s_draft, s_draft_host, s_forward, s_accept;
+    /* per draft position i (0: the first draft): verify steps that drafted more than i tokens,
+     * and of them those whose draft i was accepted (so were drafts 0..i-1) */
+    long long drafted_pos[TL_MAX_SPEC], accepted_pos[TL_MAX_SPEC];
 } tl_spec_stats;
 int tl_engine_spec_stats(const tl_engine *e, tl_spec_stats *out);
 

@@ -210,6 +210,7 @@ typedef struct bench_state {
     double acc_rate[BENCH_MAX_LEN], per_step[BENCH_MAX_LEN]; /* speculation: accepted/drafted,
                                                                 tokens per step and sequence */
     double spec_ms[BENCH_MAX_LEN][3]; /* ms per speculating step: drafts, forward, acceptance */
+    double acc_pos[BENCH_MAX_LEN][TL_MAX_SPEC]; /* draft i accepted / steps that drafted it */
     char err[1024];
 } bench_state;
 
@@ -557,6 +558,10 @@ static int bench_length(bench_state *bs, int li) {
     bs->acc_rate[li] = s1.drafted > s0.drafted
                            ? (double)(s1.accepted - s0.accepted) / (double)(s1.drafted - s0.drafted)
                            : NAN;
+    for (int i = 0; i < TL_MAX_SPEC; i++) {
+        long long nd = s1.drafted_pos[i] - s0.drafted_pos[i];
+        bs->acc_pos[li][i] = nd > 0 ? (double)(s1.accepted_pos[i] - s0.accepted_pos[i]) / nd : NAN;
+    }
     bs->per_step[li] = (double)reps * B * gen / (double)TL_MAX(steps, 1) / B;
     bs->ms_step[li] = 1000.0 * B * bs->per_step[li] / bs->gen_tps[li];
     bs->gbps[li] =
@@ -565,19 +570,23 @@ static int bench_length(bench_state *bs, int li) {
     fprintf(stderr,
             "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
             L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
-    if (tl_engine_spec_tokens(bs->e)) {
-        double ms = 1000.0 / (double)TL_MAX(s1.drafts - s0.drafts, 1);
-        bs->spec_ms[li][0] = ms * (s1.s_draft - s0.s_draft + s1.s_draft_host - s0.s_draft_host);
-        bs->spec_ms[li][1] = ms * (s1.s_forward - s0.s_forward);
-        bs->spec_ms[li][2] = ms * (s1.s_accept - s0.s_accept);
-        fprintf(stderr,
-                "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step; "
-                "per speculating sequence-step: draft %.3f ms (backend) + %.3f ms (host laws), "
-                "forward %.3f ms, acceptance %.3f ms\n",
-                L, 100 * bs->acc_rate[li], bs->per_step[li], ms * (s1.s_draft - s0.s_draft),
-                ms * (s1.s_draft_host - s0.s_draft_host), ms * (s1.s_forward - s0.s_forward),
-                ms * (s1.s_accept - s0.s_accept));
-    }
+    int K = tl_engine_spec_tokens(bs->e);
+    if (!K) return 0;
+    fprintf(stderr,
+            "tulip bench: %6d: speculation: %.1f%% of drafts accepted, %.2f tokens per step; "
+            "accepted by draft position:",
+            L, 100 * bs->acc_rate[li], bs->per_step[li]);
+    for (int i = 0; i < K; i++) fprintf(stderr, " %d: %.1f%%", i + 1, 100 * bs->acc_pos[li][i]);
+    fprintf(stderr, "\n");
+    double ms = 1000.0 / (double)TL_MAX(s1.drafts - s0.drafts, 1);
+    bs->spec_ms[li][0] = ms * (s1.s_draft - s0.s_draft + s1.s_draft_host - s0.s_draft_host);
+    bs->spec_ms[li][1] = ms * (s1.s_forward - s0.s_forward);
+    bs->spec_ms[li][2] = ms * (s1.s_accept - s0.s_accept);
+    fprintf(stderr,
+            "tulip bench: %6d: per speculating sequence-step: draft %.3f ms (backend) + %.3f ms "
+            "(host laws), forward %.3f ms, acceptance %.3f ms\n",
+            L, ms * (s1.s_draft - s0.s_draft), ms * (s1.s_draft_host - s0.s_draft_host),
+            bs->spec_ms[li][1], bs->spec_ms[li][2]);
     return 0;
 }
 
@@ -615,8 +624,14 @@ static void bench_report_json(const bench_state *bs, double mp, double mg) {
             printf(", \"spec_acceptance\": ");
             put_num("%.4f", bs->acc_rate[i], 1);
             printf(", \"spec_tokens_per_step\": %.3f, \"spec_ms_draft\": %.3f, "
-                   "\"spec_ms_forward\": %.3f, \"spec_ms_accept\": %.3f",
+                   "\"spec_ms_forward\": %.3f, \"spec_ms_accept\": %.3f, "
+                   "\"spec_acceptance_per_pos\": [",
                    bs->per_step[i], bs->spec_ms[i][0], bs->spec_ms[i][1], bs->spec_ms[i][2]);
+            for (int j = 0; j < tl_engine_spec_tokens(bs->e); j++) {
+                printf("%s", j ? ", " : "");
+                put_num("%.4f", bs->acc_pos[i][j], 1);
+            }
+            printf("]");
         }
         printf("}");
     }

@@ -61,6 +61,9 @@ static int run_parse(run_opts *o, int argc, char **argv) {
         TL_OPT_FLAG("ignore-eos", 0, &o->ignore_eos, "do not stop at the model's stop tokens"),
         TL_OPT_STR("dump-logits", 0, &o->dump, "FILE",
                    "write the f32 logits of every step (prefill last + each decode)"),
+        TL_OPT_INT("speculative-tokens", 0, &o->ep.spec_tokens, "K", 0, TL_MAX_SPEC,
+                   "draft K tokens a step with the checkpoint's MTP head (default 0: off); "
+                   "the acceptance goes to stderr"),
         TL_CLI_OPT_BACKEND(&o->backend),
         TL_CLI_OPT_THREADS(&o->ep.n_threads),
         TL_OPT_INT("ctx", 0, &o->ep.max_ctx, "N", 0, TL_OPT_NOMAX,
@@ -83,6 +86,9 @@ static int run_parse(run_opts *o, int argc, char **argv) {
     if (!o->ep.model_path) return tl_cli_usage_error(&cmd, "--model DIR is required");
     if (!o->ids_arg && !o->text) return tl_cli_usage_error(&cmd, "--prompt-ids or -p is required");
     if (o->ids_arg && o->text) return tl_cli_usage_error(&cmd, "give --prompt-ids or -p, not both");
+    if (o->dump && o->ep.spec_tokens)
+        return tl_cli_usage_error(&cmd, "--dump-logits writes one step a token: not with "
+                                        "--speculative-tokens");
     if (o->text && !tl_cli_given(&cmd, &o->sp.temperature)) {
         /* the model's generation config defaults (docs/model.md §6); given options stay */
         o->sp.temperature = o->no_think ? 0.7f : 1.0f;
@@ -223,33 +229,54 @@ static int run_is_stop(const run_state *r, int32_t tok) {
     return 0;
 }
 
-/* The prompt, then one token a step until -n tokens or a stop token. 0 or a negative status. */
+/* The acceptance of --speculative-tokens, per draft position, on stderr. */
+static void run_spec_report(const run_state *r) {
+    int K = tl_engine_spec_tokens(r->e);
+    tl_spec_stats st;
+    if (!K || tl_engine_spec_stats(r->e, &st)) return;
+    fprintf(stderr,
+            "tulip run: speculation: %lld steps drafted %lld tokens, %lld accepted (%.1f%%)",
+            st.drafts, st.drafted, st.accepted,
+            100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
+    fprintf(stderr, "; accepted by draft position:");
+    for (int i = 0; i < K; i++)
+        fprintf(stderr, " %d: %lld/%lld", i + 1, st.accepted_pos[i], st.drafted_pos[i]);
+    fprintf(stderr, "\n");
+}
+
+/* The prompt, then a step at a time (one token, or with --speculative-tokens 1 + the accepted
+ * drafts) until -n tokens or a stop token. 0 or a negative status. */
 static int run_generate(run_state *r) {
     const int32_t *feed = r->prompt;
-    int n_feed = r->n_prompt, rc = 0, n_vocab = r->cfg->n_vocab;
+    int n_feed = r->n_prompt, rc = 0, n_vocab = r->cfg->n_vocab, made = 0, stop = 0;
     int32_t next;
-    for (int step = 0; step < r->o.n_gen; step++) {
-        tl_sample_out out;
+    while (made < r->o.n_gen && !stop) {
+        tl_sample_out out[1 + TL_MAX_SPEC];
         tl_batch_entry be = {.sess = r->s,
                              .tokens = feed,
                              .n_tok = n_feed,
                              .sample = &r->o.sp,
-                             .out = &out,
-                             .logits = r->logits};
+                             .out = out,
+                             .logits = r->logits,
+                             .spec_max = r->o.n_gen - made - 1};
         if ((rc = tl_engine_step(r->e, &be, 1, r->err, sizeof r->err))) break;
         if (r->df && fwrite(r->logits, sizeof(float), n_vocab, r->df) != (size_t)n_vocab) {
             snprintf(r->err, sizeof r->err, "write error on %s", r->o.dump);
             rc = -1;
             break;
         }
-        next = out.token;
-        if (next < 0) { /* non-finite logits (tulip.h) */
-            snprintf(r->err, sizeof r->err, "the model produced non-finite logits (NaN or inf)");
-            rc = TL_ERR_INTERNAL;
-            break;
+        for (int j = 0; j < be.n_out && !stop; j++) {
+            next = out[j].token;
+            if (next < 0) { /* non-finite logits (tulip.h) */
+                snprintf(r->err, sizeof r->err,
+                         "the model produced non-finite logits (NaN or inf)");
+                rc = TL_ERR_INTERNAL;
+                break;
+            }
+            run_emit(r, made++, next);
+            stop = run_is_stop(r, next);
         }
-        run_emit(r, step, next);
-        if (run_is_stop(r, next)) break;
+        if (rc) break;
         /* the sequence holds n_past + 1 tokens now: at the context it is full (docs: the last
          * token of a sequence is the ctx-th) */
         if (tl_session_n_past(r->s) + 1 >= tl_engine_max_ctx(r->e)) break;
@@ -263,6 +290,7 @@ static int run_generate(run_state *r) {
             fwrite(piece, 1, plen, stdout);
     }
     if (r->o.print_ids || r->ds) printf("\n");
+    run_spec_report(r);
     return rc;
 }
 

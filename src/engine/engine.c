@@ -815,6 +815,8 @@ static int spec_finish(tl_engine *e, tl_batch_entry *b, const tl_fwd_entry *f, c
     e->spec.drafts++;
     e->spec.drafted += k;
     e->spec.accepted += acc;
+    for (int i = 0; i < k; i++) e->spec.drafted_pos[i]++;
+    for (int i = 0; i < acc; i++) e->spec.accepted_pos[i]++;
     return 0;
 }
 

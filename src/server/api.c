@@ -130,6 +130,9 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
     tl_sched_spec_stats(s->sched, &ss);
     g.spec_on = tl_engine_spec_tokens(s->eng) > 0;
     g.spec_drafts = ss.drafts, g.spec_drafted = ss.drafted, g.spec_accepted = ss.accepted;
+    g.spec_k = tl_engine_spec_tokens(s->eng);
+    for (int i = 0; i < g.spec_k && i < TL_MAX_SPEC; i++)
+        g.spec_accepted_pos[i] = ss.accepted_pos[i];
     char *text = tl_metrics_render(s->metrics, &g);
     if (!text) {
         tl_oai_error e;

@@ -303,6 +303,16 @@ static void render_vllm(tl_buf *b, tl_metrics *m, const tl_metrics_gauges *g) {
             "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
             "vllm:spec_decode_num_accepted_tokens_total{%s} %lld\n",
             lab, g->spec_drafts, lab, g->spec_drafted, lab, g->spec_accepted);
+    if (g->spec_on) {
+        tl_buf_printf(b, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted "
+                         "tokens per draft token position.\n"
+                         "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+        for (int i = 0; i < g->spec_k && i < TL_MAX_SPEC; i++)
+            tl_buf_printf(b,
+                          "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} "
+                          "%lld\n",
+                          lab, i, g->spec_accepted_pos[i]);
+    }
     char hlab[320];
     snprintf(hlab, sizeof hlab, "%s,", lab);
     for (int i = 0; i < V_COUNT; i++)

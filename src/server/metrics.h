@@ -6,6 +6,8 @@
 #ifndef TL_SERVER_METRICS_H
 #define TL_SERVER_METRICS_H
 
+#include "tulip.h"
+
 typedef struct tl_metrics tl_metrics;
 
 /* Gauges sampled at render time (from the scheduler and the engine). */
@@ -19,8 +21,8 @@ typedef struct tl_metrics_gauges {
     long long pc_queries, pc_hits, pc_hit_tokens, pc_evictions, pc_snap_bytes, pc_bytes_used,
         pc_bytes_total;
     /* speculative decoding (tulip.h tl_spec_stats; spec_on 0: no series) */
-    int spec_on;
-    long long spec_drafts, spec_drafted, spec_accepted;
+    int spec_on, spec_k; /* spec_k: draft tokens a step, the positions of accepted_pos */
+    long long spec_drafts, spec_drafted, spec_accepted, spec_accepted_pos[TL_MAX_SPEC];
 } tl_metrics_gauges;
 
 tl_metrics *tl_metrics_new(void);

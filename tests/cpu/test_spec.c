@@ -153,6 +153,21 @@ static void gen_init(tl_engine *e, gen *g, int i, int n_prompt, int max_gen,
 
 static const tl_sample_params GREEDY = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
 
+/* The per-position counters (tulip.h tl_spec_stats) add up to the totals: draft i is proposed
+ * only where drafts 0..i-1 were, accepted only where they were accepted, none past K. */
+static void spec_pos_invariants(const tl_spec_stats *st, int K) {
+    long long sd = 0, sa = 0;
+    for (int i = 0; i < TL_MAX_SPEC; i++) {
+        sd += st->drafted_pos[i], sa += st->accepted_pos[i];
+        CHECK(st->accepted_pos[i] <= st->drafted_pos[i]);
+        if (i) CHECK(st->drafted_pos[i] <= st->drafted_pos[i - 1]);
+        if (i) CHECK(st->accepted_pos[i] <= st->accepted_pos[i - 1]);
+        if (i >= K) CHECK(st->drafted_pos[i] == 0);
+    }
+    CHECK(sd == st->drafted && sa == st->accepted && st->drafted_pos[0] <= st->drafts);
+    CHECK(K < 1 || st->drafted_pos[0] > 0);
+}
+
 /* Greedy: K = 0 (reference) and K = 1..4, each with 4 sequences batched (one plain). */
 static void test_greedy_exact(void) {
     make_prompts();
@@ -194,6 +209,7 @@ static void test_greedy_exact(void) {
                cheat ? "steered" : "MTP head", st.drafts, st.drafted, st.accepted,
                100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
         CHECK(st.drafted > 0);
+        spec_pos_invariants(&st, K);
         if (cheat) { /* the accept and the rollback paths both ran */
             CHECK(st.accepted > st.drafted / 3);
             CHECK(st.accepted < st.drafted);
@@ -240,6 +256,7 @@ static void sampling_law_case(const char *name, const tl_sample_params *sp) {
     printf("# sampling (%s), K=3: %lld drafted, %lld accepted (%.0f%%)\n", name, st.drafted,
            st.accepted, 100.0 * (double)st.accepted / (double)TL_MAX(st.drafted, 1));
     CHECK(st.accepted > 0 && st.accepted < st.drafted);
+    spec_pos_invariants(&st, 3);
     for (int t = 1; t < LEN; t++) {
         double chi2 = 0;
         int k = 0, la = 0, lb = 0;

@@ -107,6 +107,12 @@ def test_speculative(binary):
     assert j["speculative_tokens"] == 2
     assert all(0 <= row["spec_acceptance"] <= 1 and 1 <= row["spec_tokens_per_step"] <= 3
                for row in j["rows"])
+    for row in j["rows"]:  # per draft position; the overall rate lies between the two
+        p1, p2 = row["spec_acceptance_per_pos"]
+        assert 0 <= p2 <= 1 and 0 <= p1 <= 1
+        assert min(p1, p2) - 1e-4 <= row["spec_acceptance"] <= max(p1, p2) + 1e-4
+    assert re.search(r"speculation: .*accepted by draft position: 1: [0-9.]+% 2: [0-9.]+%",
+                     r.stderr), r.stderr
     r = bench(*BASE, "--speculative-tokens", "2", binary=binary)
     assert r.returncode == 0 and "speculative decoding off: the checkpoint has no MTP head" in r.stderr
     assert "decode steps" in parse(r.stdout)[0]

@@ -11,6 +11,7 @@ rarely agree with the trunk, so these runs mostly exercise the rejection path; t
 is covered bit for bit by tests/cpu/test_spec.c."""
 import concurrent.futures
 import os
+import re
 
 import pytest
 
@@ -110,4 +111,9 @@ def test_metrics(pair):
     assert drafted and drafted[0] > 0
     assert accepted and 0 <= accepted[0] <= drafted[0]
     assert drafts and drafts[0] > 0 and drafted[0] <= 3 * drafts[0]
+    per_pos = {k: v for k, v in m.items()
+               if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")}
+    assert sorted(re.search(r'position="(\d)"', k)[1] for k in per_pos) == ["0", "1", "2"]
+    vals = [per_pos[k] for k in sorted(per_pos, key=lambda k: re.search(r'position="(\d)"', k)[1])]
+    assert sum(vals) == accepted[0] and vals[0] >= vals[1] >= vals[2] >= 0
     assert not any(k.startswith("vllm:spec_decode") for k in plain.metrics())
