@@ -1055,18 +1055,21 @@ static void test_prefix_cache_small(void) {
     rm_free(&r);
 }
 
-static void test_prefix_cache_gemm_path(void) {
-    tl_config c;
-    memset(&c, 0, sizeof c);
-    c.n_embd = TL_N_EMBD, c.n_layer = 4, c.n_vocab = TL_N_VOCAB, c.n_head = TL_N_HEAD;
-    c.n_head_kv = TL_N_HEAD_KV, c.head_dim = TL_HEAD_DIM, c.n_rot = TL_N_ROT,
-    c.rope_theta = TL_ROPE_THETA;
-    c.gdn_n_k_head = TL_GDN_N_K_HEAD, c.gdn_n_v_head = TL_GDN_N_V_HEAD, c.gdn_k_dim = TL_GDN_K_DIM;
-    c.gdn_v_dim = TL_GDN_V_DIM, c.gdn_conv_k = TL_GDN_CONV_K, c.n_expert = TL_N_EXPERT;
-    c.n_expert_used = TL_N_EXPERT_USED, c.n_ff_expert = c.n_ff_shared = TL_N_FF_EXPERT;
-    c.rms_eps = TL_RMS_EPS, c.max_pos = TL_MAX_POS;
-    for (int il = 0; il < c.n_layer; il++)
-        c.layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+/* A full-width 4-layer model (3 GDN, 1 attention) on random 4-bit weights with a 1 GiB prefix
+ * cache, 3 slots of 512 tokens: the GEMM prefill path of the prefix-cache tests. *c gets its
+ * config; NULL (the reason printed) when it cannot open. */
+static tl_backend *open_pc_fullwidth(tl_config *c) {
+    memset(c, 0, sizeof *c);
+    c->n_embd = TL_N_EMBD, c->n_layer = 4, c->n_vocab = TL_N_VOCAB, c->n_head = TL_N_HEAD;
+    c->n_head_kv = TL_N_HEAD_KV, c->head_dim = TL_HEAD_DIM, c->n_rot = TL_N_ROT,
+    c->rope_theta = TL_ROPE_THETA;
+    c->gdn_n_k_head = TL_GDN_N_K_HEAD, c->gdn_n_v_head = TL_GDN_N_V_HEAD;
+    c->gdn_k_dim = TL_GDN_K_DIM, c->gdn_v_dim = TL_GDN_V_DIM, c->gdn_conv_k = TL_GDN_CONV_K;
+    c->n_expert = TL_N_EXPERT, c->n_expert_used = TL_N_EXPERT_USED;
+    c->n_ff_expert = c->n_ff_shared = TL_N_FF_EXPERT;
+    c->rms_eps = TL_RMS_EPS, c->max_pos = TL_MAX_POS;
+    for (int il = 0; il < c->n_layer; il++)
+        c->layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
     tl_cuda_params p = {.max_seqs = 3,
                         .max_ctx = 512,
                         .random_weights = 1,
@@ -1075,11 +1078,15 @@ static void test_prefix_cache_gemm_path(void) {
                         .prefix_cache_bytes = 1ll << 30};
     tl_backend *b = NULL;
     char err[512] = "";
-    CHECK_EQ_INT(tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err), 0);
-    if (!b) {
-        printf("# %s\n", err);
-        return;
-    }
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, NULL, c, &p, err, sizeof err), 0);
+    if (!b) printf("# %s\n", err);
+    return b;
+}
+
+static void test_prefix_cache_gemm_path(void) {
+    tl_config c;
+    tl_backend *b = open_pc_fullwidth(&c);
+    if (!b) return;
     pc_case(b, TL_N_VOCAB, TL_N_VOCAB_TOKENS, "full width q4, GEMM prefill path", 1e-2, 0.05f);
     pc_share_case(b, TL_N_VOCAB, TL_N_VOCAB_TOKENS, 150, "full width q4, GEMM prefill path");
     pc_share_case(b, TL_N_VOCAB, TL_N_VOCAB_TOKENS, 128, "full width q4, GEMM prefill path");
@@ -1754,29 +1761,8 @@ static void test_prefix_mid_entry_small(void) {
 
 static void test_prefix_mid_entry_gemm(void) {
     tl_config c;
-    memset(&c, 0, sizeof c);
-    c.n_embd = TL_N_EMBD, c.n_layer = 4, c.n_vocab = TL_N_VOCAB, c.n_head = TL_N_HEAD;
-    c.n_head_kv = TL_N_HEAD_KV, c.head_dim = TL_HEAD_DIM, c.n_rot = TL_N_ROT,
-    c.rope_theta = TL_ROPE_THETA;
-    c.gdn_n_k_head = TL_GDN_N_K_HEAD, c.gdn_n_v_head = TL_GDN_N_V_HEAD, c.gdn_k_dim = TL_GDN_K_DIM;
-    c.gdn_v_dim = TL_GDN_V_DIM, c.gdn_conv_k = TL_GDN_CONV_K, c.n_expert = TL_N_EXPERT;
-    c.n_expert_used = TL_N_EXPERT_USED, c.n_ff_expert = c.n_ff_shared = TL_N_FF_EXPERT;
-    c.rms_eps = TL_RMS_EPS, c.max_pos = TL_MAX_POS;
-    for (int il = 0; il < c.n_layer; il++)
-        c.layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
-    tl_cuda_params p = {.max_seqs = 3,
-                        .max_ctx = 512,
-                        .random_weights = 1,
-                        .seed = 7,
-                        .weight_bits = 4,
-                        .prefix_cache_bytes = 1ll << 30};
-    tl_backend *b = NULL;
-    char err[512] = "";
-    CHECK_EQ_INT(tl_backend_cuda_open(&b, NULL, &c, &p, err, sizeof err), 0);
-    if (!b) {
-        printf("# %s\n", err);
-        return;
-    }
+    tl_backend *b = open_pc_fullwidth(&c);
+    if (!b) return;
     for (size_t k = 0; k < sizeof MID_CASES / sizeof MID_CASES[0]; k++) {
         const int *q = MID_CASES[k];
         mid_case(b, &c, TL_N_VOCAB_TOKENS, "full width q4, GEMM path (chunked GDN cut)", q[0], q[1],
