@@ -1037,21 +1037,28 @@ static void pc_share_case(tl_backend *b, int V, int V_tok, int cut, const char *
     for (int i = 0; i < 4; i++) free(l[i]);
 }
 
-static void test_prefix_cache_small(void) {
-    rmodel r;
-    rm_build(&r, 0, 4);
+/* The small model r on the decode kernels with a 64 MiB prefix cache, 3 slots of 256 tokens;
+ * NULL (the reason printed) when it cannot open. */
+static tl_backend *open_pc_small(rmodel *r) {
     tl_cuda_params p = {
         .max_seqs = 3, .max_ctx = 256, .weight_bits = 16, .prefix_cache_bytes = 64ll << 20};
     tl_backend *b = NULL;
     char err[512] = "";
-    CHECK_EQ_INT(tl_backend_cuda_open(&b, &r.m, NULL, &p, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_backend_cuda_open(&b, &r->m, NULL, &p, err, sizeof err), 0);
+    if (!b) printf("# %s\n", err);
+    return b;
+}
+
+static void test_prefix_cache_small(void) {
+    rmodel r;
+    rm_build(&r, 0, 4);
+    tl_backend *b = open_pc_small(&r);
     if (b) {
         pc_case(b, r.m.cfg.n_vocab, r.m.cfg.n_vocab, "small q4, decode kernels", 1e-8, 1e-3f);
         pc_share_case(b, r.m.cfg.n_vocab, r.m.cfg.n_vocab, 150, "small, decode kernels");
         pc_share_case(b, r.m.cfg.n_vocab, r.m.cfg.n_vocab, 128, "small, decode kernels");
         b->close(b);
-    } else
-        printf("# %s\n", err);
+    }
     rm_free(&r);
 }
 
@@ -1742,11 +1749,7 @@ static const int MID_CASES[][3] = {/* pos0, S, with_short */
 static void test_prefix_mid_entry_small(void) {
     rmodel r;
     rm_build(&r, 0, 4);
-    tl_cuda_params p = {
-        .max_seqs = 3, .max_ctx = 256, .weight_bits = 16, .prefix_cache_bytes = 64ll << 20};
-    tl_backend *b = NULL;
-    char err[512] = "";
-    CHECK_EQ_INT(tl_backend_cuda_open(&b, &r.m, NULL, &p, err, sizeof err), 0);
+    tl_backend *b = open_pc_small(&r);
     if (b) {
         for (size_t k = 0; k < sizeof MID_CASES / sizeof MID_CASES[0]; k++) {
             const int *q = MID_CASES[k];
@@ -1754,8 +1757,7 @@ static void test_prefix_mid_entry_small(void) {
                      q[0], q[1], q[2], !q[2], 1e-8);
         }
         b->close(b);
-    } else
-        printf("# %s\n", err);
+    }
     rm_free(&r);
 }
 
