@@ -767,8 +767,9 @@ static int check_entries(const cuda_be *be, const tl_fwd_entry *e, int n, char *
             return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
                            "entry %d: %d + %d tokens exceed the context of %d", i, en->pos,
                            en->n_tok, be->max_ctx);
-        if (en->snap_at && (en->snap_at <= en->pos || en->snap_at >= en->pos + en->n_tok ||
-                            en->snap < 0 || en->snap >= be->pc_n_snap || en->all_logits || en->all_laws))
+        if (en->snap_at &&
+            (en->snap_at <= en->pos || en->snap_at >= en->pos + en->n_tok || en->snap < 0 ||
+             en->snap >= be->pc_n_snap || en->all_logits || en->all_laws))
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "entry %d: snapshot %d at %d not inside positions %d .. %d", i, en->snap,
                            en->snap_at, en->pos + 1, en->pos + en->n_tok - 1);
