@@ -128,9 +128,15 @@ build/cuda/tests/%: build/cuda/tests/gpu/%.o $(CUDA_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFL) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
-# libFuzzer targets: clang, the library sources compiled in with the fuzzer's sanitizers.
+# libFuzzer targets: clang, the library sources compiled once (build/fuzz/obj) with the fuzzer's
+# instrumentation and sanitizers, linked into each target.
 FUZZ_CFL := $(filter-out -MMD -MP,$(CFL)) -DTL_NO_CUDA -DTL_FUZZING -O1 -g -fsanitize=fuzzer,address,undefined
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+FUZZ_LIB := $(call objs,fuzz/obj,$(LIB_SRC))
+.SECONDARY: $(FUZZ_LIB)
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFL) -MMD -MP -c $< -o $@
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFL) $^ -o $@ $(LDLIBS)
 

@@ -1,6 +1,6 @@
 /* Minimal test harness: each test binary defines static void test_xxx(void) functions and a main
- * that calls T_RUN(test_xxx) for each, then returns t_summary(). Output: one "PASS name" or
- * "FAIL name" line per test (tests/run.sh counts them) and the failing checks on stderr. */
+ * that calls T_RUN(test_xxx) for each, then returns t_summary(). Output: one "PASS name (seconds)"
+ * or "FAIL name" line per test (tests/run.sh counts them) and the failing checks on stderr. */
 #ifndef T_CHECK_H
 #define T_CHECK_H
 
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int t_fail_checks, t_n_pass, t_n_fail;
 
@@ -58,12 +59,16 @@ static inline void t_run(const char *name, void (*fn)(void)) {
     const char *only = getenv("T_ONLY");
     if (only && *only && !strstr(name, only)) return;
     int before = t_fail_checks;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     fn();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (t_fail_checks == before) {
-        printf("PASS %s\n", name);
+        printf("PASS %s (%.2f s)\n", name, s);
         t_n_pass++;
     } else {
-        printf("FAIL %s\n", name);
+        printf("FAIL %s (%.2f s)\n", name, s);
         t_n_fail++;
     }
     fflush(stdout);
