@@ -438,22 +438,10 @@ def torch_modules():
 # ====== Checking the head against the numpy reference of tests/data/tiny-mtp ======
 
 def st_read_f32(path):
-    """safetensors (BF16/F32/I32) -> name -> numpy array (BF16 widened to float32)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        hdr = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for k, v in hdr.items():
-        if k == "__metadata__":
-            continue
-        raw = data[v["data_offsets"][0]:v["data_offsets"][1]]
-        if v["dtype"] == "BF16":
-            a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            a = np.frombuffer(raw, {"F32": np.float32, "I32": np.int32}[v["dtype"]])
-        out[k] = a.reshape(v["shape"]).copy()
-    return out
+    """safetensors -> name -> numpy array (BF16 widened to float32): make_mtp_fixture's reader."""
+    sys.path.insert(0, HERE)
+    from make_mtp_fixture import st_read
+    return {k: a for k, (_, a) in st_read(path).items()}
 
 
 def check_head(MtpHead, f):

@@ -302,8 +302,8 @@ static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, 
         return tl_errf(err, errlen, TL_ERR_INVALID, "draft: %d entries", n);
     for (int i = 0; i < n; i++) {
         int s = d[i].slot;
-        if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= sp->K || !d[i].logits ||
-            d[i].token < 0 || d[i].token >= be->cfg.n_vocab ||
+        if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= sp->K ||
+            (!d[i].logits && !d[i].law) || d[i].token < 0 || d[i].token >= be->cfg.n_vocab ||
             (d[i].law && (!d[i].sample || !d[i].chain || !tl_law_ok(d[i].sample))))
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "draft %d: bad slot %d / step %d / token %d", i, s, d[i].step,

@@ -72,7 +72,7 @@ typedef struct tl_draft_entry {
     int slot;
     int step;
     int32_t token;
-    float *logits; /* out: [n_vocab] draft logits */
+    float *logits; /* out: [n_vocab] draft logits; NULL when law is given */
     /* out instead of logits (backends with can_law), or NULL: the law of the draft logits under
      * sample, whose penalties count the history before the slot's length and chain[0..step] (the
      * sampled token, then the drafts before this step) */

@@ -182,13 +182,19 @@ static int open_spec(tl_engine *e, const tl_engine_params *p, char *err, size_t 
     int K = p->spec_tokens, rc = e->be->spec_init(e->be, K, err, errlen);
     if (rc) return rc;
     size_t V = (size_t)e->cfg.n_vocab, S = (size_t)e->max_seqs;
-    e->spec_lg = malloc(sizeof(float) * S * (K + 1) * V);
-    e->spec_q = malloc(sizeof(float) * S * K * V);
-    e->spec_p = malloc(sizeof(float) * V);
+    /* dense logits only for a backend without laws (with laws, entries without one decode
+     * plainly): S x (K + 1) x V floats are 1 GiB at 256 slots */
+    int dense = !e->be->can_law;
+    if (dense) {
+        e->spec_lg = malloc(sizeof(float) * S * (K + 1) * V);
+        e->spec_q = malloc(sizeof(float) * S * K * V);
+        e->spec_p = malloc(sizeof(float) * V);
+    }
     e->spec_tok = malloc(sizeof(int32_t) * S * (K + 1));
     e->spec_qlaw = malloc(sizeof(tl_law) * S * K);
     e->spec_plaw = malloc(sizeof(tl_law) * S * (K + 1));
-    if (!e->spec_lg || !e->spec_q || !e->spec_p || !e->spec_tok || !e->spec_qlaw || !e->spec_plaw)
+    if ((dense && (!e->spec_lg || !e->spec_q || !e->spec_p)) || !e->spec_tok || !e->spec_qlaw ||
+        !e->spec_plaw)
         return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory for speculative decoding");
     e->spec_k = K;
     fprintf(stderr, "tulip: speculative decoding: up to %d draft tokens per step (MTP head)\n", K);
@@ -660,7 +666,8 @@ static int spec_draft(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err,
             d[nd] = (tl_draft_entry){.slot = s->slot,
                                      .step = j,
                                      .token = tok[j],
-                                     .logits = e->spec_q + ((size_t)s->slot * K + j) * V,
+                                     .logits = e->spec_q ? e->spec_q + ((size_t)s->slot * K + j) * V
+                                                         : NULL,
                                      .law = lawm ? e->spec_qlaw + (size_t)s->slot * K + j : NULL,
                                      .sample = b[i].sample,
                                      .chain = tok};
@@ -707,7 +714,8 @@ static void spec_fill(tl_engine *e, const tl_batch_entry *b, int k, tl_fwd_entry
     x->n_history = x->pos + k + 1;
     x->logits = NULL;
     x->sample = NULL;
-    x->all_logits = e->spec_lg + (size_t)slot * (e->spec_k + 1) * e->cfg.n_vocab;
+    x->all_logits =
+        e->spec_lg ? e->spec_lg + (size_t)slot * (e->spec_k + 1) * e->cfg.n_vocab : NULL;
     if (tl_law_ok(b->sample) && e->be->can_law) {
         x->all_laws = e->spec_plaw + (size_t)slot * (e->spec_k + 1);
         x->law_sample = b->sample;

@@ -1062,21 +1062,11 @@ static void test_prefix_cache_small(void) {
     rm_free(&r);
 }
 
-/* A full-width 4-layer model (3 GDN, 1 attention) on random 4-bit weights with a 1 GiB prefix
+/* The production-shape 4-layer model (prod4_cfg) on random 4-bit weights with a 1 GiB prefix
  * cache, 3 slots of 512 tokens: the GEMM prefill path of the prefix-cache tests. *c gets its
  * config; NULL (the reason printed) when it cannot open. */
 static tl_backend *open_pc_fullwidth(tl_config *c) {
-    memset(c, 0, sizeof *c);
-    c->n_embd = TL_N_EMBD, c->n_layer = 4, c->n_vocab = TL_N_VOCAB, c->n_head = TL_N_HEAD;
-    c->n_head_kv = TL_N_HEAD_KV, c->head_dim = TL_HEAD_DIM, c->n_rot = TL_N_ROT,
-    c->rope_theta = TL_ROPE_THETA;
-    c->gdn_n_k_head = TL_GDN_N_K_HEAD, c->gdn_n_v_head = TL_GDN_N_V_HEAD;
-    c->gdn_k_dim = TL_GDN_K_DIM, c->gdn_v_dim = TL_GDN_V_DIM, c->gdn_conv_k = TL_GDN_CONV_K;
-    c->n_expert = TL_N_EXPERT, c->n_expert_used = TL_N_EXPERT_USED;
-    c->n_ff_expert = c->n_ff_shared = TL_N_FF_EXPERT;
-    c->rms_eps = TL_RMS_EPS, c->max_pos = TL_MAX_POS;
-    for (int il = 0; il < c->n_layer; il++)
-        c->layer_kind[il] = (il + 1) % 4 == 0 ? TL_LAYER_ATTN : TL_LAYER_GDN;
+    prod4_cfg(c);
     tl_cuda_params p = {.max_seqs = 3,
                         .max_ctx = 512,
                         .random_weights = 1,
