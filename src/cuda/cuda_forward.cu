@@ -862,8 +862,8 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
             CUDA_TRY(cudaMemcpyAsync(be->d_rowslot, be->h_rowslot, n_rows * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, be->stream));
         }
-        TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->d_keys,
-                          any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch,
+        TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->h_params,
+                          be->d_keys, any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch,
                           any_restrict ? be->d_rlogits : NULL, n_rows, &st));
         CUDA_TRY(cudaMemcpyAsync(be->h_out, be->d_out, n_rows * sizeof(tl_sample_out),
                                  cudaMemcpyDeviceToHost, be->stream));

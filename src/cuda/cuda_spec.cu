@@ -75,7 +75,7 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     SP_ALLOC(sp->d_lp, tl_sample_params, R);
     SP_ALLOC(sp->d_li, int32_t, li);
     SP_ALLOC(sp->d_law, tl_law, R);
-    SP_ALLOC(sp->d_lscr, float, R *tl_gpu_law_scratch_floats());
+    SP_ALLOC(sp->d_lscr, float, tl_gpu_law_scratch_floats((int)R));
     if (cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
         cudaMallocHost(&sp->h_lp, R * sizeof(tl_sample_params)) != cudaSuccess ||
         cudaMallocHost(&sp->h_li, li * 4) != cudaSuccess)
@@ -203,7 +203,8 @@ static int law_launch(cuda_be *be, int n, const float *logits) {
                              cudaMemcpyHostToDevice, be->stream));
     tl_gpu_stream st = cb_stream(be, 0);
     return tl_gpu_sample_law(sp->d_law, logits, be->cfg.n_vocab, be->n_valid, sp->d_li, sp->d_lp,
-                             be->d_counts, sp->d_li + R, sp->d_li + 3 * R, sp->d_lscr, n, &st);
+                             sp->h_lp, be->d_counts, sp->d_li + R, sp->d_li + 3 * R, sp->d_lscr, n,
+                             &st);
 }
 
 /* The verify entries' laws (all_laws): row k of entry i counts its tokens 0..k (the forward fed

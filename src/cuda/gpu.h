@@ -405,11 +405,13 @@ int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, con
  * bias_ids/bias_vals/allow as DEVICE pointers and is sampled from its row of `restricted`
  * ([n_rows, n_vocab] f32, written here; NULL when no row has a restriction, and then every
  * row's n_bias must be 0 and allow NULL); bias ids must be in [0, n_vocab). A row left with no
- * finite candidate samples TL_TOKEN_NONE_ALLOWED. */
+ * finite candidate samples TL_TOKEN_NONE_ALLOWED. h_params: a host copy of params, or NULL; with
+ * it the launch shape fits the rows (more parts a row for a few rows of small top-k, no launch of
+ * the one-block path when every row takes the two-pass one). */
 int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
-                  const tl_sample_params *params, const uint64_t *keys, const int32_t *counts,
-                  const int32_t *count_slot, float *scratch, float *restricted, int n_rows,
-                  const tl_gpu_stream *st);
+                  const tl_sample_params *params, const tl_sample_params *h_params,
+                  const uint64_t *keys, const int32_t *counts, const int32_t *count_slot,
+                  float *scratch, float *restricted, int n_rows, const tl_gpu_stream *st);
 /* Penalty counts kept per slot across steps, updated as tokens are fed: for each token t of a
  * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets 1
  * more when the token was generated (n_prompt[slot] >= 0 and tok_pos[t] >= n_prompt[slot]),
@@ -429,14 +431,16 @@ int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int 
  * slot count_slot[r] adjusted by adj[r][0..TL_LAW_ADJ) (device i32; v > 0: token v - 1 counted
  * once more as generated, v < 0: token -v - 1 once less, 0: nothing). The same filters and
  * survivors as tl_gpu_sample's two-pass path (and the host's tl_sample_law, 40-nat window
- * included); logprobs as tl_gpu_sample rounds them. laws: device [n_rows]; scratch: device
- * [n_rows][tl_gpu_law_scratch_floats()] f32. TL_ERR_UNSUPPORTED when n_valid is too large
- * for the two-pass parts. */
+ * included); logprobs as tl_gpu_sample rounds them. laws: device [n_rows]; h_params: a host
+ * copy of params or NULL (as tl_gpu_sample's); scratch: device, tl_gpu_law_scratch_floats(R)
+ * f32 for launches of up to R rows. TL_ERR_UNSUPPORTED when n_valid is too large for the
+ * two-pass parts. */
 int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
-                      const int32_t *row_of, const tl_sample_params *params, const int32_t *counts,
+                      const int32_t *row_of, const tl_sample_params *params,
+                      const tl_sample_params *h_params, const int32_t *counts,
                       const int32_t *count_slot, const int32_t *adj, float *scratch, int n_rows,
                       const tl_gpu_stream *st);
-size_t tl_gpu_law_scratch_floats(void);
+size_t tl_gpu_law_scratch_floats(int max_rows);
 
 /* ====== Bench and profiler (cuda_bench.cu) ====== */
 

@@ -5,7 +5,8 @@
  * row of `restricted` (sample_restrict_*), and sampled from there; its lse, logprob and top
  * logprobs still come from the unmodified logits. Two paths: the
  * two-pass one (greedy, or top-k <= 64 without top logprobs: the server's default) spreads a row
- * over 32 blocks; sample_kernel (one block per row) takes every other row. */
+ * over 32 blocks (128 when a launch has at most 8 rows of top-k <= 32); sample_kernel (one block
+ * per row) takes every other row and is not launched when there are none. */
 #include "cuda/cuda_common.cuh"
 
 #define SB           1024  /* threads per sampling block */
@@ -112,23 +113,33 @@ __global__ void __launch_bounds__(SB)
 }
 
 /* ====== The two-pass path (greedy, or top-k <= FK, no top logprobs) ======
- * sample_part_kernel: the row is cut into FP parts of consecutive ids, one block each; a part
- *   records its raw max and sum of exp (for the log-sum-exp), its argmax of pen(l) (greedy), or
- *   its own top-k of l' = pen(l) / T (sampled: a radix select over the part in shared memory,
- *   ties to the lower id), so the true top-k is among the FP * k candidates.
+ * sample_part_kernel: the row is cut into np parts of consecutive ids (np = FP, or FP_FEW when a
+ *   launch has few rows and every top-k <= FK_FEW: more SMs for the one pass over the row), one
+ *   block each; a part records its raw max and sum of exp (for the log-sum-exp), its argmax of
+ *   pen(l) (greedy), or its own top-k of l' = pen(l) / T, sorted (value desc, id asc), so the
+ *   true top-k is among the np * k candidates.
  * sample_merge_kernel: one block per row merges the parts: lse; greedy: the best argmax; sampled:
- *   the candidates sorted (value desc, id asc), the top k, then min-p (relative to the best),
+ *   the candidates at or above the k-th largest part maximum (a lower bound of the k-th largest
+ *   candidate) sorted, the top k, then min-p (relative to the best),
  *   the 40-nat window and top-p over the survivors exactly (the smallest most-likely-first set
  *   holding top_p of their mass, as the host sampler), and the draw: argmax of l' + Gumbel(key,
  *   id) over the survivors, the same draw as sample_kernel's.
- * Bytes: one pass over the row (1 MB), spread over FP SMs; the merge reads FP * k candidates.
+ * Bytes: one pass over the row (1 MB), spread over np SMs; the merge reads np * k candidates.
  * Rows with top-k = 0 or > FK, or with top logprobs, stay on sample_kernel (it skips the others).
+ * Sorting without block-wide networks where the sets are small: the part's threshold (block_kth:
+ * warp sorts in registers, then ranks by binary search), its candidates ranked by counting
+ * (emit_sorted), the merge's candidates cut at the k-th largest part maximum (merge_gather).
  * Tested in test_kernels.c: test_sample_* (greedy, distribution at V = 8 and at full V for
- * batch 1 and 64 against the exact law, determinism, penalties, poisoned rows). */
-#define FP  32   /* parts per row */
-#define FK  64   /* largest top-k on the two-pass path */
-#define FT  256  /* threads of a part block */
-#define FCH 7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
+ * batch 1 (128 parts), 64 and 256 (32 parts) against the exact law, determinism, penalties,
+ * poisoned rows; laws at 32 and 128 parts against the host's). */
+#define FP       32  /* parts per row */
+#define FP_FEW   128 /* parts per row of a launch of at most FEW_ROWS rows, every top-k <= FK_FEW */
+#define FEW_ROWS 8
+#define FK_FEW   32
+#define CMAX     4096 /* most candidates a merge sorts: FP * FK and FP_FEW * FK_FEW */
+#define FK       64   /* largest top-k on the two-pass path */
+#define FT       256  /* threads of a part block */
+#define FCH      7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
 
 struct part_rec {
     float m, s; /* raw max and sum of exp(l - m) over the part */
@@ -137,7 +148,7 @@ struct part_rec {
 };
 
 /* fast: the launch's rows are long enough for the parts' scratch layout (tl_gpu_sample). */
-__device__ __forceinline__ bool fast_row(const tl_sample_params &P, int fast) {
+__host__ __device__ __forceinline__ bool fast_row(const tl_sample_params &P, int fast) {
     return fast && P.n_logprobs <= 0 && (P.temperature <= 0.0f || (P.top_k >= 1 && P.top_k <= FK));
 }
 
@@ -146,15 +157,20 @@ __device__ __forceinline__ uint32_t fkey(float f) {
     uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+/* fkey's inverse. */
+__device__ __forceinline__ float key_val(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
 
-/* A row's scratch (stride floats a row: 2 * n_vocab for tl_gpu_sample, LAW_SCR for the laws):
- * FP part records, then FP * FK candidates. */
-#define LAW_SCR (FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK)
+/* A row's scratch (stride floats a row: 2 * n_vocab for tl_gpu_sample, PART_SCR(np) for the
+ * laws): np part records, then np * FK candidates. */
+#define PART_SCR(np) ((np) * (int)(sizeof(part_rec) / 4) + 2 * (np)*FK)
+#define LAW_SCR      PART_SCR(FP)
 __device__ __forceinline__ part_rec *part_recs(float *scratch, int row, size_t stride) {
     return (part_rec *)(scratch + (size_t)row * stride);
 }
-__device__ __forceinline__ float2 *part_cands(float *scratch, int row, size_t stride) {
-    return (float2 *)(scratch + (size_t)row * stride + FP * (sizeof(part_rec) / 4));
+__device__ __forceinline__ float2 *part_cands(float *scratch, int row, size_t stride, int np) {
+    return (float2 *)(scratch + (size_t)row * stride + np * (sizeof(part_rec) / 4));
 }
 
 /* A law row's count of token i: the slot's, with the row's adjustments (tl_gpu_sample_law). */
@@ -218,68 +234,118 @@ __device__ void sort_pairs(uint2 *a, int n) {
 
 #define FCAND 1024 /* candidates of a part sorted directly (more: the radix select) */
 
-/* The part's top k keys (k >= 1) into cand (value, id), ties to the lower id. Pre-filter: the
- * k-th largest of the threads' own maxima is <= the k-th largest key (k threads hold a key at
- * least that large), so every top-k key is >= it; those candidates (usually about k) are sorted
- * directly. A part with more than FCAND candidates (mass ties) goes through radix_kth. */
-__device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int i0, float2 *cand,
-                          uint2 *pairs, int *hist, int *s_cnt) {
-    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    pairs[tid] = make_uint2(tmax, tid);
-    sort_pairs(pairs, FT);
-    uint32_t t0 = pairs[k - 1].x;
-    int q = CEIL_DIV(n, FT), j0 = min(n, tid * q), j1 = min(n, j0 + q), c = 0;
-    for (int j = j0; j < j1; j++) c += keys[j] >= t0;
-    int inc = c;
+/* The k-th largest (1 <= k <= FT) of the FT threads' keys v; every thread gets it. Each warp sorts
+ * its 32 keys in registers (bitonic, descending); a key's rank is then its place in its warp plus,
+ * for every other warp, how many of that warp's keys come before it (a binary search; equal keys
+ * of lower warps come first). No block-wide sorting network: 2 barriers. */
+__device__ uint32_t block_kth(uint32_t v, int k) {
+    __shared__ uint32_t sw[FT];
+    __shared__ uint32_t s_kth;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int id = lane;
+    for (int size = 2; size <= 32; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            uint32_t ov = __shfl_xor_sync(0xffffffffu, v, stride);
+            int oid = __shfl_xor_sync(0xffffffffu, id, stride);
+            bool mine_first = v > ov || (v == ov && id < oid);
+            bool lower = (lane & stride) == 0, desc = (lane & size) == 0;
+            if ((lower == desc) != mine_first) v = ov, id = oid;
+        }
+    sw[threadIdx.x] = v;
+    __syncthreads();
+    int rank = lane;
+    for (int x = 0; x < FT / 32; x++) {
+        if (x == w) continue;
+        const uint32_t *o = sw + x * 32;
+        int lo = 0, hi = 32; /* count of o[] before v: o[j] > v, or >= v for a lower warp */
+        while (lo < hi) {
+            int mid = (lo + hi) >> 1;
+            bool before = x < w ? o[mid] >= v : o[mid] > v;
+            if (before)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        rank += lo;
+    }
+    if (rank == k - 1) s_kth = v;
+    __syncthreads();
+    return s_kth;
+}
+
+/* pairs[0..n) (key, local id) sorted (key desc, id asc); the first k (k <= n) into cand as
+ * (value, i0 + id). Up to 2 * FT pairs by counting each one's rank (one barrier), more by the
+ * bitonic network (n <= FCAND; pairs padded to a power of two). */
+__device__ void emit_sorted(uint2 *pairs, int n, int k, int i0, float2 *cand) {
+    if (n <= 2 * FT) {
+        for (int i = threadIdx.x; i < n; i += FT) {
+            uint2 p = pairs[i];
+            int r = 0;
+            for (int j = 0; j < n; j++) {
+                uint2 q = pairs[j];
+                r += q.x > p.x || (q.x == p.x && q.y < p.y);
+            }
+            if (r < k) cand[r] = make_float2(key_val(p.x), __int_as_float(i0 + (int)p.y));
+        }
+        return;
+    }
+    int n2 = FT;
+    while (n2 < n) n2 <<= 1;
+    for (int i = n + threadIdx.x; i < n2; i += FT) pairs[i] = make_uint2(0u, 0x7fffffffu);
+    sort_pairs(pairs, n2);
+    for (int i = threadIdx.x; i < k; i += FT)
+        cand[i] = make_float2(key_val(pairs[i].x), __int_as_float(i0 + (int)pairs[i].y));
+}
+
+/* Exclusive prefix of c over the block (FT threads) into *off; returns the total. s_cnt: FT / 32
+ * ints of shared memory. */
+__device__ int block_prefix(int c, int *off, int *s_cnt) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, inc = c;
     for (int o = 1; o < 32; o <<= 1) {
         int a = __shfl_up_sync(0xffffffffu, inc, o);
         if (lane >= o) inc += a;
     }
-    __syncthreads(); /* pairs is reused below */
+    __syncthreads();
     if (lane == 31) s_cnt[w] = inc;
     __syncthreads();
-    int off = inc - c, total = 0;
-    for (int x = 0; x < FT / 32; x++) off += x < w ? s_cnt[x] : 0, total += s_cnt[x];
+    int o = inc - c, total = 0;
+    for (int x = 0; x < FT / 32; x++) o += x < w ? s_cnt[x] : 0, total += s_cnt[x];
+    *off = o;
+    return total;
+}
+
+/* The part's top k keys (k >= 1) into cand (value, id), sorted (value desc, id asc). Pre-filter:
+ * the k-th largest of the threads' own maxima is <= the k-th largest key (k threads hold a key at
+ * least that large), so every top-k key is >= it; those candidates (usually about k) are ranked
+ * directly. A part with more than FCAND of them (mass ties) goes through radix_kth. */
+__device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int i0, float2 *cand,
+                          uint2 *pairs, int *hist, int *s_cnt) {
+    uint32_t t0 = block_kth(tmax, k);
+    int q = CEIL_DIV(n, FT), j0 = min(n, (int)threadIdx.x * q), j1 = min(n, j0 + q), c = 0, off;
+    for (int j = j0; j < j1; j++) c += keys[j] >= t0;
+    int total = block_prefix(c, &off, s_cnt);
     if (total <= FCAND) {
-        int n2 = FT;
-        while (n2 < total) n2 <<= 1;
         for (int j = j0; j < j1; j++)
             if (keys[j] >= t0) pairs[off++] = make_uint2(keys[j], j);
-        for (int i = total + tid; i < n2; i += FT) pairs[i] = make_uint2(0u, 0x7fffffffu);
-        sort_pairs(pairs, n2);
-        for (int i = tid; i < k; i += FT) {
-            uint32_t key = pairs[i].x;
-            float v = __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
-            cand[i] = make_float2(v, __int_as_float(i0 + (int)pairs[i].y));
-        }
+        __syncthreads();
+        emit_sorted(pairs, total, k, i0, cand);
         return;
     }
     uint32_t kth;
     int n_eq;
     radix_kth(keys, n, k, hist, &kth, &n_eq);
-    int gt = 0, eq = 0;
+    int gt = 0, eq = 0, og, oe;
     for (int j = j0; j < j1; j++) gt += keys[j] > kth, eq += keys[j] == kth;
-    int ig = gt, ie = eq;
-    for (int o = 1; o < 32; o <<= 1) {
-        int a = __shfl_up_sync(0xffffffffu, ig, o), b = __shfl_up_sync(0xffffffffu, ie, o);
-        if (lane >= o) ig += a, ie += b;
-    }
-    __syncthreads();
-    if (lane == 31) s_cnt[w] = ig, s_cnt[FT / 32 + w] = ie;
-    __syncthreads();
-    int og = 0, oe = 0, tg = 0;
-    for (int x = 0; x < FT / 32; x++) {
-        if (x < w) og += s_cnt[x], oe += s_cnt[FT / 32 + x];
-        tg += s_cnt[x];
-    }
-    og += ig - gt, oe += ie - eq;
+    int tg = block_prefix(gt, &og, s_cnt);
+    block_prefix(eq, &oe, s_cnt);
     for (int j = j0; j < j1; j++) {
-        float v = __uint_as_float((keys[j] & 0x80000000u) ? keys[j] & 0x7fffffffu : ~keys[j]);
         if (keys[j] > kth)
-            cand[og++] = make_float2(v, __int_as_float(i0 + j));
+            pairs[og++] = make_uint2(keys[j], j);
         else if (keys[j] == kth && oe < n_eq)
-            cand[tg + oe++] = make_float2(v, __int_as_float(i0 + j));
+            pairs[tg + oe++] = make_uint2(keys[j], j);
     }
+    __syncthreads();
+    emit_sorted(pairs, k, k, i0, cand);
 }
 
 /* LAW (tl_gpu_sample_law): row r reads logits row row_of[r] and its counts with adj's
@@ -289,7 +355,7 @@ __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, const float *restricted, int V, int n_valid,
                        const tl_sample_params *params, const int32_t *counts,
                        const int32_t *count_slot, float *scratch, int fast, const int32_t *row_of,
-                       const int32_t *adj_rows, size_t stride) {
+                       const int32_t *adj_rows, size_t stride, int np) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
     __shared__ uint32_t keys[FCH];
@@ -303,7 +369,7 @@ __global__ void __launch_bounds__(FT)
     int32_t adj[TL_LAW_ADJ];
     for (int a = 0; a < TL_LAW_ADJ; a++)
         adj[a] = LAW && adj_rows ? adj_rows[row * TL_LAW_ADJ + a] : 0;
-    int per = CEIL_DIV(n_valid, FP), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
+    int per = CEIL_DIV(n_valid, np), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -333,8 +399,8 @@ __global__ void __launch_bounds__(FT)
     __syncthreads();
     int k = min(P.top_k, n);
     if (k > 0)
-        part_topk(keys, n, k, tmax, i0, part_cands(scratch, row, stride) + part * FK, pairs, hist,
-                  s_cnt);
+        part_topk(keys, n, k, tmax, i0, part_cands(scratch, row, stride, np) + part * FK, pairs,
+                  hist, s_cnt);
     if (tid == 0) rec->m = M, rec->s = S, rec->nc = k;
 }
 
@@ -356,21 +422,74 @@ __device__ void sort_cands(float2 *c, int n) {
 }
 
 /* One row's law (LAW) from the merged candidates: the first `keep` of c (sorted) with their
- * probabilities renormalised over them, and their logprobs under the unmodified logits. */
-__device__ void write_law(tl_law *law, const float2 *c, int keep, const float *lg, float lse) {
+ * probabilities renormalised over them (ex[i] = e^(c[i] - c[0]), in double), and their logprobs
+ * under the unmodified logits. */
+__device__ void write_law(tl_law *law, const float2 *c, const double *ex, int keep, const float *lg,
+                          float lse) {
     __shared__ double s_tot;
     if (threadIdx.x == 0) {
         double tot = 0;
-        for (int i = 0; i < keep; i++) tot += exp((double)c[i].x - c[0].x);
+        for (int i = 0; i < keep; i++) tot += ex[i];
         s_tot = tot, law->n = keep;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < keep; i += blockDim.x) {
         int id = __float_as_int(c[i].y);
         law->id[i] = id;
-        law->p[i] = (float)(exp((double)c[i].x - c[0].x) / s_tot);
+        law->p[i] = (float)(ex[i] / s_tot);
         law->lp[i] = lg[id] - lse;
     }
+}
+
+/* The merge's lse from the np part records: lane l folds records l, l + 32, ... in order, then
+ * the warp combines the lanes (a fixed order: the same records, the same result). */
+__device__ float merge_lse(const part_rec *rec, int np) {
+    int lane = threadIdx.x & 31;
+    float m = -INFINITY, s = 0.0f;
+    for (int p = lane; p < np; p += 32) {
+        float rm = rec[p].m, mn = fmaxf(m, rm);
+        if (mn == -INFINITY) continue;
+        s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) +
+            (rm == -INFINITY ? 0.0f : rec[p].s * expf(rm - mn));
+        m = mn;
+    }
+    float M = warp_max(m);
+    float S = warp_sum(m == -INFINITY ? 0.0f : s * expf(m - M));
+    return M + logf(S);
+}
+
+/* Gathers into c (sorted: value desc, id asc) every part candidate at or above L, the kk-th
+ * largest part maximum (-inf with fewer than kk non-empty parts): kk candidates are >= L, so the
+ * top kk are among them. Returns their count, or -1 past CMAX (cannot happen for the launch
+ * shapes tl_gpu_sample picks: np * kk <= CMAX). */
+__device__ int merge_gather(const part_rec *rec, const float2 *pc, int np, int kk, float2 *c) {
+    __shared__ float s_pm[FP_FEW];
+    __shared__ float s_L;
+    __shared__ int s_cnt[FT / 32];
+    int tid = threadIdx.x;
+    float pm = tid < np && rec[tid].nc > 0 ? pc[tid * FK].x : -INFINITY;
+    if (tid < np) s_pm[tid] = pm;
+    if (tid == 0) s_L = -INFINITY;
+    __syncthreads();
+    if (tid < np && pm > -INFINITY) {
+        int r = 0;
+        for (int q = 0; q < np; q++) r += s_pm[q] > pm || (s_pm[q] == pm && q < tid);
+        if (r == kk - 1) s_L = pm;
+    }
+    __syncthreads();
+    float L = s_L;
+    int nsel = 0, off;
+    if (tid < np)
+        while (nsel < rec[tid].nc && pc[tid * FK + nsel].x >= L) nsel++;
+    int total = block_prefix(nsel, &off, s_cnt);
+    if (total > CMAX) return -1;
+    for (int j = 0; j < nsel; j++) c[off + j] = pc[tid * FK + j];
+    int n2 = 1;
+    while (n2 < total) n2 <<= 1;
+    for (int i = total + tid; i < n2; i += FT)
+        c[i] = make_float2(-INFINITY, __int_as_float(0x7fffffff));
+    sort_cands(c, n2);
+    return total;
 }
 
 /* LAW (tl_gpu_sample_law): writes laws[row] instead of drawing; row r reads logits row_of[r]. */
@@ -378,8 +497,9 @@ template <bool LAW>
 __global__ void __launch_bounds__(FT)
     sample_merge_kernel(tl_sample_out *out, const float *logits, int V,
                         const tl_sample_params *params, const uint64_t *keys, float *scratch,
-                        int fast, tl_law *laws, const int32_t *row_of, size_t stride) {
-    __shared__ float2 c[FP * FK];
+                        int fast, tl_law *laws, const int32_t *row_of, size_t stride, int np) {
+    __shared__ float2 c[CMAX];
+    __shared__ double ex[FK];
     __shared__ float sbuf[32];
     __shared__ int sibuf[32];
     int row = blockIdx.x, tid = threadIdx.x;
@@ -387,12 +507,8 @@ __global__ void __launch_bounds__(FT)
     if (!fast_row(P, fast)) return;
     const part_rec *rec = part_recs(scratch, row, stride);
     const float *lg = logits + (size_t)(LAW ? row_of[row] : row) * V;
-    __shared__ int s_off[FP + 1];
     int lane = tid & 31;
-    /* every warp merges the FP (= 32) part records, one per lane: fixed shuffle order */
-    float mb = rec[lane].m, M = warp_max(mb);
-    float S = warp_sum(mb == -INFINITY ? 0.0f : rec[lane].s * expf(mb - M));
-    float lse = M + logf(S);
+    float lse = merge_lse(rec, np);
     tl_sample_out *o = LAW ? NULL : out + row;
     tl_law *law = LAW ? laws + row : NULL;
     if (!isfinite(lse)) { /* NaN from a NaN or +inf logit: no distribution */
@@ -402,8 +518,10 @@ __global__ void __launch_bounds__(FT)
     }
     int token;
     if (P.temperature <= 0.0f) {
-        float bv = rec[lane].gv;
-        int bi = rec[lane].gi;
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int p = lane; p < np; p += 32)
+            if (am_better(rec[p].gv, rec[p].gi, bv, bi)) bv = rec[p].gv, bi = rec[p].gi;
         for (int d = 16; d > 0; d >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, d);
             int oi = __shfl_xor_sync(0xffffffffu, bi, d);
@@ -418,46 +536,30 @@ __global__ void __launch_bounds__(FT)
             return;
         }
     } else {
-        int nc = rec[lane].nc, inc = nc;
-        for (int d = 1; d < 32; d <<= 1) {
-            int x = __shfl_up_sync(0xffffffffu, inc, d);
-            if (lane >= d) inc += x;
-        }
-        if (tid < 32) s_off[lane] = inc - nc;
-        if (tid == 31) s_off[FP] = inc;
-        __syncthreads();
-        int n = s_off[FP];
-        int n2 = 1;
-        while (n2 < n) n2 <<= 1;
-        const float2 *pc = part_cands(scratch, row, stride);
-        for (int i = tid; i < n2; i += FT) {
-            float2 v = make_float2(-INFINITY, __int_as_float(0x7fffffff));
-            if (i < n) {
-                int b = 0;
-                while (b + 1 < FP && s_off[b + 1] <= i) b++;
-                v = pc[b * FK + (i - s_off[b])];
-            }
-            c[i] = v;
-        }
-        sort_cands(c, n2);
-        if (c[0].x == -INFINITY) { /* the restrictions left nothing (block-uniform) */
+        int n = merge_gather(rec, part_cands(scratch, row, stride, np), np, P.top_k, c);
+        if (n < 0 || c[0].x == -INFINITY) {
+            /* the restrictions left nothing (block-uniform), or more candidates than the merge
+             * holds (a launch shape tl_gpu_sample never picks): no token */
             if (tid == 0 && LAW) law->n = 0;
-            if (tid == 0 && !LAW) o->token = TL_TOKEN_NONE_ALLOWED, o->logprob = NAN, o->n_top = 0;
+            if (tid == 0 && !LAW)
+                o->token = n < 0 ? -1 : TL_TOKEN_NONE_ALLOWED, o->logprob = NAN, o->n_top = 0;
             return;
         }
         /* survivors: the top k, within 40 nats and min-p of the best, then the top-p prefix */
         int kk = min(P.top_k, n);
         float best = c[0].x, floor_v = best - CAND_WINDOW;
         if (P.min_p > 0.0f) floor_v = fmaxf(floor_v, best + logf(P.min_p));
+        for (int i = tid; i < kk; i += FT) ex[i] = exp((double)c[i].x - best);
         __shared__ int s_keep;
+        __syncthreads();
         if (tid == 0) {
             int keep = 0;
             double tot = 0, cum = 0;
-            while (keep < kk && c[keep].x >= floor_v) tot += exp((double)c[keep].x - best), keep++;
+            while (keep < kk && c[keep].x >= floor_v) tot += ex[keep], keep++;
             if (P.top_p > 0.0f && P.top_p < 1.0f) {
                 int k2 = 0;
                 while (k2 < keep) {
-                    cum += exp((double)c[k2++].x - best);
+                    cum += ex[k2++];
                     if (cum >= (double)P.top_p * tot) break;
                 }
                 keep = k2;
@@ -466,7 +568,7 @@ __global__ void __launch_bounds__(FT)
         }
         __syncthreads();
         if (LAW) {
-            write_law(law, c, s_keep, lg, lse);
+            write_law(law, c, ex, s_keep, lg, lse);
             return;
         }
         uint64_t key = keys[row];
@@ -647,10 +749,21 @@ __global__ void __launch_bounds__(SB)
     }
 }
 
+/* Parts a row on the two-pass path: FP_FEW for at most FEW_ROWS rows whose params (host copies,
+ * hp) are all greedy or of top-k <= FK_FEW, when a row's scratch (stride floats) holds them;
+ * else FP. */
+static int pick_parts(const tl_sample_params *hp, int n_rows, size_t stride) {
+    if (!hp || n_rows > FEW_ROWS || stride < (size_t)PART_SCR(FP_FEW)) return FP;
+    for (int r = 0; r < n_rows; r++)
+        if (hp[r].temperature > 0.0f && hp[r].top_k > FK_FEW) return FP;
+    return FP_FEW;
+}
+
 extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
-                             const tl_sample_params *params, const uint64_t *keys,
-                             const int32_t *counts, const int32_t *count_slot, float *scratch,
-                             float *restricted, int n_rows, const tl_gpu_stream *st) {
+                             const tl_sample_params *params, const tl_sample_params *h_params,
+                             const uint64_t *keys, const int32_t *counts, const int32_t *count_slot,
+                             float *scratch, float *restricted, int n_rows,
+                             const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
     if (restricted) {
         TL_LAUNCH(st, "sample_restrict_copy", sample_restrict_copy_kernel,
@@ -660,16 +773,19 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
                   0, restricted, logits, n_vocab, params);
     }
     /* the two-pass path needs each part in shared memory and its records in the row's scratch */
-    int fast = n_valid <= FP * FCH && 2 * n_vocab >= FP * (int)(sizeof(part_rec) / 4) + 2 * FP * FK;
+    int np = pick_parts(h_params, n_rows, 2 * (size_t)n_vocab);
+    int fast = n_valid <= np * FCH && 2 * n_vocab >= PART_SCR(np), slow = !h_params || !fast;
+    for (int r = 0; h_params && fast && r < n_rows; r++) slow |= !fast_row(h_params[r], fast);
     if (fast) {
         size_t stride = 2 * (size_t)n_vocab;
-        TL_LAUNCH(st, "sample_part", sample_part_kernel<false>, dim3(FP, n_rows), dim3(FT), 0,
+        TL_LAUNCH(st, "sample_part", sample_part_kernel<false>, dim3(np, n_rows), dim3(FT), 0,
                   logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_slot,
-                  scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride);
+                  scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride, np);
         TL_LAUNCH(st, "sample_merge", sample_merge_kernel<false>, dim3(n_rows), dim3(FT), 0, out,
                   logits, n_vocab, params, keys, scratch, fast, (tl_law *)NULL,
-                  (const int32_t *)NULL, stride);
+                  (const int32_t *)NULL, stride, np);
     }
+    if (!slow) return 0; /* every row took the two-pass path */
     TL_LAUNCH(st, "sample", sample_kernel, dim3(n_rows), dim3(SB), 0, out, logits,
               (const float *)restricted, n_vocab, n_valid, params, keys, counts, count_slot,
               scratch, fast);
@@ -724,20 +840,26 @@ extern "C" int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *t
     return 0;
 }
 
-extern "C" size_t tl_gpu_law_scratch_floats(void) { return LAW_SCR; }
+extern "C" size_t tl_gpu_law_scratch_floats(int max_rows) {
+    size_t n = (size_t)max_rows * PART_SCR(FP);
+    size_t f = (size_t)(max_rows < FEW_ROWS ? max_rows : FEW_ROWS) * PART_SCR(FP_FEW);
+    return n > f ? n : f;
+}
 
 extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
                                  const int32_t *row_of, const tl_sample_params *params,
-                                 const int32_t *counts, const int32_t *count_slot,
-                                 const int32_t *adj, float *scratch, int n_rows,
-                                 const tl_gpu_stream *st) {
+                                 const tl_sample_params *h_params, const int32_t *counts,
+                                 const int32_t *count_slot, const int32_t *adj, float *scratch,
+                                 int n_rows, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
     if (n_valid > FP * FCH) return TL_ERR_UNSUPPORTED; /* a part must fit in shared memory */
-    TL_LAUNCH(st, "sample_law_part", sample_part_kernel<true>, dim3(FP, n_rows), dim3(FT), 0,
+    int np = pick_parts(h_params, n_rows, (size_t)PART_SCR(FP_FEW));
+    size_t stride = (size_t)PART_SCR(np);
+    TL_LAUNCH(st, "sample_law_part", sample_part_kernel<true>, dim3(np, n_rows), dim3(FT), 0,
               logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_slot, scratch, 1,
-              row_of, adj, (size_t)LAW_SCR);
+              row_of, adj, stride, np);
     TL_LAUNCH(st, "sample_law_merge", sample_merge_kernel<true>, dim3(n_rows), dim3(FT), 0,
               (tl_sample_out *)NULL, logits, n_vocab, params, (const uint64_t *)NULL, scratch, 1,
-              laws, row_of, (size_t)LAW_SCR);
+              laws, row_of, stride, np);
     return 0;
 }

@@ -940,7 +940,8 @@ static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
     float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
     float *rl = any_restrict ? tl_gpu_malloc(sizeof(float) * (size_t)rows * V) : NULL;
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, dk, dc, NULL, scr, rl, rows, NULL), 0);
+    /* the host params as the backend passes them: the launch shape follows the rows */
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, p, dk, dc, NULL, scr, rl, rows, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
     tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
@@ -1252,12 +1253,14 @@ static void test_sample_determinism_penalties(void) {
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out)), so;
     int32_t one = 1, zero = 0;
     int32_t *drs1 = dev_from(&one, 4), *drs0 = dev_from(&zero, 4);
-    CHECK_EQ_INT(
-        tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs1, scr, NULL, 1, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, drs1, scr, NULL,
+                               1, NULL),
+                 0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 5);
-    CHECK_EQ_INT(
-        tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, dk1, dcs, drs0, scr, NULL, 1, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, drs0, scr, NULL,
+                               1, NULL),
+                 0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 6);
     void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0};
@@ -1635,33 +1638,41 @@ static void test_sample_law(void) {
         ints[R + r] = sl;
     }
     float *dl = dev_from(lg, sizeof(float) * (size_t)R * V);
-    tl_sample_params *dpp = dev_from(p, sizeof p);
     int32_t *di = dev_from(ints, sizeof ints);
-    float *scr = tl_gpu_malloc(sizeof(float) * R * tl_gpu_law_scratch_floats());
+    float *scr = tl_gpu_malloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
     tl_law *dlaw = tl_gpu_malloc(sizeof(tl_law) * R), law[R];
-    CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, dc, di + R, di + 3 * R, scr, R, NULL),
-                 0);
-    CHECK_EQ_INT(tl_gpu_sync(), 0);
-    tl_gpu_download(law, dlaw, sizeof law);
-    double dp_max = 0, dl_max = 0;
-    int same = 1;
-    for (int r = 0; r < R; r++) {
-        tl_law ref;
-        const float *row = lg + (size_t)(R - 1 - r) * V;
-        CHECK_EQ_INT(tl_sample_law(row, nv, &p[r], h[r], nh[r], NP, &ref), 0);
-        same &= law[r].n == ref.n && ref.n > 0;
-        for (int i = 0; i < ref.n && i < law[r].n; i++) {
-            same &= law[r].id[i] == ref.id[i];
-            dp_max = fmax(dp_max, fabs(law[r].p[i] - ref.p[i]));
-            dl_max = fmax(dl_max, fabs(law[r].lp[i] - ref.lp[i]));
+    /* pass 0: no host params (32 parts a row); pass 1: host params, every top-k <= 32 (128 parts
+     * a row for these 6 rows) */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) p[2].top_k = 32, p[5].top_k = 32;
+        tl_sample_params *dpp = dev_from(p, sizeof p);
+        CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, pass ? p : NULL, dc, di + R,
+                                       di + 3 * R, scr, R, NULL),
+                     0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        tl_gpu_download(law, dlaw, sizeof law);
+        tl_gpu_free(dpp);
+        double dp_max = 0, dl_max = 0;
+        int same = 1;
+        for (int r = 0; r < R; r++) {
+            tl_law ref;
+            const float *row = lg + (size_t)(R - 1 - r) * V;
+            CHECK_EQ_INT(tl_sample_law(row, nv, &p[r], h[r], nh[r], NP, &ref), 0);
+            same &= law[r].n == ref.n && ref.n > 0;
+            for (int i = 0; i < ref.n && i < law[r].n; i++) {
+                same &= law[r].id[i] == ref.id[i];
+                dp_max = fmax(dp_max, fabs(law[r].p[i] - ref.p[i]));
+                dl_max = fmax(dl_max, fabs(law[r].lp[i] - ref.lp[i]));
+            }
+            printf("# pass %d, law row %d: %d survivors (host %d), best %d (host %d)\n", pass, r,
+                   law[r].n, ref.n, law[r].id[0], ref.id[0]);
         }
-        printf("# law row %d: %d survivors (host %d), best %d (host %d)\n", r, law[r].n, ref.n,
-               law[r].id[0], ref.id[0]);
+        printf("# pass %d: laws vs tl_sample_law: max |dp| %.2g, max |dlogprob| %.2g\n", pass,
+               dp_max, dl_max);
+        CHECK(same);
+        CHECK(dp_max < 1e-5);
+        CHECK(dl_max < 1e-5);
     }
-    printf("# laws vs tl_sample_law: max |dp| %.2g, max |dlogprob| %.2g\n", dp_max, dl_max);
-    CHECK(same);
-    CHECK(dp_max < 1e-5);
-    CHECK(dl_max < 1e-5);
     /* rollback: two generated tokens of slot 1 out again */
     int32_t out2[2] = {hist[1][NP + NG - 1], hist[1][NP + NG - 2]};
     int32_t before[2], after[2];
@@ -1673,7 +1684,7 @@ static void test_sample_law(void) {
     CHECK_EQ_INT(after[0], before[0] - 1 - twice);
     CHECK_EQ_INT(after[1], before[1] - 1 - twice);
     CHECK_EQ_INT(after[0] & 0xffffff, (before[0] & 0xffffff) - 1 - twice);
-    tl_gpu_free(dl), tl_gpu_free(dpp), tl_gpu_free(di), tl_gpu_free(scr), tl_gpu_free(dlaw);
+    tl_gpu_free(dl), tl_gpu_free(di), tl_gpu_free(scr), tl_gpu_free(dlaw);
     tl_gpu_free(dc), tl_gpu_free(dnp);
     free(lg);
 }
