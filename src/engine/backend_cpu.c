@@ -38,10 +38,15 @@ typedef struct {
     int spec_k;   /* most draft tokens per step; 0: no speculation */
     cpu_spec *sp; /* [max_seqs] when spec_k > 0 */
     tl_kv_pages pages;
-    /* prefix cache storage (backend.h): the page store [pool page][attn layer][TL_PC_PAGE][kv
-     * row] K then V, f32; snapshots [n_pc_snap][gdn layer] conv then recurrent state, f32 */
+    /* prefix cache storage (backend.h): the page store [pool page][attn layer, then the MTP
+     * head's when the model has one][TL_PC_PAGE][kv row] K then V, f32; snapshots [n_pc_snap]
+     * [gdn layer] conv then recurrent state, then (with a head) a flag and the trunk's hidden of
+     * the snapshot's last position, f32. pc_mtp_rows[page]: the head rows 0 .. n - 1 of the
+     * page that hold the head's KV (written in order; the last row of a page needs the token
+     * after it) */
     float *pc_pages, *pc_snaps;
-    int n_pc_snap;
+    int *pc_mtp_rows;
+    int n_pc_snap, n_mtp;
     size_t kv_row;        /* floats of one position's K (or V) of one layer */
     size_t conv_n, rec_n; /* floats of one layer's conv / recurrent state */
     int n_attn, n_gdn;
@@ -63,6 +68,7 @@ static void cpu_free(cpu_backend *c, int n_state) {
     tl_kv_pages_free(&c->pages);
     free(c->pc_pages);
     free(c->pc_snaps);
+    free(c->pc_mtp_rows);
     free(c->st);
     free(c);
 }
@@ -75,6 +81,7 @@ static void cpu_close(tl_backend *b) {
 
 static void store_check(cpu_backend *c, int slot);
 static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache);
+static void snap_hidden(cpu_backend *c, int slot, int sn, int n);
 
 static int cpu_reset_slot(tl_backend *b, int slot) {
     cpu_backend *c = b->impl;
@@ -113,6 +120,8 @@ static void gdn_copy(cpu_backend *c, cpu_state *st, float *buf, int to_buf) {
 
 /* ====== Speculative decoding (backend.h, docs/architecture.md §3.6). ====== */
 
+static void mtp_store(cpu_backend *c, int slot, int p0, int p1);
+
 /* The head's rows an entry makes computable: mtp_len .. pos + n_tok - 2 (row p pairs the hidden
  * of position p with the token at p + 1); h [n_tok][D] are the entry's trunk hiddens. */
 static int spec_rows(cpu_backend *c, cpu_spec *x, const tl_fwd_entry *e, const float *h) {
@@ -139,7 +148,7 @@ static int spec_rows(cpu_backend *c, cpu_spec *x, const tl_fwd_entry *e, const f
         memcpy(hid + (size_t)i * D, src, sizeof(float) * D);
     }
     int rc = cpu_mtp_forward(c->m, &x->mtp, tok, hid, n, r0, NULL, NULL, NULL);
-    if (!rc) x->mtp_len = r1;
+    if (!rc) x->mtp_len = r1, mtp_store(c, e->slot, r0, r1);
     free(tok), free(hid);
     return rc;
 }
@@ -197,12 +206,13 @@ static int cpu_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, s
         if (!rc) memcpy(x->chain, hn, sizeof(float) * D);
         free(hn);
         if (rc) return tl_errf(err, errlen, rc, "draft: MTP head: %s", tl_status_str(rc));
-        if (d[i].step == 0) x->mtp_len = len;
+        if (d[i].step == 0) x->mtp_len = len, mtp_store(c, d[i].slot, len - 1, len);
     }
     return TL_OK;
 }
 
 static void store_rows(cpu_backend *c, int slot, int p0, int p1);
+static void mtp_unstore(cpu_backend *c, int slot, int p);
 
 static int cpu_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t errlen) {
     cpu_backend *c = b->impl;
@@ -221,7 +231,7 @@ static int cpu_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t e
         if (rc) return tl_errf(err, errlen, rc, "rollback: recompute: %s", tl_status_str(rc));
         tl_kv_pages_truncate(&c->pages, slot, n_keep);
         store_rows(c, slot, x->vpos, n_keep);
-        if (x->mtp_len > n_keep - 1) x->mtp_len = n_keep - 1;
+        if (x->mtp_len > n_keep - 1) x->mtp_len = n_keep - 1, mtp_unstore(c, slot, n_keep - 1);
         x->hid_n = n_keep - x->hid_pos0;
         TL_ASSERT(x->hid_n >= 1);
     }
@@ -273,28 +283,35 @@ static int entry_forward(cpu_backend *c, const tl_fwd_entry *e) {
     a.n_tok = k, a.logits = NULL, a.snap_at = 0;
     z.pos = e->snap_at, z.tokens = e->tokens + k, z.n_tok = e->n_tok - k, z.snap_at = 0;
     int rc = one_forward(c, &a);
-    if (!rc) copy_snap(c, &c->st[e->slot], e->snap, 1);
+    if (!rc)
+        copy_snap(c, &c->st[e->slot], e->snap, 1), snap_hidden(c, e->slot, e->snap, k + e->pos);
     return rc ? rc : one_forward(c, &z);
 }
 
 /* Every entry's position is checked, then the pages of the whole step are taken (all or
- * nothing: TL_ERR_CONTEXT_FULL changes no slot), then the entries run. */
-static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
-    cpu_backend *c = b->impl;
-    int slot_stack[64], len_stack[64];
-    int *slot = n <= 64 ? slot_stack : malloc(sizeof(int) * (size_t)n);
-    int *len = n <= 64 ? len_stack : malloc(sizeof(int) * (size_t)n);
-    int rc = slot && len ? 0 : tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n && !rc; i++) {
-        cpu_state *st = &c->st[e[i].slot];
-        if (st->n_past != e[i].pos)
+ * nothing: TL_ERR_CONTEXT_FULL changes no slot); pages new to a slot hold no head rows yet. */
+static int take_pages(cpu_backend *c, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    int stack[3 * 64] = {0};
+    int *v = n <= 64 ? stack : malloc(sizeof(int) * 3 * (size_t)n);
+    if (!v) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    int *slot = v, *len = v + n, *old = v + 2 * n, rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rc && c->st[e[i].slot].n_past != e[i].pos)
             rc = tl_errf(err, errlen, TL_ERR_INTERNAL, "slot %d holds %d tokens, step expects %d",
-                         e[i].slot, st->n_past, e[i].pos);
+                         e[i].slot, c->st[e[i].slot].n_past, e[i].pos);
         slot[i] = e[i].slot, len[i] = e[i].pos + e[i].n_tok;
     }
-    if (!rc) rc = tl_kv_pages_reserve(&c->pages, slot, len, n, NULL, err, errlen);
-    if (slot != slot_stack) free(slot);
-    if (len != len_stack) free(len);
+    if (!rc) rc = tl_kv_pages_reserve(&c->pages, slot, len, n, old, err, errlen);
+    for (int i = 0; i < n && !rc && c->pc_mtp_rows; i++)
+        for (int k = old[i]; k < c->pages.np[slot[i]]; k++)
+            c->pc_mtp_rows[c->pages.table[(size_t)slot[i] * c->pages.max_pages + k]] = 0;
+    if (v != stack) free(v);
+    return rc;
+}
+
+static int cpu_fwd(tl_backend *b, const tl_fwd_entry *e, int n, char *err, size_t errlen) {
+    cpu_backend *c = b->impl;
+    int rc = take_pages(c, e, n, err, errlen);
     for (int i = 0; i < n && !rc; i++) {
         rc = entry_forward(c, &e[i]);
         /* even after a failure: the rows the slot now counts, so its reset's check holds */
@@ -311,9 +328,11 @@ static int cpu_cache_alloc(tl_backend *b, int n_snap, char *err, size_t errlen) 
     if (c->pc_pages) return tl_errf(err, errlen, TL_ERR_INVALID, "prefix cache allocated twice");
     c->pc_pages = calloc((size_t)c->pages.n_page, b->pc_page_bytes); /* touched as used */
     c->pc_snaps = malloc((size_t)n_snap * b->pc_snap_bytes);
-    if (!c->pc_pages || !c->pc_snaps) {
-        free(c->pc_pages), free(c->pc_snaps);
+    c->pc_mtp_rows = calloc((size_t)c->pages.n_page, sizeof(int));
+    if (!c->pc_pages || !c->pc_snaps || !c->pc_mtp_rows) {
+        free(c->pc_pages), free(c->pc_snaps), free(c->pc_mtp_rows);
         c->pc_pages = c->pc_snaps = NULL;
+        c->pc_mtp_rows = NULL;
         return tl_errf(err, errlen, TL_ERR_NOMEM,
                        "out of memory for the prefix cache (%d pages, %d snapshots)",
                        c->pages.n_page, n_snap);
@@ -322,10 +341,10 @@ static int cpu_cache_alloc(tl_backend *b, int n_snap, char *err, size_t errlen) 
     return 0;
 }
 
-/* Where row r (< TL_PC_PAGE) of K (v = 0) or V (v = 1) of attention layer a lies in store page pg.
- */
+/* Where row r (< TL_PC_PAGE) of K (v = 0) or V (v = 1) of attention layer a (a = n_attn: the MTP
+ * head's) lies in store page pg. */
 static float *store_at(cpu_backend *c, int pg, int a, int v, int r) {
-    size_t page = (size_t)2 * c->n_attn * TL_PC_PAGE * c->kv_row;
+    size_t page = (size_t)2 * (c->n_attn + c->n_mtp) * TL_PC_PAGE * c->kv_row;
     return c->pc_pages + (size_t)pg * page + ((size_t)(2 * a + v) * TL_PC_PAGE + r) * c->kv_row;
 }
 
@@ -365,6 +384,32 @@ static void store_rows(cpu_backend *c, int slot, int p0, int p1) {
     }
 }
 
+/* The MTP head's rows [p0, p1) of the slot into its store pages, each page's rows in order only
+ * (pc_mtp_rows: a row out of order leaves the page's count where it is). */
+static void mtp_store(cpu_backend *c, int slot, int p0, int p1) {
+    if (!c->pc_pages || !c->n_mtp || !c->sp) return;
+    const int32_t *row = c->pages.table + (size_t)slot * c->pages.max_pages;
+    const cpu_mtp_state *m = &c->sp[slot].mtp;
+    size_t n = c->kv_row * sizeof(float);
+    for (int p = p0; p < p1; p++) {
+        int pg = row[p / TL_PC_PAGE], r = p % TL_PC_PAGE;
+        if (c->pc_mtp_rows[pg] != r) continue;
+        memcpy(store_at(c, pg, c->n_attn, 0, r), m->k + (size_t)p * c->kv_row, n);
+        memcpy(store_at(c, pg, c->n_attn, 1, r), m->v + (size_t)p * c->kv_row, n);
+        c->pc_mtp_rows[pg] = r + 1;
+    }
+}
+
+/* The slot's head rows from position p on no longer hold (a rollback): its pages' counts cut. */
+static void mtp_unstore(cpu_backend *c, int slot, int p) {
+    if (!c->pc_pages || !c->n_mtp) return;
+    const int32_t *row = c->pages.table + (size_t)slot * c->pages.max_pages;
+    for (int k = p / TL_PC_PAGE; k < c->pages.np[slot]; k++) {
+        int keep = k == p / TL_PC_PAGE ? p % TL_PC_PAGE : 0;
+        if (c->pc_mtp_rows[row[k]] > keep) c->pc_mtp_rows[row[k]] = keep;
+    }
+}
+
 /* Every page the slot holds still holds the slot's rows: no page was overwritten or handed to
  * another holder while the slot used it (docs/architecture.md §4.1). A broken invariant. */
 static void store_check(cpu_backend *c, int slot) {
@@ -377,14 +422,35 @@ static void store_check(cpu_backend *c, int slot) {
     TL_ASSERT(!diff);
 }
 
+/* Floats of one snapshot: the GDN state, then (with a head) a flag and a hidden. */
+static size_t snap_floats(const cpu_backend *c) {
+    return (size_t)c->n_gdn * (c->conv_n + c->rec_n) +
+           (c->n_mtp ? 1 + (size_t)c->m->cfg.n_embd : 0);
+}
+
 static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
-    gdn_copy(c, st, c->pc_snaps + (size_t)sn * c->n_gdn * (c->conv_n + c->rec_n), to_cache);
+    gdn_copy(c, st, c->pc_snaps + (size_t)sn * snap_floats(c), to_cache);
+}
+
+/* With a head: the slot's trunk hidden of position n - 1 into snapshot sn (flag 1) when the slot
+ * keeps it and its head rows reach n - 1, else flag 0 (a load then does not draft). */
+static void snap_hidden(cpu_backend *c, int slot, int sn, int n) {
+    if (!c->n_mtp) return;
+    int D = c->m->cfg.n_embd;
+    float *f = c->pc_snaps + (size_t)(sn + 1) * snap_floats(c) - 1 - D;
+    const cpu_spec *x = c->sp ? &c->sp[slot] : NULL;
+    int ok = x && x->mtp_len >= n - 1 && n - 1 >= x->hid_pos0 && n - 1 < x->hid_pos0 + x->hid_n;
+    f[0] = (float)ok;
+    if (ok)
+        memcpy(f + 1, x->hid + (size_t)(n - 1 - x->hid_pos0) * D, sizeof(float) * D);
+    else
+        memset(f + 1, 0, sizeof(float) * D);
 }
 
 const void *tl_backend_cpu_snapshot(const tl_backend *b, int snap) {
     const cpu_backend *c = b->impl;
     if (!c->pc_snaps || snap < 0 || snap >= c->n_pc_snap) return NULL;
-    return c->pc_snaps + (size_t)snap * c->n_gdn * (c->conv_n + c->rec_n);
+    return c->pc_snaps + (size_t)snap * snap_floats(c);
 }
 
 static int check_io(const cpu_backend *c, int slot, const tl_pc_io *io, char *err, size_t errlen) {
@@ -410,13 +476,38 @@ static int cpu_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err
                        "prefix save: slot %d holds %d tokens, asked %d (partial page %d -> %d)",
                        slot, st->n_past, io->n_tok, io->part_src, io->part_dst);
     if (io->part_rows) { /* store page to store page: what the slot wrote there */
-        for (int a = 0; a < c->n_attn; a++)
+        for (int a = 0; a < c->n_attn + c->n_mtp; a++)
             for (int v = 0; v < 2; v++)
                 memcpy(store_at(c, io->part_dst, a, v, 0), store_at(c, io->part_src, a, v, 0),
                        (size_t)io->part_rows * c->kv_row * sizeof(float));
+        c->pc_mtp_rows[io->part_dst] = TL_MIN(c->pc_mtp_rows[io->part_src], io->part_rows);
     }
-    if (!io->state_in) copy_snap(c, st, io->snap, 1); /* else the forward wrote it */
+    if (!io->state_in) /* else the forward wrote it */
+        copy_snap(c, st, io->snap, 1), snap_hidden(c, slot, io->snap, io->n_tok);
     return 0;
+}
+
+/* After a load of io->n_tok = n tokens: the head's rows 0 .. n - 2 from the pages and the hidden
+ * of n - 1 from the snapshot, so the slot drafts as if it had computed the prefix itself; when a
+ * page lacks rows or the snapshot its hidden, no head rows (no drafting; §3.6). */
+static void load_head(cpu_backend *c, int slot, const tl_pc_io *io) {
+    cpu_spec *x = &c->sp[slot];
+    int n = io->n_tok, D = c->m->cfg.n_embd, ok = c->n_mtp;
+    const float *f = c->pc_snaps + (size_t)(io->snap + 1) * snap_floats(c) - 1 - D;
+    ok = ok && f[0] == 1.0f;
+    for (int k = 0; ok && k * TL_PC_PAGE < n - 1; k++)
+        ok = c->pc_mtp_rows[io->page[k]] >= TL_MIN(TL_PC_PAGE, n - 1 - k * TL_PC_PAGE);
+    x->mtp_len = -1, x->hid_n = 0;
+    if (!ok) return;
+    size_t b = c->kv_row * sizeof(float);
+    for (int p = 0; p < n - 1; p++) {
+        int pg = io->page[p / TL_PC_PAGE], r = p % TL_PC_PAGE;
+        memcpy(x->mtp.k + (size_t)p * c->kv_row, store_at(c, pg, c->n_attn, 0, r), b);
+        memcpy(x->mtp.v + (size_t)p * c->kv_row, store_at(c, pg, c->n_attn, 1, r), b);
+    }
+    memcpy(x->hid, f + 1, sizeof(float) * D);
+    x->hid_pos0 = n - 1, x->hid_n = 1, x->mtp_len = n - 1;
+    mtp_store(c, slot, io->n_full * TL_PC_PAGE, n - 1); /* the slot's own last page */
 }
 
 static int cpu_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int32_t *tokens,
@@ -435,6 +526,8 @@ static int cpu_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int
         if (rc) tl_kv_pages_release(&c->pages, slot); /* the slot unchanged */
     }
     if (rc) return rc;
+    if (part && c->pc_mtp_rows) /* the slot's own last page: no head rows yet */
+        c->pc_mtp_rows[c->pages.table[(size_t)slot * c->pages.max_pages + io->n_full]] = 0;
     for (int k = 0; k < io->n_full; k++) /* the copy path: shared rows into the slot's own KV */
         copy_page(c, st, io->page[k], k * TL_PC_PAGE, (k + 1) * TL_PC_PAGE, 0, 0);
     if (part) {
@@ -444,7 +537,7 @@ static int cpu_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int
     copy_snap(c, st, io->snap, 0);
     st->n_past = io->n_tok;
     if (part) store_rows(c, slot, io->n_full * TL_PC_PAGE, io->n_tok); /* its own last page */
-    if (c->sp) c->sp[slot].mtp_len = -1; /* no head rows in a snapshot: no drafting (§3.6) */
+    if (c->sp) load_head(c, slot, io);
     return 0;
 }
 
@@ -455,8 +548,10 @@ static void cpu_cache_sizes(tl_backend *b, const tl_config *cfg) {
     c->rec_n = (size_t)cfg->gdn_n_v_head * cfg->gdn_k_dim * cfg->gdn_v_dim;
     for (int il = 0; il < cfg->n_layer; il++)
         cfg->layer_kind[il] == TL_LAYER_ATTN ? c->n_attn++ : c->n_gdn++;
-    b->pc_page_bytes = TL_MAX(1, 2 * (size_t)c->n_attn * TL_PC_PAGE * c->kv_row * sizeof(float));
-    b->pc_snap_bytes = TL_MAX(1, (size_t)c->n_gdn * (c->conv_n + c->rec_n) * sizeof(float));
+    c->n_mtp = c->m->has_mtp ? 1 : 0;
+    b->pc_page_bytes =
+        TL_MAX(1, 2 * (size_t)(c->n_attn + c->n_mtp) * TL_PC_PAGE * c->kv_row * sizeof(float));
+    b->pc_snap_bytes = TL_MAX(1, snap_floats(c) * sizeof(float));
     b->kv_pool = cpu_kv_pool;
     b->cache_alloc = cpu_cache_alloc;
     b->cache_save = cpu_cache_save;

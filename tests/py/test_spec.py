@@ -5,10 +5,10 @@ CPU backend, plain and ASan builds, driven by the official openai client.
 Greedy outputs are identical to the reference: text, token logprobs and top logprobs, finish
 reason and completion token counts, for several max_tokens (never exceeded), with stop strings
 (cut at the same place), with several requests in flight at once (sequences drafting and
-prefilling in one step), and on chat turns that hit the prefix cache. /metrics counts drafted
-and accepted tokens under vLLM's names on the speculating server only. The head's random weights
-rarely agree with the trunk, so these runs mostly exercise the rejection path; the accept path
-is covered bit for bit by tests/cpu/test_spec.c."""
+prefilling in one step), and on chat turns that hit the prefix cache (which still draft).
+/metrics counts drafted and accepted tokens under vLLM's names on the speculating server only.
+The head's random weights rarely agree with the trunk, so these runs mostly exercise the
+rejection path; the accept path is covered bit for bit by tests/cpu/test_spec.c."""
 import concurrent.futures
 import os
 import re
@@ -82,7 +82,14 @@ def test_concurrent(pair):
     assert run(spec) == run(plain)
 
 
+def drafted(srv):
+    return sum(v for k, v in srv.metrics().items()
+               if k.startswith("vllm:spec_decode_num_draft_tokens_total"))
+
+
 def test_chat_turns_with_prefix_cache(pair):
+    """Turns 2 and 3 start from the prefix cache and still draft (the head's rows come back
+    with the snapshot), with the plain server's output."""
     spec, plain = pair
     outs = []
     for srv in (spec, plain):
@@ -90,10 +97,15 @@ def test_chat_turns_with_prefix_cache(pair):
         msgs = [{"role": "system", "content": "You answer briefly. " * 8},
                 {"role": "user", "content": "Hello there"}]
         texts = []
-        for _ in range(3):
+        for turn in range(3):
+            d0 = drafted(spec)
             r = c.chat.completions.create(model="tiny-mtp", messages=msgs, temperature=0,
                                           max_tokens=10, extra_body=NO_THINK)
             texts.append((r.choices[0].message.content, r.usage.completion_tokens))
+            if srv is spec and turn > 0:
+                assert r.usage.prompt_tokens_details.cached_tokens > 0
+                if r.usage.completion_tokens > 1:
+                    assert drafted(spec) > d0, f"turn {turn + 1}: a cache hit did not draft"
             msgs += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "user", "content": "And then?"}]
         outs.append(texts)
