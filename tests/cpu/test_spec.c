@@ -388,10 +388,113 @@ static void test_prefix_cache_hit(void) {
     tl_engine_close(e2);
 }
 
+/* Conversations under cache pressure with speculation (K = 3) on tests/data/tiny-mtp: NC
+ * conversations of TURNS turns, NS at a time in one engine whose cache holds a few snapshots and
+ * whose pool barely holds the running sessions (so saves evict snapshots and their pages, and
+ * pages come back to other slots with stale head rows). Each turn loads the longest cached
+ * prefix, feeds the rest in chunks of 7, saves at the prompt's end and after generating G tokens
+ * (as the server does): the tokens must equal the plain engine's for the same conversation
+ * computed uncached; restored turns draft. */
+static void test_cache_pressure(void) {
+    enum { NC = 6, NS = 3, TURNS = 4, TURN = 24, G = 12 };
+    const char *tm = MODEL;
+    tl_engine *probe = open_engine(tm, 3, NS, 1 << 24);
+    if (!probe) {
+        CHECK(0);
+        return;
+    }
+    long long budget = 10 * (long long)tl_engine_backend_impl(probe)->pc_snap_bytes;
+    tl_engine_close(probe);
+    tl_engine_params ep = {.model_path = tm,
+                           .backend = TL_BACKEND_CPU,
+                           .allow_test_shape = 1,
+                           .n_threads = 1,
+                           .max_seqs = NS,
+                           .max_ctx = 256,
+                           .kv_tokens = 16 * 64,
+                           .prefix_cache_bytes = budget,
+                           .spec_tokens = 3};
+    char err[512];
+    tl_engine *e = NULL, *e0 = open_engine(tm, 0, 1, -1);
+    CHECK_EQ_INT(tl_engine_open(&e, &ep, err, sizeof err), 0);
+    if (!e || !e0) {
+        if (e) tl_engine_close(e);
+        if (e0) tl_engine_close(e0);
+        return;
+    }
+    int V = tl_engine_config(e)->n_vocab;
+    static int32_t conv[NC][TURNS * (TURN + G)];
+    int len[NC] = {0}, same = 1;
+    long long restored = 0, drafted_restored = 0;
+    uint64_t r = 99;
+    for (int turn = 0; turn < TURNS; turn++)
+        for (int c0 = 0; c0 < NC; c0 += NS) {
+            gen g[NS];
+            int got[NS];
+            for (int k = 0; k < NS; k++) {
+                int c = c0 + k;
+                for (int t = 0; t < TURN; t++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    conv[c][len[c] + t] = (int32_t)((r >> 33) % (uint64_t)V);
+                }
+                len[c] += TURN;
+                memset(&g[k], 0, sizeof g[k]);
+                CHECK_EQ_INT(tl_session_open(e, &g[k].s, err, sizeof err), 0);
+                g[k].prompt = conv[c], g[k].n_prompt = len[c], g[k].max_gen = G, g[k].sp = GREEDY;
+                got[k] = tl_session_prefix_load(g[k].s, NULL, conv[c], len[c], len[c] - 1, err,
+                                                sizeof err);
+                CHECK(got[k] >= 0);
+                g[k].fed_prompt = TL_MAX(got[k], 0);
+                restored += got[k] > 0 ? got[k] : 0;
+            }
+            for (int any = 1; any;) { /* all but the last chunk, interleaved */
+                any = 0;
+                for (int k = 0; k < NS; k++) {
+                    int m = TL_MIN(7, g[k].n_prompt - g[k].fed_prompt - 1);
+                    if (m <= 0) continue;
+                    feed_chunk(e, &g[k], m);
+                    if (g[k].fed_prompt == g[k].n_prompt - 1) /* a save at the prompt's end */
+                        CHECK(tl_session_prefix_save(g[k].s, NULL, err, sizeof err) >= 0);
+                    any = 1;
+                }
+            }
+            tl_spec_stats s0, s1;
+            tl_engine_spec_stats(e, &s0);
+            CHECK_EQ_INT(run_all(e, g, NS, 0), 0);
+            tl_engine_spec_stats(e, &s1);
+            if (got[0] > 0 && got[1] > 0 && got[2] > 0) /* every session of the group restored */
+                drafted_restored += s1.drafted - s0.drafted;
+            for (int k = 0; k < NS; k++) {
+                int c = c0 + k;
+                CHECK(tl_session_prefix_save(g[k].s, NULL, err, sizeof err) >= 0);
+                tl_session_close(g[k].s);
+                gen ref;
+                memset(&ref, 0, sizeof ref);
+                CHECK_EQ_INT(tl_session_open(e0, &ref.s, err, sizeof err), 0);
+                ref.prompt = conv[c], ref.n_prompt = len[c], ref.max_gen = G, ref.sp = GREEDY;
+                CHECK_EQ_INT(run_all(e0, &ref, 1, 0), 0);
+                tl_session_close(ref.s);
+                same &= !memcmp(ref.tok, g[k].tok, sizeof(int32_t) * G);
+                memcpy(conv[c] + len[c], g[k].tok, sizeof(int32_t) * G);
+                len[c] += G;
+            }
+        }
+    tl_prefix_stats st;
+    tl_engine_prefix_stats(e, &st);
+    printf("# cache pressure: %lld tokens restored, %lld evictions, %lld drafted by groups that "
+           "all restored\n",
+           restored, st.evictions, drafted_restored);
+    CHECK(same);
+    CHECK(restored > 0 && st.evictions > 0 && drafted_restored > 0);
+    tl_engine_close(e);
+    tl_engine_close(e0);
+}
+
 int main(void) {
     T_RUN(test_greedy_exact);
     T_RUN(test_sampling_law);
     T_RUN(test_off_and_limits);
     T_RUN(test_prefix_cache_hit);
+    T_RUN(test_cache_pressure);
     return t_summary();
 }
