@@ -28,12 +28,25 @@ void cpu_mat_row(float *dst, const tl_mat *W, int r) {
     int per = 32 / W->bits, words = W->cols / per, ng = W->cols / W->group;
     uint32_t mask = (1u << W->bits) - 1;
     const uint32_t *wr = (const uint32_t *)W->w + (size_t)r * words;
-    for (int g = 0; g < ng; g++) {
+    if (W->bits == 4 && W->group % 8 == 0) { /* the common case, unrolled: same arithmetic */
+        for (int g = 0; g < ng; g++) {
+            float s = tl_load_elem(W->scales, W->stype, (size_t)r * ng + g);
+            float b = tl_load_elem(W->biases, W->stype, (size_t)r * ng + g);
+            for (int c = g * W->group; c < (g + 1) * W->group; c += 8) {
+                uint32_t w = wr[c / 8];
+                for (int k = 0; k < 8; k++) dst[c + k] = s * (float)((w >> (4 * k)) & 15u) + b;
+            }
+        }
+        return;
+    }
+    int wi = 0, k = 0; /* column c is value k of word wi: c = wi * per + k */
+    uint32_t w = wr[0];
+    for (int g = 0, c = 0; g < ng; g++) {
         float s = tl_load_elem(W->scales, W->stype, (size_t)r * ng + g);
         float b = tl_load_elem(W->biases, W->stype, (size_t)r * ng + g);
-        for (int c = g * W->group; c < (g + 1) * W->group; c++) {
-            uint32_t q = (wr[c / per] >> ((c % per) * W->bits)) & mask;
-            dst[c] = s * (float)q + b;
+        for (int end = c + W->group; c < end; c++) {
+            dst[c] = s * (float)((w >> (k * W->bits)) & mask) + b;
+            if (++k == per && c + 1 < W->cols) k = 0, w = wr[++wi];
         }
     }
 }
