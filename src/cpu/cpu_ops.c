@@ -20,6 +20,12 @@ void cpu_mat_row(float *dst, const tl_mat *W, int r) {
         size_t base = (size_t)r * W->cols;
         if (W->wtype == TL_DT_F32) {
             memcpy(dst, (const float *)W->w + base, sizeof(float) * W->cols);
+        } else if (W->wtype == TL_DT_BF16) { /* widened in place: exact */
+            const uint16_t *h = (const uint16_t *)W->w + base;
+            for (int c = 0; c < W->cols; c++) {
+                uint32_t u = (uint32_t)h[c] << 16;
+                memcpy(dst + c, &u, 4);
+            }
         } else {
             for (int c = 0; c < W->cols; c++) dst[c] = tl_load_elem(W->w, W->wtype, base + c);
         }
