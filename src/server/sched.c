@@ -118,6 +118,7 @@ struct tl_sched {
     int stop; /* 1: cancel everything and exit */
     int lost;
     int n_running; /* mirrors the engine thread's count for stats */
+    int n_jobs;    /* submitted and not yet finished, queued or running: what a drain waits for */
     int n_sessions;
     long kv_tokens;
     tl_kv_stats kv_pub;     /* the pool as of the last step */
@@ -153,10 +154,16 @@ static void job_finish(tl_sched *s, tl_job *j, int fin, int st, const char *msg)
                     tl_status_str(rc));
     }
     pthread_mutex_lock(&j->mu);
+    int first = !j->finished;
     j->finished = fin;
     j->err_status = st;
     if (msg) snprintf(j->err, sizeof j->err, "%s", msg);
     pthread_mutex_unlock(&j->mu);
+    if (first) {
+        pthread_mutex_lock(&s->mu);
+        s->n_jobs--;
+        pthread_mutex_unlock(&s->mu);
+    }
     job_wake(j);
     if (s->m) tl_metrics_finish(s->m, fin);
 }
@@ -896,6 +903,7 @@ int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
         s->q_head = j;
     s->q_tail = j;
     s->n_queued++;
+    s->n_jobs++;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -909,7 +917,9 @@ void tl_sched_shutdown(tl_sched *s, double grace_s) {
     double t_end = tl_time_s() + grace_s;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        int busy = s->q_head || s->n_running;
+        /* not q_head || n_running: a job the engine thread has taken from the queue but not yet
+         * counted as running (n_running is published after the step is planned) is in neither */
+        int busy = s->n_jobs > 0;
         pthread_mutex_unlock(&s->mu);
         if (!busy || tl_time_s() >= t_end) break;
         usleep(20000);

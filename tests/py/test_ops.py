@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -207,7 +208,15 @@ def test_draining_health_503():
     got, started, checked = {}, threading.Event(), threading.Event()
 
     def stream():
+        # a small receive buffer: the server's writes stall within a few KB, so the stream stays
+        # in flight however fast the model generates (the whole stream would fit in default
+        # socket buffers and finish by itself)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(120)
+        sock.connect(("127.0.0.1", s.port))
         c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+        c.sock = sock
         body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "stream": True,
                 "ignore_eos": True}
         c.request("POST", "/v1/chat/completions", json.dumps(body),
