@@ -10,7 +10,9 @@
  * would fail that check).
  * Speculative decoding (docs/architecture.md §3.6): the MTP head's cache and hiddens per slot;
  * a verify is rolled back by restoring the GDN state saved before it and recomputing the
- * accepted tokens (exact on the CPU: a chunk computes what token-by-token steps compute). */
+ * accepted tokens (exact on the CPU: a chunk computes what token-by-token steps compute). The
+ * page store also keeps the head's KV rows and a snapshot the last hidden, so a session loaded
+ * from the cache drafts as if it had computed its prefix. */
 #include <stdlib.h>
 #include <string.h>
 #include "common/status.h"
