@@ -56,6 +56,8 @@ static const env_switch env_switches[] = {
      "skip the load-time check of the RMSNorm weights' storage convention"},
     {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,
      "tests: wait N ms before loading the model (observe /health 503)"},
+    {"TL_TEST_ADMIT_DELAY_MS=N", TL_CMD_SERVE,
+     "tests: pause N ms (at most 10000) after a request leaves the queue, before it runs"},
 };
 
 void tl_cli_print_env(FILE *f, unsigned cmds) {

@@ -119,6 +119,7 @@ struct tl_sched {
     int lost;
     int n_running; /* mirrors the engine thread's count for stats */
     int n_jobs;    /* submitted and not yet finished, queued or running: what a drain waits for */
+    int admit_delay_us; /* tests (TL_TEST_ADMIT_DELAY_MS): a pause after a job leaves the queue */
     int n_sessions;
     long kv_tokens;
     tl_kv_stats kv_pub;     /* the pool as of the last step */
@@ -626,6 +627,7 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
         s->n_queued--;
         j->next = NULL;
         pthread_mutex_unlock(&s->mu);
+        if (s->admit_delay_us) usleep((useconds_t)s->admit_delay_us);
         if (!job_start(s, j, now)) continue;
         avail -= need;
         s->running[s->n_live++] = j;
@@ -824,6 +826,8 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     if (s->p.step_tokens <= 0) s->p.step_tokens = 512;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
     if (s->p.snap_every <= 0) s->p.snap_every = 4096;
+    const char *ad = getenv("TL_TEST_ADMIT_DELAY_MS");
+    s->admit_delay_us = ad ? 1000 * TL_MAX(0, TL_MIN(atoi(ad), 10000)) : 0;
     s->pc_on = tl_engine_prefix_enabled(e);
     s->spec_k = tl_engine_spec_tokens(e);
     s->m = m;

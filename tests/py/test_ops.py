@@ -197,6 +197,34 @@ def test_signal_while_loading_exits():
     assert "SIGTERM while loading" in err
 
 
+def test_drain_waits_for_admitted():
+    """A request the engine thread has taken off the queue but not yet started is still waited
+    for by a drain (the scheduler once counted only the queue and the running jobs it had
+    published, and a SIGTERM in between cancelled the request). TL_TEST_ADMIT_DELAY_MS holds the
+    request in that window for 1.5 s; the SIGTERM comes 0.5 s into it."""
+    s = Serve("--drain-timeout", "20", env={"TL_TEST_ADMIT_DELAY_MS": "1500"})
+    got = {}
+
+    def run():
+        try:
+            got["r"] = s.request("POST", "/v1/completions",
+                                 {"prompt": "hello", "max_tokens": 4, "temperature": 0})
+        except Exception as e:  # noqa: BLE001 - reported below
+            got["e"] = repr(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    rc, err = s.stop()
+    assert rc == 0, err
+    assert "r" in got, got.get("e")
+    st, _, body = got["r"]
+    assert st == 200, body
+    assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+
+
 def test_draining_health_503():
     """After SIGTERM, a connection opened before it still gets answers: /health 503
     {"status":"draining"} while a stream finishes. The stream's reader stalls after its first
