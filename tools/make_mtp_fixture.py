@@ -58,8 +58,9 @@ def st_read(path):
     return out
 
 
-def st_write(path, tensors):
-    """tensors: name -> (dtype, array); BF16 arrays are float32 already holding bf16 values."""
+def st_write(path, tensors, metadata=None):
+    """tensors: name -> (dtype, array); BF16 arrays are float32 already holding bf16 values.
+    metadata: the header's __metadata__ (a dict of strings), or None for none."""
     hdr, blobs, off = {}, [], 0
     for k in sorted(tensors):
         dt, arr = tensors[k]
@@ -73,6 +74,8 @@ def st_write(path, tensors):
         hdr[k] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
+    if metadata is not None:
+        hdr["__metadata__"] = metadata
     h = json.dumps(hdr, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     with open(path, "wb") as f:

@@ -39,7 +39,6 @@ import ast
 import json
 import math
 import os
-import struct
 import sys
 import sysconfig
 import time
@@ -216,22 +215,12 @@ def bf16_bits(a):
 
 
 def write_safetensors(path, tensors):
-    """tensors: name -> float32 array, written as BF16 (names sorted)."""
-    hdr, blobs, off = {}, [], 0
-    for k in sorted(tensors):
-        raw = bf16_bits(tensors[k]).tobytes()
-        hdr[k] = {"dtype": "BF16", "shape": list(tensors[k].shape),
-                  "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    hdr["__metadata__"] = {"format": "pt"}
-    h = json.dumps(hdr, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    """tensors: name -> float32 array, written as BF16 (names sorted): make_mtp_fixture's
+    writer, with the {"format": "pt"} metadata transformers writes."""
+    sys.path.insert(0, HERE)
+    from make_mtp_fixture import st_write
+    u = {k: (bf16_bits(v).astype(np.uint32) << 16).view(np.float32) for k, v in tensors.items()}
+    st_write(path, {k: ("BF16", v) for k, v in u.items()}, metadata={"format": "pt"})
 
 
 def write_checkpoint(out, tensors, tok, text=TEXT, versions=""):

@@ -104,13 +104,6 @@ int tl_n_cpus(void) {
     return n < 1 ? 1 : (int)n;
 }
 
-float tl_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 uint16_t tl_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "common/buf.h"
 
 #define TL_ASSERT(c)                                                                               \
@@ -46,8 +47,14 @@ char *tl_path_join(const char *dir, const char *name);
 /* Number of online CPUs (at least 1). */
 int tl_n_cpus(void);
 
-/* bf16 / f16 <-> f32 (round to nearest even for f32 -> bf16). */
-float tl_bf16_to_f32(uint16_t h);
+/* bf16 / f16 <-> f32 (round to nearest even for f32 -> bf16). bf16 -> f32 is exact and inline
+ * (the CPU oracle widens whole weight rows with it). */
+static inline float tl_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 uint16_t tl_f32_to_bf16(float f);
 float tl_f16_to_f32(uint16_t h);
 

@@ -20,12 +20,9 @@ void cpu_mat_row(float *dst, const tl_mat *W, int r) {
         size_t base = (size_t)r * W->cols;
         if (W->wtype == TL_DT_F32) {
             memcpy(dst, (const float *)W->w + base, sizeof(float) * W->cols);
-        } else if (W->wtype == TL_DT_BF16) { /* widened in place: exact */
+        } else if (W->wtype == TL_DT_BF16) { /* no call per weight */
             const uint16_t *h = (const uint16_t *)W->w + base;
-            for (int c = 0; c < W->cols; c++) {
-                uint32_t u = (uint32_t)h[c] << 16;
-                memcpy(dst + c, &u, 4);
-            }
+            for (int c = 0; c < W->cols; c++) dst[c] = tl_bf16_to_f32(h[c]);
         } else {
             for (int c = 0; c < W->cols; c++) dst[c] = tl_load_elem(W->w, W->wtype, base + c);
         }

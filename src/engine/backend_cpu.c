@@ -434,12 +434,17 @@ static void copy_snap(cpu_backend *c, cpu_state *st, int sn, int to_cache) {
     gdn_copy(c, st, c->pc_snaps + (size_t)sn * snap_floats(c), to_cache);
 }
 
+/* With a head: snapshot sn's flag, then its hidden (the last 1 + n_embd floats). */
+static float *snap_head(cpu_backend *c, int sn) {
+    return c->pc_snaps + (size_t)(sn + 1) * snap_floats(c) - 1 - c->m->cfg.n_embd;
+}
+
 /* With a head: the slot's trunk hidden of position n - 1 into snapshot sn (flag 1) when the slot
  * keeps it and its head rows reach n - 1, else flag 0 (a load then does not draft). */
 static void snap_hidden(cpu_backend *c, int slot, int sn, int n) {
     if (!c->n_mtp) return;
     int D = c->m->cfg.n_embd;
-    float *f = c->pc_snaps + (size_t)(sn + 1) * snap_floats(c) - 1 - D;
+    float *f = snap_head(c, sn);
     const cpu_spec *x = c->sp ? &c->sp[slot] : NULL;
     int ok = x && x->mtp_len >= n - 1 && n - 1 >= x->hid_pos0 && n - 1 < x->hid_pos0 + x->hid_n;
     f[0] = (float)ok;
@@ -495,7 +500,7 @@ static int cpu_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err
 static void load_head(cpu_backend *c, int slot, const tl_pc_io *io) {
     cpu_spec *x = &c->sp[slot];
     int n = io->n_tok, D = c->m->cfg.n_embd, ok = c->n_mtp;
-    const float *f = c->pc_snaps + (size_t)(io->snap + 1) * snap_floats(c) - 1 - D;
+    const float *f = snap_head(c, io->snap);
     ok = ok && f[0] == 1.0f;
     for (int k = 0; ok && k * TL_PC_PAGE < n - 1; k++)
         ok = c->pc_mtp_rows[io->page[k]] >= TL_MIN(TL_PC_PAGE, n - 1 - k * TL_PC_PAGE);

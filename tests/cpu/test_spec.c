@@ -24,19 +24,26 @@
 
 #define MODEL "tests/data/tiny-mtp"
 
-static tl_engine *open_engine(const char *model, int k, int max_seqs, long long pc) {
+/* kv_tokens 0: the default pool (every slot full). */
+static tl_engine *open_engine_kv(const char *model, int k, int max_seqs, long long pc,
+                                 long kv_tokens) {
     tl_engine_params ep = {.model_path = model,
                            .backend = TL_BACKEND_CPU,
                            .allow_test_shape = 1,
                            .n_threads = 1,
                            .max_seqs = max_seqs,
                            .max_ctx = 256,
+                           .kv_tokens = kv_tokens,
                            .prefix_cache_bytes = pc,
                            .spec_tokens = k};
     char err[512];
     tl_engine *e = NULL;
     if (tl_engine_open(&e, &ep, err, sizeof err)) fprintf(stderr, "tl_engine_open: %s\n", err);
     return e;
+}
+
+static tl_engine *open_engine(const char *model, int k, int max_seqs, long long pc) {
+    return open_engine_kv(model, k, max_seqs, pc, 0);
 }
 
 enum { MAXS = 4, NGEN = 40 };
@@ -405,18 +412,9 @@ static void test_cache_pressure(void) {
     }
     long long budget = 10 * (long long)tl_engine_backend_impl(probe)->pc_snap_bytes;
     tl_engine_close(probe);
-    tl_engine_params ep = {.model_path = tm,
-                           .backend = TL_BACKEND_CPU,
-                           .allow_test_shape = 1,
-                           .n_threads = 1,
-                           .max_seqs = NS,
-                           .max_ctx = 256,
-                           .kv_tokens = 16 * 64,
-                           .prefix_cache_bytes = budget,
-                           .spec_tokens = 3};
     char err[512];
-    tl_engine *e = NULL, *e0 = open_engine(tm, 0, 1, -1);
-    CHECK_EQ_INT(tl_engine_open(&e, &ep, err, sizeof err), 0);
+    tl_engine *e = open_engine_kv(tm, 3, NS, budget, 16 * 64), *e0 = open_engine(tm, 0, 1, -1);
+    CHECK(e != NULL && e0 != NULL);
     if (!e || !e0) {
         if (e) tl_engine_close(e);
         if (e0) tl_engine_close(e0);
