@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(SB)
 #define FEW_ROWS 8
 #define FK_FEW   32
 #define CMAX     4096 /* most candidates a merge sorts: FP * FK and FP_FEW * FK_FEW */
+#define PU       4    /* ids a part thread loads before using them */
 #define FK       64   /* largest top-k on the two-pass path */
 #define FT       256  /* threads of a part block */
 #define FCH      7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
@@ -374,18 +375,33 @@ __global__ void __launch_bounds__(FT)
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     uint32_t tmax = 0; /* this thread's largest key */
-    for (int j = tid; j < n; j += FT) {
-        float l = lg[i0 + j], lr = ls[i0 + j];
-        int cj = cnt ? cnt[i0 + j] : 0;
-        if (LAW) cj = adj_count(cj, i0 + j, adj);
-        float lp = cnt ? apply_pen(lr, cj, P) : lr;
-        float mn = fmaxf(m, l);
-        s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
-        if (P.temperature <= 0.0f) {
-            if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
-        } else {
-            keys[j] = fkey(lp * invT);
-            tmax = max(tmax, keys[j]);
+    /* ids tid, tid + FT, ... in order; PU of them loaded before any is used (loads in flight) */
+    for (int j0 = tid; j0 < n; j0 += PU * FT) {
+        float lv[PU], rv[PU];
+        int cv[PU];
+#pragma unroll
+        for (int u = 0; u < PU; u++) {
+            int j = j0 + u * FT;
+            bool in = j < n;
+            lv[u] = in ? lg[i0 + j] : 0.0f;
+            rv[u] = in && ls != lg ? ls[i0 + j] : lv[u];
+            cv[u] = in && cnt ? cnt[i0 + j] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < PU; u++) {
+            int j = j0 + u * FT;
+            if (j >= n) break;
+            float l = lv[u];
+            int cj = LAW ? adj_count(cv[u], i0 + j, adj) : cv[u];
+            float lp = cnt ? apply_pen(rv[u], cj, P) : rv[u];
+            float mn = fmaxf(m, l);
+            s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
+            if (P.temperature <= 0.0f) {
+                if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
+            } else {
+                keys[j] = fkey(lp * invT);
+                tmax = max(tmax, keys[j]);
+            }
         }
     }
     float M = block_max(m, sbuf);
@@ -445,12 +461,18 @@ __device__ void write_law(tl_law *law, const float2 *c, const double *ex, int ke
  * the warp combines the lanes (a fixed order: the same records, the same result). */
 __device__ float merge_lse(const part_rec *rec, int np) {
     int lane = threadIdx.x & 31;
-    float m = -INFINITY, s = 0.0f;
-    for (int p = lane; p < np; p += 32) {
-        float rm = rec[p].m, mn = fmaxf(m, rm);
+    float m = -INFINITY, s = 0.0f, rm[FP_FEW / 32], rs[FP_FEW / 32];
+#pragma unroll
+    for (int u = 0; u < FP_FEW / 32; u++) {
+        int p = lane + 32 * u;
+        rm[u] = p < np ? rec[p].m : -INFINITY, rs[u] = p < np ? rec[p].s : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < FP_FEW / 32; u++) {
+        float mn = fmaxf(m, rm[u]);
         if (mn == -INFINITY) continue;
         s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) +
-            (rm == -INFINITY ? 0.0f : rec[p].s * expf(rm - mn));
+            (rm[u] == -INFINITY ? 0.0f : rs[u] * expf(rm[u] - mn));
         m = mn;
     }
     float M = warp_max(m);
@@ -479,11 +501,24 @@ __device__ int merge_gather(const part_rec *rec, const float2 *pc, int np, int k
     __syncthreads();
     float L = s_L;
     int nsel = 0, off;
-    if (tid < np)
-        while (nsel < rec[tid].nc && pc[tid * FK + nsel].x >= L) nsel++;
+    const float2 *q = pc + tid * FK;
+    if (tid < np) { /* a prefix of the part's sorted list; 8 values loaded at a time */
+        int nc = rec[tid].nc;
+        for (int j0 = 0; j0 < nc; j0 += 8) {
+            float v[8];
+            int cn = 0;
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = j0 + u < nc ? q[j0 + u].x : -INFINITY;
+#pragma unroll
+            for (int u = 0; u < 8; u++) cn += j0 + u < nc && v[u] >= L;
+            nsel += cn;
+            if (cn < 8) break;
+        }
+    }
     int total = block_prefix(nsel, &off, s_cnt);
     if (total > CMAX) return -1;
-    for (int j = 0; j < nsel; j++) c[off + j] = pc[tid * FK + j];
+#pragma unroll 4
+    for (int j = 0; j < nsel; j++) c[off + j] = q[j];
     int n2 = 1;
     while (n2 < total) n2 <<= 1;
     for (int i = total + tid; i < n2; i += FT)
