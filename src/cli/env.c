@@ -49,6 +49,11 @@ static const env_switch env_switches[] = {
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
+    {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
+     "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 (default) or 2 blocks an "
+     "SM, or 0: the persistent q4m kernel only (A/B; same bits)"},
+    {"TL_MOE_SLICE=0", ENGINE_CMDS,
+     "CUDA: batch-1 MoE without the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_GEMM_TILE=0..5", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256)"},

@@ -191,6 +191,8 @@ static int moe_decode(const layer_ctx *x) {
     if (L->gate_up.bits == 4) {
         TRY(tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &L->gate_up, be->x, L->ffn_norm,
                                 eps, be->rlog, E + 1, K, E, T, x->st));
+        return tl_gpu_moe_down_after_route(be->x, &L->down, be->act, be->ids, be->rlog, E + 1,
+                                           be->wts, be->wsh, K, E, T, x->st);
     } else {
         TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, K, T, x->st));
         TRY(tl_gpu_moe_up(be->act, &L->gate_up, be->x, L->ffn_norm, eps, be->ids, K, E, T, x->st));

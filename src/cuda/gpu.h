@@ -165,6 +165,11 @@ int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *s
 int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                 const float *norm_w, float eps, int n_tok, int accumulate, const tl_gpu_stream *st);
 
+/* Tests and A/B runs: blocks a SM of the decode GEMV's slice kernel for 4-bit matrices (k_gemv.cu:
+ * 0 = off, the persistent q4m kernel only; 1 = default; 2), instead of TL_GEMV_SLICE. Both give
+ * the same bits. Returns the previous setting. */
+int tl_gpu_gemv_set_slice(int per_sm);
+
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
  * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of
  * the normed input (tl_gpu_rmsnorm_bf16x2). W bf16, W->cols % 128 == 0; ldy >= W->rows. A
@@ -367,6 +372,17 @@ int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_sh,
 int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act, const int32_t *ids,
                     const float *w, const float *w_sh, int k, int n_expert, int n_tok,
                     const tl_gpu_stream *st);
+/* tl_gpu_moe_down right after tl_gpu_moe_up_route on the same stream, with the logits that call
+ * routed: the kernel routes the token again before its PDL wait and prefetches its experts'
+ * weights while moe_up runs (k_moe.cu moe_down_kernel; valid because moe_up's kernels let their
+ * dependents start only after their own wait). Same bits as tl_gpu_moe_down. */
+int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, const float *act,
+                                const int32_t *ids, const float *logits, int ld, const float *w,
+                                const float *w_sh, int k, int n_expert, int n_tok,
+                                const tl_gpu_stream *st);
+/* Tests and A/B runs: the batch-1 MoE levers on (1, default) or off (0) instead of TL_MOE_SLICE:
+ * moe_up's slice kernel for one routed token and moe_down's early routing. Returns the previous. */
+int tl_gpu_moe_set_slice(int on);
 
 /* Prefill (grouped GEMM over the 256 experts):
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's

@@ -31,7 +31,7 @@ __device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++) {
         int e = lane + 32 * i;
-        p[i] = e < n_expert ? lg[e] : -INFINITY;
+        p[i] = e < n_expert ? __ldcg(lg + e) : -INFINITY; /* L2: see moe_down_kernel */
         mx = fmaxf(mx, p[i]);
     }
     mx = warp_max(mx);
@@ -125,6 +125,41 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
     }
 }
 
+/* Warp 0 of a moe_up block routes token t (moe_route_kernel's math): s_e[0..k) = its experts,
+ * s_e[k] = the shared expert; block 0 publishes ids, weights and the shared gate for moe_down. */
+__device__ __forceinline__ void route_block(int *s_e, int32_t *ids, float *wts, float *w_sh,
+                                            const float *logits, int ld, int n_expert, int k,
+                                            int t) {
+    int lane = threadIdx.x & 31, id;
+    float wn;
+    const float *lg = logits + (size_t)t * ld;
+    route_warp(&id, &wn, lg, n_expert, k);
+    if (lane < k) s_e[lane] = id;
+    if (lane == 0) s_e[k] = n_expert;
+    if (blockIdx.x == 0) {
+        if (lane < k) ids[(size_t)t * k + lane] = id, wts[(size_t)t * k + lane] = wn;
+        if (lane == 0) w_sh[t] = sigmoid_f(lg[n_expert]);
+    }
+}
+
+/* moe_up's output f of the gate/up row-block pair (rbg, rbg + 1) of slot j, token t: the K-slices'
+ * partial sums of the gate rows at g[0], g[pstride], ... and of the up rows at u[...] (float2 of
+ * rows 2t', 2t' + 1: r & 1 picks), added in slice order; s_ss: the staging warps' sums of h^2. */
+__device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const float2 *up,
+                                            int pstride, int KS, const float *s_ss, int K,
+                                            float eps, int t, int j, int k, int F, int rbg, int r) {
+    float gv = 0.0f, uv = 0.0f;
+    for (int i = 0; i < KS; i++) {
+        float2 a = gp[(size_t)i * pstride], b = up[(size_t)i * pstride];
+        gv += (r & 1) ? a.y : a.x;
+        uv += (r & 1) ? b.y : b.x;
+    }
+    float sq = 0.0f;
+    for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
+    float inv = rsqrtf(sq / (float)K + eps);
+    act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+}
+
 /* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
  *   x = rmsnorm(h[t]; norm_w);  act[t, j, f] = silu(gate_e[f] . x) * (up_e[f] . x)
  *   for j < k: e = ids[t, j]; j == k: e = n_expert (shared expert)
@@ -152,21 +187,10 @@ __global__ void __launch_bounds__(256, 2)
     int K = W.cols, RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB);
     int n_units = (k + 1) * upj;
     float *sx = q4m_sx(xs, K, 1);
-    pdl_trigger();
     pdl_wait();
-    if (logits) { /* route here (moe_route_kernel's math); block 0 publishes it for moe_down */
-        if (warp == 0) {
-            const float *lg = logits + (size_t)t * ld;
-            int id;
-            float wn;
-            route_warp(&id, &wn, lg, n_expert, k);
-            if (lane < k) s_e[lane] = id;
-            if (lane == 0) s_e[k] = n_expert;
-            if (blockIdx.x == 0) {
-                if (lane < k) ids[(size_t)t * k + lane] = id, wts[(size_t)t * k + lane] = wn;
-                if (lane == 0) w_sh[t] = sigmoid_f(lg[n_expert]);
-            }
-        }
+    pdl_trigger(); /* after the wait: the next kernel may read the logits early (moe_down) */
+    if (logits) {
+        if (warp == 0) route_block(s_e, ids, wts, w_sh, logits, ld, n_expert, k, t);
     } else if (threadIdx.x <= k) {
         s_e[threadIdx.x] = threadIdx.x < k ? ids[(size_t)t * k + threadIdx.x] : n_expert;
     }
@@ -189,19 +213,85 @@ __global__ void __launch_bounds__(256, 2)
         int p = threadIdx.x >> 3, r = threadIdx.x & 7, j = u / upj;
         int rbg = (u - j * upj) * RBB + 2 * p;
         if (p >= RBB / 2 || rbg >= n_rb) return;
-        float gv = 0.0f, uv = 0.0f;
-        for (int i = 0; i < KS; i++) {
-            float2 a = s_part[(2 * p) * KS + i][r >> 1], b = s_part[(2 * p + 1) * KS + i][r >> 1];
-            gv += (r & 1) ? a.y : a.x;
-            uv += (r & 1) ? b.y : b.x;
-        }
-        float sq = 0.0f;
-        for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
-        float inv = rsqrtf(sq / (float)K + eps);
-        act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+        moe_up_emit(act, &s_part[(2 * p) * KS][r >> 1], &s_part[(2 * p + 1) * KS][r >> 1], 32, KS,
+                    s_ss, K, eps, t, j, k, F, rbg, r);
     };
     q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs, sx, s_part,
                         (char *)xs + q4m_smem(K, 1));
+}
+
+/* moe_up_q4s_kernel: moe_up_q4m_kernel with routing for one token (the batch-1 decode step),
+ * scheduled as gemv_q4s_kernel (k_gemv.cu): block b owns the units [b * upb, b * upb + upb) of
+ * the (k + 1) * upj units (slot-major: the shared expert's, slot k, last); before the PDL wait
+ * its warps issue the items of the shared expert (known without the routing), after it warp 0
+ * routes, the routed items are issued, each warp runs its items as they land (the shared expert's
+ * first) and keeps their partial sums in the items' first 256 bytes; one barrier, then the block
+ * writes all its outputs. One block per SM with at most half its registers, so moe_down's blocks
+ * can be resident meanwhile and prefetch their experts. Same products, sums and order as
+ * moe_up_q4m_kernel: the same bits (test_kernels.c: test_slice_kernels). */
+template <int KPW>
+__global__ void __launch_bounds__(256, 3)
+    moe_up_q4s_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
+                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
+                      float *wts, float *w_sh, int upb) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    __shared__ int s_e[MAX_K + 1];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols;
+    int RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB), n_units = (k + 1) * upj;
+    int q = warp / KS, kb0 = (warp % KS) * KPW;
+    int u0 = blockIdx.x * upb, nu = max(0, min(upb, n_units - u0));
+    int n_sh = nu - min(max(k * upj - u0, 0), nu); /* the block's units of slot k: its last */
+    char *items = (char *)xs + q4m_smem(K, 1);     /* [upb][8 warps][SB] */
+    const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
+    size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
+    /* the warp's item m is unit unit_of(m) of the block: the shared expert's first */
+    auto unit_of = [&](int m) { return m < n_sh ? nu - n_sh + m : m - n_sh; };
+    auto item = [&](int m, int *j, int *rb) {
+        int uj = u0 + unit_of(m);
+        *j = uj / upj, *rb = (uj - *j * upj) * RBB + q;
+        return m < nu && q < RBB && *rb < n_rb;
+    };
+    auto issue = [&](int m) {
+        int j, rb;
+        if (item(m, &j, &rb)) {
+            int e = j < k ? s_e[j] : n_expert;
+            q4m_issue<KPW>(items + (size_t)(unit_of(m) * 8 + warp) * SB, w0 + e * ew, sb0 + e * es,
+                           2 * F, K, rb, kb0);
+        }
+        cp_async_commit();
+    };
+    for (int m = 0; m < n_sh; m++) issue(m); /* weights only: no PDL wait needed */
+    pdl_wait();
+    pdl_trigger(); /* after the wait: moe_down may read the logits before its own */
+    if (warp == 0) route_block(s_e, ids, wts, w_sh, logits, ld, n_expert, k, 0);
+    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+    __syncthreads();
+    for (int m = n_sh; m < upb; m++) issue(m);
+    float *sx = q4m_sx(xs, K, 1);
+    q4m_stage(xs, sx, h, K, norm_w, K, 1, threadIdx.x, 256, s_ss);
+    __syncthreads();
+    for (int m = 0; m < upb; m++) {
+        cp_async_wait_dyn(upb - 1 - m);
+        __syncwarp();
+        int j, rb;
+        float a0 = 0.0f, a1 = 0.0f;
+        char *it = items + (size_t)(unit_of(m) * 8 + warp) * SB;
+        if (item(m, &j, &rb)) q4m_item_dot<KPW>(a0, a1, it, xs, sx, kb0);
+        __syncwarp(); /* every lane has read the item before its first bytes take the sums */
+        if (m < nu) ((float2 *)it)[lane] = make_float2(a0, a1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nu * RBB * 4; e += 256) { /* (unit, gate/up pair p, output r) */
+        int i = e / (RBB * 4), p = (e >> 3) - i * (RBB / 2), r = e & 7;
+        int uj = u0 + i, j = uj / upj, rbg = (uj - j * upj) * RBB + 2 * p;
+        if (rbg >= n_rb) continue;
+        const float2 *gp = (const float2 *)(items + (size_t)(i * 8 + 2 * p * KS) * SB) + (r >> 1);
+        const float2 *up =
+            (const float2 *)(items + (size_t)(i * 8 + (2 * p + 1) * KS) * SB) + (r >> 1);
+        moe_up_emit(act, gp, up, SB / 8, KS, s_ss, K, eps, 0, j, k, F, rbg, r);
+    }
 }
 
 __global__ void __launch_bounds__(256)
@@ -248,18 +338,33 @@ __global__ void __launch_bounds__(256)
  * (q4: issues its weight loads, then stages act row j in its own shared memory and runs the q4m
  * dot; bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
  *   order (deterministic).
- * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe. */
-template <int BITS, int KPW>
-__global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
-                                const float *wt, const float *w_sh, int k, int n_expert,
-                                int n_embd) {
+ * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe.
+ * With logits (q4, right after moe_up with routing): each warp routes the token again from the
+ * router's logits and loads its expert's first weights before the PDL wait. That is safe because
+ * both moe_up kernels trigger their dependents only after their own wait, so the router kernel
+ * has completed and written the logits when this kernel starts; they are read through L2
+ * (__ldcg in route_warp: no stale L1 line from the previous layer). Same ids as moe_up's (same
+ * function of the same logits), so the same bits. */
+template <int BITS, int KPW, bool EARLY>
+__device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, const float *act,
+                                              const int32_t *ids, const float *logits, int ld,
+                                              const float *wt, const float *w_sh, int k,
+                                              int n_expert, int n_embd) {
     extern __shared__ uint4 xs_all[]; /* q4: per warp the staged act row */
     __shared__ float s_v[17][8];
     pdl_trigger();
-    pdl_wait();
     int t = blockIdx.y, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int rb = blockIdx.x, F = W.cols;
-    int e = j < k ? ids[(size_t)t * k + j] : n_expert;
+    int rb = blockIdx.x, F = W.cols, e;
+    if (EARLY) { /* q4 only: route again before the wait (see the contract above) */
+        int id;
+        float wn;
+        route_warp(&id, &wn, logits + (size_t)t * ld, n_expert, k);
+        id = __shfl_sync(0xffffffffu, id, j < k ? j : 0);
+        e = j < k ? id : n_expert;
+    } else {
+        pdl_wait();
+        e = j < k ? ids[(size_t)t * k + j] : n_expert;
+    }
     const float *arow = act + ((size_t)t * (k + 1) + j) * F;
     const void *w;
     const uint32_t *sb;
@@ -269,6 +374,7 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
         uint2 sbv[KPW / 2];
         int KB = F >> 5, kb0 = 0;
         q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, 0);
+        if (EARLY) pdl_wait(); /* the first weights are in flight: now act */
         uint4 *xs = xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16);
         float *sx = q4m_sx(xs, F, 1);
         q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
@@ -301,17 +407,67 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
     h[(size_t)t * n_embd + 8 * rb + r] += out;
 }
 
+template <int BITS, int KPW>
+__global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
+                                const float *wt, const float *w_sh, int k, int n_expert,
+                                int n_embd) {
+    moe_down_body<BITS, KPW, false>(h, W, act, ids, NULL, 0, wt, w_sh, k, n_expert, n_embd);
+}
+
+/* The early form: at most MOE_DOWN_EARLY_K + 1 warps, registers for 3 blocks an SM, so two of
+ * its blocks fit beside a moe_up_q4s block and prefetch while it runs. */
+#define MOE_DOWN_EARLY_K 8
+template <int KPW>
+__global__ void __launch_bounds__(32 * (MOE_DOWN_EARLY_K + 1), 3)
+    moe_down_early_kernel(float *h, tl_gpu_gemm_w W, const float *act, const float *logits, int ld,
+                          const float *wt, const float *w_sh, int k, int n_expert, int n_embd) {
+    moe_down_body<4, KPW, true>(h, W, act, NULL, logits, ld, wt, w_sh, k, n_expert, n_embd);
+}
+
 /* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
 #define MOE_MAX_SHM (220 * 1024)
 /* Raises moe_up's dynamic shared memory limit (tl_gpu_init). */
 int cb_moe_setup(void) {
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  MOE_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+#define MOE_SHM_ATTR(kern)                                                                         \
+    CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM))
+    MOE_SHM_ATTR(moe_up_q4m_kernel<8>);
+    MOE_SHM_ATTR(moe_up_q4m_kernel<16>);
+    MOE_SHM_ATTR(moe_up_q4m_kernel<32>);
+    MOE_SHM_ATTR(moe_up_q4s_kernel<8>);
+    MOE_SHM_ATTR(moe_up_q4s_kernel<16>);
+    MOE_SHM_ATTR(moe_up_q4s_kernel<32>);
+#undef MOE_SHM_ATTR
     return 0;
+}
+
+/* The batch-1 MoE levers (TL_MOE_SLICE, default 1; 0 for A/B): moe_up_q4s_kernel for one token
+ * with routing, and moe_down routing early after moe_up_route. Same bits either way. */
+static int moe_slice = -1;
+static int moe_slice_on(void) {
+    if (moe_slice < 0) moe_slice = !(getenv("TL_MOE_SLICE") && atoi(getenv("TL_MOE_SLICE")) == 0);
+    return moe_slice;
+}
+extern "C" int tl_gpu_moe_set_slice(int on) {
+    int old = moe_slice_on();
+    moe_slice = on != 0;
+    return old;
+}
+
+/* moe_up_q4s_kernel for one routed token when its items fit (1 launched, 0 not, < 0 error). */
+static int launch_moe_up_q4s(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
+                             const float *norm_w, float eps, int32_t *ids, int k, int n_expert,
+                             int F, int kpw, int ks, const float *logits, int ld, float *wts,
+                             float *w_sh, const tl_gpu_stream *st) {
+    int K = gate_up->cols, n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
+    int upb = CEIL_DIV(n_units, cb_grid_cap() / 2);
+    size_t shm = q4m_smem(K, 1) + (size_t)upb * 8 * q4m_stage_bytes(kpw);
+    if (upb > Q4S_UMAX || shm > MOE_MAX_SHM) return 0;
+    auto kern = kpw == 32   ? moe_up_q4s_kernel<32>
+                : kpw == 16 ? moe_up_q4s_kernel<16>
+                            : moe_up_q4s_kernel<8>;
+    TL_LAUNCH(st, "moe_up_q4s", kern, dim3(CEIL_DIV(n_units, upb)), dim3(256), shm, act, *gate_up,
+              h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh, upb);
+    return 1;
 }
 
 static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
@@ -333,6 +489,11 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K || k > 32 ||
         n_expert > 32 * ROUTE_PER)
         return TL_ERR_INVALID;
+    if (logits && n_tok == 1 && moe_slice_on()) {
+        int rc = launch_moe_up_q4s(act, gate_up, h, norm_w, eps, ids, k, n_expert, F, kpw, ks,
+                                   logits, ld, wts, w_sh, st);
+        if (rc) return rc < 0 ? rc : 0;
+    }
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
@@ -360,9 +521,9 @@ extern "C" int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_
                        st);
 }
 
-extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act,
-                               const int32_t *ids, const float *w, const float *w_sh, int k,
-                               int n_expert, int n_tok, const tl_gpu_stream *st) {
+static int moe_down_impl(float *h, const tl_gpu_gemm_w *down, const float *act, const int32_t *ids,
+                         const float *logits, int ld, const float *w, const float *w_sh, int k,
+                         int n_expert, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     int n_embd = down->rows / (n_expert + 1), F = down->cols;
     if (n_embd % 8 || F % 256 || k + 1 > 17) return TL_ERR_INVALID;
@@ -376,12 +537,32 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     if (q4m_split(F, 8, &kpw, &ks)) return TL_ERR_INVALID; /* one warp loops over the ks chunks */
     size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
     if (shm > 48 * 1024) return TL_ERR_INVALID;
+    if (logits && k <= MOE_DOWN_EARLY_K && n_expert <= 32 * ROUTE_PER && kpw <= 16) {
+        auto kern = kpw == 16 ? moe_down_early_kernel<16> : moe_down_early_kernel<8>;
+        TL_LAUNCH(st, "moe_down_early", kern, grid, block, shm, h, *down, act, logits, ld, w, w_sh,
+                  k, n_expert, n_embd);
+        return 0;
+    }
     auto kern = kpw == 32   ? moe_down_kernel<4, 32>
                 : kpw == 16 ? moe_down_kernel<4, 16>
                             : moe_down_kernel<4, 8>;
     TL_LAUNCH(st, "moe_down", kern, grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert,
               n_embd);
     return 0;
+}
+
+extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act,
+                               const int32_t *ids, const float *w, const float *w_sh, int k,
+                               int n_expert, int n_tok, const tl_gpu_stream *st) {
+    return moe_down_impl(h, down, act, ids, NULL, 0, w, w_sh, k, n_expert, n_tok, st);
+}
+
+extern "C" int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, const float *act,
+                                           const int32_t *ids, const float *logits, int ld,
+                                           const float *w, const float *w_sh, int k, int n_expert,
+                                           int n_tok, const tl_gpu_stream *st) {
+    return moe_down_impl(h, down, act, ids, moe_slice_on() ? logits : NULL, ld, w, w_sh, k,
+                         n_expert, n_tok, st);
 }
 
 /* ====== Prefill MoE: plan, grouped GEMMs (k_gemm.cu), combine. ====== */

@@ -370,6 +370,95 @@ static void test_gemv_conv1d_fused(void) {
     hmat_free(&W);
 }
 
+/* The slice kernel (k_gemv.cu gemv_q4s_kernel, 1 or 2 blocks a SM) gives the bits of the
+ * persistent q4m kernel (slice 0) for tiles of <= 8 tokens: plain, normed, accumulated, the
+ * fused conv1d epilogue (outputs and conv states), KPW 8 / 16 / 32 (K = 768, 2048, 8192), a
+ * matrix too large for it (falls back: equal trivially, and must not fail). Random inputs, so
+ * equal bits mean the same products in the same order, not zeros. */
+static int slice_run(int mode, const tl_gpu_gemm_w *dW, const float *dx, const float *dnw, int T,
+                     int acc, const float *y0, float *dy, float **out) {
+    int rows = dW->rows;
+    CHECK_EQ_INT(tl_gpu_upload(dy, y0, sizeof(float) * T * rows), 0);
+    tl_gpu_gemv_set_slice(mode);
+    int st = tl_gpu_gemv(dy, rows, dW, dx, dW->cols, dnw, 1e-6f, T, acc, NULL);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    *out = host_from(dy, (size_t)T * rows);
+    return st;
+}
+
+static void slice_case(int rows, int cols, int T, int with_norm, int acc) {
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *y0 = rand_vec((size_t)T * rows, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got;
+    CHECK_EQ_INT(slice_run(0, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &ref), 0);
+    for (int mode = 1; mode <= 2; mode++) {
+        CHECK_EQ_INT(slice_run(mode, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &got), 0);
+        int same = !memcmp(got, ref, sizeof(float) * T * rows);
+        printf("# gemv q4 slice (%d a SM) vs q4m %dx%d t%d n%d a%d: %s\n", mode, rows, cols, T,
+               with_norm, acc, same ? "same bits" : "DIFFERENT");
+        CHECK(same);
+        free(got);
+    }
+    tl_gpu_gemv_set_slice(1);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(y0), free(ref);
+    hmat_free(&W);
+}
+
+/* The fused conv1d epilogue through the slice kernel == through q4m (conv outputs and states). */
+static void slice_conv_case(void) {
+    const int rows = 12416, cols = TL_N_EMBD, C = 8192, T = 3, n_slot = 3;
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *cw = rand_vec((size_t)C * 4, 0.5f, &rs),
+          *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
+    int slot[3] = {1, 2, 0}, pos0[3] = {7, 3, 11}, n[3] = {1, 1, 1};
+    dseqs d = make_seqs(T, slot, pos0, n);
+    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dcw = dev_from(cw, sizeof(float) * C * 4);
+    float *dst = tl_gpu_malloc(sizeof(float) * n_slot * 3 * C);
+    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *dc = tl_gpu_malloc(sizeof(float) * T * C);
+    float *y[2], *c[2], *s[2];
+    for (int mode = 0; mode < 2; mode++) {
+        CHECK_EQ_INT(tl_gpu_upload(dst, st, sizeof(float) * n_slot * 3 * C), 0);
+        tl_gpu_gemv_set_slice(mode);
+        CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, dc, dst, dcw, C,
+                                        d.s.tok_slot, NULL),
+                     0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        y[mode] = host_from(dy, (size_t)T * rows), c[mode] = host_from(dc, (size_t)T * C);
+        s[mode] = host_from(dst, (size_t)n_slot * 3 * C);
+    }
+    tl_gpu_gemv_set_slice(1);
+    int bad_y = 0;
+    for (int t = 0; t < T; t++)
+        bad_y += memcmp(y[0] + (size_t)t * rows + C, y[1] + (size_t)t * rows + C,
+                        sizeof(float) * (rows - C)) != 0;
+    int bad_c = memcmp(c[0], c[1], sizeof(float) * T * C) != 0;
+    int bad_s = memcmp(s[0], s[1], sizeof(float) * n_slot * 3 * C) != 0;
+    printf("# gemv q4 slice + conv1d vs q4m: rows>=C differ in %d tokens, conv out %d, state %d\n",
+           bad_y, bad_c, bad_s);
+    CHECK_EQ_INT(bad_y + bad_c + bad_s, 0);
+    CHECK(memcmp(s[1], st, sizeof(float) * n_slot * 3 * C) != 0); /* the states moved */
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dcw), tl_gpu_free(dst), tl_gpu_free(dy);
+    tl_gpu_free(dc), tl_gpu_free(d.buf), tl_gpu_mat_free(&dW);
+    for (int m = 0; m < 2; m++) free(y[m]), free(c[m]), free(s[m]);
+    free(x), free(nw), free(cw), free(st);
+    hmat_free(&W);
+}
+
 /* ---- conv1d ---- */
 
 /* Also the per-token state copies of a speculative verify (gpu.h tl_gpu_ring, 3 copies a slot):
@@ -867,22 +956,28 @@ static void moe_case(int bits, int D, int K, int T) {
     CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dh, (size_t)T * D);
-    if (bits) {
-        /* the decode step's fused form (routing inside moe_up): same ids, bit-identical h */
+    /* the decode step's fused form (routing inside moe_up, moe_down after it): same ids,
+     * bit-identical h, with the batch-1 slice kernels off (0) and on (1: moe_up_q4s when T = 1,
+     * moe_down routing early) */
+    for (int mode = 0; bits && mode <= 1; mode++) {
         int32_t *hid = (int32_t *)host_from(dids, (size_t)T * K), *hid2;
         float *dh2 = dev_from(h, sizeof(float) * T * D);
+        int old = tl_gpu_moe_set_slice(mode);
         CHECK_EQ_INT(tl_gpu_memset(dids, 0xff, sizeof(int32_t) * T * K), 0);
         CHECK_EQ_INT(tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1,
                                          K, E, T, NULL),
                      0);
-        CHECK_EQ_INT(tl_gpu_moe_down(dh2, &ddn, dact, dids, dwt, dsh, K, E, T, NULL), 0);
+        CHECK_EQ_INT(
+            tl_gpu_moe_down_after_route(dh2, &ddn, dact, dids, dlg, E + 1, dwt, dsh, K, E, T, NULL),
+            0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
+        tl_gpu_moe_set_slice(old);
         hid2 = (int32_t *)host_from(dids, (size_t)T * K);
         float *got2 = host_from(dh2, (size_t)T * D);
         int same_ids = !memcmp(hid, hid2, sizeof(int32_t) * T * K);
         int same_h = !memcmp(got, got2, sizeof(float) * T * D);
-        printf("# moe_up_route D%d k%d T%d: ids %s, h %s (want both same)\n", D, K, T,
-               same_ids ? "same" : "DIFFER", same_h ? "same" : "DIFFER");
+        printf("# moe_up_route + down (slice %d) D%d k%d T%d: ids %s, h %s (want both same)\n",
+               mode, D, K, T, same_ids ? "same" : "DIFFER", same_h ? "same" : "DIFFER");
         CHECK(same_ids);
         CHECK(same_h);
         tl_gpu_free(dh2);
@@ -903,6 +998,19 @@ static void test_moe(void) {
     moe_case(0, TL_N_EMBD, TL_N_EXPERT_USED, 3);
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 3);
     moe_case(4, 256, 4, 12); /* the small e2e model's MoE, a 12-token prompt */
+}
+
+static void test_slice_kernels(void) {
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1); /* batch 1: moe_up_q4s, early moe_down */
+    moe_case(4, 256, 4, 1);                      /* the small model's shapes (KPW 8) */
+    slice_case(12416, TL_N_EMBD, 1, 1, 0);       /* GDN in-proj: KPW 16, KS 4, 6 units a block */
+    slice_case(2048, 4096, 1, 0, 1);             /* GDN out-proj + residual: KS 8 */
+    slice_case(2048, 8192, 4, 0, 1);             /* attention o-proj: KPW 32 */
+    slice_case(9216, TL_N_EMBD, 5, 1, 0);        /* attention in-proj, a verify's 5 tokens */
+    slice_case(1024, 768, 8, 1, 1);              /* K = 768: KPW 8, KS 3 (6 of 8 warps work) */
+    slice_case(200, 256, 2, 0, 0);               /* fewer units than blocks */
+    slice_case(248320 / 8, TL_N_EMBD, 1, 0, 0);  /* too many units a block: q4m runs */
+    slice_conv_case();
 }
 
 /* ---- sampling ---- */
@@ -1724,5 +1832,6 @@ int main(void) {
     T_RUN(test_sample_sparse_mask);
     T_RUN(test_kv_page_copy);
     T_RUN(test_sample_law);
+    T_RUN(test_slice_kernels); /* appended: the tests above keep their random draws */
     return t_summary();
 }
