@@ -234,3 +234,31 @@ def test_spec_curve_script():
         tps = [float(c[k].split()[0]) for c in curve]
         assert all(b > a for a, b in zip(tps, tps[1:])), tps
     assert "plain decode:" in r.stdout
+
+
+def test_env_ab_script():
+    """bench/env_ab.sh on the tiny model (CPU): one row per variant in the given order, one
+    positive tok/s (ms a step) cell per round, the best equal to the largest round; a failing
+    bench (here: a binary that does not exist) stops it with an error naming the variant, and
+    no VARIANTS is a usage error."""
+    env = dict(os.environ, TULIP="build/cpu/tulip", LEN="16", GEN="4", ROUNDS="2",
+               VARIANTS="-; TL_GEMV_SLICE=0 TL_MOE_SLICE=0",
+               ARGS="--model tests/data/tiny-a --allow-test-shape --backend cpu")
+    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in r.stdout.splitlines()
+            if ln.startswith("| -") or ln.startswith("| TL_")]
+    assert [c[0] for c in rows] == ["-", "TL_GEMV_SLICE=0 TL_MOE_SLICE=0"]
+    for c in rows:
+        tps = [float(x.split()[0]) for x in c[1:3]]
+        assert all(t > 0 for t in tps), c
+        assert float(c[3]) == max(tps), c
+    env["TULIP"] = "build/cpu/no-such-tulip"
+    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "env_ab: variant '-' failed" in r.stderr, r.stderr
+    env.pop("VARIANTS")
+    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "set VARIANTS" in r.stderr

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A/B of environment switches on one binary: `tulip bench` at one context for each variant in
+# $VARIANTS (variants separated by ';', each a list of NAME=VALUE, "-" for none), the variants
+# alternated ROUNDS times so drift hits them all alike, then one markdown table: decode tok/s and
+# ms a step per round, and the best. Run on the GPU machine from the repository root.
+#   VARIANTS  e.g. "TL_GEMV_SLICE=0 TL_MOE_SLICE=0; TL_GEMV_SLICE=1; TL_MOE_SLICE=1" (required)
+#   LEN       context length (default 4096)       GEN     decode tokens timed (default 128)
+#   ROUNDS    alternations (default 2)            TULIP   the binary (default build/cuda/tulip)
+#   ARGS      bench arguments (default "--random-weights --bits 4": the model card's sampling)
+set -u
+TULIP=${TULIP:-build/cuda/tulip}
+ARGS=${ARGS:---random-weights --bits 4}
+if [ -z "${VARIANTS:-}" ]; then
+    echo "env_ab: set VARIANTS (see the header)" >&2
+    exit 2
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+IFS=';' read -r -a vars <<<"$VARIANTS"
+for ((r = 0; r < ${ROUNDS:-2}; r++)); do
+    for i in "${!vars[@]}"; do
+        v=$(echo "${vars[$i]}" | xargs)
+        envs=()
+        [ "$v" != "-" ] && [ -n "$v" ] && read -r -a envs <<<"$v"
+        # shellcheck disable=SC2086
+        if ! env "${envs[@]}" "$TULIP" bench $ARGS --lengths "${LEN:-4096}" --gen "${GEN:-128}" \
+            --repeats 1 --json >"$tmp/$i.$r.json" 2>"$tmp/$i.$r.err"; then
+            echo "env_ab: variant '$v' failed: $(tail -1 "$tmp/$i.$r.err")" >&2
+            exit 1
+        fi
+    done
+done
+python3 - "$tmp" "${ROUNDS:-2}" "${vars[@]}" <<'PY'
+import json, sys
+d, rounds, vs = sys.argv[1], int(sys.argv[2]), [v.strip() for v in sys.argv[3:]]
+print("| variant | " + " | ".join("round %d tok/s (ms a step)" % (r + 1) for r in range(rounds))
+      + " | best tok/s |")
+print("|---|" + "---:|" * (rounds + 1))
+for i, v in enumerate(vs):
+    cells, best = [], 0.0
+    for r in range(rounds):
+        doc = json.loads(open("%s/%d.%d.json" % (d, i, r)).read().strip().splitlines()[-1])
+        row = doc["rows"][0]
+        ms = row["gen_ms_per_step"]
+        cells.append("%.1f (%.3f)" % (1000.0 / ms, ms))
+        best = max(best, 1000.0 / ms)
+    print("| %s | %s | %.1f |" % (v or "-", " | ".join(cells), best))
+PY
