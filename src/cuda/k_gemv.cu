@@ -180,25 +180,30 @@ __global__ void __launch_bounds__(256, 2)
  *   (w*32 + lane)*8 + j*2048 of each row (split-K), partial sums meet in shared memory and are
  *   added in warp order (deterministic). grid.x = ceil(rows/R): R = 8, or R = 2 for matrices of
  *   at most 1024 rows (the 257-row router: 129 blocks instead of 33, which left most SMs idle).
+ * The weights of each warp's first column chunk are loaded before the PDL wait (for the 2048-wide
+ * router that is all of them: its 2 MB stream while the previous kernel finishes).
  * Bytes: rows*K*2 per token tile. Tested against cpu_matvec (test_gemv_bf16). */
 template <int NT, int R>
 __global__ void __launch_bounds__(256)
     gemv_bf16_splitk_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx,
                             const float *nw, float eps, int n_tok, int accumulate) {
     __shared__ float s_part[8][R * NT + NT];
-    pdl_trigger();
-    pdl_wait();
     int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * R;
+    uint4 pre[R], pre2[R]; /* the first step's weights of both planes, before the PDL wait */
+    bf16_rows_first<R>(pre, (const uint16_t *)W.w, W.cols, r0, W.rows, warp);
+    if (W.sb) bf16_rows_first<R>(pre2, (const uint16_t *)W.sb, W.cols, r0, W.rows, warp);
+    pdl_trigger();
+    pdl_wait();
     const float *xp[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) xp[t] = x + (size_t)(t0 + min(t, nt - 1)) * ldx;
     float acc[R][NT], ss[NT];
-    bf16_rows_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8);
+    bf16_rows_dot<NT>(acc, ss, (const uint16_t *)W.w, W.cols, r0, W.rows, xp, nw, nt, warp, 8, pre);
     if (W.sb) { /* the low bf16 plane of non-bf16 weights (8-bit router): y = hi x + lo x */
         float acc2[R][NT], ss2[NT];
         bf16_rows_dot<NT>(acc2, ss2, (const uint16_t *)W.sb, W.cols, r0, W.rows, xp, nw, nt, warp,
-                          8);
+                          8, pre2);
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll

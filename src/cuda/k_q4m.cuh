@@ -267,11 +267,25 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
 /* Dot of bf16 rows r0..r0+R-1 (rows >= n_rows skipped) with NT inputs over the columns
  * c = (slice*32 + lane)*8 + j*256*n_slices (16 bytes per row per lane per step); n_slices = 1
  * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
- * per-lane partial sums (reduce with warp_sum or across warps). */
+ * per-lane partial sums (reduce with warp_sum or across warps). pre: the first step's weights,
+ * loaded earlier by bf16_rows_first (same values, so the same sums), or NULL. */
+/* Loads the weights of bf16_rows_dot's first step (rows r0.., column chunk (slice*32 + lane)*8)
+ * into pre: a caller issues them before its PDL wait and passes pre to bf16_rows_dot. */
+template <int R>
+__device__ __forceinline__ void bf16_rows_first(uint4 (&pre)[R], const uint16_t *w, int K, int r0,
+                                                int n_rows, int slice) {
+    int c = (slice * 32 + (threadIdx.x & 31)) * 8;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        pre[r] = c < K && r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
+                                          : make_uint4(0, 0, 0, 0);
+}
+
 template <int NT, int R>
-__device__ __forceinline__ void
-bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
-              const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
+__device__ __forceinline__ void bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT],
+                                              const uint16_t *w, int K, int r0, int n_rows,
+                                              const float *const (&x)[NT], const float *xw, int nt,
+                                              int slice, int n_slices, const uint4 *pre = NULL) {
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -281,10 +295,12 @@ bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT], const uint16_t *w, int K, in
     }
     for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * n_slices) {
         uint4 q[R];
+        bool first = pre && c == (slice * 32 + lane) * 8;
 #pragma unroll
         for (int r = 0; r < R; r++)
-            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
-                                   : make_uint4(0, 0, 0, 0);
+            q[r] = first             ? pre[r]
+                   : r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
+                                     : make_uint4(0, 0, 0, 0);
         float4 wa = make_float4(1, 1, 1, 1), wb = wa;
         if (xw) wa = __ldg((const float4 *)(xw + c)), wb = __ldg((const float4 *)(xw + c + 4));
 #pragma unroll
