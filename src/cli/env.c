@@ -52,6 +52,9 @@ static const env_switch env_switches[] = {
     {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 (default) or 2 blocks an "
      "SM, or 0: the persistent q4m kernel only (A/B; same bits)"},
+    {"TL_GEMV_ROWS=0", ENGINE_CMDS,
+     "CUDA: 4-bit decode GEMVs too large for the slice kernel (the LM head) on the persistent q4m "
+     "kernel instead of the rows kernel (A/B; other rounding)"},
     {"TL_MOE_SLICE=0", ENGINE_CMDS,
      "CUDA: batch-1 MoE without the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_GEMM_TILE=0..5", ENGINE_CMDS,

@@ -173,6 +173,61 @@ __global__ void __launch_bounds__(256, 2)
     }
 }
 
+/* gemv_q4r_kernel ("rows"): for matrices too large for the slice kernel (the LM head), one tile
+ * of <= 8 tokens. Each warp owns whole row blocks (all of K): rb = blockIdx.x * 8 + warp, then
+ * += gridDim.x * 8, and streams their tiles in chunks of KPW through its own ring of Q4M_NS
+ * shared-memory stages, Q4M_NS - 1 chunks ahead (the first ones before the PDL wait). After the x
+ * staging no block barrier: a warp writes its rows as soon as their last chunk is in, so one slow
+ * warp no longer holds the other seven (gemv_q4m_kernel meets its KS K-slices at a barrier every
+ * unit). A row's K sum is one chain over the chunks in order: other rounding than q4m's KS
+ * slices (NMSE ~1e-14 apart), the same for every token tile (tests/gpu/test_kernels.c:
+ * test_slice_kernels). */
+template <int KPW>
+__global__ void __launch_bounds__(256, 2)
+    gemv_q4r_kernel(gemv_out o, tl_gpu_gemm_w W, const float *x, int ldx, int n_rows) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, KB = K >> 5;
+    int nch = KB / KPW, rb0 = blockIdx.x * 8 + warp, rstep = gridDim.x * 8;
+    int n_items = (rb0 < o.n_rb ? CEIL_DIV(o.n_rb - rb0, rstep) : 0) * nch;
+    o.t0 = 0;
+    char *my = (char *)xs + q4m_smem(K, n_rows) + (size_t)warp * Q4M_NS * SB;
+    const uint32_t *w = (const uint32_t *)W.w, *sbp = (const uint32_t *)W.sb;
+    auto issue = [&](int it) { /* item it: chunk it % nch of the warp's row block it / nch */
+                               if (it < n_items) {
+                                   int r = it / nch;
+                                   q4m_issue<KPW>(my + (it % Q4M_NS) * SB, w, sbp, W.rows, K,
+                                                  rb0 + r * rstep, (it - r * nch) * KPW);
+                               }
+                               cp_async_commit();
+    };
+    for (int j = 0; j < Q4M_NS - 1; j++) issue(j); /* weights only: no PDL wait needed */
+    pdl_trigger();
+    pdl_wait();
+    float *sx = q4m_sx(xs, K, n_rows);
+    gemv_stage_x(xs, sx, s_ss, x, ldx, o);
+    int gx = min(lane >> 2, o.nt - 1);
+    const uint4 *xrow = xs + gx * q4m_lds(K);
+    const float *sxrow = sx + gx * (KB >> 1);
+    o.KS = 1;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int it = 0; it < n_items; it++) {
+        issue(it + Q4M_NS - 1); /* into the stage item it - 1 used */
+        cp_async_wait<Q4M_NS - 1>();
+        __syncwarp();
+        int r = it / nch, ch = it - r * nch;
+        q4m_item_dot<KPW>(a0, a1, my + (it % Q4M_NS) * SB, xrow, sxrow, ch * KPW);
+        __syncwarp(); /* every lane has read the stage before the next issue refills it */
+        if (ch == nch - 1) {
+            float2 p = make_float2(a0, a1);
+            gemv_emit(o, s_ss, rb0 + r * rstep, lane, &p, 0);
+            a0 = 0.0f, a1 = 0.0f;
+        }
+    }
+    cp_async_wait<0>();
+}
+
 /* gemv_bf16_splitk_kernel: the same contract for bf16 W [rows, K] (K % 256 == 0, any rows);
  * with W.sb non-NULL, W.sb is a second bf16 plane (the low bits of non-bf16 weights) and
  * W = W.w + W.sb.
@@ -260,6 +315,9 @@ int cb_gemv_setup(void) {
     GEMV_SHM_ATTR(gemv_q4s_kernel<8>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<16>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<32>);
+    GEMV_SHM_ATTR(gemv_q4r_kernel<8>);
+    GEMV_SHM_ATTR(gemv_q4r_kernel<16>);
+    GEMV_SHM_ATTR(gemv_q4r_kernel<32>);
 #undef GEMV_SHM_ATTR
     return 0;
 }
@@ -303,6 +361,32 @@ int cb_grid_cap(void) {
     return grid_cap;
 }
 
+/* The rows kernel for one tile of <= 8 tokens (TL_GEMV_ROWS=0 or tl_gpu_gemv_set_rows(0): off).
+ * 1 if launched, 0 if not, < 0 on a launch error. */
+static int gemv_rows = -1;
+static int gemv_rows_on(void) {
+    if (gemv_rows < 0) gemv_rows = !(getenv("TL_GEMV_ROWS") && atoi(getenv("TL_GEMV_ROWS")) == 0);
+    return gemv_rows;
+}
+extern "C" int tl_gpu_gemv_set_rows(int on) {
+    int old = gemv_rows_on();
+    gemv_rows = on != 0;
+    return old;
+}
+static int launch_q4r(const gemv_out &o, const tl_gpu_gemm_w *W, const float *x, int ldx, int kpw,
+                      int n_rows, const tl_gpu_stream *st) {
+    if (!gemv_rows_on() || o.nt > 8) return 0;
+    size_t shm = q4m_smem(W->cols, n_rows) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
+    if (shm > GEMV_MAX_SHM) return 0;
+    auto kern = kpw == 32   ? gemv_q4r_kernel<32>
+                : kpw == 16 ? gemv_q4r_kernel<16>
+                            : gemv_q4r_kernel<8>;
+    TL_LAUNCH(st, o.conv.out ? "gemv_q4r_conv1d" : "gemv_q4r", kern,
+              dim3(TL_MIN(cb_grid_cap(), CEIL_DIV(o.n_rb, 8))), dim3(256), shm, o, *W, x, ldx,
+              n_rows);
+    return 1;
+}
+
 /* The slice kernel when it applies (one tile of <= 8 tokens, at most Q4S_UMAX units a block in
  * shared memory): 1 if launched, 0 if not, < 0 on a launch error. */
 static int launch_q4s(const gemv_out &o, const tl_gpu_gemm_w *W, const float *x, int ldx, int kpw,
@@ -329,6 +413,7 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (q4m_split(W->cols, 8, &kpw, &ks)) return TL_ERR_INVALID;
         gemv_out o = {y, nw, eps, ldy, W->rows / 8, W->cols, ks, 0, n_tok, acc, conv};
         int rc = launch_q4s(o, W, x, ldx, kpw, n_rows, st);
+        if (!rc) rc = launch_q4r(o, W, x, ldx, kpw, n_rows, st);
         if (rc) return rc < 0 ? rc : 0;
         size_t shm = q4m_smem(W->cols, n_rows) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;

@@ -371,17 +371,19 @@ static void test_gemv_conv1d_fused(void) {
 }
 
 /* The slice kernel (k_gemv.cu gemv_q4s_kernel, 1 or 2 blocks a SM) gives the bits of the
- * persistent q4m kernel (slice 0) for tiles of <= 8 tokens: plain, normed, accumulated, the
- * fused conv1d epilogue (outputs and conv states), KPW 8 / 16 / 32 (K = 768, 2048, 8192), a
- * matrix too large for it (falls back: equal trivially, and must not fail). Random inputs, so
- * equal bits mean the same products in the same order, not zeros. */
-static int slice_run(int mode, const tl_gpu_gemm_w *dW, const float *dx, const float *dnw, int T,
-                     int acc, const float *y0, float *dy, float **out) {
+ * persistent q4m kernel (slice 0, rows kernel off) for tiles of <= 8 tokens: plain, normed,
+ * accumulated, the fused conv1d epilogue (outputs and conv states), KPW 8 / 16 / 32 (K = 768,
+ * 2048, 8192), a matrix too large for it (falls back: equal trivially, and must not fail). Random
+ * inputs, so equal bits mean the same products in the same order, not zeros. rows: the rows
+ * kernel on (1) or off (0) for the run. */
+static int slice_run(int mode, int rows_on, const tl_gpu_gemm_w *dW, const float *dx,
+                     const float *dnw, int T, int acc, const float *y0, float *dy, float **out) {
     int rows = dW->rows;
     CHECK_EQ_INT(tl_gpu_upload(dy, y0, sizeof(float) * T * rows), 0);
-    tl_gpu_gemv_set_slice(mode);
+    int old_s = tl_gpu_gemv_set_slice(mode), old_r = tl_gpu_gemv_set_rows(rows_on);
     int st = tl_gpu_gemv(dy, rows, dW, dx, dW->cols, dnw, 1e-6f, T, acc, NULL);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
+    tl_gpu_gemv_set_slice(old_s), tl_gpu_gemv_set_rows(old_r);
     *out = host_from(dy, (size_t)T * rows);
     return st;
 }
@@ -397,18 +399,57 @@ static void slice_case(int rows, int cols, int T, int with_norm, int acc) {
     float *y0 = rand_vec((size_t)T * rows, 1.0f, &rs);
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
     float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got;
-    CHECK_EQ_INT(slice_run(0, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &ref), 0);
+    CHECK_EQ_INT(slice_run(0, 0, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &ref), 0);
     for (int mode = 1; mode <= 2; mode++) {
-        CHECK_EQ_INT(slice_run(mode, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &got), 0);
+        CHECK_EQ_INT(slice_run(mode, 0, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &got), 0);
         int same = !memcmp(got, ref, sizeof(float) * T * rows);
         printf("# gemv q4 slice (%d a SM) vs q4m %dx%d t%d n%d a%d: %s\n", mode, rows, cols, T,
                with_norm, acc, same ? "same bits" : "DIFFERENT");
         CHECK(same);
         free(got);
     }
-    tl_gpu_gemv_set_slice(1);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
     free(x), free(nw), free(y0), free(ref);
+    hmat_free(&W);
+}
+
+/* The rows kernel (k_gemv.cu gemv_q4r_kernel, slice off so it takes every tile of <= 8 tokens):
+ * within NMSE 1e-10 of the q4m kernel (the same products, K summed in one chain instead of KS
+ * slices: only rounding), the fused conv1d epilogue and the residual included, and each token of
+ * a tile gives the same bits alone (a row of the mma depends only on its own token). The oracle
+ * check of the LM-head shape is test_gemv_q4 (the default settings take this kernel there). */
+static void rows_case(int rows, int cols, int T, int with_norm, int acc) {
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *y0 = rand_vec((size_t)T * rows, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got, *one;
+    const float *n = with_norm ? dnw : NULL;
+    CHECK_EQ_INT(slice_run(0, 0, &dW, dx, n, T, acc, y0, dy, &ref), 0);
+    CHECK_EQ_INT(slice_run(0, 1, &dW, dx, n, T, acc, y0, dy, &got), 0);
+    double nm = t_nmse(got, ref, (size_t)T * rows);
+    int diff = 0;
+    for (int t = 0; t < T; t++) {
+        float *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+        CHECK_EQ_INT(slice_run(0, 1, &dW, dx + (size_t)t * cols, n, 1, acc, y0 + (size_t)t * rows,
+                               dy1, &one),
+                     0);
+        diff += memcmp(one, got + (size_t)t * rows, sizeof(float) * rows) != 0;
+        free(one), tl_gpu_free(dy1);
+    }
+    printf("# gemv q4 rows kernel %dx%d t%d n%d a%d: nmse vs q4m %.2e, %d of %d tokens differ "
+           "alone (want 0)\n",
+           rows, cols, T, with_norm, acc, nm, diff, T);
+    CHECK(nm <= 1e-10);
+    CHECK(memcmp(got, ref, sizeof(float) * T * rows) != 0); /* another kernel ran */
+    CHECK_EQ_INT(diff, 0);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(y0), free(ref), free(got);
     hmat_free(&W);
 }
 
@@ -433,7 +474,7 @@ static void slice_conv_case(void) {
     float *y[2], *c[2], *s[2];
     for (int mode = 0; mode < 2; mode++) {
         CHECK_EQ_INT(tl_gpu_upload(dst, st, sizeof(float) * n_slot * 3 * C), 0);
-        tl_gpu_gemv_set_slice(mode);
+        tl_gpu_gemv_set_slice(mode), tl_gpu_gemv_set_rows(0);
         CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, dc, dst, dcw, C,
                                         d.s.tok_slot, NULL),
                      0);
@@ -441,7 +482,7 @@ static void slice_conv_case(void) {
         y[mode] = host_from(dy, (size_t)T * rows), c[mode] = host_from(dc, (size_t)T * C);
         s[mode] = host_from(dst, (size_t)n_slot * 3 * C);
     }
-    tl_gpu_gemv_set_slice(1);
+    tl_gpu_gemv_set_slice(1), tl_gpu_gemv_set_rows(1);
     int bad_y = 0;
     for (int t = 0; t < T; t++)
         bad_y += memcmp(y[0] + (size_t)t * rows + C, y[1] + (size_t)t * rows + C,
@@ -1011,6 +1052,10 @@ static void test_slice_kernels(void) {
     slice_case(200, 256, 2, 0, 0);               /* fewer units than blocks */
     slice_case(248320 / 8, TL_N_EMBD, 1, 0, 0);  /* too many units a block: q4m runs */
     slice_conv_case();
+    rows_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* the LM head's shape */
+    rows_case(248320 / 8, TL_N_EMBD, 5, 0, 0); /* a verify's 5 tokens */
+    rows_case(2048, 4096, 3, 1, 1);            /* KPW 16 x 8 chunks, normed, residual */
+    rows_case(1024, 768, 2, 0, 1);             /* KPW 8, 3 chunks */
 }
 
 /* ---- sampling ---- */
