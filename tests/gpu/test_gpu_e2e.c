@@ -1839,7 +1839,7 @@ static void test_spec_prefix_cache(void) {
     int si = tl_pc_reserve(&r.pc, NULL, tok2, S);
     CHECK(si >= 0);
     CHECK_EQ_INT(fwd_snap(b, 2, 0, tok2, N, S, si, NULL, -1, NULL), 0);
-    CHECK_EQ_INT(tl_pc_plan_save_at(&r.pc, NULL, tok2, S, 0, si, &io), 1);
+    CHECK_EQ_INT(tl_pc_plan_save_at(&r.pc, NULL, tok2, S, 2, si, &io), 1);
     CHECK_EQ_INT(b->cache_save(b, 2, &io, err, sizeof err), 0);
     tl_pc_commit(&r.pc, &io);
     CHECK_EQ_INT(b->reset_slot(b, 2), 0);
