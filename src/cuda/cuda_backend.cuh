@@ -77,7 +77,8 @@ typedef struct cb_spec {
     int law_rows;
     /* per slot (host) */
     int *len;         /* tokens the slot holds */
-    int *ok;          /* the head's rows cover the slot (0 after a cache load) */
+    int *ok;          /* the head's rows cover the slot (0 after a load without a hidden) */
+    int *snap_ok;     /* [pc_n_snap]: the snapshot's hidden of its last position was written */
     int *vpos, *vn;   /* the last verify: positions vpos .. vpos+vn-1; vn 0: none */
     int32_t *vtok;    /* [max_seqs][K+1] its tokens */
     int32_t *vprompt; /* its n_prompt */
@@ -213,6 +214,13 @@ int cb_spec_end(cuda_be *be, const tl_fwd_entry *e, int n);
 void cb_spec_unreserve(cuda_be *be, const tl_fwd_entry *e, int n);
 /* A slot reset (n_tok 0) or loaded from the prefix cache (n_tok tokens, no head rows). */
 void cb_spec_slot(cuda_be *be, int slot, int n_tok);
+/* Prefix cache and the head (docs/architecture.md §3.6): a snapshot's hidden of its last
+ * position, saved from the slot's ring (after a step) or restored into it (a load: the slot
+ * then drafts); the micro-batch's rows of in-step snapshot points. */
+int cb_spec_snap_save(cuda_be *be, int slot, int snap, int n_tok);
+int cb_spec_snap_load(cuda_be *be, int slot, int snap, int n_tok);
+int cb_spec_snap_rows(cuda_be *be, const tl_fwd_entry *e, const void *segs, int n_seg);
+size_t cb_pc_hid_off(const cuda_be *be);
 /* Pages for slot[i] up to len[i] positions (all or nothing) and their page-table entries
  * uploaded (cuda_forward.cu). */
 int cb_kv_grow(cuda_be *be, const int *slot, const int *len, int n, char *err, size_t errlen);
