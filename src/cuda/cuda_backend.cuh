@@ -140,7 +140,8 @@ typedef struct cuda_be {
     tl_sample_params *d_params, *h_params;
     uint64_t *d_keys, *h_keys;
     tl_sample_out *d_out, *h_out;
-    int32_t *d_counts;              /* [max_seqs][n_vocab] penalty counts per slot (gpu.h) */
+    int32_t *d_counts; /* [max_seqs][n_vocab] penalty counts per slot (gpu.h) */
+    uint32_t *d_cbits; /* [max_seqs][TL_GPU_COUNT_WORDS(n_vocab)]: where they may be set */
     int32_t *d_nprompt, *h_nprompt; /* [max_seqs] the slots' prompt lengths (-1: not yet known) */
     int32_t *d_rowslot, *h_rowslot; /* [max_out] the slot of each logits row */
     float *d_sscratch;

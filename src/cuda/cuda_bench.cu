@@ -252,7 +252,7 @@ static int step_parts(cuda_be *be, FILE *f) {
         int rc = 0;
         for (int r = 0; r < R && !rc; r++)
             rc = tl_gpu_sample(be->d_out, be->logits, be->cfg.n_vocab, be->n_valid, be->d_params,
-                               be->h_params, be->d_keys, be->d_counts, be->d_rowslot,
+                               be->h_params, be->d_keys, be->d_counts, be->d_cbits, be->d_rowslot,
                                be->d_sscratch, NULL, T, &st);
         CUDA_TRY(cudaStreamEndCapture(be->stream, &g));
         if (rc) return rc;

@@ -203,8 +203,8 @@ static int moe_decode(const layer_ctx *x) {
 /* The micro-batch's T tokens into their slots' penalty counts (gpu.h: tl_gpu_penalty_add). */
 static int count_tokens(cuda_be *be, int T, const tl_gpu_stream *st) {
     tl_mb_meta d = meta_at(be, be->d_meta);
-    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d.tokens, d.tok_pos, d.tok_slot,
-                              be->d_nprompt, T, st);
+    return tl_gpu_penalty_add(be->d_counts, be->d_cbits, be->cfg.n_vocab, d.tokens, d.tok_pos,
+                              d.tok_slot, be->d_nprompt, T, st);
 }
 
 /* All launches of one micro-batch on the decode kernels (graph-capturable: no host sync, no
@@ -865,8 +865,8 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
                                      cudaMemcpyHostToDevice, be->stream));
         }
         TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->h_params,
-                          be->d_keys, any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch,
-                          any_restrict ? be->d_rlogits : NULL, n_rows, &st));
+                          be->d_keys, any_pen ? be->d_counts : NULL, be->d_cbits, be->d_rowslot,
+                          be->d_sscratch, any_restrict ? be->d_rlogits : NULL, n_rows, &st));
         CUDA_TRY(cudaMemcpyAsync(be->h_out, be->d_out, n_rows * sizeof(tl_sample_out),
                                  cudaMemcpyDeviceToHost, be->stream));
     }

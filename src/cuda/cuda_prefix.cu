@@ -193,8 +193,8 @@ static int count_restored(cuda_be *be, int slot, const int32_t *tokens, int n, i
     CUDA_TRY(
         cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice, be->stream));
     tl_gpu_stream st = cb_stream(be, 0);
-    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
-                              &st);
+    return tl_gpu_penalty_add(be->d_counts, be->d_cbits, be->cfg.n_vocab, d, d + n, d + 2 * n,
+                              be->d_nprompt, n, &st);
 }
 
 /* The slot's table: the shared full pages, then a page of its own for the partial page (all or

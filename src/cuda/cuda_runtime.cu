@@ -82,15 +82,15 @@ extern "C" int tl_gpu_sync(void) {
 /* ====== Close and reset ====== */
 
 static void free_state(cuda_be *be) {
-    void *ps[] = {be->kc,          be->vc,       be->conv_st,   be->rec_st,     be->x,
-                  be->proj,        be->conv_out, be->y,         be->q,          be->part,
-                  be->rlog,        be->wts,      be->wsh,       be->act,        be->xo,
-                  be->logits,      be->ids,      be->d_meta,    be->d_params,   be->d_keys,
-                  be->d_out,       be->d_counts, be->d_nprompt, be->d_sscratch, be->xb,
-                  be->xlo,         be->yb,       be->hexp,      be->yslot,      be->hs,
-                  be->ys,          be->gg,       be->gbeta,     be->shl,        be->plan,
-                  be->gdn_ws,      be->gemm_ws,  be->d_ptab,    be->d_rowslot,  be->d_bias_ids,
-                  be->d_bias_vals, be->d_allow,  be->d_rlogits};
+    void *ps[] = {be->kc,         be->vc,          be->conv_st, be->rec_st,    be->x,
+                  be->proj,       be->conv_out,    be->y,       be->q,         be->part,
+                  be->rlog,       be->wts,         be->wsh,     be->act,       be->xo,
+                  be->logits,     be->ids,         be->d_meta,  be->d_params,  be->d_keys,
+                  be->d_out,      be->d_counts,    be->d_cbits, be->d_nprompt, be->d_sscratch,
+                  be->xb,         be->xlo,         be->yb,      be->hexp,      be->yslot,
+                  be->hs,         be->ys,          be->gg,      be->gbeta,     be->shl,
+                  be->plan,       be->gdn_ws,      be->gemm_ws, be->d_ptab,    be->d_rowslot,
+                  be->d_bias_ids, be->d_bias_vals, be->d_allow, be->d_rlogits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
     void *hs[] = {be->h_meta,    be->h_ptab,    be->h_params,   be->h_keys,      be->h_out,
                   be->h_nprompt, be->h_rowslot, be->h_bias_ids, be->h_bias_vals, be->h_allow};
@@ -146,9 +146,12 @@ static int cb_reset_slot(tl_backend *b, int slot) {
             e = cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4,
                                 be->stream);
     }
-    if (e == cudaSuccess) /* the slot's penalty counts */
+    if (e == cudaSuccess) /* the slot's penalty counts and their bits */
         e = cudaMemsetAsync(be->d_counts + (size_t)slot * be->cfg.n_vocab, 0,
                             (size_t)be->cfg.n_vocab * sizeof(int32_t), be->stream);
+    size_t cw = TL_GPU_COUNT_WORDS(be->cfg.n_vocab);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(be->d_cbits + slot * cw, 0, cw * sizeof(uint32_t), be->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(be->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "tulip: CUDA reset of slot %d failed: %s\n", slot, cudaGetErrorString(e));
@@ -444,6 +447,8 @@ static int alloc_activations(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->d_out, tl_sample_out, O);
     ALLOC(be->d_counts, int32_t, (size_t)be->max_seqs * V);
     ZERO(be->d_counts, (size_t)be->max_seqs * V * sizeof(int32_t));
+    ALLOC(be->d_cbits, uint32_t, (size_t)be->max_seqs * TL_GPU_COUNT_WORDS(V));
+    ZERO(be->d_cbits, (size_t)be->max_seqs * TL_GPU_COUNT_WORDS(V) * sizeof(uint32_t));
     ALLOC(be->d_nprompt, int32_t, be->max_seqs);
     ALLOC(be->d_rowslot, int32_t, O);
     ALLOC(be->d_sscratch, float, O * 2 * V);

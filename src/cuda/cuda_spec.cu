@@ -205,8 +205,8 @@ static int law_launch(cuda_be *be, int n, const float *logits) {
                              cudaMemcpyHostToDevice, be->stream));
     tl_gpu_stream st = cb_stream(be, 0);
     return tl_gpu_sample_law(sp->d_law, logits, be->cfg.n_vocab, be->n_valid, sp->d_li, sp->d_lp,
-                             sp->h_lp, be->d_counts, sp->d_li + R, sp->d_li + 3 * R, sp->d_lscr, n,
-                             &st);
+                             sp->h_lp, be->d_counts, be->d_cbits, sp->d_li + R, sp->d_li + 3 * R,
+                             sp->d_lscr, n, &st);
 }
 
 /* The verify entries' laws (all_laws): row k of entry i counts its tokens 0..k (the forward fed

@@ -430,17 +430,25 @@ int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, con
  * the one-block path when every row takes the two-pass one). */
 int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                   const tl_sample_params *params, const tl_sample_params *h_params,
-                  const uint64_t *keys, const int32_t *counts, const int32_t *count_slot,
-                  float *scratch, float *restricted, int n_rows, const tl_gpu_stream *st);
+                  const uint64_t *keys, const int32_t *counts, const uint32_t *count_bits,
+                  const int32_t *count_slot, float *scratch, float *restricted, int n_rows,
+                  const tl_gpu_stream *st);
+/* Words of a slot's row of count_bits: bit i (word i / 32, bit i % 32) set wherever the slot's
+ * count of token i may be non-zero. The bits are a superset (tl_gpu_penalty_add sets them, only
+ * a slot reset clears them), so the samplers read a count only where its bit is set: the two-pass
+ * sampler then streams 1/32 of the counts' bytes instead of all of them. count_bits NULL: every
+ * count is read. */
+#define TL_GPU_COUNT_WORDS(n_vocab) (((n_vocab) + 31) / 32)
 /* Penalty counts kept per slot across steps, updated as tokens are fed: for each token t of a
  * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets 1
  * more when the token was generated (n_prompt[slot] >= 0 and tok_pos[t] >= n_prompt[slot]),
  * else bit 30 (prompt; n_prompt[slot] < 0: all prompt so far). The repetition penalty applies
  * where either is set, presence and frequency to the generated count. counts
- * [n_slot][n_vocab]; the backend zeroes a slot's row when it resets the slot. */
-int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens, const int32_t *tok_pos,
-                       const int32_t *tok_slot, const int32_t *n_prompt, int n_tok,
-                       const tl_gpu_stream *st);
+ * [n_slot][n_vocab]; count_bits (or NULL) [n_slot][TL_GPU_COUNT_WORDS(n_vocab)] gets the token's
+ * bit; the backend zeroes a slot's rows of both when it resets the slot. */
+int tl_gpu_penalty_add(int32_t *counts, uint32_t *count_bits, int n_vocab, const int32_t *tokens,
+                       const int32_t *tok_pos, const int32_t *tok_slot, const int32_t *n_prompt,
+                       int n_tok, const tl_gpu_stream *st);
 /* The generated tokens tokens[0..n_tok) (HOST array, n_tok <= TL_LAW_ADJ) of `slot` taken out of
  * its counts (1 less each): a speculative rollback's rejected drafts. */
 int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int slot, int n_tok,
@@ -458,8 +466,8 @@ int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int 
 int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
                       const int32_t *row_of, const tl_sample_params *params,
                       const tl_sample_params *h_params, const int32_t *counts,
-                      const int32_t *count_slot, const int32_t *adj, float *scratch, int n_rows,
-                      const tl_gpu_stream *st);
+                      const uint32_t *count_bits, const int32_t *count_slot, const int32_t *adj,
+                      float *scratch, int n_rows, const tl_gpu_stream *st);
 size_t tl_gpu_law_scratch_floats(int max_rows);
 
 /* ====== Bench and profiler (cuda_bench.cu) ====== */

@@ -1067,6 +1067,27 @@ static tl_sample_params greedy_params(void) {
     return p;
 }
 
+/* Device count bits (gpu.h TL_GPU_COUNT_WORDS) of host counts [rows][V]: every non-zero count's
+ * bit, and as many other bits set at random (a superset, as the backend's bits become after a
+ * rollback): a sampler must give the same results with them as with the counts alone. */
+static uint32_t *count_bits_of(const int32_t *counts, int rows, int V) {
+    size_t W = TL_GPU_COUNT_WORDS(V), n = (size_t)rows * W;
+    uint32_t *b = xcalloc(n, sizeof(uint32_t));
+    unsigned long long brs = 0xb175b175ull; /* own stream: the tests' draws stay as they were */
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < V; i++)
+            if (counts[(size_t)r * V + i]) {
+                b[r * W + i / 32] |= 1u << (i % 32);
+                int j = (int)(t_rng_next(&brs) % (unsigned)V); /* a stray bit, count 0 or not */
+                b[r * W + j / 32] |= 1u << (j % 32);
+            }
+    uint32_t *d = dev_from(b, sizeof(uint32_t) * n);
+    free(b);
+    return d;
+}
+
+static int run_sample_no_bits; /* run_sample passes no count bits (test_sample_count_bits) */
+
 /* Runs the sampler on rows of logits with per-row params/keys; returns the outputs. Rows with
  * token restrictions (host pointers in p) get device copies of their bias pairs and bitset, and
  * the launch a restricted-logits buffer, as cuda_forward.cu stages them. */
@@ -1090,15 +1111,17 @@ static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
     tl_sample_params *dp = dev_from(pd, sizeof(tl_sample_params) * rows);
     uint64_t *dk = dev_from(keys, 8 * (size_t)rows);
     int32_t *dc = counts ? dev_from(counts, 4 * (size_t)rows * V) : NULL;
+    uint32_t *dcb = counts && !run_sample_no_bits ? count_bits_of(counts, rows, V) : NULL;
     float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
     float *rl = any_restrict ? tl_gpu_malloc(sizeof(float) * (size_t)rows * V) : NULL;
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
     /* the host params as the backend passes them: the launch shape follows the rows */
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, p, dk, dc, NULL, scr, rl, rows, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, p, dk, dc, dcb, NULL, scr, rl, rows, NULL),
+                 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
     tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
-        tl_gpu_free(dout), tl_gpu_free(rl);
+        tl_gpu_free(dout), tl_gpu_free(rl), tl_gpu_free(dcb);
     for (int i = 0; i < 3 * rows; i++) tl_gpu_free(fr[i]);
     free(fr), free(pd);
 }
@@ -1375,12 +1398,15 @@ static void test_sample_determinism_penalties(void) {
     int32_t tok1[3] = {5, 9, 7}, pos1[3] = {0, 1, 0}, slot1[3] = {1, 1, 0};
     int32_t tok2[2] = {6, 6}, pos2[2] = {2, 3}, slot2[2] = {1, 1}, np[2] = {-1, 2};
     int32_t *dcs = tl_gpu_malloc(4 * (size_t)2 * V), *dnp = dev_from(np, sizeof np);
+    size_t W = TL_GPU_COUNT_WORDS(V);
+    uint32_t *dcb = tl_gpu_malloc(4 * 2 * W);
+    CHECK_EQ_INT(tl_gpu_memset(dcb, 0, 4 * 2 * W), 0);
     int32_t *dt1 = dev_from(tok1, sizeof tok1), *dp1 = dev_from(pos1, sizeof pos1),
             *ds1 = dev_from(slot1, sizeof slot1), *dt2 = dev_from(tok2, sizeof tok2),
             *dp2 = dev_from(pos2, sizeof pos2), *ds2 = dev_from(slot2, sizeof slot2);
     CHECK_EQ_INT(tl_gpu_memset(dcs, 0, 4 * (size_t)2 * V), 0);
-    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, V, dt1, dp1, ds1, dnp, 3, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, V, dt2, dp2, ds2, dnp, 2, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, dcb, V, dt1, dp1, ds1, dnp, 3, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, dcb, V, dt2, dp2, ds2, dnp, 2, NULL), 0);
     int32_t *hc = xmalloc(4 * (size_t)2 * V);
     tl_gpu_download(hc, dcs, 4 * (size_t)2 * V);
     int nonzero = 0;
@@ -1390,6 +1416,15 @@ static void test_sample_determinism_penalties(void) {
     CHECK_EQ_INT(hc[V + 5], 1 << 30);
     CHECK_EQ_INT(hc[V + 9], 1 << 30);
     CHECK_EQ_INT(hc[V + 6], 2); /* generated: a count, no prompt bit */
+    /* the count bits: set exactly where the counts are */
+    uint32_t *hb = xmalloc(4 * 2 * W);
+    tl_gpu_download(hb, dcb, 4 * 2 * W);
+    int bits_ok = 1;
+    for (int sl = 0; sl < 2; sl++)
+        for (int i = 0; i < V; i++)
+            bits_ok &= ((hb[sl * W + i / 32] >> (i % 32)) & 1u) == (hc[(size_t)sl * V + i] != 0);
+    CHECK(bits_ok);
+    free(hb);
     /* the sampler reads a row's counts through count_slot: logits 6 = 4.0, 5 = 3.5; frequency
      * 1.0 takes 6 (generated twice in slot 1) to 2.0, so 5 wins with slot 1's counts; slot 0
      * never saw 6, so 6 wins with slot 0's */
@@ -1406,17 +1441,17 @@ static void test_sample_determinism_penalties(void) {
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out)), so;
     int32_t one = 1, zero = 0;
     int32_t *drs1 = dev_from(&one, 4), *drs0 = dev_from(&zero, 4);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, drs1, scr, NULL,
-                               1, NULL),
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, dcb, drs1, scr,
+                               NULL, 1, NULL),
                  0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 5);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, drs0, scr, NULL,
-                               1, NULL),
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, dcb, drs0, scr,
+                               NULL, 1, NULL),
                  0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 6);
-    void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0};
+    void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0, dcb};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) tl_gpu_free(fr[i]);
     free(hc);
     free(lg), free(l2), free(cnt);
@@ -1754,6 +1789,9 @@ static void test_sample_law(void) {
     int32_t hist[2][NP + NG + 8], pos[NP + NG], slot[NP + NG], tok[NP + NG], np[2] = {NP, NP};
     int32_t *dc = tl_gpu_malloc(4 * (size_t)2 * V), *dnp = dev_from(np, sizeof np);
     CHECK_EQ_INT(tl_gpu_memset(dc, 0, 4 * (size_t)2 * V), 0);
+    size_t W = TL_GPU_COUNT_WORDS(V);
+    uint32_t *dcb = tl_gpu_malloc(4 * 2 * W);
+    CHECK_EQ_INT(tl_gpu_memset(dcb, 0, 4 * 2 * W), 0);
     for (int sl = 0; sl < 2; sl++) {
         for (int i = 0; i < NP + NG; i++) { /* a few repeats: generated tokens seen twice */
             int32_t t = (int32_t)(t_rng_next(&rs) % 4000) * 61 % nv;
@@ -1763,7 +1801,7 @@ static void test_sample_law(void) {
         }
         int32_t *dt = dev_from(tok, sizeof tok), *dp = dev_from(pos, sizeof pos),
                 *ds = dev_from(slot, sizeof slot);
-        CHECK_EQ_INT(tl_gpu_penalty_add(dc, V, dt, dp, ds, dnp, NP + NG, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_penalty_add(dc, dcb, V, dt, dp, ds, dnp, NP + NG, NULL), 0);
         tl_gpu_free(dt), tl_gpu_free(dp), tl_gpu_free(ds);
     }
     tl_sample_params p[R];
@@ -1794,13 +1832,13 @@ static void test_sample_law(void) {
     int32_t *di = dev_from(ints, sizeof ints);
     float *scr = tl_gpu_malloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
     tl_law *dlaw = tl_gpu_malloc(sizeof(tl_law) * R), law[R];
-    /* pass 0: no host params (32 parts a row); pass 1: host params, every top-k <= 32 (128 parts
-     * a row for these 6 rows) */
+    /* pass 0: no host params (32 parts a row), no count bits; pass 1: host params, every top-k
+     * <= 32 (128 parts a row for these 6 rows), the count bits penalty_add set */
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) p[2].top_k = 32, p[5].top_k = 32;
         tl_sample_params *dpp = dev_from(p, sizeof p);
-        CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, pass ? p : NULL, dc, di + R,
-                                       di + 3 * R, scr, R, NULL),
+        CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, pass ? p : NULL, dc,
+                                       pass ? dcb : NULL, di + R, di + 3 * R, scr, R, NULL),
                      0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
         tl_gpu_download(law, dlaw, sizeof law);
@@ -1838,8 +1876,56 @@ static void test_sample_law(void) {
     CHECK_EQ_INT(after[1], before[1] - 1 - twice);
     CHECK_EQ_INT(after[0] & 0xffffff, (before[0] & 0xffffff) - 1 - twice);
     tl_gpu_free(dl), tl_gpu_free(di), tl_gpu_free(scr), tl_gpu_free(dlaw);
-    tl_gpu_free(dc), tl_gpu_free(dnp);
+    tl_gpu_free(dc), tl_gpu_free(dnp), tl_gpu_free(dcb);
     free(lg);
+}
+
+/* The count bits change which counts the two-pass sampler reads, never a result: 64 and 256 rows
+ * at the model card's settings (and greedy with a repetition penalty), each row with ~300
+ * counted tokens (prompt bits, generated counts, both), sampled with the bits (a superset) and
+ * without: the same tokens, logprobs and top entries, bit for bit. */
+static void test_sample_count_bits(void) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    for (int k = 0; k < 2; k++) {
+        int rows = k ? 256 : 64;
+        float *lg = rand_vec((size_t)rows * V, 3.0f, &rs);
+        int32_t *cnt = xcalloc((size_t)rows * V, 4);
+        tl_sample_params *p = xmalloc(sizeof(tl_sample_params) * rows);
+        uint64_t *keys = xmalloc(8 * (size_t)rows);
+        for (int r = 0; r < rows; r++) {
+            for (int i = 0; i < 300; i++) {
+                int t = (int)(t_rng_next(&rs) % (unsigned)nv);
+                cnt[(size_t)r * V + t] = i % 3 == 0 ? 1 << 30 : i % 3 == 1 ? 2 : (1 << 30) | 1;
+                lg[(size_t)r * V + t] += 4.0f; /* counted tokens near the top */
+            }
+            p[r] = greedy_params();
+            if (r % 4) /* the model card's sampling */
+                p[r].temperature = 1.0f, p[r].top_k = 20, p[r].top_p = 0.95f,
+                p[r].presence_penalty = 1.5f;
+            else
+                p[r].repetition_penalty = 1.3f, p[r].n_logprobs = 3;
+            keys[r] = 0x9E3779B97F4A7C15ull * (uint64_t)(r + 1);
+        }
+        tl_sample_out *a = xcalloc(rows, sizeof(tl_sample_out)),
+                      *b = xcalloc(rows, sizeof(tl_sample_out));
+        run_sample(a, lg, V, nv, p, keys, cnt, rows);
+        run_sample_no_bits = 1;
+        run_sample(b, lg, V, nv, p, keys, cnt, rows);
+        run_sample_no_bits = 0;
+        int differ = 0;
+        for (int r = 0; r < rows; r++) {
+            int d = a[r].token != b[r].token || a[r].logprob != b[r].logprob ||
+                    a[r].n_top != b[r].n_top;
+            for (int i = 0; !d && i < a[r].n_top && i < TL_MAX_LOGPROBS; i++)
+                d = a[r].top_ids[i] != b[r].top_ids[i] ||
+                    a[r].top_logprobs[i] != b[r].top_logprobs[i];
+            differ += d;
+        }
+        printf("# count bits, %d rows: %d rows differ from the sampler without bits (want 0)\n",
+               rows, differ);
+        CHECK_EQ_INT(differ, 0);
+        free(lg), free(cnt), free(p), free(keys), free(a), free(b);
+    }
 }
 
 int main(void) {
@@ -1878,5 +1964,6 @@ int main(void) {
     T_RUN(test_kv_page_copy);
     T_RUN(test_sample_law);
     T_RUN(test_slice_kernels); /* appended: the tests above keep their random draws */
+    T_RUN(test_sample_count_bits);
     return t_summary();
 }
