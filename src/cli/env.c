@@ -54,7 +54,7 @@ static const env_switch env_switches[] = {
      "SM, or 0: the persistent q4m kernel only (A/B; same bits)"},
     {"TL_GEMV_ROWS=0", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs too large for the slice kernel (the LM head) on the persistent q4m "
-     "kernel instead of the rows kernel (A/B; other rounding)"},
+     "kernel instead of the rows kernel (A/B; same bits)"},
     {"TL_MOE_SLICE=0", ENGINE_CMDS,
      "CUDA: batch-1 MoE without the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_GEMM_TILE=0..5", ENGINE_CMDS,

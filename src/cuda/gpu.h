@@ -171,7 +171,7 @@ int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int l
 int tl_gpu_gemv_set_slice(int per_sm);
 /* Likewise for the rows kernel (k_gemv.cu gemv_q4r_kernel: 4-bit matrices of <= 8 tokens too
  * large for the slice kernel, the LM head) instead of TL_GEMV_ROWS: 1 on (default), 0 off (the
- * persistent q4m kernel; other rounding). Returns the previous setting. */
+ * persistent q4m kernel; the same bits). Returns the previous setting. */
 int tl_gpu_gemv_set_rows(int on);
 
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on

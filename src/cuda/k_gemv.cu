@@ -175,13 +175,13 @@ __global__ void __launch_bounds__(256, 2)
 
 /* gemv_q4r_kernel ("rows"): for matrices too large for the slice kernel (the LM head), one tile
  * of <= 8 tokens. Each warp owns whole row blocks (all of K): rb = blockIdx.x * 8 + warp, then
- * += gridDim.x * 8, and streams their tiles in chunks of KPW through its own ring of Q4M_NS
- * shared-memory stages, Q4M_NS - 1 chunks ahead (the first ones before the PDL wait). After the x
- * staging no block barrier: a warp writes its rows as soon as their last chunk is in, so one slow
- * warp no longer holds the other seven (gemv_q4m_kernel meets its KS K-slices at a barrier every
- * unit). A row's K sum is one chain over the chunks in order: other rounding than q4m's KS
- * slices (NMSE ~1e-14 apart), the same for every token tile (tests/gpu/test_kernels.c:
- * test_slice_kernels). */
+ * += gridDim.x * 8, and streams their tiles in chunks of KPW (= q4m's K-slices) through its own
+ * ring of Q4M_NS shared-memory stages, Q4M_NS - 1 chunks ahead (the first ones before the PDL
+ * wait). After the x staging no block barrier: a warp writes its rows as soon as their last chunk
+ * is in, so one slow warp no longer holds the other seven (gemv_q4m_kernel meets its KS K-slices
+ * at a barrier every unit). Each chunk's dot starts from zero and the chunks are added in order,
+ * exactly as q4m adds its K-slices: the same bits (tests/gpu/test_kernels.c: test_slice_kernels).
+ */
 template <int KPW>
 __global__ void __launch_bounds__(256, 2)
     gemv_q4r_kernel(gemv_out o, tl_gpu_gemm_w W, const float *x, int ldx, int n_rows) {
@@ -211,18 +211,20 @@ __global__ void __launch_bounds__(256, 2)
     const uint4 *xrow = xs + gx * q4m_lds(K);
     const float *sxrow = sx + gx * (KB >> 1);
     o.KS = 1;
-    float a0 = 0.0f, a1 = 0.0f;
+    float s0 = 0.0f, s1 = 0.0f; /* the row block's K-slices so far, added in order */
     for (int it = 0; it < n_items; it++) {
         issue(it + Q4M_NS - 1); /* into the stage item it - 1 used */
         cp_async_wait<Q4M_NS - 1>();
         __syncwarp();
         int r = it / nch, ch = it - r * nch;
+        float a0 = 0.0f, a1 = 0.0f;
         q4m_item_dot<KPW>(a0, a1, my + (it % Q4M_NS) * SB, xrow, sxrow, ch * KPW);
+        s0 += a0, s1 += a1;
         __syncwarp(); /* every lane has read the stage before the next issue refills it */
         if (ch == nch - 1) {
-            float2 p = make_float2(a0, a1);
+            float2 p = make_float2(s0, s1);
             gemv_emit(o, s_ss, rb0 + r * rstep, lane, &p, 0);
-            a0 = 0.0f, a1 = 0.0f;
+            s0 = 0.0f, s1 = 0.0f;
         }
     }
     cp_async_wait<0>();
