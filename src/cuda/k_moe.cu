@@ -142,6 +142,16 @@ __device__ __forceinline__ void route_block(int *s_e, int32_t *ids, float *wts, 
     }
 }
 
+/* silu(gate) * up of one output whose input is normed after the products: gv, uv the raw dots of
+ * staged token row g, s_ss[w * 8 + g] the staging warps' sums of its h^2 (added in warp order). */
+__device__ __forceinline__ float moe_swiglu_normed(float gv, float uv, const float *s_ss, int g,
+                                                   int K, float eps) {
+    float sq = 0.0f;
+    for (int i = 0; i < 8; i++) sq += s_ss[i * 8 + g];
+    float inv = rsqrtf(sq / (float)K + eps);
+    return silu_f(gv * inv) * (uv * inv);
+}
+
 /* moe_up's output f of the gate/up row-block pair (rbg, rbg + 1) of slot j, token t: the K-slices'
  * partial sums of the gate rows at g[0], g[pstride], ... and of the up rows at u[...] (float2 of
  * rows 2t', 2t' + 1: r & 1 picks), added in slice order; s_ss: the staging warps' sums of h^2. */
@@ -154,10 +164,7 @@ __device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const 
         gv += (r & 1) ? a.y : a.x;
         uv += (r & 1) ? b.y : b.x;
     }
-    float sq = 0.0f;
-    for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
-    float inv = rsqrtf(sq / (float)K + eps);
-    act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+    act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = moe_swiglu_normed(gv, uv, s_ss, 0, K, eps);
 }
 
 /* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
@@ -292,6 +299,97 @@ __global__ void __launch_bounds__(256, 3)
             (const float2 *)(items + (size_t)(i * 8 + (2 * p + 1) * KS) * SB) + (r >> 1);
         moe_up_emit(act, gp, up, SB / 8, KS, s_ss, K, eps, 0, j, k, F, rbg, r);
     }
+}
+
+/* moe_up_q4x_kernel: moe_up for 2..8 routed tokens, expert-major. Every block routes all tokens
+ * (warp t token t; block 0 publishes ids and weights) and lists the distinct experts in ascending
+ * id, the shared expert last, with each token's slot of each (s_slot: slot + 1, 0 = not routed
+ * there). A work item is (distinct expert, gate/up row-block pair): warp w of block b takes items
+ * b * 8 + w, += gridDim.x * 8, streams the pair's 2 x KS chunks (the gate's K-slices, then the
+ * up's; KPW tiles each) through its own ring of Q4M_NS stages without block barriers, with every
+ * token as a row of the mma, so each distinct expert is read once for all its tokens. Each K-slice
+ * is summed from zero and the slices are added in order, the norm and SwiGLU are
+ * moe_swiglu_normed: every token's act has the bits moe_up_q4m_kernel gives it alone
+ * (test_kernels.c: test_slice_kernels). Dependents are triggered after the wait (moe_down). */
+template <int KPW>
+__global__ void __launch_bounds__(256, 1)
+    moe_up_q4x_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
+                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
+                      float *wts, float *w_sh, int n_tok) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    __shared__ int s_ids[8][MAX_K + 1], s_ue[8 * MAX_K + 1], s_nu;
+    __shared__ uint32_t s_bits[8]; /* the routed experts (n_expert <= 256) */
+    __shared__ uint8_t s_slot[8 * MAX_K + 1][8];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, KB = K >> 5;
+    int n_rb = 2 * F / 8, n_pair = n_rb / 2;
+    pdl_wait();
+    pdl_trigger(); /* after the wait: moe_down may read the logits before its own */
+    if (threadIdx.x < 8) s_bits[threadIdx.x] = 0u;
+    for (int i = threadIdx.x; i < (8 * MAX_K + 1) * 8; i += 256) (&s_slot[0][0])[i] = 0;
+    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+    __syncthreads();
+    if (warp < n_tok) {
+        route_block(s_ids[warp], ids, wts, w_sh, logits, ld, n_expert, k, warp);
+        __syncwarp();
+        if (lane < k) atomicOr(&s_bits[s_ids[warp][lane] >> 5], 1u << (s_ids[warp][lane] & 31));
+    }
+    __syncthreads();
+    int n_routed = 0;
+    for (int w = 0; w < 8; w++) n_routed += __popc(s_bits[w]);
+    if (warp < n_tok && lane < k) { /* the expert's rank among the routed ones: its index */
+        int e = s_ids[warp][lane], u = __popc(s_bits[e >> 5] & ((1u << (e & 31)) - 1u));
+        for (int w = 0; w < (e >> 5); w++) u += __popc(s_bits[w]);
+        s_ue[u] = e, s_slot[u][warp] = (uint8_t)(lane + 1);
+    }
+    if (threadIdx.x < n_tok) s_slot[n_routed][threadIdx.x] = (uint8_t)(k + 1);
+    if (threadIdx.x == 0) s_ue[n_routed] = n_expert, s_nu = n_routed + 1;
+    float *sx = q4m_sx(xs, K, n_tok);
+    q4m_stage(xs, sx, h, K, norm_w, K, n_tok, threadIdx.x, 256, s_ss);
+    __syncthreads();
+    int n_items = s_nu * n_pair, nch = 2 * KS, g = lane >> 2, t = lane & 3;
+    const uint4 *xrow = xs + min(g, n_tok - 1) * q4m_lds(K);
+    const float *sxrow = sx + min(g, n_tok - 1) * (KB >> 1);
+    char *my = (char *)xs + q4m_smem(K, n_tok) + (size_t)warp * Q4M_NS * SB;
+    const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
+    size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
+    int i0 = blockIdx.x * 8 + warp, istep = gridDim.x * 8;
+    int n_mine = i0 < n_items ? CEIL_DIV(n_items - i0, istep) : 0, n_sub = n_mine * nch;
+    auto issue = [&](int it) { /* sub-item it: chunk it % nch of the warp's item it / nch */
+                               if (it < n_sub) {
+                                   int item = i0 + (it / nch) * istep, c = it % nch,
+                                       e = s_ue[item / n_pair];
+                                   int rb = 2 * (item % n_pair) + (c >= KS);
+                                   q4m_issue<KPW>(my + (it % Q4M_NS) * SB, w0 + e * ew,
+                                                  sb0 + e * es, 2 * F, K, rb, (c % KS) * KPW);
+                               }
+                               cp_async_commit();
+    };
+    for (int j = 0; j < Q4M_NS - 1; j++) issue(j);
+    float s0 = 0.0f, s1 = 0.0f, g0 = 0.0f, g1 = 0.0f; /* this slice-sum; the gate's */
+    for (int it = 0; it < n_sub; it++) {
+        issue(it + Q4M_NS - 1); /* into the stage sub-item it - 1 used */
+        cp_async_wait<Q4M_NS - 1>();
+        __syncwarp();
+        int c = it % nch;
+        float a0 = 0.0f, a1 = 0.0f;
+        q4m_item_dot<KPW>(a0, a1, my + (it % Q4M_NS) * SB, xrow, sxrow, (c % KS) * KPW);
+        s0 += a0, s1 += a1;
+        __syncwarp(); /* every lane has read the stage before the next issue refills it */
+        if (c == KS - 1) g0 = s0, g1 = s1, s0 = 0.0f, s1 = 0.0f; /* the gate rows are done */
+        if (c == nch - 1) { /* the up rows too: token g's outputs 8 p + 2 t, +1 */
+            int item = i0 + (it / nch) * istep, u = item / n_pair, p = item % n_pair;
+            int j = g < n_tok ? s_slot[u][g] - 1 : -1;
+            if (j >= 0) {
+                float *o = act + ((size_t)g * (k + 1) + j) * F + 8 * p + 2 * t;
+                o[0] = moe_swiglu_normed(g0, s0, s_ss, g, K, eps);
+                o[1] = moe_swiglu_normed(g1, s1, s_ss, g, K, eps);
+            }
+            s0 = 0.0f, s1 = 0.0f;
+        }
+    }
+    cp_async_wait<0>();
 }
 
 __global__ void __launch_bounds__(256)
@@ -436,12 +534,16 @@ int cb_moe_setup(void) {
     MOE_SHM_ATTR(moe_up_q4s_kernel<8>);
     MOE_SHM_ATTR(moe_up_q4s_kernel<16>);
     MOE_SHM_ATTR(moe_up_q4s_kernel<32>);
+    MOE_SHM_ATTR(moe_up_q4x_kernel<8>);
+    MOE_SHM_ATTR(moe_up_q4x_kernel<16>);
+    MOE_SHM_ATTR(moe_up_q4x_kernel<32>);
 #undef MOE_SHM_ATTR
     return 0;
 }
 
-/* The batch-1 MoE levers (TL_MOE_SLICE, default 1; 0 for A/B): moe_up_q4s_kernel for one token
- * with routing, and moe_down routing early after moe_up_route. Same bits either way. */
+/* The small-batch MoE levers (TL_MOE_SLICE, default 1; 0 for A/B): moe_up_q4s_kernel for one
+ * token with routing, moe_up_q4x_kernel for 2..8, and moe_down routing early after moe_up_route.
+ * Same bits either way. */
 static int moe_slice = -1;
 static int moe_slice_on(void) {
     if (moe_slice < 0) moe_slice = !(getenv("TL_MOE_SLICE") && atoi(getenv("TL_MOE_SLICE")) == 0);
@@ -493,6 +595,19 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
         int rc = launch_moe_up_q4s(act, gate_up, h, norm_w, eps, ids, k, n_expert, F, kpw, ks,
                                    logits, ld, wts, w_sh, st);
         if (rc) return rc < 0 ? rc : 0;
+    }
+    if (logits && n_tok >= 2 && n_tok <= 8 && moe_slice_on()) {
+        size_t shm = q4m_smem(K, n_tok) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
+        int n_items = (TL_MIN(n_tok * k, n_expert) + 1) * (2 * F / 8 / 2);
+        if (shm <= MOE_MAX_SHM) {
+            auto kern = kpw == 32   ? moe_up_q4x_kernel<32>
+                        : kpw == 16 ? moe_up_q4x_kernel<16>
+                                    : moe_up_q4x_kernel<8>;
+            TL_LAUNCH(st, "moe_up_q4x", kern, dim3(TL_MIN(cb_grid_cap() / 2, CEIL_DIV(n_items, 8))),
+                      dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks,
+                      logits, ld, wts, w_sh, n_tok);
+            return 0;
+        }
     }
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;

@@ -1042,13 +1042,16 @@ static void test_moe(void) {
 static void test_slice_kernels(void) {
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1); /* batch 1: moe_up_q4s, early moe_down */
     moe_case(4, 256, 4, 1);                      /* the small model's shapes (KPW 8) */
-    slice_case(12416, TL_N_EMBD, 1, 1, 0);       /* GDN in-proj: KPW 16, KS 4, 6 units a block */
-    slice_case(2048, 4096, 1, 0, 1);             /* GDN out-proj + residual: KS 8 */
-    slice_case(2048, 8192, 4, 0, 1);             /* attention o-proj: KPW 32 */
-    slice_case(9216, TL_N_EMBD, 5, 1, 0);        /* attention in-proj, a verify's 5 tokens */
-    slice_case(1024, 768, 8, 1, 1);              /* K = 768: KPW 8, KS 3 (6 of 8 warps work) */
-    slice_case(200, 256, 2, 0, 0);               /* fewer units than blocks */
-    slice_case(248320 / 8, TL_N_EMBD, 1, 0, 0);  /* too many units a block: q4m runs */
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 4); /* a verify's 4 tokens: moe_up_q4x */
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 8);
+    moe_case(4, 256, 4, 5);
+    slice_case(12416, TL_N_EMBD, 1, 1, 0);      /* GDN in-proj: KPW 16, KS 4, 6 units a block */
+    slice_case(2048, 4096, 1, 0, 1);            /* GDN out-proj + residual: KS 8 */
+    slice_case(2048, 8192, 4, 0, 1);            /* attention o-proj: KPW 32 */
+    slice_case(9216, TL_N_EMBD, 5, 1, 0);       /* attention in-proj, a verify's 5 tokens */
+    slice_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps work) */
+    slice_case(200, 256, 2, 0, 0);              /* fewer units than blocks */
+    slice_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* too many units a block: q4m runs */
     slice_conv_case();
     rows_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* the LM head's shape */
     rows_case(248320 / 8, TL_N_EMBD, 5, 0, 0); /* a verify's 5 tokens */
