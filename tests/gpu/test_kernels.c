@@ -316,7 +316,9 @@ static dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n
 }
 
 /* The GDN in-projection with conv1d fused (decode: one token per sequence, 3 tokens in slots
- * 2, 0, 1 of 3) gives the same bits as gemv then conv1d: conv outputs, states and the rows >= C. */
+ * 2, 0, 1 of 3) gives the same bits as gemv then conv1d: conv outputs, states and the rows >= C;
+ * unfused on the persistent q4m kernel, fused on it and on the slice kernel (1 and 2 blocks an SM,
+ * k_gemv.cu), which must give the same bits. */
 static void test_gemv_conv1d_fused(void) {
     const int rows = 12416, cols = TL_N_EMBD, C = 8192, T = 3, n_slot = 3, ld = rows;
     hmat W;
@@ -333,40 +335,47 @@ static void test_gemv_conv1d_fused(void) {
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
     float *dcw = dev_from(cw, sizeof(float) * C * 4);
     float *dst1 = dev_from(st, sizeof(float) * n_slot * 3 * C),
-          *dst2 = dev_from(st, sizeof(float) * n_slot * 3 * C);
+          *dst2 = tl_gpu_malloc(sizeof(float) * n_slot * 3 * C);
     float *dy1 = tl_gpu_malloc(sizeof(float) * T * ld),
           *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
     float *dc1 = tl_gpu_malloc(sizeof(float) * T * C), *dc2 = tl_gpu_malloc(sizeof(float) * T * C);
+    int old_s = tl_gpu_gemv_set_slice(0), old_r = tl_gpu_gemv_set_rows(0);
     CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
     CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s, NULL, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
-                                    d.s.tok_slot, NULL),
-                 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
-    float *y1 = host_from(dy1, (size_t)T * ld), *y2 = host_from(dy2, (size_t)T * ld);
-    float *c1 = host_from(dc1, (size_t)T * C), *c2 = host_from(dc2, (size_t)T * C);
-    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C),
-          *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
-    int bad_y = 0;
-    for (int t = 0; t < T; t++)
-        bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C,
-                        sizeof(float) * (rows - C)) != 0;
-    int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0,
-        bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
-    double nm = t_nmse(c2, c1, (size_t)T * C);
-    printf("# gemv+conv1d fused vs unfused: rows>=C differ in %d tokens, conv out differs %d, "
-           "state differs %d (conv nmse %.2e)\n",
-           bad_y, bad_c, bad_s, nm);
-    CHECK_EQ_INT(bad_y, 0);
-    CHECK_EQ_INT(bad_c, 0);
-    CHECK_EQ_INT(bad_s, 0);
+    float *y1 = host_from(dy1, (size_t)T * ld), *c1 = host_from(dc1, (size_t)T * C);
+    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C);
+    for (int mode = 0; mode <= 2; mode++) { /* fused: q4m, slice 1 and 2 blocks an SM */
+        tl_gpu_gemv_set_slice(mode);
+        CHECK_EQ_INT(tl_gpu_upload(dst2, st, sizeof(float) * n_slot * 3 * C), 0);
+        CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
+                                        d.s.tok_slot, NULL),
+                     0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        float *y2 = host_from(dy2, (size_t)T * ld), *c2 = host_from(dc2, (size_t)T * C);
+        float *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
+        int bad_y = 0;
+        for (int t = 0; t < T; t++)
+            bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C,
+                            sizeof(float) * (rows - C)) != 0;
+        int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0,
+            bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
+        double nm = t_nmse(c2, c1, (size_t)T * C);
+        printf("# gemv+conv1d fused (slice %d) vs unfused: rows>=C differ in %d tokens, conv out "
+               "differs %d, state differs %d (conv nmse %.2e)\n",
+               mode, bad_y, bad_c, bad_s, nm);
+        CHECK_EQ_INT(bad_y, 0);
+        CHECK_EQ_INT(bad_c, 0);
+        CHECK_EQ_INT(bad_s, 0);
+        free(y2), free(c2), free(s2);
+    }
+    tl_gpu_gemv_set_slice(old_s), tl_gpu_gemv_set_rows(old_r);
     /* the states moved: slot s now ends with the new input of the token in slot s */
     CHECK(memcmp(s1, st, sizeof(float) * n_slot * 3 * C) != 0);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dcw), tl_gpu_free(dst1), tl_gpu_free(dst2);
     tl_gpu_free(dy1), tl_gpu_free(dy2), tl_gpu_free(dc1), tl_gpu_free(dc2), tl_gpu_free(d.buf);
     tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(cw), free(st), free(y1), free(y2), free(c1), free(c2), free(s1),
-        free(s2);
+    free(x), free(nw), free(cw), free(st), free(y1), free(c1), free(s1);
     hmat_free(&W);
 }
 
@@ -448,53 +457,6 @@ static void rows_case(int rows, int cols, int T, int with_norm, int acc) {
     CHECK_EQ_INT(diff, 0);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
     free(x), free(nw), free(y0), free(ref), free(got);
-    hmat_free(&W);
-}
-
-/* The fused conv1d epilogue through the slice kernel == through q4m (conv outputs and states). */
-static void slice_conv_case(void) {
-    const int rows = 12416, cols = TL_N_EMBD, C = 8192, T = 3, n_slot = 3;
-    hmat W;
-    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
-    const tl_mat *parts[1] = {&W.m};
-    tl_gpu_gemm_w dW;
-    char err[256] = "";
-    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
-    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
-    float *cw = rand_vec((size_t)C * 4, 0.5f, &rs),
-          *st = rand_vec((size_t)n_slot * 3 * C, 1.0f, &rs);
-    int slot[3] = {1, 2, 0}, pos0[3] = {7, 3, 11}, n[3] = {1, 1, 1};
-    dseqs d = make_seqs(T, slot, pos0, n);
-    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
-    float *dcw = dev_from(cw, sizeof(float) * C * 4);
-    float *dst = tl_gpu_malloc(sizeof(float) * n_slot * 3 * C);
-    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *dc = tl_gpu_malloc(sizeof(float) * T * C);
-    float *y[2], *c[2], *s[2];
-    for (int mode = 0; mode < 2; mode++) {
-        CHECK_EQ_INT(tl_gpu_upload(dst, st, sizeof(float) * n_slot * 3 * C), 0);
-        tl_gpu_gemv_set_slice(mode), tl_gpu_gemv_set_rows(0);
-        CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, dc, dst, dcw, C,
-                                        d.s.tok_slot, NULL),
-                     0);
-        CHECK_EQ_INT(tl_gpu_sync(), 0);
-        y[mode] = host_from(dy, (size_t)T * rows), c[mode] = host_from(dc, (size_t)T * C);
-        s[mode] = host_from(dst, (size_t)n_slot * 3 * C);
-    }
-    tl_gpu_gemv_set_slice(1), tl_gpu_gemv_set_rows(1);
-    int bad_y = 0;
-    for (int t = 0; t < T; t++)
-        bad_y += memcmp(y[0] + (size_t)t * rows + C, y[1] + (size_t)t * rows + C,
-                        sizeof(float) * (rows - C)) != 0;
-    int bad_c = memcmp(c[0], c[1], sizeof(float) * T * C) != 0;
-    int bad_s = memcmp(s[0], s[1], sizeof(float) * n_slot * 3 * C) != 0;
-    printf("# gemv q4 slice + conv1d vs q4m: rows>=C differ in %d tokens, conv out %d, state %d\n",
-           bad_y, bad_c, bad_s);
-    CHECK_EQ_INT(bad_y + bad_c + bad_s, 0);
-    CHECK(memcmp(s[1], st, sizeof(float) * n_slot * 3 * C) != 0); /* the states moved */
-    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dcw), tl_gpu_free(dst), tl_gpu_free(dy);
-    tl_gpu_free(dc), tl_gpu_free(d.buf), tl_gpu_mat_free(&dW);
-    for (int m = 0; m < 2; m++) free(y[m]), free(c[m]), free(s[m]);
-    free(x), free(nw), free(cw), free(st);
     hmat_free(&W);
 }
 
@@ -1052,11 +1014,10 @@ static void test_slice_kernels(void) {
     slice_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps work) */
     slice_case(200, 256, 2, 0, 0);              /* fewer units than blocks */
     slice_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* too many units a block: q4m runs */
-    slice_conv_case();
-    rows_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* the LM head's shape */
-    rows_case(248320 / 8, TL_N_EMBD, 5, 0, 0); /* a verify's 5 tokens */
-    rows_case(2048, 4096, 3, 1, 1);            /* KPW 16 x 8 chunks, normed, residual */
-    rows_case(1024, 768, 2, 0, 1);             /* KPW 8, 3 chunks */
+    rows_case(248320 / 8, TL_N_EMBD, 1, 0, 0);  /* the LM head's shape */
+    rows_case(248320 / 8, TL_N_EMBD, 5, 0, 0);  /* a verify's 5 tokens */
+    rows_case(2048, 4096, 3, 1, 1);             /* KPW 16 x 8 chunks, normed, residual */
+    rows_case(1024, 768, 2, 0, 1);              /* KPW 8, 3 chunks */
 }
 
 /* ---- sampling ---- */
