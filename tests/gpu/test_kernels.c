@@ -379,12 +379,8 @@ static void test_gemv_conv1d_fused(void) {
     hmat_free(&W);
 }
 
-/* The slice kernel (k_gemv.cu gemv_q4s_kernel, 1 or 2 blocks a SM) gives the bits of the
- * persistent q4m kernel (slice 0, rows kernel off) for tiles of <= 8 tokens: plain, normed,
- * accumulated, the fused conv1d epilogue (outputs and conv states), KPW 8 / 16 / 32 (K = 768,
- * 2048, 8192), a matrix too large for it (falls back: equal trivially, and must not fail). Random
- * inputs, so equal bits mean the same products in the same order, not zeros. rows: the rows
- * kernel on (1) or off (0) for the run. */
+/* One 4-bit GEMV of T tokens into dy (y0 first), the slice kernel at `mode` blocks an SM (0: off)
+ * and the rows kernel on or off for the call; the result downloaded into *out. */
 static int slice_run(int mode, int rows_on, const tl_gpu_gemm_w *dW, const float *dx,
                      const float *dnw, int T, int acc, const float *y0, float *dy, float **out) {
     int rows = dW->rows;
@@ -397,37 +393,14 @@ static int slice_run(int mode, int rows_on, const tl_gpu_gemm_w *dW, const float
     return st;
 }
 
-static void slice_case(int rows, int cols, int T, int with_norm, int acc) {
-    hmat W;
-    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
-    const tl_mat *parts[1] = {&W.m};
-    tl_gpu_gemm_w dW;
-    char err[256] = "";
-    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
-    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
-    float *y0 = rand_vec((size_t)T * rows, 1.0f, &rs);
-    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
-    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got;
-    CHECK_EQ_INT(slice_run(0, 0, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &ref), 0);
-    for (int mode = 1; mode <= 2; mode++) {
-        CHECK_EQ_INT(slice_run(mode, 0, &dW, dx, with_norm ? dnw : NULL, T, acc, y0, dy, &got), 0);
-        int same = !memcmp(got, ref, sizeof(float) * T * rows);
-        printf("# gemv q4 slice (%d a SM) vs q4m %dx%d t%d n%d a%d: %s\n", mode, rows, cols, T,
-               with_norm, acc, same ? "same bits" : "DIFFERENT");
-        CHECK(same);
-        free(got);
-    }
-    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(y0), free(ref);
-    hmat_free(&W);
-}
-
-/* The rows kernel (k_gemv.cu gemv_q4r_kernel, slice off so it takes every tile of <= 8 tokens)
- * gives the bits of the q4m kernel (its chunks are q4m's K-slices, added in the same order), the
- * norm and the residual included, and each token of a tile gives the same bits alone (a row of
- * the mma depends only on its own token). The oracle check of the LM-head shape is test_gemv_q4
- * (the default settings take this kernel there). */
-static void rows_case(int rows, int cols, int T, int with_norm, int acc) {
+/* Every way of the 4-bit GEMV for <= 8 tokens (k_gemv.cu: the slice kernel at 1 or 2 blocks an
+ * SM, the rows kernel, the default choice) gives the bits of the persistent q4m kernel (slice 0,
+ * rows 0), the norm and the residual included; and under the default each token of the tile gives
+ * the same bits alone (a row of the mma depends only on its own token). Random inputs, so equal
+ * bits mean the same products in the same order. The oracle checks are test_gemv_q4's (the
+ * default settings run there). */
+static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
+    static const int ways[4][2] = {{1, 0}, {2, 0}, {0, 1}, {1, 1}}; /* (slice, rows) */
     hmat W;
     hmat_random(&W, rows, cols, 4, 0.05f, &rs);
     const tl_mat *parts[1] = {&W.m};
@@ -440,23 +413,26 @@ static void rows_case(int rows, int cols, int T, int with_norm, int acc) {
     float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got, *one;
     const float *n = with_norm ? dnw : NULL;
     CHECK_EQ_INT(slice_run(0, 0, &dW, dx, n, T, acc, y0, dy, &ref), 0);
-    CHECK_EQ_INT(slice_run(0, 1, &dW, dx, n, T, acc, y0, dy, &got), 0);
-    int same = !memcmp(got, ref, sizeof(float) * T * rows), diff = 0;
-    for (int t = 0; t < T; t++) {
-        float *dy1 = tl_gpu_malloc(sizeof(float) * rows);
-        CHECK_EQ_INT(slice_run(0, 1, &dW, dx + (size_t)t * cols, n, 1, acc, y0 + (size_t)t * rows,
-                               dy1, &one),
-                     0);
-        diff += memcmp(one, got + (size_t)t * rows, sizeof(float) * rows) != 0;
-        free(one), tl_gpu_free(dy1);
+    for (int w = 0; w < 4; w++) {
+        CHECK_EQ_INT(slice_run(ways[w][0], ways[w][1], &dW, dx, n, T, acc, y0, dy, &got), 0);
+        int same = !memcmp(got, ref, sizeof(float) * T * rows), diff = 0;
+        for (int t = 0; w == 3 && t < T; t++) { /* the default: each token alone */
+            float *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+            CHECK_EQ_INT(slice_run(1, 1, &dW, dx + (size_t)t * cols, n, 1, acc,
+                                   y0 + (size_t)t * rows, dy1, &one),
+                         0);
+            diff += memcmp(one, got + (size_t)t * rows, sizeof(float) * rows) != 0;
+            free(one), tl_gpu_free(dy1);
+        }
+        printf("# gemv q4 %dx%d t%d n%d a%d, slice %d rows %d: %s q4m; %d tokens differ alone\n",
+               rows, cols, T, with_norm, acc, ways[w][0], ways[w][1],
+               same ? "same bits as" : "DIFFERENT from", diff);
+        CHECK(same);
+        CHECK_EQ_INT(diff, 0);
+        free(got);
     }
-    printf("# gemv q4 rows kernel %dx%d t%d n%d a%d: %s q4m; %d of %d tokens differ alone "
-           "(want 0)\n",
-           rows, cols, T, with_norm, acc, same ? "same bits as" : "DIFFERENT from", diff, T);
-    CHECK(same);
-    CHECK_EQ_INT(diff, 0);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(y0), free(ref), free(got);
+    free(x), free(nw), free(y0), free(ref);
     hmat_free(&W);
 }
 
@@ -1007,17 +983,14 @@ static void test_slice_kernels(void) {
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 4); /* a verify's 4 tokens: moe_up_q4x */
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 8);
     moe_case(4, 256, 4, 5);
-    slice_case(12416, TL_N_EMBD, 1, 1, 0);      /* GDN in-proj: KPW 16, KS 4, 6 units a block */
-    slice_case(2048, 4096, 1, 0, 1);            /* GDN out-proj + residual: KS 8 */
-    slice_case(2048, 8192, 4, 0, 1);            /* attention o-proj: KPW 32 */
-    slice_case(9216, TL_N_EMBD, 5, 1, 0);       /* attention in-proj, a verify's 5 tokens */
-    slice_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps work) */
-    slice_case(200, 256, 2, 0, 0);              /* fewer units than blocks */
-    slice_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* too many units a block: q4m runs */
-    rows_case(248320 / 8, TL_N_EMBD, 1, 0, 0);  /* the LM head's shape */
-    rows_case(248320 / 8, TL_N_EMBD, 5, 0, 0);  /* a verify's 5 tokens */
-    rows_case(2048, 4096, 3, 1, 1);             /* KPW 16 x 8 chunks, normed, residual */
-    rows_case(1024, 768, 2, 0, 1);              /* KPW 8, 3 chunks */
+    gemv_ways_case(12416, TL_N_EMBD, 1, 1, 0);      /* GDN in-proj: KPW 16, KS 4, 6 units */
+    gemv_ways_case(2048, 4096, 1, 0, 1);            /* GDN out-proj + residual: KS 8 */
+    gemv_ways_case(2048, 8192, 4, 0, 1);            /* attention o-proj: KPW 32 */
+    gemv_ways_case(9216, TL_N_EMBD, 5, 1, 0);       /* attention in-proj, a verify's 5 tokens */
+    gemv_ways_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps) */
+    gemv_ways_case(200, 256, 2, 0, 0);              /* fewer units than blocks */
+    gemv_ways_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* the LM head: too large for the slice */
+    gemv_ways_case(248320 / 8, TL_N_EMBD, 5, 0, 0);
 }
 
 /* ---- sampling ---- */
