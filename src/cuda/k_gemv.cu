@@ -194,13 +194,14 @@ __global__ void __launch_bounds__(256, 2)
     o.t0 = 0;
     char *my = (char *)xs + q4m_smem(K, n_rows) + (size_t)warp * Q4M_NS * SB;
     const uint32_t *w = (const uint32_t *)W.w, *sbp = (const uint32_t *)W.sb;
-    auto issue = [&](int it) { /* item it: chunk it % nch of the warp's row block it / nch */
-                               if (it < n_items) {
-                                   int r = it / nch;
-                                   q4m_issue<KPW>(my + (it % Q4M_NS) * SB, w, sbp, W.rows, K,
-                                                  rb0 + r * rstep, (it - r * nch) * KPW);
-                               }
-                               cp_async_commit();
+    /* item it: chunk it % nch of the warp's row block it / nch */
+    auto issue = [&](int it) {
+        if (it < n_items) {
+            int r = it / nch;
+            q4m_issue<KPW>(my + (it % Q4M_NS) * SB, w, sbp, W.rows, K, rb0 + r * rstep,
+                           (it - r * nch) * KPW);
+        }
+        cp_async_commit();
     };
     for (int j = 0; j < Q4M_NS - 1; j++) issue(j); /* weights only: no PDL wait needed */
     pdl_trigger();
