@@ -23,7 +23,11 @@ given (then only that server is measured, and --mode names it). Only the standar
 
 Every cached turn is followed by a prompt of the turn's new (uncached) token count under its own
 cache_salt: its TTFT is what prefilling only the new part costs, so "cached - alone" is the
-cache's overhead (issue 14: at most 10 ms). --no-fresh skips it.
+cache's overhead (issue 14: at most 10 ms). --no-fresh skips it. With several conversations they
+run in lockstep: all send turn t at once, and once all have their answers, all send their probes
+at once, so a cached turn and its probe each share the engine with the same kind of requests
+(free-running, --no-lockstep, a conversation's cached turn often shared steps with other
+conversations' probes and the difference was mostly which requests happened to overlap).
 
 Prints a markdown table per concurrency level (mean over the conversations of each turn) and, with
 --json FILE, every measurement."""
@@ -135,22 +139,34 @@ def fresh_ttft(client, rng, n_new, tag, session, kwargs):
     return ttft, got
 
 
-def conversation(client, conv, sysp, a, kwargs, out):
+def conversation(client, conv, sysp, a, kwargs, out, bar=None, t0=0.0):
+    """One conversation's turns; bar (lockstep): every conversation sends turn t at once, and
+    after all of them have their answers, the probes of turn t go at once too. Each row keeps
+    when its turn was sent and answered and its probe sent and done (seconds from t0)."""
     rng = random.Random(conv)  # conv: a seed, different for every level
     msgs = [{"role": "system", "content": sysp}]
     prev_reusable = 0
     for t in range(a.turns):
         msgs.append({"role": "user", "content": f"Turn {t}: " + words(rng, int(a.turn_tokens * 0.9))})
         n_prompt = client.tokens(msgs, True, kwargs)
+        if bar:
+            bar.wait(timeout=600)
+        sent = time.perf_counter() - t0
         text, ttft, usage = client.chat(msgs, a.gen, kwargs, session=f"multiturn-{conv}")
+        answered = time.perf_counter() - t0
         cached = (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
         row = {"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
-               "cached_tokens": cached, "reusable_tokens": prev_reusable}
+               "cached_tokens": cached, "reusable_tokens": prev_reusable, "sent_s": sent,
+               "answered_s": answered}
+        if bar:  # every conversation passes here each turn, probe or not
+            bar.wait(timeout=600)
+        row["fresh_sent_s"] = time.perf_counter() - t0
         if a.fresh and cached > 0:
             # its own words (the conversation's rng stays as without the fresh prompts)
             row["fresh_ttft_s"], row["fresh_tokens"] = fresh_ttft(
                 client, random.Random(f"{conv}-{t}"), n_prompt - cached,
                 f"fresh-{conv}-{t}-{random.random()}", f"multiturn-{conv}", kwargs)
+        row["done_s"] = time.perf_counter() - t0
         out.append(row)
         prev_reusable = client.tokens(msgs, False, kwargs)
         msgs.append({"role": "assistant", "content": text})
@@ -159,12 +175,18 @@ def conversation(client, conv, sysp, a, kwargs, out):
 def run_level(client, n_conv, sysp, a, kwargs):
     out, threads, errors = [], [], []
     seed = random.Random(n_conv).randrange(1 << 30)
+    bar = threading.Barrier(n_conv) if a.lockstep and n_conv > 1 else None
+    t0 = time.perf_counter()
 
     def one(c):
         try:
-            conversation(client, seed + c, sysp, a, kwargs, out)
-        except Exception as e:  # reported after the join: the run fails
+            conversation(client, seed + c, sysp, a, kwargs, out, bar, t0)
+        except threading.BrokenBarrierError as e:  # another conversation failed first
             errors.append(e)
+        except Exception as e:  # reported after the join: the run fails
+            errors.insert(0, e)
+            if bar:
+                bar.abort()
 
     for c in range(n_conv):
         th = threading.Thread(target=one, args=(c,))
@@ -238,6 +260,9 @@ def main():
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--convs", default="1 8")
     ap.add_argument("--thinking", action="store_true")
+    ap.add_argument("--no-lockstep", dest="lockstep", action="store_false",
+                    help="conversations run freely (turns and probes of different conversations "
+                    "overlap at random) instead of sending each turn, then each probe, together")
     ap.add_argument("--no-fresh", dest="fresh", action="store_false",
                     help="skip the TTFT of each cached turn's new tokens alone (a prompt of that "
                     "many tokens under its own cache_salt, sent right after the turn)")

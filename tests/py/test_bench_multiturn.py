@@ -2,7 +2,8 @@
 the tiny model: it runs with the cache and without, prints a table per concurrency level, and its
 numbers hold what the cache promises: no cached tokens without it; with it, from turn 2 on, at
 least 95% of the tokens the template makes reusable (issue 14's target) are served from the cache.
-Timings are not checked (no timed tests)."""
+Two conversations run in lockstep: every turn is sent after both finished the previous turn's
+probe, every probe after both turns were answered. Timings are not checked (no timed tests)."""
 import json
 import os
 import subprocess
@@ -37,3 +38,12 @@ def test_multiturn_smoke(tmp_path, binary):
                 # the fresh prompt of the turn's new tokens alone: within 5% (or 8 tokens)
                 new = x["prompt_tokens"] - x["cached_tokens"]
                 assert x["fresh_ttft_s"] > 0 and abs(x["fresh_tokens"] - new) <= max(8, new // 20), x
+    for mode in ("on", "off"):  # lockstep at 2 conversations
+        rows = res[mode]["2"]
+        for t in (1, 2, 3):
+            cur = [x for x in rows if x["turn"] == t]
+            assert len(cur) == 2
+            assert min(x["fresh_sent_s"] for x in cur) >= max(x["answered_s"] for x in cur), cur
+            if t > 1:
+                prev = [x for x in rows if x["turn"] == t - 1]
+                assert min(x["sent_s"] for x in cur) >= max(x["done_s"] for x in prev), (prev, cur)
