@@ -99,6 +99,15 @@ uint32_t emu_shfl_u(uint32_t v, int src) {
     return r;
 }
 float emu_shfl(float v, int src) { return __uint_as_float(emu_shfl_u(__float_as_uint(v), src)); }
+uint32_t emu_match_any(uint32_t v) {
+    int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
+    shfl_slot[w][l] = v;
+    emu_barrier(1 + w);
+    uint32_t r = 0;
+    for (int i = 0; i < 32; i++) r |= (shfl_slot[w][i] == v ? 1u : 0u) << i;
+    emu_barrier(1 + w);
+    return r;
+}
 uint32_t emu_reduce_u(uint32_t v, int max) {
     int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
     shfl_slot[w][l] = v;

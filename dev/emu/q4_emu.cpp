@@ -4,11 +4,13 @@
  * SM, the rows kernel) must give the same bits, and match a double host product of the
  * dequantized weights; the fused conv1d epilogue likewise; the MoE of 1, 4 and 8 routed tokens
  * through moe_up_route (slice / expert-major kernels) and moe_down after it (early routing) must
- * give the bits of the plain path (route kernel, q4m moe_up, moe_down). Random weights and inputs,
- * production per-expert sizes, 16 experts. For checking indexing without a GPU; the emulation
+ * give the bits of the plain path (route kernel, q4m moe_up, moe_down); the two-pass sampler and
+ * the laws with the count bits (k_sample.cu) must give what they give without them. Random
+ * weights and inputs, production per-expert sizes, 16 experts, a 32K vocabulary. For checking indexing without a GPU; the emulation
  * runs a kernel's threads one after another, so it shows no race and no timing. */
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
+#include "cuda/k_sample.cu"
 
 extern "C" {
 #include "t_check.h"
@@ -207,7 +209,61 @@ static void test_moe_ways(void) {
     moe_case(256, 4, 5);
 }
 
+/* ---- sampler with count bits ---- */
+
+static void test_sample_bits(void) {
+    const int V = 32768, R = 3;
+    float *lg = rand_vec((size_t)R * V, 3.0f);
+    int32_t *cnt = (int32_t *)xcalloc((size_t)R * V, 4);
+    uint32_t *bits = (uint32_t *)xcalloc((size_t)R * TL_GPU_COUNT_WORDS(V), 4);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 200; i++) {
+            int t = (int)(t_rng_next(&rs) % V), stray = (int)(t_rng_next(&rs) % V);
+            cnt[(size_t)r * V + t] = i % 3 == 0 ? 1 << 30 : i % 3 == 1 ? 2 : (1 << 30) | 1;
+            lg[(size_t)r * V + t] += 4.0f; /* counted tokens near the top */
+            bits[r * TL_GPU_COUNT_WORDS(V) + t / 32] |= 1u << (t % 32);
+            bits[r * TL_GPU_COUNT_WORDS(V) + stray / 32] |= 1u << (stray % 32); /* a superset */
+        }
+    tl_sample_params p[R];
+    memset(p, 0, sizeof p);
+    for (int r = 0; r < R; r++) p[r].top_p = 1.0f, p[r].repetition_penalty = 1.0f;
+    p[0].temperature = 1.0f, p[0].top_k = 20, p[0].top_p = 0.95f, p[0].presence_penalty = 1.5f;
+    p[1].repetition_penalty = 1.3f; /* greedy */
+    p[2].temperature = 0.7f, p[2].top_k = 5, p[2].frequency_penalty = 0.8f;
+    uint64_t keys[R] = {11, 22, 33};
+    float *scr = (float *)xmalloc(sizeof(float) * 2 * (size_t)R * V);
+    tl_sample_out a[R], b[R];
+    CHECK_EQ_INT(tl_gpu_sample(a, lg, V, V, p, p, keys, cnt, bits, NULL, scr, NULL, R, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(b, lg, V, V, p, p, keys, cnt, NULL, NULL, scr, NULL, R, NULL), 0);
+    int same = 1;
+    for (int r = 0; r < R; r++) same &= a[r].token == b[r].token && a[r].logprob == b[r].logprob;
+    /* the laws: rows = the logits rows, counts of slot r */
+    int32_t li[(3 + TL_LAW_ADJ) * R];
+    memset(li, 0, sizeof li);
+    for (int r = 0; r < R; r++) li[r] = r, li[R + r] = r;
+    float *lscr = (float *)xmalloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
+    tl_law la[R], lb[R];
+    CHECK_EQ_INT(tl_gpu_sample_law(la, lg, V, V, li, p, p, cnt, bits, li + R, li + 3 * R, lscr, R,
+                                   NULL),
+                 0);
+    CHECK_EQ_INT(tl_gpu_sample_law(lb, lg, V, V, li, p, p, cnt, NULL, li + R, li + 3 * R, lscr, R,
+                                   NULL),
+                 0);
+    int same_law = 1;
+    for (int r = 0; r < R; r++) {
+        same_law &= la[r].n == lb[r].n && la[r].n > 0;
+        for (int i = 0; i < la[r].n && i < lb[r].n; i++)
+            same_law &= la[r].id[i] == lb[r].id[i] && la[r].p[i] == lb[r].p[i];
+    }
+    printf("# sampler with count bits: tokens %d %d %d, same as without: %s; laws: %s\n",
+           a[0].token, a[1].token, a[2].token, same ? "yes" : "NO", same_law ? "same" : "DIFFER");
+    CHECK(same);
+    CHECK(same_law);
+    free(lg), free(cnt), free(bits), free(scr), free(lscr);
+}
+
 int main(void) {
+    T_RUN(test_sample_bits);
     T_RUN(test_gemv_ways);
     T_RUN(test_gemv_conv);
     T_RUN(test_moe_ways);

@@ -47,6 +47,8 @@ struct uint2 {
 struct uint4 {
     uint32_t x, y, z, w;
 };
+static inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+static inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }
 static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     return {a, b, c, d};
 }
@@ -124,6 +126,11 @@ static inline float __shfl_sync(unsigned m, float v, int src) {
     (void)m;
     return emu_shfl(v, src & 31);
 }
+uint32_t emu_match_any(uint32_t v); /* the lanes of the warp holding the same v */
+static inline unsigned __match_any_sync(unsigned m, int v) {
+    (void)m;
+    return emu_match_any((uint32_t)v);
+}
 static inline uint32_t __reduce_max_sync(unsigned m, uint32_t v) {
     (void)m;
     return emu_reduce_u(v, 1);
@@ -195,6 +202,23 @@ static inline float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+template <bool MAX> static inline float block_reduce(float v, float *sbuf) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = MAX ? warp_max(v) : warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sbuf[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sbuf[lane] : (MAX ? -INFINITY : 0.0f);
+    return MAX ? warp_max(r) : warp_sum(r);
+}
+static inline float block_sum(float v, float *sbuf) { return block_reduce<false>(v, sbuf); }
+static inline float block_max(float v, float *sbuf) { return block_reduce<true>(v, sbuf); }
+static inline uint64_t tl_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+#define TL_GOLDEN64 0x9E3779B97F4A7C15ull
 static inline void pdl_wait(void) {}
 static inline void pdl_trigger(void) {}
 #define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
