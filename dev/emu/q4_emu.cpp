@@ -123,6 +123,43 @@ static void test_gemv_ways(void) {
     gemv_case(8704, 4096, 1, 0, 0); /* 1088 units: too many for the slice kernel (rows kernel) */
 }
 
+/* The bf16 GEMV (the router: two planes, its first weights loaded before the PDL wait) against a
+ * double product: 257 rows (2 a block) and 2048 rows (8 a block), with and without the low plane. */
+static void bf16_case(int R, int K, int T, int lo) {
+    uint16_t *w = (uint16_t *)xmalloc((size_t)R * K * 2), *wl = (uint16_t *)xmalloc((size_t)R * K * 2);
+    for (size_t i = 0; i < (size_t)R * K; i++) {
+        float v = 0.05f * t_randf(&rs);
+        w[i] = f2bf(v), wl[i] = f2bf(v - bf2f(w[i]));
+    }
+    tl_gpu_gemm_w m = {w, lo ? wl : NULL, 16, R, K};
+    float *x = rand_vec((size_t)T * K, 1.0f), *nw = rand_vec(K, 1.0f);
+    float *y = (float *)xcalloc((size_t)T * R, 4), *ref = (float *)xmalloc((size_t)T * R * 4);
+    CHECK_EQ_INT(tl_gpu_gemv(y, R, &m, x, K, nw, 1e-6f, T, 0, NULL), 0);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < K; c++) ss += (double)x[t * K + c] * x[t * K + c];
+        double inv = 1.0 / sqrt(ss / K + 1e-6);
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < K; c++) {
+                size_t i = (size_t)r * K + c;
+                s += ((double)bf2f(w[i]) + (lo ? bf2f(wl[i]) : 0.0)) * x[t * K + c] * nw[c];
+            }
+            ref[(size_t)t * R + r] = (float)(s * inv);
+        }
+    }
+    double nm = t_nmse(y, ref, (size_t)T * R);
+    printf("# gemv bf16 %dx%d t%d lo%d: nmse vs double %.2e\n", R, K, T, lo, nm);
+    CHECK(nm < 1e-10);
+    free(w), free(wl), free(x), free(nw), free(y), free(ref);
+}
+
+static void test_gemv_bf16(void) {
+    bf16_case(257, 2048, 1, 1);
+    bf16_case(257, 2048, 5, 1);
+    bf16_case(2048, 4096, 3, 0);
+}
+
 /* The fused conv1d epilogue (3 tokens in slots 1, 2, 0): conv outputs, states and rows >= C the
  * same bits on every way. */
 static void test_gemv_conv(void) {
@@ -266,6 +303,7 @@ int main(void) {
     T_RUN(test_sample_bits);
     T_RUN(test_gemv_ways);
     T_RUN(test_gemv_conv);
+    T_RUN(test_gemv_bf16);
     T_RUN(test_moe_ways);
     return t_summary();
 }
