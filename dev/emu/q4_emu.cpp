@@ -1,13 +1,15 @@
-/* Host emulation of the decode GEMV and MoE kernels (src/cuda/k_gemv.cu, k_moe.cu, compiled
- * against the device shim dev/emu/cuda/cuda_common.cuh by dev/emu/q4_emu.sh): every way of the
- * 4-bit GEMV for <= 8 tokens (the persistent q4m kernel, the slice kernel at 1 and 2 blocks an
- * SM, the rows kernel) must give the same bits, and match a double host product of the
- * dequantized weights; the fused conv1d epilogue likewise; the MoE of 1, 4 and 8 routed tokens
- * through moe_up_route (slice / expert-major kernels) and moe_down after it (early routing) must
- * give the bits of the plain path (route kernel, q4m moe_up, moe_down); the two-pass sampler and
- * the laws with the count bits (k_sample.cu) must give what they give without them. Random
- * weights and inputs, production per-expert sizes, 16 experts, a 32K vocabulary. For checking indexing without a GPU; the emulation
- * runs a kernel's threads one after another, so it shows no race and no timing. */
+/* Host emulation of the decode GEMV, MoE and sampler kernels (src/cuda/k_gemv.cu, k_moe.cu,
+ * k_sample.cu, compiled against the device shim dev/emu/cuda/cuda_common.cuh by
+ * dev/emu/q4_emu.sh): every way of the 4-bit GEMV for <= 8 tokens (the persistent q4m kernel,
+ * the slice kernel at 1 and 2 blocks an SM, the rows kernel) must give the same bits and match a
+ * double host product of the dequantized weights; the fused conv1d epilogue likewise; the bf16
+ * (router) GEMV must match a double product; the MoE of 1, 4 and 8 routed tokens through
+ * moe_up_route (slice / expert-major kernels) and moe_down after it (early routing) must give the
+ * bits of the plain path (route kernel, q4m moe_up, moe_down); the two-pass sampler and the laws
+ * with the count bits must give what they give without them. Random weights and inputs,
+ * production per-expert sizes, 16 experts, a 32K vocabulary. For checking indexing without a
+ * GPU; the emulation runs a kernel's threads one after another, so it shows no race and no
+ * timing. */
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
 #include "cuda/k_sample.cu"
