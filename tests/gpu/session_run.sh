@@ -11,16 +11,47 @@
 #             binary from before the engine-path bench always ran greedy and has no --greedy)
 #   load      load time of a full-size random 4-bit checkpoint (tools/make_random_mlx4.py),
 #             warm and cold page cache
-# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load]   (no argument: all four)
+#   levers    the batch-1 kernel levers (docs/architecture.md §5.2): their kernel tests first
+#             (test_slice_kernels, test_sample_count_bits; memcheck of the first), then
+#             bench/env_ab.sh at 4K over $VARIANTS (default: all off, all on, each off alone,
+#             two slice blocks an SM), the same with --speculative-tokens 3, and the per-kernel
+#             table of one decode step (--prof) with the levers off and on
+# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers]
+#   (no argument: tests hf bench load)
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
 O=${OUT:-/tmp/tulip-out}
 mkdir -p "$O"
-steps=${*:-tests hf bench load}
+steps=${*:-tests hf bench load}  # levers only when asked
 has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
 
+if has levers; then
+    echo "== lever tests"
+    for t in test_slice_kernels test_sample_count_bits; do
+        T_ONLY=$t timeout 180 build/cuda/tests/test_kernels >"$O/$t.txt" 2>&1
+        echo "$t rc=$?"
+        grep -E '^(PASS|FAIL)|DIFFER|failed' "$O/$t.txt" | head -8
+    done
+    T_ONLY=test_slice_kernels timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        build/cuda/tests/test_kernels >"$O/memcheck-levers.txt" 2>&1
+    echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-levers.txt")"
+    off="TL_GEMV_SLICE=0 TL_GEMV_ROWS=0 TL_MOE_SLICE=0"
+    v=${VARIANTS:-"$off; -; TL_GEMV_SLICE=0; TL_GEMV_ROWS=0; TL_MOE_SLICE=0; TL_GEMV_SLICE=2"}
+    echo "== levers, decode at 4K"
+    VARIANTS=$v timeout 300 bash bench/env_ab.sh 2>&1 | tee "$O/levers.txt"
+    echo "== levers, --speculative-tokens 3"
+    VARIANTS="$off; -" ARGS="--random-weights --bits 4 --speculative-tokens 3" GEN=64 \
+        timeout 200 bash bench/env_ab.sh 2>&1 | tee "$O/levers-spec.txt"
+    for mode in off on; do
+        envs=()
+        [ $mode = off ] && read -r -a envs <<<"$off"
+        env ${envs[@]+"${envs[@]}"} timeout 120 build/cuda/tulip bench --random-weights --bits 4 \
+            --lengths 4096 --gen 16 --repeats 1 --prof >"$O/prof-$mode.txt" 2>&1
+        echo "prof $mode rc=$? (tables in $O/prof-$mode.txt)"
+    done
+fi
 if has tests; then
     echo "== GPU tests"
     bash tests/run.sh --gpu 2>&1 | tee "$O/tests.txt"
