@@ -23,8 +23,8 @@ for ((r = 0; r < ${ROUNDS:-2}; r++)); do
         envs=()
         [ "$v" != "-" ] && [ -n "$v" ] && read -r -a envs <<<"$v"
         # shellcheck disable=SC2086
-        if ! env ${envs[@]+"${envs[@]}"} "$TULIP" bench $ARGS --lengths "${LEN:-4096}" --gen "${GEN:-128}" \
-            --repeats 1 --json >"$tmp/$i.$r.json" 2>"$tmp/$i.$r.err"; then
+        if ! env ${envs[@]+"${envs[@]}"} "$TULIP" bench $ARGS --lengths "${LEN:-4096}" \
+            --gen "${GEN:-128}" --repeats 1 --json >"$tmp/$i.$r.json" 2>"$tmp/$i.$r.err"; then
             echo "env_ab: variant '$v' failed: $(tail -1 "$tmp/$i.$r.err")" >&2
             exit 1
         fi
