@@ -301,9 +301,45 @@ __global__ void __launch_bounds__(256, 3)
     }
 }
 
+/* The distinct experts of up to 8 routed tokens (moe_up_q4x_kernel): ue[0 .. nu - 1] in ascending
+ * id, the shared expert last; slot[u][t] = token t's slot of expert ue[u] + 1, or 0. */
+struct moe_list {
+    int ids[8][MAX_K + 1], ue[8 * MAX_K + 1], nu;
+    uint32_t bits[8]; /* the routed experts (n_expert <= 256) */
+    uint8_t slot[8 * MAX_K + 1][8];
+};
+
+/* Warp t routes token t (route_block: block 0 publishes ids and weights), then the block lists
+ * the distinct experts into *L: an expert's index is its rank among the routed ones (a popcount
+ * of the bitmap below it). Called by every thread; ends with a barrier. */
+__device__ __forceinline__ void list_experts(moe_list *L, int32_t *ids, float *wts, float *w_sh,
+                                             const float *logits, int ld, int n_expert, int k,
+                                             int n_tok) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x < 8) L->bits[threadIdx.x] = 0u;
+    for (int i = threadIdx.x; i < (8 * MAX_K + 1) * 8; i += blockDim.x) (&L->slot[0][0])[i] = 0;
+    __syncthreads();
+    if (warp < n_tok) {
+        route_block(L->ids[warp], ids, wts, w_sh, logits, ld, n_expert, k, warp);
+        __syncwarp();
+        if (lane < k) atomicOr(&L->bits[L->ids[warp][lane] >> 5], 1u << (L->ids[warp][lane] & 31));
+    }
+    __syncthreads();
+    int n_routed = 0;
+    for (int w = 0; w < 8; w++) n_routed += __popc(L->bits[w]);
+    if (warp < n_tok && lane < k) {
+        int e = L->ids[warp][lane], u = __popc(L->bits[e >> 5] & ((1u << (e & 31)) - 1u));
+        for (int w = 0; w < (e >> 5); w++) u += __popc(L->bits[w]);
+        L->ue[u] = e, L->slot[u][warp] = (uint8_t)(lane + 1);
+    }
+    if (threadIdx.x < n_tok) L->slot[n_routed][threadIdx.x] = (uint8_t)(k + 1);
+    if (threadIdx.x == 0) L->ue[n_routed] = n_expert, L->nu = n_routed + 1;
+    __syncthreads();
+}
+
 /* moe_up_q4x_kernel: moe_up for 2..8 routed tokens, expert-major. Every block routes all tokens
  * (warp t token t; block 0 publishes ids and weights) and lists the distinct experts in ascending
- * id, the shared expert last, with each token's slot of each (s_slot: slot + 1, 0 = not routed
+ * id, the shared expert last, with each token's slot of each (moe_list: slot + 1, 0 = not routed
  * there). A work item is (distinct expert, gate/up row-block pair): warp w of block b takes items
  * b * 8 + w, += gridDim.x * 8, streams the pair's 2 x KS chunks (the gate's K-slices, then the
  * up's; KPW tiles each) through its own ring of Q4M_NS stages without block barriers, with every
@@ -319,36 +355,17 @@ __global__ void __launch_bounds__(256, 1)
     constexpr int SB = KPW * 128 + KPW * 16;
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
-    __shared__ int s_ids[8][MAX_K + 1], s_ue[8 * MAX_K + 1], s_nu;
-    __shared__ uint32_t s_bits[8]; /* the routed experts (n_expert <= 256) */
-    __shared__ uint8_t s_slot[8 * MAX_K + 1][8];
+    __shared__ moe_list L;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, KB = K >> 5;
     int n_rb = 2 * F / 8, n_pair = n_rb / 2;
     pdl_wait();
     pdl_trigger(); /* after the wait: moe_down may read the logits before its own */
-    if (threadIdx.x < 8) s_bits[threadIdx.x] = 0u;
-    for (int i = threadIdx.x; i < (8 * MAX_K + 1) * 8; i += 256) (&s_slot[0][0])[i] = 0;
     if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
-    __syncthreads();
-    if (warp < n_tok) {
-        route_block(s_ids[warp], ids, wts, w_sh, logits, ld, n_expert, k, warp);
-        __syncwarp();
-        if (lane < k) atomicOr(&s_bits[s_ids[warp][lane] >> 5], 1u << (s_ids[warp][lane] & 31));
-    }
-    __syncthreads();
-    int n_routed = 0;
-    for (int w = 0; w < 8; w++) n_routed += __popc(s_bits[w]);
-    if (warp < n_tok && lane < k) { /* the expert's rank among the routed ones: its index */
-        int e = s_ids[warp][lane], u = __popc(s_bits[e >> 5] & ((1u << (e & 31)) - 1u));
-        for (int w = 0; w < (e >> 5); w++) u += __popc(s_bits[w]);
-        s_ue[u] = e, s_slot[u][warp] = (uint8_t)(lane + 1);
-    }
-    if (threadIdx.x < n_tok) s_slot[n_routed][threadIdx.x] = (uint8_t)(k + 1);
-    if (threadIdx.x == 0) s_ue[n_routed] = n_expert, s_nu = n_routed + 1;
+    list_experts(&L, ids, wts, w_sh, logits, ld, n_expert, k, n_tok);
     float *sx = q4m_sx(xs, K, n_tok);
     q4m_stage(xs, sx, h, K, norm_w, K, n_tok, threadIdx.x, 256, s_ss);
     __syncthreads();
-    int n_items = s_nu * n_pair, nch = 2 * KS, g = lane >> 2, t = lane & 3;
+    int n_items = L.nu * n_pair, nch = 2 * KS, g = lane >> 2, t = lane & 3;
     const uint4 *xrow = xs + min(g, n_tok - 1) * q4m_lds(K);
     const float *sxrow = sx + min(g, n_tok - 1) * (KB >> 1);
     char *my = (char *)xs + q4m_smem(K, n_tok) + (size_t)warp * Q4M_NS * SB;
@@ -359,7 +376,7 @@ __global__ void __launch_bounds__(256, 1)
     auto issue = [&](int it) { /* sub-item it: chunk it % nch of the warp's item it / nch */
                                if (it < n_sub) {
                                    int item = i0 + (it / nch) * istep, c = it % nch,
-                                       e = s_ue[item / n_pair];
+                                       e = L.ue[item / n_pair];
                                    int rb = 2 * (item % n_pair) + (c >= KS);
                                    q4m_issue<KPW>(my + (it % Q4M_NS) * SB, w0 + e * ew,
                                                   sb0 + e * es, 2 * F, K, rb, (c % KS) * KPW);
@@ -380,7 +397,7 @@ __global__ void __launch_bounds__(256, 1)
         if (c == KS - 1) g0 = s0, g1 = s1, s0 = 0.0f, s1 = 0.0f; /* the gate rows are done */
         if (c == nch - 1) { /* the up rows too: token g's outputs 8 p + 2 t, +1 */
             int item = i0 + (it / nch) * istep, u = item / n_pair, p = item % n_pair;
-            int j = g < n_tok ? s_slot[u][g] - 1 : -1;
+            int j = g < n_tok ? L.slot[u][g] - 1 : -1;
             if (j >= 0) {
                 float *o = act + ((size_t)g * (k + 1) + j) * F + 8 * p + 2 * t;
                 o[0] = moe_swiglu_normed(g0, s0, s_ss, g, K, eps);
