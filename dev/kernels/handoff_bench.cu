@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda/cuda_common.cuh"
+#include "../../tests/gpu/cu_check.h"
 
 #define D      2048
 #define NT     256
@@ -28,15 +29,6 @@
 #define MAXR   4096 /* rows a phase at most (16 MB of weights: 128 KB of shared memory a block) */
 #define XMAX   (MAXR > D ? MAXR : D)
 #define REPEAT 7
-
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 struct hparams {
     const uint16_t *W; /* [NPH][R][D] */

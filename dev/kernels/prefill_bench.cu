@@ -15,17 +15,10 @@
 #include "../../src/cuda/k_attn_prefill.cu"
 #include "../../src/cuda/k_gdn_chunk.cu"
 #include "gdn_chunk_v1.cu"
+#include "../../tests/gpu/cu_check.h"
 
 #define PEAK_TFLOPS 790.0
 
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 #define OK(x)                                                                                      \
     do {                                                                                           \
         int r_ = (x);                                                                              \

@@ -27,17 +27,9 @@
 #include "cpu/cpu.h"
 #include "cuda/gpu.h"
 #include "model/shape.h"
+#include "cu_check.h"
 
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;
-
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void *dmalloc(size_t n) {
     void *p = NULL;
