@@ -19,7 +19,7 @@ struct emu_thr {
     ucontext_t ctx;
     int done, wait;
 };
-enum { EMU_MAX = 512, EMU_STACK = 256 << 10, EMU_WARPS = EMU_MAX / 32 };
+enum { EMU_MAX = 1024, EMU_STACK = 256 << 10, EMU_WARPS = EMU_MAX / 32 };
 static emu_thr thr[EMU_MAX];
 static char *stacks[EMU_MAX];
 static ucontext_t sched;
@@ -37,6 +37,7 @@ void emu_barrier(int id) {
 static int in_group(int id, int i) {
     if (id == 0) return 1;
     if (id < 100) return i / 32 == id - 1;
+    if (id >= 1000) return i / 128 == id - 1000; /* a warpgroup */
     return i < id - 100;
 }
 static void run_block(void) {
@@ -53,7 +54,7 @@ static void run_block(void) {
         for (int i = 0; i < nthr; i++)
             if (!thr[i].done && thr[i].wait < 0) {
                 cur = i;
-                threadIdx = dim3(i);
+                threadIdx = dim3(i, 0, 0);
                 swapcontext(&sched, &thr[i].ctx);
             }
         int alive = 0, released = 0;
@@ -82,7 +83,7 @@ void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn) {
     for (unsigned y = 0; y < grid.y; y++) {
         if (!emu_head_on((int)y)) continue;
         for (unsigned x = 0; x < grid.x; x++) {
-            blockIdx = dim3(x, y);
+            blockIdx = dim3(x, y, 0);
             run_block();
         }
     }
@@ -177,4 +178,73 @@ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
         d[e] = s;
     }
     emu_barrier(1 + w);
+}
+
+/* ---- shared-memory operands: ldmatrix and the wgmma (dev/emu/cuda/k_wgmma.cuh) ---- */
+uint8_t *emu_smem_base;
+static const uint8_t *ldm_ptr[EMU_WARPS][32];
+/* ldmatrix .x1/.x2/.x4 (.trans): lane 8j + r gives row r of matrix j; lane (g, t) receives from
+ * matrix j the two bf16 at row g, columns 2t, 2t + 1 (trans: rows 2t, 2t + 1 of column g). */
+void emu_ldmatrix(uint32_t *r, int nmat, const void *p, int trans) {
+    int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
+    ldm_ptr[w][l] = (const uint8_t *)p;
+    emu_barrier(1 + w);
+    int g = l >> 2, t = l & 3;
+    for (int j = 0; j < nmat; j++) {
+        uint16_t lo, hi;
+        if (!trans) {
+            memcpy(&lo, ldm_ptr[w][8 * j + g] + 4 * t, 2);
+            memcpy(&hi, ldm_ptr[w][8 * j + g] + 4 * t + 2, 2);
+        } else {
+            memcpy(&lo, ldm_ptr[w][8 * j + 2 * t] + 2 * g, 2);
+            memcpy(&hi, ldm_ptr[w][8 * j + 2 * t + 1] + 2 * g, 2);
+        }
+        r[j] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    emu_barrier(1 + w);
+}
+
+float emu_wg_elem(uint64_t d, int r, int k) {
+    uint32_t start = (uint32_t)(d & 0x3FFF) << 4, sbo = (uint32_t)((d >> 32) & 0x3FFF) << 4;
+    if ((d >> 62) != 1 || k < 0 || k > 15 || (start & 15)) {
+        fprintf(stderr, "emu: wgmma descriptor %llx not a 128-byte-swizzled K-major tile\n",
+                (unsigned long long)d);
+        abort();
+    }
+    uint32_t a = start + (uint32_t)(r / 8) * sbo + (uint32_t)(r % 8) * 128 + 2 * k;
+    a ^= ((a >> 7) & 7) << 4;
+    uint16_t v;
+    memcpy(&v, emu_smem_base + a, 2);
+    return bf2f(v);
+}
+
+static uint32_t wg_a[EMU_MAX / 128][128][4];
+void emu_wg_mma(float *d, int n, const uint32_t *a_regs, uint64_t da, uint64_t db, int acc_on) {
+    int i = (int)threadIdx.x, wg = i / 128, w = (i % 128) / 32, l = i % 32, g = l >> 2, t = l & 3;
+    float A[2][16]; /* this thread's rows 16w + g, 16w + g + 8 */
+    if (a_regs) {
+        memcpy(wg_a[wg][i % 128], a_regs, 16);
+        emu_barrier(1000 + wg);
+        for (int h = 0; h < 2; h++)
+            for (int kh = 0; kh < 2; kh++)
+                for (int tt = 0; tt < 4; tt++)
+                    for (int e = 0; e < 2; e++)
+                        A[h][8 * kh + 2 * tt + e] =
+                            bf16x2_half(wg_a[wg][w * 32 + g * 4 + tt][h + 2 * kh], e);
+        emu_barrier(1000 + wg);
+    } else {
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 16; k++) A[h][k] = emu_wg_elem(da, 16 * w + g + 8 * h, k);
+    }
+    for (int j = 0; j < n / 8; j++)
+        for (int e = 0; e < 2; e++) {
+            int col = 8 * j + 2 * t + e;
+            float B[16];
+            for (int k = 0; k < 16; k++) B[k] = emu_wg_elem(db, col, k);
+            for (int h = 0; h < 2; h++) {
+                float s = acc_on ? d[4 * j + 2 * h + e] : 0.f;
+                for (int k = 0; k < 16; k++) s += A[h][k] * B[k];
+                d[4 * j + 2 * h + e] = s;
+            }
+        }
 }

@@ -18,6 +18,7 @@ extern "C" {
 #include "t_check.h"
 #include "common/util.h"
 }
+#include "emu_q4.h"
 
 alignas(16) uint4 xs[(220 * 1024) / 16];   /* the kernels' dynamic shared memory */
 alignas(16) uint4 xs_all[(48 * 1024) / 16]; /* moe_down's */
@@ -31,41 +32,6 @@ int cb_moe_gemm(uint16_t *, const uint16_t *, const tl_gpu_gemm_w *, const int32
 }
 
 static unsigned long long rs = 0x51ce51ce51ceull;
-
-/* A random 4-bit matrix in the q4 tiled layout (gpu.h): rows x K, scales ~1/64, biases centred. */
-struct q4mat {
-    tl_gpu_gemm_w m;
-    uint32_t *w, *sb;
-};
-static q4mat q4_random(int rows, int K) {
-    q4mat q;
-    size_t nw = (size_t)rows * K / 8, ns = (size_t)rows * (K / 64);
-    q.w = (uint32_t *)xmalloc(nw * 4), q.sb = (uint32_t *)xmalloc(ns * 4);
-    for (size_t i = 0; i < nw; i++) q.w[i] = (uint32_t)(t_rng_next(&rs) >> 32);
-    for (size_t i = 0; i < ns; i++) {
-        float s = (1.0f + 0.5f * t_randf(&rs)) / 64.0f, b = -7.5f * s * (1.0f + 0.1f * t_randf(&rs));
-        q.sb[i] = (uint32_t)f2bf(s) | (uint32_t)f2bf(b) << 16;
-    }
-    q.m = {q.w, q.sb, 4, rows, K};
-    return q;
-}
-static void q4_free(q4mat *q) { free(q->w), free(q->sb); }
-
-/* W[r][c] of the tiled layout: word (rb, kb, lane 4 (r % 8) + t), nibble j + 4h for column
- * 32 kb + 2t + 8j + h (gpu.h Q4_COL), times the group's scale plus its bias. */
-static double q4_at(const q4mat &q, int r, int c) {
-    int K = q.m.cols, rows = q.m.rows, cc = c & 31, t = (cc & 7) >> 1, n = (cc >> 3) + 4 * (cc & 1);
-    uint32_t word = q.w[((size_t)(r / 8) * (K / 32) + c / 32) * 32 + (r % 8) * 4 + t];
-    uint32_t sbw = q.sb[(size_t)(c / 64) * rows + r];
-    return (double)bf2f((uint16_t)(sbw & 0xffff)) * ((word >> (4 * n)) & 15u) +
-           (double)bf2f((uint16_t)(sbw >> 16));
-}
-
-static float *rand_vec(size_t n, float scale) {
-    float *v = (float *)xmalloc(n * 4);
-    for (size_t i = 0; i < n; i++) v[i] = scale * t_randf(&rs);
-    return v;
-}
 
 /* ---- GEMV ---- */
 
@@ -81,9 +47,9 @@ static float *gemv_way(int slice, int rows_on, const q4mat &q, const float *x, c
 }
 
 static void gemv_case(int R, int K, int T, int norm, int acc) {
-    q4mat q = q4_random(R, K);
-    float *x = rand_vec((size_t)T * K, 1.0f), *nw = rand_vec(K, 1.0f),
-          *y0 = rand_vec((size_t)T * R, 1.0f);
+    q4mat q = q4_random(&rs, R, K);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f),
+          *y0 = rand_vec(&rs, (size_t)T * R, 1.0f);
     float *ref = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
     /* the q4m kernel against the double product (the emulator's own check) */
     float *hr = (float *)xmalloc((size_t)T * R * 4);
@@ -134,7 +100,7 @@ static void bf16_case(int R, int K, int T, int lo) {
         w[i] = f2bf(v), wl[i] = f2bf(v - bf2f(w[i]));
     }
     tl_gpu_gemm_w m = {w, lo ? wl : NULL, 16, R, K};
-    float *x = rand_vec((size_t)T * K, 1.0f), *nw = rand_vec(K, 1.0f);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f);
     float *y = (float *)xcalloc((size_t)T * R, 4), *ref = (float *)xmalloc((size_t)T * R * 4);
     CHECK_EQ_INT(tl_gpu_gemv(y, R, &m, x, K, nw, 1e-6f, T, 0, NULL), 0);
     for (int t = 0; t < T; t++) {
@@ -166,9 +132,9 @@ static void test_gemv_bf16(void) {
  * same bits on every way. */
 static void test_gemv_conv(void) {
     const int R = 512, K = 2048, C = 256, T = 3;
-    q4mat q = q4_random(R, K);
-    float *x = rand_vec((size_t)T * K, 1.0f), *nw = rand_vec(K, 1.0f);
-    float *cw = rand_vec((size_t)C * 4, 0.5f), *st0 = rand_vec((size_t)3 * 3 * C, 1.0f);
+    q4mat q = q4_random(&rs, R, K);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f);
+    float *cw = rand_vec(&rs, (size_t)C * 4, 0.5f), *st0 = rand_vec(&rs, (size_t)3 * 3 * C, 1.0f);
     int32_t slot[3] = {1, 2, 0};
     float *y[4], *co[4], *st[4];
     static const int ways[4][2] = {{0, 0}, {1, 0}, {2, 0}, {0, 1}};
@@ -201,9 +167,9 @@ static void test_gemv_conv(void) {
 
 static void moe_case(int D, int k, int T) {
     const int E = 16, F = 512;
-    q4mat gu = q4_random((E + 1) * 2 * F, D), dn = q4_random((E + 1) * D, F);
-    float *lg = rand_vec((size_t)T * (E + 1), 3.0f), *h0 = rand_vec((size_t)T * D, 1.0f);
-    float *nw = rand_vec(D, 1.0f);
+    q4mat gu = q4_random(&rs, (E + 1) * 2 * F, D), dn = q4_random(&rs, (E + 1) * D, F);
+    float *lg = rand_vec(&rs, (size_t)T * (E + 1), 3.0f), *h0 = rand_vec(&rs, (size_t)T * D, 1.0f);
+    float *nw = rand_vec(&rs, D, 1.0f);
     float *act[2], *h[2], *w[2], *wsh[2];
     int32_t *ids[2];
     for (int m = 0; m < 2; m++) {
@@ -252,7 +218,7 @@ static void test_moe_ways(void) {
 
 static void test_sample_bits(void) {
     const int V = 32768, R = 3;
-    float *lg = rand_vec((size_t)R * V, 3.0f);
+    float *lg = rand_vec(&rs, (size_t)R * V, 3.0f);
     int32_t *cnt = (int32_t *)xcalloc((size_t)R * V, 4);
     uint32_t *bits = (uint32_t *)xcalloc((size_t)R * TL_GPU_COUNT_WORDS(V), 4);
     for (int r = 0; r < R; r++)

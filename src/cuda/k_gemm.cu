@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "cuda/k_q4m.cuh"
+#include "cuda/k_wgmma.cuh"
 
 /* ====== Tiling. ======
  * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 16*MI*WM and BN = 32*NJ: 4*WM
@@ -547,47 +548,6 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
     d |= 1ull << 62;                  /* 128-byte swizzle */
     return d;
 }
-static __device__ __forceinline__ void wg_fence_proxy(void) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-/* d[0..127] += A(64x16, smem desc) * B(16x256, smem desc)^T, bf16 in, f32 accumulate. */
-static __device__ __forceinline__ void wg_mma_m64n256k16(float *d, uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-        "}, %128, %129, 1, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-          "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db));
-}
 
 template <int BITS, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
@@ -710,12 +670,12 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         const uint32_t sa = smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + wg * 64 * 128;
         const uint32_t sb = BITS == 16 ? smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + C::A_BYTES
                                        : smem_u32(bbuf) + (kt & 1) * WG_BN * 128;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++)
             wg_mma_m64n256k16(acc, wg_desc(sa + kk * 32), wg_desc(sb + kk * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wg_commit();
+        wg_wait<1>();
         __syncthreads(); /* every warpgroup is done with step kt-1's stage and B buffer */
         int nk = kt + WG_STAGES - 1;
         if (nk < KT) load_stage(nk % WG_STAGES, nk);
@@ -726,7 +686,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             dequant((kt + 1) % WG_STAGES, (kt + 1) & 1);
         }
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_wait<0>();
     cp_async_wait<0>();
 
     /* ---- epilogue (fragment layout as mma.sync m16n8, warp wq of the warpgroup) ---- */
@@ -773,10 +733,206 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
     return 0;
 }
 
+/* ====== The MoE grouped GEMM on wgmma with the weights as the A operand ("wgr"). ======
+ * math: as gemm_mma_kernel's MoE modes (the plan's 128-row tiles, gather or scatter, the same
+ *   epilogues) for 4-bit weights.
+ * note: the tile's tokens are the wgmma's N (32, 64, 96 or 128: its token count rounded up to
+ *   32, chosen per block, so a tile of 40 tokens does not pay for 128) and 128 weight rows its
+ *   M (two warpgroups of 64). A warp dequantizes the packed nibbles of its 16 rows straight into
+ *   A registers (bf16(s q + b), gemm_mma_kernel's values), so dequantized weights never pass
+ *   through shared memory and no thread dequantizes for another; the token tile (B) is read by
+ *   the tensor cores from 128-byte-swizzled shared memory (wg_desc, wg_swz: gemm_wg_kernel's
+ *   tiles). Per k stage and warpgroup: 4 wgmma m64nNk16 of 64 x N x 16.
+ * threads: 256 = 2 warpgroups; warp w (0..7) owns block rows 16w .. 16w + 15 (warpgroup w / 4);
+ *   lane (g, t) ends with rows 16w + g (+ 8) for tokens 8j + 2t + {0, 1} (k_wgmma.cuh).
+ * pipeline (WR_STAGES deep, cp.async): step k waits for tile k and fences it for the async
+ *   proxy, barrier, reads its packed words, waits for its own wgmma of step k - 1 (the A
+ *   registers are reused), dequantizes, issues 4 wgmma, barrier (every warpgroup is past step
+ *   k - 1), then refills the stage of step k - 1.
+ * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
+ *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced).
+ * bytes: per block W 128 rows x K once, X of its tile once (from L2); Y written once.
+ * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tile 6); the
+ *   host emulator (dev/emu/gemm_emu.sh) against a double product. */
+#define WR_BN          128 /* weight rows per block */
+#define WR_NT          128 /* tokens per tile (the plan's 128-row tiles) */
+#define WR_STAGES      4
+#define WR_THREADS     256
+#define WR_X_BYTES     (WR_NT * 128)       /* tokens x 64 k, bf16, swizzled */
+#define WR_Q_BYTES     (WR_BN * GM_BK / 2) /* packed nibbles, then WR_BN scale/bias words */
+#define WR_STAGE_BYTES ((WR_X_BYTES + WR_Q_BYTES + WR_BN * 4 + 1023) / 1024 * 1024)
+#define WR_SMEM        (WR_STAGES * WR_STAGE_BYTES + 1024) /* + alignment slack */
+
+/* bf16x2 of the two nibbles at bits 0 and 16 of w: s q + b (gemm_mma_kernel's operations) */
+static __device__ __forceinline__ uint32_t wr_deq(uint32_t w, uint32_t s2u, uint32_t b2u) {
+    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+    uint32_t xu = (w & 0x000F000Fu) | 0x43004300u;
+    __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
+    xv = __hfma2(__hsub2(xv, k128), *(__nv_bfloat162 *)&s2u, *(__nv_bfloat162 *)&b2u);
+    return *(uint32_t *)&xv;
+}
+
+/* The A fragments of a warp's 16 rows for the four k16 steps of one stage: words wl (rows g)
+ * and wu (rows g + 8) of the two 32-column halves h; scale/bias words sl, su of those rows. */
+static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint32_t (&wl)[2],
+                                                const uint32_t (&wu)[2], uint32_t sl, uint32_t su) {
+    uint32_t sll = (sl & 0xffffu) | (sl << 16), bll = (sl >> 16) | (sl & 0xffff0000u);
+    uint32_t suu = (su & 0xffffu) | (su << 16), buu = (su >> 16) | (su & 0xffff0000u);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int s2 = 0; s2 < 2; s2++) {
+            af[2 * h + s2][0] = wr_deq(wl[h] >> (8 * s2), sll, bll);
+            af[2 * h + s2][1] = wr_deq(wu[h] >> (8 * s2), suu, buu);
+            af[2 * h + s2][2] = wr_deq(wl[h] >> (8 * s2 + 4), sll, bll);
+            af[2 * h + s2][3] = wr_deq(wu[h] >> (8 * s2 + 4), suu, buu);
+        }
+}
+
+/* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. */
+template <int NT>
+static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&acc)[NT / 2],
+                                                   float *so, const int32_t *perm, int m0,
+                                                   int m_end) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int swiglu = p.flags & TL_GEMM_SWIGLU, ncol = swiglu ? WR_BN / 2 : WR_BN;
+    const int lds = ncol + 4, r0 = warp * 16;
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float *row = so + (8 * j + 2 * t + e) * lds;
+            if (swiglu) {
+                row[r0 / 2 + g] = silu_f(acc[4 * j + e]) * acc[4 * j + 2 + e];
+            } else {
+                row[r0 + g] = acc[4 * j + e];
+                row[r0 + 8 + g] = acc[4 * j + 2 + e];
+            }
+        }
+    __syncthreads();
+    const int ntok = min(m_end - m0, NT), pairs = ncol / 2;
+    const int c0 = swiglu ? blockIdx.x * WR_BN / 2 : blockIdx.x * WR_BN;
+    for (int i = tid; i < ntok * pairs; i += WR_THREADS) {
+        int tok = i / pairs, c = 2 * (i % pairs), m = m0 + tok;
+        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+        gm_store2(p, orow + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
+    }
+}
+
+/* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
+template <int NT>
+static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
+                                                const uint8_t *wb, const uint32_t *sbb,
+                                                const int32_t *perm, int m0, int m_end) {
+    constexpr int XC = NT / 32; /* 16-byte token chunks per thread and stage */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
+    const int n0 = blockIdx.x * WR_BN, r0 = warp * 16, KT = p.K / GM_BK;
+    const uint16_t *x_src[XC];
+    int x_ok[XC];
+#pragma unroll
+    for (int j = 0; j < XC; j++) {
+        int m = m0 + (tid >> 3) + 32 * j;
+        x_ok[j] = m < m_end;
+        int src = x_ok[j] ? m : m0;
+        if (p.mode == GM_MOE_GATHER) src = perm[src] >> 3;
+        x_src[j] = p.x + (size_t)src * p.K + (tid & 7) * 8;
+    }
+    const uint32_t *wq = (const uint32_t *)wb;
+    auto load_x = [&](int stage, int kt) {
+        uint8_t *s = smem + stage * WR_STAGE_BYTES;
+#pragma unroll
+        for (int j = 0; j < XC; j++)
+            cp_async16(s + wg_swz((tid >> 3) + 32 * j, tid & 7), x_src[j] + kt * GM_BK,
+                       x_ok[j] ? 16 : 0);
+    };
+    auto load_w =
+        [&](int stage,
+            int kt) { /* thread: 16 bytes of row block tid / 16 */
+                      uint32_t *sQ = (uint32_t *)(smem + stage * WR_STAGE_BYTES + WR_X_BYTES);
+                      const int k0 = kt * GM_BK, rb = tid >> 4, ch = tid & 15;
+                      cp_async16(sQ + rb * 64 + ch * 4,
+                                 wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                                 16);
+                      if (tid < WR_BN / 4)
+                          cp_async16(sQ + WR_Q_BYTES / 4 + tid * 4,
+                                     sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+        };
+    gm_prologue<WR_STAGES>(KT, false, load_x, load_w); /* the kernel waited (MoE plan) */
+
+    float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
+    const uint32_t sx = smem_u32(smem);
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % WR_STAGES;
+        cp_async_wait<WR_STAGES - 2>(); /* tile kt */
+        wg_fence_proxy();
+        __syncthreads();
+        const uint32_t *sQ = (const uint32_t *)(smem + st * WR_STAGE_BYTES + WR_X_BYTES);
+        const uint32_t *sS = sQ + WR_Q_BYTES / 4;
+        uint32_t wl[2], wu[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            wl[h] = sQ[((r0 >> 3) * 2 + h) * 32 + lane];
+            wu[h] = sQ[((r0 >> 3) * 2 + 2 + h) * 32 + lane];
+        }
+        uint32_t sl = sS[r0 + g], su = sS[r0 + 8 + g];
+        wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
+        uint32_t af[4][4];
+        wr_afrag(af, wl, wu, sl, su);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * WR_STAGE_BYTES + kk * 32), kt | kk);
+        wg_commit();
+        __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
+        int nk = kt + WR_STAGES - 1;
+        if (nk < KT) load_w(nk % WR_STAGES, nk), load_x(nk % WR_STAGES, nk);
+        cp_async_commit();
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+    __syncthreads(); /* the stages become the output tile */
+    wr_epilogue<NT>(p, acc, (float *)smem, perm, m0, m_end);
+}
+
+__global__ void __launch_bounds__(WR_THREADS, 2) gemm_wgr_kernel(gemm_args p) {
+    extern __shared__ uint8_t wr_smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm;
+    int m0, m_end;
+    pdl_wait(); /* the plan comes from the previous kernel */
+    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
+    if (nc == 4)
+        wr_block<128>(p, smem, wb, sbb, perm, m0, m_end);
+    else if (nc == 3)
+        wr_block<96>(p, smem, wb, sbb, perm, m0, m_end);
+    else if (nc == 2)
+        wr_block<64>(p, smem, wb, sbb, perm, m0, m_end);
+    else
+        wr_block<32>(p, smem, wb, sbb, perm, m0, m_end);
+}
+
+static int launch_gemm_wgr(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(gemm_wgr_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 WR_SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    if (grid_y <= 0) return 0;
+    if (grid_y > 65535 || p->N % WR_BN) return TL_ERR_INVALID;
+    TL_LAUNCH(st, "gemm_wgr", gemm_wgr_kernel, dim3(p->N / WR_BN, grid_y), dim3(WR_THREADS),
+              WR_SMEM, *p);
+    return 0;
+}
+
 /* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma);
  * 5 = 16x128 (mma.sync, one m16 row of tokens: the MoE of a decode batch, ~2-8 tokens per
- * expert). */
-enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5 };
+ * expert); 6 = the MoE's wgr kernel (4-bit MoE only: up to 128 tokens x 128 weight rows). */
+enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     static int attr_set;
@@ -834,9 +990,12 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const
  * in-projection padded to 12416 rows: 537 TFLOP/s bf16, 410 4-bit at n = 4096, run 5): the last
  * block's missing rows load as zeros and are not stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128,
  * 2 mma 128x256, 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
-static int gemm_forced_tile(int rows) {
+static int gemm_tile_env(void) {
     const char *e = getenv("TL_GEMM_TILE");
-    int f = e && *e ? atoi(e) : -1;
+    return e && *e ? atoi(e) : -1;
+}
+static int gemm_forced_tile(int rows) {
+    int f = gemm_tile_env();
     return f >= 0 && f <= 5 && !(f == GM_T256 && rows % 256) ? f : -1;
 }
 
@@ -944,6 +1103,16 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
 
+/* Whether a 4-bit MoE GEMM of n_tok tokens runs the wgr kernel: forced by TL_GEMM_TILE=6, else
+ * with TL_MOE_WGR=1 from 512 tokens (a prefill chunk; a decode batch keeps the 16-token tiles).
+ * Off by default until measured on the H200. */
+static int gemm_moe_wgr(int n_tok) {
+    static int on = -1;
+    if (on < 0) on = getenv("TL_MOE_WGR") && atoi(getenv("TL_MOE_WGR")) == 1;
+    int f = gemm_tile_env();
+    return f == GM_WGR || (f < 0 && on && n_tok >= 512);
+}
+
 int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
                 int n_tok, int gather, int flags, const tl_gpu_stream *st) {
     int mode = gather ? GM_MOE_GATHER : GM_MOE_SCATTER;
@@ -972,6 +1141,8 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once. */
+    if (w->bits == 4 && gemm_moe_wgr(n_tok))
+        return launch_gemm_wgr(&p, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     int bm = tile_bm(tile);

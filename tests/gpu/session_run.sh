@@ -16,13 +16,16 @@
 #             bench/env_ab.sh at 4K over $VARIANTS (default: all off, all on, each off alone,
 #             two slice blocks an SM), the same with --speculative-tokens 3, and the per-kernel
 #             table of one decode step (--prof) with the levers off and on
-# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers]
+#   prefill   the MoE wgr kernel (k_gemm.cu, TL_MOE_WGR): the prefill MoE test (every tile, 6
+#             included) and its memcheck, then bench/env_ab.sh METRIC=prefill at 1K, 4K and 16K
+#             with TL_MOE_WGR off and on
+# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill]
 #   (no argument: tests hf bench load)
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
 O=${OUT:-/tmp/tulip-out}
 mkdir -p "$O"
-steps=${*:-tests hf bench load}  # levers only when asked
+steps=${*:-tests hf bench load}  # levers and prefill only when asked
 has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
@@ -50,6 +53,20 @@ if has levers; then
         env ${envs[@]+"${envs[@]}"} timeout 120 build/cuda/tulip bench --random-weights --bits 4 \
             --lengths 4096 --gen 16 --repeats 1 --prof >"$O/prof-$mode.txt" 2>&1
         echo "prof $mode rc=$? (tables in $O/prof-$mode.txt)"
+    done
+fi
+if has prefill; then
+    echo "== prefill MoE test (tiles incl. 6 = wgr)"
+    T_ONLY=test_moe_grouped timeout 240 build/cuda/tests/test_prefill_kernels >"$O/moe-pf.txt" 2>&1
+    echo "test_moe_grouped rc=$?"
+    grep -E '^(PASS|FAIL)|tile=6|CHECK' "$O/moe-pf.txt" | head -12
+    T_ONLY=test_moe_grouped timeout 300 compute-sanitizer --tool memcheck \
+        --error-exitcode 9 build/cuda/tests/test_prefill_kernels >"$O/memcheck-moe-pf.txt" 2>&1
+    echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-moe-pf.txt")"
+    for len in 1024 4096 16384; do
+        echo "== TL_MOE_WGR, prefill at $len"
+        METRIC=prefill LEN=$len GEN=4 VARIANTS="-; TL_MOE_WGR=1" timeout 240 bash bench/env_ab.sh \
+            2>&1 | tee "$O/wgr-$len.txt"
     done
 fi
 if has tests; then

@@ -164,6 +164,24 @@ static inline float bf16x2_half(uint32_t v, int h) {
 void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
               uint32_t b1);
 
+/* ---- shared-memory operands (k_gemm.cu): ldmatrix, the 32-bit shared address ---- */
+extern uint8_t *emu_smem_base; /* the window smem_u32 measures from (1024-byte aligned) */
+static inline uint32_t smem_u32(const void *p) {
+    return (uint32_t)((const uint8_t *)p - emu_smem_base);
+}
+void emu_ldmatrix(uint32_t *r, int nmat, const void *p, int trans);
+static inline void ldmatrix_x4(uint32_t r[4], const void *p) { emu_ldmatrix(r, 4, p, 0); }
+static inline void ldmatrix_x2(uint32_t r[2], const void *p) { emu_ldmatrix(r, 2, p, 0); }
+static inline void ldmatrix_x4_trans(uint32_t r[4], const void *p) { emu_ldmatrix(r, 4, p, 1); }
+static inline void mma_bf16(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    mma_bf16(*(float(*)[4])d, a[0], a[1], a[2], a[3], b0, b1);
+}
+static inline float __shfl_down_sync(unsigned m, float v, int off) {
+    (void)m;
+    int l = (int)(threadIdx.x & 31) + off;
+    return emu_shfl(v, l > 31 ? (int)(threadIdx.x & 31) : l);
+}
+
 static inline void cp_async16(void *d, const void *s, int n) {
     memset(d, 0, 16);
     memcpy(d, s, (size_t)n);
@@ -179,6 +197,18 @@ static inline uint16_t f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 typedef uint16_t __nv_bfloat16;
+struct __nv_bfloat162 { /* x: the low half */
+    uint16_t x, y;
+};
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {f2bf(a), f2bf(b)}; }
+/* one rounding to bf16 of the f32 result (exact for the dequantization's operands) */
+static inline __nv_bfloat162 __hsub2(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return {f2bf(bf2f(a.x) - bf2f(b.x)), f2bf(bf2f(a.y) - bf2f(b.y))};
+}
+static inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bfloat162 c) {
+    return {f2bf(fmaf(bf2f(a.x), bf2f(b.x), bf2f(c.x))),
+            f2bf(fmaf(bf2f(a.y), bf2f(b.y), bf2f(c.y)))};
+}
 static inline uint16_t __float2bfloat16_rn(float f) { return f2bf(f); }
 static inline uint32_t bf16x2_pack(float lo, float hi) {
     return (uint32_t)f2bf(lo) | (uint32_t)f2bf(hi) << 16;
@@ -235,7 +265,12 @@ static inline float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x))
     } while (0)
 #define CUDA_TRY(x)               (void)(x)
 #define cudaFuncSetAttribute(...) 0
-#define TL_LAUNCH(st, name, kern, grid, block, shm, ...)                                           \
-    emu_launch(grid, block, [&]() { kern(__VA_ARGS__); })
+/* variadic: a kernel template's arguments hold commas */
+template <class K, class... A>
+static inline void emu_launch_kernel(K kern, dim3 grid, dim3 block, size_t shm, A... args) {
+    (void)shm;
+    emu_launch(grid, block, [&]() { kern(args...); });
+}
+#define TL_LAUNCH(st, name, ...) emu_launch_kernel(__VA_ARGS__)
 
 #endif

@@ -1,0 +1,211 @@
+/* Host emulation of the prefill GEMMs (src/cuda/k_gemm.cu) and the prefill MoE around them
+ * (k_moe.cu's plan), compiled against the device shim (dev/emu/cuda/) by dev/emu/gemm_emu.sh.
+ * First the kernels the H200 has already validated (mma.sync 64x128, wgmma 128x256 and 64x256
+ * with both operands in shared memory, dense 4-bit and bf16) must match a double product of
+ * the bf16-rounded weights: that checks the emulator's ldmatrix, mma and wgmma models, its
+ * descriptor and swizzle decoding and this program's q4 layout. Then every MoE tile, the wgr
+ * kernel (tile 6: wgmma with the weights dequantized into A registers) included, through a plan
+ * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
+ * SwiGLU epilogue and down with the scatter, small and production sizes. The emulation runs a
+ * block's threads one after another and each wgmma at once: no race, no timing, no async
+ * hazard can show here, only indexing and arithmetic. */
+#define gm_smem     emu_smem
+#define wg_smem_raw emu_smem
+#define wr_smem_raw emu_smem
+#include "cuda/k_gemm.cu"
+#include "cuda/k_gemv.cu"
+#include "cuda/k_moe.cu"
+
+extern "C" {
+#include "t_check.h"
+#include "common/util.h"
+}
+#include "emu_q4.h"
+
+alignas(1024) uint8_t emu_smem[232 << 10]; /* the GEMM kernels' dynamic shared memory */
+alignas(16) uint4 xs[(220 * 1024) / 16];    /* the decode kernels' (k_gemv.cu, k_moe.cu) */
+alignas(16) uint4 xs_all[(48 * 1024) / 16];
+static int all_rows(int y) { return y >= 0; }
+int (*emu_head_on)(int) = all_rows;
+extern "C" size_t tl_gpu_q4_w_bytes(int rows, int cols) { return (size_t)rows * cols / 2; }
+extern "C" size_t tl_gpu_q4_sb_bytes(int rows, int cols) { return (size_t)rows * (cols / 64) * 4; }
+
+static unsigned long long rs = 0x9e3779b97f4a7c15ull;
+
+static void set_tile(const char *t) {
+    if (t && *t)
+        setenv("TL_GEMM_TILE", t, 1);
+    else
+        unsetenv("TL_GEMM_TILE");
+}
+
+/* normalised squared error of got against the double reference */
+static double nmse(const float *got, const double *ref, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        e += isfinite(got[i]) ? d * d : 1e30;
+        r += ref[i] * ref[i];
+    }
+    return e / (r > 0 ? r : 1);
+}
+
+static uint16_t *to_bf16(const float *v, size_t n) {
+    uint16_t *b = (uint16_t *)xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) b[i] = f2bf(v[i]);
+    return b;
+}
+
+/* ---- dense: the validated kernels against the double product ---- */
+static void dense_case(int q4, int n, int rows, int K) {
+    q4mat q = q4_random(&rs, rows, K);
+    float *xf = rand_vec(&rs, (size_t)n * K, 1.0f);
+    uint16_t *x = to_bf16(xf, (size_t)n * K), *wb = NULL;
+    float *wf = (float *)xmalloc((size_t)rows * K * 4);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < K; c++)
+            wf[(size_t)r * K + c] = q4 ? q4_at_bf16(q, r, c) : 0.05f * t_randf(&rs);
+    tl_gpu_gemm_w w = q.m;
+    if (!q4) {
+        wb = to_bf16(wf, (size_t)rows * K);
+        for (size_t i = 0; i < (size_t)rows * K; i++) wf[i] = bf2f(wb[i]);
+        w = {wb, NULL, 16, rows, K};
+    }
+    double *ref = (double *)xmalloc((size_t)n * rows * 8);
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int c = 0; c < K; c++) s += (double)bf2f(x[(size_t)t * K + c]) * wf[(size_t)r * K + c];
+            ref[(size_t)t * rows + r] = s;
+        }
+    float *y = (float *)xmalloc((size_t)n * rows * 4);
+    const char *tiles[] = {"1", "3", "4"};
+    for (const char *tl : tiles) {
+        set_tile(tl);
+        emu_smem_base = emu_smem;
+        for (size_t i = 0; i < (size_t)n * rows; i++) y[i] = NAN;
+        CHECK_EQ_INT(tl_gpu_gemm(y, x, &w, n, NULL, TL_GEMM_OUT_F32, NULL), 0);
+        double e = nmse(y, ref, (size_t)n * rows);
+        CHECK(e < 1e-10);
+    }
+    set_tile("");
+    q4_free(&q), free(xf), free(x), free(wb), free(wf), free(ref), free(y);
+}
+static void test_dense_validated(void) {
+    dense_case(1, 70, 256, 512);
+    dense_case(0, 40, 256, 256);
+}
+
+/* ---- MoE: every tile through one plan ---- */
+/* expert of (token t, slot s): token t < counts[0] goes to expert 0 in slot 0, and so on for the
+ * listed experts (each token at most once per expert); other slots spread over experts 16.. */
+static void moe_ids(int32_t *ids, int n_tok, const int *counts, int n_counts) {
+    for (int t = 0; t < n_tok; t++)
+        for (int s = 0; s < 8; s++) ids[t * 8 + s] = 16 + ((t * 8 + s) * 37 + s) % 240;
+    for (int e = 0; e < n_counts; e++)
+        for (int t = 0; t < counts[e] && t < n_tok; t++) ids[t * 8 + e] = e;
+    for (int t = 0; t < n_tok; t++) /* no expert twice in a token */
+        for (int s = 0; s < 8; s++)
+            for (int u = 0; u < s; u++)
+                if (ids[t * 8 + u] == ids[t * 8 + s]) ids[t * 8 + s] = 16 + (ids[t * 8 + s] + 1) % 240;
+}
+
+/* gate/up (SwiGLU, gathered rows) and down (scattered) of n_tok tokens with 256 experts of
+ * D x F, on each tile; h and the down outputs against double products (down from the kernel's
+ * own h, so each product is checked alone). */
+static void moe_case(int n_tok, int D, int F, const int *counts, int n_counts, const char *const *tiles,
+                     int n_tiles) {
+    const int E = TL_N_EXPERT, A = n_tok * 8;
+    int32_t *ids = (int32_t *)xmalloc((size_t)A * 4);
+    moe_ids(ids, n_tok, counts, n_counts);
+    size_t pn = tl_gpu_moe_pf_plan_ints(n_tok);
+    int32_t *plan = (int32_t *)xmalloc(pn * 4);
+    emu_smem_base = emu_smem;
+    CHECK_EQ_INT(tl_gpu_moe_pf_plan(plan, ids, n_tok, NULL), 0);
+    const int32_t *perm = plan + PLAN_PERM;
+    /* stacked experts: one random matrix per kind, E copies would be 256x the memory; the
+     * experts share the packed words at an offset (expert e = rows e*R.. of a taller matrix) */
+    q4mat gu = q4_random(&rs, 2 * F * 16, D), dn = q4_random(&rs, D * 16, F);
+    /* only experts 0..15 differ; 16.. reuse them modulo 16 through a copied stack */
+    size_t guw = (size_t)2 * F * D / 8, gus = (size_t)2 * F * (D / 64);
+    size_t dnw = (size_t)D * F / 8, dns = (size_t)D * (F / 64);
+    uint32_t *guW = (uint32_t *)xmalloc(guw * 4 * E), *guS = (uint32_t *)xmalloc(gus * 4 * E);
+    uint32_t *dnW = (uint32_t *)xmalloc(dnw * 4 * E), *dnS = (uint32_t *)xmalloc(dns * 4 * E);
+    q4mat ge[16], de[16];
+    for (int e = 0; e < 16; e++) {
+        ge[e] = q4_random(&rs, 2 * F, D), de[e] = q4_random(&rs, D, F);
+    }
+    for (int e = 0; e < E; e++) {
+        memcpy(guW + guw * e, ge[e % 16].w, guw * 4), memcpy(guS + gus * e, ge[e % 16].sb, gus * 4);
+        memcpy(dnW + dnw * e, de[e % 16].w, dnw * 4), memcpy(dnS + dns * e, de[e % 16].sb, dns * 4);
+    }
+    q4_free(&gu), q4_free(&dn);
+    tl_gpu_gemm_w wgu = {guW, guS, 4, 2 * F, D}, wd = {dnW, dnS, 4, D, F};
+    float *xf = rand_vec(&rs, (size_t)n_tok * D, 1.0f);
+    uint16_t *x = to_bf16(xf, (size_t)n_tok * D);
+    uint16_t *h = (uint16_t *)xmalloc((size_t)A * F * 2), *ys = (uint16_t *)xmalloc((size_t)A * D * 2);
+    float *hf = (float *)xmalloc((size_t)A * F * 4), *yf = (float *)xmalloc((size_t)A * D * 4);
+    double *href = (double *)xmalloc((size_t)A * F * 8), *yref = (double *)xmalloc((size_t)A * D * 8);
+    double *acc = (double *)xmalloc((size_t)2 * F * 8);
+    /* the reference h does not depend on the tile */
+    for (int m = 0; m < A; m++) {
+        int a = perm[m], tok = a >> 3, e = ids[a];
+        const q4mat &q = ge[e % 16];
+        for (int r = 0; r < 2 * F; r++) {
+            double s = 0;
+            for (int c = 0; c < D; c++) s += (double)bf2f(x[(size_t)tok * D + c]) * q4_at_bf16(q, r, c);
+            acc[r] = s;
+        }
+        for (int o = 0; o < F; o++) { /* gate rows 16i + j, up rows 16i + 8 + j -> column 8i + j */
+            int gr = 16 * (o / 8) + o % 8;
+            double gv = acc[gr], uv = acc[gr + 8];
+            href[(size_t)m * F + o] = gv / (1.0 + exp(-gv)) * uv;
+        }
+    }
+    for (int ti = 0; ti < n_tiles; ti++) {
+        set_tile(tiles[ti]);
+        memset(h, 0xff, (size_t)A * F * 2), memset(ys, 0xff, (size_t)A * D * 2);
+        CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(h, x, &wgu, plan, n_tok, NULL), 0);
+        for (size_t i = 0; i < (size_t)A * F; i++) hf[i] = bf2f(h[i]);
+        double eh = nmse(hf, href, (size_t)A * F);
+        CHECK_EQ_INT(tl_gpu_moe_pf_down(ys, h, &wd, plan, n_tok, NULL), 0);
+        for (int m = 0; m < A; m++) {
+            int a = perm[m], e = ids[a];
+            for (int r = 0; r < D; r++) {
+                double s = 0;
+                for (int c = 0; c < F; c++) s += (double)hf[(size_t)m * F + c] * q4_at_bf16(de[e % 16], r, c);
+                yref[(size_t)a * D + r] = s;
+            }
+        }
+        for (size_t i = 0; i < (size_t)A * D; i++) yf[i] = bf2f(ys[i]);
+        double ey = nmse(yf, yref, (size_t)A * D);
+        printf("# moe n_tok=%d D=%d F=%d tile %s: gate/up nmse %.2e, down nmse %.2e\n", n_tok, D, F,
+               tiles[ti], eh, ey);
+        CHECK(eh < 3e-5); /* bf16 outputs: ~1e-5 from the final rounding alone */
+        CHECK(ey < 3e-5);
+    }
+    set_tile("");
+    for (int e = 0; e < 16; e++) q4_free(&ge[e]), q4_free(&de[e]);
+    free(ids), free(plan), free(guW), free(guS), free(dnW), free(dnS), free(xf), free(x);
+    free(h), free(ys), free(hf), free(yf), free(href), free(yref), free(acc);
+}
+
+static void test_moe_small(void) {
+    /* tokens per listed expert: wgr classes 32 (1, 5, 32), 64 (33, 64), 96 (65, 96), 128 (97,
+     * 128) and two tiles (129 = 128 + 1, 200 = 128 + 72) */
+    static const int counts[8] = {200, 129, 97, 65, 33, 5, 1, 128};
+    static const char *const tiles[] = {"1", "3", "6"};
+    moe_case(200, 256, 128, counts, 8, tiles, 3);
+}
+static void test_moe_production(void) {
+    static const int counts[3] = {40, 70, 3};
+    static const char *const tiles[] = {"6"};
+    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 1);
+}
+
+int main(void) {
+    T_RUN(test_dense_validated);
+    T_RUN(test_moe_small);
+    T_RUN(test_moe_production);
+    return t_summary();
+}
