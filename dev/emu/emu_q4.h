@@ -15,7 +15,8 @@ static inline q4mat q4_random(unsigned long long *rng, int rows, int K) {
     q.w = (uint32_t *)xmalloc(nw * 4), q.sb = (uint32_t *)xmalloc(ns * 4);
     for (size_t i = 0; i < nw; i++) q.w[i] = (uint32_t)(t_rng_next(rng) >> 32);
     for (size_t i = 0; i < ns; i++) {
-        float s = (1.0f + 0.5f * t_randf(rng)) / 64.0f, b = -7.5f * s * (1.0f + 0.1f * t_randf(rng));
+        float s = (1.0f + 0.5f * t_randf(rng)) / 64.0f,
+              b = -7.5f * s * (1.0f + 0.1f * t_randf(rng));
         q.sb[i] = (uint32_t)f2bf(s) | (uint32_t)f2bf(b) << 16;
     }
     q.m = {q.w, q.sb, 4, rows, K};

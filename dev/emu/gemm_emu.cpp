@@ -4,7 +4,7 @@
  * with both operands in shared memory, dense 4-bit and bf16) must match a double product of
  * the bf16-rounded weights: that checks the emulator's ldmatrix, mma and wgmma models, its
  * descriptor and swizzle decoding and this program's q4 layout. Then every MoE tile, the wgr
- * kernel (tile 6: wgmma with the weights dequantized into A registers) included, through a plan
+ * kernel (tiles 6 and 7: wgmma with the weights dequantized into A registers) included, through a plan
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
  * SwiGLU epilogue and down with the scatter, small and production sizes. The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
@@ -194,13 +194,13 @@ static void test_moe_small(void) {
     /* tokens per listed expert: wgr classes 32 (1, 5, 32), 64 (33, 64), 96 (65, 96), 128 (97,
      * 128) and two tiles (129 = 128 + 1, 200 = 128 + 72) */
     static const int counts[8] = {200, 129, 97, 65, 33, 5, 1, 128};
-    static const char *const tiles[] = {"1", "3", "6"};
-    moe_case(200, 256, 128, counts, 8, tiles, 3);
+    static const char *const tiles[] = {"1", "3", "6", "7"};
+    moe_case(200, 256, 128, counts, 8, tiles, 4);
 }
 static void test_moe_production(void) {
     static const int counts[3] = {40, 70, 3};
-    static const char *const tiles[] = {"6"};
-    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 1);
+    static const char *const tiles[] = {"6", "7"};
+    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 2);
 }
 
 int main(void) {

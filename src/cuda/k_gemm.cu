@@ -737,31 +737,41 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * math: as gemm_mma_kernel's MoE modes (the plan's 128-row tiles, gather or scatter, the same
  *   epilogues) for 4-bit weights.
  * note: the tile's tokens are the wgmma's N (32, 64, 96 or 128: its token count rounded up to
- *   32, chosen per block, so a tile of 40 tokens does not pay for 128) and 128 weight rows its
- *   M (two warpgroups of 64). A warp dequantizes the packed nibbles of its 16 rows straight into
- *   A registers (bf16(s q + b), gemm_mma_kernel's values), so dequantized weights never pass
- *   through shared memory and no thread dequantizes for another; the token tile (B) is read by
- *   the tensor cores from 128-byte-swizzled shared memory (wg_desc, wg_swz: gemm_wg_kernel's
- *   tiles). Per k stage and warpgroup: 4 wgmma m64nNk16 of 64 x N x 16.
- * threads: 256 = 2 warpgroups; warp w (0..7) owns block rows 16w .. 16w + 15 (warpgroup w / 4);
- *   lane (g, t) ends with rows 16w + g (+ 8) for tokens 8j + 2t + {0, 1} (k_wgmma.cuh).
+ *   32, chosen per block, so a tile of 40 tokens does not pay for 128) and 64 WGS weight rows
+ *   its M (WGS warpgroups of 64). A warp dequantizes the packed nibbles of its 16 rows straight
+ *   into A registers (bf16(s q + b), gemm_mma_kernel's values), so dequantized weights never
+ *   pass through shared memory and no thread dequantizes for another; the token tile (B) is
+ *   read by the tensor cores from 128-byte-swizzled shared memory (wg_desc, wg_swz:
+ *   gemm_wg_kernel's tiles). Per k stage and warpgroup: 4 wgmma m64nNk16. The accumulators are
+ *   initialised by the first wgmma (scale-d 0), not by ordinary instructions: zeroing them made
+ *   ptxas serialise the wgmma (C7515) once several N variants share the kernel.
+ * threads: 128 WGS; warp w owns block rows 16w .. 16w + 15 (warpgroup w / 4); lane (g, t) ends
+ *   with rows 16w + g (+ 8) for tokens 8j + 2t + {0, 1} (k_wgmma.cuh).
  * pipeline (WR_STAGES deep, cp.async): step k waits for tile k and fences it for the async
  *   proxy, barrier, reads its packed words, waits for its own wgmma of step k - 1 (the A
  *   registers are reused), dequantizes, issues 4 wgmma, barrier (every warpgroup is past step
  *   k - 1), then refills the stage of step k - 1.
  * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
  *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced).
- * bytes: per block W 128 rows x K once, X of its tile once (from L2); Y written once.
- * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tile 6); the
- *   host emulator (dev/emu/gemm_emu.sh) against a double product. */
-#define WR_BN          128 /* weight rows per block */
-#define WR_NT          128 /* tokens per tile (the plan's 128-row tiles) */
-#define WR_STAGES      4
-#define WR_THREADS     256
-#define WR_X_BYTES     (WR_NT * 128)       /* tokens x 64 k, bf16, swizzled */
-#define WR_Q_BYTES     (WR_BN * GM_BK / 2) /* packed nibbles, then WR_BN scale/bias words */
-#define WR_STAGE_BYTES ((WR_X_BYTES + WR_Q_BYTES + WR_BN * 4 + 1023) / 1024 * 1024)
-#define WR_SMEM        (WR_STAGES * WR_STAGE_BYTES + 1024) /* + alignment slack */
+ * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
+ * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
+ *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
+#define WR_NT      128 /* tokens per tile (the plan's 128-row tiles) */
+#define WR_STAGES  4
+#define WR_X_BYTES (WR_NT * 128) /* tokens x 64 k, bf16, swizzled */
+
+/* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile, BN rows x 64
+ * packed nibbles, BN scale/bias words; the f32 output tile [128 tokens][BN + 4] reuses the
+ * stages (and sets the size when larger). */
+template <int WGS> struct wr_cfg {
+    static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
+    static constexpr int Q_BYTES = BN * GM_BK / 2;
+    static constexpr int STAGE_BYTES = (WR_X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
+    static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
+    static constexpr int SMEM =
+        (WR_STAGES * STAGE_BYTES > OUT_BYTES ? WR_STAGES * STAGE_BYTES : OUT_BYTES) +
+        1024; /* + alignment slack */
+};
 
 /* bf16x2 of the two nibbles at bits 0 and 16 of w: s q + b (gemm_mma_kernel's operations) */
 static __device__ __forceinline__ uint32_t wr_deq(uint32_t w, uint32_t s2u, uint32_t b2u) {
@@ -790,12 +800,13 @@ static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint
 }
 
 /* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. */
-template <int NT>
+template <int WGS, int NT>
 static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&acc)[NT / 2],
                                                    float *so, const int32_t *perm, int m0,
                                                    int m_end) {
+    typedef wr_cfg<WGS> C;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int swiglu = p.flags & TL_GEMM_SWIGLU, ncol = swiglu ? WR_BN / 2 : WR_BN;
+    const int swiglu = p.flags & TL_GEMM_SWIGLU, ncol = swiglu ? C::BN / 2 : C::BN;
     const int lds = ncol + 4, r0 = warp * 16;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
@@ -811,8 +822,8 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
         }
     __syncthreads();
     const int ntok = min(m_end - m0, NT), pairs = ncol / 2;
-    const int c0 = swiglu ? blockIdx.x * WR_BN / 2 : blockIdx.x * WR_BN;
-    for (int i = tid; i < ntok * pairs; i += WR_THREADS) {
+    const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
+    for (int i = tid; i < ntok * pairs; i += C::THREADS) {
         int tok = i / pairs, c = 2 * (i % pairs), m = m0 + tok;
         size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
         gm_store2(p, orow + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
@@ -820,18 +831,21 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
 }
 
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
-template <int NT>
+template <int WGS, int NT>
 static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
                                                 const uint8_t *wb, const uint32_t *sbb,
                                                 const int32_t *perm, int m0, int m_end) {
-    constexpr int XC = NT / 32; /* 16-byte token chunks per thread and stage */
+    typedef wr_cfg<WGS> C;
+    /* 16-byte token chunks: chunk tid + THREADS j is row (tid >> 3) + THREADS / 8 j, column
+     * tid & 7; XC per thread, rows past NT skipped */
+    constexpr int XC = (NT * 8 + C::THREADS - 1) / C::THREADS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
-    const int n0 = blockIdx.x * WR_BN, r0 = warp * 16, KT = p.K / GM_BK;
+    const int n0 = blockIdx.x * C::BN, r0 = warp * 16, KT = p.K / GM_BK;
     const uint16_t *x_src[XC];
     int x_ok[XC];
 #pragma unroll
     for (int j = 0; j < XC; j++) {
-        int m = m0 + (tid >> 3) + 32 * j;
+        int m = m0 + (tid >> 3) + C::THREADS / 8 * j;
         x_ok[j] = m < m_end;
         int src = x_ok[j] ? m : m0;
         if (p.mode == GM_MOE_GATHER) src = perm[src] >> 3;
@@ -839,22 +853,23 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     }
     const uint32_t *wq = (const uint32_t *)wb;
     auto load_x = [&](int stage, int kt) {
-        uint8_t *s = smem + stage * WR_STAGE_BYTES;
+        uint8_t *s = smem + stage * C::STAGE_BYTES;
 #pragma unroll
-        for (int j = 0; j < XC; j++)
-            cp_async16(s + wg_swz((tid >> 3) + 32 * j, tid & 7), x_src[j] + kt * GM_BK,
-                       x_ok[j] ? 16 : 0);
+        for (int j = 0; j < XC; j++) {
+            int r = (tid >> 3) + C::THREADS / 8 * j;
+            if (r < NT) cp_async16(s + wg_swz(r, tid & 7), x_src[j] + kt * GM_BK, x_ok[j] ? 16 : 0);
+        }
     };
     auto load_w =
         [&](int stage,
             int kt) { /* thread: 16 bytes of row block tid / 16 */
-                      uint32_t *sQ = (uint32_t *)(smem + stage * WR_STAGE_BYTES + WR_X_BYTES);
+                      uint32_t *sQ = (uint32_t *)(smem + stage * C::STAGE_BYTES + WR_X_BYTES);
                       const int k0 = kt * GM_BK, rb = tid >> 4, ch = tid & 15;
                       cp_async16(sQ + rb * 64 + ch * 4,
                                  wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
                                  16);
-                      if (tid < WR_BN / 4)
-                          cp_async16(sQ + WR_Q_BYTES / 4 + tid * 4,
+                      if (tid < C::BN / 4)
+                          cp_async16(sQ + C::Q_BYTES / 4 + tid * 4,
                                      sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
         };
     gm_prologue<WR_STAGES>(KT, false, load_x, load_w); /* the kernel waited (MoE plan) */
@@ -866,8 +881,8 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
         cp_async_wait<WR_STAGES - 2>(); /* tile kt */
         wg_fence_proxy();
         __syncthreads();
-        const uint32_t *sQ = (const uint32_t *)(smem + st * WR_STAGE_BYTES + WR_X_BYTES);
-        const uint32_t *sS = sQ + WR_Q_BYTES / 4;
+        const uint32_t *sQ = (const uint32_t *)(smem + st * C::STAGE_BYTES + WR_X_BYTES);
+        const uint32_t *sS = sQ + C::Q_BYTES / 4;
         uint32_t wl[2], wu[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -881,7 +896,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
-            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * WR_STAGE_BYTES + kk * 32), kt | kk);
+            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * C::STAGE_BYTES + kk * 32), kt | kk);
         wg_commit();
         __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
         int nk = kt + WR_STAGES - 1;
@@ -891,10 +906,11 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     wg_wait<0>();
     cp_async_wait<0>();
     __syncthreads(); /* the stages become the output tile */
-    wr_epilogue<NT>(p, acc, (float *)smem, perm, m0, m_end);
+    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end);
 }
 
-__global__ void __launch_bounds__(WR_THREADS, 2) gemm_wgr_kernel(gemm_args p) {
+template <int WGS>
+__global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
     extern __shared__ uint8_t wr_smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
     const uint8_t *wb = p.w;
@@ -905,33 +921,36 @@ __global__ void __launch_bounds__(WR_THREADS, 2) gemm_wgr_kernel(gemm_args p) {
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
     if (nc == 4)
-        wr_block<128>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
     else if (nc == 3)
-        wr_block<96>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
     else if (nc == 2)
-        wr_block<64>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
     else
-        wr_block<32>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
+template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+    typedef wr_cfg<WGS> C;
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_wgr_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 WR_SMEM) != cudaSuccess)
+        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     if (grid_y <= 0) return 0;
-    if (grid_y > 65535 || p->N % WR_BN) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_wgr", gemm_wgr_kernel, dim3(p->N / WR_BN, grid_y), dim3(WR_THREADS),
-              WR_SMEM, *p);
+    if (grid_y > 65535 || p->N % C::BN) return TL_ERR_INVALID;
+    TL_LAUNCH(st, "gemm_wgr", gemm_wgr_kernel<WGS>, dim3(p->N / C::BN, grid_y), dim3(C::THREADS),
+              C::SMEM, *p);
     return 0;
 }
 
 /* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma);
  * 5 = 16x128 (mma.sync, one m16 row of tokens: the MoE of a decode batch, ~2-8 tokens per
- * expert); 6 = the MoE's wgr kernel (4-bit MoE only: up to 128 tokens x 128 weight rows). */
+ * expert); 6, 7 = the MoE's wgr kernel with 2 or 4 warpgroups (4-bit MoE only: up to 128 tokens
+ * x 128 or 256 weight rows). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
@@ -1103,14 +1122,20 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
 
-/* Whether a 4-bit MoE GEMM of n_tok tokens runs the wgr kernel: forced by TL_GEMM_TILE=6, else
- * with TL_MOE_WGR=1 from 512 tokens (a prefill chunk; a decode batch keeps the 16-token tiles).
- * Off by default until measured on the H200. */
+/* The wgr kernel's warpgroups for a 4-bit MoE GEMM of n_tok tokens, 0 for another kernel:
+ * TL_GEMM_TILE=6 forces 2 (TL_GEMM_TILE=7: 4); else TL_MOE_WGR=2 or 4 takes it from 512 tokens
+ * (a prefill chunk; a decode batch keeps the 16-token tiles). Off by default until measured on
+ * the H200. note: 4 warpgroups (256 weight rows a block) halve the token tile's re-reads from L2
+ * (each block of an expert tile reads all of its tokens) at one block an SM. */
 static int gemm_moe_wgr(int n_tok) {
     static int on = -1;
-    if (on < 0) on = getenv("TL_MOE_WGR") && atoi(getenv("TL_MOE_WGR")) == 1;
+    if (on < 0) {
+        const char *e = getenv("TL_MOE_WGR");
+        on = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
+    }
     int f = gemm_tile_env();
-    return f == GM_WGR || (f < 0 && on && n_tok >= 512);
+    if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
+    return f < 0 && n_tok >= 512 ? on : 0;
 }
 
 int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
@@ -1141,8 +1166,11 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once. */
-    if (w->bits == 4 && gemm_moe_wgr(n_tok))
-        return launch_gemm_wgr(&p, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), st);
+    int wgs = w->bits == 4 ? gemm_moe_wgr(n_tok) : 0;
+    if (wgs) {
+        int tiles = (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256);
+        return wgs == 2 ? launch_gemm_wgr<2>(&p, tiles, st) : launch_gemm_wgr<4>(&p, tiles, st);
+    }
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     int bm = tile_bm(tile);
