@@ -2,16 +2,23 @@
 # A/B of environment switches on one binary: `tulip bench` at one context for each variant in
 # $VARIANTS (variants separated by ';', each a list of NAME=VALUE, "-" for none), the variants
 # alternated ROUNDS times so drift hits them all alike, then one markdown table: decode tok/s and
-# ms a step per round, and the best. Run on the GPU machine from the repository root.
+# ms a step per round (METRIC=prefill: prefill tok/s and ms for the prompt), and the best. Run on
+# the GPU machine from the repository root.
 #   VARIANTS  e.g. "TL_GEMV_SLICE=0 TL_MOE_SLICE=0; TL_GEMV_SLICE=1; TL_MOE_SLICE=1" (required)
 #   LEN       context length (default 4096)       GEN     decode tokens timed (default 128)
 #   ROUNDS    alternations (default 2)            TULIP   the binary (default build/cuda/tulip)
 #   ARGS      bench arguments (default "--random-weights --bits 4": the model card's sampling)
+#   METRIC    decode (default) or prefill
 set -u
 TULIP=${TULIP:-build/cuda/tulip}
 ARGS=${ARGS:---random-weights --bits 4}
 if [ -z "${VARIANTS:-}" ]; then
     echo "env_ab: set VARIANTS (see the header)" >&2
+    exit 2
+fi
+METRIC=${METRIC:-decode}
+if [ "$METRIC" != decode ] && [ "$METRIC" != prefill ]; then
+    echo "env_ab: METRIC must be decode or prefill, not '$METRIC'" >&2
     exit 2
 fi
 tmp=$(mktemp -d)
@@ -30,19 +37,26 @@ for ((r = 0; r < ${ROUNDS:-2}; r++)); do
         fi
     done
 done
-python3 - "$tmp" "${ROUNDS:-2}" "${vars[@]}" <<'PY'
+python3 - "$tmp" "${ROUNDS:-2}" "$METRIC" "${vars[@]}" <<'PY'
 import json, sys
-d, rounds, vs = sys.argv[1], int(sys.argv[2]), [v.strip() for v in sys.argv[3:]]
-print("| variant | " + " | ".join("round %d tok/s (ms a step)" % (r + 1) for r in range(rounds))
-      + " | best tok/s |")
+d, rounds, metric = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+vs = [v.strip() for v in sys.argv[4:]]
+unit = "ms a step" if metric == "decode" else "ms the prompt"
+print("| variant | " + " | ".join("round %d %s tok/s (%s)" % (r + 1, metric, unit)
+                               for r in range(rounds)) + " | best tok/s |")
 print("|---|" + "---:|" * (rounds + 1))
 for i, v in enumerate(vs):
     cells, best = [], 0.0
     for r in range(rounds):
         doc = json.loads(open("%s/%d.%d.json" % (d, i, r)).read().strip().splitlines()[-1])
         row = doc["rows"][0]
-        ms = row["gen_ms_per_step"]
-        cells.append("%.1f (%.3f)" % (1000.0 / ms, ms))
-        best = max(best, 1000.0 / ms)
+        if metric == "decode":
+            ms = row["gen_ms_per_step"]
+            tps = 1000.0 / ms
+        else:
+            tps = row["prefill_tps"]
+            ms = 1000.0 * row["ctx"] / tps
+        cells.append("%.1f (%.3f)" % (tps, ms))
+        best = max(best, tps)
     print("| %s | %s | %.1f |" % (v or "-", " | ".join(cells), best))
 PY

@@ -238,9 +238,10 @@ def test_spec_curve_script():
 
 def test_env_ab_script():
     """bench/env_ab.sh on the tiny model (CPU): one row per variant in the given order, one
-    positive tok/s (ms a step) cell per round, the best equal to the largest round; a failing
-    bench (here: a binary that does not exist) stops it with an error naming the variant, and
-    no VARIANTS is a usage error."""
+    positive tok/s (ms a step) cell per round, the best equal to the largest round; the same for
+    METRIC=prefill (tok/s and ms of the prompt, which agree with its length); a failing bench
+    (here: a binary that does not exist) stops it with an error naming the variant; no VARIANTS
+    and an unknown METRIC are usage errors."""
     env = dict(os.environ, TULIP="build/cpu/tulip", LEN="16", GEN="4", ROUNDS="2",
                VARIANTS="-; TL_GEMV_SLICE=0 TL_MOE_SLICE=0",
                ARGS="--model tests/data/tiny-a --allow-test-shape --backend cpu")
@@ -254,6 +255,20 @@ def test_env_ab_script():
         tps = [float(x.split()[0]) for x in c[1:3]]
         assert all(t > 0 for t in tps), c
         assert float(c[3]) == max(tps), c
+    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=dict(env, METRIC="prefill"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "round 1 prefill tok/s (ms the prompt)" in r.stdout, r.stdout
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in r.stdout.splitlines()
+            if ln.startswith("| -") or ln.startswith("| TL_")]
+    assert len(rows) == 2
+    for c in rows:
+        for cell in c[1:3]:
+            tps, ms = float(cell.split()[0]), float(cell.split()[1].strip("()"))
+            assert tps > 0 and abs(16 / tps * 1000 - ms) <= 0.01 * ms + 0.002, cell
+    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=dict(env, METRIC="both"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "METRIC must be" in r.stderr, r.stderr
     env["TULIP"] = "build/cpu/no-such-tulip"
     r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=60)
