@@ -3,7 +3,8 @@
  * First the kernels the H200 has already validated (mma.sync 64x128, wgmma 128x256 and 64x256
  * with both operands in shared memory, dense 4-bit and bf16) must match a double product of
  * the bf16-rounded weights: that checks the emulator's ldmatrix, mma and wgmma models, its
- * descriptor and swizzle decoding and this program's q4 layout. Then every MoE tile, the wgr
+ * descriptor and swizzle decoding and this program's q4 layout; the wgr kernel's dense mode
+ * likewise (a partial last block of rows). Then every MoE tile, the wgr
  * kernel (tiles 6 and 7: wgmma with the weights dequantized into A registers) included, through a plan
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
  * SwiGLU epilogue and down with the scatter, small and production sizes. The emulation runs a
@@ -79,13 +80,14 @@ static void dense_case(int q4, int n, int rows, int K) {
             ref[(size_t)t * rows + r] = s;
         }
     float *y = (float *)xmalloc((size_t)n * rows * 4);
-    const char *tiles[] = {"1", "3", "4"};
+    const char *tiles[] = {"1", "3", "4", "6", "7"}; /* 6, 7: the wgr kernel (bf16: ignored) */
     for (const char *tl : tiles) {
         set_tile(tl);
         emu_smem_base = emu_smem;
         for (size_t i = 0; i < (size_t)n * rows; i++) y[i] = NAN;
         CHECK_EQ_INT(tl_gpu_gemm(y, x, &w, n, NULL, TL_GEMM_OUT_F32, NULL), 0);
         double e = nmse(y, ref, (size_t)n * rows);
+        printf("# dense %s n=%d %dx%d tile %s: nmse %.2e\n", q4 ? "q4" : "bf16", n, rows, K, tl, e);
         CHECK(e < 1e-10);
     }
     set_tile("");
@@ -94,6 +96,7 @@ static void dense_case(int q4, int n, int rows, int K) {
 static void test_dense_validated(void) {
     dense_case(1, 70, 256, 512);
     dense_case(0, 40, 256, 256);
+    dense_case(1, 300, 384, 256); /* three token tiles, the last partial; rows % 256 == 128 */
 }
 
 /* ---- MoE: every tile through one plan ---- */

@@ -821,8 +821,9 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
             }
         }
     __syncthreads();
-    const int ntok = min(m_end - m0, NT), pairs = ncol / 2;
     const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
+    const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
+    const int ntok = min(m_end - m0, NT), pairs = min(ncol, nout - c0) / 2;
     for (int i = tid; i < ntok * pairs; i += C::THREADS) {
         int tok = i / pairs, c = 2 * (i % pairs), m = m0 + tok;
         size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
@@ -860,18 +861,20 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
             if (r < NT) cp_async16(s + wg_swz(r, tid & 7), x_src[j] + kt * GM_BK, x_ok[j] ? 16 : 0);
         }
     };
-    auto load_w =
-        [&](int stage,
-            int kt) { /* thread: 16 bytes of row block tid / 16 */
-                      uint32_t *sQ = (uint32_t *)(smem + stage * C::STAGE_BYTES + WR_X_BYTES);
-                      const int k0 = kt * GM_BK, rb = tid >> 4, ch = tid & 15;
-                      cp_async16(sQ + rb * 64 + ch * 4,
-                                 wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
-                                 16);
-                      if (tid < C::BN / 4)
-                          cp_async16(sQ + C::Q_BYTES / 4 + tid * 4,
-                                     sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
-        };
+    /* weights: thread tid copies 16 bytes of row block tid / 16; rows past N (a dense product's
+     * last block) load as zeros */
+    auto load_w = [&](int stage, int kt) {
+        uint32_t *sQ = (uint32_t *)(smem + stage * C::STAGE_BYTES + WR_X_BYTES);
+        const int k0 = kt * GM_BK, rb = tid >> 4, ch = tid & 15, ok = n0 + 8 * rb < p.N;
+        cp_async16(sQ + rb * 64 + ch * 4,
+                   wq + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                   ok ? 16 : 0);
+        if (tid < C::BN / 4) {
+            int sok = n0 + 4 * tid < p.N;
+            cp_async16(sQ + C::Q_BYTES / 4 + tid * 4,
+                       sbb + (size_t)(k0 / 64) * p.N + (sok ? n0 + tid * 4 : 0), sok ? 16 : 0);
+        }
+    };
     gm_prologue<WR_STAGES>(KT, false, load_x, load_w); /* the kernel waited (MoE plan) */
 
     float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
@@ -917,7 +920,7 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
-    pdl_wait(); /* the plan comes from the previous kernel */
+    pdl_wait(); /* the MoE plan and the activations come from the previous kernels */
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
     if (nc == 4)
@@ -941,9 +944,9 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, const tl_gpu_stream *
         attr_set = 1;
     }
     if (grid_y <= 0) return 0;
-    if (grid_y > 65535 || p->N % C::BN) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_wgr", gemm_wgr_kernel<WGS>, dim3(p->N / C::BN, grid_y), dim3(C::THREADS),
-              C::SMEM, *p);
+    if (grid_y > 65535 || p->ws) return TL_ERR_INVALID;
+    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>,
+              dim3((p->N + C::BN - 1) / C::BN, grid_y), dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
@@ -1089,6 +1092,24 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
     return w->rows > 0 && w->cols > 0 && w->rows % GM_ROW_ALIGN == 0 && w->cols % GM_BK == 0;
 }
 
+/* The wgr kernel's warpgroups for a 4-bit GEMM, 0 for another kernel: TL_GEMM_TILE=6 forces 2
+ * (TL_GEMM_TILE=7: 4); else TL_MOE_WGR (MoE GEMMs) or TL_DENSE_WGR (dense products) = 2 or 4
+ * takes it from 512 tokens (a prefill chunk; decode batches keep their tiles). Off by default
+ * until measured on the H200. note: 4 warpgroups (256 weight rows a block) halve the token
+ * tile's re-reads from L2 (every block of a tile reads all of its tokens) at one block an SM. */
+static int gemm_wgr_of(const char *env, int *cached, int n_tok) {
+    if (*cached < 0) {
+        const char *e = getenv(env);
+        *cached = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
+    }
+    int f = gemm_tile_env();
+    if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
+    return f < 0 && n_tok >= 512 ? *cached : 0;
+}
+static int launch_wgr(const gemm_args *p, int wgs, int tiles, const tl_gpu_stream *st) {
+    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, st) : launch_gemm_wgr<4>(p, tiles, st);
+}
+
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
                            int flags, const tl_gpu_stream *st) {
     if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
@@ -1106,6 +1127,9 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
     p.flags = flags;
     p.mode = GM_DENSE;
+    static int dense_wgr = -1;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n) : 0;
+    if (wgs) return launch_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, st);
     int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
     int bm = tile_bm(tile), ks = gemm_splitk_of(w);
     if (ks > 1 && n <= TL_GEMM_SPLITK_MAX_N && (tile == GM_T16 || tile == GM_T64) && st && st->ws &&
@@ -1121,22 +1145,6 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 }
 
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
-
-/* The wgr kernel's warpgroups for a 4-bit MoE GEMM of n_tok tokens, 0 for another kernel:
- * TL_GEMM_TILE=6 forces 2 (TL_GEMM_TILE=7: 4); else TL_MOE_WGR=2 or 4 takes it from 512 tokens
- * (a prefill chunk; a decode batch keeps the 16-token tiles). Off by default until measured on
- * the H200. note: 4 warpgroups (256 weight rows a block) halve the token tile's re-reads from L2
- * (each block of an expert tile reads all of its tokens) at one block an SM. */
-static int gemm_moe_wgr(int n_tok) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TL_MOE_WGR");
-        on = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
-    }
-    int f = gemm_tile_env();
-    if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
-    return f < 0 && n_tok >= 512 ? on : 0;
-}
 
 int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
                 int n_tok, int gather, int flags, const tl_gpu_stream *st) {
@@ -1166,11 +1174,9 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once. */
-    int wgs = w->bits == 4 ? gemm_moe_wgr(n_tok) : 0;
-    if (wgs) {
-        int tiles = (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256);
-        return wgs == 2 ? launch_gemm_wgr<2>(&p, tiles, st) : launch_gemm_wgr<4>(&p, tiles, st);
-    }
+    static int moe_wgr = -1;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
+    if (wgs) return launch_wgr(&p, wgs, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     int bm = tile_bm(tile);

@@ -16,9 +16,9 @@
 #             bench/env_ab.sh at 4K over $VARIANTS (default: all off, all on, each off alone,
 #             two slice blocks an SM), the same with --speculative-tokens 3, and the per-kernel
 #             table of one decode step (--prof) with the levers off and on
-#   prefill   the MoE wgr kernel (k_gemm.cu, TL_MOE_WGR): the prefill MoE test (every tile, 6 and
-#             7 included) and its memcheck, then bench/env_ab.sh METRIC=prefill at 1K, 4K and 16K
-#             with TL_MOE_WGR off and on
+#   prefill   the wgr kernel (k_gemm.cu, TL_MOE_WGR, TL_DENSE_WGR): the prefill MoE test (every
+#             tile, 6 and 7 included) and its memcheck, then bench/env_ab.sh METRIC=prefill at
+#             1K, 4K and 16K with the kernel off and on for the MoE and the dense products
 # Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill]
 #   (no argument: tests hf bench load)
 set -u
@@ -63,12 +63,10 @@ if has prefill; then
     T_ONLY=test_moe_grouped timeout 300 compute-sanitizer --tool memcheck \
         --error-exitcode 9 build/cuda/tests/test_prefill_kernels >"$O/memcheck-moe-pf.txt" 2>&1
     echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-moe-pf.txt")"
-    for len in 1024 4096 16384; do
-        echo "== TL_MOE_WGR, prefill at $len"
-        METRIC=prefill LEN=$len GEN=4 VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4" timeout 240 \
-            bash bench/env_ab.sh \
-            2>&1 | tee "$O/wgr-$len.txt"
-    done
+    echo "== TL_MOE_WGR / TL_DENSE_WGR, prefill at 1K, 4K, 16K"
+    METRIC=prefill LEN=1024,4096,16384 GEN=4 timeout 400 \
+        VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4" \
+        bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
 fi
 if has tests; then
     echo "== GPU tests"
