@@ -5,7 +5,8 @@
 # ms a step per round (METRIC=prefill: prefill tok/s and ms for the prompt), and the best. Run on
 # the GPU machine from the repository root.
 #   VARIANTS  e.g. "TL_GEMV_SLICE=0 TL_MOE_SLICE=0; TL_GEMV_SLICE=1; TL_MOE_SLICE=1" (required)
-#   LEN       context length (default 4096)       GEN     decode tokens timed (default 128)
+#   LEN       context length, or a comma list: one table each (default 4096)
+#   GEN       decode tokens timed (default 128)
 #   ROUNDS    alternations (default 2)            TULIP   the binary (default build/cuda/tulip)
 #   ARGS      bench arguments (default "--random-weights --bits 4": the model card's sampling)
 #   METRIC    decode (default) or prefill
@@ -42,21 +43,25 @@ import json, sys
 d, rounds, metric = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 vs = [v.strip() for v in sys.argv[4:]]
 unit = "ms a step" if metric == "decode" else "ms the prompt"
-print("| variant | " + " | ".join("round %d %s tok/s (%s)" % (r + 1, metric, unit)
-                               for r in range(rounds)) + " | best tok/s |")
-print("|---|" + "---:|" * (rounds + 1))
-for i, v in enumerate(vs):
-    cells, best = [], 0.0
-    for r in range(rounds):
-        doc = json.loads(open("%s/%d.%d.json" % (d, i, r)).read().strip().splitlines()[-1])
-        row = doc["rows"][0]
-        if metric == "decode":
-            ms = row["gen_ms_per_step"]
-            tps = 1000.0 / ms
-        else:
-            tps = row["prefill_tps"]
-            ms = 1000.0 * row["ctx"] / tps
-        cells.append("%.1f (%.3f)" % (tps, ms))
-        best = max(best, tps)
-    print("| %s | %s | %.1f |" % (v or "-", " | ".join(cells), best))
+docs = {(i, r): json.loads(open("%s/%d.%d.json" % (d, i, r)).read().strip().splitlines()[-1])
+        for i in range(len(vs)) for r in range(rounds)}
+for k, ctx in enumerate(row["ctx"] for row in docs[(0, 0)]["rows"]):
+    if k:
+        print()
+    print("| variant (ctx %d) | " % ctx + " | ".join("round %d %s tok/s (%s)" % (r + 1, metric, unit)
+                                                  for r in range(rounds)) + " | best tok/s |")
+    print("|---|" + "---:|" * (rounds + 1))
+    for i, v in enumerate(vs):
+        cells, best = [], 0.0
+        for r in range(rounds):
+            row = docs[(i, r)]["rows"][k]
+            if metric == "decode":
+                ms = row["gen_ms_per_step"]
+                tps = 1000.0 / ms
+            else:
+                tps = row["prefill_tps"]
+                ms = 1000.0 * row["ctx"] / tps
+            cells.append("%.1f (%.3f)" % (tps, ms))
+            best = max(best, tps)
+        print("| %s | %s | %.1f |" % (v or "-", " | ".join(cells), best))
 PY

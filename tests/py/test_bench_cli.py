@@ -255,17 +255,21 @@ def test_env_ab_script():
         tps = [float(x.split()[0]) for x in c[1:3]]
         assert all(t > 0 for t in tps), c
         assert float(c[3]) == max(tps), c
-    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=dict(env, METRIC="prefill"),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT,
+                       env=dict(env, METRIC="prefill", LEN="16,32"), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "round 1 prefill tok/s (ms the prompt)" in r.stdout, r.stdout
+    heads = [ln for ln in r.stdout.splitlines() if ln.startswith("| variant")]
+    assert [h.split("|")[1].strip() for h in heads] == ["variant (ctx 16)", "variant (ctx 32)"]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in r.stdout.splitlines()
             if ln.startswith("| -") or ln.startswith("| TL_")]
-    assert len(rows) == 2
-    for c in rows:
+    assert len(rows) == 4
+    for k, c in enumerate(rows):
         for cell in c[1:3]:
             tps, ms = float(cell.split()[0]), float(cell.split()[1].strip("()"))
-            assert tps > 0 and abs(16 / tps * 1000 - ms) <= 0.01 * ms + 0.002, cell
+            n = 16 if k < 2 else 32
+            assert tps > 0 and abs(n / tps * 1000 - ms) <= 0.01 * ms + 0.002, cell
     r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=dict(env, METRIC="both"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "METRIC must be" in r.stderr, r.stderr
