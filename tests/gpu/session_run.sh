@@ -64,9 +64,9 @@ if has prefill; then
         --error-exitcode 9 build/cuda/tests/test_prefill_kernels >"$O/memcheck-moe-pf.txt" 2>&1
     echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-moe-pf.txt")"
     echo "== TL_MOE_WGR / TL_DENSE_WGR, prefill at 1K, 4K, 16K"
-    METRIC=prefill LEN=1024,4096,16384 GEN=4 timeout 400 \
+    METRIC=prefill LEN=1024,4096,16384 GEN=4 \
         VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4" \
-        bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
+        timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
 fi
 if has tests; then
     echo "== GPU tests"
