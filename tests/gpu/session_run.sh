@@ -18,7 +18,8 @@
 #             table of one decode step (--prof) with the levers off and on
 #   prefill   the wgr kernel (k_gemm.cu, TL_MOE_WGR, TL_DENSE_WGR): the prefill MoE test (every
 #             tile, 6 and 7 included) and its memcheck, then bench/env_ab.sh METRIC=prefill at
-#             1K, 4K and 16K with the kernel off and on for the MoE and the dense products
+#             1K, 4K and 16K with the kernel off and on for the MoE and the dense products, and
+#             with 4096-token prefill chunks (TL_CUDA_MAX_TOK)
 # Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill]
 #   (no argument: tests hf bench load)
 set -u
@@ -65,7 +66,8 @@ if has prefill; then
     echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-moe-pf.txt")"
     echo "== TL_MOE_WGR / TL_DENSE_WGR, prefill at 1K, 4K, 16K"
     METRIC=prefill LEN=1024,4096,16384 GEN=4 \
-        VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4" \
+        VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; \
+TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=4096 TL_MOE_WGR=4 TL_DENSE_WGR=4" \
         timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
 fi
 if has tests; then
