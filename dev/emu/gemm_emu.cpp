@@ -7,12 +7,16 @@
  * likewise (a partial last block of rows). Then every MoE tile, the wgr
  * kernel (tiles 6 and 7: wgmma with the weights dequantized into A registers) included, through a plan
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
- * SwiGLU epilogue and down with the scatter, small and production sizes. The emulation runs a
+ * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
+ * attention, the validated mma.sync kernel and the wgmma one (TL_ATTN_WG=1), against a double
+ * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs. The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
  * hazard can show here, only indexing and arithmetic. */
 #define gm_smem     emu_smem
 #define wg_smem_raw emu_smem
 #define wr_smem_raw emu_smem
+#define aw_smem_raw emu_smem
+#include "cuda/k_attn_prefill.cu"
 #include "cuda/k_gemm.cu"
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
@@ -23,7 +27,8 @@ extern "C" {
 }
 #include "emu_q4.h"
 
-alignas(1024) uint8_t emu_smem[232 << 10]; /* the GEMM kernels' dynamic shared memory */
+alignas(1024) uint8_t emu_smem[232 << 10]; /* the wgmma kernels' dynamic shared memory */
+alignas(1024) uint16_t ap_smem[(112 << 10) / 2]; /* attn_prefill_kernel's */
 alignas(16) uint4 xs[(220 * 1024) / 16];    /* the decode kernels' (k_gemv.cu, k_moe.cu) */
 alignas(16) uint4 xs_all[(48 * 1024) / 16];
 static int all_rows(int y) { return y >= 0; }
@@ -206,7 +211,86 @@ static void test_moe_production(void) {
     moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 2);
 }
 
+/* ---- prefill attention ---- */
+static uint16_t *rand_bf16(size_t n, float scale) {
+    uint16_t *b = (uint16_t *)xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) b[i] = f2bf(scale * t_randf(&rs));
+    return b;
+}
+static void attn_case(int n, int pos0, int gated, int in_f32, int paged) {
+    const int H = TL_N_HEAD, HKV = TL_N_HEAD_KV, D = TL_HEAD_DIM, L = pos0 + n, ts = HKV * D;
+    const int qs = H * 2 * D; /* per token and head: query | gate */
+    uint16_t *q = rand_bf16((size_t)n * qs, 1.0f), *k = rand_bf16((size_t)L * ts, 1.0f),
+             *v = rand_bf16((size_t)L * ts, 1.0f);
+    float *qf = (float *)xmalloc((size_t)n * qs * 4);
+    for (size_t i = 0; i < (size_t)n * qs; i++) qf[i] = bf2f(q[i]);
+    double *ref = (double *)xmalloc((size_t)n * H * D * 8), *sc = (double *)xmalloc((size_t)L * 8);
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) {
+            const uint16_t *qv = q + (size_t)t * qs + h * 2 * D;
+            int kvh = h / (H / HKV), nk = pos0 + t + 1;
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j < nk; j++) {
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double)bf2f(qv[c]) * bf2f(k[(size_t)j * ts + kvh * D + c]);
+                sc[j] = d / 16.0, mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j < nk; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int c = 0; c < D; c++) {
+                double o = 0;
+                for (int j = 0; j < nk; j++) o += sc[j] * bf2f(v[(size_t)j * ts + kvh * D + c]);
+                double gt = gated ? 1.0 / (1.0 + exp(-(double)bf2f(qv[D + c]))) : 1.0;
+                ref[((size_t)t * H + h) * D + c] = o / sum * gt;
+            }
+        }
+    /* the cache: contiguous, or pages of 64 tokens in reverse order with a spare page */
+    int np = (L + 63) / 64;
+    uint16_t *kc = k, *vc = v;
+    int32_t *pages = NULL;
+    tl_gpu_kv_view kv = {k, v, NULL, 0, 0, ts};
+    if (paged) {
+        size_t pe = (size_t)64 * ts;
+        kc = (uint16_t *)xmalloc((np + 1) * pe * 2), vc = (uint16_t *)xmalloc((np + 1) * pe * 2);
+        memset(kc, 0xff, (np + 1) * pe * 2), memset(vc, 0xff, (np + 1) * pe * 2);
+        pages = (int32_t *)xmalloc(np * 4);
+        for (int p = 0; p < np; p++) pages[p] = np - p;
+        for (int j = 0; j < L; j++) {
+            memcpy(kc + pages[j / 64] * pe + (size_t)(j % 64) * ts, k + (size_t)j * ts, ts * 2);
+            memcpy(vc + pages[j / 64] * pe + (size_t)(j % 64) * ts, v + (size_t)j * ts, ts * 2);
+        }
+        kv = {kc, vc, pages, 64, (long long)pe, ts};
+    }
+    tl_gpu_heads qh = {in_f32 ? (const void *)qf : (const void *)q, qs, 2 * D};
+    tl_gpu_heads gh = {NULL, qs, 2 * D};
+    if (gated) gh.p = in_f32 ? (const void *)(qf + D) : (const void *)(q + D);
+    uint16_t *o = (uint16_t *)xmalloc((size_t)n * H * D * 2);
+    float *of = (float *)xmalloc((size_t)n * H * D * 4);
+    for (int wg = 0; wg < 2; wg++) {
+        if (wg)
+            setenv("TL_ATTN_WG", "1", 1);
+        else
+            unsetenv("TL_ATTN_WG");
+        emu_smem_base = emu_smem;
+        memset(o, 0xff, (size_t)n * H * D * 2);
+        CHECK_EQ_INT(tl_gpu_attn_prefill(o, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
+        for (size_t i = 0; i < (size_t)n * H * D; i++) of[i] = bf2f(o[i]);
+        double e = nmse(of, ref, (size_t)n * H * D);
+        printf("# attn %s n=%d pos0=%d%s%s%s: nmse %.2e\n", wg ? "wgmma" : "mma.sync", n, pos0,
+               gated ? " gated" : "", in_f32 ? " f32-in" : "", paged ? " paged" : "", e);
+        CHECK(e < 2e-5); /* bf16 P and bf16 outputs */
+    }
+    unsetenv("TL_ATTN_WG");
+    if (paged) free(kc), free(vc), free(pages);
+    free(q), free(k), free(v), free(qf), free(ref), free(sc), free(o), free(of);
+}
+static void test_attention(void) {
+    attn_case(100, 0, 1, 0, 0);  /* whole prompt, ragged last tile */
+    attn_case(70, 90, 0, 0, 0);  /* a chunk over a cached prefix, unaligned */
+    attn_case(64, 130, 1, 1, 1); /* f32 q and gate, paged cache */
+}
+
 int main(void) {
+    T_RUN(test_attention);
     T_RUN(test_dense_validated);
     T_RUN(test_moe_small);
     T_RUN(test_moe_production);

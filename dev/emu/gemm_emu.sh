@@ -11,7 +11,7 @@ set -eu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/cuda"
-for f in k_q4m.cuh k_gemm.cuh k_gemm.cu k_gemv.cu k_moe.cu; do
+for f in k_q4m.cuh k_gemm.cuh k_wgdesc.cuh k_gemm.cu k_gemv.cu k_moe.cu k_attn_prefill.cu; do
     sed -e 's/extern __shared__/extern/g' -e 's/__shared__/static/g' \
         -e 's/asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(r) : "r"(a), "r"(e));/r = (a \& 0x000F000Fu) | e;/' \
         "src/cuda/$f" >"$tmp/cuda/$f"

@@ -536,19 +536,6 @@ template <int BITS, int WGS> struct wg_cfg {
     static constexpr int SMEM = WG_STAGES * STAGE_BYTES + BBUF_BYTES + 1024; /* + alignment slack */
 };
 
-static __device__ __forceinline__ uint32_t wg_swz(int r,
-                                                  int c) { /* byte offset of chunk c, row r */
-    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
-}
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    uint64_t d = 0;
-    d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
-    d |= (uint64_t)(16 >> 4) << 16;   /* leading byte offset (unused with 128B swizzle) */
-    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows x 128 B */
-    d |= 1ull << 62;                  /* 128-byte swizzle */
-    return d;
-}
-
 template <int BITS, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */

@@ -1,8 +1,9 @@
 /* The Hopper warpgroup MMA (wgmma) instructions the prefill GEMMs use (k_gemm.cu), as inline PTX:
  * the fences, the commit and wait of a wgmma group, m64n256k16 with both operands in shared
- * memory (descriptors) and m64nNk16 (N = 32, 64, 96, 128) with A in registers. bf16 inputs, f32
+ * memory (descriptors), m64n64k16 likewise with a run-time scale-d, and m64nNk16 (N = 32, 64, 96,
+ * 128) with A in registers. bf16 inputs, f32
  * accumulators, no scaling or transposition. The descriptors and the swizzled tile layout they
- * describe are k_gemm.cu's (wg_desc, wg_swz). The host emulator (dev/emu) replaces this header
+ * describe: k_wgdesc.cuh (wg_desc, wg_swz). The host emulator (dev/emu) replaces this header
  * with its own model of the same instructions.
  * Fragments (per warp w of the warpgroup, g = lane / 4, t = lane % 4): A in registers as the
  * mma.sync m16n8k16 A fragment of rows 16w .. 16w + 15 (a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g,
@@ -11,6 +12,7 @@
 #define TL_K_WGMMA_CUH
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/k_wgdesc.cuh"
 
 /* cp.async (generic proxy) writes to shared memory become visible to the wgmma (async proxy) */
 static __device__ __forceinline__ void wg_fence_proxy(void) {
@@ -139,6 +141,25 @@ __device__ __forceinline__ void wg_mma_rs<128>(float *d, const uint32_t (&a)[4],
                    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
                    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc_on));
+}
+
+/* d[0..N/2) (+)= A(64x16, smem desc) * B(N x 16, smem desc)^T; acc_on 0: d = the product */
+template <int N>
+static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t db, int acc_on);
+template <>
+__device__ __forceinline__ void wg_mma_ss<64>(float *d, uint64_t da, uint64_t db, int acc_on) {
+    asm volatile("{\n.reg .pred sd;\nsetp.ne.b32 sd, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, %32, %33, sd, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc_on));
 }
 
 #endif

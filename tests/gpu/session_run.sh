@@ -16,10 +16,11 @@
 #             bench/env_ab.sh at 4K over $VARIANTS (default: all off, all on, each off alone,
 #             two slice blocks an SM), the same with --speculative-tokens 3, and the per-kernel
 #             table of one decode step (--prof) with the levers off and on
-#   prefill   the wgr kernel (k_gemm.cu, TL_MOE_WGR, TL_DENSE_WGR): the prefill MoE test (every
-#             tile, 6 and 7 included) and its memcheck, then bench/env_ab.sh METRIC=prefill at
-#             1K, 4K and 16K with the kernel off and on for the MoE and the dense products, and
-#             with 4096-token prefill chunks (TL_CUDA_MAX_TOK)
+#   prefill   the wgr kernel (k_gemm.cu, TL_MOE_WGR, TL_DENSE_WGR) and the wgmma attention
+#             (k_attn_prefill.cu, TL_ATTN_WG): the prefill MoE, GEMM and attention tests (every
+#             tile, 6 and 7 included; both attention kernels) and a memcheck, then
+#             bench/env_ab.sh METRIC=prefill at 1K, 4K and 16K with each off and on, and with
+#             4096-token prefill chunks (TL_CUDA_MAX_TOK)
 # Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill]
 #   (no argument: tests hf bench load)
 set -u
@@ -57,17 +58,21 @@ if has levers; then
     done
 fi
 if has prefill; then
-    echo "== prefill MoE test (tiles incl. 6 = wgr)"
-    T_ONLY=test_moe_grouped timeout 240 build/cuda/tests/test_prefill_kernels >"$O/moe-pf.txt" 2>&1
-    echo "test_moe_grouped rc=$?"
-    grep -E '^(PASS|FAIL)|tile=6|CHECK' "$O/moe-pf.txt" | head -12
-    T_ONLY=test_moe_grouped timeout 300 compute-sanitizer --tool memcheck \
-        --error-exitcode 9 build/cuda/tests/test_prefill_kernels >"$O/memcheck-moe-pf.txt" 2>&1
-    echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-moe-pf.txt")"
-    echo "== TL_MOE_WGR / TL_DENSE_WGR, prefill at 1K, 4K, 16K"
+    for t in test_moe_grouped test_gemm test_attn_prefill; do
+        echo "== $t (wgr tiles 6, 7; TL_ATTN_WG)"
+        T_ONLY=$t timeout 240 build/cuda/tests/test_prefill_kernels >"$O/pf-$t.txt" 2>&1
+        echo "$t rc=$?"
+        grep -E '^(PASS|FAIL)|tile=[67]|wgmma|CHECK' "$O/pf-$t.txt" | head -16
+    done
+    for t in test_moe_grouped test_attn_prefill; do
+        T_ONLY=$t timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            build/cuda/tests/test_prefill_kernels >"$O/memcheck-$t.txt" 2>&1
+        echo "memcheck $t rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-$t.txt")"
+    done
+    echo "== TL_MOE_WGR / TL_DENSE_WGR / TL_ATTN_WG, prefill at 1K, 4K, 16K"
     METRIC=prefill LEN=1024,4096,16384 GEN=4 \
-        VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; \
-TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=4096 TL_MOE_WGR=4 TL_DENSE_WGR=4" \
+        VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; TL_ATTN_WG=1; \
+TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=4096 TL_MOE_WGR=4 TL_DENSE_WGR=4 TL_ATTN_WG=1" \
         timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
 fi
 if has tests; then

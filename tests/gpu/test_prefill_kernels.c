@@ -591,23 +591,31 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
         free(qall);
     }
     uint16_t *dout = dmalloc((size_t)n * H * D * 2);
-    CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
     tl_gpu_heads qh = {in_f32 ? (const void *)dqf : (const void *)dq, qstride, 2 * D};
     tl_gpu_heads gh = {NULL, qstride, 2 * D};
     if (with_gate) gh.p = in_f32 ? (const void *)(dqf + D) : (const void *)(dq + D);
-    CHECK_EQ_INT(
-        tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
     uint16_t *ob = xmalloc((size_t)n * H * D * 2);
-    to_host(ob, dout, (size_t)n * H * D * 2);
     float *got = xmalloc((size_t)n * H * D * 4), *ref = xmalloc((size_t)n * H * D * 4);
-    bf16_to_f32(got, ob, (size_t)n * H * D);
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
         for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
-    char buf[96];
-    snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s%s", n, pos0, paged ? " paged" : "",
-             with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
-    CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
+    for (int wg = 0; wg < 2; wg++) { /* the mma.sync kernel, then the wgmma one (TL_ATTN_WG=1) */
+        if (wg)
+            setenv("TL_ATTN_WG", "1", 1);
+        else
+            unsetenv("TL_ATTN_WG");
+        CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
+        CHECK_EQ_INT(
+            tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL),
+            0);
+        to_host(ob, dout, (size_t)n * H * D * 2);
+        bf16_to_f32(got, ob, (size_t)n * H * D);
+        char buf[112];
+        snprintf(buf, sizeof buf, "attn%s n=%d pos0=%d%s%s%s", wg ? " wgmma" : "", n, pos0,
+                 paged ? " paged" : "", with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
+        CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
+    }
+    unsetenv("TL_ATTN_WG");
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout);
     if (dqf) cudaFree(dqf);
     if (dpages) cudaFree(dpages);

@@ -10,6 +10,7 @@
 #define TL_K_WGMMA_CUH
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/k_wgdesc.cuh"
 
 static inline void wg_fence_proxy(void) {}
 static inline void wg_fence(void) {}
@@ -23,6 +24,9 @@ void emu_wg_mma(float *d, int n, const uint32_t *a_regs, uint64_t da, uint64_t d
 
 static inline void wg_mma_m64n256k16(float *d, uint64_t da, uint64_t db) {
     emu_wg_mma(d, 256, nullptr, da, db, 1);
+}
+template <int N> static inline void wg_mma_ss(float *d, uint64_t da, uint64_t db, int acc_on) {
+    emu_wg_mma(d, N, nullptr, da, db, acc_on);
 }
 template <int N>
 static inline void wg_mma_rs(float *d, const uint32_t (&a)[4], uint64_t db, int acc_on) {
