@@ -395,21 +395,23 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                     }
                 }
         }
+        uint32_t af[2][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), two blocks */
 #pragma unroll
         for (int mb = 0; mb < 4; mb++) {
-            uint32_t af[4][4]; /* V^T fragments of dims 64mb + 16w .., keys 16ks .. */
+            uint32_t(&a)[4][4] = af[mb & 1];
+            if (mb >= 2) wg_wait<1>(); /* block mb - 2's wgmma read these registers */
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
-                ldmatrix_x4_trans(af[ks],
+                ldmatrix_x4_trans(a[ks],
                                   sV + (16 * ks + ((lane >> 4) & 1) * 8 + (lane & 7)) * AP_LDS +
                                       64 * mb + 16 * warp + ((lane >> 3) & 1) * 8);
-            wg_fence(); /* af and the rescaled oacc were written by ordinary instructions */
+            wg_fence(); /* a and the rescaled oacc were written by ordinary instructions */
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
-                wg_mma_rs<64>(oacc[mb], af[ks], wg_desc(sp_a + ks * 32), kt | ks);
+                wg_mma_rs<64>(oacc[mb], a[ks], wg_desc(sp_a + ks * 32), kt | ks);
             wg_commit();
-            wg_wait<0>(); /* af is rewritten by the next block */
         }
+        wg_wait<0>();
         __syncthreads(); /* every warp is done with sV and sP */
         if (kt + 1 < n_kt) load_v(kt + 1);
         cp_async_commit();
