@@ -127,6 +127,15 @@ build/asan/tests/%: build/asan/tests/cpu/%.o $(ASAN_LIB)
 build/cuda/tests/%: build/cuda/tests/gpu/%.o $(CUDA_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFL) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+# dev/kernels timing programs (GPU machine only; not part of any test run). prefill_bench
+# compiles k_gdn_chunk.cu in (it times that file's kernels one by one).
+build/cuda/dev/prefill_bench: build/cuda/dev/kernels/prefill_bench.o \
+		$(filter-out %/k_gdn_chunk.o,$(CUDA_LIB))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+build/cuda/dev/%: build/cuda/dev/kernels/%.o $(CUDA_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFL) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
 # libFuzzer targets: clang, the library sources compiled once (build/fuzz/obj) with the fuzzer's
 # instrumentation and sanitizers, linked into each target.

@@ -11,9 +11,8 @@
  *   persistent + pf  the same, the next phase's slice loaded before the barrier (prefetch)
  * R = 0 is the hand-off alone. Per phase: us, and the weights' GB/s. Every way computes the same
  * y's in the same order: the last y must match bit for bit ("same" column), which also checks
- * that no phase read a stale x. Standalone, not part of the build:
- *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc \
- *        dev/kernels/handoff_bench.cu -o build/handoff_bench && build/handoff_bench
+ * that no phase read a stale x. Not part of any test run:
+ *   make build/cuda/dev/handoff_bench && build/cuda/dev/handoff_bench
  * Results on the H200 (session 6, 2026-12-04): BENCHMARKS.md "phase hand-off"; PDL kernels were
  * the fastest way at every size, so the decode step stays a chain of PDL kernels. */
 #include <stdio.h>

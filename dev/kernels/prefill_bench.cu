@@ -2,8 +2,10 @@
  * compiles the kernels in, fills inputs on the device, flushes L2 between repeats and prints
  * time | TFLOP/s | % of the bf16 tensor peak). Correctness lives in tests/gpu/
  * test_prefill_kernels.c; this file only times.
- *   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc \
- *        dev/kernels/prefill_bench.cu -o build/pf/prefill_bench && build/pf/prefill_bench
+ *   make build/cuda/dev/prefill_bench && build/cuda/dev/prefill_bench
+ * (linked with the engine's CUDA objects, whose kernels it reaches through gpu.h as the engine
+ * does; k_gdn_chunk.cu is compiled in instead of linked, to time its kernels alone, and the
+ * superseded GDN kernel gdn_chunk_v1.cu for comparison).
  * Peak used for the percentage: 790 TFLOP/s (dense bf16 measured with torch on this H200,
  * docs/developing.md §4).
  */
@@ -11,9 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/cuda/k_gemm.cu"
-#include "../../src/cuda/k_attn_prefill.cu"
-#include "../../src/cuda/k_gdn_chunk.cu"
+#include "../../src/cuda/k_gdn_chunk.cu" /* its kernels are timed alone too */
 #include "gdn_chunk_v1.cu"
 #include "../../tests/gpu/cu_check.h"
 
@@ -187,7 +187,7 @@ static void bench_gemm(void) {
                 /* the three tile shapes forced (TFLOP/s): 128x128, 64x128, 128x256 */
                 printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
                 for (int t = 0; t < bench_tiles; t++) {
-                    char v[4];
+                    char v[16];
                     snprintf(v, sizeof v, "%d", t);
                     setenv("TL_GEMM_TILE", v, 1);
                     float mt = time_ms(gemm_run, &g, 9);
@@ -252,7 +252,7 @@ static void bench_moe(void) {
             row(name, time_ms(moe_gemms_only, &m, 15), flop);
             printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
             for (int t = 0; t < bench_tiles; t++) {
-                char v[4];
+                char v[16];
                 snprintf(v, sizeof v, "%d", t);
                 setenv("TL_GEMM_TILE", v, 1);
                 float mt = time_ms(moe_gemms_only, &m, 9);
