@@ -21,13 +21,15 @@
 #             tile, 6 and 7 included; both attention kernels) and a memcheck, then
 #             bench/env_ab.sh METRIC=prefill at 1K, 4K and 16K with each off and on, and with
 #             4096-token prefill chunks (TL_CUDA_MAX_TOK)
-# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill]
+#   kbench    dev/kernels/prefill_bench (build/cuda/dev/prefill_bench, built beforehand): every
+#             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
+# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench]
 #   (no argument: tests hf bench load)
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
 O=${OUT:-/tmp/tulip-out}
 mkdir -p "$O"
-steps=${*:-tests hf bench load}  # levers and prefill only when asked
+steps=${*:-tests hf bench load}  # levers, prefill and kbench only when asked
 has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
@@ -74,6 +76,11 @@ if has prefill; then
         VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; TL_ATTN_WG=1; \
 TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=4096 TL_MOE_WGR=4 TL_DENSE_WGR=4 TL_ATTN_WG=1" \
         timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
+fi
+if has kbench; then
+    echo "== prefill kernels (dev/kernels/prefill_bench)"
+    timeout "${KBENCH_S:-300}" build/cuda/dev/prefill_bench 2>&1 | tee "$O/prefill_bench.txt"
+    echo "prefill_bench rc=$?"
 fi
 if has tests; then
     echo "== GPU tests"
