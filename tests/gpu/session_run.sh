@@ -80,7 +80,7 @@ fi
 if has kbench; then
     echo "== prefill kernels (dev/kernels/prefill_bench)"
     timeout "${KBENCH_S:-300}" build/cuda/dev/prefill_bench 2>&1 | tee "$O/prefill_bench.txt"
-    echo "prefill_bench rc=$?"
+    echo "prefill_bench rc=${PIPESTATUS[0]}"
 fi
 if has tests; then
     echo "== GPU tests"
