@@ -37,6 +37,49 @@ ap_tile_base(const tl_gpu_kv_view &kv, const uint16_t *base, int kpos0, int kvh)
     return base + (size_t)kpos0 * kv.tok_stride + kvh * AP_D;
 }
 
+/* The online softmax of one 64-key tile on the score fragments (the mma.sync and wgmma D layout:
+ * s[4j + c] = row g + 8 (c >> 1) of the warp, key kbase + 8j + 2t + (c & 1)): scales by
+ * 1/16 log2(e), masks the keys after the row's query (diag: the tile may hold some), updates the
+ * running max m and sum l of the lane's two rows, leaves p = exp2(x - m) in s and returns each
+ * row's correction factor exp2(m_old - m_new) in alpha. */
+static __device__ __forceinline__ void ap_softmax_tile(float (&s)[32], float (&m)[2], float (&l)[2],
+                                                       float (&alpha)[2], int kbase, bool diag,
+                                                       const int (&qpos)[2], int t) {
+    const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
+    float mnew[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int hr = c >> 1, kpos = kbase + 8 * j + 2 * t + (c & 1);
+            float x = s[4 * j + c] * sl2;
+            if (diag && kpos > qpos[hr]) x = -INFINITY;
+            s[4 * j + c] = x;
+            mnew[hr] = fmaxf(mnew[hr], x);
+        }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 1));
+        mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 2));
+        float mref = mnew[hr] == -INFINITY ? 0.f : mnew[hr];
+        alpha[hr] = exp2f(m[hr] - mref);
+        m[hr] = mnew[hr];
+        mnew[hr] = mref;
+    }
+    float lsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float p0 = exp2f(s[4 * j + 2 * hr] - mnew[hr]),
+                  p1 = exp2f(s[4 * j + 2 * hr + 1] - mnew[hr]);
+            s[4 * j + 2 * hr] = p0, s[4 * j + 2 * hr + 1] = p1;
+            lsum[hr] += p0 + p1;
+        }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) l[hr] = l[hr] * alpha[hr] + lsum[hr];
+}
+
 __global__ void __launch_bounds__(AP_THREADS, 2)
     attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                         int pos0, int in_f32) {
@@ -93,7 +136,6 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     load_kv(sV, kv.v, 0);
     cp_async_commit();
 
-    const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
     float oacc[32][4];
 #pragma unroll
     for (int i = 0; i < 32; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
@@ -106,9 +148,9 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         __syncthreads();
 
         /* S = Q K^T (16 x 64 per warp) */
-        float s[8][4];
+        float s[32];
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < 32; i++) s[i] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < AP_D / 16; kk++) {
             uint32_t af[4];
@@ -118,51 +160,24 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                 uint32_t r[4];
                 ldmatrix_x4(r, sK + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * AP_LDS + kk * 16 +
                                    ((lane >> 3) & 1) * 8);
-                mma_bf16(s[2 * np], af, r[0], r[1]);
-                mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+                mma_bf16(&s[8 * np], af, r[0], r[1]);
+                mma_bf16(&s[8 * np + 4], af, r[2], r[3]);
             }
         }
         __syncthreads(); /* every warp is done with sK */
         if (kt + 1 < n_kt) load_kv(sK, kv.k, kt + 1);
         cp_async_commit();
 
-        /* online softmax on the fragments: element (row g(+8), key 8*nt + 2*(lane%4) + e) */
+        /* online softmax on the fragments, then P as the next mma's A fragments */
         const int kbase = kt * AP_BK;
-        const bool diag = kbase + AP_BK - 1 > pos0 + q0; /* some key may be after some query */
-        float mnew[2] = {mrow[0], mrow[1]};
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int hr = e >> 1, kpos = kbase + nt * 8 + 2 * (lane & 3) + (e & 1);
-                float x = s[nt][e] * sl2;
-                if (diag && kpos > qpos[hr]) x = -INFINITY;
-                s[nt][e] = x;
-                mnew[hr] = fmaxf(mnew[hr], x);
-            }
         float alpha[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 1));
-            mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 2));
-            float mref = mnew[hr] == -INFINITY ? 0.f : mnew[hr];
-            alpha[hr] = exp2f(mrow[hr] - mref);
-            mrow[hr] = mnew[hr];
-            mnew[hr] = mref;
-        }
-        float lsum[2] = {0.f, 0.f};
+        ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, lane & 3);
         uint32_t pf[4][4];
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
-            float p0 = exp2f(s[nt][0] - mnew[0]), p1 = exp2f(s[nt][1] - mnew[0]);
-            float p2 = exp2f(s[nt][2] - mnew[1]), p3 = exp2f(s[nt][3] - mnew[1]);
-            lsum[0] += p0 + p1;
-            lsum[1] += p2 + p3;
-            pf[nt >> 1][(nt & 1) * 2 + 0] = bf16x2_pack(p0, p1);
-            pf[nt >> 1][(nt & 1) * 2 + 1] = bf16x2_pack(p2, p3);
+            pf[nt >> 1][(nt & 1) * 2 + 0] = bf16x2_pack(s[4 * nt], s[4 * nt + 1]);
+            pf[nt >> 1][(nt & 1) * 2 + 1] = bf16x2_pack(s[4 * nt + 2], s[4 * nt + 3]);
         }
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             oacc[i][0] *= alpha[0];
@@ -316,7 +331,6 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     load_v(0);
     cp_async_commit();
 
-    const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
     const uint32_t sq_a = smem_u32(sQ), sk_a = smem_u32(sK), sp_a = smem_u32(sP);
     float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
@@ -339,45 +353,19 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         if (kt + 1 < n_kt) load_k(kt + 1);
         cp_async_commit();
 
-        /* online softmax on the fragments, as attn_prefill_kernel */
+        /* online softmax on the fragments, as attn_prefill_kernel; P to shared memory */
         const int kbase = kt * AP_BK;
-        const bool diag = kbase + AP_BK - 1 > pos0 + q0;
-        float mnew[2] = {mrow[0], mrow[1]};
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                int hr = c >> 1, kpos = kbase + 8 * j + 2 * t + (c & 1);
-                float x = s[4 * j + c] * sl2;
-                if (diag && kpos > qpos[hr]) x = -INFINITY;
-                s[4 * j + c] = x;
-                mnew[hr] = fmaxf(mnew[hr], x);
-            }
         float alpha[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 1));
-            mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 2));
-            float mref = mnew[hr] == -INFINITY ? 0.f : mnew[hr];
-            alpha[hr] = exp2f(mrow[hr] - mref);
-            mrow[hr] = mnew[hr];
-            mnew[hr] = mref;
-        }
-        float lsum[2] = {0.f, 0.f};
+        ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                float p0 = exp2f(s[4 * j + 2 * hr] - mnew[hr]);
-                float p1 = exp2f(s[4 * j + 2 * hr + 1] - mnew[hr]);
-                lsum[hr] += p0 + p1;
-                *(uint32_t *)(sP + wg_swz(warp * 16 + g + 8 * hr, j) + 4 * t) = bf16x2_pack(p0, p1);
-            }
+            for (int hr = 0; hr < 2; hr++)
+                *(uint32_t *)(sP + wg_swz(warp * 16 + g + 8 * hr, j) + 4 * t) =
+                    bf16x2_pack(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]);
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
+        for (int hr = 0; hr < 2; hr++)
             if (t == 0) s_alpha[warp * 16 + g + 8 * hr] = alpha[hr];
-        }
 
         cp_async_wait<1>(); /* V_kt landed (K_kt+1 may be in flight) */
         wg_fence_proxy();   /* P, written by ordinary stores, is read by the wgmma */
