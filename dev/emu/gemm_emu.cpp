@@ -18,6 +18,7 @@
 #define aw_smem_raw emu_smem
 #include "cuda/k_attn_prefill.cu"
 #include "cuda/k_gemm.cu"
+#include "cuda/k_gemm_wgr.cu"
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
 
