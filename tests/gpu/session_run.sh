@@ -16,7 +16,7 @@
 #             bench/env_ab.sh at 4K over $VARIANTS (default: all off, all on, each off alone,
 #             two slice blocks an SM), the same with --speculative-tokens 3, and the per-kernel
 #             table of one decode step (--prof) with the levers off and on
-#   prefill   the wgr kernel (k_gemm.cu, TL_MOE_WGR, TL_DENSE_WGR) and the wgmma attention
+#   prefill   the wgr kernel (k_gemm_wgr.cu, TL_MOE_WGR, TL_DENSE_WGR) and the wgmma attention
 #             (k_attn_prefill.cu, TL_ATTN_WG): the prefill MoE, GEMM and attention tests (every
 #             tile, 6 and 7 included; both attention kernels) and a memcheck, then
 #             bench/env_ab.sh METRIC=prefill at 1K, 4K and 16K with each off and on, and with
