@@ -368,21 +368,24 @@ static int moe_prefill(const layer_ctx *x) {
 
 /* One prefill chunk of one sequence (T tokens at slot, pos0) on the tensor-core path: bf16
  * activations into the GEMMs (residual stream stays f32), chunked GDN, flash attention, grouped
- * MoE. Same math as run_layers; rounding differs (bf16 GEMM inputs). No PDL. */
+ * MoE. Same math as run_layers; rounding differs (bf16 GEMM inputs). The layers' kernels (the
+ * batched path's, which wait for their inputs) run under PDL unless TL_CUDA_PF_PDL=0: at a few
+ * hundred tokens a prefill is ~1,300 short kernels whose launch gaps PDL hides; the head, which
+ * also runs kernels without a PDL wait (the MTP rows), runs without. */
 static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int out_row0,
                        const seg_snap *sn) {
     const tl_config *c = &be->cfg;
-    tl_gpu_stream st = cb_stream(be, 0);
+    tl_gpu_stream st = cb_stream(be, 0), lst = cb_stream(be, be->pf_pdl);
     tl_mb_meta d = meta_at(be, be->d_meta);
     tl_gpu_seqs s = cb_seqs(be, T, 1);
     TRY(count_tokens(be, T, &st));
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
     for (int il = 0; il < c->n_layer; il++) {
-        layer_ctx x = layer_at(be, il, T, &s, &st);
-        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
+        layer_ctx x = layer_at(be, il, T, &s, &lst);
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &lst));
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_prefill(&x, slot, sn) : attn_prefill(&x, slot, pos0));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
-                        &st));
+                        &lst));
         TRY(moe_prefill(&x));
     }
     return run_head(be, n_out, out_row0, &st);

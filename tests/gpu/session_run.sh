@@ -73,7 +73,7 @@ if has prefill; then
     done
     echo "== TL_MOE_WGR / TL_DENSE_WGR / TL_ATTN_WG, prefill at 1K, 4K, 16K"
     METRIC=prefill LEN=1024,4096,16384 GEN=4 \
-        VARIANTS="-; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; TL_ATTN_WG=1; \
+        VARIANTS="-; TL_CUDA_PF_PDL=0; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; TL_ATTN_WG=1; \
 TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=4096 TL_MOE_WGR=4 TL_DENSE_WGR=4 TL_ATTN_WG=1" \
         timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
 fi
