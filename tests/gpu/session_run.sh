@@ -67,7 +67,7 @@ if has prefill; then
         grep -E '^(PASS|FAIL)|tile=[67]|wgmma|CHECK' "$O/pf-$t.txt" | head -16
     done
     echo "== the prefill-path e2e tests with every new prefill kernel on"
-    TL_MOE_WGR=4 TL_DENSE_WGR=4 TL_ATTN_WG=1 T_ONLY=test_prefill_gemm_vs_decode timeout 200 \
+    TL_GEMM_TILE=7 TL_ATTN_WG=1 T_ONLY=test_prefill_gemm_vs_decode timeout 200 \
         build/cuda/tests/test_gpu_e2e >"$O/e2e-pf-new.txt" 2>&1
     echo "test_prefill_gemm_vs_decode (new kernels) rc=$?"
     grep -E '^(PASS|FAIL)|CHECK' "$O/e2e-pf-new.txt" | head -6
