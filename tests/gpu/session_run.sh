@@ -20,7 +20,8 @@
 #             (k_attn_prefill.cu, TL_ATTN_WG): the prefill MoE, GEMM and attention tests (every
 #             tile, 6 and 7 included; both attention kernels) and a memcheck, then
 #             bench/env_ab.sh METRIC=prefill at 1K, 4K and 16K with each off and on, and with
-#             4096-token prefill chunks (TL_CUDA_MAX_TOK)
+#             4096-token prefill chunks (TL_CUDA_MAX_TOK); then decode batches of 64 and 256
+#             with the wgr tiles forced on every 4-bit GEMM
 #   kbench    dev/kernels/prefill_bench (build/cuda/dev/prefill_bench, built beforehand): every
 #             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
 # Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench]
@@ -81,6 +82,12 @@ if has prefill; then
         VARIANTS="-; TL_CUDA_PF_PDL=0; TL_MOE_WGR=2; TL_MOE_WGR=4; TL_DENSE_WGR=2; TL_DENSE_WGR=4; TL_ATTN_WG=1; \
 TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=4096 TL_MOE_WGR=4 TL_DENSE_WGR=4 TL_ATTN_WG=1" \
         timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
+    echo "== the wgr tiles forced on decode batches (B = 64, 256 at context 256)"
+    for b in 64 256; do
+        ARGS="--random-weights --bits 4 --batch $b" LEN=256 GEN=32 \
+            VARIANTS="-; TL_GEMM_TILE=6; TL_GEMM_TILE=7" timeout 200 bash bench/env_ab.sh 2>&1 |
+            tee "$O/wgr-batch$b.txt"
+    done
 fi
 if has kbench; then
     echo "== prefill kernels (dev/kernels/prefill_bench)"
