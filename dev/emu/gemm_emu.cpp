@@ -9,7 +9,8 @@
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
  * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
  * attention, the validated mma.sync kernel and the wgmma one (TL_ATTN_WG=1), against a double
- * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs. The emulation runs a
+ * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
+ * RMSNorms (k_norm.cu). The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
  * hazard can show here, only indexing and arithmetic. */
 #define gm_smem     emu_smem
@@ -21,6 +22,7 @@
 #include "cuda/k_gemm_wgr.cu"
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
+#include "cuda/k_norm.cu"
 
 extern "C" {
 #include "t_check.h"
@@ -290,7 +292,45 @@ static void test_attention(void) {
     attn_case(64, 130, 1, 1, 1); /* f32 q and gate, paged cache */
 }
 
+/* ---- the bf16 norms of the prefill path (k_norm.cu) ---- */
+static void test_norms(void) {
+    const int rows = 3, n = TL_N_EMBD, T = 4, nv = 32, ld = 12416, zo = 8192;
+    float *x = rand_vec(&rs, (size_t)rows * n, 3.0f), *w = rand_vec(&rs, n, 1.0f);
+    uint16_t *y = (uint16_t *)xmalloc((size_t)rows * n * 2), *l = (uint16_t *)xmalloc((size_t)rows * n * 2);
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(y, l, x, w, rows, n, 1e-6f, NULL), 0);
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int c = 0; c < n; c++) ss += (double)x[r * n + c] * x[r * n + c];
+        double inv = 1.0 / sqrt(ss / n + 1e-6);
+        for (int c = 0; c < n; c++) {
+            double ref = x[r * n + c] * inv * w[c], hi = bf2f(y[r * n + c]);
+            bad += fabs(hi - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+            bad += fabs(hi + bf2f(l[r * n + c]) - ref) > fabs(ref) * 0x1p-16 + 1e-6;
+        }
+    }
+    float *o = rand_vec(&rs, (size_t)T * nv * 128, 2.0f), *proj = rand_vec(&rs, (size_t)T * ld, 3.0f);
+    float *w2 = rand_vec(&rs, 128, 1.0f);
+    uint16_t *g = (uint16_t *)xmalloc((size_t)T * nv * 128 * 2);
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_bf16(g, o, proj, ld, zo, w2, nv, T, 1e-6f, NULL), 0);
+    for (int p = 0; p < T * nv; p++) {
+        int t = p / nv, h = p % nv;
+        double ss = 0;
+        for (int c = 0; c < 128; c++) ss += (double)o[p * 128 + c] * o[p * 128 + c];
+        double inv = 1.0 / sqrt(ss / 128 + 1e-6);
+        for (int c = 0; c < 128; c++) {
+            double z = proj[(size_t)t * ld + zo + h * 128 + c];
+            double ref = o[p * 128 + c] * inv * w2[c] * z / (1.0 + exp(-z));
+            bad += fabs(bf2f(g[p * 128 + c]) - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+        }
+    }
+    printf("# norms: %d values outside one bf16 rounding\n", bad);
+    CHECK_EQ_INT(bad, 0);
+    free(x), free(w), free(y), free(l), free(o), free(proj), free(w2), free(g);
+}
+
 int main(void) {
+    T_RUN(test_norms);
     T_RUN(test_attention);
     T_RUN(test_dense_validated);
     T_RUN(test_moe_small);

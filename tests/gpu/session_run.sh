@@ -67,6 +67,9 @@ if has prefill; then
         echo "$t rc=$?"
         grep -E '^(PASS|FAIL)|tile=[67]|wgmma|CHECK' "$O/pf-$t.txt" | head -16
     done
+    T_ONLY=test_norms_bf16 timeout 60 build/cuda/tests/test_kernels >"$O/norms.txt" 2>&1
+    echo "test_norms_bf16 (vectorised bf16 norms) rc=$?"
+    grep -E '^(PASS|FAIL)|^# (rms|gated)|CHECK' "$O/norms.txt" | head -6
     echo "== the prefill-path e2e tests with every new prefill kernel on"
     TL_GEMM_TILE=7 TL_ATTN_WG=1 T_ONLY=test_prefill_gemm_vs_decode timeout 200 \
         build/cuda/tests/test_gpu_e2e >"$O/e2e-pf-new.txt" 2>&1

@@ -1863,6 +1863,74 @@ static void test_sample_count_bits(void) {
     }
 }
 
+/* The bf16 RMSNorms of the prefill path (k_norm.cu) against the host in double: rmsnorm_bf16x2 at
+ * the model's width (the vectorised path) and at 200 columns (the strided one), its low plane
+ * included; the gated norm of the GDN output with z read through the strided projection. Each
+ * bf16 output within one rounding (2^-8 relative) of the reference, hi + lo within 2^-16;
+ * misaligned z offsets are refused. */
+static void norms_bf16_rms_case(int rows, int n) {
+    float *x = rand_vec((size_t)rows * n, 3.0f, &rs), *w = rand_vec(n, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * rows * n), *dw = dev_from(w, sizeof(float) * n);
+    uint16_t *dy = tl_gpu_malloc((size_t)rows * n * 2), *dl = tl_gpu_malloc((size_t)rows * n * 2);
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(dy, dl, dx, dw, rows, n, 1e-6f, NULL), 0);
+    uint16_t *y = xmalloc((size_t)rows * n * 2), *l = xmalloc((size_t)rows * n * 2);
+    tl_gpu_download(y, dy, (size_t)rows * n * 2);
+    tl_gpu_download(l, dl, (size_t)rows * n * 2);
+    int bad_hi = 0, bad_lo = 0;
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int c = 0; c < n; c++) ss += (double)x[(size_t)r * n + c] * x[(size_t)r * n + c];
+        double inv = 1.0 / sqrt(ss / n + 1e-6);
+        for (int c = 0; c < n; c++) {
+            size_t i = (size_t)r * n + c;
+            double ref = x[i] * inv * w[c], hi = tl_bf16_to_f32(y[i]);
+            bad_hi += fabs(hi - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+            bad_lo += fabs(hi + tl_bf16_to_f32(l[i]) - ref) > fabs(ref) * 0x1p-16 + 1e-6;
+        }
+    }
+    printf("# rmsnorm_bf16x2 %d x %d: %d outside one bf16 rounding, %d hi+lo outside 2^-16\n", rows,
+           n, bad_hi, bad_lo);
+    CHECK_EQ_INT(bad_hi, 0);
+    CHECK_EQ_INT(bad_lo, 0);
+    tl_gpu_free(dx), tl_gpu_free(dw), tl_gpu_free(dy), tl_gpu_free(dl);
+    free(x), free(w), free(y), free(l);
+}
+static void norms_bf16_gated_case(int n, int nv, int ld, int z_off) {
+    size_t no = (size_t)n * nv * 128;
+    float *o = rand_vec(no, 2.0f, &rs), *proj = rand_vec((size_t)n * ld, 3.0f, &rs);
+    float *w = rand_vec(128, 1.0f, &rs);
+    float *d_o = dev_from(o, no * 4), *dp = dev_from(proj, (size_t)n * ld * 4),
+          *dw = dev_from(w, 128 * 4);
+    uint16_t *dy = tl_gpu_malloc(no * 2), *y = xmalloc(no * 2);
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_bf16(dy, d_o, dp, ld, z_off, dw, nv, n, 1e-6f, NULL), 0);
+    tl_gpu_download(y, dy, no * 2);
+    int bad = 0;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nv; h++) {
+            const float *ov = o + ((size_t)t * nv + h) * 128;
+            double ss = 0;
+            for (int c = 0; c < 128; c++) ss += (double)ov[c] * ov[c];
+            double inv = 1.0 / sqrt(ss / 128 + 1e-6);
+            for (int c = 0; c < 128; c++) {
+                double z = proj[(size_t)t * ld + z_off + h * 128 + c];
+                double ref = ov[c] * inv * w[c] * (z / (1.0 + exp(-z)));
+                double got = tl_bf16_to_f32(y[((size_t)t * nv + h) * 128 + c]);
+                bad += fabs(got - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+            }
+        }
+    printf("# gated_rmsnorm_bf16 %d tokens x %d heads: %d outside one bf16 rounding\n", n, nv, bad);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_bf16(dy, d_o, dp, ld, z_off + 2, dw, nv, n, 1e-6f, NULL),
+                 TL_ERR_INVALID);
+    tl_gpu_free(d_o), tl_gpu_free(dp), tl_gpu_free(dw), tl_gpu_free(dy);
+    free(o), free(proj), free(w), free(y);
+}
+static void test_norms_bf16(void) {
+    norms_bf16_rms_case(5, TL_N_EMBD);
+    norms_bf16_rms_case(3, 200);
+    norms_bf16_gated_case(7, 32, 12416, 8192);
+}
+
 int main(void) {
     char err[256];
     if (tl_gpu_init(0, err, sizeof err)) {
@@ -1900,5 +1968,6 @@ int main(void) {
     T_RUN(test_sample_law);
     T_RUN(test_slice_kernels); /* appended: the tests above keep their random draws */
     T_RUN(test_sample_count_bits);
+    T_RUN(test_norms_bf16);
     return t_summary();
 }
