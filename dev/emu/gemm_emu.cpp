@@ -10,7 +10,7 @@
  * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
  * attention, the validated mma.sync kernel and the wgmma one (TL_ATTN_WG=1), against a double
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
- * RMSNorms (k_norm.cu). The emulation runs a
+ * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host. The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
  * hazard can show here, only indexing and arithmetic. */
 #define gm_smem     emu_smem
@@ -329,7 +329,37 @@ static void test_norms(void) {
     free(x), free(w), free(y), free(l), free(o), free(proj), free(w2), free(g);
 }
 
+/* ---- the MoE plan (k_moe.cu) against a host counting sort ---- */
+static void test_plan(void) {
+    const int n_tok = 300, A = n_tok * 8;
+    static const int counts[4] = {290, 130, 64, 1};
+    int32_t *ids = (int32_t *)xmalloc(A * 4);
+    moe_ids(ids, n_tok, counts, 4);
+    int32_t *plan = (int32_t *)xmalloc(tl_gpu_moe_pf_plan_ints(n_tok) * 4);
+    CHECK_EQ_INT(tl_gpu_moe_pf_plan(plan, ids, n_tok, NULL), 0);
+    int cnt[256] = {0}, bad = 0;
+    for (int a = 0; a < A; a++) cnt[ids[a]]++;
+    int o = 0, t1 = 0, t2 = 0, t3 = 0;
+    for (int e = 0; e <= 256; e++) {
+        bad += plan[PLAN_OFF + e] != o || plan[PLAN_TS128 + e] != t1 ||
+               plan[PLAN_TS64 + e] != t2 || plan[PLAN_TS16 + e] != t3;
+        if (e == 256) break;
+        o += cnt[e], t1 += (cnt[e] + 127) / 128, t2 += (cnt[e] + 63) / 64, t3 += (cnt[e] + 15) / 16;
+    }
+    char *seen = (char *)calloc(A, 1);
+    for (int e = 0; e < 256; e++)
+        for (int m = plan[PLAN_OFF + e]; m < plan[PLAN_OFF + e + 1]; m++) {
+            int a = plan[PLAN_PERM + m];
+            bad += a < 0 || a >= A || seen[a] || ids[a] != e;
+            if (a >= 0 && a < A) seen[a] = 1;
+        }
+    printf("# plan of %d assignments: %d mismatches against the host counting sort\n", A, bad);
+    CHECK_EQ_INT(bad, 0);
+    free(ids), free(plan), free(seen);
+}
+
 int main(void) {
+    T_RUN(test_plan);
     T_RUN(test_norms);
     T_RUN(test_attention);
     T_RUN(test_dense_validated);

@@ -701,40 +701,66 @@ extern "C" int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, 
 
 /* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
  * plan: off[257] (prefix of counts), tile prefixes for 128-, 64- and 16-row tiles, perm[n*8].
- * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
- *   cannot change any result: each output row depends only on its own input row). */
+ * threads: one block of 1024. Counting and placing are warp-aggregated: the lanes of a warp that
+ *   hold the same expert (__match_any_sync) add their number with one shared-memory atomic and
+ *   take consecutive places by their rank among themselves, so a hot expert costs one atomic a
+ *   warp, not 32. The four prefixes are block scans (warp shuffles, then across the 8 warps of
+ *   the first 256 threads), not one thread's loop. The order inside an expert is arbitrary, which
+ *   cannot change any result: each output row depends only on its own input row. */
+static __device__ __forceinline__ int plan_warp_incl_scan(int v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
+/* Thread e < 256 writes the exclusive prefix of v over e into plan[at + e] (and the total into
+ * plan[at + 256]); sw: 8 ints of shared memory. Every thread of the block calls it. */
+static __device__ __forceinline__ int plan_prefix(int32_t *plan, int at, int v, int *sw) {
+    const int e = threadIdx.x, lane = e & 31, w = e >> 5;
+    int incl = e < 256 ? plan_warp_incl_scan(v, lane) : 0;
+    if (e < 256 && lane == 31) sw[w] = incl;
+    __syncthreads();
+    int before = 0;
+    if (e < 256)
+        for (int k = 0; k < w; k++) before += sw[k];
+    int excl = before + incl - v;
+    if (e < 256) plan[at + e] = excl;
+    if (e == 255) plan[at + 256] = excl + v;
+    __syncthreads(); /* sw is reused by the next prefix */
+    return excl;
+}
+
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
-    __shared__ int cnt[256], cur[256];
+    __shared__ int cnt[256], cur[256], sw[8];
+    const int lane = threadIdx.x & 31;
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
-        int e = ids[a];
-        if (e >= 0 && e < 256) atomicAdd(&cnt[e], 1);
+    for (int base = 0; base < n_asg;
+         base += blockDim.x) { /* whole warps: the match is collective */
+        int a = base + threadIdx.x, e = a < n_asg ? ids[a] : -1;
+        unsigned m = __match_any_sync(0xffffffffu, e);
+        if (e >= 0 && e < 256 && lane == __ffs(m) - 1) atomicAdd(&cnt[e], __popc(m));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, t = 0, t64 = 0, t16 = 0;
-        for (int e = 0; e < 256; e++) {
-            plan[PLAN_OFF + e] = o;
-            plan[PLAN_TS128 + e] = t;
-            plan[PLAN_TS64 + e] = t64;
-            plan[PLAN_TS16 + e] = t16;
-            cur[e] = o;
-            o += cnt[e];
-            t += (cnt[e] + 127) / 128;
-            t64 += (cnt[e] + 63) / 64;
-            t16 += (cnt[e] + 15) / 16;
-        }
-        plan[PLAN_OFF + 256] = o;
-        plan[PLAN_TS128 + 256] = t;
-        plan[PLAN_TS64 + 256] = t64;
-        plan[PLAN_TS16 + 256] = t16;
-    }
+    int c = threadIdx.x < 256 ? cnt[threadIdx.x] : 0;
+    int o = plan_prefix(plan, PLAN_OFF, c, sw);
+    plan_prefix(plan, PLAN_TS128, (c + 127) / 128, sw);
+    plan_prefix(plan, PLAN_TS64, (c + 63) / 64, sw);
+    plan_prefix(plan, PLAN_TS16, (c + 15) / 16, sw);
+    if (threadIdx.x < 256) cur[threadIdx.x] = o;
     __syncthreads();
-    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
-        int e = ids[a];
-        if (e >= 0 && e < 256) plan[PLAN_PERM + atomicAdd(&cur[e], 1)] = a;
+    for (int base = 0; base < n_asg; base += blockDim.x) {
+        int a = base + threadIdx.x, e = a < n_asg ? ids[a] : -1;
+        unsigned m = __match_any_sync(0xffffffffu, e);
+        int leader = __ffs(m) - 1, pos = 0;
+        bool ok = e >= 0 && e < 256;
+        if (ok && lane == leader) pos = atomicAdd(&cur[e], __popc(m));
+        pos = __shfl_sync(0xffffffffu, pos, leader);
+        if (ok) plan[PLAN_PERM + pos + __popc(m & ((1u << lane) - 1))] = a;
     }
 }
 

@@ -148,6 +148,11 @@ static inline float __shfl_up_sync(unsigned m, float v, int off) {
     int l = (int)(threadIdx.x & 31) - off;
     return emu_shfl(v, l < 0 ? (int)(threadIdx.x & 31) : l);
 }
+static inline int __shfl_up_sync(unsigned m, int v, int off) {
+    (void)m;
+    int l = (int)(threadIdx.x & 31) - off;
+    return (int)emu_shfl_u((uint32_t)v, l < 0 ? (int)(threadIdx.x & 31) : l);
+}
 
 static inline uint32_t tf32_of(float x) {
     uint32_t u = __float_as_uint(x);
