@@ -814,11 +814,16 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
             }
         }
         size_t base = (size_t)t * n_embd + c0;
-        if (out_f32) {
-            for (int i = 0; i < 8; i++) {
-                float r = res ? ((const float *)res)[base + i] : 0.f;
-                ((float *)out)[base + i] = r + acc[i];
+        if (out_f32) { /* 16-byte loads and stores: the same sums */
+            float4 r0 = make_float4(0.f, 0.f, 0.f, 0.f), r1 = r0;
+            if (res) {
+                r0 = *(const float4 *)((const float *)res + base);
+                r1 = *(const float4 *)((const float *)res + base + 4);
             }
+            *(float4 *)((float *)out + base) =
+                make_float4(r0.x + acc[0], r0.y + acc[1], r0.z + acc[2], r0.w + acc[3]);
+            *(float4 *)((float *)out + base + 4) =
+                make_float4(r1.x + acc[4], r1.y + acc[5], r1.z + acc[6], r1.w + acc[7]);
         } else {
             uint32_t o[4];
             for (int i = 0; i < 4; i++) {
