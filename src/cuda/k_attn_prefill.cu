@@ -37,6 +37,12 @@ ap_tile_base(const tl_gpu_kv_view &kv, const uint16_t *base, int kpos0, int kvh)
     return base + (size_t)kpos0 * kv.tok_stride + kvh * AP_D;
 }
 
+/* The sum of v over the 4 lanes of a quad (the lanes holding one fragment row). */
+static __device__ __forceinline__ float ap_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 /* The online softmax of one 64-key tile on the score fragments (the mma.sync and wgmma D layout:
  * s[4j + c] = row g + 8 (c >> 1) of the warp, key kbase + 8j + 2t + (c & 1)): scales by
  * 1/16 log2(e), masks the keys after the row's query (diag: the tile may hold some), updates the
@@ -209,10 +215,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
 
     /* finish the row sums across the quad, normalise, gate, store */
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        lrow[hr] += __shfl_xor_sync(0xffffffffu, lrow[hr], 1);
-        lrow[hr] += __shfl_xor_sync(0xffffffffu, lrow[hr], 2);
-    }
+    for (int hr = 0; hr < 2; hr++) lrow[hr] = ap_quad_sum(lrow[hr]);
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         int t = q0 + warp * 16 + (lane >> 2) + hr * 8;
@@ -409,8 +412,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     /* row sums across the quad, then O^T / l through shared memory as [query][dim] f32 */
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-        lrow[hr] += __shfl_xor_sync(0xffffffffu, lrow[hr], 1);
-        lrow[hr] += __shfl_xor_sync(0xffffffffu, lrow[hr], 2);
+        lrow[hr] = ap_quad_sum(lrow[hr]);
         if (t == 0) s_l[warp * 16 + g + 8 * hr] = lrow[hr];
     }
     __syncthreads();
