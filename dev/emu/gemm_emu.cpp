@@ -10,7 +10,8 @@
  * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
  * attention, the validated mma.sync kernel and the wgmma one (TL_ATTN_WG=1), against a double
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
- * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host. The emulation runs a
+ * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host; the decode GDN step cut by
+ * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu). The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
  * hazard can show here, only indexing and arithmetic. */
 #define gm_smem     emu_smem
@@ -23,6 +24,7 @@
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
 #include "cuda/k_norm.cu"
+#include "cuda/k_gdn_decode.cu"
 
 extern "C" {
 #include "t_check.h"
@@ -358,7 +360,37 @@ static void test_plan(void) {
     free(ids), free(plan), free(seen);
 }
 
+/* ---- the decode GDN step: gdn_step vs gdn_cols + the f32 gated norm (TL_GDN_COLS=1) ---- */
+static void test_gdn_cols(void) {
+    const int nk = 16, nv = 32, D = 128, T = 3, conv = 2 * nk * D + nv * D, val = nv * D;
+    const int ld = conv + val + 2 * nv + 16, zo = conv, bo = conv + val, ao = bo + nv;
+    float *qkv = rand_vec(&rs, (size_t)T * conv, 1.0f), *proj = rand_vec(&rs, (size_t)T * ld, 2.0f);
+    float *dtb = rand_vec(&rs, nv, 1.0f), *nw = rand_vec(&rs, D, 1.0f), *an = rand_vec(&rs, nv, 1.0f);
+    for (int h = 0; h < nv; h++) an[h] = -(1.0f + 7.0f * (1.0f + an[h]));
+    size_t SN = (size_t)nv * D * D;
+    float *S0 = rand_vec(&rs, SN, 0.3f), *S1 = (float *)xmalloc(SN * 4), *S2 = (float *)xmalloc(SN * 4);
+    memcpy(S1, S0, SN * 4), memcpy(S2, S0, SN * 4);
+    int32_t slot = 0, tok0 = 0, n = T, pos0 = 0;
+    tl_gpu_seqs sq = {};
+    sq.seg_slot = &slot, sq.seg_tok0 = &tok0, sq.seg_n = &n, sq.seg_pos0 = &pos0, sq.n_seg = 1, sq.n_tok = T;
+    float *y1 = (float *)xmalloc((size_t)T * val * 4), *y2 = (float *)xmalloc((size_t)T * val * 4);
+    CHECK_EQ_INT(tl_gpu_gdn(y1, S1, 0, qkv, proj, ld, zo, bo, ao, dtb, an, nw, nk, nv, 1e-6f, &sq,
+                            NULL, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_gdn_raw(y2, S2, 0, qkv, proj, ld, bo, ao, dtb, an, nk, nv, &sq, NULL, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_f32(y2, y2, proj, ld, zo, nw, nv, T, 1e-6f, NULL), 0);
+    double *r1 = (double *)xmalloc((size_t)T * val * 8), *rs1 = (double *)xmalloc(SN * 8);
+    for (size_t i = 0; i < (size_t)T * val; i++) r1[i] = y1[i];
+    for (size_t i = 0; i < SN; i++) rs1[i] = S1[i];
+    double ey = nmse(y2, r1, (size_t)T * val), es = nmse(S2, rs1, SN);
+    printf("# gdn decode, cols + gated norm vs gdn_step: output nmse %.2e, state nmse %.2e\n", ey, es);
+    CHECK(ey < 1e-11);
+    CHECK(es < 1e-11);
+    free(qkv), free(proj), free(dtb), free(nw), free(an), free(S0), free(S1), free(S2);
+    free(y1), free(y2), free(r1), free(rs1);
+}
+
 int main(void) {
+    T_RUN(test_gdn_cols);
     T_RUN(test_plan);
     T_RUN(test_norms);
     T_RUN(test_attention);

@@ -159,6 +159,7 @@ typedef struct cuda_be {
     int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
     int tc_pdl;     /* the batched tensor-core path under PDL (TL_CUDA_TC_PDL=0: without) */
     int pf_pdl;     /* a prefill chunk's layers under PDL (TL_CUDA_PF_PDL=0: without) */
+    int gdn_cols;   /* decode kernels: GDN step as gdn_cols + the gated norm (TL_GDN_COLS=1) */
     int mix;        /* long chunks share micro-batches with the short entries (batch_plan.h
                        tl_mb_begin_mixed): the tensor-core path on, tc_min <= CB_PF_MIN, and not
                        TL_CUDA_NO_MIX=1 */

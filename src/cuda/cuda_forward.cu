@@ -158,9 +158,17 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
         TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                           ring_of(&x->cring), x->st));
     }
-    TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off, x->b_off,
-                   x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head,
-                   eps, x->s, ring_of(&x->rring), x->st));
+    if (be->gdn_cols) { /* 4 blocks a head (all SMs at batch 1), then the gated norm */
+        TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
+                           x->a_off, L->dt_bias, L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s,
+                           ring_of(&x->rring), x->st));
+        TRY(tl_gpu_gated_rmsnorm_f32(be->y, be->y, be->proj, ld, x->z_off, L->gdn_norm,
+                                     c->gdn_n_v_head, T, eps, x->st));
+    } else {
+        TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off,
+                       x->b_off, x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head,
+                       c->gdn_n_v_head, eps, x->s, ring_of(&x->rring), x->st));
+    }
     return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, x->st);
 }
 

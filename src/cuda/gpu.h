@@ -278,6 +278,9 @@ int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const v
 int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
                               int z_off, const float *w, int nv, int n, float eps,
                               const tl_gpu_stream *st);
+/* The same with y f32 (y may be o): the decode path after tl_gpu_gdn_raw (TL_GDN_COLS=1). */
+int tl_gpu_gated_rmsnorm_f32(float *y, const float *o, const float *proj, int ld_proj, int z_off,
+                             const float *w, int nv, int n, float eps, const tl_gpu_stream *st);
 
 /* ====== Gated attention (docs/model.md §2.2, §2.3) ======
  * Paged KV cache. Per attention layer, K and V are each a pool of pages of TL_KV_PAGE tokens,

@@ -92,17 +92,19 @@ extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, 
     return 0;
 }
 
-/* gated_rmsnorm_bf16_kernel  (docs/model.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
+/* gated_rmsnorm_kernel  (docs/model.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
  *   y[t, h*128 + c] = o[t,h,c] / sqrt(mean_c(o[t,h]^2) + eps) * w[c] * silu(z[t, h*128 + c])
  * Shapes: o [n, nv*128] f32; z at proj[t*ld_proj + z_off + ...] (ld_proj, z_off multiples of 4);
- * y [n, nv*128] bf16.
+ * y [n, nv*128] bf16 (the GEMM paths) or f32 (F32: the decode path after gdn_cols; y may be o).
  * Threads: one warp per (token, head), 8 a block: a lane owns 4 contiguous values (float4 of o
- *   and z, one 8-byte store), the sum of squares by warp shuffles. (One block of 128 per (token,
- *   head) with a block reduction ran at ~40% of the bandwidth: 64K tiny blocks at 2K tokens.)
- * Tested against the host (test_kernels.c: test_norms_bf16) and with the prefill path. */
-__global__ void gated_rmsnorm_bf16_kernel(uint16_t *y, const float *o, const float *proj,
-                                          int ld_proj, int z_off, const float *w, int nv, int n,
-                                          float eps) {
+ *   and z, one 8- or 16-byte store after all its reads), the sum of squares by warp shuffles.
+ *   (One block of 128 per (token, head) with a block reduction ran at ~40% of the bandwidth:
+ *   64K tiny blocks at 2K tokens.)
+ * Tested against the host (test_kernels.c: test_norms_bf16, test_gdn_cols_norm) and with the
+ * prefill path. */
+template <bool F32>
+__global__ void gated_rmsnorm_kernel(void *y, const float *o, const float *proj, int ld_proj,
+                                     int z_off, const float *w, int nv, int n, float eps) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     int pair = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (pair >= n * nv) return; /* warp-uniform */
@@ -113,20 +115,33 @@ __global__ void gated_rmsnorm_bf16_kernel(uint16_t *y, const float *o, const flo
     float inv = rsqrtf(ss / 128.0f + eps);
     float4 z = *(const float4 *)(proj + (size_t)t * ld_proj + z_off + h * 128 + c);
     float4 wv = *(const float4 *)(w + c);
-    uint32_t lo = bf16x2_pack(v.x * inv * wv.x * silu_f(z.x), v.y * inv * wv.y * silu_f(z.y));
-    uint32_t hi = bf16x2_pack(v.z * inv * wv.z * silu_f(z.z), v.w * inv * wv.w * silu_f(z.w));
-    *(uint2 *)(y + i) = make_uint2(lo, hi);
+    float4 r = make_float4(v.x * inv * wv.x * silu_f(z.x), v.y * inv * wv.y * silu_f(z.y),
+                           v.z * inv * wv.z * silu_f(z.z), v.w * inv * wv.w * silu_f(z.w));
+    if (F32)
+        *(float4 *)((float *)y + i) = r;
+    else
+        *(uint2 *)((uint16_t *)y + i) = make_uint2(bf16x2_pack(r.x, r.y), bf16x2_pack(r.z, r.w));
 }
 
-extern "C" int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj,
-                                         int ld_proj, int z_off, const float *w, int nv, int n,
-                                         float eps, const tl_gpu_stream *st) {
+template <bool F32>
+static int gated_rmsnorm(void *y, const float *o, const float *proj, int ld_proj, int z_off,
+                         const float *w, int nv, int n, float eps, const tl_gpu_stream *st) {
     if (n <= 0) return 0;
     if (ld_proj % 4 || z_off % 4) return TL_ERR_INVALID;
     unsigned blocks = (unsigned)(((long)n * nv + 7) / 8);
-    TL_LAUNCH(st, "gated_rmsnorm_bf16", gated_rmsnorm_bf16_kernel, dim3(blocks), dim3(256), 0, y, o,
-              proj, ld_proj, z_off, w, nv, n, eps);
+    TL_LAUNCH(st, F32 ? "gated_rmsnorm_f32" : "gated_rmsnorm_bf16", gated_rmsnorm_kernel<F32>,
+              dim3(blocks), dim3(256), 0, y, o, proj, ld_proj, z_off, w, nv, n, eps);
     return 0;
+}
+extern "C" int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj,
+                                         int ld_proj, int z_off, const float *w, int nv, int n,
+                                         float eps, const tl_gpu_stream *st) {
+    return gated_rmsnorm<false>(y, o, proj, ld_proj, z_off, w, nv, n, eps, st);
+}
+extern "C" int tl_gpu_gated_rmsnorm_f32(float *y, const float *o, const float *proj, int ld_proj,
+                                        int z_off, const float *w, int nv, int n, float eps,
+                                        const tl_gpu_stream *st) {
+    return gated_rmsnorm<true>(y, o, proj, ld_proj, z_off, w, nv, n, eps, st);
 }
 
 /* cast_bf16_kernel: y[i] = bf16(x[i]) (round to nearest even), the f32 outputs of the decode

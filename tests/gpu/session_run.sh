@@ -14,7 +14,8 @@
 #   levers    the batch-1 kernel levers (docs/architecture.md §5.2): their kernel tests first
 #             (test_slice_kernels, test_sample_count_bits; memcheck of the first), then
 #             bench/env_ab.sh at 4K over $VARIANTS (default: all off, all on, each off alone,
-#             two slice blocks an SM), the same with --speculative-tokens 3, and the per-kernel
+#             two slice blocks an SM, the GDN step cut by columns), the same with
+#             --speculative-tokens 3, and the per-kernel
 #             table of one decode step (--prof) with the levers off and on
 #   prefill   the wgr kernel (k_gemm_wgr.cu, TL_MOE_WGR, TL_DENSE_WGR) and the wgmma attention
 #             (k_attn_prefill.cu, TL_ATTN_WG): the prefill MoE, GEMM and attention tests (every
@@ -46,7 +47,7 @@ if has levers; then
         build/cuda/tests/test_kernels >"$O/memcheck-levers.txt" 2>&1
     echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-levers.txt")"
     off="TL_GEMV_SLICE=0 TL_GEMV_ROWS=0 TL_MOE_SLICE=0"
-    v=${VARIANTS:-"$off; -; TL_GEMV_SLICE=0; TL_GEMV_ROWS=0; TL_MOE_SLICE=0; TL_GEMV_SLICE=2"}
+    v=${VARIANTS:-"$off; -; TL_GEMV_SLICE=0; TL_GEMV_ROWS=0; TL_MOE_SLICE=0; TL_GEMV_SLICE=2; TL_GDN_COLS=1"}
     echo "== levers, decode at 4K"
     VARIANTS=$v timeout 300 bash bench/env_ab.sh 2>&1 | tee "$O/levers.txt"
     echo "== levers, --speculative-tokens 3"

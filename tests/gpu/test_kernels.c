@@ -616,6 +616,11 @@ static void gdn_case(int bf16) {
     float *got_raw = host_from(dy, (size_t)T * val), *gS2 = state_from(dS, SN, bf16);
     check_nmse("gdn raw output (cols)", got_raw, ref_raw, (size_t)T * val, 1e-9);
     check_nmse("gdn state (cols)", gS2, S_ref, SN, bf16 ? 1e-8 : 1e-9);
+    /* the decode path with TL_GDN_COLS=1: the gated norm (f32, in place) after the column cut */
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_f32(dy, dy, dproj, ld_proj, z_off, dnw, nv, T, eps, NULL), 0);
+    float *got_cn = host_from(dy, (size_t)T * val);
+    check_nmse("gdn output (cols + gated norm)", got_cn, ref, (size_t)T * val, 1e-9);
+    free(got_cn);
     free(got_raw), free(gS2), free(ref_raw);
     tl_gpu_free(dqkv), tl_gpu_free(dproj), tl_gpu_free(ddtb), tl_gpu_free(daneg), tl_gpu_free(dnw);
     tl_gpu_free(dS), tl_gpu_free(dy), tl_gpu_free(d.buf);
