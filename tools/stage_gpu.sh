@@ -50,7 +50,7 @@ for spec in "$@"; do
     mkdir -p "$out/tests" "$out/dev"
     cp "$dir/build/cuda/tulip" "$out/"
     for t in $tests; do cp "$dir/$t" "$out/tests/"; done
-    for d in $devs; do [ -f "$dir/$d" ] && cp "$dir/$d" "$out/dev/"; done
+    for d in $devs; do cp "$dir/$d" "$out/dev/"; done
     find "$out" -type f -exec objcopy --strip-debug {} \;
     names+=("$name")
 done

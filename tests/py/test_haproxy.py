@@ -124,27 +124,24 @@ class Balancer:
         s.close()
         return out.decode()
 
-    def states(self):
-        """{server name: status} of backend tulip_affinity, from `show stat`."""
-        lines = self.admin("show stat").splitlines()
-        hdr = lines[0].lstrip("# ").split(",")
-        out = {}
-        for ln in lines[1:]:
-            row = dict(zip(hdr, ln.split(",")))
-            if row.get("pxname") == "tulip_affinity" and row.get("svname", "").startswith("r"):
-                out[row["svname"]] = row["status"]
-        return out
-
-    def scur(self, backend="tulip_leastconn"):
-        """{server name: sessions in flight} of a backend, from `show stat`."""
+    def servers(self, backend, field):
+        """{server name: field} of a backend's replicas, from `show stat`."""
         lines = self.admin("show stat").splitlines()
         hdr = lines[0].lstrip("# ").split(",")
         out = {}
         for ln in lines[1:]:
             row = dict(zip(hdr, ln.split(",")))
             if row.get("pxname") == backend and row.get("svname", "").startswith("r"):
-                out[row["svname"]] = int(row["scur"] or 0)
+                out[row["svname"]] = row[field]
         return out
+
+    def states(self):
+        """{server name: status} of backend tulip_affinity."""
+        return self.servers("tulip_affinity", "status")
+
+    def scur(self, backend="tulip_leastconn"):
+        """{server name: sessions in flight} of a backend."""
+        return {k: int(v or 0) for k, v in self.servers(backend, "scur").items()}
 
     def wait_states(self, want, timeout=15):
         deadline = time.time() + timeout
@@ -181,6 +178,17 @@ class Balancer:
 # held confirm it with haproxy's own count of sessions in flight (Balancer.scur) and retry.
 BIG_STREAM = {"max_tokens": 3000, "ignore_eos": True, "stream": True, "logprobs": True,
               "top_logprobs": 20}
+
+
+def open_big_stream(port, headers=None, timeout=60):
+    """BIG_STREAM through the balancer, its first bytes read: (connection, response)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/chat/completions",
+              json.dumps({"messages": [{"role": "user", "content": "x"}], **BIG_STREAM}),
+              {"Content-Type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    r.read1(32)
+    return c, r
 
 
 def chat(port, headers=None, user=None, max_tokens=4, timeout=30):
@@ -242,14 +250,8 @@ def test_two_replicas_behind_haproxy():
         # finishes it early and the premise no longer holds, so the hold is opened again.
         confirmed = 0
         for _ in range(8):
-            hold = http.client.HTTPConnection("127.0.0.1", bal.port, timeout=60)
-            hold.request("POST", "/v1/chat/completions",
-                         json.dumps({"messages": [{"role": "user", "content": "x"}],
-                                     **BIG_STREAM}),
-                         {"Content-Type": "application/json"})
-            hr = hold.getresponse()
+            hold, hr = open_big_stream(bal.port)
             busy = hr.getheader("X-Tulip-Replica")
-            hr.read1(32)
             for _ in range(3):
                 before = bal.scur().get(busy, 0)
                 st, rep, data = chat(bal.port)
@@ -270,14 +272,8 @@ def test_two_replicas_behind_haproxy():
         # the stream must still be in flight on the victim when it dies (haproxy's scur): where
         # the socket buffers swallow it whole, the replica finishes early; then open it again
         for _ in range(8):
-            sc = http.client.HTTPConnection("127.0.0.1", bal.port, timeout=30)
-            sc.request("POST", "/v1/chat/completions",
-                       json.dumps({"messages": [{"role": "user", "content": "x"}],
-                                   **BIG_STREAM}),
-                       {"Content-Type": "application/json", "X-Session-Id": "session-0"})
-            sr = sc.getresponse()
+            sc, sr = open_big_stream(bal.port, {"X-Session-Id": "session-0"}, timeout=30)
             assert sr.status == 200 and sr.getheader("X-Tulip-Replica") == victim
-            sr.read1(32)
             time.sleep(0.5)  # the replica is now blocked writing the stream nobody reads
             if bal.scur("tulip_affinity").get(victim, 0) >= 1:
                 break
