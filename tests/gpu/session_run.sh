@@ -64,7 +64,7 @@ fi
 if has prefill; then
     for t in test_moe_grouped test_gemm test_attn_prefill; do
         echo "== $t (wgr tiles 6, 7; TL_ATTN_WG)"
-        T_ONLY=$t timeout 240 build/cuda/tests/test_prefill_kernels >"$O/pf-$t.txt" 2>&1
+        T_ONLY=$t timeout 120 build/cuda/tests/test_prefill_kernels >"$O/pf-$t.txt" 2>&1
         echo "$t rc=$?"
         grep -E '^(PASS|FAIL)|tile=[67]|wgmma|CHECK' "$O/pf-$t.txt" | head -16
     done
@@ -72,12 +72,12 @@ if has prefill; then
     echo "test_norms_bf16 (vectorised bf16 norms) rc=$?"
     grep -E '^(PASS|FAIL)|^# (rms|gated)|CHECK' "$O/norms.txt" | head -6
     echo "== the prefill-path e2e tests with every new prefill kernel on"
-    TL_GEMM_TILE=7 TL_ATTN_WG=1 T_ONLY=test_prefill_gemm_vs_decode timeout 200 \
+    TL_GEMM_TILE=7 TL_ATTN_WG=1 T_ONLY=test_prefill_gemm_vs_decode timeout 150 \
         build/cuda/tests/test_gpu_e2e >"$O/e2e-pf-new.txt" 2>&1
     echo "test_prefill_gemm_vs_decode (new kernels) rc=$?"
     grep -E '^(PASS|FAIL)|CHECK' "$O/e2e-pf-new.txt" | head -6
     for t in test_moe_grouped test_attn_prefill; do
-        T_ONLY=$t timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        T_ONLY=$t timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
             build/cuda/tests/test_prefill_kernels >"$O/memcheck-$t.txt" 2>&1
         echo "memcheck $t rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-$t.txt")"
     done
