@@ -8,7 +8,7 @@
  * kernel (tiles 6 and 7: wgmma with the weights dequantized into A registers) included, through a plan
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
  * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
- * attention, the validated mma.sync kernel and the wgmma one (TL_ATTN_WG=1), against a double
+ * attention, the validated mma.sync kernel (TL_ATTN_WG=0) and the wgmma one (the default), against a double
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
  * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host; the decode GDN step cut by
  * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu). The emulation runs a
@@ -271,10 +271,7 @@ static void attn_case(int n, int pos0, int gated, int in_f32, int paged) {
     uint16_t *o = (uint16_t *)xmalloc((size_t)n * H * D * 2);
     float *of = (float *)xmalloc((size_t)n * H * D * 4);
     for (int wg = 0; wg < 2; wg++) {
-        if (wg)
-            setenv("TL_ATTN_WG", "1", 1);
-        else
-            unsetenv("TL_ATTN_WG");
+        setenv("TL_ATTN_WG", wg ? "1" : "0", 1); /* the mma.sync kernel, then the wgmma one */
         emu_smem_base = emu_smem;
         memset(o, 0xff, (size_t)n * H * D * 2);
         CHECK_EQ_INT(tl_gpu_attn_prefill(o, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);

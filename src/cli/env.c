@@ -26,7 +26,7 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_NO_PREFILL_GEMM", ENGINE_CMDS,
      "CUDA, if set: prefill through the decode kernels, not the GEMM path"},
     {"TL_CUDA_MAX_TOK=N", ENGINE_CMDS,
-     "CUDA: tokens per micro-batch, >= 16 (default 2048; no GEMM: 512)"},
+     "CUDA: tokens per micro-batch, >= 16 (default 8192; no GEMM: 512)"},
     {"TL_CUDA_TC_PDL=0", ENGINE_CMDS,
      "CUDA: the batched tensor-core path without programmatic dependent launch (A/B)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
@@ -50,16 +50,28 @@ static const env_switch env_switches[] = {
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
     {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
-     "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 (default) or 2 blocks an "
-     "SM, or 0: the persistent q4m kernel only (A/B; same bits)"},
-    {"TL_GEMV_ROWS=0", ENGINE_CMDS,
-     "CUDA: 4-bit decode GEMVs too large for the slice kernel (the LM head) on the persistent q4m "
-     "kernel instead of the rows kernel (A/B; same bits)"},
-    {"TL_MOE_SLICE=0", ENGINE_CMDS,
-     "CUDA: batch-1 MoE without the slice moe_up and the early-routing moe_down (A/B; same bits)"},
-    {"TL_GEMM_TILE=0..5", ENGINE_CMDS,
+     "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 or 2 blocks an SM; 0 "
+     "(default): the persistent q4m kernel only (A/B; same bits)"},
+    {"TL_GEMV_ROWS=1", ENGINE_CMDS,
+     "CUDA: 4-bit decode GEMVs not taken by the slice kernel on the rows kernel instead of the "
+     "persistent q4m kernel (A/B; same bits)"},
+    {"TL_MOE_SLICE=1", ENGINE_CMDS,
+     "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
+    {"TL_GDN_COLS=1", ENGINE_CMDS,
+     "CUDA: the decode kernels' GDN step as the column-cut kernel plus the f32 gated norm (A/B)"},
+    {"TL_CUDA_PF_PDL=0", ENGINE_CMDS,
+     "CUDA: a single sequence's prefill chunk without programmatic dependent launch (A/B)"},
+    {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
+     "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
+     "0: the mma.sync / wgmma tiles"},
+    {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
+     "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
+     "warpgroups, 0: the mma.sync / wgmma tiles"},
+    {"TL_ATTN_WG=0", ENGINE_CMDS,
+     "CUDA: prefill attention on the mma.sync kernel instead of the wgmma one (A/B)"},
+    {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
-     "4:64x256)"},
+     "4:64x256, wgr 6:2 7:4 warpgroups)"},
     {"TL_NORM_CHECK=0", LOAD_CMDS,
      "skip the load-time check of the RMSNorm weights' storage convention"},
     {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,

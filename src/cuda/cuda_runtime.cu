@@ -250,7 +250,7 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
                 c->gdn_n_k_head == TL_GDN_N_K_HEAD && c->gdn_n_v_head == TL_GDN_N_V_HEAD &&
                 c->n_expert == TL_N_EXPERT && c->n_expert_used == TL_N_EXPERT_USED &&
                 c->n_ff_expert == TL_N_FF_EXPERT && !env_int("TL_CUDA_NO_PREFILL_GEMM");
-    be->max_tok = be->pf_ok ? 2048 : 512;
+    be->max_tok = be->pf_ok ? 8192 : 512; /* 8192: measured (BENCHMARKS.md session 8) */
     if (getenv("TL_CUDA_MAX_TOK")) be->max_tok = TL_MAX(16, env_int("TL_CUDA_MAX_TOK"));
     be->max_out = p->max_seqs;
     be->part_rows = TL_MAX(p->max_seqs * CB_DECODE_SPLIT, 2048);

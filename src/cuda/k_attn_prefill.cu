@@ -1,7 +1,7 @@
 /* Flash-style causal prefill attention for the gated full-attention layers (head_dim 256, 16
  * query heads over 2 KV heads) on the tensor cores (mma.sync bf16, fp32 online softmax), with the
- * sigmoid output gate fused into the epilogue. Owns two kernels (mma.sync; wgmma with
- * TL_ATTN_WG=1) and tl_gpu_attn_prefill; reads
+ * sigmoid output gate fused into the epilogue. Owns two kernels (wgmma, the default; mma.sync
+ * with TL_ATTN_WG=0) and tl_gpu_attn_prefill; reads
  * the (possibly paged) bf16 KV cache, never writes it, never allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
 #include "cuda/cuda_common.cuh"
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     }
 }
 
-/* ====== The wgmma variant (TL_ATTN_WG=1). ======
+/* ====== The wgmma variant (the default; TL_ATTN_WG=0: the mma.sync one above). ======
  * math, inputs, outputs, masking: as attn_prefill_kernel (the same online softmax on the same
  *   score fragments; the final scaling divides by the row sum instead of multiplying by its
  *   inverse).
@@ -483,9 +483,9 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* TL_ATTN_WG=1: the wgmma kernel (read at each call: the tests switch it) */
+    /* the wgmma kernel unless TL_ATTN_WG=0 (read at each call: the tests switch it) */
     const char *wg = getenv("TL_ATTN_WG");
-    if (wg && atoi(wg) == 1)
+    if (!wg || !*wg || atoi(wg) != 0)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     else

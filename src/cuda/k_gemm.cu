@@ -777,13 +777,14 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
 
 /* The wgr kernel's warpgroups for a 4-bit GEMM, 0 for another kernel: TL_GEMM_TILE=6 forces 2
  * (TL_GEMM_TILE=7: 4); else TL_MOE_WGR (MoE GEMMs) or TL_DENSE_WGR (dense products) = 2 or 4
- * takes it from 512 tokens (a prefill chunk; decode batches keep their tiles). Off by default
- * until measured on the H200. note: 4 warpgroups (256 weight rows a block) halve the token
- * tile's re-reads from L2 (every block of a tile reads all of its tokens) at one block an SM. */
+ * takes it from 512 tokens (a prefill chunk; decode batches keep their tiles); default 2, `0`
+ * off (H200, BENCHMARKS.md session 8: 2 beat the old tiles by 4-5% each, 4 lost). note: 4
+ * warpgroups (256 weight rows a block) halve the token tile's re-reads from L2 at one block an
+ * SM, which measured slower. */
 static int gemm_wgr_of(const char *env, int *cached, int n_tok) {
     if (*cached < 0) {
         const char *e = getenv(env);
-        *cached = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : 0;
+        *cached = !e || !*e ? 2 : atoi(e) == 2 || atoi(e) == 4 ? atoi(e) : 0;
     }
     int f = gemm_tile_env();
     if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;

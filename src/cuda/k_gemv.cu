@@ -325,13 +325,14 @@ int cb_gemv_setup(void) {
     return 0;
 }
 
-/* Blocks a SM of the slice kernel (TL_GEMV_SLICE: 0 = off, gemv_q4m only; default 1), or what a
- * test set with tl_gpu_gemv_set_slice. */
+/* Blocks a SM of the slice kernel (TL_GEMV_SLICE: 1 or 2; default 0 = off, gemv_q4m only: the
+ * slice kernels measured slower on the H200, BENCHMARKS.md session 8), or what a test set with
+ * tl_gpu_gemv_set_slice. */
 static int gemv_slice = -1;
 static int gemv_slice_per_sm(void) {
     if (gemv_slice < 0) {
         const char *e = getenv("TL_GEMV_SLICE");
-        gemv_slice = e ? TL_MAX(0, TL_MIN(2, atoi(e))) : 1;
+        gemv_slice = e ? TL_MAX(0, TL_MIN(2, atoi(e))) : 0;
     }
     return gemv_slice;
 }
@@ -364,11 +365,12 @@ int cb_grid_cap(void) {
     return grid_cap;
 }
 
-/* The rows kernel for one tile of <= 8 tokens (TL_GEMV_ROWS=0 or tl_gpu_gemv_set_rows(0): off).
+/* The rows kernel for one tile of <= 8 tokens (TL_GEMV_ROWS=1 or tl_gpu_gemv_set_rows(1): on;
+ * off by default, measured slower on the H200).
  * 1 if launched, 0 if not, < 0 on a launch error. */
 static int gemv_rows = -1;
 static int gemv_rows_on(void) {
-    if (gemv_rows < 0) gemv_rows = !(getenv("TL_GEMV_ROWS") && atoi(getenv("TL_GEMV_ROWS")) == 0);
+    if (gemv_rows < 0) gemv_rows = getenv("TL_GEMV_ROWS") && atoi(getenv("TL_GEMV_ROWS")) == 1;
     return gemv_rows;
 }
 extern "C" int tl_gpu_gemv_set_rows(int on) {

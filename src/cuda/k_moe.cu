@@ -558,12 +558,12 @@ int cb_moe_setup(void) {
     return 0;
 }
 
-/* The small-batch MoE levers (TL_MOE_SLICE, default 1; 0 for A/B): moe_up_q4s_kernel for one
- * token with routing, moe_up_q4x_kernel for 2..8, and moe_down routing early after moe_up_route.
- * Same bits either way. */
+/* The small-batch MoE levers (TL_MOE_SLICE=1; default 0: measured slower on the H200):
+ * moe_up_q4s_kernel for one token with routing, moe_up_q4x_kernel for 2..8, and moe_down routing
+ * early after moe_up_route. Same bits either way. */
 static int moe_slice = -1;
 static int moe_slice_on(void) {
-    if (moe_slice < 0) moe_slice = !(getenv("TL_MOE_SLICE") && atoi(getenv("TL_MOE_SLICE")) == 0);
+    if (moe_slice < 0) moe_slice = getenv("TL_MOE_SLICE") && atoi(getenv("TL_MOE_SLICE")) == 1;
     return moe_slice;
 }
 extern "C" int tl_gpu_moe_set_slice(int on) {

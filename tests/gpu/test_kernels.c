@@ -394,11 +394,11 @@ static int slice_run(int mode, int rows_on, const tl_gpu_gemm_w *dW, const float
 }
 
 /* Every way of the 4-bit GEMV for <= 8 tokens (k_gemv.cu: the slice kernel at 1 or 2 blocks an
- * SM, the rows kernel, the default choice) gives the bits of the persistent q4m kernel (slice 0,
- * rows 0), the norm and the residual included; and under the default each token of the tile gives
- * the same bits alone (a row of the mma depends only on its own token). Random inputs, so equal
- * bits mean the same products in the same order. The oracle checks are test_gemv_q4's (the
- * default settings run there). */
+ * SM, the rows kernel, both) gives the bits of the persistent q4m kernel (slice 0, rows 0, the
+ * default), the norm and the residual included; and with slice and rows on each token of the
+ * tile gives the same bits alone (a row of the mma depends only on its own token). Random inputs,
+ * so equal bits mean the same products in the same order. The oracle checks are test_gemv_q4's
+ * (the default settings run there). */
 static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
     static const int ways[4][2] = {{1, 0}, {2, 0}, {0, 1}, {1, 1}}; /* (slice, rows) */
     hmat W;
@@ -416,7 +416,7 @@ static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
     for (int w = 0; w < 4; w++) {
         CHECK_EQ_INT(slice_run(ways[w][0], ways[w][1], &dW, dx, n, T, acc, y0, dy, &got), 0);
         int same = !memcmp(got, ref, sizeof(float) * T * rows), diff = 0;
-        for (int t = 0; w == 3 && t < T; t++) { /* the default: each token alone */
+        for (int t = 0; w == 3 && t < T; t++) { /* slice and rows: each token alone */
             float *dy1 = tl_gpu_malloc(sizeof(float) * rows);
             CHECK_EQ_INT(slice_run(1, 1, &dW, dx + (size_t)t * cols, n, 1, acc,
                                    y0 + (size_t)t * rows, dy1, &one),
@@ -988,9 +988,12 @@ static void test_slice_kernels(void) {
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 4); /* a verify's 4 tokens: moe_up_q4x */
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 8);
     moe_case(4, 256, 4, 5);
-    gemv_ways_case(12416, TL_N_EMBD, 1, 1, 0);      /* GDN in-proj: KPW 16, KS 4, 6 units */
-    gemv_ways_case(2048, 4096, 1, 0, 1);            /* GDN out-proj + residual: KS 8 */
-    gemv_ways_case(2048, 8192, 4, 0, 1);            /* attention o-proj: KPW 32 */
+    gemv_ways_case(12416, TL_N_EMBD, 1, 1, 0); /* GDN in-proj: KPW 16, KS 4, 6 units */
+    gemv_ways_case(2048, 4096, 1, 0, 1);       /* GDN out-proj + residual: KS 8 */
+    gemv_ways_case(2048, 4096, 4, 0, 1);       /* attention o-proj, 4 tokens: KS 8 */
+    /* K = 8192 (no model shape) for KPW 32: at 2 tokens; at 4 the q4m kernel's staged x and its
+     * weight stages (280 KB) exceed shared memory */
+    gemv_ways_case(2048, 8192, 2, 0, 1);
     gemv_ways_case(9216, TL_N_EMBD, 5, 1, 0);       /* attention in-proj, a verify's 5 tokens */
     gemv_ways_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps) */
     gemv_ways_case(200, 256, 2, 0, 0);              /* fewer units than blocks */

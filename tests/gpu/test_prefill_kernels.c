@@ -599,11 +599,8 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
         for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
-    for (int wg = 0; wg < 2; wg++) { /* the mma.sync kernel, then the wgmma one (TL_ATTN_WG=1) */
-        if (wg)
-            setenv("TL_ATTN_WG", "1", 1);
-        else
-            unsetenv("TL_ATTN_WG");
+    for (int wg = 0; wg < 2; wg++) { /* the mma.sync kernel (TL_ATTN_WG=0), then the wgmma one */
+        setenv("TL_ATTN_WG", wg ? "1" : "0", 1);
         CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
         CHECK_EQ_INT(
             tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL),
