@@ -10,6 +10,8 @@
 #   ROUNDS    alternations (default 2)            TULIP   the binary (default build/cuda/tulip)
 #   ARGS      bench arguments (default "--random-weights --bits 4": the model card's sampling)
 #   METRIC    decode (default) or prefill
+# A variant that fails is said on stderr, its cells read "failed", the others still run; the
+# exit status is then 1.
 set -u
 TULIP=${TULIP:-build/cuda/tulip}
 ARGS=${ARGS:---random-weights --bits 4}
@@ -25,6 +27,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 IFS=';' read -r -a vars <<<"$VARIANTS"
+failed=0
 for ((r = 0; r < ${ROUNDS:-2}; r++)); do
     for i in "${!vars[@]}"; do
         v=$(echo "${vars[$i]}" | xargs)
@@ -34,18 +37,26 @@ for ((r = 0; r < ${ROUNDS:-2}; r++)); do
         if ! env ${envs[@]+"${envs[@]}"} "$TULIP" bench $ARGS --lengths "${LEN:-4096}" \
             --gen "${GEN:-128}" --repeats 1 --json >"$tmp/$i.$r.json" 2>"$tmp/$i.$r.err"; then
             echo "env_ab: variant '$v' failed: $(tail -1 "$tmp/$i.$r.err")" >&2
-            exit 1
+            rm -f "$tmp/$i.$r.json"
+            failed=1
         fi
     done
 done
+[ -n "$(ls "$tmp"/*.json 2>/dev/null)" ] || exit 1
 python3 - "$tmp" "${ROUNDS:-2}" "$METRIC" "${vars[@]}" <<'PY'
 import json, sys
 d, rounds, metric = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 vs = [v.strip() for v in sys.argv[4:]]
 unit = "ms a step" if metric == "decode" else "ms the prompt"
-docs = {(i, r): json.loads(open("%s/%d.%d.json" % (d, i, r)).read().strip().splitlines()[-1])
-        for i in range(len(vs)) for r in range(rounds)}
-for k, ctx in enumerate(row["ctx"] for row in docs[(0, 0)]["rows"]):
+docs = {}
+for i in range(len(vs)):
+    for r in range(rounds):
+        try:
+            docs[(i, r)] = json.loads(open("%s/%d.%d.json" % (d, i, r)).read().strip().splitlines()[-1])
+        except OSError:
+            pass  # the variant failed this round (said above); its cell reads "failed"
+first = docs[min(docs)]
+for k, ctx in enumerate(row["ctx"] for row in first["rows"]):
     if k:
         print()
     print("| variant (ctx %d) | " % ctx + " | ".join("round %d %s tok/s (%s)" % (r + 1, metric, unit)
@@ -54,6 +65,9 @@ for k, ctx in enumerate(row["ctx"] for row in docs[(0, 0)]["rows"]):
     for i, v in enumerate(vs):
         cells, best = [], 0.0
         for r in range(rounds):
+            if (i, r) not in docs:
+                cells.append("failed")
+                continue
             row = docs[(i, r)]["rows"][k]
             if metric == "decode":
                 ms = row["gen_ms_per_step"]
@@ -65,3 +79,4 @@ for k, ctx in enumerate(row["ctx"] for row in docs[(0, 0)]["rows"]):
             best = max(best, tps)
         print("| %s | %s | %.1f |" % (v or "-", " | ".join(cells), best))
 PY
+exit $failed

@@ -4,14 +4,13 @@
  * f32 out, L2 norm in the kernel), for a few value heads. For checking the tensor-core kernels'
  * indexing without a GPU and for estimating the error of an operand precision before running
  * it: `emu_round_bf16` rounds the emulated tensor-core operands to bf16 instead of tf32 (the
- * choice not built). Not part of the build or of CI; usage:
- *   make -j2 build/cuda/src/cpu/cpu_gdn.o build/cuda/src/cpu/cpu_ops.o build/cuda/src/common/util.o
- *   g++ -O2 -std=c++17 -Idev/emu -Iinclude -Isrc -Itests dev/emu/gdn_tc_emu.cpp \
- *       build/cuda/src/cpu/cpu_gdn.o build/cuda/src/cpu/cpu_ops.o build/cuda/src/common/util.o \
- *       -lm -o /tmp/gdn_tc_emu
+ * choice not built). Not part of the build or of CI; usage (dev/emu/emu_rt.cpp is the emulator's
+ * runtime; the library objects for the oracle):
+ *   make -j2 cuda
+ *   g++ -O2 -std=c++17 -w -Idev/emu -Iinclude -Isrc -Itests dev/emu/gdn_tc_emu.cpp \
+ *       dev/emu/emu_rt.cpp build/cuda/src/{common,model,cpu}/[a-z]*.o -ljansson -lm -lpthread \
+ *       -o /tmp/gdn_tc_emu
  *   /tmp/gdn_tc_emu T init(0|1) fma|tf32|3xtf32|bf16 [state_bf16 0|1 [io_bf16 0|1]] */
-#include <ucontext.h>
-
 #include "../../src/cuda/k_gdn_chunk.cu"
 
 extern "C" {
@@ -23,123 +22,9 @@ extern "C" {
 alignas(16) float gp_smem[GP_SMEM / 4], gs_smem[GS_SMEM / 4], tp_smem[TP_SMEM / 4],
     ts_smem[TS_SMEM / 4];
 
-dim3 threadIdx, blockIdx, blockDim;
-int emu_round_bf16;
 static const int emu_heads[] = {0, 3};
 static int heads_on(int y) { return y == emu_heads[0] || y == emu_heads[1]; }
 int (*emu_head_on)(int) = heads_on;
-
-/* ---- coroutine threads ---- */
-struct emu_thr {
-    ucontext_t ctx;
-    int done, wait;
-};
-enum { EMU_MAX = 256, EMU_STACK = 256 << 10 };
-static emu_thr thr[EMU_MAX];
-static char *stacks[EMU_MAX];
-static ucontext_t sched;
-static int cur, nthr;
-static const std::function<void()> *body;
-
-static void entry(void) {
-    (*body)();
-    thr[cur].done = 1;
-}
-void emu_barrier(int id) {
-    thr[cur].wait = id;
-    swapcontext(&thr[cur].ctx, &sched);
-}
-static int in_group(int id, int i) {
-    if (id == 0) return 1;
-    if (id < 100) return i / 32 == id - 1;
-    return i < id - 100;
-}
-static void run_block(void) {
-    for (int i = 0; i < nthr; i++) {
-        if (!stacks[i]) stacks[i] = (char *)xmalloc(EMU_STACK);
-        getcontext(&thr[i].ctx);
-        thr[i].ctx.uc_stack.ss_sp = stacks[i];
-        thr[i].ctx.uc_stack.ss_size = EMU_STACK;
-        thr[i].ctx.uc_link = &sched;
-        makecontext(&thr[i].ctx, entry, 0);
-        thr[i].done = 0, thr[i].wait = -1;
-    }
-    for (;;) {
-        for (int i = 0; i < nthr; i++)
-            if (!thr[i].done && thr[i].wait < 0) {
-                cur = i;
-                threadIdx = dim3(i);
-                swapcontext(&sched, &thr[i].ctx);
-            }
-        int alive = 0, released = 0;
-        for (int i = 0; i < nthr; i++) alive += !thr[i].done;
-        if (!alive) return;
-        for (int i = 0; i < nthr; i++) {
-            if (thr[i].done || thr[i].wait < 0) continue;
-            int id = thr[i].wait, all = 1;
-            for (int j = 0; j < nthr; j++)
-                if (in_group(id, j) && !thr[j].done && thr[j].wait != id) all = 0;
-            if (!all) continue;
-            for (int j = 0; j < nthr; j++)
-                if (in_group(id, j) && !thr[j].done) thr[j].wait = -1;
-            released = 1;
-        }
-        if (!released) {
-            fprintf(stderr, "emu: deadlock in block (%u, %u)\n", blockIdx.x, blockIdx.y);
-            abort();
-        }
-    }
-}
-void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn) {
-    body = &fn;
-    nthr = (int)block.x;
-    blockDim = block;
-    for (unsigned y = 0; y < grid.y; y++) {
-        if (!emu_head_on((int)y)) continue;
-        for (unsigned x = 0; x < grid.x; x++) {
-            blockIdx = dim3(x, y);
-            run_block();
-        }
-    }
-}
-
-/* ---- warp collectives ---- */
-static float shfl_slot[8][32];
-float emu_shfl(float v, int src) {
-    int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
-    shfl_slot[w][l] = v;
-    emu_barrier(1 + w);
-    float r = shfl_slot[w][src];
-    emu_barrier(1 + w);
-    return r;
-}
-static uint32_t mma_a[8][32][4], mma_b[8][32][2];
-/* m16n8k8 tf32 from the PTX fragment layout: g = lane / 4, t = lane % 4; A: a0 (g, t), a1 (g+8,
- * t), a2 (g, t+4), a3 (g+8, t+4); B: b0 (k t, n g), b1 (k t+4, n g); D: (g + 8 (e/2), 2t + e%2). */
-void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
-    memcpy(mma_a[w][l], a, sizeof a);
-    mma_b[w][l][0] = b0, mma_b[w][l][1] = b1;
-    emu_barrier(1 + w);
-    float A[16][8], B[8][8];
-    for (int L = 0; L < 32; L++) {
-        int g = L >> 2, t = L & 3;
-        A[g][t] = __uint_as_float(mma_a[w][L][0]);
-        A[g + 8][t] = __uint_as_float(mma_a[w][L][1]);
-        A[g][t + 4] = __uint_as_float(mma_a[w][L][2]);
-        A[g + 8][t + 4] = __uint_as_float(mma_a[w][L][3]);
-        B[t][g] = __uint_as_float(mma_b[w][L][0]);
-        B[t + 4][g] = __uint_as_float(mma_b[w][L][1]);
-    }
-    int g = l >> 2, t = l & 3;
-    for (int e = 0; e < 4; e++) {
-        int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-        float s = d[e];
-        for (int k = 0; k < 8; k++) s += A[row][k] * B[k][col];
-        d[e] = s;
-    }
-    emu_barrier(1 + w);
-}
 
 /* ---- the comparison ---- */
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;

@@ -83,7 +83,7 @@ static uint16_t *rand_bf16_dev(size_t n, float a, uint32_t seed) {
 }
 
 static void *flush_buf;
-static int bench_tiles = 5; /* TL_BENCH_TILES=3: skip the wgmma shapes */
+static int bench_tiles = 8; /* TL_BENCH_TILES=3: the mma.sync shapes only; 5: no 16x128, wgr */
 static const size_t FLUSH_BYTES = 256u << 20;
 
 typedef void (*bench_fn)(void *ctx);
@@ -185,7 +185,9 @@ static void bench_gemm(void) {
                 float ms = time_ms(gemm_run, &g, 15);
                 row(name, ms, flop);
                 /* the three tile shapes forced (TFLOP/s): 128x128, 64x128, 128x256 */
-                printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
+                printf(
+                    "    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256, mma 16x128, "
+                    "wgr 2 / 4 warpgroups:");
                 for (int t = 0; t < bench_tiles; t++) {
                     char v[16];
                     snprintf(v, sizeof v, "%d", t);
@@ -250,7 +252,8 @@ static void bench_moe(void) {
             snprintf(name, sizeof name, "moe %s n=%d gate_up+down only", bits == 16 ? "bf16" : "q4",
                      m.n);
             row(name, time_ms(moe_gemms_only, &m, 15), flop);
-            printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256:");
+            printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256, mma 16x128, "
+                   "wgr 2 / 4 warpgroups:");
             for (int t = 0; t < bench_tiles; t++) {
                 char v[16];
                 snprintf(v, sizeof v, "%d", t);

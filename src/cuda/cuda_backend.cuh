@@ -77,7 +77,8 @@ typedef struct cb_spec {
     int law_rows;
     /* per slot (host) */
     int *len;         /* tokens the slot holds */
-    int *ok;          /* the head's rows cover the slot (0 after a cache load) */
+    int *ok;          /* the head's rows cover the slot (0 after a load without a hidden) */
+    int *snap_ok;     /* [pc_n_snap]: the snapshot's hidden of its last position was written */
     int *vpos, *vn;   /* the last verify: positions vpos .. vpos+vn-1; vn 0: none */
     int32_t *vtok;    /* [max_seqs][K+1] its tokens */
     int32_t *vprompt; /* its n_prompt */
@@ -139,7 +140,8 @@ typedef struct cuda_be {
     tl_sample_params *d_params, *h_params;
     uint64_t *d_keys, *h_keys;
     tl_sample_out *d_out, *h_out;
-    int32_t *d_counts;              /* [max_seqs][n_vocab] penalty counts per slot (gpu.h) */
+    int32_t *d_counts; /* [max_seqs][n_vocab] penalty counts per slot (gpu.h) */
+    uint32_t *d_cbits; /* [max_seqs][TL_GPU_COUNT_WORDS(n_vocab)]: where they may be set */
     int32_t *d_nprompt, *h_nprompt; /* [max_seqs] the slots' prompt lengths (-1: not yet known) */
     int32_t *d_rowslot, *h_rowslot; /* [max_out] the slot of each logits row */
     float *d_sscratch;
@@ -156,6 +158,8 @@ typedef struct cuda_be {
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
     int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
     int tc_pdl;     /* the batched tensor-core path under PDL (TL_CUDA_TC_PDL=0: without) */
+    int pf_pdl;     /* a prefill chunk's layers under PDL (TL_CUDA_PF_PDL=0: without) */
+    int gdn_cols;   /* decode kernels: GDN step as gdn_cols + the gated norm (TL_GDN_COLS=1) */
     int mix;        /* long chunks share micro-batches with the short entries (batch_plan.h
                        tl_mb_begin_mixed): the tensor-core path on, tc_min <= CB_PF_MIN, and not
                        TL_CUDA_NO_MIX=1 */
@@ -213,6 +217,13 @@ int cb_spec_end(cuda_be *be, const tl_fwd_entry *e, int n);
 void cb_spec_unreserve(cuda_be *be, const tl_fwd_entry *e, int n);
 /* A slot reset (n_tok 0) or loaded from the prefix cache (n_tok tokens, no head rows). */
 void cb_spec_slot(cuda_be *be, int slot, int n_tok);
+/* Prefix cache and the head (docs/architecture.md §3.6): a snapshot's hidden of its last
+ * position, saved from the slot's ring (after a step) or restored into it (a load: the slot
+ * then drafts); the micro-batch's rows of in-step snapshot points. */
+int cb_spec_snap_save(cuda_be *be, int slot, int snap, int n_tok);
+int cb_spec_snap_load(cuda_be *be, int slot, int snap, int n_tok);
+int cb_spec_snap_rows(cuda_be *be, const tl_fwd_entry *e, const void *segs, int n_seg);
+size_t cb_pc_hid_off(const cuda_be *be);
 /* Pages for slot[i] up to len[i] positions (all or nothing) and their page-table entries
  * uploaded (cuda_forward.cu). */
 int cb_kv_grow(cuda_be *be, const int *slot, const int *len, int n, char *err, size_t errlen);

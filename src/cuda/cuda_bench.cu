@@ -196,6 +196,10 @@ static int op_moe_up(const op_ctx *o) {
 static int op_moe_down(const op_ctx *o) {
     OP_VARS;
     const tl_config *c = &be->cfg;
+    if (G->gate_up.bits == 4) /* as the step runs it (the logits do not change here) */
+        return tl_gpu_moe_down_after_route(be->x, &G->down, be->act, be->ids, be->rlog,
+                                           c->n_expert + 1, be->wts, be->wsh, c->n_expert_used,
+                                           c->n_expert, 1, st);
     return tl_gpu_moe_down(be->x, &G->down, be->act, be->ids, be->wts, be->wsh, c->n_expert_used,
                            c->n_expert, 1, st);
 }
@@ -248,7 +252,7 @@ static int step_parts(cuda_be *be, FILE *f) {
         int rc = 0;
         for (int r = 0; r < R && !rc; r++)
             rc = tl_gpu_sample(be->d_out, be->logits, be->cfg.n_vocab, be->n_valid, be->d_params,
-                               be->h_params, be->d_keys, be->d_counts, be->d_rowslot,
+                               be->h_params, be->d_keys, be->d_counts, be->d_cbits, be->d_rowslot,
                                be->d_sscratch, NULL, T, &st);
         CUDA_TRY(cudaStreamEndCapture(be->stream, &g));
         if (rc) return rc;

@@ -158,9 +158,17 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
         TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                           ring_of(&x->cring), x->st));
     }
-    TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off, x->b_off,
-                   x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head, c->gdn_n_v_head,
-                   eps, x->s, ring_of(&x->rring), x->st));
+    if (be->gdn_cols) { /* 4 blocks a head (all SMs at batch 1), then the gated norm */
+        TRY(tl_gpu_gdn_raw(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->b_off,
+                           x->a_off, L->dt_bias, L->a_neg, c->gdn_n_k_head, c->gdn_n_v_head, x->s,
+                           ring_of(&x->rring), x->st));
+        TRY(tl_gpu_gated_rmsnorm_f32(be->y, be->y, be->proj, ld, x->z_off, L->gdn_norm,
+                                     c->gdn_n_v_head, T, eps, x->st));
+    } else {
+        TRY(tl_gpu_gdn(be->y, x->rec_st, be->st_bf16, be->conv_out, be->proj, ld, x->z_off,
+                       x->b_off, x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head,
+                       c->gdn_n_v_head, eps, x->s, ring_of(&x->rring), x->st));
+    }
     return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, x->st);
 }
 
@@ -191,6 +199,8 @@ static int moe_decode(const layer_ctx *x) {
     if (L->gate_up.bits == 4) {
         TRY(tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &L->gate_up, be->x, L->ffn_norm,
                                 eps, be->rlog, E + 1, K, E, T, x->st));
+        return tl_gpu_moe_down_after_route(be->x, &L->down, be->act, be->ids, be->rlog, E + 1,
+                                           be->wts, be->wsh, K, E, T, x->st);
     } else {
         TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, NULL, be->rlog, E + 1, E, K, T, x->st));
         TRY(tl_gpu_moe_up(be->act, &L->gate_up, be->x, L->ffn_norm, eps, be->ids, K, E, T, x->st));
@@ -201,8 +211,8 @@ static int moe_decode(const layer_ctx *x) {
 /* The micro-batch's T tokens into their slots' penalty counts (gpu.h: tl_gpu_penalty_add). */
 static int count_tokens(cuda_be *be, int T, const tl_gpu_stream *st) {
     tl_mb_meta d = meta_at(be, be->d_meta);
-    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d.tokens, d.tok_pos, d.tok_slot,
-                              be->d_nprompt, T, st);
+    return tl_gpu_penalty_add(be->d_counts, be->d_cbits, be->cfg.n_vocab, d.tokens, d.tok_pos,
+                              d.tok_slot, be->d_nprompt, T, st);
 }
 
 /* All launches of one micro-batch on the decode kernels (graph-capturable: no host sync, no
@@ -366,21 +376,24 @@ static int moe_prefill(const layer_ctx *x) {
 
 /* One prefill chunk of one sequence (T tokens at slot, pos0) on the tensor-core path: bf16
  * activations into the GEMMs (residual stream stays f32), chunked GDN, flash attention, grouped
- * MoE. Same math as run_layers; rounding differs (bf16 GEMM inputs). No PDL. */
+ * MoE. Same math as run_layers; rounding differs (bf16 GEMM inputs). The layers' kernels (the
+ * batched path's, which wait for their inputs) run under PDL unless TL_CUDA_PF_PDL=0: at a few
+ * hundred tokens a prefill is ~1,300 short kernels whose launch gaps PDL hides; the head, which
+ * also runs kernels without a PDL wait (the MTP rows), runs without. */
 static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int out_row0,
                        const seg_snap *sn) {
     const tl_config *c = &be->cfg;
-    tl_gpu_stream st = cb_stream(be, 0);
+    tl_gpu_stream st = cb_stream(be, 0), lst = cb_stream(be, be->pf_pdl);
     tl_mb_meta d = meta_at(be, be->d_meta);
     tl_gpu_seqs s = cb_seqs(be, T, 1);
     TRY(count_tokens(be, T, &st));
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
     for (int il = 0; il < c->n_layer; il++) {
-        layer_ctx x = layer_at(be, il, T, &s, &st);
-        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
+        layer_ctx x = layer_at(be, il, T, &s, &lst);
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &lst));
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_prefill(&x, slot, sn) : attn_prefill(&x, slot, pos0));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
-                        &st));
+                        &lst));
         TRY(moe_prefill(&x));
     }
     return run_head(be, n_out, out_row0, &st);
@@ -863,8 +876,8 @@ static int sample_rows(cuda_be *be, const tl_fwd_entry *e, int n, const int *row
                                      cudaMemcpyHostToDevice, be->stream));
         }
         TRY(tl_gpu_sample(be->d_out, be->logits, V, be->n_valid, be->d_params, be->h_params,
-                          be->d_keys, any_pen ? be->d_counts : NULL, be->d_rowslot, be->d_sscratch,
-                          any_restrict ? be->d_rlogits : NULL, n_rows, &st));
+                          be->d_keys, any_pen ? be->d_counts : NULL, be->d_cbits, be->d_rowslot,
+                          be->d_sscratch, any_restrict ? be->d_rlogits : NULL, n_rows, &st));
         CUDA_TRY(cudaMemcpyAsync(be->h_out, be->d_out, n_rows * sizeof(tl_sample_out),
                                  cudaMemcpyDeviceToHost, be->stream));
     }

@@ -25,8 +25,14 @@ static int row_elems(const cuda_be *be) { return be->cfg.n_head_kv * 256; }
 size_t cb_pc_page_bytes(const cuda_be *be) {
     return (size_t)2 * be->n_attn * TL_KV_PAGE * row_elems(be) * sizeof(uint16_t);
 }
-size_t cb_pc_snap_bytes(const cuda_be *be) {
+/* A snapshot: the GDN state ([n_gdn] recurrent, then [n_gdn] conv), then with the MTP head
+ * (n_kv_layers > n_attn) the final-normed hidden of its last position, f32 [n_embd]. */
+size_t cb_pc_hid_off(const cuda_be *be) {
     return (size_t)be->n_gdn * (rec_floats(be) * be->st_esz + conv_floats(be) * sizeof(float));
+}
+size_t cb_pc_snap_bytes(const cuda_be *be) {
+    size_t hid = be->n_kv_layers > be->n_attn ? (size_t)be->cfg.n_embd * sizeof(float) : 0;
+    return cb_pc_hid_off(be) + hid;
 }
 
 /* The snapshot budget: given (> 0), or (< 0) an eighth of what --gpu-memory-utilization leaves
@@ -101,17 +107,18 @@ static int check_io(const cuda_be *be, int slot, const tl_pc_io *io, char *err, 
     return 0;
 }
 
-/* Rows [0, rows) of pool page src into pool page dst, K and V of every attention layer. */
+/* Rows [0, rows) of pool page src into pool page dst, K and V of every KV layer (the MTP
+ * head's too). */
 static int copy_partial(cuda_be *be, int src, int dst, int rows) {
-    if (rows == 0 || be->n_attn == 0) return 0;
+    if (rows == 0 || be->n_kv_layers == 0) return 0;
     tl_gpu_stream st = cb_stream(be, 0);
     be->h_pc_meta[0] = src, be->h_pc_meta[1] = dst, be->h_pc_meta[2] = rows;
     CUDA_TRY(cudaMemcpyAsync(be->d_pc_meta, be->h_pc_meta, 3 * sizeof(int32_t),
                              cudaMemcpyHostToDevice, be->stream));
-    TRY(tl_gpu_kv_page_copy(be->kc, be->n_page, be->kc, be->n_page, be->d_pc_meta, 1, be->n_attn,
-                            row_elems(be), &st));
-    TRY(tl_gpu_kv_page_copy(be->vc, be->n_page, be->vc, be->n_page, be->d_pc_meta, 1, be->n_attn,
-                            row_elems(be), &st));
+    TRY(tl_gpu_kv_page_copy(be->kc, be->n_page, be->kc, be->n_page, be->d_pc_meta, 1,
+                            be->n_kv_layers, row_elems(be), &st));
+    TRY(tl_gpu_kv_page_copy(be->vc, be->n_page, be->vc, be->n_page, be->d_pc_meta, 1,
+                            be->n_kv_layers, row_elems(be), &st));
     return 0;
 }
 
@@ -172,6 +179,7 @@ static int cb_cache_save(tl_backend *b, int slot, const tl_pc_io *io, char *err,
                        be->pages.np[slot], np, io->part_src, io->part_dst);
     int st = copy_partial(be, io->part_src, io->part_dst, io->part_rows);
     if (!st && !io->state_in) st = copy_state(be, slot, io->snap, 1); /* else the forward did */
+    if (!st && !io->state_in) st = cb_spec_snap_save(be, slot, io->snap, io->n_tok);
     return finish(be, st, err, errlen);
 }
 
@@ -185,8 +193,8 @@ static int count_restored(cuda_be *be, int slot, const int32_t *tokens, int n, i
     CUDA_TRY(
         cudaMemcpyAsync(d, h, (size_t)3 * n * sizeof(int32_t), cudaMemcpyHostToDevice, be->stream));
     tl_gpu_stream st = cb_stream(be, 0);
-    return tl_gpu_penalty_add(be->d_counts, be->cfg.n_vocab, d, d + n, d + 2 * n, be->d_nprompt, n,
-                              &st);
+    return tl_gpu_penalty_add(be->d_counts, be->d_cbits, be->cfg.n_vocab, d, d + n, d + 2 * n,
+                              be->d_nprompt, n, &st);
 }
 
 /* The slot's table: the shared full pages, then a page of its own for the partial page (all or
@@ -227,7 +235,7 @@ static int cb_cache_load(tl_backend *b, int slot, const tl_pc_io *io, const int3
     }
     if (!st) st = copy_state(be, slot, io->snap, 0);
     if (!st) st = count_restored(be, slot, tokens, io->n_tok, n_prompt);
-    if (!st) cb_spec_slot(be, slot, io->n_tok); /* no head rows in a snapshot (§3.6) */
+    if (!st) st = cb_spec_snap_load(be, slot, io->snap, io->n_tok); /* the head's hidden */
     return finish(be, st, err, errlen);
 }
 

@@ -82,15 +82,15 @@ extern "C" int tl_gpu_sync(void) {
 /* ====== Close and reset ====== */
 
 static void free_state(cuda_be *be) {
-    void *ps[] = {be->kc,          be->vc,       be->conv_st,   be->rec_st,     be->x,
-                  be->proj,        be->conv_out, be->y,         be->q,          be->part,
-                  be->rlog,        be->wts,      be->wsh,       be->act,        be->xo,
-                  be->logits,      be->ids,      be->d_meta,    be->d_params,   be->d_keys,
-                  be->d_out,       be->d_counts, be->d_nprompt, be->d_sscratch, be->xb,
-                  be->xlo,         be->yb,       be->hexp,      be->yslot,      be->hs,
-                  be->ys,          be->gg,       be->gbeta,     be->shl,        be->plan,
-                  be->gdn_ws,      be->gemm_ws,  be->d_ptab,    be->d_rowslot,  be->d_bias_ids,
-                  be->d_bias_vals, be->d_allow,  be->d_rlogits};
+    void *ps[] = {be->kc,         be->vc,          be->conv_st, be->rec_st,    be->x,
+                  be->proj,       be->conv_out,    be->y,       be->q,         be->part,
+                  be->rlog,       be->wts,         be->wsh,     be->act,       be->xo,
+                  be->logits,     be->ids,         be->d_meta,  be->d_params,  be->d_keys,
+                  be->d_out,      be->d_counts,    be->d_cbits, be->d_nprompt, be->d_sscratch,
+                  be->xb,         be->xlo,         be->yb,      be->hexp,      be->yslot,
+                  be->hs,         be->ys,          be->gg,      be->gbeta,     be->shl,
+                  be->plan,       be->gdn_ws,      be->gemm_ws, be->d_ptab,    be->d_rowslot,
+                  be->d_bias_ids, be->d_bias_vals, be->d_allow, be->d_rlogits};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
     void *hs[] = {be->h_meta,    be->h_ptab,    be->h_params,   be->h_keys,      be->h_out,
                   be->h_nprompt, be->h_rowslot, be->h_bias_ids, be->h_bias_vals, be->h_allow};
@@ -146,9 +146,12 @@ static int cb_reset_slot(tl_backend *b, int slot) {
             e = cudaMemsetAsync(be->conv_st + ((size_t)g * be->max_seqs + slot) * conv, 0, conv * 4,
                                 be->stream);
     }
-    if (e == cudaSuccess) /* the slot's penalty counts */
+    if (e == cudaSuccess) /* the slot's penalty counts and their bits */
         e = cudaMemsetAsync(be->d_counts + (size_t)slot * be->cfg.n_vocab, 0,
                             (size_t)be->cfg.n_vocab * sizeof(int32_t), be->stream);
+    size_t cw = TL_GPU_COUNT_WORDS(be->cfg.n_vocab);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(be->d_cbits + slot * cw, 0, cw * sizeof(uint32_t), be->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(be->stream);
     if (e != cudaSuccess) {
         fprintf(stderr, "tulip: CUDA reset of slot %d failed: %s\n", slot, cudaGetErrorString(e));
@@ -247,7 +250,7 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
                 c->gdn_n_k_head == TL_GDN_N_K_HEAD && c->gdn_n_v_head == TL_GDN_N_V_HEAD &&
                 c->n_expert == TL_N_EXPERT && c->n_expert_used == TL_N_EXPERT_USED &&
                 c->n_ff_expert == TL_N_FF_EXPERT && !env_int("TL_CUDA_NO_PREFILL_GEMM");
-    be->max_tok = be->pf_ok ? 2048 : 512;
+    be->max_tok = be->pf_ok ? 8192 : 512; /* 8192: measured (BENCHMARKS.md session 8) */
     if (getenv("TL_CUDA_MAX_TOK")) be->max_tok = TL_MAX(16, env_int("TL_CUDA_MAX_TOK"));
     be->max_out = p->max_seqs;
     be->part_rows = TL_MAX(p->max_seqs * CB_DECODE_SPLIT, 2048);
@@ -266,6 +269,8 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
     be->tc_min = getenv("TL_CUDA_TC_MIN") ? TL_MAX(0, env_int("TL_CUDA_TC_MIN")) : CB_TC_MIN;
     be->attn.cuda_core = env_int("TL_CUDA_ATTN_NO_TC") != 0;
     be->tc_pdl = !getenv("TL_CUDA_TC_PDL") || env_int("TL_CUDA_TC_PDL") != 0;
+    be->pf_pdl = !getenv("TL_CUDA_PF_PDL") || env_int("TL_CUDA_PF_PDL") != 0;
+    be->gdn_cols = getenv("TL_GDN_COLS") && env_int("TL_GDN_COLS") == 1;
     be->mix = be->pf_ok && be->tc_min > 0 && be->tc_min <= CB_PF_MIN && !env_int("TL_CUDA_NO_MIX");
     be->attn.min_chunk = TL_MAX(0, env_int("TL_CUDA_ATTN_MIN_CHUNK"));
     int ia = 0, ig = 0;
@@ -444,6 +449,8 @@ static int alloc_activations(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->d_out, tl_sample_out, O);
     ALLOC(be->d_counts, int32_t, (size_t)be->max_seqs * V);
     ZERO(be->d_counts, (size_t)be->max_seqs * V * sizeof(int32_t));
+    ALLOC(be->d_cbits, uint32_t, (size_t)be->max_seqs * TL_GPU_COUNT_WORDS(V));
+    ZERO(be->d_cbits, (size_t)be->max_seqs * TL_GPU_COUNT_WORDS(V) * sizeof(uint32_t));
     ALLOC(be->d_nprompt, int32_t, be->max_seqs);
     ALLOC(be->d_rowslot, int32_t, O);
     ALLOC(be->d_sscratch, float, O * 2 * V);

@@ -90,6 +90,7 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     sp->vtok = (int32_t *)xcalloc(S * K1, sizeof(int32_t));
     sp->vprompt = (int32_t *)xcalloc(S, sizeof(int32_t));
     sp->arow = (int *)xcalloc(S * K1, sizeof(int));
+    sp->snap_ok = (int *)xcalloc((size_t)TL_MAX(be->pc_n_snap, 1), sizeof(int));
     for (size_t i = 0; i < S; i++) sp->ok[i] = 1;
     sp->tc_ok = be->pf_ok && (size_t)TL_MAX(be->val_dim, c->n_head * 256) >= 2 * D;
     return 0;
@@ -108,7 +109,7 @@ void cb_spec_free(cuda_be *be) {
     if (sp->h_rpos) cudaFreeHost(sp->h_rpos);
     if (sp->meta_ev) cudaEventDestroy(sp->meta_ev);
     free(sp->len), free(sp->ok), free(sp->vpos), free(sp->vn);
-    free(sp->vtok), free(sp->vprompt), free(sp->arow);
+    free(sp->vtok), free(sp->vprompt), free(sp->arow), free(sp->snap_ok);
     free(sp);
     be->sp = NULL;
 }
@@ -158,6 +159,7 @@ int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_
     for (int g = 0; g < n_seg; g++) T += segs[g].n;
     tl_gpu_stream st = cb_stream(be, 0);
     TRY(tl_gpu_rmsnorm(sp->hid, be->x, be->out_norm, NULL, T, D, c->rms_eps, &st));
+    if (be->pc_n_snap) TRY(cb_spec_snap_rows(be, e, segs, n_seg));
     CUDA_TRY(cudaEventSynchronize(sp->meta_ev)); /* the previous upload has read h_meta */
     tl_spec_layout l = layout(be);
     tl_mb_meta m = cb_meta_at(be, sp->h_meta);
@@ -203,8 +205,8 @@ static int law_launch(cuda_be *be, int n, const float *logits) {
                              cudaMemcpyHostToDevice, be->stream));
     tl_gpu_stream st = cb_stream(be, 0);
     return tl_gpu_sample_law(sp->d_law, logits, be->cfg.n_vocab, be->n_valid, sp->d_li, sp->d_lp,
-                             sp->h_lp, be->d_counts, sp->d_li + R, sp->d_li + 3 * R, sp->d_lscr, n,
-                             &st);
+                             sp->h_lp, be->d_counts, be->d_cbits, sp->d_li + R, sp->d_li + 3 * R,
+                             sp->d_lscr, n, &st);
 }
 
 /* The verify entries' laws (all_laws): row k of entry i counts its tokens 0..k (the forward fed
@@ -447,11 +449,68 @@ static int cb_rollback(tl_backend *b, int slot, int n_keep, char *err, size_t er
     return op_end(be, rollback_impl(be, slot, n_keep, err, errlen), "CUDA rollback", err, errlen);
 }
 
-/* A slot was reset (n_tok 0) or loaded from the prefix cache (no head rows: no drafting). */
+/* A slot was reset (n_tok 0) or loaded from the prefix cache without a hidden (no drafting). */
 void cb_spec_slot(cuda_be *be, int slot, int n_tok) {
     cb_spec *sp = be->sp;
     if (!sp) return;
     sp->len[slot] = n_tok, sp->ok[slot] = n_tok == 0, sp->vn[slot] = 0;
+}
+
+/* ====== Prefix cache (docs/architecture.md §3.6) ======
+ * A snapshot of n tokens keeps, after the GDN state, the final-normed hidden of position n - 1
+ * (f32 [n_embd]); snap_ok says it was written by a slot whose head rows cover it. The head's KV
+ * is layer n_attn of the pool pages, shared or copied with the others. */
+
+static float *snap_hid(cuda_be *be, int snap) {
+    return (float *)(be->pc_snap + (size_t)snap * cb_pc_snap_bytes(be) + cb_pc_hid_off(be));
+}
+
+/* After a step that left the slot at n_tok tokens: its ring row of n_tok - 1 into the snapshot. */
+int cb_spec_snap_save(cuda_be *be, int slot, int snap, int n_tok) {
+    cb_spec *sp = be->sp;
+    if (!sp) return 0;
+    sp->snap_ok[snap] = sp->ok[slot] && sp->len[slot] == n_tok;
+    if (!sp->snap_ok[snap]) return 0;
+    tl_spec_layout l = layout(be);
+    size_t D = (size_t)be->cfg.n_embd;
+    const float *src = sp->hid + (size_t)tl_spec_ring_row(&l, slot, n_tok - 1) * D;
+    CUDA_TRY(cudaMemcpyAsync(snap_hid(be, snap), src, D * sizeof(float), cudaMemcpyDeviceToDevice,
+                             be->stream));
+    return 0;
+}
+
+/* A load of n_tok tokens: with the snapshot's hidden, into the slot's ring row of n_tok - 1 (the
+ * head's rows 0 .. n_tok - 2 came with the pages): the slot drafts; else it does not. */
+int cb_spec_snap_load(cuda_be *be, int slot, int snap, int n_tok) {
+    cb_spec *sp = be->sp;
+    if (!sp) return 0;
+    cb_spec_slot(be, slot, n_tok);
+    if (!sp->snap_ok[snap]) return 0;
+    tl_spec_layout l = layout(be);
+    size_t D = (size_t)be->cfg.n_embd;
+    float *dst = sp->hid + (size_t)tl_spec_ring_row(&l, slot, n_tok - 1) * D;
+    CUDA_TRY(cudaMemcpyAsync(dst, snap_hid(be, snap), D * sizeof(float), cudaMemcpyDeviceToDevice,
+                             be->stream));
+    sp->ok[slot] = 1;
+    return 0;
+}
+
+/* In a forward, after the final norm of a micro-batch (sp->hid rows 0 .. T - 1, segment after
+ * segment): the row of position snap_at - 1 of each entry whose snapshot point is in it. */
+int cb_spec_snap_rows(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_seg) {
+    const tl_mb_seg *segs = (const tl_mb_seg *)segs_v;
+    cb_spec *sp = be->sp;
+    size_t D = (size_t)be->cfg.n_embd;
+    for (int g = 0, row0 = 0; g < n_seg; row0 += segs[g].n, g++) {
+        const tl_fwd_entry *en = &e[segs[g].entry];
+        int p0 = en->pos + segs[g].start, k = en->snap_at - 1 - p0;
+        if (!en->snap_at || k < 0 || k >= segs[g].n) continue;
+        sp->snap_ok[en->snap] = sp->ok[en->slot];
+        if (!sp->snap_ok[en->snap]) continue;
+        CUDA_TRY(cudaMemcpyAsync(snap_hid(be, en->snap), sp->hid + (size_t)(row0 + k) * D,
+                                 D * sizeof(float), cudaMemcpyDeviceToDevice, be->stream));
+    }
+    return 0;
 }
 
 /* Always: without the head (tl_cuda_params.spec_tokens 0) spec_init says so and the others

@@ -165,6 +165,15 @@ int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *s
 int tl_gpu_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                 const float *norm_w, float eps, int n_tok, int accumulate, const tl_gpu_stream *st);
 
+/* Tests and A/B runs: blocks a SM of the decode GEMV's slice kernel for 4-bit matrices (k_gemv.cu:
+ * 0 = off, the persistent q4m kernel only; 1 = default; 2), instead of TL_GEMV_SLICE. Both give
+ * the same bits. Returns the previous setting. */
+int tl_gpu_gemv_set_slice(int per_sm);
+/* Likewise for the rows kernel (k_gemv.cu gemv_q4r_kernel: 4-bit matrices of <= 8 tokens too
+ * large for the slice kernel, the LM head) instead of TL_GEMV_ROWS: 1 on (default), 0 off (the
+ * persistent q4m kernel; the same bits). Returns the previous setting. */
+int tl_gpu_gemv_set_rows(int on);
+
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
  * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of
  * the normed input (tl_gpu_rmsnorm_bf16x2). W bf16, W->cols % 128 == 0; ldy >= W->rows. A
@@ -269,6 +278,9 @@ int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const v
 int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,
                               int z_off, const float *w, int nv, int n, float eps,
                               const tl_gpu_stream *st);
+/* The same with y f32 (y may be o): the decode path after tl_gpu_gdn_raw (TL_GDN_COLS=1). */
+int tl_gpu_gated_rmsnorm_f32(float *y, const float *o, const float *proj, int ld_proj, int z_off,
+                             const float *w, int nv, int n, float eps, const tl_gpu_stream *st);
 
 /* ====== Gated attention (docs/model.md §2.2, §2.3) ======
  * Paged KV cache. Per attention layer, K and V are each a pool of pages of TL_KV_PAGE tokens,
@@ -367,6 +379,17 @@ int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_sh,
 int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act, const int32_t *ids,
                     const float *w, const float *w_sh, int k, int n_expert, int n_tok,
                     const tl_gpu_stream *st);
+/* tl_gpu_moe_down right after tl_gpu_moe_up_route on the same stream, with the logits that call
+ * routed: the kernel routes the token again before its PDL wait and prefetches its experts'
+ * weights while moe_up runs (k_moe.cu moe_down_kernel; valid because moe_up's kernels let their
+ * dependents start only after their own wait). Same bits as tl_gpu_moe_down. */
+int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, const float *act,
+                                const int32_t *ids, const float *logits, int ld, const float *w,
+                                const float *w_sh, int k, int n_expert, int n_tok,
+                                const tl_gpu_stream *st);
+/* Tests and A/B runs: the batch-1 MoE levers on (1, default) or off (0) instead of TL_MOE_SLICE:
+ * moe_up's slice kernel for one routed token and moe_down's early routing. Returns the previous. */
+int tl_gpu_moe_set_slice(int on);
 
 /* Prefill (grouped GEMM over the 256 experts):
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
@@ -410,17 +433,25 @@ int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, con
  * the one-block path when every row takes the two-pass one). */
 int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                   const tl_sample_params *params, const tl_sample_params *h_params,
-                  const uint64_t *keys, const int32_t *counts, const int32_t *count_slot,
-                  float *scratch, float *restricted, int n_rows, const tl_gpu_stream *st);
+                  const uint64_t *keys, const int32_t *counts, const uint32_t *count_bits,
+                  const int32_t *count_slot, float *scratch, float *restricted, int n_rows,
+                  const tl_gpu_stream *st);
+/* Words of a slot's row of count_bits: bit i (word i / 32, bit i % 32) set wherever the slot's
+ * count of token i may be non-zero. The bits are a superset (tl_gpu_penalty_add sets them, only
+ * a slot reset clears them), so the samplers read a count only where its bit is set: the two-pass
+ * sampler then streams 1/32 of the counts' bytes instead of all of them. count_bits NULL: every
+ * count is read. */
+#define TL_GPU_COUNT_WORDS(n_vocab) (((n_vocab) + 31) / 32)
 /* Penalty counts kept per slot across steps, updated as tokens are fed: for each token t of a
  * batch (tokens, tok_pos, tok_slot as in tl_gpu_seqs), counts[tok_slot[t]][tokens[t]] gets 1
  * more when the token was generated (n_prompt[slot] >= 0 and tok_pos[t] >= n_prompt[slot]),
  * else bit 30 (prompt; n_prompt[slot] < 0: all prompt so far). The repetition penalty applies
  * where either is set, presence and frequency to the generated count. counts
- * [n_slot][n_vocab]; the backend zeroes a slot's row when it resets the slot. */
-int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens, const int32_t *tok_pos,
-                       const int32_t *tok_slot, const int32_t *n_prompt, int n_tok,
-                       const tl_gpu_stream *st);
+ * [n_slot][n_vocab]; count_bits (or NULL) [n_slot][TL_GPU_COUNT_WORDS(n_vocab)] gets the token's
+ * bit; the backend zeroes a slot's rows of both when it resets the slot. */
+int tl_gpu_penalty_add(int32_t *counts, uint32_t *count_bits, int n_vocab, const int32_t *tokens,
+                       const int32_t *tok_pos, const int32_t *tok_slot, const int32_t *n_prompt,
+                       int n_tok, const tl_gpu_stream *st);
 /* The generated tokens tokens[0..n_tok) (HOST array, n_tok <= TL_LAW_ADJ) of `slot` taken out of
  * its counts (1 less each): a speculative rollback's rejected drafts. */
 int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int slot, int n_tok,
@@ -438,8 +469,8 @@ int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *tokens, int 
 int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
                       const int32_t *row_of, const tl_sample_params *params,
                       const tl_sample_params *h_params, const int32_t *counts,
-                      const int32_t *count_slot, const int32_t *adj, float *scratch, int n_rows,
-                      const tl_gpu_stream *st);
+                      const uint32_t *count_bits, const int32_t *count_slot, const int32_t *adj,
+                      float *scratch, int n_rows, const tl_gpu_stream *st);
 size_t tl_gpu_law_scratch_floats(int max_rows);
 
 /* ====== Bench and profiler (cuda_bench.cu) ====== */

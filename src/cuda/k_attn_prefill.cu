@@ -1,9 +1,11 @@
 /* Flash-style causal prefill attention for the gated full-attention layers (head_dim 256, 16
  * query heads over 2 KV heads) on the tensor cores (mma.sync bf16, fp32 online softmax), with the
- * sigmoid output gate fused into the epilogue. Owns one kernel and tl_gpu_attn_prefill; reads
+ * sigmoid output gate fused into the epilogue. Owns two kernels (wgmma, the default; mma.sync
+ * with TL_ATTN_WG=0) and tl_gpu_attn_prefill; reads
  * the (possibly paged) bf16 KV cache, never writes it, never allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
 #include "cuda/cuda_common.cuh"
+#include "cuda/k_wgmma.cuh"
 #include "model/shape.h"
 
 #define AP_BQ         64  /* queries per block */
@@ -23,6 +25,67 @@
  * the next K tile while softmax and P V run, the next V tile while the next S runs. bytes: Q once;
  * K, V of the causal prefix once per query tile (8 q heads re-read them from L2). reference:
  * cpu_attention with bf16-rounded inputs (tests/gpu/test_prefill_kernels.c). */
+/* The first row (position kpos0, a multiple of AP_BK: never across a page) of KV head kvh's
+ * tile in the K or V cache base. */
+static __device__ __forceinline__ const uint16_t *
+ap_tile_base(const tl_gpu_kv_view &kv, const uint16_t *base, int kpos0, int kvh) {
+    if (kv.pages) {
+        int pg = kv.pages[kpos0 / kv.page_tokens];
+        return base + (size_t)pg * kv.page_stride +
+               (size_t)(kpos0 % kv.page_tokens) * kv.tok_stride + kvh * AP_D;
+    }
+    return base + (size_t)kpos0 * kv.tok_stride + kvh * AP_D;
+}
+
+/* The sum of v over the 4 lanes of a quad (the lanes holding one fragment row). */
+static __device__ __forceinline__ float ap_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* The online softmax of one 64-key tile on the score fragments (the mma.sync and wgmma D layout:
+ * s[4j + c] = row g + 8 (c >> 1) of the warp, key kbase + 8j + 2t + (c & 1)): scales by
+ * 1/16 log2(e), masks the keys after the row's query (diag: the tile may hold some), updates the
+ * running max m and sum l of the lane's two rows, leaves p = exp2(x - m) in s and returns each
+ * row's correction factor exp2(m_old - m_new) in alpha. */
+static __device__ __forceinline__ void ap_softmax_tile(float (&s)[32], float (&m)[2], float (&l)[2],
+                                                       float (&alpha)[2], int kbase, bool diag,
+                                                       const int (&qpos)[2], int t) {
+    const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
+    float mnew[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int hr = c >> 1, kpos = kbase + 8 * j + 2 * t + (c & 1);
+            float x = s[4 * j + c] * sl2;
+            if (diag && kpos > qpos[hr]) x = -INFINITY;
+            s[4 * j + c] = x;
+            mnew[hr] = fmaxf(mnew[hr], x);
+        }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 1));
+        mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 2));
+        float mref = mnew[hr] == -INFINITY ? 0.f : mnew[hr];
+        alpha[hr] = exp2f(m[hr] - mref);
+        m[hr] = mnew[hr];
+        mnew[hr] = mref;
+    }
+    float lsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float p0 = exp2f(s[4 * j + 2 * hr] - mnew[hr]),
+                  p1 = exp2f(s[4 * j + 2 * hr + 1] - mnew[hr]);
+            s[4 * j + 2 * hr] = p0, s[4 * j + 2 * hr + 1] = p1;
+            lsum[hr] += p0 + p1;
+        }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) l[hr] = l[hr] * alpha[hr] + lsum[hr];
+}
+
 __global__ void __launch_bounds__(AP_THREADS, 2)
     attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                         int pos0, int in_f32) {
@@ -65,17 +128,9 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     }
     cp_async_commit();
 
-    auto tile_base = [&](const uint16_t *base, int kpos0) -> const uint16_t * {
-        if (kv.pages) {
-            int pg = kv.pages[kpos0 / kv.page_tokens];
-            return base + (size_t)pg * kv.page_stride +
-                   (size_t)(kpos0 % kv.page_tokens) * kv.tok_stride + kvh * AP_D;
-        }
-        return base + (size_t)kpos0 * kv.tok_stride + kvh * AP_D;
-    };
     auto load_kv = [&](uint16_t *dst, const uint16_t *base, int kt) {
         int kpos0 = kt * AP_BK;
-        const uint16_t *b = tile_base(base, kpos0);
+        const uint16_t *b = ap_tile_base(kv, base, kpos0, kvh);
         for (int c = tid; c < AP_BK * 32; c += AP_THREADS) {
             int r = c >> 5, ch = c & 31, ok = kpos0 + r < kv_len;
             cp_async16(dst + r * AP_LDS + ch * 8, b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8,
@@ -87,7 +142,6 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     load_kv(sV, kv.v, 0);
     cp_async_commit();
 
-    const float sl2 = (1.0f / 16.0f) * 1.4426950408889634f; /* scale * log2(e) */
     float oacc[32][4];
 #pragma unroll
     for (int i = 0; i < 32; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
@@ -100,9 +154,9 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         __syncthreads();
 
         /* S = Q K^T (16 x 64 per warp) */
-        float s[8][4];
+        float s[32];
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < 32; i++) s[i] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < AP_D / 16; kk++) {
             uint32_t af[4];
@@ -112,51 +166,24 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                 uint32_t r[4];
                 ldmatrix_x4(r, sK + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * AP_LDS + kk * 16 +
                                    ((lane >> 3) & 1) * 8);
-                mma_bf16(s[2 * np], af, r[0], r[1]);
-                mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+                mma_bf16(&s[8 * np], af, r[0], r[1]);
+                mma_bf16(&s[8 * np + 4], af, r[2], r[3]);
             }
         }
         __syncthreads(); /* every warp is done with sK */
         if (kt + 1 < n_kt) load_kv(sK, kv.k, kt + 1);
         cp_async_commit();
 
-        /* online softmax on the fragments: element (row g(+8), key 8*nt + 2*(lane%4) + e) */
+        /* online softmax on the fragments, then P as the next mma's A fragments */
         const int kbase = kt * AP_BK;
-        const bool diag = kbase + AP_BK - 1 > pos0 + q0; /* some key may be after some query */
-        float mnew[2] = {mrow[0], mrow[1]};
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int hr = e >> 1, kpos = kbase + nt * 8 + 2 * (lane & 3) + (e & 1);
-                float x = s[nt][e] * sl2;
-                if (diag && kpos > qpos[hr]) x = -INFINITY;
-                s[nt][e] = x;
-                mnew[hr] = fmaxf(mnew[hr], x);
-            }
         float alpha[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 1));
-            mnew[hr] = fmaxf(mnew[hr], __shfl_xor_sync(0xffffffffu, mnew[hr], 2));
-            float mref = mnew[hr] == -INFINITY ? 0.f : mnew[hr];
-            alpha[hr] = exp2f(mrow[hr] - mref);
-            mrow[hr] = mnew[hr];
-            mnew[hr] = mref;
-        }
-        float lsum[2] = {0.f, 0.f};
+        ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, lane & 3);
         uint32_t pf[4][4];
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
-            float p0 = exp2f(s[nt][0] - mnew[0]), p1 = exp2f(s[nt][1] - mnew[0]);
-            float p2 = exp2f(s[nt][2] - mnew[1]), p3 = exp2f(s[nt][3] - mnew[1]);
-            lsum[0] += p0 + p1;
-            lsum[1] += p2 + p3;
-            pf[nt >> 1][(nt & 1) * 2 + 0] = bf16x2_pack(p0, p1);
-            pf[nt >> 1][(nt & 1) * 2 + 1] = bf16x2_pack(p2, p3);
+            pf[nt >> 1][(nt & 1) * 2 + 0] = bf16x2_pack(s[4 * nt], s[4 * nt + 1]);
+            pf[nt >> 1][(nt & 1) * 2 + 1] = bf16x2_pack(s[4 * nt + 2], s[4 * nt + 3]);
         }
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) lrow[hr] = lrow[hr] * alpha[hr] + lsum[hr];
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             oacc[i][0] *= alpha[0];
@@ -188,10 +215,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
 
     /* finish the row sums across the quad, normalise, gate, store */
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        lrow[hr] += __shfl_xor_sync(0xffffffffu, lrow[hr], 1);
-        lrow[hr] += __shfl_xor_sync(0xffffffffu, lrow[hr], 2);
-    }
+    for (int hr = 0; hr < 2; hr++) lrow[hr] = ap_quad_sum(lrow[hr]);
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         int t = q0 + warp * 16 + (lane >> 2) + hr * 8;
@@ -220,6 +244,222 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     }
 }
 
+/* ====== The wgmma variant (the default; TL_ATTN_WG=0: the mma.sync one above). ======
+ * math, inputs, outputs, masking: as attn_prefill_kernel (the same online softmax on the same
+ *   score fragments; the final scaling divides by the row sum instead of multiplying by its
+ *   inverse).
+ * threads: one warpgroup (128) per block of 64 queries x one q head; warp w owns query rows
+ *   16w .. 16w + 15 of S (wgmma D layout, k_wgmma.cuh: lane (g, t) rows g, g + 8, keys 8j + 2t +
+ *   {0, 1}: the mma.sync fragments of attn_prefill_kernel).
+ * S = Q K^T: 16 wgmma m64n64k16 with Q and K in shared memory, each as four 64-dim sub-tiles
+ *   (K-major, 128-byte swizzle: k_wgdesc.cuh). P (bf16) goes to shared memory in that layout too
+ *   (a 64-key row per query), each query's correction factor exp(m_old - m_new) beside it.
+ * O^T += V^T P^T: O is kept transposed, dims as the wgmma's M and queries as its N, so P is the
+ *   B operand straight from shared memory and V^T the A operand in registers, made by
+ *   ldmatrix.trans from the V tile (keys x dims, padded rows as attn_prefill_kernel's): four
+ *   64-dim blocks x four 16-key steps a tile; V is read from shared memory once a tile, not once
+ *   a warp. The correction factors scale O^T's columns before the tile's products.
+ * pipeline: attn_prefill_kernel's (K of the next tile loads during softmax and P V, V of the
+ *   next during the next S).
+ * epilogue: O^T / l into shared memory as f32 [query][dim] (over the K and V tiles; rows of 260
+ *   floats put the 32 lanes' writes in 32 banks), then rows of 8 dims: the gate, bf16, 16-byte
+ *   stores.
+ * smem: Q 32 KB, K 32 KB, V 33 KB, P 8 KB, 2 x 64 floats: ~106 KB, two blocks an SM.
+ * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=1); the host emulator
+ *   (dev/emu/gemm_emu.sh) against a double softmax. */
+#define AW_QK_BYTES (4 * 64 * 128) /* four 64-dim sub-tiles of 64 rows */
+#define AW_V_BYTES  (AP_BK * AP_LDS * 2)
+#define AW_P_BYTES  (64 * 128)
+#define AW_OLD      260 /* f32 row stride of the output tile */
+#define AW_SMEM     (2 * AW_QK_BYTES + AW_V_BYTES + AW_P_BYTES + 2 * 64 * 4 + 1024)
+
+/* 16-byte chunk ch (8 dims) of row r of a 64 x 256 tile split into four swizzled sub-tiles */
+static __device__ __forceinline__ uint32_t aw_chunk(int r, int ch) {
+    return (uint32_t)((ch >> 3) * (64 * 128)) + wg_swz(r, ch & 7);
+}
+
+__global__ void __launch_bounds__(AP_THREADS, 2)
+    attn_prefill_wg_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
+                           int pos0, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ uint8_t aw_smem_raw[];
+    uint8_t *sQ = (uint8_t *)(((uintptr_t)aw_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sK = sQ + AW_QK_BYTES, *sP = sK + AW_QK_BYTES + AW_V_BYTES;
+    uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
+    float *s_alpha = (float *)(sP + AW_P_BYTES), *s_l = s_alpha + 64;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int qt = blockIdx.x, h = blockIdx.y, kvh = h / (TL_N_HEAD / TL_N_HEAD_KV);
+    const int q0 = qt * AP_BQ, kv_len = pos0 + n;
+    const int q_last = pos0 + min(n, q0 + AP_BQ) - 1, n_kt = q_last / AP_BK + 1;
+
+    /* Q tile: 64 rows x 32 chunks of 8 dims; rows past n are zero; f32 q rounded to bf16 */
+    for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
+        int r = c >> 5, ch = c & 31, tq = q0 + r;
+        size_t off =
+            (size_t)(tq < n ? tq : 0) * qh.tok_stride + (size_t)h * qh.head_stride + ch * 8;
+        if (!in_f32) {
+            cp_async16(sQ + aw_chunk(r, ch), (const uint16_t *)qh.p + off, tq < n ? 16 : 0);
+        } else {
+            uint4 packed = make_uint4(0, 0, 0, 0);
+            if (tq < n) {
+                const float *src = (const float *)qh.p + off;
+                float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+                packed = make_uint4(bf16x2_pack(a.x, a.y), bf16x2_pack(a.z, a.w),
+                                    bf16x2_pack(b.x, b.y), bf16x2_pack(b.z, b.w));
+            }
+            *(uint4 *)(sQ + aw_chunk(r, ch)) = packed;
+        }
+    }
+    cp_async_commit();
+    auto load_k = [&](int kt) {
+        int kpos0 = kt * AP_BK;
+        const uint16_t *b = ap_tile_base(kv, kv.k, kpos0, kvh);
+        for (int c = tid; c < AP_BK * 32; c += AP_THREADS) {
+            int r = c >> 5, ch = c & 31, ok = kpos0 + r < kv_len;
+            cp_async16(sK + aw_chunk(r, ch), b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8,
+                       ok ? 16 : 0);
+        }
+    };
+    auto load_v = [&](int kt) {
+        int kpos0 = kt * AP_BK;
+        const uint16_t *b = ap_tile_base(kv, kv.v, kpos0, kvh);
+        for (int c = tid; c < AP_BK * 32; c += AP_THREADS) {
+            int r = c >> 5, ch = c & 31, ok = kpos0 + r < kv_len;
+            cp_async16(sV + r * AP_LDS + ch * 8, b + (size_t)(ok ? r : 0) * kv.tok_stride + ch * 8,
+                       ok ? 16 : 0);
+        }
+    };
+    load_k(0);
+    cp_async_commit();
+    load_v(0);
+    cp_async_commit();
+
+    const uint32_t sq_a = smem_u32(sQ), sk_a = smem_u32(sK), sp_a = smem_u32(sP);
+    float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    const int qpos[2] = {pos0 + q0 + warp * 16 + g, pos0 + q0 + warp * 16 + g + 8};
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        cp_async_wait<1>(); /* Q and K_kt landed (V_kt may be in flight) */
+        wg_fence_proxy();
+        __syncthreads();
+        float s[32]; /* S: (query row 16w + g + 8hr, key 8j + 2t + e) at s[4j + 2hr + e] */
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < AP_D / 16; kk++) {
+            uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+            wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
+        }
+        wg_commit();
+        wg_wait<0>();
+        __syncthreads(); /* the wgmma is done with sK */
+        if (kt + 1 < n_kt) load_k(kt + 1);
+        cp_async_commit();
+
+        /* online softmax on the fragments, as attn_prefill_kernel; P to shared memory */
+        const int kbase = kt * AP_BK;
+        float alpha[2];
+        ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+                *(uint32_t *)(sP + wg_swz(warp * 16 + g + 8 * hr, j) + 4 * t) =
+                    bf16x2_pack(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+            if (t == 0) s_alpha[warp * 16 + g + 8 * hr] = alpha[hr];
+
+        cp_async_wait<1>(); /* V_kt landed (K_kt+1 may be in flight) */
+        wg_fence_proxy();   /* P, written by ordinary stores, is read by the wgmma */
+        __syncthreads();
+        if (kt > 0) { /* O^T's column q scaled by the factor of query q */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float a = s_alpha[8 * j + 2 * t + e];
+#pragma unroll
+                    for (int mb = 0; mb < 4; mb++) {
+                        oacc[mb][4 * j + e] *= a;
+                        oacc[mb][4 * j + 2 + e] *= a;
+                    }
+                }
+        }
+        uint32_t af[2][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), two blocks */
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++) {
+            uint32_t(&a)[4][4] = af[mb & 1];
+            if (mb >= 2) wg_wait<1>(); /* block mb - 2's wgmma read these registers */
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                ldmatrix_x4_trans(a[ks],
+                                  sV + (16 * ks + ((lane >> 4) & 1) * 8 + (lane & 7)) * AP_LDS +
+                                      64 * mb + 16 * warp + ((lane >> 3) & 1) * 8);
+            wg_fence(); /* a and the rescaled oacc were written by ordinary instructions */
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                wg_mma_rs<64>(oacc[mb], a[ks], wg_desc(sp_a + ks * 32), kt | ks);
+            wg_commit();
+        }
+        wg_wait<0>();
+        __syncthreads(); /* every warp is done with sV and sP */
+        if (kt + 1 < n_kt) load_v(kt + 1);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+    /* row sums across the quad, then O^T / l through shared memory as [query][dim] f32 */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        lrow[hr] = ap_quad_sum(lrow[hr]);
+        if (t == 0) s_l[warp * 16 + g + 8 * hr] = lrow[hr];
+    }
+    __syncthreads();
+    float *so = (float *)sK; /* 64 x AW_OLD floats over the K and V tiles */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int q = 8 * j + 2 * t + e;
+            float inv_l = 1.0f / s_l[q];
+#pragma unroll
+            for (int mb = 0; mb < 4; mb++) {
+                so[q * AW_OLD + 64 * mb + 16 * warp + g] = oacc[mb][4 * j + e] * inv_l;
+                so[q * AW_OLD + 64 * mb + 16 * warp + g + 8] = oacc[mb][4 * j + 2 + e] * inv_l;
+            }
+        }
+    __syncthreads();
+    for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
+        int r = c >> 5, d0 = (c & 31) * 8, tq = q0 + r;
+        if (tq >= n) continue;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = so[r * AW_OLD + d0 + i];
+        if (gh.p) {
+            size_t goff = (size_t)tq * gh.tok_stride + (size_t)h * gh.head_stride + d0;
+            float gv[8];
+            if (in_f32) {
+                float4 a = *(const float4 *)((const float *)gh.p + goff);
+                float4 b = *(const float4 *)((const float *)gh.p + goff + 4);
+                gv[0] = a.x, gv[1] = a.y, gv[2] = a.z, gv[3] = a.w;
+                gv[4] = b.x, gv[5] = b.y, gv[6] = b.z, gv[7] = b.w;
+            } else {
+                uint4 u = *(const uint4 *)((const uint16_t *)gh.p + goff);
+                uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    gv[2 * i] = bf16x2_lo(w[i]), gv[2 * i + 1] = bf16x2_hi(w[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] *= sigmoid_f(gv[i]);
+        }
+        *(uint4 *)(o + (size_t)tq * (TL_N_HEAD * AP_D) + h * AP_D + d0) =
+            make_uint4(bf16x2_pack(v[0], v[1]), bf16x2_pack(v[2], v[3]), bf16x2_pack(v[4], v[5]),
+                       bf16x2_pack(v[6], v[7]));
+    }
+}
+
 extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
                                    const tl_gpu_kv_view *kv, int n, int pos0, int flags,
                                    const tl_gpu_stream *st) {
@@ -235,12 +475,21 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
     static int attr_set;
     if (!attr_set) {
         if (cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AP_SMEM) != cudaSuccess)
+                                 AP_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(attn_prefill_wg_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 AW_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    TL_LAUNCH(st, "attn_prefill", attn_prefill_kernel, grid, dim3(AP_THREADS), AP_SMEM, o, *q, g,
-              *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+    /* the wgmma kernel unless TL_ATTN_WG=0 (read at each call: the tests switch it) */
+    const char *wg = getenv("TL_ATTN_WG");
+    if (!wg || !*wg || atoi(wg) != 0)
+        TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
+                  *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+    else
+        TL_LAUNCH(st, "attn_prefill", attn_prefill_kernel, grid, dim3(AP_THREADS), AP_SMEM, o, *q,
+                  g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     return 0;
 }

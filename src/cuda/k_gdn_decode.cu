@@ -1,7 +1,7 @@
 /* Gated DeltaNet recurrent step (decode, and token-by-token prefill until the chunked kernel is
  * wired in): gates, L2 norms, the delta rule on an fp32 state, and the gated RMSNorm of the output,
  * fused in one kernel per (segment, value head). */
-#include "cuda/cuda_backend.cuh"
+#include "cuda/cuda_common.cuh"
 
 #define GDN_D 128 /* key and value head dim (shape.h TL_GDN_K_DIM, TL_GDN_V_DIM) */
 

@@ -5,10 +5,13 @@
  * grouped GEMMs (rows gathered by expert from a routing plan; the plan and combine kernels are in
  * k_moe.cu, the 4-bit repack in cuda_weights.cu). Launches only: never allocates, never
  * synchronises. Invariant: rows % 128 == 0 and cols % 64 == 0 (every production matrix; checked
- * at entry). Sections: tiling, mma.sync kernel, wgmma kernel, dispatch, MoE grouped GEMM. */
+ * at entry). Sections: tiling, mma.sync kernel, wgmma kernel, dispatch, MoE grouped GEMM. The
+ * wgr kernel (wgmma with the weights in A registers) is k_gemm_wgr.cu; what the kernels share
+ * (arguments, plan tiles, epilogue store, prologue) is k_gemm_common.cuh. */
 #include <stdlib.h>
 
 #include "cuda/k_q4m.cuh"
+#include "cuda/k_wgmma.cuh"
 
 /* ====== Tiling. ======
  * Block tile BM (tokens) x BN (weight rows) x 64 (k) with BM = 16*MI*WM and BN = 32*NJ: 4*WM
@@ -24,29 +27,10 @@
  * shared memory (BN*32 B per stage instead of BN*128 B) and each thread dequantizes its own B
  * fragments into registers right before the mma (gpu.h describes the nibble order that makes this
  * one 32-bit load per fragment pair). */
-#define GM_BK        64
 #define GM_LDS       72
 #define GM_ROW_ALIGN 128 /* rows must be a multiple of this (smallest BN) */
 
-enum { GM_DENSE = 0, GM_MOE_GATHER = 1, GM_MOE_SCATTER = 2 };
-
-#include "cuda/k_gemm.cuh"
-
-typedef struct gemm_args {
-    const uint16_t *x; /* A rows, row stride K */
-    const uint8_t *w;  /* bf16 [N, K] or q4 words */
-    const uint32_t *sb;
-    void *y;
-    const void *res;
-    int M, N, K;
-    int ldy; /* elements per output row */
-    int flags;
-    int mode;             /* GM_DENSE / GM_MOE_GATHER / GM_MOE_SCATTER */
-    const int32_t *plan;  /* moe plan (above) */
-    long long w_estride;  /* bytes between experts' w */
-    long long sb_estride; /* u32 words between experts' sb */
-    float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
-} gemm_args;
+#include "cuda/k_gemm_common.cuh"
 
 template <int BITS, int WM, int NJ, int MI> struct gm_cfg {
     static constexpr int BM = 16 * MI * WM, BN = 32 * NJ, THREADS = 128 * WM;
@@ -58,76 +42,6 @@ template <int BITS, int WM, int NJ, int MI> struct gm_cfg {
     static constexpr int STAGES = (3 * STAGE_BYTES <= 120 * 1024 || BITS == 4) ? 4 : 3;
     static constexpr int SMEM = STAGES * STAGE_BYTES;
 };
-
-/* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
- * the MoE plan, whose weights then start at that expert (wb, sbb advanced). perm: the plan's
- * assignment list (NULL when dense). false: a tile past the plan's count (the block exits). */
-template <int BITS, int BM>
-static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t **wb,
-                                               const uint32_t **sbb, const int32_t **perm, int *m0,
-                                               int *m_end) {
-    *perm = NULL;
-    if (p.mode == GM_DENSE) {
-        *m0 = blockIdx.y * BM, *m_end = p.M;
-        return true;
-    }
-    const int32_t *off = p.plan + PLAN_OFF;
-    const int32_t *ts = p.plan + (BM == 128 ? PLAN_TS128 : BM == 64 ? PLAN_TS64 : PLAN_TS16);
-    *perm = p.plan + PLAN_PERM;
-    int tile = blockIdx.y;
-    if (tile >= ts[256]) return false;
-    int lo = 0, hi = 255;
-    while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
-        int mid = (lo + hi + 1) >> 1;
-        if (ts[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    *m0 = off[lo] + (tile - ts[lo]) * BM;
-    *m_end = off[lo + 1];
-    *wb += lo * p.w_estride;
-    if (BITS == 4) *sbb += lo * p.sb_estride;
-    return true;
-}
-
-/* The epilogue of two adjacent outputs (v0, v1) at element idx of y:
- * SwiGLU already applied by the caller; + res (TL_GEMM_ADD_RES); f32 or bf16 store. */
-static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx, float v0,
-                                                 float v1) {
-    if (p.flags & TL_GEMM_OUT_F32) {
-        if (p.flags & TL_GEMM_ADD_RES) {
-            float2 rv = *(const float2 *)((const float *)p.res + idx);
-            v0 += rv.x;
-            v1 += rv.y;
-        }
-        *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
-    } else {
-        if (p.flags & TL_GEMM_ADD_RES) {
-            uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
-            v0 += bf16x2_lo(rv);
-            v1 += bf16x2_hi(rv);
-        }
-        *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
-    }
-}
-
-/* The pipeline prologue of the mma kernels: the first STAGES - 1 stages' weights, the wait for
- * the previous kernel (dense products only: their weights do not depend on it; a MoE plan does,
- * and its kernel waited before reading it), then those stages' activations. cp.async group 0
- * holds every prologue weight tile, so the main loop's waits stay correct. */
-template <int STAGES, class LoadA, class LoadB>
-static __device__ __forceinline__ void gm_prologue(int KT, bool dense, LoadA load_a, LoadB load_b) {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-        if (s < KT) load_b(s, s);
-    if (dense) pdl_wait();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load_a(s, s);
-        cp_async_commit();
-    }
-}
 
 /* ====== The GEMM kernel. ======
  * math: acc[m, n] = sum_k X[src(m), k] * W[n, k]; out[dst(m), n] = epilogue(acc).
@@ -535,60 +449,6 @@ template <int BITS, int WGS> struct wg_cfg {
     static constexpr int SMEM = WG_STAGES * STAGE_BYTES + BBUF_BYTES + 1024; /* + alignment slack */
 };
 
-static __device__ __forceinline__ uint32_t wg_swz(int r,
-                                                  int c) { /* byte offset of chunk c, row r */
-    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
-}
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    uint64_t d = 0;
-    d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
-    d |= (uint64_t)(16 >> 4) << 16;   /* leading byte offset (unused with 128B swizzle) */
-    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows x 128 B */
-    d |= 1ull << 62;                  /* 128-byte swizzle */
-    return d;
-}
-static __device__ __forceinline__ void wg_fence_proxy(void) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-/* d[0..127] += A(64x16, smem desc) * B(16x256, smem desc)^T, bf16 in, f32 accumulate. */
-static __device__ __forceinline__ void wg_mma_m64n256k16(float *d, uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-        "}, %128, %129, 1, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-          "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db));
-}
-
 template <int BITS, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
@@ -710,12 +570,12 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         const uint32_t sa = smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + wg * 64 * 128;
         const uint32_t sb = BITS == 16 ? smem_s + (kt % WG_STAGES) * C::STAGE_BYTES + C::A_BYTES
                                        : smem_u32(bbuf) + (kt & 1) * WG_BN * 128;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wg_fence();
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++)
             wg_mma_m64n256k16(acc, wg_desc(sa + kk * 32), wg_desc(sb + kk * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wg_commit();
+        wg_wait<1>();
         __syncthreads(); /* every warpgroup is done with step kt-1's stage and B buffer */
         int nk = kt + WG_STAGES - 1;
         if (nk < KT) load_stage(nk % WG_STAGES, nk);
@@ -726,7 +586,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
             dequant((kt + 1) % WG_STAGES, (kt + 1) & 1);
         }
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_wait<0>();
     cp_async_wait<0>();
 
     /* ---- epilogue (fragment layout as mma.sync m16n8, warp wq of the warpgroup) ---- */
@@ -775,8 +635,9 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
 
 /* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma);
  * 5 = 16x128 (mma.sync, one m16 row of tokens: the MoE of a decode batch, ~2-8 tokens per
- * expert). */
-enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5 };
+ * expert); 6, 7 = the MoE's wgr kernel with 2 or 4 warpgroups (4-bit MoE only: up to 128 tokens
+ * x 128 or 256 weight rows). */
+enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     static int attr_set;
@@ -834,9 +695,12 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const
  * in-projection padded to 12416 rows: 537 TFLOP/s bf16, 410 4-bit at n = 4096, run 5): the last
  * block's missing rows load as zeros and are not stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128,
  * 2 mma 128x256, 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
-static int gemm_forced_tile(int rows) {
+static int gemm_tile_env(void) {
     const char *e = getenv("TL_GEMM_TILE");
-    int f = e && *e ? atoi(e) : -1;
+    return e && *e ? atoi(e) : -1;
+}
+static int gemm_forced_tile(int rows) {
+    int f = gemm_tile_env();
     return f >= 0 && f <= 5 && !(f == GM_T256 && rows % 256) ? f : -1;
 }
 
@@ -911,6 +775,22 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
     return w->rows > 0 && w->cols > 0 && w->rows % GM_ROW_ALIGN == 0 && w->cols % GM_BK == 0;
 }
 
+/* The wgr kernel's warpgroups for a 4-bit GEMM, 0 for another kernel: TL_GEMM_TILE=6 forces 2
+ * (TL_GEMM_TILE=7: 4); else TL_MOE_WGR (MoE GEMMs) or TL_DENSE_WGR (dense products) = 2 or 4
+ * takes it from 512 tokens (a prefill chunk; decode batches keep their tiles); default 2, `0`
+ * off (H200, BENCHMARKS.md session 8: 2 beat the old tiles by 4-5% each, 4 lost). note: 4
+ * warpgroups (256 weight rows a block) halve the token tile's re-reads from L2 at one block an
+ * SM, which measured slower. */
+static int gemm_wgr_of(const char *env, int *cached, int n_tok) {
+    if (*cached < 0) {
+        const char *e = getenv(env);
+        *cached = !e || !*e ? 2 : atoi(e) == 2 || atoi(e) == 4 ? atoi(e) : 0;
+    }
+    int f = gemm_tile_env();
+    if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
+    return f < 0 && n_tok >= 512 ? *cached : 0;
+}
+
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
                            int flags, const tl_gpu_stream *st) {
     if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
@@ -928,6 +808,9 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
     p.flags = flags;
     p.mode = GM_DENSE;
+    static int dense_wgr = -1;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n) : 0;
+    if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, st);
     int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
     int bm = tile_bm(tile), ks = gemm_splitk_of(w);
     if (ks > 1 && n <= TL_GEMM_SPLITK_MAX_N && (tile == GM_T16 || tile == GM_T64) && st && st->ws &&
@@ -972,6 +855,9 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once. */
+    static int moe_wgr = -1;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
+    if (wgs) return cb_gemm_wgr(&p, wgs, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     int bm = tile_bm(tile);

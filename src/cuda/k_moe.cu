@@ -31,7 +31,7 @@ __device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++) {
         int e = lane + 32 * i;
-        p[i] = e < n_expert ? lg[e] : -INFINITY;
+        p[i] = e < n_expert ? __ldcg(lg + e) : -INFINITY; /* L2: see moe_down_kernel */
         mx = fmaxf(mx, p[i]);
     }
     mx = warp_max(mx);
@@ -125,6 +125,48 @@ __device__ __forceinline__ void expert_slice(const tl_gpu_gemm_w &W, int e, int 
     }
 }
 
+/* Warp 0 of a moe_up block routes token t (moe_route_kernel's math): s_e[0..k) = its experts,
+ * s_e[k] = the shared expert; block 0 publishes ids, weights and the shared gate for moe_down. */
+__device__ __forceinline__ void route_block(int *s_e, int32_t *ids, float *wts, float *w_sh,
+                                            const float *logits, int ld, int n_expert, int k,
+                                            int t) {
+    int lane = threadIdx.x & 31, id;
+    float wn;
+    const float *lg = logits + (size_t)t * ld;
+    route_warp(&id, &wn, lg, n_expert, k);
+    if (lane < k) s_e[lane] = id;
+    if (lane == 0) s_e[k] = n_expert;
+    if (blockIdx.x == 0) {
+        if (lane < k) ids[(size_t)t * k + lane] = id, wts[(size_t)t * k + lane] = wn;
+        if (lane == 0) w_sh[t] = sigmoid_f(lg[n_expert]);
+    }
+}
+
+/* silu(gate) * up of one output whose input is normed after the products: gv, uv the raw dots of
+ * staged token row g, s_ss[w * 8 + g] the staging warps' sums of its h^2 (added in warp order). */
+__device__ __forceinline__ float moe_swiglu_normed(float gv, float uv, const float *s_ss, int g,
+                                                   int K, float eps) {
+    float sq = 0.0f;
+    for (int i = 0; i < 8; i++) sq += s_ss[i * 8 + g];
+    float inv = rsqrtf(sq / (float)K + eps);
+    return silu_f(gv * inv) * (uv * inv);
+}
+
+/* moe_up's output f of the gate/up row-block pair (rbg, rbg + 1) of slot j, token t: the K-slices'
+ * partial sums of the gate rows at g[0], g[pstride], ... and of the up rows at u[...] (float2 of
+ * rows 2t', 2t' + 1: r & 1 picks), added in slice order; s_ss: the staging warps' sums of h^2. */
+__device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const float2 *up,
+                                            int pstride, int KS, const float *s_ss, int K,
+                                            float eps, int t, int j, int k, int F, int rbg, int r) {
+    float gv = 0.0f, uv = 0.0f;
+    for (int i = 0; i < KS; i++) {
+        float2 a = gp[(size_t)i * pstride], b = up[(size_t)i * pstride];
+        gv += (r & 1) ? a.y : a.x;
+        uv += (r & 1) ? b.y : b.x;
+    }
+    act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = moe_swiglu_normed(gv, uv, s_ss, 0, K, eps);
+}
+
 /* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
  *   x = rmsnorm(h[t]; norm_w);  act[t, j, f] = silu(gate_e[f] . x) * (up_e[f] . x)
  *   for j < k: e = ids[t, j]; j == k: e = n_expert (shared expert)
@@ -152,21 +194,10 @@ __global__ void __launch_bounds__(256, 2)
     int K = W.cols, RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB);
     int n_units = (k + 1) * upj;
     float *sx = q4m_sx(xs, K, 1);
-    pdl_trigger();
     pdl_wait();
-    if (logits) { /* route here (moe_route_kernel's math); block 0 publishes it for moe_down */
-        if (warp == 0) {
-            const float *lg = logits + (size_t)t * ld;
-            int id;
-            float wn;
-            route_warp(&id, &wn, lg, n_expert, k);
-            if (lane < k) s_e[lane] = id;
-            if (lane == 0) s_e[k] = n_expert;
-            if (blockIdx.x == 0) {
-                if (lane < k) ids[(size_t)t * k + lane] = id, wts[(size_t)t * k + lane] = wn;
-                if (lane == 0) w_sh[t] = sigmoid_f(lg[n_expert]);
-            }
-        }
+    pdl_trigger(); /* after the wait: the next kernel may read the logits early (moe_down) */
+    if (logits) {
+        if (warp == 0) route_block(s_e, ids, wts, w_sh, logits, ld, n_expert, k, t);
     } else if (threadIdx.x <= k) {
         s_e[threadIdx.x] = threadIdx.x < k ? ids[(size_t)t * k + threadIdx.x] : n_expert;
     }
@@ -189,19 +220,193 @@ __global__ void __launch_bounds__(256, 2)
         int p = threadIdx.x >> 3, r = threadIdx.x & 7, j = u / upj;
         int rbg = (u - j * upj) * RBB + 2 * p;
         if (p >= RBB / 2 || rbg >= n_rb) return;
-        float gv = 0.0f, uv = 0.0f;
-        for (int i = 0; i < KS; i++) {
-            float2 a = s_part[(2 * p) * KS + i][r >> 1], b = s_part[(2 * p + 1) * KS + i][r >> 1];
-            gv += (r & 1) ? a.y : a.x;
-            uv += (r & 1) ? b.y : b.x;
-        }
-        float sq = 0.0f;
-        for (int i = 0; i < 8; i++) sq += s_ss[i * 8];
-        float inv = rsqrtf(sq / (float)K + eps);
-        act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = silu_f(gv * inv) * (uv * inv);
+        moe_up_emit(act, &s_part[(2 * p) * KS][r >> 1], &s_part[(2 * p + 1) * KS][r >> 1], 32, KS,
+                    s_ss, K, eps, t, j, k, F, rbg, r);
     };
     q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs, sx, s_part,
                         (char *)xs + q4m_smem(K, 1));
+}
+
+/* moe_up_q4s_kernel: moe_up_q4m_kernel with routing for one token (the batch-1 decode step),
+ * scheduled as gemv_q4s_kernel (k_gemv.cu): block b owns the units [b * upb, b * upb + upb) of
+ * the (k + 1) * upj units (slot-major: the shared expert's, slot k, last); before the PDL wait
+ * its warps issue the items of the shared expert (known without the routing), after it warp 0
+ * routes, the routed items are issued, each warp runs its items as they land (the shared expert's
+ * first) and keeps their partial sums in the items' first 256 bytes; one barrier, then the block
+ * writes all its outputs. One block per SM with at most half its registers, so moe_down's blocks
+ * can be resident meanwhile and prefetch their experts. Same products, sums and order as
+ * moe_up_q4m_kernel: the same bits (test_kernels.c: test_slice_kernels). */
+template <int KPW>
+__global__ void __launch_bounds__(256, 3)
+    moe_up_q4s_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
+                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
+                      float *wts, float *w_sh, int upb) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    __shared__ int s_e[MAX_K + 1];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols;
+    int RBB = 8 / KS, n_rb = 2 * F / 8, upj = CEIL_DIV(n_rb, RBB), n_units = (k + 1) * upj;
+    int q = warp / KS, kb0 = (warp % KS) * KPW;
+    int u0 = blockIdx.x * upb, nu = max(0, min(upb, n_units - u0));
+    int n_sh = nu - min(max(k * upj - u0, 0), nu); /* the block's units of slot k: its last */
+    char *items = (char *)xs + q4m_smem(K, 1);     /* [upb][8 warps][SB] */
+    const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
+    size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
+    /* the warp's item m is unit unit_of(m) of the block: the shared expert's first */
+    auto unit_of = [&](int m) { return m < n_sh ? nu - n_sh + m : m - n_sh; };
+    auto item = [&](int m, int *j, int *rb) {
+        int uj = u0 + unit_of(m);
+        *j = uj / upj, *rb = (uj - *j * upj) * RBB + q;
+        return m < nu && q < RBB && *rb < n_rb;
+    };
+    auto issue = [&](int m) {
+        int j, rb;
+        if (item(m, &j, &rb)) {
+            int e = j < k ? s_e[j] : n_expert;
+            q4m_issue<KPW>(items + (size_t)(unit_of(m) * 8 + warp) * SB, w0 + e * ew, sb0 + e * es,
+                           2 * F, K, rb, kb0);
+        }
+        cp_async_commit();
+    };
+    for (int m = 0; m < n_sh; m++) issue(m); /* weights only: no PDL wait needed */
+    pdl_wait();
+    pdl_trigger(); /* after the wait: moe_down may read the logits before its own */
+    if (warp == 0) route_block(s_e, ids, wts, w_sh, logits, ld, n_expert, k, 0);
+    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+    __syncthreads();
+    for (int m = n_sh; m < upb; m++) issue(m);
+    float *sx = q4m_sx(xs, K, 1);
+    q4m_stage(xs, sx, h, K, norm_w, K, 1, threadIdx.x, 256, s_ss);
+    __syncthreads();
+    for (int m = 0; m < upb; m++) {
+        cp_async_wait_dyn(upb - 1 - m);
+        __syncwarp();
+        int j, rb;
+        float a0 = 0.0f, a1 = 0.0f;
+        char *it = items + (size_t)(unit_of(m) * 8 + warp) * SB;
+        if (item(m, &j, &rb)) q4m_item_dot<KPW>(a0, a1, it, xs, sx, kb0);
+        __syncwarp(); /* every lane has read the item before its first bytes take the sums */
+        if (m < nu) ((float2 *)it)[lane] = make_float2(a0, a1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nu * RBB * 4; e += 256) { /* (unit, gate/up pair p, output r) */
+        int i = e / (RBB * 4), p = (e >> 3) - i * (RBB / 2), r = e & 7;
+        int uj = u0 + i, j = uj / upj, rbg = (uj - j * upj) * RBB + 2 * p;
+        if (rbg >= n_rb) continue;
+        const float2 *gp = (const float2 *)(items + (size_t)(i * 8 + 2 * p * KS) * SB) + (r >> 1);
+        const float2 *up =
+            (const float2 *)(items + (size_t)(i * 8 + (2 * p + 1) * KS) * SB) + (r >> 1);
+        moe_up_emit(act, gp, up, SB / 8, KS, s_ss, K, eps, 0, j, k, F, rbg, r);
+    }
+}
+
+/* The distinct experts of up to 8 routed tokens (moe_up_q4x_kernel): ue[0 .. nu - 1] in ascending
+ * id, the shared expert last; slot[u][t] = token t's slot of expert ue[u] + 1, or 0. */
+struct moe_list {
+    int ids[8][MAX_K + 1], ue[8 * MAX_K + 1], nu;
+    uint32_t bits[8]; /* the routed experts (n_expert <= 256) */
+    uint8_t slot[8 * MAX_K + 1][8];
+};
+
+/* Warp t routes token t (route_block: block 0 publishes ids and weights), then the block lists
+ * the distinct experts into *L: an expert's index is its rank among the routed ones (a popcount
+ * of the bitmap below it). Called by every thread; ends with a barrier. */
+__device__ __forceinline__ void list_experts(moe_list *L, int32_t *ids, float *wts, float *w_sh,
+                                             const float *logits, int ld, int n_expert, int k,
+                                             int n_tok) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x < 8) L->bits[threadIdx.x] = 0u;
+    for (int i = threadIdx.x; i < (8 * MAX_K + 1) * 8; i += blockDim.x) (&L->slot[0][0])[i] = 0;
+    __syncthreads();
+    if (warp < n_tok) {
+        route_block(L->ids[warp], ids, wts, w_sh, logits, ld, n_expert, k, warp);
+        __syncwarp();
+        if (lane < k) atomicOr(&L->bits[L->ids[warp][lane] >> 5], 1u << (L->ids[warp][lane] & 31));
+    }
+    __syncthreads();
+    int n_routed = 0;
+    for (int w = 0; w < 8; w++) n_routed += __popc(L->bits[w]);
+    if (warp < n_tok && lane < k) {
+        int e = L->ids[warp][lane], u = __popc(L->bits[e >> 5] & ((1u << (e & 31)) - 1u));
+        for (int w = 0; w < (e >> 5); w++) u += __popc(L->bits[w]);
+        L->ue[u] = e, L->slot[u][warp] = (uint8_t)(lane + 1);
+    }
+    if (threadIdx.x < n_tok) L->slot[n_routed][threadIdx.x] = (uint8_t)(k + 1);
+    if (threadIdx.x == 0) L->ue[n_routed] = n_expert, L->nu = n_routed + 1;
+    __syncthreads();
+}
+
+/* moe_up_q4x_kernel: moe_up for 2..8 routed tokens, expert-major. Every block routes all tokens
+ * (warp t token t; block 0 publishes ids and weights) and lists the distinct experts in ascending
+ * id, the shared expert last, with each token's slot of each (moe_list: slot + 1, 0 = not routed
+ * there). A work item is (distinct expert, gate/up row-block pair): warp w of block b takes items
+ * b * 8 + w, += gridDim.x * 8, streams the pair's 2 x KS chunks (the gate's K-slices, then the
+ * up's; KPW tiles each) through its own ring of Q4M_NS stages without block barriers, with every
+ * token as a row of the mma, so each distinct expert is read once for all its tokens. Each K-slice
+ * is summed from zero and the slices are added in order, the norm and SwiGLU are
+ * moe_swiglu_normed: every token's act has the bits moe_up_q4m_kernel gives it alone
+ * (test_kernels.c: test_slice_kernels). Dependents are triggered after the wait (moe_down). */
+template <int KPW>
+__global__ void __launch_bounds__(256, 1)
+    moe_up_q4x_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
+                      int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
+                      float *wts, float *w_sh, int n_tok) {
+    constexpr int SB = KPW * 128 + KPW * 16;
+    extern __shared__ uint4 xs[];
+    __shared__ float s_ss[8 * 8];
+    __shared__ moe_list L;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = W.cols, KB = K >> 5;
+    int n_rb = 2 * F / 8, n_pair = n_rb / 2;
+    pdl_wait();
+    pdl_trigger(); /* after the wait: moe_down may read the logits before its own */
+    if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
+    list_experts(&L, ids, wts, w_sh, logits, ld, n_expert, k, n_tok);
+    float *sx = q4m_sx(xs, K, n_tok);
+    q4m_stage(xs, sx, h, K, norm_w, K, n_tok, threadIdx.x, 256, s_ss);
+    __syncthreads();
+    int n_items = L.nu * n_pair, nch = 2 * KS, g = lane >> 2, t = lane & 3;
+    const uint4 *xrow = xs + min(g, n_tok - 1) * q4m_lds(K);
+    const float *sxrow = sx + min(g, n_tok - 1) * (KB >> 1);
+    char *my = (char *)xs + q4m_smem(K, n_tok) + (size_t)warp * Q4M_NS * SB;
+    const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
+    size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
+    int i0 = blockIdx.x * 8 + warp, istep = gridDim.x * 8;
+    int n_mine = i0 < n_items ? CEIL_DIV(n_items - i0, istep) : 0, n_sub = n_mine * nch;
+    auto issue = [&](int it) { /* sub-item it: chunk it % nch of the warp's item it / nch */
+                               if (it < n_sub) {
+                                   int item = i0 + (it / nch) * istep, c = it % nch,
+                                       e = L.ue[item / n_pair];
+                                   int rb = 2 * (item % n_pair) + (c >= KS);
+                                   q4m_issue<KPW>(my + (it % Q4M_NS) * SB, w0 + e * ew,
+                                                  sb0 + e * es, 2 * F, K, rb, (c % KS) * KPW);
+                               }
+                               cp_async_commit();
+    };
+    for (int j = 0; j < Q4M_NS - 1; j++) issue(j);
+    float s0 = 0.0f, s1 = 0.0f, g0 = 0.0f, g1 = 0.0f; /* this slice-sum; the gate's */
+    for (int it = 0; it < n_sub; it++) {
+        issue(it + Q4M_NS - 1); /* into the stage sub-item it - 1 used */
+        cp_async_wait<Q4M_NS - 1>();
+        __syncwarp();
+        int c = it % nch;
+        float a0 = 0.0f, a1 = 0.0f;
+        q4m_item_dot<KPW>(a0, a1, my + (it % Q4M_NS) * SB, xrow, sxrow, (c % KS) * KPW);
+        s0 += a0, s1 += a1;
+        __syncwarp(); /* every lane has read the stage before the next issue refills it */
+        if (c == KS - 1) g0 = s0, g1 = s1, s0 = 0.0f, s1 = 0.0f; /* the gate rows are done */
+        if (c == nch - 1) { /* the up rows too: token g's outputs 8 p + 2 t, +1 */
+            int item = i0 + (it / nch) * istep, u = item / n_pair, p = item % n_pair;
+            int j = g < n_tok ? L.slot[u][g] - 1 : -1;
+            if (j >= 0) {
+                float *o = act + ((size_t)g * (k + 1) + j) * F + 8 * p + 2 * t;
+                o[0] = moe_swiglu_normed(g0, s0, s_ss, g, K, eps);
+                o[1] = moe_swiglu_normed(g1, s1, s_ss, g, K, eps);
+            }
+            s0 = 0.0f, s1 = 0.0f;
+        }
+    }
+    cp_async_wait<0>();
 }
 
 __global__ void __launch_bounds__(256)
@@ -248,18 +453,33 @@ __global__ void __launch_bounds__(256)
  * (q4: issues its weight loads, then stages act row j in its own shared memory and runs the q4m
  * dot; bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
  *   order (deterministic).
- * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe. */
-template <int BITS, int KPW>
-__global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
-                                const float *wt, const float *w_sh, int k, int n_expert,
-                                int n_embd) {
+ * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe.
+ * With logits (q4, right after moe_up with routing): each warp routes the token again from the
+ * router's logits and loads its expert's first weights before the PDL wait. That is safe because
+ * both moe_up kernels trigger their dependents only after their own wait, so the router kernel
+ * has completed and written the logits when this kernel starts; they are read through L2
+ * (__ldcg in route_warp: no stale L1 line from the previous layer). Same ids as moe_up's (same
+ * function of the same logits), so the same bits. */
+template <int BITS, int KPW, bool EARLY>
+__device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, const float *act,
+                                              const int32_t *ids, const float *logits, int ld,
+                                              const float *wt, const float *w_sh, int k,
+                                              int n_expert, int n_embd) {
     extern __shared__ uint4 xs_all[]; /* q4: per warp the staged act row */
     __shared__ float s_v[17][8];
     pdl_trigger();
-    pdl_wait();
     int t = blockIdx.y, j = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int rb = blockIdx.x, F = W.cols;
-    int e = j < k ? ids[(size_t)t * k + j] : n_expert;
+    int rb = blockIdx.x, F = W.cols, e;
+    if (EARLY) { /* q4 only: route again before the wait (see the contract above) */
+        int id;
+        float wn;
+        route_warp(&id, &wn, logits + (size_t)t * ld, n_expert, k);
+        id = __shfl_sync(0xffffffffu, id, j < k ? j : 0);
+        e = j < k ? id : n_expert;
+    } else {
+        pdl_wait();
+        e = j < k ? ids[(size_t)t * k + j] : n_expert;
+    }
     const float *arow = act + ((size_t)t * (k + 1) + j) * F;
     const void *w;
     const uint32_t *sb;
@@ -269,6 +489,7 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
         uint2 sbv[KPW / 2];
         int KB = F >> 5, kb0 = 0;
         q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, 0);
+        if (EARLY) pdl_wait(); /* the first weights are in flight: now act */
         uint4 *xs = xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16);
         float *sx = q4m_sx(xs, F, 1);
         q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
@@ -301,17 +522,71 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
     h[(size_t)t * n_embd + 8 * rb + r] += out;
 }
 
+template <int BITS, int KPW>
+__global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
+                                const float *wt, const float *w_sh, int k, int n_expert,
+                                int n_embd) {
+    moe_down_body<BITS, KPW, false>(h, W, act, ids, NULL, 0, wt, w_sh, k, n_expert, n_embd);
+}
+
+/* The early form: at most MOE_DOWN_EARLY_K + 1 warps, registers for 3 blocks an SM, so two of
+ * its blocks fit beside a moe_up_q4s block and prefetch while it runs. */
+#define MOE_DOWN_EARLY_K 8
+template <int KPW>
+__global__ void __launch_bounds__(32 * (MOE_DOWN_EARLY_K + 1), 3)
+    moe_down_early_kernel(float *h, tl_gpu_gemm_w W, const float *act, const float *logits, int ld,
+                          const float *wt, const float *w_sh, int k, int n_expert, int n_embd) {
+    moe_down_body<4, KPW, true>(h, W, act, NULL, logits, ld, wt, w_sh, k, n_expert, n_embd);
+}
+
 /* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
 #define MOE_MAX_SHM (220 * 1024)
 /* Raises moe_up's dynamic shared memory limit (tl_gpu_init). */
 int cb_moe_setup(void) {
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  MOE_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<16>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
-    CUDA_TRY(cudaFuncSetAttribute(moe_up_q4m_kernel<32>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM));
+#define MOE_SHM_ATTR(kern)                                                                         \
+    CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM))
+    MOE_SHM_ATTR(moe_up_q4m_kernel<8>);
+    MOE_SHM_ATTR(moe_up_q4m_kernel<16>);
+    MOE_SHM_ATTR(moe_up_q4m_kernel<32>);
+    MOE_SHM_ATTR(moe_up_q4s_kernel<8>);
+    MOE_SHM_ATTR(moe_up_q4s_kernel<16>);
+    MOE_SHM_ATTR(moe_up_q4s_kernel<32>);
+    MOE_SHM_ATTR(moe_up_q4x_kernel<8>);
+    MOE_SHM_ATTR(moe_up_q4x_kernel<16>);
+    MOE_SHM_ATTR(moe_up_q4x_kernel<32>);
+#undef MOE_SHM_ATTR
     return 0;
+}
+
+/* The small-batch MoE levers (TL_MOE_SLICE=1; default 0: measured slower on the H200):
+ * moe_up_q4s_kernel for one token with routing, moe_up_q4x_kernel for 2..8, and moe_down routing
+ * early after moe_up_route. Same bits either way. */
+static int moe_slice = -1;
+static int moe_slice_on(void) {
+    if (moe_slice < 0) moe_slice = getenv("TL_MOE_SLICE") && atoi(getenv("TL_MOE_SLICE")) == 1;
+    return moe_slice;
+}
+extern "C" int tl_gpu_moe_set_slice(int on) {
+    int old = moe_slice_on();
+    moe_slice = on != 0;
+    return old;
+}
+
+/* moe_up_q4s_kernel for one routed token when its items fit (1 launched, 0 not, < 0 error). */
+static int launch_moe_up_q4s(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
+                             const float *norm_w, float eps, int32_t *ids, int k, int n_expert,
+                             int F, int kpw, int ks, const float *logits, int ld, float *wts,
+                             float *w_sh, const tl_gpu_stream *st) {
+    int K = gate_up->cols, n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
+    int upb = CEIL_DIV(n_units, cb_grid_cap() / 2);
+    size_t shm = q4m_smem(K, 1) + (size_t)upb * 8 * q4m_stage_bytes(kpw);
+    if (upb > Q4S_UMAX || shm > MOE_MAX_SHM) return 0;
+    auto kern = kpw == 32   ? moe_up_q4s_kernel<32>
+                : kpw == 16 ? moe_up_q4s_kernel<16>
+                            : moe_up_q4s_kernel<8>;
+    TL_LAUNCH(st, "moe_up_q4s", kern, dim3(CEIL_DIV(n_units, upb)), dim3(256), shm, act, *gate_up,
+              h, norm_w, eps, ids, k, n_expert, F, ks, logits, ld, wts, w_sh, upb);
+    return 1;
 }
 
 static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
@@ -333,6 +608,24 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     if (q4m_split(K, 4, &kpw, &ks) || (8 / ks) % 2 || k > MAX_K || k > 32 ||
         n_expert > 32 * ROUTE_PER)
         return TL_ERR_INVALID;
+    if (logits && n_tok == 1 && moe_slice_on()) {
+        int rc = launch_moe_up_q4s(act, gate_up, h, norm_w, eps, ids, k, n_expert, F, kpw, ks,
+                                   logits, ld, wts, w_sh, st);
+        if (rc) return rc < 0 ? rc : 0;
+    }
+    if (logits && n_tok >= 2 && n_tok <= 8 && moe_slice_on()) {
+        size_t shm = q4m_smem(K, n_tok) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
+        int n_items = (TL_MIN(n_tok * k, n_expert) + 1) * (2 * F / 8 / 2);
+        if (shm <= MOE_MAX_SHM) {
+            auto kern = kpw == 32   ? moe_up_q4x_kernel<32>
+                        : kpw == 16 ? moe_up_q4x_kernel<16>
+                                    : moe_up_q4x_kernel<8>;
+            TL_LAUNCH(st, "moe_up_q4x", kern, dim3(TL_MIN(cb_grid_cap() / 2, CEIL_DIV(n_items, 8))),
+                      dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k, n_expert, F, ks,
+                      logits, ld, wts, w_sh, n_tok);
+            return 0;
+        }
+    }
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
@@ -360,9 +653,9 @@ extern "C" int tl_gpu_moe_up_route(float *act, int32_t *ids, float *w, float *w_
                        st);
 }
 
-extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act,
-                               const int32_t *ids, const float *w, const float *w_sh, int k,
-                               int n_expert, int n_tok, const tl_gpu_stream *st) {
+static int moe_down_impl(float *h, const tl_gpu_gemm_w *down, const float *act, const int32_t *ids,
+                         const float *logits, int ld, const float *w, const float *w_sh, int k,
+                         int n_expert, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     int n_embd = down->rows / (n_expert + 1), F = down->cols;
     if (n_embd % 8 || F % 256 || k + 1 > 17) return TL_ERR_INVALID;
@@ -376,6 +669,12 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     if (q4m_split(F, 8, &kpw, &ks)) return TL_ERR_INVALID; /* one warp loops over the ks chunks */
     size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
     if (shm > 48 * 1024) return TL_ERR_INVALID;
+    if (logits && k <= MOE_DOWN_EARLY_K && n_expert <= 32 * ROUTE_PER && kpw <= 16) {
+        auto kern = kpw == 16 ? moe_down_early_kernel<16> : moe_down_early_kernel<8>;
+        TL_LAUNCH(st, "moe_down_early", kern, grid, block, shm, h, *down, act, logits, ld, w, w_sh,
+                  k, n_expert, n_embd);
+        return 0;
+    }
     auto kern = kpw == 32   ? moe_down_kernel<4, 32>
                 : kpw == 16 ? moe_down_kernel<4, 16>
                             : moe_down_kernel<4, 8>;
@@ -384,44 +683,84 @@ extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float 
     return 0;
 }
 
+extern "C" int tl_gpu_moe_down(float *h, const tl_gpu_gemm_w *down, const float *act,
+                               const int32_t *ids, const float *w, const float *w_sh, int k,
+                               int n_expert, int n_tok, const tl_gpu_stream *st) {
+    return moe_down_impl(h, down, act, ids, NULL, 0, w, w_sh, k, n_expert, n_tok, st);
+}
+
+extern "C" int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, const float *act,
+                                           const int32_t *ids, const float *logits, int ld,
+                                           const float *w, const float *w_sh, int k, int n_expert,
+                                           int n_tok, const tl_gpu_stream *st) {
+    return moe_down_impl(h, down, act, ids, moe_slice_on() ? logits : NULL, ld, w, w_sh, k,
+                         n_expert, n_tok, st);
+}
+
 /* ====== Prefill MoE: plan, grouped GEMMs (k_gemm.cu), combine. ====== */
 
 /* math: counting sort of the n_tok*8 assignments a = tok*8 + slot by expert id.
  * plan: off[257] (prefix of counts), tile prefixes for 128-, 64- and 16-row tiles, perm[n*8].
- * threads: one block of 1024; shared-memory atomics (order inside an expert is arbitrary, which
- *   cannot change any result: each output row depends only on its own input row). */
+ * threads: one block of 1024. Counting and placing are warp-aggregated: the lanes of a warp that
+ *   hold the same expert (__match_any_sync) add their number with one shared-memory atomic and
+ *   take consecutive places by their rank among themselves, so a hot expert costs one atomic a
+ *   warp, not 32. The four prefixes are block scans (warp shuffles, then across the 8 warps of
+ *   the first 256 threads), not one thread's loop. The order inside an expert is arbitrary, which
+ *   cannot change any result: each output row depends only on its own input row. */
+static __device__ __forceinline__ int plan_warp_incl_scan(int v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
+/* Thread e < 256 writes the exclusive prefix of v over e into plan[at + e] (and the total into
+ * plan[at + 256]); sw: 8 ints of shared memory. Every thread of the block calls it. */
+static __device__ __forceinline__ int plan_prefix(int32_t *plan, int at, int v, int *sw) {
+    const int e = threadIdx.x, lane = e & 31, w = e >> 5;
+    int incl = e < 256 ? plan_warp_incl_scan(v, lane) : 0;
+    if (e < 256 && lane == 31) sw[w] = incl;
+    __syncthreads();
+    int before = 0;
+    if (e < 256)
+        for (int k = 0; k < w; k++) before += sw[k];
+    int excl = before + incl - v;
+    if (e < 256) plan[at + e] = excl;
+    if (e == 255) plan[at + 256] = excl + v;
+    __syncthreads(); /* sw is reused by the next prefix */
+    return excl;
+}
+
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
-    __shared__ int cnt[256], cur[256];
+    __shared__ int cnt[256], cur[256], sw[8];
+    const int lane = threadIdx.x & 31;
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
-        int e = ids[a];
-        if (e >= 0 && e < 256) atomicAdd(&cnt[e], 1);
+    for (int base = 0; base < n_asg;
+         base += blockDim.x) { /* whole warps: the match is collective */
+        int a = base + threadIdx.x, e = a < n_asg ? ids[a] : -1;
+        unsigned m = __match_any_sync(0xffffffffu, e);
+        if (e >= 0 && e < 256 && lane == __ffs(m) - 1) atomicAdd(&cnt[e], __popc(m));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, t = 0, t64 = 0, t16 = 0;
-        for (int e = 0; e < 256; e++) {
-            plan[PLAN_OFF + e] = o;
-            plan[PLAN_TS128 + e] = t;
-            plan[PLAN_TS64 + e] = t64;
-            plan[PLAN_TS16 + e] = t16;
-            cur[e] = o;
-            o += cnt[e];
-            t += (cnt[e] + 127) / 128;
-            t64 += (cnt[e] + 63) / 64;
-            t16 += (cnt[e] + 15) / 16;
-        }
-        plan[PLAN_OFF + 256] = o;
-        plan[PLAN_TS128 + 256] = t;
-        plan[PLAN_TS64 + 256] = t64;
-        plan[PLAN_TS16 + 256] = t16;
-    }
+    int c = threadIdx.x < 256 ? cnt[threadIdx.x] : 0;
+    int o = plan_prefix(plan, PLAN_OFF, c, sw);
+    plan_prefix(plan, PLAN_TS128, (c + 127) / 128, sw);
+    plan_prefix(plan, PLAN_TS64, (c + 63) / 64, sw);
+    plan_prefix(plan, PLAN_TS16, (c + 15) / 16, sw);
+    if (threadIdx.x < 256) cur[threadIdx.x] = o;
     __syncthreads();
-    for (int a = threadIdx.x; a < n_asg; a += blockDim.x) {
-        int e = ids[a];
-        if (e >= 0 && e < 256) plan[PLAN_PERM + atomicAdd(&cur[e], 1)] = a;
+    for (int base = 0; base < n_asg; base += blockDim.x) {
+        int a = base + threadIdx.x, e = a < n_asg ? ids[a] : -1;
+        unsigned m = __match_any_sync(0xffffffffu, e);
+        int leader = __ffs(m) - 1, pos = 0;
+        bool ok = e >= 0 && e < 256;
+        if (ok && lane == leader) pos = atomicAdd(&cur[e], __popc(m));
+        pos = __shfl_sync(0xffffffffu, pos, leader);
+        if (ok) plan[PLAN_PERM + pos + __popc(m & ((1u << lane) - 1))] = a;
     }
 }
 
@@ -475,11 +814,16 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
             }
         }
         size_t base = (size_t)t * n_embd + c0;
-        if (out_f32) {
-            for (int i = 0; i < 8; i++) {
-                float r = res ? ((const float *)res)[base + i] : 0.f;
-                ((float *)out)[base + i] = r + acc[i];
+        if (out_f32) { /* 16-byte loads and stores: the same sums */
+            float4 r0 = make_float4(0.f, 0.f, 0.f, 0.f), r1 = r0;
+            if (res) {
+                r0 = *(const float4 *)((const float *)res + base);
+                r1 = *(const float4 *)((const float *)res + base + 4);
             }
+            *(float4 *)((float *)out + base) =
+                make_float4(r0.x + acc[0], r0.y + acc[1], r0.z + acc[2], r0.w + acc[3]);
+            *(float4 *)((float *)out + base + 4) =
+                make_float4(r1.x + acc[4], r1.y + acc[5], r1.z + acc[6], r1.w + acc[7]);
         } else {
             uint32_t o[4];
             for (int i = 0; i < 4; i++) {

@@ -1,7 +1,7 @@
 /* RMSNorm (the 1+w form: the loader already folded the offset into w). The gated RMSNorm of the
  * GDN output is fused into k_gdn_decode.cu, and the pre-projection norms into the GEMVs
  * (k_gemv.cu, k_moe.cu); this standalone kernel serves the final norm before the LM head. */
-#include "cuda/cuda_backend.cuh"
+#include "cuda/cuda_common.cuh"
 
 /* rmsnorm_row_kernel
  *   y[i, c] = x[r, c] / sqrt(mean_c(x[r]^2) + eps) * w[c],  r = rows ? rows[i] : i
@@ -32,14 +32,41 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
 /* rmsnorm_bf16_kernel: the same RMSNorm written as bf16, the activation format of the prefill
  * GEMMs (gpu.h). y [n_rows, n] bf16; yl (if non-NULL) gets the low plane bf16(v - y) of each
  * normed value v, for the router's split-precision GEMM (k_router.cu). One block of 256 per row.
- * Tested through the whole prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and
- * test_kernels.c: test_router_gemm. */
+ * note: rows of n = 8 * 256 (the model's width): a thread owns 8 contiguous values, read once
+ * as two float4 and written as one 16-byte store (yl likewise); other widths take the strided
+ * loop. Tested against cpu_rmsnorm (test_kernels.c: test_norms_bf16), through the whole prefill
+ * path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and test_kernels.c: test_router_gemm. */
+static __device__ __forceinline__ void rms_store8(uint16_t *y, uint16_t *yl, const float (&v)[8]) {
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        h[k] = bf16x2_pack(v[2 * k], v[2 * k + 1]);
+        l[k] = bf16x2_pack(v[2 * k] - bf16x2_lo(h[k]), v[2 * k + 1] - bf16x2_hi(h[k]));
+    }
+    *(uint4 *)y = make_uint4(h[0], h[1], h[2], h[3]);
+    if (yl) *(uint4 *)yl = make_uint4(l[0], l[1], l[2], l[3]);
+}
 __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, const float *w,
                                     int n, float eps) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sbuf[32];
     int i = blockIdx.x;
     const float *xr = x + (size_t)i * n;
+    if (n == 8 * (int)blockDim.x) {
+        int c0 = 8 * threadIdx.x;
+        float4 a = *(const float4 *)(xr + c0), b = *(const float4 *)(xr + c0 + 4);
+        float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s = fmaf(v[k], v[k], s);
+        float inv = rsqrtf(block_sum(s, sbuf) / (float)n + eps);
+        float4 wa = *(const float4 *)(w + c0), wb = *(const float4 *)(w + c0 + 4);
+        float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = v[k] * inv * wv[k];
+        rms_store8(y + (size_t)i * n + c0, yl ? yl + (size_t)i * n + c0 : NULL, v);
+        return;
+    }
     float s = 0.0f;
     for (int c = threadIdx.x; c < n; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
     s = block_sum(s, sbuf);
@@ -65,30 +92,56 @@ extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, 
     return 0;
 }
 
-/* gated_rmsnorm_bf16_kernel  (docs/model.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
+/* gated_rmsnorm_kernel  (docs/model.md §2.4 step 8, HF Qwen3_5MoeRMSNormGated)
  *   y[t, h*128 + c] = o[t,h,c] / sqrt(mean_c(o[t,h]^2) + eps) * w[c] * silu(z[t, h*128 + c])
- * Shapes: o [n, nv*128] f32; z at proj[t*ld_proj + z_off + ...]; y [n, nv*128] bf16.
- * Threads: one block of 128 per (token, head). Tested with the prefill path. */
-__global__ void gated_rmsnorm_bf16_kernel(uint16_t *y, const float *o, const float *proj,
-                                          int ld_proj, int z_off, const float *w, int nv,
-                                          float eps) {
+ * Shapes: o [n, nv*128] f32; z at proj[t*ld_proj + z_off + ...] (ld_proj, z_off multiples of 4);
+ * y [n, nv*128] bf16 (the GEMM paths) or f32 (F32: the decode path after gdn_cols; y may be o).
+ * Threads: one warp per (token, head), 8 a block: a lane owns 4 contiguous values (float4 of o
+ *   and z, one 8- or 16-byte store after all its reads), the sum of squares by warp shuffles.
+ *   (One block of 128 per (token, head) with a block reduction ran at ~40% of the bandwidth:
+ *   64K tiny blocks at 2K tokens.)
+ * Tested against the host (test_kernels.c: test_norms_bf16, test_gdn_cols_norm) and with the
+ * prefill path. */
+template <bool F32>
+__global__ void gated_rmsnorm_kernel(void *y, const float *o, const float *proj, int ld_proj,
+                                     int z_off, const float *w, int nv, int n, float eps) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
-    __shared__ float sbuf[32];
-    int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
-    size_t i = ((size_t)t * nv + h) * 128 + c;
-    float v = o[i];
-    float ss = block_sum(v * v, sbuf);
-    float z = proj[(size_t)t * ld_proj + z_off + h * 128 + c];
-    y[i] = f2bf(v * rsqrtf(ss / 128.0f + eps) * w[c] * silu_f(z));
+    int pair = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (pair >= n * nv) return; /* warp-uniform */
+    int t = pair / nv, h = pair % nv, c = 4 * lane;
+    size_t i = (size_t)pair * 128 + c;
+    float4 v = *(const float4 *)(o + i);
+    float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+    float inv = rsqrtf(ss / 128.0f + eps);
+    float4 z = *(const float4 *)(proj + (size_t)t * ld_proj + z_off + h * 128 + c);
+    float4 wv = *(const float4 *)(w + c);
+    float4 r = make_float4(v.x * inv * wv.x * silu_f(z.x), v.y * inv * wv.y * silu_f(z.y),
+                           v.z * inv * wv.z * silu_f(z.z), v.w * inv * wv.w * silu_f(z.w));
+    if (F32)
+        *(float4 *)((float *)y + i) = r;
+    else
+        *(uint2 *)((uint16_t *)y + i) = make_uint2(bf16x2_pack(r.x, r.y), bf16x2_pack(r.z, r.w));
 }
 
+template <bool F32>
+static int gated_rmsnorm(void *y, const float *o, const float *proj, int ld_proj, int z_off,
+                         const float *w, int nv, int n, float eps, const tl_gpu_stream *st) {
+    if (n <= 0) return 0;
+    if (ld_proj % 4 || z_off % 4) return TL_ERR_INVALID;
+    unsigned blocks = (unsigned)(((long)n * nv + 7) / 8);
+    TL_LAUNCH(st, F32 ? "gated_rmsnorm_f32" : "gated_rmsnorm_bf16", gated_rmsnorm_kernel<F32>,
+              dim3(blocks), dim3(256), 0, y, o, proj, ld_proj, z_off, w, nv, n, eps);
+    return 0;
+}
 extern "C" int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj,
                                          int ld_proj, int z_off, const float *w, int nv, int n,
                                          float eps, const tl_gpu_stream *st) {
-    if (n <= 0) return 0;
-    TL_LAUNCH(st, "gated_rmsnorm_bf16", gated_rmsnorm_bf16_kernel, dim3(n, nv), dim3(128), 0, y, o,
-              proj, ld_proj, z_off, w, nv, eps);
-    return 0;
+    return gated_rmsnorm<false>(y, o, proj, ld_proj, z_off, w, nv, n, eps, st);
+}
+extern "C" int tl_gpu_gated_rmsnorm_f32(float *y, const float *o, const float *proj, int ld_proj,
+                                        int z_off, const float *w, int nv, int n, float eps,
+                                        const tl_gpu_stream *st) {
+    return gated_rmsnorm<true>(y, o, proj, ld_proj, z_off, w, nv, n, eps, st);
 }
 
 /* cast_bf16_kernel: y[i] = bf16(x[i]) (round to nearest even), the f32 outputs of the decode

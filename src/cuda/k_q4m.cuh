@@ -151,6 +151,68 @@ __device__ __forceinline__ void q4m_dot(float &acc0, float &acc1, const uint32_t
     }
 }
 
+/* A q4m work item in shared memory (q4m_stage_bytes(KPW) bytes at dst, 16-byte aligned): the
+ * KPW tiles (rb, kb0 .. kb0 + KPW - 1) of W (KPW * 128 contiguous bytes) and the scale/bias words
+ * of rows 8rb .. 8rb + 7 for their KPW / 2 groups (32 bytes a group), as cp.async by the calling
+ * warp (not committed). q4m_item_dot: the item's dot product (q4m_dot) once it has landed. */
+template <int KPW>
+__device__ __forceinline__ void q4m_issue(char *dst, const uint32_t *W, const uint32_t *S, int rows,
+                                          int K, int rb, int kb0) {
+    int lane = threadIdx.x & 31;
+    const char *ws = (const char *)(W + ((size_t)rb * (K >> 5) + kb0) * 32);
+#pragma unroll
+    for (int i = 0; i < KPW * 8 / 32; i++)
+        cp_async16(dst + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
+    if (lane < KPW)
+        cp_async16(dst + KPW * 128 + lane * 16,
+                   S + (size_t)(kb0 / 2 + (lane >> 1)) * rows + rb * 8 + (lane & 1) * 4, 16);
+}
+
+template <int KPW>
+__device__ __forceinline__ void q4m_item_dot(float &a0, float &a1, const char *item,
+                                             const uint4 *xrow, const float *sxrow, int kb0) {
+    int lane = threadIdx.x & 31, t = lane & 3;
+    const uint32_t *ws = (const uint32_t *)item, *ss = (const uint32_t *)(item + KPW * 128);
+    uint32_t wq[KPW];
+    uint2 sbv[KPW / 2];
+#pragma unroll
+    for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
+#pragma unroll
+    for (int g = 0; g < KPW / 2; g++) sbv[g] = *(const uint2 *)(ss + g * 8 + 2 * t);
+    q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
+}
+
+/* cp.async.wait_group with a run-time count n (0 <= n < 8): the slice kernels' items. */
+#define Q4S_UMAX 8 /* work items a warp at most in the slice kernels */
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+    switch (n) {
+    case 0:
+        cp_async_wait<0>();
+        break;
+    case 1:
+        cp_async_wait<1>();
+        break;
+    case 2:
+        cp_async_wait<2>();
+        break;
+    case 3:
+        cp_async_wait<3>();
+        break;
+    case 4:
+        cp_async_wait<4>();
+        break;
+    case 5:
+        cp_async_wait<5>();
+        break;
+    case 6:
+        cp_async_wait<6>();
+        break;
+    default:
+        cp_async_wait<7>();
+        break;
+    }
+}
+
 /* Persistent q4m loop. The block's 8 warps form (8 / KS) row-block lanes q x KS K-slices ks
  * (warp = q * KS + ks; warps past RBB * KS idle); work "unit" u gives warp (q, ks) the tiles
  * kb = ks*KPW .. +KPW-1 of one row block (src(u, q, &w, &sb, &rows, &rb) says which, false if
@@ -172,7 +234,6 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
                const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring) {
     constexpr int SB = KPW * 128 + KPW * 16;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp / KS, kb0 = (warp % KS) * KPW;
-    int KB = K >> 5;
     char *my = ring + (size_t)warp * Q4M_NS * SB;
     unsigned live = 0; /* bit j: stage j holds a unit of this warp */
     auto issue = [&](int uu, int stage) {
@@ -181,40 +242,20 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
         live &= ~(1u << stage);
         if (uu < n_units && src(uu, q, &W, &S, &rows, &rb)) {
             live |= 1u << stage;
-            const char *ws = (const char *)(W + ((size_t)rb * KB + kb0) * 32);
-            char *wd = my + stage * SB;
-#pragma unroll
-            for (int i = 0; i < KPW * 8 / 32; i++)
-                cp_async16(wd + (i * 32 + lane) * 16, ws + (i * 32 + lane) * 16, 16);
-            if (lane < KPW) {
-                int g = lane >> 1, h = lane & 1;
-                cp_async16(wd + KPW * 128 + lane * 16,
-                           S + (size_t)(kb0 / 2 + g) * rows + rb * 8 + h * 4, 16);
-            }
+            q4m_issue<KPW>(my + stage * SB, W, S, rows, K, rb, kb0);
         }
         cp_async_commit();
     };
 #pragma unroll
     for (int j = 0; j < Q4M_NS - 1; j++) issue(u + j * ustep, j);
     prologue();
-    int t = lane & 3;
     for (int i = 0; u < n_units; i++, u += ustep) {
         int stage = i % Q4M_NS;
         issue(u + (Q4M_NS - 1) * ustep, (i + Q4M_NS - 1) % Q4M_NS);
         cp_async_wait<Q4M_NS - 1>();
         __syncwarp();
         float a0 = 0.0f, a1 = 0.0f;
-        if (live & (1u << stage)) {
-            const uint32_t *ws = (const uint32_t *)(my + stage * SB);
-            const uint32_t *ss = (const uint32_t *)(my + stage * SB + KPW * 128);
-            uint32_t wq[KPW];
-            uint2 sbv[KPW / 2];
-#pragma unroll
-            for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
-#pragma unroll
-            for (int g = 0; g < KPW / 2; g++) sbv[g] = *(const uint2 *)(ss + g * 8 + 2 * t);
-            q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
-        }
+        if (live & (1u << stage)) q4m_item_dot<KPW>(a0, a1, my + stage * SB, xrow, sxrow, kb0);
         s_part[warp][lane] = make_float2(a0, a1);
         __syncthreads(); /* also: every lane has read this stage before it is refilled */
         emit(u);
@@ -226,11 +267,25 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
 /* Dot of bf16 rows r0..r0+R-1 (rows >= n_rows skipped) with NT inputs over the columns
  * c = (slice*32 + lane)*8 + j*256*n_slices (16 bytes per row per lane per step); n_slices = 1
  * covers all columns in one warp. ss[t] accumulates raw x^2 over the same columns. Returns
- * per-lane partial sums (reduce with warp_sum or across warps). */
+ * per-lane partial sums (reduce with warp_sum or across warps). pre: the first step's weights,
+ * loaded earlier by bf16_rows_first (same values, so the same sums), or NULL. */
+/* Loads the weights of bf16_rows_dot's first step (rows r0.., column chunk (slice*32 + lane)*8)
+ * into pre: a caller issues them before its PDL wait and passes pre to bf16_rows_dot. */
+template <int R>
+__device__ __forceinline__ void bf16_rows_first(uint4 (&pre)[R], const uint16_t *w, int K, int r0,
+                                                int n_rows, int slice) {
+    int c = (slice * 32 + (threadIdx.x & 31)) * 8;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        pre[r] = c < K && r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
+                                          : make_uint4(0, 0, 0, 0);
+}
+
 template <int NT, int R>
-__device__ __forceinline__ void
-bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT], const uint16_t *w, int K, int r0, int n_rows,
-              const float *const (&x)[NT], const float *xw, int nt, int slice, int n_slices) {
+__device__ __forceinline__ void bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT],
+                                              const uint16_t *w, int K, int r0, int n_rows,
+                                              const float *const (&x)[NT], const float *xw, int nt,
+                                              int slice, int n_slices, const uint4 *pre = NULL) {
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -240,10 +295,12 @@ bf16_rows_dot(float (&acc)[R][NT], float (&ss)[NT], const uint16_t *w, int K, in
     }
     for (int c = (slice * 32 + lane) * 8; c < K; c += 256 * n_slices) {
         uint4 q[R];
+        bool first = pre && c == (slice * 32 + lane) * 8;
 #pragma unroll
         for (int r = 0; r < R; r++)
-            q[r] = r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
-                                   : make_uint4(0, 0, 0, 0);
+            q[r] = first             ? pre[r]
+                   : r0 + r < n_rows ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * K + c))
+                                     : make_uint4(0, 0, 0, 0);
         float4 wa = make_float4(1, 1, 1, 1), wb = wa;
         if (xw) wa = __ldg((const float4 *)(xw + c)), wb = __ldg((const float4 *)(xw + c + 4));
 #pragma unroll

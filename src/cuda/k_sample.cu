@@ -355,8 +355,9 @@ template <bool LAW>
 __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, const float *restricted, int V, int n_valid,
                        const tl_sample_params *params, const int32_t *counts,
-                       const int32_t *count_slot, float *scratch, int fast, const int32_t *row_of,
-                       const int32_t *adj_rows, size_t stride, int np) {
+                       const uint32_t *count_bits, const int32_t *count_slot, float *scratch,
+                       int fast, const int32_t *row_of, const int32_t *adj_rows, size_t stride,
+                       int np) {
     __shared__ float sbuf[32];
     __shared__ int sibuf[32], hist[256], s_cnt[FT / 32 * 2];
     __shared__ uint32_t keys[FCH];
@@ -366,7 +367,10 @@ __global__ void __launch_bounds__(FT)
     if (!fast_row(P, fast)) return;
     const float *lg = logits + (size_t)(LAW ? row_of[row] : row) * V;
     const float *ls = LAW ? lg : draw_row(lg, restricted, row, V, P);
-    const int32_t *cnt = counts ? counts + (size_t)(count_slot ? count_slot[row] : row) * V : NULL;
+    int cslot = count_slot ? count_slot[row] : row;
+    const int32_t *cnt = counts ? counts + (size_t)cslot * V : NULL;
+    const uint32_t *cb =
+        cnt && count_bits ? count_bits + (size_t)cslot * TL_GPU_COUNT_WORDS(V) : NULL;
     int32_t adj[TL_LAW_ADJ];
     for (int a = 0; a < TL_LAW_ADJ; a++)
         adj[a] = LAW && adj_rows ? adj_rows[row * TL_LAW_ADJ + a] : 0;
@@ -379,13 +383,19 @@ __global__ void __launch_bounds__(FT)
     for (int j0 = tid; j0 < n; j0 += PU * FT) {
         float lv[PU], rv[PU];
         int cv[PU];
+        uint32_t cw[PU]; /* the count-bit words of the ids (all ones without bits: read all) */
 #pragma unroll
         for (int u = 0; u < PU; u++) {
             int j = j0 + u * FT;
             bool in = j < n;
             lv[u] = in ? lg[i0 + j] : 0.0f;
             rv[u] = in && ls != lg ? ls[i0 + j] : lv[u];
-            cv[u] = in && cnt ? cnt[i0 + j] : 0;
+            cw[u] = in && cb ? cb[(i0 + j) >> 5] : 0xffffffffu;
+        }
+#pragma unroll
+        for (int u = 0; u < PU; u++) { /* a count only where its bit says it may be non-zero */
+            int j = j0 + u * FT;
+            cv[u] = j < n && cnt && ((cw[u] >> ((i0 + j) & 31)) & 1u) ? cnt[i0 + j] : 0;
         }
 #pragma unroll
         for (int u = 0; u < PU; u++) {
@@ -796,9 +806,9 @@ static int pick_parts(const tl_sample_params *hp, int n_rows, size_t stride) {
 
 extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_vocab, int n_valid,
                              const tl_sample_params *params, const tl_sample_params *h_params,
-                             const uint64_t *keys, const int32_t *counts, const int32_t *count_slot,
-                             float *scratch, float *restricted, int n_rows,
-                             const tl_gpu_stream *st) {
+                             const uint64_t *keys, const int32_t *counts,
+                             const uint32_t *count_bits, const int32_t *count_slot, float *scratch,
+                             float *restricted, int n_rows, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
     if (restricted) {
         TL_LAUNCH(st, "sample_restrict_copy", sample_restrict_copy_kernel,
@@ -814,8 +824,9 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
     if (fast) {
         size_t stride = 2 * (size_t)n_vocab;
         TL_LAUNCH(st, "sample_part", sample_part_kernel<false>, dim3(np, n_rows), dim3(FT), 0,
-                  logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_slot,
-                  scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride, np);
+                  logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_bits,
+                  count_slot, scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride,
+                  np);
         TL_LAUNCH(st, "sample_merge", sample_merge_kernel<false>, dim3(n_rows), dim3(FT), 0, out,
                   logits, n_vocab, params, keys, scratch, fast, (tl_law *)NULL,
                   (const int32_t *)NULL, stride, np);
@@ -829,9 +840,9 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
 
 /* penalty_add_kernel: one thread per fed token; integer atomics, so the counts do not depend on
  * their order. */
-__global__ void penalty_add_kernel(int32_t *counts, int V, const int32_t *tokens,
-                                   const int32_t *tok_pos, const int32_t *tok_slot,
-                                   const int32_t *n_prompt, int n_tok) {
+__global__ void penalty_add_kernel(int32_t *counts, uint32_t *count_bits, int V,
+                                   const int32_t *tokens, const int32_t *tok_pos,
+                                   const int32_t *tok_slot, const int32_t *n_prompt, int n_tok) {
     pdl_trigger();
     pdl_wait();
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -839,6 +850,8 @@ __global__ void penalty_add_kernel(int32_t *counts, int V, const int32_t *tokens
     int tok = tokens[t], slot = tok_slot[t], np = n_prompt[slot];
     if (tok < 0 || tok >= V) return;
     int32_t *c = counts + (size_t)slot * V + tok;
+    if (count_bits)
+        atomicOr(count_bits + (size_t)slot * TL_GPU_COUNT_WORDS(V) + (tok >> 5), 1u << (tok & 31));
     if (np >= 0 && tok_pos[t] >= np)
         atomicAdd(c, 1);
     else
@@ -855,12 +868,13 @@ __global__ void penalty_sub_kernel(int32_t *counts, int V, sub_tokens t, int slo
     if (i < n_tok && t.t[i] >= 0 && t.t[i] < V) atomicSub(counts + (size_t)slot * V + t.t[i], 1);
 }
 
-extern "C" int tl_gpu_penalty_add(int32_t *counts, int n_vocab, const int32_t *tokens,
-                                  const int32_t *tok_pos, const int32_t *tok_slot,
-                                  const int32_t *n_prompt, int n_tok, const tl_gpu_stream *st) {
+extern "C" int tl_gpu_penalty_add(int32_t *counts, uint32_t *count_bits, int n_vocab,
+                                  const int32_t *tokens, const int32_t *tok_pos,
+                                  const int32_t *tok_slot, const int32_t *n_prompt, int n_tok,
+                                  const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     TL_LAUNCH(st, "penalty_add", penalty_add_kernel, dim3(CEIL_DIV(n_tok, 256)), dim3(256), 0,
-              counts, n_vocab, tokens, tok_pos, tok_slot, n_prompt, n_tok);
+              counts, count_bits, n_vocab, tokens, tok_pos, tok_slot, n_prompt, n_tok);
     return 0;
 }
 
@@ -884,15 +898,16 @@ extern "C" size_t tl_gpu_law_scratch_floats(int max_rows) {
 extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
                                  const int32_t *row_of, const tl_sample_params *params,
                                  const tl_sample_params *h_params, const int32_t *counts,
-                                 const int32_t *count_slot, const int32_t *adj, float *scratch,
-                                 int n_rows, const tl_gpu_stream *st) {
+                                 const uint32_t *count_bits, const int32_t *count_slot,
+                                 const int32_t *adj, float *scratch, int n_rows,
+                                 const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
     if (n_valid > FP * FCH) return TL_ERR_UNSUPPORTED; /* a part must fit in shared memory */
     int np = pick_parts(h_params, n_rows, (size_t)PART_SCR(FP_FEW));
     size_t stride = (size_t)PART_SCR(np);
     TL_LAUNCH(st, "sample_law_part", sample_part_kernel<true>, dim3(np, n_rows), dim3(FT), 0,
-              logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_slot, scratch, 1,
-              row_of, adj, stride, np);
+              logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_bits, count_slot,
+              scratch, 1, row_of, adj, stride, np);
     TL_LAUNCH(st, "sample_law_merge", sample_merge_kernel<true>, dim3(n_rows), dim3(FT), 0,
               (tl_sample_out *)NULL, logits, n_vocab, params, (const uint64_t *)NULL, scratch, 1,
               laws, row_of, stride, np);

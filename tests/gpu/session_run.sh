@@ -11,16 +11,95 @@
 #             binary from before the engine-path bench always ran greedy and has no --greedy)
 #   load      load time of a full-size random 4-bit checkpoint (tools/make_random_mlx4.py),
 #             warm and cold page cache
-# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load]   (no argument: all four)
+#   levers    the batch-1 kernel levers (docs/architecture.md §5.2): their kernel tests first
+#             (test_slice_kernels, test_sample_count_bits; memcheck of the first), then
+#             bench/env_ab.sh at 4K over $VARIANTS (default: all off (the default since
+#             session 8), all on, each on alone, two slice blocks an SM, the GDN step cut by
+#             columns), the same with --speculative-tokens 3, and the per-kernel table of one
+#             decode step (--prof) with the levers off and on
+#   prefill   the wgr kernel (k_gemm_wgr.cu, TL_MOE_WGR, TL_DENSE_WGR) and the wgmma attention
+#             (k_attn_prefill.cu, TL_ATTN_WG), the defaults since session 8: the prefill MoE,
+#             GEMM and attention tests (every tile, 6 and 7 included; both attention kernels),
+#             the e2e tests with tile 7 forced, memchecks, then bench/env_ab.sh METRIC=prefill at
+#             1K, 4K and 16K with each on (default) and off, 2048- and 4096-token chunks
+#             (TL_CUDA_MAX_TOK; default 8192) and all of the old settings; then decode batches
+#             of 64 and 256 with the wgr tiles forced on every 4-bit GEMM
+#   kbench    dev/kernels/prefill_bench (build/cuda/dev/prefill_bench, built beforehand): every
+#             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
+# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench]
+#   (no argument: tests hf bench load)
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
 O=${OUT:-/tmp/tulip-out}
 mkdir -p "$O"
-steps=${*:-tests hf bench load}
+steps=${*:-tests hf bench load}  # levers, prefill and kbench only when asked
 has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
 
+if has levers; then
+    echo "== lever tests"
+    for t in test_slice_kernels test_sample_count_bits; do
+        T_ONLY=$t timeout 180 build/cuda/tests/test_kernels >"$O/$t.txt" 2>&1
+        echo "$t rc=$?"
+        grep -E '^(PASS|FAIL)|DIFFER|failed' "$O/$t.txt" | head -8
+    done
+    T_ONLY=test_slice_kernels timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        build/cuda/tests/test_kernels >"$O/memcheck-levers.txt" 2>&1
+    echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-levers.txt")"
+    on="TL_GEMV_SLICE=1 TL_GEMV_ROWS=1 TL_MOE_SLICE=1"
+    v=${VARIANTS:-"-; $on; TL_GEMV_SLICE=1; TL_GEMV_ROWS=1; TL_MOE_SLICE=1; TL_GEMV_SLICE=2; TL_GDN_COLS=1"}
+    echo "== levers, decode at 4K"
+    VARIANTS=$v timeout 300 bash bench/env_ab.sh 2>&1 | tee "$O/levers.txt"
+    echo "== levers, --speculative-tokens 3"
+    VARIANTS="-; $on" ARGS="--random-weights --bits 4 --speculative-tokens 3" GEN=64 \
+        timeout 200 bash bench/env_ab.sh 2>&1 | tee "$O/levers-spec.txt"
+    for mode in off on; do
+        envs=()
+        [ $mode = on ] && read -r -a envs <<<"$on"
+        env ${envs[@]+"${envs[@]}"} timeout 120 build/cuda/tulip bench --random-weights --bits 4 \
+            --lengths 4096 --gen 16 --repeats 1 --prof >"$O/prof-$mode.txt" 2>&1
+        echo "prof $mode rc=$? (tables in $O/prof-$mode.txt)"
+    done
+fi
+if has prefill; then
+    for t in test_moe_grouped test_gemm test_attn_prefill; do
+        echo "== $t (wgr tiles 6, 7; TL_ATTN_WG)"
+        T_ONLY=$t timeout 120 build/cuda/tests/test_prefill_kernels >"$O/pf-$t.txt" 2>&1
+        echo "$t rc=$?"
+        grep -E '^(PASS|FAIL)|tile=[67]|wgmma|CHECK' "$O/pf-$t.txt" | head -16
+    done
+    T_ONLY=test_norms_bf16 timeout 60 build/cuda/tests/test_kernels >"$O/norms.txt" 2>&1
+    echo "test_norms_bf16 (vectorised bf16 norms) rc=$?"
+    grep -E '^(PASS|FAIL)|^# (rms|gated)|CHECK' "$O/norms.txt" | head -6
+    # the whole binary: its tests draw their prompts from one generator, so a test run alone
+    # (T_ONLY) sees another prompt than its tolerance was set on (session 8)
+    echo "== the e2e tests with the 4-warpgroup wgr tile forced"
+    TL_GEMM_TILE=7 timeout 200 build/cuda/tests/test_gpu_e2e >"$O/e2e-pf-new.txt" 2>&1
+    echo "test_gpu_e2e (TL_GEMM_TILE=7) rc=$?"
+    grep -E '^FAIL|CHECK|passed' "$O/e2e-pf-new.txt" | head -6
+    for t in test_moe_grouped test_attn_prefill; do
+        T_ONLY=$t timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            build/cuda/tests/test_prefill_kernels >"$O/memcheck-$t.txt" 2>&1
+        echo "memcheck $t rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck-$t.txt")"
+    done
+    echo "== TL_MOE_WGR / TL_DENSE_WGR / TL_ATTN_WG / TL_CUDA_MAX_TOK, prefill at 1K, 4K, 16K"
+    METRIC=prefill LEN=1024,4096,16384 GEN=4 \
+        VARIANTS="-; TL_CUDA_PF_PDL=0; TL_MOE_WGR=0; TL_MOE_WGR=4; TL_DENSE_WGR=0; TL_DENSE_WGR=4; TL_ATTN_WG=0; \
+TL_CUDA_MAX_TOK=2048; TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=2048 TL_MOE_WGR=0 TL_DENSE_WGR=0 TL_ATTN_WG=0" \
+        timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
+    echo "== the wgr tiles forced on decode batches (B = 64, 256 at context 256)"
+    for b in 64 256; do
+        ARGS="--random-weights --bits 4 --batch $b" LEN=256 GEN=32 \
+            VARIANTS="-; TL_GEMM_TILE=6; TL_GEMM_TILE=7" timeout 200 bash bench/env_ab.sh 2>&1 |
+            tee "$O/wgr-batch$b.txt"
+    done
+fi
+if has kbench; then
+    echo "== prefill kernels (dev/kernels/prefill_bench)"
+    timeout "${KBENCH_S:-300}" build/cuda/dev/prefill_bench 2>&1 | tee "$O/prefill_bench.txt"
+    echo "prefill_bench rc=${PIPESTATUS[0]}"
+fi
 if has tests; then
     echo "== GPU tests"
     bash tests/run.sh --gpu 2>&1 | tee "$O/tests.txt"

@@ -1763,6 +1763,97 @@ static void test_prefix_mid_entry_gemm(void) {
     b->close(b);
 }
 
+/* ====== A prefix-cache hit drafts (docs/architecture.md §3.6) ======
+ * The small q4 model with a head (K = 2), a 64 MiB cache, 3 slots of 256 tokens. Two ways to
+ * take the snapshot of the first S = 150 tokens (2 full pages, a partial one of 22 rows):
+ *   after the step  slot 0 prefills S and is saved: its ring's hidden of S - 1 goes with it;
+ *   in the step     slot 2 prefills 200 tokens with the point S inside (fwd_snap): the hidden is
+ *                   the micro-batch's row of S - 1.
+ * Slot 1 loads the snapshot and must report spec_ready; then one draft call of slot 1 and a
+ * reference slot holding the same S tokens computed whole (slot 0), both with token S: the same
+ * hidden, the same head KV rows (full pages shared, the partial page copied with the head's
+ * layer), the same kernels, so the same draft logits (bit for bit after the step; in the step the
+ * hidden comes from a micro-batch cut at S, printed, NMSE <= 1e-6). Without the hidden or the head
+ * layer's partial rows the logits move by far more (the hidden is the head's input). */
+static void spec_pc_draft(tl_backend *b, int V, int slot_ref, const int32_t *tok, int S,
+                          const char *what, int bitwise) {
+    char err[256] = "";
+    CHECK(b->spec_ready(b, 1));
+    float *l = xmalloc(sizeof(float) * 2 * V);
+    tl_draft_entry d[2];
+    memset(d, 0, sizeof d);
+    d[0].slot = slot_ref, d[0].token = tok[S], d[0].logits = l;
+    d[1].slot = 1, d[1].token = tok[S], d[1].logits = l + V;
+    CHECK_EQ_INT(b->draft(b, d, 2, err, sizeof err), 0);
+    double nm = t_nmse(l + V, l, V);
+    int same = !memcmp(l, l + V, sizeof(float) * V);
+    printf("# prefix-cache hit drafts (%s): draft logits vs computed whole: %s, nmse %.3e\n", what,
+           same ? "bitwise" : "not bitwise", nm);
+    if (bitwise) CHECK(same);
+    CHECK(nm <= 1e-6);
+    free(l);
+}
+
+static void test_spec_prefix_cache(void) {
+    rmodel rm;
+    rm_build(&rm, 0, 4);
+    rm_add_mtp(&rm, 4);
+    int V = rm.m.cfg.n_vocab;
+    tl_cuda_params p = {.max_seqs = 3,
+                        .max_ctx = 256,
+                        .weight_bits = 16,
+                        .spec_tokens = 2,
+                        .prefix_cache_bytes = 64ll << 20};
+    tl_backend *b = NULL;
+    char err[512] = "";
+    setenv("TL_CUDA_TC_MIN", "0", 1);
+    int st = tl_backend_cuda_open(&b, &rm.m, NULL, &p, err, sizeof err);
+    unsetenv("TL_CUDA_TC_MIN");
+    if (!st) st = b->spec_init(b, 2, err, sizeof err);
+    if (st) printf("# %s\n", err);
+    CHECK_EQ_INT(st, 0);
+    pc_run r;
+    if (st || pc_open(&r, b, V)) {
+        if (b) b->close(b);
+        rm_free(&rm);
+        return;
+    }
+    enum { N = 200, S = 150 };
+    int32_t tok[N], tok2[N], pages[8];
+    unsigned long long prs = 0x5eed0017ull;
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(t_rng_next(&prs) % (unsigned)V);
+    for (int i = 0; i < N; i++) tok2[i] = (int32_t)(t_rng_next(&prs) % (unsigned)V);
+    tl_pc_io io;
+    /* after the step */
+    CHECK_EQ_INT(fwd1(b, 0, 0, tok, S, NULL), 0);
+    CHECK_EQ_INT(tl_pc_plan_save(&r.pc, NULL, tok, S, 0, 0, &io), 1);
+    CHECK_EQ_INT(b->cache_save(b, 0, &io, err, sizeof err), 0);
+    tl_pc_commit(&r.pc, &io);
+    CHECK(tl_pc_lookup(&r.pc, NULL, tok, N, N - 1, pages, &io) >= 0);
+    CHECK_EQ_INT(io.n_tok, S);
+    CHECK_EQ_INT(b->cache_load(b, 1, &io, tok, 0, err, sizeof err), 0);
+    spec_pc_draft(b, V, 0, tok, S, "snapshot after the step", 1);
+    for (int q = 0; q < 3; q++) CHECK_EQ_INT(b->reset_slot(b, q), 0);
+    tl_pc_clear(&r.pc);
+    /* in the step */
+    int si = tl_pc_reserve(&r.pc, NULL, tok2, S);
+    CHECK(si >= 0);
+    CHECK_EQ_INT(fwd_snap(b, 2, 0, tok2, N, S, si, NULL, -1, NULL), 0);
+    CHECK_EQ_INT(tl_pc_plan_save_at(&r.pc, NULL, tok2, S, 2, si, &io), 1);
+    CHECK_EQ_INT(b->cache_save(b, 2, &io, err, sizeof err), 0);
+    tl_pc_commit(&r.pc, &io);
+    CHECK_EQ_INT(b->reset_slot(b, 2), 0);
+    CHECK(tl_pc_lookup(&r.pc, NULL, tok2, N, N - 1, pages, &io) == si);
+    CHECK_EQ_INT(b->cache_load(b, 1, &io, tok2, 0, err, sizeof err), 0);
+    CHECK_EQ_INT(fwd1(b, 0, 0, tok2, S, NULL), 0);
+    spec_pc_draft(b, V, 0, tok2, S, "snapshot in the step", 0);
+    for (int q = 0; q < 3; q++) CHECK_EQ_INT(b->reset_slot(b, q), 0);
+    tl_pc_clear(&r.pc);
+    tl_pc_free(&r.pc);
+    b->close(b);
+    rm_free(&rm);
+}
+
 int main(int argc, char **argv) {
     char err[256];
     if (tl_gpu_init(0, err, sizeof err)) {
@@ -1798,6 +1889,7 @@ int main(int argc, char **argv) {
     T_RUN(test_spec_greedy_small_q4);
     if (!quick) T_RUN(test_spec_greedy_fullwidth_q4);
     T_RUN(test_spec_greedy_recompute);
+    T_RUN(test_spec_prefix_cache);
     if (!quick) T_RUN(test_spec_gemm_path);
     T_RUN(test_prefix_mid_entry_small); /* appended: the tests above keep their random draws */
     if (!quick) T_RUN(test_prefix_mid_entry_gemm);

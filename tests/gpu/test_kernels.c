@@ -316,7 +316,9 @@ static dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n
 }
 
 /* The GDN in-projection with conv1d fused (decode: one token per sequence, 3 tokens in slots
- * 2, 0, 1 of 3) gives the same bits as gemv then conv1d: conv outputs, states and the rows >= C. */
+ * 2, 0, 1 of 3) gives the same bits as gemv then conv1d: conv outputs, states and the rows >= C;
+ * unfused on the persistent q4m kernel, fused on it and on the slice kernel (1 and 2 blocks an SM,
+ * k_gemv.cu), which must give the same bits. */
 static void test_gemv_conv1d_fused(void) {
     const int rows = 12416, cols = TL_N_EMBD, C = 8192, T = 3, n_slot = 3, ld = rows;
     hmat W;
@@ -333,40 +335,104 @@ static void test_gemv_conv1d_fused(void) {
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
     float *dcw = dev_from(cw, sizeof(float) * C * 4);
     float *dst1 = dev_from(st, sizeof(float) * n_slot * 3 * C),
-          *dst2 = dev_from(st, sizeof(float) * n_slot * 3 * C);
+          *dst2 = tl_gpu_malloc(sizeof(float) * n_slot * 3 * C);
     float *dy1 = tl_gpu_malloc(sizeof(float) * T * ld),
           *dy2 = tl_gpu_malloc(sizeof(float) * T * ld);
     float *dc1 = tl_gpu_malloc(sizeof(float) * T * C), *dc2 = tl_gpu_malloc(sizeof(float) * T * C);
+    int old_s = tl_gpu_gemv_set_slice(0), old_r = tl_gpu_gemv_set_rows(0);
     CHECK_EQ_INT(tl_gpu_gemv(dy1, ld, &dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
     CHECK_EQ_INT(tl_gpu_conv1d(dc1, dst1, dy1, ld, dcw, C, &d.s, NULL, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
-                                    d.s.tok_slot, NULL),
-                 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
-    float *y1 = host_from(dy1, (size_t)T * ld), *y2 = host_from(dy2, (size_t)T * ld);
-    float *c1 = host_from(dc1, (size_t)T * C), *c2 = host_from(dc2, (size_t)T * C);
-    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C),
-          *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
-    int bad_y = 0;
-    for (int t = 0; t < T; t++)
-        bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C,
-                        sizeof(float) * (rows - C)) != 0;
-    int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0,
-        bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
-    double nm = t_nmse(c2, c1, (size_t)T * C);
-    printf("# gemv+conv1d fused vs unfused: rows>=C differ in %d tokens, conv out differs %d, "
-           "state differs %d (conv nmse %.2e)\n",
-           bad_y, bad_c, bad_s, nm);
-    CHECK_EQ_INT(bad_y, 0);
-    CHECK_EQ_INT(bad_c, 0);
-    CHECK_EQ_INT(bad_s, 0);
+    float *y1 = host_from(dy1, (size_t)T * ld), *c1 = host_from(dc1, (size_t)T * C);
+    float *s1 = host_from(dst1, (size_t)n_slot * 3 * C);
+    for (int mode = 0; mode <= 2; mode++) { /* fused: q4m, slice 1 and 2 blocks an SM */
+        tl_gpu_gemv_set_slice(mode);
+        CHECK_EQ_INT(tl_gpu_upload(dst2, st, sizeof(float) * n_slot * 3 * C), 0);
+        CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
+                                        d.s.tok_slot, NULL),
+                     0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        float *y2 = host_from(dy2, (size_t)T * ld), *c2 = host_from(dc2, (size_t)T * C);
+        float *s2 = host_from(dst2, (size_t)n_slot * 3 * C);
+        int bad_y = 0;
+        for (int t = 0; t < T; t++)
+            bad_y += memcmp(y1 + (size_t)t * ld + C, y2 + (size_t)t * ld + C,
+                            sizeof(float) * (rows - C)) != 0;
+        int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0,
+            bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
+        double nm = t_nmse(c2, c1, (size_t)T * C);
+        printf("# gemv+conv1d fused (slice %d) vs unfused: rows>=C differ in %d tokens, conv out "
+               "differs %d, state differs %d (conv nmse %.2e)\n",
+               mode, bad_y, bad_c, bad_s, nm);
+        CHECK_EQ_INT(bad_y, 0);
+        CHECK_EQ_INT(bad_c, 0);
+        CHECK_EQ_INT(bad_s, 0);
+        free(y2), free(c2), free(s2);
+    }
+    tl_gpu_gemv_set_slice(old_s), tl_gpu_gemv_set_rows(old_r);
     /* the states moved: slot s now ends with the new input of the token in slot s */
     CHECK(memcmp(s1, st, sizeof(float) * n_slot * 3 * C) != 0);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dcw), tl_gpu_free(dst1), tl_gpu_free(dst2);
     tl_gpu_free(dy1), tl_gpu_free(dy2), tl_gpu_free(dc1), tl_gpu_free(dc2), tl_gpu_free(d.buf);
     tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(cw), free(st), free(y1), free(y2), free(c1), free(c2), free(s1),
-        free(s2);
+    free(x), free(nw), free(cw), free(st), free(y1), free(c1), free(s1);
+    hmat_free(&W);
+}
+
+/* One 4-bit GEMV of T tokens into dy (y0 first), the slice kernel at `mode` blocks an SM (0: off)
+ * and the rows kernel on or off for the call; the result downloaded into *out. */
+static int slice_run(int mode, int rows_on, const tl_gpu_gemm_w *dW, const float *dx,
+                     const float *dnw, int T, int acc, const float *y0, float *dy, float **out) {
+    int rows = dW->rows;
+    CHECK_EQ_INT(tl_gpu_upload(dy, y0, sizeof(float) * T * rows), 0);
+    int old_s = tl_gpu_gemv_set_slice(mode), old_r = tl_gpu_gemv_set_rows(rows_on);
+    int st = tl_gpu_gemv(dy, rows, dW, dx, dW->cols, dnw, 1e-6f, T, acc, NULL);
+    CHECK_EQ_INT(tl_gpu_sync(), 0);
+    tl_gpu_gemv_set_slice(old_s), tl_gpu_gemv_set_rows(old_r);
+    *out = host_from(dy, (size_t)T * rows);
+    return st;
+}
+
+/* Every way of the 4-bit GEMV for <= 8 tokens (k_gemv.cu: the slice kernel at 1 or 2 blocks an
+ * SM, the rows kernel, both) gives the bits of the persistent q4m kernel (slice 0, rows 0, the
+ * default), the norm and the residual included; and with slice and rows on each token of the
+ * tile gives the same bits alone (a row of the mma depends only on its own token). Random inputs,
+ * so equal bits mean the same products in the same order. The oracle checks are test_gemv_q4's
+ * (the default settings run there). */
+static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
+    static const int ways[4][2] = {{1, 0}, {2, 0}, {0, 1}, {1, 1}}; /* (slice, rows) */
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *y0 = rand_vec((size_t)T * rows, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got, *one;
+    const float *n = with_norm ? dnw : NULL;
+    CHECK_EQ_INT(slice_run(0, 0, &dW, dx, n, T, acc, y0, dy, &ref), 0);
+    for (int w = 0; w < 4; w++) {
+        CHECK_EQ_INT(slice_run(ways[w][0], ways[w][1], &dW, dx, n, T, acc, y0, dy, &got), 0);
+        int same = !memcmp(got, ref, sizeof(float) * T * rows), diff = 0;
+        for (int t = 0; w == 3 && t < T; t++) { /* slice and rows: each token alone */
+            float *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+            CHECK_EQ_INT(slice_run(1, 1, &dW, dx + (size_t)t * cols, n, 1, acc,
+                                   y0 + (size_t)t * rows, dy1, &one),
+                         0);
+            diff += memcmp(one, got + (size_t)t * rows, sizeof(float) * rows) != 0;
+            free(one), tl_gpu_free(dy1);
+        }
+        printf("# gemv q4 %dx%d t%d n%d a%d, slice %d rows %d: %s q4m; %d tokens differ alone\n",
+               rows, cols, T, with_norm, acc, ways[w][0], ways[w][1],
+               same ? "same bits as" : "DIFFERENT from", diff);
+        CHECK(same);
+        CHECK_EQ_INT(diff, 0);
+        free(got);
+    }
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(y0), free(ref);
     hmat_free(&W);
 }
 
@@ -550,6 +616,11 @@ static void gdn_case(int bf16) {
     float *got_raw = host_from(dy, (size_t)T * val), *gS2 = state_from(dS, SN, bf16);
     check_nmse("gdn raw output (cols)", got_raw, ref_raw, (size_t)T * val, 1e-9);
     check_nmse("gdn state (cols)", gS2, S_ref, SN, bf16 ? 1e-8 : 1e-9);
+    /* the decode path with TL_GDN_COLS=1: the gated norm (f32, in place) after the column cut */
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_f32(dy, dy, dproj, ld_proj, z_off, dnw, nv, T, eps, NULL), 0);
+    float *got_cn = host_from(dy, (size_t)T * val);
+    check_nmse("gdn output (cols + gated norm)", got_cn, ref, (size_t)T * val, 1e-9);
+    free(got_cn);
     free(got_raw), free(gS2), free(ref_raw);
     tl_gpu_free(dqkv), tl_gpu_free(dproj), tl_gpu_free(ddtb), tl_gpu_free(daneg), tl_gpu_free(dnw);
     tl_gpu_free(dS), tl_gpu_free(dy), tl_gpu_free(d.buf);
@@ -867,22 +938,28 @@ static void moe_case(int bits, int D, int K, int T) {
     CHECK_EQ_INT(tl_gpu_moe_down(dh, &ddn, dact, dids, dwt, dsh, K, E, T, NULL), 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *got = host_from(dh, (size_t)T * D);
-    if (bits) {
-        /* the decode step's fused form (routing inside moe_up): same ids, bit-identical h */
+    /* the decode step's fused form (routing inside moe_up, moe_down after it): same ids,
+     * bit-identical h, with the batch-1 slice kernels off (0) and on (1: moe_up_q4s when T = 1,
+     * moe_down routing early) */
+    for (int mode = 0; bits && mode <= 1; mode++) {
         int32_t *hid = (int32_t *)host_from(dids, (size_t)T * K), *hid2;
         float *dh2 = dev_from(h, sizeof(float) * T * D);
+        int old = tl_gpu_moe_set_slice(mode);
         CHECK_EQ_INT(tl_gpu_memset(dids, 0xff, sizeof(int32_t) * T * K), 0);
         CHECK_EQ_INT(tl_gpu_moe_up_route(dact, dids, dwt, dsh, &dgu, dh2, dnwv, 1e-6f, dlg, E + 1,
                                          K, E, T, NULL),
                      0);
-        CHECK_EQ_INT(tl_gpu_moe_down(dh2, &ddn, dact, dids, dwt, dsh, K, E, T, NULL), 0);
+        CHECK_EQ_INT(
+            tl_gpu_moe_down_after_route(dh2, &ddn, dact, dids, dlg, E + 1, dwt, dsh, K, E, T, NULL),
+            0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
+        tl_gpu_moe_set_slice(old);
         hid2 = (int32_t *)host_from(dids, (size_t)T * K);
         float *got2 = host_from(dh2, (size_t)T * D);
         int same_ids = !memcmp(hid, hid2, sizeof(int32_t) * T * K);
         int same_h = !memcmp(got, got2, sizeof(float) * T * D);
-        printf("# moe_up_route D%d k%d T%d: ids %s, h %s (want both same)\n", D, K, T,
-               same_ids ? "same" : "DIFFER", same_h ? "same" : "DIFFER");
+        printf("# moe_up_route + down (slice %d) D%d k%d T%d: ids %s, h %s (want both same)\n",
+               mode, D, K, T, same_ids ? "same" : "DIFFER", same_h ? "same" : "DIFFER");
         CHECK(same_ids);
         CHECK(same_h);
         tl_gpu_free(dh2);
@@ -905,6 +982,25 @@ static void test_moe(void) {
     moe_case(4, 256, 4, 12); /* the small e2e model's MoE, a 12-token prompt */
 }
 
+static void test_slice_kernels(void) {
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1); /* batch 1: moe_up_q4s, early moe_down */
+    moe_case(4, 256, 4, 1);                      /* the small model's shapes (KPW 8) */
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 4); /* a verify's 4 tokens: moe_up_q4x */
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 8);
+    moe_case(4, 256, 4, 5);
+    gemv_ways_case(12416, TL_N_EMBD, 1, 1, 0); /* GDN in-proj: KPW 16, KS 4, 6 units */
+    gemv_ways_case(2048, 4096, 1, 0, 1);       /* GDN out-proj + residual: KS 8 */
+    gemv_ways_case(2048, 4096, 4, 0, 1);       /* attention o-proj, 4 tokens: KS 8 */
+    /* K = 8192 (no model shape) for KPW 32: at 2 tokens; at 4 the q4m kernel's staged x and its
+     * weight stages (280 KB) exceed shared memory */
+    gemv_ways_case(2048, 8192, 2, 0, 1);
+    gemv_ways_case(9216, TL_N_EMBD, 5, 1, 0);       /* attention in-proj, a verify's 5 tokens */
+    gemv_ways_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps) */
+    gemv_ways_case(200, 256, 2, 0, 0);              /* fewer units than blocks */
+    gemv_ways_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* the LM head: too large for the slice */
+    gemv_ways_case(248320 / 8, TL_N_EMBD, 5, 0, 0);
+}
+
 /* ---- sampling ---- */
 
 static tl_sample_params greedy_params(void) {
@@ -913,6 +1009,27 @@ static tl_sample_params greedy_params(void) {
     p.top_p = 1.0f, p.repetition_penalty = 1.0f;
     return p;
 }
+
+/* Device count bits (gpu.h TL_GPU_COUNT_WORDS) of host counts [rows][V]: every non-zero count's
+ * bit, and as many other bits set at random (a superset, as the backend's bits become after a
+ * rollback): a sampler must give the same results with them as with the counts alone. */
+static uint32_t *count_bits_of(const int32_t *counts, int rows, int V) {
+    size_t W = TL_GPU_COUNT_WORDS(V), n = (size_t)rows * W;
+    uint32_t *b = xcalloc(n, sizeof(uint32_t));
+    unsigned long long brs = 0xb175b175ull; /* own stream: the tests' draws stay as they were */
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < V; i++)
+            if (counts[(size_t)r * V + i]) {
+                b[r * W + i / 32] |= 1u << (i % 32);
+                int j = (int)(t_rng_next(&brs) % (unsigned)V); /* a stray bit, count 0 or not */
+                b[r * W + j / 32] |= 1u << (j % 32);
+            }
+    uint32_t *d = dev_from(b, sizeof(uint32_t) * n);
+    free(b);
+    return d;
+}
+
+static int run_sample_no_bits; /* run_sample passes no count bits (test_sample_count_bits) */
 
 /* Runs the sampler on rows of logits with per-row params/keys; returns the outputs. Rows with
  * token restrictions (host pointers in p) get device copies of their bias pairs and bitset, and
@@ -937,15 +1054,17 @@ static void run_sample(tl_sample_out *out, const float *lg, int V, int n_valid,
     tl_sample_params *dp = dev_from(pd, sizeof(tl_sample_params) * rows);
     uint64_t *dk = dev_from(keys, 8 * (size_t)rows);
     int32_t *dc = counts ? dev_from(counts, 4 * (size_t)rows * V) : NULL;
+    uint32_t *dcb = counts && !run_sample_no_bits ? count_bits_of(counts, rows, V) : NULL;
     float *scr = tl_gpu_malloc(sizeof(float) * 2 * (size_t)rows * V);
     float *rl = any_restrict ? tl_gpu_malloc(sizeof(float) * (size_t)rows * V) : NULL;
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out) * rows);
     /* the host params as the backend passes them: the launch shape follows the rows */
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, p, dk, dc, NULL, scr, rl, rows, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl, V, n_valid, dp, p, dk, dc, dcb, NULL, scr, rl, rows, NULL),
+                 0);
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     tl_gpu_download(out, dout, sizeof(tl_sample_out) * rows);
     tl_gpu_free(dl), tl_gpu_free(dp), tl_gpu_free(dk), tl_gpu_free(dc), tl_gpu_free(scr),
-        tl_gpu_free(dout), tl_gpu_free(rl);
+        tl_gpu_free(dout), tl_gpu_free(rl), tl_gpu_free(dcb);
     for (int i = 0; i < 3 * rows; i++) tl_gpu_free(fr[i]);
     free(fr), free(pd);
 }
@@ -1222,12 +1341,15 @@ static void test_sample_determinism_penalties(void) {
     int32_t tok1[3] = {5, 9, 7}, pos1[3] = {0, 1, 0}, slot1[3] = {1, 1, 0};
     int32_t tok2[2] = {6, 6}, pos2[2] = {2, 3}, slot2[2] = {1, 1}, np[2] = {-1, 2};
     int32_t *dcs = tl_gpu_malloc(4 * (size_t)2 * V), *dnp = dev_from(np, sizeof np);
+    size_t W = TL_GPU_COUNT_WORDS(V);
+    uint32_t *dcb = tl_gpu_malloc(4 * 2 * W);
+    CHECK_EQ_INT(tl_gpu_memset(dcb, 0, 4 * 2 * W), 0);
     int32_t *dt1 = dev_from(tok1, sizeof tok1), *dp1 = dev_from(pos1, sizeof pos1),
             *ds1 = dev_from(slot1, sizeof slot1), *dt2 = dev_from(tok2, sizeof tok2),
             *dp2 = dev_from(pos2, sizeof pos2), *ds2 = dev_from(slot2, sizeof slot2);
     CHECK_EQ_INT(tl_gpu_memset(dcs, 0, 4 * (size_t)2 * V), 0);
-    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, V, dt1, dp1, ds1, dnp, 3, NULL), 0);
-    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, V, dt2, dp2, ds2, dnp, 2, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, dcb, V, dt1, dp1, ds1, dnp, 3, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_penalty_add(dcs, dcb, V, dt2, dp2, ds2, dnp, 2, NULL), 0);
     int32_t *hc = xmalloc(4 * (size_t)2 * V);
     tl_gpu_download(hc, dcs, 4 * (size_t)2 * V);
     int nonzero = 0;
@@ -1237,6 +1359,15 @@ static void test_sample_determinism_penalties(void) {
     CHECK_EQ_INT(hc[V + 5], 1 << 30);
     CHECK_EQ_INT(hc[V + 9], 1 << 30);
     CHECK_EQ_INT(hc[V + 6], 2); /* generated: a count, no prompt bit */
+    /* the count bits: set exactly where the counts are */
+    uint32_t *hb = xmalloc(4 * 2 * W);
+    tl_gpu_download(hb, dcb, 4 * 2 * W);
+    int bits_ok = 1;
+    for (int sl = 0; sl < 2; sl++)
+        for (int i = 0; i < V; i++)
+            bits_ok &= ((hb[sl * W + i / 32] >> (i % 32)) & 1u) == (hc[(size_t)sl * V + i] != 0);
+    CHECK(bits_ok);
+    free(hb);
     /* the sampler reads a row's counts through count_slot: logits 6 = 4.0, 5 = 3.5; frequency
      * 1.0 takes 6 (generated twice in slot 1) to 2.0, so 5 wins with slot 1's counts; slot 0
      * never saw 6, so 6 wins with slot 0's */
@@ -1253,17 +1384,17 @@ static void test_sample_determinism_penalties(void) {
     tl_sample_out *dout = tl_gpu_malloc(sizeof(tl_sample_out)), so;
     int32_t one = 1, zero = 0;
     int32_t *drs1 = dev_from(&one, 4), *drs0 = dev_from(&zero, 4);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, drs1, scr, NULL,
-                               1, NULL),
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, dcb, drs1, scr,
+                               NULL, 1, NULL),
                  0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 5);
-    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, drs0, scr, NULL,
-                               1, NULL),
+    CHECK_EQ_INT(tl_gpu_sample(dout, dl2, V, TL_N_VOCAB_TOKENS, dq, NULL, dk1, dcs, dcb, drs0, scr,
+                               NULL, 1, NULL),
                  0);
     tl_gpu_download(&so, dout, sizeof so);
     CHECK_EQ_INT(so.token, 6);
-    void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0};
+    void *fr[] = {dcs, dnp, dt1, dp1, ds1, dt2, dp2, ds2, dl2, dq, dk1, scr, dout, drs1, drs0, dcb};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) tl_gpu_free(fr[i]);
     free(hc);
     free(lg), free(l2), free(cnt);
@@ -1601,6 +1732,9 @@ static void test_sample_law(void) {
     int32_t hist[2][NP + NG + 8], pos[NP + NG], slot[NP + NG], tok[NP + NG], np[2] = {NP, NP};
     int32_t *dc = tl_gpu_malloc(4 * (size_t)2 * V), *dnp = dev_from(np, sizeof np);
     CHECK_EQ_INT(tl_gpu_memset(dc, 0, 4 * (size_t)2 * V), 0);
+    size_t W = TL_GPU_COUNT_WORDS(V);
+    uint32_t *dcb = tl_gpu_malloc(4 * 2 * W);
+    CHECK_EQ_INT(tl_gpu_memset(dcb, 0, 4 * 2 * W), 0);
     for (int sl = 0; sl < 2; sl++) {
         for (int i = 0; i < NP + NG; i++) { /* a few repeats: generated tokens seen twice */
             int32_t t = (int32_t)(t_rng_next(&rs) % 4000) * 61 % nv;
@@ -1610,7 +1744,7 @@ static void test_sample_law(void) {
         }
         int32_t *dt = dev_from(tok, sizeof tok), *dp = dev_from(pos, sizeof pos),
                 *ds = dev_from(slot, sizeof slot);
-        CHECK_EQ_INT(tl_gpu_penalty_add(dc, V, dt, dp, ds, dnp, NP + NG, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_penalty_add(dc, dcb, V, dt, dp, ds, dnp, NP + NG, NULL), 0);
         tl_gpu_free(dt), tl_gpu_free(dp), tl_gpu_free(ds);
     }
     tl_sample_params p[R];
@@ -1641,13 +1775,13 @@ static void test_sample_law(void) {
     int32_t *di = dev_from(ints, sizeof ints);
     float *scr = tl_gpu_malloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
     tl_law *dlaw = tl_gpu_malloc(sizeof(tl_law) * R), law[R];
-    /* pass 0: no host params (32 parts a row); pass 1: host params, every top-k <= 32 (128 parts
-     * a row for these 6 rows) */
+    /* pass 0: no host params (32 parts a row), no count bits; pass 1: host params, every top-k
+     * <= 32 (128 parts a row for these 6 rows), the count bits penalty_add set */
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) p[2].top_k = 32, p[5].top_k = 32;
         tl_sample_params *dpp = dev_from(p, sizeof p);
-        CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, pass ? p : NULL, dc, di + R,
-                                       di + 3 * R, scr, R, NULL),
+        CHECK_EQ_INT(tl_gpu_sample_law(dlaw, dl, V, nv, di, dpp, pass ? p : NULL, dc,
+                                       pass ? dcb : NULL, di + R, di + 3 * R, scr, R, NULL),
                      0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
         tl_gpu_download(law, dlaw, sizeof law);
@@ -1685,8 +1819,124 @@ static void test_sample_law(void) {
     CHECK_EQ_INT(after[1], before[1] - 1 - twice);
     CHECK_EQ_INT(after[0] & 0xffffff, (before[0] & 0xffffff) - 1 - twice);
     tl_gpu_free(dl), tl_gpu_free(di), tl_gpu_free(scr), tl_gpu_free(dlaw);
-    tl_gpu_free(dc), tl_gpu_free(dnp);
+    tl_gpu_free(dc), tl_gpu_free(dnp), tl_gpu_free(dcb);
     free(lg);
+}
+
+/* The count bits change which counts the two-pass sampler reads, never a result: 64 and 256 rows
+ * at the model card's settings (and greedy with a repetition penalty), each row with ~300
+ * counted tokens (prompt bits, generated counts, both), sampled with the bits (a superset) and
+ * without: the same tokens, logprobs and top entries, bit for bit. */
+static void test_sample_count_bits(void) {
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    for (int k = 0; k < 2; k++) {
+        int rows = k ? 256 : 64;
+        float *lg = rand_vec((size_t)rows * V, 3.0f, &rs);
+        int32_t *cnt = xcalloc((size_t)rows * V, 4);
+        tl_sample_params *p = xmalloc(sizeof(tl_sample_params) * rows);
+        uint64_t *keys = xmalloc(8 * (size_t)rows);
+        for (int r = 0; r < rows; r++) {
+            for (int i = 0; i < 300; i++) {
+                int t = (int)(t_rng_next(&rs) % (unsigned)nv);
+                cnt[(size_t)r * V + t] = i % 3 == 0 ? 1 << 30 : i % 3 == 1 ? 2 : (1 << 30) | 1;
+                lg[(size_t)r * V + t] += 4.0f; /* counted tokens near the top */
+            }
+            p[r] = greedy_params();
+            if (r % 4) /* the model card's sampling */
+                p[r].temperature = 1.0f, p[r].top_k = 20, p[r].top_p = 0.95f,
+                p[r].presence_penalty = 1.5f;
+            else
+                p[r].repetition_penalty = 1.3f, p[r].n_logprobs = 3;
+            keys[r] = 0x9E3779B97F4A7C15ull * (uint64_t)(r + 1);
+        }
+        tl_sample_out *a = xcalloc(rows, sizeof(tl_sample_out)),
+                      *b = xcalloc(rows, sizeof(tl_sample_out));
+        run_sample(a, lg, V, nv, p, keys, cnt, rows);
+        run_sample_no_bits = 1;
+        run_sample(b, lg, V, nv, p, keys, cnt, rows);
+        run_sample_no_bits = 0;
+        int differ = 0;
+        for (int r = 0; r < rows; r++) {
+            int d = a[r].token != b[r].token || a[r].logprob != b[r].logprob ||
+                    a[r].n_top != b[r].n_top;
+            for (int i = 0; !d && i < a[r].n_top && i < TL_MAX_LOGPROBS; i++)
+                d = a[r].top_ids[i] != b[r].top_ids[i] ||
+                    a[r].top_logprobs[i] != b[r].top_logprobs[i];
+            differ += d;
+        }
+        printf("# count bits, %d rows: %d rows differ from the sampler without bits (want 0)\n",
+               rows, differ);
+        CHECK_EQ_INT(differ, 0);
+        free(lg), free(cnt), free(p), free(keys), free(a), free(b);
+    }
+}
+
+/* The bf16 RMSNorms of the prefill path (k_norm.cu) against the host in double: rmsnorm_bf16x2 at
+ * the model's width (the vectorised path) and at 200 columns (the strided one), its low plane
+ * included; the gated norm of the GDN output with z read through the strided projection. Each
+ * bf16 output within one rounding (2^-8 relative) of the reference, hi + lo within 2^-16;
+ * misaligned z offsets are refused. */
+static void norms_bf16_rms_case(int rows, int n) {
+    float *x = rand_vec((size_t)rows * n, 3.0f, &rs), *w = rand_vec(n, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * rows * n), *dw = dev_from(w, sizeof(float) * n);
+    uint16_t *dy = tl_gpu_malloc((size_t)rows * n * 2), *dl = tl_gpu_malloc((size_t)rows * n * 2);
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(dy, dl, dx, dw, rows, n, 1e-6f, NULL), 0);
+    uint16_t *y = xmalloc((size_t)rows * n * 2), *l = xmalloc((size_t)rows * n * 2);
+    tl_gpu_download(y, dy, (size_t)rows * n * 2);
+    tl_gpu_download(l, dl, (size_t)rows * n * 2);
+    int bad_hi = 0, bad_lo = 0;
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int c = 0; c < n; c++) ss += (double)x[(size_t)r * n + c] * x[(size_t)r * n + c];
+        double inv = 1.0 / sqrt(ss / n + 1e-6);
+        for (int c = 0; c < n; c++) {
+            size_t i = (size_t)r * n + c;
+            double ref = x[i] * inv * w[c], hi = tl_bf16_to_f32(y[i]);
+            bad_hi += fabs(hi - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+            bad_lo += fabs(hi + tl_bf16_to_f32(l[i]) - ref) > fabs(ref) * 0x1p-16 + 1e-6;
+        }
+    }
+    printf("# rmsnorm_bf16x2 %d x %d: %d outside one bf16 rounding, %d hi+lo outside 2^-16\n", rows,
+           n, bad_hi, bad_lo);
+    CHECK_EQ_INT(bad_hi, 0);
+    CHECK_EQ_INT(bad_lo, 0);
+    tl_gpu_free(dx), tl_gpu_free(dw), tl_gpu_free(dy), tl_gpu_free(dl);
+    free(x), free(w), free(y), free(l);
+}
+static void norms_bf16_gated_case(int n, int nv, int ld, int z_off) {
+    size_t no = (size_t)n * nv * 128;
+    float *o = rand_vec(no, 2.0f, &rs), *proj = rand_vec((size_t)n * ld, 3.0f, &rs);
+    float *w = rand_vec(128, 1.0f, &rs);
+    float *d_o = dev_from(o, no * 4), *dp = dev_from(proj, (size_t)n * ld * 4),
+          *dw = dev_from(w, 128 * 4);
+    uint16_t *dy = tl_gpu_malloc(no * 2), *y = xmalloc(no * 2);
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_bf16(dy, d_o, dp, ld, z_off, dw, nv, n, 1e-6f, NULL), 0);
+    tl_gpu_download(y, dy, no * 2);
+    int bad = 0;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nv; h++) {
+            const float *ov = o + ((size_t)t * nv + h) * 128;
+            double ss = 0;
+            for (int c = 0; c < 128; c++) ss += (double)ov[c] * ov[c];
+            double inv = 1.0 / sqrt(ss / 128 + 1e-6);
+            for (int c = 0; c < 128; c++) {
+                double z = proj[(size_t)t * ld + z_off + h * 128 + c];
+                double ref = ov[c] * inv * w[c] * (z / (1.0 + exp(-z)));
+                double got = tl_bf16_to_f32(y[((size_t)t * nv + h) * 128 + c]);
+                bad += fabs(got - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+            }
+        }
+    printf("# gated_rmsnorm_bf16 %d tokens x %d heads: %d outside one bf16 rounding\n", n, nv, bad);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(tl_gpu_gated_rmsnorm_bf16(dy, d_o, dp, ld, z_off + 2, dw, nv, n, 1e-6f, NULL),
+                 TL_ERR_INVALID);
+    tl_gpu_free(d_o), tl_gpu_free(dp), tl_gpu_free(dw), tl_gpu_free(dy);
+    free(o), free(proj), free(w), free(y);
+}
+static void test_norms_bf16(void) {
+    norms_bf16_rms_case(5, TL_N_EMBD);
+    norms_bf16_rms_case(3, 200);
+    norms_bf16_gated_case(7, 32, 12416, 8192);
 }
 
 int main(void) {
@@ -1724,5 +1974,8 @@ int main(void) {
     T_RUN(test_sample_sparse_mask);
     T_RUN(test_kv_page_copy);
     T_RUN(test_sample_law);
+    T_RUN(test_slice_kernels); /* appended: the tests above keep their random draws */
+    T_RUN(test_sample_count_bits);
+    T_RUN(test_norms_bf16);
     return t_summary();
 }

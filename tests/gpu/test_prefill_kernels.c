@@ -126,9 +126,11 @@ static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
 }
 
 /* The GEMM tile shapes (k_gemm.cu): "" = the entry's own choice, then each forced one
- * (0-2 and 5: mma.sync 128x128, 64x128, 128x256, 16x128; 3-4 wgmma 128x256, 64x256). */
-#define N_TILES_ALL 7
-static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "5", "3", "4"};
+ * (0-2 and 5: mma.sync 128x128, 64x128, 128x256, 16x128; 3-4 wgmma 128x256, 64x256; 6-7 the
+ * 4-bit MoE's wgr kernel with 2 or 4 warpgroups, which dense products and bf16 weights ignore:
+ * their own choice again). */
+#define N_TILES_ALL 9
+static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "5", "3", "4", "6", "7"};
 static int N_TILES = N_TILES_ALL; /* TL_TEST_TILES=mma: only the mma.sync shapes (first 5) */
 static void set_tile(const char *t) {
     if (*t)
@@ -521,6 +523,7 @@ static void moe_case(int q4, int n_tok) {
 
 static void test_moe_grouped_matches_oracle(void) {
     moe_case(1, 160);
+    moe_case(1, 300); /* 128-token tiles of 128 + 128 + 44: the wgr kernel's classes 128 and 64 */
     moe_case(0, 100);
 }
 
@@ -588,23 +591,28 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
         free(qall);
     }
     uint16_t *dout = dmalloc((size_t)n * H * D * 2);
-    CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
     tl_gpu_heads qh = {in_f32 ? (const void *)dqf : (const void *)dq, qstride, 2 * D};
     tl_gpu_heads gh = {NULL, qstride, 2 * D};
     if (with_gate) gh.p = in_f32 ? (const void *)(dqf + D) : (const void *)(dq + D);
-    CHECK_EQ_INT(
-        tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
     uint16_t *ob = xmalloc((size_t)n * H * D * 2);
-    to_host(ob, dout, (size_t)n * H * D * 2);
     float *got = xmalloc((size_t)n * H * D * 4), *ref = xmalloc((size_t)n * H * D * 4);
-    bf16_to_f32(got, ob, (size_t)n * H * D);
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
         for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
-    char buf[96];
-    snprintf(buf, sizeof buf, "attn n=%d pos0=%d%s%s%s", n, pos0, paged ? " paged" : "",
-             with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
-    CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
+    for (int wg = 0; wg < 2; wg++) { /* the mma.sync kernel (TL_ATTN_WG=0), then the wgmma one */
+        setenv("TL_ATTN_WG", wg ? "1" : "0", 1);
+        CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
+        CHECK_EQ_INT(
+            tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL),
+            0);
+        to_host(ob, dout, (size_t)n * H * D * 2);
+        bf16_to_f32(got, ob, (size_t)n * H * D);
+        char buf[112];
+        snprintf(buf, sizeof buf, "attn%s n=%d pos0=%d%s%s%s", wg ? " wgmma" : "", n, pos0,
+                 paged ? " paged" : "", with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
+        CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
+    }
+    unsetenv("TL_ATTN_WG");
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout);
     if (dqf) cudaFree(dqf);
     if (dpages) cudaFree(dpages);

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import subprocess
+import tempfile
 
 import pytest
 
@@ -239,9 +240,10 @@ def test_spec_curve_script():
 def test_env_ab_script():
     """bench/env_ab.sh on the tiny model (CPU): one row per variant in the given order, one
     positive tok/s (ms a step) cell per round, the best equal to the largest round; the same for
-    METRIC=prefill (tok/s and ms of the prompt, which agree with its length); a failing bench
-    (here: a binary that does not exist) stops it with an error naming the variant; no VARIANTS
-    and an unknown METRIC are usage errors."""
+    METRIC=prefill (tok/s and ms of the prompt, which agree with its length); a variant whose
+    bench fails is named on stderr and reads "failed" while the others still get their numbers
+    (exit status 1); a binary that does not exist fails every variant; no VARIANTS and an
+    unknown METRIC are usage errors."""
     env = dict(os.environ, TULIP="build/cpu/tulip", LEN="16", GEN="4", ROUNDS="2",
                VARIANTS="-; TL_GEMV_SLICE=0 TL_MOE_SLICE=0",
                ARGS="--model tests/data/tiny-a --allow-test-shape --backend cpu")
@@ -273,6 +275,20 @@ def test_env_ab_script():
     r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=dict(env, METRIC="both"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "METRIC must be" in r.stderr, r.stderr
+    with tempfile.TemporaryDirectory() as d:
+        wrap = os.path.join(d, "tulip")
+        with open(wrap, "w") as f:
+            f.write('#!/bin/sh\n[ -n "${TL_AB_FAIL:-}" ] && exit 3\nexec %s "$@"\n'
+                    % os.path.join(ROOT, "build/cpu/tulip"))
+        os.chmod(wrap, 0o755)
+        r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT,
+                           env=dict(env, TULIP=wrap, ROUNDS="1", VARIANTS="TL_AB_FAIL=1; -"),
+                           capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "env_ab: variant 'TL_AB_FAIL=1' failed" in r.stderr, r.stderr
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in r.stdout.splitlines()
+            if ln.startswith("| -") or ln.startswith("| TL_")]
+    assert [c[0] for c in rows] == ["TL_AB_FAIL=1", "-"], r.stdout
+    assert rows[0][1] == "failed" and float(rows[1][1].split()[0]) > 0, rows
     env["TULIP"] = "build/cpu/no-such-tulip"
     r = subprocess.run(["bash", "bench/env_ab.sh"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=60)

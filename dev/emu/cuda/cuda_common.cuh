@@ -1,9 +1,13 @@
-/* Host emulation of the CUDA device environment that src/cuda/k_gdn_chunk.cu uses, for
- * dev/emu/gdn_tc_emu.cpp only: it stands in for src/cuda/cuda_common.cuh (found first on the
- * include path), runs each block's threads as coroutines (ucontext) in one OS thread, and
- * emulates mma.sync m16n8k8 tf32 from the PTX fragment layout, warp shuffles, __syncthreads and
- * named barriers. cp.async is a plain copy (no overlap, so it cannot show pipeline races).
- * TL_LAUNCH runs the grid's blocks in order, only those whose blockIdx.y passes emu_head_on. */
+/* Host emulation of the CUDA device environment that src/cuda/k_gdn_chunk.cu, k_gemv.cu and
+ * k_moe.cu use, for the programs in dev/emu only: it stands in for src/cuda/cuda_common.cuh
+ * (found first on the include path); dev/emu/emu_rt.cpp runs each block's threads as coroutines
+ * (ucontext) in one OS thread and emulates mma.sync (m16n8k8 tf32, m16n8k16 bf16) from the PTX
+ * fragment layouts, warp shuffles and reductions, __syncthreads, __syncwarp and named barriers.
+ * cp.async is a plain copy and PDL does nothing (no overlap: no pipeline race or hand-off can
+ * show here, only indexing and arithmetic). Shared memory: kernels' `__shared__` arrays must be
+ * static (dev/emu/q4_emu.sh rewrites the sources so), the dynamic ones are the emulator program's
+ * globals. TL_LAUNCH runs the grid's blocks in order, only those whose blockIdx.y passes
+ * emu_head_on. */
 #ifndef TL_CUDA_COMMON_CUH
 #define TL_CUDA_COMMON_CUH
 
@@ -23,7 +27,7 @@ extern "C" {
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(a, b)
+#define __launch_bounds__(...)
 #define __shared__
 #define __align__(n)
 
@@ -40,6 +44,14 @@ struct float4 {
 struct uint2 {
     uint32_t x, y;
 };
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+static inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+static inline int __ffs(uint32_t v) { return __builtin_ffs((int)v); }
+static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    return {a, b, c, d};
+}
 static inline float2 make_float2(float a, float b) { return {a, b}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 static inline float __uint_as_float(uint32_t u) {
@@ -52,9 +64,42 @@ static inline uint32_t __float_as_uint(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
+static inline float __int_as_float(int i) { return __uint_as_float((uint32_t)i); }
+static inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
+static inline int __popc(uint32_t v) { return __builtin_popcount(v); }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcs(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+/* one OS thread: the atomics are plain read-modify-writes */
+template <class T> static inline T atomicAdd(T *p, T v) {
+    T o = *p;
+    *p = o + v;
+    return o;
+}
+template <class T> static inline T atomicSub(T *p, T v) {
+    T o = *p;
+    *p = o - v;
+    return o;
+}
+template <class T> static inline T atomicOr(T *p, T v) {
+    T o = *p;
+    *p = o | v;
+    return o;
+}
+typedef int cudaError_t;
+#define cudaSuccess                    0
+#define cudaDevAttrMultiProcessorCount 0
+static inline cudaError_t cudaGetDevice(int *d) { return *d = 0, 1; } /* cb_grid_cap: 132 SMs */
+static inline cudaError_t cudaDeviceGetAttribute(int *v, int a, int d) {
+    (void)a, (void)d;
+    return *v = 0, 1;
+}
 
 /* ---- emulated threads ---- */
-extern dim3 threadIdx, blockIdx, blockDim;
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 void emu_barrier(int id); /* id 0: block; 1 + w: warp w; 100 + n: the first n threads */
 void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn);
 extern int (*emu_head_on)(int y);
@@ -67,6 +112,33 @@ static inline void bar_sync_named(int id, int n) {
     emu_barrier(100 + n);
 }
 float emu_shfl(float v, int src_lane_or_minus1);
+uint32_t emu_shfl_u(uint32_t v, int src_lane);
+uint32_t emu_reduce_u(uint32_t v, int max); /* the warp's max (1) or min (0) */
+static inline void __syncwarp(unsigned m = 0xffffffffu) {
+    (void)m;
+    emu_barrier(1 + (int)threadIdx.x / 32);
+}
+static inline int __shfl_sync(unsigned m, int v, int src) {
+    (void)m;
+    return (int)emu_shfl_u((uint32_t)v, src & 31);
+}
+static inline float __shfl_sync(unsigned m, float v, int src) {
+    (void)m;
+    return emu_shfl(v, src & 31);
+}
+uint32_t emu_match_any(uint32_t v); /* the lanes of the warp holding the same v */
+static inline unsigned __match_any_sync(unsigned m, int v) {
+    (void)m;
+    return emu_match_any((uint32_t)v);
+}
+static inline uint32_t __reduce_max_sync(unsigned m, uint32_t v) {
+    (void)m;
+    return emu_reduce_u(v, 1);
+}
+static inline uint32_t __reduce_min_sync(unsigned m, uint32_t v) {
+    (void)m;
+    return emu_reduce_u(v, 0);
+}
 static inline float __shfl_xor_sync(unsigned m, float v, int off) {
     (void)m;
     return emu_shfl(v, (int)(threadIdx.x & 31) ^ off);
@@ -75,6 +147,11 @@ static inline float __shfl_up_sync(unsigned m, float v, int off) {
     (void)m;
     int l = (int)(threadIdx.x & 31) - off;
     return emu_shfl(v, l < 0 ? (int)(threadIdx.x & 31) : l);
+}
+static inline int __shfl_up_sync(unsigned m, int v, int off) {
+    (void)m;
+    int l = (int)(threadIdx.x & 31) - off;
+    return (int)emu_shfl_u((uint32_t)v, l < 0 ? (int)(threadIdx.x & 31) : l);
 }
 
 static inline uint32_t tf32_of(float x) {
@@ -86,6 +163,29 @@ static inline uint32_t tf32_of(float x) {
     return (u + 0x1000u) & ~0x1fffu;
 }
 void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+static inline float bf16x2_half(uint32_t v, int h) {
+    return __uint_as_float(h ? v & 0xffff0000u : v << 16);
+}
+void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+              uint32_t b1);
+
+/* ---- shared-memory operands (k_gemm.cu): ldmatrix, the 32-bit shared address ---- */
+extern uint8_t *emu_smem_base; /* the window smem_u32 measures from (1024-byte aligned) */
+static inline uint32_t smem_u32(const void *p) {
+    return (uint32_t)((const uint8_t *)p - emu_smem_base);
+}
+void emu_ldmatrix(uint32_t *r, int nmat, const void *p, int trans);
+static inline void ldmatrix_x4(uint32_t r[4], const void *p) { emu_ldmatrix(r, 4, p, 0); }
+static inline void ldmatrix_x2(uint32_t r[2], const void *p) { emu_ldmatrix(r, 2, p, 0); }
+static inline void ldmatrix_x4_trans(uint32_t r[4], const void *p) { emu_ldmatrix(r, 4, p, 1); }
+static inline void mma_bf16(float *d, const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    mma_bf16(*(float(*)[4])d, a[0], a[1], a[2], a[3], b0, b1);
+}
+static inline float __shfl_down_sync(unsigned m, float v, int off) {
+    (void)m;
+    int l = (int)(threadIdx.x & 31) + off;
+    return emu_shfl(v, l > 31 ? (int)(threadIdx.x & 31) : l);
+}
 
 static inline void cp_async16(void *d, const void *s, int n) {
     memset(d, 0, 16);
@@ -102,6 +202,18 @@ static inline uint16_t f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 typedef uint16_t __nv_bfloat16;
+struct __nv_bfloat162 { /* x: the low half */
+    uint16_t x, y;
+};
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {f2bf(a), f2bf(b)}; }
+/* one rounding to bf16 of the f32 result (exact for the dequantization's operands) */
+static inline __nv_bfloat162 __hsub2(__nv_bfloat162 a, __nv_bfloat162 b) {
+    return {f2bf(bf2f(a.x) - bf2f(b.x)), f2bf(bf2f(a.y) - bf2f(b.y))};
+}
+static inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bfloat162 c) {
+    return {f2bf(fmaf(bf2f(a.x), bf2f(b.x), bf2f(c.x))),
+            f2bf(fmaf(bf2f(a.y), bf2f(b.y), bf2f(c.y)))};
+}
 static inline uint16_t __float2bfloat16_rn(float f) { return f2bf(f); }
 static inline uint32_t bf16x2_pack(float lo, float hi) {
     return (uint32_t)f2bf(lo) | (uint32_t)f2bf(hi) << 16;
@@ -109,6 +221,45 @@ static inline uint32_t bf16x2_pack(float lo, float hi) {
 static inline float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static inline float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static inline float conv4_silu(float4 w, float s0, float s1, float s2, float x) {
+    float a = w.x * s0;
+    a = fmaf(w.y, s1, a);
+    a = fmaf(w.z, s2, a);
+    a = fmaf(w.w, x, a);
+    return silu_f(a);
+}
+static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+template <bool MAX> static inline float block_reduce(float v, float *sbuf) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = MAX ? warp_max(v) : warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sbuf[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sbuf[lane] : (MAX ? -INFINITY : 0.0f);
+    return MAX ? warp_max(r) : warp_sum(r);
+}
+static inline float block_sum(float v, float *sbuf) { return block_reduce<false>(v, sbuf); }
+static inline float block_max(float v, float *sbuf) { return block_reduce<true>(v, sbuf); }
+static inline uint64_t tl_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+#define TL_GOLDEN64 0x9E3779B97F4A7C15ull
+static inline void pdl_wait(void) {}
+static inline void pdl_trigger(void) {}
+#define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
+int cb_grid_cap(void);
+int cb_gemv_setup(void);
+int cb_moe_setup(void);
 static inline float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* ---- launch ---- */
@@ -119,7 +270,12 @@ static inline float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x))
     } while (0)
 #define CUDA_TRY(x)               (void)(x)
 #define cudaFuncSetAttribute(...) 0
-#define TL_LAUNCH(st, name, kern, grid, block, shm, ...)                                           \
-    emu_launch(grid, block, [&]() { kern(__VA_ARGS__); })
+/* variadic: a kernel template's arguments hold commas */
+template <class K, class... A>
+static inline void emu_launch_kernel(K kern, dim3 grid, dim3 block, size_t shm, A... args) {
+    (void)shm;
+    emu_launch(grid, block, [&]() { kern(args...); });
+}
+#define TL_LAUNCH(st, name, ...) emu_launch_kernel(__VA_ARGS__)
 
 #endif

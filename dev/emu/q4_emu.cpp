@@ -1,0 +1,277 @@
+/* Host emulation of the decode GEMV, MoE and sampler kernels (src/cuda/k_gemv.cu, k_moe.cu,
+ * k_sample.cu, compiled against the device shim dev/emu/cuda/cuda_common.cuh by
+ * dev/emu/q4_emu.sh): every way of the 4-bit GEMV for <= 8 tokens (the persistent q4m kernel,
+ * the slice kernel at 1 and 2 blocks an SM, the rows kernel) must give the same bits and match a
+ * double host product of the dequantized weights; the fused conv1d epilogue likewise; the bf16
+ * (router) GEMV must match a double product; the MoE of 1, 4 and 8 routed tokens through
+ * moe_up_route (slice / expert-major kernels) and moe_down after it (early routing) must give the
+ * bits of the plain path (route kernel, q4m moe_up, moe_down); the two-pass sampler and the laws
+ * with the count bits must give what they give without them. Random weights and inputs,
+ * production per-expert sizes, 16 experts, a 32K vocabulary. For checking indexing without a
+ * GPU; the emulation runs a kernel's threads one after another, so it shows no race and no
+ * timing. */
+#include "cuda/k_gemv.cu"
+#include "cuda/k_moe.cu"
+#include "cuda/k_sample.cu"
+
+extern "C" {
+#include "t_check.h"
+#include "common/util.h"
+}
+#include "emu_q4.h"
+
+alignas(16) uint4 xs[(220 * 1024) / 16];   /* the kernels' dynamic shared memory */
+alignas(16) uint4 xs_all[(48 * 1024) / 16]; /* moe_down's */
+static int all_rows(int y) { return y >= 0; }
+int (*emu_head_on)(int) = all_rows;
+
+/* k_moe.cu's prefill half calls into k_gemm.cu, which is not emulated */
+int cb_moe_gemm(uint16_t *, const uint16_t *, const tl_gpu_gemm_w *, const int32_t *, int, int, int,
+                const tl_gpu_stream *) {
+    return TL_ERR_UNSUPPORTED;
+}
+
+static unsigned long long rs = 0x51ce51ce51ceull;
+
+/* ---- GEMV ---- */
+
+static float *gemv_way(int slice, int rows_on, const q4mat &q, const float *x, const float *nw,
+                       int T, int acc, const float *y0) {
+    int R = q.m.rows;
+    float *y = (float *)xmalloc((size_t)T * R * 4);
+    memcpy(y, y0, (size_t)T * R * 4);
+    int os = tl_gpu_gemv_set_slice(slice), orr = tl_gpu_gemv_set_rows(rows_on);
+    CHECK_EQ_INT(tl_gpu_gemv(y, R, &q.m, x, q.m.cols, nw, 1e-6f, T, acc, NULL), 0);
+    tl_gpu_gemv_set_slice(os), tl_gpu_gemv_set_rows(orr);
+    return y;
+}
+
+static void gemv_case(int R, int K, int T, int norm, int acc) {
+    q4mat q = q4_random(&rs, R, K);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f),
+          *y0 = rand_vec(&rs, (size_t)T * R, 1.0f);
+    float *ref = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
+    /* the q4m kernel against the double product (the emulator's own check) */
+    float *hr = (float *)xmalloc((size_t)T * R * 4);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < K; c++) ss += (double)x[t * K + c] * x[t * K + c];
+        double inv = norm ? 1.0 / sqrt(ss / K + 1e-6) : 1.0;
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < K; c++)
+                s += q4_at(q, r, c) * x[(size_t)t * K + c] * (norm ? nw[c] : 1.0);
+            hr[(size_t)t * R + r] = (float)(s * inv + (acc ? y0[(size_t)t * R + r] : 0.0));
+        }
+    }
+    double nm = t_nmse(ref, hr, (size_t)T * R);
+    static const int ways[4][2] = {{1, 0}, {2, 0}, {0, 1}, {1, 1}};
+    int same = 1;
+    for (int w = 0; w < 4; w++) {
+        float *got = gemv_way(ways[w][0], ways[w][1], q, x, norm ? nw : NULL, T, acc, y0);
+        int s = !memcmp(got, ref, (size_t)T * R * 4);
+        if (!s) printf("# gemv %dx%d t%d: slice %d rows %d DIFFERS from q4m\n", R, K, T, ways[w][0],
+                       ways[w][1]);
+        same &= s;
+        free(got);
+    }
+    printf("# gemv %dx%d t%d n%d a%d: q4m vs double nmse %.2e; slice 1/2, rows, default: %s\n", R,
+           K, T, norm, acc, nm, same ? "same bits as q4m" : "DIFFERENT");
+    CHECK(nm < 1e-8);
+    CHECK(same);
+    free(x), free(nw), free(y0), free(ref), free(hr), q4_free(&q);
+}
+
+static void test_gemv_ways(void) {
+    gemv_case(256, 2048, 1, 1, 0); /* KPW 16, KS 4 */
+    gemv_case(128, 4096, 3, 0, 1); /* KS 8 */
+    gemv_case(64, 8192, 2, 0, 1);  /* KPW 32 */
+    gemv_case(96, 768, 5, 1, 1);   /* KPW 8, KS 3 */
+    gemv_case(8, 256, 8, 1, 0);    /* one row block, 8 tokens */
+    gemv_case(8704, 4096, 1, 0, 0); /* 1088 units: too many for the slice kernel (rows kernel) */
+}
+
+/* The bf16 GEMV (the router: two planes, its first weights loaded before the PDL wait) against a
+ * double product: 257 rows (2 a block) and 2048 rows (8 a block), with and without the low plane. */
+static void bf16_case(int R, int K, int T, int lo) {
+    uint16_t *w = (uint16_t *)xmalloc((size_t)R * K * 2), *wl = (uint16_t *)xmalloc((size_t)R * K * 2);
+    for (size_t i = 0; i < (size_t)R * K; i++) {
+        float v = 0.05f * t_randf(&rs);
+        w[i] = f2bf(v), wl[i] = f2bf(v - bf2f(w[i]));
+    }
+    tl_gpu_gemm_w m = {w, lo ? wl : NULL, 16, R, K};
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f);
+    float *y = (float *)xcalloc((size_t)T * R, 4), *ref = (float *)xmalloc((size_t)T * R * 4);
+    CHECK_EQ_INT(tl_gpu_gemv(y, R, &m, x, K, nw, 1e-6f, T, 0, NULL), 0);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < K; c++) ss += (double)x[t * K + c] * x[t * K + c];
+        double inv = 1.0 / sqrt(ss / K + 1e-6);
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < K; c++) {
+                size_t i = (size_t)r * K + c;
+                s += ((double)bf2f(w[i]) + (lo ? bf2f(wl[i]) : 0.0)) * x[t * K + c] * nw[c];
+            }
+            ref[(size_t)t * R + r] = (float)(s * inv);
+        }
+    }
+    double nm = t_nmse(y, ref, (size_t)T * R);
+    printf("# gemv bf16 %dx%d t%d lo%d: nmse vs double %.2e\n", R, K, T, lo, nm);
+    CHECK(nm < 1e-10);
+    free(w), free(wl), free(x), free(nw), free(y), free(ref);
+}
+
+static void test_gemv_bf16(void) {
+    bf16_case(257, 2048, 1, 1);
+    bf16_case(257, 2048, 5, 1);
+    bf16_case(2048, 4096, 3, 0);
+}
+
+/* The fused conv1d epilogue (3 tokens in slots 1, 2, 0): conv outputs, states and rows >= C the
+ * same bits on every way. */
+static void test_gemv_conv(void) {
+    const int R = 512, K = 2048, C = 256, T = 3;
+    q4mat q = q4_random(&rs, R, K);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f);
+    float *cw = rand_vec(&rs, (size_t)C * 4, 0.5f), *st0 = rand_vec(&rs, (size_t)3 * 3 * C, 1.0f);
+    int32_t slot[3] = {1, 2, 0};
+    float *y[4], *co[4], *st[4];
+    static const int ways[4][2] = {{0, 0}, {1, 0}, {2, 0}, {0, 1}};
+    for (int w = 0; w < 4; w++) {
+        y[w] = (float *)xcalloc((size_t)T * R, 4), co[w] = (float *)xcalloc((size_t)T * C, 4);
+        st[w] = (float *)xmalloc((size_t)9 * C * 4);
+        memcpy(st[w], st0, (size_t)9 * C * 4);
+        int os = tl_gpu_gemv_set_slice(ways[w][0]), orr = tl_gpu_gemv_set_rows(ways[w][1]);
+        CHECK_EQ_INT(tl_gpu_gemv_conv1d(y[w], R, &q.m, x, K, nw, 1e-6f, T, co[w], st[w], cw, C,
+                                        slot, NULL),
+                     0);
+        tl_gpu_gemv_set_slice(os), tl_gpu_gemv_set_rows(orr);
+    }
+    int same = 1;
+    for (int w = 1; w < 4; w++) {
+        for (int t = 0; t < T; t++)
+            same &= !memcmp(y[w] + (size_t)t * R + C, y[0] + (size_t)t * R + C, (R - C) * 4);
+        same &= !memcmp(co[w], co[0], (size_t)T * C * 4) && !memcmp(st[w], st[0], (size_t)9 * C * 4);
+    }
+    int moved = memcmp(st[0], st0, (size_t)9 * C * 4) != 0;
+    printf("# gemv + conv1d: slice 1/2 and rows %s q4m; states moved: %d\n",
+           same ? "same bits as" : "DIFFERENT from", moved);
+    CHECK(same);
+    CHECK(moved);
+    for (int w = 0; w < 4; w++) free(y[w]), free(co[w]), free(st[w]);
+    free(x), free(nw), free(cw), free(st0), q4_free(&q);
+}
+
+/* ---- MoE ---- */
+
+static void moe_case(int D, int k, int T) {
+    const int E = 16, F = 512;
+    q4mat gu = q4_random(&rs, (E + 1) * 2 * F, D), dn = q4_random(&rs, (E + 1) * D, F);
+    float *lg = rand_vec(&rs, (size_t)T * (E + 1), 3.0f), *h0 = rand_vec(&rs, (size_t)T * D, 1.0f);
+    float *nw = rand_vec(&rs, D, 1.0f);
+    float *act[2], *h[2], *w[2], *wsh[2];
+    int32_t *ids[2];
+    for (int m = 0; m < 2; m++) {
+        act[m] = (float *)xcalloc((size_t)T * (k + 1) * F, 4);
+        h[m] = (float *)xmalloc((size_t)T * D * 4);
+        memcpy(h[m], h0, (size_t)T * D * 4);
+        w[m] = (float *)xcalloc((size_t)T * k, 4), wsh[m] = (float *)xcalloc(T, 4);
+        ids[m] = (int32_t *)xcalloc((size_t)T * k, 4);
+    }
+    /* the plain path: route kernel, q4m moe_up, moe_down */
+    int old = tl_gpu_moe_set_slice(0);
+    CHECK_EQ_INT(tl_gpu_moe_route(ids[0], w[0], wsh[0], NULL, lg, E + 1, E, k, T, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_up(act[0], &gu.m, h0, nw, 1e-6f, ids[0], k, E, T, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_down(h[0], &dn.m, act[0], ids[0], w[0], wsh[0], k, E, T, NULL), 0);
+    /* the decode step's: routing in moe_up (slice / expert-major kernels), moe_down early */
+    tl_gpu_moe_set_slice(1);
+    CHECK_EQ_INT(tl_gpu_moe_up_route(act[1], ids[1], w[1], wsh[1], &gu.m, h0, nw, 1e-6f, lg, E + 1,
+                                     k, E, T, NULL),
+                 0);
+    CHECK_EQ_INT(tl_gpu_moe_down_after_route(h[1], &dn.m, act[1], ids[1], lg, E + 1, w[1], wsh[1], k,
+                                             E, T, NULL),
+                 0);
+    tl_gpu_moe_set_slice(old);
+    int s_ids = !memcmp(ids[0], ids[1], (size_t)T * k * 4);
+    int s_w = !memcmp(w[0], w[1], (size_t)T * k * 4) && !memcmp(wsh[0], wsh[1], (size_t)T * 4);
+    int s_act = !memcmp(act[0], act[1], (size_t)T * (k + 1) * F * 4);
+    int s_h = !memcmp(h[0], h[1], (size_t)T * D * 4);
+    int moved = memcmp(h[0], h0, (size_t)T * D * 4) != 0;
+    printf("# moe D%d k%d T%d: ids %s, weights %s, act %s, h %s (h moved: %d)\n", D, k, T,
+           s_ids ? "same" : "DIFFER", s_w ? "same" : "DIFFER", s_act ? "same" : "DIFFER",
+           s_h ? "same" : "DIFFER", moved);
+    CHECK(s_ids && s_w && s_act && s_h && moved);
+    for (int m = 0; m < 2; m++) free(act[m]), free(h[m]), free(w[m]), free(wsh[m]), free(ids[m]);
+    free(lg), free(h0), free(nw), q4_free(&gu), q4_free(&dn);
+}
+
+static void test_moe_ways(void) {
+    moe_case(2048, 8, 1); /* moe_up_q4s */
+    moe_case(2048, 8, 4); /* moe_up_q4x */
+    moe_case(2048, 8, 8);
+    moe_case(256, 4, 1); /* KPW 8, KS 1 */
+    moe_case(256, 4, 5);
+}
+
+/* ---- sampler with count bits ---- */
+
+static void test_sample_bits(void) {
+    const int V = 32768, R = 3;
+    float *lg = rand_vec(&rs, (size_t)R * V, 3.0f);
+    int32_t *cnt = (int32_t *)xcalloc((size_t)R * V, 4);
+    uint32_t *bits = (uint32_t *)xcalloc((size_t)R * TL_GPU_COUNT_WORDS(V), 4);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 200; i++) {
+            int t = (int)(t_rng_next(&rs) % V), stray = (int)(t_rng_next(&rs) % V);
+            cnt[(size_t)r * V + t] = i % 3 == 0 ? 1 << 30 : i % 3 == 1 ? 2 : (1 << 30) | 1;
+            lg[(size_t)r * V + t] += 4.0f; /* counted tokens near the top */
+            bits[r * TL_GPU_COUNT_WORDS(V) + t / 32] |= 1u << (t % 32);
+            bits[r * TL_GPU_COUNT_WORDS(V) + stray / 32] |= 1u << (stray % 32); /* a superset */
+        }
+    tl_sample_params p[R];
+    memset(p, 0, sizeof p);
+    for (int r = 0; r < R; r++) p[r].top_p = 1.0f, p[r].repetition_penalty = 1.0f;
+    p[0].temperature = 1.0f, p[0].top_k = 20, p[0].top_p = 0.95f, p[0].presence_penalty = 1.5f;
+    p[1].repetition_penalty = 1.3f; /* greedy */
+    p[2].temperature = 0.7f, p[2].top_k = 5, p[2].frequency_penalty = 0.8f;
+    uint64_t keys[R] = {11, 22, 33};
+    float *scr = (float *)xmalloc(sizeof(float) * 2 * (size_t)R * V);
+    tl_sample_out a[R], b[R];
+    CHECK_EQ_INT(tl_gpu_sample(a, lg, V, V, p, p, keys, cnt, bits, NULL, scr, NULL, R, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_sample(b, lg, V, V, p, p, keys, cnt, NULL, NULL, scr, NULL, R, NULL), 0);
+    int same = 1;
+    for (int r = 0; r < R; r++) same &= a[r].token == b[r].token && a[r].logprob == b[r].logprob;
+    /* the laws: rows = the logits rows, counts of slot r */
+    int32_t li[(3 + TL_LAW_ADJ) * R];
+    memset(li, 0, sizeof li);
+    for (int r = 0; r < R; r++) li[r] = r, li[R + r] = r;
+    float *lscr = (float *)xmalloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
+    tl_law la[R], lb[R];
+    CHECK_EQ_INT(tl_gpu_sample_law(la, lg, V, V, li, p, p, cnt, bits, li + R, li + 3 * R, lscr, R,
+                                   NULL),
+                 0);
+    CHECK_EQ_INT(tl_gpu_sample_law(lb, lg, V, V, li, p, p, cnt, NULL, li + R, li + 3 * R, lscr, R,
+                                   NULL),
+                 0);
+    int same_law = 1;
+    for (int r = 0; r < R; r++) {
+        same_law &= la[r].n == lb[r].n && la[r].n > 0;
+        for (int i = 0; i < la[r].n && i < lb[r].n; i++)
+            same_law &= la[r].id[i] == lb[r].id[i] && la[r].p[i] == lb[r].p[i];
+    }
+    printf("# sampler with count bits: tokens %d %d %d, same as without: %s; laws: %s\n",
+           a[0].token, a[1].token, a[2].token, same ? "yes" : "NO", same_law ? "same" : "DIFFER");
+    CHECK(same);
+    CHECK(same_law);
+    free(lg), free(cnt), free(bits), free(scr), free(lscr);
+}
+
+int main(void) {
+    T_RUN(test_sample_bits);
+    T_RUN(test_gemv_ways);
+    T_RUN(test_gemv_conv);
+    T_RUN(test_gemv_bf16);
+    T_RUN(test_moe_ways);
+    return t_summary();
+}

@@ -1,0 +1,104 @@
+/* Private to the prefill GEMM kernels (k_gemm.cu, k_gemm_wgr.cu): the kernels' arguments, the
+ * lookup of a block's token tile in the MoE plan, the epilogue's store of two outputs, the
+ * cp.async prologue, and the wgr kernel's launch. */
+#ifndef TL_K_GEMM_COMMON_CUH
+#define TL_K_GEMM_COMMON_CUH
+
+#include "cuda/k_gemm.cuh"
+
+#define GM_BK 64 /* k columns a pipeline stage (one 4-bit group) */
+
+enum { GM_DENSE = 0, GM_MOE_GATHER = 1, GM_MOE_SCATTER = 2 };
+
+typedef struct gemm_args {
+    const uint16_t *x; /* A rows, row stride K */
+    const uint8_t *w;  /* bf16 [N, K] or q4 words */
+    const uint32_t *sb;
+    void *y;
+    const void *res;
+    int M, N, K;
+    int ldy; /* elements per output row */
+    int flags;
+    int mode;             /* GM_DENSE / GM_MOE_GATHER / GM_MOE_SCATTER */
+    const int32_t *plan;  /* moe plan (above) */
+    long long w_estride;  /* bytes between experts' w */
+    long long sb_estride; /* u32 words between experts' sb */
+    float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
+} gemm_args;
+
+/* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
+ * the MoE plan, whose weights then start at that expert (wb, sbb advanced). perm: the plan's
+ * assignment list (NULL when dense). false: a tile past the plan's count (the block exits). */
+template <int BITS, int BM>
+static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t **wb,
+                                               const uint32_t **sbb, const int32_t **perm, int *m0,
+                                               int *m_end) {
+    *perm = NULL;
+    if (p.mode == GM_DENSE) {
+        *m0 = blockIdx.y * BM, *m_end = p.M;
+        return true;
+    }
+    const int32_t *off = p.plan + PLAN_OFF;
+    const int32_t *ts = p.plan + (BM == 128 ? PLAN_TS128 : BM == 64 ? PLAN_TS64 : PLAN_TS16);
+    *perm = p.plan + PLAN_PERM;
+    int tile = blockIdx.y;
+    if (tile >= ts[256]) return false;
+    int lo = 0, hi = 255;
+    while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
+        int mid = (lo + hi + 1) >> 1;
+        if (ts[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    *m0 = off[lo] + (tile - ts[lo]) * BM;
+    *m_end = off[lo + 1];
+    *wb += lo * p.w_estride;
+    if (BITS == 4) *sbb += lo * p.sb_estride;
+    return true;
+}
+
+/* The epilogue of two adjacent outputs (v0, v1) at element idx of y:
+ * SwiGLU already applied by the caller; + res (TL_GEMM_ADD_RES); f32 or bf16 store. */
+static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx, float v0,
+                                                 float v1) {
+    if (p.flags & TL_GEMM_OUT_F32) {
+        if (p.flags & TL_GEMM_ADD_RES) {
+            float2 rv = *(const float2 *)((const float *)p.res + idx);
+            v0 += rv.x;
+            v1 += rv.y;
+        }
+        *(float2 *)((float *)p.y + idx) = make_float2(v0, v1);
+    } else {
+        if (p.flags & TL_GEMM_ADD_RES) {
+            uint32_t rv = *(const uint32_t *)((const uint16_t *)p.res + idx);
+            v0 += bf16x2_lo(rv);
+            v1 += bf16x2_hi(rv);
+        }
+        *(uint32_t *)((uint16_t *)p.y + idx) = bf16x2_pack(v0, v1);
+    }
+}
+
+/* The pipeline prologue of the mma kernels: the first STAGES - 1 stages' weights, the wait for
+ * the previous kernel (dense products only: their weights do not depend on it; a MoE plan does,
+ * and its kernel waited before reading it), then those stages' activations. cp.async group 0
+ * holds every prologue weight tile, so the main loop's waits stay correct. */
+template <int STAGES, class LoadA, class LoadB>
+static __device__ __forceinline__ void gm_prologue(int KT, bool dense, LoadA load_a, LoadB load_b) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < KT) load_b(s, s);
+    if (dense) pdl_wait();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < KT) load_a(s, s);
+        cp_async_commit();
+    }
+}
+
+/* The wgr kernel (k_gemm_wgr.cu) with wgs (2 or 4) warpgroups over `tiles` token tiles (grid y;
+ * WR_NT tokens each, or the MoE plan's 128-row tiles). */
+#define WR_NT 128
+int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, const tl_gpu_stream *st);
+
+#endif

@@ -1,0 +1,226 @@
+/* The 4-bit prefill GEMM on wgmma with the weights as the A operand in registers ("wgr"): dense
+ * products and the MoE's grouped GEMMs, the same arguments, plan and epilogues as k_gemm.cu's
+ * kernels (k_gemm_common.cuh), which picks it (TL_MOE_WGR, TL_DENSE_WGR, TL_GEMM_TILE=6|7).
+ * Launches only: never allocates, never synchronises. */
+#include "cuda/k_gemm_common.cuh"
+#include "cuda/k_wgmma.cuh"
+
+/* ====== The MoE grouped GEMM on wgmma with the weights as the A operand ("wgr"). ======
+ * math: as gemm_mma_kernel's MoE modes (the plan's 128-row tiles, gather or scatter, the same
+ *   epilogues) for 4-bit weights.
+ * note: the tile's tokens are the wgmma's N (32, 64, 96 or 128: its token count rounded up to
+ *   32, chosen per block, so a tile of 40 tokens does not pay for 128) and 64 WGS weight rows
+ *   its M (WGS warpgroups of 64). A warp dequantizes the packed nibbles of its 16 rows straight
+ *   into A registers (bf16(s q + b), gemm_mma_kernel's values), so dequantized weights never
+ *   pass through shared memory and no thread dequantizes for another; the token tile (B) is
+ *   read by the tensor cores from 128-byte-swizzled shared memory (wg_desc, wg_swz:
+ *   gemm_wg_kernel's tiles). Per k stage and warpgroup: 4 wgmma m64nNk16. The accumulators are
+ *   initialised by the first wgmma (scale-d 0), not by ordinary instructions: zeroing them made
+ *   ptxas serialise the wgmma (C7515) once several N variants share the kernel.
+ * threads: 128 WGS; warp w owns block rows 16w .. 16w + 15 (warpgroup w / 4); lane (g, t) ends
+ *   with rows 16w + g (+ 8) for tokens 8j + 2t + {0, 1} (k_wgmma.cuh).
+ * pipeline (WR_STAGES deep, cp.async): step k waits for tile k and fences it for the async
+ *   proxy, barrier, reads its packed words, waits for its own wgmma of step k - 1 (the A
+ *   registers are reused), dequantizes, issues 4 wgmma, barrier (every warpgroup is past step
+ *   k - 1), then refills the stage of step k - 1.
+ * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
+ *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced).
+ * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
+ * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
+ *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
+#define WR_STAGES  4
+#define WR_X_BYTES (WR_NT * 128) /* tokens x 64 k, bf16, swizzled */
+
+/* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile, BN rows x 64
+ * packed nibbles, BN scale/bias words; the f32 output tile [128 tokens][BN + 4] reuses the
+ * stages (and sets the size when larger). */
+template <int WGS> struct wr_cfg {
+    static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
+    static constexpr int Q_BYTES = BN * GM_BK / 2;
+    static constexpr int STAGE_BYTES = (WR_X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
+    static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
+    static constexpr int SMEM =
+        (WR_STAGES * STAGE_BYTES > OUT_BYTES ? WR_STAGES * STAGE_BYTES : OUT_BYTES) +
+        1024; /* + alignment slack */
+};
+
+/* bf16x2 of the two nibbles at bits 0 and 16 of w: s q + b (gemm_mma_kernel's operations) */
+static __device__ __forceinline__ uint32_t wr_deq(uint32_t w, uint32_t s2u, uint32_t b2u) {
+    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+    uint32_t xu = (w & 0x000F000Fu) | 0x43004300u;
+    __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
+    xv = __hfma2(__hsub2(xv, k128), *(__nv_bfloat162 *)&s2u, *(__nv_bfloat162 *)&b2u);
+    return *(uint32_t *)&xv;
+}
+
+/* The A fragments of a warp's 16 rows for the four k16 steps of one stage: words wl (rows g)
+ * and wu (rows g + 8) of the two 32-column halves h; scale/bias words sl, su of those rows. */
+static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint32_t (&wl)[2],
+                                                const uint32_t (&wu)[2], uint32_t sl, uint32_t su) {
+    uint32_t sll = (sl & 0xffffu) | (sl << 16), bll = (sl >> 16) | (sl & 0xffff0000u);
+    uint32_t suu = (su & 0xffffu) | (su << 16), buu = (su >> 16) | (su & 0xffff0000u);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int s2 = 0; s2 < 2; s2++) {
+            af[2 * h + s2][0] = wr_deq(wl[h] >> (8 * s2), sll, bll);
+            af[2 * h + s2][1] = wr_deq(wu[h] >> (8 * s2), suu, buu);
+            af[2 * h + s2][2] = wr_deq(wl[h] >> (8 * s2 + 4), sll, bll);
+            af[2 * h + s2][3] = wr_deq(wu[h] >> (8 * s2 + 4), suu, buu);
+        }
+}
+
+/* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. */
+template <int WGS, int NT>
+static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&acc)[NT / 2],
+                                                   float *so, const int32_t *perm, int m0,
+                                                   int m_end) {
+    typedef wr_cfg<WGS> C;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int swiglu = p.flags & TL_GEMM_SWIGLU, ncol = swiglu ? C::BN / 2 : C::BN;
+    const int lds = ncol + 4, r0 = warp * 16;
+#pragma unroll
+    for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float *row = so + (8 * j + 2 * t + e) * lds;
+            if (swiglu) {
+                row[r0 / 2 + g] = silu_f(acc[4 * j + e]) * acc[4 * j + 2 + e];
+            } else {
+                row[r0 + g] = acc[4 * j + e];
+                row[r0 + 8 + g] = acc[4 * j + 2 + e];
+            }
+        }
+    __syncthreads();
+    const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
+    const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
+    const int ntok = min(m_end - m0, NT), pairs = min(ncol, nout - c0) / 2;
+    for (int i = tid; i < ntok * pairs; i += C::THREADS) {
+        int tok = i / pairs, c = 2 * (i % pairs), m = m0 + tok;
+        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+        gm_store2(p, orow + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
+    }
+}
+
+/* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
+template <int WGS, int NT>
+static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
+                                                const uint8_t *wb, const uint32_t *sbb,
+                                                const int32_t *perm, int m0, int m_end) {
+    typedef wr_cfg<WGS> C;
+    /* 16-byte token chunks: chunk tid + THREADS j is row (tid >> 3) + THREADS / 8 j, column
+     * tid & 7; XC per thread, rows past NT skipped */
+    constexpr int XC = (NT * 8 + C::THREADS - 1) / C::THREADS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
+    const int n0 = blockIdx.x * C::BN, r0 = warp * 16, KT = p.K / GM_BK;
+    const uint16_t *x_src[XC];
+    int x_ok[XC];
+#pragma unroll
+    for (int j = 0; j < XC; j++) {
+        int m = m0 + (tid >> 3) + C::THREADS / 8 * j;
+        x_ok[j] = m < m_end;
+        int src = x_ok[j] ? m : m0;
+        if (p.mode == GM_MOE_GATHER) src = perm[src] >> 3;
+        x_src[j] = p.x + (size_t)src * p.K + (tid & 7) * 8;
+    }
+    const uint32_t *wq = (const uint32_t *)wb;
+    auto load_x = [&](int stage, int kt) {
+        uint8_t *s = smem + stage * C::STAGE_BYTES;
+#pragma unroll
+        for (int j = 0; j < XC; j++) {
+            int r = (tid >> 3) + C::THREADS / 8 * j;
+            if (r < NT) cp_async16(s + wg_swz(r, tid & 7), x_src[j] + kt * GM_BK, x_ok[j] ? 16 : 0);
+        }
+    };
+    /* weights: thread tid copies 16 bytes of row block tid / 16; rows past N (a dense product's
+     * last block) load as zeros */
+    auto load_w = [&](int stage, int kt) {
+        uint32_t *sQ = (uint32_t *)(smem + stage * C::STAGE_BYTES + WR_X_BYTES);
+        const int k0 = kt * GM_BK, rb = tid >> 4, ch = tid & 15, ok = n0 + 8 * rb < p.N;
+        cp_async16(sQ + rb * 64 + ch * 4,
+                   wq + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                   ok ? 16 : 0);
+        if (tid < C::BN / 4) {
+            int sok = n0 + 4 * tid < p.N;
+            cp_async16(sQ + C::Q_BYTES / 4 + tid * 4,
+                       sbb + (size_t)(k0 / 64) * p.N + (sok ? n0 + tid * 4 : 0), sok ? 16 : 0);
+        }
+    };
+    gm_prologue<WR_STAGES>(KT, false, load_x, load_w); /* the kernel waited (MoE plan) */
+
+    float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
+    const uint32_t sx = smem_u32(smem);
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % WR_STAGES;
+        cp_async_wait<WR_STAGES - 2>(); /* tile kt */
+        wg_fence_proxy();
+        __syncthreads();
+        const uint32_t *sQ = (const uint32_t *)(smem + st * C::STAGE_BYTES + WR_X_BYTES);
+        const uint32_t *sS = sQ + C::Q_BYTES / 4;
+        uint32_t wl[2], wu[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            wl[h] = sQ[((r0 >> 3) * 2 + h) * 32 + lane];
+            wu[h] = sQ[((r0 >> 3) * 2 + 2 + h) * 32 + lane];
+        }
+        uint32_t sl = sS[r0 + g], su = sS[r0 + 8 + g];
+        wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
+        uint32_t af[4][4];
+        wr_afrag(af, wl, wu, sl, su);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * C::STAGE_BYTES + kk * 32), kt | kk);
+        wg_commit();
+        __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
+        int nk = kt + WR_STAGES - 1;
+        if (nk < KT) load_w(nk % WR_STAGES, nk), load_x(nk % WR_STAGES, nk);
+        cp_async_commit();
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+    __syncthreads(); /* the stages become the output tile */
+    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end);
+}
+
+template <int WGS>
+__global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
+    extern __shared__ uint8_t wr_smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm;
+    int m0, m_end;
+    pdl_wait(); /* the MoE plan and the activations come from the previous kernels */
+    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
+    if (nc == 4)
+        wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
+    else if (nc == 3)
+        wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
+    else if (nc == 2)
+        wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
+    else
+        wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
+}
+
+template <int WGS>
+static int launch_gemm_wgr(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+    typedef wr_cfg<WGS> C;
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 C::SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    if (grid_y <= 0) return 0;
+    if (grid_y > 65535 || p->ws) return TL_ERR_INVALID;
+    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>,
+              dim3((p->N + C::BN - 1) / C::BN, grid_y), dim3(C::THREADS), C::SMEM, *p);
+    return 0;
+}
+
+int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, const tl_gpu_stream *st) {
+    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, st) : launch_gemm_wgr<4>(p, tiles, st);
+}

@@ -1,0 +1,23 @@
+/* The shared-memory tile layout the wgmma operands use (k_gemm.cu, k_attn_prefill.cu): K-major
+ * rows of 64 bf16 = 128 B with the 128-byte swizzle (16-byte chunk c of row r stored at chunk
+ * c ^ (r % 8)), 8-row groups 1024 B apart, the tile 1024-byte aligned; and the matrix descriptor
+ * that describes it to the tensor cores (start address, stride byte offset 1024, swizzle mode
+ * 1). A k16 step inside the 64 columns advances the start address by 32 B. Plain arithmetic,
+ * shared by the device code and the host emulator (dev/emu). */
+#ifndef TL_K_WGDESC_CUH
+#define TL_K_WGDESC_CUH
+
+/* byte offset of 16-byte chunk c of row r */
+static __device__ __forceinline__ uint32_t wg_swz(int r, int c) {
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    uint64_t d = 0;
+    d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
+    d |= (uint64_t)(16 >> 4) << 16;   /* leading byte offset (unused with 128B swizzle) */
+    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows x 128 B */
+    d |= 1ull << 62;                  /* 128-byte swizzle */
+    return d;
+}
+
+#endif
