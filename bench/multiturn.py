@@ -29,6 +29,11 @@ at once, so a cached turn and its probe each share the engine with the same kind
 (free-running, --no-lockstep, a conversation's cached turn often shared steps with other
 conversations' probes and the difference was mostly which requests happened to overlap).
 
+In lockstep the server's own split of the time is read from its /metrics (vLLM's request
+histograms) at every barrier: for the cached turns and for the probes of each turn, the mean time
+a request waited in the queue (arrival to admission) and spent in prefill (admission to its first
+token), so a gap between the two says whether it is waiting or computing.
+
 Prints a markdown table per concurrency level (mean over the conversations of each turn) and, with
 --json FILE, every measurement."""
 import argparse
@@ -107,6 +112,37 @@ class Client:
         return text, ttft if ttft is not None else time.perf_counter() - t0, usage
 
 
+def server_times(client):
+    """(requests finished, their queue seconds, their prefill seconds) summed so far, from the
+    server's /metrics (vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds)."""
+    c = http.client.HTTPConnection(client.host, client.port, timeout=60)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    v = {}
+    for line in text.splitlines():
+        m = re.match(r"^vllm:request_(queue|prefill)_time_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$",
+                     line)
+        if m:
+            v[m.group(1), m.group(2)] = v.get((m.group(1), m.group(2)), 0.0) + float(m.group(3))
+    return (v.get(("queue", "count"), 0.0), v.get(("queue", "sum"), 0.0),
+            v.get(("prefill", "sum"), 0.0))
+
+
+def phase_split(marks, turns):
+    """Per turn, the cached turns' and the probes' mean queue and prefill ms from the /metrics
+    marks taken at the barriers (2 a turn, then one after the last probes); None where a phase
+    finished no request."""
+    def delta(a, b):
+        n = b[0] - a[0]
+        return {"requests": n, "queue_ms": 1000 * (b[1] - a[1]) / n,
+                "prefill_ms": 1000 * (b[2] - a[2]) / n} if n > 0 else None
+    if len(marks) != 2 * turns + 1:
+        return []
+    return [{"turn": t + 1, "cached": delta(marks[2 * t], marks[2 * t + 1]),
+             "alone": delta(marks[2 * t + 1], marks[2 * t + 2])} for t in range(turns)]
+
+
 def system_prompt(client, target, kwargs):
     """Instructions and tool definitions grown to about `target` tokens."""
     rng = random.Random(1)
@@ -173,9 +209,12 @@ def conversation(client, conv, sysp, a, kwargs, out, bar=None, t0=0.0):
 
 
 def run_level(client, n_conv, sysp, a, kwargs):
-    out, threads, errors = [], [], []
+    """(rows, per-turn server split) of n_conv conversations."""
+    out, threads, errors, marks = [], [], [], []
     seed = random.Random(n_conv).randrange(1 << 30)
-    bar = threading.Barrier(n_conv) if a.lockstep and n_conv > 1 else None
+    bar = None
+    if a.lockstep:  # one conversation too: the barrier then only takes the /metrics marks
+        bar = threading.Barrier(n_conv, action=lambda: marks.append(server_times(client)))
     t0 = time.perf_counter()
 
     def one(c):
@@ -196,7 +235,9 @@ def run_level(client, n_conv, sysp, a, kwargs):
         th.join()
     if errors:
         raise errors[0]
-    return out
+    if bar:
+        marks.append(server_times(client))
+    return out, phase_split(marks, a.turns)
 
 
 def start_server(a, extra):
@@ -224,9 +265,24 @@ def stop_server(p):
 
 
 def measure(url, a, kwargs):
+    """({level: rows}, {level: per-turn server split})"""
     client = Client(url)
     sysp = system_prompt(client, a.sys_tokens, kwargs)
-    return {n: run_level(client, n, sysp, a, kwargs) for n in a.levels}
+    res = {n: run_level(client, n, sysp, a, kwargs) for n in a.levels}
+    return {n: r[0] for n, r in res.items()}, {n: r[1] for n, r in res.items()}
+
+
+def split_table(split):
+    """The server's queue / prefill split of the cached turns and of the probes, per turn."""
+    rows = ["| turn | cached: queue ms | cached: prefill ms | alone: queue ms | "
+            "alone: prefill ms |",
+            "|---:|---:|---:|---:|---:|"]
+    cell = lambda d, k: f"{d[k]:.1f}" if d else "-"
+    for p in split:
+        rows.append(f"| {p['turn']} | {cell(p['cached'], 'queue_ms')} | "
+                    f"{cell(p['cached'], 'prefill_ms')} | {cell(p['alone'], 'queue_ms')} | "
+                    f"{cell(p['alone'], 'prefill_ms')} |")
+    return "\n".join(rows)
 
 
 def table(res_on, res_off, n_conv, a):
@@ -275,19 +331,19 @@ def main():
         subprocess.run(f"gunzip -c ../shared/data/qwen3-tokenizer.json.gz > "
                        f"bench/out/multiturn/tokenizer.json", shell=True, check=True, cwd=ROOT)
     if a.url:
-        res = {a.mode: measure(a.url, a, kwargs)}
-        res_on, res_off = res[a.mode], None
+        res_on, split_on = measure(a.url, a, kwargs)
+        res_off = None
     else:
-        res_on = res_off = None
+        res_on = res_off = split_on = None
         for extra, name in (([], "on"), (["--no-prefix-cache"], "off")):
             p, url, log = start_server(a, extra)
             try:
-                r = measure(url, a, kwargs)
+                r, sp = measure(url, a, kwargs)
             finally:
                 stop_server(p)
                 os.unlink(log)
             if name == "on":
-                res_on = r
+                res_on, split_on = r, sp
             else:
                 res_off = r
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -297,9 +353,12 @@ def main():
     for n in a.levels:
         print(f"\n{n} conversation(s) at once (means per turn)\n")
         print(table(res_on, res_off, n, a))
+        if split_on.get(n):
+            print(f"\nthe server's split (/metrics), cache on: mean per request\n")
+            print(split_table(split_on[n]))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"on": res_on, "off": res_off}, f, indent=1)
+            json.dump({"on": res_on, "off": res_off, "split_on": split_on}, f, indent=1)
     return 0
 
 

@@ -145,6 +145,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
                    "requests that may wait to start (default 64; then 429)"),
         TL_OPT_INT("step-tokens", 0, &p->step_tokens, "N", 0, TL_OPT_NOMAX,
                    "token budget of one engine step (default 2048)"),
+        TL_OPT_INT("gather-us", 0, &p->gather_us, "US", 0, 1000000,
+                   "idle engine: start once no request arrived for US us (default 0: at once)"),
         TL_OPT_U64("max-body", 0, &o->max_body, "BYTES", "request body limit (default 8388608)"),
         TL_OPT_INT("max-conns", 0, &p->max_conns, "N", 0, TL_OPT_NOMAX,
                    "concurrent HTTP connections (default 512)"),

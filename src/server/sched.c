@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 #include "common/status.h"
 #include "common/util.h"
@@ -120,6 +121,7 @@ struct tl_sched {
     int n_running; /* mirrors the engine thread's count for stats */
     int n_jobs;    /* submitted and not yet finished, queued or running: what a drain waits for */
     int admit_delay_us; /* tests (TL_TEST_ADMIT_DELAY_MS): a pause after a job leaves the queue */
+    long n_arrived;     /* jobs ever queued (wait_work's gathering) */
     int n_sessions;
     long kv_tokens;
     tl_kv_stats kv_pub;     /* the pool as of the last step */
@@ -378,6 +380,25 @@ static void queue_reap(tl_sched *s, tl_job **reaped, int *n_reaped, int max) {
 
 typedef enum { WAIT_STEP, WAIT_AGAIN, WAIT_EXIT } wait_result;
 
+/* The idle engine's gathering (tl_sched_params.gather_us): returns once no job has arrived for
+ * gather_us, or 8 x gather_us after the call, or when stopping. Called with s->mu held. */
+static void gather_arrivals(tl_sched *s) {
+    double t_end = tl_time_s() + 8e-6 * s->p.gather_us;
+    for (;;) {
+        long seen = s->n_arrived;
+        double now = tl_time_s(), until = TL_MIN(now + 1e-6 * s->p.gather_us, t_end);
+        if (s->stop || until <= now) return;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
+        double abs_s = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + (until - now);
+        ts.tv_sec = (time_t)abs_s;
+        ts.tv_nsec = (long)((abs_s - (double)ts.tv_sec) * 1e9);
+        while (!s->stop && s->n_arrived == seen)
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
+        if (s->n_arrived == seen) return; /* a quiet gap */
+    }
+}
+
 /* 1. Waits for work and reaps cancelled queued jobs. *stop: shutting down (everything running
  * is cancelled next). */
 static wait_result wait_work(tl_sched *s, int *stop) {
@@ -385,6 +406,7 @@ static wait_result wait_work(tl_sched *s, int *stop) {
     int n_reaped = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stop && !s->q_head && s->n_live == 0) pthread_cond_wait(&s->cv, &s->mu);
+    if (s->n_live == 0 && s->q_head && s->p.gather_us > 0) gather_arrivals(s);
     *stop = s->stop;
     queue_reap(s, reaped, &n_reaped, 64);
     int empty = !s->q_head; /* only this thread takes from the queue; none join when stopping */
@@ -908,6 +930,7 @@ int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
     s->q_tail = j;
     s->n_queued++;
     s->n_jobs++;
+    s->n_arrived++;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;

@@ -119,6 +119,12 @@ typedef struct tl_sched_params {
     int max_queue;   /* waiting jobs beyond this answer TL_ERR_BUSY (429) */
     int step_tokens; /* token budget of one step: decode tokens + prefill chunk(s) */
     int snap_every;  /* prefix cache snapshot every this many prompt tokens (0: 4096) */
+    /* An idle engine (nothing running) that gets a request waits until no other request has
+     * arrived for gather_us microseconds (at most 8 x gather_us in all) before its first step,
+     * so that requests sent together share it instead of all but the first waiting for a whole
+     * prefill step. 0: start at once (the default until measured on the GPU: on the CPU backend
+     * a shared step costs its tokens' sum, so gathering raised the mean TTFT there). */
+    int gather_us;
 } tl_sched_params;
 
 typedef struct tl_sched tl_sched;

@@ -240,7 +240,9 @@ static void *loader(void *arg) {
     }
     if (!rc) {
         tl_metrics_set_model(s->metrics, s->model_name, s->max_ctx);
-        tl_sched_params sp = {.max_queue = s->p.max_queue, .step_tokens = s->p.step_tokens};
+        tl_sched_params sp = {.max_queue = s->p.max_queue,
+                              .step_tokens = s->p.step_tokens,
+                              .gather_us = s->p.gather_us};
         rc = tl_sched_create(&s->sched, s->eng, &sp, s->metrics, err, errlen) != 0;
     }
     atomic_store(&load_rc, rc ? -1 : 1);
@@ -291,6 +293,7 @@ static void server_defaults(tl_server *s) {
     if (!s->p.max_queue) s->p.max_queue = 64;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
     if (!s->p.step_tokens) s->p.step_tokens = 2048;
+    if (s->p.gather_us < 0) s->p.gather_us = 0;
     if (!s->p.max_body) s->p.max_body = 8u << 20;
     if (!s->p.max_conns) s->p.max_conns = 512;
     if (s->p.drain_s <= 0) s->p.drain_s = 10;

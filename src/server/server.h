@@ -30,6 +30,7 @@ typedef struct tl_server_params {
     long kv_tokens;          /* KV cache pool in tokens; 0 = tl_engine_params' default */
     int max_queue;           /* waiting requests beyond the running ones; default 64 */
     int step_tokens;         /* engine step token budget; default 2048 */
+    int gather_us;           /* idle engine: wait for more arrivals (sched.h); 0 = off (default) */
     size_t max_body;         /* request body limit in bytes; default 8 MiB */
     int max_conns;           /* concurrent connections; default 512 */
     double drain_s;          /* SIGINT/SIGTERM: seconds running streams may finish */

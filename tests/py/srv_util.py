@@ -90,6 +90,17 @@ class Server:
                 raise AssertionError(f"metric {key} = {v} after {timeout} s")
             time.sleep(0.02)
 
+    def wait_metric_sum(self, prefix, at_least, timeout=10):
+        """Waits until the metrics whose keys start with prefix (any labels) sum to at_least."""
+        deadline = time.time() + timeout
+        while True:
+            v = sum(x for k, x in self.metrics().items() if k.startswith(prefix))
+            if v >= at_least:
+                return v
+            if time.time() > deadline:
+                raise AssertionError(f"metrics {prefix}* sum to {v} after {timeout} s")
+            time.sleep(0.02)
+
     def stderr(self):
         self.err.flush()
         with open(self.err.name, errors="replace") as f:

@@ -3,7 +3,9 @@ the tiny model: it runs with the cache and without, prints a table per concurren
 numbers hold what the cache promises: no cached tokens without it; with it, from turn 2 on, at
 least 95% of the tokens the template makes reusable (issue 14's target) are served from the cache.
 Two conversations run in lockstep: every turn is sent after both finished the previous turn's
-probe, every probe after both turns were answered. Timings are not checked (no timed tests)."""
+probe, every probe after both turns were answered; the server's queue / prefill split (/metrics)
+is read at every barrier, per turn for the turns and for the probes. Timings are not checked (no
+timed tests), only that each phase counted its requests."""
 import json
 import os
 import subprocess
@@ -38,6 +40,17 @@ def test_multiturn_smoke(tmp_path, binary):
                 # the fresh prompt of the turn's new tokens alone: within 5% (or 8 tokens)
                 new = x["prompt_tokens"] - x["cached_tokens"]
                 assert x["fresh_ttft_s"] > 0 and abs(x["fresh_tokens"] - new) <= max(8, new // 20), x
+    assert r.stdout.count("| turn | cached: queue ms | cached: prefill ms |") == 2
+    for level in ("1", "2"):  # the server's split from /metrics, one row a turn
+        split = res["split_on"][level]
+        assert [p["turn"] for p in split] == [1, 2, 3]
+        for p in split:
+            assert p["cached"]["requests"] == int(level), p  # the turn's requests, no probe
+            assert p["cached"]["queue_ms"] >= 0 and p["cached"]["prefill_ms"] > 0, p
+            if p["turn"] == 1:
+                assert p["alone"] is None, p  # nothing cached yet: no probe
+            else:
+                assert p["alone"]["requests"] == int(level) and p["alone"]["prefill_ms"] > 0, p
     for mode in ("on", "off"):  # lockstep at 2 conversations
         rows = res[mode]["2"]
         for t in (1, 2, 3):
