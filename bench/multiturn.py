@@ -63,10 +63,14 @@ class Client:
     def __init__(self, url):
         u = url.split("//", 1)[-1].rstrip("/")
         self.host, self.port = u.split(":")[0], int(u.split(":")[1])
+        self.model = json.loads(self.get("/v1/models"))["data"][0]["id"]
+
+    def get(self, path):
         c = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        c.request("GET", "/v1/models")
-        self.model = json.loads(c.getresponse().read())["data"][0]["id"]
+        c.request("GET", path)
+        body = c.getresponse().read()
         c.close()
+        return body
 
     def post(self, path, body, stream=False, session=None):
         c = http.client.HTTPConnection(self.host, self.port, timeout=3600)
@@ -115,12 +119,8 @@ class Client:
 def server_times(client):
     """(requests finished, their queue seconds, their prefill seconds) summed so far, from the
     server's /metrics (vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds)."""
-    c = http.client.HTTPConnection(client.host, client.port, timeout=60)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
     v = {}
-    for line in text.splitlines():
+    for line in client.get("/metrics").decode().splitlines():
         m = re.match(r"^vllm:request_(queue|prefill)_time_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$",
                      line)
         if m:

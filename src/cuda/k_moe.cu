@@ -739,8 +739,8 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     const int lane = threadIdx.x & 31;
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int base = 0; base < n_asg;
-         base += blockDim.x) { /* whole warps: the match is collective */
+    /* whole warps in both loops: the match is collective */
+    for (int base = 0; base < n_asg; base += blockDim.x) {
         int a = base + threadIdx.x, e = a < n_asg ? ids[a] : -1;
         unsigned m = __match_any_sync(0xffffffffu, e);
         if (e >= 0 && e < 256 && lane == __ffs(m) - 1) atomicAdd(&cnt[e], __popc(m));

@@ -1,6 +1,9 @@
-/* RMSNorm (the 1+w form: the loader already folded the offset into w). The gated RMSNorm of the
- * GDN output is fused into k_gdn_decode.cu, and the pre-projection norms into the GEMVs
- * (k_gemv.cu, k_moe.cu); this standalone kernel serves the final norm before the LM head. */
+/* The standalone norms (the 1+w form: the loader already folded the offset into w): the f32
+ * RMSNorm before the LM head, the bf16 RMSNorm of the GEMM paths (with the router's low plane),
+ * the gated RMSNorm of the GDN output for the GEMM paths and for the column-cut decode step
+ * (TL_GDN_COLS=1; otherwise it is fused into k_gdn_decode.cu), the f32 -> bf16 cast, and the MTP
+ * head's small row kernels (concatenation, row copies). The decode path's pre-projection norms
+ * are fused into the GEMVs (k_gemv.cu, k_moe.cu). */
 #include "cuda/cuda_common.cuh"
 
 /* rmsnorm_row_kernel

@@ -381,21 +381,18 @@ static void queue_reap(tl_sched *s, tl_job **reaped, int *n_reaped, int max) {
 typedef enum { WAIT_STEP, WAIT_AGAIN, WAIT_EXIT } wait_result;
 
 /* The idle engine's gathering (tl_sched_params.gather_us): returns once no job has arrived for
- * gather_us, or 8 x gather_us after the call, or when stopping. Called with s->mu held. */
+ * gather_us, or 8 x gather_us after the call, or when stopping. Called with s->mu held; s->cv
+ * runs on CLOCK_MONOTONIC, tl_time_s's clock. */
 static void gather_arrivals(tl_sched *s) {
     double t_end = tl_time_s() + 8e-6 * s->p.gather_us;
     for (;;) {
         long seen = s->n_arrived;
-        double now = tl_time_s(), until = TL_MIN(now + 1e-6 * s->p.gather_us, t_end);
-        if (s->stop || until <= now) return;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
-        double abs_s = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + (until - now);
-        ts.tv_sec = (time_t)abs_s;
-        ts.tv_nsec = (long)((abs_s - (double)ts.tv_sec) * 1e9);
-        while (!s->stop && s->n_arrived == seen)
-            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
-        if (s->n_arrived == seen) return; /* a quiet gap */
+        double until = TL_MIN(tl_time_s() + 1e-6 * s->p.gather_us, t_end);
+        struct timespec ts = {(time_t)until, (long)((until - (double)(time_t)until) * 1e9)};
+        while (!s->stop && s->n_arrived == seen &&
+               pthread_cond_timedwait(&s->cv, &s->mu, &ts) != ETIMEDOUT) {
+        }
+        if (s->stop || s->n_arrived == seen) return; /* stopping, or a quiet gap */
     }
 }
 
@@ -873,7 +870,11 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     s->entry_job = xcalloc((size_t)s->max_seqs, sizeof *s->entry_job);
     s->outs = xcalloc((size_t)s->max_seqs * (1 + s->spec_k), sizeof *s->outs);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca; /* gather_arrivals' deadlines are tl_time_s's */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     s->accepting = 1;
     if (pthread_create(&s->thread, NULL, engine_main, s)) {
         free(s->running);

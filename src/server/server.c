@@ -293,7 +293,6 @@ static void server_defaults(tl_server *s) {
     if (!s->p.max_queue) s->p.max_queue = 64;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
     if (!s->p.step_tokens) s->p.step_tokens = 2048;
-    if (s->p.gather_us < 0) s->p.gather_us = 0;
     if (!s->p.max_body) s->p.max_body = 8u << 20;
     if (!s->p.max_conns) s->p.max_conns = 512;
     if (s->p.drain_s <= 0) s->p.drain_s = 10;

@@ -80,26 +80,23 @@ class Server:
                 out[k] = float(v)
         return out
 
-    def wait_metric(self, key, pred, timeout=10):
+    def _poll_metrics(self, value, pred, what, timeout):
         deadline = time.time() + timeout
         while True:
-            v = self.metrics().get(key)
+            v = value(self.metrics())
             if v is not None and pred(v):
                 return v
             if time.time() > deadline:
-                raise AssertionError(f"metric {key} = {v} after {timeout} s")
+                raise AssertionError(f"{what} = {v} after {timeout} s")
             time.sleep(0.02)
+
+    def wait_metric(self, key, pred, timeout=10):
+        return self._poll_metrics(lambda m: m.get(key), pred, f"metric {key}", timeout)
 
     def wait_metric_sum(self, prefix, at_least, timeout=10):
         """Waits until the metrics whose keys start with prefix (any labels) sum to at_least."""
-        deadline = time.time() + timeout
-        while True:
-            v = sum(x for k, x in self.metrics().items() if k.startswith(prefix))
-            if v >= at_least:
-                return v
-            if time.time() > deadline:
-                raise AssertionError(f"metrics {prefix}* sum to {v} after {timeout} s")
-            time.sleep(0.02)
+        return self._poll_metrics(lambda m: sum(x for k, x in m.items() if k.startswith(prefix)),
+                                  lambda v: v >= at_least, f"metrics {prefix}* summed", timeout)
 
     def stderr(self):
         self.err.flush()
