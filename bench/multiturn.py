@@ -297,8 +297,9 @@ def table(res_on, res_off, n_conv, a):
         fr = [r for r in on if "fresh_ttft_s" in r]
         fresh = (f"{1000 * mean(fr, 'fresh_ttft_s'):.1f} | "
                  f"{1000 * (mean(fr, 'ttft_s') - mean(fr, 'fresh_ttft_s')):+.1f}") if fr else "- | -"
+        unc = f"{1000 * mean(off, 'ttft_s'):.1f}" if off else "-"
         rows.append(f"| {t} | {mean(on, 'prompt_tokens'):.0f} | {1000 * mean(on, 'ttft_s'):.1f} | "
-                    f"{1000 * mean(off, 'ttft_s'):.1f} | {cach:.0f} | {reus:.0f} | "
+                    f"{unc} | {cach:.0f} | {reus:.0f} | "
                     + (f"{cach / reus:.3f}" if reus else "-") + f" | {fresh} |")
     return "\n".join(rows)
 
@@ -322,6 +323,9 @@ def main():
     ap.add_argument("--no-fresh", dest="fresh", action="store_false",
                     help="skip the TTFT of each cached turn's new tokens alone (a prompt of that "
                     "many tokens under its own cache_salt, sent right after the turn)")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="skip the server without the prefix cache (the uncached column reads -): "
+                    "for A/B runs of server settings that only the cached turns feel")
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
     a.levels = [int(x) for x in a.convs.split()]
@@ -335,7 +339,8 @@ def main():
         res_off = None
     else:
         res_on = res_off = split_on = None
-        for extra, name in (([], "on"), (["--no-prefix-cache"], "off")):
+        runs = (([], "on"),) if a.cached_only else (([], "on"), (["--no-prefix-cache"], "off"))
+        for extra, name in runs:
             p, url, log = start_server(a, extra)
             try:
                 r, sp = measure(url, a, kwargs)
