@@ -32,7 +32,7 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens decode on the tensor cores (default 8; 0: never)"},
     {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,
-     "CUDA: batches of >= N tokens compute the router on the tensor cores (default 128; 0: never)"},
+     "CUDA: batches of >= N tokens compute the router on the tensor cores (default 64; 0: never)"},
     {"TL_CUDA_STATE_BF16=1", ENGINE_CMDS,
      "CUDA: Gated DeltaNet state in bf16, as --state-dtype bf16 (for tools that run `tulip run`)"},
     {"TL_CUDA_SPEC_RECOMPUTE=1", ENGINE_CMDS,
