@@ -80,13 +80,14 @@ void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn) {
     body = &fn;
     nthr = (int)block.x;
     blockDim = block, gridDim = grid;
-    for (unsigned y = 0; y < grid.y; y++) {
-        if (!emu_head_on((int)y)) continue;
-        for (unsigned x = 0; x < grid.x; x++) {
-            blockIdx = dim3(x, y, 0);
-            run_block();
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++) {
+            if (!emu_head_on((int)y)) continue;
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = dim3(x, y, z);
+                run_block();
+            }
         }
-    }
 }
 
 /* ---- warp collectives ---- */

@@ -109,6 +109,55 @@ static void test_dense_validated(void) {
     dense_case(1, 300, 384, 256); /* three token tiles, the last partial; rows % 256 == 128 */
 }
 
+/* ---- dense products of decode batches: the wgr kernel with K split (k_gemm.cu's default for
+ * n <= TL_GEMM_SPLITK_MAX_N), partials reduced by gemm_splitk_reduce: against the double product,
+ * SwiGLU included, and every token's bits the same at any n (the split depends on the shape) */
+static void dense_dec_case(int rows, int K, int flags) {
+    const int ns[3] = {200, 1, 37}, nmax = 200;
+    int swiglu = (flags & TL_GEMM_SWIGLU) != 0, oc = swiglu ? rows / 2 : rows;
+    q4mat q = q4_random(&rs, rows, K);
+    float *xf = rand_vec(&rs, (size_t)nmax * K, 1.0f);
+    uint16_t *x = to_bf16(xf, (size_t)nmax * K);
+    double *ref = (double *)xmalloc((size_t)nmax * rows * 8);
+    for (int t = 0; t < nmax; t++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int c = 0; c < K; c++) s += (double)bf2f(x[(size_t)t * K + c]) * q4_at_bf16(q, r, c);
+            ref[(size_t)t * rows + r] = s;
+        }
+    if (swiglu) /* rows interleaved by 8: gate block, then its up block */
+        for (int t = 0; t < nmax; t++)
+            for (int o = 0; o < oc; o++) {
+                int c = (o / 8) * 16 + o % 8;
+                double gt = ref[(size_t)t * rows + c], u = ref[(size_t)t * rows + c + 8];
+                ref[(size_t)t * oc + o] = gt / (1.0 + exp(-gt)) * u;
+            }
+    size_t wsb = tl_gpu_gemm_ws_bytes(&q.m, nmax);
+    CHECK(wsb > 0);
+    tl_gpu_stream st = {};
+    st.ws = (float *)xmalloc(wsb), st.ws_bytes = wsb;
+    float *y = (float *)xmalloc((size_t)nmax * oc * 4), *first = (float *)xmalloc((size_t)nmax * oc * 4);
+    for (int k = 0; k < 3; k++) {
+        int n = ns[k];
+        emu_smem_base = emu_smem;
+        for (size_t i = 0; i < (size_t)n * oc; i++) y[i] = NAN;
+        CHECK_EQ_INT(tl_gpu_gemm(y, x, &q.m, n, NULL, flags | TL_GEMM_OUT_F32, &st), 0);
+        double e = nmse(y, ref, (size_t)n * oc);
+        printf("# dense decode batch q4 %dx%d flags %d n=%d (split-K wgr): nmse %.2e\n", rows, K,
+               flags, n, e);
+        CHECK(e < (swiglu ? 1e-9 : 1e-10));
+        if (k == 0)
+            memcpy(first, y, (size_t)nmax * oc * 4);
+        else
+            CHECK(memcmp(first, y, (size_t)n * oc * 4) == 0); /* the same bits at any n */
+    }
+    q4_free(&q), free(xf), free(x), free(ref), free(y), free(first), free(st.ws);
+}
+static void test_dense_decode_batch(void) {
+    dense_dec_case(256, 1024, 0);
+    dense_dec_case(256, 512, TL_GEMM_SWIGLU);
+}
+
 /* ---- MoE: every tile through one plan ---- */
 /* expert of (token t, slot s): token t < counts[0] goes to expert 0 in slot 0, and so on for the
  * listed experts (each token at most once per expert); other slots spread over experts 16.. */
@@ -392,6 +441,7 @@ int main(void) {
     T_RUN(test_norms);
     T_RUN(test_attention);
     T_RUN(test_dense_validated);
+    T_RUN(test_dense_decode_batch);
     T_RUN(test_moe_small);
     T_RUN(test_moe_production);
     return t_summary();

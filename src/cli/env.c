@@ -32,7 +32,7 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens decode on the tensor cores (default 8; 0: never)"},
     {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,
-     "CUDA: batches of >= N tokens compute the router on the tensor cores (default 128; 0: never)"},
+     "CUDA: batches of >= N tokens compute the router on the tensor cores (default 64; 0: never)"},
     {"TL_CUDA_STATE_BF16=1", ENGINE_CMDS,
      "CUDA: Gated DeltaNet state in bf16, as --state-dtype bf16 (for tools that run `tulip run`)"},
     {"TL_CUDA_SPEC_RECOMPUTE=1", ENGINE_CMDS,
@@ -67,6 +67,9 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
+    {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
+     "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
+     "instead of the wgr kernel (A/B; other rounding)"},
     {"TL_ATTN_WG=0", ENGINE_CMDS,
      "CUDA: prefill attention on the mma.sync kernel instead of the wgmma one (A/B)"},
     {"TL_GEMM_TILE=0..7", ENGINE_CMDS,

@@ -346,9 +346,11 @@ static int attn_prefill(const layer_ctx *x, int slot, int pos0) {
 
 /* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,
  * plan, grouped expert GEMMs, the shared expert as two dense GEMMs, weighted combine + residual.
- * note: the router GEMM from be->router_min (128) tokens on; below, the GEMV (f32 input): measured
+ * note: the router GEMM from be->router_min (64) tokens on; below, the GEMV (f32 input): measured
  * 2026-12-04 (decode batches, tulip bench --batch): GEMV faster at 16 and 32, tied at 64, GEMM
- * faster at 128, 256 and on prefill chunks (notes/2026-12-04-router-conv1d.md). */
+ * faster at 128, 256 and on prefill chunks (notes/2026-12-04-router-conv1d.md); then the GEMM of
+ * <= 256 tokens split K 8 ways (it had 5 blocks): at 64, 13.50 -> 12.95 ms a step (H200,
+ * BENCHMARKS.md session 9); 8 and 32 not measured yet. */
 static int moe_prefill(const layer_ctx *x) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;

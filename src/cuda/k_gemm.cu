@@ -764,6 +764,21 @@ __global__ void gemm_splitk_reduce(gemm_args p, int ksplit) {
     gm_store2(p, (size_t)m * p.ldy + o, v0, v1);
 }
 
+/* The reduce of a split product: y = epilogue(sum of the ksplit partials in p->ws). */
+static int splitk_reduce(const gemm_args *p, int ksplit, const tl_gpu_stream *st) {
+    long pairs = (long)p->M * ((p->flags & TL_GEMM_SWIGLU) ? p->N / 4 : p->N / 2);
+    TL_LAUNCH(st, "gemm_splitk_reduce", gemm_splitk_reduce, dim3((unsigned)CEIL_DIV(pairs, 256)),
+              dim3(256), 0, *p, ksplit);
+    return 0;
+}
+
+/* 1 unless TL_DENSE_WGR_DEC=0: the dense 4-bit products of decode batches run the wgr kernel. */
+static int dense_dec_wgr_on(void) {
+    static int on = -1;
+    if (on < 0) on = !(getenv("TL_DENSE_WGR_DEC") && atoi(getenv("TL_DENSE_WGR_DEC")) == 0);
+    return on;
+}
+
 /* Token rows of a tile shape's block. */
 static int tile_bm(int tile) {
     return tile == GM_T16 ? 16 : tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
@@ -810,17 +825,22 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.mode = GM_DENSE;
     static int dense_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n) : 0;
-    if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, st);
-    int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits);
-    int bm = tile_bm(tile), ks = gemm_splitk_of(w);
-    if (ks > 1 && n <= TL_GEMM_SPLITK_MAX_N && (tile == GM_T16 || tile == GM_T64) && st && st->ws &&
-        tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes) {
+    if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
+    int ks = gemm_splitk_of(w);
+    int ws_ok = ks == 1 || (st && st->ws && tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes);
+    /* a decode batch's dense 4-bit product: the wgr kernel (weights dequantized once per block
+     * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
+    if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
+        dense_dec_wgr_on()) {
+        if (ks > 1) p.ws = st->ws;
+        TRY(cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st));
+        return ks > 1 ? splitk_reduce(&p, ks, st) : 0;
+    }
+    int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits), bm = tile_bm(tile);
+    if (ks > 1 && n <= TL_GEMM_SPLITK_MAX_N && (tile == GM_T16 || tile == GM_T64) && ws_ok) {
         p.ws = st->ws;
         TRY(gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st, ks));
-        long pairs = (long)n * ((flags & TL_GEMM_SWIGLU) ? w->rows / 4 : w->rows / 2);
-        TL_LAUNCH(st, "gemm_splitk_reduce", gemm_splitk_reduce,
-                  dim3((unsigned)CEIL_DIV(pairs, 256)), dim3(256), 0, p, ks);
-        return 0;
+        return splitk_reduce(&p, ks, st);
     }
     return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st);
 }
@@ -857,7 +877,8 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * tile count exit at once. */
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
-    if (wgs) return cb_gemm_wgr(&p, wgs, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), st);
+    if (wgs)
+        return cb_gemm_wgr(&p, wgs, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), 1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     int bm = tile_bm(tile);

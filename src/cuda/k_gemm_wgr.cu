@@ -24,7 +24,11 @@
  *   registers are reused), dequantizes, issues 4 wgmma, barrier (every warpgroup is past step
  *   k - 1), then refills the stage of step k - 1.
  * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
- *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced).
+ *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced); with
+ *   split-K (dense products of decode batches, p.ws: k_gemm.cu) the raw sums of blockIdx.z's
+ *   share of K go to the workspace instead, and gemm_splitk_reduce applies the epilogue.
+ * PDL: a dense product requests its first weight stages before waiting for the previous kernel
+ *   (gm_prologue); the MoE waits first (its plan comes from the previous kernel).
  * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
@@ -77,7 +81,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
                                                    int m_end) {
     typedef wr_cfg<WGS> C;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int swiglu = p.flags & TL_GEMM_SWIGLU, ncol = swiglu ? C::BN / 2 : C::BN;
+    const int swiglu = !p.ws && (p.flags & TL_GEMM_SWIGLU), ncol = swiglu ? C::BN / 2 : C::BN;
     const int lds = ncol + 4, r0 = warp * 16;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
@@ -95,8 +99,14 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
     const int ntok = min(m_end - m0, NT), pairs = min(ncol, nout - c0) / 2;
+    float *wz = p.ws ? p.ws + (size_t)blockIdx.z * p.M * p.N : NULL; /* dense only */
     for (int i = tid; i < ntok * pairs; i += C::THREADS) {
         int tok = i / pairs, c = 2 * (i % pairs), m = m0 + tok;
+        if (wz) {
+            *(float2 *)(wz + (size_t)m * p.N + c0 + c) =
+                make_float2(so[tok * lds + c], so[tok * lds + c + 1]);
+            continue;
+        }
         size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
         gm_store2(p, orow + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
     }
@@ -112,7 +122,8 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
      * tid & 7; XC per thread, rows past NT skipped */
     constexpr int XC = (NT * 8 + C::THREADS - 1) / C::THREADS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
-    const int n0 = blockIdx.x * C::BN, r0 = warp * 16, KT = p.K / GM_BK;
+    const int n0 = blockIdx.x * C::BN, r0 = warp * 16;
+    const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
     const uint16_t *x_src[XC];
     int x_ok[XC];
 #pragma unroll
@@ -129,14 +140,15 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
 #pragma unroll
         for (int j = 0; j < XC; j++) {
             int r = (tid >> 3) + C::THREADS / 8 * j;
-            if (r < NT) cp_async16(s + wg_swz(r, tid & 7), x_src[j] + kt * GM_BK, x_ok[j] ? 16 : 0);
+            if (r < NT)
+                cp_async16(s + wg_swz(r, tid & 7), x_src[j] + (kb + kt) * GM_BK, x_ok[j] ? 16 : 0);
         }
     };
     /* weights: thread tid copies 16 bytes of row block tid / 16; rows past N (a dense product's
      * last block) load as zeros */
     auto load_w = [&](int stage, int kt) {
         uint32_t *sQ = (uint32_t *)(smem + stage * C::STAGE_BYTES + WR_X_BYTES);
-        const int k0 = kt * GM_BK, rb = tid >> 4, ch = tid & 15, ok = n0 + 8 * rb < p.N;
+        const int k0 = (kb + kt) * GM_BK, rb = tid >> 4, ch = tid & 15, ok = n0 + 8 * rb < p.N;
         cp_async16(sQ + rb * 64 + ch * 4,
                    wq + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
                    ok ? 16 : 0);
@@ -146,7 +158,8 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
                        sbb + (size_t)(k0 / 64) * p.N + (sok ? n0 + tid * 4 : 0), sok ? 16 : 0);
         }
     };
-    gm_prologue<WR_STAGES>(KT, false, load_x, load_w); /* the kernel waited (MoE plan) */
+    /* dense: the first weight stages before the wait for the previous kernel (the MoE waited) */
+    gm_prologue<WR_STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
 
     float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
     const uint32_t sx = smem_u32(smem);
@@ -191,7 +204,7 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
-    pdl_wait(); /* the MoE plan and the activations come from the previous kernels */
+    if (p.mode != GM_DENSE) pdl_wait(); /* the MoE plan; a dense product waits in wr_block */
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
     if (nc == 4)
@@ -205,7 +218,7 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
 }
 
 template <int WGS>
-static int launch_gemm_wgr(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
     static int attr_set;
     if (!attr_set) {
@@ -215,12 +228,15 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, const tl_gpu_stream *
         attr_set = 1;
     }
     if (grid_y <= 0) return 0;
-    if (grid_y > 65535 || p->ws) return TL_ERR_INVALID;
+    if (grid_y > 65535 || ksplit < 1 || (ksplit > 1) != (p->ws != NULL) ||
+        (p->ws && p->mode != GM_DENSE) || (p->K / GM_BK) % ksplit)
+        return TL_ERR_INVALID;
     TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>,
-              dim3((p->N + C::BN - 1) / C::BN, grid_y), dim3(C::THREADS), C::SMEM, *p);
+              dim3((p->N + C::BN - 1) / C::BN, grid_y, ksplit), dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
-int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, const tl_gpu_stream *st) {
-    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, st) : launch_gemm_wgr<4>(p, tiles, st);
+int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
+    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
+                    : launch_gemm_wgr<4>(p, tiles, ksplit, st);
 }

@@ -13,28 +13,36 @@
  *   (rows padded to 72 elements: ldmatrix rows hit distinct bank groups); tokens and rows past
  *   the ends load as zeros and are not stored. Each output is one accumulation chain over k in
  *   order, so a token's result does not depend on n_tok or the other tokens (batched == alone).
+ * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 4 x 5 blocks of 64 x 64,
+ *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so with a workspace
+ *   on the stream K is cut into RT_SPLIT shares (grid z); block z writes its raw sums to plane z
+ *   of the workspace and router_sum_kernel adds the planes in z order. The cut depends on the
+ *   token count's side of RT_SPLIT_MAX_T only, so batched == alone still holds below it.
  * FLOPs: 3 * 2 * rows * K per token. Bytes: W (both planes) once per 64 tokens, x once per 64
  *   rows, from L2.
  * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm). */
-#define RT_M     64              /* tokens per block */
-#define RT_N     64              /* router rows per block */
-#define RT_K     64              /* k per stage */
-#define RT_LDS   72              /* padded row, elements */
-#define RT_TILE  (RT_M * RT_LDS) /* elements of one 64-row tile */
-#define RT_STAGE (4 * RT_TILE)   /* xh, xl, wh, wl */
-#define RT_SMEM  (2 * RT_STAGE * 2)
+#define RT_M           64              /* tokens per block */
+#define RT_N           64              /* router rows per block */
+#define RT_K           64              /* k per stage */
+#define RT_LDS         72              /* padded row, elements */
+#define RT_TILE        (RT_M * RT_LDS) /* elements of one 64-row tile */
+#define RT_STAGE       (4 * RT_TILE)   /* xh, xl, wh, wl */
+#define RT_SMEM        (2 * RT_STAGE * 2)
+#define RT_SPLIT       8   /* K shares of a small micro-batch */
+#define RT_SPLIT_MAX_T 256 /* up to this many tokens */
 __global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
                       int n_tok) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) uint16_t rt_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    const int t0 = blockIdx.x * RT_M, r0 = blockIdx.y * RT_N, K = W.cols, KT = K / RT_K;
+    const int t0 = blockIdx.x * RT_M, r0 = blockIdx.y * RT_N, K = W.cols;
+    const int KT = K / RT_K / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
     const uint16_t *wh = (const uint16_t *)W.w, *wl = (const uint16_t *)W.sb;
     /* this thread's 16-byte chunks of a stage: row tid/8 and tid/8 + 32, column chunk tid%8 */
     auto load = [&](int stage, int kt) {
         uint16_t *s = rt_smem + stage * RT_STAGE;
-        int c8 = (tid & 7) * 8, k0 = kt * RT_K + c8;
+        int c8 = (tid & 7) * 8, k0 = (kb + kt) * RT_K + c8;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int r = (tid >> 3) + 32 * h, t = t0 + r, w = r0 + r;
@@ -88,6 +96,7 @@ __global__ void __launch_bounds__(256)
         __syncthreads(); /* this stage is refilled by the next iteration's load */
     }
     cp_async_wait<0>();
+    y += (size_t)blockIdx.z * n_tok * ldy; /* split: plane z of the workspace */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int t = t0 + wm * 16 + (lane >> 2) + 8 * h;
@@ -102,10 +111,30 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+extern "C" size_t tl_gpu_router_ws_bytes(int rows, int n_tok) {
+    n_tok = n_tok < RT_SPLIT_MAX_T ? n_tok : RT_SPLIT_MAX_T;
+    return (size_t)RT_SPLIT * n_tok * rows * sizeof(float);
+}
+
+/* y[t, r] = sum over z of ws[z][t][r] (planes of n_tok x rows), in z order. */
+__global__ void router_sum_kernel(float *y, int ldy, const float *ws, int rows, int n_tok,
+                                  int n_split) {
+    pdl_wait();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_tok * rows) return;
+    const size_t plane = (size_t)n_tok * rows;
+    float v = 0.0f;
+    for (int z = 0; z < n_split; z++) v += ws[z * plane + i];
+    y[(size_t)(i / rows) * ldy + i % rows] = v;
+}
+
 extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
+    size_t wsb = (size_t)RT_SPLIT * n_tok * W->rows * sizeof(float);
+    int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
+                st->ws_bytes >= wsb;
     static int attr_set;
     if (!attr_set) {
         if (cudaFuncSetAttribute(router_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -113,8 +142,11 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
             return TL_ERR_CUDA;
         attr_set = 1;
     }
-    dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N));
-    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(256), RT_SMEM, y, ldy, *W, xh, xl,
-              n_tok);
+    dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N), split ? RT_SPLIT : 1);
+    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(256), RT_SMEM, split ? st->ws : y,
+              split ? W->rows : ldy, *W, xh, xl, n_tok);
+    if (split)
+        TL_LAUNCH(st, "router_sum", router_sum_kernel, dim3(CEIL_DIV(n_tok * W->rows, 256)),
+                  dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, RT_SPLIT);
     return 0;
 }

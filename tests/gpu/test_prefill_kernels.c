@@ -316,13 +316,14 @@ static void test_gemm_epilogues(void) {
     free(xb), free(xf);
 }
 
-/* Split-K (k_gemm.cu) for decode batches: with a workspace on the stream, the 4-bit products of
- * <= TL_GEMM_SPLITK_MAX_N tokens on small-row matrices split K. Checked: the matrices of the
- * model that split do (workspace > 0), each against the oracle (f32 out, in-place residual, and
- * SwiGLU), and a token's output bit-identical at n = 1, 37, 64 and 200 (the split depends on the
- * shape only). */
+/* Dense 4-bit products of decode batches (k_gemm.cu): with a workspace on the stream, the
+ * products of <= TL_GEMM_SPLITK_MAX_N tokens run the wgr kernel (TL_DENSE_WGR_DEC=0: the 16- and
+ * 64-token mma.sync tiles) with K split on small-row matrices. Checked: the matrices of the model
+ * that split do (workspace > 0), each against the oracle (f32 out, in-place residual, and
+ * SwiGLU), and every token's output bit-identical at n = 200, 1, 37 and 64 (the split depends on
+ * the shape only; batched == alone). */
 static void splitk_case(int rows, int cols, int flags) {
-    const int ns[4] = {1, 37, 64, 200}, nmax = 200;
+    const int ns[4] = {200, 1, 37, 64}, nmax = 200;
     int swiglu = (flags & TL_GEMM_SWIGLU) != 0, oc = swiglu ? rows / 2 : rows;
     mlx_host m;
     mlx_rand(&m, rows, cols);
@@ -334,7 +335,7 @@ static void splitk_case(int rows, int cols, int flags) {
     uint16_t *xb = xmalloc((size_t)nmax * cols * 2);
     float *xf = xmalloc((size_t)nmax * cols * 4), *ref = xmalloc((size_t)nmax * rows * 4);
     float *res = xmalloc((size_t)nmax * oc * 4), *got = xmalloc((size_t)nmax * oc * 4);
-    float *first = xmalloc((size_t)oc * 4);
+    float *first = xmalloc((size_t)nmax * oc * 4);
     rand_bf16(xb, xf, (size_t)nmax * cols, 1.0f);
     uint16_t *rb = xmalloc((size_t)nmax * oc * 2);
     rand_bf16(rb, res, (size_t)nmax * oc, 2.0f);
@@ -363,9 +364,9 @@ static void splitk_case(int rows, int cols, int flags) {
         snprintf(buf, sizeof buf, "split-K q4 %dx%d flags %d n=%d", rows, cols, flags, n);
         CHECK(report(buf, got, ref, (size_t)n * oc) <= 1e-5);
         if (k == 0)
-            memcpy(first, got, (size_t)oc * 4);
-        else
-            CHECK(memcmp(first, got, (size_t)oc * 4) == 0); /* token 0: same bits at any n */
+            memcpy(first, got, (size_t)nmax * oc * 4);
+        else /* every token: the same bits at any n */
+            CHECK(memcmp(first, got, (size_t)n * oc * 4) == 0);
     }
     cudaFree(dx), cudaFree(dy), cudaFree(st.ws), cudaFree((void *)gw.w), cudaFree((void *)gw.sb);
     mlx_free(&m);
