@@ -19,9 +19,10 @@
  * use: 128x128 (WM 2, NJ 4, MI 4), 64x128 (WM 1, NJ 4, MI 4: small grids and MoE with few tokens
  * per expert), 128x256 (WM 2, NJ 8, MI 4: large problems; fewer shared-memory reads per mma) and
  * 16x128 (WM 1, NJ 4, MI 1: a decode batch's MoE, 2-8 tokens per expert, 4x less wasted tensor
- * work than 64 rows for the same weight traffic; and 4-bit dense products of at most 64 tokens,
- * where its 4x more blocks hide the weight stream's latency better: the dense GEMMs of a
- * 64-sequence decode step took 3.7 ms against 4.7 ms with 64x128, but 7.5 against 5.7 at 256). A
+ * work than 64 rows for the same weight traffic; and, with TL_DENSE_WGR_DEC=0, 4-bit dense
+ * products of at most 64 tokens, where its 4x more blocks hide the weight stream's latency
+ * better: the dense GEMMs of a 64-sequence decode step took 3.7 ms against 4.7 ms with 64x128,
+ * but 7.5 against 5.7 at 256; by default those run the wgr kernel, tl_gpu_gemm). A
  * and bf16 B tiles live in shared memory with rows padded to 72 elements (144 B: the 8 row
  * addresses of an ldmatrix hit 8 distinct 16-byte bank groups). note: 4-bit B tiles stay packed in
  * shared memory (BN*32 B per stage instead of BN*128 B) and each thread dequantizes its own B
@@ -381,9 +382,9 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
 
 /* The MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token count). A token's
  * outputs do not depend on the tile or NB (each mma column is its own dot product), so batched ==
- * alone stays bitwise. The dense products keep gemm_mma_kernel: with 16- and 32-token q4w tiles
- * they measured no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
- * 2026-12-04), and one kernel must serve every batch size. */
+ * alone stays bitwise. Not for the dense products: with 16- and 32-token q4w tiles they measured
+ * no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
+ * 2026-12-04), and one kernel must serve every batch size (they run the wgr kernel). */
 __global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
@@ -714,15 +715,15 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
 }
 
 /* ====== Split-K for decode batches. ======
- * note: a dense 4-bit product of a decode batch (n <= TL_GEMM_SPLITK_MAX_N tokens, the 16x128 and
- * 64x128 tiles) has few blocks per matrix (the out-projection: 16 of 128 rows, K = 4096) whose
- * long K loops leave the weight stream latency-bound (the dense GEMMs of a 64-sequence step: 3.2
- * ms for ~1 GB, notes/2026-12-03-batched-decode.md). So K is split over gridDim.z blocks that
- * write f32 partials to the stream's workspace, and gemm_splitk_reduce sums them in z order and
- * applies the epilogue. The split depends only on the matrix shape (doubling while the blocks of
- * one 16-token tile are under one wave of the H200's 132 SMs and every share keeps >= 4 k tiles),
- * never on n: a token's result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it
- * off (A/B). */
+ * note: a dense 4-bit product of a decode batch (n <= TL_GEMM_SPLITK_MAX_N tokens: the wgr kernel,
+ * or the 16x128 and 64x128 tiles with TL_DENSE_WGR_DEC=0) has few blocks per matrix (the
+ * out-projection: 16 of 128 rows, K = 4096) whose long K loops leave the weight stream
+ * latency-bound (the dense GEMMs of a 64-sequence step: 3.2 ms for ~1 GB,
+ * notes/2026-12-03-batched-decode.md). So K is split over gridDim.z blocks that write f32 partials
+ * to the stream's workspace, and gemm_splitk_reduce sums them in z order and applies the epilogue.
+ * The split depends only on the matrix shape (doubling while the blocks of one 16-token tile are
+ * under one wave of the H200's 132 SMs and every share keeps >= 4 k tiles), never on n: a token's
+ * result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it off (A/B). */
 #define GM_SPLITK_SMS 132
 
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {

@@ -132,9 +132,8 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
-    size_t wsb = (size_t)RT_SPLIT * n_tok * W->rows * sizeof(float);
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
-                st->ws_bytes >= wsb;
+                st->ws_bytes >= tl_gpu_router_ws_bytes(W->rows, n_tok);
     static int attr_set;
     if (!attr_set) {
         if (cudaFuncSetAttribute(router_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
