@@ -64,6 +64,7 @@ class Client:
         u = url.split("//", 1)[-1].rstrip("/")
         self.host, self.port = u.split(":")[0], int(u.split(":")[1])
         self.model = json.loads(self.get("/v1/models"))["data"][0]["id"]
+        self.done, self.lock = 0, threading.Lock()  # chats answered (server_times waits for them)
 
     def get(self, path):
         c = http.client.HTTPConnection(self.host, self.port, timeout=60)
@@ -113,20 +114,29 @@ class Client:
                     ttft = time.perf_counter() - t0
                 text += d.get("content") or ""
         c.close()
+        with self.lock:
+            self.done += 1
         return text, ttft if ttft is not None else time.perf_counter() - t0, usage
 
 
 def server_times(client):
     """(requests finished, their queue seconds, their prefill seconds) summed so far, from the
-    server's /metrics (vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds)."""
-    v = {}
-    for line in client.get("/metrics").decode().splitlines():
-        m = re.match(r"^vllm:request_(queue|prefill)_time_seconds_(sum|count)(?:\{[^}]*\})? (\S+)$",
-                     line)
-        if m:
-            v[m.group(1), m.group(2)] = v.get((m.group(1), m.group(2)), 0.0) + float(m.group(3))
-    return (v.get(("queue", "count"), 0.0), v.get(("queue", "sum"), 0.0),
-            v.get(("prefill", "sum"), 0.0))
+    server's /metrics (vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds). The
+    server records a request once its connection completes, just after the client has read the
+    last bytes: read again (up to 2 s) until every chat the client has seen answered is
+    counted, or a phase's mean could take a request of the next one."""
+    deadline = time.perf_counter() + 2.0
+    while True:
+        v = {}
+        for line in client.get("/metrics").decode().splitlines():
+            m = re.match(r"^vllm:request_(queue|prefill)_time_seconds_(sum|count)(?:\{[^}]*\})? "
+                         r"(\S+)$", line)
+            if m:
+                v[m.group(1), m.group(2)] = v.get((m.group(1), m.group(2)), 0.0) + float(m.group(3))
+        n = v.get(("queue", "count"), 0.0)
+        if n >= client.done or time.perf_counter() > deadline:
+            return n, v.get(("queue", "sum"), 0.0), v.get(("prefill", "sum"), 0.0)
+        time.sleep(0.005)
 
 
 def phase_split(marks, turns):

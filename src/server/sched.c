@@ -631,7 +631,6 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
             avail -= tl_kv_pages_to_grow(&s->kv, tl_session_n_past(j->sess) + j->n_plan,
                                          j->n_target + 1);
     }
-    double now = tl_time_s();
     for (;;) {
         pthread_mutex_lock(&s->mu);
         tl_job *j = s->q_head;
@@ -647,7 +646,10 @@ static void admit(tl_sched *s, int stop, step_plan *sp) {
         j->next = NULL;
         pthread_mutex_unlock(&s->mu);
         if (s->admit_delay_us) usleep((useconds_t)s->admit_delay_us);
-        if (!job_start(s, j, now)) continue;
+        /* its own admission time: one taken before the loop could precede the submission of a
+         * job queued while earlier ones started (a prefix load takes a while), and a negative
+         * queue time drops the request from /metrics' queue and prefill histograms */
+        if (!job_start(s, j, tl_time_s())) continue;
         avail -= need;
         s->running[s->n_live++] = j;
         j->n_plan = chunk_tokens(s, j, sp); /* n_fed: the tokens restored from the cache */
