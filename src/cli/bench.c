@@ -33,7 +33,8 @@
 
 typedef struct bench_opts {
     int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
-    int state_bf16;                                  /* --state-dtype bf16 */
+    int context;    /* tokens each sequence holds before its timed prompt (--context) */
+    int state_bf16; /* --state-dtype bf16 */
     int backend, threads, prof_prefill, range, spec; /* range: 0, BENCH_RANGE_PREFILL or _DECODE */
     uint64_t seed;
     const char *model_dir, *lengths_arg;
@@ -114,6 +115,10 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
         TL_CLI_OPT_MODEL(&o->model_dir, 0),
         TL_OPT_STR("lengths", 0, &o->lengths_arg, "L,L,...",
                    "prompt lengths, K = 1024 (default 256,512,...,131072: 10 powers of 2)"),
+        TL_OPT_INT("context", 0, &o->context, "P", 0, BENCH_MAX_CTX,
+                   "tokens each sequence holds before its timed prompt, prefilled untimed: the "
+                   "prompt's prefill then attends to them, as a turn after a cached prefix does "
+                   "(default 0)"),
         TL_OPT_INT("gen", 0, &o->gen, "N", 1, BENCH_MAX_CTX,
                    "decode steps timed at each length (default 128)"),
         TL_OPT_INT("batch", 0, &o->batch, "B", 1, BENCH_MAX_BATCH,
@@ -214,8 +219,9 @@ typedef struct bench_state {
     char err[1024];
 } bench_state;
 
-/* FLOPs of a prefill of L tokens (matmuls over active weights + causal attention). */
-static double prefill_flops(const tl_config *c, int L) {
+/* FLOPs of a prefill of L tokens after P in context (matmuls over active weights + causal
+ * attention over the P + L positions). */
+static double prefill_flops(const tl_config *c, int L, int P) {
     double D = c->n_embd, hd = c->head_dim, per_tok = 0, n_attn = 0;
     for (int il = 0; il < c->n_layer; il++) {
         if (c->layer_kind[il] == TL_LAYER_ATTN) /* query + gate, k, v; output */
@@ -228,7 +234,8 @@ static double prefill_flops(const tl_config *c, int L) {
                    3.0 * D * c->n_ff_shared;
         n_attn += c->layer_kind[il] == TL_LAYER_ATTN;
     }
-    double attn = n_attn * 4.0 * c->n_head * hd * ((double)L * (L + 1) / 2); /* QK and PV */
+    double pairs = (double)L * (L + 1) / 2 + (double)L * P; /* query-key pairs */
+    double attn = n_attn * 4.0 * c->n_head * hd * pairs;    /* QK and PV */
     return 2.0 * per_tok * L + attn + 2.0 * D * c->n_vocab;
 }
 
@@ -250,9 +257,9 @@ static uint64_t bench_rng(uint64_t *s) {
 
 /* Sequence i's prompt of L random ids into bs->prompt: one stream per sequence (different
  * prompts route to different experts, as different users' do); sequence 0's is the same at every
- * length and batch size. */
-static void bench_fill_prompt(bench_state *bs, int i, int L) {
-    uint64_t rs = (bs->o.seed ^ 0xabcdef) + (uint64_t)i * 0x632BE59BD9B4E019ull;
+ * length and batch size. ctx 1: its --context tokens instead (another stream). */
+static void bench_fill_prompt(bench_state *bs, int i, int L, int ctx) {
+    uint64_t rs = (bs->o.seed ^ (ctx ? 0x5eed : 0xabcdef)) + (uint64_t)i * 0x632BE59BD9B4E019ull;
     int n_tok_valid = TL_MIN(bs->cfg->n_vocab, TL_N_VOCAB_TOKENS);
     for (int t = 0; t < L; t++) bs->prompt[t] = (int32_t)(bench_rng(&rs) % (uint64_t)n_tok_valid);
 }
@@ -279,7 +286,8 @@ static void bench_say_ready(bench_state *bs, double t_open) {
  * Returns 0 or the exit status. */
 static int bench_open_engine(bench_state *bs) {
     const bench_opts *o = &bs->o;
-    int need_ctx = o->max_len + o->gen + 1; /* the prompt, --gen fed tokens, the last sample */
+    /* the context, the prompt, --gen fed tokens, the last sample */
+    int need_ctx = o->context + o->max_len + o->gen + 1;
     int slots = o->max_seqs ? o->max_seqs : o->batch;
     tl_engine_params ep = {.model_path = o->model_dir,
                            .backend = (tl_backend_kind)o->backend,
@@ -307,9 +315,10 @@ static int bench_open_engine(bench_state *bs) {
     bs->cfg = tl_engine_config(bs->e);
     if (tl_engine_max_ctx(bs->e) < need_ctx) { /* the engine caps it at max_position_embeddings */
         fprintf(stderr,
-                "tulip bench: --lengths up to %d with --gen %d need a context of %d tokens; this "
-                "model allows %d\n",
-                o->max_len, o->gen, need_ctx, tl_engine_max_ctx(bs->e));
+                "tulip bench: --lengths up to %d with --gen %d%s need a context of %d tokens; "
+                "this model allows %d\n",
+                o->max_len, o->gen, o->context ? " and --context" : "", need_ctx,
+                tl_engine_max_ctx(bs->e));
         return 2;
     }
     if ((o->ops || o->prof || o->prof_prefill || o->range) && !bs->cuda) {
@@ -365,7 +374,7 @@ static void bench_sampling_text(const tl_sample_params *p, char *buf, size_t n) 
 /* B sessions and their per-step arrays. Returns 0 or the exit status. */
 static int bench_open_sessions(bench_state *bs) {
     int B = bs->o.batch;
-    bs->prompt = xmalloc(sizeof(int32_t) * (size_t)bs->o.max_len);
+    bs->prompt = xmalloc(sizeof(int32_t) * (size_t)TL_MAX(bs->o.max_len, bs->o.context));
     bs->sess = xcalloc(B, sizeof *bs->sess);
     bs->seq_sp = xcalloc(B, sizeof *bs->seq_sp);
     bs->ent = xcalloc(B, sizeof *bs->ent);
@@ -440,18 +449,27 @@ static int bench_range(int on) {
     return 1;
 }
 
-/* Sequence i from empty through its prompt of L tokens, as the server's last prefill chunk does:
- * one entry that samples the first token; *secs is the time of that step alone (the reset and
- * the prompt's ids come before). first: the run's first prefill, the one --prof-prefill and
- * --profile-range prefill look at (the timing of that repeat includes their cost). Returns 0 or
- * 1. */
+/* Sequence i from empty (or from its --context tokens, fed untimed first) through its prompt of
+ * L tokens, as the server's last prefill chunk does: one entry that samples the first token;
+ * *secs is the time of that step alone (the reset and the prompt's ids come before). first: the
+ * run's first prefill, the one --prof-prefill and --profile-range prefill look at (the timing of
+ * that repeat includes their cost). Returns 0 or 1. */
 static int bench_prefill(bench_state *bs, int i, int L, double *secs, int first) {
     int st = tl_session_reset(bs->sess[i]);
     if (st) {
         fprintf(stderr, "tulip bench: resetting sequence %d failed: %s\n", i, tl_status_str(st));
         return 1;
     }
-    bench_fill_prompt(bs, i, L);
+    if (bs->o.context) {
+        bench_fill_prompt(bs, i, bs->o.context, 1);
+        bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
+                                      .tokens = bs->prompt,
+                                      .n_tok = bs->o.context,
+                                      .sample = &bs->seq_sp[i],
+                                      .out = &bs->out[0]};
+        if (bench_step(bs, 1, i, "context", bs->o.context)) return 1;
+    }
+    bench_fill_prompt(bs, i, L, 0);
     bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
                                   .tokens = bs->prompt,
                                   .n_tok = L,
@@ -564,9 +582,10 @@ static int bench_length(bench_state *bs, int li) {
     }
     bs->per_step[li] = (double)reps * B * gen / (double)TL_MAX(steps, 1) / B;
     bs->ms_step[li] = 1000.0 * B * bs->per_step[li] / bs->gen_tps[li];
-    bs->gbps[li] =
-        bs->cuda && B == 1 ? hook_decode_bytes(bs->b, L + gen / 2) * bs->gen_tps[li] : NAN;
-    bs->tflops[li] = prefill_flops(bs->cfg, L) / (L / bs->pre_tps[li]) / 1e12;
+    bs->gbps[li] = bs->cuda && B == 1
+                       ? hook_decode_bytes(bs->b, bs->o.context + L + gen / 2) * bs->gen_tps[li]
+                       : NAN;
+    bs->tflops[li] = prefill_flops(bs->cfg, L, bs->o.context) / (L / bs->pre_tps[li]) / 1e12;
     fprintf(stderr,
             "tulip bench: %6d: prefill %9.1f tok/s, decode %7.1f tok/s (batch %d, %.3f ms/step)\n",
             L, bs->pre_tps[li], bs->gen_tps[li], B, bs->ms_step[li]);
@@ -611,7 +630,8 @@ static void bench_report_json(const bench_state *bs, double mp, double mg) {
     put_num("%.1f", bs->cuda ? bs->hbm / 1e9 : NAN, 1);
     printf(", \"bits\": %d, \"weights_gb\": ", o->bits);
     put_num("%.3f", bs->cuda ? hook_weight_bytes(bs->b) / 1e9 : NAN, 1);
-    printf(", \"gen\": %d, \"repeats\": %d, \"rows\": [", o->gen, o->repeats);
+    printf(", \"gen\": %d, \"repeats\": %d, \"context\": %d, \"rows\": [", o->gen, o->repeats,
+           o->context);
     for (int i = 0; i < o->n_len; i++) {
         printf("%s{\"ctx\": %d, \"prefill_tps\": %.1f, \"prefill_tflops\": %.2f, \"gen_tps\": "
                "%.1f, \"gen_ms_per_step\": %.3f, \"gen_gbps\": ",
@@ -649,6 +669,8 @@ static void bench_report_table(const bench_state *bs, double mp, double mg) {
     int K = tl_engine_spec_tokens(bs->e);
     printf("batch %d on the %s backend, %d decode %s", o->batch, bs->b->name, o->gen,
            K ? "tokens per sequence" : "steps");
+    if (o->context) /* ctx then counts the prompt only */
+        printf(", each prompt after %d tokens of context (prefilled untimed)", o->context);
     if (K) { /* one line: the table's caption */
         printf(" (speculative decoding, %d MTP draft tokens a step; drafts accepted / tokens per "
                "step and sequence:",

@@ -207,6 +207,29 @@ def test_batch_within_max_seqs_runs():
     assert parse(r.stdout)[0].startswith("batch 2 on the cpu backend")
 
 
+def test_context_before_the_prompt():
+    """--context P: each sequence holds P tokens (prefilled untimed) before its timed prompt, the
+    yardstick of a turn after a cached prefix (issue 14); the header and the JSON say so."""
+    r = bench(*BASE[:5], "--lengths", "16", "--context", "40", "--gen", "3", "--repeats", "1")
+    assert r.returncode == 0, r.stderr
+    above, head, rows = parse(r.stdout)
+    assert "each prompt after 40 tokens of context (prefilled untimed)" in above, above
+    assert list(rows) == ["16", "mean"] and float(rows["16"]["prefill tok/s"]) > 0
+    r = bench(*BASE[:5], "--lengths", "16", "--context", "40", "--gen", "3", "--repeats", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["context"] == 40 and out["rows"][0]["ctx"] == 16 and out["rows"][0]["prefill_tps"] > 0
+    assert json.loads(bench(*BASE, "--json").stdout)["context"] == 0
+
+
+def test_context_beyond_the_models_context_exit_2():
+    max_pos = json.load(open(os.path.join(ROOT, MODEL, "config.json")))["text_config"]["max_position_embeddings"]
+    r = bench(*BASE[:5], "--lengths", "8", "--context", str(max_pos - 8), "--gen", "4", "--repeats", "1")
+    assert r.returncode == 2, r.stderr
+    assert (f"--lengths up to 8 with --gen 4 and --context need a context of {max_pos + 5} tokens; "
+            f"this model allows {max_pos}") in r.stderr, r.stderr
+
+
 def test_lengths_beyond_the_models_context_exit_2():
     max_pos = json.load(open(os.path.join(ROOT, MODEL, "config.json")))["text_config"]["max_position_embeddings"]
     r = bench(*BASE[:5], "--lengths", str(max_pos), "--gen", "4", "--repeats", "1")
