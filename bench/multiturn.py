@@ -22,8 +22,11 @@ given (then only that server is measured, and --mode names it). Only the standar
       --sys-tokens 200 --turn-tokens 30 --gen 8 --turns 3 --convs "1 2"   # CI smoke size
 
 Every cached turn is followed by a prompt of the turn's new (uncached) token count under its own
-cache_salt: its TTFT is what prefilling only the new part costs, so "cached - alone" is the
-cache's overhead (issue 14: at most 10 ms). --no-fresh skips it. With several conversations they
+cache_salt: its TTFT is what prefilling only the new part costs without the context, so "cached -
+alone" is the cache's overhead (issue 14: at most 10 ms) plus the new tokens' attention over the
+cached prefix, which the probe does not do (about 2.5 ms a conversation at 500 new tokens after
+9.3K on the H200); `tulip bench --lengths 512 --context 8800` measures the prefill of the new
+tokens in context on the engine directly. --no-fresh skips it. With several conversations they
 run in lockstep: all send turn t at once, and once all have their answers, all send their probes
 at once, so a cached turn and its probe each share the engine with the same kind of requests
 (free-running, --no-lockstep, a conversation's cached turn often shared steps with other
