@@ -449,6 +449,15 @@ static int bench_range(int on) {
     return 1;
 }
 
+/* The step's one entry: sequence i fed the n ids of bs->prompt, sampling its next token. */
+static void bench_entry(bench_state *bs, int i, int n) {
+    bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
+                                  .tokens = bs->prompt,
+                                  .n_tok = n,
+                                  .sample = &bs->seq_sp[i],
+                                  .out = &bs->out[0]};
+}
+
 /* Sequence i from empty (or from its --context tokens, fed untimed first) through its prompt of
  * L tokens, as the server's last prefill chunk does: one entry that samples the first token;
  * *secs is the time of that step alone (the reset and the prompt's ids come before). first: the
@@ -462,19 +471,11 @@ static int bench_prefill(bench_state *bs, int i, int L, double *secs, int first)
     }
     if (bs->o.context) {
         bench_fill_prompt(bs, i, bs->o.context, 1);
-        bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
-                                      .tokens = bs->prompt,
-                                      .n_tok = bs->o.context,
-                                      .sample = &bs->seq_sp[i],
-                                      .out = &bs->out[0]};
+        bench_entry(bs, i, bs->o.context);
         if (bench_step(bs, 1, i, "context", bs->o.context)) return 1;
     }
     bench_fill_prompt(bs, i, L, 0);
-    bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
-                                  .tokens = bs->prompt,
-                                  .n_tok = L,
-                                  .sample = &bs->seq_sp[i],
-                                  .out = &bs->out[0]};
+    bench_entry(bs, i, L);
     int prof = first && bs->o.prof_prefill, range = first && bs->o.range == BENCH_RANGE_PREFILL;
     if (prof) hook_prof_enable(bs->b);
     if (range && bench_range(1)) return 1;
