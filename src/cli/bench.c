@@ -34,6 +34,7 @@
 typedef struct bench_opts {
     int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
     int context;    /* tokens each sequence holds before its timed prompt (--context) */
+    int together;   /* --prefill-together: the B prompts in one timed step */
     int state_bf16; /* --state-dtype bf16 */
     int backend, threads, prof_prefill, range, spec; /* range: 0, BENCH_RANGE_PREFILL or _DECODE */
     uint64_t seed;
@@ -119,6 +120,10 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
                    "tokens each sequence holds before its timed prompt, prefilled untimed: the "
                    "prompt's prefill then attends to them, as a turn after a cached prefix does "
                    "(default 0)"),
+        TL_OPT_FLAG("prefill-together", 0, &o->together,
+                    "the --batch prompts in one timed step, as requests admitted at once (prefill "
+                    "tok/s: all their tokens / that step's time); default: one after another, the "
+                    "first timed"),
         TL_OPT_INT("gen", 0, &o->gen, "N", 1, BENCH_MAX_CTX,
                    "decode steps timed at each length (default 128)"),
         TL_OPT_INT("batch", 0, &o->batch, "B", 1, BENCH_MAX_BATCH,
@@ -200,7 +205,8 @@ typedef struct bench_state {
     double hbm; /* measured HBM copy bandwidth, bytes/s (CUDA only) */
     tl_sample_params sp;
     const char *sp_source; /* where sp comes from, for the header */
-    int32_t *prompt;       /* [max_len]: one sequence's prompt at a time */
+    int32_t *prompt;       /* [max(max_len, context)]: one sequence's prompt at a time */
+    int32_t *prompts;      /* --prefill-together: [batch][max_len], else NULL */
     /* [batch] each: the sessions, their sampling (sp with one seed each), the step's entries,
      * samples and next tokens */
     tl_session **sess;
@@ -255,13 +261,13 @@ static uint64_t bench_rng(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* Sequence i's prompt of L random ids into bs->prompt: one stream per sequence (different
+/* Sequence i's prompt of L random ids into dst: one stream per sequence (different
  * prompts route to different experts, as different users' do); sequence 0's is the same at every
  * length and batch size. ctx 1: its --context tokens instead (another stream). */
-static void bench_fill_prompt(bench_state *bs, int i, int L, int ctx) {
+static void bench_fill_prompt(const bench_state *bs, int32_t *dst, int i, int L, int ctx) {
     uint64_t rs = (bs->o.seed ^ (ctx ? 0x5eed : 0xabcdef)) + (uint64_t)i * 0x632BE59BD9B4E019ull;
     int n_tok_valid = TL_MIN(bs->cfg->n_vocab, TL_N_VOCAB_TOKENS);
-    for (int t = 0; t < L; t++) bs->prompt[t] = (int32_t)(bench_rng(&rs) % (uint64_t)n_tok_valid);
+    for (int t = 0; t < L; t++) dst[t] = (int32_t)(bench_rng(&rs) % (uint64_t)n_tok_valid);
 }
 
 /* ====== Opening: engine, sampling settings, sessions. ====== */
@@ -375,6 +381,7 @@ static void bench_sampling_text(const tl_sample_params *p, char *buf, size_t n) 
 static int bench_open_sessions(bench_state *bs) {
     int B = bs->o.batch;
     bs->prompt = xmalloc(sizeof(int32_t) * (size_t)TL_MAX(bs->o.max_len, bs->o.context));
+    if (bs->o.together) bs->prompts = xmalloc(sizeof(int32_t) * (size_t)B * bs->o.max_len);
     bs->sess = xcalloc(B, sizeof *bs->sess);
     bs->seq_sp = xcalloc(B, sizeof *bs->seq_sp);
     bs->ent = xcalloc(B, sizeof *bs->ent);
@@ -396,7 +403,8 @@ static int bench_open_sessions(bench_state *bs) {
 static void bench_close(bench_state *bs) {
     for (int i = 0; bs->sess && i < bs->o.batch; i++) tl_session_close(bs->sess[i]);
     tl_engine_close(bs->e);
-    free(bs->prompt), free(bs->sess), free(bs->seq_sp), free(bs->ent), free(bs->out);
+    free(bs->prompt), free(bs->prompts), free(bs->sess), free(bs->seq_sp), free(bs->ent),
+        free(bs->out);
     free(bs->tok), free(bs->made), free(bs->idx);
 }
 
@@ -449,48 +457,72 @@ static int bench_range(int on) {
     return 1;
 }
 
-/* The step's one entry: sequence i fed the n ids of bs->prompt, sampling its next token. */
-static void bench_entry(bench_state *bs, int i, int n) {
-    bs->ent[0] = (tl_batch_entry){.sess = bs->sess[i],
-                                  .tokens = bs->prompt,
+/* Entry k of the step: sequence i fed n ids at tokens, sampling its next token into out[k]. */
+static void bench_entry(bench_state *bs, int k, int i, const int32_t *tokens, int n) {
+    bs->ent[k] = (tl_batch_entry){.sess = bs->sess[i],
+                                  .tokens = tokens,
                                   .n_tok = n,
                                   .sample = &bs->seq_sp[i],
-                                  .out = &bs->out[0]};
+                                  .out = &bs->out[k]};
 }
 
-/* Sequence i from empty (or from its --context tokens, fed untimed first) through its prompt of
- * L tokens, as the server's last prefill chunk does: one entry that samples the first token;
- * *secs is the time of that step alone (the reset and the prompt's ids come before). first: the
- * run's first prefill, the one --prof-prefill and --profile-range prefill look at (the timing of
- * that repeat includes their cost). Returns 0 or 1. */
-static int bench_prefill(bench_state *bs, int i, int L, double *secs, int first) {
+/* Sequence i emptied and, with --context, fed its context tokens (untimed). Returns 0 or 1. */
+static int bench_seq_start(bench_state *bs, int i) {
     int st = tl_session_reset(bs->sess[i]);
     if (st) {
         fprintf(stderr, "tulip bench: resetting sequence %d failed: %s\n", i, tl_status_str(st));
         return 1;
     }
-    if (bs->o.context) {
-        bench_fill_prompt(bs, i, bs->o.context, 1);
-        bench_entry(bs, i, bs->o.context);
-        if (bench_step(bs, 1, i, "context", bs->o.context)) return 1;
-    }
-    bench_fill_prompt(bs, i, L, 0);
-    bench_entry(bs, i, L);
+    if (!bs->o.context) return 0;
+    bench_fill_prompt(bs, bs->prompt, i, bs->o.context, 1);
+    bench_entry(bs, 0, i, bs->prompt, bs->o.context);
+    return bench_step(bs, 1, i, "context", bs->o.context);
+}
+
+/* The timed prefill step of the n entries set up, the first being sequence i0's: *secs its time;
+ * first: the run's first prefill, the one --prof-prefill and --profile-range look at (the timing
+ * of that repeat includes their cost). Returns 0 or 1. */
+static int bench_timed_prefill(bench_state *bs, int n, int i0, int L, double *secs, int first) {
     int prof = first && bs->o.prof_prefill, range = first && bs->o.range == BENCH_RANGE_PREFILL;
     if (prof) hook_prof_enable(bs->b);
     if (range && bench_range(1)) return 1;
     double t0 = tl_time_s();
-    if (bench_step(bs, 1, i, "prefill", L)) return 1;
+    if (bench_step(bs, n, i0, "prefill", L)) return 1;
     *secs = tl_time_s() - t0;
     if (range && bench_range(0)) return 1;
     if (prof) {
-        printf("\nper-kernel time of one eager prefill of %d tokens (CUDA events after each "
+        printf("\nper-kernel time of one eager prefill of %d x %d tokens (CUDA events after each "
                "launch; graph off while profiling):\n\n",
-               L);
+               n, L);
         hook_prof_report(bs->b, stdout);
         printf("\n");
     }
     return 0;
+}
+
+/* Sequence i from empty (or from its --context tokens) through its prompt of L tokens, as the
+ * server's last prefill chunk does: one entry that samples the first token; *secs is the time
+ * of that step alone. Returns 0 or 1. */
+static int bench_prefill(bench_state *bs, int i, int L, double *secs, int first) {
+    if (bench_seq_start(bs, i)) return 1;
+    bench_fill_prompt(bs, bs->prompt, i, L, 0);
+    bench_entry(bs, 0, i, bs->prompt, L);
+    return bench_timed_prefill(bs, 1, i, L, secs, first);
+}
+
+/* --prefill-together: every sequence emptied (and fed its context), then all B prompts of L
+ * tokens in one timed step, as requests admitted at once share one: *secs is that step's time,
+ * every request's time to its first token. Returns 0 or 1. */
+static int bench_prefill_together(bench_state *bs, int L, double *secs, int first) {
+    int B = bs->o.batch;
+    for (int i = 0; i < B; i++)
+        if (bench_seq_start(bs, i)) return 1;
+    for (int i = 0; i < B; i++) {
+        int32_t *p = bs->prompts + (size_t)i * bs->o.max_len;
+        bench_fill_prompt(bs, p, i, L, 0);
+        bench_entry(bs, i, i, p, L);
+    }
+    return bench_timed_prefill(bs, B, 0, L, secs, first);
 }
 
 /* Every sequence decodes --gen tokens, all together, as sched.c's build_batch makes the steps:
@@ -541,17 +573,23 @@ static int bench_decode(bench_state *bs, int L, int tables) {
     }
 }
 
-/* Repeat r at the li-th length: sequence 0's prefill (timed), the others' (untimed), then the
- * batched decode; prefill tok/s in *pre, aggregate decode tok/s in *dec. Returns 0 or 1. */
+/* Repeat r at the li-th length: sequence 0's prefill (timed), the others' (untimed), or all of
+ * them in one timed step (--prefill-together), then the batched decode; prefill tok/s in *pre
+ * (all the timed step's tokens), aggregate decode tok/s in *dec. Returns 0 or 1. */
 static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec) {
     int L = bs->o.lengths[li];
     double t_pre = 0, t_other;
-    for (int i = 0; i < bs->o.batch; i++)
-        if (bench_prefill(bs, i, L, i ? &t_other : &t_pre, li == 0 && r == 0 && i == 0)) return 1;
+    int first = li == 0 && r == 0, n_pre = bs->o.together ? bs->o.batch : 1;
+    if (bs->o.together) {
+        if (bench_prefill_together(bs, L, &t_pre, first)) return 1;
+    } else {
+        for (int i = 0; i < bs->o.batch; i++)
+            if (bench_prefill(bs, i, L, i ? &t_other : &t_pre, first && i == 0)) return 1;
+    }
     double t0 = tl_time_s();
     if (bench_decode(bs, L, li == 0 && r == 0)) return 1;
     double t1 = tl_time_s();
-    *pre = L / t_pre;
+    *pre = (double)n_pre * L / t_pre;
     *dec = (double)bs->o.batch * bs->o.gen / (t1 - t0);
     return 0;
 }
@@ -631,8 +669,8 @@ static void bench_report_json(const bench_state *bs, double mp, double mg) {
     put_num("%.1f", bs->cuda ? bs->hbm / 1e9 : NAN, 1);
     printf(", \"bits\": %d, \"weights_gb\": ", o->bits);
     put_num("%.3f", bs->cuda ? hook_weight_bytes(bs->b) / 1e9 : NAN, 1);
-    printf(", \"gen\": %d, \"repeats\": %d, \"context\": %d, \"rows\": [", o->gen, o->repeats,
-           o->context);
+    printf(", \"gen\": %d, \"repeats\": %d, \"context\": %d, \"prefill_together\": %s, \"rows\": [",
+           o->gen, o->repeats, o->context, o->together ? "true" : "false");
     for (int i = 0; i < o->n_len; i++) {
         printf("%s{\"ctx\": %d, \"prefill_tps\": %.1f, \"prefill_tflops\": %.2f, \"gen_tps\": "
                "%.1f, \"gen_ms_per_step\": %.3f, \"gen_gbps\": ",
@@ -672,6 +710,7 @@ static void bench_report_table(const bench_state *bs, double mp, double mg) {
            K ? "tokens per sequence" : "steps");
     if (o->context) /* ctx then counts the prompt only */
         printf(", each prompt after %d tokens of context (prefilled untimed)", o->context);
+    if (o->together) printf(", the %d prompts prefilled together in one timed step", o->batch);
     if (K) { /* one line: the table's caption */
         printf(" (speculative decoding, %d MTP draft tokens a step; drafts accepted / tokens per "
                "step and sequence:",

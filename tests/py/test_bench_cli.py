@@ -222,6 +222,22 @@ def test_context_before_the_prompt():
     assert json.loads(bench(*BASE, "--json").stdout)["context"] == 0
 
 
+def test_prefill_together():
+    """--prefill-together: the --batch prompts (after their --context) in one timed step; prefill
+    tok/s counts all of their tokens; the header and the JSON say so."""
+    args = (*BASE[:5], "--lengths", "8", "--context", "5", "--batch", "3", "--prefill-together",
+            "--gen", "2", "--repeats", "1")
+    r = bench(*args)
+    assert r.returncode == 0, r.stderr
+    above, head, rows = parse(r.stdout)
+    assert "each prompt after 5 tokens of context" in above and \
+        "the 3 prompts prefilled together in one timed step" in above, above
+    assert float(rows["8"]["prefill tok/s"]) > 0 and float(rows["8"]["decode tok/s"]) > 0
+    out = json.loads(bench(*args, "--json").stdout)
+    assert out["prefill_together"] is True and out["batch"] == 3 and out["rows"][0]["prefill_tps"] > 0
+    assert json.loads(bench(*BASE, "--json").stdout)["prefill_together"] is False
+
+
 def test_context_beyond_the_models_context_exit_2():
     max_pos = json.load(open(os.path.join(ROOT, MODEL, "config.json")))["text_config"]["max_position_embeddings"]
     r = bench(*BASE[:5], "--lengths", "8", "--context", str(max_pos - 8), "--gen", "4", "--repeats", "1")
