@@ -26,7 +26,8 @@ cache_salt: its TTFT is what prefilling only the new part costs without the cont
 alone" is the cache's overhead (issue 14: at most 10 ms) plus the new tokens' attention over the
 cached prefix, which the probe does not do (about 2.5 ms a conversation at 500 new tokens after
 9.3K on the H200); `tulip bench --lengths 512 --context 8800` measures the prefill of the new
-tokens in context on the engine directly. --no-fresh skips it. With several conversations they
+tokens in context on the engine directly (`--batch N --prefill-together`: N conversations' new
+tokens in one step). --no-fresh skips it. With several conversations they
 run in lockstep: all send turn t at once, and once all have their answers, all send their probes
 at once, so a cached turn and its probe each share the engine with the same kind of requests
 (free-running, --no-lockstep, a conversation's cached turn often shared steps with other
