@@ -3,7 +3,9 @@
  * length L: prefill tok/s of one prompt (L tokens / time to its first sampled token), then --batch
  * B sequences each prefilled to L decode --gen tokens together, one tl_engine_step per step (EOS
  * ignored): aggregate decode tok/s (B x steps / time) and ms per step; the median of --repeats
- * runs; the means over the lengths. Sampling is the server's default for a request that names
+ * runs; the means over the lengths. --context P puts P untimed tokens before each prompt (a turn
+ * after a cached prefix) and --prefill-together times the B prompts in one step (requests
+ * admitted at once). Sampling is the server's default for a request that names
  * nothing (the model card's, or the checkpoint's generation_config.json), or argmax with --greedy.
  * On the CUDA backend also achieved GB/s and % of the measured HBM bandwidth for decode at batch 1
  * (bytes a step must move, from the uploaded weights: tl_cuda_decode_bytes), TFLOP/s for prefill,
@@ -587,7 +589,7 @@ static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec
             if (bench_prefill(bs, i, L, i ? &t_other : &t_pre, first && i == 0)) return 1;
     }
     double t0 = tl_time_s();
-    if (bench_decode(bs, L, li == 0 && r == 0)) return 1;
+    if (bench_decode(bs, L, first)) return 1;
     double t1 = tl_time_s();
     *pre = (double)n_pre * L / t_pre;
     *dec = (double)bs->o.batch * bs->o.gen / (t1 - t0);
