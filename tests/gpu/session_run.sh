@@ -26,7 +26,12 @@
 #             of 64 and 256 with the wgr tiles forced on every 4-bit GEMM
 #   kbench    dev/kernels/prefill_bench (build/cuda/dev/prefill_bench, built beforehand): every
 #             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
-# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench]
+#   ab        the staged binaries against each other (tools/stage_gpu.sh; BINS="base new ..." names
+#             .gpu/NAME/tulip, default "base new"): decode batches of $AB_BATCHES (default 64 256)
+#             at context 1K, the binaries alternated for 2 rounds, ms a step; then prefill at
+#             $AB_LENGTHS (default 1024,4096,16384; one repeat), tok/s. One line per binary and
+#             measurement (a failed run: "failed: " and its error), all in $OUT/ab.txt
+# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench] [ab]
 #   (no argument: tests hf bench load)
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
@@ -99,6 +104,36 @@ if has kbench; then
     echo "== prefill kernels (dev/kernels/prefill_bench)"
     timeout "${KBENCH_S:-300}" build/cuda/dev/prefill_bench 2>&1 | tee "$O/prefill_bench.txt"
     echo "prefill_bench rc=${PIPESTATUS[0]}"
+fi
+if has ab; then
+    echo "== A/B of the staged binaries: ${BINS:-base new}" | tee "$O/ab.txt"
+    # binary $1, bench arguments $3..: its rows' field $2 (ms a step, or prefill tok/s at each
+    # length) from one `bench --json` run, or "failed: " and its last line on stderr
+    ab_run() {
+        local bin=$1 key=$2
+        shift 2
+        if timeout 120 ".gpu/$bin/tulip" bench --random-weights --bits 4 "$@" --json \
+            >/tmp/ab.json 2>/tmp/ab.err; then
+            python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); k = sys.argv[2]
+print(" ".join(f"{r[k]:.3f}" if k == "gen_ms_per_step" else f"{r[k]:.0f}" for r in d["rows"]))' \
+                /tmp/ab.json "$key"
+        else
+            echo "failed: $(tail -1 /tmp/ab.err)"
+        fi
+    }
+    for b in ${AB_BATCHES:-64 256}; do
+        for round in 1 2; do
+            for n in ${BINS:-base new}; do
+                v=$(ab_run "$n" gen_ms_per_step --batch "$b" --lengths 1024 --gen 32 --repeats 1)
+                echo "batch $b round $round $n: ms/step $v" | tee -a "$O/ab.txt"
+            done
+        done
+    done
+    for n in ${BINS:-base new}; do
+        v=$(ab_run "$n" prefill_tps --lengths ${AB_LENGTHS:-1024,4096,16384} --gen 4 --repeats 1)
+        echo "prefill ${AB_LENGTHS:-1024,4096,16384} $n: tok/s $v" | tee -a "$O/ab.txt"
+    done
 fi
 if has tests; then
     echo "== GPU tests"
