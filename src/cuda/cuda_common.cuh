@@ -43,6 +43,13 @@ static inline cudaStream_t tl_stream_of(const tl_gpu_stream *st) {
     return st ? (cudaStream_t)st->stream : (cudaStream_t)0;
 }
 
+/* 1 if the environment variable name is set to the integer v (the kernels' A/B switches; each
+ * caller reads it once and keeps the answer). */
+static inline int tl_env_is(const char *name, int v) {
+    const char *s = getenv(name);
+    return s && atoi(s) == v;
+}
+
 /* TL_CUDA_SYNC=1: every launch is followed by a stream synchronize (outside graph capture), so
  * an asynchronous fault names the kernel that caused it. Read once. */
 static inline int tl_cuda_sync_each(void) {

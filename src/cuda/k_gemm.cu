@@ -660,7 +660,7 @@ static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
 static int gemm_q4w_on(void) {
     static int on = -1;
-    if (on < 0) on = !(getenv("TL_GEMM_Q4W") && atoi(getenv("TL_GEMM_Q4W")) == 0);
+    if (on < 0) on = !tl_env_is("TL_GEMM_Q4W", 0);
     return on;
 }
 
@@ -728,7 +728,7 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
 
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
     static int off = -1;
-    if (off < 0) off = getenv("TL_GEMM_SPLITK") && atoi(getenv("TL_GEMM_SPLITK")) == 0;
+    if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
     if (off || w->bits != 4) return 1;
     int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1;
     while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4) s *= 2;
@@ -776,7 +776,7 @@ static int splitk_reduce(const gemm_args *p, int ksplit, const tl_gpu_stream *st
 /* 1 unless TL_DENSE_WGR_DEC=0: the dense 4-bit products of decode batches run the wgr kernel. */
 static int dense_dec_wgr_on(void) {
     static int on = -1;
-    if (on < 0) on = !(getenv("TL_DENSE_WGR_DEC") && atoi(getenv("TL_DENSE_WGR_DEC")) == 0);
+    if (on < 0) on = !tl_env_is("TL_DENSE_WGR_DEC", 0);
     return on;
 }
 

@@ -370,7 +370,7 @@ int cb_grid_cap(void) {
  * 1 if launched, 0 if not, < 0 on a launch error. */
 static int gemv_rows = -1;
 static int gemv_rows_on(void) {
-    if (gemv_rows < 0) gemv_rows = getenv("TL_GEMV_ROWS") && atoi(getenv("TL_GEMV_ROWS")) == 1;
+    if (gemv_rows < 0) gemv_rows = tl_env_is("TL_GEMV_ROWS", 1);
     return gemv_rows;
 }
 extern "C" int tl_gpu_gemv_set_rows(int on) {

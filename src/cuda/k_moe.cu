@@ -563,7 +563,7 @@ int cb_moe_setup(void) {
  * early after moe_up_route. Same bits either way. */
 static int moe_slice = -1;
 static int moe_slice_on(void) {
-    if (moe_slice < 0) moe_slice = getenv("TL_MOE_SLICE") && atoi(getenv("TL_MOE_SLICE")) == 1;
+    if (moe_slice < 0) moe_slice = tl_env_is("TL_MOE_SLICE", 1);
     return moe_slice;
 }
 extern "C" int tl_gpu_moe_set_slice(int on) {
