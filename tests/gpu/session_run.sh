@@ -28,8 +28,9 @@
 #             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
 #   ab        the staged binaries against each other (tools/stage_gpu.sh; BINS="base new ..." names
 #             .gpu/NAME/tulip, default "base new"): decode batches of $AB_BATCHES (default 64 256)
-#             at context 1K, the binaries alternated for 2 rounds, ms a step; then prefill at
-#             $AB_LENGTHS (default 1024,4096,16384; one repeat), tok/s. One line per binary and
+#             at context 1K, the binaries alternated for $AB_ROUNDS rounds (default 2), ms a step;
+#             then prefill of $AB_PREFILL_BINS (default: $BINS; empty: none) at $AB_LENGTHS
+#             (default 1024,4096,16384; one repeat), tok/s. One line per binary and
 #             measurement (a failed run: "failed: " and its error), all in $OUT/ab.txt
 # Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench] [ab]
 #   (no argument: tests hf bench load)
@@ -123,14 +124,14 @@ print(" ".join(f"{r[k]:.3f}" if k == "gen_ms_per_step" else f"{r[k]:.0f}" for r 
         fi
     }
     for b in ${AB_BATCHES:-64 256}; do
-        for round in 1 2; do
+        for round in $(seq 1 "${AB_ROUNDS:-2}"); do
             for n in ${BINS:-base new}; do
                 v=$(ab_run "$n" gen_ms_per_step --batch "$b" --lengths 1024 --gen 32 --repeats 1)
                 echo "batch $b round $round $n: ms/step $v" | tee -a "$O/ab.txt"
             done
         done
     done
-    for n in ${BINS:-base new}; do
+    for n in ${AB_PREFILL_BINS-${BINS:-base new}}; do
         v=$(ab_run "$n" prefill_tps --lengths ${AB_LENGTHS:-1024,4096,16384} --gen 4 --repeats 1)
         echo "prefill ${AB_LENGTHS:-1024,4096,16384} $n: tok/s $v" | tee -a "$O/ab.txt"
     done
