@@ -40,7 +40,7 @@ typedef struct gemv_out {
 
 /* The outputs of lane ln of row block rb: token t0 + ln / 4, rows 8 rb + 2 (ln % 4), +1, from the
  * KS K-slices' partial sums part[0], part[pstride], ... (float2 (row, row + 1), added in slice
- * order: deterministic); s_ss[w * 8 + g]: the staging warps' sums of x^2 of token g. */
+ * order: deterministic); s_ss[w * 8 + g]: the sums of x^2 of token g by chunk class (q4m_stage). */
 __device__ __forceinline__ void gemv_emit(const gemv_out &o, const float *s_ss, int rb, int ln,
                                           const float2 *part, int pstride) {
     int g = ln >> 2, t = ln & 3;

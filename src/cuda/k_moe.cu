@@ -143,7 +143,8 @@ __device__ __forceinline__ void route_block(int *s_e, int32_t *ids, float *wts, 
 }
 
 /* silu(gate) * up of one output whose input is normed after the products: gv, uv the raw dots of
- * staged token row g, s_ss[w * 8 + g] the staging warps' sums of its h^2 (added in warp order). */
+ * staged token row g, s_ss[w * 8 + g] the sums of its h^2 by chunk class (q4m_stage; added in
+ * order of w). */
 __device__ __forceinline__ float moe_swiglu_normed(float gv, float uv, const float *s_ss, int g,
                                                    int K, float eps) {
     float sq = 0.0f;

@@ -49,9 +49,11 @@ __device__ __forceinline__ uint32_t q4m_pack(float a, float b) {
 }
 
 /* Stages rows 0..nt-1 of x (row stride ldx, times xw if non-NULL) into xs/sx (layout above) with
- * threads tid0 .. tid0+nthr-1 of the block (whole warps). If ss is non-NULL, ss[w * 8 + r] (w =
- * the caller's warp index within those threads) accumulates the sum of raw x^2 of row r over the
- * items that warp staged (the caller zeroes it first and sums over warps after a barrier). */
+ * threads tid0 .. tid0+nthr-1 of the block (whole warps). If ss is non-NULL (then nthr = 256),
+ * ss[w * 8 + r] accumulates the sum of raw x^2 of row r over the row's 32-item chunks c with
+ * c % 8 == w, in order of c: the warp that stages chunk c also stages c + 8, so each slot has one
+ * writer, and the sums (so a normed token's bits) do not depend on how many rows are staged with
+ * it. The caller zeroes ss[0..63] first and adds w = 0..7 in order after a barrier. */
 __device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, int ldx,
                                           const float *xw, int K, int nt, int tid, int nthr,
                                           float *ss) {
@@ -95,7 +97,7 @@ __device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, 
         if ((it & 7) == 0) sx[r * (KB >> 1) + (kb >> 1)] = s;
         if (ss) {
             sq = warp_sum(sq);
-            if (lane == 0) ss[(tid >> 5) * 8 + r] += sq;
+            if (lane == 0) ss[((rem >> 5) & 7) * 8 + r] += sq;
         }
     }
 }

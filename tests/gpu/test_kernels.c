@@ -423,6 +423,16 @@ static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
     float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got, *one;
     const float *n = with_norm ? dnw : NULL;
     CHECK_EQ_INT(slice_run(0, 0, &dW, dx, n, T, acc, y0, dy, &ref), 0);
+    int diff0 = 0; /* the default kernel: each token alone (q4m_stage's sums of squares) */
+    for (int t = 0; t < T; t++) {
+        float *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+        CHECK_EQ_INT(slice_run(0, 0, &dW, dx + (size_t)t * cols, n, 1, acc, y0 + (size_t)t * rows,
+                               dy1, &one),
+                     0);
+        diff0 += memcmp(one, ref + (size_t)t * rows, sizeof(float) * rows) != 0;
+        free(one), tl_gpu_free(dy1);
+    }
+    CHECK_EQ_INT(diff0, 0);
     for (int w = 0; w < 4; w++) {
         CHECK_EQ_INT(slice_run(ways[w][0], ways[w][1], &dW, dx, n, T, acc, y0, dy, &got), 0);
         int same = !memcmp(got, ref, sizeof(float) * T * rows), diff = 0;
@@ -1004,8 +1014,9 @@ static void test_slice_kernels(void) {
     /* K = 8192 (no model shape) for KPW 32: at 2 tokens; at 4 the q4m kernel's staged x and its
      * weight stages (280 KB) exceed shared memory */
     gemv_ways_case(2048, 8192, 2, 0, 1);
-    gemv_ways_case(9216, TL_N_EMBD, 5, 1, 0);       /* attention in-proj, a verify's 5 tokens */
-    gemv_ways_case(1024, 768, 8, 1, 1);             /* K = 768: KPW 8, KS 3 (6 of 8 warps) */
+    gemv_ways_case(9216, TL_N_EMBD, 5, 1, 0); /* attention in-proj, a verify's 5 tokens */
+    for (int i = 0; i < 4; i++) /* K = 768: KPW 8, KS 3 (6 of 8 warps), rows staged in 2 passes */
+        gemv_ways_case(1024, 768, 8, 1, 1);
     gemv_ways_case(200, 256, 2, 0, 0);              /* fewer units than blocks */
     gemv_ways_case(248320 / 8, TL_N_EMBD, 1, 0, 0); /* the LM head: too large for the slice */
     gemv_ways_case(248320 / 8, TL_N_EMBD, 5, 0, 0);
