@@ -378,9 +378,10 @@ static void test_norms(void) {
 }
 
 /* ---- the MoE plan (k_moe.cu) against a host counting sort ---- */
-static void test_plan(void) {
-    const int n_tok = 300, A = n_tok * 8;
-    static const int counts[4] = {290, 130, 64, 1};
+/* n_tok 300: the one-block kernel; 2000 (16000 assignments, 8 chunks): the three-kernel plan */
+static void plan_case(int n_tok) {
+    const int A = n_tok * 8;
+    static const int counts[4] = {1900, 130, 64, 1};
     int32_t *ids = (int32_t *)xmalloc(A * 4);
     moe_ids(ids, n_tok, counts, 4);
     int32_t *plan = (int32_t *)xmalloc(tl_gpu_moe_pf_plan_ints(n_tok) * 4);
@@ -404,6 +405,10 @@ static void test_plan(void) {
     printf("# plan of %d assignments: %d mismatches against the host counting sort\n", A, bad);
     CHECK_EQ_INT(bad, 0);
     free(ids), free(plan), free(seen);
+}
+static void test_plan(void) {
+    plan_case(300);
+    plan_case(2000);
 }
 
 /* ---- the decode GDN step: gdn_step vs gdn_cols + the f32 gated norm (TL_GDN_COLS=1) ---- */

@@ -397,7 +397,9 @@ int tl_gpu_moe_set_slice(int on);
 /* Prefill (grouped GEMM over the 256 experts):
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
  *    top-k ids [n_tok, 8] (i32). plan (i32, tl_gpu_moe_pf_plan_ints(n_tok) entries) holds
- *    expert offsets, tile offsets and the assignment list; its contents are private.
+ *    expert offsets off[257], the tile starts of 128-, 64- and 16-row tiles [257] each, then
+ *    perm[n_tok*8] (assignment ids grouped by expert, in any order inside an expert) and the
+ *    plan kernels' scratch (PLAN_* below; read by the grouped GEMMs, k_gemm.cuh).
  * 2. tl_gpu_moe_pf_gate_up: h[n_tok*8, F] bf16 = silu(x W_g^T) * (x W_u^T) per assignment, rows in
  *    plan order. w describes ONE expert (rows 2F interleaved, cols TL_N_EMBD); the 256 experts
  *    lie contiguously after it (stride = one expert's bytes of w and of sb).
@@ -408,6 +410,11 @@ int tl_gpu_moe_set_slice(int on);
  *    out/res bf16, or f32 with TL_GEMM_OUT_F32; res may be out or NULL; shared bf16 [n_tok,
  *    TL_N_EMBD]; wts f32 [n_tok, 8]; sh_logit f32 [n_tok]. Sums in slot order (deterministic).
  * The shared expert itself is two dense GEMMs: tl_gpu_gemm(TL_GEMM_SWIGLU) then tl_gpu_gemm. */
+#define PLAN_OFF   0
+#define PLAN_TS128 257
+#define PLAN_TS64  514
+#define PLAN_TS16  771
+#define PLAN_PERM  1028
 size_t tl_gpu_moe_pf_plan_ints(int n_tok);
 int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, const tl_gpu_stream *st);
 int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,

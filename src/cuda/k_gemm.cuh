@@ -1,17 +1,11 @@
-/* Private to the prefill GEMM (k_gemm.cu) and the prefill MoE (k_moe.cu): the layout of the MoE
- * routing plan, and the grouped GEMM that runs the experts over it. */
+/* Private to the prefill GEMM (k_gemm.cu) and the prefill MoE (k_moe.cu): the grouped GEMM that
+ * runs the experts over the MoE routing plan. */
 #ifndef TL_K_GEMM_CUH
 #define TL_K_GEMM_CUH
 
 #include "cuda/cuda_common.cuh"
 
-/* MoE plan layout (ints): off[257], tile starts for 128-row tiles [257], for 64-row tiles
- * [257], for 16-row tiles [257], then perm[n_tok*8] (assignment ids grouped by expert). */
-#define PLAN_OFF   0
-#define PLAN_TS128 257
-#define PLAN_TS64  514
-#define PLAN_TS16  771
-#define PLAN_PERM  1028
+/* The MoE plan's layout (PLAN_*) is in gpu.h (tl_gpu_moe_pf_plan). */
 
 /* Grouped GEMM over the plan: gather = 1: y row (plan order) = x[token of the assignment] W_e^T
  * (gate/up, flags TL_GEMM_SWIGLU); gather = 0: y[assignment] = x row (plan order) W_e^T (down).

@@ -522,6 +522,57 @@ static void moe_case(int q4, int n_tok) {
     free(got), free(ref), free(y), free(tmp);
 }
 
+/* The MoE plan (k_moe.cu) against a host counting sort: offsets, the three tile prefixes, and a
+ * perm that lists every assignment once under its own expert. 300 tokens: the one-block kernel;
+ * 3000 and 8192 (a prefill chunk: 32 chunks of 2048 assignments): the count / scan / place
+ * kernels. Expert 0 is hot (every token), 1..3 warm, the rest spread; bytes past the plan's
+ * scratch stay untouched. */
+static void plan_check(int n_tok) {
+    const int A = n_tok * 8;
+    int32_t *ids = xmalloc((size_t)A * 4);
+    for (int t = 0; t < n_tok; t++)
+        for (int s = 0; s < 8; s++) {
+            int e = s < 4 && t % (1 + 3 * s) == 0 ? s : 4 + (int)(t_rng_next(&rng) % 252);
+            for (int u = 0; u < s; u++) /* no expert twice in a token */
+                if (ids[t * 8 + u] == e) e = 4 + (e + 1 - 4) % 252, u = -1;
+            ids[t * 8 + s] = e;
+        }
+    size_t pn = tl_gpu_moe_pf_plan_ints(n_tok);
+    int32_t *dids = dup_to_dev(ids, (size_t)A * 4), *dplan = dmalloc((pn + 64) * 4);
+    int32_t *plan = xmalloc((pn + 64) * 4);
+    CU(cudaMemset(dplan, 0xff, (pn + 64) * 4));
+    CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
+    CU(cudaDeviceSynchronize());
+    to_host(plan, dplan, (pn + 64) * 4);
+    int cnt[256] = {0}, bad = 0, o = 0, t1 = 0, t2 = 0, t3 = 0;
+    for (int a = 0; a < A; a++) cnt[ids[a]]++;
+    for (int e = 0; e <= 256; e++) {
+        bad += plan[PLAN_OFF + e] != o || plan[PLAN_TS128 + e] != t1 || plan[PLAN_TS64 + e] != t2 ||
+               plan[PLAN_TS16 + e] != t3;
+        if (e == 256) break;
+        o += cnt[e], t1 += (cnt[e] + 127) / 128, t2 += (cnt[e] + 63) / 64, t3 += (cnt[e] + 15) / 16;
+    }
+    char *seen = xcalloc((size_t)A, 1);
+    for (int e = 0; e < 256; e++)
+        for (int m = plan[PLAN_OFF + e]; m < plan[PLAN_OFF + e + 1]; m++) {
+            int a = plan[PLAN_PERM + m];
+            bad += a < 0 || a >= A || seen[a] || ids[a] != e;
+            if (a >= 0 && a < A) seen[a] = 1;
+        }
+    for (int i = 0; i < 64; i++) bad += plan[pn + i] != -1;
+    printf("# moe plan of %d tokens (%d assignments): %d mismatches with the host sort\n", n_tok, A,
+           bad);
+    CHECK_EQ_INT(bad, 0);
+    cudaFree(dids), cudaFree(dplan);
+    free(ids), free(plan), free(seen);
+}
+
+static void test_moe_plan(void) {
+    plan_check(300);
+    plan_check(3000);
+    plan_check(8192);
+}
+
 static void test_moe_grouped_matches_oracle(void) {
     moe_case(1, 160);
     moe_case(1, 300); /* 128-token tiles of 128 + 128 + 44: the wgr kernel's classes 128 and 64 */
@@ -901,6 +952,7 @@ int main(void) {
     T_RUN(test_gemm_q4_matches_oracle);
     T_RUN(test_gemm_epilogues);
     T_RUN(test_gemm_splitk);
+    T_RUN(test_moe_plan);
     T_RUN(test_moe_grouped_matches_oracle);
     T_RUN(test_attn_prefill_matches_oracle);
     T_RUN(test_gdn_gates_match_oracle);
