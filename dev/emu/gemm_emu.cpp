@@ -174,10 +174,11 @@ static void moe_ids(int32_t *ids, int n_tok, const int *counts, int n_counts) {
 
 /* gate/up (SwiGLU, gathered rows) and down (scattered) of n_tok tokens with 256 experts of
  * D x F, on each tile; h and the down outputs against double products (down from the kernel's
- * own h, so each product is checked alone). */
+ * own h, so each product is checked alone). shared: expert 256 (stored after the routed ones)
+ * also runs for every token, as rows A + t (A = 8 n_tok) of h and of the down outputs. */
 static void moe_case(int n_tok, int D, int F, const int *counts, int n_counts, const char *const *tiles,
-                     int n_tiles) {
-    const int E = TL_N_EXPERT, A = n_tok * 8;
+                     int n_tiles, int shared) {
+    const int E = TL_N_EXPERT + shared, A = n_tok * 8, AR = A + (shared ? n_tok : 0);
     int32_t *ids = (int32_t *)xmalloc((size_t)A * 4);
     moe_ids(ids, n_tok, counts, n_counts);
     size_t pn = tl_gpu_moe_pf_plan_ints(n_tok);
@@ -205,13 +206,13 @@ static void moe_case(int n_tok, int D, int F, const int *counts, int n_counts, c
     tl_gpu_gemm_w wgu = {guW, guS, 4, 2 * F, D}, wd = {dnW, dnS, 4, D, F};
     float *xf = rand_vec(&rs, (size_t)n_tok * D, 1.0f);
     uint16_t *x = to_bf16(xf, (size_t)n_tok * D);
-    uint16_t *h = (uint16_t *)xmalloc((size_t)A * F * 2), *ys = (uint16_t *)xmalloc((size_t)A * D * 2);
-    float *hf = (float *)xmalloc((size_t)A * F * 4), *yf = (float *)xmalloc((size_t)A * D * 4);
-    double *href = (double *)xmalloc((size_t)A * F * 8), *yref = (double *)xmalloc((size_t)A * D * 8);
+    uint16_t *h = (uint16_t *)xmalloc((size_t)AR * F * 2), *ys = (uint16_t *)xmalloc((size_t)AR * D * 2);
+    float *hf = (float *)xmalloc((size_t)AR * F * 4), *yf = (float *)xmalloc((size_t)AR * D * 4);
+    double *href = (double *)xmalloc((size_t)AR * F * 8), *yref = (double *)xmalloc((size_t)AR * D * 8);
     double *acc = (double *)xmalloc((size_t)2 * F * 8);
     /* the reference h does not depend on the tile */
-    for (int m = 0; m < A; m++) {
-        int a = perm[m], tok = a >> 3, e = ids[a];
+    for (int m = 0; m < AR; m++) { /* rows past A: the shared expert (256) of token m - A */
+        int a = m < A ? perm[m] : m, tok = m < A ? a >> 3 : m - A, e = m < A ? ids[a] : 256;
         const q4mat &q = ge[e % 16];
         for (int r = 0; r < 2 * F; r++) {
             double s = 0;
@@ -226,23 +227,23 @@ static void moe_case(int n_tok, int D, int F, const int *counts, int n_counts, c
     }
     for (int ti = 0; ti < n_tiles; ti++) {
         set_tile(tiles[ti]);
-        memset(h, 0xff, (size_t)A * F * 2), memset(ys, 0xff, (size_t)A * D * 2);
-        CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(h, x, &wgu, plan, n_tok, NULL), 0);
-        for (size_t i = 0; i < (size_t)A * F; i++) hf[i] = bf2f(h[i]);
-        double eh = nmse(hf, href, (size_t)A * F);
-        CHECK_EQ_INT(tl_gpu_moe_pf_down(ys, h, &wd, plan, n_tok, NULL), 0);
-        for (int m = 0; m < A; m++) {
-            int a = perm[m], e = ids[a];
+        memset(h, 0xff, (size_t)AR * F * 2), memset(ys, 0xff, (size_t)AR * D * 2);
+        CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(h, x, &wgu, plan, n_tok, shared, NULL), 0);
+        for (size_t i = 0; i < (size_t)AR * F; i++) hf[i] = bf2f(h[i]);
+        double eh = nmse(hf, href, (size_t)AR * F);
+        CHECK_EQ_INT(tl_gpu_moe_pf_down(ys, h, &wd, plan, n_tok, shared, NULL), 0);
+        for (int m = 0; m < AR; m++) {
+            int a = m < A ? perm[m] : m, e = m < A ? ids[a] : 256;
             for (int r = 0; r < D; r++) {
                 double s = 0;
                 for (int c = 0; c < F; c++) s += (double)hf[(size_t)m * F + c] * q4_at_bf16(de[e % 16], r, c);
                 yref[(size_t)a * D + r] = s;
             }
         }
-        for (size_t i = 0; i < (size_t)A * D; i++) yf[i] = bf2f(ys[i]);
-        double ey = nmse(yf, yref, (size_t)A * D);
-        printf("# moe n_tok=%d D=%d F=%d tile %s: gate/up nmse %.2e, down nmse %.2e\n", n_tok, D, F,
-               tiles[ti], eh, ey);
+        for (size_t i = 0; i < (size_t)AR * D; i++) yf[i] = bf2f(ys[i]);
+        double ey = nmse(yf, yref, (size_t)AR * D);
+        printf("# moe n_tok=%d D=%d F=%d%s tile %s: gate/up nmse %.2e, down nmse %.2e\n", n_tok, D,
+               F, shared ? " + shared expert" : "", tiles[ti], eh, ey);
         CHECK(eh < 3e-5); /* bf16 outputs: ~1e-5 from the final rounding alone */
         CHECK(ey < 3e-5);
     }
@@ -257,12 +258,14 @@ static void test_moe_small(void) {
      * 128) and two tiles (129 = 128 + 1, 200 = 128 + 72) */
     static const int counts[8] = {200, 129, 97, 65, 33, 5, 1, 128};
     static const char *const tiles[] = {"1", "3", "6", "7"};
-    moe_case(200, 256, 128, counts, 8, tiles, 4);
+    moe_case(200, 256, 128, counts, 8, tiles, 4, 0);
+    static const char *const sh_tiles[] = {"5", "1", "6"}; /* q4w (decode batches), mma, wgr */
+    moe_case(40, 256, 128, counts + 5, 3, sh_tiles, 3, 1);
 }
 static void test_moe_production(void) {
     static const int counts[3] = {40, 70, 3};
     static const char *const tiles[] = {"6", "7"};
-    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 2);
+    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 2, 0);
 }
 
 /* ---- prefill attention ---- */

@@ -26,7 +26,7 @@ static int all_rows(int y) { return y >= 0; }
 int (*emu_head_on)(int) = all_rows;
 
 /* k_moe.cu's prefill half calls into k_gemm.cu, which is not emulated */
-int cb_moe_gemm(uint16_t *, const uint16_t *, const tl_gpu_gemm_w *, const int32_t *, int, int, int,
+int cb_moe_gemm(uint16_t *, const uint16_t *, const tl_gpu_gemm_w *, const int32_t *, int, int, int, int,
                 const tl_gpu_stream *) {
     return TL_ERR_UNSUPPORTED;
 }

@@ -215,15 +215,15 @@ typedef struct {
 static void moe_run(void *c) {
     moe_ctx *m = (moe_ctx *)c;
     OK(tl_gpu_moe_pf_plan(m->plan, m->ids, m->n, NULL));
-    OK(tl_gpu_moe_pf_gate_up(m->h, m->x, &m->gu, m->plan, m->n, NULL));
-    OK(tl_gpu_moe_pf_down(m->ys, m->h, &m->dn, m->plan, m->n, NULL));
+    OK(tl_gpu_moe_pf_gate_up(m->h, m->x, &m->gu, m->plan, m->n, 0, NULL));
+    OK(tl_gpu_moe_pf_down(m->ys, m->h, &m->dn, m->plan, m->n, 0, NULL));
     OK(tl_gpu_moe_pf_combine(m->out, m->out, m->ys, m->wts, NULL, NULL, m->n, TL_GEMM_OUT_F32,
                              NULL));
 }
 static void moe_gemms_only(void *c) {
     moe_ctx *m = (moe_ctx *)c;
-    OK(tl_gpu_moe_pf_gate_up(m->h, m->x, &m->gu, m->plan, m->n, NULL));
-    OK(tl_gpu_moe_pf_down(m->ys, m->h, &m->dn, m->plan, m->n, NULL));
+    OK(tl_gpu_moe_pf_gate_up(m->h, m->x, &m->gu, m->plan, m->n, 0, NULL));
+    OK(tl_gpu_moe_pf_down(m->ys, m->h, &m->dn, m->plan, m->n, 0, NULL));
 }
 
 static void bench_moe(void) {

@@ -398,8 +398,8 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->xb, uint16_t, T * D);
     ALLOC(be->xlo, uint16_t, T * D);
     ALLOC(be->yb, uint16_t, T * yd);
-    ALLOC(be->hexp, uint16_t, T * K * F);
-    ALLOC(be->yslot, uint16_t, T * K * D);
+    ALLOC(be->hexp, uint16_t, T * (K + 1) * F); /* + the shared expert's rows (moe_prefill) */
+    ALLOC(be->yslot, uint16_t, T * (K + 1) * D);
     ALLOC(be->hs, uint16_t, T * F);
     ALLOC(be->ys, uint16_t, T * D);
     ALLOC(be->gg, float, T * c->gdn_n_v_head);

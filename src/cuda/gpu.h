@@ -405,11 +405,14 @@ int tl_gpu_moe_set_slice(int on);
  *    lie contiguously after it (stride = one expert's bytes of w and of sb).
  * 3. tl_gpu_moe_pf_down: yslot[n_tok*8, cols_out] bf16, row tok*8+slot = h_row W_d^T (w: one
  *    expert [TL_N_EMBD, F], experts contiguous as above).
+ *    shared = 1 (both calls): expert 256 of w, the shared expert (same shape, stored after the
+ *    routed ones), also runs for every token t, as rows 8 n_tok + t of h and of yslot (which
+ *    then hold 9 n_tok rows); pass yslot + 8 n_tok rows as the combine's `shared`.
  * 4. tl_gpu_moe_pf_combine: out[t] = res[t] + sum_s wts[t,s] * yslot[t*8+s]
  *                                 + sigmoid(sh_logit[t]) * shared[t]   (if shared != NULL)
  *    out/res bf16, or f32 with TL_GEMM_OUT_F32; res may be out or NULL; shared bf16 [n_tok,
  *    TL_N_EMBD]; wts f32 [n_tok, 8]; sh_logit f32 [n_tok]. Sums in slot order (deterministic).
- * The shared expert itself is two dense GEMMs: tl_gpu_gemm(TL_GEMM_SWIGLU) then tl_gpu_gemm. */
+ * Else the shared expert is two dense GEMMs: tl_gpu_gemm(TL_GEMM_SWIGLU) then tl_gpu_gemm. */
 #define PLAN_OFF   0
 #define PLAN_TS128 257
 #define PLAN_TS64  514
@@ -418,9 +421,9 @@ int tl_gpu_moe_set_slice(int on);
 size_t tl_gpu_moe_pf_plan_ints(int n_tok);
 int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, const tl_gpu_stream *st);
 int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
-                          const int32_t *plan, int n_tok, const tl_gpu_stream *st);
+                          const int32_t *plan, int n_tok, int shared, const tl_gpu_stream *st);
 int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,
-                       const int32_t *plan, int n_tok, const tl_gpu_stream *st);
+                       const int32_t *plan, int n_tok, int shared, const tl_gpu_stream *st);
 int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
                           const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
                           const tl_gpu_stream *st);

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
         int r = (tid >> 3) + (THREADS / 8) * j, m = m0 + r;
         a_ok[j] = m < m_end;
         int src = m;
-        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[m] >> 3;
+        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = gm_tok(p, gm_asg(p, perm, m));
         a_src[j] = p.x + (size_t)(a_ok[j] ? src : 0) * p.K + (tid & 7) * 8;
     }
 
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
         for (int h = 0; h < 2; h++) {
             int r = wm * 16 * MI + mi * 16 + (lane >> 2) + h * 8, m = m0 + r;
             if (m >= m_end) continue;
-            size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+            size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? gm_asg(p, perm, m) : m) * p.ldy;
 #pragma unroll
             for (int nj = 0; nj < NJ; nj++) {
                 float v0 = acc[mi][nj][2 * h], v1 = acc[mi][nj][2 * h + 1];
@@ -283,7 +283,7 @@ static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&
             }
             float vn = __shfl_down_sync(0xffffffffu, v, 4);
             if ((g & 1) || m >= m_end) continue;
-            size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+            size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? gm_asg(p, perm, m) : m) * p.ldy;
             gm_store2(p, orow + row, v, vn);
         }
 }
@@ -308,7 +308,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
     const int a_row = tid >> 3, a_ok = tid < 128 && m0 + a_row < m_end;
     int a_src = a_ok ? m0 + a_row : 0;
-    if (p.mode == GM_MOE_GATHER && a_ok) a_src = perm[a_src] >> 3;
+    if (p.mode == GM_MOE_GATHER && a_ok) a_src = gm_tok(p, gm_asg(p, perm, a_src));
     const uint16_t *a_ptr = p.x + (size_t)a_src * p.K + (tid & 7) * 8;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
     const uint32_t *wq = (const uint32_t *)wb;
@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
         int r = (tid >> 3) + (THREADS / 8) * j, m = m0 + r;
         a_ok[j] = m < m_end;
         int src = m;
-        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = perm[m] >> 3;
+        if (p.mode == GM_MOE_GATHER && a_ok[j]) src = gm_tok(p, gm_asg(p, perm, m));
         a_src[j] = p.x + (size_t)(a_ok[j] ? src : 0) * p.K + (tid & 7) * 8;
     }
     const int KT = p.K / GM_BK;
@@ -596,7 +596,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     for (int h = 0; h < 2; h++) {
         int r = wg * 64 + wq * 16 + (lane >> 2) + h * 8, m = m0 + r;
         if (m >= m_end) continue;
-        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? gm_asg(p, perm, m) : m) * p.ldy;
 #pragma unroll
         for (int nj = 0; nj < WG_BN / 8; nj++) {
             if (n0 + nj * 8 >= p.N) break; /* rows % 256 == 128: the last block's upper half */
@@ -849,7 +849,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
 
 int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
-                int n_tok, int gather, int flags, const tl_gpu_stream *st) {
+                int n_tok, int gather, int flags, int shared, const tl_gpu_stream *st) {
     int mode = gather ? GM_MOE_GATHER : GM_MOE_SCATTER;
     if (!y || !x || !plan || n_tok < 0 || !gemm_w_ok(w)) return TL_ERR_INVALID;
     if (n_tok == 0) return 0;
@@ -865,6 +865,7 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
     p.flags = flags;
     p.mode = mode;
     p.plan = plan;
+    p.n_sh = shared ? n_tok : 0;
     if (w->bits == 16) {
         p.w_estride = (long long)w->rows * w->cols * 2;
     } else {
@@ -875,14 +876,17 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * (bf16 286 TFLOP/s, 4-bit 240); at 512 mma.sync 64x128 (55 / 75); below 512 (a decode
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
-     * tile count exit at once. */
+     * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
     if (wgs)
-        return cb_gemm_wgr(&p, wgs, (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256), 1, st);
+        return cb_gemm_wgr(&p, wgs,
+                           (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256) +
+                               (p.n_sh + WR_NT - 1) / WR_NT,
+                           1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     int bm = tile_bm(tile);
-    int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256);
+    int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256) + (p.n_sh + bm - 1) / bm;
     return gemm_launch(&p, w->bits, tile, max_tiles, st);
 }

@@ -24,6 +24,8 @@ typedef struct gemm_args {
     long long w_estride;  /* bytes between experts' w */
     long long sb_estride; /* u32 words between experts' sb */
     float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
+    int n_sh; /* MoE: 0, or the tokens whose shared expert (expert 256 of w) runs as plan rows
+               * M .. M + n_sh - 1 after the routed ones (gm_tile, gm_asg) */
 } gemm_args;
 
 /* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
@@ -42,7 +44,14 @@ static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t
     const int32_t *ts = p.plan + (BM == 128 ? PLAN_TS128 : BM == 64 ? PLAN_TS64 : PLAN_TS16);
     *perm = p.plan + PLAN_PERM;
     int tile = blockIdx.y;
-    if (tile >= ts[256]) return false;
+    if (tile >= ts[256]) { /* past the routed tiles: the shared expert's, if it runs here */
+        int s = tile - ts[256];
+        if (s * BM >= p.n_sh) return false;
+        *m0 = p.M + s * BM, *m_end = p.M + p.n_sh;
+        *wb += 256 * p.w_estride;
+        if (BITS == 4) *sbb += 256 * p.sb_estride;
+        return true;
+    }
     int lo = 0, hi = 255;
     while (lo < hi) { /* largest e with ts[e] <= tile: a non-empty expert */
         int mid = (lo + hi + 1) >> 1;
@@ -56,6 +65,17 @@ static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t
     *wb += lo * p.w_estride;
     if (BITS == 4) *sbb += lo * p.sb_estride;
     return true;
+}
+
+/* The assignment of MoE plan row m: a routed one (token * 8 + slot, from the plan's list perm) or,
+ * past the plan's p.M rows, the shared expert's row m itself (token m - p.M). A gathering GEMM
+ * reads token gm_tok(a); a scattering one writes output row a (rows M .. M + n_sh - 1: the shared
+ * expert's outputs, after the routed ones). */
+static __device__ __forceinline__ int gm_asg(const gemm_args &p, const int32_t *perm, int m) {
+    return m < p.M ? perm[m] : m;
+}
+static __device__ __forceinline__ int gm_tok(const gemm_args &p, int a) {
+    return a < p.M ? a >> 3 : a - p.M;
 }
 
 /* The epilogue of two adjacent outputs (v0, v1) at element idx of y:

@@ -107,7 +107,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
                 make_float2(so[tok * lds + c], so[tok * lds + c + 1]);
             continue;
         }
-        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? perm[m] : m) * p.ldy;
+        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? gm_asg(p, perm, m) : m) * p.ldy;
         gm_store2(p, orow + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
     }
 }
@@ -131,7 +131,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
         int m = m0 + (tid >> 3) + C::THREADS / 8 * j;
         x_ok[j] = m < m_end;
         int src = x_ok[j] ? m : m0;
-        if (p.mode == GM_MOE_GATHER) src = perm[src] >> 3;
+        if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
         x_src[j] = p.x + (size_t)src * p.K + (tid & 7) * 8;
     }
     const uint32_t *wq = (const uint32_t *)wb;

@@ -853,14 +853,15 @@ extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok,
 }
 
 extern "C" int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
-                                     const int32_t *plan, int n_tok, const tl_gpu_stream *st) {
-    return cb_moe_gemm(h, x, w_expert0, plan, n_tok, 1, TL_GEMM_SWIGLU, st);
+                                     const int32_t *plan, int n_tok, int shared,
+                                     const tl_gpu_stream *st) {
+    return cb_moe_gemm(h, x, w_expert0, plan, n_tok, 1, TL_GEMM_SWIGLU, shared, st);
 }
 
 extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
                                   const tl_gpu_gemm_w *w_expert0, const int32_t *plan, int n_tok,
-                                  const tl_gpu_stream *st) {
-    return cb_moe_gemm(yslot, h, w_expert0, plan, n_tok, 0, 0, st);
+                                  int shared, const tl_gpu_stream *st) {
+    return cb_moe_gemm(yslot, h, w_expert0, plan, n_tok, 0, 0, shared, st);
 }
 
 /* math: out[t] = res[t] + sum_s w[t,s] y[t*8+s] + sigmoid(l[t]) sh[t], fp32, slots in order.

@@ -409,7 +409,8 @@ static void moe_ids(int32_t *ids, float *wts, int n_tok) {
 }
 
 static void moe_case(int q4, int n_tok) {
-    const int E = TL_N_EXPERT, F = TL_N_FF_EXPERT, D = TL_N_EMBD;
+    /* E routed experts and the shared one (expert E, stored after them as in the model) */
+    const int E = TL_N_EXPERT + 1, F = TL_N_FF_EXPERT, D = TL_N_EMBD;
     uint16_t *xb = xmalloc((size_t)n_tok * D * 2), *shb = xmalloc((size_t)n_tok * D * 2);
     float *xf = xmalloc((size_t)n_tok * D * 4), *shf = xmalloc((size_t)n_tok * D * 4);
     float *res = xmalloc((size_t)n_tok * D * 4), *shl = xmalloc((size_t)n_tok * 4);
@@ -477,39 +478,52 @@ static void moe_case(int q4, int n_tok) {
     int32_t *dplan = dmalloc(tl_gpu_moe_pf_plan_ints(n_tok) * 4);
     void *dx = dup_to_dev(xb, (size_t)n_tok * D * 2), *dsh = dup_to_dev(shb, (size_t)n_tok * D * 2);
     float *dshl = dup_to_dev(shl, (size_t)n_tok * 4);
-    uint16_t *dh = dmalloc((size_t)n_tok * 8 * F * 2), *dys = dmalloc((size_t)n_tok * 8 * D * 2);
+    uint16_t *dh = dmalloc((size_t)n_tok * 9 * F * 2), *dys = dmalloc((size_t)n_tok * 9 * D * 2);
+    size_t nys = (size_t)n_tok * 8 * D; /* routed rows of dys */
+    uint16_t *ys0 = xmalloc(nys * 2), *ys1 = xmalloc(nys * 2);
     float *dout = dup_to_dev(res, (size_t)n_tok * D * 4);
     float *got = xmalloc((size_t)n_tok * D * 4);
     /* oracle */
+    /* oracle: ref with the given shared output shf, ref_sh with the shared expert's own */
     float *ref = xmalloc((size_t)n_tok * D * 4), *y = xmalloc((size_t)D * 4);
-    float *tmp = xmalloc((size_t)2 * F * 4);
+    float *ref_sh = xmalloc((size_t)n_tok * D * 4), *tmp = xmalloc((size_t)2 * F * 4);
     for (int t = 0; t < n_tok; t++) {
-        float *r = ref + (size_t)t * D;
+        float *r = ref + (size_t)t * D, *rs = ref_sh + (size_t)t * D;
         float sg = cpu_sigmoid(shl[t]);
+        const float *xt = xf + (size_t)t * D;
+        cpu_ffn_swiglu(y, &vg[E - 1], &vu[E - 1], &vd[E - 1], xt, tmp);
         for (int c = 0; c < D; c++) r[c] = res[(size_t)t * D + c] + sg * shf[(size_t)t * D + c];
+        for (int c = 0; c < D; c++) rs[c] = res[(size_t)t * D + c] + sg * y[c];
         for (int s = 0; s < 8; s++) {
             int e = ids[t * 8 + s];
-            cpu_ffn_swiglu(y, &vg[e], &vu[e], &vd[e], xf + (size_t)t * D, tmp);
-            for (int c = 0; c < D; c++) r[c] += wts[t * 8 + s] * y[c];
+            cpu_ffn_swiglu(y, &vg[e], &vu[e], &vd[e], xt, tmp);
+            for (int c = 0; c < D; c++)
+                r[c] += wts[t * 8 + s] * y[c], rs[c] += wts[t * 8 + s] * y[c];
         }
     }
-    for (int ti = 0; ti < N_TILES; ti++) {
-        set_tile(tiles[ti]);
-        CU(cudaMemcpy(dout, res, (size_t)n_tok * D * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemset(dys, 0xff, (size_t)n_tok * 8 * D * 2));
-        CU(cudaMemset(dplan, 0xff, tl_gpu_moe_pf_plan_ints(n_tok) * 4));
-        CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
-        CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(dh, dx, &wgu, dplan, n_tok, NULL), 0);
-        CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, NULL), 0);
-        CHECK_EQ_INT(
-            tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, n_tok, TL_GEMM_OUT_F32, NULL),
-            0);
-        to_host(got, dout, (size_t)n_tok * D * 4);
-        char buf[128];
-        snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan..combine) tile=%s", q4 ? "q4" : "bf16",
-                 n_tok, *tiles[ti] ? tiles[ti] : "auto");
-        CHECK(report(buf, got, ref, (size_t)n_tok * D) <= 2e-5);
-    }
+    /* sh 1: the shared expert inside the grouped GEMMs (rows 8 n_tok + t of dh and dys); the
+     * routed rows must keep their bits */
+    for (int ti = 0; ti < N_TILES; ti++)
+        for (int sh = 0; sh < 2; sh++) {
+            set_tile(tiles[ti]);
+            CU(cudaMemcpy(dout, res, (size_t)n_tok * D * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemset(dys, 0xff, (size_t)n_tok * 9 * D * 2));
+            CU(cudaMemset(dplan, 0xff, tl_gpu_moe_pf_plan_ints(n_tok) * 4));
+            CHECK_EQ_INT(tl_gpu_moe_pf_plan(dplan, dids, n_tok, NULL), 0);
+            CHECK_EQ_INT(tl_gpu_moe_pf_gate_up(dh, dx, &wgu, dplan, n_tok, sh, NULL), 0);
+            CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, sh, NULL), 0);
+            CHECK_EQ_INT(tl_gpu_moe_pf_combine(dout, dout, dys, dwts, sh ? dys + nys : dsh, dshl,
+                                               n_tok, TL_GEMM_OUT_F32, NULL),
+                         0);
+            to_host(got, dout, (size_t)n_tok * D * 4);
+            to_host(sh ? ys1 : ys0, dys, nys * 2);
+            char buf[128];
+            snprintf(buf, sizeof buf, "moe %s n_tok=%d (plan..combine%s) tile=%s",
+                     q4 ? "q4" : "bf16", n_tok, sh ? ", shared expert grouped" : "",
+                     *tiles[ti] ? tiles[ti] : "auto");
+            CHECK(report(buf, got, sh ? ref_sh : ref, (size_t)n_tok * D) <= 2e-5);
+            if (sh) CHECK(memcmp(ys0, ys1, nys * 2) == 0);
+        }
     set_tile("");
 
     cudaFree(dids), cudaFree(dwts), cudaFree(dplan), cudaFree(dx), cudaFree(dsh), cudaFree(dshl);
@@ -519,7 +533,7 @@ static void moe_case(int q4, int n_tok) {
             mlx_free(&md);
     free(gb), free(ub), free(db), free(vg), free(vu), free(vd);
     free(xb), free(shb), free(xf), free(shf), free(res), free(shl), free(ids), free(wts);
-    free(got), free(ref), free(y), free(tmp);
+    free(got), free(ref), free(ref_sh), free(y), free(tmp), free(ys0), free(ys1);
 }
 
 /* The MoE plan (k_moe.cu) against a host counting sort: offsets, the three tile prefixes, and a
