@@ -27,7 +27,9 @@ alone" is the cache's overhead (issue 14: at most 10 ms) plus the new tokens' at
 cached prefix, which the probe does not do (about 2.5 ms a conversation at 500 new tokens after
 9.3K on the H200); `tulip bench --lengths 512 --context 8800` measures the prefill of the new
 tokens in context on the engine directly (`--batch N --prefill-together`: N conversations' new
-tokens in one step). --no-fresh skips it. With several conversations they
+tokens in one step). --no-fresh skips it. Every request biases one word token (--first-token
+visible, the default), so the first generated token streams text at once in the turn and in its
+probe alike. With several conversations they
 run in lockstep: all send turn t at once, and once all have their answers, all send their probes
 at once, so a cached turn and its probe each share the engine with the same kind of requests
 (free-running, --no-lockstep, a conversation's cached turn often shared steps with other
@@ -69,6 +71,20 @@ class Client:
         self.host, self.port = u.split(":")[0], int(u.split(":")[1])
         self.model = json.loads(self.get("/v1/models"))["data"][0]["id"]
         self.done, self.lock = 0, threading.Lock()  # chats answered (server_times waits for them)
+        self.bias = None  # logit_bias of every chat (set_visible_first)
+
+    def set_visible_first(self, word="Hello"):
+        """Every chat from now on carries logit_bias {id of `word` (its first token): 100}: greedy decoding then
+        generates that word every step, so the first token is visible text at once and the
+        client's first-content time is the time to the first token (with random weights the
+        first tokens are often special or partial UTF-8 pieces that stream no text, which put
+        1-5 decode steps into a cached turn's TTFT but never into a probe's, max_tokens 1)."""
+        c, r = self.post("/tokenize", {"prompt": word})
+        out = json.loads(r.read())
+        c.close()
+        if not out.get("tokens"):  # its first piece is ASCII text too where it splits
+            raise RuntimeError(f"/tokenize of {word!r}: {out}")
+        self.bias = {str(out["tokens"][0]): 100}
 
     def get(self, path):
         c = http.client.HTTPConnection(self.host, self.port, timeout=60)
@@ -99,6 +115,8 @@ class Client:
         body = {"model": self.model, "messages": messages, "max_tokens": gen, "ignore_eos": True,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                 "chat_template_kwargs": kwargs, **(extra or {})}
+        if self.bias:
+            body["logit_bias"] = self.bias
         t0 = time.perf_counter()
         c, r = self.post("/v1/chat/completions", body, session=session)
         if r.status != 200:
@@ -281,6 +299,8 @@ def stop_server(p):
 def measure(url, a, kwargs):
     """({level: rows}, {level: per-turn server split})"""
     client = Client(url)
+    if a.first_token == "visible":
+        client.set_visible_first()
     sysp = system_prompt(client, a.sys_tokens, kwargs)
     res = {n: run_level(client, n, sysp, a, kwargs) for n in a.levels}
     return {n: r[0] for n, r in res.items()}, {n: r[1] for n, r in res.items()}
@@ -340,6 +360,11 @@ def main():
     ap.add_argument("--cached-only", action="store_true",
                     help="skip the server without the prefix cache (the uncached column reads -): "
                     "for A/B runs of server settings that only the cached turns feel")
+    ap.add_argument("--first-token", choices=("visible", "model"), default="visible",
+                    help="visible (default): every request biases one word token by +100 "
+                    "(logit_bias), so the first generated token streams text and TTFT is the time "
+                    "to the first token; model: no bias (with random weights the first visible "
+                    "text can come several tokens in)")
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
     a.levels = [int(x) for x in a.convs.split()]
@@ -368,7 +393,8 @@ def main():
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     print(f"multiturn: commit {commit}, system ~{a.sys_tokens} tokens, {a.turns} turns of "
-          f"~{a.turn_tokens} tokens, {a.gen} generated, thinking {'on' if a.thinking else 'off'}")
+          f"~{a.turn_tokens} tokens, {a.gen} generated, thinking {'on' if a.thinking else 'off'}, "
+          f"first token {a.first_token}")
     for n in a.levels:
         print(f"\n{n} conversation(s) at once (means per turn)\n")
         print(table(res_on, res_off, n, a))
