@@ -38,7 +38,10 @@ conversations' probes and the difference was mostly which requests happened to o
 In lockstep the server's own split of the time is read from its /metrics (vLLM's request
 histograms) at every barrier: for the cached turns and for the probes of each turn, the mean time
 a request waited in the queue (arrival to admission) and spent in prefill (admission to its first
-token), so a gap between the two says whether it is waiting or computing.
+token), so a gap between the two says whether it is waiting or computing. When the server is
+started here, its request log (every request named by X-Request-Id) adds per turn the time before
+the queue (body, template, tokenizer: prep), queue to first token, queue to the first chunk handed
+to the socket, and what the client's TTFT adds beyond those (the wire and the client).
 
 Prints a markdown table per concurrency level (mean over the conversations of each turn) and, with
 --json FILE, every measurement."""
@@ -93,11 +96,13 @@ class Client:
         c.close()
         return body
 
-    def post(self, path, body, stream=False, session=None):
+    def post(self, path, body, stream=False, session=None, rid=None):
         c = http.client.HTTPConnection(self.host, self.port, timeout=3600)
         h = {"Content-Type": "application/json"}
         if session:  # a balancer in front keeps the conversation on one replica (docs/deploy.md)
             h["X-Session-Id"] = session
+        if rid:  # names the server's request log line (server_log)
+            h["X-Request-Id"] = rid
         c.request("POST", path, json.dumps(body), h)
         return c, c.getresponse()
 
@@ -110,7 +115,7 @@ class Client:
             raise RuntimeError(f"/tokenize: {out}")
         return out["count"]
 
-    def chat(self, messages, gen, kwargs, session=None, extra=None):
+    def chat(self, messages, gen, kwargs, session=None, extra=None, rid=None):
         """One streamed turn: (text, ttft seconds, usage)."""
         body = {"model": self.model, "messages": messages, "max_tokens": gen, "ignore_eos": True,
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
@@ -118,7 +123,7 @@ class Client:
         if self.bias:
             body["logit_bias"] = self.bias
         t0 = time.perf_counter()
-        c, r = self.post("/v1/chat/completions", body, session=session)
+        c, r = self.post("/v1/chat/completions", body, session=session, rid=rid)
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]}")
         text, ttft, usage = "", None, None
@@ -192,7 +197,7 @@ def system_prompt(client, target, kwargs):
         text += f"Rule {k}: {words(rng, 40)}\n"
 
 
-def fresh_ttft(client, rng, n_new, tag, session, kwargs):
+def fresh_ttft(client, rng, n_new, tag, session, kwargs, rid=None):
     """TTFT of a prompt of about n_new tokens that nothing cached shares (its own cache_salt):
     the time to prefill only what a cached turn had to prefill."""
     n_words, text = max(1, int(n_new * 0.9)), None
@@ -203,7 +208,8 @@ def fresh_ttft(client, rng, n_new, tag, session, kwargs):
             break
         n_words = max(1, round(n_words * n_new / max(got, 1)))
     msgs = [{"role": "user", "content": text}]
-    _, ttft, usage = client.chat(msgs, 1, kwargs, session=session, extra={"cache_salt": tag})
+    _, ttft, usage = client.chat(msgs, 1, kwargs, session=session, extra={"cache_salt": tag},
+                                 rid=rid)
     return ttft, got
 
 
@@ -220,12 +226,13 @@ def conversation(client, conv, sysp, a, kwargs, out, bar=None, t0=0.0):
         if bar:
             bar.wait(timeout=600)
         sent = time.perf_counter() - t0
-        text, ttft, usage = client.chat(msgs, a.gen, kwargs, session=f"multiturn-{conv}")
+        rid = f"mt-{conv}-{t + 1}"
+        text, ttft, usage = client.chat(msgs, a.gen, kwargs, session=f"multiturn-{conv}", rid=rid)
         answered = time.perf_counter() - t0
         cached = (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
         row = {"conv": conv, "turn": t + 1, "prompt_tokens": n_prompt, "ttft_s": ttft,
                "cached_tokens": cached, "reusable_tokens": prev_reusable, "sent_s": sent,
-               "answered_s": answered}
+               "answered_s": answered, "rid": rid}
         if bar:  # every conversation passes here each turn, probe or not
             bar.wait(timeout=600)
         row["fresh_sent_s"] = time.perf_counter() - t0
@@ -233,7 +240,8 @@ def conversation(client, conv, sysp, a, kwargs, out, bar=None, t0=0.0):
             # its own words (the conversation's rng stays as without the fresh prompts)
             row["fresh_ttft_s"], row["fresh_tokens"] = fresh_ttft(
                 client, random.Random(f"{conv}-{t}"), n_prompt - cached,
-                f"fresh-{conv}-{t}-{random.random()}", f"multiturn-{conv}", kwargs)
+                f"fresh-{conv}-{t}-{random.random()}", f"multiturn-{conv}", kwargs, rid + "-p")
+            row["probe_rid"] = rid + "-p"
         row["done_s"] = time.perf_counter() - t0
         out.append(row)
         prev_reusable = client.tokens(msgs, False, kwargs)
@@ -319,6 +327,39 @@ def split_table(split):
     return "\n".join(rows)
 
 
+def server_log(text):
+    """{request id: {"prep": s, "ttft": s, "first_out": s}} from the server's request log lines
+    (docs/architecture.md §6.7): headers to queued, queued to first token, queued to the first
+    chunk handed to the socket."""
+    out = {}
+    for m in re.finditer(r"^tulip: request (\S+) \S+ status=\d+ .*? ttft=([0-9.]+)s "
+                         r"prep=([0-9.]+)s first_out=([0-9.]+)s ", text, re.M):
+        out[m.group(1)] = {"ttft": float(m.group(2)), "prep": float(m.group(3)),
+                           "first_out": float(m.group(4))}
+    return out
+
+
+def log_table(rows, log, turns):
+    """Per turn, the cached turns' and the probes' mean prep / server TTFT / first out (ms) from
+    the request log, and the client's TTFT beyond prep + first out (the wire and the client)."""
+    out = ["| turn | cached: prep | ttft | first out | client - (prep + first out) | "
+           "alone: prep | ttft | first out | client - (prep + first out) |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in range(1, turns + 1):
+        cells = []
+        for key, ck in (("rid", "ttft_s"), ("probe_rid", "fresh_ttft_s")):
+            got = [(log[r[key]], r[ck]) for r in rows if r["turn"] == t and r.get(key) in log]
+            if not got:
+                cells += ["-"] * 4
+                continue
+            mean = lambda f: 1000 * sum(f(g) for g in got) / len(got)
+            cells += [f"{mean(lambda g: g[0]['prep']):.1f}", f"{mean(lambda g: g[0]['ttft']):.1f}",
+                      f"{mean(lambda g: g[0]['first_out']):.1f}",
+                      f"{mean(lambda g: g[1] - g[0]['prep'] - g[0]['first_out']):+.1f}"]
+        out.append(f"| {t} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def table(res_on, res_off, n_conv, a):
     rows = ["| turn | prompt tokens | TTFT cached ms | TTFT uncached ms | cached tokens | "
             "reusable | cached / reusable | TTFT of the new tokens alone ms | cached - alone ms |",
@@ -375,9 +416,10 @@ def main():
                        f"bench/out/multiturn/tokenizer.json", shell=True, check=True, cwd=ROOT)
     if a.url:
         res_on, split_on = measure(a.url, a, kwargs)
-        res_off = None
+        res_off, log_on = None, {}
     else:
         res_on = res_off = split_on = None
+        log_on = {}
         runs = (([], "on"),) if a.cached_only else (([], "on"), (["--no-prefix-cache"], "off"))
         for extra, name in runs:
             p, url, log = start_server(a, extra)
@@ -385,6 +427,8 @@ def main():
                 r, sp = measure(url, a, kwargs)
             finally:
                 stop_server(p)
+                if name == "on":
+                    log_on = server_log(open(log, errors="replace").read())
                 os.unlink(log)
             if name == "on":
                 res_on, split_on = r, sp
@@ -401,9 +445,13 @@ def main():
         if split_on.get(n):
             print(f"\nthe server's split (/metrics), cache on: mean per request\n")
             print(split_table(split_on[n]))
+        if log_on and any(r["rid"] in log_on for r in res_on[n]):
+            print(f"\nthe server's request log, cache on: mean per request, ms\n")
+            print(log_table(res_on[n], log_on, a.turns))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"on": res_on, "off": res_off, "split_on": split_on}, f, indent=1)
+            json.dump({"on": res_on, "off": res_off, "split_on": split_on, "log_on": log_on}, f,
+                      indent=1)
     return 0
 
 

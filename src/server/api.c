@@ -647,6 +647,7 @@ static void flush_deltas(struct tl_stream *st, int k) {
     tl_gen *g = &st->c[k].gen;
     json_t *ds = tl_gen_take_deltas(g);
     size_t n = json_array_size(ds);
+    if (n) tl_job_note_output(st->c[k].job);
     for (size_t i = 0; i < n; i++) {
         json_t *lp = i + 1 == n ? tl_gen_take_logprobs(g) : NULL;
         put_chunk(st, k, json_incref(json_array_get(ds, i)), lp, NULL);

@@ -78,7 +78,7 @@ static void emit_json(json_t *o) {
 typedef struct job_end {
     int fin;
     long n_prompt, n_gen;
-    double t_submit, t_admit, t_first, t_last;
+    double t_submit, t_admit, t_first, t_last, t_out;
 } job_end;
 
 static void read_job(tl_job *j, job_end *e) {
@@ -98,6 +98,7 @@ static void read_job(tl_job *j, job_end *e) {
     e->t_admit = j->finished ? j->t_admit : 0;
     e->t_first = j->t_first;
     e->t_last = j->t_last;
+    e->t_out = j->t_out;
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -121,6 +122,10 @@ static int reason_of(const tl_server *s, const job_end *e, int completed, int st
 static void log_request(tl_server *s, const tl_reqlog *r, const job_end *e, const char *finish,
                         double dur) {
     double ttft = e && e->t_first > 0 ? e->t_first - e->t_submit : -1;
+    /* prep: headers to the engine's queue (body, parse, template, tokenizer); first_out: queue to
+     * the first output chunk handed to the socket (ttft plus the reader's delivery) */
+    double prep = e && e->t_submit > 0 ? e->t_submit - r->t0 : -1;
+    double out = e && e->t_out > 0 ? e->t_out - e->t_submit : -1;
     long np = e ? e->n_prompt : 0, ng = e ? e->n_gen : 0;
     if (s->p.log_json) {
         char ts[40];
@@ -134,17 +139,21 @@ static void log_request(tl_server *s, const tl_reqlog *r, const job_end *e, cons
         json_object_set_new(o, "prompt_tokens", json_integer(np));
         json_object_set_new(o, "generation_tokens", json_integer(ng));
         json_object_set_new(o, "ttft_s", ttft >= 0 ? json_real(ttft) : json_null());
+        json_object_set_new(o, "prep_s", prep >= 0 ? json_real(prep) : json_null());
+        json_object_set_new(o, "first_out_s", out >= 0 ? json_real(out) : json_null());
         json_object_set_new(o, "duration_s", json_real(dur));
         json_object_set_new(o, "finish_reason", finish ? json_string(finish) : json_null());
         emit_json(o);
         return;
     }
-    char line[512], tt[32] = "-";
-    if (ttft >= 0) snprintf(tt, sizeof tt, "%.3fs", ttft);
+    char line[512], tt[32] = "-", tp[32] = "-", to[32] = "-";
+    if (ttft >= 0) snprintf(tt, sizeof tt, "%.4fs", ttft);
+    if (prep >= 0) snprintf(tp, sizeof tp, "%.4fs", prep);
+    if (out >= 0) snprintf(to, sizeof to, "%.4fs", out);
     snprintf(line, sizeof line,
              "tulip: request %s %s status=%d prompt_tokens=%ld generation_tokens=%ld ttft=%s "
-             "duration=%.3fs finish=%s",
-             r->id, r->route, r->status, np, ng, tt, dur, finish ? finish : "-");
+             "prep=%s first_out=%s duration=%.3fs finish=%s",
+             r->id, r->route, r->status, np, ng, tt, tp, to, dur, finish ? finish : "-");
     emit(line);
 }
 

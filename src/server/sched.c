@@ -69,6 +69,12 @@ static void job_wake(tl_job *j) {
 
 void tl_job_cancel(tl_job *j) { atomic_store(&j->cancel, 1); }
 
+void tl_job_note_output(tl_job *j) {
+    pthread_mutex_lock(&j->mu);
+    if (!j->t_out) j->t_out = tl_time_s();
+    pthread_mutex_unlock(&j->mu);
+}
+
 int tl_job_wait(tl_job *j, int sockfd, int timeout_ms) {
     pthread_mutex_lock(&j->mu);
     int ready = j->n_ev > 0 || j->finished;

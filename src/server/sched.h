@@ -77,7 +77,8 @@ typedef struct tl_job {
     char err[256];
     int n_gen; /* tokens emitted so far */
     double t_submit, t_admit, t_first, t_last;
-    int efd; /* eventfd: written on every new event and at the end */
+    double t_out; /* the reader queued its first output chunk for the socket (streams; 0: not) */
+    int efd;      /* eventfd: written on every new event and at the end */
     atomic_int cancel;
     atomic_int refs;
 
@@ -105,6 +106,9 @@ void tl_job_ref(tl_job *j);
 void tl_job_unref(tl_job *j);
 /* Asks the engine thread to stop the job; it finishes as TL_FIN_CANCELLED within one step. */
 void tl_job_cancel(tl_job *j);
+/* The reader queued the job's first output chunk for the client now (the request log's
+ * first_out); later calls change nothing. */
+void tl_job_note_output(tl_job *j);
 
 /* Waits up to timeout_ms for new events or the end of the job, while watching sockfd (if >= 0)
  * for a hang-up. Returns 1 (something to read), 0 (timeout) or -1 (the client went away). */

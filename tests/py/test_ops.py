@@ -408,6 +408,12 @@ def test_request_id_and_log_lines():
         st, h, body = s.chat(max_tokens=3, ignore_eos=True, headers={"X-Request-Id": "ab.C-1:2_z"})
         assert st == 200 and h["x-request-id"] == "ab.C-1:2_z"
         usage = json.loads(body)["usage"]
+        # a stream whose first token is text (biased), so its first chunk goes out at once
+        st, _, body = s.request("POST", "/tokenize", {"prompt": "hello"})
+        word = json.loads(body)["tokens"][0]
+        st, h, _ = s.chat(max_tokens=3, ignore_eos=True, stream=True, logit_bias={str(word): 100},
+                          headers={"X-Request-Id": "stream-1"})
+        assert st == 200
         st, h, _ = s.chat(max_tokens=2)
         gen_id = h["x-request-id"]
         assert st == 200 and re.fullmatch(r"req-[A-Za-z0-9]{24}", gen_id), gen_id
@@ -423,10 +429,19 @@ def test_request_id_and_log_lines():
     line = [ln for ln in err.splitlines() if ln.startswith("tulip: request ab.C-1:2_z ")]
     assert len(line) == 1, err
     m = re.search(r" chat status=200 prompt_tokens=(\d+) generation_tokens=(\d+) ttft=([0-9.]+)s "
-                  r"duration=([0-9.]+)s finish=length$", line[0])
+                  r"prep=([0-9.]+)s first_out=(-|[0-9.]+s) duration=([0-9.]+)s finish=length$",
+                  line[0])
     assert m, line
     assert int(m.group(1)) == usage["prompt_tokens"] and int(m.group(2)) == usage["completion_tokens"]
-    assert float(m.group(3)) <= float(m.group(4))
+    ttft, prep, dur = float(m.group(3)), float(m.group(4)), float(m.group(6))
+    assert ttft + prep <= dur + 1e-3, line  # both inside the request's time (4-digit rounding)
+    assert m.group(5) == "-", line  # not a stream
+    line = [ln for ln in err.splitlines() if ln.startswith("tulip: request stream-1 ")]
+    m = re.search(r" ttft=([0-9.]+)s prep=([0-9.]+)s first_out=([0-9.]+)s duration=([0-9.]+)s ",
+                  line[0] if len(line) == 1 else "")
+    assert m, (line, err)
+    ttft, first_out, dur = float(m.group(1)), float(m.group(3)), float(m.group(4))
+    assert ttft <= first_out + 1e-4 and first_out <= dur, line
     assert any(ln.startswith(f"tulip: request {gen_id} chat status=200") for ln in err.splitlines())
     assert re.search(r"^tulip: stats running=\d+ waiting=\d+ kv_cache_usage=[0-9.]+% "
                      r"prompt=[0-9.]+ tok/s generation=[0-9.]+ tok/s requests_finished=\d+",
