@@ -441,7 +441,7 @@ def test_request_id_and_log_lines():
                   line[0] if len(line) == 1 else "")
     assert m, (line, err)
     ttft, first_out, dur = float(m.group(1)), float(m.group(3)), float(m.group(4))
-    assert ttft <= first_out + 1e-4 and first_out <= dur, line
+    assert ttft <= first_out + 1e-4 and first_out <= dur + 1e-3, line  # duration: 3 digits
     assert any(ln.startswith(f"tulip: request {gen_id} chat status=200") for ln in err.splitlines())
     assert re.search(r"^tulip: stats running=\d+ waiting=\d+ kv_cache_usage=[0-9.]+% "
                      r"prompt=[0-9.]+ tok/s generation=[0-9.]+ tok/s requests_finished=\d+",
