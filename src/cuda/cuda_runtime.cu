@@ -398,8 +398,11 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->xb, uint16_t, T * D);
     ALLOC(be->xlo, uint16_t, T * D);
     ALLOC(be->yb, uint16_t, T * yd);
-    ALLOC(be->hexp, uint16_t, T * (K + 1) * F); /* + the shared expert's rows (moe_prefill) */
-    ALLOC(be->yslot, uint16_t, T * (K + 1) * D);
+    /* + the shared expert's rows where it runs inside the grouped GEMMs (moe_prefill: micro-
+     * batches of <= TL_GEMM_SPLITK_MAX_N tokens) */
+    const size_t moe_rows = (size_t)T * K + (T < TL_GEMM_SPLITK_MAX_N ? T : TL_GEMM_SPLITK_MAX_N);
+    ALLOC(be->hexp, uint16_t, moe_rows * F);
+    ALLOC(be->yslot, uint16_t, moe_rows * D);
     ALLOC(be->hs, uint16_t, T * F);
     ALLOC(be->ys, uint16_t, T * D);
     ALLOC(be->gg, float, T * c->gdn_n_v_head);

@@ -848,6 +848,12 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
 
+/* Upper bound on the grouped GEMM's M tiles of bm rows: the plan's rows, one partial tile per
+ * non-empty expert (at most 256), the shared expert's rows. */
+static int moe_max_tiles(const gemm_args *p, int bm) {
+    return (p->M + bm - 1) / bm + (p->M < 256 ? p->M : 256) + (p->n_sh + bm - 1) / bm;
+}
+
 int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
                 int n_tok, int gather, int flags, int shared, const tl_gpu_stream *st) {
     int mode = gather ? GM_MOE_GATHER : GM_MOE_SCATTER;
@@ -879,14 +885,8 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
-    if (wgs)
-        return cb_gemm_wgr(&p, wgs,
-                           (p.M + WR_NT - 1) / WR_NT + (p.M < 256 ? p.M : 256) +
-                               (p.n_sh + WR_NT - 1) / WR_NT,
-                           1, st);
+    if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
-    int bm = tile_bm(tile);
-    int max_tiles = (p.M + bm - 1) / bm + (p.M < 256 ? p.M : 256) + (p.n_sh + bm - 1) / bm;
-    return gemm_launch(&p, w->bits, tile, max_tiles, st);
+    return gemm_launch(&p, w->bits, tile, moe_max_tiles(&p, tile_bm(tile)), st);
 }

@@ -413,7 +413,8 @@ static int start(tl_server *s, const char *id, tl_oai_kind kind, const char *bod
 typedef struct req_choice {
     tl_job *job;
     tl_gen gen;
-    int fin; /* TL_FIN_NONE while it runs, then its tl_finish (a matched stop string: STOP) */
+    int fin;       /* TL_FIN_NONE while it runs, then its tl_finish (a matched stop string: STOP) */
+    int out_noted; /* its first output chunk was queued (tl_job_note_output, once) */
 } req_choice;
 
 static void choices_free(req_choice *c, int nc) {
@@ -647,7 +648,10 @@ static void flush_deltas(struct tl_stream *st, int k) {
     tl_gen *g = &st->c[k].gen;
     json_t *ds = tl_gen_take_deltas(g);
     size_t n = json_array_size(ds);
-    if (n) tl_job_note_output(st->c[k].job);
+    if (n && !st->c[k].out_noted) {
+        tl_job_note_output(st->c[k].job);
+        st->c[k].out_noted = 1;
+    }
     for (size_t i = 0; i < n; i++) {
         json_t *lp = i + 1 == n ? tl_gen_take_logprobs(g) : NULL;
         put_chunk(st, k, json_incref(json_array_get(ds, i)), lp, NULL);

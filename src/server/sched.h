@@ -107,7 +107,7 @@ void tl_job_unref(tl_job *j);
 /* Asks the engine thread to stop the job; it finishes as TL_FIN_CANCELLED within one step. */
 void tl_job_cancel(tl_job *j);
 /* The reader queued the job's first output chunk for the client now (the request log's
- * first_out); later calls change nothing. */
+ * first_out); the reader calls it once, later calls change nothing. */
 void tl_job_note_output(tl_job *j);
 
 /* Waits up to timeout_ms for new events or the end of the job, while watching sockfd (if >= 0)
