@@ -213,26 +213,22 @@ static int force_tokens(tl_server *s, const tl_oai_req *r, tl_job *j, tl_oai_err
 }
 
 /* The prefix cache's snapshot point of a chat prompt (docs/architecture.md §4.1): the end of its
- * last complete message, i.e. the prompt rendered without the generation prompt. The next turn
- * re-renders this turn's answer differently from what was generated (earlier turns lose their
- * reasoning), so that is the longest prefix the next request is sure to share. 0 when the
- * rendering without the generation prompt is not a token prefix of the prompt. */
-static int snap_point(tl_server *s, const json_t *msgs, const json_t *tools, tl_chat_opts co,
-                      const char *text, size_t len, const tl_job *j) {
-    char *t2 = NULL, err[64];
-    size_t n2 = 0;
-    co.add_generation_prompt = 0;
+ * last complete message, i.e. the prompt rendered without the generation prompt (text less its
+ * last tl_chat_gen_prompt_len bytes). The next turn re-renders this turn's answer differently
+ * from what was generated (earlier turns lose their reasoning), so that is the longest prefix the
+ * next request is sure to share. 0 when that text is not a token prefix of the prompt. */
+static int snap_point(tl_server *s, const tl_chat_opts *co, const char *text, size_t len,
+                      const tl_job *j) {
+    size_t n2 = len - tl_chat_gen_prompt_len(co);
     int at = 0;
-    if (!tl_chat_render(msgs, tools, &co, &t2, &n2, err, sizeof err) && n2 > 0 && n2 < len &&
-        !memcmp(t2, text, n2)) {
+    if (n2 > 0 && n2 < len) {
         tl_tok_ids ids = {0};
-        int n = tl_tokenize(s->tok, t2, n2, 0, &ids);
+        int n = tl_tokenize(s->tok, text, n2, 0, &ids);
         if (n > 0 && (int)ids.n < j->n_prompt &&
             !memcmp(ids.ids, j->prompt, sizeof(int32_t) * ids.n))
             at = (int)ids.n;
         tl_tok_ids_free(&ids);
     }
-    free(t2);
     return at;
 }
 
@@ -291,7 +287,7 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, int prompt, tl_
         } else {
             st = tokenize_into(s, text, len, j, e);
             trace(s, id, "prompt", json_stringn(text, len));
-            if (!st && s->prefix_cache) j->snap_at = snap_point(s, msgs, tools, co, text, len, j);
+            if (!st && s->prefix_cache) j->snap_at = snap_point(s, &co, text, len, j);
             free(text);
         }
         json_decref(msgs);

@@ -733,6 +733,21 @@ static int render_messages(tl_buf *b, const json_t *messages, const json_t *tool
     return st;
 }
 
+/* L147-154: what add_generation_prompt appends, after everything else. */
+static const char *gen_prompt(const tl_chat_opts *o) {
+    return o->enable_thinking ? "<|im_start|>assistant\n<think>\n"
+                              : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+}
+
+size_t tl_chat_gen_prompt_len(const tl_chat_opts *o) {
+    tl_chat_opts def;
+    if (!o) {
+        tl_chat_opts_default(&def);
+        o = &def;
+    }
+    return o->add_generation_prompt ? strlen(gen_prompt(o)) : 0;
+}
+
 int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,
                    size_t *out_len, char *err, size_t errlen) {
     tl_chat_opts def;
@@ -754,10 +769,7 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
         tl_buf_free(&b);
         return st;
     }
-    if (o->add_generation_prompt) { /* L147-154 */
-        tl_buf_puts(&b, "<|im_start|>assistant\n");
-        tl_buf_puts(&b, o->enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
-    }
+    if (o->add_generation_prompt) tl_buf_puts(&b, gen_prompt(o));
     *out = tl_buf_take(&b, out_len);
     if (!*out) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory rendering the chat");
     return 0;

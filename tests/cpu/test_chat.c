@@ -200,6 +200,46 @@ static void test_python_formats(void) {
     json_decref(v);
 }
 
+/* The server renders once and takes the prompt without the generation prompt as a prefix of the
+ * one with it: over the corpus, with thinking on and off, a render without it equals the render
+ * with it less tl_chat_gen_prompt_len bytes, which are the template's L147-154 text. */
+static void test_gen_prompt_is_suffix(void) {
+    json_t *cases = load_lines(CASES);
+    size_t n_checked = 0;
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *c = json_array_get(cases, i);
+        for (int think = 0; think < 2; think++) {
+            tl_chat_opts o;
+            tl_chat_opts_default(&o);
+            o.enable_thinking = think;
+            o.preserve_thinking = opt(c, "preserve_thinking", 0);
+            char *with = NULL, *without = NULL, err[512];
+            size_t n_with = 0, n_without = 0;
+            const json_t *msgs = json_object_get(c, "messages"),
+                         *tools = json_object_get(c, "tools");
+            int st = tl_chat_render(msgs, tools, &o, &with, &n_with, err, sizeof err);
+            o.add_generation_prompt = 0;
+            int st2 = tl_chat_render(msgs, tools, &o, &without, &n_without, err, sizeof err);
+            CHECK_EQ_INT(st, st2);
+            CHECK_EQ_INT(tl_chat_gen_prompt_len(&o), 0);
+            o.add_generation_prompt = 1;
+            if (!st && !st2) {
+                const char *gp = think ? "<|im_start|>assistant\n<think>\n"
+                                       : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+                size_t k = tl_chat_gen_prompt_len(&o);
+                CHECK_EQ_INT(k, strlen(gp));
+                CHECK(n_with == n_without + k && !memcmp(with, without, n_without) &&
+                      !memcmp(with + n_without, gp, k));
+                n_checked++;
+            }
+            free(with);
+            free(without);
+        }
+    }
+    CHECK(n_checked >= 200);
+    json_decref(cases);
+}
+
 /* The previous tl_chat_py_strip, kept as the oracle of the current one: it decodes the whole
  * string forward (an invalid byte is a 1-byte non-space character) and keeps the span from the
  * first to the end of the last non-space character. */
@@ -320,5 +360,6 @@ int main(void) {
     T_RUN(test_errors);
     T_RUN(test_python_formats);
     T_RUN(test_py_strip_matches_forward_scan);
+    T_RUN(test_gen_prompt_is_suffix);
     return t_summary();
 }
