@@ -146,6 +146,7 @@ void bpe_trie_free(trie *t) {
 int bpe_trie_build(trie *t, const trie_item *items, size_t n) {
     memset(t, 0, sizeof *t);
     for (int b = 0; b < 256; b++) t->root[b] = -1;
+    t->lead = -1;
     t->n_tokens = (int)n;
     if (!n) return 0;
     size_t total = 1;
@@ -188,7 +189,11 @@ int bpe_trie_build(trie *t, const trie_item *items, size_t n) {
             t->nodes[v].n_edge++;
         }
     }
-    for (int b = 0; b < 256; b++) t->root[b] = tmp[0].child[b];
+    int n_lead = 0;
+    for (int b = 0; b < 256; b++) {
+        t->root[b] = tmp[0].child[b];
+        if (t->root[b] >= 0) t->lead = n_lead++ ? -1 : b;
+    }
     t->n_nodes = n_nodes;
     free(tmp);
     return 0;
@@ -491,6 +496,17 @@ static int encode_pretok(enc_ctx *e, const uint8_t *s, size_t n) {
     return 0;
 }
 
+/* The first position >= i of s[0, n) where a token of tr may start, or n. Qwen's added tokens
+ * all start with '<': memchr finds the next one far faster than a loop over the root table. */
+static size_t trie_next_start(const trie *tr, const uint8_t *s, size_t i, size_t n) {
+    if (tr->lead >= 0) {
+        const uint8_t *p = i < n ? memchr(s + i, tr->lead, n - i) : NULL;
+        return p ? (size_t)(p - s) : n;
+    }
+    while (i < n && tr->root[s[i]] < 0) i++;
+    return i;
+}
+
 /* Splits text at added tokens of trie tr (leftmost-longest, HF's Aho-Corasick match kind); the
  * text between them goes to next(). With TL_TOKENIZE_SPLIT_SPECIAL a special token's match is
  * left in the text, as HF does (the search then resumes after it). */
@@ -498,11 +514,7 @@ static int split_added(enc_ctx *e, const trie *tr, const uint8_t *s, size_t n,
                        int (*next)(enc_ctx *, const uint8_t *, size_t)) {
     if (!tr->n_tokens) return next(e, s, n);
     size_t gap = 0, i = 0;
-    while (i < n) {
-        if (tr->root[s[i]] < 0) {
-            i++;
-            continue;
-        }
+    while ((i = trie_next_start(tr, s, i, n)) < n) {
         size_t ml = 0;
         int32_t id = trie_longest(tr, s + i, n - i, &ml);
         if (id < 0) {

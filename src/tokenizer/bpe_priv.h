@@ -35,6 +35,7 @@ typedef struct {
     trie_edge *edges;
     int32_t n_nodes;
     int32_t root[256]; /* child of the root per first byte, or -1 */
+    int lead;          /* the first byte of every token when they all share one, else -1 */
     int n_tokens;
 } trie;
 
