@@ -30,6 +30,7 @@ void tl_chat_json_escape(tl_buf *b, const char *s, size_t n) {
     size_t run = 0; /* start of the pending verbatim run */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue; /* the common case: verbatim */
         const char *rep = NULL;
         char tmp[8];
         switch (c) {
