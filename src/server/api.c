@@ -149,6 +149,11 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
 
 /* ====== Request -> job. ====== */
 
+/* A string of the request as a JSON value for the template. Every string of a tl_oai_req is
+ * valid UTF-8 already (jansson checked the body; contents are concatenations of its strings), so
+ * jansson's check, a pass over every byte of a long conversation, is skipped. */
+static json_t *str_json(const char *s) { return json_string_nocheck(s); }
+
 /* The normalised messages as the chat template takes them. */
 static json_t *messages_json(const tl_oai_req *r) {
     static const char *roles[] = {"system", "user", "assistant", "tool"};
@@ -156,21 +161,21 @@ static json_t *messages_json(const tl_oai_req *r) {
     for (int i = 0; i < r->n_msgs; i++) {
         const tl_oai_msg *m = &r->msgs[i];
         json_t *o = json_object();
-        json_object_set_new(o, "role", json_string(roles[m->role]));
-        json_object_set_new(o, "content", json_string(m->content));
+        json_object_set_new(o, "role", str_json(roles[m->role]));
+        json_object_set_new(o, "content", str_json(m->content));
         if (m->reasoning_content)
-            json_object_set_new(o, "reasoning_content", json_string(m->reasoning_content));
-        if (m->name) json_object_set_new(o, "name", json_string(m->name));
-        if (m->tool_call_id) json_object_set_new(o, "tool_call_id", json_string(m->tool_call_id));
+            json_object_set_new(o, "reasoning_content", str_json(m->reasoning_content));
+        if (m->name) json_object_set_new(o, "name", str_json(m->name));
+        if (m->tool_call_id) json_object_set_new(o, "tool_call_id", str_json(m->tool_call_id));
         if (m->n_tool_calls) {
             json_t *tcs = json_array();
             for (int k = 0; k < m->n_tool_calls; k++) {
                 json_t *tc = json_object(), *fn = json_object();
                 if (m->tool_calls[k].id)
-                    json_object_set_new(tc, "id", json_string(m->tool_calls[k].id));
-                json_object_set_new(tc, "type", json_string("function"));
-                json_object_set_new(fn, "name", json_string(m->tool_calls[k].name));
-                json_object_set_new(fn, "arguments", json_string(m->tool_calls[k].arguments));
+                    json_object_set_new(tc, "id", str_json(m->tool_calls[k].id));
+                json_object_set_new(tc, "type", str_json("function"));
+                json_object_set_new(fn, "name", str_json(m->tool_calls[k].name));
+                json_object_set_new(fn, "arguments", str_json(m->tool_calls[k].arguments));
                 json_object_set_new(tc, "function", fn);
                 json_array_append_new(tcs, tc);
             }
