@@ -152,20 +152,15 @@ static void print_events(const chat_state *c, const tl_parse_event *ev, int n, i
  * boundary): the point the next turn shares, snapshotted (docs/architecture.md §4.1). */
 static int chat_snap_point(chat_state *c, const char *text, size_t len, const tl_tok_ids *ids) {
     if (!tl_engine_prefix_enabled(c->eng)) return 0;
-    tl_chat_opts co = c->co;
-    co.add_generation_prompt = 0;
-    char *t2 = NULL, err[64];
-    size_t n2 = 0;
+    size_t n2 = len - tl_chat_gen_prompt_len(&c->co); /* the render without it */
     int at = 0;
-    if (!tl_chat_render(c->msgs, NULL, &co, &t2, &n2, err, sizeof err) && n2 < len &&
-        !memcmp(t2, text, n2)) {
+    if (n2 < len) {
         tl_tok_ids p = {0};
-        if (tl_tokenize(c->tok, t2, n2, 0, &p) > 0 && p.n < ids->n &&
+        if (tl_tokenize(c->tok, text, n2, 0, &p) > 0 && p.n < ids->n &&
             !memcmp(p.ids, ids->ids, p.n * sizeof(int32_t)))
             at = (int)p.n;
         tl_tok_ids_free(&p);
     }
-    free(t2);
     return at;
 }
 

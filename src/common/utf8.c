@@ -10,8 +10,12 @@ size_t tl_utf8_valid_len(const void *sv, size_t n) {
     const uint8_t *s = sv;
     size_t i = 0, adv;
     while (i < n) {
-        if (s[i] < 0x80) {
-            i++;
+        if (s[i] < 0x80) { /* ASCII: 8 bytes at a time while none has its high bit set */
+            for (uint64_t w; i + 8 <= n; i += 8) {
+                memcpy(&w, s + i, 8);
+                if (w & 0x8080808080808080ull) break;
+            }
+            while (i < n && s[i] < 0x80) i++;
             continue;
         }
         if (tl_utf8_decode(s + i, n - i, NULL, &adv) != TL_UTF8_OK) return i;

@@ -5,9 +5,10 @@
  *
  * Owns: the loaded vocabulary (id -> raw bytes, raw bytes -> id), the merge table
  * ((left id, right id) -> (rank, merged id)), the added-token tries, the compiled pre-tokenizer
- * regex and a word cache. Everything but the cache is immutable after load; the cache is guarded
- * by striped mutexes, so concurrent tl_tokenize calls on one tokenizer are safe (each call makes
- * its own PCRE2 match data).
+ * regex and a word cache. Everything but the two caches is immutable after load: the word cache
+ * (short pieces -> ids) is guarded by striped mutexes, the segment cache (bpe_seg.c: long text
+ * between added tokens -> ids) by its own mutex, so concurrent tl_tokenize calls on one tokenizer
+ * are safe (each call makes its own PCRE2 match data). Neither cache changes any result.
  *
  * Invariant: every piece of text handed to the regex and to BPE is valid UTF-8 (invalid input is
  * repaired first, common/utf8.c), so PCRE2 runs with its UTF check off. The merge loop is HF's
@@ -30,7 +31,7 @@ void tl_tok_ids_free(tl_tok_ids *v) {
     v->n = v->cap = 0;
 }
 
-static int ids_reserve(tl_tok_ids *v, size_t extra) {
+int bpe_ids_reserve(tl_tok_ids *v, size_t extra) {
     if (v->n + extra <= v->cap) return 0;
     size_t cap = v->cap ? v->cap : 64;
     while (cap < v->n + extra) cap *= 2;
@@ -145,6 +146,7 @@ void bpe_trie_free(trie *t) {
 int bpe_trie_build(trie *t, const trie_item *items, size_t n) {
     memset(t, 0, sizeof *t);
     for (int b = 0; b < 256; b++) t->root[b] = -1;
+    t->lead = -1;
     t->n_tokens = (int)n;
     if (!n) return 0;
     size_t total = 1;
@@ -187,7 +189,11 @@ int bpe_trie_build(trie *t, const trie_item *items, size_t n) {
             t->nodes[v].n_edge++;
         }
     }
-    for (int b = 0; b < 256; b++) t->root[b] = tmp[0].child[b];
+    int n_lead = 0;
+    for (int b = 0; b < 256; b++) {
+        t->root[b] = tmp[0].child[b];
+        if (t->root[b] >= 0) t->lead = n_lead++ ? -1 : b;
+    }
     t->n_nodes = n_nodes;
     free(tmp);
     return 0;
@@ -220,6 +226,14 @@ static int32_t trie_longest(const trie *t, const uint8_t *s, size_t n, size_t *m
 /* ====== Lookups. ====== */
 
 int tl_tokenizer_n_vocab(const tl_tokenizer *t) { return t->n_vocab; }
+
+void tl_tokenizer_set_seg_cache(tl_tokenizer *t, size_t bytes) {
+    bpe_seg_set_budget(&t->seg, bytes);
+}
+
+void tl_tokenizer_seg_cache_stats(const tl_tokenizer *t, tl_tok_seg_stats *out) {
+    bpe_seg_stats((seg_cache *)&t->seg, out);
+}
 
 int tl_token_id(const tl_tokenizer *t, const char *text) {
     size_t n = strlen(text);
@@ -361,7 +375,7 @@ static int bpe_word(const tl_tokenizer *t, const uint8_t *s, size_t n, tl_tok_id
     }
     int32_t ns = bpe_symbols(t, s, n, sym);
     bpe_merge_all(t, sym, ns, heap);
-    int st = ids_reserve(out, (size_t)ns);
+    int st = bpe_ids_reserve(out, (size_t)ns);
     if (!st)
         for (int32_t i = 0; i < ns; i++)
             if (sym[i].len) out->ids[out->n++] = sym[i].c;
@@ -377,14 +391,14 @@ static int bpe_word(const tl_tokenizer *t, const uint8_t *s, size_t n, tl_tok_id
  * its stripe's mutex. */
 static int bpe_piece(const tl_tokenizer *t, const uint8_t *s, size_t n, tl_tok_ids *out) {
     if (n == 1 && t->byte_id[s[0]] >= 0 && !t->ignore_merges) {
-        if (ids_reserve(out, 1)) return TL_ERR_NOMEM;
+        if (bpe_ids_reserve(out, 1)) return TL_ERR_NOMEM;
         out->ids[out->n++] = t->byte_id[s[0]];
         return 0;
     }
     if (t->ignore_merges) {
         int32_t id = vocab_find(t, s, n);
         if (id >= 0 && !(t->flags[id] & TOKF_ADDED)) {
-            if (ids_reserve(out, 1)) return TL_ERR_NOMEM;
+            if (bpe_ids_reserve(out, 1)) return TL_ERR_NOMEM;
             out->ids[out->n++] = id;
             return 0;
         }
@@ -397,7 +411,7 @@ static int bpe_piece(const tl_tokenizer *t, const uint8_t *s, size_t n, tl_tok_i
     pthread_mutex_lock(lock);
     if (c->len == n && c->hash == (uint32_t)(h >> 32) && !memcmp(c->bytes, s, n)) {
         int nid = c->n_ids;
-        if (ids_reserve(out, (size_t)nid)) {
+        if (bpe_ids_reserve(out, (size_t)nid)) {
             pthread_mutex_unlock(lock);
             return TL_ERR_NOMEM;
         }
@@ -482,6 +496,17 @@ static int encode_pretok(enc_ctx *e, const uint8_t *s, size_t n) {
     return 0;
 }
 
+/* The first position >= i of s[0, n) where a token of tr may start, or n. Qwen's added tokens
+ * all start with '<': memchr finds the next one far faster than a loop over the root table. */
+static size_t trie_next_start(const trie *tr, const uint8_t *s, size_t i, size_t n) {
+    if (tr->lead >= 0) {
+        const uint8_t *p = i < n ? memchr(s + i, tr->lead, n - i) : NULL;
+        return p ? (size_t)(p - s) : n;
+    }
+    while (i < n && tr->root[s[i]] < 0) i++;
+    return i;
+}
+
 /* Splits text at added tokens of trie tr (leftmost-longest, HF's Aho-Corasick match kind); the
  * text between them goes to next(). With TL_TOKENIZE_SPLIT_SPECIAL a special token's match is
  * left in the text, as HF does (the search then resumes after it). */
@@ -489,11 +514,7 @@ static int split_added(enc_ctx *e, const trie *tr, const uint8_t *s, size_t n,
                        int (*next)(enc_ctx *, const uint8_t *, size_t)) {
     if (!tr->n_tokens) return next(e, s, n);
     size_t gap = 0, i = 0;
-    while (i < n) {
-        if (tr->root[s[i]] < 0) {
-            i++;
-            continue;
-        }
+    while ((i = trie_next_start(tr, s, i, n)) < n) {
         size_t ml = 0;
         int32_t id = trie_longest(tr, s + i, n - i, &ml);
         if (id < 0) {
@@ -508,7 +529,7 @@ static int split_added(enc_ctx *e, const trie *tr, const uint8_t *s, size_t n,
             int st = next(e, s + gap, i - gap);
             if (st) return st;
         }
-        if (ids_reserve(e->out, 1)) return TL_ERR_NOMEM;
+        if (bpe_ids_reserve(e->out, 1)) return TL_ERR_NOMEM;
         e->out->ids[e->out->n++] = id;
         i += ml;
         gap = i;
@@ -606,6 +627,23 @@ static int encode_gap(enc_ctx *e, const uint8_t *s, size_t n) {
     return st;
 }
 
+/* A stretch of raw text between added tokens, through the segment cache (bpe_seg.c) when it is
+ * long. Its ids are a function of its bytes and of flags alone: encode_gap reads nothing else
+ * but the immutable tables and the word cache (whose answers equal bpe_word's), and flags enter
+ * only through split_added on added_norm (TL_TOKENIZE_SPLIT_SPECIAL leaves special normalized
+ * tokens in the text). Hence the key (bytes, flags), compared in full. */
+static int encode_segment(enc_ctx *e, const uint8_t *s, size_t n) {
+    if (n < SEG_MIN_LEN) return encode_gap(e, s, n);
+    seg_cache *c = (seg_cache *)&e->t->seg;
+    uint64_t h = bpe_hash_bytes(s, n);
+    int hit = bpe_seg_lookup(c, h, s, n, e->flags, e->out);
+    if (hit) return hit < 0 ? hit : 0;
+    size_t before = e->out->n;
+    int st = encode_gap(e, s, n);
+    if (!st) bpe_seg_insert(c, h, s, n, e->flags, e->out->ids + before, e->out->n - before);
+    return st;
+}
+
 int tl_tokenize(const tl_tokenizer *t, const char *text, size_t len, unsigned flags,
                 tl_tok_ids *out) {
     size_t before = out->n;
@@ -620,7 +658,7 @@ int tl_tokenize(const tl_tokenizer *t, const char *text, size_t len, unsigned fl
     enc_ctx e = {t, NULL, NULL, NULL, flags, out};
     e.md = pcre2_match_data_create_from_pattern(t->re, NULL);
     int st = e.md ? 0 : TL_ERR_NOMEM;
-    if (!st && len) st = split_added(&e, &t->added_raw, s, len, encode_gap);
+    if (!st && len) st = split_added(&e, &t->added_raw, s, len, encode_segment);
     if (e.md) pcre2_match_data_free(e.md);
     if (e.mctx) pcre2_match_context_free(e.mctx);
     if (e.jstack) pcre2_jit_stack_free(e.jstack);

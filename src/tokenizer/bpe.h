@@ -6,9 +6,11 @@
  *   -> NFC on the text between them -> Split regex from the file (PCRE2-JIT, `\s` rewritten to
  *   Oniguruma's set) -> ByteLevel bytes -> BPE merges by rank.
  *
- * Threading: a loaded tl_tokenizer is immutable except for an internal word cache that is
- * protected by locks, so every function below may be called from many threads at once on one
- * tokenizer. A tl_detok_stream belongs to one thread at a time.
+ * Threading: a loaded tl_tokenizer is immutable except for two internal caches that are
+ * protected by locks (a word cache of short pieces, and a segment cache of long text between
+ * added tokens, see tl_tokenize), so every function below may be called from many threads at
+ * once on one tokenizer. Neither cache changes a result. A tl_detok_stream belongs to one thread
+ * at a time.
  *
  * Errors: 0 / a non-negative value = success, negative tl_status = failure. Load errors carry a
  * message in (err, errlen). */
@@ -101,9 +103,24 @@ enum {
  * Invalid UTF-8: each maximal invalid subpart becomes U+FFFD before anything else (the result is
  * HF's encoding of bytes.decode("utf-8", errors="replace"); HF itself refuses such input).
  * Returns the number of ids appended (>= 0), or TL_ERR_NOMEM / TL_ERR_INTERNAL (regex engine
- * failure) with *out unchanged in length. Thread-safe. */
+ * failure) with *out unchanged in length. Thread-safe.
+ * The ids of each stretch of text of 64 bytes or more between two added tokens are kept in a
+ * segment cache (keyed by the exact bytes and flags; least recently used evicted beyond a budget
+ * of 64 MiB), so text sent again, as a chat's earlier turns are, is not encoded again. */
 int tl_tokenize(const tl_tokenizer *tok, const char *text, size_t len, unsigned flags,
                 tl_tok_ids *out);
+
+/* The segment cache's budget in bytes (cached ids, their key text and a small header per entry);
+ * setting it empties the cache, 0 turns it off. For tests and `tulip tokenize --bench`, which
+ * times the encoder itself. Thread-safe. */
+void tl_tokenizer_set_seg_cache(tl_tokenizer *tok, size_t bytes);
+
+typedef struct tl_tok_seg_stats {
+    size_t entries, bytes, budget;
+    uint64_t hits, misses, evictions; /* lookups of long segments since the last budget change */
+} tl_tok_seg_stats;
+
+void tl_tokenizer_seg_cache_stats(const tl_tokenizer *tok, tl_tok_seg_stats *out);
 
 enum {
     TL_DETOK_SKIP_SPECIAL = 1u << 0, /* drop added tokens marked special */

@@ -458,6 +458,7 @@ static int tokenizer_from_tj(tokjson *j, int st, tl_tokenizer **out, char *err, 
         return st ? st : TL_ERR_NOMEM;
     }
     for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_init(&t->locks[i], NULL);
+    bpe_seg_init(&t->seg, SEG_BUDGET_DEFAULT);
     st = load_root(t, j, err, errlen);
     tokjson_free(j);
     if (!st) {
@@ -526,5 +527,6 @@ void tl_tokenizer_free(tl_tokenizer *t) {
     if (t->re_compat) pcre2_code_free(t->re_compat);
     free(t->cache);
     for (int i = 0; i < CACHE_LOCKS; i++) pthread_mutex_destroy(&t->locks[i]);
+    bpe_seg_free(&t->seg);
     free(t);
 }

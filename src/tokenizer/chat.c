@@ -30,6 +30,7 @@ void tl_chat_json_escape(tl_buf *b, const char *s, size_t n) {
     size_t run = 0; /* start of the pending verbatim run */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue; /* the common case: verbatim */
         const char *rep = NULL;
         char tmp[8];
         switch (c) {
@@ -281,27 +282,35 @@ static int py_ws(int32_t c) {
            c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
-/* `s|trim`: Python str.strip() on UTF-8 text; returns the kept span. */
-static void py_strip(const char *s, size_t n, size_t *off, size_t *len) {
-    size_t i = 0, first = n, end = 0;
-    while (i < n) {
-        uint32_t cp;
-        size_t k;
-        int32_t c = tl_utf8_decode(s + i, n - i, &cp, &k) == TL_UTF8_OK ? (int32_t)cp : -1;
-        if (c < 0) k = 1;
-        if (!py_ws(c)) {
-            if (first == n) first = i;
-            end = i + (size_t)k;
-        }
-        i += (size_t)k;
-    }
-    if (first == n) {
-        *off = 0;
-        *len = 0;
-    } else {
-        *off = first;
-        *len = end - first;
-    }
+/* The whitespace character starting at s[i] (i < n): its length, or 0 when the character there
+ * is not whitespace. An invalid or truncated sequence counts as a non-whitespace byte. */
+static size_t ws_at(const char *s, size_t n, size_t i) {
+    uint32_t cp;
+    size_t k;
+    if (tl_utf8_decode(s + i, n - i, &cp, &k) != TL_UTF8_OK) return 0;
+    return py_ws((int32_t)cp) ? k : 0;
+}
+
+/* The same for the character ending at s[end - 1], where lo < end are both character
+ * boundaries of the forward decode of s[0, n). Its lead byte is the nearest byte at or before
+ * end - 1 that is not a continuation byte (at most 3 back, not before lo): a valid sequence
+ * holds only continuation bytes after its lead, so no character of the forward decode starts
+ * before a non-continuation byte and covers it. Anything but one valid character exactly
+ * filling [lead, end) means the last character is an invalid byte: not whitespace. */
+static size_t ws_before(const char *s, size_t n, size_t lo, size_t end) {
+    size_t q = end - 1;
+    while (q > lo && end - q < 4 && ((unsigned char)s[q] & 0xC0) == 0x80) q--;
+    size_t k = ws_at(s, n, q);
+    return k == end - q ? k : 0;
+}
+
+void tl_chat_py_strip(const char *s, size_t n, size_t *off, size_t *len) {
+    size_t first = 0, end = n, k;
+    while (first < n && (k = ws_at(s, n, first))) first += k;
+    /* the character at first is not whitespace, so the backward scan stops at it or later */
+    while (end > first && (k = ws_before(s, n, first, end))) end -= k;
+    *off = first < n ? first : 0;
+    *len = end - first;
 }
 
 /* ------------------------------------------------------------------ template helpers */
@@ -449,7 +458,7 @@ static int content_trimmed(const json_t *content, int is_system, tl_buf *tmp, sp
     int st = render_content(tmp, content, is_system, err, errlen);
     if (st) return st;
     size_t off, len;
-    py_strip(tmp->p ? tmp->p : "", tmp->n, &off, &len);
+    tl_chat_py_strip(tmp->p ? tmp->p : "", tmp->n, &off, &len);
     out->s = tmp->p ? tmp->p + off : "";
     out->n = len;
     return 0;
@@ -601,7 +610,7 @@ static int render_tool_calls(tl_buf *b, const json_t *calls, span content, char 
     if (json_is_string(calls)) /* iterating a str: each character has no .name */
         return tl_errf(err, errlen, TL_ERR_INVALID, "'str object' has no attribute 'name'");
     size_t off, len;
-    py_strip(content.s, content.n, &off, &len);
+    tl_chat_py_strip(content.s, content.n, &off, &len);
     for (size_t i = 0; i < json_array_size(calls); i++) {
         const json_t *tc = json_array_get(calls, i);
         const json_t *fn = attr(tc, "function");
@@ -650,8 +659,8 @@ static int render_assistant(tl_buf *b, const json_t *m, span content, int with_t
         while (content.n && content.s[0] == '\n') content.s++, content.n--;
     }
     size_t off, len;
-    py_strip(reasoning.s, reasoning.n, &off, &len); /* L99 */
-    if (with_think) {                               /* L100-101 */
+    tl_chat_py_strip(reasoning.s, reasoning.n, &off, &len); /* L99 */
+    if (with_think) {                                       /* L100-101 */
         tl_buf_puts(b, "<|im_start|>assistant\n<think>\n");
         tl_buf_append(b, reasoning.s + off, len);
         tl_buf_puts(b, "\n</think>\n\n");
@@ -725,6 +734,21 @@ static int render_messages(tl_buf *b, const json_t *messages, const json_t *tool
     return st;
 }
 
+/* L147-154: what add_generation_prompt appends, after everything else. */
+static const char *gen_prompt(const tl_chat_opts *o) {
+    return o->enable_thinking ? "<|im_start|>assistant\n<think>\n"
+                              : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+}
+
+size_t tl_chat_gen_prompt_len(const tl_chat_opts *o) {
+    tl_chat_opts def;
+    if (!o) {
+        tl_chat_opts_default(&def);
+        o = &def;
+    }
+    return o->add_generation_prompt ? strlen(gen_prompt(o)) : 0;
+}
+
 int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,
                    size_t *out_len, char *err, size_t errlen) {
     tl_chat_opts def;
@@ -746,10 +770,7 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
         tl_buf_free(&b);
         return st;
     }
-    if (o->add_generation_prompt) { /* L147-154 */
-        tl_buf_puts(&b, "<|im_start|>assistant\n");
-        tl_buf_puts(&b, o->enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
-    }
+    if (o->add_generation_prompt) tl_buf_puts(&b, gen_prompt(o));
     *out = tl_buf_take(&b, out_len);
     if (!*out) return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory rendering the chat");
     return 0;

@@ -37,6 +37,18 @@ void tl_chat_opts_default(tl_chat_opts *o);
 int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,
                    size_t *out_len, char *err, size_t errlen);
 
+/* Bytes of the generation prompt that tl_chat_render appends last with o (NULL: the defaults),
+ * 0 when o->add_generation_prompt is off. The render of the same messages without it is the
+ * render with it less that many bytes at the end: callers that need both (the prefix cache's
+ * snapshot point) render once. */
+size_t tl_chat_gen_prompt_len(const tl_chat_opts *o);
+
+/* The template's `s|trim`, Python's str.strip() on n bytes of UTF-8: *off and *len receive the
+ * span left once leading and trailing Unicode whitespace (str.isspace()) is removed ({0, 0} for
+ * all-space text). A byte of an invalid or truncated sequence counts as a non-space character.
+ * Reads only the whitespace at both ends. */
+void tl_chat_py_strip(const char *s, size_t n, size_t *off, size_t *len);
+
 /* The writers below append to a tl_buf (common/buf.h); running out of memory leaves its
  * sticky error set (they never exit). */
 /* Appends Python's json.dumps(v, ensure_ascii=False) of a jansson value. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "t_check.h"
+#include "common/utf8.h"
 #include "tokenizer/chat.h"
 #include "tulip.h"
 
@@ -199,10 +200,166 @@ static void test_python_formats(void) {
     json_decref(v);
 }
 
+/* The server renders once and takes the prompt without the generation prompt as a prefix of the
+ * one with it: over the corpus, with thinking on and off, a render without it equals the render
+ * with it less tl_chat_gen_prompt_len bytes, which are the template's L147-154 text. */
+static void test_gen_prompt_is_suffix(void) {
+    json_t *cases = load_lines(CASES);
+    size_t n_checked = 0;
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *c = json_array_get(cases, i);
+        for (int think = 0; think < 2; think++) {
+            tl_chat_opts o;
+            tl_chat_opts_default(&o);
+            o.enable_thinking = think;
+            o.preserve_thinking = opt(c, "preserve_thinking", 0);
+            char *with = NULL, *without = NULL, err[512];
+            size_t n_with = 0, n_without = 0;
+            const json_t *msgs = json_object_get(c, "messages"),
+                         *tools = json_object_get(c, "tools");
+            int st = tl_chat_render(msgs, tools, &o, &with, &n_with, err, sizeof err);
+            o.add_generation_prompt = 0;
+            int st2 = tl_chat_render(msgs, tools, &o, &without, &n_without, err, sizeof err);
+            CHECK_EQ_INT(st, st2);
+            CHECK_EQ_INT(tl_chat_gen_prompt_len(&o), 0);
+            o.add_generation_prompt = 1;
+            if (!st && !st2) {
+                const char *gp = think ? "<|im_start|>assistant\n<think>\n"
+                                       : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+                size_t k = tl_chat_gen_prompt_len(&o);
+                CHECK_EQ_INT(k, strlen(gp));
+                CHECK(n_with == n_without + k && !memcmp(with, without, n_without) &&
+                      !memcmp(with + n_without, gp, k));
+                n_checked++;
+            }
+            free(with);
+            free(without);
+        }
+    }
+    CHECK(n_checked >= 200);
+    json_decref(cases);
+}
+
+/* The previous tl_chat_py_strip, kept as the oracle of the current one: it decodes the whole
+ * string forward (an invalid byte is a 1-byte non-space character) and keeps the span from the
+ * first to the end of the last non-space character. */
+static int old_py_ws(int32_t c) {
+    return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+static void old_py_strip(const char *s, size_t n, size_t *off, size_t *len) {
+    size_t i = 0, first = n, end = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t k;
+        int32_t c = tl_utf8_decode(s + i, n - i, &cp, &k) == TL_UTF8_OK ? (int32_t)cp : -1;
+        if (c < 0) k = 1;
+        if (!old_py_ws(c)) {
+            if (first == n) first = i;
+            end = i + k;
+        }
+        i += k;
+    }
+    *off = first == n ? 0 : first;
+    *len = first == n ? 0 : end - first;
+}
+
+static uint64_t strip_rng = 0x9E3779B97F4A7C15ull;
+
+static uint32_t strip_rand(uint32_t n) {
+    strip_rng ^= strip_rng << 13;
+    strip_rng ^= strip_rng >> 7;
+    strip_rng ^= strip_rng << 17;
+    return (uint32_t)(strip_rng >> 11) % n;
+}
+
+/* Strings built from whitespace (ASCII and Unicode), other characters, invalid and truncated
+ * sequences; each string and every prefix of it (a cut may truncate a character) through both
+ * versions. Hand-checked spans (Python's str.strip) first. */
+static void test_py_strip_matches_forward_scan(void) {
+    static const char *const pieces[] = {" ",
+                                         "\t",
+                                         "\n",
+                                         "\r",
+                                         "\v",
+                                         "\f",
+                                         "\x1c",
+                                         "\x1f",
+                                         "\xc2\x85",
+                                         "\xc2\xa0",
+                                         "\xe1\x9a\x80",
+                                         "\xe2\x80\x83",
+                                         "\xe2\x80\x8a",
+                                         "\xe2\x80\xa8",
+                                         "\xe2\x80\xaf",
+                                         "\xe3\x80\x80",
+                                         "a",
+                                         "Z",
+                                         "\xc3\xa9",
+                                         "\xe4\xb8\xad",
+                                         "\xf0\x9f\x98\x80",
+                                         "\xe2\x80\x8b" /* U+200B: not space */,
+                                         "\x80",
+                                         "\xbf",
+                                         "\xc0",
+                                         "\xc1",
+                                         "\xf5",
+                                         "\xff",
+                                         "\xc2",
+                                         "\xe3\x80",
+                                         "\xf0\x9f\x98",
+                                         "\xed\xa0\x80",
+                                         "\xe0\x80\x80",
+                                         "\xf4\x90\x80\x80",
+                                         "\x80\x80\x80\x80",
+                                         "\0"};
+    const size_t n_pieces = sizeof pieces / sizeof pieces[0];
+    static const struct {
+        const char *s;
+        size_t off, len;
+    } hand[] = {{"", 0, 0},
+                {" \t\n", 0, 0},
+                {"\xe3\x80\x80 a\xe2\x80\x83"
+                 "b \xc2\x85",
+                 4, 5},
+                {" \xc2", 1, 1},
+                {"\xe3\x80 ", 0, 2},
+                {"\xc2\xa0x\x80\xe3\x80\x80", 2, 2}};
+    for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++) {
+        size_t off = 99, len = 99;
+        tl_chat_py_strip(hand[i].s, strlen(hand[i].s), &off, &len);
+        CHECK_EQ_INT(off, hand[i].off);
+        CHECK_EQ_INT(len, hand[i].len);
+    }
+    char s[96];
+    long n_diff = 0;
+    for (int it = 0; it < 50000; it++) {
+        size_t n = 0, n_piece = strip_rand(12);
+        for (size_t k = 0; k < n_piece; k++) {
+            /* mostly whitespace pieces (the first 16), so runs at both ends are long */
+            const char *p = pieces[strip_rand(3) ? strip_rand(16) : strip_rand(n_pieces)];
+            size_t pl = p[0] ? strlen(p) : 1;
+            memcpy(s + n, p, pl);
+            n += pl;
+        }
+        for (size_t cut = 0; cut <= n; cut++) {
+            size_t o1, l1, o2, l2;
+            old_py_strip(s, cut, &o1, &l1);
+            tl_chat_py_strip(s, cut, &o2, &l2);
+            n_diff += o1 != o2 || l1 != l2;
+        }
+    }
+    CHECK_EQ_INT(n_diff, 0);
+}
+
 int main(void) {
     T_RUN(test_corpus_expected);
     T_RUN(test_shapes);
     T_RUN(test_errors);
     T_RUN(test_python_formats);
+    T_RUN(test_py_strip_matches_forward_scan);
+    T_RUN(test_gen_prompt_is_suffix);
     return t_summary();
 }

@@ -98,6 +98,20 @@ static void test_utf8_random_vs_oracle(void) {
     CHECK_EQ_INT(bad_len, 0);
     CHECK_EQ_INT(bad_repair, 0);
     CHECK(n_valid > 1000 && n_valid < 90000); /* the inputs hit both answers */
+    /* long ASCII runs with a rare other byte (tl_utf8_valid_len's 8-byte ASCII steps) */
+    uint8_t t[64];
+    for (int it = 0; it < 100000; it++) {
+        size_t n = (size_t)(t_rng_next(&rng) % (sizeof t + 1));
+        for (size_t i = 0; i < n; i++) {
+            unsigned long long r = t_rng_next(&rng);
+            t[i] = r % 16 ? (uint8_t)(' ' + (r >> 8) % 95) : (uint8_t)(r >> 8);
+        }
+        size_t L = tl_utf8_valid_len(t, n);
+        bad_len += L > n || !utf8_ok((const char *)t, L) || (L < n && oracle_char(t + L, n - L));
+        bad_valid += tl_utf8_valid(t, n) != utf8_ok((const char *)t, n);
+    }
+    CHECK_EQ_INT(bad_valid, 0);
+    CHECK_EQ_INT(bad_len, 0);
 }
 
 /* Every 1- and 2-byte string, every 3-byte string with a 3-byte lead, and 4-byte strings with a

@@ -3,6 +3,7 @@
  *   - never crash or leak (ASan/UBSan),
  *   - decode to valid UTF-8, the same through the streaming detokenizer as in one call,
  *   - be stable: encode(decode(encode(x))) == encode(x),
+ *   - be the same with the segment cache (text seen before comes from it) as without,
  *   - round-trip to NFC(x) for valid UTF-8 without added tokens and with only code points below
  *     U+07FD (where utf8proc's NFC and HF's agree; above, bpe.c emulates HF's older tables).
  * An input starting with '{' is instead a tokenizer.json for tl_tokenizer_load_json (the
@@ -17,7 +18,7 @@
 
 #include "tokenizer/bpe.h"
 
-static tl_tokenizer *tok;
+static tl_tokenizer *tok, *plain; /* plain: the segment cache off */
 
 static int valid_low_utf8(const uint8_t *s, size_t n) {
     utf8proc_ssize_t i = 0;
@@ -38,6 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fprintf(stderr, "fuzz_bpe: %s (run from the repository root)\n", err);
             abort();
         }
+        if (tl_tokenizer_load("tests/data/tiny-tokenizer/tokenizer.json", &plain, err, sizeof err))
+            abort();
+        tl_tokenizer_set_seg_cache(plain, 0);
     }
     if (size == 0) return 0;
     if (data[0] == '{') {
@@ -65,6 +69,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     tl_tok_ids ids = {0}, again = {0};
     if (tl_tokenize(tok, text, len, flags, &ids) < 0) abort();
+    for (int k = 0; k < 2; k++) { /* the cache filled by the call above, then without it */
+        again.n = 0;
+        if (tl_tokenize(k ? plain : tok, text, len, flags, &again) < 0) abort();
+        if (again.n != ids.n || (ids.n && memcmp(again.ids, ids.ids, ids.n * sizeof(int32_t))))
+            abort();
+    }
+    again.n = 0;
     char *dec;
     size_t dl;
     if (tl_detokenize(tok, ids.ids, ids.n, dflags, &dec, &dl)) abort();
