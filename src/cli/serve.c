@@ -139,6 +139,8 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
                       "prefix cache snapshot budget in GiB (default: 1/8 of free GPU memory)"),
         TL_OPT_FLAG("no-prefix-cache", 0, &p->no_prefix_cache,
                     "do not reuse prompt prefixes across requests"),
+        TL_OPT_INT("prefix-snap-every", 0, &p->snap_every, "N", 64, 1 << 30,
+                   "prefix cache: a state snapshot every N prompt tokens (default 4096)"),
         TL_OPT_INT("speculative-tokens", 0, &p->spec_tokens, "K", 0, TL_MAX_SPEC,
                    "MTP draft tokens verified per step (0 = off, the default; 1..4)"),
         TL_OPT_INT("queue", 0, &p->max_queue, "N", 0, TL_OPT_NOMAX,

@@ -242,7 +242,8 @@ static void *loader(void *arg) {
         tl_metrics_set_model(s->metrics, s->model_name, s->max_ctx);
         tl_sched_params sp = {.max_queue = s->p.max_queue,
                               .step_tokens = s->p.step_tokens,
-                              .gather_us = s->p.gather_us};
+                              .gather_us = s->p.gather_us,
+                              .snap_every = s->p.snap_every};
         rc = tl_sched_create(&s->sched, s->eng, &sp, s->metrics, err, errlen) != 0;
     }
     atomic_store(&load_rc, rc ? -1 : 1);

@@ -31,6 +31,7 @@ typedef struct tl_server_params {
     int max_queue;           /* waiting requests beyond the running ones; default 64 */
     int step_tokens;         /* engine step token budget; default 2048 */
     int gather_us;           /* idle engine: wait for more arrivals (sched.h); 0 = off (default) */
+    int snap_every;          /* prefix cache snapshot every this many prompt tokens; 0 = 4096 */
     size_t max_body;         /* request body limit in bytes; default 8 MiB */
     int max_conns;           /* concurrent connections; default 512 */
     double drain_s;          /* SIGINT/SIGTERM: seconds running streams may finish */

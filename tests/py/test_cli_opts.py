@@ -34,7 +34,7 @@ OPTIONS = {
               "--max-body", "--max-conns", "--drain-timeout", "--idle-timeout", "--trace",
               "--keepalive", "--backend", "--threads",
               "--allow-test-shape", "--random-weights", "--weight-bits", "--seed", "--test-mode",
-              "--prefix-cache-gb", "--no-prefix-cache", "--device"],
+              "--prefix-cache-gb", "--no-prefix-cache", "--prefix-snap-every", "--device"],
     "bench": ["--random-weights", "--bits", "--seed", "--model", "--lengths", "--gen", "--repeats", "--json",
               "--prof", "--ops", "--allow-test-shape"],
     "info": ["--model", "--allow-test-shape"],

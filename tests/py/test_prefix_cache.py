@@ -182,3 +182,25 @@ def test_metrics(pair):
     assert 0 < m["tulip_prefix_cache_snapshot_bytes"] <= m["tulip_prefix_cache_used_bytes"]
     assert "tulip_prefix_cache_evictions_total" in m
     assert "tulip_prefix_cache_queries_total" not in off.metrics()
+
+
+@pytest.mark.parametrize("binary", sorted(BINARIES))
+def test_snap_every(pair, binary):
+    """--prefix-snap-every N: a prompt's prefill leaves a snapshot every N tokens, so a prompt that
+    shares only part of it (150 of 200 tokens) reuses it up to the last multiple of N (128 at
+    N = 64; nothing at the default 4096), with the same greedy text as without the cache."""
+    _, off = pair
+    srv = Server(BINARIES[binary], "--ctx", "2048", "--max-seqs", "4", "--prefix-snap-every", "64")
+    try:
+        p1 = [(i * 37) % 250 + 3 for i in range(200)]
+        p3 = p1[:150] + [(i * 13) % 250 + 3 for i in range(30)]
+        c = srv.client()
+        c.completions.create(model="tiny-a", prompt=p1, temperature=0, max_tokens=4)
+        r = c.completions.create(model="tiny-a", prompt=p3, temperature=0, max_tokens=6)
+        assert r.usage.prompt_tokens_details.cached_tokens == 128
+        ref = off.client().completions.create(model="tiny-a", prompt=p3, temperature=0, max_tokens=6)
+        assert r.choices[0].text == ref.choices[0].text
+    finally:
+        rc, err = srv.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
