@@ -14,14 +14,9 @@
 
 #define TINY "tests/data/tiny-tokenizer/tokenizer.json"
 
-static uint64_t rng = 0xD1B54A32D192ED03ull;
+static unsigned long long rng = 0xD1B54A32D192ED03ull;
 
-static uint32_t rnd(uint32_t n) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11) % n;
-}
+static uint32_t rnd(uint32_t n) { return (uint32_t)(t_rng_next(&rng) >> 11) % n; }
 
 /* The tiny tokenizer; norm_special: <|im_end|> marked normalized, so it is matched inside the
  * text between raw added tokens and TL_TOKENIZE_SPLIT_SPECIAL changes that text's ids. */

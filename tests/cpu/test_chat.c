@@ -266,14 +266,9 @@ static void old_py_strip(const char *s, size_t n, size_t *off, size_t *len) {
     *len = first == n ? 0 : end - first;
 }
 
-static uint64_t strip_rng = 0x9E3779B97F4A7C15ull;
+static unsigned long long strip_rng = 0x9E3779B97F4A7C15ull;
 
-static uint32_t strip_rand(uint32_t n) {
-    strip_rng ^= strip_rng << 13;
-    strip_rng ^= strip_rng >> 7;
-    strip_rng ^= strip_rng << 17;
-    return (uint32_t)(strip_rng >> 11) % n;
-}
+static uint32_t strip_rand(uint32_t n) { return (uint32_t)(t_rng_next(&strip_rng) >> 11) % n; }
 
 /* Strings built from whitespace (ASCII and Unicode), other characters, invalid and truncated
  * sequences; each string and every prefix of it (a cut may truncate a character) through both
