@@ -487,22 +487,32 @@ typedef struct step_plan {
 } step_plan;
 
 /* A chunk holds at most one snapshot point inside it, taken inside the step (snap_inside), and
- * ends at the one after it at the latest (saved after the step: deliver). */
+ * ends at the one after it at the latest (saved after the step: deliver). Except: when the rest
+ * of the prompt fits in this step and its points are an interval one and then the end of the last
+ * message, the interval point gives way (not taken) and the chunk runs to the prompt's end with
+ * the message end inside: one step instead of a second one for the generation prompt's few
+ * tokens (~8 ms on the H100, BENCHMARKS.md session 12). The message end is what the next turn
+ * reuses; the interval point lay among this turn's new tokens, which other requests rarely
+ * share. */
 static int chunk_tokens(const tl_sched *s, const tl_job *j, const step_plan *sp) {
     if (sp->budget <= 0 && sp->moved) return 0;
-    int end = j->n_target;
+    int end = j->n_target, cap = TL_MAX(sp->budget, 32);
     if (s->pc_on) {
         int p = next_snap_point(s, j, j->n_fed);
         end = p < j->n_target ? next_snap_point(s, j, p) : p;
+        if (end == j->snap_at && p != j->snap_at && j->n_target - j->n_fed <= cap)
+            end = j->n_target;
     }
-    return TL_MIN(end - j->n_fed, TL_MAX(sp->budget, 32));
+    return TL_MIN(end - j->n_fed, cap);
 }
 
-/* The snapshot point inside j's planned chunk (tl_batch_entry.snap_at), or 0. */
+/* The snapshot point inside j's planned chunk (tl_batch_entry.snap_at), or 0: the first point
+ * inside it, or the end of the last message when chunk_tokens let an interval point give way. */
 static int snap_inside(const tl_sched *s, const tl_job *j) {
     if (!s->pc_on) return 0;
-    int p = next_snap_point(s, j, j->n_fed);
-    return p < j->n_fed + j->n_plan ? p : 0;
+    int p = next_snap_point(s, j, j->n_fed), end = j->n_fed + j->n_plan;
+    if (p >= end) return 0;
+    return j->snap_at > p && j->snap_at < end ? j->snap_at : p;
 }
 
 /* Draft tokens a decoding job may have verified this step (docs/architecture.md §3.6): none for

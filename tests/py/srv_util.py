@@ -21,6 +21,7 @@ BINARIES = {"cpu": os.path.join(ROOT, "build", "cpu", "tulip"),
 
 class Server:
     def __init__(self, binary, *args, api_key=None):
+        self.binary = binary
         self.api_key = api_key
         self.err = tempfile.NamedTemporaryFile(prefix="tulip-serve-", suffix=".log", delete=False)
         cmd = [binary, "serve", "--model", MODEL, "--tokenizer", TOKENIZER, "--allow-test-shape",

@@ -184,13 +184,12 @@ def test_metrics(pair):
     assert "tulip_prefix_cache_queries_total" not in off.metrics()
 
 
-@pytest.mark.parametrize("binary", sorted(BINARIES))
-def test_snap_every(pair, binary):
+def test_snap_every(pair):
     """--prefix-snap-every N: a prompt's prefill leaves a snapshot every N tokens, so a prompt that
     shares only part of it (150 of 200 tokens) reuses it up to the last multiple of N (128 at
     N = 64; nothing at the default 4096), with the same greedy text as without the cache."""
     _, off = pair
-    srv = Server(BINARIES[binary], "--ctx", "2048", "--max-seqs", "4", "--prefix-snap-every", "64")
+    srv = Server(off.binary, "--ctx", "2048", "--max-seqs", "4", "--prefix-snap-every", "64")
     try:
         p1 = [(i * 37) % 250 + 3 for i in range(200)]
         p3 = p1[:150] + [(i * 13) % 250 + 3 for i in range(30)]
@@ -200,6 +199,30 @@ def test_snap_every(pair, binary):
         assert r.usage.prompt_tokens_details.cached_tokens == 128
         ref = off.client().completions.create(model="tiny-a", prompt=p3, temperature=0, max_tokens=6)
         assert r.choices[0].text == ref.choices[0].text
+    finally:
+        rc, err = srv.stop()
+    assert rc == 0, err[-3000:]
+    assert sanitizer_report(err) is None, err[-5000:]
+
+
+def test_snap_every_chat_turns(pair):
+    """With a snapshot interval that falls among a turn's new tokens (every 64 tokens, a 100-word
+    user message), the turn's prefill takes the end of its last message inside the step (the
+    interval point gives way, sched.c chunk_tokens): the next turn still reuses the prompt up to
+    that message end, with the same greedy text as without the cache."""
+    _, off = pair
+    srv = Server(off.binary, "--ctx", "2048", "--max-seqs", "4", "--prefix-snap-every", "64")
+    try:
+        c, o = srv.client(), off.client()
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello there"}]
+        for k in range(3):
+            r, ref = chat(c, msgs, cache_salt="snap64"), chat(o, msgs)
+            assert r.choices[0].message.content == ref.choices[0].message.content, k
+            if k:
+                assert r.usage.prompt_tokens_details.cached_tokens == cut, (k, r.usage)
+            cut = cut_point(srv, msgs)
+            msgs = msgs + [{"role": "assistant", "content": r.choices[0].message.content or ""},
+                           {"role": "user", "content": " ".join(f"word{i}" for i in range(100))}]
     finally:
         rc, err = srv.stop()
     assert rc == 0, err[-3000:]
