@@ -152,16 +152,7 @@ static void print_events(const chat_state *c, const tl_parse_event *ev, int n, i
  * boundary): the point the next turn shares, snapshotted (docs/architecture.md §4.1). */
 static int chat_snap_point(chat_state *c, const char *text, size_t len, const tl_tok_ids *ids) {
     if (!tl_engine_prefix_enabled(c->eng)) return 0;
-    size_t n2 = len - tl_chat_gen_prompt_len(&c->co); /* the render without it */
-    int at = 0;
-    if (n2 < len) {
-        tl_tok_ids p = {0};
-        if (tl_tokenize(c->tok, text, n2, 0, &p) > 0 && p.n < ids->n &&
-            !memcmp(p.ids, ids->ids, p.n * sizeof(int32_t)))
-            at = (int)p.n;
-        tl_tok_ids_free(&p);
-    }
-    return at;
+    return tl_chat_snap_point(c->tok, &c->co, text, len, ids->ids, ids->n);
 }
 
 /* The conversation rendered and tokenized into ids; TL_ERR_CONTEXT_FULL when it does not fit. */

@@ -149,33 +149,32 @@ void tl_api_metrics(tl_server *s, tl_reply *out) {
 
 /* ====== Request -> job. ====== */
 
-/* A string of the request as a JSON value for the template. Every string of a tl_oai_req is
- * valid UTF-8 already (jansson checked the body; contents are concatenations of its strings), so
- * jansson's check, a pass over every byte of a long conversation, is skipped. */
-static json_t *str_json(const char *s) { return json_string_nocheck(s); }
-
-/* The normalised messages as the chat template takes them. */
+/* The normalised messages as the chat template takes them. Every string of a tl_oai_req is valid
+ * UTF-8 already (jansson checked the body; contents are concatenations of its strings), so
+ * json_string_nocheck skips jansson's check, a pass over every byte of a long conversation. */
 static json_t *messages_json(const tl_oai_req *r) {
     static const char *roles[] = {"system", "user", "assistant", "tool"};
     json_t *arr = json_array();
     for (int i = 0; i < r->n_msgs; i++) {
         const tl_oai_msg *m = &r->msgs[i];
         json_t *o = json_object();
-        json_object_set_new(o, "role", str_json(roles[m->role]));
-        json_object_set_new(o, "content", str_json(m->content));
+        json_object_set_new(o, "role", json_string_nocheck(roles[m->role]));
+        json_object_set_new(o, "content", json_string_nocheck(m->content));
         if (m->reasoning_content)
-            json_object_set_new(o, "reasoning_content", str_json(m->reasoning_content));
-        if (m->name) json_object_set_new(o, "name", str_json(m->name));
-        if (m->tool_call_id) json_object_set_new(o, "tool_call_id", str_json(m->tool_call_id));
+            json_object_set_new(o, "reasoning_content", json_string_nocheck(m->reasoning_content));
+        if (m->name) json_object_set_new(o, "name", json_string_nocheck(m->name));
+        if (m->tool_call_id)
+            json_object_set_new(o, "tool_call_id", json_string_nocheck(m->tool_call_id));
         if (m->n_tool_calls) {
             json_t *tcs = json_array();
             for (int k = 0; k < m->n_tool_calls; k++) {
                 json_t *tc = json_object(), *fn = json_object();
                 if (m->tool_calls[k].id)
-                    json_object_set_new(tc, "id", str_json(m->tool_calls[k].id));
-                json_object_set_new(tc, "type", str_json("function"));
-                json_object_set_new(fn, "name", str_json(m->tool_calls[k].name));
-                json_object_set_new(fn, "arguments", str_json(m->tool_calls[k].arguments));
+                    json_object_set_new(tc, "id", json_string_nocheck(m->tool_calls[k].id));
+                json_object_set_new(tc, "type", json_string_nocheck("function"));
+                json_object_set_new(fn, "name", json_string_nocheck(m->tool_calls[k].name));
+                json_object_set_new(fn, "arguments",
+                                    json_string_nocheck(m->tool_calls[k].arguments));
                 json_object_set_new(tc, "function", fn);
                 json_array_append_new(tcs, tc);
             }
@@ -215,26 +214,6 @@ static int force_tokens(tl_server *s, const tl_oai_req *r, tl_job *j, tl_oai_err
     j->force = ids.ids;
     j->n_force = (int)ids.n;
     return 0;
-}
-
-/* The prefix cache's snapshot point of a chat prompt (docs/architecture.md §4.1): the end of its
- * last complete message, i.e. the prompt rendered without the generation prompt (text less its
- * last tl_chat_gen_prompt_len bytes). The next turn re-renders this turn's answer differently
- * from what was generated (earlier turns lose their reasoning), so that is the longest prefix the
- * next request is sure to share. 0 when that text is not a token prefix of the prompt. */
-static int snap_point(tl_server *s, const tl_chat_opts *co, const char *text, size_t len,
-                      const tl_job *j) {
-    size_t n2 = len - tl_chat_gen_prompt_len(co);
-    int at = 0;
-    if (n2 > 0 && n2 < len) {
-        tl_tok_ids ids = {0};
-        int n = tl_tokenize(s->tok, text, n2, 0, &ids);
-        if (n > 0 && (int)ids.n < j->n_prompt &&
-            !memcmp(ids.ids, j->prompt, sizeof(int32_t) * ids.n))
-            at = (int)ids.n;
-        tl_tok_ids_free(&ids);
-    }
-    return at;
 }
 
 /* A malloc'd copy of n elements of size sz (NULL for none); TL_ERR_NOMEM when it fails. */
@@ -292,7 +271,9 @@ static int make_job(tl_server *s, const char *id, tl_oai_req *r, int prompt, tl_
         } else {
             st = tokenize_into(s, text, len, j, e);
             trace(s, id, "prompt", json_stringn(text, len));
-            if (!st && s->prefix_cache) j->snap_at = snap_point(s, &co, text, len, j);
+            if (!st && s->prefix_cache) /* the end of the last complete message */
+                j->snap_at =
+                    tl_chat_snap_point(s->tok, &co, text, len, j->prompt, (size_t)j->n_prompt);
             free(text);
         }
         json_decref(msgs);

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "common/utf8.h"
 #include "common/util.h"
+#include "tokenizer/bpe.h"
 #include "tokenizer/chat.h"
 
 /* ------------------------------------------------------------------ Python text */
@@ -747,6 +748,20 @@ size_t tl_chat_gen_prompt_len(const tl_chat_opts *o) {
         o = &def;
     }
     return o->add_generation_prompt ? strlen(gen_prompt(o)) : 0;
+}
+
+int tl_chat_snap_point(const tl_tokenizer *tok, const tl_chat_opts *o, const char *text, size_t len,
+                       const int32_t *ids, size_t n_ids) {
+    size_t n2 = len - tl_chat_gen_prompt_len(o);
+    int at = 0;
+    if (n2 > 0 && n2 < len) {
+        tl_tok_ids p = {0};
+        if (tl_tokenize(tok, text, n2, 0, &p) > 0 && p.n < n_ids &&
+            !memcmp(p.ids, ids, p.n * sizeof(int32_t)))
+            at = (int)p.n;
+        tl_tok_ids_free(&p);
+    }
+    return at;
 }
 
 int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_opts *o, char **out,

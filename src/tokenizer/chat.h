@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 #include "common/buf.h"
 
 typedef struct tl_chat_opts {
@@ -42,6 +43,16 @@ int tl_chat_render(const json_t *messages, const json_t *tools, const tl_chat_op
  * render with it less that many bytes at the end: callers that need both (the prefix cache's
  * snapshot point) render once. */
 size_t tl_chat_gen_prompt_len(const tl_chat_opts *o);
+
+/* The prefix cache's snapshot point of a chat prompt (docs/architecture.md §4.1): text (len
+ * bytes, rendered with o) was tokenized with tok into ids[0, n_ids); the result is the token
+ * count of the render without the generation prompt (text less its last tl_chat_gen_prompt_len
+ * bytes), the end of the last complete message, when those tokens are a proper prefix of ids;
+ * else 0. The next turn re-renders this turn's answer differently from what was generated
+ * (earlier turns lose their reasoning), so that is the longest prefix it is sure to share. */
+struct tl_tokenizer;
+int tl_chat_snap_point(const struct tl_tokenizer *tok, const tl_chat_opts *o, const char *text,
+                       size_t len, const int32_t *ids, size_t n_ids);
 
 /* The template's `s|trim`, Python's str.strip() on n bytes of UTF-8: *off and *len receive the
  * span left once leading and trailing Unicode whitespace (str.isspace()) is removed ({0, 0} for
