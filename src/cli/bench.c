@@ -217,7 +217,11 @@ typedef struct bench_state {
     tl_sample_out *out; /* [batch][1 + TL_MAX_SPEC] */
     int32_t *tok;
     int *made, *idx; /* [batch]: tokens generated in this decode, the step's sequence per entry */
-    long long steps; /* decode steps of the last bench_decode */
+    long long steps; /* timed decode steps of the last bench_decode */
+    /* the last bench_decode's step of the --ops / --prof / --profile-range tables (eager,
+     * bracketed, then the tables' own runs): its time and tokens, left out of decode tok/s */
+    double untimed_s;
+    long long untimed_tok;
     double pre_tps[BENCH_MAX_LEN], gen_tps[BENCH_MAX_LEN], ms_step[BENCH_MAX_LEN],
         gbps[BENCH_MAX_LEN], tflops[BENCH_MAX_LEN];          /* gbps: NAN where not known */
     double acc_rate[BENCH_MAX_LEN], per_step[BENCH_MAX_LEN]; /* speculation: accepted/drafted,
@@ -529,12 +533,13 @@ static int bench_prefill_together(bench_state *bs, int L, double *secs, int firs
 
 /* Every sequence decodes --gen tokens, all together, as sched.c's build_batch makes the steps:
  * one token a step, or with --speculative-tokens up to 1 + K (never past --gen); a sequence that
- * is done leaves the batch. The tables of --ops / --prof come from the third step of the first
- * run. Returns 0 or 1. */
+ * is done leaves the batch. The tables of --ops / --prof (and --profile-range decode) come from
+ * the third step of the first run, which is left out of the timing with its tokens (the tables
+ * run inside it: 0.8-2.6 ms a step on the H100 when they were counted). Returns 0 or 1. */
 static int bench_decode(bench_state *bs, int L, int tables) {
     int B = bs->o.batch, W = 1 + TL_MAX_SPEC;
     for (int i = 0; i < B; i++) bs->made[i] = 0;
-    bs->steps = 0;
+    bs->steps = 0, bs->untimed_s = 0.0, bs->untimed_tok = 0;
     for (int s = 0;; s++) {
         int n = 0;
         for (int i = 0; i < B; i++) {
@@ -548,8 +553,10 @@ static int bench_decode(bench_state *bs, int L, int tables) {
             bs->idx[n++] = i;
         }
         if (!n) return 0;
-        int here = tables && s == 2;
+        int here =
+            tables && s == 2 && (bs->o.ops || bs->o.prof || bs->o.range == BENCH_RANGE_DECODE);
         int range = here && bs->o.range == BENCH_RANGE_DECODE;
+        double tu = here ? tl_time_s() : 0.0;
         if (here && bs->o.prof) hook_prof_enable(bs->b);
         if (range && bench_range(1)) return 1;
         if (tl_engine_step(bs->e, bs->ent, n, bs->err, sizeof bs->err)) {
@@ -557,7 +564,7 @@ static int bench_decode(bench_state *bs, int L, int tables) {
             return 1;
         }
         if (range && bench_range(0)) return 1;
-        bs->steps++;
+        long long made = 0;
         for (int k = 0; k < n; k++) {
             int i = bs->idx[k];
             const tl_sample_out *o = bs->ent[k].out;
@@ -569,9 +576,14 @@ static int bench_decode(bench_state *bs, int L, int tables) {
                     return 1;
                 }
             bs->made[i] += bs->ent[k].n_out;
+            made += bs->ent[k].n_out;
             bs->tok[i] = o[bs->ent[k].n_out - 1].token;
         }
         if (here && bench_step_tables(bs, L + s)) return 1;
+        if (here) /* the tables' step is not timed */
+            bs->untimed_s += tl_time_s() - tu, bs->untimed_tok += made;
+        else
+            bs->steps++;
     }
 }
 
@@ -592,7 +604,7 @@ static int bench_repeat(bench_state *bs, int li, int r, double *pre, double *dec
     if (bench_decode(bs, L, first)) return 1;
     double t1 = tl_time_s();
     *pre = (double)n_pre * L / t_pre;
-    *dec = (double)bs->o.batch * bs->o.gen / (t1 - t0);
+    *dec = ((double)bs->o.batch * bs->o.gen - bs->untimed_tok) / (t1 - t0 - bs->untimed_s);
     return 0;
 }
 
@@ -605,10 +617,10 @@ static int bench_length(bench_state *bs, int li) {
     double pr[BENCH_MAX_REPEATS], gr[BENCH_MAX_REPEATS];
     tl_spec_stats s0, s1;
     tl_engine_spec_stats(bs->e, &s0);
-    long long steps = 0;
+    long long steps = 0, made = 0; /* timed steps and their tokens */
     for (int r = 0; r < reps; r++) {
         if (bench_repeat(bs, li, r, &pr[r], &gr[r])) return 1;
-        steps += bs->steps;
+        steps += bs->steps, made += (long long)B * gen - bs->untimed_tok;
     }
     tl_engine_spec_stats(bs->e, &s1);
     bs->pre_tps[li] = median(pr, reps);
@@ -621,7 +633,7 @@ static int bench_length(bench_state *bs, int li) {
         long long nd = s1.drafted_pos[i] - s0.drafted_pos[i];
         bs->acc_pos[li][i] = nd > 0 ? (double)(s1.accepted_pos[i] - s0.accepted_pos[i]) / nd : NAN;
     }
-    bs->per_step[li] = (double)reps * B * gen / (double)TL_MAX(steps, 1) / B;
+    bs->per_step[li] = (double)made / (double)TL_MAX(steps, 1) / B;
     bs->ms_step[li] = 1000.0 * B * bs->per_step[li] / bs->gen_tps[li];
     bs->gbps[li] = bs->cuda && B == 1
                        ? hook_decode_bytes(bs->b, bs->o.context + L + gen / 2) * bs->gen_tps[li]
