@@ -27,7 +27,12 @@ alone" is the cache's overhead (issue 14: at most 10 ms) plus the new tokens' at
 cached prefix, which the probe does not do (about 2.5 ms a conversation at 500 new tokens after
 9.3K on the H200); `tulip bench --lengths 512 --context 8800` measures the prefill of the new
 tokens in context on the engine directly (`--batch N --prefill-together`: N conversations' new
-tokens in one step). --no-fresh skips it. Every request biases one word token (--first-token
+tokens in one step). --no-fresh skips it. --in-context runs exactly that yardstick after the
+server runs, per level and turn: `--bin bench` with the turn's mean new tokens after its mean
+cached tokens (--batch = the level, --prefill-together), i.e. what prefilling only the new tokens
+costs when they attend to the cached context, and prints it beside the cached TTFT (bench
+arguments from --bench-args, else taken from --serve-args: the model or random weights, bits,
+backend, threads). Every request biases one word token (--first-token
 visible, the default), so the first generated token streams text at once in the turn and in its
 probe alike. With several conversations they
 run in lockstep: all send turn t at once, and once all have their answers, all send their probes
@@ -304,6 +309,48 @@ def stop_server(p):
         p.kill()
 
 
+BENCH_FLAGS = {"--model": "--model", "--random-weights": None, "--weight-bits": "--bits",
+               "--allow-test-shape": None, "--backend": "--backend", "--threads": "--threads",
+               "--state-dtype": "--state-dtype", "--seed": "--seed"}
+
+
+def bench_args_of(serve_args):
+    """`tulip bench` arguments for the model --serve-args serves (BENCH_FLAGS: serve's flag ->
+    bench's; None: a flag without a value, kept as is)."""
+    words, out, i = shlex.split(serve_args), [], 0
+    while i < len(words):
+        w = words[i]
+        if w in BENCH_FLAGS and BENCH_FLAGS[w] is None:
+            out.append(w)
+        elif w in BENCH_FLAGS and i + 1 < len(words):
+            out += [BENCH_FLAGS[w], words[i + 1]]
+            i += 1
+        i += 1
+    return out
+
+
+def in_context(a, res_on):
+    """{(level, turn): ms}: `tulip bench` prefilling the turn's mean new tokens after its mean
+    cached tokens, the level's sequences in one step (issue 14's yardstick)."""
+    args = shlex.split(a.bench_args) if a.bench_args else bench_args_of(a.serve_args)
+    out = {}
+    for n in a.levels:
+        for t in range(2, a.turns + 1):
+            on = [r for r in res_on[n] if r["turn"] == t]
+            new = round(sum(r["prompt_tokens"] - r["cached_tokens"] for r in on) / len(on))
+            ctx = round(sum(r["cached_tokens"] for r in on) / len(on))
+            if new < 1:
+                continue
+            cmd = [a.bin, "bench", *args, "--lengths", str(new), "--context", str(ctx), "--batch",
+                   str(n), "--prefill-together", "--gen", "4", "--repeats", "2", "--json"]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+            if r.returncode:
+                raise RuntimeError(f"{' '.join(cmd)}: {r.stderr[-2000:]}")
+            tps = json.loads(r.stdout)["rows"][0]["prefill_tps"]
+            out[(n, t)] = {"new": new, "context": ctx, "ms": 1000.0 * n * new / tps}
+    return out
+
+
 def measure(url, a, kwargs):
     """({level: rows}, {level: per-turn server split})"""
     client = Client(url)
@@ -360,10 +407,11 @@ def log_table(rows, log, turns):
     return "\n".join(out)
 
 
-def table(res_on, res_off, n_conv, a):
+def table(res_on, res_off, n_conv, a, yard=None):
     rows = ["| turn | prompt tokens | TTFT cached ms | TTFT uncached ms | cached tokens | "
-            "reusable | cached / reusable | TTFT of the new tokens alone ms | cached - alone ms |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "reusable | cached / reusable | TTFT of the new tokens alone ms | cached - alone ms |"
+            + (" new tokens in context ms | cached - in context ms |" if yard else ""),
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if yard else "")]
     for t in range(1, a.turns + 1):
         on = [r for r in res_on[n_conv] if r["turn"] == t]
         off = [r for r in res_off[n_conv] if r["turn"] == t] if res_off else []
@@ -373,9 +421,12 @@ def table(res_on, res_off, n_conv, a):
         fresh = (f"{1000 * mean(fr, 'fresh_ttft_s'):.1f} | "
                  f"{1000 * (mean(fr, 'ttft_s') - mean(fr, 'fresh_ttft_s')):+.1f}") if fr else "- | -"
         unc = f"{1000 * mean(off, 'ttft_s'):.1f}" if off else "-"
+        y = yard.get((n_conv, t)) if yard else None
+        yc = (f" {y['ms']:.1f} | {1000 * mean(on, 'ttft_s') - y['ms']:+.1f} |" if y else
+              " - | - |") if yard else ""
         rows.append(f"| {t} | {mean(on, 'prompt_tokens'):.0f} | {1000 * mean(on, 'ttft_s'):.1f} | "
                     f"{unc} | {cach:.0f} | {reus:.0f} | "
-                    + (f"{cach / reus:.3f}" if reus else "-") + f" | {fresh} |")
+                    + (f"{cach / reus:.3f}" if reus else "-") + f" | {fresh} |" + yc)
     return "\n".join(rows)
 
 
@@ -406,6 +457,11 @@ def main():
                     "(logit_bias), so the first generated token streams text and TTFT is the time "
                     "to the first token; model: no bias (with random weights the first visible "
                     "text can come several tokens in)")
+    ap.add_argument("--in-context", action="store_true",
+                    help="after the server runs, time each cached turn's new tokens prefilled in "
+                    "context with `--bin bench` (issue 14's yardstick; not with --url)")
+    ap.add_argument("--bench-args", help="with --in-context: the `tulip bench` model arguments "
+                    "(default: taken from --serve-args)")
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
     a.levels = [int(x) for x in a.convs.split()]
@@ -434,6 +490,7 @@ def main():
                 res_on, split_on = r, sp
             else:
                 res_off = r
+    yard = in_context(a, res_on) if a.in_context and not a.url else None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     print(f"multiturn: commit {commit}, system ~{a.sys_tokens} tokens, {a.turns} turns of "
@@ -441,7 +498,7 @@ def main():
           f"first token {a.first_token}")
     for n in a.levels:
         print(f"\n{n} conversation(s) at once (means per turn)\n")
-        print(table(res_on, res_off, n, a))
+        print(table(res_on, res_off, n, a, yard))
         if split_on.get(n):
             print(f"\nthe server's split (/metrics), cache on: mean per request\n")
             print(split_table(split_on[n]))
@@ -450,8 +507,9 @@ def main():
             print(log_table(res_on[n], log_on, a.turns))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"on": res_on, "off": res_off, "split_on": split_on, "log_on": log_on}, f,
-                      indent=1)
+            json.dump({"on": res_on, "off": res_off, "split_on": split_on, "log_on": log_on,
+                       "in_context": {f"{n} {t}": v for (n, t), v in (yard or {}).items()}},
+                      f, indent=1)
     return 0
 
 

@@ -5,7 +5,8 @@ least 95% of the tokens the template makes reusable (issue 14's target) are serv
 Two conversations run in lockstep: every turn is sent after both finished the previous turn's
 probe, every probe after both turns were answered; the server's queue / prefill split (/metrics)
 is read at every barrier, per turn for the turns and for the probes. Timings are not checked (no
-timed tests), only that each phase counted its requests."""
+timed tests), only that each phase counted its requests. --in-context runs `tulip bench` per level
+and turn with the turn's new tokens after its cached ones (the yardstick of a perfect cache)."""
 import json
 import os
 import subprocess
@@ -24,10 +25,11 @@ def test_multiturn_smoke(tmp_path, binary):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "multiturn.py"),
                         "--bin", os.path.join(ROOT, "build", binary, "tulip"), "--serve-args", serve,
                         "--sys-tokens", "150", "--turn-tokens", "20", "--gen", "6", "--turns", "3",
-                        "--convs", "1 2", "--json", str(out)],
+                        "--convs", "1 2", "--in-context", "--json", str(out)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("| turn | prompt tokens | TTFT cached ms") == 2
+    assert r.stdout.count("new tokens in context ms | cached - in context ms |") == 2
     res = json.loads(out.read_text())
     for level in ("1", "2"):
         on, off = res["on"][level], res["off"][level]
@@ -60,3 +62,11 @@ def test_multiturn_smoke(tmp_path, binary):
             if t > 1:
                 prev = [x for x in rows if x["turn"] == t - 1]
                 assert min(x["sent_s"] for x in cur) >= max(x["done_s"] for x in prev), (prev, cur)
+    yard = res["in_context"]  # the yardstick: every level and turn from 2 on, sized from the turn
+    assert sorted(yard) == ["1 2", "1 3", "2 2", "2 3"], yard
+    for key, y in yard.items():
+        level, turn = (int(x) for x in key.split())
+        on = [x for x in res["on"][str(level)] if x["turn"] == turn]
+        new = sum(x["prompt_tokens"] - x["cached_tokens"] for x in on) / len(on)
+        ctx = sum(x["cached_tokens"] for x in on) / len(on)
+        assert abs(y["new"] - new) <= 1 and abs(y["context"] - ctx) <= 1 and y["ms"] > 0, (key, y)
