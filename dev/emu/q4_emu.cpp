@@ -6,7 +6,8 @@
  * (router) GEMV must match a double product; the MoE of 1, 4 and 8 routed tokens through
  * moe_up_route (slice / expert-major kernels) and moe_down after it (early routing) must give the
  * bits of the plain path (route kernel, q4m moe_up, moe_down); the two-pass sampler and the laws
- * with the count bits must give what they give without them. Random weights and inputs,
+ * with the count bits must give what they give without them, and the laws and greedy tokens what
+ * the host sampler (engine/sample.c) gives, with vocabularies of whole float4s or not. Random weights and inputs,
  * production per-expert sizes, 16 experts, a 32K vocabulary. For checking indexing without a
  * GPU; the emulation runs a kernel's threads one after another, so it shows no race and no
  * timing. */
@@ -17,6 +18,7 @@
 extern "C" {
 #include "t_check.h"
 #include "common/util.h"
+#include "engine/sample.h"
 }
 #include "emu_q4.h"
 
@@ -280,7 +282,76 @@ static void test_sample_bits(void) {
     free(lg), free(cnt), free(bits), free(scr), free(lscr);
 }
 
+/* ---- the sampler's laws and tokens against the host sampler ---- */
+
+/* R rows of V logits (ids >= nv are padding): 10 prompt tokens and 6 generated ones (one twice)
+ * a row, raised by 4 so the penalties move the top; device laws == tl_sample_law (ids, p to
+ * 1e-6, logprobs to 1e-5), the greedy row's token its first survivor, the sampled rows' tokens
+ * among their survivors. */
+static void law_case(int V, int nv) {
+    enum { R = 3, NP = 10, NG = 6 };
+    float *lg = rand_vec(&rs, (size_t)R * V, 3.0f);
+    int32_t *cnt = (int32_t *)xcalloc((size_t)R * V, 4), hist[R][NP + NG];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < NP + NG; i++) {
+            int t = i == NP + NG - 1 ? hist[r][NP] : (int)(t_rng_next(&rs) % nv);
+            hist[r][i] = t;
+            if (i < NP)
+                cnt[(size_t)r * V + t] |= 1 << 30;
+            else
+                cnt[(size_t)r * V + t] += 1;
+            lg[(size_t)r * V + t] += 4.0f;
+        }
+    tl_sample_params p[R];
+    memset(p, 0, sizeof p);
+    for (int r = 0; r < R; r++) p[r].top_p = 1.0f, p[r].repetition_penalty = 1.0f;
+    p[0].temperature = 1.0f, p[0].top_k = 20, p[0].top_p = 0.95f, p[0].presence_penalty = 1.5f;
+    p[1].repetition_penalty = 1.3f; /* greedy */
+    p[2].temperature = 0.7f, p[2].top_k = 5, p[2].frequency_penalty = 0.8f;
+    int32_t li[(3 + TL_LAW_ADJ) * R];
+    memset(li, 0, sizeof li);
+    for (int r = 0; r < R; r++) li[r] = r, li[R + r] = r;
+    float *lscr = (float *)xmalloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
+    float *scr = (float *)xmalloc(sizeof(float) * 2 * (size_t)R * V);
+    tl_law la[R], lh;
+    tl_sample_out o[R];
+    uint64_t keys[R] = {5, 6, 7};
+    CHECK_EQ_INT(tl_gpu_sample_law(la, lg, V, nv, li, p, p, cnt, NULL, li + R, li + 3 * R, lscr, R,
+                                   NULL),
+                 0);
+    CHECK_EQ_INT(tl_gpu_sample(o, lg, V, nv, p, p, keys, cnt, NULL, NULL, scr, NULL, R, NULL), 0);
+    int ok = 1;
+    double dp = 0, dl = 0;
+    for (int r = 0; r < R; r++) {
+        CHECK_EQ_INT(tl_sample_law(lg + (size_t)r * V, nv, &p[r], hist[r], NP + NG, NP, &lh), 0);
+        ok &= la[r].n == lh.n && la[r].n > 0;
+        for (int i = 0; i < la[r].n && i < lh.n; i++) {
+            ok &= la[r].id[i] == lh.id[i];
+            dp = fmax(dp, fabs((double)la[r].p[i] - lh.p[i]));
+            dl = fmax(dl, fabs((double)la[r].lp[i] - lh.lp[i]));
+        }
+        int in = 0;
+        for (int i = 0; i < lh.n; i++) in |= o[r].token == lh.id[i];
+        ok &= r == 1 ? o[r].token == lh.id[0] : in;
+    }
+    printf("# laws vs host, V %d (n_valid %d): survivors %d %d %d, same ids: %s, max |dp| %.2e, "
+           "max |dlogprob| %.2e, tokens %d %d %d\n",
+           V, nv, la[0].n, la[1].n, la[2].n, ok ? "yes" : "NO", dp, dl, o[0].token, o[1].token,
+           o[2].token);
+    CHECK(ok);
+    CHECK(dp <= 1e-6);
+    CHECK(dl <= 1e-5);
+    free(lg), free(cnt), free(lscr), free(scr);
+}
+
+static void test_sample_vs_host(void) {
+    law_case(32768, 32768); /* whole float4s, parts of 1024 ids */
+    law_case(32768, 32766); /* a padded tail: the last part ends mid-float4 */
+    law_case(32770, 32770); /* not a multiple of 4: one id at a time */
+}
+
 int main(void) {
+    T_RUN(test_sample_vs_host);
     T_RUN(test_sample_bits);
     T_RUN(test_gemv_ways);
     T_RUN(test_gemv_conv);
