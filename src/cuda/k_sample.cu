@@ -125,6 +125,8 @@ __global__ void __launch_bounds__(SB)
  *   holding top_p of their mass, as the host sampler), and the draw: argmax of l' + Gumbel(key,
  *   id) over the survivors, the same draw as sample_kernel's.
  * Bytes: one pass over the row (1 MB), spread over np SMs; the merge reads np * k candidates.
+ * The part kernel's VEC variant (TL_SAMPLE_VEC=1, vocabularies of whole float4s; A/B, not yet
+ * timed) reads its part as float4s, two in flight a thread, parts a multiple of 4 ids.
  * Rows with top-k = 0 or > FK, or with top logprobs, stay on sample_kernel (it skips the others).
  * Sorting without block-wide networks where the sets are small: the part's threshold (block_kth:
  * warp sorts in registers, then ranks by binary search), its candidates ranked by counting
@@ -138,6 +140,7 @@ __global__ void __launch_bounds__(SB)
 #define FK_FEW   32
 #define CMAX     4096 /* most candidates a merge sorts: FP * FK and FP_FEW * FK_FEW */
 #define PU       4    /* ids a part thread loads before using them */
+#define PU4      2    /* float4s of ids likewise (TL_SAMPLE_VEC=1) */
 #define FK       64   /* largest top-k on the two-pass path */
 #define FT       256  /* threads of a part block */
 #define FCH      7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
@@ -351,7 +354,7 @@ __device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int
 
 /* LAW (tl_gpu_sample_law): row r reads logits row row_of[r] and its counts with adj's
  * adjustments; no restrictions. */
-template <bool LAW>
+template <bool LAW, bool VEC>
 __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, const float *restricted, int V, int n_valid,
                        const tl_sample_params *params, const int32_t *counts,
@@ -374,43 +377,90 @@ __global__ void __launch_bounds__(FT)
     int32_t adj[TL_LAW_ADJ];
     for (int a = 0; a < TL_LAW_ADJ; a++)
         adj[a] = LAW && adj_rows ? adj_rows[row * TL_LAW_ADJ + a] : 0;
-    int per = CEIL_DIV(n_valid, np), i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
+    /* VEC (TL_SAMPLE_VEC=1, launched only for a vocabulary that is a multiple of 4): rows start
+     * 16-byte aligned, so the parts are whole float4s */
+    const bool vec = VEC;
+    int per = CEIL_DIV(n_valid, np);
+    if (vec) per = (per + 3) & ~3;
+    int i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     uint32_t tmax = 0; /* this thread's largest key */
-    /* ids tid, tid + FT, ... in order; PU of them loaded before any is used (loads in flight) */
-    for (int j0 = tid; j0 < n; j0 += PU * FT) {
-        float lv[PU], rv[PU];
-        int cv[PU];
-        uint32_t cw[PU]; /* the count-bit words of the ids (all ones without bits: read all) */
-#pragma unroll
-        for (int u = 0; u < PU; u++) {
-            int j = j0 + u * FT;
-            bool in = j < n;
-            lv[u] = in ? lg[i0 + j] : 0.0f;
-            rv[u] = in && ls != lg ? ls[i0 + j] : lv[u];
-            cw[u] = in && cb ? cb[(i0 + j) >> 5] : 0xffffffffu;
-        }
-#pragma unroll
-        for (int u = 0; u < PU; u++) { /* a count only where its bit says it may be non-zero */
-            int j = j0 + u * FT;
-            cv[u] = j < n && cnt && ((cw[u] >> ((i0 + j) & 31)) & 1u) ? cnt[i0 + j] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < PU; u++) {
-            int j = j0 + u * FT;
-            if (j >= n) break;
-            float l = lv[u];
-            int cj = LAW ? adj_count(cv[u], i0 + j, adj) : cv[u];
-            float lp = cnt ? apply_pen(rv[u], cj, P) : rv[u];
+    /* id i0 + j: raw logit l, drawn-from value r, count c */
+    auto elem = [&](int j, float l, float r, int c) {
+        int cj = LAW ? adj_count(c, i0 + j, adj) : c;
+        float lp = cnt ? apply_pen(r, cj, P) : r;
+        if (!vec) { /* online: fixed order per thread */
             float mn = fmaxf(m, l);
-            s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
-            if (P.temperature <= 0.0f) {
-                if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
-            } else {
-                keys[j] = fkey(lp * invT);
-                tmax = max(tmax, keys[j]);
+            s = s * expf(m - mn) + expf(l - mn), m = mn;
+        } else if (l > m) { /* the same values, without the exp(0) when the max stays */
+            s = s * expf(m - l) + expf(l - l), m = l;
+        } else {
+            s = s + expf(l - m);
+        }
+        if (P.temperature <= 0.0f) {
+            if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
+        } else {
+            keys[j] = fkey(lp * invT);
+            tmax = max(tmax, keys[j]);
+        }
+    };
+    /* a count only where its bit says it may be non-zero (no bits: read all) */
+    auto count_at = [&](uint32_t w, int j) {
+        return cnt && ((w >> ((i0 + j) & 31)) & 1u) ? cnt[i0 + j] : 0;
+    };
+    if (vec) {
+        /* float4 f = ids 4f .. 4f + 3 of the part; thread tid takes f = tid, tid + FT, ...; PU4
+         * of them loaded before any is used (loads in flight); the ids past the last whole float4
+         * (the last part only) one a thread */
+        const int n4 = n >> 2;
+        const float4 *l4 = (const float4 *)(lg + i0), *r4 = (const float4 *)(ls + i0);
+        for (int f0 = tid; f0 < n4; f0 += PU4 * FT) {
+            float4 lv[PU4];
+            uint32_t cw[PU4]; /* the count-bit word of the float4's ids (one word: 4-aligned) */
+#pragma unroll
+            for (int u = 0; u < PU4; u++) {
+                int f = f0 + u * FT;
+                bool in = f < n4;
+                lv[u] = in ? l4[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                cw[u] = in && cb ? cb[(i0 + 4 * f) >> 5] : 0xffffffffu;
+            }
+#pragma unroll
+            for (int u = 0; u < PU4; u++) {
+                int f = f0 + u * FT;
+                if (f >= n4) break;
+                float4 rv = ls != lg ? r4[f] : lv[u];
+                int c0 = count_at(cw[u], 4 * f), c1 = count_at(cw[u], 4 * f + 1);
+                int c2 = count_at(cw[u], 4 * f + 2), c3 = count_at(cw[u], 4 * f + 3);
+                elem(4 * f, lv[u].x, rv.x, c0);
+                elem(4 * f + 1, lv[u].y, rv.y, c1);
+                elem(4 * f + 2, lv[u].z, rv.z, c2);
+                elem(4 * f + 3, lv[u].w, rv.w, c3);
+            }
+        }
+        for (int j = 4 * n4 + tid; j < n; j += FT) {
+            uint32_t w = cb ? cb[(i0 + j) >> 5] : 0xffffffffu;
+            elem(j, lg[i0 + j], ls[i0 + j], count_at(w, j));
+        }
+    } else {
+        /* ids tid, tid + FT, ... in order; PU of them loaded before any is used */
+        for (int j0 = tid; j0 < n; j0 += PU * FT) {
+            float lv[PU], rv[PU];
+            uint32_t cw[PU]; /* the count-bit words of the ids (all ones without bits) */
+#pragma unroll
+            for (int u = 0; u < PU; u++) {
+                int j = j0 + u * FT;
+                bool in = j < n;
+                lv[u] = in ? lg[i0 + j] : 0.0f;
+                rv[u] = in && ls != lg ? ls[i0 + j] : lv[u];
+                cw[u] = in && cb ? cb[(i0 + j) >> 5] : 0xffffffffu;
+            }
+#pragma unroll
+            for (int u = 0; u < PU; u++) {
+                int j = j0 + u * FT;
+                if (j >= n) break;
+                elem(j, lv[u], rv[u], count_at(cw[u], j));
             }
         }
     }
@@ -797,6 +847,14 @@ __global__ void __launch_bounds__(SB)
 /* Parts a row on the two-pass path: FP_FEW for at most FEW_ROWS rows whose params (host copies,
  * hp) are all greedy or of top-k <= FK_FEW, when a row's scratch (stride floats) holds them;
  * else FP. */
+/* 1 if TL_SAMPLE_VEC=1 (read once) and the rows are whole float4s: the part kernel's float4
+ * variant (A/B against the default one; same survivors, logprobs within rounding). */
+static int sample_vec_on(int n_vocab) {
+    static int on = -1;
+    if (on < 0) on = tl_env_is("TL_SAMPLE_VEC", 1);
+    return on && n_vocab % 4 == 0;
+}
+
 static int pick_parts(const tl_sample_params *hp, int n_rows, size_t stride) {
     if (!hp || n_rows > FEW_ROWS || stride < (size_t)PART_SCR(FP_FEW)) return FP;
     for (int r = 0; r < n_rows; r++)
@@ -823,10 +881,12 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
     for (int r = 0; h_params && fast && r < n_rows; r++) slow |= !fast_row(h_params[r], fast);
     if (fast) {
         size_t stride = 2 * (size_t)n_vocab;
-        TL_LAUNCH(st, "sample_part", sample_part_kernel<false>, dim3(np, n_rows), dim3(FT), 0,
-                  logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_bits,
-                  count_slot, scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride,
-                  np);
+        TL_LAUNCH(st, "sample_part",
+                  sample_vec_on(n_vocab) ? sample_part_kernel<false, true>
+                                         : sample_part_kernel<false, false>,
+                  dim3(np, n_rows), dim3(FT), 0, logits, (const float *)restricted, n_vocab,
+                  n_valid, params, counts, count_bits, count_slot, scratch, fast,
+                  (const int32_t *)NULL, (const int32_t *)NULL, stride, np);
         TL_LAUNCH(st, "sample_merge", sample_merge_kernel<false>, dim3(n_rows), dim3(FT), 0, out,
                   logits, n_vocab, params, keys, scratch, fast, (tl_law *)NULL,
                   (const int32_t *)NULL, stride, np);
@@ -905,9 +965,11 @@ extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab,
     if (n_valid > FP * FCH) return TL_ERR_UNSUPPORTED; /* a part must fit in shared memory */
     int np = pick_parts(h_params, n_rows, (size_t)PART_SCR(FP_FEW));
     size_t stride = (size_t)PART_SCR(np);
-    TL_LAUNCH(st, "sample_law_part", sample_part_kernel<true>, dim3(np, n_rows), dim3(FT), 0,
-              logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_bits, count_slot,
-              scratch, 1, row_of, adj, stride, np);
+    TL_LAUNCH(st, "sample_law_part",
+              sample_vec_on(n_vocab) ? sample_part_kernel<true, true>
+                                     : sample_part_kernel<true, false>,
+              dim3(np, n_rows), dim3(FT), 0, logits, (const float *)NULL, n_vocab, n_valid, params,
+              counts, count_bits, count_slot, scratch, 1, row_of, adj, stride, np);
     TL_LAUNCH(st, "sample_law_merge", sample_merge_kernel<true>, dim3(n_rows), dim3(FT), 0,
               (tl_sample_out *)NULL, logits, n_vocab, params, (const uint64_t *)NULL, scratch, 1,
               laws, row_of, stride, np);
