@@ -447,6 +447,7 @@ __global__ void __launch_bounds__(FT)
         /* ids tid, tid + FT, ... in order; PU of them loaded before any is used */
         for (int j0 = tid; j0 < n; j0 += PU * FT) {
             float lv[PU], rv[PU];
+            int cv[PU];
             uint32_t cw[PU]; /* the count-bit words of the ids (all ones without bits) */
 #pragma unroll
             for (int u = 0; u < PU; u++) {
@@ -457,10 +458,12 @@ __global__ void __launch_bounds__(FT)
                 cw[u] = in && cb ? cb[(i0 + j) >> 5] : 0xffffffffu;
             }
 #pragma unroll
+            for (int u = 0; u < PU; u++) cv[u] = j0 + u * FT < n ? count_at(cw[u], j0 + u * FT) : 0;
+#pragma unroll
             for (int u = 0; u < PU; u++) {
                 int j = j0 + u * FT;
                 if (j >= n) break;
-                elem(j, lv[u], rv[u], count_at(cw[u], j));
+                elem(j, lv[u], rv[u], cv[u]);
             }
         }
     }
@@ -844,9 +847,6 @@ __global__ void __launch_bounds__(SB)
     }
 }
 
-/* Parts a row on the two-pass path: FP_FEW for at most FEW_ROWS rows whose params (host copies,
- * hp) are all greedy or of top-k <= FK_FEW, when a row's scratch (stride floats) holds them;
- * else FP. */
 /* 1 if TL_SAMPLE_VEC=1 (read once) and the rows are whole float4s: the part kernel's float4
  * variant (A/B against the default one; same survivors, logprobs within rounding). */
 static int sample_vec_on(int n_vocab) {
@@ -855,6 +855,9 @@ static int sample_vec_on(int n_vocab) {
     return on && n_vocab % 4 == 0;
 }
 
+/* Parts a row on the two-pass path: FP_FEW for at most FEW_ROWS rows whose params (host copies,
+ * hp) are all greedy or of top-k <= FK_FEW, when a row's scratch (stride floats) holds them;
+ * else FP. */
 static int pick_parts(const tl_sample_params *hp, int n_rows, size_t stride) {
     if (!hp || n_rows > FEW_ROWS || stride < (size_t)PART_SCR(FP_FEW)) return FP;
     for (int r = 0; r < n_rows; r++)
