@@ -231,6 +231,16 @@ static void test_moe_ways(void) {
 
 /* ---- sampler with count bits ---- */
 
+/* The sampling of the sampler tests' three rows: the model card's, greedy with a repetition
+ * penalty, and a low temperature with top-k 5 and a frequency penalty. */
+static void three_rows(tl_sample_params (&p)[3]) {
+    memset(p, 0, sizeof p);
+    for (int r = 0; r < 3; r++) p[r].top_p = 1.0f, p[r].repetition_penalty = 1.0f;
+    p[0].temperature = 1.0f, p[0].top_k = 20, p[0].top_p = 0.95f, p[0].presence_penalty = 1.5f;
+    p[1].repetition_penalty = 1.3f; /* greedy */
+    p[2].temperature = 0.7f, p[2].top_k = 5, p[2].frequency_penalty = 0.8f;
+}
+
 static void test_sample_bits(void) {
     const int V = 32768, R = 3;
     float *lg = rand_vec(&rs, (size_t)R * V, 3.0f);
@@ -245,11 +255,7 @@ static void test_sample_bits(void) {
             bits[r * TL_GPU_COUNT_WORDS(V) + stray / 32] |= 1u << (stray % 32); /* a superset */
         }
     tl_sample_params p[R];
-    memset(p, 0, sizeof p);
-    for (int r = 0; r < R; r++) p[r].top_p = 1.0f, p[r].repetition_penalty = 1.0f;
-    p[0].temperature = 1.0f, p[0].top_k = 20, p[0].top_p = 0.95f, p[0].presence_penalty = 1.5f;
-    p[1].repetition_penalty = 1.3f; /* greedy */
-    p[2].temperature = 0.7f, p[2].top_k = 5, p[2].frequency_penalty = 0.8f;
+    three_rows(p);
     uint64_t keys[R] = {11, 22, 33};
     float *scr = (float *)xmalloc(sizeof(float) * 2 * (size_t)R * V);
     tl_sample_out a[R], b[R];
@@ -303,11 +309,7 @@ static void law_case(int V, int nv) {
             lg[(size_t)r * V + t] += 4.0f;
         }
     tl_sample_params p[R];
-    memset(p, 0, sizeof p);
-    for (int r = 0; r < R; r++) p[r].top_p = 1.0f, p[r].repetition_penalty = 1.0f;
-    p[0].temperature = 1.0f, p[0].top_k = 20, p[0].top_p = 0.95f, p[0].presence_penalty = 1.5f;
-    p[1].repetition_penalty = 1.3f; /* greedy */
-    p[2].temperature = 0.7f, p[2].top_k = 5, p[2].frequency_penalty = 0.8f;
+    three_rows(p);
     int32_t li[(3 + TL_LAW_ADJ) * R];
     memset(li, 0, sizeof li);
     for (int r = 0; r < R; r++) li[r] = r, li[R + r] = r;
