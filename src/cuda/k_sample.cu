@@ -379,9 +379,8 @@ __global__ void __launch_bounds__(FT)
         adj[a] = LAW && adj_rows ? adj_rows[row * TL_LAW_ADJ + a] : 0;
     /* VEC (TL_SAMPLE_VEC=1, launched only for a vocabulary that is a multiple of 4): rows start
      * 16-byte aligned, so the parts are whole float4s */
-    const bool vec = VEC;
     int per = CEIL_DIV(n_valid, np);
-    if (vec) per = (per + 3) & ~3;
+    if (VEC) per = (per + 3) & ~3;
     int i0 = min(n_valid, part * per), n = min(n_valid, i0 + per) - i0;
     float m = -INFINITY, s = 0.0f, invT = P.temperature > 0.0f ? 1.0f / P.temperature : 1.0f;
     float bv = -INFINITY;
@@ -391,7 +390,7 @@ __global__ void __launch_bounds__(FT)
     auto elem = [&](int j, float l, float r, int c) {
         int cj = LAW ? adj_count(c, i0 + j, adj) : c;
         float lp = cnt ? apply_pen(r, cj, P) : r;
-        if (!vec) { /* online: fixed order per thread */
+        if (!VEC) { /* online: fixed order per thread */
             float mn = fmaxf(m, l);
             s = s * expf(m - mn) + expf(l - mn), m = mn;
         } else if (l > m) { /* the same values, without the exp(0) when the max stays */
@@ -410,7 +409,7 @@ __global__ void __launch_bounds__(FT)
     auto count_at = [&](uint32_t w, int j) {
         return cnt && ((w >> ((i0 + j) & 31)) & 1u) ? cnt[i0 + j] : 0;
     };
-    if (vec) {
+    if (VEC) {
         /* float4 f = ids 4f .. 4f + 3 of the part; thread tid takes f = tid, tid + FT, ...; PU4
          * of them loaded before any is used (loads in flight); the ids past the last whole float4
          * (the last part only) one a thread */
