@@ -110,6 +110,15 @@ uint32_t emu_match_any(uint32_t v) {
     emu_barrier(1 + w);
     return r;
 }
+uint32_t emu_ballot(int pred) {
+    int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
+    shfl_slot[w][l] = pred != 0;
+    emu_barrier(1 + w);
+    uint32_t r = 0;
+    for (int i = 0; i < 32; i++) r |= shfl_slot[w][i] << i;
+    emu_barrier(1 + w);
+    return r;
+}
 uint32_t emu_reduce_u(uint32_t v, int max) {
     int w = (int)threadIdx.x / 32, l = (int)threadIdx.x % 32;
     shfl_slot[w][l] = v;

@@ -68,6 +68,9 @@ static inline float __int_as_float(int i) { return __uint_as_float((uint32_t)i);
 static inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
 static inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+/* the fast exponential: ex2.approx of x log2(e), the product rounded to float as on the GPU */
+static inline float emu_fast_expf(float x) { return exp2f(x * 1.4426950408889634f); }
+#define __expf emu_fast_expf /* glibc declares its own __expf */
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 template <class T> static inline T __ldg(const T *p) { return *p; }
@@ -130,6 +133,11 @@ uint32_t emu_match_any(uint32_t v); /* the lanes of the warp holding the same v 
 static inline unsigned __match_any_sync(unsigned m, int v) {
     (void)m;
     return emu_match_any((uint32_t)v);
+}
+uint32_t emu_ballot(int pred); /* the lanes of the warp whose pred is non-zero */
+static inline unsigned __ballot_sync(unsigned m, int pred) {
+    (void)m;
+    return emu_ballot(pred);
 }
 static inline uint32_t __reduce_max_sync(unsigned m, uint32_t v) {
     (void)m;
