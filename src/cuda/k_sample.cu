@@ -161,8 +161,8 @@ __host__ __device__ __forceinline__ bool fast_row(const tl_sample_params &P, int
 
 /* Order-preserving map of a float to u32 (larger float, larger key; NaN never occurs here). */
 __device__ __forceinline__ uint32_t fkey(float f) {
-    uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    uint32_t u = __float_as_uint(f); /* negative: ~u; else u with the sign bit set */
+    return u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);
 }
 /* fkey's inverse. */
 __device__ __forceinline__ float key_val(uint32_t k) {
