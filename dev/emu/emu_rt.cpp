@@ -34,11 +34,29 @@ void emu_barrier(int id) {
     thr[cur].wait = id;
     swapcontext(&thr[cur].ctx, &sched);
 }
+void emu_yield(void) { /* stays runnable: the scheduler comes back to it next round */
+    swapcontext(&thr[cur].ctx, &sched);
+}
+/* named barrier id with n threads (EMU_NAMED + 2048 id + n): whichever n threads arrive */
+enum { EMU_NAMED = 3000 };
 static int in_group(int id, int i) {
     if (id == 0) return 1;
     if (id < 100) return i / 32 == id - 1;
+    if (id >= EMU_NAMED) return thr[i].wait == id;
     if (id >= 1000) return i / 128 == id - 1000; /* a warpgroup */
     return i < id - 100;
+}
+/* whether the threads waiting at barrier id (thread i among them) are all it waits for */
+static int group_complete(int id) {
+    int n_in = 0, all = 1;
+    for (int j = 0; j < nthr; j++) {
+        if (id >= EMU_NAMED) {
+            n_in += !thr[j].done && thr[j].wait == id;
+            continue;
+        }
+        if (in_group(id, j) && !thr[j].done && thr[j].wait != id) all = 0;
+    }
+    return id >= EMU_NAMED ? n_in == (id - EMU_NAMED) % 2048 : all;
 }
 static void run_block(void) {
     for (int i = 0; i < nthr; i++) {
@@ -51,26 +69,26 @@ static void run_block(void) {
         thr[i].done = 0, thr[i].wait = -1;
     }
     for (;;) {
+        int ran = 0; /* a thread ran and stayed runnable (emu_yield): not a deadlock */
         for (int i = 0; i < nthr; i++)
             if (!thr[i].done && thr[i].wait < 0) {
                 cur = i;
                 threadIdx = dim3(i, 0, 0);
                 swapcontext(&sched, &thr[i].ctx);
+                ran |= !thr[i].done && thr[i].wait < 0;
             }
         int alive = 0, released = 0;
         for (int i = 0; i < nthr; i++) alive += !thr[i].done;
         if (!alive) return;
         for (int i = 0; i < nthr; i++) {
             if (thr[i].done || thr[i].wait < 0) continue;
-            int id = thr[i].wait, all = 1;
-            for (int j = 0; j < nthr; j++)
-                if (in_group(id, j) && !thr[j].done && thr[j].wait != id) all = 0;
-            if (!all) continue;
+            int id = thr[i].wait;
+            if (!group_complete(id)) continue;
             for (int j = 0; j < nthr; j++)
                 if (in_group(id, j) && !thr[j].done) thr[j].wait = -1;
             released = 1;
         }
-        if (!released) {
+        if (!released && !ran) {
             fprintf(stderr, "emu: deadlock in block (%u, %u)\n", blockIdx.x, blockIdx.y);
             abort();
         }

@@ -3,6 +3,7 @@
  * kernels (k_gemm_common.cuh), which picks it (TL_MOE_WGR, TL_DENSE_WGR, TL_GEMM_TILE=6|7).
  * Launches only: never allocates, never synchronises. */
 #include "cuda/k_gemm_common.cuh"
+#include "cuda/k_mbar.cuh"
 #include "cuda/k_wgmma.cuh"
 
 /* ====== The MoE grouped GEMM on wgmma with the weights as the A operand ("wgr"). ======
@@ -74,13 +75,15 @@ static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint
         }
 }
 
-/* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. */
-template <int WGS, int NT>
+/* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. tid: the
+ * thread among the C::THREADS that hold accumulators (warp tid / 32 owns rows 16 (tid / 32) ..);
+ * sync: their barrier. */
+template <int WGS, int NT, class Sync>
 static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&acc)[NT / 2],
                                                    float *so, const int32_t *perm, int m0,
-                                                   int m_end) {
+                                                   int m_end, int tid, Sync sync) {
     typedef wr_cfg<WGS> C;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int swiglu = !p.ws && (p.flags & TL_GEMM_SWIGLU), ncol = swiglu ? C::BN / 2 : C::BN;
     const int lds = ncol + 4, r0 = warp * 16;
 #pragma unroll
@@ -95,7 +98,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
                 row[r0 + 8 + g] = acc[4 * j + 2 + e];
             }
         }
-    __syncthreads();
+    sync();
     const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
     const int ntok = min(m_end - m0, NT), pairs = min(ncol, nout - c0) / 2;
@@ -112,52 +115,89 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     }
 }
 
+/* A block's stage copies (cp.async), for the wgr kernel (every thread loads) and the wgs kernel
+ * (its producer warpgroup): loader thread i of NTHR copies the token chunks i + NTHR j (row
+ * (i >> 3) + NTHR / 8 j, 16-byte column i & 7 of the stage's 64 k; rows past m_end load zeros,
+ * MoE gathers read their token's row), the weight chunks i + NTHR h (row block c >> 4, 16 bytes
+ * c & 15 of its 256; rows past N load zeros) and, for i < BN / 4, the scale/bias words of rows
+ * 4i .. 4i + 3. kb: the block's first k tile (split-K). */
+template <int WGS, int NT, int NTHR> struct wr_loader {
+    typedef wr_cfg<WGS> C;
+    static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
+    const uint16_t *x_src[XC];
+    int x_ok[XC], i, n0, kb;
+    const uint32_t *wq, *sbb;
+
+    __device__ __forceinline__ wr_loader(const gemm_args &p, const uint8_t *wb, const uint32_t *sb,
+                                         const int32_t *perm, int m0, int m_end, int i_, int kb_)
+        : i(i_), n0(blockIdx.x * C::BN), kb(kb_), wq((const uint32_t *)wb), sbb(sb) {
+#pragma unroll
+        for (int j = 0; j < XC; j++) {
+            int m = m0 + (i >> 3) + NTHR / 8 * j;
+            x_ok[j] = m < m_end;
+            int src = x_ok[j] ? m : m0;
+            if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
+            x_src[j] = p.x + (size_t)src * p.K + (i & 7) * 8;
+        }
+    }
+    __device__ __forceinline__ void x(uint8_t *stage, int kt) const {
+#pragma unroll
+        for (int j = 0; j < XC; j++) {
+            int r = (i >> 3) + NTHR / 8 * j;
+            if (r < NT)
+                cp_async16(stage + wg_swz(r, i & 7), x_src[j] + (kb + kt) * GM_BK,
+                           x_ok[j] ? 16 : 0);
+        }
+    }
+    __device__ __forceinline__ void w(const gemm_args &p, uint8_t *stage, int kt) const {
+        uint32_t *sQ = (uint32_t *)(stage + WR_X_BYTES);
+        const int k0 = (kb + kt) * GM_BK;
+#pragma unroll
+        for (int h = 0; h < WC; h++) {
+            const int c = i + NTHR * h, rb = c >> 4, ch = c & 15, ok = n0 + 8 * rb < p.N;
+            cp_async16(sQ + rb * 64 + ch * 4,
+                       wq + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
+                       ok ? 16 : 0);
+        }
+        if (i < C::BN / 4) {
+            int sok = n0 + 4 * i < p.N;
+            cp_async16(sQ + C::Q_BYTES / 4 + i * 4,
+                       sbb + (size_t)(k0 / 64) * p.N + (sok ? n0 + i * 4 : 0), sok ? 16 : 0);
+        }
+    }
+};
+
+/* A warp's packed words for one stage: words wl (rows g) and wu (rows g + 8) of the two 32-column
+ * halves of its 16 rows r0 .., and those rows' scale/bias words (wr_afrag dequantizes them). */
+struct wr_words {
+    uint32_t wl[2], wu[2], sl, su;
+};
+template <int WGS>
+static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, int r0, int lane) {
+    typedef wr_cfg<WGS> C;
+    const uint32_t *sQ = (const uint32_t *)(stage + WR_X_BYTES), *sS = sQ + C::Q_BYTES / 4;
+    wr_words q;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        q.wl[h] = sQ[((r0 >> 3) * 2 + h) * 32 + lane];
+        q.wu[h] = sQ[((r0 >> 3) * 2 + 2 + h) * 32 + lane];
+    }
+    q.sl = sS[r0 + (lane >> 2)], q.su = sS[r0 + 8 + (lane >> 2)];
+    return q;
+}
+
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
 template <int WGS, int NT>
 static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
                                                 const uint8_t *wb, const uint32_t *sbb,
                                                 const int32_t *perm, int m0, int m_end) {
     typedef wr_cfg<WGS> C;
-    /* 16-byte token chunks: chunk tid + THREADS j is row (tid >> 3) + THREADS / 8 j, column
-     * tid & 7; XC per thread, rows past NT skipped */
-    constexpr int XC = (NT * 8 + C::THREADS - 1) / C::THREADS;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
-    const int n0 = blockIdx.x * C::BN, r0 = warp * 16;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int r0 = warp * 16;
     const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
-    const uint16_t *x_src[XC];
-    int x_ok[XC];
-#pragma unroll
-    for (int j = 0; j < XC; j++) {
-        int m = m0 + (tid >> 3) + C::THREADS / 8 * j;
-        x_ok[j] = m < m_end;
-        int src = x_ok[j] ? m : m0;
-        if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
-        x_src[j] = p.x + (size_t)src * p.K + (tid & 7) * 8;
-    }
-    const uint32_t *wq = (const uint32_t *)wb;
-    auto load_x = [&](int stage, int kt) {
-        uint8_t *s = smem + stage * C::STAGE_BYTES;
-#pragma unroll
-        for (int j = 0; j < XC; j++) {
-            int r = (tid >> 3) + C::THREADS / 8 * j;
-            if (r < NT)
-                cp_async16(s + wg_swz(r, tid & 7), x_src[j] + (kb + kt) * GM_BK, x_ok[j] ? 16 : 0);
-        }
-    };
-    /* weights: thread tid copies 16 bytes of row block tid / 16; rows past N (a dense product's
-     * last block) load as zeros */
-    auto load_w = [&](int stage, int kt) {
-        uint32_t *sQ = (uint32_t *)(smem + stage * C::STAGE_BYTES + WR_X_BYTES);
-        const int k0 = (kb + kt) * GM_BK, rb = tid >> 4, ch = tid & 15, ok = n0 + 8 * rb < p.N;
-        cp_async16(sQ + rb * 64 + ch * 4,
-                   wq + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
-                   ok ? 16 : 0);
-        if (tid < C::BN / 4) {
-            int sok = n0 + 4 * tid < p.N;
-            cp_async16(sQ + C::Q_BYTES / 4 + tid * 4,
-                       sbb + (size_t)(k0 / 64) * p.N + (sok ? n0 + tid * 4 : 0), sok ? 16 : 0);
-        }
-    };
+    const wr_loader<WGS, NT, C::THREADS> ld(p, wb, sbb, perm, m0, m_end, tid, kb);
+    auto load_x = [&](int stage, int kt) { ld.x(smem + stage * C::STAGE_BYTES, kt); };
+    auto load_w = [&](int stage, int kt) { ld.w(p, smem + stage * C::STAGE_BYTES, kt); };
     /* dense: the first weight stages before the wait for the previous kernel (the MoE waited) */
     gm_prologue<WR_STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
 
@@ -168,18 +208,10 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
         cp_async_wait<WR_STAGES - 2>(); /* tile kt */
         wg_fence_proxy();
         __syncthreads();
-        const uint32_t *sQ = (const uint32_t *)(smem + st * C::STAGE_BYTES + WR_X_BYTES);
-        const uint32_t *sS = sQ + C::Q_BYTES / 4;
-        uint32_t wl[2], wu[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            wl[h] = sQ[((r0 >> 3) * 2 + h) * 32 + lane];
-            wu[h] = sQ[((r0 >> 3) * 2 + 2 + h) * 32 + lane];
-        }
-        uint32_t sl = sS[r0 + g], su = sS[r0 + 8 + g];
+        const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
         wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
         uint32_t af[4][4];
-        wr_afrag(af, wl, wu, sl, su);
+        wr_afrag(af, q.wl, q.wu, q.sl, q.su);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
@@ -193,7 +225,8 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     wg_wait<0>();
     cp_async_wait<0>();
     __syncthreads(); /* the stages become the output tile */
-    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end);
+    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end, threadIdx.x,
+                         [] { __syncthreads(); });
 }
 
 template <int WGS>
@@ -217,6 +250,140 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
         wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
+/* ====== The warp-specialised variant ("wgs", TL_GEMM_WS=1, for A/B; default off) ======
+ * math: gemm_wgr_kernel's with 2 warpgroups of weight rows (the same tiles, loader, dequantized A
+ *   fragments, wgmma sequence and epilogue: the same sums in the same order).
+ * threads: 384 = a producer warpgroup (0: the cp.async copies of every stage, wr_loader with 128
+ *   loaders) and two consumer warpgroups (1, 2: wgr's warps 0-7, thread t - 128). No block
+ *   barrier in the main loop: stage s is full when the 128 producers' copies have landed (full[s],
+ *   cp.async.mbarrier.arrive.noinc) and free again when the 8 consumer warps have retired the
+ *   wgmma that read it (empty[s], one arrival a warp).
+ * pipeline: WS_STAGES deep; a consumer keeps two A register sets, so it dequantizes step k + 1
+ *   while the wgmma of step k runs (wait_group 1 after each commit retires step k - 1, whose
+ *   stage it then releases); the steps alternate between the sets (the loop is unrolled by two).
+ * one block an SM: ~130 KB of shared memory (stages + the barriers), up to 168 registers.
+ * reference: as wgr (tests/gpu/test_prefill_kernels.c, dev/emu/gemm_emu.sh with TL_GEMM_WS=1). */
+#define WS_STAGES 6
+struct ws_cfg {
+    typedef wr_cfg<2> W;
+    static constexpr int THREADS = 384, STAGE_BYTES = W::STAGE_BYTES;
+    static constexpr int BAR_OFF =
+        WS_STAGES * STAGE_BYTES > W::OUT_BYTES ? WS_STAGES *STAGE_BYTES : W::OUT_BYTES;
+    static constexpr int SMEM = BAR_OFF + 2 * WS_STAGES * 8 + 1024; /* + alignment slack */
+};
+
+/* The producer warpgroup: every stage of the block's KT k tiles into the ring (dense: the first
+ * stages' weights before the wait for the previous kernel). */
+template <int NT>
+static __device__ __forceinline__ void
+ws_produce(const gemm_args &p, uint8_t *smem, uint64_t *full, uint64_t *empty, const uint8_t *wb,
+           const uint32_t *sbb, const int32_t *perm, int m0, int m_end, int KT, int kb) {
+    const wr_loader<2, NT, 128> ld(p, wb, sbb, perm, m0, m_end, threadIdx.x, kb);
+    const int pre = min(WS_STAGES, KT);
+    for (int kt = 0; kt < pre; kt++) ld.w(p, smem + kt * ws_cfg::STAGE_BYTES, kt);
+    if (p.mode == GM_DENSE) pdl_wait();
+    for (int kt = 0; kt < pre; kt++) {
+        ld.x(smem + kt * ws_cfg::STAGE_BYTES, kt);
+        mbar_arrive_cp_async(&full[kt]);
+    }
+    for (int kt = pre; kt < KT; kt++) {
+        const int st = kt % WS_STAGES;
+        mbar_wait(&empty[st], (kt / WS_STAGES - 1) & 1); /* released after use kt - WS_STAGES */
+        uint8_t *stage = smem + st * ws_cfg::STAGE_BYTES;
+        ld.w(p, stage, kt);
+        ld.x(stage, kt);
+        mbar_arrive_cp_async(&full[st]);
+    }
+}
+
+/* One consumer step: wait for stage kt, dequantize into af, issue its 4 wgmma, retire step
+ * kt - 1's group and release that stage. */
+template <int NT>
+static __device__ __forceinline__ void ws_step(float (&acc)[NT / 2], uint32_t (&af)[4][4],
+                                               uint8_t *smem, uint64_t *full, uint64_t *empty,
+                                               int kt, int r0, int lane) {
+    const int st = kt % WS_STAGES;
+    mbar_wait(&full[st], (kt / WS_STAGES) & 1);
+    wg_fence_proxy(); /* the copies (generic proxy) before the wgmma's reads (async proxy) */
+    const wr_words q = wr_load_words<2>(smem + st * ws_cfg::STAGE_BYTES, r0, lane);
+    wr_afrag(af, q.wl, q.wu, q.sl, q.su); /* step kt - 2's group, the last reader, has retired */
+    wg_fence();
+    const uint32_t sx = smem_u32(smem) + st * ws_cfg::STAGE_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + kk * 32), kt | kk);
+    wg_commit();
+    wg_wait<1>();
+    if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % WS_STAGES]);
+}
+
+/* A consumer warpgroup (thread t = threadIdx.x - 128 of the two): the main loop, then the epilogue
+ * (the stages become the output tile once both warpgroups are past their last wgmma). */
+template <int NT>
+static __device__ __forceinline__ void ws_consume(const gemm_args &p, uint8_t *smem, uint64_t *full,
+                                                  uint64_t *empty, const int32_t *perm, int m0,
+                                                  int m_end, int KT) {
+    const int t = threadIdx.x - 128, lane = t & 31, r0 = (t >> 5) * 16;
+    float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
+    uint32_t af0[4][4], af1[4][4];
+    if (p.mode == GM_DENSE) pdl_wait(); /* before the epilogue's residual reads and stores */
+    for (int kt = 0; kt < KT; kt += 2) {
+        ws_step<NT>(acc, af0, smem, full, empty, kt, r0, lane);
+        if (kt + 1 < KT) ws_step<NT>(acc, af1, smem, full, empty, kt + 1, r0, lane);
+    }
+    wg_wait<0>();
+    bar_sync_named(1, 256);
+    wr_epilogue<2, NT>(p, acc, (float *)smem, perm, m0, m_end, t, [] { bar_sync_named(1, 256); });
+}
+
+__global__ void __launch_bounds__(384, 1) gemm_wgs_kernel(gemm_args p) {
+    extern __shared__ uint8_t wr_smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(smem + ws_cfg::BAR_OFF), *empty = full + WS_STAGES;
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm;
+    int m0, m_end;
+    if (threadIdx.x == 0)
+        for (int s = 0; s < WS_STAGES; s++) mbar_init(&full[s], 128), mbar_init(&empty[s], 8);
+    __syncthreads();
+    if (p.mode != GM_DENSE) pdl_wait(); /* the MoE plan; a dense product waits in its warps */
+    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
+    const int nc = (min(m_end - m0, WR_NT) + 31) / 32;            /* block-uniform */
+#define WS_ROLE(NT)                                                                                \
+    (threadIdx.x < 128 ? ws_produce<NT>(p, smem, full, empty, wb, sbb, perm, m0, m_end, KT, kb)    \
+                       : ws_consume<NT>(p, smem, full, empty, perm, m0, m_end, KT))
+    if (nc == 4)
+        WS_ROLE(128);
+    else if (nc == 3)
+        WS_ROLE(96);
+    else if (nc == 2)
+        WS_ROLE(64);
+    else
+        WS_ROLE(32);
+#undef WS_ROLE
+}
+
+/* 1 with TL_GEMM_WS=1: launches of the 2-warpgroup wgr kernel run gemm_wgs_kernel instead. */
+static int gemm_ws_on(void) {
+    static int on = -1;
+    if (on < 0) on = tl_env_is("TL_GEMM_WS", 1);
+    return on;
+}
+
+static int launch_gemm_wgs(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(gemm_wgs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 ws_cfg::SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgs" : "gemm_wgs_moe", gemm_wgs_kernel,
+              dim3((p->N + 127) / 128, grid_y, ksplit), dim3(ws_cfg::THREADS), ws_cfg::SMEM, *p);
+    return 0;
+}
+
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
@@ -231,6 +398,7 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1) != (p->ws != NULL) ||
         (p->ws && p->mode != GM_DENSE) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
+    if (WGS == 2 && gemm_ws_on()) return launch_gemm_wgs(p, grid_y, ksplit, st);
     TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>,
               dim3((p->N + C::BN - 1) / C::BN, grid_y, ksplit), dim3(C::THREADS), C::SMEM, *p);
     return 0;

@@ -103,17 +103,17 @@ static inline cudaError_t cudaDeviceGetAttribute(int *v, int a, int d) {
 
 /* ---- emulated threads ---- */
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
-void emu_barrier(int id); /* id 0: block; 1 + w: warp w; 100 + n: the first n threads */
+/* id 0: block; 1 + w: warp w; 100 + n: the first n threads; 1000 + g: warpgroup g; 3000 + 2048 b
+ * + n: named barrier b, whichever n threads arrive */
+void emu_barrier(int id);
+void emu_yield(void); /* lets the block's other threads run (a spin wait) */
 void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn);
 extern int (*emu_head_on)(int y);
 /* operand rounding of the emulated tensor cores: 0 tf32 (cvt.rna), 1 bf16 (nearest even) */
 extern int emu_round_bf16;
 
 static inline void __syncthreads(void) { emu_barrier(0); }
-static inline void bar_sync_named(int id, int n) {
-    (void)id;
-    emu_barrier(100 + n);
-}
+static inline void bar_sync_named(int id, int n) { emu_barrier(3000 + 2048 * id + n); }
 float emu_shfl(float v, int src_lane_or_minus1);
 uint32_t emu_shfl_u(uint32_t v, int src_lane);
 uint32_t emu_reduce_u(uint32_t v, int max); /* the warp's max (1) or min (0) */
