@@ -13,9 +13,9 @@ static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
 }
 /* one arrival of this thread (release: its earlier shared-memory reads and writes come first) */
 static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                     smem_u32(b))
-                 : "memory");
+    asm volatile(
+        "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(b))
+        : "memory");
 }
 /* one arrival, made when every cp.async this thread has issued so far has landed (noinc: it is
  * one of the count the barrier was initialised with) */
