@@ -124,20 +124,24 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
 template <int WGS, int NT, int NTHR> struct wr_loader {
     typedef wr_cfg<WGS> C;
     static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
-    const uint16_t *x_src[XC];
-    int x_ok[XC], i, n0, kb;
+    static_assert(XC <= 32, "one bit of x_ok a token chunk");
+    const uint16_t *xs;
+    int x_off[XC]; /* element offsets of the chunks' rows (+ column) in x */
+    uint32_t x_ok; /* bit j: chunk j's row is inside the tile */
+    int i, n0, kb;
     const uint32_t *wq, *sbb;
 
     __device__ __forceinline__ wr_loader(const gemm_args &p, const uint8_t *wb, const uint32_t *sb,
                                          const int32_t *perm, int m0, int m_end, int i_, int kb_)
-        : i(i_), n0(blockIdx.x * C::BN), kb(kb_), wq((const uint32_t *)wb), sbb(sb) {
+        : xs(p.x), x_ok(0), i(i_), n0(blockIdx.x * C::BN), kb(kb_), wq((const uint32_t *)wb),
+          sbb(sb) {
 #pragma unroll
         for (int j = 0; j < XC; j++) {
-            int m = m0 + (i >> 3) + NTHR / 8 * j;
-            x_ok[j] = m < m_end;
-            int src = x_ok[j] ? m : m0;
+            int m = m0 + (i >> 3) + NTHR / 8 * j, ok = m < m_end;
+            x_ok |= (uint32_t)ok << j;
+            int src = ok ? m : m0;
             if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
-            x_src[j] = p.x + (size_t)src * p.K + (i & 7) * 8;
+            x_off[j] = src * p.K + (i & 7) * 8;
         }
     }
     __device__ __forceinline__ void x(uint8_t *stage, int kt) const {
@@ -145,8 +149,8 @@ template <int WGS, int NT, int NTHR> struct wr_loader {
         for (int j = 0; j < XC; j++) {
             int r = (i >> 3) + NTHR / 8 * j;
             if (r < NT)
-                cp_async16(stage + wg_swz(r, i & 7), x_src[j] + (kb + kt) * GM_BK,
-                           x_ok[j] ? 16 : 0);
+                cp_async16(stage + wg_swz(r, i & 7), xs + x_off[j] + (kb + kt) * GM_BK,
+                           (x_ok >> j) & 1 ? 16 : 0);
         }
     }
     __device__ __forceinline__ void w(const gemm_args &p, uint8_t *stage, int kt) const {
@@ -253,32 +257,34 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
 /* ====== The warp-specialised variant ("wgs", TL_GEMM_WS=1, for A/B; default off) ======
  * math: gemm_wgr_kernel's with 2 warpgroups of weight rows (the same tiles, loader, dequantized A
  *   fragments, wgmma sequence and epilogue: the same sums in the same order).
- * threads: 384 = a producer warpgroup (0: the cp.async copies of every stage, wr_loader with 128
- *   loaders) and two consumer warpgroups (1, 2: wgr's warps 0-7, thread t - 128). No block
- *   barrier in the main loop: stage s is full when the 128 producers' copies have landed (full[s],
+ * threads: 288 = two consumer warpgroups (warps 0-7, exactly wgr's: rows 16w ..) and one producer
+ *   warp (8) that issues every cp.async of the ring (wr_loader with 32 loaders). No block barrier
+ *   in the main loop: stage s is full when the producer's copies have landed (full[s], 32
  *   cp.async.mbarrier.arrive.noinc) and free again when the 8 consumer warps have retired the
- *   wgmma that read it (empty[s], one arrival a warp).
- * pipeline: WS_STAGES deep; a consumer keeps two A register sets, so it dequantizes step k + 1
- *   while the wgmma of step k runs (wait_group 1 after each commit retires step k - 1, whose
- *   stage it then releases); the steps alternate between the sets (the loop is unrolled by two).
- * one block an SM: ~130 KB of shared memory (stages + the barriers), up to 168 registers.
+ *   wgmma that read it (empty[s], one arrival a warp). A consumer warp only waits, loads its
+ *   words, dequantizes and issues wgmma, and its warpgroup runs free of the other.
+ * pipeline: WS_STAGES deep. A consumer dequantizes after retiring its previous group (wait_group
+ *   0): ptxas serialises every wgmma (C7513) when A registers are written while a wgmma is in
+ *   flight, even into a second register set, so the overlap of dequantization and tensor work
+ *   comes from the other warpgroup. One block an SM (~130 KB of shared memory): a second block
+ *   would leave 96 registers a thread (5 warps on a scheduler), and the consumers spill there.
  * reference: as wgr (tests/gpu/test_prefill_kernels.c, dev/emu/gemm_emu.sh with TL_GEMM_WS=1). */
 #define WS_STAGES 6
 struct ws_cfg {
     typedef wr_cfg<2> W;
-    static constexpr int THREADS = 384, STAGE_BYTES = W::STAGE_BYTES;
+    static constexpr int THREADS = 288, STAGE_BYTES = W::STAGE_BYTES;
     static constexpr int BAR_OFF =
         WS_STAGES * STAGE_BYTES > W::OUT_BYTES ? WS_STAGES *STAGE_BYTES : W::OUT_BYTES;
     static constexpr int SMEM = BAR_OFF + 2 * WS_STAGES * 8 + 1024; /* + alignment slack */
 };
 
-/* The producer warpgroup: every stage of the block's KT k tiles into the ring (dense: the first
+/* The producer warp: every stage of the block's KT k tiles into the ring (dense: the first
  * stages' weights before the wait for the previous kernel). */
 template <int NT>
 static __device__ __forceinline__ void
 ws_produce(const gemm_args &p, uint8_t *smem, uint64_t *full, uint64_t *empty, const uint8_t *wb,
            const uint32_t *sbb, const int32_t *perm, int m0, int m_end, int KT, int kb) {
-    const wr_loader<2, NT, 128> ld(p, wb, sbb, perm, m0, m_end, threadIdx.x, kb);
+    const wr_loader<2, NT, 32> ld(p, wb, sbb, perm, m0, m_end, threadIdx.x & 31, kb);
     const int pre = min(WS_STAGES, KT);
     for (int kt = 0; kt < pre; kt++) ld.w(p, smem + kt * ws_cfg::STAGE_BYTES, kt);
     if (p.mode == GM_DENSE) pdl_wait();
@@ -296,46 +302,37 @@ ws_produce(const gemm_args &p, uint8_t *smem, uint64_t *full, uint64_t *empty, c
     }
 }
 
-/* One consumer step: wait for stage kt, dequantize into af, issue its 4 wgmma, retire step
- * kt - 1's group and release that stage. */
-template <int NT>
-static __device__ __forceinline__ void ws_step(float (&acc)[NT / 2], uint32_t (&af)[4][4],
-                                               uint8_t *smem, uint64_t *full, uint64_t *empty,
-                                               int kt, int r0, int lane) {
-    const int st = kt % WS_STAGES;
-    mbar_wait(&full[st], (kt / WS_STAGES) & 1);
-    wg_fence_proxy(); /* the copies (generic proxy) before the wgmma's reads (async proxy) */
-    const wr_words q = wr_load_words<2>(smem + st * ws_cfg::STAGE_BYTES, r0, lane);
-    wr_afrag(af, q.wl, q.wu, q.sl, q.su); /* step kt - 2's group, the last reader, has retired */
-    wg_fence();
-    const uint32_t sx = smem_u32(smem) + st * ws_cfg::STAGE_BYTES;
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + kk * 32), kt | kk);
-    wg_commit();
-    wg_wait<1>();
-    if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % WS_STAGES]);
-}
-
-/* A consumer warpgroup (thread t = threadIdx.x - 128 of the two): the main loop, then the epilogue
- * (the stages become the output tile once both warpgroups are past their last wgmma). */
+/* A consumer warp (threads 0-255): the main loop, then the epilogue (the stages become the output
+ * tile once both warpgroups are past their last wgmma). */
 template <int NT>
 static __device__ __forceinline__ void ws_consume(const gemm_args &p, uint8_t *smem, uint64_t *full,
                                                   uint64_t *empty, const int32_t *perm, int m0,
                                                   int m_end, int KT) {
-    const int t = threadIdx.x - 128, lane = t & 31, r0 = (t >> 5) * 16;
-    float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
-    uint32_t af0[4][4], af1[4][4];
+    const int t = threadIdx.x, lane = t & 31, r0 = (t >> 5) * 16;
+    float acc[NT / 2];                  /* the first wgmma (scale-d 0) initialises them */
     if (p.mode == GM_DENSE) pdl_wait(); /* before the epilogue's residual reads and stores */
-    for (int kt = 0; kt < KT; kt += 2) {
-        ws_step<NT>(acc, af0, smem, full, empty, kt, r0, lane);
-        if (kt + 1 < KT) ws_step<NT>(acc, af1, smem, full, empty, kt + 1, r0, lane);
+    const uint32_t sx = smem_u32(smem);
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % WS_STAGES;
+        mbar_wait(&full[st], (kt / WS_STAGES) & 1);
+        wg_fence_proxy(); /* the copies (generic proxy) before the wgmma's reads (async proxy) */
+        const wr_words q = wr_load_words<2>(smem + st * ws_cfg::STAGE_BYTES, r0, lane);
+        wg_wait<0>(); /* step kt - 1's group has retired: its A registers and stage are free */
+        if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % WS_STAGES]);
+        uint32_t af[4][4];
+        wr_afrag(af, q.wl, q.wu, q.sl, q.su);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * ws_cfg::STAGE_BYTES + kk * 32), kt | kk);
+        wg_commit();
     }
     wg_wait<0>();
     bar_sync_named(1, 256);
     wr_epilogue<2, NT>(p, acc, (float *)smem, perm, m0, m_end, t, [] { bar_sync_named(1, 256); });
 }
 
-__global__ void __launch_bounds__(384, 1) gemm_wgs_kernel(gemm_args p) {
+__global__ void __launch_bounds__(288, 1) gemm_wgs_kernel(gemm_args p) {
     extern __shared__ uint8_t wr_smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
     uint64_t *full = (uint64_t *)(smem + ws_cfg::BAR_OFF), *empty = full + WS_STAGES;
@@ -344,15 +341,15 @@ __global__ void __launch_bounds__(384, 1) gemm_wgs_kernel(gemm_args p) {
     const int32_t *perm;
     int m0, m_end;
     if (threadIdx.x == 0)
-        for (int s = 0; s < WS_STAGES; s++) mbar_init(&full[s], 128), mbar_init(&empty[s], 8);
+        for (int s = 0; s < WS_STAGES; s++) mbar_init(&full[s], 32), mbar_init(&empty[s], 8);
     __syncthreads();
     if (p.mode != GM_DENSE) pdl_wait(); /* the MoE plan; a dense product waits in its warps */
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
     const int nc = (min(m_end - m0, WR_NT) + 31) / 32;            /* block-uniform */
 #define WS_ROLE(NT)                                                                                \
-    (threadIdx.x < 128 ? ws_produce<NT>(p, smem, full, empty, wb, sbb, perm, m0, m_end, KT, kb)    \
-                       : ws_consume<NT>(p, smem, full, empty, perm, m0, m_end, KT))
+    (threadIdx.x >= 256 ? ws_produce<NT>(p, smem, full, empty, wb, sbb, perm, m0, m_end, KT, kb)   \
+                        : ws_consume<NT>(p, smem, full, empty, perm, m0, m_end, KT))
     if (nc == 4)
         WS_ROLE(128);
     else if (nc == 3)
