@@ -73,8 +73,9 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
-    {"TL_GEMM_WS=1", ENGINE_CMDS,
-     "CUDA: the 2-warpgroup wgr GEMM runs warp-specialised (a producer warp, mbarriers; A/B)"},
+    {"TL_GEMM_WS=1|2", ENGINE_CMDS,
+     "CUDA: the 2-warpgroup wgr GEMM runs warp-specialised (producer warpgroup, mbarriers; 2: "
+     "dense products of >= 256 tokens on 256-token tiles; A/B)"},
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},

@@ -1,6 +1,7 @@
-/* Shared-memory mbarriers (sm_90), as inline PTX, for the warp-specialised GEMM (k_gemm_wgr.cu):
- * a producer's cp.async completions and the consumers' releases of a stage meet on them. The host
- * emulator (dev/emu/cuda/k_mbar.cuh) replaces this header with its own model. */
+/* The warp-specialisation primitives (sm_90a), as inline PTX, for the warp-specialised GEMM
+ * (k_gemm_wgr.cu): shared-memory mbarriers, on which a producer's cp.async completions and the
+ * consumers' releases of a stage meet, and the per-warpgroup register reallocation (setmaxnreg).
+ * The host emulator (dev/emu/cuda/k_mbar.cuh) replaces this header with its own model. */
 #ifndef TL_K_MBAR_CUH
 #define TL_K_MBAR_CUH
 
@@ -34,6 +35,15 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
                      : "r"(a), "r"(parity)
                      : "memory");
     } while (!done);
+}
+
+/* this warpgroup's registers a thread become N (a multiple of 8 in 24..256; every warp of the
+ * warpgroup executes it): dec gives registers back to the SM, inc waits for them */
+template <int N> static __device__ __forceinline__ void regs_dec(void) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> static __device__ __forceinline__ void regs_inc(void) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 #endif

@@ -2,7 +2,8 @@
  * found before the real header on their include path. A barrier's 8 bytes hold its pending
  * arrivals, its expected count and its completed phases; cp.async copies at once here, so its
  * arrive is an ordinary one; a wait yields the thread (emu_yield) until the phase completes, and
- * gives up (abort) after a long spin: a protocol that never completes. */
+ * gives up (abort) after a long spin: a protocol that never completes. Register reallocation
+ * (setmaxnreg) does nothing here. */
 #ifndef TL_K_MBAR_CUH
 #define TL_K_MBAR_CUH
 
@@ -35,5 +36,8 @@ static inline void mbar_wait(uint64_t *b, int parity) {
         emu_yield();
     }
 }
+
+template <int N> static inline void regs_dec(void) {}
+template <int N> static inline void regs_inc(void) {}
 
 #endif
