@@ -294,9 +294,12 @@ static void test_sample_bits(void) {
  * a row, raised by 4 so the penalties move the top; device laws == tl_sample_law (ids, p to
  * 1e-6, logprobs to 1e-5), the greedy row's token its first survivor, the sampled rows' tokens
  * among their survivors. */
-static void law_case(int V, int nv) {
+static void law_case(int V, int nv, int ties) {
     enum { R = 3, NP = 10, NG = 6 };
     float *lg = rand_vec(&rs, (size_t)R * V, 3.0f);
+    if (ties) /* a plateau: ~2/3 of the ids share the largest value, so a part of 1,940 ids (128
+               * parts a row) has more than FCAND (1,024) candidates: the radix selection */
+        for (size_t i = 0; i < (size_t)R * V; i++) lg[i] = lg[i] > -1.0f ? 3.0f : lg[i];
     int32_t *cnt = (int32_t *)xcalloc((size_t)R * V, 4), hist[R][NP + NG];
     for (int r = 0; r < R; r++)
         for (int i = 0; i < NP + NG; i++) {
@@ -347,9 +350,10 @@ static void law_case(int V, int nv) {
 }
 
 static void test_sample_vs_host(void) {
-    law_case(32768, 32768); /* whole float4s, parts of 1024 ids */
-    law_case(32768, 32766); /* a padded tail: the last part ends mid-float4 */
-    law_case(32770, 32770); /* not a multiple of 4: one id at a time */
+    law_case(32768, 32768, 0); /* whole float4s, parts of 1024 ids */
+    law_case(32768, 32766, 0); /* a padded tail: the last part ends mid-float4 */
+    law_case(32770, 32770, 0); /* not a multiple of 4: one id at a time */
+    law_case(248320, 248320, 1); /* mass ties: the model vocabulary, the radix selection */
 }
 
 int main(void) {

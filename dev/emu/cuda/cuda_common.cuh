@@ -73,6 +73,9 @@ static inline float emu_fast_expf(float x) { return exp2f(x * 1.4426950408889634
 #define __expf emu_fast_expf /* glibc declares its own __expf */
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
+/* CUDA's unsigned overloads (an int max would order keys with the top bit set below the rest) */
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 template <class T> static inline T __ldcs(const T *p) { return *p; }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
