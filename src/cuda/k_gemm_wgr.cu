@@ -205,6 +205,20 @@ static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, i
     return q;
 }
 
+/* A warp's part of one k step: its words dequantized into A fragments, then its warpgroup's 4
+ * wgmma on the stage's token tile at shared address sx (the caller has retired the previous
+ * group: the A registers are free), committed as one group. */
+template <int NT>
+static __device__ __forceinline__ void wr_mma_step(float (&acc)[NT / 2], const wr_words &q,
+                                                   uint32_t sx, int kt) {
+    uint32_t af[4][4];
+    wr_afrag(af, q.wl, q.wu, q.sl, q.su);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + kk * 32), kt | kk);
+    wg_commit();
+}
+
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
 template <int WGS, int NT>
 static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
@@ -229,13 +243,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
         __syncthreads();
         const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
         wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
-        uint32_t af[4][4];
-        wr_afrag(af, q.wl, q.wu, q.sl, q.su);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * C::STAGE_BYTES + kk * 32), kt | kk);
-        wg_commit();
+        wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
         __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
         int nk = kt + WR_STAGES - 1;
         if (nk < KT) load_w(nk % WR_STAGES, nk), load_x(nk % WR_STAGES, nk);
@@ -342,13 +350,7 @@ static __device__ __forceinline__ void ws_consume(const gemm_args &p, uint8_t *s
         const wr_words q = wr_load_words<2, TM>(smem + st * C::STAGE_BYTES, r0, lane);
         wg_wait<0>(); /* step kt - 1's group has retired: its A registers and stage are free */
         if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % C::STAGES]);
-        uint32_t af[4][4];
-        wr_afrag(af, q.wl, q.wu, q.sl, q.su);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + st * C::STAGE_BYTES + kk * 32), kt | kk);
-        wg_commit();
+        wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
     }
     wg_wait<0>();
     bar_sync_named(1, 256);
@@ -410,16 +412,22 @@ static int gemm_ws_mode(void) {
     return mode;
 }
 
+/* Raises kernel Kern's dynamic shared memory limit to bytes, once (before its first launch). */
+template <auto Kern> static int wr_smem_limit(int bytes) {
+    static int set;
+    if (!set) {
+        if (cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+            cudaSuccess)
+            return TL_ERR_CUDA;
+        set = 1;
+    }
+    return 0;
+}
+
 template <int TM>
 static int launch_gemm_wgs(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef ws_cfg<TM> C;
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_wgs_kernel<TM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 C::SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (wr_smem_limit<gemm_wgs_kernel<TM>>(C::SMEM)) return TL_ERR_CUDA;
     TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgs" : "gemm_wgs_moe", gemm_wgs_kernel<TM>,
               dim3((p->N + 127) / 128, grid_y, ksplit), dim3(C::THREADS), C::SMEM, *p);
     return 0;
@@ -435,13 +443,7 @@ static int launch_gemm_ws(const gemm_args *p, int grid_y, int ksplit, const tl_g
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 C::SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (wr_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1) != (p->ws != NULL) ||
         (p->ws && p->mode != GM_DENSE) || (p->K / GM_BK) % ksplit)
