@@ -143,7 +143,7 @@ template <int WGS, int NT, int NTHR, int TM = WR_NT, bool AFF = false> struct wr
             int m = m0 + (i >> 3) + NTHR / 8 * j, ok = m < m_end;
             x_ok |= (uint64_t)ok << j;
             if (AFF && j > 0) continue;
-            int src = ok || AFF ? m : m0;
+            int src = ok ? m : m0; /* AFF: chunk j > 0 in the tile implies chunk 0 is */
             if (!AFF && p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
             x_off[j] = src * p.K + (i & 7) * 8;
         }

@@ -448,18 +448,15 @@ __global__ void __launch_bounds__(FT)
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     uint32_t tmax = 0; /* this thread's largest key */
+    /* the penalised value of id i0 + j, drawn-from value r, count c (the law's adjustments) */
+    auto pen = [&](float r, int c, int j) {
+        return cnt ? apply_pen(r, LAW ? adj_count(c, i0 + j, adj) : c, P) : r;
+    };
     /* id i0 + j: raw logit l, drawn-from value r, count c */
     auto elem = [&](int j, float l, float r, int c) {
-        int cj = LAW ? adj_count(c, i0 + j, adj) : c;
-        float lp = cnt ? apply_pen(r, cj, P) : r;
-        if (!VEC) { /* online: fixed order per thread */
-            float mn = fmaxf(m, l);
-            s = s * expf(m - mn) + expf(l - mn), m = mn;
-        } else if (l > m) { /* the same values, without the exp(0) when the max stays */
-            s = s * expf(m - l) + expf(l - l), m = l;
-        } else {
-            s = s + expf(l - m);
-        }
+        float lp = pen(r, c, j);
+        float mn = fmaxf(m, l);
+        s = s * expf(m - mn) + expf(l - mn), m = mn; /* online: fixed order per thread */
         if (P.temperature <= 0.0f) {
             if (am_better(lp, i0 + j, bv, bi)) bv = lp, bi = i0 + j;
         } else {
@@ -482,10 +479,6 @@ __global__ void __launch_bounds__(FT)
         const bool greedy = P.temperature <= 0.0f;
         const float4 *l4 = (const float4 *)(lg + i0), *r4 = (const float4 *)(ls + i0);
         uint4 *keys4 = (uint4 *)keys;
-        auto pen_at = [&](float r, uint32_t w, int j) {
-            int c = count_at(w, j);
-            return apply_pen(r, LAW ? adj_count(c, i0 + j, adj) : c, P);
-        };
         for (int f0 = tid; f0 < n4; f0 += PU4 * FT) {
             float4 lv[PU4];
             uint32_t cw[PU4]; /* the count-bit word of the float4's ids (one word: 4-aligned) */
@@ -507,8 +500,10 @@ __global__ void __launch_bounds__(FT)
                 if (m > -INFINITY)
                     s += (__expf(l.x - m) + __expf(l.y - m)) + (__expf(l.z - m) + __expf(l.w - m));
                 if (cnt && (LAW || ((cw[u] >> ((i0 + j) & 31)) & 15u))) {
-                    p.x = pen_at(p.x, cw[u], j), p.y = pen_at(p.y, cw[u], j + 1);
-                    p.z = pen_at(p.z, cw[u], j + 2), p.w = pen_at(p.w, cw[u], j + 3);
+                    p.x = pen(p.x, count_at(cw[u], j), j);
+                    p.y = pen(p.y, count_at(cw[u], j + 1), j + 1);
+                    p.z = pen(p.z, count_at(cw[u], j + 2), j + 2);
+                    p.w = pen(p.w, count_at(cw[u], j + 3), j + 3);
                 }
                 if (greedy) {
                     if (am_better(p.x, i0 + j, bv, bi)) bv = p.x, bi = i0 + j;
