@@ -264,8 +264,8 @@ static void test_moe_small(void) {
 }
 static void test_moe_production(void) {
     static const int counts[3] = {40, 70, 3};
-    static const char *const tiles[] = {"6", "7"};
-    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 2, 0);
+    static const char *const tiles[] = {"6", "7", "5"}; /* 5: q4w at K = 2048 and 512 */
+    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 3, 0);
 }
 
 /* ---- prefill attention ---- */

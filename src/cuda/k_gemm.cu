@@ -293,17 +293,66 @@ static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&
 #define Q4W_THREADS 256
 typedef gm_cfg<4, 1, 4, 1> q4w_cfg;
 
-/* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
- * (NB * 8 >= its token count). Per k stage (one group of 64 columns) the warp makes the A
- * fragments of its 16 rows once (16 registers), then for each n8 block sums d and Sx over the
- * four k16 steps and folds them into acc with the group's scale and bias. */
+/* One k stage of q4w_block (stage = the group of 64 columns in shared memory at st): the warp makes
+ * the A fragments of its 16 rows once (16 registers), then for each n8 block sums d and Sx over
+ * the four k16 steps and folds them into acc with the group's scale and bias. x_off: the lane's
+ * ldmatrix row offset (elements). */
 template <int NB>
+static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)[NB][4], int wn,
+                                                 int lane, int x_off) {
+    typedef q4w_cfg C;
+    const uint32_t ONES = 0x3F803F80u, E = 0x43004300u;
+    const int g = lane >> 2;
+    const uint16_t *sA = (const uint16_t *)st;
+    const uint32_t *sQ = (const uint32_t *)(st + C::A_BYTES), *sS = sQ + 1024;
+    /* A fragments of the four k16 steps: row-block tiles 2wn (rows g) and 2wn + 1 (g + 8) */
+    uint32_t af[4][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t wl = sQ[(2 * wn) * 64 + h * 32 + lane], wu = sQ[(2 * wn + 1) * 64 + h * 32 + lane];
+#pragma unroll
+        for (int s2 = 0; s2 < 2; s2++) {
+            af[2 * h + s2][0] = q4m_nib(wl >> (8 * s2), E);
+            af[2 * h + s2][1] = q4m_nib(wu >> (8 * s2), E);
+            af[2 * h + s2][2] = q4m_nib(wl >> (8 * s2 + 4), E);
+            af[2 * h + s2][3] = q4m_nib(wu >> (8 * s2 + 4), E);
+        }
+    }
+    uint32_t ul = sS[wn * 16 + g], uh = sS[wn * 16 + g + 8];
+    float sl = __uint_as_float(ul << 16), bl = __uint_as_float(ul & 0xffff0000u);
+    float su = __uint_as_float(uh << 16), bu = __uint_as_float(uh & 0xffff0000u);
+    float cl = fmaf(-128.0f, sl, bl), cu = fmaf(-128.0f, su, bu);
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+        float dq[4] = {}, dsx[4] = {};
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t xb[2];
+            ldmatrix_x2(xb, sA + nb * 8 * GM_LDS + x_off + kk * 16);
+            mma_bf16(dsx, ONES, ONES, ONES, ONES, xb[0], xb[1]);
+            mma_bf16(dq, af[kk][0], af[kk][1], af[kk][2], af[kk][3], xb[0], xb[1]);
+        }
+        /* the group's scale and bias: acc += s d + (b - 128 s) Sx */
+        acc[nb][0] = fmaf(sl, dq[0], fmaf(cl, dsx[0], acc[nb][0]));
+        acc[nb][1] = fmaf(sl, dq[1], fmaf(cl, dsx[1], acc[nb][1]));
+        acc[nb][2] = fmaf(su, dq[2], fmaf(cu, dsx[0], acc[nb][2]));
+        acc[nb][3] = fmaf(su, dq[3], fmaf(cu, dsx[1], acc[nb][3]));
+    }
+}
+
+/* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
+ * (NB * 8 >= its token count), one q4w_stage per k stage. LEAN (TL_Q4W_LEAN=1, for A/B): the
+ * kernel is bound by instruction issue (~150 instructions a warp a stage for 512 weight bytes,
+ * half of them the copies' address arithmetic and the ring's stage offsets), so the loop runs
+ * STAGES k stages per iteration with the ring slot a constant and the copies from running
+ * pointers (one add each a stage); the same copies, products and sums in the same order. */
+template <int NB, bool LEAN>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
                                                  int m_end) {
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
-    const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5;
     const int n0 = blockIdx.x * 128;
     /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
     const int a_row = tid >> 3, a_ok = tid < 128 && m0 + a_row < m_end;
@@ -312,72 +361,74 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     const uint16_t *a_ptr = p.x + (size_t)a_src * p.K + (tid & 7) * 8;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
     const uint32_t *wq = (const uint32_t *)wb;
-    auto load_a = [&](int stage, int kt) {
-        uint16_t *sA = (uint16_t *)(gm_smem + stage * C::STAGE_BYTES);
-        if (tid < 128)
-            cp_async16(sA + a_row * GM_LDS + (tid & 7) * 8, a_ptr + (kt_base + kt) * GM_BK,
-                       a_ok ? 16 : 0);
-    };
     /* weights: thread tid copies 16 bytes of row block tid / 16 (2 tiles of 128 B each) */
-    auto load_b = [&](int stage, int kt) {
-        uint32_t *sQ = (uint32_t *)(gm_smem + stage * C::STAGE_BYTES + C::A_BYTES);
-        const int k0 = (kt_base + kt) * GM_BK, rb = tid >> 4, ch = tid & 15;
-        cp_async16(sQ + rb * 64 + ch * 4,
-                   wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + k0 / 32) * 32 + ch * 4, 16);
-        if (tid < 32)
-            cp_async16(sQ + 1024 + tid * 4, sbb + (size_t)(k0 / 64) * p.N + n0 + tid * 4, 16);
+    const int rb = tid >> 4, ch = tid & 15;
+    const uint32_t *w_ptr = wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + kt_base * 2) * 32 + ch * 4;
+    const uint32_t *s_ptr = sbb + (size_t)kt_base * p.N + n0 + tid * 4; /* tid < 32 */
+    const int a_bytes = a_ok ? 16 : 0;
+    const int a_dst = (a_row * GM_LDS + (tid & 7) * 8) * 2,
+              w_dst = C::A_BYTES + (rb * 64 + ch * 4) * 4, s_dst = C::A_BYTES + 4096 + tid * 16;
+    /* the copies of k stage kt into ring slot `stage` */
+    auto load = [&](int stage, int kt) {
+        uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
+        if (tid < 128) cp_async16(sm + a_dst, a_ptr + (kt_base + kt) * GM_BK, a_bytes);
+        cp_async16(sm + w_dst, w_ptr + (size_t)kt * 64, 16);
+        if (tid < 32) cp_async16(sm + s_dst, s_ptr + (size_t)kt * p.N, 16);
     };
-    gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
-    const uint32_t ONES = 0x3F803F80u, E = 0x43004300u;
     /* ldmatrix.x2 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15 */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8;
     float acc[NB][4] = {};
-    for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait<C::STAGES - 2>();
-        __syncthreads();
-        int nk = kt + C::STAGES - 1;
-        if (nk < KT) load_a(nk % C::STAGES, nk), load_b(nk % C::STAGES, nk);
-        cp_async_commit();
-        const uint8_t *st = gm_smem + (kt % C::STAGES) * C::STAGE_BYTES;
-        const uint16_t *sA = (const uint16_t *)st;
-        const uint32_t *sQ = (const uint32_t *)(st + C::A_BYTES), *sS = sQ + 1024;
-        /* A fragments of the four k16 steps: row-block tiles 2wn (rows g) and 2wn + 1 (g + 8) */
-        uint32_t af[4][4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint32_t wl = sQ[(2 * wn) * 64 + h * 32 + lane],
-                     wu = sQ[(2 * wn + 1) * 64 + h * 32 + lane];
-#pragma unroll
-            for (int s2 = 0; s2 < 2; s2++) {
-                af[2 * h + s2][0] = q4m_nib(wl >> (8 * s2), E);
-                af[2 * h + s2][1] = q4m_nib(wu >> (8 * s2), E);
-                af[2 * h + s2][2] = q4m_nib(wl >> (8 * s2 + 4), E);
-                af[2 * h + s2][3] = q4m_nib(wu >> (8 * s2 + 4), E);
-            }
+    if (!LEAN) {
+        auto load_a = [&](int stage, int kt) {
+            if (tid < 128)
+                cp_async16(gm_smem + stage * C::STAGE_BYTES + a_dst, a_ptr + (kt_base + kt) * GM_BK,
+                           a_bytes);
+        };
+        auto load_b = [&](int stage, int kt) {
+            uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
+            cp_async16(sm + w_dst, w_ptr + (size_t)kt * 64, 16);
+            if (tid < 32) cp_async16(sm + s_dst, s_ptr + (size_t)kt * p.N, 16);
+        };
+        gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
+        for (int kt = 0; kt < KT; kt++) {
+            cp_async_wait<C::STAGES - 2>();
+            __syncthreads();
+            int nk = kt + C::STAGES - 1;
+            if (nk < KT) load(nk % C::STAGES, nk);
+            cp_async_commit();
+            q4w_stage<NB>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, wn, lane, x_off);
         }
-        uint32_t ul = sS[wn * 16 + g], uh = sS[wn * 16 + g + 8];
-        float sl = __uint_as_float(ul << 16), bl = __uint_as_float(ul & 0xffff0000u);
-        float su = __uint_as_float(uh << 16), bu = __uint_as_float(uh & 0xffff0000u);
-        float cl = fmaf(-128.0f, sl, bl), cu = fmaf(-128.0f, su, bu);
+    } else {
+        /* running sources: the next stage to copy */
+        const uint16_t *an = a_ptr + kt_base * GM_BK;
+        const uint32_t *wn_ = w_ptr, *sn = s_ptr;
+        const size_t s_step = p.N;
+        auto load_next = [&](int stage) {
+            uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
+            if (tid < 128) cp_async16(sm + a_dst, an, a_bytes);
+            cp_async16(sm + w_dst, wn_, 16);
+            if (tid < 32) cp_async16(sm + s_dst, sn, 16);
+            an += GM_BK, wn_ += 64, sn += s_step;
+        };
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            float dq[4] = {}, dsx[4] = {};
+        for (int s = 0; s < C::STAGES - 1; s++) {
+            if (s < KT) load_next(s);
+            cp_async_commit();
+        }
+        for (int kt0 = 0; kt0 < KT; kt0 += C::STAGES) {
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                uint32_t xb[2];
-                ldmatrix_x2(xb, sA + nb * 8 * GM_LDS + x_off + kk * 16);
-                mma_bf16(dsx, ONES, ONES, ONES, ONES, xb[0], xb[1]);
-                mma_bf16(dq, af[kk][0], af[kk][1], af[kk][2], af[kk][3], xb[0], xb[1]);
+            for (int s = 0; s < C::STAGES; s++) {
+                if (kt0 + s >= KT) break; /* block-uniform */
+                cp_async_wait<C::STAGES - 2>();
+                __syncthreads();
+                if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
+                cp_async_commit();
+                q4w_stage<NB>(gm_smem + s * C::STAGE_BYTES, acc, wn, lane, x_off);
             }
-            /* the group's scale and bias: acc += s d + (b - 128 s) Sx */
-            acc[nb][0] = fmaf(sl, dq[0], fmaf(cl, dsx[0], acc[nb][0]));
-            acc[nb][1] = fmaf(sl, dq[1], fmaf(cl, dsx[1], acc[nb][1]));
-            acc[nb][2] = fmaf(su, dq[2], fmaf(cu, dsx[0], acc[nb][2]));
-            acc[nb][3] = fmaf(su, dq[3], fmaf(cu, dsx[1], acc[nb][3]));
         }
     }
     cp_async_wait<0>();
-    q4w_epilogue<NB>(p, acc, m0, m_end, perm, n0 + wn * 16, g, t);
+    q4w_epilogue<NB>(p, acc, m0, m_end, perm, n0 + wn * 16, lane >> 2, lane & 3);
 }
 
 /* The MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token count). A token's
@@ -385,6 +436,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
  * alone stays bitwise. Not for the dense products: with 16- and 32-token q4w tiles they measured
  * no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
  * 2026-12-04), and one kernel must serve every batch size (they run the wgr kernel). */
+template <bool LEAN>
 __global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
@@ -393,9 +445,9 @@ __global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
     pdl_wait(); /* the plan comes from the previous kernel */
     if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     if (m_end - m0 > 8) /* block-uniform */
-        q4w_block<2>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<2, LEAN>(p, wb, sbb, perm, m0, m_end);
     else
-        q4w_block<1>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<1, LEAN>(p, wb, sbb, perm, m0, m_end);
 }
 
 template <int BITS, int WM, int NJ, int MI>
@@ -640,21 +692,34 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * x 128 or 256 weight rows). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
-static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+/* 1 if TL_Q4W_LEAN=1 (read once): gemm_q4w_kernel's unrolled main loop (q4w_block). */
+static int q4w_lean_on(void) {
+    static int on = -1;
+    if (on < 0) on = tl_env_is("TL_Q4W_LEAN", 1);
+    return on;
+}
+
+template <bool LEAN>
+static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_q4w_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(gemm_q4w_kernel<LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  q4w_cfg::SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gemm_q4w_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+            cudaFuncSetAttribute(gemm_q4w_kernel<LEAN>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel, dim3(p->N / 128, grid_y), dim3(Q4W_THREADS),
-              q4w_cfg::SMEM, *p);
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<LEAN>, dim3(p->N / 128, grid_y),
+              dim3(Q4W_THREADS), q4w_cfg::SMEM, *p);
     return 0;
+}
+
+static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
+    return q4w_lean_on() ? launch_q4w_as<true>(p, grid_y, st) : launch_q4w_as<false>(p, grid_y, st);
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
