@@ -296,7 +296,7 @@ typedef gm_cfg<4, 1, 4, 1> q4w_cfg;
 /* One k stage of q4w_block (stage = the group of 64 columns in shared memory at st): the warp makes
  * the A fragments of its 16 rows once (16 registers), then for each n8 block sums d and Sx over
  * the four k16 steps and folds them into acc with the group's scale and bias. x_off: the lane's
- * ldmatrix row offset (elements). */
+ * ldmatrix.x4 row offset (elements). */
 template <int NB>
 static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)[NB][4], int wn,
                                                  int lane, int x_off) {
@@ -326,11 +326,15 @@ static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)
     for (int nb = 0; nb < NB; nb++) {
         float dq[4] = {}, dsx[4] = {};
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t xb[2];
-            ldmatrix_x2(xb, sA + nb * 8 * GM_LDS + x_off + kk * 16);
-            mma_bf16(dsx, ONES, ONES, ONES, ONES, xb[0], xb[1]);
-            mma_bf16(dq, af[kk][0], af[kk][1], af[kk][2], af[kk][3], xb[0], xb[1]);
+        for (int k2 = 0; k2 < 2; k2++) { /* k16 steps 2 k2 (xb[0..1]) and 2 k2 + 1 (xb[2..3]) */
+            uint32_t xb[4];
+            ldmatrix_x4(xb, sA + nb * 8 * GM_LDS + x_off + k2 * 32);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int kk = 2 * k2 + h;
+                mma_bf16(dsx, ONES, ONES, ONES, ONES, xb[2 * h], xb[2 * h + 1]);
+                mma_bf16(dq, af[kk][0], af[kk][1], af[kk][2], af[kk][3], xb[2 * h], xb[2 * h + 1]);
+            }
         }
         /* the group's scale and bias: acc += s d + (b - 128 s) Sx */
         acc[nb][0] = fmaf(sl, dq[0], fmaf(cl, dsx[0], acc[nb][0]));
@@ -375,8 +379,9 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
         cp_async16(sm + w_dst, w_ptr + (size_t)kt * 64, 16);
         if (tid < 32) cp_async16(sm + s_dst, s_ptr + (size_t)kt * p.N, 16);
     };
-    /* ldmatrix.x2 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15 */
-    const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8;
+    /* ldmatrix.x4 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15, lanes
+     * 16-31 the same 16 columns further */
+    const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[NB][4] = {};
     if (!LEAN) {
         auto load_a = [&](int stage, int kt) {
