@@ -49,9 +49,9 @@ static const env_switch env_switches[] = {
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
-    {"TL_Q4W_LEAN=1", ENGINE_CMDS,
+    {"TL_Q4W_LEAN=1|2", ENGINE_CMDS,
      "CUDA: the q4w MoE GEMM's main loop unrolled over its 4-stage ring, copies from running "
-     "pointers (A/B; same bits)"},
+     "pointers; 2: also 4 warps of 32 weight rows (A/B; same bits)"},
     {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 or 2 blocks an SM; 0 "
      "(default): the persistent q4m kernel only (A/B; same bits)"},

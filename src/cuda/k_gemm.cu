@@ -289,42 +289,62 @@ static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&
 }
 
 /* The stages of gemm_q4w_kernel: its 16 token rows padded to GM_LDS, then 128 weight rows x 64
- * columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, 1>). */
-#define Q4W_THREADS 256
+ * columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, 1>). MODE (for
+ * A/B, TL_Q4W_LEAN): 0 the loop as first written, 1 the lean loop (q4w_block), 2 the lean loop
+ * on 4 warps of 32 weight rows each (MB = 2 m16 blocks a warp: the tokens' fragments and their
+ * sums Sx, loaded and made once a stage, serve twice the weights). */
 typedef gm_cfg<4, 1, 4, 1> q4w_cfg;
+template <int MODE> struct q4w_mode {
+    static constexpr int MB = MODE == 2 ? 2 : 1, THREADS = 256 / MB, MIN_BLOCKS = MODE == 2 ? 5 : 4;
+};
 
-/* One k stage of q4w_block (stage = the group of 64 columns in shared memory at st): the warp makes
- * the A fragments of its 16 rows once (16 registers), then for each n8 block sums d and Sx over
- * the four k16 steps and folds them into acc with the group's scale and bias. x_off: the lane's
+/* One k stage of q4w_block (stage = the group of 64 columns in shared memory at st) for the warp
+ * whose m16 blocks are wr0 .. wr0 + MB - 1 (row-block tiles 2 wr and 2 wr + 1, rows g and g + 8):
+ * the A fragments of each m16 block's 16 rows (16 registers each), then per n8 block the tokens'
+ * B fragments of the four k16 steps, their sums Sx (an mma against an all-ones A) and each m16
+ * block's sums d, folded into acc with the group's scale and bias. x_off: the lane's
  * ldmatrix.x4 row offset (elements). */
-template <int NB>
-static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)[NB][4], int wn,
-                                                 int lane, int x_off) {
+template <int NB, int MB>
+static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)[MB][NB][4],
+                                                 int wr0, int lane, int x_off) {
     typedef q4w_cfg C;
     const uint32_t ONES = 0x3F803F80u, E = 0x43004300u;
     const int g = lane >> 2;
     const uint16_t *sA = (const uint16_t *)st;
     const uint32_t *sQ = (const uint32_t *)(st + C::A_BYTES), *sS = sQ + 1024;
-    /* A fragments of the four k16 steps: row-block tiles 2wn (rows g) and 2wn + 1 (g + 8) */
-    uint32_t af[4][4];
+    auto frags = [&](int wr, uint32_t(&af)[4][4], float &sl, float &cl, float &su, float &cu) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        uint32_t wl = sQ[(2 * wn) * 64 + h * 32 + lane], wu = sQ[(2 * wn + 1) * 64 + h * 32 + lane];
+        for (int h = 0; h < 2; h++) {
+            uint32_t wl = sQ[(2 * wr) * 64 + h * 32 + lane],
+                     wu = sQ[(2 * wr + 1) * 64 + h * 32 + lane];
 #pragma unroll
-        for (int s2 = 0; s2 < 2; s2++) {
-            af[2 * h + s2][0] = q4m_nib(wl >> (8 * s2), E);
-            af[2 * h + s2][1] = q4m_nib(wu >> (8 * s2), E);
-            af[2 * h + s2][2] = q4m_nib(wl >> (8 * s2 + 4), E);
-            af[2 * h + s2][3] = q4m_nib(wu >> (8 * s2 + 4), E);
+            for (int s2 = 0; s2 < 2; s2++) {
+                af[2 * h + s2][0] = q4m_nib(wl >> (8 * s2), E);
+                af[2 * h + s2][1] = q4m_nib(wu >> (8 * s2), E);
+                af[2 * h + s2][2] = q4m_nib(wl >> (8 * s2 + 4), E);
+                af[2 * h + s2][3] = q4m_nib(wu >> (8 * s2 + 4), E);
+            }
         }
-    }
-    uint32_t ul = sS[wn * 16 + g], uh = sS[wn * 16 + g + 8];
-    float sl = __uint_as_float(ul << 16), bl = __uint_as_float(ul & 0xffff0000u);
-    float su = __uint_as_float(uh << 16), bu = __uint_as_float(uh & 0xffff0000u);
-    float cl = fmaf(-128.0f, sl, bl), cu = fmaf(-128.0f, su, bu);
+        uint32_t ul = sS[wr * 16 + g], uh = sS[wr * 16 + g + 8];
+        sl = __uint_as_float(ul << 16), su = __uint_as_float(uh << 16);
+        cl = fmaf(-128.0f, sl, __uint_as_float(ul & 0xffff0000u));
+        cu = fmaf(-128.0f, su, __uint_as_float(uh & 0xffff0000u));
+    };
+    /* the group's scale and bias: acc += s d + (b - 128 s) Sx */
+    auto fold = [](float(&a)[4], const float(&dq)[4], const float(&dsx)[4], float sl, float cl,
+                   float su, float cu) {
+        a[0] = fmaf(sl, dq[0], fmaf(cl, dsx[0], a[0]));
+        a[1] = fmaf(sl, dq[1], fmaf(cl, dsx[1], a[1]));
+        a[2] = fmaf(su, dq[2], fmaf(cu, dsx[0], a[2]));
+        a[3] = fmaf(su, dq[3], fmaf(cu, dsx[1], a[3]));
+    };
+    uint32_t af[MB][4][4];
+    float sl[MB], cl[MB], su[MB], cu[MB];
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) frags(wr0 + mb, af[mb], sl[mb], cl[mb], su[mb], cu[mb]);
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
-        float dq[4] = {}, dsx[4] = {};
+        float dq[MB][4] = {}, dsx[4] = {};
 #pragma unroll
         for (int k2 = 0; k2 < 2; k2++) { /* k16 steps 2 k2 (xb[0..1]) and 2 k2 + 1 (xb[2..3]) */
             uint32_t xb[4];
@@ -333,30 +353,34 @@ static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)
             for (int h = 0; h < 2; h++) {
                 const int kk = 2 * k2 + h;
                 mma_bf16(dsx, ONES, ONES, ONES, ONES, xb[2 * h], xb[2 * h + 1]);
-                mma_bf16(dq, af[kk][0], af[kk][1], af[kk][2], af[kk][3], xb[2 * h], xb[2 * h + 1]);
+#pragma unroll
+                for (int mb = 0; mb < MB; mb++)
+                    mma_bf16(dq[mb], af[mb][kk][0], af[mb][kk][1], af[mb][kk][2], af[mb][kk][3],
+                             xb[2 * h], xb[2 * h + 1]);
             }
         }
-        /* the group's scale and bias: acc += s d + (b - 128 s) Sx */
-        acc[nb][0] = fmaf(sl, dq[0], fmaf(cl, dsx[0], acc[nb][0]));
-        acc[nb][1] = fmaf(sl, dq[1], fmaf(cl, dsx[1], acc[nb][1]));
-        acc[nb][2] = fmaf(su, dq[2], fmaf(cu, dsx[0], acc[nb][2]));
-        acc[nb][3] = fmaf(su, dq[3], fmaf(cu, dsx[1], acc[nb][3]));
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++)
+            fold(acc[mb][nb], dq[mb], dsx, sl[mb], cl[mb], su[mb], cu[mb]);
     }
 }
 
 /* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
- * (NB * 8 >= its token count), one q4w_stage per k stage. LEAN (TL_Q4W_LEAN=1, for A/B): the
- * kernel is bound by instruction issue (~150 instructions a warp a stage for 512 weight bytes,
- * half of them the copies' address arithmetic and the ring's stage offsets), so the loop runs
- * STAGES k stages per iteration with the ring slot a constant and the copies from running
- * pointers (one add each a stage); the same copies, products and sums in the same order. */
-template <int NB, bool LEAN>
+ * (NB * 8 >= its token count), one q4w_stage per k stage. The kernel is bound by instruction issue
+ * (PTX: 140 instructions a warp a stage for 512 weight bytes at MODE 0, NB = 1, about half of them
+ * the copies' address arithmetic and the ring slot's offsets), so MODE >= 1 runs the ring STAGES
+ * k stages an iteration (the slot a constant) and issues the copies from running pointers (one
+ * add each a stage): 100 a stage. Every MODE makes the same copies, products and sums in the same
+ * order: the same bits. */
+template <int NB, int MODE>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
                                                  int m_end) {
     typedef q4w_cfg C;
+    typedef q4w_mode<MODE> M;
+    constexpr int MB = M::MB, THREADS = M::THREADS, WCH = 256 / THREADS;
     extern __shared__ __align__(128) uint8_t gm_smem[];
-    const int tid = threadIdx.x, lane = tid & 31, wn = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n0 = blockIdx.x * 128;
     /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
     const int a_row = tid >> 3, a_ok = tid < 128 && m0 + a_row < m_end;
@@ -365,25 +389,24 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     const uint16_t *a_ptr = p.x + (size_t)a_src * p.K + (tid & 7) * 8;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
     const uint32_t *wq = (const uint32_t *)wb;
-    /* weights: thread tid copies 16 bytes of row block tid / 16 (2 tiles of 128 B each) */
-    const int rb = tid >> 4, ch = tid & 15;
-    const uint32_t *w_ptr = wq + ((size_t)(n0 / 8 + rb) * (p.K / 32) + kt_base * 2) * 32 + ch * 4;
+    /* weights: 256 chunks of 16 bytes a stage; chunk c = tid + THREADS j is 16 bytes of row block
+     * c / 16 (2 tiles of 128 B each) and lands at word 4 c of the stage's weights */
+    const uint32_t *w_ptr[WCH];
+#pragma unroll
+    for (int j = 0; j < WCH; j++) {
+        const int c = tid + THREADS * j;
+        w_ptr[j] =
+            wq + ((size_t)(n0 / 8 + (c >> 4)) * (p.K / 32) + kt_base * 2) * 32 + (c & 15) * 4;
+    }
     const uint32_t *s_ptr = sbb + (size_t)kt_base * p.N + n0 + tid * 4; /* tid < 32 */
     const int a_bytes = a_ok ? 16 : 0;
-    const int a_dst = (a_row * GM_LDS + (tid & 7) * 8) * 2,
-              w_dst = C::A_BYTES + (rb * 64 + ch * 4) * 4, s_dst = C::A_BYTES + 4096 + tid * 16;
-    /* the copies of k stage kt into ring slot `stage` */
-    auto load = [&](int stage, int kt) {
-        uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
-        if (tid < 128) cp_async16(sm + a_dst, a_ptr + (kt_base + kt) * GM_BK, a_bytes);
-        cp_async16(sm + w_dst, w_ptr + (size_t)kt * 64, 16);
-        if (tid < 32) cp_async16(sm + s_dst, s_ptr + (size_t)kt * p.N, 16);
-    };
+    const int a_dst = (a_row * GM_LDS + (tid & 7) * 8) * 2, w_dst = C::A_BYTES + tid * 16,
+              s_dst = C::A_BYTES + 4096 + tid * 16;
     /* ldmatrix.x4 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15, lanes
      * 16-31 the same 16 columns further */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
-    float acc[NB][4] = {};
-    if (!LEAN) {
+    float acc[MB][NB][4] = {};
+    if (MODE == 0) {
         auto load_a = [&](int stage, int kt) {
             if (tid < 128)
                 cp_async16(gm_smem + stage * C::STAGE_BYTES + a_dst, a_ptr + (kt_base + kt) * GM_BK,
@@ -391,7 +414,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
         };
         auto load_b = [&](int stage, int kt) {
             uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
-            cp_async16(sm + w_dst, w_ptr + (size_t)kt * 64, 16);
+            cp_async16(sm + w_dst, w_ptr[0] + (size_t)kt * 64, 16);
             if (tid < 32) cp_async16(sm + s_dst, s_ptr + (size_t)kt * p.N, 16);
         };
         gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
@@ -399,21 +422,26 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
             cp_async_wait<C::STAGES - 2>();
             __syncthreads();
             int nk = kt + C::STAGES - 1;
-            if (nk < KT) load(nk % C::STAGES, nk);
+            if (nk < KT) load_a(nk % C::STAGES, nk), load_b(nk % C::STAGES, nk);
             cp_async_commit();
-            q4w_stage<NB>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, wn, lane, x_off);
+            q4w_stage<NB, MB>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, warp * MB, lane,
+                              x_off);
         }
     } else {
         /* running sources: the next stage to copy */
         const uint16_t *an = a_ptr + kt_base * GM_BK;
-        const uint32_t *wn_ = w_ptr, *sn = s_ptr;
         const size_t s_step = p.N;
+        const uint32_t *sn = s_ptr;
         auto load_next = [&](int stage) {
             uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
             if (tid < 128) cp_async16(sm + a_dst, an, a_bytes);
-            cp_async16(sm + w_dst, wn_, 16);
+#pragma unroll
+            for (int j = 0; j < WCH; j++) {
+                cp_async16(sm + w_dst + THREADS * 16 * j, w_ptr[j], 16);
+                w_ptr[j] += 64;
+            }
             if (tid < 32) cp_async16(sm + s_dst, sn, 16);
-            an += GM_BK, wn_ += 64, sn += s_step;
+            an += GM_BK, sn += s_step;
         };
 #pragma unroll
         for (int s = 0; s < C::STAGES - 1; s++) {
@@ -428,12 +456,15 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
                 __syncthreads();
                 if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
                 cp_async_commit();
-                q4w_stage<NB>(gm_smem + s * C::STAGE_BYTES, acc, wn, lane, x_off);
+                q4w_stage<NB, MB>(gm_smem + s * C::STAGE_BYTES, acc, warp * MB, lane, x_off);
             }
         }
     }
     cp_async_wait<0>();
-    q4w_epilogue<NB>(p, acc, m0, m_end, perm, n0 + wn * 16, lane >> 2, lane & 3);
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++)
+        q4w_epilogue<NB>(p, acc[mb], m0, m_end, perm, n0 + (warp * MB + mb) * 16, lane >> 2,
+                         lane & 3);
 }
 
 /* The MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token count). A token's
@@ -441,8 +472,9 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
  * alone stays bitwise. Not for the dense products: with 16- and 32-token q4w tiles they measured
  * no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
  * 2026-12-04), and one kernel must serve every batch size (they run the wgr kernel). */
-template <bool LEAN>
-__global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
+template <int MODE>
+__global__ void __launch_bounds__(q4w_mode<MODE>::THREADS, q4w_mode<MODE>::MIN_BLOCKS)
+    gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
@@ -450,9 +482,9 @@ __global__ void __launch_bounds__(Q4W_THREADS, 4) gemm_q4w_kernel(gemm_args p) {
     pdl_wait(); /* the plan comes from the previous kernel */
     if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     if (m_end - m0 > 8) /* block-uniform */
-        q4w_block<2, LEAN>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<2, MODE>(p, wb, sbb, perm, m0, m_end);
     else
-        q4w_block<1, LEAN>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<1, MODE>(p, wb, sbb, perm, m0, m_end);
 }
 
 template <int BITS, int WM, int NJ, int MI>
@@ -697,20 +729,23 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * x 128 or 256 weight rows). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
-/* 1 if TL_Q4W_LEAN=1 (read once): gemm_q4w_kernel's unrolled main loop (q4w_block). */
-static int q4w_lean_on(void) {
-    static int on = -1;
-    if (on < 0) on = tl_env_is("TL_Q4W_LEAN", 1);
-    return on;
+/* TL_Q4W_LEAN (read once): 0 (default) gemm_q4w_kernel<0>, 1 or 2 that MODE (q4w_block). */
+static int q4w_mode_env(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("TL_Q4W_LEAN");
+        mode = e && (e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 0;
+    }
+    return mode;
 }
 
-template <bool LEAN>
+template <int MODE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_q4w_kernel<LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(gemm_q4w_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  q4w_cfg::SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gemm_q4w_kernel<LEAN>,
+            cudaFuncSetAttribute(gemm_q4w_kernel<MODE>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return TL_ERR_CUDA;
@@ -718,13 +753,20 @@ static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st
     }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<LEAN>, dim3(p->N / 128, grid_y),
-              dim3(Q4W_THREADS), q4w_cfg::SMEM, *p);
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<MODE>, dim3(p->N / 128, grid_y),
+              dim3(q4w_mode<MODE>::THREADS), q4w_cfg::SMEM, *p);
     return 0;
 }
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    return q4w_lean_on() ? launch_q4w_as<true>(p, grid_y, st) : launch_q4w_as<false>(p, grid_y, st);
+    switch (q4w_mode_env()) {
+    case 1:
+        return launch_q4w_as<1>(p, grid_y, st);
+    case 2:
+        return launch_q4w_as<2>(p, grid_y, st);
+    default:
+        return launch_q4w_as<0>(p, grid_y, st);
+    }
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
