@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs dev/emu/gemm_emu.cpp: the prefill GEMMs (src/cuda/k_gemm.cu, with k_moe.cu's
 # MoE plan) and the prefill attention (k_attn_prefill.cu) emulated on the host (dev/emu/emu.sh),
-# the wgmma instructions and mbarriers included (dev/emu/cuda/k_wgmma.cuh and k_mbar.cuh stand in
-# for the src/cuda headers).
+# the wgmma instructions included (dev/emu/cuda/k_wgmma.cuh stands in for the src/cuda header).
 # Not part of the build or of CI: a check of the kernels' indexing and arithmetic without a GPU.
 # Usage, from the repository root:  bash dev/emu/gemm_emu.sh   (~3 minutes; T_ONLY=name: the
 # matching tests; EMU_OPT='-O0 -g' EMU_RUN='gdb -batch -ex run -ex bt' to debug)

@@ -49,9 +49,9 @@ static const env_switch env_switches[] = {
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
-    {"TL_Q4W_LEAN=1|2", ENGINE_CMDS,
-     "CUDA: the q4w MoE GEMM's main loop unrolled over its 4-stage ring, copies from running "
-     "pointers; 2: also 4 warps of 32 weight rows (A/B; same bits)"},
+    {"TL_Q4W_WIDE=0", ENGINE_CMDS,
+     "CUDA: the q4w MoE GEMM on 8 warps of 16 weight rows (its first loop) instead of 4 warps of "
+     "32 (A/B; same bits)"},
     {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 or 2 blocks an SM; 0 "
      "(default): the persistent q4m kernel only (A/B; same bits)"},
@@ -60,9 +60,9 @@ static const env_switch env_switches[] = {
      "persistent q4m kernel (A/B; same bits)"},
     {"TL_MOE_SLICE=1", ENGINE_CMDS,
      "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
-    {"TL_SAMPLE_VEC=1", ENGINE_CMDS,
-     "CUDA: the sampler's part kernel reads rows of whole float4s (A/B; same survivors, logprobs "
-     "within rounding)"},
+    {"TL_SAMPLE_VEC=0", ENGINE_CMDS,
+     "CUDA: the sampler's part kernel reads its rows id by id instead of as float4s (A/B; same "
+     "survivors, logprobs within rounding)"},
     {"TL_MOE_SHARED_GROUPED=0", ENGINE_CMDS,
      "CUDA: the shared expert of micro-batches of <= 256 tokens as two dense GEMMs instead of "
      "inside the grouped MoE GEMMs (A/B)"},
@@ -76,9 +76,6 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
-    {"TL_GEMM_WS=1|2", ENGINE_CMDS,
-     "CUDA: the 2-warpgroup wgr GEMM runs warp-specialised (producer warpgroup, mbarriers; 2: "
-     "dense products of >= 256 tokens on 256-token tiles; A/B)"},
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},

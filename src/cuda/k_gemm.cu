@@ -289,13 +289,14 @@ static __device__ __forceinline__ void q4w_epilogue(const gemm_args &p, float (&
 }
 
 /* The stages of gemm_q4w_kernel: its 16 token rows padded to GM_LDS, then 128 weight rows x 64
- * columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, 1>). MODE (for
- * A/B, TL_Q4W_LEAN): 0 the loop as first written, 1 the lean loop (q4w_block), 2 the lean loop
- * on 4 warps of 32 weight rows each (MB = 2 m16 blocks a warp: the tokens' fragments and their
- * sums Sx, loaded and made once a stage, serve twice the weights). */
+ * columns packed, then their 128 scale/bias words (as gemm_mma_kernel<4, 1, 4, 1>). WIDE (the
+ * default; TL_Q4W_WIDE=0 for A/B): 4 warps of 32 weight rows each (MB = 2 m16 blocks a warp: the
+ * tokens' fragments and their sums Sx, loaded and made once a stage, serve twice the weights;
+ * 96 registers, 5 blocks an SM) and the lean loop of q4w_block; else 8 warps of 16 rows and the
+ * loop as first written (64 registers, 4 blocks an SM). */
 typedef gm_cfg<4, 1, 4, 1> q4w_cfg;
-template <int MODE> struct q4w_mode {
-    static constexpr int MB = MODE == 2 ? 2 : 1, THREADS = 256 / MB, MIN_BLOCKS = MODE == 2 ? 5 : 4;
+template <bool WIDE> struct q4w_shape {
+    static constexpr int MB = WIDE ? 2 : 1, THREADS = 256 / MB, MIN_BLOCKS = WIDE ? 5 : 4;
 };
 
 /* One k stage of q4w_block (stage = the group of 64 columns in shared memory at st) for the warp
@@ -366,18 +367,19 @@ static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)
 }
 
 /* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
- * (NB * 8 >= its token count), one q4w_stage per k stage. The kernel is bound by instruction issue
- * (PTX: 140 instructions a warp a stage for 512 weight bytes at MODE 0, NB = 1, about half of them
- * the copies' address arithmetic and the ring slot's offsets), so MODE >= 1 runs the ring STAGES
- * k stages an iteration (the slot a constant) and issues the copies from running pointers (one
- * add each a stage): 100 a stage. Every MODE makes the same copies, products and sums in the same
- * order: the same bits. */
-template <int NB, int MODE>
+ * (NB * 8 >= its token count), one q4w_stage per k stage. WIDE: the lean loop, which runs the ring
+ * STAGES k stages an iteration (the slot a constant) and issues the copies from running pointers
+ * (one add each a stage); PTX 166 instructions a warp a stage for 1,024 weight bytes against 140
+ * for 512 (the narrow loop: about half of those are the copies' address arithmetic and the ring
+ * slot's offsets). The same loop on the narrow shape measured no faster (H100, decode batches 64
+ * and 256: 2026-12-06), the wide shape +2.2% / +0.9%. Both shapes make the same copies, products
+ * and sums in the same order: the same bits. */
+template <int NB, bool WIDE>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
                                                  int m_end) {
     typedef q4w_cfg C;
-    typedef q4w_mode<MODE> M;
+    typedef q4w_shape<WIDE> M;
     constexpr int MB = M::MB, THREADS = M::THREADS, WCH = 256 / THREADS;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -406,7 +408,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
      * 16-31 the same 16 columns further */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
-    if (MODE == 0) {
+    if (!WIDE) {
         auto load_a = [&](int stage, int kt) {
             if (tid < 128)
                 cp_async16(gm_smem + stage * C::STAGE_BYTES + a_dst, a_ptr + (kt_base + kt) * GM_BK,
@@ -472,8 +474,8 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
  * alone stays bitwise. Not for the dense products: with 16- and 32-token q4w tiles they measured
  * no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
  * 2026-12-04), and one kernel must serve every batch size (they run the wgr kernel). */
-template <int MODE>
-__global__ void __launch_bounds__(q4w_mode<MODE>::THREADS, q4w_mode<MODE>::MIN_BLOCKS)
+template <bool WIDE>
+__global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN_BLOCKS)
     gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
@@ -482,9 +484,9 @@ __global__ void __launch_bounds__(q4w_mode<MODE>::THREADS, q4w_mode<MODE>::MIN_B
     pdl_wait(); /* the plan comes from the previous kernel */
     if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     if (m_end - m0 > 8) /* block-uniform */
-        q4w_block<2, MODE>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<2, WIDE>(p, wb, sbb, perm, m0, m_end);
     else
-        q4w_block<1, MODE>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<1, WIDE>(p, wb, sbb, perm, m0, m_end);
 }
 
 template <int BITS, int WM, int NJ, int MI>
@@ -729,23 +731,20 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * x 128 or 256 weight rows). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
-/* TL_Q4W_LEAN (read once): 0 (default) gemm_q4w_kernel<0>, 1 or 2 that MODE (q4w_block). */
-static int q4w_mode_env(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("TL_Q4W_LEAN");
-        mode = e && (e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 0;
-    }
-    return mode;
+/* 1 unless TL_Q4W_WIDE=0 (read once): gemm_q4w_kernel on its wide shape (q4w_shape). */
+static int q4w_wide_on(void) {
+    static int on = -1;
+    if (on < 0) on = !tl_env_is("TL_Q4W_WIDE", 0);
+    return on;
 }
 
-template <int MODE>
+template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     static int attr_set;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_q4w_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(gemm_q4w_kernel<WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  q4w_cfg::SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gemm_q4w_kernel<MODE>,
+            cudaFuncSetAttribute(gemm_q4w_kernel<WIDE>,
                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return TL_ERR_CUDA;
@@ -753,20 +752,13 @@ static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st
     }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<MODE>, dim3(p->N / 128, grid_y),
-              dim3(q4w_mode<MODE>::THREADS), q4w_cfg::SMEM, *p);
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE>, dim3(p->N / 128, grid_y),
+              dim3(q4w_shape<WIDE>::THREADS), q4w_cfg::SMEM, *p);
     return 0;
 }
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    switch (q4w_mode_env()) {
-    case 1:
-        return launch_q4w_as<1>(p, grid_y, st);
-    case 2:
-        return launch_q4w_as<2>(p, grid_y, st);
-    default:
-        return launch_q4w_as<0>(p, grid_y, st);
-    }
+    return q4w_wide_on() ? launch_q4w_as<true>(p, grid_y, st) : launch_q4w_as<false>(p, grid_y, st);
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */

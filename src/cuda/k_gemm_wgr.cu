@@ -2,11 +2,8 @@
  * products and the MoE's grouped GEMMs, the same arguments, plan and epilogues as k_gemm.cu's
  * kernels (k_gemm_common.cuh), which picks it (TL_MOE_WGR, TL_DENSE_WGR, TL_GEMM_TILE=6|7).
  * Launches only: never allocates, never synchronises. */
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda/k_gemm_common.cuh"
-#include "cuda/k_mbar.cuh"
 #include "cuda/k_wgmma.cuh"
 
 /* ====== The MoE grouped GEMM on wgmma with the weights as the A operand ("wgr"). ======
@@ -37,15 +34,14 @@
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
-/* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (TM tokens x
- * 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
- * output tile [TM tokens][BN + 4] reuses the stages (and sets the size when larger). wgr: TM =
- * WR_NT; the wgs kernel's dense tiles may take 256. */
-template <int WGS, int TM = WR_NT> struct wr_cfg {
+/* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (WR_NT tokens
+ * x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
+ * output tile [WR_NT tokens][BN + 4] reuses the stages (and sets the size when larger). */
+template <int WGS> struct wr_cfg {
     static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
-    static constexpr int X_BYTES = TM * 128, Q_BYTES = BN * GM_BK / 2;
+    static constexpr int X_BYTES = WR_NT * 128, Q_BYTES = BN * GM_BK / 2;
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
-    static constexpr int OUT_BYTES = TM * (BN + 4) * 4;
+    static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
     static constexpr int SMEM =
         (WR_STAGES * STAGE_BYTES > OUT_BYTES ? WR_STAGES * STAGE_BYTES : OUT_BYTES) +
         1024; /* + alignment slack */
@@ -117,55 +113,42 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     }
 }
 
-/* A block's stage copies (cp.async), for the wgr kernel (every thread loads) and the wgs kernel
- * (its producer warpgroup): loader thread i of NTHR copies the token chunks i + NTHR j (row
+/* A block's stage copies (cp.async; every thread of the wgr kernel loads): loader thread i of
+ * NTHR copies the token chunks i + NTHR j (row
  * (i >> 3) + NTHR / 8 j, 16-byte column i & 7 of the stage's 64 k; rows past m_end load zeros,
  * MoE gathers read their token's row), the weight chunks i + NTHR h (row block c >> 4, 16 bytes
  * c & 15 of its 256; rows past N load zeros) and, for i < BN / 4, the scale/bias words of rows
  * 4i .. 4i + 3. kb: the block's first k tile (split-K). */
-template <int WGS, int NT, int NTHR, int TM = WR_NT, bool AFF = false> struct wr_loader {
-    typedef wr_cfg<WGS, TM> C;
+template <int WGS, int NT, int NTHR> struct wr_loader {
+    typedef wr_cfg<WGS> C;
     static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
     static_assert(XC <= 64, "one bit of x_ok a token chunk");
     const uint16_t *xs;
-    int x_off[AFF ? 1 : XC]; /* element offsets of the chunks' rows (+ column) in x; AFF (a
-                              * dense product's tiles only): chunk j's is x_off[0] + j NTHR / 8 K */
-    uint64_t x_ok;           /* bit j: chunk j's row is inside the tile */
-    int i, n0, kb, K;
+    int x_off[XC]; /* element offsets of the chunks' rows (+ column) in x */
+    uint64_t x_ok; /* bit j: chunk j's row is inside the tile */
+    int i, n0, kb;
     const uint32_t *wq, *sbb;
 
     __device__ __forceinline__ wr_loader(const gemm_args &p, const uint8_t *wb, const uint32_t *sb,
                                          const int32_t *perm, int m0, int m_end, int i_, int kb_)
-        : xs(p.x), x_ok(0), i(i_), n0(blockIdx.x * C::BN), kb(kb_), K(p.K),
-          wq((const uint32_t *)wb), sbb(sb) {
+        : xs(p.x), x_ok(0), i(i_), n0(blockIdx.x * C::BN), kb(kb_), wq((const uint32_t *)wb),
+          sbb(sb) {
 #pragma unroll
         for (int j = 0; j < XC; j++) {
             int m = m0 + (i >> 3) + NTHR / 8 * j, ok = m < m_end;
             x_ok |= (uint64_t)ok << j;
-            if (AFF && j > 0) continue;
-            int src = ok ? m : m0; /* AFF: chunk j > 0 in the tile implies chunk 0 is */
-            if (!AFF && p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
+            int src = ok ? m : m0;
+            if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
             x_off[j] = src * p.K + (i & 7) * 8;
         }
     }
     __device__ __forceinline__ void x(uint8_t *stage, int kt) const {
-        if constexpr (AFF) { /* not unrolled: hoisting XC addresses out of the k loop spills */
-            const uint16_t *src = xs + x_off[0] + (kb + kt) * GM_BK;
-#pragma unroll 4
-            for (int j = 0; j < XC; j++) {
-                int r = (i >> 3) + NTHR / 8 * j, ok = (x_ok >> j) & 1;
-                /* a row past the tile reads nothing (0 bytes) from the tile's first row */
-                cp_async16(stage + wg_swz(r, i & 7), src + (ok ? j * (NTHR / 8) * K : 0),
-                           ok ? 16 : 0);
-            }
-        } else {
 #pragma unroll
-            for (int j = 0; j < XC; j++) {
-                int r = (i >> 3) + NTHR / 8 * j;
-                if (r < NT)
-                    cp_async16(stage + wg_swz(r, i & 7), xs + x_off[j] + (kb + kt) * GM_BK,
-                               (x_ok >> j) & 1 ? 16 : 0);
-            }
+        for (int j = 0; j < XC; j++) {
+            int r = (i >> 3) + NTHR / 8 * j;
+            if (r < NT)
+                cp_async16(stage + wg_swz(r, i & 7), xs + x_off[j] + (kb + kt) * GM_BK,
+                           (x_ok >> j) & 1 ? 16 : 0);
         }
     }
     __device__ __forceinline__ void w(const gemm_args &p, uint8_t *stage, int kt) const {
@@ -191,9 +174,9 @@ template <int WGS, int NT, int NTHR, int TM = WR_NT, bool AFF = false> struct wr
 struct wr_words {
     uint32_t wl[2], wu[2], sl, su;
 };
-template <int WGS, int TM = WR_NT>
+template <int WGS>
 static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, int r0, int lane) {
-    typedef wr_cfg<WGS, TM> C;
+    typedef wr_cfg<WGS> C;
     const uint32_t *sQ = (const uint32_t *)(stage + C::X_BYTES), *sS = sQ + C::Q_BYTES / 4;
     wr_words q;
 #pragma unroll
@@ -277,141 +260,6 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
         wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
-/* ====== The warp-specialised variant ("wgs", TL_GEMM_WS=1|2, for A/B; default off) ======
- * math: gemm_wgr_kernel's with 2 warpgroups of weight rows (the same loader, dequantized A
- *   fragments, wgmma sequence and epilogue: the same sums in the same order), on token tiles of
- *   TM = 128 (MoE and dense) or, with TL_GEMM_WS=2, TM = 256 for dense products of >= 256 tokens
- *   (m64n256k16: one dequantization feeds twice the tensor work of wgr's widest tile).
- * threads: 384 = two consumer warpgroups (warps 0-7, exactly wgr's: rows 16w ..) and a producer
- *   warpgroup (warps 8-11, last: wgmma wants its warpgroups 4-aligned) that issues every cp.async
- *   of the ring (wr_loader with 128 loaders). setmaxnreg moves registers from the producer (56)
- *   to the consumers (224; 3 warps a scheduler), which 128 accumulators a thread need at TM =
- *   256; the roles branch once and never merge, so ptxas budgets each. No block barrier in the
- *   main loop: stage s is full when the producers' copies have landed (full[s], 128
- *   cp.async.mbarrier.arrive.noinc) and free again when the 8 consumer warps have retired the
- *   wgmma that read it (empty[s], one arrival a warp). A consumer warp only waits, loads its
- *   words, dequantizes and issues wgmma, and its warpgroup runs free of the other.
- * pipeline: STAGES deep (6; 4 at TM = 256). A consumer dequantizes after retiring its previous
- *   group (wait_group 0): ptxas serialises every wgmma (C7513) when A registers are written while
- *   a wgmma is in flight, even into a second register set, so the overlap of dequantization and
- *   tensor work comes from the other warpgroup. One block an SM (~130 / ~150 KB of shared
- *   memory).
- * reference: as wgr (tests/gpu/test_prefill_kernels.c; dev/emu/gemm_emu.sh with TL_GEMM_WS=1|2,
- *   whose dense cases of 300 tokens take a 256-token tile). */
-template <int TM> struct ws_cfg {
-    typedef wr_cfg<2, TM> W;
-    static constexpr int THREADS = 384, STAGES = TM == 256 ? 4 : 6, STAGE_BYTES = W::STAGE_BYTES;
-    static constexpr int BAR_OFF =
-        STAGES * STAGE_BYTES > W::OUT_BYTES ? STAGES *STAGE_BYTES : W::OUT_BYTES;
-    static constexpr int SMEM = BAR_OFF + 2 * STAGES * 8 + 1024; /* + alignment slack */
-};
-
-/* The producer warpgroup (threads 256-383): every stage of the block's KT k tiles into the ring
- * (dense: the first stages' weights before the wait for the previous kernel). */
-template <int TM, int NT>
-static __device__ __forceinline__ void
-ws_produce(const gemm_args &p, uint8_t *smem, uint64_t *full, uint64_t *empty, const uint8_t *wb,
-           const uint32_t *sbb, const int32_t *perm, int m0, int m_end, int KT, int kb) {
-    typedef ws_cfg<TM> C;
-    const wr_loader<2, NT, 128, TM, TM == 256> ld(p, wb, sbb, perm, m0, m_end, threadIdx.x - 256,
-                                                  kb);
-    const int pre = min(C::STAGES, KT);
-    for (int kt = 0; kt < pre; kt++) ld.w(p, smem + kt * C::STAGE_BYTES, kt);
-    if (p.mode == GM_DENSE) pdl_wait();
-    for (int kt = 0; kt < pre; kt++) {
-        ld.x(smem + kt * C::STAGE_BYTES, kt);
-        mbar_arrive_cp_async(&full[kt]);
-    }
-    for (int kt = pre; kt < KT; kt++) {
-        const int st = kt % C::STAGES;
-        mbar_wait(&empty[st], (kt / C::STAGES - 1) & 1); /* released after use kt - STAGES */
-        uint8_t *stage = smem + st * C::STAGE_BYTES;
-        ld.w(p, stage, kt);
-        ld.x(stage, kt);
-        mbar_arrive_cp_async(&full[st]);
-    }
-}
-
-/* A consumer warp (threads 0-255): the main loop, then the epilogue (the stages become the output
- * tile once both warpgroups are past their last wgmma). */
-template <int TM, int NT>
-static __device__ __forceinline__ void ws_consume(const gemm_args &p, uint8_t *smem, uint64_t *full,
-                                                  uint64_t *empty, const int32_t *perm, int m0,
-                                                  int m_end, int KT) {
-    typedef ws_cfg<TM> C;
-    const int t = threadIdx.x, lane = t & 31, r0 = (t >> 5) * 16;
-    float acc[NT / 2];                  /* the first wgmma (scale-d 0) initialises them */
-    if (p.mode == GM_DENSE) pdl_wait(); /* before the epilogue's residual reads and stores */
-    const uint32_t sx = smem_u32(smem);
-    for (int kt = 0; kt < KT; kt++) {
-        const int st = kt % C::STAGES;
-        mbar_wait(&full[st], (kt / C::STAGES) & 1);
-        wg_fence_proxy(); /* the copies (generic proxy) before the wgmma's reads (async proxy) */
-        const wr_words q = wr_load_words<2, TM>(smem + st * C::STAGE_BYTES, r0, lane);
-        wg_wait<0>(); /* step kt - 1's group has retired: its A registers and stage are free */
-        if (kt > 0 && lane == 0) mbar_arrive(&empty[(kt - 1) % C::STAGES]);
-        wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
-    }
-    wg_wait<0>();
-    bar_sync_named(1, 256);
-    wr_epilogue<2, NT>(p, acc, (float *)smem, perm, m0, m_end, t, [] { bar_sync_named(1, 256); });
-}
-
-/* TM: the token tile (128; 256 for the dense products of TL_GEMM_WS=2, whose tiles of more than
- * 128 tokens run as one of 256). */
-template <int TM> __global__ void __launch_bounds__(384, 1) gemm_wgs_kernel(gemm_args p) {
-    typedef ws_cfg<TM> C;
-    extern __shared__ uint8_t wr_smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
-    uint64_t *full = (uint64_t *)(smem + C::BAR_OFF), *empty = full + C::STAGES;
-    const uint8_t *wb = p.w;
-    const uint32_t *sbb = p.sb;
-    const int32_t *perm;
-    int m0, m_end;
-    if (threadIdx.x == 0)
-        for (int s = 0; s < C::STAGES; s++) mbar_init(&full[s], 128), mbar_init(&empty[s], 8);
-    __syncthreads();
-    if (p.mode != GM_DENSE) pdl_wait(); /* the MoE plan; a dense product waits in its warps */
-    if (!gm_tile<4, TM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
-    const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
-    const int nc = (min(m_end - m0, TM) + 31) / 32;               /* block-uniform */
-    /* the roles never merge again: ptxas gives each its own register budget (setmaxnreg) */
-#define WS_DISPATCH(F)                                                                             \
-    if (TM == 256 && nc > 4)                                                                       \
-        F(TM);                                                                                     \
-    else if (nc == 4)                                                                              \
-        F(128);                                                                                    \
-    else if (nc == 3)                                                                              \
-        F(96);                                                                                     \
-    else if (nc == 2)                                                                              \
-        F(64);                                                                                     \
-    else                                                                                           \
-        F(32);
-#define WS_PRODUCE(NT) ws_produce<TM, NT>(p, smem, full, empty, wb, sbb, perm, m0, m_end, KT, kb)
-#define WS_CONSUME(NT) ws_consume<TM, NT>(p, smem, full, empty, perm, m0, m_end, KT)
-    if (threadIdx.x >= 256) {
-        regs_dec<56>(); /* the producer's registers go to the consumers (3 warps a scheduler) */
-        WS_DISPATCH(WS_PRODUCE)
-        return;
-    }
-    regs_inc<224>();
-    WS_DISPATCH(WS_CONSUME)
-#undef WS_DISPATCH
-#undef WS_PRODUCE
-#undef WS_CONSUME
-}
-
-/* TL_GEMM_WS: 0 (default) the wgr kernel; 1 the 2-warpgroup launches run gemm_wgs_kernel<128>; 2
- * likewise, and dense products of >= 256 tokens on gemm_wgs_kernel<256>. */
-static int gemm_ws_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("TL_GEMM_WS");
-        mode = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
-    }
-    return mode;
-}
-
 /* Raises kernel Kern's dynamic shared memory limit to bytes, once (before its first launch). */
 template <auto Kern> static int wr_smem_limit(int bytes) {
     static int set;
@@ -424,22 +272,6 @@ template <auto Kern> static int wr_smem_limit(int bytes) {
     return 0;
 }
 
-template <int TM>
-static int launch_gemm_wgs(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
-    typedef ws_cfg<TM> C;
-    if (wr_smem_limit<gemm_wgs_kernel<TM>>(C::SMEM)) return TL_ERR_CUDA;
-    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgs" : "gemm_wgs_moe", gemm_wgs_kernel<TM>,
-              dim3((p->N + 127) / 128, grid_y, ksplit), dim3(C::THREADS), C::SMEM, *p);
-    return 0;
-}
-
-/* The wgs kernel for a launch of the 2-warpgroup wgr kernel (grid_y tiles of WR_NT tokens). */
-static int launch_gemm_ws(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
-    if (gemm_ws_mode() == 2 && p->mode == GM_DENSE && p->M >= 256)
-        return launch_gemm_wgs<256>(p, (p->M + 255) / 256, ksplit, st);
-    return launch_gemm_wgs<WR_NT>(p, grid_y, ksplit, st);
-}
-
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
@@ -448,7 +280,6 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1) != (p->ws != NULL) ||
         (p->ws && p->mode != GM_DENSE) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
-    if (WGS == 2 && gemm_ws_mode()) return launch_gemm_ws(p, grid_y, ksplit, st);
     TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>,
               dim3((p->N + C::BN - 1) / C::BN, grid_y, ksplit), dim3(C::THREADS), C::SMEM, *p);
     return 0;

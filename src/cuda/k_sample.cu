@@ -125,11 +125,13 @@ __global__ void __launch_bounds__(SB)
  *   holding top_p of their mass, as the host sampler), and the draw: argmax of l' + Gumbel(key,
  *   id) over the survivors, the same draw as sample_kernel's.
  * Bytes: one pass over the row (1 MB), spread over np SMs; the merge reads np * k candidates.
- * The part kernel's VEC variant (TL_SAMPLE_VEC=1, vocabularies of whole float4s; A/B) reads its
- * part as float4s, two in flight a thread, parts a multiple of 4 ids; its log-sum-exp uses fast
- * exponentials (ex2.approx: the sum's relative error ~1e-7), and its top-k pre-filter a cheaper,
- * looser bound (warps_kth_min) that only threads holding a candidate scan past. The part kernel
- * is bound by instruction issue, not by DRAM (ncu at 256 rows: ~80% issue, ~28% DRAM).
+ * The part kernel's VEC variant (the default for vocabularies of whole float4s; TL_SAMPLE_VEC=0
+ * for the scalar loop) reads its part as float4s, two in flight a thread, parts a multiple of 4
+ * ids; its log-sum-exp uses fast exponentials (ex2.approx: the sum's relative error ~1e-7), and
+ * its top-k pre-filter a cheaper, looser bound (warps_kth_min) that only threads holding a
+ * candidate scan past. The part kernel is bound by instruction issue: the scalar loop at 256
+ * rows issues ~80% of the time at ~25% of DRAM (320 us on the H100); VEC runs 2.2x fewer
+ * instructions, 160 us at ~49% of DRAM (BENCHMARKS.md 2026-12-06).
  * Rows with top-k = 0 or > FK, or with top logprobs, stay on sample_kernel (it skips the others).
  * Sorting without block-wide networks where the sets are small: the part's threshold (block_kth:
  * warp sorts in registers, then ranks by binary search), its candidates ranked by counting
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(SB)
 #define FK_FEW   32
 #define CMAX     4096 /* most candidates a merge sorts: FP * FK and FP_FEW * FK_FEW */
 #define PU       4    /* ids a part thread loads before using them */
-#define PU4      2    /* float4s of ids likewise (TL_SAMPLE_VEC=1) */
+#define PU4      2    /* float4s of ids likewise (VEC) */
 #define FK       64   /* largest top-k on the two-pass path */
 #define FT       256  /* threads of a part block */
 #define FCH      7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
@@ -439,7 +441,7 @@ __global__ void __launch_bounds__(FT)
     int32_t adj[TL_LAW_ADJ];
     for (int a = 0; a < TL_LAW_ADJ; a++)
         adj[a] = LAW && adj_rows ? adj_rows[row * TL_LAW_ADJ + a] : 0;
-    /* VEC (TL_SAMPLE_VEC=1, launched only for a vocabulary that is a multiple of 4): rows start
+    /* VEC (the default, launched only for a vocabulary that is a multiple of 4): rows start
      * 16-byte aligned, so the parts are whole float4s */
     int per = CEIL_DIV(n_valid, np);
     if (VEC) per = (per + 3) & ~3;
@@ -927,11 +929,11 @@ __global__ void __launch_bounds__(SB)
     }
 }
 
-/* 1 if TL_SAMPLE_VEC=1 (read once) and the rows are whole float4s: the part kernel's float4
- * variant (A/B against the default one; same survivors, logprobs within rounding). */
+/* 1 unless TL_SAMPLE_VEC=0 (read once), when the rows are whole float4s: the part kernel's
+ * float4 variant (same survivors as the scalar loop, logprobs within rounding). */
 static int sample_vec_on(int n_vocab) {
     static int on = -1;
-    if (on < 0) on = tl_env_is("TL_SAMPLE_VEC", 1);
+    if (on < 0) on = !tl_env_is("TL_SAMPLE_VEC", 0);
     return on && n_vocab % 4 == 0;
 }
 
