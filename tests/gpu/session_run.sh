@@ -2,7 +2,8 @@
 # The one GPU-session script (docs/developing.md): run on the lent GPU machine, in the repository
 # root, with the binaries built here (`make cuda` + the GPU test binaries) and .deps carried
 # (tools/gpu_deps.sh). Logs go under $OUT; a short summary goes to stdout. Steps, each optional:
-#   tests     bash tests/run.sh --gpu, then compute-sanitizer memcheck on test_gpu_e2e --quick
+#   tests     bash tests/run.sh --gpu, then compute-sanitizer memcheck on test_gpu_e2e --quick, then
+#             the tests of the defaults' A/B alternatives (TL_SAMPLE_VEC=0, TL_Q4W_WIDE=0)
 #   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit) on the
 #             seeds $HF_SEEDS (default 1; issue 13's yardstick: 1,2,3,5,7,11,13,21 with HF_S=600)
 #   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3: sampled with
@@ -144,6 +145,13 @@ if has tests; then
     timeout "${MEMCHECK_S:-180}" compute-sanitizer --tool memcheck --error-exitcode 9 \
         build/cuda/tests/test_gpu_e2e --quick >"$O/memcheck.txt" 2>&1
     echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck.txt")"
+    # the A/B alternatives of the defaults keep their tests: the scalar sampler part loop, the
+    # narrow q4w MoE GEMM (batched == alone)
+    TL_SAMPLE_VEC=0 T_ONLY=sample timeout 120 build/cuda/tests/test_kernels >"$O/alt.txt" 2>&1
+    echo "TL_SAMPLE_VEC=0 sampler tests rc=$? $(tail -1 "$O/alt.txt")"
+    TL_Q4W_WIDE=0 T_ONLY=tc_decode_batched timeout 150 build/cuda/tests/test_gpu_e2e \
+        >>"$O/alt.txt" 2>&1
+    echo "TL_Q4W_WIDE=0 batched == alone rc=$? $(tail -1 "$O/alt.txt")"
 fi
 if has hf; then
     echo "== hf_fullwidth"
