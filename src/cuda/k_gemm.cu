@@ -366,14 +366,88 @@ static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)
     }
 }
 
+/* A thread's stage copies in q4w_block: its token chunk (threads < 128; a_bytes 0 past the tile),
+ * its WCH weight chunks and (threads < 32) its scale/bias words, from the sources of k stage 0 of
+ * the block's share of K to the stage offsets a_dst, w_dst (+ THREADS * 16 j), s_dst. */
+template <int WCH> struct q4w_copy {
+    const uint16_t *a;
+    const uint32_t *w[WCH], *s;
+    size_t s_step; /* words between the scale/bias rows of consecutive stages */
+    int a_bytes, a_dst, w_dst, s_dst;
+};
+
+/* The loop as first written (the narrow shape): each stage's copies addressed from its index. */
+template <int NB, int MB>
+static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int KT,
+                                                      float (&acc)[MB][NB][4], int wr0, int lane,
+                                                      int x_off) {
+    typedef q4w_cfg C;
+    extern __shared__ __align__(128) uint8_t gm_smem[];
+    const int tid = threadIdx.x;
+    auto load_a = [&](int stage, int kt) {
+        if (tid < 128)
+            cp_async16(gm_smem + stage * C::STAGE_BYTES + cp.a_dst, cp.a + kt * GM_BK, cp.a_bytes);
+    };
+    auto load_b = [&](int stage, int kt) {
+        uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
+        cp_async16(sm + cp.w_dst, cp.w[0] + (size_t)kt * 64, 16);
+        if (tid < 32) cp_async16(sm + cp.s_dst, cp.s + (size_t)kt * cp.s_step, 16);
+    };
+    gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<C::STAGES - 2>();
+        __syncthreads();
+        int nk = kt + C::STAGES - 1;
+        if (nk < KT) load_a(nk % C::STAGES, nk), load_b(nk % C::STAGES, nk);
+        cp_async_commit();
+        q4w_stage<NB, MB>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, wr0, lane, x_off);
+    }
+}
+
+/* The lean loop (the wide shape): the ring run STAGES k stages an iteration (the slot a constant)
+ * and the copies from running sources (one add each a stage). */
+template <int NB, int MB, int THREADS, int WCH>
+static __device__ __forceinline__ void
+q4w_loop_lean(q4w_copy<WCH> cp, int KT, float (&acc)[MB][NB][4], int wr0, int lane, int x_off) {
+    typedef q4w_cfg C;
+    extern __shared__ __align__(128) uint8_t gm_smem[];
+    const int tid = threadIdx.x;
+    auto load_next = [&](int stage) { /* the next stage to copy, into ring slot `stage` */
+                                      uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
+                                      if (tid < 128) cp_async16(sm + cp.a_dst, cp.a, cp.a_bytes);
+#pragma unroll
+                                      for (int j = 0; j < WCH; j++) {
+                                          cp_async16(sm + cp.w_dst + THREADS * 16 * j, cp.w[j], 16);
+                                          cp.w[j] += 64;
+                                      }
+                                      if (tid < 32) cp_async16(sm + cp.s_dst, cp.s, 16);
+                                      cp.a += GM_BK, cp.s += cp.s_step;
+    };
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++) {
+        if (s < KT) load_next(s);
+        cp_async_commit();
+    }
+    for (int kt0 = 0; kt0 < KT; kt0 += C::STAGES) {
+#pragma unroll
+        for (int s = 0; s < C::STAGES; s++) {
+            if (kt0 + s >= KT) break; /* block-uniform */
+            cp_async_wait<C::STAGES - 2>();
+            __syncthreads();
+            if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
+            cp_async_commit();
+            q4w_stage<NB, MB>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
+        }
+    }
+}
+
 /* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
- * (NB * 8 >= its token count), one q4w_stage per k stage. WIDE: the lean loop, which runs the ring
- * STAGES k stages an iteration (the slot a constant) and issues the copies from running pointers
- * (one add each a stage); PTX 166 instructions a warp a stage for 1,024 weight bytes against 140
- * for 512 (the narrow loop: about half of those are the copies' address arithmetic and the ring
- * slot's offsets). The same loop on the narrow shape measured no faster (H100, decode batches 64
- * and 256: 2026-12-06), the wide shape +2.2% / +0.9%. Both shapes make the same copies, products
- * and sums in the same order: the same bits. */
+ * (NB * 8 >= its token count), one q4w_stage per k stage. WIDE: the lean loop; PTX 166
+ * instructions a warp a stage for 1,024 weight bytes against 140 for 512 (the first loop: about
+ * half of those are the copies' address arithmetic and the ring slot's offsets). The lean loop on
+ * the narrow shape measured no faster (H100, decode batches 64 and 256: 2026-12-06), the wide
+ * shape +2.2% / +0.9%. Both shapes make the same copies, products and sums in the same order:
+ * the same bits. */
 template <int NB, bool WIDE>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
@@ -381,87 +455,35 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     typedef q4w_cfg C;
     typedef q4w_shape<WIDE> M;
     constexpr int MB = M::MB, THREADS = M::THREADS, WCH = 256 / THREADS;
-    extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n0 = blockIdx.x * 128;
+    const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
+    q4w_copy<WCH> cp;
     /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
     const int a_row = tid >> 3, a_ok = tid < 128 && m0 + a_row < m_end;
     int a_src = a_ok ? m0 + a_row : 0;
     if (p.mode == GM_MOE_GATHER && a_ok) a_src = gm_tok(p, gm_asg(p, perm, a_src));
-    const uint16_t *a_ptr = p.x + (size_t)a_src * p.K + (tid & 7) * 8;
-    const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
-    const uint32_t *wq = (const uint32_t *)wb;
+    cp.a = p.x + (size_t)a_src * p.K + (tid & 7) * 8 + kt_base * GM_BK;
     /* weights: 256 chunks of 16 bytes a stage; chunk c = tid + THREADS j is 16 bytes of row block
      * c / 16 (2 tiles of 128 B each) and lands at word 4 c of the stage's weights */
-    const uint32_t *w_ptr[WCH];
+    const uint32_t *wq = (const uint32_t *)wb;
 #pragma unroll
     for (int j = 0; j < WCH; j++) {
         const int c = tid + THREADS * j;
-        w_ptr[j] =
-            wq + ((size_t)(n0 / 8 + (c >> 4)) * (p.K / 32) + kt_base * 2) * 32 + (c & 15) * 4;
+        cp.w[j] = wq + ((size_t)(n0 / 8 + (c >> 4)) * (p.K / 32) + kt_base * 2) * 32 + (c & 15) * 4;
     }
-    const uint32_t *s_ptr = sbb + (size_t)kt_base * p.N + n0 + tid * 4; /* tid < 32 */
-    const int a_bytes = a_ok ? 16 : 0;
-    const int a_dst = (a_row * GM_LDS + (tid & 7) * 8) * 2, w_dst = C::A_BYTES + tid * 16,
-              s_dst = C::A_BYTES + 4096 + tid * 16;
+    cp.s = sbb + (size_t)kt_base * p.N + n0 + tid * 4; /* tid < 32 */
+    cp.s_step = p.N, cp.a_bytes = a_ok ? 16 : 0;
+    cp.a_dst = (a_row * GM_LDS + (tid & 7) * 8) * 2, cp.w_dst = C::A_BYTES + tid * 16;
+    cp.s_dst = C::A_BYTES + 4096 + tid * 16;
     /* ldmatrix.x4 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15, lanes
      * 16-31 the same 16 columns further */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
-    if (!WIDE) {
-        auto load_a = [&](int stage, int kt) {
-            if (tid < 128)
-                cp_async16(gm_smem + stage * C::STAGE_BYTES + a_dst, a_ptr + (kt_base + kt) * GM_BK,
-                           a_bytes);
-        };
-        auto load_b = [&](int stage, int kt) {
-            uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
-            cp_async16(sm + w_dst, w_ptr[0] + (size_t)kt * 64, 16);
-            if (tid < 32) cp_async16(sm + s_dst, s_ptr + (size_t)kt * p.N, 16);
-        };
-        gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
-        for (int kt = 0; kt < KT; kt++) {
-            cp_async_wait<C::STAGES - 2>();
-            __syncthreads();
-            int nk = kt + C::STAGES - 1;
-            if (nk < KT) load_a(nk % C::STAGES, nk), load_b(nk % C::STAGES, nk);
-            cp_async_commit();
-            q4w_stage<NB, MB>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, warp * MB, lane,
-                              x_off);
-        }
-    } else {
-        /* running sources: the next stage to copy */
-        const uint16_t *an = a_ptr + kt_base * GM_BK;
-        const size_t s_step = p.N;
-        const uint32_t *sn = s_ptr;
-        auto load_next = [&](int stage) {
-            uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
-            if (tid < 128) cp_async16(sm + a_dst, an, a_bytes);
-#pragma unroll
-            for (int j = 0; j < WCH; j++) {
-                cp_async16(sm + w_dst + THREADS * 16 * j, w_ptr[j], 16);
-                w_ptr[j] += 64;
-            }
-            if (tid < 32) cp_async16(sm + s_dst, sn, 16);
-            an += GM_BK, sn += s_step;
-        };
-#pragma unroll
-        for (int s = 0; s < C::STAGES - 1; s++) {
-            if (s < KT) load_next(s);
-            cp_async_commit();
-        }
-        for (int kt0 = 0; kt0 < KT; kt0 += C::STAGES) {
-#pragma unroll
-            for (int s = 0; s < C::STAGES; s++) {
-                if (kt0 + s >= KT) break; /* block-uniform */
-                cp_async_wait<C::STAGES - 2>();
-                __syncthreads();
-                if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
-                cp_async_commit();
-                q4w_stage<NB, MB>(gm_smem + s * C::STAGE_BYTES, acc, warp * MB, lane, x_off);
-            }
-        }
-    }
+    if constexpr (WIDE)
+        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off);
+    else
+        q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off);
     cp_async_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
@@ -492,19 +514,8 @@ __global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN
 template <int BITS, int WM, int NJ, int MI>
 static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st, int ksplit = 1) {
     typedef gm_cfg<BITS, WM, NJ, MI> C;
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ, MI>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 C::SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        /* all of L1 as shared memory: the 16-row tile runs 8 blocks an SM (launch bounds) */
-        if (cudaFuncSetAttribute(gemm_mma_kernel<BITS, WM, NJ, MI>,
-                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    /* all of L1 as shared memory: the 16-row tile runs 8 blocks an SM (launch bounds) */
+    if (gm_smem_limit<gemm_mma_kernel<BITS, WM, NJ, MI>>(C::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid(p->N / C::BN, grid_y, ksplit);
@@ -710,14 +721,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 template <int BITS, int WGS>
 static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     typedef wg_cfg<BITS, WGS> C;
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_wg_kernel<BITS, WGS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 C::SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (gm_smem_limit<gemm_wg_kernel<BITS, WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid((p->N + WG_BN - 1) / WG_BN, grid_y);
@@ -740,16 +744,7 @@ static int q4w_wide_on(void) {
 
 template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(gemm_q4w_kernel<WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 q4w_cfg::SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(gemm_q4w_kernel<WIDE>,
-                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (gm_smem_limit<gemm_q4w_kernel<WIDE>>(q4w_cfg::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE>, dim3(p->N / 128, grid_y),

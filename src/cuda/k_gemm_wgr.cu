@@ -260,22 +260,10 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
         wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
-/* Raises kernel Kern's dynamic shared memory limit to bytes, once (before its first launch). */
-template <auto Kern> static int wr_smem_limit(int bytes) {
-    static int set;
-    if (!set) {
-        if (cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
-            cudaSuccess)
-            return TL_ERR_CUDA;
-        set = 1;
-    }
-    return 0;
-}
-
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
-    if (wr_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
+    if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1) != (p->ws != NULL) ||
         (p->ws && p->mode != GM_DENSE) || (p->K / GM_BK) % ksplit)
