@@ -145,7 +145,6 @@ __global__ void __launch_bounds__(SB)
 #define FK_FEW   32
 #define CMAX     4096 /* most candidates a merge sorts: FP * FK and FP_FEW * FK_FEW */
 #define PU       4    /* ids a part thread loads before using them */
-#define PU4      2    /* float4s of ids likewise (VEC) */
 #define FK       64   /* largest top-k on the two-pass path */
 #define FT       256  /* threads of a part block */
 #define FCH      7808 /* most ids a part holds (FP * FCH >= the vocabulary, multiple of FT) */
@@ -363,32 +362,39 @@ __device__ void part_topk(const uint32_t *keys, int n, int k, uint32_t tmax, int
     emit_sorted(pairs, total, k, i0, cand);
 }
 
-/* A lower bound of the k-th largest of the part's keys (1 <= k <= 8 * 32) from the threads'
- * maxima v: each warp's kw-th largest (kw = ceil(k / 8): kw rounds of a warp max whose holder
- * drops out), the least over the 8 warps. Each warp has kw threads whose maxima are >= it, so at
- * least k keys are; a thread without keys (v = 0) can only make the bound 0. One barrier. */
-__device__ uint32_t warps_kth_min(uint32_t v, int k) {
-    __shared__ uint32_t s_w[FT / 32];
-    int kw = CEIL_DIV(k, FT / 32), lane = threadIdx.x & 31;
-    uint32_t m = 0;
+/* A lower bound of the k-th largest of the part's keys (1 <= k <= FK) from the threads' maxima v:
+ * each warp's kw = ceil(k / 8) largest (kw rounds of a warp max whose holder drops out), then
+ * the k-th largest of those 8 kw values, ranked by counting in one or two warps. The top k of
+ * them are maxima of k distinct threads, so at least k keys reach it; a thread without keys (v =
+ * 0) can only make the bound 0. Two barriers. (The least of the warps' kw-th largest, the bound
+ * first used here, is looser, and the part's sort of its candidates costs their count squared.) */
+__device__ uint32_t warps_kth(uint32_t v, int k) {
+    __shared__ uint32_t s_w[FK], s_t; /* 8 kw <= 8 ceil(FK / 8) = FK values */
+    const int kw = CEIL_DIV(k, FT / 32), nv = kw * (FT / 32), lane = threadIdx.x & 31;
     for (int i = 0; i < kw; i++) {
-        m = __reduce_max_sync(0xffffffffu, v);
+        uint32_t m = __reduce_max_sync(0xffffffffu, v);
         unsigned hold = __ballot_sync(0xffffffffu, v == m);
         if (lane == __ffs(hold) - 1) v = 0u;
+        if (lane == 0) s_w[(threadIdx.x >> 5) * kw + i] = m;
     }
-    if (lane == 0) s_w[threadIdx.x >> 5] = m;
     __syncthreads();
-    uint32_t t = s_w[0];
-    for (int w = 1; w < FT / 32; w++) t = min(t, s_w[w]);
-    return t;
+    if ((int)threadIdx.x < nv) {
+        const int me = threadIdx.x;
+        const uint32_t x = s_w[me];
+        int r = 0; /* values before x: larger, or equal at a lower index */
+        for (int j = 0; j < nv; j++) r += s_w[j] > x || (s_w[j] == x && j < me);
+        if (r == k - 1) s_t = x;
+    }
+    __syncthreads();
+    return s_t;
 }
 
 /* part_topk for the VEC part loop, whose thread tid owns the float4s tid, tid + FT, ... of keys
- * (and id 4 n4 + tid of the tail): the cheaper bound warps_kth_min, and only threads whose own
+ * (and id 4 n4 + tid of the tail): the cheaper bound warps_kth, and only threads whose own
  * maximum reaches it look at their keys again. */
 __device__ void part_topk_vec(const uint32_t *keys, int n, int k, uint32_t tmax, int i0,
                               float2 *cand, uint2 *pairs, int *hist, int *s_cnt) {
-    const uint32_t t0 = warps_kth_min(tmax, k);
+    const uint32_t t0 = warps_kth(tmax, k);
     const int n4 = n >> 2, tid = threadIdx.x;
     const uint4 *k4 = (const uint4 *)keys;
     int c = 0, off;
@@ -418,7 +424,7 @@ __device__ void part_topk_vec(const uint32_t *keys, int n, int k, uint32_t tmax,
 
 /* LAW (tl_gpu_sample_law): row r reads logits row row_of[r] and its counts with adj's
  * adjustments; no restrictions. */
-template <bool LAW, bool VEC>
+template <bool LAW, int VEC>
 __global__ void __launch_bounds__(FT)
     sample_part_kernel(const float *logits, const float *restricted, int V, int n_valid,
                        const tl_sample_params *params, const int32_t *counts,
@@ -473,14 +479,19 @@ __global__ void __launch_bounds__(FT)
     if (VEC) {
         /* float4 f = ids 4f .. 4f + 3 of the part; thread tid takes f = tid, tid + FT, ...; PU4
          * of them loaded before any is used (loads in flight). Per float4: the online sum takes
-         * the max of the four first (one rescale at most) and fast exponentials (ex2.approx);
-         * counts are read only where the float4's four count bits say one may be non-zero; keys
-         * are stored as one uint4. The ids past the last whole float4 (the last part only) go
-         * through elem, one a thread. */
+         * the max of the four first (one rescale at most) and e^(l - m) = 2^(l log2e - m log2e)
+         * (one fma and one ex2.approx.ftz each; mL = m log2e rounded once, a common factor of
+         * every term: the sum's relative error ~1e-6); counts are read only where the float4's
+         * four count bits say one may be non-zero; keys are stored as one uint4. The ids past
+         * the last whole float4 (the last part only) go through elem, one a thread; elem's own
+         * online sum continues from (m, s). */
         const int n4 = n >> 2;
-        const bool greedy = P.temperature <= 0.0f;
+        const bool greedy = P.temperature <= 0.0f, rrow = ls != lg; /* hoisted: loop-invariant */
+        const float L2E = 1.4426950408889634f;
         const float4 *l4 = (const float4 *)(lg + i0), *r4 = (const float4 *)(ls + i0);
         uint4 *keys4 = (uint4 *)keys;
+        float mL = -INFINITY; /* m log2e */
+        constexpr int PU4 = VEC > 0 ? VEC : 1;
         for (int f0 = tid; f0 < n4; f0 += PU4 * FT) {
             float4 lv[PU4];
             uint32_t cw[PU4]; /* the count-bit word of the float4's ids (one word: 4-aligned) */
@@ -496,11 +507,15 @@ __global__ void __launch_bounds__(FT)
                 const int f = f0 + u * FT, j = 4 * f;
                 if (f >= n4) break;
                 const float4 l = lv[u];
-                float4 p = ls != lg ? r4[f] : l;
+                float4 p = rrow ? r4[f] : l;
                 float c4 = fmaxf(fmaxf(l.x, l.y), fmaxf(l.z, l.w));
-                if (c4 > m) s *= __expf(m - c4), m = c4; /* m = -inf: s is 0 */
+                if (c4 > m) { /* m = -inf: s is 0 */
+                    float cL = c4 * L2E;
+                    s *= ex2_fast(mL - cL), m = c4, mL = cL;
+                }
                 if (m > -INFINITY)
-                    s += (__expf(l.x - m) + __expf(l.y - m)) + (__expf(l.z - m) + __expf(l.w - m));
+                    s += (ex2_fast(fmaf(l.x, L2E, -mL)) + ex2_fast(fmaf(l.y, L2E, -mL))) +
+                         (ex2_fast(fmaf(l.z, L2E, -mL)) + ex2_fast(fmaf(l.w, L2E, -mL)));
                 if (cnt && (LAW || ((cw[u] >> ((i0 + j) & 31)) & 15u))) {
                     p.x = pen(p.x, count_at(cw[u], j), j);
                     p.y = pen(p.y, count_at(cw[u], j + 1), j + 1);
@@ -929,12 +944,21 @@ __global__ void __launch_bounds__(SB)
     }
 }
 
-/* 1 unless TL_SAMPLE_VEC=0 (read once), when the rows are whole float4s: the part kernel's
- * float4 variant (same survivors as the scalar loop, logprobs within rounding). */
-static int sample_vec_on(int n_vocab) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_SAMPLE_VEC", 0);
-    return on && n_vocab % 4 == 0;
+/* The part kernel's loop (TL_SAMPLE_VEC, read once): 0 = id by id; 2 = whole float4s, two in
+ * flight a thread; else (default) four in flight. float4s only for rows of whole float4s. */
+static int sample_vec(int n_vocab) {
+    static int v = -1;
+    if (v < 0) v = tl_env_is("TL_SAMPLE_VEC", 0) ? 0 : tl_env_is("TL_SAMPLE_VEC", 2) ? 2 : 4;
+    return n_vocab % 4 == 0 ? v : 0;
+}
+typedef void (*part_fn)(const float *, const float *, int, int, const tl_sample_params *,
+                        const int32_t *, const uint32_t *, const int32_t *, float *, int,
+                        const int32_t *, const int32_t *, size_t, int);
+template <bool LAW> static part_fn part_kernel(int n_vocab) {
+    int v = sample_vec(n_vocab);
+    return v == 4   ? sample_part_kernel<LAW, 4>
+           : v == 2 ? sample_part_kernel<LAW, 2>
+                    : sample_part_kernel<LAW, 0>;
 }
 
 /* Parts a row on the two-pass path: FP_FEW for at most FEW_ROWS rows whose params (host copies,
@@ -966,12 +990,10 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
     for (int r = 0; h_params && fast && r < n_rows; r++) slow |= !fast_row(h_params[r], fast);
     if (fast) {
         size_t stride = 2 * (size_t)n_vocab;
-        TL_LAUNCH(st, "sample_part",
-                  sample_vec_on(n_vocab) ? sample_part_kernel<false, true>
-                                         : sample_part_kernel<false, false>,
-                  dim3(np, n_rows), dim3(FT), 0, logits, (const float *)restricted, n_vocab,
-                  n_valid, params, counts, count_bits, count_slot, scratch, fast,
-                  (const int32_t *)NULL, (const int32_t *)NULL, stride, np);
+        TL_LAUNCH(st, "sample_part", part_kernel<false>(n_vocab), dim3(np, n_rows), dim3(FT), 0,
+                  logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_bits,
+                  count_slot, scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride,
+                  np);
         TL_LAUNCH(st, "sample_merge", sample_merge_kernel<false>, dim3(n_rows), dim3(FT), 0, out,
                   logits, n_vocab, params, keys, scratch, fast, (tl_law *)NULL,
                   (const int32_t *)NULL, stride, np);
@@ -1050,11 +1072,9 @@ extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab,
     if (n_valid > FP * FCH) return TL_ERR_UNSUPPORTED; /* a part must fit in shared memory */
     int np = pick_parts(h_params, n_rows, (size_t)PART_SCR(FP_FEW));
     size_t stride = (size_t)PART_SCR(np);
-    TL_LAUNCH(st, "sample_law_part",
-              sample_vec_on(n_vocab) ? sample_part_kernel<true, true>
-                                     : sample_part_kernel<true, false>,
-              dim3(np, n_rows), dim3(FT), 0, logits, (const float *)NULL, n_vocab, n_valid, params,
-              counts, count_bits, count_slot, scratch, 1, row_of, adj, stride, np);
+    TL_LAUNCH(st, "sample_law_part", part_kernel<true>(n_vocab), dim3(np, n_rows), dim3(FT), 0,
+              logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_bits, count_slot,
+              scratch, 1, row_of, adj, stride, np);
     TL_LAUNCH(st, "sample_law_merge", sample_merge_kernel<true>, dim3(n_rows), dim3(FT), 0,
               (tl_sample_out *)NULL, logits, n_vocab, params, (const uint64_t *)NULL, scratch, 1,
               laws, row_of, stride, np);

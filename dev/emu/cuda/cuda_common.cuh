@@ -71,6 +71,7 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 /* the fast exponential: ex2.approx of x log2(e), the product rounded to float as on the GPU */
 static inline float emu_fast_expf(float x) { return exp2f(x * 1.4426950408889634f); }
 #define __expf emu_fast_expf /* glibc declares its own __expf */
+static inline float ex2_fast(float x) { return exp2f(x); }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 /* CUDA's unsigned overloads (an int max would order keys with the top bit set below the rest) */
