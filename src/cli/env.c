@@ -60,9 +60,10 @@ static const env_switch env_switches[] = {
      "persistent q4m kernel (A/B; same bits)"},
     {"TL_MOE_SLICE=1", ENGINE_CMDS,
      "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
-    {"TL_SAMPLE_VEC=0", ENGINE_CMDS,
-     "CUDA: the sampler's part kernel reads its rows id by id instead of as float4s (A/B; same "
-     "survivors, logprobs within rounding)"},
+    {"TL_SAMPLE_VEC=0|2|4", ENGINE_CMDS,
+     "CUDA: the sampler's part kernel reads its rows id by id (0), or as float4s, 2 or 4 in "
+     "flight a thread (default: 4 for many rows, 2 for at most 8) (A/B; same survivors, logprobs "
+     "within rounding)"},
     {"TL_MOE_SHARED_GROUPED=0", ENGINE_CMDS,
      "CUDA: the shared expert of micro-batches of <= 256 tokens as two dense GEMMs instead of "
      "inside the grouped MoE GEMMs (A/B)"},

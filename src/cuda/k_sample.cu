@@ -126,12 +126,13 @@ __global__ void __launch_bounds__(SB)
  *   id) over the survivors, the same draw as sample_kernel's.
  * Bytes: one pass over the row (1 MB), spread over np SMs; the merge reads np * k candidates.
  * The part kernel's VEC variant (the default for vocabularies of whole float4s; TL_SAMPLE_VEC=0
- * for the scalar loop) reads its part as float4s, two in flight a thread, parts a multiple of 4
- * ids; its log-sum-exp uses fast exponentials (ex2.approx: the sum's relative error ~1e-7), and
- * its top-k pre-filter a cheaper, looser bound (warps_kth_min) that only threads holding a
- * candidate scan past. The part kernel is bound by instruction issue: the scalar loop at 256
- * rows issues ~80% of the time at ~25% of DRAM (320 us on the H100); VEC runs 2.2x fewer
- * instructions, 160 us at ~49% of DRAM (BENCHMARKS.md 2026-12-06).
+ * for the scalar loop) reads its part as float4s, VEC (4, or 2 at FP_FEW parts) in flight a
+ * thread, parts a multiple of 4 ids; its log-sum-exp uses fast exponentials (fma + ex2.approx.ftz:
+ * the sum's relative error ~1e-6), and its top-k pre-filter the bound warps_kth, past which only
+ * threads holding a candidate scan. The part kernel is bound by instruction issue: at 256 rows
+ * the scalar loop issues ~80% of the time at ~25% of DRAM (320 us on the H100); VEC = 4 runs
+ * 94 M warp instructions (the scalar loop ~260 M, the first float4 loop 120 M), 138 us
+ * (BENCHMARKS.md 2026-12-06 session 16).
  * Rows with top-k = 0 or > FK, or with top logprobs, stay on sample_kernel (it skips the others).
  * Sorting without block-wide networks where the sets are small: the part's threshold (block_kth:
  * warp sorts in registers, then ranks by binary search), its candidates ranked by counting
@@ -944,18 +945,25 @@ __global__ void __launch_bounds__(SB)
     }
 }
 
-/* The part kernel's loop (TL_SAMPLE_VEC, read once): 0 = id by id; 2 = whole float4s, two in
- * flight a thread; else (default) four in flight. float4s only for rows of whole float4s. */
-static int sample_vec(int n_vocab) {
+/* The part kernel's loop for np parts a row (TL_SAMPLE_VEC, read once): 0 = id by id; 2 or 4 =
+ * whole float4s, that many in flight a thread; default 4 at FP parts (many rows: 256 rows 148 ->
+ * 138 us against 2) and 2 at FP_FEW (a thread has ~2 float4s: 1 row 6.4 against 7.6 us; H100,
+ * BENCHMARKS.md 2026-12-06 session 16). float4s only for rows of whole float4s. */
+static int sample_vec(int n_vocab, int np) {
     static int v = -1;
-    if (v < 0) v = tl_env_is("TL_SAMPLE_VEC", 0) ? 0 : tl_env_is("TL_SAMPLE_VEC", 2) ? 2 : 4;
-    return n_vocab % 4 == 0 ? v : 0;
+    if (v < 0)
+        v = tl_env_is("TL_SAMPLE_VEC", 0)   ? 0
+            : tl_env_is("TL_SAMPLE_VEC", 2) ? 2
+            : tl_env_is("TL_SAMPLE_VEC", 4) ? 4
+                                            : 1;
+    if (n_vocab % 4) return 0;
+    return v == 1 ? (np == FP_FEW ? 2 : 4) : v;
 }
 typedef void (*part_fn)(const float *, const float *, int, int, const tl_sample_params *,
                         const int32_t *, const uint32_t *, const int32_t *, float *, int,
                         const int32_t *, const int32_t *, size_t, int);
-template <bool LAW> static part_fn part_kernel(int n_vocab) {
-    int v = sample_vec(n_vocab);
+template <bool LAW> static part_fn part_kernel(int n_vocab, int np) {
+    int v = sample_vec(n_vocab, np);
     return v == 4   ? sample_part_kernel<LAW, 4>
            : v == 2 ? sample_part_kernel<LAW, 2>
                     : sample_part_kernel<LAW, 0>;
@@ -990,7 +998,7 @@ extern "C" int tl_gpu_sample(tl_sample_out *out, const float *logits, int n_voca
     for (int r = 0; h_params && fast && r < n_rows; r++) slow |= !fast_row(h_params[r], fast);
     if (fast) {
         size_t stride = 2 * (size_t)n_vocab;
-        TL_LAUNCH(st, "sample_part", part_kernel<false>(n_vocab), dim3(np, n_rows), dim3(FT), 0,
+        TL_LAUNCH(st, "sample_part", part_kernel<false>(n_vocab, np), dim3(np, n_rows), dim3(FT), 0,
                   logits, (const float *)restricted, n_vocab, n_valid, params, counts, count_bits,
                   count_slot, scratch, fast, (const int32_t *)NULL, (const int32_t *)NULL, stride,
                   np);
@@ -1072,7 +1080,7 @@ extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab,
     if (n_valid > FP * FCH) return TL_ERR_UNSUPPORTED; /* a part must fit in shared memory */
     int np = pick_parts(h_params, n_rows, (size_t)PART_SCR(FP_FEW));
     size_t stride = (size_t)PART_SCR(np);
-    TL_LAUNCH(st, "sample_law_part", part_kernel<true>(n_vocab), dim3(np, n_rows), dim3(FT), 0,
+    TL_LAUNCH(st, "sample_law_part", part_kernel<true>(n_vocab, np), dim3(np, n_rows), dim3(FT), 0,
               logits, (const float *)NULL, n_vocab, n_valid, params, counts, count_bits, count_slot,
               scratch, 1, row_of, adj, stride, np);
     TL_LAUNCH(st, "sample_law_merge", sample_merge_kernel<true>, dim3(n_rows), dim3(FT), 0,
