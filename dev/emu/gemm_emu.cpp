@@ -110,7 +110,8 @@ static void test_dense_validated(void) {
 }
 
 /* ---- dense products of decode batches: the wgr kernel with K split (k_gemm.cu's default for
- * n <= TL_GEMM_SPLITK_MAX_N), partials reduced by gemm_splitk_reduce: against the double product,
+ * n <= TL_GEMM_SPLITK_MAX_N), partials reduced by gemm_splitk_reduce (TL_GEMM_SPLITK_CLUSTER=0,
+ * main): against the double product,
  * SwiGLU included, and every token's bits the same at any n (the split depends on the shape) */
 static void dense_dec_case(int rows, int K, int flags) {
     const int ns[3] = {200, 1, 37}, nmax = 200;
@@ -444,6 +445,9 @@ static void test_gdn_cols(void) {
 }
 
 int main(void) {
+    /* clusters are not emulated: the split-K products sum through the workspace and
+     * gemm_splitk_reduce (the cluster sum is tested on the GPU: test_gemm_splitk) */
+    setenv("TL_GEMM_SPLITK_CLUSTER", "0", 1);
     T_RUN(test_gdn_cols);
     T_RUN(test_plan);
     T_RUN(test_norms);

@@ -89,21 +89,33 @@ static inline int tl_launch_check(cudaError_t e, const char *file, int line, con
  * attribute when st->pdl is set (see pdl_wait below), and checks it (tl_launch_check). */
 template <typename... KArgs, typename... Args>
 static inline int tl_launch_at(const char *file, int line, const char *name,
-                               const tl_gpu_stream *st, void (*kern)(KArgs...), dim3 grid,
-                               dim3 block, size_t shm, Args... args) {
+                               const tl_gpu_stream *st, int cluster_z, void (*kern)(KArgs...),
+                               dim3 grid, dim3 block, size_t shm, Args... args) {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (st && st->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1, at[na].val.clusterDim.y = 1;
+        at[na++].val.clusterDim.z = (unsigned)cluster_z;
+    }
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm;
-    cfg.stream = tl_stream_of(st), cfg.attrs = at, cfg.numAttrs = st && st->pdl ? 1 : 0;
+    cfg.stream = tl_stream_of(st), cfg.attrs = at, cfg.numAttrs = na;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
     return tl_launch_check(e, file, line, name, st);
 }
 
 /* TL_LAUNCH(st, "name", kernel, grid, block, shm, args...): the only way a kernel is launched.
- * Returns TL_ERR_CUDA from the enclosing function when the launch fails. */
-#define TL_LAUNCH(st, name, ...) TRY(tl_launch_at(__FILE__, __LINE__, name, st, __VA_ARGS__))
+ * Returns TL_ERR_CUDA from the enclosing function when the launch fails. TL_LAUNCH_CLUSTER(st,
+ * "name", cz, kernel, ...): the same with thread-block clusters of 1 x 1 x cz blocks (cz divides
+ * grid.z; cz <= 8, the portable limit). */
+#define TL_LAUNCH(st, name, ...) TRY(tl_launch_at(__FILE__, __LINE__, name, st, 1, __VA_ARGS__))
+#define TL_LAUNCH_CLUSTER(st, name, cz, ...)                                                       \
+    TRY(tl_launch_at(__FILE__, __LINE__, name, st, cz, __VA_ARGS__))
 
 #define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
 
@@ -210,6 +222,30 @@ __device__ __forceinline__ void pdl_wait(void) {
 }
 __device__ __forceinline__ void pdl_trigger(void) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* ====== Thread-block clusters (sm_90) ======
+ * cluster_sync: every thread of every block of the cluster arrives (release) and waits (acquire):
+ * shared-memory writes before it are visible to the cluster's other blocks after it.
+ * dsmem_map: the cluster-shared address of this block's shared address a in block `rank`;
+ * dsmem_ld2: a float2 from such an address (another block's shared memory). */
+__device__ __forceinline__ void cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+}
+__device__ __forceinline__ uint32_t dsmem_map(uint32_t a, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float2 dsmem_ld2(uint32_t a) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(a)
+                 : "memory");
+    return v;
 }
 
 /* ====== cp.async, ldmatrix, mma.sync (sm_80+ PTX; we build for sm_90a) ====== */

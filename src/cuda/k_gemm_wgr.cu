@@ -26,8 +26,9 @@
  *   k - 1), then refills the stage of step k - 1.
  * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
  *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced); with
- *   split-K (dense products of decode batches, p.ws: k_gemm.cu) the raw sums of blockIdx.z's
- *   share of K go to the workspace instead, and gemm_splitk_reduce applies the epilogue.
+ *   split-K (dense products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of
+ *   K go to the workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay
+ *   in shared memory and the tile's cluster sums them (wr_cluster_reduce).
  * PDL: a dense product requests its first weight stages before waiting for the previous kernel
  *   (gm_prologue); the MoE waits first (its plan comes from the previous kernel).
  * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
@@ -73,6 +74,43 @@ static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint
         }
 }
 
+/* Split-K in a cluster (dense products of decode batches, TL_GEMM_SPLITK_CLUSTER): the gridDim.z
+ * blocks of a tile are one cluster, each holding the raw f32 sums of its share of K in its
+ * shared tile so (ntok tokens x BN rows, row stride lds floats). After a cluster barrier, block z
+ * sums the tiles of blocks 0 .. gridDim.z - 1, in that order, from their shared memory for the
+ * output pairs z, z + gridDim.z, ... (per pair: gemm_splitk_reduce's arithmetic, SwiGLU columns
+ * included) and stores them; a second barrier keeps every tile alive until all have read it. No
+ * workspace, no reduce kernel. */
+template <int WGS>
+static __device__ __forceinline__ void wr_cluster_reduce(const gemm_args &p, const float *so,
+                                                         int lds, int m0, int ntok, int tid) {
+    typedef wr_cfg<WGS> C;
+    const int swiglu = p.flags & TL_GEMM_SWIGLU, nz = gridDim.z;
+    const int o0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
+    const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
+    const int pairs = min(swiglu ? C::BN / 2 : C::BN, nout - o0) / 2;
+    const uint32_t so_a = smem_u32(so);
+    cluster_sync(); /* every block's sums are in its shared memory */
+    for (int i = blockIdx.z * C::THREADS + tid; i < ntok * pairs; i += nz * C::THREADS) {
+        int tok = i / pairs, o = 2 * (i % pairs);
+        int c = swiglu ? (o / 8) * 16 + o % 8 : o; /* gate column; up: c + 8 */
+        uint32_t a = so_a + (uint32_t)(tok * lds + c) * 4;
+        float v0 = 0.f, v1 = 0.f, u0 = 0.f, u1 = 0.f;
+        for (int z = 0; z < nz; z++) {
+            uint32_t r = dsmem_map(a, z);
+            float2 g = dsmem_ld2(r);
+            v0 += g.x, v1 += g.y;
+            if (swiglu) {
+                float2 u = dsmem_ld2(r + 32);
+                u0 += u.x, u1 += u.y;
+            }
+        }
+        if (swiglu) v0 = silu_f(v0) * u0, v1 = silu_f(v1) * u1;
+        gm_store2(p, (size_t)(m0 + tok) * p.ldy + o0 + o, v0, v1);
+    }
+    cluster_sync(); /* no block leaves while another reads its tile */
+}
+
 /* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. tid: the
  * thread among the C::THREADS that hold accumulators (warp tid / 32 owns rows 16 (tid / 32) ..);
  * sync: their barrier. */
@@ -82,7 +120,9 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
                                                    int m_end, int tid, Sync sync) {
     typedef wr_cfg<WGS> C;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int swiglu = !p.ws && (p.flags & TL_GEMM_SWIGLU), ncol = swiglu ? C::BN / 2 : C::BN;
+    /* split-K: the raw sums of this block's share of K (the SwiGLU comes after the sum) */
+    const int split = gridDim.z > 1;
+    const int swiglu = !split && (p.flags & TL_GEMM_SWIGLU), ncol = swiglu ? C::BN / 2 : C::BN;
     const int lds = ncol + 4, r0 = warp * 16;
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
@@ -97,6 +137,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
             }
         }
     sync();
+    if (split && !p.ws) return wr_cluster_reduce<WGS>(p, so, lds, m0, min(m_end - m0, NT), tid);
     const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
     const int ntok = min(m_end - m0, NT), pairs = min(ncol, nout - c0) / 2;
@@ -260,16 +301,23 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
         wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
+/* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
+ * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
     if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
-    if (grid_y > 65535 || ksplit < 1 || (ksplit > 1) != (p->ws != NULL) ||
-        (p->ws && p->mode != GM_DENSE) || (p->K / GM_BK) % ksplit)
+    if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
+        (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
-    TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>,
-              dim3((p->N + C::BN - 1) / C::BN, grid_y, ksplit), dim3(C::THREADS), C::SMEM, *p);
+    dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
+    if (ksplit > 1 && !p->ws)
+        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS>, grid,
+                          dim3(C::THREADS), C::SMEM, *p);
+    else
+        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>, grid,
+                  dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 

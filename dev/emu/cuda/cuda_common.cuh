@@ -293,5 +293,16 @@ static inline void emu_launch_kernel(K kern, dim3 grid, dim3 block, size_t shm, 
     emu_launch(grid, block, [&]() { kern(args...); });
 }
 #define TL_LAUNCH(st, name, ...) emu_launch_kernel(__VA_ARGS__)
+/* thread-block clusters are not emulated (the blocks run one after another): a kernel that
+ * reaches cluster_sync stops the emulator (TL_GEMM_SPLITK_CLUSTER=0 keeps the split-K GEMMs off
+ * them) */
+#define TL_LAUNCH_CLUSTER(st, name, cz, ...) emu_launch_kernel(__VA_ARGS__)
+static inline void cluster_sync(void) {
+    fprintf(stderr,
+            "emulator: thread-block clusters are not emulated (TL_GEMM_SPLITK_CLUSTER=0)\n");
+    abort();
+}
+static inline uint32_t dsmem_map(uint32_t a, uint32_t rank) { return (void)rank, a; }
+static inline float2 dsmem_ld2(uint32_t a) { return (void)a, make_float2(0.0f, 0.0f); }
 
 #endif
