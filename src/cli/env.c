@@ -94,6 +94,9 @@ static const env_switch env_switches[] = {
      "tests: wait N ms before loading the model (observe /health 503)"},
     {"TL_TEST_ADMIT_DELAY_MS=N", TL_CMD_SERVE,
      "tests: pause N ms (at most 10000) after a request leaves the queue, before it runs"},
+    {"TL_TEST_SWEEP_DELAY_MS=N", TL_CMD_SERVE,
+     "tests: the scheduler pauses N ms (at most 10000) after each step's delivery, before it "
+     "sweeps the finished streams"},
 };
 
 void tl_cli_print_env(FILE *f, unsigned cmds) {

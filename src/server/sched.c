@@ -127,6 +127,7 @@ struct tl_sched {
     int n_running; /* mirrors the engine thread's count for stats */
     int n_jobs;    /* submitted and not yet finished, queued or running: what a drain waits for */
     int admit_delay_us; /* tests (TL_TEST_ADMIT_DELAY_MS): a pause after a job leaves the queue */
+    int sweep_delay_us; /* tests (TL_TEST_SWEEP_DELAY_MS): a pause between delivery and sweep */
     long n_arrived;     /* jobs ever queued (wait_work's gathering) */
     int n_sessions;
     long kv_tokens;
@@ -845,6 +846,7 @@ static void *engine_main(void *arg) {
             else
                 deliver(s, n);
         }
+        if (s->sweep_delay_us) usleep((useconds_t)s->sweep_delay_us);
         sweep(s);
         publish_stats(s);
     }
@@ -865,6 +867,8 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     if (s->p.snap_every <= 0) s->p.snap_every = 4096;
     const char *ad = getenv("TL_TEST_ADMIT_DELAY_MS");
     s->admit_delay_us = ad ? 1000 * TL_MAX(0, TL_MIN(atoi(ad), 10000)) : 0;
+    const char *sd = getenv("TL_TEST_SWEEP_DELAY_MS");
+    s->sweep_delay_us = sd ? 1000 * TL_MAX(0, TL_MIN(atoi(sd), 10000)) : 0;
     s->pc_on = tl_engine_prefix_enabled(e);
     s->spec_k = tl_engine_spec_tokens(e);
     s->m = m;
@@ -931,7 +935,12 @@ int tl_sched_submit(tl_sched *s, tl_job *j, char *err, size_t errlen) {
             tl_errf(err, errlen, TL_ERR_DEVICE_LOST, "the engine failed; the server is restarting");
     else if (!s->accepting)
         st = tl_errf(err, errlen, TL_ERR_CANCELLED, "the server is shutting down");
-    else if (s->n_queued >= s->p.max_queue && s->n_running + s->n_queued >= s->max_seqs)
+    /* busy: the queue is full and no slot is free for what it holds. n_jobs, not the published
+     * n_running + n_queued: a stream that has finished leaves n_jobs at once, while n_running
+     * counts it until the step's sweep; when many streams end in one step (a wave of equal
+     * requests), their clients' next requests arrived in that window and got 429s with slots
+     * free (256 clients on the GPU: 63 errors in 15 s, BENCHMARKS.md 2026-12-06). */
+    else if (s->n_queued >= s->p.max_queue && s->n_jobs >= s->max_seqs)
         st = tl_errf(err, errlen, TL_ERR_BUSY,
                      "the server is busy (%d requests waiting); retry later", s->n_queued);
     if (st) {

@@ -586,6 +586,46 @@ static void test_pool_too_small_for_prompt(void) {
     tl_engine_close(e);
 }
 
+/* A finished stream frees its slot for the busy check at once, not at the step's sweep: with
+ * TL_TEST_SWEEP_DELAY_MS holding each step 300 ms between delivery and sweep, two streams that
+ * have ended still count as running in the published stats, yet the next two requests are taken
+ * (one queued past max_queue: slots are free for it) and only the fifth gets 429. Before, the
+ * check used the published count and the second was refused: a wave of streams ending together
+ * sent their clients' next requests into that window (BENCHMARKS.md 2026-12-06, 256 clients). */
+static void test_busy_counts_finished(void) {
+    tl_engine *e = open_engine(2, 4096);
+    if (!e) {
+        CHECK(0);
+        return;
+    }
+    tl_sched *s;
+    char err[256];
+    tl_sched_params sp = {.max_queue = 1, .step_tokens = 64};
+    setenv("TL_TEST_SWEEP_DELAY_MS", "300", 1);
+    CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
+    unsetenv("TL_TEST_SWEEP_DELAY_MS");
+    tl_job *a = make_job(1, 8, 2), *b = make_job(2, 8, 2);
+    CHECK_EQ_INT(tl_sched_submit(s, a, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_submit(s, b, err, sizeof err), 0);
+    int32_t toks[8];
+    int n, running = -1;
+    CHECK_EQ_INT(collect(a, toks, 8, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(collect(b, toks, 8, &n), TL_FIN_LENGTH);
+    tl_sched_stats(s, NULL, &running, NULL, NULL);
+    CHECK(running >= 1); /* inside the window: the last step has not swept b yet */
+    tl_job *c = make_job(3, 8, 2), *d = make_job(4, 8, 2), *x = make_job(5, 8, 2);
+    CHECK_EQ_INT(tl_sched_submit(s, c, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_submit(s, d, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_sched_submit(s, x, err, sizeof err), TL_ERR_BUSY);
+    CHECK_EQ_INT(collect(c, toks, 8, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(n, 2);
+    CHECK_EQ_INT(collect(d, toks, 8, &n), TL_FIN_LENGTH);
+    CHECK_EQ_INT(n, 2);
+    tl_job_unref(a), tl_job_unref(b), tl_job_unref(c), tl_job_unref(d), tl_job_unref(x);
+    tl_sched_free(s);
+    tl_engine_close(e);
+}
+
 /* The queue is full while a job waits for pages, not slots: 429 (TL_ERR_BUSY) for the next. */
 static void test_pool_queue_full(void) {
     tl_engine *e = open_engine_kv(2, 4096, 4096);
@@ -831,6 +871,7 @@ int main(void) {
     T_RUN(test_pool_admission_waits);
     T_RUN(test_pool_too_small_for_prompt);
     T_RUN(test_pool_queue_full);
+    T_RUN(test_busy_counts_finished);
     T_RUN(test_pool_unreported);
     T_RUN(test_prefix_cache_turns);
     T_RUN(test_cached_turn_one_step);
