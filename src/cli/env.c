@@ -47,6 +47,9 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
+    {"TL_GEMM_SPLITK_BLOCKS=N", ENGINE_CMDS,
+     "CUDA: split-K dense products of decode batches double their splits while the row blocks "
+     "times the splits are under N (default 132) (A/B)"},
     {"TL_GEMM_SPLITK_CLUSTER=0|16", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel (0; up to 16 splits) or in clusters of up to 16 (16) instead of clusters of up "

@@ -823,7 +823,8 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
  * most 8 splits), else through the stream's workspace and gemm_splitk_reduce.
  * The split depends only on the matrix shape (doubling while the blocks of one 16-token tile are
  * under one wave of the H200's 132 SMs and every share keeps >= 4 k tiles), never on n: a token's
- * result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it off (A/B). */
+ * result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it off (A/B);
+ * TL_GEMM_SPLITK_BLOCKS=N doubles while under N blocks instead of 132 (A/B). */
 #define GM_SPLITK_SMS 132
 
 /* The most splits of a product whose partials are summed inside the tile's cluster
@@ -843,9 +844,14 @@ static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
     static int off = -1;
     if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
     if (off || w->bits != 4) return 1;
+    static int blocks = -1; /* TL_GEMM_SPLITK_BLOCKS=N (A/B): double while under N blocks */
+    if (blocks < 0) {
+        const char *e = getenv("TL_GEMM_SPLITK_BLOCKS");
+        blocks = e && atoi(e) > 0 ? atoi(e) : GM_SPLITK_SMS;
+    }
     int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1,
         smax = splitk_cluster_max() ? splitk_cluster_max() : 64;
-    while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
+    while (xb * s < blocks && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
     return s;
 }
 
