@@ -47,13 +47,9 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
-    {"TL_GEMM_SPLITK_BLOCKS=N", ENGINE_CMDS,
-     "CUDA: split-K dense products of decode batches double their splits while the row blocks "
-     "times the splits are under N (default 132) (A/B)"},
-    {"TL_GEMM_SPLITK_CLUSTER=0|16", ENGINE_CMDS,
+    {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
-     "reduce kernel (0; up to 16 splits) or in clusters of up to 16 (16) instead of clusters of up "
-     "to 8 (A/B)"},
+     "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
     {"TL_Q4W_WIDE=0", ENGINE_CMDS,

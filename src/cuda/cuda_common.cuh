@@ -112,7 +112,7 @@ static inline int tl_launch_at(const char *file, int line, const char *name,
 /* TL_LAUNCH(st, "name", kernel, grid, block, shm, args...): the only way a kernel is launched.
  * Returns TL_ERR_CUDA from the enclosing function when the launch fails. TL_LAUNCH_CLUSTER(st,
  * "name", cz, kernel, ...): the same with thread-block clusters of 1 x 1 x cz blocks (cz divides
- * grid.z; more than 8 needs the kernel's non-portable cluster size attribute). */
+ * grid.z; cz <= 8, the portable limit). */
 #define TL_LAUNCH(st, name, ...) TRY(tl_launch_at(__FILE__, __LINE__, name, st, 1, __VA_ARGS__))
 #define TL_LAUNCH_CLUSTER(st, name, cz, ...)                                                       \
     TRY(tl_launch_at(__FILE__, __LINE__, name, st, cz, __VA_ARGS__))

@@ -823,35 +823,24 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
  * most 8 splits), else through the stream's workspace and gemm_splitk_reduce.
  * The split depends only on the matrix shape (doubling while the blocks of one 16-token tile are
  * under one wave of the H200's 132 SMs and every share keeps >= 4 k tiles), never on n: a token's
- * result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it off (A/B);
- * TL_GEMM_SPLITK_BLOCKS=N doubles while under N blocks instead of 132 (A/B). */
+ * result is the same at any batch up to the limit. TL_GEMM_SPLITK=0 turns it off (A/B). */
 #define GM_SPLITK_SMS 132
 
-/* The most splits of a product whose partials are summed inside the tile's cluster
- * (wr_cluster_reduce, k_gemm_wgr.cu), read once: 8 (the portable cluster size) unless
- * TL_GEMM_SPLITK_CLUSTER=0 (0: the workspace and gemm_splitk_reduce instead) or =16 (clusters
- * of 16, a non-portable size: for A/B). */
-static int splitk_cluster_max(void) {
-    static int m = -1;
-    if (m < 0)
-        m = tl_env_is("TL_GEMM_SPLITK_CLUSTER", 0)    ? 0
-            : tl_env_is("TL_GEMM_SPLITK_CLUSTER", 16) ? 16
-                                                      : 8;
-    return m;
+/* 1 unless TL_GEMM_SPLITK_CLUSTER=0 (read once): a split wgr product sums its partials inside
+ * the tile's cluster (wr_cluster_reduce, k_gemm_wgr.cu; at most 8 splits, the portable cluster
+ * size) instead of through the workspace and gemm_splitk_reduce. */
+static int splitk_cluster_on(void) {
+    static int on = -1;
+    if (on < 0) on = !tl_env_is("TL_GEMM_SPLITK_CLUSTER", 0);
+    return on;
 }
 
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
     static int off = -1;
     if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
     if (off || w->bits != 4) return 1;
-    static int blocks = -1; /* TL_GEMM_SPLITK_BLOCKS=N (A/B): double while under N blocks */
-    if (blocks < 0) {
-        const char *e = getenv("TL_GEMM_SPLITK_BLOCKS");
-        blocks = e && atoi(e) > 0 ? atoi(e) : GM_SPLITK_SMS;
-    }
-    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1,
-        smax = splitk_cluster_max() ? splitk_cluster_max() : 64;
-    while (xb * s < blocks && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
+    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1, smax = splitk_cluster_on() ? 8 : 64;
+    while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
     return s;
 }
 
@@ -953,7 +942,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
     if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
         dense_dec_wgr_on()) {
-        if (ks > 1 && splitk_cluster_max())
+        if (ks > 1 && splitk_cluster_on())
             return cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st);
         if (ks > 1) p.ws = st->ws;
         TRY(cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st));

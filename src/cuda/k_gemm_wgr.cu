@@ -302,23 +302,15 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
 }
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
- * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 16, more than 8 a
- * non-portable cluster size). */
+ * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
     if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
-        (ksplit == 1 && p->ws) || (!p->ws && ksplit > 16) || (p->K / GM_BK) % ksplit)
+        (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
-    static int nonportable; /* clusters of more than 8 (TL_GEMM_SPLITK_CLUSTER=16) */
-    if (ksplit > 8 && !p->ws && !nonportable) {
-        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS>,
-                                 cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-            return TL_ERR_CUDA;
-        nonportable = 1;
-    }
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
         TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS>, grid,
