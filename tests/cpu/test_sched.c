@@ -587,7 +587,7 @@ static void test_pool_too_small_for_prompt(void) {
 }
 
 /* A finished stream frees its slot for the busy check at once, not at the step's sweep: with
- * TL_TEST_SWEEP_DELAY_MS holding each step 300 ms between delivery and sweep, two streams that
+ * TL_TEST_SWEEP_DELAY_MS holding each step 1 s between delivery and sweep, two streams that
  * have ended still count as running in the published stats, yet the next two requests are taken
  * (one queued past max_queue: slots are free for it) and only the fifth gets 429. Before, the
  * check used the published count and the second was refused: a wave of streams ending together
@@ -601,7 +601,7 @@ static void test_busy_counts_finished(void) {
     tl_sched *s;
     char err[256];
     tl_sched_params sp = {.max_queue = 1, .step_tokens = 64};
-    setenv("TL_TEST_SWEEP_DELAY_MS", "300", 1);
+    setenv("TL_TEST_SWEEP_DELAY_MS", "1000", 1);
     CHECK_EQ_INT(tl_sched_create(&s, e, &sp, NULL, err, sizeof err), 0);
     unsetenv("TL_TEST_SWEEP_DELAY_MS");
     tl_job *a = make_job(1, 8, 2), *b = make_job(2, 8, 2);
