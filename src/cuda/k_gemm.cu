@@ -374,6 +374,18 @@ template <int WCH> struct q4w_copy {
     const uint32_t *w[WCH], *s;
     size_t s_step; /* words between the scale/bias rows of consecutive stages */
     int a_bytes, a_dst, w_dst, s_dst;
+    /* thread tid of THREADS: the copies of the next stage into the stage at sm, then the
+     * sources advance one stage (the lean loop's running sources) */
+    template <int THREADS> __device__ __forceinline__ void next(uint8_t *sm, int tid) {
+        if (tid < 128) cp_async16(sm + a_dst, a, a_bytes);
+#pragma unroll
+        for (int j = 0; j < WCH; j++) {
+            cp_async16(sm + w_dst + THREADS * 16 * j, w[j], 16);
+            w[j] += 64;
+        }
+        if (tid < 32) cp_async16(sm + s_dst, s, 16);
+        a += GM_BK, s += s_step;
+    }
 };
 
 /* The loop as first written (the narrow shape): each stage's copies addressed from its index. */
@@ -412,16 +424,9 @@ q4w_loop_lean(q4w_copy<WCH> cp, int KT, float (&acc)[MB][NB][4], int wr0, int la
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
-    auto load_next = [&](int stage) { /* the next stage to copy, into ring slot `stage` */
-                                      uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
-                                      if (tid < 128) cp_async16(sm + cp.a_dst, cp.a, cp.a_bytes);
-#pragma unroll
-                                      for (int j = 0; j < WCH; j++) {
-                                          cp_async16(sm + cp.w_dst + THREADS * 16 * j, cp.w[j], 16);
-                                          cp.w[j] += 64;
-                                      }
-                                      if (tid < 32) cp_async16(sm + cp.s_dst, cp.s, 16);
-                                      cp.a += GM_BK, cp.s += cp.s_step;
+    /* the next stage to copy, into ring slot `stage` */
+    auto load_next = [&](int stage) {
+        cp.template next<THREADS>(gm_smem + stage * C::STAGE_BYTES, tid);
     };
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {

@@ -857,6 +857,12 @@ static void *engine_main(void *arg) {
 
 /* ====== Public API. ====== */
 
+/* A test pause from the environment: name's milliseconds (0 .. 10,000) in microseconds. */
+static int test_delay_us(const char *name) {
+    const char *v = getenv(name);
+    return v ? 1000 * TL_MAX(0, TL_MIN(atoi(v), 10000)) : 0;
+}
+
 int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, struct tl_metrics *m,
                     char *err, size_t errlen) {
     tl_sched *s = xcalloc(1, sizeof *s);
@@ -865,10 +871,8 @@ int tl_sched_create(tl_sched **out, tl_engine *e, const tl_sched_params *p, stru
     if (s->p.step_tokens <= 0) s->p.step_tokens = 512;
     if (s->p.max_queue < 0) s->p.max_queue = 0;
     if (s->p.snap_every <= 0) s->p.snap_every = 4096;
-    const char *ad = getenv("TL_TEST_ADMIT_DELAY_MS");
-    s->admit_delay_us = ad ? 1000 * TL_MAX(0, TL_MIN(atoi(ad), 10000)) : 0;
-    const char *sd = getenv("TL_TEST_SWEEP_DELAY_MS");
-    s->sweep_delay_us = sd ? 1000 * TL_MAX(0, TL_MIN(atoi(sd), 10000)) : 0;
+    s->admit_delay_us = test_delay_us("TL_TEST_ADMIT_DELAY_MS");
+    s->sweep_delay_us = test_delay_us("TL_TEST_SWEEP_DELAY_MS");
     s->pc_on = tl_engine_prefix_enabled(e);
     s->spec_k = tl_engine_spec_tokens(e);
     s->m = m;
