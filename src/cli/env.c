@@ -47,12 +47,6 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
-    {"TL_ROUTER_SPLIT=16|32", ENGINE_CMDS,
-     "CUDA: the router GEMM of <= 256 tokens cuts K into 16 or 32 shares instead of 8 (A/B; "
-     "another rounding)"},
-    {"TL_GDN_COLS_MINB=6|8", ENGINE_CMDS,
-     "CUDA: the batched GDN step kernel compiled for 6 or 8 blocks an SM (80 or 64 registers) "
-     "instead of 5 (A/B; same bits)"},
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},

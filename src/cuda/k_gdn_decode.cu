@@ -148,17 +148,14 @@ extern "C" int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const
  * large blocks. o is raw (f32 [n_tok, nv*128]); the gated RMSNorm follows
  * (tl_gpu_gated_rmsnorm_bf16). Thread (warp w, lane l) owns column 32*quarter + l, rows 32w..+31;
  * partial sums added in the fixed order of gdn_step_kernel. Waits for its predecessor (PDL).
- * The body is gdn_cols_body; gdn_cols_kernel (the default) leaves ptxas 96 registers (5
- * blocks, 20 warps an SM); gdn_cols_minb_kernel<MINB> asks for MINB blocks an SM (launch
- * bounds): 6 caps the registers at 80 (no spills), 8 at 64 (~20 bytes spilled).
- * TL_GDN_COLS_MINB=6|8 picks those for A/B (the same arithmetic in the same order: the same
- * bits). Not yet measured: more resident blocks keep more state loads in flight (the kernel
- * ran at 2.36 TB/s at a decode batch of 64, session 16).
+ * Launch bounds of 6 blocks an SM cap ptxas at 80 registers (no spills; without them it took 96
+ * and 5 blocks fit): more state loads in flight, 107.5 -> 98.2 us a call and -2.1% / -2.5% a step
+ * at decode batches of 64 / 256 (H100, session 17); 8 blocks (64 registers) spilled and lost.
  * Tested against cpu_gdn_step (test_kernels.c: test_gdn, raw output and state). */
-static __device__ __forceinline__ void
-gdn_cols_body(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj, int ld_proj,
-              int b_off, int a_off, const float *dt_bias, const float *a_neg, int nk, int nv,
-              tl_gpu_seqs s, tl_gpu_ring ring) {
+__global__ void __launch_bounds__(128, 6)
+    gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
+                    int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
+                    int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][32];
@@ -224,22 +221,6 @@ gdn_cols_body(float *o_out, void *S, int s_bf16, const float *qkv, const float *
     for (int i = 0; i < 32; i++) state_st(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c, st[i]);
 }
 
-__global__ void __launch_bounds__(128)
-    gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
-                    int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
-                    int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
-    gdn_cols_body(o_out, S, s_bf16, qkv, proj, ld_proj, b_off, a_off, dt_bias, a_neg, nk, nv, s,
-                  ring);
-}
-template <int MINB>
-__global__ void __launch_bounds__(128, MINB)
-    gdn_cols_minb_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
-                         int ld_proj, int b_off, int a_off, const float *dt_bias,
-                         const float *a_neg, int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
-    gdn_cols_body(o_out, S, s_bf16, qkv, proj, ld_proj, b_off, a_off, dt_bias, a_neg, nk, nv, s,
-                  ring);
-}
-
 extern "C" int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, const float *proj,
                               int ld_proj, int b_off, int a_off, const float *dt_bias,
                               const float *a_neg, int n_k_head, int n_v_head, const tl_gpu_seqs *s,
@@ -248,14 +229,7 @@ extern "C" int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, c
     dim3 grid(n_v_head * 4, s->n_seg);
     tl_gpu_ring r = {NULL, NULL, 0};
     if (ring && ring->base) r = *ring;
-    static int minb = -1; /* TL_GDN_COLS_MINB (read once) */
-    if (minb < 0)
-        minb = tl_env_is("TL_GDN_COLS_MINB", 8) ? 8 : tl_env_is("TL_GDN_COLS_MINB", 6) ? 6 : 0;
-    TL_LAUNCH(st, "gdn_cols",
-              minb == 8   ? gdn_cols_minb_kernel<8>
-              : minb == 6 ? gdn_cols_minb_kernel<6>
-                          : gdn_cols_kernel,
-              grid, dim3(128), 0, o, S, s_bf16, qkv, proj, ld_proj, b_off, a_off, dt_bias, a_neg,
-              n_k_head, n_v_head, *s, r);
+    TL_LAUNCH(st, "gdn_cols", gdn_cols_kernel, grid, dim3(128), 0, o, S, s_bf16, qkv, proj, ld_proj,
+              b_off, a_off, dt_bias, a_neg, n_k_head, n_v_head, *s, r);
     return 0;
 }

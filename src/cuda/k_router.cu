@@ -111,21 +111,9 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* K shares of a small micro-batch (read once): RT_SPLIT, or TL_ROUTER_SPLIT=16|32 (A/B: more
- * blocks for the router of a decode batch, which ran 40 blocks at 64 tokens; another rounding,
- * the same at any batch size up to RT_SPLIT_MAX_T). */
-static int router_split(void) {
-    static int s = -1;
-    if (s < 0)
-        s = tl_env_is("TL_ROUTER_SPLIT", 32)   ? 32
-            : tl_env_is("TL_ROUTER_SPLIT", 16) ? 16
-                                               : RT_SPLIT;
-    return s;
-}
-
 extern "C" size_t tl_gpu_router_ws_bytes(int rows, int n_tok) {
     n_tok = n_tok < RT_SPLIT_MAX_T ? n_tok : RT_SPLIT_MAX_T;
-    return (size_t)router_split() * n_tok * rows * sizeof(float);
+    return (size_t)RT_SPLIT * n_tok * rows * sizeof(float);
 }
 
 /* y[t, r] = sum over z of ws[z][t][r] (planes of n_tok x rows), in z order. */
@@ -144,8 +132,7 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
-    const int ns = router_split();
-    int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % ns == 0 && st && st->ws &&
+    int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
                 st->ws_bytes >= tl_gpu_router_ws_bytes(W->rows, n_tok);
     static int attr_set;
     if (!attr_set) {
@@ -154,11 +141,11 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
             return TL_ERR_CUDA;
         attr_set = 1;
     }
-    dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N), split ? ns : 1);
+    dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N), split ? RT_SPLIT : 1);
     TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(256), RT_SMEM, split ? st->ws : y,
               split ? W->rows : ldy, *W, xh, xl, n_tok);
     if (split)
         TL_LAUNCH(st, "router_sum", router_sum_kernel, dim3(CEIL_DIV(n_tok * W->rows, 256)),
-                  dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, ns);
+                  dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, RT_SPLIT);
     return 0;
 }
