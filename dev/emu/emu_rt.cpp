@@ -143,8 +143,9 @@ uint32_t emu_reduce_u(uint32_t v, int max) {
     emu_barrier(1 + w);
     uint32_t r = shfl_slot[w][0];
     for (int i = 1; i < 32; i++)
-        r = max ? (shfl_slot[w][i] > r ? shfl_slot[w][i] : r)
-                : (shfl_slot[w][i] < r ? shfl_slot[w][i] : r);
+        r = max == 2 ? r + shfl_slot[w][i]
+            : max    ? (shfl_slot[w][i] > r ? shfl_slot[w][i] : r)
+                     : (shfl_slot[w][i] < r ? shfl_slot[w][i] : r);
     emu_barrier(1 + w);
     return r;
 }

@@ -120,7 +120,7 @@ static inline void __syncthreads(void) { emu_barrier(0); }
 static inline void bar_sync_named(int id, int n) { emu_barrier(3000 + 2048 * id + n); }
 float emu_shfl(float v, int src_lane_or_minus1);
 uint32_t emu_shfl_u(uint32_t v, int src_lane);
-uint32_t emu_reduce_u(uint32_t v, int max); /* the warp's max (1) or min (0) */
+uint32_t emu_reduce_u(uint32_t v, int max); /* the warp's max (1), min (0) or sum (2) */
 static inline void __syncwarp(unsigned m = 0xffffffffu) {
     (void)m;
     emu_barrier(1 + (int)threadIdx.x / 32);
@@ -150,6 +150,10 @@ static inline uint32_t __reduce_max_sync(unsigned m, uint32_t v) {
 static inline uint32_t __reduce_min_sync(unsigned m, uint32_t v) {
     (void)m;
     return emu_reduce_u(v, 0);
+}
+static inline int __reduce_add_sync(unsigned m, int v) {
+    (void)m;
+    return (int)emu_reduce_u((uint32_t)v, 2);
 }
 static inline float __shfl_xor_sync(unsigned m, float v, int off) {
     (void)m;
