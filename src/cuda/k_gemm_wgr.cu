@@ -80,9 +80,7 @@ static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint
  * sums the tiles of blocks 0 .. gridDim.z - 1, in that order, from their shared memory for the
  * output pairs z, z + gridDim.z, ... (per pair: gemm_splitk_reduce's arithmetic, SwiGLU columns
  * included) and stores them; a second barrier keeps every tile alive until all have read it. No
- * workspace, no reduce kernel. A pair's loads from the nz tiles are all issued before its sums
- * (the sums' order unchanged). */
-#define WR_CLUSTER_MAX 8 /* blocks a cluster (the portable limit) */
+ * workspace, no reduce kernel. */
 template <int WGS>
 static __device__ __forceinline__ void wr_cluster_reduce(const gemm_args &p, const float *so,
                                                          int lds, int m0, int ntok, int tid) {
@@ -93,26 +91,20 @@ static __device__ __forceinline__ void wr_cluster_reduce(const gemm_args &p, con
     const int pairs = min(swiglu ? C::BN / 2 : C::BN, nout - o0) / 2;
     const uint32_t so_a = smem_u32(so);
     cluster_sync(); /* every block's sums are in its shared memory */
-#pragma unroll 2
     for (int i = blockIdx.z * C::THREADS + tid; i < ntok * pairs; i += nz * C::THREADS) {
         int tok = i / pairs, o = 2 * (i % pairs);
         int c = swiglu ? (o / 8) * 16 + o % 8 : o; /* gate column; up: c + 8 */
         uint32_t a = so_a + (uint32_t)(tok * lds + c) * 4;
-        float2 g[WR_CLUSTER_MAX], u[WR_CLUSTER_MAX]; /* every load in flight before the sums */
-#pragma unroll
-        for (int z = 0; z < WR_CLUSTER_MAX; z++)
-            if (z < nz) {
-                uint32_t r = dsmem_map(a, z);
-                g[z] = dsmem_ld2(r);
-                if (swiglu) u[z] = dsmem_ld2(r + 32);
-            }
         float v0 = 0.f, v1 = 0.f, u0 = 0.f, u1 = 0.f;
-#pragma unroll
-        for (int z = 0; z < WR_CLUSTER_MAX; z++)
-            if (z < nz) {
-                v0 += g[z].x, v1 += g[z].y;
-                if (swiglu) u0 += u[z].x, u1 += u[z].y;
+        for (int z = 0; z < nz; z++) {
+            uint32_t r = dsmem_map(a, z);
+            float2 g = dsmem_ld2(r);
+            v0 += g.x, v1 += g.y;
+            if (swiglu) {
+                float2 u = dsmem_ld2(r + 32);
+                u0 += u.x, u1 += u.y;
             }
+        }
         if (swiglu) v0 = silu_f(v0) * u0, v1 = silu_f(v1) * u1;
         gm_store2(p, (size_t)(m0 + tok) * p.ldy + o0 + o, v0, v1);
     }
@@ -317,7 +309,7 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
     if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
-        (ksplit == 1 && p->ws) || (!p->ws && ksplit > WR_CLUSTER_MAX) || (p->K / GM_BK) % ksplit)
+        (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
