@@ -281,7 +281,7 @@ DECODE_BOUND = 1e-4
 REL_FACTOR = 2.0
 # (mode, environment of the tulip run, kind): the prompt through the decode kernels, through the
 # tensor-core prefill path, and every decode step of batch 1 on the tensor-core decode path too
-# (TL_CUDA_TC_MIN=1; by default it serves micro-batches of 4 tokens and more), bf16 GEMM inputs as on prefill
+# (TL_CUDA_TC_MIN=1; by default it serves micro-batches of 3 tokens and more), bf16 GEMM inputs as on prefill
 MODES = (("decode-path prefill", {"TL_CUDA_NO_PREFILL_GEMM": "1"}, "decode"),
          ("gemm-path prefill", {}, "gemm"),
          ("tensor-core decode", {"TL_CUDA_TC_MIN": "1"}, "tc"))

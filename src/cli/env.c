@@ -30,7 +30,7 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_TC_PDL=0", ENGINE_CMDS,
      "CUDA: the batched tensor-core path without programmatic dependent launch (A/B)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
-     "CUDA: batches of >= N tokens decode on the tensor cores (default 4; 0: never)"},
+     "CUDA: batches of >= N tokens decode on the tensor cores (default 3; 0: never)"},
     {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens compute the router on the tensor cores (default 64; 0: never)"},
     {"TL_CUDA_STATE_BF16=1", ENGINE_CMDS,

@@ -17,7 +17,7 @@ extern "C" {
 #define CB_DECODE_SPLIT    128 /* split-KV partials per (token, head) on the decode path */
 #define CB_PF_MIN          16 /* a sequence's chunk of at least this many tokens takes the GEMM path */
 #define CB_ROUTER_GEMM_MIN 64   /* micro-batches of this many tokens get the router GEMM */
-#define CB_TC_MIN          4    /* default tc_min (below): from 4 tokens the batched path wins */
+#define CB_TC_MIN          3    /* default tc_min (below): from 3 tokens the batched path wins */
 #define CB_MAX_SEQS        1024 /* slots at most (the step's per-entry arrays) */
 
 /* One layer on the device. Matrices are tl_gpu_gemm_w (bf16 or q4 tiled). */
