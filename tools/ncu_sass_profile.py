@@ -32,17 +32,21 @@ def number(text):
         return 0.0
 
 
+def header(rows, column, page):
+    """(index, row) of the first CSV row holding the column name; ValueError naming the page
+    when none does (ncu's ==PROF== lines and the like come before it)."""
+    for i, r in enumerate(rows):
+        if column in r:
+            return i, r
+    raise ValueError(f"no ncu {page} header (a '{column}' column) in the input")
+
+
 def parse_source(lines):
     """Source-page CSV lines -> [(sass text, instructions executed, stall samples)] in address
     order. Raises ValueError when no header with Source, Instructions Executed and Warp Stall
     Sampling (All Samples) columns is found."""
     rows = list(csv.reader(lines))
-    for i, r in enumerate(rows):
-        if "Source" in r:
-            head = r
-            break
-    else:
-        raise ValueError("no ncu source-page header (a 'Source' column) in the input")
+    i, head = header(rows, "Source", "source-page")
 
     def column(prefix):
         for j, c in enumerate(head):
@@ -91,12 +95,7 @@ def stall_reasons(lines):
     """Raw-page CSV lines (a header row, a units row, a row per kernel) -> [(kernel name,
     duration with its unit, {reason: share of the kernel's stall samples})], one per kernel."""
     rows = [r for r in csv.reader(lines) if r]
-    for i, r in enumerate(rows):
-        if "Kernel Name" in r:
-            head = r
-            break
-    else:
-        raise ValueError("no ncu raw-page header (a 'Kernel Name' column) in the input")
+    i, head = header(rows, "Kernel Name", "raw-page")
     out, unit = [], ""
     for r in rows[i + 1:]:
         if len(r) != len(head):
