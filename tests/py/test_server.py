@@ -612,12 +612,15 @@ def test_keepalive_while_queued(strict):
                                    extra_body={"ignore_eos": True})
     next(iter(a))
     body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 4, "stream": True})
-    c = socket.create_connection(("127.0.0.1", strict.port), timeout=10)
+    # 30 s: under ASan on a 2-core machine busy with the first stream, one CI run saw no byte of
+    # this response within 10 s (it answers in ~0.2 s alone); the keepalive comments come every
+    # 0.2 s (--keepalive), so without them the wait still ends in a failure
+    c = socket.create_connection(("127.0.0.1", strict.port), timeout=30)
     c.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test\r\n"
                "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                % (len(body), body)).encode())
     got = b""
-    deadline = time.time() + 10
+    deadline = time.time() + 30
     while b": keepalive" not in got and time.time() < deadline:
         got += c.recv(4096)
     assert got.startswith(b"HTTP/1.1 200") and b"text/event-stream" in got
