@@ -67,9 +67,6 @@ static const env_switch env_switches[] = {
      "CUDA: the sampler's part kernel reads its rows id by id (0), or as float4s, 2 or 4 in "
      "flight a thread (default: 4 for many rows, 2 for at most 8) (A/B; same survivors, logprobs "
      "within rounding)"},
-    {"TL_MOE_ROUTE_PLAN=N", ENGINE_CMDS,
-     "CUDA: micro-batches of <= N (<= 256) tokens route and plan in one kernel that also sums the "
-     "router's split-K planes (A/B; default 0: off; same bits)"},
     {"TL_MOE_SHARED_GROUPED=0", ENGINE_CMDS,
      "CUDA: the shared expert of micro-batches of <= 256 tokens as two dense GEMMs instead of "
      "inside the grouped MoE GEMMs (A/B)"},

@@ -168,11 +168,8 @@ typedef struct cuda_be {
     int router_min; /* micro-batches of at least this many tokens on the GEMM paths compute the
                        router with the tensor-core GEMM, else the GEMV (TL_CUDA_ROUTER_GEMM_MIN;
                        0: never) */
-    int route_plan_max;    /* micro-batches of at most this many tokens (<= 256) route and plan in
-                              one kernel, the router's split-K planes summed inside it
-                              (TL_MOE_ROUTE_PLAN; default 0: off, for A/B) */
-    int pdl_off;           /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic
-                              dependence */
+    int pdl_off;    /* TL_CUDA_NO_PDL=1: decode kernels launched without programmatic
+                       dependence */
     tl_gpu_attn_opts attn; /* TL_CUDA_ATTN_NO_TC, TL_CUDA_ATTN_MIN_CHUNK */
     tl_gpu_prof *prof;     /* non-NULL while the per-kernel profiler is on (cuda_bench.cu) */
     float *gemm_ws;        /* split-K partials of the dense GEMMs (k_gemm.cu), for the stream */

@@ -354,52 +354,29 @@ static int moe_shared_grouped_on(void) {
     return on;
 }
 
-/* The router, top-k and plan of moe_prefill; be->xb gets the normed x in bf16.
+/* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,
+ * plan, grouped expert GEMMs, the shared expert as two dense GEMMs (inside the grouped ones for
+ * <= 256 tokens: moe_shared_grouped_on), weighted combine + residual.
  * note: the router GEMM from be->router_min (64) tokens on; below, the GEMV (f32 input): measured
  * 2026-12-04 (decode batches, tulip bench --batch): GEMV faster at 16 and 32, tied at 64, GEMM
  * faster at 128, 256 and on prefill chunks (notes/2026-12-04-router-conv1d.md); then the GEMM of
  * <= 256 tokens split K 8 ways (it had 5 blocks): at 64, 13.50 -> 12.95 ms a step (H200,
- * BENCHMARKS.md session 9); 8 and 32 not measured yet. Up to be->route_plan_max tokens
- * (TL_MOE_ROUTE_PLAN) the top-k and the plan are one kernel that also sums the router's split-K
- * planes (the same bits). */
-static int moe_route_and_plan(const layer_ctx *x) {
-    cuda_be *be = x->be;
-    const tl_config *c = &be->cfg;
-    const cb_layer *L = x->L;
-    int D = c->n_embd, E = c->n_expert, K = c->n_expert_used, T = x->T;
-    float eps = c->rms_eps;
-    const int fused = K == 8 && T <= be->route_plan_max;
-    const float *lg = be->rlog;
-    int ld = E + 1, n_planes = 1;
-    if (D % 128 == 0 && L->router.bits == 16 && be->router_min > 0 && T >= be->router_min) {
-        TRY(tl_gpu_rmsnorm_bf16x2(be->xb, be->xlo, be->x, L->ffn_norm, T, D, eps, x->st));
-        if (fused) {
-            TRY(tl_gpu_router_gemm_raw(be->rlog, E + 1, &L->router, be->xb, be->xlo, T, x->st,
-                                       &n_planes));
-            if (n_planes > 1) lg = x->st->ws, ld = L->router.rows;
-        } else {
-            TRY(tl_gpu_router_gemm(be->rlog, E + 1, &L->router, be->xb, be->xlo, T, x->st));
-        }
-    } else {
-        TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
-        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps, x->st));
-    }
-    if (fused)
-        return tl_gpu_moe_route_plan(be->plan, be->ids, be->wts, be->wsh, be->shl, lg, ld, n_planes,
-                                     E, K, T, x->st);
-    TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T, x->st));
-    return tl_gpu_moe_pf_plan(be->plan, be->ids, T, x->st);
-}
-
-/* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,
- * plan (moe_route_and_plan), grouped expert GEMMs, the shared expert as two dense GEMMs (inside
- * the grouped ones for <= 256 tokens: moe_shared_grouped_on), weighted combine + residual. */
+ * BENCHMARKS.md session 9); 8 and 32 not measured yet. */
 static int moe_prefill(const layer_ctx *x) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
     int D = c->n_embd, E = c->n_expert, K = c->n_expert_used, F = c->n_ff_expert, T = x->T;
-    TRY(moe_route_and_plan(x));
+    float eps = c->rms_eps;
+    if (D % 128 == 0 && L->router.bits == 16 && be->router_min > 0 && T >= be->router_min) {
+        TRY(tl_gpu_rmsnorm_bf16x2(be->xb, be->xlo, be->x, L->ffn_norm, T, D, eps, x->st));
+        TRY(tl_gpu_router_gemm(be->rlog, E + 1, &L->router, be->xb, be->xlo, T, x->st));
+    } else {
+        TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
+        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps, x->st));
+    }
+    TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T, x->st));
+    TRY(tl_gpu_moe_pf_plan(be->plan, be->ids, T, x->st));
     tl_gpu_gemm_w gu0 = expert_w(&L->gate_up, 0, 2 * F), dn0 = expert_w(&L->down, 0, D);
     int sh = T <= TL_GEMM_SPLITK_MAX_N && moe_shared_grouped_on(); /* the shared expert too */
     TRY(tl_gpu_moe_pf_gate_up(be->hexp, be->xb, &gu0, be->plan, T, sh, x->st));

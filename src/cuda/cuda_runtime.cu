@@ -267,7 +267,6 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
                          ? TL_MAX(0, env_int("TL_CUDA_ROUTER_GEMM_MIN"))
                          : CB_ROUTER_GEMM_MIN;
     be->tc_min = getenv("TL_CUDA_TC_MIN") ? TL_MAX(0, env_int("TL_CUDA_TC_MIN")) : CB_TC_MIN;
-    be->route_plan_max = TL_MIN(256, TL_MAX(0, env_int("TL_MOE_ROUTE_PLAN")));
     be->attn.cuda_core = env_int("TL_CUDA_ATTN_NO_TC") != 0;
     be->tc_pdl = !getenv("TL_CUDA_TC_PDL") || env_int("TL_CUDA_TC_PDL") != 0;
     be->pf_pdl = !getenv("TL_CUDA_PF_PDL") || env_int("TL_CUDA_PF_PDL") != 0;

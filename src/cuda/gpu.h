@@ -181,11 +181,6 @@ int tl_gpu_gemv_set_rows(int on);
  * A token's result does not depend on n_tok on either side of 256. */
 int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                        const uint16_t *xl, int n_tok, const tl_gpu_stream *st);
-/* tl_gpu_router_gemm without the sum of the split-K planes: when K is split the planes stay in
- * st->ws (plane z: n_tok x W->rows floats at st->ws + z n_tok W->rows) and *n_planes = 8, for the
- * routing to add (tl_gpu_moe_route_plan); else y is written and *n_planes = 1. */
-int tl_gpu_router_gemm_raw(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
-                           const uint16_t *xl, int n_tok, const tl_gpu_stream *st, int *n_planes);
 /* The workspace tl_gpu_router_gemm splits K with, for up to n_tok tokens of a rows-row router. */
 size_t tl_gpu_router_ws_bytes(int rows, int n_tok);
 
@@ -372,14 +367,6 @@ int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *
  * the other tokens are unaffected (tests/gpu/test_kernels.c: poisoned router). */
 int tl_gpu_moe_route(int32_t *ids, float *w, float *w_sh, float *sh_logit, const float *logits,
                      int ld, int n_expert, int k, int n_tok, const tl_gpu_stream *st);
-/* tl_gpu_moe_route and then tl_gpu_moe_pf_plan (plan of n_tok tokens) in one kernel, for
- * n_tok <= 256 and k == 8; the logits [n_tok, ld] are the sum of n_planes planes n_tok x ld apart
- * (tl_gpu_router_gemm_raw's, added in plane order: the bits of tl_gpu_router_gemm), or the
- * logits themselves (n_planes 1). The same outputs as the two calls (the order inside an
- * expert's perm aside). TL_ERR_INVALID past those limits. */
-int tl_gpu_moe_route_plan(int32_t *plan, int32_t *ids, float *w, float *w_sh, float *sh_logit,
-                          const float *logits, int ld, int n_planes, int n_expert, int k, int n_tok,
-                          const tl_gpu_stream *st);
 /* Decode: act [n_tok, k+1, F] = silu(gate_e x) * (up_e x) for the k routed experts of each token
  * and the shared one (expert n_expert of the stack), x = rmsnorm(h; norm_w). */
 int tl_gpu_moe_up(float *act, const tl_gpu_gemm_w *gate_up, const float *h, const float *norm_w,

@@ -18,31 +18,20 @@ extern "C" {
  * Shapes: logits [n_tok, ld]; ids, w [n_tok, k]; w_sh [n_tok]; sh_logit [n_tok] (raw, optional).
  * Threads: one warp per token; lane holds experts lane, lane+32, ... (n_expert <= 256).
  * Bytes: negligible. Tested against cpu_moe_route (test_kernels.c: test_moe_route). */
-/* Logit e of a token row lg: the row itself (n_planes 1), or the sum of its n_planes split-K
- * planes pstride floats apart, added in plane order from 0 (router_sum_kernel's arithmetic, so
- * the same bits). Read from L2 (see moe_down_kernel). */
-__device__ __forceinline__ float route_logit(const float *lg, size_t pstride, int n_planes, int e) {
-    if (n_planes == 1) return __ldcg(lg + e);
-    float v = 0.0f;
-    for (int z = 0; z < n_planes; z++) v += __ldcg(lg + z * pstride + e);
-    return v;
-}
-
 /* One warp routes token row lg: returns (in lanes j < k) expert id j and its renormalised weight.
  * A row with a NaN or +inf logit (a poisoned input or weight), or only -inf ones, has no softmax:
  * it gets ids 0..k-1, always in range, and NaN weights, so the token's output is NaN and the
  * sampler reports its row (token -1) instead of reading experts out of range. A -inf logit among
- * finite ones is a probability of 0, as in the reference softmax. pstride, n_planes: as
- * route_logit (0, 1: the row holds the logits). */
+ * finite ones is a probability of 0, as in the reference softmax. */
 __device__ __forceinline__ void route_warp(int *my_id, float *my_wn, const float *lg, int n_expert,
-                                           int k, size_t pstride = 0, int n_planes = 1) {
+                                           int k) {
     int lane = threadIdx.x & 31;
     float p[ROUTE_PER]; /* expert lane + 32 i, in registers (fully unrolled loops) */
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ROUTE_PER; i++) {
         int e = lane + 32 * i;
-        p[i] = e < n_expert ? route_logit(lg, pstride, n_planes, e) : -INFINITY;
+        p[i] = e < n_expert ? __ldcg(lg + e) : -INFINITY; /* L2: see moe_down_kernel */
         mx = fmaxf(mx, p[i]);
     }
     mx = warp_max(mx);
@@ -792,63 +781,6 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
     if (threadIdx.x < 256) cur[threadIdx.x] = o;
     __syncthreads();
     plan_place(plan, cur, ids, 0, n_asg);
-}
-
-/* moe_route_plan_kernel: moe_route_kernel and moe_plan_kernel in one block of 1024 threads, for a
- * micro-batch of at most ROUTE_PLAN_MAX_T tokens (decode batches), with router_sum_kernel's
- * sum of the router's split-K planes folded into the routing (route_logit) when n_planes > 1.
- * Warp w routes tokens w, w + 32, ... and writes ids, weights and the shared gate as
- * moe_route_kernel does, its ids also to shared memory; after a barrier the block builds the
- * plan from those ids as moe_plan_kernel does. The same outputs bit for bit (the order of the
- * assignments inside an expert's perm aside, which no result depends on): one launch and one
- * hand-off instead of up to three. k == 8 (the plan's assignment ids are token * 8 + slot).
- * Tested against moe_route_kernel + moe_plan_kernel (test_kernels.c: test_moe_route_plan;
- * dev/emu/gemm_emu.cpp: test_route_plan). */
-#define ROUTE_PLAN_MAX_T 256
-__global__ void __launch_bounds__(1024)
-    moe_route_plan_kernel(int32_t *plan, int32_t *ids, float *w, float *w_sh, float *sh_logit,
-                          const float *logits, int ld, size_t pstride, int n_planes, int n_expert,
-                          int n_tok) {
-    pdl_trigger();
-    pdl_wait(); /* the router's logits come from the previous kernel */
-    __shared__ int32_t s_ids[ROUTE_PLAN_MAX_T * 8];
-    __shared__ int cnt[256], cur[256], sw[8];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = warp; t < n_tok; t += 32) {
-        const float *lg = logits + (size_t)t * ld;
-        int id;
-        float wn;
-        route_warp(&id, &wn, lg, n_expert, 8, pstride, n_planes);
-        if (lane < 8) {
-            ids[t * 8 + lane] = id, s_ids[t * 8 + lane] = id;
-            w[t * 8 + lane] = wn;
-        }
-        if (lane == 0) {
-            float sl = route_logit(lg, pstride, n_planes, n_expert);
-            w_sh[t] = sigmoid_f(sl);
-            if (sh_logit) sh_logit[t] = sl;
-        }
-    }
-    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
-    __syncthreads(); /* s_ids complete, cnt zeroed */
-    plan_count(cnt, s_ids, 0, n_tok * 8);
-    __syncthreads();
-    int o = plan_prefixes(plan, threadIdx.x < 256 ? cnt[threadIdx.x] : 0, sw);
-    if (threadIdx.x < 256) cur[threadIdx.x] = o;
-    __syncthreads();
-    plan_place(plan, cur, s_ids, 0, n_tok * 8);
-}
-
-extern "C" int tl_gpu_moe_route_plan(int32_t *plan, int32_t *ids, float *w, float *w_sh,
-                                     float *sh_logit, const float *logits, int ld, int n_planes,
-                                     int n_expert, int k, int n_tok, const tl_gpu_stream *st) {
-    if (n_tok <= 0) return 0;
-    if (!plan || k != 8 || n_tok > ROUTE_PLAN_MAX_T || n_expert > 32 * ROUTE_PER || n_planes < 1 ||
-        ld <= n_expert)
-        return TL_ERR_INVALID;
-    TL_LAUNCH(st, "moe_route_plan", moe_route_plan_kernel, dim3(1), dim3(1024), 0, plan, ids, w,
-              w_sh, sh_logit, logits, ld, (size_t)n_tok * ld, n_planes, n_expert, n_tok);
-    return 0;
 }
 
 /* ---- The plan of a prefill chunk: PLAN_CHUNK assignments a block, three kernels. ----

@@ -16,8 +16,7 @@
  * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 4 x 5 blocks of 64 x 64,
  *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so with a workspace
  *   on the stream K is cut into RT_SPLIT shares (grid z); block z writes its raw sums to plane z
- *   of the workspace and router_sum_kernel adds the planes in z order (or the routing does:
- *   tl_gpu_router_gemm_raw leaves them to tl_gpu_moe_route_plan). The cut depends on the
+ *   of the workspace and router_sum_kernel adds the planes in z order. The cut depends on the
  *   token count's side of RT_SPLIT_MAX_T only, so batched == alone still holds below it.
  * FLOPs: 3 * 2 * rows * K per token. Bytes: W (both planes) once per 64 tokens, x once per 64
  *   rows, from L2.
@@ -129,10 +128,8 @@ __global__ void router_sum_kernel(float *y, int ldy, const float *ws, int rows, 
     y[(size_t)(i / rows) * ldy + i % rows] = v;
 }
 
-extern "C" int tl_gpu_router_gemm_raw(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
-                                      const uint16_t *xl, int n_tok, const tl_gpu_stream *st,
-                                      int *n_planes) {
-    *n_planes = 1;
+extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
+                                  const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
@@ -147,16 +144,8 @@ extern "C" int tl_gpu_router_gemm_raw(float *y, int ldy, const tl_gpu_gemm_w *W,
     dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N), split ? RT_SPLIT : 1);
     TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(256), RT_SMEM, split ? st->ws : y,
               split ? W->rows : ldy, *W, xh, xl, n_tok);
-    if (split) *n_planes = RT_SPLIT;
-    return 0;
-}
-
-extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
-                                  const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
-    int n_planes;
-    TRY(tl_gpu_router_gemm_raw(y, ldy, W, xh, xl, n_tok, st, &n_planes));
-    if (n_planes > 1)
+    if (split)
         TL_LAUNCH(st, "router_sum", router_sum_kernel, dim3(CEIL_DIV(n_tok * W->rows, 256)),
-                  dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, n_planes);
+                  dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, RT_SPLIT);
     return 0;
 }
