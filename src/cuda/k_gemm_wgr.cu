@@ -38,13 +38,13 @@
 /* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (WR_NT tokens
  * x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
  * output tile [WR_NT tokens][BN + 4] reuses the stages (and sets the size when larger). */
-template <int WGS> struct wr_cfg {
-    static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
+template <int WGS, bool PIPE = false> struct wr_cfg {
+    static constexpr int BN = 64 * WGS, THREADS = 128 * WGS, STAGES = WR_STAGES + PIPE;
     static constexpr int X_BYTES = WR_NT * 128, Q_BYTES = BN * GM_BK / 2;
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
     static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
     static constexpr int SMEM =
-        (WR_STAGES * STAGE_BYTES > OUT_BYTES ? WR_STAGES * STAGE_BYTES : OUT_BYTES) +
+        (STAGES * STAGE_BYTES > OUT_BYTES ? STAGES * STAGE_BYTES : OUT_BYTES) +
         1024; /* + alignment slack */
 };
 
@@ -243,12 +243,58 @@ static __device__ __forceinline__ void wr_mma_step(float (&acc)[NT / 2], const w
     wg_commit();
 }
 
+/* The k loop with the A fragments double-buffered (TL_WGR_PIPE=1): step kt issues its wgmma on
+ * af[kt & 1], retires step kt - 1's group (its A registers and stage are free), waits for tile
+ * kt + 1, one barrier (every warpgroup has retired step kt - 1: its stage is refilled with tile
+ * kt + STAGES - 1), then dequantizes tile kt + 1 into af[(kt + 1) & 1] while step kt's wgmma
+ * run. One barrier a step instead of two; the copies run one step less ahead of their use (the
+ * dequantization moved a step earlier), so the caller's stages are WR_STAGES + 1 deep. The same
+ * products in the same order as the plain loop: the same bits. */
+template <int WGS, int NT, class LoadX, class LoadW>
+static __device__ __forceinline__ void wr_loop_pipe(float (&acc)[NT / 2], uint8_t *smem, int KT,
+                                                    int r0, int lane, LoadX load_x, LoadW load_w) {
+    typedef wr_cfg<WGS, true> C;
+    const uint32_t sx = smem_u32(smem);
+    uint32_t af[2][4][4];
+    cp_async_wait<C::STAGES - 2>(); /* tile 0 */
+    wg_fence_proxy();
+    __syncthreads();
+    {
+        const wr_words q = wr_load_words<WGS>(smem, r0, lane);
+        wr_afrag(af[0], q.wl, q.wu, q.sl, q.su);
+    }
+    int st = 0; /* kt % STAGES */
+    auto step = [&](int kt, uint32_t(&a)[4][4], uint32_t(&an)[4][4]) {
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_mma_rs<NT>(acc, a[kk], wg_desc(sx + st * C::STAGE_BYTES + kk * 32), kt | kk);
+        wg_commit();
+        wg_wait<1>();                   /* step kt - 1's group: an and its stage are free */
+        cp_async_wait<C::STAGES - 3>(); /* tile kt + 1 */
+        wg_fence_proxy();
+        __syncthreads(); /* every warpgroup retired step kt - 1 */
+        const int sp = st == 0 ? C::STAGES - 1 : st - 1, nk = kt + C::STAGES - 1;
+        if (nk < KT) load_w(sp, nk), load_x(sp, nk);
+        cp_async_commit();
+        st = st == C::STAGES - 1 ? 0 : st + 1;
+        if (kt + 1 < KT) {
+            const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
+            wr_afrag(an, q.wl, q.wu, q.sl, q.su);
+        }
+    };
+    for (int kt = 0; kt < KT; kt += 2) {
+        step(kt, af[0], af[1]);
+        if (kt + 1 < KT) step(kt + 1, af[1], af[0]);
+    }
+}
+
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
-template <int WGS, int NT>
+template <int WGS, int NT, bool PIPE>
 static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
                                                 const uint8_t *wb, const uint32_t *sbb,
                                                 const int32_t *perm, int m0, int m_end) {
-    typedef wr_cfg<WGS> C;
+    typedef wr_cfg<WGS, PIPE> C;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r0 = warp * 16;
     const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
@@ -256,22 +302,26 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     auto load_x = [&](int stage, int kt) { ld.x(smem + stage * C::STAGE_BYTES, kt); };
     auto load_w = [&](int stage, int kt) { ld.w(p, smem + stage * C::STAGE_BYTES, kt); };
     /* dense: the first weight stages before the wait for the previous kernel (the MoE waited) */
-    gm_prologue<WR_STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
+    gm_prologue<C::STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
 
     float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
     const uint32_t sx = smem_u32(smem);
-    for (int kt = 0; kt < KT; kt++) {
-        const int st = kt % WR_STAGES;
-        cp_async_wait<WR_STAGES - 2>(); /* tile kt */
-        wg_fence_proxy();
-        __syncthreads();
-        const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
-        wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
-        wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
-        __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
-        int nk = kt + WR_STAGES - 1;
-        if (nk < KT) load_w(nk % WR_STAGES, nk), load_x(nk % WR_STAGES, nk);
-        cp_async_commit();
+    if constexpr (PIPE && NT <= 64) {
+        wr_loop_pipe<WGS, NT>(acc, smem, KT, r0, lane, load_x, load_w);
+    } else {
+        for (int kt = 0; kt < KT; kt++) {
+            const int st = kt % C::STAGES;
+            cp_async_wait<C::STAGES - 2>(); /* tile kt */
+            wg_fence_proxy();
+            __syncthreads();
+            const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
+            wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
+            wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
+            __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
+            int nk = kt + C::STAGES - 1;
+            if (nk < KT) load_w(nk % C::STAGES, nk), load_x(nk % C::STAGES, nk);
+            cp_async_commit();
+        }
     }
     wg_wait<0>();
     cp_async_wait<0>();
@@ -280,7 +330,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
                          [] { __syncthreads(); });
 }
 
-template <int WGS>
+template <int WGS, bool PIPE>
 __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
     extern __shared__ uint8_t wr_smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
@@ -292,24 +342,24 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
     if (nc == 4)
-        wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 128, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
     else if (nc == 3)
-        wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 96, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
     else if (nc == 2)
-        wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 64, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
     else
-        wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<WGS, 32, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
  * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
-template <int WGS>
+template <int WGS, bool PIPE>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
-    typedef wr_cfg<WGS> C;
-    if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
+    typedef wr_cfg<WGS, PIPE> C;
+    if (gm_smem_limit<gemm_wgr_kernel<WGS, PIPE>>(C::SMEM)) return TL_ERR_CUDA;
     static int nonport;
     if (!nonport && ksplit > 8) {
-        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS>,
+        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS, PIPE>,
                                  cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
             return TL_ERR_CUDA;
         nonport = 1;
@@ -320,15 +370,25 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
         return TL_ERR_INVALID;
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
-        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS>, grid,
+        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS, PIPE>, grid,
                           dim3(C::THREADS), C::SMEM, *p);
     else
-        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>, grid,
-                  dim3(C::THREADS), C::SMEM, *p);
+        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS, PIPE>,
+                  grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
+/* 1 if TL_WGR_PIPE=1 (read once): the k loop with double-buffered A fragments (wr_loop_pipe). */
+static int wgr_pipe_on(void) {
+    static int on = -1;
+    if (on < 0) on = tl_env_is("TL_WGR_PIPE", 1);
+    return on;
+}
+
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
-    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
-                    : launch_gemm_wgr<4>(p, tiles, ksplit, st);
+    if (wgr_pipe_on())
+        return wgs == 2 ? launch_gemm_wgr<2, true>(p, tiles, ksplit, st)
+                        : launch_gemm_wgr<4, true>(p, tiles, ksplit, st);
+    return wgs == 2 ? launch_gemm_wgr<2, false>(p, tiles, ksplit, st)
+                    : launch_gemm_wgr<4, false>(p, tiles, ksplit, st);
 }
