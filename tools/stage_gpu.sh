@@ -29,15 +29,16 @@ for spec in "$@"; do
         exit 2
         ;;
     esac
-    git rev-parse --verify -q "$ref^{commit}" >/dev/null || {
+    # resolved here: inside the worktree, a symbolic ref such as HEAD names the worktree's own
+    hash=$(git rev-parse --verify -q "$ref^{commit}") || {
         echo "stage_gpu: '$ref' is not a commit" >&2
         exit 2
     }
     dir=$wt/$name
     if [ -d "$dir" ]; then
-        git -C "$dir" checkout -q --detach "$ref"
+        git -C "$dir" checkout -q --detach "$hash"
     else
-        git worktree add -q --detach "$dir" "$ref"
+        git worktree add -q --detach "$dir" "$hash"
     fi
     echo "== $name = $ref ($(git -C "$dir" log -1 --format='%h %s' | cut -c1-70))"
     tests=$(cd "$dir" && ls tests/gpu/test_*.c | sed 's|tests/gpu/\(.*\)\.c|build/cuda/tests/\1|')
