@@ -55,9 +55,8 @@ static const env_switch env_switches[] = {
      "blocks (default 132; A/B; other rounding)"},
     {"TL_GEMM_SPLITK_CLMAX=16", ENGINE_CMDS,
      "CUDA: split-K clusters of up to 16 blocks (non-portable size) instead of 8 (A/B)"},
-    {"TL_WGR_PIPE=1", ENGINE_CMDS,
-     "CUDA: wgr GEMM tiles of <= 64 tokens dequantize the next k step while the wgmma run "
-     "(double-buffered A fragments, 5 stages; A/B)"},
+    {"TL_WGR_LEAN=1", ENGINE_CMDS,
+     "CUDA: the wgr GEMM's lean k loop (fewer instructions a step, same bits; A/B)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
     {"TL_Q4W_WIDE=0", ENGINE_CMDS,

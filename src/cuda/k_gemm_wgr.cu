@@ -38,13 +38,13 @@
 /* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (WR_NT tokens
  * x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
  * output tile [WR_NT tokens][BN + 4] reuses the stages (and sets the size when larger). */
-template <int WGS, bool PIPE = false> struct wr_cfg {
-    static constexpr int BN = 64 * WGS, THREADS = 128 * WGS, STAGES = WR_STAGES + PIPE;
+template <int WGS> struct wr_cfg {
+    static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
     static constexpr int X_BYTES = WR_NT * 128, Q_BYTES = BN * GM_BK / 2;
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
     static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
     static constexpr int SMEM =
-        (STAGES * STAGE_BYTES > OUT_BYTES ? STAGES * STAGE_BYTES : OUT_BYTES) +
+        (WR_STAGES * STAGE_BYTES > OUT_BYTES ? WR_STAGES * STAGE_BYTES : OUT_BYTES) +
         1024; /* + alignment slack */
 };
 
@@ -243,58 +243,12 @@ static __device__ __forceinline__ void wr_mma_step(float (&acc)[NT / 2], const w
     wg_commit();
 }
 
-/* The k loop with the A fragments double-buffered (TL_WGR_PIPE=1): step kt issues its wgmma on
- * af[kt & 1], retires step kt - 1's group (its A registers and stage are free), waits for tile
- * kt + 1, one barrier (every warpgroup has retired step kt - 1: its stage is refilled with tile
- * kt + STAGES - 1), then dequantizes tile kt + 1 into af[(kt + 1) & 1] while step kt's wgmma
- * run. One barrier a step instead of two; the copies run one step less ahead of their use (the
- * dequantization moved a step earlier), so the caller's stages are WR_STAGES + 1 deep. The same
- * products in the same order as the plain loop: the same bits. */
-template <int WGS, int NT, class LoadX, class LoadW>
-static __device__ __forceinline__ void wr_loop_pipe(float (&acc)[NT / 2], uint8_t *smem, int KT,
-                                                    int r0, int lane, LoadX load_x, LoadW load_w) {
-    typedef wr_cfg<WGS, true> C;
-    const uint32_t sx = smem_u32(smem);
-    uint32_t af[2][4][4];
-    cp_async_wait<C::STAGES - 2>(); /* tile 0 */
-    wg_fence_proxy();
-    __syncthreads();
-    {
-        const wr_words q = wr_load_words<WGS>(smem, r0, lane);
-        wr_afrag(af[0], q.wl, q.wu, q.sl, q.su);
-    }
-    int st = 0; /* kt % STAGES */
-    auto step = [&](int kt, uint32_t(&a)[4][4], uint32_t(&an)[4][4]) {
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_mma_rs<NT>(acc, a[kk], wg_desc(sx + st * C::STAGE_BYTES + kk * 32), kt | kk);
-        wg_commit();
-        wg_wait<1>();                   /* step kt - 1's group: an and its stage are free */
-        cp_async_wait<C::STAGES - 3>(); /* tile kt + 1 */
-        wg_fence_proxy();
-        __syncthreads(); /* every warpgroup retired step kt - 1 */
-        const int sp = st == 0 ? C::STAGES - 1 : st - 1, nk = kt + C::STAGES - 1;
-        if (nk < KT) load_w(sp, nk), load_x(sp, nk);
-        cp_async_commit();
-        st = st == C::STAGES - 1 ? 0 : st + 1;
-        if (kt + 1 < KT) {
-            const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
-            wr_afrag(an, q.wl, q.wu, q.sl, q.su);
-        }
-    };
-    for (int kt = 0; kt < KT; kt += 2) {
-        step(kt, af[0], af[1]);
-        if (kt + 1 < KT) step(kt + 1, af[1], af[0]);
-    }
-}
-
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
-template <int WGS, int NT, bool PIPE>
+template <int WGS, int NT>
 static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
                                                 const uint8_t *wb, const uint32_t *sbb,
                                                 const int32_t *perm, int m0, int m_end) {
-    typedef wr_cfg<WGS, PIPE> C;
+    typedef wr_cfg<WGS> C;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r0 = warp * 16;
     const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
@@ -302,24 +256,165 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     auto load_x = [&](int stage, int kt) { ld.x(smem + stage * C::STAGE_BYTES, kt); };
     auto load_w = [&](int stage, int kt) { ld.w(p, smem + stage * C::STAGE_BYTES, kt); };
     /* dense: the first weight stages before the wait for the previous kernel (the MoE waited) */
-    gm_prologue<C::STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
+    gm_prologue<WR_STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
 
     float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
     const uint32_t sx = smem_u32(smem);
-    if constexpr (PIPE && NT <= 64) {
-        wr_loop_pipe<WGS, NT>(acc, smem, KT, r0, lane, load_x, load_w);
-    } else {
-        for (int kt = 0; kt < KT; kt++) {
-            const int st = kt % C::STAGES;
-            cp_async_wait<C::STAGES - 2>(); /* tile kt */
+    for (int kt = 0; kt < KT; kt++) {
+        const int st = kt % WR_STAGES;
+        cp_async_wait<WR_STAGES - 2>(); /* tile kt */
+        wg_fence_proxy();
+        __syncthreads();
+        const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
+        wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
+        wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
+        __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
+        int nk = kt + WR_STAGES - 1;
+        if (nk < KT) load_w(nk % WR_STAGES, nk), load_x(nk % WR_STAGES, nk);
+        cp_async_commit();
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+    __syncthreads(); /* the stages become the output tile */
+    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end, threadIdx.x,
+                         [] { __syncthreads(); });
+}
+
+/* The lean k loop (TL_WGR_LEAN=1): wr_block's copies, products and sums in the same order (the
+ * same bits), with fewer instructions a step (ncu, session 18: the plain loop issues ~210 a warp a
+ * k step, the LM head at a decode batch of 64 keeps 60% of the issue slots busy at 1.26 TB/s):
+ * the ring unrolled STAGES steps an iteration (stage offsets and the wgmma descriptors are
+ * constants past one base: a descriptor's address field is the shared address / 16, so the
+ * offset adds to it), the copies from running source pointers (one add a stage), shared-memory
+ * loads through a pointer the compiler knows is shared (the plain kernel's aligned pointer went
+ * through an integer: generic loads and the shared window's base recomputed every step), and the
+ * nibble mask and the bf16 exponent in one lop3. */
+static __device__ __forceinline__ uint32_t wr_deq_lean(uint32_t w, uint32_t e, uint32_t s2u,
+                                                       uint32_t b2u) {
+    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+    uint32_t xu = lop3_and_or<0x000F000Fu>(w, e);
+    __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
+    xv = __hfma2(__hsub2(xv, k128), *(__nv_bfloat162 *)&s2u, *(__nv_bfloat162 *)&b2u);
+    return *(uint32_t *)&xv;
+}
+static __device__ __forceinline__ void wr_afrag_lean(uint32_t (&af)[4][4], const wr_words &q) {
+    const uint32_t e = 0x43004300u;
+    uint32_t sll = __byte_perm(q.sl, 0, 0x1010), bll = __byte_perm(q.sl, 0, 0x3232);
+    uint32_t suu = __byte_perm(q.su, 0, 0x1010), buu = __byte_perm(q.su, 0, 0x3232);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int s2 = 0; s2 < 2; s2++) {
+            af[2 * h + s2][0] = wr_deq_lean(q.wl[h] >> (8 * s2), e, sll, bll);
+            af[2 * h + s2][1] = wr_deq_lean(q.wu[h] >> (8 * s2), e, suu, buu);
+            af[2 * h + s2][2] = wr_deq_lean(q.wl[h] >> (8 * s2 + 4), e, sll, bll);
+            af[2 * h + s2][3] = wr_deq_lean(q.wu[h] >> (8 * s2 + 4), e, suu, buu);
+        }
+}
+
+/* A thread's copies of the lean loop (wr_loader's chunks, sources and zero fills), each from a
+ * running source pointer that advances one k tile a call. */
+template <int WGS, int NT, int NTHR> struct wr_stream {
+    typedef wr_cfg<WGS> C;
+    static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
+    const uint16_t *xb; /* the chunks' column in the next k tile; chunk j's row at xo[j] */
+    int xo[XC];
+    const uint32_t *w[WC], *s;
+    uint32_t x_ok, w_ok, s_ok; /* bit j: chunk j reads (else zero fill) */
+    int s_step;
+
+    __device__ __forceinline__ wr_stream(const gemm_args &p, const uint8_t *wb, const uint32_t *sb,
+                                         const int32_t *perm, int m0, int m_end, int i, int kb) {
+        const int n0 = blockIdx.x * C::BN;
+        x_ok = w_ok = 0;
+#pragma unroll
+        for (int j = 0; j < XC; j++) {
+            int m = m0 + (i >> 3) + NTHR / 8 * j, ok = m < m_end;
+            x_ok |= (uint32_t)ok << j;
+            int src = ok ? m : m0;
+            if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
+            xo[j] = src * p.K;
+        }
+        xb = p.x + (i & 7) * 8 + kb * GM_BK;
+#pragma unroll
+        for (int h = 0; h < WC; h++) {
+            const int c = i + NTHR * h, rb = c >> 4, ok = n0 + 8 * rb < p.N;
+            w_ok |= (uint32_t)ok << h;
+            w[h] = (const uint32_t *)wb +
+                   ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + kb * 2) * 32 + (c & 15) * 4;
+        }
+        s_ok = n0 + 4 * i < p.N;
+        s = sb + (size_t)kb * p.N + (s_ok ? n0 + i * 4 : 0);
+        s_step = p.N;
+    }
+    /* the token chunks of the next k tile into the stage at st (thread i) */
+    __device__ __forceinline__ void xn(uint8_t *st, int i) {
+#pragma unroll
+        for (int j = 0; j < XC; j++) {
+            const int r = (i >> 3) + NTHR / 8 * j;
+            if (r < NT) cp_async16(st + wg_swz(r, i & 7), xb + xo[j], (x_ok >> j) & 1 ? 16 : 0);
+        }
+        xb += GM_BK;
+    }
+    /* the weight chunks and scale/bias words of the next k tile */
+    __device__ __forceinline__ void wn(uint8_t *st, int i) {
+        uint32_t *sQ = (uint32_t *)(st + C::X_BYTES);
+#pragma unroll
+        for (int h = 0; h < WC; h++) {
+            const int c = i + NTHR * h;
+            cp_async16(sQ + (c >> 4) * 64 + (c & 15) * 4, w[h], (w_ok >> h) & 1 ? 16 : 0);
+            w[h] += 64;
+        }
+        if (i < C::BN / 4) cp_async16(sQ + C::Q_BYTES / 4 + i * 4, s, s_ok ? 16 : 0);
+        s += s_step;
+    }
+};
+
+template <int WGS, int NT>
+static __device__ __forceinline__ void wr_block_lean(const gemm_args &p, uint8_t *smem,
+                                                     const uint8_t *wb, const uint32_t *sbb,
+                                                     const int32_t *perm, int m0, int m_end) {
+    typedef wr_cfg<WGS> C;
+    constexpr int S = WR_STAGES;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int r0 = warp * 16;
+    const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
+    wr_stream<WGS, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, kb);
+    /* gm_prologue's order: the weights of stages 0 .. S - 2, the wait (dense), then the tokens */
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (s < KT) cs.wn(smem + s * C::STAGE_BYTES, tid);
+    if (p.mode == GM_DENSE) pdl_wait();
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < KT) cs.xn(smem + s * C::STAGE_BYTES, tid);
+        cp_async_commit();
+    }
+    float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
+    const uint64_t d0 = wg_desc(smem_u32(smem));
+    for (int kt0 = 0; kt0 < KT; kt0 += S) {
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            const int kt = kt0 + s;
+            if (kt >= KT) break;    /* block-uniform */
+            cp_async_wait<S - 2>(); /* tile kt */
             wg_fence_proxy();
             __syncthreads();
-            const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
+            const wr_words q = wr_load_words<WGS>(smem + s * C::STAGE_BYTES, r0, lane);
             wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
-            wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
+            uint32_t af[4][4];
+            wr_afrag_lean(af, q);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_mma_rs<NT>(acc, af[kk], d0 + (uint64_t)((s * C::STAGE_BYTES + kk * 32) >> 4),
+                              kt | kk);
+            wg_commit();
             __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
-            int nk = kt + C::STAGES - 1;
-            if (nk < KT) load_w(nk % C::STAGES, nk), load_x(nk % C::STAGES, nk);
+            if (kt + S - 1 < KT) {
+                uint8_t *nx = smem + ((s + S - 1) % S) * C::STAGE_BYTES;
+                cs.wn(nx, tid), cs.xn(nx, tid);
+            }
             cp_async_commit();
         }
     }
@@ -330,10 +425,13 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
                          [] { __syncthreads(); });
 }
 
-template <int WGS, bool PIPE>
+template <int WGS, bool LEAN>
 __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
     extern __shared__ uint8_t wr_smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
+    /* the lean loop aligns by an offset, so the compiler still sees a shared-memory pointer
+     * (shared loads with 32-bit addresses instead of generic ones) */
+    uint8_t *smem = LEAN ? wr_smem_raw + ((0u - smem_u32(wr_smem_raw)) & 1023u)
+                         : (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
@@ -341,25 +439,36 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     if (p.mode != GM_DENSE) pdl_wait(); /* the MoE plan; a dense product waits in wr_block */
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
-    if (nc == 4)
-        wr_block<WGS, 128, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
-    else if (nc == 3)
-        wr_block<WGS, 96, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
-    else if (nc == 2)
-        wr_block<WGS, 64, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
-    else
-        wr_block<WGS, 32, PIPE>(p, smem, wb, sbb, perm, m0, m_end);
+    if constexpr (LEAN) {
+        if (nc == 4)
+            wr_block_lean<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
+        else if (nc == 3)
+            wr_block_lean<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
+        else if (nc == 2)
+            wr_block_lean<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
+        else
+            wr_block_lean<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
+    } else {
+        if (nc == 4)
+            wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
+        else if (nc == 3)
+            wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
+        else if (nc == 2)
+            wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
+        else
+            wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
+    }
 }
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
  * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
-template <int WGS, bool PIPE>
+template <int WGS, bool LEAN>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
-    typedef wr_cfg<WGS, PIPE> C;
-    if (gm_smem_limit<gemm_wgr_kernel<WGS, PIPE>>(C::SMEM)) return TL_ERR_CUDA;
+    typedef wr_cfg<WGS> C;
+    if (gm_smem_limit<gemm_wgr_kernel<WGS, LEAN>>(C::SMEM)) return TL_ERR_CUDA;
     static int nonport;
     if (!nonport && ksplit > 8) {
-        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS, PIPE>,
+        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS, LEAN>,
                                  cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
             return TL_ERR_CUDA;
         nonport = 1;
@@ -370,23 +479,23 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
         return TL_ERR_INVALID;
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
-        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS, PIPE>, grid,
+        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS, LEAN>, grid,
                           dim3(C::THREADS), C::SMEM, *p);
     else
-        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS, PIPE>,
+        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS, LEAN>,
                   grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
-/* 1 if TL_WGR_PIPE=1 (read once): the k loop with double-buffered A fragments (wr_loop_pipe). */
-static int wgr_pipe_on(void) {
+/* 1 if TL_WGR_LEAN=1 (read once): the lean k loop (wr_block_lean). */
+static int wgr_lean_on(void) {
     static int on = -1;
-    if (on < 0) on = tl_env_is("TL_WGR_PIPE", 1);
+    if (on < 0) on = tl_env_is("TL_WGR_LEAN", 1);
     return on;
 }
 
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
-    if (wgr_pipe_on())
+    if (wgr_lean_on())
         return wgs == 2 ? launch_gemm_wgr<2, true>(p, tiles, ksplit, st)
                         : launch_gemm_wgr<4, true>(p, tiles, ksplit, st);
     return wgs == 2 ? launch_gemm_wgr<2, false>(p, tiles, ksplit, st)

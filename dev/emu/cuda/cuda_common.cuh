@@ -179,6 +179,16 @@ static inline uint32_t tf32_of(float x) {
     return (u + 0x1000u) & ~0x1fffu;
 }
 void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <uint32_t B> static inline uint32_t lop3_and_or(uint32_t a, uint32_t c) {
+    return (a & B) | c;
+}
+static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+    uint64_t v = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
 static inline float bf16x2_half(uint32_t v, int h) {
     return __uint_as_float(h ? v & 0xffff0000u : v << 16);
 }
