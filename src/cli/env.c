@@ -50,11 +50,6 @@ static const env_switch env_switches[] = {
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},
-    {"TL_GEMM_SPLITK_SMS=N", ENGINE_CMDS,
-     "CUDA: split-K of decode batches' dense products doubles while a matrix has fewer than N "
-     "blocks (default 132; A/B; other rounding)"},
-    {"TL_GEMM_SPLITK_CLMAX=16", ENGINE_CMDS,
-     "CUDA: split-K clusters of up to 16 blocks (non-portable size) instead of 8 (A/B)"},
     {"TL_WGR_LEAN=1", ENGINE_CMDS,
      "CUDA: the wgr GEMM's lean k loop (fewer instructions a step, same bits; A/B)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,

@@ -841,16 +841,11 @@ static int splitk_cluster_on(void) {
 }
 
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
-    static int off = -1, sms = -1, clmax = -1;
-    if (off < 0) {
-        off = tl_env_is("TL_GEMM_SPLITK", 0);
-        const char *e = getenv("TL_GEMM_SPLITK_SMS"), *c = getenv("TL_GEMM_SPLITK_CLMAX");
-        sms = e && atoi(e) > 0 ? atoi(e) : GM_SPLITK_SMS;
-        clmax = c && atoi(c) == 16 ? 16 : 8;
-    }
+    static int off = -1;
+    if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
     if (off || w->bits != 4) return 1;
-    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1, smax = splitk_cluster_on() ? clmax : 64;
-    while (xb * s < sms && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
+    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1, smax = splitk_cluster_on() ? 8 : 64;
+    while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
     return s;
 }
 

@@ -466,16 +466,9 @@ template <int WGS, bool LEAN>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
     if (gm_smem_limit<gemm_wgr_kernel<WGS, LEAN>>(C::SMEM)) return TL_ERR_CUDA;
-    static int nonport;
-    if (!nonport && ksplit > 8) {
-        if (cudaFuncSetAttribute(gemm_wgr_kernel<WGS, LEAN>,
-                                 cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-            return TL_ERR_CUDA;
-        nonport = 1;
-    }
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
-        (ksplit == 1 && p->ws) || (!p->ws && ksplit > 16) || (p->K / GM_BK) % ksplit)
+        (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
