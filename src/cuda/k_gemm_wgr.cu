@@ -24,13 +24,20 @@
  *   proxy, barrier, reads its packed words, waits for its own wgmma of step k - 1 (the A
  *   registers are reused), dequantizes, issues 4 wgmma, barrier (every warpgroup is past step
  *   k - 1), then refills the stage of step k - 1.
+ * instructions: the loop is bound by instruction issue, not by the wgmma or memory latency (ncu,
+ *   session 18: the LM head at a decode batch of 64 kept 60% of the issue slots busy at 1.26
+ *   TB/s; double-buffered A fragments, dequantizing step k + 1 during step k's wgmma, changed
+ *   nothing). So a step issues as little as it can: the ring unrolled (constant stage offsets and
+ *   descriptors), running copy sources, shared loads through a known-shared pointer, one lop3
+ *   for mask and exponent: 127 -> 89 M instructions on that LM head (232 -> 183 us), prefill
+ *   +10-12%, decode batches 8 / 64 / 256 -5.5% / -2.3% / -1.1% a step (H100).
  * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
  *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced); with
  *   split-K (dense products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of
  *   K go to the workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay
  *   in shared memory and the tile's cluster sums them (wr_cluster_reduce).
  * PDL: a dense product requests its first weight stages before waiting for the previous kernel
- *   (gm_prologue); the MoE waits first (its plan comes from the previous kernel).
+ *   (gm_prologue's order); the MoE waits first (its plan comes from the previous kernel).
  * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
@@ -48,29 +55,48 @@ template <int WGS> struct wr_cfg {
         1024; /* + alignment slack */
 };
 
-/* bf16x2 of the two nibbles at bits 0 and 16 of w: s q + b (gemm_mma_kernel's operations) */
-static __device__ __forceinline__ uint32_t wr_deq(uint32_t w, uint32_t s2u, uint32_t b2u) {
+/* A warp's packed words for one stage: words wl (rows g) and wu (rows g + 8) of the two 32-column
+ * halves of its 16 rows r0 .., and those rows' scale/bias words (wr_afrag dequantizes them). */
+struct wr_words {
+    uint32_t wl[2], wu[2], sl, su;
+};
+template <int WGS>
+static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, int r0, int lane) {
+    typedef wr_cfg<WGS> C;
+    const uint32_t *sQ = (const uint32_t *)(stage + C::X_BYTES), *sS = sQ + C::Q_BYTES / 4;
+    wr_words q;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        q.wl[h] = sQ[((r0 >> 3) * 2 + h) * 32 + lane];
+        q.wu[h] = sQ[((r0 >> 3) * 2 + 2 + h) * 32 + lane];
+    }
+    q.sl = sS[r0 + (lane >> 2)], q.su = sS[r0 + 8 + (lane >> 2)];
+    return q;
+}
+
+/* bf16x2 of the two nibbles at bits 0 and 16 of w: s q + b (gemm_mma_kernel's operations); the
+ * nibble mask and the exponent e of 128 in one lop3 */
+static __device__ __forceinline__ uint32_t wr_deq(uint32_t w, uint32_t e, uint32_t s2u,
+                                                  uint32_t b2u) {
     const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
-    uint32_t xu = (w & 0x000F000Fu) | 0x43004300u;
+    uint32_t xu = lop3_and_or<0x000F000Fu>(w, e);
     __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
     xv = __hfma2(__hsub2(xv, k128), *(__nv_bfloat162 *)&s2u, *(__nv_bfloat162 *)&b2u);
     return *(uint32_t *)&xv;
 }
-
-/* The A fragments of a warp's 16 rows for the four k16 steps of one stage: words wl (rows g)
- * and wu (rows g + 8) of the two 32-column halves h; scale/bias words sl, su of those rows. */
-static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const uint32_t (&wl)[2],
-                                                const uint32_t (&wu)[2], uint32_t sl, uint32_t su) {
-    uint32_t sll = (sl & 0xffffu) | (sl << 16), bll = (sl >> 16) | (sl & 0xffff0000u);
-    uint32_t suu = (su & 0xffffu) | (su << 16), buu = (su >> 16) | (su & 0xffff0000u);
+/* The A fragments of a warp's 16 rows for the four k16 steps of one stage (words q). */
+static __device__ __forceinline__ void wr_afrag(uint32_t (&af)[4][4], const wr_words &q) {
+    const uint32_t e = 0x43004300u;
+    uint32_t sll = __byte_perm(q.sl, 0, 0x1010), bll = __byte_perm(q.sl, 0, 0x3232);
+    uint32_t suu = __byte_perm(q.su, 0, 0x1010), buu = __byte_perm(q.su, 0, 0x3232);
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int s2 = 0; s2 < 2; s2++) {
-            af[2 * h + s2][0] = wr_deq(wl[h] >> (8 * s2), sll, bll);
-            af[2 * h + s2][1] = wr_deq(wu[h] >> (8 * s2), suu, buu);
-            af[2 * h + s2][2] = wr_deq(wl[h] >> (8 * s2 + 4), sll, bll);
-            af[2 * h + s2][3] = wr_deq(wu[h] >> (8 * s2 + 4), suu, buu);
+            af[2 * h + s2][0] = wr_deq(q.wl[h] >> (8 * s2), e, sll, bll);
+            af[2 * h + s2][1] = wr_deq(q.wu[h] >> (8 * s2), e, suu, buu);
+            af[2 * h + s2][2] = wr_deq(q.wl[h] >> (8 * s2 + 4), e, sll, bll);
+            af[2 * h + s2][3] = wr_deq(q.wu[h] >> (8 * s2 + 4), e, suu, buu);
         }
 }
 
@@ -154,166 +180,12 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     }
 }
 
-/* A block's stage copies (cp.async; every thread of the wgr kernel loads): loader thread i of
- * NTHR copies the token chunks i + NTHR j (row
+/* A block's stage copies (cp.async; every thread of the wgr kernel loads), from running sources
+ * that advance one k tile a call: loader thread i of NTHR copies the token chunks i + NTHR j (row
  * (i >> 3) + NTHR / 8 j, 16-byte column i & 7 of the stage's 64 k; rows past m_end load zeros,
  * MoE gathers read their token's row), the weight chunks i + NTHR h (row block c >> 4, 16 bytes
  * c & 15 of its 256; rows past N load zeros) and, for i < BN / 4, the scale/bias words of rows
  * 4i .. 4i + 3. kb: the block's first k tile (split-K). */
-template <int WGS, int NT, int NTHR> struct wr_loader {
-    typedef wr_cfg<WGS> C;
-    static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
-    static_assert(XC <= 64, "one bit of x_ok a token chunk");
-    const uint16_t *xs;
-    int x_off[XC]; /* element offsets of the chunks' rows (+ column) in x */
-    uint64_t x_ok; /* bit j: chunk j's row is inside the tile */
-    int i, n0, kb;
-    const uint32_t *wq, *sbb;
-
-    __device__ __forceinline__ wr_loader(const gemm_args &p, const uint8_t *wb, const uint32_t *sb,
-                                         const int32_t *perm, int m0, int m_end, int i_, int kb_)
-        : xs(p.x), x_ok(0), i(i_), n0(blockIdx.x * C::BN), kb(kb_), wq((const uint32_t *)wb),
-          sbb(sb) {
-#pragma unroll
-        for (int j = 0; j < XC; j++) {
-            int m = m0 + (i >> 3) + NTHR / 8 * j, ok = m < m_end;
-            x_ok |= (uint64_t)ok << j;
-            int src = ok ? m : m0;
-            if (p.mode == GM_MOE_GATHER) src = gm_tok(p, gm_asg(p, perm, src));
-            x_off[j] = src * p.K + (i & 7) * 8;
-        }
-    }
-    __device__ __forceinline__ void x(uint8_t *stage, int kt) const {
-#pragma unroll
-        for (int j = 0; j < XC; j++) {
-            int r = (i >> 3) + NTHR / 8 * j;
-            if (r < NT)
-                cp_async16(stage + wg_swz(r, i & 7), xs + x_off[j] + (kb + kt) * GM_BK,
-                           (x_ok >> j) & 1 ? 16 : 0);
-        }
-    }
-    __device__ __forceinline__ void w(const gemm_args &p, uint8_t *stage, int kt) const {
-        uint32_t *sQ = (uint32_t *)(stage + C::X_BYTES);
-        const int k0 = (kb + kt) * GM_BK;
-#pragma unroll
-        for (int h = 0; h < WC; h++) {
-            const int c = i + NTHR * h, rb = c >> 4, ch = c & 15, ok = n0 + 8 * rb < p.N;
-            cp_async16(sQ + rb * 64 + ch * 4,
-                       wq + ((size_t)(ok ? n0 / 8 + rb : 0) * (p.K / 32) + k0 / 32) * 32 + ch * 4,
-                       ok ? 16 : 0);
-        }
-        if (i < C::BN / 4) {
-            int sok = n0 + 4 * i < p.N;
-            cp_async16(sQ + C::Q_BYTES / 4 + i * 4,
-                       sbb + (size_t)(k0 / 64) * p.N + (sok ? n0 + i * 4 : 0), sok ? 16 : 0);
-        }
-    }
-};
-
-/* A warp's packed words for one stage: words wl (rows g) and wu (rows g + 8) of the two 32-column
- * halves of its 16 rows r0 .., and those rows' scale/bias words (wr_afrag dequantizes them). */
-struct wr_words {
-    uint32_t wl[2], wu[2], sl, su;
-};
-template <int WGS>
-static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, int r0, int lane) {
-    typedef wr_cfg<WGS> C;
-    const uint32_t *sQ = (const uint32_t *)(stage + C::X_BYTES), *sS = sQ + C::Q_BYTES / 4;
-    wr_words q;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        q.wl[h] = sQ[((r0 >> 3) * 2 + h) * 32 + lane];
-        q.wu[h] = sQ[((r0 >> 3) * 2 + 2 + h) * 32 + lane];
-    }
-    q.sl = sS[r0 + (lane >> 2)], q.su = sS[r0 + 8 + (lane >> 2)];
-    return q;
-}
-
-/* A warp's part of one k step: its words dequantized into A fragments, then its warpgroup's 4
- * wgmma on the stage's token tile at shared address sx (the caller has retired the previous
- * group: the A registers are free), committed as one group. */
-template <int NT>
-static __device__ __forceinline__ void wr_mma_step(float (&acc)[NT / 2], const wr_words &q,
-                                                   uint32_t sx, int kt) {
-    uint32_t af[4][4];
-    wr_afrag(af, q.wl, q.wu, q.sl, q.su);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_mma_rs<NT>(acc, af[kk], wg_desc(sx + kk * 32), kt | kk);
-    wg_commit();
-}
-
-/* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). */
-template <int WGS, int NT>
-static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
-                                                const uint8_t *wb, const uint32_t *sbb,
-                                                const int32_t *perm, int m0, int m_end) {
-    typedef wr_cfg<WGS> C;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int r0 = warp * 16;
-    const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
-    const wr_loader<WGS, NT, C::THREADS> ld(p, wb, sbb, perm, m0, m_end, tid, kb);
-    auto load_x = [&](int stage, int kt) { ld.x(smem + stage * C::STAGE_BYTES, kt); };
-    auto load_w = [&](int stage, int kt) { ld.w(p, smem + stage * C::STAGE_BYTES, kt); };
-    /* dense: the first weight stages before the wait for the previous kernel (the MoE waited) */
-    gm_prologue<WR_STAGES>(KT, p.mode == GM_DENSE, load_x, load_w);
-
-    float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
-    const uint32_t sx = smem_u32(smem);
-    for (int kt = 0; kt < KT; kt++) {
-        const int st = kt % WR_STAGES;
-        cp_async_wait<WR_STAGES - 2>(); /* tile kt */
-        wg_fence_proxy();
-        __syncthreads();
-        const wr_words q = wr_load_words<WGS>(smem + st * C::STAGE_BYTES, r0, lane);
-        wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
-        wr_mma_step<NT>(acc, q, sx + st * C::STAGE_BYTES, kt);
-        __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
-        int nk = kt + WR_STAGES - 1;
-        if (nk < KT) load_w(nk % WR_STAGES, nk), load_x(nk % WR_STAGES, nk);
-        cp_async_commit();
-    }
-    wg_wait<0>();
-    cp_async_wait<0>();
-    __syncthreads(); /* the stages become the output tile */
-    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end, threadIdx.x,
-                         [] { __syncthreads(); });
-}
-
-/* The lean k loop (TL_WGR_LEAN=1): wr_block's copies, products and sums in the same order (the
- * same bits), with fewer instructions a step (ncu, session 18: the plain loop issues ~210 a warp a
- * k step, the LM head at a decode batch of 64 keeps 60% of the issue slots busy at 1.26 TB/s):
- * the ring unrolled STAGES steps an iteration (stage offsets and the wgmma descriptors are
- * constants past one base: a descriptor's address field is the shared address / 16, so the
- * offset adds to it), the copies from running source pointers (one add a stage), shared-memory
- * loads through a pointer the compiler knows is shared (the plain kernel's aligned pointer went
- * through an integer: generic loads and the shared window's base recomputed every step), and the
- * nibble mask and the bf16 exponent in one lop3. */
-static __device__ __forceinline__ uint32_t wr_deq_lean(uint32_t w, uint32_t e, uint32_t s2u,
-                                                       uint32_t b2u) {
-    const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
-    uint32_t xu = lop3_and_or<0x000F000Fu>(w, e);
-    __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
-    xv = __hfma2(__hsub2(xv, k128), *(__nv_bfloat162 *)&s2u, *(__nv_bfloat162 *)&b2u);
-    return *(uint32_t *)&xv;
-}
-static __device__ __forceinline__ void wr_afrag_lean(uint32_t (&af)[4][4], const wr_words &q) {
-    const uint32_t e = 0x43004300u;
-    uint32_t sll = __byte_perm(q.sl, 0, 0x1010), bll = __byte_perm(q.sl, 0, 0x3232);
-    uint32_t suu = __byte_perm(q.su, 0, 0x1010), buu = __byte_perm(q.su, 0, 0x3232);
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int s2 = 0; s2 < 2; s2++) {
-            af[2 * h + s2][0] = wr_deq_lean(q.wl[h] >> (8 * s2), e, sll, bll);
-            af[2 * h + s2][1] = wr_deq_lean(q.wu[h] >> (8 * s2), e, suu, buu);
-            af[2 * h + s2][2] = wr_deq_lean(q.wl[h] >> (8 * s2 + 4), e, sll, bll);
-            af[2 * h + s2][3] = wr_deq_lean(q.wu[h] >> (8 * s2 + 4), e, suu, buu);
-        }
-}
-
-/* A thread's copies of the lean loop (wr_loader's chunks, sources and zero fills), each from a
- * running source pointer that advances one k tile a call. */
 template <int WGS, int NT, int NTHR> struct wr_stream {
     typedef wr_cfg<WGS> C;
     static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
@@ -370,10 +242,13 @@ template <int WGS, int NT, int NTHR> struct wr_stream {
     }
 };
 
+/* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). The ring runs
+ * STAGES steps an iteration, so stage offsets and the wgmma descriptors are constants past one
+ * base (a descriptor's address field is the shared address / 16: the offset adds to it). */
 template <int WGS, int NT>
-static __device__ __forceinline__ void wr_block_lean(const gemm_args &p, uint8_t *smem,
-                                                     const uint8_t *wb, const uint32_t *sbb,
-                                                     const int32_t *perm, int m0, int m_end) {
+static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
+                                                const uint8_t *wb, const uint32_t *sbb,
+                                                const int32_t *perm, int m0, int m_end) {
     typedef wr_cfg<WGS> C;
     constexpr int S = WR_STAGES;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -403,7 +278,7 @@ static __device__ __forceinline__ void wr_block_lean(const gemm_args &p, uint8_t
             const wr_words q = wr_load_words<WGS>(smem + s * C::STAGE_BYTES, r0, lane);
             wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
             uint32_t af[4][4];
-            wr_afrag_lean(af, q);
+            wr_afrag(af, q);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
@@ -425,13 +300,12 @@ static __device__ __forceinline__ void wr_block_lean(const gemm_args &p, uint8_t
                          [] { __syncthreads(); });
 }
 
-template <int WGS, bool LEAN>
+template <int WGS>
 __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
     extern __shared__ uint8_t wr_smem_raw[];
-    /* the lean loop aligns by an offset, so the compiler still sees a shared-memory pointer
-     * (shared loads with 32-bit addresses instead of generic ones) */
-    uint8_t *smem = LEAN ? wr_smem_raw + ((0u - smem_u32(wr_smem_raw)) & 1023u)
-                         : (uint8_t *)(((uintptr_t)wr_smem_raw + 1023) & ~(uintptr_t)1023);
+    /* aligned by an offset, so the compiler still sees a shared-memory pointer (an integer round
+     * trip made every stage read a generic load, the shared window's base recomputed each step) */
+    uint8_t *smem = wr_smem_raw + ((0u - smem_u32(wr_smem_raw)) & 1023u);
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
@@ -439,58 +313,37 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     if (p.mode != GM_DENSE) pdl_wait(); /* the MoE plan; a dense product waits in wr_block */
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
-    if constexpr (LEAN) {
-        if (nc == 4)
-            wr_block_lean<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
-        else if (nc == 3)
-            wr_block_lean<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
-        else if (nc == 2)
-            wr_block_lean<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
-        else
-            wr_block_lean<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
-    } else {
-        if (nc == 4)
-            wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
-        else if (nc == 3)
-            wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
-        else if (nc == 2)
-            wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
-        else
-            wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
-    }
+    if (nc == 4)
+        wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
+    else if (nc == 3)
+        wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
+    else if (nc == 2)
+        wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
+    else
+        wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
  * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
-template <int WGS, bool LEAN>
+template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
-    if (gm_smem_limit<gemm_wgr_kernel<WGS, LEAN>>(C::SMEM)) return TL_ERR_CUDA;
+    if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
         (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
-        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS, LEAN>, grid,
+        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS>, grid,
                           dim3(C::THREADS), C::SMEM, *p);
     else
-        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS, LEAN>,
-                  grid, dim3(C::THREADS), C::SMEM, *p);
+        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>, grid,
+                  dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
-/* 1 if TL_WGR_LEAN=1 (read once): the lean k loop (wr_block_lean). */
-static int wgr_lean_on(void) {
-    static int on = -1;
-    if (on < 0) on = tl_env_is("TL_WGR_LEAN", 1);
-    return on;
-}
-
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
-    if (wgr_lean_on())
-        return wgs == 2 ? launch_gemm_wgr<2, true>(p, tiles, ksplit, st)
-                        : launch_gemm_wgr<4, true>(p, tiles, ksplit, st);
-    return wgs == 2 ? launch_gemm_wgr<2, false>(p, tiles, ksplit, st)
-                    : launch_gemm_wgr<4, false>(p, tiles, ksplit, st);
+    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
+                    : launch_gemm_wgr<4>(p, tiles, ksplit, st);
 }
