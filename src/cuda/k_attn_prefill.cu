@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
                            int pos0, int in_f32) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ uint8_t aw_smem_raw[];
-    uint8_t *sQ = (uint8_t *)(((uintptr_t)aw_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sQ = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u); /* stays a shared pointer */
     uint8_t *sK = sQ + AW_QK_BYTES, *sP = sK + AW_QK_BYTES + AW_V_BYTES;
     uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
     float *s_alpha = (float *)(sP + AW_P_BYTES), *s_l = s_alpha + 64;

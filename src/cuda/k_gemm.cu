@@ -563,7 +563,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
     typedef wg_cfg<BITS, WGS> C;
     constexpr int BM = C::BM, THREADS = C::THREADS;
     extern __shared__ uint8_t wg_smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = wg_smem_raw + ((0u - smem_u32(wg_smem_raw)) & 1023u); /* stays shared */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wq = warp & 3;
     const int n0 = blockIdx.x * WG_BN;
