@@ -266,7 +266,11 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
         cp_async_commit();
     }
     float acc[NT / 2]; /* the first wgmma (scale-d 0) initialises them */
+    /* the descriptors' high word is the same for every stage; the offsets add to the low word's
+     * address field without a carry (shared addresses < 256 KB): a 32-bit add, no 64-bit one */
     const uint64_t d0 = wg_desc(smem_u32(smem));
+    const uint32_t d0lo = (uint32_t)d0;
+    const uint64_t d0hi = d0 & 0xffffffff00000000ull;
     for (int kt0 = 0; kt0 < KT; kt0 += S) {
 #pragma unroll
         for (int s = 0; s < S; s++) {
@@ -282,7 +286,8 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
-                wg_mma_rs<NT>(acc, af[kk], d0 + (uint64_t)((s * C::STAGE_BYTES + kk * 32) >> 4),
+                wg_mma_rs<NT>(acc, af[kk],
+                              d0hi | (d0lo + (uint32_t)((s * C::STAGE_BYTES + kk * 32) >> 4)),
                               kt | kk);
             wg_commit();
             __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
