@@ -142,12 +142,6 @@ __device__ __forceinline__ uint32_t bf16x2_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
 }
-/* (a & B) | c in one LOP3 (the compiler splits it in two when B and c are both immediates) */
-template <uint32_t B> __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t c) {
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "n"(B), "r"(c));
-    return d;
-}
 __device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 

@@ -4,6 +4,7 @@
  * Launches only: never allocates, never synchronises. */
 
 #include "cuda/k_gemm_common.cuh"
+#include "cuda/k_q4m.cuh"
 #include "cuda/k_wgmma.cuh"
 
 /* ====== The MoE grouped GEMM on wgmma with the weights as the A operand ("wgr"). ======
@@ -75,11 +76,11 @@ static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, i
 }
 
 /* bf16x2 of the two nibbles at bits 0 and 16 of w: s q + b (gemm_mma_kernel's operations); the
- * nibble mask and the exponent e of 128 in one lop3 */
+ * nibble mask and the exponent e of 128 in one lop3 (q4m_nib) */
 static __device__ __forceinline__ uint32_t wr_deq(uint32_t w, uint32_t e, uint32_t s2u,
                                                   uint32_t b2u) {
     const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
-    uint32_t xu = lop3_and_or<0x000F000Fu>(w, e);
+    uint32_t xu = q4m_nib(w, e);
     __nv_bfloat162 xv = *(__nv_bfloat162 *)&xu;
     xv = __hfma2(__hsub2(xv, k128), *(__nv_bfloat162 *)&s2u, *(__nv_bfloat162 *)&b2u);
     return *(uint32_t *)&xv;

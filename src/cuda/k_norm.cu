@@ -4,7 +4,7 @@
  * (TL_GDN_COLS=1; otherwise it is fused into k_gdn_decode.cu), the f32 -> bf16 cast, and the MTP
  * head's small row kernels (concatenation, row copies). The decode path's pre-projection norms
  * are fused into the GEMVs (k_gemv.cu, k_moe.cu). */
-#include "cuda/cuda_common.cuh"
+#include "cuda/k_rms.cuh"
 
 /* rmsnorm_row_kernel
  *   y[i, c] = x[r, c] / sqrt(mean_c(x[r]^2) + eps) * w[c],  r = rows ? rows[i] : i
@@ -36,19 +36,10 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
  * GEMMs (gpu.h). y [n_rows, n] bf16; yl (if non-NULL) gets the low plane bf16(v - y) of each
  * normed value v, for the router's split-precision GEMM (k_router.cu). One block of 256 per row.
  * note: rows of n = 8 * 256 (the model's width): a thread owns 8 contiguous values, read once
- * as two float4 and written as one 16-byte store (yl likewise); other widths take the strided
- * loop. Tested against cpu_rmsnorm (test_kernels.c: test_norms_bf16), through the whole prefill
- * path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and test_kernels.c: test_router_gemm. */
-static __device__ __forceinline__ void rms_store8(uint16_t *y, uint16_t *yl, const float (&v)[8]) {
-    uint32_t h[4], l[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        h[k] = bf16x2_pack(v[2 * k], v[2 * k + 1]);
-        l[k] = bf16x2_pack(v[2 * k] - bf16x2_lo(h[k]), v[2 * k + 1] - bf16x2_hi(h[k]));
-    }
-    *(uint4 *)y = make_uint4(h[0], h[1], h[2], h[3]);
-    if (yl) *(uint4 *)yl = make_uint4(l[0], l[1], l[2], l[3]);
-}
+ * as two float4 and written as one 16-byte store (yl likewise; k_rms.cuh); other widths take the
+ * strided loop. Tested against cpu_rmsnorm (test_kernels.c: test_norms_bf16), through the whole
+ * prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and test_kernels.c: test_router_gemm.
+ */
 __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, const float *w,
                                     int n, float eps) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
@@ -59,14 +50,7 @@ __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, c
         int c0 = 8 * threadIdx.x;
         float4 a = *(const float4 *)(xr + c0), b = *(const float4 *)(xr + c0 + 4);
         float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++) s = fmaf(v[k], v[k], s);
-        float inv = rsqrtf(block_sum(s, sbuf) / (float)n + eps);
-        float4 wa = *(const float4 *)(w + c0), wb = *(const float4 *)(w + c0 + 4);
-        float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = v[k] * inv * wv[k];
+        rms_row8(v, w, c0, n, eps, sbuf);
         rms_store8(y + (size_t)i * n + c0, yl ? yl + (size_t)i * n + c0 : NULL, v);
         return;
     }

@@ -179,9 +179,6 @@ static inline uint32_t tf32_of(float x) {
     return (u + 0x1000u) & ~0x1fffu;
 }
 void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <uint32_t B> static inline uint32_t lop3_and_or(uint32_t a, uint32_t c) {
-    return (a & B) | c;
-}
 static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     uint64_t v = (uint64_t)y << 32 | x;
     uint32_t r = 0;
