@@ -378,6 +378,23 @@ static void test_norms(void) {
     }
     printf("# norms: %d values outside one bf16 rounding\n", bad);
     CHECK_EQ_INT(bad, 0);
+    /* the MoE combine with the next layer's norm folded in == combine, then rmsnorm_bf16 */
+    const int C = 5;
+    uint16_t *ys = (uint16_t *)xmalloc((size_t)C * 9 * n * 2);
+    for (size_t i = 0; i < (size_t)C * 9 * n; i++) ys[i] = f2bf(2.0f * t_randf(&rs));
+    float *wts = rand_vec(&rs, C * 8, 1.0f), *shl = rand_vec(&rs, C, 2.0f);
+    float *o1 = rand_vec(&rs, (size_t)C * n, 3.0f), *o2 = (float *)xmalloc((size_t)C * n * 4);
+    memcpy(o2, o1, (size_t)C * n * 4);
+    uint16_t *n1 = (uint16_t *)xmalloc((size_t)C * n * 2), *n2 = (uint16_t *)xmalloc((size_t)C * n * 2);
+    const uint16_t *sh = ys + (size_t)C * 8 * n;
+    CHECK_EQ_INT(tl_gpu_moe_pf_combine(o1, o1, ys, wts, sh, shl, C, TL_GEMM_OUT_F32, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16(n1, o1, w, C, n, 1e-6f, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_moe_pf_combine_norm(o2, o2, ys, wts, sh, shl, C, TL_GEMM_OUT_F32, w, n2,
+                                            1e-6f, NULL), 0);
+    int same = !memcmp(o1, o2, (size_t)C * n * 4) && !memcmp(n1, n2, (size_t)C * n * 2);
+    printf("# combine with the norm folded == combine + rmsnorm_bf16: %s\n", same ? "yes" : "no");
+    CHECK(same);
+    free(ys), free(wts), free(shl), free(o1), free(o2), free(n1), free(n2);
     free(x), free(w), free(y), free(l), free(o), free(proj), free(w2), free(g);
 }
 

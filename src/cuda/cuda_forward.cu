@@ -354,15 +354,26 @@ static int moe_shared_grouped_on(void) {
     return on;
 }
 
+/* The next layer's input norm weight when TL_MOE_COMBINE_NORM=1 folds it into layer il's MoE
+ * combine (tl_gpu_moe_pf_combine_norm: the same bits as the separate rmsnorm_bf16 it replaces,
+ * one launch fewer a layer), else NULL (and for the last layer). Prepared for A/B, default off. */
+static const float *fold_norm(const cuda_be *be, int il) {
+    static int on = -1;
+    if (on < 0) on = tl_env_is("TL_MOE_COMBINE_NORM", 1);
+    return on && il + 1 < be->cfg.n_layer && be->cfg.n_embd == 2048 ? be->L[il + 1].attn_norm
+                                                                    : NULL;
+}
+
 /* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,
  * plan, grouped expert GEMMs, the shared expert as two dense GEMMs (inside the grouped ones for
- * <= 256 tokens: moe_shared_grouped_on), weighted combine + residual.
+ * <= 256 tokens: moe_shared_grouped_on), weighted combine + residual; with next_norm (fold_norm)
+ * the combine also writes be->xb = the next layer's normed input.
  * note: the router GEMM from be->router_min (64) tokens on; below, the GEMV (f32 input): measured
  * 2026-12-04 (decode batches, tulip bench --batch): GEMV faster at 16 and 32, tied at 64, GEMM
  * faster at 128, 256 and on prefill chunks (notes/2026-12-04-router-conv1d.md); then the GEMM of
  * <= 256 tokens split K 8 ways (it had 5 blocks): at 64, 13.50 -> 12.95 ms a step (H200,
  * BENCHMARKS.md session 9); 8 and 32 not measured yet. */
-static int moe_prefill(const layer_ctx *x) {
+static int moe_prefill(const layer_ctx *x, const float *next_norm) {
     cuda_be *be = x->be;
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
@@ -388,8 +399,8 @@ static int moe_prefill(const layer_ctx *x) {
         TRY(tl_gpu_gemm(be->ys, be->hs, &dns, T, NULL, 0, x->st));
         ys = be->ys;
     }
-    return tl_gpu_moe_pf_combine(be->x, be->x, be->yslot, be->wts, ys, be->shl, T, TL_GEMM_OUT_F32,
-                                 x->st);
+    return tl_gpu_moe_pf_combine_norm(be->x, be->x, be->yslot, be->wts, ys, be->shl, T,
+                                      TL_GEMM_OUT_F32, next_norm, be->xb, eps, x->st);
 }
 
 /* One prefill chunk of one sequence (T tokens at slot, pos0) on the tensor-core path: bf16
@@ -408,11 +419,12 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &lst);
-        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &lst));
+        if (il == 0 || !fold_norm(be, il - 1)) /* else the previous combine wrote it */
+            TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &lst));
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_prefill(&x, slot, sn) : attn_prefill(&x, slot, pos0));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
                         &lst));
-        TRY(moe_prefill(&x));
+        TRY(moe_prefill(&x, fold_norm(be, il)));
     }
     return run_head(be, n_out, out_row0, &st);
 }
@@ -517,11 +529,12 @@ static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0,
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
-        TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
+        if (il == 0 || !fold_norm(be, il - 1)) /* else the previous combine wrote it */
+            TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_tc(&x, lg) : attn_tc(&x, n_split, lg));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
                         &st));
-        TRY(moe_prefill(&x));
+        TRY(moe_prefill(&x, fold_norm(be, il)));
     }
     return run_head_tc(be, n_out, out_row0, &st);
 }
@@ -573,7 +586,7 @@ int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int t
         mb_long_none(&none, T, n_seg);
         TRY(attn_tc(&x, n_split, &none));
         TRY(tl_gpu_gemm(be->x, be->yb, &L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES, &st));
-        return moe_prefill(&x);
+        return moe_prefill(&x, NULL);
     }
     TRY(tl_gpu_gemv(be->x, D, &sp->fc, sp->cat, 2 * D, NULL, 0.0f, T, 0, &st));
     if (!full) {

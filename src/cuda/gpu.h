@@ -427,6 +427,12 @@ int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *
 int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t *yslot, const float *wts,
                           const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
                           const tl_gpu_stream *st);
+/* The combine (flags must hold TL_GEMM_OUT_F32) that also writes yn [n_tok, TL_N_EMBD] bf16 =
+ * RMSNorm(out row) with weight nw, bit for bit what tl_gpu_rmsnorm_bf16 of out would give: the
+ * next layer's input norm folded into this layer's last kernel. nw NULL: tl_gpu_moe_pf_combine. */
+int tl_gpu_moe_pf_combine_norm(void *out, const void *res, const uint16_t *yslot, const float *wts,
+                               const uint16_t *shared, const float *sh_logit, int n_tok, int flags,
+                               const float *nw, uint16_t *yn, float eps, const tl_gpu_stream *st);
 
 /* ====== Sampling ======
  * One row of logits [n_rows, n_vocab] per entry (see k_sample.cu): greedy rows and rows with

@@ -4,6 +4,7 @@
  * down projection (fixed summation order: deterministic). */
 #include "cuda/k_q4m.cuh"
 #include "cuda/k_gemm.cuh"
+#include "cuda/k_rms.cuh"
 
 extern "C" {
 #include "common/util.h"
@@ -864,13 +865,17 @@ extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
     return cb_moe_gemm(yslot, h, w_expert0, plan, n_tok, 0, 0, shared, st);
 }
 
-/* math: out[t] = res[t] + sum_s w[t,s] y[t*8+s] + sigmoid(l[t]) sh[t], fp32, slots in order.
+/* math: out[t] = res[t] + sum_s w[t,s] y[t*8+s] + sigmoid(l[t]) sh[t], fp32, slots in order;
+ *   with nw (f32 out, n_embd = 8 x 256: one pass of the loop) also yn[t] = bf16 RMSNorm(out[t])
+ *   with weight nw: the next layer's input norm folded in, rmsnorm_bf16_kernel's bits (k_rms.cuh).
  * threads: one block of 256 per token, 8 columns per thread (16-byte loads of yslot).
- * bytes: n_tok * (8*2048*2 + 2048*(2|4)*2 + 2048*2) . */
+ * bytes: n_tok * (8*2048*2 + 2048*(2|4)*2 + 2048*2) (+ 2048*2 for yn). */
 __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *yslot,
                                    const float *wts, const uint16_t *sh, const float *sh_logit,
-                                   int n_embd, int out_f32) {
+                                   int n_embd, int out_f32, const float *nw, uint16_t *yn,
+                                   float eps) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    __shared__ float sbuf[32];
     const int t = blockIdx.x;
     for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
         float acc[8];
@@ -900,10 +905,14 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
                 r0 = *(const float4 *)((const float *)res + base);
                 r1 = *(const float4 *)((const float *)res + base + 4);
             }
-            *(float4 *)((float *)out + base) =
-                make_float4(r0.x + acc[0], r0.y + acc[1], r0.z + acc[2], r0.w + acc[3]);
-            *(float4 *)((float *)out + base + 4) =
-                make_float4(r1.x + acc[4], r1.y + acc[5], r1.z + acc[6], r1.w + acc[7]);
+            float v[8] = {r0.x + acc[0], r0.y + acc[1], r0.z + acc[2], r0.w + acc[3],
+                          r1.x + acc[4], r1.y + acc[5], r1.z + acc[6], r1.w + acc[7]};
+            *(float4 *)((float *)out + base) = make_float4(v[0], v[1], v[2], v[3]);
+            *(float4 *)((float *)out + base + 4) = make_float4(v[4], v[5], v[6], v[7]);
+            if (nw) { /* block-uniform; the loop's only pass (host check) */
+                rms_row8(v, nw, c0, n_embd, eps, sbuf);
+                rms_store8(yn + base, NULL, v);
+            }
         } else {
             uint32_t o[4];
             for (int i = 0; i < 4; i++) {
@@ -923,9 +932,19 @@ extern "C" int tl_gpu_moe_pf_combine(void *out, const void *res, const uint16_t 
                                      const float *wts, const uint16_t *shared,
                                      const float *sh_logit, int n_tok, int flags,
                                      const tl_gpu_stream *st) {
+    return tl_gpu_moe_pf_combine_norm(out, res, yslot, wts, shared, sh_logit, n_tok, flags, NULL,
+                                      NULL, 0.0f, st);
+}
+
+extern "C" int tl_gpu_moe_pf_combine_norm(void *out, const void *res, const uint16_t *yslot,
+                                          const float *wts, const uint16_t *shared,
+                                          const float *sh_logit, int n_tok, int flags,
+                                          const float *nw, uint16_t *yn, float eps,
+                                          const tl_gpu_stream *st) {
     if (!out || !yslot || !wts || n_tok < 0 || (shared && !sh_logit)) return TL_ERR_INVALID;
+    if (nw && (!yn || !(flags & TL_GEMM_OUT_F32))) return TL_ERR_INVALID;
     if (n_tok == 0) return 0;
     TL_LAUNCH(st, "moe_combine", moe_combine_kernel, dim3(n_tok), dim3(256), 0, out, res, yslot,
-              wts, shared, sh_logit, 2048, (int)(flags & TL_GEMM_OUT_F32));
+              wts, shared, sh_logit, 2048, (int)(flags & TL_GEMM_OUT_F32), nw, yn, eps);
     return 0;
 }

@@ -589,6 +589,64 @@ static void test_moe_plan(void) {
     plan_check(8192);
 }
 
+/* The combine with the next layer's norm folded in (tl_gpu_moe_pf_combine_norm): its f32 rows
+ * and its bf16 normed rows bit for bit those of the combine then tl_gpu_rmsnorm_bf16, and the
+ * normed rows within one bf16 rounding of a double RMSNorm of the combined rows. */
+static void test_moe_combine_norm(void) {
+    const int T = 37, D = TL_N_EMBD;
+    uint16_t *ys = xmalloc((size_t)T * 9 * D * 2), *y1 = xmalloc((size_t)T * D * 2);
+    uint16_t *y2 = xmalloc((size_t)T * D * 2);
+    float *res = xmalloc((size_t)T * D * 4), *wts = xmalloc((size_t)T * 8 * 4);
+    float *shl = xmalloc((size_t)T * 4), *nw = xmalloc((size_t)D * 4);
+    float *o1 = xmalloc((size_t)T * D * 4), *o2 = xmalloc((size_t)T * D * 4);
+    rand_bf16(ys, NULL, (size_t)T * 9 * D, 2.0f);
+    for (size_t i = 0; i < (size_t)T * D; i++) res[i] = 3.0f * t_randf(&rng);
+    for (int i = 0; i < T * 8; i++) wts[i] = 0.1f + 0.5f * (t_randf(&rng) + 1.0f);
+    for (int t = 0; t < T; t++) shl[t] = 2.0f * t_randf(&rng);
+    for (int c = 0; c < D; c++) nw[c] = 1.0f + 0.5f * t_randf(&rng);
+    void *dys = dup_to_dev(ys, (size_t)T * 9 * D * 2), *dwts = dup_to_dev(wts, (size_t)T * 32);
+    void *dshl = dup_to_dev(shl, (size_t)T * 4), *dnw = dup_to_dev(nw, (size_t)D * 4);
+    void *dout = dmalloc((size_t)T * D * 4), *dy = dmalloc((size_t)T * D * 2);
+    const uint16_t *dsh = (const uint16_t *)dys + (size_t)T * 8 * D;
+    CU(cudaMemcpy(dout, res, (size_t)T * D * 4, cudaMemcpyHostToDevice));
+    CHECK_EQ_INT(tl_gpu_moe_pf_combine(dout, dout, dys, dwts, dsh, dshl, T, TL_GEMM_OUT_F32, NULL),
+                 0);
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16(dy, dout, dnw, T, D, 1e-6f, NULL), 0);
+    to_host(o1, dout, (size_t)T * D * 4);
+    to_host(y1, dy, (size_t)T * D * 2);
+    CU(cudaMemcpy(dout, res, (size_t)T * D * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dy, 0xff, (size_t)T * D * 2));
+    CHECK_EQ_INT(tl_gpu_moe_pf_combine_norm(dout, dout, dys, dwts, dsh, dshl, T, TL_GEMM_OUT_F32,
+                                            dnw, dy, 1e-6f, NULL),
+                 0);
+    to_host(o2, dout, (size_t)T * D * 4);
+    to_host(y2, dy, (size_t)T * D * 2);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < D; c++) ss += (double)o1[t * D + c] * o1[t * D + c];
+        double inv = 1.0 / sqrt(ss / D + 1e-6);
+        for (int c = 0; c < D; c++) {
+            double ref = o1[t * D + c] * inv * nw[c];
+            bad += fabs(tl_bf16_to_f32(y1[t * D + c]) - ref) > fabs(ref) * 0x1p-8 + 1e-6;
+        }
+    }
+    int same_out = memcmp(o1, o2, (size_t)T * D * 4) == 0,
+        same_y = memcmp(y1, y2, (size_t)T * D * 2) == 0;
+    printf("# combine + norm folded: rows %s, normed rows %s the separate kernels'; %d normed "
+           "values outside one bf16 rounding of a double norm\n",
+           same_out ? "==" : "!=", same_y ? "==" : "!=", bad);
+    CHECK(same_out && same_y);
+    CHECK_EQ_INT(bad, 0);
+    /* the fold needs f32 rows and an output */
+    CHECK(tl_gpu_moe_pf_combine_norm(dout, dout, dys, dwts, dsh, dshl, T, 0, dnw, dy, 1e-6f,
+                                     NULL) == TL_ERR_INVALID);
+    CHECK(tl_gpu_moe_pf_combine_norm(dout, dout, dys, dwts, dsh, dshl, T, TL_GEMM_OUT_F32, dnw,
+                                     NULL, 1e-6f, NULL) == TL_ERR_INVALID);
+    cudaFree(dys), cudaFree(dwts), cudaFree(dshl), cudaFree(dnw), cudaFree(dout), cudaFree(dy);
+    free(ys), free(y1), free(y2), free(res), free(wts), free(shl), free(nw), free(o1), free(o2);
+}
+
 static void test_moe_grouped_matches_oracle(void) {
     moe_case(1, 160);
     moe_case(1, 300); /* 128-token tiles of 128 + 128 + 44: the wgr kernel's classes 128 and 64 */
@@ -969,6 +1027,7 @@ int main(void) {
     T_RUN(test_gemm_epilogues);
     T_RUN(test_gemm_splitk);
     T_RUN(test_moe_plan);
+    T_RUN(test_moe_combine_norm);
     T_RUN(test_moe_grouped_matches_oracle);
     T_RUN(test_attn_prefill_matches_oracle);
     T_RUN(test_gdn_gates_match_oracle);
