@@ -417,14 +417,16 @@ static int run_prefill(cuda_be *be, int T, int slot, int pos0, int n_out, int ou
     tl_gpu_seqs s = cb_seqs(be, T, 1);
     TRY(count_tokens(be, T, &st));
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
+    const float *folded = NULL; /* the norm the last combine applied (fold_norm) */
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &lst);
-        if (il == 0 || !fold_norm(be, il - 1)) /* else the previous combine wrote it */
+        if (!folded) /* else the previous layer's combine wrote it */
             TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &lst));
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_prefill(&x, slot, sn) : attn_prefill(&x, slot, pos0));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
                         &lst));
-        TRY(moe_prefill(&x, fold_norm(be, il)));
+        folded = fold_norm(be, il);
+        TRY(moe_prefill(&x, folded));
     }
     return run_head(be, n_out, out_row0, &st);
 }
@@ -527,14 +529,16 @@ static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0,
     tl_gpu_seqs s = cb_seqs(be, T, n_seg);
     TRY(count_tokens(be, T, &st));
     TRY(tl_gpu_embed(be->x, &be->embd, d.tokens, T, &st));
+    const float *folded = NULL; /* the norm the last combine applied (fold_norm) */
     for (int il = 0; il < c->n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
-        if (il == 0 || !fold_norm(be, il - 1)) /* else the previous combine wrote it */
+        if (!folded) /* else the previous layer's combine wrote it */
             TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, x.L->attn_norm, T, c->n_embd, c->rms_eps, &st));
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_tc(&x, lg) : attn_tc(&x, n_split, lg));
         TRY(tl_gpu_gemm(be->x, be->yb, &x.L->out, T, be->x, TL_GEMM_OUT_F32 | TL_GEMM_ADD_RES,
                         &st));
-        TRY(moe_prefill(&x, fold_norm(be, il)));
+        folded = fold_norm(be, il);
+        TRY(moe_prefill(&x, folded));
     }
     return run_head_tc(be, n_out, out_row0, &st);
 }

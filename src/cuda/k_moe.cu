@@ -909,7 +909,7 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
                           r1.x + acc[4], r1.y + acc[5], r1.z + acc[6], r1.w + acc[7]};
             *(float4 *)((float *)out + base) = make_float4(v[0], v[1], v[2], v[3]);
             *(float4 *)((float *)out + base + 4) = make_float4(v[4], v[5], v[6], v[7]);
-            if (nw) { /* block-uniform; the loop's only pass (host check) */
+            if (nw) { /* block-uniform; the loop's only pass (2048 columns, 256 threads) */
                 rms_row8(v, nw, c0, n_embd, eps, sbuf);
                 rms_store8(yn + base, NULL, v);
             }
