@@ -509,7 +509,10 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
  * math: as gdn_prep_kernel. K K^T and q K^T [64x64, k = 128], then W = T' (k e^gc) and U = T' v
  * [64x128, k = 64] with T' = (T + I) diag(beta), by mma; T itself by the fp32 forward
  * substitution of gc_solve_T (64 independent columns, 4 partial sums per row; a blocked mma
- * solve is not done) on warps 0-1 while warps 2-7 write Qg, Kd and k e^gc.
+ * solve is not done) on warps 0-1 while warps 2-7 write Qg, Kd and e^gc, then load v over q.
+ *   Shared memory holds k, q-then-v, A / T' and the gates (87 KB): two blocks an SM, so one
+ *   block's loads and solve overlap the other's products (k e^gc is scaled as W's operand loads,
+ *   the same f32 products a scaled copy held; v loads during the solve instead of up front).
  * shapes: as gdn_prep_kernel; the same workspace record.
  * threads: block = (chunk, value head), 256 threads. K K^T, q K^T: warp w owns rows 16(w/2)..
  *   and columns 32(w%2).. (warps 1 and 3 hold only zeros above the diagonal and skip the mma).
@@ -518,16 +521,15 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
  * bytes: as gdn_prep_kernel. reference: through tl_gpu_gdn_chunk against cpu_gdn_step
  * (tests/gpu/test_prefill_kernels.c). */
 #define TP_LDK    132 /* q, k rows (row-major A, n-major B): 4 mod 32 */
-#define TP_LDV    136 /* v, k e^gc rows (k-major B): 8 mod 32 */
+#define TP_LDV    136 /* v rows (k-major B): 8 mod 32 */
 #define TP_LDT    68  /* A, then T' (row-major A) */
 #define TP_OFF_K  0
-#define TP_OFF_Q  (TP_OFF_K + GC_L * TP_LDK)
-#define TP_OFF_V  (TP_OFF_Q + GC_L * TP_LDK)
-#define TP_OFF_KG (TP_OFF_V + GC_L * TP_LDV)
-#define TP_OFF_A  (TP_OFF_KG + GC_L * TP_LDV)
+#define TP_OFF_QV (TP_OFF_K + GC_L * TP_LDK) /* q [64][TP_LDK], later v [64][TP_LDV] */
+#define TP_OFF_A  (TP_OFF_QV + GC_L * TP_LDV)
 #define TP_OFF_G  (TP_OFF_A + GC_L * TP_LDT)
 #define TP_OFF_B  (TP_OFF_G + GC_L)
-#define TP_SMEM   ((TP_OFF_B + GC_L) * 4)
+#define TP_OFF_E  (TP_OFF_B + GC_L)       /* e^gc */
+#define TP_SMEM   ((TP_OFF_E + GC_L) * 4) /* 87 KB: two blocks an SM */
 
 /* A (strictly lower, into sA) and Aqk (into the record) from K K^T and q K^T. */
 template <int SPLIT>
@@ -572,10 +574,23 @@ static __device__ __forceinline__ void tp_kk_qk(float *sA, float *rec, const flo
         }
 }
 
-/* W = T' (k e^gc) and U = T' v into the record. */
+/* B fragment of the 8x8 block at row k0 of B(k, n) = B[k * ld + n] * sc[k] (k-major rows scaled
+ * as they load: the f32 product is rounded to the operand, as a scaled copy would be). */
 template <int SPLIT>
-static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const float *sKg,
-                                             const float *sV, int warp, int lane) {
+static __device__ __forceinline__ void tc_load_b_rs(tc_frag_b &f, const float *B, int ld,
+                                                    const float *sc, int k0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        int k = k0 + t + 4 * e;
+        tc_split<SPLIT>(f.h[e], f.l[e], B[k * ld + g] * sc[k]);
+    }
+}
+
+/* W = T' (k e^gc) and U = T' v into the record (k e^gc scaled as it loads: sK rows times sE). */
+template <int SPLIT>
+static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const float *sK,
+                                             const float *sE, const float *sV, int warp, int lane) {
     const int mt = warp & 3, nh = warp >> 2, g = lane >> 2, t = lane & 3;
     float aw[8][4], au[8][4];
 #pragma unroll
@@ -588,7 +603,7 @@ static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const 
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
             tc_frag_b fk, fv;
-            tc_load_b<SPLIT, false>(fk, sKg + 64 * nh + 8 * nt, TP_LDV, k0, lane);
+            tc_load_b_rs<SPLIT>(fk, sK + 64 * nh + 8 * nt, TP_LDK, sE, k0, lane);
             tc_load_b<SPLIT, false>(fv, sV + 64 * nh + 8 * nt, TP_LDV, k0, lane);
             tc_mma<SPLIT>(aw[nt], ft, fk);
             tc_mma<SPLIT>(au[nt], ft, fv);
@@ -607,53 +622,55 @@ static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const 
 }
 
 template <int SPLIT>
-__global__ void __launch_bounds__(GC_THREADS, 1)
+__global__ void __launch_bounds__(GC_THREADS, 2)
     gdn_prep_tc_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
                        const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float tp_smem[];
-    float *sK = tp_smem + TP_OFF_K, *sQ = tp_smem + TP_OFF_Q, *sV = tp_smem + TP_OFF_V;
-    float *sKg = tp_smem + TP_OFF_KG, *sA = tp_smem + TP_OFF_A, *sG = tp_smem + TP_OFF_G;
-    float *sB = tp_smem + TP_OFF_B;
+    float *sK = tp_smem + TP_OFF_K, *sQV = tp_smem + TP_OFF_QV, *sA = tp_smem + TP_OFF_A;
+    float *sG = tp_smem + TP_OFF_G, *sB = tp_smem + TP_OFF_B, *sE = tp_smem + TP_OFF_E;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = blockIdx.x, h = blockIdx.y, hk = h / (TL_GDN_N_V_HEAD / TL_GDN_N_K_HEAD);
     const int t0 = t_seg + c * GC_L;
     float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
 
-    {
-        float4 vv[8]; /* v loads issued before the q, k ones are waited for */
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int t = t0 + warp * 8 + u;
-            vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t < T) vv[u] = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
-        }
-        gc_load_qk(sQ, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
-#pragma unroll
-        for (int u = 0; u < 8; u++) *(float4 *)(sV + (warp * 8 + u) * TP_LDV + 4 * lane) = vv[u];
-    }
+    gc_load_qk(sQV, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
     if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
     __syncthreads();
-    tp_kk_qk<SPLIT>(sA, rec, sK, sQ, sG, sB, warp, lane);
+    tp_kk_qk<SPLIT>(sA, rec, sK, sQV, sG, sB, warp, lane);
     __syncthreads();
     if (warp < 2) {
         gc_solve_T<4>(sA, TP_LDT, sB, tid);
     } else {
-        /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), k e^gc (W) */
+        /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), e^gc (W's
+         * row scales), then v over q (q's last reader is this loop) */
         for (int i = warp - 2; i < GC_L; i += 6) {
             float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
-            float4 qv = *(const float4 *)(sQ + i * TP_LDK + 4 * lane);
+            float4 qv = *(const float4 *)(sQV + i * TP_LDK + 4 * lane);
             float4 kv = *(const float4 *)(sK + i * TP_LDK + 4 * lane);
             *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) =
                 make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
             *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) =
                 make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
-            *(float4 *)(sKg + i * TP_LDV + 4 * lane) =
-                make_float4(kv.x * eq, kv.y * eq, kv.z * eq, kv.w * eq);
+            if (lane == 0) sE[i] = eq;
+        }
+        bar_sync_named(2, GC_THREADS - 64);
+        float4 vv[11]; /* rows warp - 2 + 6 u: every load issued before the first store */
+#pragma unroll
+        for (int u = 0; u < 11; u++) {
+            int i = warp - 2 + 6 * u, t = t0 + i;
+            vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i < GC_L && t < T)
+                vv[u] = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
+        }
+#pragma unroll
+        for (int u = 0; u < 11; u++) {
+            int i = warp - 2 + 6 * u;
+            if (i < GC_L) *(float4 *)(sQV + i * TP_LDV + 4 * lane) = vv[u];
         }
     }
     __syncthreads();
-    tp_wu<SPLIT>(rec, sA, sKg, sV, warp, lane);
+    tp_wu<SPLIT>(rec, sA, sK, sE, sQV, warp, lane);
 }
 
 /* ====== Sequential pass on tensor cores ======
