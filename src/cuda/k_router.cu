@@ -9,7 +9,7 @@
  *   wl = W.sb (the low plane of a non-bf16 router) or absent.
  * Shapes: W bf16 [rows, K] (K % 64 == 0), xh / xl bf16 [n_tok, K], y f32 [n_tok, ldy].
  * Threads: 8 warps; the block owns 64 tokens x 64 rows, warp (wm, wn) = 16 tokens x 32 rows
- *   (4 n8 tiles). K runs in 64-wide tiles through a 2-stage cp.async pipeline into shared memory
+ *   (4 n8 tiles). K runs in 64-wide tiles through a 3-stage cp.async ring into shared memory
  *   (rows padded to 72 elements: ldmatrix rows hit distinct bank groups); tokens and rows past
  *   the ends load as zeros and are not stored. Each output is one accumulation chain over k in
  *   order, so a token's result does not depend on n_tok or the other tokens (batched == alone).
@@ -27,7 +27,8 @@
 #define RT_LDS         72              /* padded row, elements */
 #define RT_TILE        (RT_M * RT_LDS) /* elements of one 64-row tile */
 #define RT_STAGE       (4 * RT_TILE)   /* xh, xl, wh, wl */
-#define RT_SMEM        (2 * RT_STAGE * 2)
+#define RT_STAGES      3               /* cp.async ring: 108 KB, two blocks an SM */
+#define RT_SMEM        (RT_STAGES * RT_STAGE * 2)
 #define RT_SPLIT       8   /* K shares of a small micro-batch */
 #define RT_SPLIT_MAX_T 256 /* up to this many tokens */
 __global__ void __launch_bounds__(256)
@@ -58,14 +59,17 @@ __global__ void __launch_bounds__(256)
         }
     };
     float acc[4][4] = {};
-    load(0, 0);
-    cp_async_commit();
-    for (int kt = 0; kt < KT; kt++) {
-        if (kt + 1 < KT) load((kt + 1) & 1, kt + 1);
+#pragma unroll
+    for (int st = 0; st < RT_STAGES - 1; st++) {
+        if (st < KT) load(st, st);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const uint16_t *s = rt_smem + (kt & 1) * RT_STAGE;
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<RT_STAGES - 2>(); /* tile kt */
+        __syncthreads();                /* and every warp is past tile kt - 1: its stage is free */
+        if (kt + RT_STAGES - 1 < KT) load((kt + RT_STAGES - 1) % RT_STAGES, kt + RT_STAGES - 1);
+        cp_async_commit();
+        const uint16_t *s = rt_smem + (kt % RT_STAGES) * RT_STAGE;
 #pragma unroll
         for (int kk = 0; kk < RT_K / 16; kk++) {
             uint32_t ah[4], al[4], bh[4][2], bl[4][2];
@@ -93,7 +97,6 @@ __global__ void __launch_bounds__(256)
                 if (wl) mma_bf16(acc[j], ah, bl[j][0], bl[j][1]);
             }
         }
-        __syncthreads(); /* this stage is refilled by the next iteration's load */
     }
     cp_async_wait<0>();
     y += (size_t)blockIdx.z * n_tok * ldy; /* split: plane z of the workspace */
