@@ -50,9 +50,9 @@ static const env_switch env_switches[] = {
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},
-    {"TL_MOE_COMBINE_NORM=1", ENGINE_CMDS,
-     "CUDA: the MoE combine also writes the next layer's normed input (one launch fewer a layer "
-     "on the tensor-core paths; same bits; A/B, default off)"},
+    {"TL_MOE_COMBINE_NORM=0", ENGINE_CMDS,
+     "CUDA: the next layer's input norm as its own launch instead of inside the MoE combine "
+     "(A/B; same bits)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
     {"TL_Q4W_WIDE=0", ENGINE_CMDS,

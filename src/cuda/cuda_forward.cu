@@ -354,12 +354,14 @@ static int moe_shared_grouped_on(void) {
     return on;
 }
 
-/* The next layer's input norm weight when TL_MOE_COMBINE_NORM=1 folds it into layer il's MoE
- * combine (tl_gpu_moe_pf_combine_norm: the same bits as the separate rmsnorm_bf16 it replaces,
- * one launch fewer a layer), else NULL (and for the last layer). Prepared for A/B, default off. */
+/* The next layer's input norm weight, folded into layer il's MoE combine
+ * (tl_gpu_moe_pf_combine_norm: the same bits as the separate rmsnorm_bf16 it replaces, one launch
+ * fewer a layer), else NULL (the last layer, or TL_MOE_COMBINE_NORM=0). Measured 2026-12-06
+ * (session 19, H100): decode batches 8 / 64 / 256 -1.2% / -0.5% / -0.3% a step, prefill 4K +1.1%.
+ */
 static const float *fold_norm(const cuda_be *be, int il) {
     static int on = -1;
-    if (on < 0) on = tl_env_is("TL_MOE_COMBINE_NORM", 1);
+    if (on < 0) on = !tl_env_is("TL_MOE_COMBINE_NORM", 0);
     return on && il + 1 < be->cfg.n_layer && be->cfg.n_embd == 2048 ? be->L[il + 1].attn_norm
                                                                     : NULL;
 }
