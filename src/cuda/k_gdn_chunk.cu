@@ -4,12 +4,16 @@
  * (chunk, head) into the caller's workspace, then a sequential kernel walks the chunks of each
  * head in order applying them to the state, which stays f32 in shared memory. Two versions of the
  * pair, chosen per call (TL_GDN_KERN_* in gpu.h, else TL_CUDA_GDN): fp32 FMA throughout
- * (gdn_prep_kernel, gdn_seq_kernel), and tensor cores (gdn_prep_tc_kernel, gdn_seq_tc_kernel:
- * mma.sync with tf32 operands, or 3xTF32 split operands; fp32 accumulation and state).
+ * (gdn_prep_kernel, gdn_seq_kernel), and tensor cores (mma.sync, fp32 accumulation and state):
+ * tf32 operands (gdn_prep_tc_kernel<0>, gdn_seq_h_kernel: the operand matrices stored as fp16,
+ * which tf32 holds exactly) or 3xTF32 split operands (gdn_prep_tc_kernel<1>,
+ * gdn_seq_tc_kernel<1>: f32 records).
  * Never allocates, never synchronises. Invariant: equals the token-by-token recurrence
  * (cpu_gdn_step) up to fp32 rounding (tf32: up to the operand rounding measured in
  * tests/gpu/test_prefill_kernels.c). dev/kernels/gdn_chunk_v1.cu is the one-kernel version. */
 #include <string.h>
+
+#include <cuda_fp16.h>
 
 #include "cuda/cuda_common.cuh"
 #include "model/shape.h"
@@ -32,6 +36,49 @@
 #define GC_WS_QG     (GC_WS_G + GC_L)
 #define GC_WS_KD     (GC_WS_QG + GC_L * GC_DK)
 #define GC_WS_FLOATS (GC_WS_KD + GC_L * GC_DK)
+
+/* The tf32 pair's record (gdn_prep_tc_kernel<0> -> gdn_seq_h_kernel), bytes: W, Aqk, Qg, Kd as
+ * fp16, U and gc f32. Those four only ever enter the tensor cores as tf32 operands, whose 10-bit
+ * mantissa fp16 holds exactly: rounding them once to fp16 (nearest even) instead of to tf32 at
+ * each load (nearest, ties away) gives the same precision over fp16's normal range (|x| >= 2^-14;
+ * below it the absolute error stays under 2^-25; q, k are L2-normalised and the decays <= 1, so
+ * Qg, Kd, Aqk are bounded by 1, and W = T' (k e^gc) by T'). U stays f32: v_new = U - W S is
+ * formed in f32 before it is rounded. 88 KB a record instead of 144. */
+#define GH_W     0
+#define GH_AQK   (GH_W + GC_L * GC_DK * 2)
+#define GH_QG    (GH_AQK + GC_L * GC_L * 2)
+#define GH_KD    (GH_QG + GC_L * GC_DK * 2)
+#define GH_U     (GH_KD + GC_L * GC_DK * 2)
+#define GH_G     (GH_U + GC_L * GC_DK * 4)
+#define GH_BYTES (GH_G + GC_L * 4)
+
+/* Where the tensor-core prep writes one record: f32 (SPLIT = 1: 3xTF32 needs the low parts) or
+ * the fp16 layout above (SPLIT = 0). */
+struct gc_rec {
+    void *w, *aqk, *qg, *kd;
+    float *u, *g;
+};
+template <int SPLIT> static __device__ __forceinline__ gc_rec gc_rec_at(void *ws, size_t i) {
+    gc_rec r;
+    if (SPLIT) {
+        float *f = (float *)ws + i * GC_WS_FLOATS;
+        r.w = f + GC_WS_W, r.aqk = f + GC_WS_AQK, r.qg = f + GC_WS_QG, r.kd = f + GC_WS_KD;
+        r.u = f + GC_WS_U, r.g = f + GC_WS_G;
+    } else {
+        char *b = (char *)ws + i * GH_BYTES;
+        r.w = b + GH_W, r.aqk = b + GH_AQK, r.qg = b + GH_QG, r.kd = b + GH_KD;
+        r.u = (float *)(b + GH_U), r.g = (float *)(b + GH_G);
+    }
+    return r;
+}
+/* Elements idx, idx + 1 of a record matrix: f32, or fp16 rounded to nearest even. */
+template <int SPLIT>
+static __device__ __forceinline__ void gc_put2(void *m, int idx, float a, float b) {
+    if (SPLIT)
+        *(float2 *)((float *)m + idx) = make_float2(a, b);
+    else
+        *(__half2 *)((__half *)m + idx) = __floats2half2_rn(a, b);
+}
 
 /* 4 consecutive values of a bf16 (in_f32 = 0) or f32 row, as f32. */
 static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, int in_f32) {
@@ -83,9 +130,9 @@ static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *s
     }
 }
 
-/* Warp 0: inclusive scan of g over the chunk into sG (and rec's gc), beta into sB (2 tokens per
- * lane); padded tokens get g = 0, beta = 0. */
-static __device__ __forceinline__ void gc_scan_g(float *sG, float *sB, float *rec, const float *g,
+/* Warp 0: inclusive scan of g over the chunk into sG (and the record's gc, rg), beta into sB (2
+ * tokens per lane); padded tokens get g = 0, beta = 0. */
+static __device__ __forceinline__ void gc_scan_g(float *sG, float *sB, float *rg, const float *g,
                                                  const float *beta, int t0, int T, int h,
                                                  int lane) {
     float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
@@ -102,8 +149,8 @@ static __device__ __forceinline__ void gc_scan_g(float *sG, float *sB, float *re
     sG[2 * lane + 1] = excl + g0 + g1;
     sB[2 * lane] = b0;
     sB[2 * lane + 1] = b1;
-    rec[GC_WS_G + 2 * lane] = excl + g0;
-    rec[GC_WS_G + 2 * lane + 1] = excl + g0 + g1;
+    rg[2 * lane] = excl + g0;
+    rg[2 * lane + 1] = excl + g0 + g1;
 }
 
 /* T by forward substitution, in place in sA [64][ld] (row stride ld), fp32, threads 0..63 one
@@ -178,7 +225,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         if (t < T) vv = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
         *(float4 *)(sV + i * GC_DK + 4 * lane) = vv;
     }
-    if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
+    if (warp == 0) gc_scan_g(sG, sB, rec + GC_WS_G, g, beta, t0, T, h, lane);
     __syncthreads();
     for (int u = 0; u < 8; u++) {
         int i = warp * 8 + u;
@@ -443,17 +490,18 @@ __global__ void __launch_bounds__(NW * 32, 1)
 }
 
 /* ====== Tensor-core versions: mma.sync m16n8k8 with tf32 operands, fp32 accumulate ======
- * The same two passes, the same workspace records (so either prep feeds either sequential
- * kernel), every product on the tensor cores; the state stays f32 in shared memory between
- * chunks. SPLIT = 0: operands rounded to tf32 (10-bit mantissa, relative 2^-11). SPLIT = 1:
- * 3xTF32, x = hi + lo with hi = tf32(x), lo = tf32(x - hi), a b ~ hi*hi + hi*lo + lo*hi (the
- * dropped lo*lo and the rounding of lo leave ~2^-21 relative: fp32-like products, 3x the mma).
- * Fragment layout of m16n8k8.tf32 (PTX ISA, "Matrix Fragments for mma.m16n8k8"), g = lane / 4,
- * t = lane % 4: a0 (row g, col t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t,
- * n g), b1 (k t + 4, n g); c0, c1 (row g, cols 2t, 2t + 1), c2, c3 (row g + 8, same cols).
- * Shared-memory row strides are padded so that the fragment loads are free of bank conflicts:
- * row-major A and n-major B read address row*ld + t (+ g*ld), which wants ld = 4 mod 32; k-major
- * B and transposed A read t*ld + g, which wants ld = 8 mod 32. */
+ * The same two passes, every product on the tensor cores; the state stays f32 in shared memory
+ * between chunks. The 3xTF32 pair keeps the FMA pair's f32 records; the tf32 pair writes fp16
+ * operand records (GH_*) for its own sequential kernel (gdn_seq_h_kernel). SPLIT = 0: operands
+ * rounded to tf32 (10-bit mantissa, relative 2^-11). SPLIT = 1: 3xTF32, x = hi + lo with hi =
+ * tf32(x), lo = tf32(x - hi), a b ~ hi*hi + hi*lo + lo*hi (the dropped lo*lo and the rounding of lo
+ * leave ~2^-21 relative: fp32-like products, 3x the mma). Fragment layout of m16n8k8.tf32 (PTX ISA,
+ * "Matrix Fragments for mma.m16n8k8"), g = lane / 4, t = lane % 4: a0 (row g, col t), a1 (g + 8,
+ * t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t, n g), b1 (k t + 4, n g); c0, c1 (row g, cols 2t,
+ * 2t + 1), c2, c3 (row g + 8, same cols). Shared-memory row strides are padded so that the fragment
+ * loads are free of bank conflicts: row-major A and n-major B read address row*ld + t (+ g*ld),
+ * which wants ld = 4 mod 32; k-major B and transposed A read t*ld + g, which wants ld = 8 mod 32.
+ */
 
 struct tc_frag_a {
     uint32_t h[4], l[4]; /* hi and (SPLIT) lo parts */
@@ -478,6 +526,19 @@ static __device__ __forceinline__ void tc_load_a(tc_frag_a &f, const float *A, i
     for (int e = 0; e < 4; e++) {
         int m = g + 8 * (e & 1), k = k0 + t + 4 * (e >> 1);
         tc_split<SPLIT>(f.h[e], f.l[e], AT ? A[k * ld + m] : A[m * ld + k]);
+    }
+}
+/* The same from an fp16 matrix (the tf32 record's operands): fp16 is exact in tf32, so the value
+ * widened to f32 is the operand, no rounding (SPLIT = 0 only). */
+template <int SPLIT, bool AT>
+static __device__ __forceinline__ void tc_load_a(tc_frag_a &f, const __half *A, int ld, int k0,
+                                                 int lane) {
+    static_assert(SPLIT == 0, "fp16 operands are for the tf32 kernels");
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int m = g + 8 * (e & 1), k = k0 + t + 4 * (e >> 1);
+        f.h[e] = __float_as_uint(__half2float(AT ? A[k * ld + m] : A[m * ld + k]));
     }
 }
 
@@ -533,7 +594,7 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
 
 /* A (strictly lower, into sA) and Aqk (into the record) from K K^T and q K^T. */
 template <int SPLIT>
-static __device__ __forceinline__ void tp_kk_qk(float *sA, float *rec, const float *sK,
+static __device__ __forceinline__ void tp_kk_qk(float *sA, const gc_rec &rec, const float *sK,
                                                 const float *sQ, const float *sG, const float *sB,
                                                 int warp, int lane) {
     const int mt = warp >> 1, nh = warp & 1, g = lane >> 2, t = lane & 3;
@@ -570,7 +631,7 @@ static __device__ __forceinline__ void tp_kk_qk(float *sA, float *rec, const flo
                 q2[e] = aq[nt][2 * r + e] * dec;
             }
             *(float2 *)(sA + i * TP_LDT + j) = make_float2(a2[0], a2[1]);
-            *(float2 *)(rec + GC_WS_AQK + i * GC_L + j) = make_float2(q2[0], q2[1]);
+            gc_put2<SPLIT>(rec.aqk, i * GC_L + j, q2[0], q2[1]);
         }
 }
 
@@ -589,7 +650,7 @@ static __device__ __forceinline__ void tc_load_b_rs(tc_frag_b &f, const float *B
 
 /* W = T' (k e^gc) and U = T' v into the record (k e^gc scaled as it loads: sK rows times sE). */
 template <int SPLIT>
-static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const float *sK,
+static __device__ __forceinline__ void tp_wu(const gc_rec &rec, const float *sA, const float *sK,
                                              const float *sE, const float *sV, int warp, int lane) {
     const int mt = warp & 3, nh = warp >> 2, g = lane >> 2, t = lane & 3;
     float aw[8][4], au[8][4];
@@ -614,10 +675,8 @@ static __device__ __forceinline__ void tp_wu(float *rec, const float *sA, const 
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int i = 16 * mt + g + 8 * r, n = 64 * nh + 8 * nt + 2 * t;
-            *(float2 *)(rec + GC_WS_W + i * GC_DK + n) =
-                make_float2(aw[nt][2 * r], aw[nt][2 * r + 1]);
-            *(float2 *)(rec + GC_WS_U + i * GC_DK + n) =
-                make_float2(au[nt][2 * r], au[nt][2 * r + 1]);
+            gc_put2<SPLIT>(rec.w, i * GC_DK + n, aw[nt][2 * r], aw[nt][2 * r + 1]);
+            *(float2 *)(rec.u + i * GC_DK + n) = make_float2(au[nt][2 * r], au[nt][2 * r + 1]);
         }
 }
 
@@ -632,10 +691,10 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = blockIdx.x, h = blockIdx.y, hk = h / (TL_GDN_N_V_HEAD / TL_GDN_N_K_HEAD);
     const int t0 = t_seg + c * GC_L;
-    float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
+    const gc_rec rec = gc_rec_at<SPLIT>(ws, (size_t)c * GC_NH + h);
 
     gc_load_qk(sQV, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
-    if (warp == 0) gc_scan_g(sG, sB, rec, g, beta, t0, T, h, lane);
+    if (warp == 0) gc_scan_g(sG, sB, rec.g, g, beta, t0, T, h, lane);
     __syncthreads();
     tp_kk_qk<SPLIT>(sA, rec, sK, sQV, sG, sB, warp, lane);
     __syncthreads();
@@ -648,10 +707,11 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
             float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
             float4 qv = *(const float4 *)(sQV + i * TP_LDK + 4 * lane);
             float4 kv = *(const float4 *)(sK + i * TP_LDK + 4 * lane);
-            *(float4 *)(rec + GC_WS_QG + i * GC_DK + 4 * lane) =
-                make_float4(qv.x * eq, qv.y * eq, qv.z * eq, qv.w * eq);
-            *(float4 *)(rec + GC_WS_KD + i * GC_DK + 4 * lane) =
-                make_float4(kv.x * ek, kv.y * ek, kv.z * ek, kv.w * ek);
+            const int e = i * GC_DK + 4 * lane;
+            gc_put2<SPLIT>(rec.qg, e, qv.x * eq, qv.y * eq);
+            gc_put2<SPLIT>(rec.qg, e + 2, qv.z * eq, qv.w * eq);
+            gc_put2<SPLIT>(rec.kd, e, kv.x * ek, kv.y * ek);
+            gc_put2<SPLIT>(rec.kd, e + 2, kv.z * ek, kv.w * ek);
             if (lane == 0) sE[i] = eq;
         }
         bar_sync_named(2, GC_THREADS - 64);
@@ -673,7 +733,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
     tp_wu<SPLIT>(rec, sA, sK, sE, sQV, warp, lane);
 }
 
-/* ====== Sequential pass on tensor cores ======
+/* ====== Sequential pass on tensor cores over f32 records (3xTF32: SPLIT = 1) ======
  * math: as gdn_seq_kernel: v_new = U - W S; o = Qg S + Aqk v_new; S = e^{gc_63} S + Kd^T v_new,
  *   each product by mma (W S, Qg S: [64x128] x [128x32]; Aqk v_new: [64x64] x [64x32], lower
  *   triangular, so row block r needs 16(r+1) columns; Kd^T v_new: [128x64] x [64x32]). The
@@ -756,9 +816,9 @@ static __device__ __forceinline__ void ts_state_io(float *sS, void *state, int h
 
 /* oo = Qg S and v_new = U - W S (in place of U) for the warp's tile: rows 16 mt.., columns
  * 16 nh.. of the slice. */
-template <int SPLIT>
-static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], const float *sW,
-                                                         const float *sQ, const float *sS,
+template <int SPLIT, class TA>
+static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], const TA *sW,
+                                                         const TA *sQ, int ldw, const float *sS,
                                                          float *sU, int mt, int nh, int lane) {
     const int g = lane >> 2, t = lane & 3;
     float vp[2][4];
@@ -769,8 +829,8 @@ static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], cons
 #pragma unroll 4
     for (int k0 = 0; k0 < GC_DK; k0 += 8) {
         tc_frag_a fw, fq;
-        tc_load_a<SPLIT, false>(fw, sW + 16 * mt * TS_LDW, TS_LDW, k0, lane);
-        tc_load_a<SPLIT, false>(fq, sQ + 16 * mt * TS_LDW, TS_LDW, k0, lane);
+        tc_load_a<SPLIT, false>(fw, sW + 16 * mt * ldw, ldw, k0, lane);
+        tc_load_a<SPLIT, false>(fq, sQ + 16 * mt * ldw, ldw, k0, lane);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             tc_frag_b fs;
@@ -792,12 +852,12 @@ static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], cons
 
 /* oo += Aqk v_new for the warp's tile (Aqk lower triangular: row block mt needs 16(mt+1)
  * columns). */
-template <int SPLIT>
-static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const float *sAqk, const float *sU,
-                                              int mt, int nh, int lane) {
+template <int SPLIT, class TA>
+static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const TA *sAqk, int lda,
+                                              const float *sU, int mt, int nh, int lane) {
     for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
         tc_frag_a fa;
-        tc_load_a<SPLIT, false>(fa, sAqk + 16 * mt * TS_LDA, TS_LDA, k0, lane);
+        tc_load_a<SPLIT, false>(fa, sAqk + 16 * mt * lda, lda, k0, lane);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             tc_frag_b fv;
@@ -808,8 +868,8 @@ static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const float *sA
 }
 
 /* S = e^{gc_63} S + Kd^T v_new on state rows 16 warp.. (all 32 columns of the slice). */
-template <int SPLIT>
-static __device__ __forceinline__ void ts_update(float *sS, const float *sK, const float *sU,
+template <int SPLIT, class TA>
+static __device__ __forceinline__ void ts_update(float *sS, const TA *sK, int ldk, const float *sU,
                                                  float egl, int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
     float acc[4][4];
@@ -820,7 +880,7 @@ static __device__ __forceinline__ void ts_update(float *sS, const float *sK, con
 #pragma unroll 2
     for (int k0 = 0; k0 < GC_L; k0 += 8) {
         tc_frag_a fk;
-        tc_load_a<SPLIT, true>(fk, sK + 16 * warp, TS_LDKD, k0, lane);
+        tc_load_a<SPLIT, true>(fk, sK + 16 * warp, ldk, k0, lane);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             tc_frag_b fv;
@@ -873,22 +933,107 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         cp_async_commit();
 
         float oo[2][4];
-        ts_state_products<SPLIT>(oo, buf + TS_BUF_W, sQ, sS, buf + TS_BUF_U, mt, nh, lane);
+        ts_state_products<SPLIT>(oo, buf + TS_BUF_W, sQ, TS_LDW, sS, buf + TS_BUF_U, mt, nh, lane);
         __syncthreads(); /* v_new complete; Q free */
         if (more) ts_fetch(sQ, TS_LDW, next + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
         cp_async_commit();
 
-        ts_aqk<SPLIT>(oo, buf + TS_BUF_AQK, buf + TS_BUF_U, mt, nh, lane);
+        ts_aqk<SPLIT>(oo, buf + TS_BUF_AQK, TS_LDA, buf + TS_BUF_U, mt, nh, lane);
         ts_store_o(o, oo, out_f32, t0, T, h, c0 + 16 * nh, mt, lane);
 
         cp_async_wait<2>(); /* K_c */
         __syncthreads();
-        ts_update<SPLIT>(sS, sK, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp, lane);
+        ts_update<SPLIT>(sS, sK, TS_LDKD, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp,
+                         lane);
         __syncthreads(); /* K free, S updated */
         if (more) ts_fetch(sK, TS_LDKD, next + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
         cp_async_commit();
     }
     cp_async_wait<0>();
+    ts_state_io(sS, state, h, c0, s_bf16, 1, tid);
+}
+
+/* ====== Sequential pass over the fp16 records (the tf32 pair) ======
+ * math: gdn_seq_tc_kernel's, the same products in the same order (W S, Qg S, Aqk v_new, Kd^T
+ *   v_new by mma.sync tf32; W, Aqk, Qg, Kd widened from fp16 exactly, S and v_new rounded to tf32
+ *   as there); the state slice stays f32 in shared memory.
+ * pipeline: a record is 88 KB, so shared memory holds two chunks' operands (W, Qg, Kd, Aqk, the U
+ *   slice, gc: 71 KB a buffer) and chunk c + 1's copies go out as one cp.async group at the start
+ *   of step c, a whole step before they are read (the f32 kernel's single Qg and Kd buffers gave
+ *   their copies half a step: ncu, session 19, a 2048-token launch 177 us at 31% of DRAM
+ *   bandwidth, latency-bound). Two barriers a step: chunk c landed and step c - 1 done (its
+ *   buffer free); v_new complete.
+ * threads, tiles: gdn_seq_tc_kernel's. reference: through tl_gpu_gdn_chunk against cpu_gdn_step
+ *   (tests/gpu/test_prefill_kernels.c). */
+#define TH_LDW       136 /* W, Qg rows, fp16 (row-major A): 68 words, 4 mod 32 */
+#define TH_LDA       72  /* Aqk rows, fp16 (row-major A): 36 words, 4 mod 32 */
+#define TH_LDKD      144 /* Kd rows, fp16 (transposed A): 72 words, 8 mod 32 */
+#define TH_W         0   /* byte offsets in a buffer */
+#define TH_QG        (TH_W + GC_L * TH_LDW * 2)
+#define TH_KD        (TH_QG + GC_L * TH_LDW * 2)
+#define TH_AQK       (TH_KD + GC_L * TH_LDKD * 2)
+#define TH_U         (TH_AQK + GC_L * TH_LDA * 2) /* f32 [64][TS_LDS] */
+#define TH_G         (TH_U + GC_L * TS_LDS * 4)
+#define TH_BUF_BYTES (TH_G + GC_L * 4)
+#define TH_OFF_BUF   (GC_DK * TS_LDS * 4) /* after the state slice */
+#define TH_SMEM      (TH_OFF_BUF + 2 * TH_BUF_BYTES)
+
+/* Copies (cp.async) rows x n16 16-byte pieces from src (row stride sld bytes) to dst (dld). */
+static __device__ __forceinline__ void th_fetch(char *dst, int dld, const char *src, int sld,
+                                                int rows, int n16, int tid) {
+    for (int i = tid; i < rows * n16; i += GC_THREADS) {
+        int r = i / n16, cc = i % n16;
+        cp_async16(dst + r * dld + 16 * cc, src + (size_t)r * sld + 16 * cc, 16);
+    }
+}
+
+/* One chunk's record (fp16 layout) into a buffer: W, Qg, Kd, Aqk, the U slice c0.., gc. */
+static __device__ __forceinline__ void th_fetch_chunk(char *buf, const char *rec, int c0, int tid) {
+    th_fetch(buf + TH_W, TH_LDW * 2, rec + GH_W, GC_DK * 2, GC_L, GC_DK / 8, tid);
+    th_fetch(buf + TH_QG, TH_LDW * 2, rec + GH_QG, GC_DK * 2, GC_L, GC_DK / 8, tid);
+    th_fetch(buf + TH_KD, TH_LDKD * 2, rec + GH_KD, GC_DK * 2, GC_L, GC_DK / 8, tid);
+    th_fetch(buf + TH_AQK, TH_LDA * 2, rec + GH_AQK, GC_L * 2, GC_L, GC_L / 8, tid);
+    th_fetch(buf + TH_U, TS_LDS * 4, rec + GH_U + c0 * 4, GC_DK * 4, GC_L, GC_DVB / 4, tid);
+    if (tid < GC_L / 4) cp_async16(buf + TH_G + 16 * tid, rec + GH_G + 16 * tid, 16);
+}
+
+__global__ void __launch_bounds__(GC_THREADS, 1)
+    gdn_seq_h_kernel(void *o, void *state, const void *ws, int t_seg, int n_chunks, int T,
+                     int flags) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ __align__(16) float th_smem[];
+    float *sS = th_smem;
+    char *bufs = (char *)th_smem + TH_OFF_BUF;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.y, c0 = blockIdx.x * GC_DVB;
+    const int mt = warp & 3, nh = warp >> 2; /* W S, Qg S, Aqk v_new tile */
+    const int out_f32 = flags & TL_GDN_OUT_F32, s_bf16 = flags & TL_GDN_STATE_BF16;
+    const char *rec0 = (const char *)ws + (size_t)h * GH_BYTES; /* chunk c: + c * rec_stride */
+    const size_t rec_stride = (size_t)GC_NH * GH_BYTES;
+
+    ts_state_io(sS, state, h, c0, s_bf16, 0, tid);
+    th_fetch_chunk(bufs, rec0, c0, tid);
+    cp_async_commit();
+    for (int c = 0; c < n_chunks; c++) {
+        char *buf = bufs + (c & 1) * TH_BUF_BYTES;
+        cp_async_wait<0>(); /* chunk c */
+        __syncthreads();    /* every thread's part of it; step c - 1 done, its buffer free */
+        if (c + 1 < n_chunks)
+            th_fetch_chunk(bufs + ((c + 1) & 1) * TH_BUF_BYTES, rec0 + (c + 1) * rec_stride, c0,
+                           tid);
+        cp_async_commit();
+        const __half *sW = (const __half *)(buf + TH_W), *sQ = (const __half *)(buf + TH_QG);
+        const __half *sK = (const __half *)(buf + TH_KD), *sA = (const __half *)(buf + TH_AQK);
+        float *sU = (float *)(buf + TH_U);
+        const float egl = expf(((const float *)(buf + TH_G))[GC_L - 1]);
+        float oo[2][4];
+        ts_state_products<0>(oo, sW, sQ, TH_LDW, sS, sU, mt, nh, lane);
+        __syncthreads(); /* v_new complete; every warp has read S */
+        ts_aqk<0>(oo, sA, TH_LDA, sU, mt, nh, lane);
+        ts_store_o(o, oo, out_f32, t_seg + c * GC_L, T, h, c0 + 16 * nh, mt, lane);
+        ts_update<0>(sS, sK, TH_LDKD, sU, egl, warp, lane);
+    }
+    __syncthreads(); /* every warp's last update */
     ts_state_io(sS, state, h, c0, s_bf16, 1, tid);
 }
 
@@ -947,8 +1092,8 @@ static int gdn_set_smem(void) {
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, TP_SMEM));
     CUDA_TRY(cudaFuncSetAttribute(gdn_prep_tc_kernel<1>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, TP_SMEM));
-    CUDA_TRY(cudaFuncSetAttribute(gdn_seq_tc_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  TS_SMEM));
+    CUDA_TRY(cudaFuncSetAttribute(gdn_seq_h_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  TH_SMEM));
     CUDA_TRY(cudaFuncSetAttribute(gdn_seq_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   TS_SMEM));
     return 0;
@@ -981,8 +1126,8 @@ extern "C" int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void 
         } else if (kern == TL_GDN_KERN_TF32) {
             TL_LAUNCH(st, "gdn_prep_tc", gdn_prep_tc_kernel<0>, prep_grid, dim3(GC_THREADS),
                       TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
-            TL_LAUNCH(st, "gdn_seq_tc", gdn_seq_tc_kernel<0>, seq_grid, dim3(GC_THREADS), TS_SMEM,
-                      o, state, cws, t_seg, n_chunks, T, flags);
+            TL_LAUNCH(st, "gdn_seq_h", gdn_seq_h_kernel, seq_grid, dim3(GC_THREADS), TH_SMEM, o,
+                      state, (const void *)ws, t_seg, n_chunks, T, flags);
         } else {
             TL_LAUNCH(st, "gdn_prep_3xtf32", gdn_prep_tc_kernel<1>, prep_grid, dim3(GC_THREADS),
                       TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
