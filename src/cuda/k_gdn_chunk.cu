@@ -814,11 +814,27 @@ static __device__ __forceinline__ void ts_state_io(float *sS, void *state, int h
     }
 }
 
-/* oo = Qg S and v_new = U - W S (in place of U) for the warp's tile: rows 16 mt.., columns
- * 16 nh.. of the slice. */
+/* The sequential kernels' B operands (S, v_new): with SPLIT = 0 (gdn_seq_h_kernel) they are
+ * stored already rounded to tf32 (ts_round: the state's rounded copy, v_new in place), so a
+ * fragment is their bits, no conversion at each of the ~4 loads of every value; with SPLIT = 1
+ * they are f32 and split as they load. The same operands either way. */
+template <int SPLIT>
+static __device__ __forceinline__ void ts_load_b(tc_frag_b &f, const float *B, int ld, int k0,
+                                                 int lane) {
+    if (SPLIT) return tc_load_b<SPLIT, false>(f, B, ld, k0, lane);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 2; e++) f.h[e] = __float_as_uint(B[(k0 + t + 4 * e) * ld + g]);
+}
+template <int SPLIT> static __device__ __forceinline__ float ts_round(float x) {
+    return SPLIT ? x : __uint_as_float(tf32_of(x));
+}
+
+/* oo = Qg S and v_new = U - W S (in place of U; ts_round) for the warp's tile: rows 16 mt..,
+ * columns 16 nh.. of the slice. sSb: S as the B operand (ts_load_b). */
 template <int SPLIT, class TA>
 static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], const TA *sW,
-                                                         const TA *sQ, int ldw, const float *sS,
+                                                         const TA *sQ, int ldw, const float *sSb,
                                                          float *sU, int mt, int nh, int lane) {
     const int g = lane >> 2, t = lane & 3;
     float vp[2][4];
@@ -834,7 +850,7 @@ static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], cons
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             tc_frag_b fs;
-            tc_load_b<SPLIT, false>(fs, sS + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            ts_load_b<SPLIT>(fs, sSb + 16 * nh + 8 * nt, TS_LDS, k0, lane);
             tc_mma<SPLIT>(vp[nt], fw, fs);
             tc_mma<SPLIT>(oo[nt], fq, fs);
         }
@@ -845,8 +861,8 @@ static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], cons
         for (int r = 0; r < 2; r++) {
             float2 *p = (float2 *)(sU + (16 * mt + g + 8 * r) * TS_LDS + 16 * nh + 8 * nt + 2 * t);
             float2 u = *p;
-            u.x -= vp[nt][2 * r], u.y -= vp[nt][2 * r + 1];
-            *p = u;
+            *p = make_float2(ts_round<SPLIT>(u.x - vp[nt][2 * r]),
+                             ts_round<SPLIT>(u.y - vp[nt][2 * r + 1]));
         }
 }
 
@@ -861,16 +877,17 @@ static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const TA *sAqk,
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             tc_frag_b fv;
-            tc_load_b<SPLIT, false>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            ts_load_b<SPLIT>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
             tc_mma<SPLIT>(oo[nt], fa, fv);
         }
     }
 }
 
-/* S = e^{gc_63} S + Kd^T v_new on state rows 16 warp.. (all 32 columns of the slice). */
+/* S = e^{gc_63} S + Kd^T v_new on state rows 16 warp.. (all 32 columns of the slice); with
+ * SPLIT = 0 also its tf32-rounded copy sSr (the products' B operand). */
 template <int SPLIT, class TA>
-static __device__ __forceinline__ void ts_update(float *sS, const TA *sK, int ldk, const float *sU,
-                                                 float egl, int warp, int lane) {
+static __device__ __forceinline__ void ts_update(float *sS, float *sSr, const TA *sK, int ldk,
+                                                 const float *sU, float egl, int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
     float acc[4][4];
 #pragma unroll
@@ -884,7 +901,7 @@ static __device__ __forceinline__ void ts_update(float *sS, const TA *sK, int ld
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             tc_frag_b fv;
-            tc_load_b<SPLIT, false>(fv, sU + 8 * nt, TS_LDS, k0, lane);
+            ts_load_b<SPLIT>(fv, sU + 8 * nt, TS_LDS, k0, lane);
             tc_mma<SPLIT>(acc[nt], fk, fv);
         }
     }
@@ -892,10 +909,11 @@ static __device__ __forceinline__ void ts_update(float *sS, const TA *sK, int ld
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float2 *p = (float2 *)(sS + (16 * warp + g + 8 * r) * TS_LDS + 8 * nt + 2 * t);
-            float2 s = *p;
+            const int i = (16 * warp + g + 8 * r) * TS_LDS + 8 * nt + 2 * t;
+            float2 s = *(float2 *)(sS + i);
             s.x = s.x * egl + acc[nt][2 * r], s.y = s.y * egl + acc[nt][2 * r + 1];
-            *p = s;
+            *(float2 *)(sS + i) = s;
+            if (!SPLIT) *(float2 *)(sSr + i) = make_float2(ts_round<0>(s.x), ts_round<0>(s.y));
         }
 }
 
@@ -943,7 +961,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
         cp_async_wait<2>(); /* K_c */
         __syncthreads();
-        ts_update<SPLIT>(sS, sK, TS_LDKD, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp,
+        ts_update<SPLIT>(sS, sS, sK, TS_LDKD, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp,
                          lane);
         __syncthreads(); /* K free, S updated */
         if (more) ts_fetch(sK, TS_LDKD, next + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
@@ -975,7 +993,8 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #define TH_U         (TH_AQK + GC_L * TH_LDA * 2) /* f32 [64][TS_LDS] */
 #define TH_G         (TH_U + GC_L * TS_LDS * 4)
 #define TH_BUF_BYTES (TH_G + GC_L * 4)
-#define TH_OFF_BUF   (GC_DK * TS_LDS * 4) /* after the state slice */
+#define TH_OFF_SR    (GC_DK * TS_LDS)         /* floats: the state's tf32 copy after it */
+#define TH_OFF_BUF   (2 * GC_DK * TS_LDS * 4) /* bytes: the buffers after both */
 #define TH_SMEM      (TH_OFF_BUF + 2 * TH_BUF_BYTES)
 
 /* Copies (cp.async) rows x n16 16-byte pieces from src (row stride sld bytes) to dst (dld). */
@@ -1002,7 +1021,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                      int flags) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float th_smem[];
-    float *sS = th_smem;
+    float *sS = th_smem, *sSr = th_smem + TH_OFF_SR;
     char *bufs = (char *)th_smem + TH_OFF_BUF;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.y, c0 = blockIdx.x * GC_DVB;
@@ -1012,6 +1031,10 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     const size_t rec_stride = (size_t)GC_NH * GH_BYTES;
 
     ts_state_io(sS, state, h, c0, s_bf16, 0, tid);
+    for (int i = tid; i < GC_DK * GC_DVB; i += GC_THREADS) { /* ts_state_io's elements */
+        int e = (i / GC_DVB) * TS_LDS + i % GC_DVB;
+        sSr[e] = ts_round<0>(sS[e]);
+    }
     th_fetch_chunk(bufs, rec0, c0, tid);
     cp_async_commit();
     for (int c = 0; c < n_chunks; c++) {
@@ -1027,11 +1050,11 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         float *sU = (float *)(buf + TH_U);
         const float egl = expf(((const float *)(buf + TH_G))[GC_L - 1]);
         float oo[2][4];
-        ts_state_products<0>(oo, sW, sQ, TH_LDW, sS, sU, mt, nh, lane);
+        ts_state_products<0>(oo, sW, sQ, TH_LDW, sSr, sU, mt, nh, lane);
         __syncthreads(); /* v_new complete; every warp has read S */
         ts_aqk<0>(oo, sA, TH_LDA, sU, mt, nh, lane);
         ts_store_o(o, oo, out_f32, t_seg + c * GC_L, T, h, c0 + 16 * nh, mt, lane);
-        ts_update<0>(sS, sK, TH_LDKD, sU, egl, warp, lane);
+        ts_update<0>(sS, sSr, sK, TH_LDKD, sU, egl, warp, lane);
     }
     __syncthreads(); /* every warp's last update */
     ts_state_io(sS, state, h, c0, s_bf16, 1, tid);
