@@ -29,7 +29,7 @@
 #   kbench    dev/kernels/prefill_bench (build/cuda/dev/prefill_bench, built beforehand): every
 #             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
 #   ab        the staged binaries against each other (tools/stage_gpu.sh; BINS="base new ..." names
-#             .gpu/NAME/tulip, default "base new"): decode batches of $AB_BATCHES (default 64 256)
+#             .gpu/NAME/tulip, default "base new"): decode batches of $AB_BATCHES (default 64 256; empty: none)
 #             at context 1K, the binaries alternated for $AB_ROUNDS rounds (default 2), ms a step;
 #             then prefill of $AB_PREFILL_BINS (default: $BINS; empty: none) at $AB_LENGTHS
 #             (default 1024,4096,16384; one repeat), tok/s. One line per binary and
@@ -125,7 +125,7 @@ print(" ".join(f"{r[k]:.3f}" if k == "gen_ms_per_step" else f"{r[k]:.0f}" for r 
             echo "failed: $(tail -1 /tmp/ab.err)"
         fi
     }
-    for b in ${AB_BATCHES:-64 256}; do
+    for b in ${AB_BATCHES-64 256}; do
         for round in $(seq 1 "${AB_ROUNDS:-2}"); do
             for n in ${BINS:-base new}; do
                 v=$(ab_run "$n" gen_ms_per_step --batch "$b" --lengths 1024 --gen 32 --repeats 1)
