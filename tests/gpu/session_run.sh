@@ -29,8 +29,9 @@
 #   kbench    dev/kernels/prefill_bench (build/cuda/dev/prefill_bench, built beforehand): every
 #             prefill kernel at production shapes, each GEMM tile forced in turn (wgr included)
 #   ab        the staged binaries against each other (tools/stage_gpu.sh; BINS="base new ..." names
-#             .gpu/NAME/tulip, default "base new"): decode batches of $AB_BATCHES (default 64 256; empty: none)
-#             at context 1K, the binaries alternated for $AB_ROUNDS rounds (default 2), ms a step;
+#             .gpu/NAME/tulip, default "base new"): decode batches of $AB_BATCHES (default 64 256;
+#             empty: none) at context 1K, the binaries alternated for $AB_ROUNDS rounds (default
+#             2), ms a step;
 #             then prefill of $AB_PREFILL_BINS (default: $BINS; empty: none) at $AB_LENGTHS
 #             (default 1024,4096,16384; one repeat), tok/s. One line per binary and
 #             measurement (a failed run: "failed: " and its error), all in $OUT/ab.txt
