@@ -589,8 +589,7 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
 #define TP_OFF_A  (TP_OFF_QV + GC_L * TP_LDV)
 #define TP_OFF_G  (TP_OFF_A + GC_L * TP_LDT)
 #define TP_OFF_B  (TP_OFF_G + GC_L)
-#define TP_OFF_E  (TP_OFF_B + GC_L)       /* e^gc */
-#define TP_SMEM   ((TP_OFF_E + GC_L) * 4) /* 87 KB: two blocks an SM */
+#define TP_SMEM   ((TP_OFF_B + GC_L) * 4) /* 87 KB: two blocks an SM */
 
 /* A (strictly lower, into sA) and Aqk (into the record) from K K^T and q K^T. */
 template <int SPLIT>
@@ -635,23 +634,31 @@ static __device__ __forceinline__ void tp_kk_qk(float *sA, const gc_rec &rec, co
         }
 }
 
-/* B fragment of the 8x8 block at row k0 of B(k, n) = B[k * ld + n] * sc[k] (k-major rows scaled
- * as they load: the f32 product is rounded to the operand, as a scaled copy would be). */
+/* B operands stored already rounded (SPLIT = 0): the prep's k e^gc and v, the sequential
+ * kernels' S (a rounded copy beside it) and v_new (in place) are written through tc_round, so a
+ * fragment is their bits, with no conversion at each of the several loads of every value; with
+ * SPLIT = 1 they are f32 and split as they load. The same operands either way. */
 template <int SPLIT>
-static __device__ __forceinline__ void tc_load_b_rs(tc_frag_b &f, const float *B, int ld,
-                                                    const float *sc, int k0, int lane) {
+static __device__ __forceinline__ void tc_load_b_r(tc_frag_b &f, const float *B, int ld, int k0,
+                                                   int lane) {
+    if (SPLIT) return tc_load_b<SPLIT, false>(f, B, ld, k0, lane);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
-        int k = k0 + t + 4 * e;
-        tc_split<SPLIT>(f.h[e], f.l[e], B[k * ld + g] * sc[k]);
-    }
+    for (int e = 0; e < 2; e++) f.h[e] = __float_as_uint(B[(k0 + t + 4 * e) * ld + g]);
+}
+template <int SPLIT> static __device__ __forceinline__ float tc_round(float x) {
+    return SPLIT ? x : __uint_as_float(tf32_of(x));
+}
+template <int SPLIT> static __device__ __forceinline__ float4 tc_round4(float4 v) {
+    return make_float4(tc_round<SPLIT>(v.x), tc_round<SPLIT>(v.y), tc_round<SPLIT>(v.z),
+                       tc_round<SPLIT>(v.w));
 }
 
-/* W = T' (k e^gc) and U = T' v into the record (k e^gc scaled as it loads: sK rows times sE). */
+/* W = T' (k e^gc) and U = T' v into the record (sKg: k e^gc, in place of k; both B operands
+ * stored through tc_round). */
 template <int SPLIT>
-static __device__ __forceinline__ void tp_wu(const gc_rec &rec, const float *sA, const float *sK,
-                                             const float *sE, const float *sV, int warp, int lane) {
+static __device__ __forceinline__ void tp_wu(const gc_rec &rec, const float *sA, const float *sKg,
+                                             const float *sV, int warp, int lane) {
     const int mt = warp & 3, nh = warp >> 2, g = lane >> 2, t = lane & 3;
     float aw[8][4], au[8][4];
 #pragma unroll
@@ -664,8 +671,8 @@ static __device__ __forceinline__ void tp_wu(const gc_rec &rec, const float *sA,
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
             tc_frag_b fk, fv;
-            tc_load_b_rs<SPLIT>(fk, sK + 64 * nh + 8 * nt, TP_LDK, sE, k0, lane);
-            tc_load_b<SPLIT, false>(fv, sV + 64 * nh + 8 * nt, TP_LDV, k0, lane);
+            tc_load_b_r<SPLIT>(fk, sKg + 64 * nh + 8 * nt, TP_LDK, k0, lane);
+            tc_load_b_r<SPLIT>(fv, sV + 64 * nh + 8 * nt, TP_LDV, k0, lane);
             tc_mma<SPLIT>(aw[nt], ft, fk);
             tc_mma<SPLIT>(au[nt], ft, fv);
         }
@@ -687,7 +694,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float tp_smem[];
     float *sK = tp_smem + TP_OFF_K, *sQV = tp_smem + TP_OFF_QV, *sA = tp_smem + TP_OFF_A;
-    float *sG = tp_smem + TP_OFF_G, *sB = tp_smem + TP_OFF_B, *sE = tp_smem + TP_OFF_E;
+    float *sG = tp_smem + TP_OFF_G, *sB = tp_smem + TP_OFF_B;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = blockIdx.x, h = blockIdx.y, hk = h / (TL_GDN_N_V_HEAD / TL_GDN_N_K_HEAD);
     const int t0 = t_seg + c * GC_L;
@@ -712,7 +719,8 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
             gc_put2<SPLIT>(rec.qg, e + 2, qv.z * eq, qv.w * eq);
             gc_put2<SPLIT>(rec.kd, e, kv.x * ek, kv.y * ek);
             gc_put2<SPLIT>(rec.kd, e + 2, kv.z * ek, kv.w * ek);
-            if (lane == 0) sE[i] = eq;
+            *(float4 *)(sK + i * TP_LDK + 4 * lane) =
+                tc_round4<SPLIT>(make_float4(kv.x * eq, kv.y * eq, kv.z * eq, kv.w * eq));
         }
         bar_sync_named(2, GC_THREADS - 64);
         float4 vv[11]; /* rows warp - 2 + 6 u: every load issued before the first store */
@@ -726,11 +734,11 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
 #pragma unroll
         for (int u = 0; u < 11; u++) {
             int i = warp - 2 + 6 * u;
-            if (i < GC_L) *(float4 *)(sQV + i * TP_LDV + 4 * lane) = vv[u];
+            if (i < GC_L) *(float4 *)(sQV + i * TP_LDV + 4 * lane) = tc_round4<SPLIT>(vv[u]);
         }
     }
     __syncthreads();
-    tp_wu<SPLIT>(rec, sA, sK, sE, sQV, warp, lane);
+    tp_wu<SPLIT>(rec, sA, sK, sQV, warp, lane);
 }
 
 /* ====== Sequential pass on tensor cores over f32 records (3xTF32: SPLIT = 1) ======
@@ -814,24 +822,8 @@ static __device__ __forceinline__ void ts_state_io(float *sS, void *state, int h
     }
 }
 
-/* The sequential kernels' B operands (S, v_new): with SPLIT = 0 (gdn_seq_h_kernel) they are
- * stored already rounded to tf32 (ts_round: the state's rounded copy, v_new in place), so a
- * fragment is their bits, no conversion at each of the ~4 loads of every value; with SPLIT = 1
- * they are f32 and split as they load. The same operands either way. */
-template <int SPLIT>
-static __device__ __forceinline__ void ts_load_b(tc_frag_b &f, const float *B, int ld, int k0,
-                                                 int lane) {
-    if (SPLIT) return tc_load_b<SPLIT, false>(f, B, ld, k0, lane);
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int e = 0; e < 2; e++) f.h[e] = __float_as_uint(B[(k0 + t + 4 * e) * ld + g]);
-}
-template <int SPLIT> static __device__ __forceinline__ float ts_round(float x) {
-    return SPLIT ? x : __uint_as_float(tf32_of(x));
-}
-
-/* oo = Qg S and v_new = U - W S (in place of U; ts_round) for the warp's tile: rows 16 mt..,
- * columns 16 nh.. of the slice. sSb: S as the B operand (ts_load_b). */
+/* oo = Qg S and v_new = U - W S (in place of U; tc_round) for the warp's tile: rows 16 mt..,
+ * columns 16 nh.. of the slice. sSb: S as the B operand (tc_load_b_r). */
 template <int SPLIT, class TA>
 static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], const TA *sW,
                                                          const TA *sQ, int ldw, const float *sSb,
@@ -850,7 +842,7 @@ static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], cons
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             tc_frag_b fs;
-            ts_load_b<SPLIT>(fs, sSb + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            tc_load_b_r<SPLIT>(fs, sSb + 16 * nh + 8 * nt, TS_LDS, k0, lane);
             tc_mma<SPLIT>(vp[nt], fw, fs);
             tc_mma<SPLIT>(oo[nt], fq, fs);
         }
@@ -861,8 +853,8 @@ static __device__ __forceinline__ void ts_state_products(float (&oo)[2][4], cons
         for (int r = 0; r < 2; r++) {
             float2 *p = (float2 *)(sU + (16 * mt + g + 8 * r) * TS_LDS + 16 * nh + 8 * nt + 2 * t);
             float2 u = *p;
-            *p = make_float2(ts_round<SPLIT>(u.x - vp[nt][2 * r]),
-                             ts_round<SPLIT>(u.y - vp[nt][2 * r + 1]));
+            *p = make_float2(tc_round<SPLIT>(u.x - vp[nt][2 * r]),
+                             tc_round<SPLIT>(u.y - vp[nt][2 * r + 1]));
         }
 }
 
@@ -877,7 +869,7 @@ static __device__ __forceinline__ void ts_aqk(float (&oo)[2][4], const TA *sAqk,
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             tc_frag_b fv;
-            ts_load_b<SPLIT>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
+            tc_load_b_r<SPLIT>(fv, sU + 16 * nh + 8 * nt, TS_LDS, k0, lane);
             tc_mma<SPLIT>(oo[nt], fa, fv);
         }
     }
@@ -901,7 +893,7 @@ static __device__ __forceinline__ void ts_update(float *sS, float *sSr, const TA
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             tc_frag_b fv;
-            ts_load_b<SPLIT>(fv, sU + 8 * nt, TS_LDS, k0, lane);
+            tc_load_b_r<SPLIT>(fv, sU + 8 * nt, TS_LDS, k0, lane);
             tc_mma<SPLIT>(acc[nt], fk, fv);
         }
     }
@@ -913,7 +905,7 @@ static __device__ __forceinline__ void ts_update(float *sS, float *sSr, const TA
             float2 s = *(float2 *)(sS + i);
             s.x = s.x * egl + acc[nt][2 * r], s.y = s.y * egl + acc[nt][2 * r + 1];
             *(float2 *)(sS + i) = s;
-            if (!SPLIT) *(float2 *)(sSr + i) = make_float2(ts_round<0>(s.x), ts_round<0>(s.y));
+            if (!SPLIT) *(float2 *)(sSr + i) = make_float2(tc_round<0>(s.x), tc_round<0>(s.y));
         }
 }
 
@@ -1039,7 +1031,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     ts_state_io(sS, state, h, c0, s_bf16, 0, tid);
     for (int i = tid; i < GC_DK * GC_DVB; i += GC_THREADS) { /* ts_state_io's elements */
         int e = (i / GC_DVB) * TS_LDS + i % GC_DVB;
-        sSr[e] = ts_round<0>(sS[e]);
+        sSr[e] = tc_round<0>(sS[e]);
     }
     th_fetch_chunk(bufs, rec0, c0, tid);
     cp_async_commit();
