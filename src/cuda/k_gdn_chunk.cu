@@ -160,8 +160,9 @@ static __device__ __forceinline__ void gc_scan_g(float *sG, float *sB, float *rg
  * independently; A rows are read as warp-wide broadcasts and x[] stays in registers (fully
  * unrolled); x[i] = 0 for i <= j falls out of the recurrence without masking. Each row's sum runs
  * in NACC interleaved partial sums (m mod NACC), so the dependent chain is i / NACC long instead
- * of i (1: gdn_prep_kernel's order, kept as it was). The caller synchronises before and after. */
-template <int NACC>
+ * of i (1: gdn_prep_kernel's order, kept as it was). TF32: the output stored rounded to tf32 (the
+ * tf32 prep's A operand, tc_load_a_r). The caller synchronises before and after. */
+template <int NACC, int TF32>
 static __device__ __forceinline__ void gc_solve_T(float *sA, int ld, const float *sB, int tid) {
     if (tid >= GC_L) return;
     const int j = tid;
@@ -183,7 +184,10 @@ static __device__ __forceinline__ void gc_solve_T(float *sA, int ld, const float
     bar_sync_named(1, 64);
     float bj = sB[j];
 #pragma unroll
-    for (int i = 0; i < GC_L; i++) sA[i * ld + j] = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+    for (int i = 0; i < GC_L; i++) {
+        float v = (x[i] + (i == j ? 1.f : 0.f)) * bj;
+        sA[i * ld + j] = TF32 ? __uint_as_float(tf32_of(v)) : v;
+    }
 }
 
 /* ====== Prep: chunk-local WY matrices, parallel over (chunk, head). ======
@@ -276,7 +280,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     }
     __syncthreads();
 
-    gc_solve_T<1>(sA, GC_L, sB, tid);
+    gc_solve_T<1, 0>(sA, GC_L, sB, tid);
     __syncthreads();
 
     /* W = (T beta)(k e^gc), U = (T beta) v: rows i = 8w+u, columns lane + 32c */
@@ -646,6 +650,16 @@ static __device__ __forceinline__ void tc_load_b_r(tc_frag_b &f, const float *B,
 #pragma unroll
     for (int e = 0; e < 2; e++) f.h[e] = __float_as_uint(B[(k0 + t + 4 * e) * ld + g]);
 }
+/* The same for a row-major A operand (the prep's T', stored rounded by gc_solve_T). */
+template <int SPLIT>
+static __device__ __forceinline__ void tc_load_a_r(tc_frag_a &f, const float *A, int ld, int k0,
+                                                   int lane) {
+    if (SPLIT) return tc_load_a<SPLIT, false>(f, A, ld, k0, lane);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        f.h[e] = __float_as_uint(A[(g + 8 * (e & 1)) * ld + k0 + t + 4 * (e >> 1)]);
+}
 template <int SPLIT> static __device__ __forceinline__ float tc_round(float x) {
     return SPLIT ? x : __uint_as_float(tf32_of(x));
 }
@@ -667,7 +681,7 @@ static __device__ __forceinline__ void tp_wu(const gc_rec &rec, const float *sA,
         for (int e = 0; e < 4; e++) aw[nt][e] = au[nt][e] = 0.f;
     for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
         tc_frag_a ft;
-        tc_load_a<SPLIT, false>(ft, sA + 16 * mt * TP_LDT, TP_LDT, k0, lane);
+        tc_load_a_r<SPLIT>(ft, sA + 16 * mt * TP_LDT, TP_LDT, k0, lane);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
             tc_frag_b fk, fv;
@@ -706,7 +720,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
     tp_kk_qk<SPLIT>(sA, rec, sK, sQV, sG, sB, warp, lane);
     __syncthreads();
     if (warp < 2) {
-        gc_solve_T<4>(sA, TP_LDT, sB, tid);
+        gc_solve_T<4, !SPLIT>(sA, TP_LDT, sB, tid);
     } else {
         /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), e^gc (W's
          * row scales), then v over q (q's last reader is this loop) */
