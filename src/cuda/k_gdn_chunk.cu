@@ -575,10 +575,11 @@ static __device__ __forceinline__ void tc_mma(float (&d)[4], const tc_frag_a &a,
  * [64x128, k = 64] with T' = (T + I) diag(beta), by mma; T itself by the fp32 forward
  * substitution of gc_solve_T (64 independent columns, 4 partial sums per row; a blocked mma
  * solve is not done) on warps 0-1 while warps 2-7 write Qg, Kd and e^gc, then load v over q.
- *   Shared memory holds k, q-then-v, A / T' and the gates (87 KB): two blocks an SM, so one
- *   block's loads and solve overlap the other's products (k e^gc is scaled as W's operand loads,
- *   the same f32 products a scaled copy held; v loads during the solve instead of up front).
- * shapes: as gdn_prep_kernel; the same workspace record.
+ *   Shared memory holds k (then k e^gc over it), q-then-v, A / T' and the gates (87 KB): two
+ *   blocks an SM, so one block's loads and solve overlap the other's products; v loads during
+ *   the solve instead of up front. k e^gc, v and T' are stored as the W / U products' operands
+ *   (tc_round: tf32 bits with SPLIT = 0), so those loops load no conversions.
+ * shapes: as gdn_prep_kernel; the record of gc_rec_at (fp16 operands with SPLIT = 0).
  * threads: block = (chunk, value head), 256 threads. K K^T, q K^T: warp w owns rows 16(w/2)..
  *   and columns 32(w%2).. (warps 1 and 3 hold only zeros above the diagonal and skip the mma).
  *   W, U: warp w owns rows 16(w%4).. and columns 64(w/4)..; T' is lower triangular, so row block
@@ -722,8 +723,8 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
     if (warp < 2) {
         gc_solve_T<4, !SPLIT>(sA, TP_LDT, sB, tid);
     } else {
-        /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), e^gc (W's
-         * row scales), then v over q (q's last reader is this loop) */
+        /* meanwhile warps 2..7: Qg = q e^gc, Kd = k e^{gc_63 - gc} (to the record), k e^gc over
+         * k (each warp its own rows), then v over q (q's last reader is this loop) */
         for (int i = warp - 2; i < GC_L; i += 6) {
             float eq = expf(sG[i]), ek = expf(sG[GC_L - 1] - sG[i]);
             float4 qv = *(const float4 *)(sQV + i * TP_LDK + 4 * lane);
