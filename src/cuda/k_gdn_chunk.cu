@@ -784,13 +784,26 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
 #define TS_BUF_FLOATS (TS_BUF_G + GC_L)
 #define TS_SMEM       ((TS_OFF_BUF + 2 * TS_BUF_FLOATS) * 4)
 
-/* Copies (cp.async) rows x 4*n4 floats from src (row stride sld) to dst (row stride dld). */
-static __device__ __forceinline__ void ts_fetch(float *dst, int dld, const float *src, int sld,
-                                                int rows, int n4, int tid) {
-    for (int i = tid; i < rows * n4; i += GC_THREADS) {
-        int r = i / n4, cc = i % n4;
-        cp_async16(dst + r * dld + 4 * cc, src + (size_t)r * sld + 4 * cc, 16);
-    }
+/* Copies (cp.async) ROWS x N16 16-byte pieces from src (row stride SLD bytes) to dst (DLD): each
+ * thread its ROWS * N16 / GC_THREADS pieces at constant strides (no loop, no division: the
+ * generic loop with a thread-dependent trip count was ~20% of gdn_seq_h's stall samples). Both
+ * tensor-core sequential kernels copy through it. */
+template <int ROWS, int N16, int DLD, int SLD>
+static __device__ __forceinline__ void gc_fetch(char *dst, const char *src, int tid) {
+    static_assert((ROWS * N16) % GC_THREADS == 0 && GC_THREADS % N16 == 0, "whole passes");
+    constexpr int RSTEP = GC_THREADS / N16; /* rows a pass */
+    const int r = tid / N16, cc = tid % N16;
+    dst += r * DLD + 16 * cc;
+    src += (size_t)r * SLD + 16 * cc;
+#pragma unroll
+    for (int j = 0; j < ROWS * N16 / GC_THREADS; j++)
+        cp_async16(dst + j * RSTEP * DLD, src + (size_t)j * RSTEP * SLD, 16);
+}
+
+/* 64 rows of COLS floats, row strides DLD / SLD floats (gc_fetch). */
+template <int COLS, int DLD, int SLD>
+static __device__ __forceinline__ void ts_fetch(float *dst, const float *src, int tid) {
+    gc_fetch<GC_L, COLS / 4, DLD * 4, SLD * 4>((char *)dst, (const char *)src, tid);
 }
 
 /* The output tile of one warp: rows 16 mt.., columns c0 + 16 nh.. (2 n-tiles), o f32 or bf16. */
@@ -813,9 +826,9 @@ static __device__ __forceinline__ void ts_store_o(void *o, const float (&oo)[2][
 
 /* W, Aqk, the U slice (columns c0..c0+31) and gc of one chunk record into a buffer. */
 static __device__ __forceinline__ void ts_fetch_buf(float *buf, const float *rec, int c0, int tid) {
-    ts_fetch(buf + TS_BUF_W, TS_LDW, rec + GC_WS_W, GC_DK, GC_L, GC_DK / 4, tid);
-    ts_fetch(buf + TS_BUF_AQK, TS_LDA, rec + GC_WS_AQK, GC_L, GC_L, GC_L / 4, tid);
-    ts_fetch(buf + TS_BUF_U, TS_LDS, rec + GC_WS_U + c0, GC_DK, GC_L, GC_DVB / 4, tid);
+    ts_fetch<GC_DK, TS_LDW, GC_DK>(buf + TS_BUF_W, rec + GC_WS_W, tid);
+    ts_fetch<GC_L, TS_LDA, GC_L>(buf + TS_BUF_AQK, rec + GC_WS_AQK, tid);
+    ts_fetch<GC_DVB, TS_LDS, GC_DK>(buf + TS_BUF_U, rec + GC_WS_U + c0, tid);
     if (tid < GC_L / 4) cp_async16(buf + TS_BUF_G + 4 * tid, rec + GC_WS_G + 4 * tid, 16);
 }
 
@@ -943,9 +956,9 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
      * Q_{c+1}, K_{c+1} (empty past the end). */
     ts_fetch_buf(ts_smem + TS_OFF_BUF, rec0, c0, tid);
     cp_async_commit();
-    ts_fetch(sQ, TS_LDW, rec0 + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
+    ts_fetch<GC_DK, TS_LDW, GC_DK>(sQ, rec0 + GC_WS_QG, tid);
     cp_async_commit();
-    ts_fetch(sK, TS_LDKD, rec0 + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
+    ts_fetch<GC_DK, TS_LDKD, GC_DK>(sK, rec0 + GC_WS_KD, tid);
     cp_async_commit();
 
     for (int c = 0; c < n_chunks; c++) {
@@ -960,7 +973,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         float oo[2][4];
         ts_state_products<SPLIT>(oo, buf + TS_BUF_W, sQ, TS_LDW, sS, buf + TS_BUF_U, mt, nh, lane);
         __syncthreads(); /* v_new complete; Q free */
-        if (more) ts_fetch(sQ, TS_LDW, next + GC_WS_QG, GC_DK, GC_L, GC_DK / 4, tid);
+        if (more) ts_fetch<GC_DK, TS_LDW, GC_DK>(sQ, next + GC_WS_QG, tid);
         cp_async_commit();
 
         ts_aqk<SPLIT>(oo, buf + TS_BUF_AQK, TS_LDA, buf + TS_BUF_U, mt, nh, lane);
@@ -971,7 +984,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         ts_update<SPLIT>(sS, sS, sK, TS_LDKD, buf + TS_BUF_U, expf(buf[TS_BUF_G + GC_L - 1]), warp,
                          lane);
         __syncthreads(); /* K free, S updated */
-        if (more) ts_fetch(sK, TS_LDKD, next + GC_WS_KD, GC_DK, GC_L, GC_DK / 4, tid);
+        if (more) ts_fetch<GC_DK, TS_LDKD, GC_DK>(sK, next + GC_WS_KD, tid);
         cp_async_commit();
     }
     cp_async_wait<0>();
@@ -1004,28 +1017,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #define TH_OFF_BUF   (2 * GC_DK * TS_LDS * 4) /* bytes: the buffers after both */
 #define TH_SMEM      (TH_OFF_BUF + 2 * TH_BUF_BYTES)
 
-/* Copies (cp.async) ROWS x N16 16-byte pieces from src (row stride SLD bytes) to dst (DLD): each
- * thread its ROWS * N16 / GC_THREADS pieces at constant strides (no loop, no division: the
- * generic loop with a thread-dependent trip count was ~20% of the kernel's stall samples). */
-template <int ROWS, int N16, int DLD, int SLD>
-static __device__ __forceinline__ void th_fetch(char *dst, const char *src, int tid) {
-    static_assert((ROWS * N16) % GC_THREADS == 0 && GC_THREADS % N16 == 0, "whole passes");
-    constexpr int RSTEP = GC_THREADS / N16; /* rows a pass */
-    const int r = tid / N16, cc = tid % N16;
-    dst += r * DLD + 16 * cc;
-    src += (size_t)r * SLD + 16 * cc;
-#pragma unroll
-    for (int j = 0; j < ROWS * N16 / GC_THREADS; j++)
-        cp_async16(dst + j * RSTEP * DLD, src + (size_t)j * RSTEP * SLD, 16);
-}
-
 /* One chunk's record (fp16 layout) into a buffer: W, Qg, Kd, Aqk, the U slice c0.., gc. */
 static __device__ __forceinline__ void th_fetch_chunk(char *buf, const char *rec, int c0, int tid) {
-    th_fetch<GC_L, GC_DK / 8, TH_LDW * 2, GC_DK * 2>(buf + TH_W, rec + GH_W, tid);
-    th_fetch<GC_L, GC_DK / 8, TH_LDW * 2, GC_DK * 2>(buf + TH_QG, rec + GH_QG, tid);
-    th_fetch<GC_L, GC_DK / 8, TH_LDKD * 2, GC_DK * 2>(buf + TH_KD, rec + GH_KD, tid);
-    th_fetch<GC_L, GC_L / 8, TH_LDA * 2, GC_L * 2>(buf + TH_AQK, rec + GH_AQK, tid);
-    th_fetch<GC_L, GC_DVB / 4, TS_LDS * 4, GC_DK * 4>(buf + TH_U, rec + GH_U + c0 * 4, tid);
+    gc_fetch<GC_L, GC_DK / 8, TH_LDW * 2, GC_DK * 2>(buf + TH_W, rec + GH_W, tid);
+    gc_fetch<GC_L, GC_DK / 8, TH_LDW * 2, GC_DK * 2>(buf + TH_QG, rec + GH_QG, tid);
+    gc_fetch<GC_L, GC_DK / 8, TH_LDKD * 2, GC_DK * 2>(buf + TH_KD, rec + GH_KD, tid);
+    gc_fetch<GC_L, GC_L / 8, TH_LDA * 2, GC_L * 2>(buf + TH_AQK, rec + GH_AQK, tid);
+    gc_fetch<GC_L, GC_DVB / 4, TS_LDS * 4, GC_DK * 4>(buf + TH_U, rec + GH_U + c0 * 4, tid);
     if (tid < GC_L / 4) cp_async16(buf + TH_G + 16 * tid, rec + GH_G + 16 * tid, 16);
 }
 
