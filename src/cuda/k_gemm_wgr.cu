@@ -53,8 +53,9 @@ template <int WGS, int NTM = WR_NT> struct wr_cfg {
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
     static constexpr int OUT_BYTES = NTM * (BN + 4) * 4;
     static constexpr int SMEM =
-        (WR_STAGES * STAGE_BYTES > OUT_BYTES ? WR_STAGES * STAGE_BYTES : OUT_BYTES) +
-        1024; /* + alignment slack */
+        (WR_STAGES * STAGE_BYTES > OUT_BYTES + NTM * 4 ? WR_STAGES * STAGE_BYTES
+                                                       : OUT_BYTES + NTM * 4) +
+        1024; /* + the output rows (wr_epilogue's srow) + alignment slack */
 };
 
 /* A warp's packed words for one stage: words wl (rows g) and wu (rows g + 8) of the two 32-column
@@ -139,9 +140,27 @@ static __device__ __forceinline__ void wr_cluster_reduce(const gemm_args &p, con
     cluster_sync(); /* no block leaves while another reads its tile */
 }
 
+/* The stores of a full block (NCOL output columns, every one inside y; no split-K workspace):
+ * thread tid keeps column pair c = 2 (tid % PAIRS) and walks tokens tid / PAIRS, + THREADS /
+ * PAIRS, ..., each token's output row read from srow (its scatter row, filled before the
+ * epilogue's barrier): compile-time strides, no division and no plan lookup a pair. A warp
+ * stores 32 adjacent pairs of one token row. */
+template <int NCOL, int THREADS>
+static __device__ __forceinline__ void wr_store_full(const gemm_args &p, const float *so,
+                                                     const int *srow, int c0, int ntok, int tid) {
+    constexpr int PAIRS = NCOL / 2, STEP = THREADS / PAIRS, LDS = NCOL + 4;
+    static_assert(THREADS % PAIRS == 0, "whole token rows a round");
+    const int c = 2 * (tid % PAIRS);
+    for (int tok = tid / PAIRS; tok < ntok; tok += STEP) {
+        const float2 v = *(const float2 *)(so + tok * LDS + c);
+        gm_store2(p, (size_t)srow[tok] * p.ldy + c0 + c, v.x, v.y);
+    }
+}
+
 /* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. tid: the
  * thread among the C::THREADS that hold accumulators (warp tid / 32 owns rows 16 (tid / 32) ..);
- * sync: their barrier. */
+ * sync: their barrier. The tile's output rows (srow, after the tile) are looked up once, before
+ * the barrier. */
 template <int WGS, int NT, class Sync>
 static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&acc)[NT / 2],
                                                    float *so, const int32_t *perm, int m0,
@@ -152,6 +171,8 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     const int split = gridDim.z > 1;
     const int swiglu = !split && (p.flags & TL_GEMM_SWIGLU), ncol = swiglu ? C::BN / 2 : C::BN;
     const int lds = ncol + 4, r0 = warp * 16;
+    const int ntok = min(m_end - m0, NT);
+    int *srow = (int *)(so + NT * lds);
 #pragma unroll
     for (int j = 0; j < NT / 8; j++)
 #pragma unroll
@@ -164,12 +185,17 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
                 row[r0 + 8 + g] = acc[4 * j + 2 + e];
             }
         }
+    if (tid < ntok) srow[tid] = p.mode == GM_MOE_SCATTER ? gm_asg(p, perm, m0 + tid) : m0 + tid;
     sync();
-    if (split && !p.ws) return wr_cluster_reduce<WGS>(p, so, lds, m0, min(m_end - m0, NT), tid);
+    if (split && !p.ws) return wr_cluster_reduce<WGS>(p, so, lds, m0, ntok, tid);
     const int c0 = swiglu ? blockIdx.x * C::BN / 2 : blockIdx.x * C::BN;
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
-    const int ntok = min(m_end - m0, NT), pairs = min(ncol, nout - c0) / 2;
+    const int pairs = min(ncol, nout - c0) / 2;
     float *wz = p.ws ? p.ws + (size_t)blockIdx.z * p.M * p.N : NULL; /* dense only */
+    if (!wz && 2 * pairs == ncol) {
+        if (swiglu) return wr_store_full<C::BN / 2, C::THREADS>(p, so, srow, c0, ntok, tid);
+        return wr_store_full<C::BN, C::THREADS>(p, so, srow, c0, ntok, tid);
+    }
     for (int i = tid; i < ntok * pairs; i += C::THREADS) {
         int tok = i / pairs, c = 2 * (i % pairs), m = m0 + tok;
         if (wz) {
@@ -177,8 +203,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
                 make_float2(so[tok * lds + c], so[tok * lds + c + 1]);
             continue;
         }
-        size_t orow = (size_t)(p.mode == GM_MOE_SCATTER ? gm_asg(p, perm, m) : m) * p.ldy;
-        gm_store2(p, orow + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
+        gm_store2(p, (size_t)srow[tok] * p.ldy + c0 + c, so[tok * lds + c], so[tok * lds + c + 1]);
     }
 }
 
