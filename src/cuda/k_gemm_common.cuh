@@ -24,9 +24,8 @@ typedef struct gemm_args {
     long long w_estride;  /* bytes between experts' w */
     long long sb_estride; /* u32 words between experts' sb */
     float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
-    int n_sh;     /* MoE: 0, or the tokens whose shared expert (expert 256 of w) runs as plan rows
-                   * M .. M + n_sh - 1 after the routed ones (gm_tile, gm_asg) */
-    int pdl_trig; /* the wgr kernel: pdl_trigger() after the block's wait (TL_WGR_TRIGGER) */
+    int n_sh; /* MoE: 0, or the tokens whose shared expert (expert 256 of w) runs as plan rows
+               * M .. M + n_sh - 1 after the routed ones (gm_tile, gm_asg) */
 } gemm_args;
 
 /* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of

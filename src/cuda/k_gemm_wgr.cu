@@ -287,7 +287,6 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     for (int s = 0; s < S - 1; s++)
         if (s < KT) cs.wn(smem + s * C::STAGE_BYTES, tid);
     if (p.mode == GM_DENSE) pdl_wait();
-    if (p.pdl_trig) pdl_trigger(); /* after this block's wait (the MoE's: in gemm_wgr_kernel) */
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < KT) cs.xn(smem + s * C::STAGE_BYTES, tid);
@@ -390,23 +389,8 @@ int cb_wgr_nt(int wgs) {
     return wgs == 2 ? nt : 128;
 }
 
-/* TL_WGR_TRIGGER=1: every block lets the next kernel launch once it has waited for its own
- * inputs (pdl_trigger), so that kernel's blocks take the SMs this grid's last wave leaves idle
- * and run up to their own wait; else the next kernel launches as this one's blocks exit. */
-static int wgr_trigger_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TL_WGR_TRIGGER");
-        on = e && atoi(e) == 1;
-    }
-    return on;
-}
-
-int cb_gemm_wgr(const gemm_args *p0, int wgs, int nt, int tiles, int ksplit,
+int cb_gemm_wgr(const gemm_args *p, int wgs, int nt, int tiles, int ksplit,
                 const tl_gpu_stream *st) {
-    gemm_args pa = *p0;
-    const gemm_args *p = &pa;
-    pa.pdl_trig = wgr_trigger_on();
     if (wgs == 2)
         return nt == 160 ? launch_gemm_wgr<2, 160>(p, tiles, ksplit, st)
                          : launch_gemm_wgr<2, 128>(p, tiles, ksplit, st);
