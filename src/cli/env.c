@@ -80,9 +80,6 @@ static const env_switch env_switches[] = {
     {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
      "0: the mma.sync / wgmma tiles"},
-    {"TL_WGR_NT=160", ENGINE_CMDS,
-     "CUDA: the two-warpgroup wgr kernel's token tiles of up to 160 tokens instead of 128 (an "
-     "expert of 129..160 tokens dequantizes its weights once; A/B)"},
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},

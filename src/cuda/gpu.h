@@ -397,7 +397,7 @@ int tl_gpu_moe_set_slice(int on);
 /* Prefill (grouped GEMM over the 256 experts):
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's
  *    top-k ids [n_tok, 8] (i32). plan (i32, tl_gpu_moe_pf_plan_ints(n_tok) entries) holds
- *    expert offsets off[257], the tile starts of 128-, 64-, 16- and 160-row tiles [257] each, then
+ *    expert offsets off[257], the tile starts of 128-, 64- and 16-row tiles [257] each, then
  *    perm[n_tok*8] (assignment ids grouped by expert, in any order inside an expert) and the
  *    plan kernels' scratch (PLAN_* below; read by the grouped GEMMs, k_gemm.cuh).
  * 2. tl_gpu_moe_pf_gate_up: h[n_tok*8, F] bf16 = silu(x W_g^T) * (x W_u^T) per assignment, rows in
@@ -417,8 +417,7 @@ int tl_gpu_moe_set_slice(int on);
 #define PLAN_TS128 257
 #define PLAN_TS64  514
 #define PLAN_TS16  771
-#define PLAN_TS160 1028
-#define PLAN_PERM  1285
+#define PLAN_PERM  1028
 size_t tl_gpu_moe_pf_plan_ints(int n_tok);
 int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, const tl_gpu_stream *st);
 int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,

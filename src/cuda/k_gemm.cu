@@ -940,20 +940,17 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.mode = GM_DENSE;
     static int dense_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n) : 0;
-    if (wgs) {
-        int nt = cb_wgr_nt(wgs);
-        return cb_gemm_wgr(&p, wgs, nt, (n + nt - 1) / nt, 1, st);
-    }
+    if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
     int ws_ok = ks == 1 || (st && st->ws && tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes);
     /* a decode batch's dense 4-bit product: the wgr kernel (weights dequantized once per block
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
     if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
         dense_dec_wgr_on()) {
-        int nt = cb_wgr_nt(2);
-        if (ks > 1 && splitk_cluster_on()) return cb_gemm_wgr(&p, 2, nt, (n + nt - 1) / nt, ks, st);
+        if (ks > 1 && splitk_cluster_on())
+            return cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st);
         if (ks > 1) p.ws = st->ws;
-        TRY(cb_gemm_wgr(&p, 2, nt, (n + nt - 1) / nt, ks, st));
+        TRY(cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st));
         return ks > 1 ? splitk_reduce(&p, ks, st) : 0;
     }
     int tile = gemm_pick_tile(n, w->rows, w->cols, w->bits), bm = tile_bm(tile);
@@ -1004,7 +1001,7 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
-    if (wgs) return cb_gemm_wgr(&p, wgs, cb_wgr_nt(wgs), moe_max_tiles(&p, cb_wgr_nt(wgs)), 1, st);
+    if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     return gemm_launch(&p, w->bits, tile, moe_max_tiles(&p, tile_bm(tile)), st);

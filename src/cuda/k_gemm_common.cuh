@@ -47,10 +47,7 @@ static __device__ __forceinline__ bool gm_tile(const gemm_args &p, const uint8_t
         return true;
     }
     const int32_t *off = p.plan + PLAN_OFF;
-    const int32_t *ts = p.plan + (BM == 160   ? PLAN_TS160
-                                  : BM == 128 ? PLAN_TS128
-                                  : BM == 64  ? PLAN_TS64
-                                              : PLAN_TS16);
+    const int32_t *ts = p.plan + (BM == 128 ? PLAN_TS128 : BM == 64 ? PLAN_TS64 : PLAN_TS16);
     *perm = p.plan + PLAN_PERM;
     const int tile = blockIdx.y, n_routed = ts[256];
     if (tile >= n_routed) { /* past the routed tiles: the shared expert's, if it runs here */
@@ -139,11 +136,9 @@ template <auto Kern> static int gm_smem_limit(int bytes, bool max_carveout = fal
 }
 
 /* The wgr kernel (k_gemm_wgr.cu) with wgs (2 or 4) warpgroups over `tiles` token tiles (grid y;
- * nt tokens each, or the MoE plan's nt-row tiles; nt from cb_wgr_nt(wgs): 128 or 160), K split
- * ksplit ways (dense only, p->ws set when ksplit > 1: raw partials for gemm_splitk_reduce). */
+ * WR_NT tokens each, or the MoE plan's 128-row tiles), K split ksplit ways (dense only, p->ws set
+ * when ksplit > 1: raw partials for gemm_splitk_reduce). */
 #define WR_NT 128
-int cb_wgr_nt(int wgs);
-int cb_gemm_wgr(const gemm_args *p, int wgs, int nt, int tiles, int ksplit,
-                const tl_gpu_stream *st);
+int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st);
 
 #endif

@@ -762,13 +762,12 @@ static __device__ __forceinline__ void plan_place(int32_t *plan, int *cur, const
     }
 }
 
-/* The five prefixes of the counts c (thread e < 256) into the plan; returns e's offset. */
+/* The four prefixes of the counts c (thread e < 256) into the plan; returns e's offset. */
 static __device__ __forceinline__ int plan_prefixes(int32_t *plan, int c, int *sw) {
     int o = plan_prefix(plan, PLAN_OFF, c, sw);
     plan_prefix(plan, PLAN_TS128, (c + 127) / 128, sw);
     plan_prefix(plan, PLAN_TS64, (c + 63) / 64, sw);
     plan_prefix(plan, PLAN_TS16, (c + 15) / 16, sw);
-    plan_prefix(plan, PLAN_TS160, (c + 159) / 160, sw);
     return o;
 }
 
