@@ -80,6 +80,9 @@ static const env_switch env_switches[] = {
     {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
      "0: the mma.sync / wgmma tiles"},
+    {"TL_WGR_DENSE_STORE=0", ENGINE_CMDS,
+     "CUDA: the wgr GEMM's dense products store through the per-pair loop, only the MoE's "
+     "through the strided full-block store (A/B)"},
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},

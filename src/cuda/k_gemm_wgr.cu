@@ -52,8 +52,8 @@ template <int WGS> struct wr_cfg {
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
     static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
     static constexpr int SMEM =
-        (WR_STAGES * STAGE_BYTES > OUT_BYTES + NTM * 4 ? WR_STAGES * STAGE_BYTES
-                                                       : OUT_BYTES + NTM * 4) +
+        (WR_STAGES * STAGE_BYTES > OUT_BYTES + WR_NT * 4 ? WR_STAGES * STAGE_BYTES
+                                                         : OUT_BYTES + WR_NT * 4) +
         1024; /* + the output rows (wr_epilogue's srow) + alignment slack */
 };
 
@@ -191,7 +191,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
     const int pairs = min(ncol, nout - c0) / 2;
     float *wz = p.ws ? p.ws + (size_t)blockIdx.z * p.M * p.N : NULL; /* dense only */
-    if (!wz && 2 * pairs == ncol) {
+    if (!wz && 2 * pairs == ncol && (p.mode != GM_DENSE || p.wr_dense_full)) {
         if (swiglu) return wr_store_full<C::BN / 2, C::THREADS>(p, so, srow, c0, ntok, tid);
         return wr_store_full<C::BN, C::THREADS>(p, so, srow, c0, ntok, tid);
     }
@@ -374,7 +374,20 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
     return 0;
 }
 
-int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
-    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
-                    : launch_gemm_wgr<4>(p, tiles, ksplit, st);
+/* TL_WGR_DENSE_STORE=0: dense products store through the per-pair loop (wr_epilogue), only the
+ * MoE's through wr_store_full (A/B). Read once. */
+static int wr_dense_full_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TL_WGR_DENSE_STORE");
+        on = !(e && atoi(e) == 0);
+    }
+    return on;
+}
+
+int cb_gemm_wgr(const gemm_args *p0, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
+    gemm_args p = *p0;
+    p.wr_dense_full = wr_dense_full_on();
+    return wgs == 2 ? launch_gemm_wgr<2>(&p, tiles, ksplit, st)
+                    : launch_gemm_wgr<4>(&p, tiles, ksplit, st);
 }
