@@ -33,15 +33,18 @@
  *   for mask and exponent: 127 -> 89 M instructions on that LM head (232 -> 183 us), prefill
  *   +10-12%, decode batches 8 / 64 / 256 -5.5% / -2.3% / -1.1% a step (H100).
  * epilogue: accumulators -> f32 tile [token][row] in shared memory (row stride 4 floats past the
- *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced); with
- *   split-K (dense products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of
- *   K go to the workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay
- *   in shared memory and the tile's cluster sums them (wr_cluster_reduce).
- * PDL: a dense product requests its first weight stages before waiting for the previous kernel
- *   (gm_prologue's order); the MoE waits first (its plan comes from the previous kernel).
- * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
- * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
- *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
+ *   width: the 32 lanes' writes hit 32 banks) -> gm_store2 along output rows (coalesced): a full
+ *   block by wr_store_full (a thread keeps one column pair and walks the tokens at a compile-time
+ *   stride; the tile's output rows looked up once: the per-pair division and plan lookup it
+ *   replaced cost more than the MoE down-projection's 8-stage main loop); with split-K (dense
+ * products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of K go to the
+ * workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay in shared memory
+ * and the tile's cluster sums them (wr_cluster_reduce). PDL: a dense product requests its first
+ * weight stages before waiting for the previous kernel (gm_prologue's order); the MoE waits first
+ * (its plan comes from the previous kernel). bytes: per block W of its 64 WGS rows once, the tile's
+ * tokens once (from L2); Y written once. reference: cpu_matmul through the MoE plan
+ * (tests/gpu/test_prefill_kernels.c, tiles 6 and 7); the host emulator (dev/emu/gemm_emu.sh)
+ * against a double product. */
 #define WR_STAGES 4
 /* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (WR_NT tokens
  * x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
