@@ -37,14 +37,14 @@
  *   block by wr_store_full (a thread keeps one column pair and walks the tokens at a compile-time
  *   stride; the tile's output rows looked up once: the per-pair division and plan lookup it
  *   replaced cost more than the MoE down-projection's 8-stage main loop); with split-K (dense
- * products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of K go to the
- * workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay in shared memory
- * and the tile's cluster sums them (wr_cluster_reduce). PDL: a dense product requests its first
- * weight stages before waiting for the previous kernel (gm_prologue's order); the MoE waits first
- * (its plan comes from the previous kernel). bytes: per block W of its 64 WGS rows once, the tile's
- * tokens once (from L2); Y written once. reference: cpu_matmul through the MoE plan
- * (tests/gpu/test_prefill_kernels.c, tiles 6 and 7); the host emulator (dev/emu/gemm_emu.sh)
- * against a double product. */
+ *   products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of K go to the
+ *   workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay in shared
+ *   memory and the tile's cluster sums them (wr_cluster_reduce).
+ * PDL: a dense product requests its first weight stages before waiting for the previous kernel
+ *   (gm_prologue's order); the MoE waits first (its plan comes from the previous kernel).
+ * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
+ * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
+ *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
 /* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (WR_NT tokens
  * x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
