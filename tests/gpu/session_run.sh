@@ -4,7 +4,7 @@
 # (tools/gpu_deps.sh). Logs go under $OUT; a short summary goes to stdout. Steps, each optional:
 #   tests     bash tests/run.sh --gpu, then compute-sanitizer memcheck on test_gpu_e2e --quick, then
 #             the tests of the defaults' A/B alternatives (TL_SAMPLE_VEC=0, TL_Q4W_WIDE=0,
-#             TL_GEMM_SPLITK_CLUSTER=0, TL_MOE_COMBINE_NORM=0)
+#             TL_GEMM_SPLITK_CLUSTER=0, TL_MOE_COMBINE_NORM=0, TL_WGR_DENSE_STORE=0)
 #   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit) on the
 #             seeds $HF_SEEDS (default 1; issue 13's yardstick: 1,2,3,5,7,11,13,21 with HF_S=600)
 #   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3: sampled with
@@ -163,6 +163,12 @@ if has tests; then
     TL_MOE_COMBINE_NORM=0 T_ONLY=prefill timeout 150 build/cuda/tests/test_gpu_e2e \
         >>"$O/alt.txt" 2>&1
     echo "TL_MOE_COMBINE_NORM=0 prefill e2e rc=$? $(tail -1 "$O/alt.txt")"
+    TL_WGR_DENSE_STORE=0 T_ONLY=test_gemm timeout 150 build/cuda/tests/test_prefill_kernels \
+        >>"$O/alt.txt" 2>&1
+    echo "TL_WGR_DENSE_STORE=0 GEMM tests rc=$? $(tail -1 "$O/alt.txt")"
+    TL_WGR_DENSE_STORE=0 T_ONLY=tc_decode_batched timeout 150 build/cuda/tests/test_gpu_e2e \
+        >>"$O/alt.txt" 2>&1
+    echo "TL_WGR_DENSE_STORE=0 batched == alone rc=$? $(tail -1 "$O/alt.txt")"
 fi
 if has hf; then
     echo "== hf_fullwidth"
