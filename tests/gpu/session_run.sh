@@ -147,28 +147,20 @@ if has tests; then
     timeout "${MEMCHECK_S:-180}" compute-sanitizer --tool memcheck --error-exitcode 9 \
         build/cuda/tests/test_gpu_e2e --quick >"$O/memcheck.txt" 2>&1
     echo "memcheck rc=$? $(grep 'ERROR SUMMARY' "$O/memcheck.txt")"
-    # the A/B alternatives of the defaults keep their tests: the scalar sampler part loop, the
-    # narrow q4w MoE GEMM (batched == alone)
-    TL_SAMPLE_VEC=0 T_ONLY=sample timeout 120 build/cuda/tests/test_kernels >"$O/alt.txt" 2>&1
-    echo "TL_SAMPLE_VEC=0 sampler tests rc=$? $(tail -1 "$O/alt.txt")"
-    TL_Q4W_WIDE=0 T_ONLY=tc_decode_batched timeout 150 build/cuda/tests/test_gpu_e2e \
-        >>"$O/alt.txt" 2>&1
-    echo "TL_Q4W_WIDE=0 batched == alone rc=$? $(tail -1 "$O/alt.txt")"
-    TL_GEMM_SPLITK_CLUSTER=0 T_ONLY=test_gemm_splitk timeout 120 \
-        build/cuda/tests/test_prefill_kernels >>"$O/alt.txt" 2>&1
-    echo "TL_GEMM_SPLITK_CLUSTER=0 split-K products rc=$? $(tail -1 "$O/alt.txt")"
-    TL_MOE_COMBINE_NORM=0 T_ONLY=tc_decode_batched timeout 150 build/cuda/tests/test_gpu_e2e \
-        >>"$O/alt.txt" 2>&1
-    echo "TL_MOE_COMBINE_NORM=0 batched == alone rc=$? $(tail -1 "$O/alt.txt")"
-    TL_MOE_COMBINE_NORM=0 T_ONLY=prefill timeout 150 build/cuda/tests/test_gpu_e2e \
-        >>"$O/alt.txt" 2>&1
-    echo "TL_MOE_COMBINE_NORM=0 prefill e2e rc=$? $(tail -1 "$O/alt.txt")"
-    TL_WGR_DENSE_STORE=0 T_ONLY=test_gemm timeout 150 build/cuda/tests/test_prefill_kernels \
-        >>"$O/alt.txt" 2>&1
-    echo "TL_WGR_DENSE_STORE=0 GEMM tests rc=$? $(tail -1 "$O/alt.txt")"
-    TL_WGR_DENSE_STORE=0 T_ONLY=tc_decode_batched timeout 150 build/cuda/tests/test_gpu_e2e \
-        >>"$O/alt.txt" 2>&1
-    echo "TL_WGR_DENSE_STORE=0 batched == alone rc=$? $(tail -1 "$O/alt.txt")"
+    # the A/B alternatives of the defaults keep their tests: alt SWITCH T_ONLY BINARY SECONDS WHAT
+    # runs build/cuda/tests/BINARY with SWITCH set, its output appended to $O/alt.txt
+    : >"$O/alt.txt"
+    alt() {
+        env "$1" T_ONLY="$2" timeout "$4" "build/cuda/tests/$3" >>"$O/alt.txt" 2>&1
+        echo "$1 $5 rc=$? $(tail -1 "$O/alt.txt")"
+    }
+    alt TL_SAMPLE_VEC=0 sample test_kernels 120 "sampler tests"
+    alt TL_Q4W_WIDE=0 tc_decode_batched test_gpu_e2e 150 "batched == alone"
+    alt TL_GEMM_SPLITK_CLUSTER=0 test_gemm_splitk test_prefill_kernels 120 "split-K products"
+    alt TL_MOE_COMBINE_NORM=0 tc_decode_batched test_gpu_e2e 150 "batched == alone"
+    alt TL_MOE_COMBINE_NORM=0 prefill test_gpu_e2e 150 "prefill e2e"
+    alt TL_WGR_DENSE_STORE=0 test_gemm test_prefill_kernels 150 "GEMM tests"
+    alt TL_WGR_DENSE_STORE=0 tc_decode_batched test_gpu_e2e 150 "batched == alone"
 fi
 if has hf; then
     echo "== hf_fullwidth"
