@@ -83,6 +83,12 @@ typedef struct tl_engine_params {
  * On failure *out is NULL and err names the file, tensor and field at fault. */
 int tl_engine_open(tl_engine **out, const tl_engine_params *p, char *err, size_t errlen);
 void tl_engine_close(tl_engine *e);
+/* Runs throw-away sequences through tl_engine_step (prefills of 640 and 256 tokens, each with
+ * two decode steps after it, sampled, drafting when speculation is on) so that one-time costs
+ * (the CUDA runtime loading each kernel at its first launch, decode graphs captured at first
+ * use) are paid here and not by the first request. Needs a free session slot; leaves every slot
+ * as it was and the speculation counters unchanged. */
+int tl_engine_warm_up(tl_engine *e, char *err, size_t errlen);
 const struct tl_config *tl_engine_config(const tl_engine *e);
 tl_backend_kind tl_engine_backend(const tl_engine *e);
 int tl_engine_max_ctx(const tl_engine *e);

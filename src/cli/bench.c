@@ -37,6 +37,7 @@ typedef struct bench_opts {
     int random, bits, gen, repeats, json, prof, allow_test, ops, greedy, batch, max_seqs;
     int context;    /* tokens each sequence holds before its timed prompt (--context) */
     int together;   /* --prefill-together: the B prompts in one timed step */
+    int no_warmup;  /* --no-warmup: the first timed prefill pays the one-time costs */
     int state_bf16; /* --state-dtype bf16 */
     int backend, threads, prof_prefill, range, spec; /* range: 0, BENCH_RANGE_PREFILL or _DECODE */
     uint64_t seed;
@@ -134,6 +135,9 @@ static int bench_parse(bench_opts *o, int argc, char **argv) {
                    "sequence slots the engine opens (default: --batch)"),
         TL_OPT_INT("speculative-tokens", 0, &o->spec, "K", 0, TL_MAX_SPEC,
                    "MTP draft tokens verified per step (default 0: off)"),
+        TL_OPT_FLAG("no-warmup", 0, &o->no_warmup,
+                    "CUDA: no warm-up sequences before the timed ones (the first prefill then "
+                    "pays the kernels' first launches)"),
         TL_OPT_FLAG("greedy", 0, &o->greedy,
                     "argmax, no penalties (default: the server's default sampling)"),
         TL_OPT_INT("repeats", 0, &o->repeats, "N", 1, BENCH_MAX_REPEATS,
@@ -324,6 +328,14 @@ static int bench_open_engine(bench_state *bs) {
     t_open = tl_time_s() - t_open;
     bs->b = tl_engine_backend_impl(bs->e);
     bs->cuda = tl_engine_backend(bs->e) == TL_BACKEND_CUDA;
+    if (bs->cuda && !o->no_warmup) { /* as tulip serve does before its first request */
+        double t_w = tl_time_s();
+        if (tl_engine_warm_up(bs->e, bs->err, sizeof bs->err)) {
+            fprintf(stderr, "tulip bench: warm-up: %s\n", bs->err);
+            return 1;
+        }
+        fprintf(stderr, "tulip bench: warm-up %.2f s\n", tl_time_s() - t_w);
+    }
     bs->cfg = tl_engine_config(bs->e);
     if (tl_engine_max_ctx(bs->e) < need_ctx) { /* the engine caps it at max_position_embeddings */
         fprintf(stderr,

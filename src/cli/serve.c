@@ -137,6 +137,9 @@ static int serve_parse(serve_opts *o, int argc, char **argv) {
                       "CUDA: Gated DeltaNet state precision (default fp32)"),
         TL_OPT_DOUBLE("prefix-cache-gb", 0, &p->prefix_cache_gb, "GB", 0, 1e6,
                       "prefix cache snapshot budget in GiB (default: 1/8 of free GPU memory)"),
+        TL_OPT_FLAG("no-warmup", 0, &p->no_warmup,
+                    "CUDA: start without warm-up sequences (the first request then pays the "
+                    "kernels' first launches)"),
         TL_OPT_FLAG("no-prefix-cache", 0, &p->no_prefix_cache,
                     "do not reuse prompt prefixes across requests"),
         TL_OPT_INT("prefix-snap-every", 0, &p->snap_every, "N", 64, 1 << 30,

@@ -247,6 +247,51 @@ void tl_engine_close(tl_engine *e) {
     free(e);
 }
 
+/* ====== Warm-up: the first steps' one-time costs paid before the first request. ====== */
+
+/* One throw-away sequence of n prompt tokens: the prefill (sampled with penalties on), then two
+ * decode steps (the second may draft, as a sequence that sampled before does). */
+static int warm_seq(tl_engine *e, int n, char *err, size_t errlen) {
+    tl_session *s;
+    int rc = tl_session_open(e, &s, err, errlen);
+    if (rc) return rc;
+    int32_t *tok = xmalloc((size_t)n * sizeof *tok);
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)((i * 7919L + 11) % e->n_sample_vocab);
+    tl_sample_params sp = {.temperature = 1.0f,
+                           .top_k = 20,
+                           .top_p = 0.95f,
+                           .presence_penalty = 1.5f,
+                           .repetition_penalty = 1.0f,
+                           .seed = 1};
+    tl_sample_out out[1 + TL_MAX_SPEC];
+    tl_batch_entry b = {.sess = s, .tokens = tok, .n_tok = n, .sample = &sp, .out = out};
+    for (int step = 0; step < 3 && !rc; step++) {
+        rc = tl_engine_step(e, &b, 1, err, errlen);
+        if (rc || out[b.n_out - 1].token < 0) break;
+        tok[0] = out[b.n_out - 1].token;
+        b.n_tok = 1;
+        b.spec_max = e->spec_k;
+        if (s->n_tokens + 2 + e->spec_k > e->max_ctx) break; /* a tiny context */
+    }
+    free(tok);
+    int rc2 = tl_session_close(s);
+    return rc ? rc : rc2 ? tl_errf(err, errlen, rc2, "warm-up: the slot did not reset") : 0;
+}
+
+int tl_engine_warm_up(tl_engine *e, char *err, size_t errlen) {
+    if (!e) return tl_errf(err, errlen, TL_ERR_INVALID, "no engine");
+    /* 640: the prefill kernels of long prompts (from 512 tokens), 256: those of short ones */
+    static const int lens[] = {640, 256};
+    tl_spec_stats keep = e->spec;
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        int n = TL_MIN(lens[i], e->max_ctx - 4);
+        if (n > 0) rc = warm_seq(e, n, err, errlen);
+    }
+    e->spec = keep; /* /metrics counts users' drafts only */
+    return rc;
+}
+
 const struct tl_config *tl_engine_config(const tl_engine *e) { return &e->cfg; }
 tl_backend_kind tl_engine_backend(const tl_engine *e) {
     return strcmp(e->be->name, "cpu") ? TL_BACKEND_CUDA : TL_BACKEND_CPU;

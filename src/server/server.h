@@ -54,6 +54,7 @@ typedef struct tl_server_params {
      * off */
     double prefix_cache_gb;
     int no_prefix_cache;
+    int no_warmup;   /* CUDA: skip tl_engine_warm_up at start */
     int spec_tokens; /* speculative decoding draft tokens (docs/architecture.md §3.6; 0: off) */
 } tl_server_params;
 

@@ -488,11 +488,54 @@ static void test_cache_pressure(void) {
     tl_engine_close(e0);
 }
 
+/* tl_engine_warm_up (what tulip serve and bench run first on CUDA): on an engine with
+ * speculation it returns 0, leaves no page held, every slot free and the counters at zero, and
+ * the sessions after it emit exactly what an engine without the warm-up emits (greedy, K = 2). */
+static void test_warm_up(void) {
+    make_prompts();
+    char err[256];
+    static const int NP[2] = {16, 9}, NG[2] = {NGEN, 23};
+    tl_sample_params sp[2] = {GREEDY, GREEDY};
+    sp[1].presence_penalty = 0.7f;
+    gen ref[2], g[2];
+    tl_engine *e0 = open_engine(MODEL, 2, MAXS, -1), *e = open_engine(MODEL, 2, MAXS, -1);
+    CHECK(e0 && e);
+    if (!e0 || !e) return;
+    tl_kv_stats k0, k1;
+    CHECK_EQ_INT(tl_engine_kv_stats(e, &k0), 0);
+    CHECK_EQ_INT(tl_engine_warm_up(e, err, sizeof err), 0);
+    CHECK_EQ_INT(tl_engine_kv_stats(e, &k1), 0);
+    CHECK_EQ_INT(k1.pages_free, k0.pages_free);
+    CHECK_EQ_INT(k1.pages_free, k1.pages_total);
+    tl_spec_stats st;
+    CHECK_EQ_INT(tl_engine_spec_stats(e, &st), 0);
+    CHECK_EQ_INT((int)st.drafts, 0);
+    CHECK_EQ_INT((int)st.drafted, 0);
+    tl_session *s[MAXS], *extra;
+    for (int i = 0; i < MAXS; i++) CHECK_EQ_INT(tl_session_open(e, &s[i], err, sizeof err), 0);
+    CHECK_EQ_INT(tl_session_open(e, &extra, err, sizeof err), TL_ERR_BUSY);
+    for (int i = 0; i < MAXS; i++) tl_session_close(s[i]);
+    for (int i = 0; i < 2; i++) {
+        gen_init(e0, &ref[i], i, NP[i], NG[i], &sp[i]);
+        gen_init(e, &g[i], i, NP[i], NG[i], &sp[i]);
+    }
+    CHECK_EQ_INT(run_all(e0, ref, 2, 0), 0);
+    CHECK_EQ_INT(run_all(e, g, 2, 0), 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK(!memcmp(g[i].tok, ref[i].tok, sizeof(int32_t) * NG[i]));
+        CHECK(!memcmp(g[i].lp, ref[i].lp, sizeof(float) * NG[i]));
+        tl_session_close(ref[i].s), tl_session_close(g[i].s);
+    }
+    tl_engine_close(e0);
+    tl_engine_close(e);
+}
+
 int main(void) {
     T_RUN(test_greedy_exact);
     T_RUN(test_sampling_law);
     T_RUN(test_off_and_limits);
     T_RUN(test_prefix_cache_hit);
     T_RUN(test_cache_pressure);
+    T_RUN(test_warm_up);
     return t_summary();
 }
