@@ -80,17 +80,15 @@ static const env_switch env_switches[] = {
     {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
      "0: the mma.sync / wgmma tiles"},
-    {"TL_WGR_DENSE_STORE=0", ENGINE_CMDS,
-     "CUDA: the wgr GEMM's dense products store through the per-pair loop, only the MoE's "
-     "through the strided full-block store (A/B)"},
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},
-    {"TL_ATTN_WG=0", ENGINE_CMDS,
-     "CUDA: prefill attention on the mma.sync kernel instead of the wgmma one (A/B)"},
+    {"TL_ATTN_WG=0|2", ENGINE_CMDS,
+     "CUDA: prefill attention on the mma.sync kernel (0) or the warp-specialised wgmma one (2: "
+     "two query heads a block share each K/V tile) instead of the wgmma one (A/B)"},
     {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256, wgr 6:2 7:4 warpgroups)"},

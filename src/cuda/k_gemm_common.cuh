@@ -26,7 +26,6 @@ typedef struct gemm_args {
     float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
     int n_sh; /* MoE: 0, or the tokens whose shared expert (expert 256 of w) runs as plan rows
                * M .. M + n_sh - 1 after the routed ones (gm_tile, gm_asg) */
-    int wr_dense_full; /* the wgr kernel: dense products store through wr_store_full too */
 } gemm_args;
 
 /* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of

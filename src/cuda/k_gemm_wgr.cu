@@ -148,8 +148,9 @@ static __device__ __forceinline__ void wr_cluster_reduce(const gemm_args &p, con
  * epilogue's barrier): compile-time strides, no division and no plan lookup a pair. A warp
  * stores 32 adjacent pairs of one token row. Unrolled twice only: fully unrolled (ntok <= NT is
  * known) the eight copies (four token classes, SwiGLU or not) grew the kernel from 9.5K to 15.8K
- * instructions, and decode batches of 256 lost 1.7% a step (H100; instruction-cache misses at
- * block start are the suspect, not measured). */
+ * instructions; twice, prefill is the same or better (H100, session 21). Decode batches of 256
+ * are ~1.5% a step slower than before this store either way, and with the dense products on the
+ * old per-pair loop too: not the store's size, not the dense products; unexplained. */
 template <int NCOL, int THREADS>
 static __device__ __forceinline__ void wr_store_full(const gemm_args &p, const float *so,
                                                      const int *srow, int c0, int ntok, int tid) {
@@ -198,7 +199,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
     const int pairs = min(ncol, nout - c0) / 2;
     float *wz = p.ws ? p.ws + (size_t)blockIdx.z * p.M * p.N : NULL; /* dense only */
-    if (!wz && 2 * pairs == ncol && (p.mode != GM_DENSE || p.wr_dense_full)) {
+    if (!wz && 2 * pairs == ncol) {
         if (swiglu) return wr_store_full<C::BN / 2, C::THREADS>(p, so, srow, c0, ntok, tid);
         return wr_store_full<C::BN, C::THREADS>(p, so, srow, c0, ntok, tid);
     }
@@ -381,20 +382,7 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
     return 0;
 }
 
-/* TL_WGR_DENSE_STORE=0: dense products store through the per-pair loop (wr_epilogue), only the
- * MoE's through wr_store_full (A/B). Read once. */
-static int wr_dense_full_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TL_WGR_DENSE_STORE");
-        on = !(e && atoi(e) == 0);
-    }
-    return on;
-}
-
-int cb_gemm_wgr(const gemm_args *p0, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
-    gemm_args p = *p0;
-    p.wr_dense_full = wr_dense_full_on();
-    return wgs == 2 ? launch_gemm_wgr<2>(&p, tiles, ksplit, st)
-                    : launch_gemm_wgr<4>(&p, tiles, ksplit, st);
+int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
+    return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
+                    : launch_gemm_wgr<4>(p, tiles, ksplit, st);
 }
