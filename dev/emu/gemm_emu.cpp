@@ -8,7 +8,8 @@
  * kernel (tiles 6 and 7: wgmma with the weights dequantized into A registers) included, through a plan
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
  * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
- * attention, the validated mma.sync kernel (TL_ATTN_WG=0) and the wgmma one (the default), against a double
+ * attention, the validated mma.sync kernel (TL_ATTN_WG=0), the wgmma one (the default) and the
+ * warp-specialised one (TL_ATTN_WG=2), against a double
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
  * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host; the decode GDN step cut by
  * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu). The emulation runs a
@@ -323,14 +324,16 @@ static void attn_case(int n, int pos0, int gated, int in_f32, int paged) {
     if (gated) gh.p = in_f32 ? (const void *)(qf + D) : (const void *)(q + D);
     uint16_t *o = (uint16_t *)xmalloc((size_t)n * H * D * 2);
     float *of = (float *)xmalloc((size_t)n * H * D * 4);
-    for (int wg = 0; wg < 2; wg++) {
-        setenv("TL_ATTN_WG", wg ? "1" : "0", 1); /* the mma.sync kernel, then the wgmma one */
+    static const char *kname[3] = {"mma.sync", "wgmma", "wgmma ws"};
+    for (int wg = 0; wg < 3; wg++) { /* TL_ATTN_WG: mma.sync, wgmma, warp-specialised wgmma */
+        char v[2] = {(char)('0' + wg), 0};
+        setenv("TL_ATTN_WG", v, 1);
         emu_smem_base = emu_smem;
         memset(o, 0xff, (size_t)n * H * D * 2);
         CHECK_EQ_INT(tl_gpu_attn_prefill(o, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL), 0);
         for (size_t i = 0; i < (size_t)n * H * D; i++) of[i] = bf2f(o[i]);
         double e = nmse(of, ref, (size_t)n * H * D);
-        printf("# attn %s n=%d pos0=%d%s%s%s: nmse %.2e\n", wg ? "wgmma" : "mma.sync", n, pos0,
+        printf("# attn %s n=%d pos0=%d%s%s%s: nmse %.2e\n", kname[wg], n, pos0,
                gated ? " gated" : "", in_f32 ? " f32-in" : "", paged ? " paged" : "", e);
         CHECK(e < 2e-5); /* bf16 P and bf16 outputs */
     }

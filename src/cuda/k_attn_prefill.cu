@@ -5,6 +5,7 @@
  * the (possibly paged) bf16 KV cache, never writes it, never allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
 #include "cuda/cuda_common.cuh"
+#include "cuda/k_mbar.cuh"
 #include "cuda/k_wgmma.cuh"
 #include "model/shape.h"
 
@@ -278,21 +279,11 @@ static __device__ __forceinline__ uint32_t aw_chunk(int r, int ch) {
     return (uint32_t)((ch >> 3) * (64 * 128)) + wg_swz(r, ch & 7);
 }
 
-__global__ void __launch_bounds__(AP_THREADS, 2)
-    attn_prefill_wg_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
-                           int pos0, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
-    extern __shared__ uint8_t aw_smem_raw[];
-    uint8_t *sQ = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u); /* stays a shared pointer */
-    uint8_t *sK = sQ + AW_QK_BYTES, *sP = sK + AW_QK_BYTES + AW_V_BYTES;
-    uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
-    float *s_alpha = (float *)(sP + AW_P_BYTES), *s_l = s_alpha + 64;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int qt = blockIdx.x, h = blockIdx.y, kvh = h / (TL_N_HEAD / TL_N_HEAD_KV);
-    const int q0 = qt * AP_BQ, kv_len = pos0 + n;
-    const int q_last = pos0 + min(n, q0 + AP_BQ) - 1, n_kt = q_last / AP_BK + 1;
-
-    /* Q tile: 64 rows x 32 chunks of 8 dims; rows past n are zero; f32 q rounded to bf16 */
+/* Q tile of query rows q0 .. q0 + 63 of head h into sQ (four swizzled 64-dim sub-tiles) by the
+ * 128 threads tid of one warpgroup: cp.async (bf16 q, committed by the caller) or rounded to bf16
+ * here (f32 q); rows past n are zero. */
+static __device__ __forceinline__ void aw_load_q(uint8_t *sQ, const tl_gpu_heads &qh, int q0, int h,
+                                                 int n, int in_f32, int tid) {
     for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
         int r = c >> 5, ch = c & 31, tq = q0 + r;
         size_t off =
@@ -310,6 +301,147 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
             *(uint4 *)(sQ + aw_chunk(r, ch)) = packed;
         }
     }
+}
+
+/* S = Q K^T of one 64-key tile (16 wgmma m64n64k16, both operands in shared memory), waited for */
+static __device__ __forceinline__ void aw_scores(float (&s)[32], uint32_t sq_a, uint32_t sk_a) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < AP_D / 16; kk++) {
+        uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+        wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
+    }
+    wg_commit();
+    wg_wait<0>();
+}
+
+/* P (bf16, a 64-key row per query, swizzled as a K-major wgmma tile) and each query row's
+ * correction factor into shared memory: warp w's rows 16w + g (+ 8) */
+static __device__ __forceinline__ void aw_store_p(uint8_t *sP, float *s_alpha, const float (&s)[32],
+                                                  const float (&alpha)[2], int warp, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+            *(uint32_t *)(sP + wg_swz(warp * 16 + g + 8 * hr, j) + 4 * t) =
+                bf16x2_pack(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++)
+        if (t == 0) s_alpha[warp * 16 + g + 8 * hr] = alpha[hr];
+}
+
+/* O^T's column q scaled by query q's correction factor, then O^T += V^T P^T over the tile: V^T
+ * from ldmatrix.trans of sV (keys x dims, AP_LDS rows) as the A registers, P^T from sP; committed
+ * (the caller waits). */
+static __device__ __forceinline__ void aw_pv(float (&oacc)[4][32], const float *s_alpha,
+                                             const uint16_t *sV, uint32_t sp_a, int rescale,
+                                             int lane, int warp, int t) {
+    if (rescale) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float a = s_alpha[8 * j + 2 * t + e];
+#pragma unroll
+                for (int mb = 0; mb < 4; mb++) {
+                    oacc[mb][4 * j + e] *= a;
+                    oacc[mb][4 * j + 2 + e] *= a;
+                }
+            }
+    }
+    uint32_t af[2][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), two blocks */
+#pragma unroll
+    for (int mb = 0; mb < 4; mb++) {
+        uint32_t(&a)[4][4] = af[mb & 1];
+        if (mb >= 2) wg_wait<1>(); /* block mb - 2's wgmma read these registers */
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+            ldmatrix_x4_trans(a[ks], sV + (16 * ks + ((lane >> 4) & 1) * 8 + (lane & 7)) * AP_LDS +
+                                         64 * mb + 16 * warp + ((lane >> 3) & 1) * 8);
+        wg_fence(); /* a and the rescaled oacc were written by ordinary instructions */
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+            wg_mma_rs<64>(oacc[mb], a[ks], wg_desc(sp_a + ks * 32), rescale | ks);
+        wg_commit();
+    }
+}
+
+/* The row sums across the quad into s_l (t == 0 lanes); the caller's barrier follows. */
+static __device__ __forceinline__ void aw_row_sums(float *s_l, float (&lrow)[2], int warp, int g,
+                                                   int t) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        lrow[hr] = ap_quad_sum(lrow[hr]);
+        if (t == 0) s_l[warp * 16 + g + 8 * hr] = lrow[hr];
+    }
+}
+
+/* O^T / l into so as [query][dim] f32 (AW_OLD floats a row) */
+static __device__ __forceinline__ void aw_stage_out(float *so, const float (&oacc)[4][32],
+                                                    const float *s_l, int warp, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int q = 8 * j + 2 * t + e;
+            float inv_l = 1.0f / s_l[q];
+#pragma unroll
+            for (int mb = 0; mb < 4; mb++) {
+                so[q * AW_OLD + 64 * mb + 16 * warp + g] = oacc[mb][4 * j + e] * inv_l;
+                so[q * AW_OLD + 64 * mb + 16 * warp + g + 8] = oacc[mb][4 * j + 2 + e] * inv_l;
+            }
+        }
+}
+
+/* The tile's output rows from so (128 threads tid): the gate, bf16, 16-byte stores. */
+static __device__ __forceinline__ void aw_store_rows(uint16_t *o, const float *so,
+                                                     const tl_gpu_heads &gh, int q0, int h, int n,
+                                                     int in_f32, int tid) {
+    for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
+        int r = c >> 5, d0 = (c & 31) * 8, tq = q0 + r;
+        if (tq >= n) continue;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = so[r * AW_OLD + d0 + i];
+        if (gh.p) {
+            size_t goff = (size_t)tq * gh.tok_stride + (size_t)h * gh.head_stride + d0;
+            float gv[8];
+            if (in_f32) {
+                float4 a = *(const float4 *)((const float *)gh.p + goff);
+                float4 b = *(const float4 *)((const float *)gh.p + goff + 4);
+                gv[0] = a.x, gv[1] = a.y, gv[2] = a.z, gv[3] = a.w;
+                gv[4] = b.x, gv[5] = b.y, gv[6] = b.z, gv[7] = b.w;
+            } else {
+                uint4 u = *(const uint4 *)((const uint16_t *)gh.p + goff);
+                uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    gv[2 * i] = bf16x2_lo(w[i]), gv[2 * i + 1] = bf16x2_hi(w[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] *= sigmoid_f(gv[i]);
+        }
+        *(uint4 *)(o + (size_t)tq * (TL_N_HEAD * AP_D) + h * AP_D + d0) =
+            make_uint4(bf16x2_pack(v[0], v[1]), bf16x2_pack(v[2], v[3]), bf16x2_pack(v[4], v[5]),
+                       bf16x2_pack(v[6], v[7]));
+    }
+}
+
+__global__ void __launch_bounds__(AP_THREADS, 2)
+    attn_prefill_wg_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
+                           int pos0, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ uint8_t aw_smem_raw[];
+    uint8_t *sQ = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u); /* stays a shared pointer */
+    uint8_t *sK = sQ + AW_QK_BYTES, *sP = sK + AW_QK_BYTES + AW_V_BYTES;
+    uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
+    float *s_alpha = (float *)(sP + AW_P_BYTES), *s_l = s_alpha + 64;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int qt = blockIdx.x, h = blockIdx.y, kvh = h / (TL_N_HEAD / TL_N_HEAD_KV);
+    const int q0 = qt * AP_BQ, kv_len = pos0 + n;
+    const int q_last = pos0 + min(n, q0 + AP_BQ) - 1, n_kt = q_last / AP_BK + 1;
+
+    aw_load_q(sQ, qh, q0, h, n, in_f32, tid);
     cp_async_commit();
     auto load_k = [&](int kt) {
         int kpos0 = kt * AP_BK;
@@ -344,14 +476,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         wg_fence_proxy();
         __syncthreads();
         float s[32]; /* S: (query row 16w + g + 8hr, key 8j + 2t + e) at s[4j + 2hr + e] */
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < AP_D / 16; kk++) {
-            uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-            wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
-        }
-        wg_commit();
-        wg_wait<0>();
+        aw_scores(s, sq_a, sk_a);
         __syncthreads(); /* the wgmma is done with sK */
         if (kt + 1 < n_kt) load_k(kt + 1);
         cp_async_commit();
@@ -360,48 +485,12 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
         const int kbase = kt * AP_BK;
         float alpha[2];
         ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++)
-                *(uint32_t *)(sP + wg_swz(warp * 16 + g + 8 * hr, j) + 4 * t) =
-                    bf16x2_pack(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]);
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++)
-            if (t == 0) s_alpha[warp * 16 + g + 8 * hr] = alpha[hr];
+        aw_store_p(sP, s_alpha, s, alpha, warp, g, t);
 
         cp_async_wait<1>(); /* V_kt landed (K_kt+1 may be in flight) */
         wg_fence_proxy();   /* P, written by ordinary stores, is read by the wgmma */
         __syncthreads();
-        if (kt > 0) { /* O^T's column q scaled by the factor of query q */
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float a = s_alpha[8 * j + 2 * t + e];
-#pragma unroll
-                    for (int mb = 0; mb < 4; mb++) {
-                        oacc[mb][4 * j + e] *= a;
-                        oacc[mb][4 * j + 2 + e] *= a;
-                    }
-                }
-        }
-        uint32_t af[2][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), two blocks */
-#pragma unroll
-        for (int mb = 0; mb < 4; mb++) {
-            uint32_t(&a)[4][4] = af[mb & 1];
-            if (mb >= 2) wg_wait<1>(); /* block mb - 2's wgmma read these registers */
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++)
-                ldmatrix_x4_trans(a[ks],
-                                  sV + (16 * ks + ((lane >> 4) & 1) * 8 + (lane & 7)) * AP_LDS +
-                                      64 * mb + 16 * warp + ((lane >> 3) & 1) * 8);
-            wg_fence(); /* a and the rescaled oacc were written by ordinary instructions */
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++)
-                wg_mma_rs<64>(oacc[mb], a[ks], wg_desc(sp_a + ks * 32), kt | ks);
-            wg_commit();
-        }
+        aw_pv(oacc, s_alpha, sV, sp_a, kt > 0, lane, warp, t);
         wg_wait<0>();
         __syncthreads(); /* every warp is done with sV and sP */
         if (kt + 1 < n_kt) load_v(kt + 1);
@@ -409,55 +498,128 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     }
     cp_async_wait<0>();
 
-    /* row sums across the quad, then O^T / l through shared memory as [query][dim] f32 */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        lrow[hr] = ap_quad_sum(lrow[hr]);
-        if (t == 0) s_l[warp * 16 + g + 8 * hr] = lrow[hr];
-    }
+    aw_row_sums(s_l, lrow, warp, g, t);
     __syncthreads();
     float *so = (float *)sK; /* 64 x AW_OLD floats over the K and V tiles */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            int q = 8 * j + 2 * t + e;
-            float inv_l = 1.0f / s_l[q];
-#pragma unroll
-            for (int mb = 0; mb < 4; mb++) {
-                so[q * AW_OLD + 64 * mb + 16 * warp + g] = oacc[mb][4 * j + e] * inv_l;
-                so[q * AW_OLD + 64 * mb + 16 * warp + g + 8] = oacc[mb][4 * j + 2 + e] * inv_l;
-            }
-        }
+    aw_stage_out(so, oacc, s_l, warp, g, t);
     __syncthreads();
-    for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
-        int r = c >> 5, d0 = (c & 31) * 8, tq = q0 + r;
-        if (tq >= n) continue;
-        float v[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = so[r * AW_OLD + d0 + i];
-        if (gh.p) {
-            size_t goff = (size_t)tq * gh.tok_stride + (size_t)h * gh.head_stride + d0;
-            float gv[8];
-            if (in_f32) {
-                float4 a = *(const float4 *)((const float *)gh.p + goff);
-                float4 b = *(const float4 *)((const float *)gh.p + goff + 4);
-                gv[0] = a.x, gv[1] = a.y, gv[2] = a.z, gv[3] = a.w;
-                gv[4] = b.x, gv[5] = b.y, gv[6] = b.z, gv[7] = b.w;
-            } else {
-                uint4 u = *(const uint4 *)((const uint16_t *)gh.p + goff);
-                uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    gv[2 * i] = bf16x2_lo(w[i]), gv[2 * i + 1] = bf16x2_hi(w[i]);
-            }
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] *= sigmoid_f(gv[i]);
+    aw_store_rows(o, so, gh, q0, h, n, in_f32, tid);
+}
+
+/* ====== The warp-specialised wgmma variant (TL_ATTN_WG=2). ======
+ * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps it runs (aw_*).
+ * threads: two consumer warpgroups and a producer warpgroup (384; setmaxnreg gives the
+ *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two
+ *   query heads 2y, 2y + 1, which read the same KV head: warpgroup w runs head 2y + w exactly
+ *   as attn_prefill_wg_kernel's block does, so each K and V tile is copied once for two heads
+ *   (half the L2 reads), and the two warpgroups, meeting only at the stages, overlap each
+ *   other's softmax with their wgmma as two blocks on an SM do.
+ * pipeline: AS_STAGES K+V stages. The producer copies tile kt into stage kt % AS_STAGES
+ *   (thread i: 16-byte column i % 32 of rows i / 32 + 4 j, cp.async) once both released the tile
+ *   before it there (mbarrier empty, one arrival a consumer warp), its copies' completion
+ *   arriving on mbarrier full (cp.async.mbarrier.arrive.noinc, one a thread). A consumer waits on
+ *   full, fences the copies for the wgmma (async proxy), and releases the stage after its P V.
+ *   P and the correction factors go through the warpgroup's own shared buffers (named barriers
+ *   1 + w of 128 threads).
+ * epilogue: both warpgroups past their last tile (named barrier 3, 256 threads), warpgroup w's
+ *   O^T / l over stage w, then attn_prefill_wg_kernel's row stores.
+ * smem: Q 2 x 32 KB, stages 2 x (K 32 KB + V 33 KB), P 2 x 8 KB, factors and sums 1 KB,
+ *   4 mbarriers: ~213 KB, one block an SM.
+ * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2); dev/emu. */
+#define AS_STAGES      2
+#define AS_THREADS     (3 * AP_THREADS)
+#define AS_STAGE_BYTES (AW_QK_BYTES + AW_V_BYTES)
+#define AS_SMEM                                                                                    \
+    (2 * AW_QK_BYTES + AS_STAGES * AS_STAGE_BYTES + 2 * AW_P_BYTES + 4 * 64 * 4 +                  \
+     2 * AS_STAGES * 8 + 1024)
+static_assert(AS_STAGE_BYTES >= AP_BQ * AW_OLD * 4, "a warpgroup's output tile fits a stage");
+
+/* The producer warpgroup (thread i): tiles 0 .. n_kt - 1 of KV head kvh into the stages. */
+static __device__ __forceinline__ void as_produce(uint8_t *stage0, uint64_t *full, uint64_t *empty,
+                                                  const tl_gpu_kv_view &kv, int kvh, int kv_len,
+                                                  int n_kt, int i) {
+    const int lane = i & 31, r0 = i >> 5;
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int st = kt % AS_STAGES, fill = kt / AS_STAGES, kpos0 = kt * AP_BK;
+        if (fill > 0) mbar_wait(&empty[st], (fill - 1) & 1); /* both released tile kt - STAGES */
+        uint8_t *sK = stage0 + st * AS_STAGE_BYTES;
+        uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
+        const uint16_t *bk = ap_tile_base(kv, kv.k, kpos0, kvh) + lane * 8;
+        const uint16_t *bv = ap_tile_base(kv, kv.v, kpos0, kvh) + lane * 8;
+#pragma unroll 4
+        for (int r = r0; r < AP_BK; r += AP_THREADS / 32) {
+            const int ok = kpos0 + r < kv_len;
+            const size_t off = (size_t)(ok ? r : 0) * kv.tok_stride;
+            cp_async16(sK + aw_chunk(r, lane), bk + off, ok ? 16 : 0);
+            cp_async16(sV + r * AP_LDS + lane * 8, bv + off, ok ? 16 : 0);
         }
-        *(uint4 *)(o + (size_t)tq * (TL_N_HEAD * AP_D) + h * AP_D + d0) =
-            make_uint4(bf16x2_pack(v[0], v[1]), bf16x2_pack(v[2], v[3]), bf16x2_pack(v[4], v[5]),
-                       bf16x2_pack(v[6], v[7]));
+        mbar_arrive_cp_async(&full[st]);
     }
+    cp_async_wait<0>();
+}
+
+__global__ void __launch_bounds__(AS_THREADS, 1)
+    attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
+                           int pos0, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ uint8_t aw_smem_raw[];
+    uint8_t *base = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u);
+    uint8_t *stage0 = base + 2 * AW_QK_BYTES, *sP0 = stage0 + AS_STAGES * AS_STAGE_BYTES;
+    float *sf = (float *)(sP0 + 2 * AW_P_BYTES); /* alpha of wg 0, 1, then l of wg 0, 1 */
+    uint64_t *full = (uint64_t *)(sf + 4 * 64), *empty = full + AS_STAGES;
+    const int tid = threadIdx.x, lane = tid & 31;
+    /* heaviest query tiles first: the causal tail is short */
+    const int qt = gridDim.x - 1 - blockIdx.x, kvh = 2 * blockIdx.y / (TL_N_HEAD / TL_N_HEAD_KV);
+    const int q0 = qt * AP_BQ, kv_len = pos0 + n;
+    const int q_last = pos0 + min(n, q0 + AP_BQ) - 1, n_kt = q_last / AP_BK + 1;
+    if (tid == 0)
+        for (int st = 0; st < AS_STAGES; st++)
+            mbar_init(&full[st], AP_THREADS), mbar_init(&empty[st], 8);
+    __syncthreads();
+    if (tid >= 2 * AP_THREADS) { /* the roles never merge: ptxas budgets each */
+        regs_dec<40>();
+        return as_produce(stage0, full, empty, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
+    }
+    regs_inc<232>();
+
+    const int wg = tid >> 7, ltid = tid & 127, warp = ltid >> 5, g = lane >> 2, t = lane & 3;
+    const int h = 2 * blockIdx.y + wg;
+    uint8_t *sQ = base + wg * AW_QK_BYTES, *sP = sP0 + wg * AW_P_BYTES;
+    float *s_alpha = sf + wg * 64, *s_l = sf + (2 + wg) * 64;
+    aw_load_q(sQ, qh, q0, h, n, in_f32, ltid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    wg_fence_proxy();
+    bar_sync_named(1 + wg, AP_THREADS); /* the warpgroup's Q tile is in place */
+
+    const uint32_t sq_a = smem_u32(sQ), sp_a = smem_u32(sP);
+    float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    const int qpos[2] = {pos0 + q0 + warp * 16 + g, pos0 + q0 + warp * 16 + g + 8};
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int st = kt % AS_STAGES;
+        uint8_t *sK = stage0 + st * AS_STAGE_BYTES;
+        mbar_wait(&full[st], (kt / AS_STAGES) & 1);
+        wg_fence_proxy(); /* the producer's copies (generic proxy) before the wgmma's reads */
+        float s[32];
+        aw_scores(s, sq_a, smem_u32(sK));
+        const int kbase = kt * AP_BK;
+        float alpha[2];
+        ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
+        bar_sync_named(1 + wg, AP_THREADS); /* the warpgroup's P V of tile kt - 1 is done */
+        aw_store_p(sP, s_alpha, s, alpha, warp, g, t);
+        wg_fence_proxy(); /* P, written by ordinary stores, is read by the wgmma */
+        bar_sync_named(1 + wg, AP_THREADS);
+        aw_pv(oacc, s_alpha, (const uint16_t *)(sK + AW_QK_BYTES), sp_a, kt > 0, lane, warp, t);
+        wg_wait<0>();
+        if (lane == 0) mbar_arrive(&empty[st]); /* this warp is done with the stage */
+    }
+    aw_row_sums(s_l, lrow, warp, g, t);
+    bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
+    float *so = (float *)(stage0 + wg * AS_STAGE_BYTES);
+    aw_stage_out(so, oacc, s_l, warp, g, t);
+    bar_sync_named(1 + wg, AP_THREADS);
+    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid);
 }
 
 extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
@@ -478,14 +640,21 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
                                  AP_SMEM) != cudaSuccess ||
             cudaFuncSetAttribute(attn_prefill_wg_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AW_SMEM) != cudaSuccess)
+                                 AW_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(attn_prefill_ws_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the wgmma kernel unless TL_ATTN_WG=0 (read at each call: the tests switch it) */
+    /* the wgmma kernel unless TL_ATTN_WG=0 (mma.sync) or 2 (warp-specialised; read at each
+     * call: the tests switch it) */
     const char *wg = getenv("TL_ATTN_WG");
-    if (!wg || !*wg || atoi(wg) != 0)
+    if (wg && atoi(wg) == 2)
+        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel, dim3(grid.x, TL_N_HEAD / 2),
+                  dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+    else if (!wg || !*wg || atoi(wg) != 0)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     else

@@ -725,8 +725,10 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
         for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
-    for (int wg = 0; wg < 2; wg++) { /* the mma.sync kernel (TL_ATTN_WG=0), then the wgmma one */
-        setenv("TL_ATTN_WG", wg ? "1" : "0", 1);
+    static const char *kname[3] = {"", " wgmma", " wgmma-ws"};
+    for (int wg = 0; wg < 3; wg++) { /* TL_ATTN_WG: mma.sync, wgmma, warp-specialised wgmma */
+        char v[2] = {(char)('0' + wg), 0};
+        setenv("TL_ATTN_WG", v, 1);
         CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));
         CHECK_EQ_INT(
             tl_gpu_attn_prefill(dout, &qh, &gh, &kv, n, pos0, in_f32 ? TL_ATTN_IN_F32 : 0, NULL),
@@ -734,7 +736,7 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
         to_host(ob, dout, (size_t)n * H * D * 2);
         bf16_to_f32(got, ob, (size_t)n * H * D);
         char buf[112];
-        snprintf(buf, sizeof buf, "attn%s n=%d pos0=%d%s%s%s", wg ? " wgmma" : "", n, pos0,
+        snprintf(buf, sizeof buf, "attn%s n=%d pos0=%d%s%s%s", kname[wg], n, pos0,
                  paged ? " paged" : "", with_gate ? " gated" : "", in_f32 ? " f32-in" : "");
         CHECK(report(buf, got, ref, (size_t)n * H * D) <= 1e-4);
     }
