@@ -333,6 +333,7 @@ static __device__ __forceinline__ void aw_store_p(uint8_t *sP, float *s_alpha, c
 /* O^T's column q scaled by query q's correction factor, then O^T += V^T P^T over the tile: V^T
  * from ldmatrix.trans of sV (keys x dims, AP_LDS rows) as the A registers, P^T from sP; committed
  * (the caller waits). */
+template <int NAF = 2>
 static __device__ __forceinline__ void aw_pv(float (&oacc)[4][32], const float *s_alpha,
                                              const uint16_t *sV, uint32_t sp_a, int rescale,
                                              int lane, int warp, int t) {
@@ -349,11 +350,11 @@ static __device__ __forceinline__ void aw_pv(float (&oacc)[4][32], const float *
                 }
             }
     }
-    uint32_t af[2][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), two blocks */
+    uint32_t af[NAF][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), NAF blocks */
 #pragma unroll
     for (int mb = 0; mb < 4; mb++) {
-        uint32_t(&a)[4][4] = af[mb & 1];
-        if (mb >= 2) wg_wait<1>(); /* block mb - 2's wgmma read these registers */
+        uint32_t(&a)[4][4] = af[mb % NAF];
+        if (mb >= NAF) wg_wait<NAF - 1>(); /* block mb - NAF's wgmma read these registers */
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
             ldmatrix_x4_trans(a[ks], sV + (16 * ks + ((lane >> 4) & 1) * 8 + (lane & 7)) * AP_LDS +
@@ -506,103 +507,103 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     aw_store_rows(o, so, gh, q0, h, n, in_f32, tid);
 }
 
-/* ====== The warp-specialised wgmma variant (TL_ATTN_WG=2). ======
+/* ====== The warp-specialised wgmma variant (TL_ATTN_WG=2, 3). ======
  * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps it runs (aw_*).
  * threads: two consumer warpgroups and a producer warpgroup (384; setmaxnreg gives the
- *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two
- *   query heads 2y, 2y + 1, which read the same KV head: warpgroup w runs head 2y + w exactly
- *   as attn_prefill_wg_kernel's block does, so each K and V tile is copied once for two heads
- *   (half the L2 reads), and the two warpgroups, meeting only at the stages, overlap each
- *   other's softmax with their wgmma as two blocks on an SM do.
- * pipeline: AS_STAGES K+V stages. The producer copies tile kt into stage kt % AS_STAGES
- *   (thread i: 16-byte column i % 32 of rows i / 32 + 4 j, cp.async) once both released the tile
- *   before it there (mbarrier empty, one arrival a consumer warp), its copies' completion
- *   arriving on mbarrier full (cp.async.mbarrier.arrive.noinc, one a thread). A consumer waits on
- *   full, fences the copies for the wgmma (async proxy), and releases the stage after its P V.
+ *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two query heads
+ *   2y, 2y + 1, which read the same KV head: warpgroup w runs head 2y + w as
+ *   attn_prefill_wg_kernel's block does, so each K and V tile is copied once for two heads (half
+ *   the L2 reads), and the two warpgroups, meeting only at the stages, overlap each other's
+ *   softmax with their wgmma as two blocks on an SM do.
+ * pipeline: 2-slot rings for K and for V. The producer copies K of tile kt into K slot kt % 2
+ *   once both warpgroups released K of tile kt - 2 (mbarrier emptyK[slot], one arrival a consumer
+ *   warp), its copies' completion arriving on fullK[slot] (cp.async.mbarrier.arrive.noinc, one a
+ *   thread; thread i copies 16-byte column i % 32 of rows i / 32 + 4 j); V likewise. A consumer
+ *   waits on fullK, fences the copies for the wgmma (async proxy), runs S, releases K; V (read by
+ *   ldmatrix, the generic proxy) after its P V. OV (TL_ATTN_WG=3): S of tile kt + 1 is issued
+ *   before tile kt's softmax and runs on the tensor cores during it (two score register sets).
  *   P and the correction factors go through the warpgroup's own shared buffers (named barriers
  *   1 + w of 128 threads).
  * epilogue: both warpgroups past their last tile (named barrier 3, 256 threads), warpgroup w's
- *   O^T / l over stage w, then attn_prefill_wg_kernel's row stores.
- * smem: Q 2 x 32 KB, stages 2 x (K 32 KB + V 33 KB), P 2 x 8 KB, factors and sums 1 KB,
- *   4 mbarriers: ~213 KB, one block an SM.
- * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2); dev/emu. */
-#define AS_STAGES      2
+ *   O^T / l over K slot w and V slot w, then attn_prefill_wg_kernel's row stores.
+ * smem: Q 2 x 32 KB, (K 32 KB + V 33 KB) x 2, P 2 x 8 KB, factors and sums 1 KB, 8 mbarriers:
+ *   ~213 KB, one block an SM.
+ * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2, 3); dev/emu. */
 #define AS_THREADS     (3 * AP_THREADS)
-#define AS_STAGE_BYTES (AW_QK_BYTES + AW_V_BYTES)
-#define AS_SMEM                                                                                    \
-    (2 * AW_QK_BYTES + AS_STAGES * AS_STAGE_BYTES + 2 * AW_P_BYTES + 4 * 64 * 4 +                  \
-     2 * AS_STAGES * 8 + 1024)
+#define AS_STAGE_BYTES (AW_QK_BYTES + AW_V_BYTES) /* K slot s, then V slot s */
+#define AS_SMEM        (2 * AW_QK_BYTES + 2 * AS_STAGE_BYTES + 2 * AW_P_BYTES + 4 * 64 * 4 + 64 + 1024)
 static_assert(AS_STAGE_BYTES >= AP_BQ * AW_OLD * 4, "a warpgroup's output tile fits a stage");
 
-/* The producer warpgroup (thread i): tiles 0 .. n_kt - 1 of KV head kvh into the stages. */
-static __device__ __forceinline__ void as_produce(uint8_t *stage0, uint64_t *full, uint64_t *empty,
+/* the ring's mbarriers: full then empty, of K then of V, two slots each */
+struct as_bars {
+    uint64_t fk[2], fv[2], ek[2], ev[2];
+};
+
+/* The producer warpgroup (thread i): tiles 0 .. n_kt - 1 of KV head kvh into the slots. */
+static __device__ __forceinline__ void as_produce(uint8_t *stage0, as_bars *b,
                                                   const tl_gpu_kv_view &kv, int kvh, int kv_len,
                                                   int n_kt, int i) {
     const int lane = i & 31, r0 = i >> 5;
     for (int kt = 0; kt < n_kt; kt++) {
-        const int st = kt % AS_STAGES, fill = kt / AS_STAGES, kpos0 = kt * AP_BK;
-        if (fill > 0) mbar_wait(&empty[st], (fill - 1) & 1); /* both released tile kt - STAGES */
-        uint8_t *sK = stage0 + st * AS_STAGE_BYTES;
+        const int sl = kt & 1, fill = kt >> 1, kpos0 = kt * AP_BK;
+        uint8_t *sK = stage0 + sl * AS_STAGE_BYTES;
         uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
-        const uint16_t *bk = ap_tile_base(kv, kv.k, kpos0, kvh) + lane * 8;
-        const uint16_t *bv = ap_tile_base(kv, kv.v, kpos0, kvh) + lane * 8;
+        if (fill > 0) mbar_wait(&b->ek[sl], (fill - 1) & 1); /* both released K of kt - 2 */
+        const uint16_t *src = ap_tile_base(kv, kv.k, kpos0, kvh) + lane * 8;
 #pragma unroll 4
         for (int r = r0; r < AP_BK; r += AP_THREADS / 32) {
             const int ok = kpos0 + r < kv_len;
-            const size_t off = (size_t)(ok ? r : 0) * kv.tok_stride;
-            cp_async16(sK + aw_chunk(r, lane), bk + off, ok ? 16 : 0);
-            cp_async16(sV + r * AP_LDS + lane * 8, bv + off, ok ? 16 : 0);
+            cp_async16(sK + aw_chunk(r, lane), src + (size_t)(ok ? r : 0) * kv.tok_stride,
+                       ok ? 16 : 0);
         }
-        mbar_arrive_cp_async(&full[st]);
+        mbar_arrive_cp_async(&b->fk[sl]);
+        if (fill > 0) mbar_wait(&b->ev[sl], (fill - 1) & 1);
+        src = ap_tile_base(kv, kv.v, kpos0, kvh) + lane * 8;
+#pragma unroll 4
+        for (int r = r0; r < AP_BK; r += AP_THREADS / 32) {
+            const int ok = kpos0 + r < kv_len;
+            cp_async16(sV + r * AP_LDS + lane * 8, src + (size_t)(ok ? r : 0) * kv.tok_stride,
+                       ok ? 16 : 0);
+        }
+        mbar_arrive_cp_async(&b->fv[sl]);
     }
     cp_async_wait<0>();
 }
 
-__global__ void __launch_bounds__(AS_THREADS, 1)
-    attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
-                           int pos0, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
-    extern __shared__ uint8_t aw_smem_raw[];
-    uint8_t *base = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u);
-    uint8_t *stage0 = base + 2 * AW_QK_BYTES, *sP0 = stage0 + AS_STAGES * AS_STAGE_BYTES;
-    float *sf = (float *)(sP0 + 2 * AW_P_BYTES); /* alpha of wg 0, 1, then l of wg 0, 1 */
-    uint64_t *full = (uint64_t *)(sf + 4 * 64), *empty = full + AS_STAGES;
-    const int tid = threadIdx.x, lane = tid & 31;
-    /* heaviest query tiles first: the causal tail is short */
-    const int qt = gridDim.x - 1 - blockIdx.x, kvh = 2 * blockIdx.y / (TL_N_HEAD / TL_N_HEAD_KV);
-    const int q0 = qt * AP_BQ, kv_len = pos0 + n;
-    const int q_last = pos0 + min(n, q0 + AP_BQ) - 1, n_kt = q_last / AP_BK + 1;
-    if (tid == 0)
-        for (int st = 0; st < AS_STAGES; st++)
-            mbar_init(&full[st], AP_THREADS), mbar_init(&empty[st], 8);
-    __syncthreads();
-    if (tid >= 2 * AP_THREADS) { /* the roles never merge: ptxas budgets each */
-        regs_dec<40>();
-        return as_produce(stage0, full, empty, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
+/* S = Q K^T of one tile issued (16 wgmma m64n64k16), committed, not waited for */
+static __device__ __forceinline__ void as_scores_issue(float (&s)[32], uint32_t sq_a,
+                                                       uint32_t sk_a) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < AP_D / 16; kk++) {
+        uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+        wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
     }
-    regs_inc<232>();
+    wg_commit();
+}
 
-    const int wg = tid >> 7, ltid = tid & 127, warp = ltid >> 5, g = lane >> 2, t = lane & 3;
-    const int h = 2 * blockIdx.y + wg;
-    uint8_t *sQ = base + wg * AW_QK_BYTES, *sP = sP0 + wg * AW_P_BYTES;
-    float *s_alpha = sf + wg * 64, *s_l = sf + (2 + wg) * 64;
-    aw_load_q(sQ, qh, q0, h, n, in_f32, ltid);
-    cp_async_commit();
-    cp_async_wait<0>();
-    wg_fence_proxy();
-    bar_sync_named(1 + wg, AP_THREADS); /* the warpgroup's Q tile is in place */
+/* A consumer warpgroup's running state over the tiles. */
+struct as_cons {
+    uint8_t *stage0, *sP;
+    float *s_alpha;
+    as_bars *b;
+    uint32_t sq_a, sp_a;
+    int pos0, q0, lane, warp, g, t, wg;
+    int qpos[2];
+    float mrow[2], lrow[2];
 
-    const uint32_t sq_a = smem_u32(sQ), sp_a = smem_u32(sP);
-    float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-    const int qpos[2] = {pos0 + q0 + warp * 16 + g, pos0 + q0 + warp * 16 + g + 8};
-    for (int kt = 0; kt < n_kt; kt++) {
-        const int st = kt % AS_STAGES;
-        uint8_t *sK = stage0 + st * AS_STAGE_BYTES;
-        mbar_wait(&full[st], (kt / AS_STAGES) & 1);
+    __device__ __forceinline__ uint8_t *k_slot(int kt) const {
+        return stage0 + (kt & 1) * AS_STAGE_BYTES;
+    }
+    /* K of tile kt landed and fenced for the wgmma */
+    __device__ __forceinline__ void wait_k(int kt) {
+        mbar_wait(&b->fk[kt & 1], (kt >> 1) & 1);
         wg_fence_proxy(); /* the producer's copies (generic proxy) before the wgmma's reads */
-        float s[32];
-        aw_scores(s, sq_a, smem_u32(sK));
+    }
+    /* the tile's softmax on s, P and the factors through shared memory, then O^T += V^T P^T
+     * (committed, not waited for) */
+    template <int NAF>
+    __device__ __forceinline__ void softmax_pv(float (&oacc)[4][32], float (&s)[32], int kt) {
         const int kbase = kt * AP_BK;
         float alpha[2];
         ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
@@ -610,11 +611,100 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
         aw_store_p(sP, s_alpha, s, alpha, warp, g, t);
         wg_fence_proxy(); /* P, written by ordinary stores, is read by the wgmma */
         bar_sync_named(1 + wg, AP_THREADS);
-        aw_pv(oacc, s_alpha, (const uint16_t *)(sK + AW_QK_BYTES), sp_a, kt > 0, lane, warp, t);
-        wg_wait<0>();
-        if (lane == 0) mbar_arrive(&empty[st]); /* this warp is done with the stage */
+        mbar_wait(&b->fv[kt & 1], (kt >> 1) & 1);
+        aw_pv<NAF>(oacc, s_alpha, (const uint16_t *)(k_slot(kt) + AW_QK_BYTES), sp_a, kt > 0, lane,
+                   warp, t);
     }
-    aw_row_sums(s_l, lrow, warp, g, t);
+};
+
+/* The tiles one after another: S, softmax, P V. */
+static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][32], int n_kt) {
+    for (int kt = 0; kt < n_kt; kt++) {
+        float s[32];
+        c.wait_k(kt);
+        aw_scores(s, c.sq_a, smem_u32(c.k_slot(kt)));
+        if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]); /* this warp is done with K */
+        c.softmax_pv<2>(oacc, s, kt);
+        wg_wait<0>();
+        if (c.lane == 0) mbar_arrive(&c.b->ev[kt & 1]);
+    }
+}
+
+/* OV: S of tile kt + 1 runs during tile kt's softmax. Step kt: wait for S_kt (and P V of kt -
+ * 1), release K of kt and V of kt - 1, issue S_kt+1 into the other register set, softmax_pv. */
+static __device__ __forceinline__ void as_consume_ov(as_cons &c, float (&oacc)[4][32], int n_kt) {
+    float s0[32], s1[32];
+    auto step = [&](int kt, float(&cur)[32], float(&nxt)[32]) {
+        wg_wait<0>();
+        if (c.lane == 0) {
+            mbar_arrive(&c.b->ek[kt & 1]);
+            if (kt > 0) mbar_arrive(&c.b->ev[(kt - 1) & 1]);
+        }
+        if (kt + 1 < n_kt) {
+            c.wait_k(kt + 1);
+            as_scores_issue(nxt, c.sq_a, smem_u32(c.k_slot(kt + 1)));
+        }
+        c.softmax_pv<1>(oacc, cur, kt); /* one V^T register set: two score sets live */
+    };
+    c.wait_k(0);
+    as_scores_issue(s0, c.sq_a, smem_u32(c.k_slot(0)));
+    for (int kt = 0; kt < n_kt; kt += 2) {
+        step(kt, s0, s1);
+        if (kt + 1 < n_kt) step(kt + 1, s1, s0);
+    }
+    wg_wait<0>();
+}
+
+template <bool OV>
+__global__ void __launch_bounds__(AS_THREADS, 1)
+    attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
+                           int pos0, int in_f32) {
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    extern __shared__ uint8_t aw_smem_raw[];
+    uint8_t *base = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u);
+    uint8_t *stage0 = base + 2 * AW_QK_BYTES, *sP0 = stage0 + 2 * AS_STAGE_BYTES;
+    float *sf = (float *)(sP0 + 2 * AW_P_BYTES); /* alpha of wg 0, 1, then l of wg 0, 1 */
+    as_bars *bars = (as_bars *)(sf + 4 * 64);
+    const int tid = threadIdx.x, lane = tid & 31;
+    /* heaviest query tiles first: the causal tail is short */
+    const int qt = gridDim.x - 1 - blockIdx.x, kvh = 2 * blockIdx.y / (TL_N_HEAD / TL_N_HEAD_KV);
+    const int q0 = qt * AP_BQ, kv_len = pos0 + n;
+    const int q_last = pos0 + min(n, q0 + AP_BQ) - 1, n_kt = q_last / AP_BK + 1;
+    if (tid == 0)
+        for (int sl = 0; sl < 2; sl++) {
+            mbar_init(&bars->fk[sl], AP_THREADS), mbar_init(&bars->fv[sl], AP_THREADS);
+            mbar_init(&bars->ek[sl], 8), mbar_init(&bars->ev[sl], 8);
+        }
+    __syncthreads();
+    if (tid >= 2 * AP_THREADS) { /* the roles never merge: ptxas budgets each */
+        regs_dec<40>();
+        return as_produce(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
+    }
+    regs_inc<232>();
+
+    const int wg = tid >> 7, ltid = tid & 127, warp = ltid >> 5, g = lane >> 2, t = lane & 3;
+    const int h = 2 * blockIdx.y + wg;
+    uint8_t *sQ = base + wg * AW_QK_BYTES;
+    aw_load_q(sQ, qh, q0, h, n, in_f32, ltid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    wg_fence_proxy();
+    bar_sync_named(1 + wg, AP_THREADS); /* the warpgroup's Q tile is in place */
+
+    as_cons c;
+    c.stage0 = stage0, c.sP = sP0 + wg * AW_P_BYTES, c.s_alpha = sf + wg * 64, c.b = bars;
+    c.sq_a = smem_u32(sQ), c.sp_a = smem_u32(c.sP);
+    c.pos0 = pos0, c.q0 = q0, c.lane = lane, c.warp = warp, c.g = g, c.t = t, c.wg = wg;
+    c.qpos[0] = pos0 + q0 + warp * 16 + g, c.qpos[1] = c.qpos[0] + 8;
+    c.mrow[0] = c.mrow[1] = -INFINITY, c.lrow[0] = c.lrow[1] = 0.f;
+    float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
+    if (OV)
+        as_consume_ov(c, oacc, n_kt);
+    else
+        as_consume(c, oacc, n_kt);
+
+    float *s_l = sf + (2 + wg) * 64;
+    aw_row_sums(s_l, c.lrow, warp, g, t);
     bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
     float *so = (float *)(stage0 + wg * AS_STAGE_BYTES);
     aw_stage_out(so, oacc, s_l, warp, g, t);
@@ -641,19 +731,25 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
             cudaFuncSetAttribute(attn_prefill_wg_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 AS_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the wgmma kernel unless TL_ATTN_WG=0 (mma.sync) or 2 (warp-specialised; read at each
-     * call: the tests switch it) */
+    /* the wgmma kernel unless TL_ATTN_WG=0 (mma.sync), 2 or 3 (warp-specialised, 3 with S of the
+     * next tile during the softmax; read at each call: the tests switch it) */
     const char *wg = getenv("TL_ATTN_WG");
-    if (wg && atoi(wg) == 2)
-        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel, dim3(grid.x, TL_N_HEAD / 2),
-                  dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+    const int ws = wg ? atoi(wg) : 1;
+    if (ws == 2 || ws == 3)
+        TL_LAUNCH(st, "attn_prefill_ws",
+                  ws == 3 ? attn_prefill_ws_kernel<true> : attn_prefill_ws_kernel<false>,
+                  dim3(grid.x, TL_N_HEAD / 2), dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0,
+                  (int)(flags & TL_ATTN_IN_F32));
     else if (!wg || !*wg || atoi(wg) != 0)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
