@@ -303,8 +303,10 @@ static __device__ __forceinline__ void aw_load_q(uint8_t *sQ, const tl_gpu_heads
     }
 }
 
-/* S = Q K^T of one 64-key tile (16 wgmma m64n64k16, both operands in shared memory), waited for */
-static __device__ __forceinline__ void aw_scores(float (&s)[32], uint32_t sq_a, uint32_t sk_a) {
+/* S = Q K^T of one 64-key tile issued (16 wgmma m64n64k16, both operands in shared memory) and
+ * committed, not waited for */
+static __device__ __forceinline__ void aw_scores_issue(float (&s)[32], uint32_t sq_a,
+                                                       uint32_t sk_a) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < AP_D / 16; kk++) {
@@ -312,6 +314,10 @@ static __device__ __forceinline__ void aw_scores(float (&s)[32], uint32_t sq_a, 
         wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
     }
     wg_commit();
+}
+/* the same, waited for */
+static __device__ __forceinline__ void aw_scores(float (&s)[32], uint32_t sq_a, uint32_t sk_a) {
+    aw_scores_issue(s, sq_a, sk_a);
     wg_wait<0>();
 }
 
@@ -570,18 +576,6 @@ static __device__ __forceinline__ void as_produce(uint8_t *stage0, as_bars *b,
     cp_async_wait<0>();
 }
 
-/* S = Q K^T of one tile issued (16 wgmma m64n64k16), committed, not waited for */
-static __device__ __forceinline__ void as_scores_issue(float (&s)[32], uint32_t sq_a,
-                                                       uint32_t sk_a) {
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < AP_D / 16; kk++) {
-        uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-        wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
-    }
-    wg_commit();
-}
-
 /* A consumer warpgroup's running state over the tiles. */
 struct as_cons {
     uint8_t *stage0, *sP;
@@ -642,12 +636,12 @@ static __device__ __forceinline__ void as_consume_ov(as_cons &c, float (&oacc)[4
         }
         if (kt + 1 < n_kt) {
             c.wait_k(kt + 1);
-            as_scores_issue(nxt, c.sq_a, smem_u32(c.k_slot(kt + 1)));
+            aw_scores_issue(nxt, c.sq_a, smem_u32(c.k_slot(kt + 1)));
         }
         c.softmax_pv<1>(oacc, cur, kt); /* one V^T register set: two score sets live */
     };
     c.wait_k(0);
-    as_scores_issue(s0, c.sq_a, smem_u32(c.k_slot(0)));
+    aw_scores_issue(s0, c.sq_a, smem_u32(c.k_slot(0)));
     for (int kt = 0; kt < n_kt; kt += 2) {
         step(kt, s0, s1);
         if (kt + 1 < n_kt) step(kt + 1, s1, s0);
