@@ -1,8 +1,9 @@
 /* Flash-style causal prefill attention for the gated full-attention layers (head_dim 256, 16
- * query heads over 2 KV heads) on the tensor cores (mma.sync bf16, fp32 online softmax), with the
- * sigmoid output gate fused into the epilogue. Owns two kernels (wgmma, the default; mma.sync
- * with TL_ATTN_WG=0) and tl_gpu_attn_prefill; reads
- * the (possibly paged) bf16 KV cache, never writes it, never allocates or synchronises.
+ * query heads over 2 KV heads) on the tensor cores (bf16, fp32 online softmax), with the sigmoid
+ * output gate fused into the epilogue. Owns three kernels (wgmma, the default; mma.sync with
+ * TL_ATTN_WG=0; the warp-specialised wgmma one, two query heads a block, with TL_ATTN_WG=2 or 3)
+ * and tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes it, never
+ * allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
 #include "cuda/cuda_common.cuh"
 #include "cuda/k_mbar.cuh"

@@ -1,7 +1,8 @@
-/* The warp-specialisation primitives (sm_90a), as inline PTX, for the warp-specialised GEMM
- * (k_gemm_wgr.cu): shared-memory mbarriers, on which a producer's cp.async completions and the
- * consumers' releases of a stage meet, and the per-warpgroup register reallocation (setmaxnreg).
- * The host emulator (dev/emu/cuda/k_mbar.cuh) replaces this header with its own model. */
+/* The warp-specialisation primitives (sm_90a), as inline PTX, for the warp-specialised prefill
+ * attention (k_attn_prefill.cu): shared-memory mbarriers, on which a producer's cp.async
+ * completions and the consumers' releases of a stage meet, and the per-warpgroup register
+ * reallocation (setmaxnreg). The host emulator (dev/emu/cuda/k_mbar.cuh) replaces this header with
+ * its own model. */
 #ifndef TL_K_MBAR_CUH
 #define TL_K_MBAR_CUH
 
