@@ -1,7 +1,7 @@
 /* Flash-style causal prefill attention for the gated full-attention layers (head_dim 256, 16
  * query heads over 2 KV heads) on the tensor cores (bf16, fp32 online softmax), with the sigmoid
  * output gate fused into the epilogue. Owns three kernels (wgmma, the default; mma.sync with
- * TL_ATTN_WG=0; the warp-specialised wgmma one, two query heads a block, with TL_ATTN_WG=2 or 3)
+ * TL_ATTN_WG=0; the warp-specialised wgmma one, two query heads a block, with TL_ATTN_WG=2)
  * and tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes it, never
  * allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
@@ -304,10 +304,8 @@ static __device__ __forceinline__ void aw_load_q(uint8_t *sQ, const tl_gpu_heads
     }
 }
 
-/* S = Q K^T of one 64-key tile issued (16 wgmma m64n64k16, both operands in shared memory) and
- * committed, not waited for */
-static __device__ __forceinline__ void aw_scores_issue(float (&s)[32], uint32_t sq_a,
-                                                       uint32_t sk_a) {
+/* S = Q K^T of one 64-key tile (16 wgmma m64n64k16, both operands in shared memory), waited for */
+static __device__ __forceinline__ void aw_scores(float (&s)[32], uint32_t sq_a, uint32_t sk_a) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < AP_D / 16; kk++) {
@@ -315,10 +313,6 @@ static __device__ __forceinline__ void aw_scores_issue(float (&s)[32], uint32_t 
         wg_mma_ss<64>(s, wg_desc(sq_a + off), wg_desc(sk_a + off), kk);
     }
     wg_commit();
-}
-/* the same, waited for */
-static __device__ __forceinline__ void aw_scores(float (&s)[32], uint32_t sq_a, uint32_t sk_a) {
-    aw_scores_issue(s, sq_a, sk_a);
     wg_wait<0>();
 }
 
@@ -340,7 +334,6 @@ static __device__ __forceinline__ void aw_store_p(uint8_t *sP, float *s_alpha, c
 /* O^T's column q scaled by query q's correction factor, then O^T += V^T P^T over the tile: V^T
  * from ldmatrix.trans of sV (keys x dims, AP_LDS rows) as the A registers, P^T from sP; committed
  * (the caller waits). */
-template <int NAF = 2>
 static __device__ __forceinline__ void aw_pv(float (&oacc)[4][32], const float *s_alpha,
                                              const uint16_t *sV, uint32_t sp_a, int rescale,
                                              int lane, int warp, int t) {
@@ -357,11 +350,11 @@ static __device__ __forceinline__ void aw_pv(float (&oacc)[4][32], const float *
                 }
             }
     }
-    uint32_t af[NAF][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), NAF blocks */
+    uint32_t af[2][4][4]; /* V^T fragments (dims 64mb + 16w .., keys 16ks ..), two blocks */
 #pragma unroll
     for (int mb = 0; mb < 4; mb++) {
-        uint32_t(&a)[4][4] = af[mb % NAF];
-        if (mb >= NAF) wg_wait<NAF - 1>(); /* block mb - NAF's wgmma read these registers */
+        uint32_t(&a)[4][4] = af[mb & 1];
+        if (mb >= 2) wg_wait<1>(); /* block mb - 2's wgmma read these registers */
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
             ldmatrix_x4_trans(a[ks], sV + (16 * ks + ((lane >> 4) & 1) * 8 + (lane & 7)) * AP_LDS +
@@ -514,7 +507,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     aw_store_rows(o, so, gh, q0, h, n, in_f32, tid);
 }
 
-/* ====== The warp-specialised wgmma variant (TL_ATTN_WG=2, 3). ======
+/* ====== The warp-specialised wgmma variant (TL_ATTN_WG=2). ======
  * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps it runs (aw_*).
  * threads: two consumer warpgroups and a producer warpgroup (384; setmaxnreg gives the
  *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two query heads
@@ -523,19 +516,20 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
  *   the L2 reads), and the two warpgroups, meeting only at the stages, overlap each other's
  *   softmax with their wgmma as two blocks on an SM do.
  * pipeline: 2-slot rings for K and for V. The producer copies K of tile kt into K slot kt % 2
- *   once both warpgroups released K of tile kt - 2 (mbarrier emptyK[slot], one arrival a consumer
- *   warp), its copies' completion arriving on fullK[slot] (cp.async.mbarrier.arrive.noinc, one a
- *   thread; thread i copies 16-byte column i % 32 of rows i / 32 + 4 j); V likewise. A consumer
- *   waits on fullK, fences the copies for the wgmma (async proxy), runs S, releases K; V (read by
- *   ldmatrix, the generic proxy) after its P V. OV (TL_ATTN_WG=3): S of tile kt + 1 is issued
- *   before tile kt's softmax and runs on the tensor cores during it (two score register sets).
- *   P and the correction factors go through the warpgroup's own shared buffers (named barriers
- *   1 + w of 128 threads).
+ *   once both warpgroups released K of tile kt - 2 (mbarrier emptyK[slot], one arrival a
+ *   consumer warp), its copies' completion arriving on fullK[slot] (cp.async.mbarrier.arrive.noinc,
+ *   one a thread; thread i copies 16-byte column i % 32 of rows i / 32 + 4 j); V likewise. A
+ *   consumer waits on fullK, fences the copies for the wgmma (async proxy), runs S, releases K;
+ *   V (read by ldmatrix, the generic proxy) after its P V. P and the correction factors go
+ *   through the warpgroup's own shared buffers (named barriers 1 + w of 128 threads).
+ * not done: S of tile kt + 1 issued before tile kt's softmax (FA3's overlap at smaller head
+ *   sizes) needs a second score set; next to O^T's 128 accumulators ptxas spilled and serialised
+ *   the wgmma (C7512) at the 232 registers a consumer gets.
  * epilogue: both warpgroups past their last tile (named barrier 3, 256 threads), warpgroup w's
  *   O^T / l over K slot w and V slot w, then attn_prefill_wg_kernel's row stores.
  * smem: Q 2 x 32 KB, (K 32 KB + V 33 KB) x 2, P 2 x 8 KB, factors and sums 1 KB, 8 mbarriers:
  *   ~213 KB, one block an SM.
- * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2, 3); dev/emu. */
+ * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2); dev/emu. */
 #define AS_THREADS     (3 * AP_THREADS)
 #define AS_STAGE_BYTES (AW_QK_BYTES + AW_V_BYTES) /* K slot s, then V slot s */
 #define AS_SMEM        (2 * AW_QK_BYTES + 2 * AS_STAGE_BYTES + 2 * AW_P_BYTES + 4 * 64 * 4 + 64 + 1024)
@@ -597,7 +591,6 @@ struct as_cons {
     }
     /* the tile's softmax on s, P and the factors through shared memory, then O^T += V^T P^T
      * (committed, not waited for) */
-    template <int NAF>
     __device__ __forceinline__ void softmax_pv(float (&oacc)[4][32], float (&s)[32], int kt) {
         const int kbase = kt * AP_BK;
         float alpha[2];
@@ -607,8 +600,8 @@ struct as_cons {
         wg_fence_proxy(); /* P, written by ordinary stores, is read by the wgmma */
         bar_sync_named(1 + wg, AP_THREADS);
         mbar_wait(&b->fv[kt & 1], (kt >> 1) & 1);
-        aw_pv<NAF>(oacc, s_alpha, (const uint16_t *)(k_slot(kt) + AW_QK_BYTES), sp_a, kt > 0, lane,
-                   warp, t);
+        aw_pv(oacc, s_alpha, (const uint16_t *)(k_slot(kt) + AW_QK_BYTES), sp_a, kt > 0, lane, warp,
+              t);
     }
 };
 
@@ -619,38 +612,12 @@ static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][3
         c.wait_k(kt);
         aw_scores(s, c.sq_a, smem_u32(c.k_slot(kt)));
         if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]); /* this warp is done with K */
-        c.softmax_pv<2>(oacc, s, kt);
+        c.softmax_pv(oacc, s, kt);
         wg_wait<0>();
         if (c.lane == 0) mbar_arrive(&c.b->ev[kt & 1]);
     }
 }
 
-/* OV: S of tile kt + 1 runs during tile kt's softmax. Step kt: wait for S_kt (and P V of kt -
- * 1), release K of kt and V of kt - 1, issue S_kt+1 into the other register set, softmax_pv. */
-static __device__ __forceinline__ void as_consume_ov(as_cons &c, float (&oacc)[4][32], int n_kt) {
-    float s0[32], s1[32];
-    auto step = [&](int kt, float(&cur)[32], float(&nxt)[32]) {
-        wg_wait<0>();
-        if (c.lane == 0) {
-            mbar_arrive(&c.b->ek[kt & 1]);
-            if (kt > 0) mbar_arrive(&c.b->ev[(kt - 1) & 1]);
-        }
-        if (kt + 1 < n_kt) {
-            c.wait_k(kt + 1);
-            aw_scores_issue(nxt, c.sq_a, smem_u32(c.k_slot(kt + 1)));
-        }
-        c.softmax_pv<1>(oacc, cur, kt); /* one V^T register set: two score sets live */
-    };
-    c.wait_k(0);
-    aw_scores_issue(s0, c.sq_a, smem_u32(c.k_slot(0)));
-    for (int kt = 0; kt < n_kt; kt += 2) {
-        step(kt, s0, s1);
-        if (kt + 1 < n_kt) step(kt + 1, s1, s0);
-    }
-    wg_wait<0>();
-}
-
-template <bool OV>
 __global__ void __launch_bounds__(AS_THREADS, 1)
     attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
@@ -693,10 +660,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     c.qpos[0] = pos0 + q0 + warp * 16 + g, c.qpos[1] = c.qpos[0] + 8;
     c.mrow[0] = c.mrow[1] = -INFINITY, c.lrow[0] = c.lrow[1] = 0.f;
     float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
-    if (OV)
-        as_consume_ov(c, oacc, n_kt);
-    else
-        as_consume(c, oacc, n_kt);
+    as_consume(c, oacc, n_kt);
 
     float *s_l = sf + (2 + wg) * 64;
     aw_row_sums(s_l, c.lrow, warp, g, t);
@@ -726,25 +690,20 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
             cudaFuncSetAttribute(attn_prefill_wg_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<false>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the wgmma kernel unless TL_ATTN_WG=0 (mma.sync), 2 or 3 (warp-specialised, 3 with S of the
-     * next tile during the softmax; read at each call: the tests switch it) */
+    /* the wgmma kernel unless TL_ATTN_WG=0 (mma.sync) or 2 (warp-specialised; read at each call:
+     * the tests switch it) */
     const char *wg = getenv("TL_ATTN_WG");
     const int ws = wg ? atoi(wg) : 1;
-    if (ws == 2 || ws == 3)
-        TL_LAUNCH(st, "attn_prefill_ws",
-                  ws == 3 ? attn_prefill_ws_kernel<true> : attn_prefill_ws_kernel<false>,
-                  dim3(grid.x, TL_N_HEAD / 2), dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0,
-                  (int)(flags & TL_ATTN_IN_F32));
+    if (ws == 2)
+        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel, dim3(grid.x, TL_N_HEAD / 2),
+                  dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     else if (!wg || !*wg || atoi(wg) != 0)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
