@@ -87,7 +87,7 @@ void tl_engine_close(tl_engine *e);
  * two decode steps after it, sampled, drafting when speculation is on) so that one-time costs
  * (the CUDA runtime loading each kernel at its first launch, decode graphs captured at first
  * use) are paid here and not by the first request. Needs a free session slot; leaves every slot
- * as it was and the speculation counters unchanged. */
+ * as it was and the speculation counters unchanged; says its time on stderr (one line). */
 int tl_engine_warm_up(tl_engine *e, char *err, size_t errlen);
 const struct tl_config *tl_engine_config(const tl_engine *e);
 tl_backend_kind tl_engine_backend(const tl_engine *e);

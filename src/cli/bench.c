@@ -328,13 +328,10 @@ static int bench_open_engine(bench_state *bs) {
     t_open = tl_time_s() - t_open;
     bs->b = tl_engine_backend_impl(bs->e);
     bs->cuda = tl_engine_backend(bs->e) == TL_BACKEND_CUDA;
-    if (bs->cuda && !o->no_warmup) { /* as tulip serve does before its first request */
-        double t_w = tl_time_s();
-        if (tl_engine_warm_up(bs->e, bs->err, sizeof bs->err)) {
-            fprintf(stderr, "tulip bench: warm-up: %s\n", bs->err);
-            return 1;
-        }
-        fprintf(stderr, "tulip bench: warm-up %.2f s\n", tl_time_s() - t_w);
+    /* as tulip serve does before its first request */
+    if (bs->cuda && !o->no_warmup && tl_engine_warm_up(bs->e, bs->err, sizeof bs->err)) {
+        fprintf(stderr, "tulip bench: warm-up: %s\n", bs->err);
+        return 1;
     }
     bs->cfg = tl_engine_config(bs->e);
     if (tl_engine_max_ctx(bs->e) < need_ctx) { /* the engine caps it at max_position_embeddings */

@@ -265,7 +265,7 @@ static int warm_seq(tl_engine *e, int n, char *err, size_t errlen) {
                            .seed = 1};
     tl_sample_out out[1 + TL_MAX_SPEC];
     tl_batch_entry b = {.sess = s, .tokens = tok, .n_tok = n, .sample = &sp, .out = out};
-    for (int step = 0; step < 3 && !rc; step++) {
+    for (int step = 0; step < 3; step++) {
         rc = tl_engine_step(e, &b, 1, err, errlen);
         if (rc || out[b.n_out - 1].token < 0) break;
         tok[0] = out[b.n_out - 1].token;
@@ -283,12 +283,14 @@ int tl_engine_warm_up(tl_engine *e, char *err, size_t errlen) {
     /* 640: the prefill kernels of long prompts (from 512 tokens), 256: those of short ones */
     static const int lens[] = {640, 256};
     tl_spec_stats keep = e->spec;
+    double t0 = tl_time_s();
     int rc = 0;
     for (int i = 0; i < 2 && !rc; i++) {
         int n = TL_MIN(lens[i], e->max_ctx - 4);
         if (n > 0) rc = warm_seq(e, n, err, errlen);
     }
     e->spec = keep; /* /metrics counts users' drafts only */
+    if (!rc) fprintf(stderr, "tulip: warm-up %.2f s\n", tl_time_s() - t0);
     return rc;
 }
 

@@ -163,12 +163,9 @@ static int open_all(tl_server *s, char *err, size_t errlen) {
         .spec_tokens = s->p.spec_tokens};
     int st = tl_engine_open(&s->eng, &ep, err, errlen);
     if (st) return st;
-    if (tl_engine_backend(s->eng) == TL_BACKEND_CUDA && !s->p.no_warmup) {
-        double t0 = tl_time_s();
+    if (tl_engine_backend(s->eng) == TL_BACKEND_CUDA && !s->p.no_warmup)
         st = tl_engine_warm_up(s->eng, err, errlen);
-        if (st) return st;
-        fprintf(stderr, "tulip: warm-up %.2f s\n", tl_time_s() - t0);
-    }
+    if (st) return st;
     const char *tp = s->p.tokenizer_path ? s->p.tokenizer_path : s->p.model_path;
     if (!tp)
         return tl_errf(err, errlen, TL_ERR_INVALID,
