@@ -8,8 +8,8 @@
  * kernel (tiles 6 and 7: wgmma with the weights dequantized into A registers) included, through a plan
  * whose experts hold 1 .. 200 tokens (every wgr token class, tiles past 128), gate/up with the
  * SwiGLU epilogue and down with the scatter, small and production sizes. Last the prefill
- * attention, the validated mma.sync kernel (TL_ATTN_WG=0), the wgmma one (the default) and the
- * warp-specialised one (TL_ATTN_WG=2), against a double
+ * attention, the validated mma.sync kernel (TL_ATTN_WG=0), the wgmma one (TL_ATTN_WG=1) and the
+ * warp-specialised one (the default), against a double
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
  * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host; the decode GDN step cut by
  * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu). The emulation runs a

@@ -1,7 +1,8 @@
 /* Flash-style causal prefill attention for the gated full-attention layers (head_dim 256, 16
  * query heads over 2 KV heads) on the tensor cores (bf16, fp32 online softmax), with the sigmoid
- * output gate fused into the epilogue. Owns three kernels (wgmma, the default; mma.sync with
- * TL_ATTN_WG=0; the warp-specialised wgmma one, two query heads a block, with TL_ATTN_WG=2)
+ * output gate fused into the epilogue. Owns three kernels (the warp-specialised wgmma one, two
+ * query heads a block, the default; the one-warpgroup wgmma one with TL_ATTN_WG=1; mma.sync with
+ * TL_ATTN_WG=0)
  * and tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes it, never
  * allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     }
 }
 
-/* ====== The wgmma variant (the default; TL_ATTN_WG=0: the mma.sync one above). ======
+/* ====== The wgmma variant (TL_ATTN_WG=1; its tile steps are the default kernel's). ======
  * math, inputs, outputs, masking: as attn_prefill_kernel (the same online softmax on the same
  *   score fragments; the final scaling divides by the row sum instead of multiplying by its
  *   inverse).
@@ -507,7 +508,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     aw_store_rows(o, so, gh, q0, h, n, in_f32, tid);
 }
 
-/* ====== The warp-specialised wgmma variant (TL_ATTN_WG=2). ======
+/* ====== The warp-specialised wgmma variant (the default since session 22). ======
  * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps it runs (aw_*).
  * threads: two consumer warpgroups and a producer warpgroup (384; setmaxnreg gives the
  *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two query heads
@@ -697,14 +698,15 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the wgmma kernel unless TL_ATTN_WG=0 (mma.sync) or 2 (warp-specialised; read at each call:
-     * the tests switch it) */
+    /* the warp-specialised kernel unless TL_ATTN_WG=1 (one warpgroup a head) or 0 (mma.sync);
+     * read at each call: the tests switch it (H100, session 22: 64K prefill 28,511 -> 32,142
+     * tok/s with the warp-specialised one) */
     const char *wg = getenv("TL_ATTN_WG");
-    const int ws = wg ? atoi(wg) : 1;
-    if (ws == 2)
+    const int kind = wg && *wg ? atoi(wg) : 2;
+    if (kind != 0 && kind != 1)
         TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel, dim3(grid.x, TL_N_HEAD / 2),
                   dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
-    else if (!wg || !*wg || atoi(wg) != 0)
+    else if (kind == 1)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     else
