@@ -64,8 +64,6 @@ static const env_switch env_switches[] = {
     {"TL_GEMV_ROWS=1", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs not taken by the slice kernel on the rows kernel instead of the "
      "persistent q4m kernel (A/B; same bits)"},
-    {"TL_Q4M_BPS=1", ENGINE_CMDS,
-     "CUDA: the persistent 4-bit decode GEMV and moe_up at one block an SM instead of two (A/B)"},
     {"TL_MOE_SLICE=1", ENGINE_CMDS,
      "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_SAMPLE_VEC=0|2|4", ENGINE_CMDS,

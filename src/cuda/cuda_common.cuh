@@ -126,7 +126,6 @@ int cb_moe_setup(void);
 int cb_attn_setup(void);
 /* Resident blocks of the persistent kernels: SMs x 2 (their launch bound); from tl_gpu_init. */
 int cb_grid_cap(void);
-int cb_q4m_grid_cap(void); /* blocks of the persistent q4m kernels (TL_Q4M_BPS) */
 
 /* ====== Scalars: bf16, activations, hashing ====== */
 

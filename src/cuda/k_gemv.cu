@@ -364,15 +364,6 @@ int cb_grid_cap(void) {
     }
     return grid_cap;
 }
-/* Blocks of the persistent q4m kernels (decode GEMV, moe_up): 2 an SM, or 1 with TL_Q4M_BPS=1
- * (A/B: one block an SM leaves room for the next kernel's blocks to become resident under PDL and
- * issue their weight loads during this one's tail). Which block runs a unit does not change its
- * sums: the same bits either way. */
-int cb_q4m_grid_cap(void) {
-    static int bps = -1;
-    if (bps < 0) bps = tl_env_is("TL_Q4M_BPS", 1) ? 1 : 2;
-    return cb_grid_cap() / 2 * bps;
-}
 
 /* The rows kernel for one tile of <= 8 tokens (TL_GEMV_ROWS=1 or tl_gpu_gemv_set_rows(1): on;
  * off by default, measured slower on the H200).
@@ -432,7 +423,7 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         size_t shm = q4m_smem(W->cols, n_rows) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
-        dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_q4m_grid_cap() / n_tt)), n_tt);
+        dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tt)), n_tt);
         auto kern = kpw == 32   ? gemv_q4m_kernel<32>
                     : kpw == 16 ? gemv_q4m_kernel<16>
                                 : gemv_q4m_kernel<8>;

@@ -631,7 +631,7 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     size_t shm = q4m_smem(K, 1) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
-    dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_q4m_grid_cap() / n_tok)), n_tok);
+    dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tok)), n_tok);
     auto kern = kpw == 32   ? moe_up_q4m_kernel<32>
                 : kpw == 16 ? moe_up_q4m_kernel<16>
                             : moe_up_q4m_kernel<8>;
