@@ -2,9 +2,8 @@
  * query heads over 2 KV heads) on the tensor cores (bf16, fp32 online softmax), with the sigmoid
  * output gate fused into the epilogue. Owns three kernels (the warp-specialised wgmma one, two
  * query heads a block, the default; the one-warpgroup wgmma one with TL_ATTN_WG=1; mma.sync with
- * TL_ATTN_WG=0)
- * and tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes it, never
- * allocates or synchronises.
+ * TL_ATTN_WG=0) and tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes
+ * it, never allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
 #include "cuda/cuda_common.cuh"
 #include "cuda/k_mbar.cuh"

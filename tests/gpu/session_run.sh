@@ -19,9 +19,10 @@
 #             session 8), all on, each on alone, two slice blocks an SM, the GDN step cut by
 #             columns), the same with --speculative-tokens 3, and the per-kernel table of one
 #             decode step (--prof) with the levers off and on
-#   prefill   the wgr kernel (k_gemm_wgr.cu, TL_MOE_WGR, TL_DENSE_WGR) and the wgmma attention
-#             (k_attn_prefill.cu, TL_ATTN_WG), the defaults since session 8: the prefill MoE,
-#             GEMM and attention tests (every tile, 6 and 7 included; both attention kernels),
+#   prefill   the wgr kernel (k_gemm_wgr.cu, TL_MOE_WGR, TL_DENSE_WGR, the default since session
+#             8) and the wgmma attention (k_attn_prefill.cu, TL_ATTN_WG; warp-specialised by
+#             default since session 22): the prefill MoE, GEMM and attention tests (every tile, 6
+#             and 7 included; the three attention kernels),
 #             the e2e tests with tile 7 forced, memchecks, then bench/env_ab.sh METRIC=prefill at
 #             1K, 4K and 16K with each on (default) and off, 2048- and 4096-token chunks
 #             (TL_CUDA_MAX_TOK; default 8192) and all of the old settings; then decode batches
