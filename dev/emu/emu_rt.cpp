@@ -233,14 +233,17 @@ void emu_ldmatrix(uint32_t *r, int nmat, const void *p, int trans) {
     emu_barrier(1 + w);
 }
 
-float emu_wg_elem(uint64_t d, int r, int k) {
+float emu_wg_elem(uint64_t d, int r, int k, int mn) {
     uint32_t start = (uint32_t)(d & 0x3FFF) << 4, sbo = (uint32_t)((d >> 32) & 0x3FFF) << 4;
-    if ((d >> 62) != 1 || k < 0 || k > 15 || (start & 15)) {
-        fprintf(stderr, "emu: wgmma descriptor %llx not a 128-byte-swizzled K-major tile\n",
-                (unsigned long long)d);
+    uint32_t lbo = (uint32_t)((d >> 16) & 0x3FFF) << 4;
+    if ((d >> 62) != 1 || k < 0 || k > 15 || (start & 15) || (mn && (lbo & 1023 || !lbo))) {
+        fprintf(stderr, "emu: wgmma descriptor %llx not a 128-byte-swizzled %s tile\n",
+                (unsigned long long)d, mn ? "MN-major" : "K-major");
         abort();
     }
-    uint32_t a = start + (uint32_t)(r / 8) * sbo + (uint32_t)(r % 8) * 128 + 2 * k;
+    uint32_t a = mn ? start + (uint32_t)(r / 64) * lbo + (uint32_t)(k / 8) * sbo +
+                          (uint32_t)(k % 8) * 128 + 2 * (r % 64)
+                    : start + (uint32_t)(r / 8) * sbo + (uint32_t)(r % 8) * 128 + 2 * k;
     a ^= ((a >> 7) & 7) << 4;
     uint16_t v;
     memcpy(&v, emu_smem_base + a, 2);
@@ -248,7 +251,8 @@ float emu_wg_elem(uint64_t d, int r, int k) {
 }
 
 static uint32_t wg_a[EMU_MAX / 128][128][4];
-void emu_wg_mma(float *d, int n, const uint32_t *a_regs, uint64_t da, uint64_t db, int acc_on) {
+void emu_wg_mma(float *d, int n, const uint32_t *a_regs, uint64_t da, uint64_t db, int acc_on,
+                int tb) {
     int i = (int)threadIdx.x, wg = i / 128, w = (i % 128) / 32, l = i % 32, g = l >> 2, t = l & 3;
     float A[2][16]; /* this thread's rows 16w + g, 16w + g + 8 */
     if (a_regs) {
@@ -263,13 +267,13 @@ void emu_wg_mma(float *d, int n, const uint32_t *a_regs, uint64_t da, uint64_t d
         emu_barrier(1000 + wg);
     } else {
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 16; k++) A[h][k] = emu_wg_elem(da, 16 * w + g + 8 * h, k);
+            for (int k = 0; k < 16; k++) A[h][k] = emu_wg_elem(da, 16 * w + g + 8 * h, k, 0);
     }
     for (int j = 0; j < n / 8; j++)
         for (int e = 0; e < 2; e++) {
             int col = 8 * j + 2 * t + e;
             float B[16];
-            for (int k = 0; k < 16; k++) B[k] = emu_wg_elem(db, col, k);
+            for (int k = 0; k < 16; k++) B[k] = emu_wg_elem(db, col, k, tb);
             for (int h = 0; h < 2; h++) {
                 float s = acc_on ? d[4 * j + 2 * h + e] : 0.f;
                 for (int k = 0; k < 16; k++) s += A[h][k] * B[k];

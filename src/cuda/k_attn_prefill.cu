@@ -394,16 +394,18 @@ static __device__ __forceinline__ void aw_stage_out(float *so, const float (&oac
         }
 }
 
-/* The tile's output rows from so (128 threads tid): the gate, bf16, 16-byte stores. */
+/* The tile's output rows from so (128 threads tid): the gate, bf16, 16-byte stores. so holds
+ * row r's dim d at r * ld + d, or (swz) at r * ld + (d ^ 8 (r % 4)) (as_stage_out_r's). */
 static __device__ __forceinline__ void aw_store_rows(uint16_t *o, const float *so,
                                                      const tl_gpu_heads &gh, int q0, int h, int n,
-                                                     int in_f32, int tid) {
+                                                     int in_f32, int tid, int ld, bool swz) {
     for (int c = tid; c < AP_BQ * 32; c += AP_THREADS) {
         int r = c >> 5, d0 = (c & 31) * 8, tq = q0 + r;
         if (tq >= n) continue;
+        const float *src = so + r * ld + (swz ? d0 ^ ((r & 3) << 3) : d0);
         float v[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = so[r * AW_OLD + d0 + i];
+        for (int i = 0; i < 8; i++) v[i] = src[i];
         if (gh.p) {
             size_t goff = (size_t)tq * gh.tok_stride + (size_t)h * gh.head_stride + d0;
             float gv[8];
@@ -504,51 +506,62 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     float *so = (float *)sK; /* 64 x AW_OLD floats over the K and V tiles */
     aw_stage_out(so, oacc, s_l, warp, g, t);
     __syncthreads();
-    aw_store_rows(o, so, gh, q0, h, n, in_f32, tid);
+    aw_store_rows(o, so, gh, q0, h, n, in_f32, tid, AW_OLD, false);
 }
 
-/* ====== The warp-specialised wgmma variant (the default since session 22). ======
- * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps it runs (aw_*).
+/* ====== The warp-specialised wgmma variants (the default since session 22). ======
+ * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps they run (aw_*).
  * threads: two consumer warpgroups and a producer warpgroup (384; setmaxnreg gives the
  *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two query heads
  *   2y, 2y + 1, which read the same KV head: warpgroup w runs head 2y + w as
  *   attn_prefill_wg_kernel's block does, so each K and V tile is copied once for two heads (half
  *   the L2 reads), and the two warpgroups, meeting only at the stages, overlap each other's
  *   softmax with their wgmma as two blocks on an SM do.
+ * PR (P in registers, TL_ATTN_WG=3): O = P V as FA3 computes it, not transposed: the softmax's
+ *   P (bf16) stays in the registers it was computed in, which are exactly the A fragments of the
+ *   next wgmma (the S accumulator layout is the A register layout), and V is the B operand read
+ *   N-major from shared memory (imm-trans-b; V tiles stored as K's, four swizzled 64-dim
+ *   sub-tiles: wg_desc_mn with LBO 8 KB between them, SBO 1 KB between 8-key groups): four
+ *   m64n256k16 a tile instead of sixteen m64n64k16, no P or correction factors through shared
+ *   memory, no named barriers in the loop, no V fragments in registers; a row's correction
+ *   factor and sum stay in the lane that holds its accumulators. Else (PR false, the default)
+ *   attn_prefill_wg_kernel's O^T += V^T P^T with P through shared memory.
  * pipeline: 2-slot rings for K and for V. The producer copies K of tile kt into K slot kt % 2
  *   once both warpgroups released K of tile kt - 2 (mbarrier emptyK[slot], one arrival a
  *   consumer warp), its copies' completion arriving on fullK[slot] (cp.async.mbarrier.arrive.noinc,
  *   one a thread; thread i copies 16-byte column i % 32 of rows i / 32 + 4 j); V likewise. A
  *   consumer waits on fullK, fences the copies for the wgmma (async proxy), runs S, releases K;
- *   V (read by ldmatrix, the generic proxy) after its P V. P and the correction factors go
- *   through the warpgroup's own shared buffers (named barriers 1 + w of 128 threads).
+ *   V after its P V. Without PR, P and the correction factors go through the warpgroup's own
+ *   shared buffers (named barriers 1 + w of 128 threads).
  * not done: S of tile kt + 1 issued before tile kt's softmax (FA3's overlap at smaller head
  *   sizes) needs a second score set; next to O^T's 128 accumulators ptxas spilled and serialised
- *   the wgmma (C7512) at the 232 registers a consumer gets.
+ *   the wgmma (C7512) at the 232 registers a consumer gets (without PR).
  * epilogue: both warpgroups past their last tile (named barrier 3, 256 threads), warpgroup w's
- *   O^T / l over K slot w and V slot w, then attn_prefill_wg_kernel's row stores.
+ *   O / l over K slot w and V slot w, then attn_prefill_wg_kernel's row stores.
  * smem: Q 2 x 32 KB, (K 32 KB + V 33 KB) x 2, P 2 x 8 KB, factors and sums 1 KB, 8 mbarriers:
- *   ~213 KB, one block an SM.
- * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2); dev/emu. */
+ *   ~213 KB, one block an SM (PR leaves P and the factors unused).
+ * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2, 3); dev/emu. */
 #define AS_THREADS     (3 * AP_THREADS)
 #define AS_STAGE_BYTES (AW_QK_BYTES + AW_V_BYTES) /* K slot s, then V slot s */
 #define AS_SMEM        (2 * AW_QK_BYTES + 2 * AS_STAGE_BYTES + 2 * AW_P_BYTES + 4 * 64 * 4 + 64 + 1024)
 static_assert(AS_STAGE_BYTES >= AP_BQ * AW_OLD * 4, "a warpgroup's output tile fits a stage");
+static_assert(AS_STAGE_BYTES % 1024 == 0 && AW_QK_BYTES % 1024 == 0, "V slots 1024-byte aligned");
 
 /* the ring's mbarriers: full then empty, of K then of V, two slots each */
 struct as_bars {
     uint64_t fk[2], fv[2], ek[2], ev[2];
 };
 
-/* The producer warpgroup (thread i): tiles 0 .. n_kt - 1 of KV head kvh into the slots. */
+/* The producer warpgroup (thread i): tiles 0 .. n_kt - 1 of KV head kvh into the slots; V as
+ * padded rows, or (PR) as K's swizzled sub-tiles. */
+template <bool PR>
 static __device__ __forceinline__ void as_produce(uint8_t *stage0, as_bars *b,
                                                   const tl_gpu_kv_view &kv, int kvh, int kv_len,
                                                   int n_kt, int i) {
     const int lane = i & 31, r0 = i >> 5;
     for (int kt = 0; kt < n_kt; kt++) {
         const int sl = kt & 1, fill = kt >> 1, kpos0 = kt * AP_BK;
-        uint8_t *sK = stage0 + sl * AS_STAGE_BYTES;
-        uint16_t *sV = (uint16_t *)(sK + AW_QK_BYTES);
+        uint8_t *sK = stage0 + sl * AS_STAGE_BYTES, *sV = sK + AW_QK_BYTES;
         if (fill > 0) mbar_wait(&b->ek[sl], (fill - 1) & 1); /* both released K of kt - 2 */
         const uint16_t *src = ap_tile_base(kv, kv.k, kpos0, kvh) + lane * 8;
 #pragma unroll 4
@@ -563,8 +576,8 @@ static __device__ __forceinline__ void as_produce(uint8_t *stage0, as_bars *b,
 #pragma unroll 4
         for (int r = r0; r < AP_BK; r += AP_THREADS / 32) {
             const int ok = kpos0 + r < kv_len;
-            cp_async16(sV + r * AP_LDS + lane * 8, src + (size_t)(ok ? r : 0) * kv.tok_stride,
-                       ok ? 16 : 0);
+            uint8_t *dst = PR ? sV + aw_chunk(r, lane) : sV + (r * AP_LDS + lane * 8) * 2;
+            cp_async16(dst, src + (size_t)(ok ? r : 0) * kv.tok_stride, ok ? 16 : 0);
         }
         mbar_arrive_cp_async(&b->fv[sl]);
     }
@@ -603,21 +616,70 @@ struct as_cons {
         aw_pv(oacc, s_alpha, (const uint16_t *)(k_slot(kt) + AW_QK_BYTES), sp_a, kt > 0, lane, warp,
               t);
     }
+    /* PR: the tile's softmax on s, O's rows rescaled, then O += P V with P from s's registers
+     * (committed, not waited for). o[4j + 2h + e] = (query 16w + g + 8h, dim 8j + 2t + e). */
+    __device__ __forceinline__ void softmax_pv_r(float (&o)[128], float (&s)[32], int kt) {
+        const int kbase = kt * AP_BK;
+        float alpha[2];
+        ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
+        uint32_t pf[4][4]; /* the A fragments of keys 16ks .. 16ks + 15 (attn_prefill_kernel's) */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            pf[j >> 1][(j & 1) * 2 + 0] = bf16x2_pack(s[4 * j], s[4 * j + 1]);
+            pf[j >> 1][(j & 1) * 2 + 1] = bf16x2_pack(s[4 * j + 2], s[4 * j + 3]);
+        }
+        if (kt > 0)
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= alpha[0], o[4 * j + 1] *= alpha[0];
+                o[4 * j + 2] *= alpha[1], o[4 * j + 3] *= alpha[1];
+            }
+        mbar_wait(&b->fv[kt & 1], (kt >> 1) & 1);
+        wg_fence_proxy(); /* V's copies before the wgmma's reads */
+        wg_fence();       /* pf and the rescaled o were written by ordinary instructions */
+        const uint32_t sv_a = smem_u32(k_slot(kt) + AW_QK_BYTES);
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+            wg_mma_rs_tb256(o, pf[ks], wg_desc_mn(sv_a + ks * 2048, 64 * 128, 1024), kt > 0 || ks);
+        wg_commit();
+    }
 };
 
-/* The tiles one after another: S, softmax, P V. */
-static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][32], int n_kt) {
+/* The tiles one after another: S, softmax, P V (Acc: O^T as float[4][32], or O as float[128]
+ * with PR). */
+template <bool PR, class Acc>
+static __device__ __forceinline__ void as_consume(as_cons &c, Acc &oacc, int n_kt) {
     for (int kt = 0; kt < n_kt; kt++) {
         float s[32];
         c.wait_k(kt);
         aw_scores(s, c.sq_a, smem_u32(c.k_slot(kt)));
         if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]); /* this warp is done with K */
-        c.softmax_pv(oacc, s, kt);
+        if constexpr (PR)
+            c.softmax_pv_r(oacc, s, kt);
+        else
+            c.softmax_pv(oacc, s, kt);
         wg_wait<0>();
         if (c.lane == 0) mbar_arrive(&c.b->ev[kt & 1]);
     }
 }
 
+/* PR: O / l into so as [query][dim] f32, 256 floats a row, dims XOR 8 (query % 4) (8-byte
+ * stores of a half-warp in distinct banks); l = the row sums (already summed across the quad) */
+static __device__ __forceinline__ void as_stage_out_r(float *so, const float (&o)[128],
+                                                      const float (&l)[2], int warp, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int q = warp * 16 + g + 8 * h;
+        const float inv_l = 1.0f / l[h];
+        float *row = so + q * 256;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            *(float2 *)(row + ((8 * j + 2 * t) ^ ((q & 3) << 3))) =
+                make_float2(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
+    }
+}
+
+template <bool PR>
 __global__ void __launch_bounds__(AS_THREADS, 1)
     attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
@@ -640,7 +702,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     __syncthreads();
     if (tid >= 2 * AP_THREADS) { /* the roles never merge: ptxas budgets each */
         regs_dec<40>();
-        return as_produce(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
+        return as_produce<PR>(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
     }
     regs_inc<232>();
 
@@ -659,16 +721,24 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     c.pos0 = pos0, c.q0 = q0, c.lane = lane, c.warp = warp, c.g = g, c.t = t, c.wg = wg;
     c.qpos[0] = pos0 + q0 + warp * 16 + g, c.qpos[1] = c.qpos[0] + 8;
     c.mrow[0] = c.mrow[1] = -INFINITY, c.lrow[0] = c.lrow[1] = 0.f;
-    float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
-    as_consume(c, oacc, n_kt);
-
-    float *s_l = sf + (2 + wg) * 64;
-    aw_row_sums(s_l, c.lrow, warp, g, t);
-    bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
-    float *so = (float *)(stage0 + wg * AS_STAGE_BYTES);
-    aw_stage_out(so, oacc, s_l, warp, g, t);
+    float *so = (float *)(stage0 + wg * AS_STAGE_BYTES); /* the output tile, after the loop */
+    if constexpr (PR) {
+        float oacc[128]; /* O: (query 16w + g + 8h, dim 8j + 2t + e) at oacc[4j + 2h + e] */
+        as_consume<true>(c, oacc, n_kt);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) c.lrow[hr] = ap_quad_sum(c.lrow[hr]);
+        bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
+        as_stage_out_r(so, oacc, c.lrow, warp, g, t);
+    } else {
+        float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
+        as_consume<false>(c, oacc, n_kt);
+        float *s_l = sf + (2 + wg) * 64;
+        aw_row_sums(s_l, c.lrow, warp, g, t);
+        bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
+        aw_stage_out(so, oacc, s_l, warp, g, t);
+    }
     bar_sync_named(1 + wg, AP_THREADS);
-    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid);
+    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid, PR ? 256 : AW_OLD, PR);
 }
 
 extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
@@ -690,20 +760,26 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
             cudaFuncSetAttribute(attn_prefill_wg_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 AS_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the warp-specialised kernel unless TL_ATTN_WG=1 (one warpgroup a head) or 0 (mma.sync);
-     * read at each call: the tests switch it (H100, session 22: 64K prefill 28,511 -> 32,142
-     * tok/s with the warp-specialised one) */
+    /* the warp-specialised kernel unless TL_ATTN_WG=1 (one warpgroup a head), 0 (mma.sync) or 3
+     * (warp-specialised, P in registers); read at each call: the tests switch it (H100, session
+     * 22: 64K prefill 28,511 -> 32,142 tok/s with the warp-specialised one) */
     const char *wg = getenv("TL_ATTN_WG");
     const int kind = wg && *wg ? atoi(wg) : 2;
-    if (kind != 0 && kind != 1)
-        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel, dim3(grid.x, TL_N_HEAD / 2),
+    if (kind == 3)
+        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<true>, dim3(grid.x, TL_N_HEAD / 2),
+                  dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+    else if (kind != 0 && kind != 1)
+        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel<false>, dim3(grid.x, TL_N_HEAD / 2),
                   dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
     else if (kind == 1)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,

@@ -1,13 +1,13 @@
 /* The Hopper warpgroup MMA (wgmma) instructions the prefill GEMMs use (k_gemm.cu), as inline PTX:
  * the fences, the commit and wait of a wgmma group, m64n256k16 with both operands in shared
- * memory (descriptors), m64n64k16 likewise with a run-time scale-d, and m64nNk16 (N = 32, 64, 96,
- * 128, 256) with A in registers. bf16 inputs, f32
- * accumulators, no scaling or transposition. The descriptors and the swizzled tile layout they
- * describe: k_wgdesc.cuh (wg_desc, wg_swz). The host emulator (dev/emu) replaces this header
- * with its own model of the same instructions.
- * Fragments (per warp w of the warpgroup, g = lane / 4, t = lane % 4): A in registers as the
- * mma.sync m16n8k16 A fragment of rows 16w .. 16w + 15 (a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g,
- * 2t + 8..), a3 (g + 8, 2t + 8..)); D[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2t + e). */
+ * memory (descriptors), m64n64k16 likewise with a run-time scale-d, m64nNk16 (N = 32, 64, 96,
+ * 128, 256) with A in registers, and m64n256k16 with A in registers and B N-major (wg_mma_rs_tb:
+ * imm-trans-b 1, B described by wg_desc_mn). bf16 inputs, f32 accumulators, no scaling. The
+ * descriptors and the swizzled tile layout they describe: k_wgdesc.cuh (wg_desc, wg_swz). The host
+ * emulator (dev/emu) replaces this header with its own model of the same instructions. Fragments
+ * (per warp w of the warpgroup, g = lane / 4, t = lane % 4): A in registers as the mma.sync
+ * m16n8k16 A fragment of rows 16w .. 16w + 15 (a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3
+ * (g + 8, 2t + 8..)); D[4j + 2h + e] = (row 16w + g + 8h, column 8j + 2t + e). */
 #ifndef TL_K_WGMMA_CUH
 #define TL_K_WGMMA_CUH
 
@@ -151,6 +151,16 @@ __device__ __forceinline__ void wg_mma_rs<256>(float *d, const uint32_t (&a)[4],
     asm volatile("{\n.reg .pred sd;\nsetp.ne.b32 sd, %133, "
                  "0;\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_R128
                  "}, {%128, %129, %130, %131}, %132, sd, 1, 1, 0;\n}\n"
+                 : WG_D128
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc_on));
+}
+
+/* d[0..127] (+)= A(64x16, registers) * B(16 x 256, smem desc, N-major: wg_desc_mn) */
+static __device__ __forceinline__ void wg_mma_rs_tb256(float *d, const uint32_t (&a)[4],
+                                                       uint64_t db, int acc_on) {
+    asm volatile("{\n.reg .pred sd;\nsetp.ne.b32 sd, %133, "
+                 "0;\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_R128
+                 "}, {%128, %129, %130, %131}, %132, sd, 1, 1, 1;\n}\n"
                  : WG_D128
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc_on));
 }
