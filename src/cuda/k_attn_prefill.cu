@@ -616,24 +616,22 @@ struct as_cons {
         aw_pv(oacc, s_alpha, (const uint16_t *)(k_slot(kt) + AW_QK_BYTES), sp_a, kt > 0, lane, warp,
               t);
     }
-    /* PR: the tile's softmax on s, O's rows rescaled, then O += P V with P from s's registers
-     * (committed, not waited for). o[4j + 2h + e] = (query 16w + g + 8h, dim 8j + 2t + e). */
-    __device__ __forceinline__ void softmax_pv_r(float (&o)[128], float (&s)[32], int kt) {
+    /* PR steps. o[4j + 2h + e] = (query 16w + g + 8h, dim 8j + 2t + e). The tile's softmax on
+     * s and its rows' correction factors; then (pack_p) P as the A fragments of the P V wgmma
+     * (keys 16ks .. 16ks + 15 in pf[ks]: attn_prefill_kernel's). */
+    __device__ __forceinline__ void softmax_s(float (&alpha)[2], float (&s)[32], int kt) {
         const int kbase = kt * AP_BK;
-        float alpha[2];
         ap_softmax_tile(s, mrow, lrow, alpha, kbase, kbase + AP_BK - 1 > pos0 + q0, qpos, t);
-        uint32_t pf[4][4]; /* the A fragments of keys 16ks .. 16ks + 15 (attn_prefill_kernel's) */
+    }
+    static __device__ __forceinline__ void pack_p(uint32_t (&pf)[4][4], const float (&s)[32]) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             pf[j >> 1][(j & 1) * 2 + 0] = bf16x2_pack(s[4 * j], s[4 * j + 1]);
             pf[j >> 1][(j & 1) * 2 + 1] = bf16x2_pack(s[4 * j + 2], s[4 * j + 3]);
         }
-        if (kt > 0)
-#pragma unroll
-            for (int j = 0; j < 32; j++) {
-                o[4 * j] *= alpha[0], o[4 * j + 1] *= alpha[0];
-                o[4 * j + 2] *= alpha[1], o[4 * j + 3] *= alpha[1];
-            }
+    }
+    /* O += P V of tile kt once its V landed (committed, not waited for; kt 0 sets O) */
+    __device__ __forceinline__ void pv_r(float (&o)[128], const uint32_t (&pf)[4][4], int kt) {
         mbar_wait(&b->fv[kt & 1], (kt >> 1) & 1);
         wg_fence_proxy(); /* V's copies before the wgmma's reads */
         wg_fence();       /* pf and the rescaled o were written by ordinary instructions */
@@ -645,22 +643,82 @@ struct as_cons {
     }
 };
 
-/* The tiles one after another: S, softmax, P V (Acc: O^T as float[4][32], or O as float[128]
- * with PR). */
-template <bool PR, class Acc>
-static __device__ __forceinline__ void as_consume(as_cons &c, Acc &oacc, int n_kt) {
+/* O's rows scaled by their correction factors */
+static __device__ __forceinline__ void as_rescale(float (&o)[128], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        o[4 * j] *= alpha[0], o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1], o[4 * j + 3] *= alpha[1];
+    }
+}
+
+/* The tiles one after another: S, softmax, P V (O^T as float[4][32]). */
+static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][32], int n_kt) {
     for (int kt = 0; kt < n_kt; kt++) {
         float s[32];
         c.wait_k(kt);
         aw_scores(s, c.sq_a, smem_u32(c.k_slot(kt)));
         if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]); /* this warp is done with K */
-        if constexpr (PR)
-            c.softmax_pv_r(oacc, s, kt);
-        else
-            c.softmax_pv(oacc, s, kt);
+        c.softmax_pv(oacc, s, kt);
         wg_wait<0>();
         if (c.lane == 0) mbar_arrive(&c.b->ev[kt & 1]);
     }
+}
+
+/* PR, the tiles one after another (TL_ATTN_WG=4): S, softmax, P V. */
+static __device__ __forceinline__ void as_consume_r(as_cons &c, float (&o)[128], int n_kt) {
+    for (int kt = 0; kt < n_kt; kt++) {
+        float s[32], alpha[2];
+        uint32_t pf[4][4];
+        c.wait_k(kt);
+        aw_scores(s, c.sq_a, smem_u32(c.k_slot(kt)));
+        if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]);
+        c.softmax_s(alpha, s, kt);
+        c.pack_p(pf, s);
+        if (kt > 0) as_rescale(o, alpha);
+        c.pv_r(o, pf, kt);
+        wg_wait<0>();
+        wg_pin(o);
+        if (c.lane == 0) mbar_arrive(&c.b->ev[kt & 1]);
+    }
+}
+
+/* PR, overlapped (TL_ATTN_WG=3, FA3's intra-warpgroup order): S of tile kt is issued, then P V
+ * of tile kt - 1, and tile kt's softmax runs while that P V is on the tensor cores; once it is
+ * done, O is rescaled by tile kt's factors and tile kt's P packed into the A fragments (not
+ * before: the in-flight wgmma reads them). */
+static __device__ __forceinline__ void as_consume_ro(as_cons &c, float (&o)[128], int n_kt) {
+    float s[32], alpha[2];
+    uint32_t pf[4][4];
+    c.wait_k(0);
+    aw_scores(s, c.sq_a, smem_u32(c.k_slot(0)));
+    if (c.lane == 0) mbar_arrive(&c.b->ek[0]);
+    c.softmax_s(alpha, s, 0);
+    c.pack_p(pf, s);
+    for (int kt = 1; kt < n_kt; kt++) {
+        c.wait_k(kt);
+        wg_fence(); /* s was read and written by the softmax */
+#pragma unroll
+        for (int kk = 0; kk < AP_D / 16; kk++) {
+            uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+            wg_mma_ss<64>(s, wg_desc(c.sq_a + off), wg_desc(smem_u32(c.k_slot(kt)) + off), kk);
+        }
+        wg_commit();
+        c.pv_r(o, pf, kt - 1);
+        wg_wait<1>(); /* S of tile kt is done */
+        wg_pin(s);
+        if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]);
+        c.softmax_s(alpha, s, kt);
+        wg_wait<0>(); /* P V of tile kt - 1 is done */
+        wg_pin(o);
+        if (c.lane == 0) mbar_arrive(&c.b->ev[(kt - 1) & 1]);
+        as_rescale(o, alpha);
+        c.pack_p(pf, s);
+    }
+    c.pv_r(o, pf, n_kt - 1);
+    wg_wait<0>();
+    wg_pin(o);
+    if (c.lane == 0) mbar_arrive(&c.b->ev[(n_kt - 1) & 1]);
 }
 
 /* PR: O / l into so as [query][dim] f32, 256 floats a row, dims XOR 8 (query % 4) (8-byte
@@ -679,7 +737,8 @@ static __device__ __forceinline__ void as_stage_out_r(float *so, const float (&o
     }
 }
 
-template <bool PR>
+/* MODE 0: P through shared memory; 1: P in registers (PR), tiles in series; 2: PR overlapped */
+template <int MODE>
 __global__ void __launch_bounds__(AS_THREADS, 1)
     attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
@@ -702,7 +761,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     __syncthreads();
     if (tid >= 2 * AP_THREADS) { /* the roles never merge: ptxas budgets each */
         regs_dec<40>();
-        return as_produce<PR>(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
+        return as_produce<(MODE > 0)>(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
     }
     regs_inc<232>();
 
@@ -722,23 +781,26 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     c.qpos[0] = pos0 + q0 + warp * 16 + g, c.qpos[1] = c.qpos[0] + 8;
     c.mrow[0] = c.mrow[1] = -INFINITY, c.lrow[0] = c.lrow[1] = 0.f;
     float *so = (float *)(stage0 + wg * AS_STAGE_BYTES); /* the output tile, after the loop */
-    if constexpr (PR) {
+    if constexpr (MODE > 0) {
         float oacc[128]; /* O: (query 16w + g + 8h, dim 8j + 2t + e) at oacc[4j + 2h + e] */
-        as_consume<true>(c, oacc, n_kt);
+        if constexpr (MODE == 2)
+            as_consume_ro(c, oacc, n_kt);
+        else
+            as_consume_r(c, oacc, n_kt);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) c.lrow[hr] = ap_quad_sum(c.lrow[hr]);
         bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
         as_stage_out_r(so, oacc, c.lrow, warp, g, t);
     } else {
         float oacc[4][32]; /* O^T, dim block mb: (dim 64mb + 16w + g + 8hh, query 8j + 2t + e) */
-        as_consume<false>(c, oacc, n_kt);
+        as_consume(c, oacc, n_kt);
         float *s_l = sf + (2 + wg) * 64;
         aw_row_sums(s_l, c.lrow, warp, g, t);
         bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
         aw_stage_out(so, oacc, s_l, warp, g, t);
     }
     bar_sync_named(1 + wg, AP_THREADS);
-    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid, PR ? 256 : AW_OLD, PR);
+    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid, MODE > 0 ? 256 : AW_OLD, MODE > 0);
 }
 
 extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
@@ -760,27 +822,36 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
             cudaFuncSetAttribute(attn_prefill_wg_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<false>,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<0>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 AS_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<2>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the warp-specialised kernel unless TL_ATTN_WG=1 (one warpgroup a head), 0 (mma.sync) or 3
-     * (warp-specialised, P in registers); read at each call: the tests switch it (H100, session
-     * 22: 64K prefill 28,511 -> 32,142 tok/s with the warp-specialised one) */
+    /* the warp-specialised kernel unless TL_ATTN_WG=1 (one warpgroup a head), 0 (mma.sync), 3
+     * (warp-specialised, P in registers, overlapped) or 4 (P in registers, in series); read at
+     * each call: the tests switch it (H100, session 22: 64K prefill 28,511 -> 32,142 tok/s with
+     * the warp-specialised one) */
     const char *wg = getenv("TL_ATTN_WG");
     const int kind = wg && *wg ? atoi(wg) : 2;
+    const dim3 gws(grid.x, TL_N_HEAD / 2);
+    const int f32 = (int)(flags & TL_ATTN_IN_F32);
     if (kind == 3)
-        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<true>, dim3(grid.x, TL_N_HEAD / 2),
-                  dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<2>, gws, dim3(AS_THREADS), AS_SMEM,
+                  o, *q, g, *kv, n, pos0, f32);
+    else if (kind == 4)
+        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<1>, gws, dim3(AS_THREADS), AS_SMEM,
+                  o, *q, g, *kv, n, pos0, f32);
     else if (kind != 0 && kind != 1)
-        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel<false>, dim3(grid.x, TL_N_HEAD / 2),
-                  dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel<0>, gws, dim3(AS_THREADS), AS_SMEM,
+                  o, *q, g, *kv, n, pos0, f32);
     else if (kind == 1)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));

@@ -30,6 +30,14 @@ template <int N> static __device__ __forceinline__ void wg_wait(void) {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+/* Registers r pinned here: the compiler may not move their uses above this point (after a
+ * wgmma wait the accumulators' values exist only from the wait on; CUTLASS's
+ * warpgroup_fence_operand does the same). */
+template <int N> static __device__ __forceinline__ void wg_pin(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 /* The 128 accumulator operands of an m64n256 wgmma: their placeholders %0 .. %127 and the
  * read-write bindings to d[0 .. 127]. */
 #define WG_R128                                                                                    \

@@ -18,6 +18,7 @@ static inline void wg_fence_proxy(void) {}
 static inline void wg_fence(void) {}
 static inline void wg_commit(void) {}
 template <int N> static inline void wg_wait(void) {}
+template <int N> static inline void wg_pin(float (&)[N]) {}
 
 /* element (r, k) of the K-major (mn: (n, k) of the MN-major), 128-byte-swizzled tile the
  * descriptor d describes */
