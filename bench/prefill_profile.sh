@@ -13,6 +13,7 @@
 #   ARGS     bench arguments (default "--random-weights --bits 4"; --bits 16 for bf16)
 #   TULIP    the binary (default build/cuda/tulip)
 #   TOP      rows before "the rest" (default 12)
+#   GRID     1: one row per kernel and launch grid (a MoE's gate/up apart from its down)
 #   OUT      where ncu.csv, bench.txt and table.md go (default /tmp/prefill-profile)
 #   NCU      ncu binary (default: ncu on PATH); NCU=none, or no ncu found, uses the CUDA-events
 #            fallback: bench --prof-prefill / --prof (an event after every launch of an eager
@@ -52,4 +53,8 @@ rc=$?
 if [ $rc -ne 0 ]; then
     echo "ncu / bench failed (rc $rc):"; tail -8 "$O/bench.txt" "$O/ncu.csv" 2>/dev/null; exit $rc
 fi
-python3 tools/ncu_step_table.py "$O/ncu.csv" --all --templates --ms --top "${TOP:-12}" | tee "$O/table.md"
+grid=
+[ "${GRID:-0}" = 1 ] && grid=--grid
+# shellcheck disable=SC2086
+python3 tools/ncu_step_table.py "$O/ncu.csv" --all --templates $grid --ms --top "${TOP:-12}" |
+    tee "$O/table.md"

@@ -8,10 +8,12 @@ in the CSV (a log of `ncu --profile-from-start off` around one step: tulip bench
 --profile-range, bench/prefill_profile.sh). Each kernel is timed by ncu alone (serialised,
 caches flushed per kernel by default, no launch gaps), so the sum is the device time of the step
 without launch overhead; the table groups kernels by name (--templates: by name with template
-arguments, gemm_mma_kernel<4, 1, 4> apart from gemm_mma_kernel<4, 2, 4>), sorted by time.
+arguments, gemm_mma_kernel<4, 1, 4> apart from gemm_mma_kernel<4, 2, 4>; --grid: also by launch
+grid, so the calls of one kernel on different shapes -- a MoE's gate/up and down -- are rows of
+their own), sorted by time.
 --ms: the columns of issue 13 (kernel, calls, ms, share, DRAM GB, GB/s); --top N: the N slowest
 groups, then one row for the rest.
-Usage: tools/ncu_step_table.py ncu.csv [--first NAME | --all] [--templates] [--ms] [--top N]
+Usage: tools/ncu_step_table.py ncu.csv [--first NAME | --all] [--templates] [--grid] [--ms] [--top N]
 """
 import argparse
 import csv
@@ -72,12 +74,14 @@ def select(rows, first="embed_row_kernel", all_kernels=False):
     return ks[start:]
 
 
-def group(rows, step, templates=False):
-    """{name: [calls, us, DRAM bytes]} over the step's kernels, slowest first."""
+def group(rows, step, templates=False, grid=False):
+    """{name: [calls, us, DRAM bytes]} over the step's kernels, slowest first (grid: the name
+    followed by ' grid (x, y, z)', one group per launch grid)."""
     groups = OrderedDict()
     for k in step:
         m = rows[k]
-        g = groups.setdefault(kernel_name(k[1], templates), [0, 0.0, 0.0])
+        name = kernel_name(k[1], templates) + (f" grid {k[2]}" if grid else "")
+        g = groups.setdefault(name, [0, 0.0, 0.0])
         g[0] += 1
         g[1] += m.get("gpu__time_duration.sum", 0.0)
         g[2] += m.get("dram__bytes_read.sum", 0.0) + m.get("dram__bytes_write.sum", 0.0)
@@ -119,6 +123,7 @@ def main():
     ap.add_argument("--first", default="embed_row_kernel")
     ap.add_argument("--all", action="store_true", help="every kernel in the CSV")
     ap.add_argument("--templates", action="store_true", help="group by name with template arguments")
+    ap.add_argument("--grid", action="store_true", help="one group per kernel name and launch grid")
     ap.add_argument("--ms", action="store_true", help="ms columns (issue 13's prefill table)")
     ap.add_argument("--top", type=int, help="the N slowest groups, then one row for the rest")
     a = ap.parse_args()
@@ -126,7 +131,7 @@ def main():
         rows = parse(list(f))
     if not rows:
         raise SystemExit(f"{a.csv}: no ncu CSV rows (was the range empty, or ncu not run with --csv?)")
-    groups = group(rows, select(rows, a.first, a.all), a.templates)
+    groups = group(rows, select(rows, a.first, a.all), a.templates, a.grid)
     print("\n".join(table(groups, a.ms, a.top)))
 
 

@@ -100,3 +100,13 @@ def test_short_unit_names():
     lines = open(CSV).read().replace('"usecond","800"', '"ns","800000"').splitlines(True)
     t = {k[0]: m["gpu__time_duration.sum"] for k, m in nt.parse(lines).items()}
     assert t[2] == pytest.approx(800)
+
+
+def test_grid_groups_the_launch_shapes_apart():
+    r = rows()
+    g = nt.group(r, nt.select(r, all_kernels=True), templates=True, grid=True)
+    # embed_row_kernel ran on two grids (IDs 0 and 5): two rows; gemm<4, 1, 4> on one
+    assert g["embed_row_kernel grid (4096, 1, 1)"][0] == 1
+    assert g["embed_row_kernel grid (2048, 1, 1)"][0] == 1
+    assert g["gemm_mma_kernel<4, 1, 4> grid (64, 16, 1)"] == [2, pytest.approx(2400), pytest.approx(1.2e9)]
+    assert len(g) == 6
