@@ -86,11 +86,11 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},
-    {"TL_ATTN_WG=0|1|3|4", ENGINE_CMDS,
+    {"TL_ATTN_WG=0|1|2", ENGINE_CMDS,
      "CUDA: prefill attention on the mma.sync kernel (0), the one-warpgroup wgmma one (1) or the "
-     "warp-specialised one with P in registers (O = P V, V read N-major; 3: the softmax of a tile "
-     "overlapping the previous tile's P V, 4: in series) instead of the warp-specialised wgmma "
-     "one (two query heads a block share each K/V tile; A/B)"},
+     "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "
+     "with P in registers (two query heads a block share each K/V tile; O = P V with V read "
+     "N-major; A/B)"},
     {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256, wgr 6:2 7:4 warpgroups)"},

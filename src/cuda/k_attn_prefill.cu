@@ -1,8 +1,9 @@
 /* Flash-style causal prefill attention for the gated full-attention layers (head_dim 256, 16
  * query heads over 2 KV heads) on the tensor cores (bf16, fp32 online softmax), with the sigmoid
- * output gate fused into the epilogue. Owns three kernels (the warp-specialised wgmma one, two
- * query heads a block, the default; the one-warpgroup wgmma one with TL_ATTN_WG=1; mma.sync with
- * TL_ATTN_WG=0) and tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes
+ * output gate fused into the epilogue. Owns four kernels (the warp-specialised wgmma one, two
+ * query heads a block, with P in registers: the default; the same with P through shared memory,
+ * TL_ATTN_WG=2; the one-warpgroup wgmma one, TL_ATTN_WG=1; mma.sync, TL_ATTN_WG=0) and
+ * tl_gpu_attn_prefill; reads the (possibly paged) bf16 KV cache, never writes
  * it, never allocates or synchronises.
  * Invariant: the cache already holds this chunk's K and V at positions pos0..pos0+n-1. */
 #include "cuda/cuda_common.cuh"
@@ -509,23 +510,27 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
     aw_store_rows(o, so, gh, q0, h, n, in_f32, tid, AW_OLD, false);
 }
 
-/* ====== The warp-specialised wgmma variants (the default since session 22). ======
- * math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps they run (aw_*).
+/* ====== The warp-specialised wgmma variants (PR, P in registers: the default since session 23).
+ * ====== math, inputs, outputs: attn_prefill_wg_kernel's, whose per-tile steps they run (aw_*).
  * threads: two consumer warpgroups and a producer warpgroup (384; setmaxnreg gives the
  *   producer's registers to the consumers, 40 / 232). Block = 64 queries of the two query heads
  *   2y, 2y + 1, which read the same KV head: warpgroup w runs head 2y + w as
  *   attn_prefill_wg_kernel's block does, so each K and V tile is copied once for two heads (half
  *   the L2 reads), and the two warpgroups, meeting only at the stages, overlap each other's
  *   softmax with their wgmma as two blocks on an SM do.
- * PR (P in registers, TL_ATTN_WG=3): O = P V as FA3 computes it, not transposed: the softmax's
+ * PR (P in registers, the default): O = P V as FA3 computes it, not transposed: the softmax's
  *   P (bf16) stays in the registers it was computed in, which are exactly the A fragments of the
  *   next wgmma (the S accumulator layout is the A register layout), and V is the B operand read
  *   N-major from shared memory (imm-trans-b; V tiles stored as K's, four swizzled 64-dim
  *   sub-tiles: wg_desc_mn with LBO 8 KB between them, SBO 1 KB between 8-key groups): four
  *   m64n256k16 a tile instead of sixteen m64n64k16, no P or correction factors through shared
  *   memory, no named barriers in the loop, no V fragments in registers; a row's correction
- *   factor and sum stay in the lane that holds its accumulators. Else (PR false, the default)
- *   attn_prefill_wg_kernel's O^T += V^T P^T with P through shared memory.
+ *   factor and sum stay in the lane that holds its accumulators. FA3's intra-warpgroup order:
+ *   S of tile k and P V of tile k - 1 issued together, tile k's softmax while P V runs
+ *   (as_consume_r). H100: 8K causal 379 -> 406 TFLOP/s, 4K after 28K cached 414 -> 437; the same
+ *   order without the overlap measured between the two (removed). Else (PR false, TL_ATTN_WG=2,
+ *   the default of sessions 22-23) attn_prefill_wg_kernel's O^T += V^T P^T with P through
+ *   shared memory.
  * pipeline: 2-slot rings for K and for V. The producer copies K of tile kt into K slot kt % 2
  *   once both warpgroups released K of tile kt - 2 (mbarrier emptyK[slot], one arrival a
  *   consumer warp), its copies' completion arriving on fullK[slot] (cp.async.mbarrier.arrive.noinc,
@@ -533,14 +538,15 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
  *   consumer waits on fullK, fences the copies for the wgmma (async proxy), runs S, releases K;
  *   V after its P V. Without PR, P and the correction factors go through the warpgroup's own
  *   shared buffers (named barriers 1 + w of 128 threads).
- * not done: S of tile kt + 1 issued before tile kt's softmax (FA3's overlap at smaller head
- *   sizes) needs a second score set; next to O^T's 128 accumulators ptxas spilled and serialised
- *   the wgmma (C7512) at the 232 registers a consumer gets (without PR).
+ * not done (without PR): S of tile kt + 1 issued before tile kt's softmax needs a second score
+ *   set; next to O^T's 128 accumulators and the V^T fragments ptxas spilled and serialised the
+ *   wgmma (C7512) at the 232 registers a consumer gets.
  * epilogue: both warpgroups past their last tile (named barrier 3, 256 threads), warpgroup w's
  *   O / l over K slot w and V slot w, then attn_prefill_wg_kernel's row stores.
  * smem: Q 2 x 32 KB, (K 32 KB + V 33 KB) x 2, P 2 x 8 KB, factors and sums 1 KB, 8 mbarriers:
  *   ~213 KB, one block an SM (PR leaves P and the factors unused).
- * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, TL_ATTN_WG=2, 3); dev/emu. */
+ * reference: cpu_attention (tests/gpu/test_prefill_kernels.c, default and TL_ATTN_WG=2); dev/emu.
+ */
 #define AS_THREADS     (3 * AP_THREADS)
 #define AS_STAGE_BYTES (AW_QK_BYTES + AW_V_BYTES) /* K slot s, then V slot s */
 #define AS_SMEM        (2 * AW_QK_BYTES + 2 * AS_STAGE_BYTES + 2 * AW_P_BYTES + 4 * 64 * 4 + 64 + 1024)
@@ -665,29 +671,11 @@ static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][3
     }
 }
 
-/* PR, the tiles one after another (TL_ATTN_WG=4): S, softmax, P V. */
-static __device__ __forceinline__ void as_consume_r(as_cons &c, float (&o)[128], int n_kt) {
-    for (int kt = 0; kt < n_kt; kt++) {
-        float s[32], alpha[2];
-        uint32_t pf[4][4];
-        c.wait_k(kt);
-        aw_scores(s, c.sq_a, smem_u32(c.k_slot(kt)));
-        if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]);
-        c.softmax_s(alpha, s, kt);
-        c.pack_p(pf, s);
-        if (kt > 0) as_rescale(o, alpha);
-        c.pv_r(o, pf, kt);
-        wg_wait<0>();
-        wg_pin(o);
-        if (c.lane == 0) mbar_arrive(&c.b->ev[kt & 1]);
-    }
-}
-
-/* PR, overlapped (TL_ATTN_WG=3, FA3's intra-warpgroup order): S of tile kt is issued, then P V
+/* PR (FA3's intra-warpgroup order): S of tile kt is issued, then P V
  * of tile kt - 1, and tile kt's softmax runs while that P V is on the tensor cores; once it is
  * done, O is rescaled by tile kt's factors and tile kt's P packed into the A fragments (not
  * before: the in-flight wgmma reads them). */
-static __device__ __forceinline__ void as_consume_ro(as_cons &c, float (&o)[128], int n_kt) {
+static __device__ __forceinline__ void as_consume_r(as_cons &c, float (&o)[128], int n_kt) {
     float s[32], alpha[2];
     uint32_t pf[4][4];
     c.wait_k(0);
@@ -737,8 +725,8 @@ static __device__ __forceinline__ void as_stage_out_r(float *so, const float (&o
     }
 }
 
-/* MODE 0: P through shared memory; 1: P in registers (PR), tiles in series; 2: PR overlapped */
-template <int MODE>
+/* PR: P in registers (the default); else P through shared memory (TL_ATTN_WG=2) */
+template <bool PR>
 __global__ void __launch_bounds__(AS_THREADS, 1)
     attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
@@ -761,7 +749,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     __syncthreads();
     if (tid >= 2 * AP_THREADS) { /* the roles never merge: ptxas budgets each */
         regs_dec<40>();
-        return as_produce<(MODE > 0)>(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
+        return as_produce<PR>(stage0, bars, kv, kvh, kv_len, n_kt, tid - 2 * AP_THREADS);
     }
     regs_inc<232>();
 
@@ -781,12 +769,9 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     c.qpos[0] = pos0 + q0 + warp * 16 + g, c.qpos[1] = c.qpos[0] + 8;
     c.mrow[0] = c.mrow[1] = -INFINITY, c.lrow[0] = c.lrow[1] = 0.f;
     float *so = (float *)(stage0 + wg * AS_STAGE_BYTES); /* the output tile, after the loop */
-    if constexpr (MODE > 0) {
+    if constexpr (PR) {
         float oacc[128]; /* O: (query 16w + g + 8h, dim 8j + 2t + e) at oacc[4j + 2h + e] */
-        if constexpr (MODE == 2)
-            as_consume_ro(c, oacc, n_kt);
-        else
-            as_consume_r(c, oacc, n_kt);
+        as_consume_r(c, oacc, n_kt);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) c.lrow[hr] = ap_quad_sum(c.lrow[hr]);
         bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
@@ -800,7 +785,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
         aw_stage_out(so, oacc, s_l, warp, g, t);
     }
     bar_sync_named(1 + wg, AP_THREADS);
-    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid, MODE > 0 ? 256 : AW_OLD, MODE > 0);
+    aw_store_rows(o, so, gh, q0, h, n, in_f32, ltid, PR ? 256 : AW_OLD, PR);
 }
 
 extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_gpu_heads *gate,
@@ -822,36 +807,30 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
             cudaFuncSetAttribute(attn_prefill_wg_kernel,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<0>,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<false>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<1>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<2>,
+            cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
     }
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
-    /* the warp-specialised kernel unless TL_ATTN_WG=1 (one warpgroup a head), 0 (mma.sync), 3
-     * (warp-specialised, P in registers, overlapped) or 4 (P in registers, in series); read at
-     * each call: the tests switch it (H100, session 22: 64K prefill 28,511 -> 32,142 tok/s with
-     * the warp-specialised one) */
+    /* the warp-specialised kernel with P in registers unless TL_ATTN_WG=2 (warp-specialised, P
+     * through shared memory: the default of sessions 22-23), 1 (one warpgroup a head) or 0
+     * (mma.sync); read at each call: the tests switch it. H100, session 23: 128K prefill 22,131
+     * -> 22,873 tok/s, the kernel at 8K causal 379 -> 406 TFLOP/s. */
     const char *wg = getenv("TL_ATTN_WG");
-    const int kind = wg && *wg ? atoi(wg) : 2;
+    const int kind = wg && *wg ? atoi(wg) : 3;
     const dim3 gws(grid.x, TL_N_HEAD / 2);
     const int f32 = (int)(flags & TL_ATTN_IN_F32);
-    if (kind == 3)
-        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<2>, gws, dim3(AS_THREADS), AS_SMEM,
-                  o, *q, g, *kv, n, pos0, f32);
-    else if (kind == 4)
-        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<1>, gws, dim3(AS_THREADS), AS_SMEM,
-                  o, *q, g, *kv, n, pos0, f32);
+    if (kind == 2)
+        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel<false>, gws, dim3(AS_THREADS),
+                  AS_SMEM, o, *q, g, *kv, n, pos0, f32);
     else if (kind != 0 && kind != 1)
-        TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel<0>, gws, dim3(AS_THREADS), AS_SMEM,
-                  o, *q, g, *kv, n, pos0, f32);
+        TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<true>, gws, dim3(AS_THREADS),
+                  AS_SMEM, o, *q, g, *kv, n, pos0, f32);
     else if (kind == 1)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
                   *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
