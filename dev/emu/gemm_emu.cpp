@@ -12,7 +12,9 @@
  * warp-specialised one (the default), against a double
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
  * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host; the decode GDN step cut by
- * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu). The emulation runs a
+ * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu); the router GEMM
+ * (k_router.cu) on its 128 x 128 tile against its 64 x 64 one (bit for bit) and a double product.
+ * The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
  * hazard can show here, only indexing and arithmetic. */
 #define gm_smem     emu_smem
@@ -26,6 +28,7 @@
 #include "cuda/k_moe.cu"
 #include "cuda/k_norm.cu"
 #include "cuda/k_gdn_decode.cu"
+#include "cuda/k_router.cu"
 
 extern "C" {
 #include "t_check.h"
@@ -35,6 +38,7 @@ extern "C" {
 
 alignas(1024) uint8_t emu_smem[232 << 10]; /* the wgmma kernels' dynamic shared memory */
 alignas(1024) uint16_t ap_smem[(112 << 10) / 2]; /* attn_prefill_kernel's */
+alignas(16) uint16_t rt_smem[(222 << 10) / 2];  /* router_mma_kernel's */
 alignas(16) uint4 xs[(220 * 1024) / 16];    /* the decode kernels' (k_gemv.cu, k_moe.cu) */
 alignas(16) uint4 xs_all[(48 * 1024) / 16];
 static int all_rows(int y) { return y >= 0; }
@@ -466,11 +470,52 @@ static void test_gdn_cols(void) {
     free(y1), free(y2), free(r1), free(rs1);
 }
 
+/* ---- the router GEMM: the 128 x 128 tile (TL_ROUTER_TILE=128) == the 64 x 64 one, bit for bit,
+ * and both against a double product of the planes' sums ---- */
+static void test_router_tiles(void) {
+    const int rows = 257, K = 256, n = 300; /* n past RT_SPLIT_MAX_T: the big tile applies */
+    uint16_t *xh = (uint16_t *)xmalloc((size_t)n * K * 2), *xl = (uint16_t *)xmalloc((size_t)n * K * 2);
+    uint16_t *wh = (uint16_t *)xmalloc((size_t)rows * K * 2), *wl = (uint16_t *)xmalloc((size_t)rows * K * 2);
+    for (size_t i = 0; i < (size_t)n * K; i++) {
+        float v = t_randf(&rs);
+        xh[i] = f2bf(v), xl[i] = f2bf(v - bf2f(xh[i]));
+    }
+    for (size_t i = 0; i < (size_t)rows * K; i++) {
+        float v = 0.05f * t_randf(&rs);
+        wh[i] = f2bf(v), wl[i] = f2bf(v - bf2f(wh[i]));
+    }
+    tl_gpu_gemm_w W = {};
+    W.w = wh, W.sb = (uint32_t *)wl, W.rows = rows, W.cols = K, W.bits = 16;
+    float *y64 = (float *)xmalloc((size_t)n * rows * 4), *y128 = (float *)xmalloc((size_t)n * rows * 4);
+    unsetenv("TL_ROUTER_TILE");
+    CHECK_EQ_INT(tl_gpu_router_gemm(y64, rows, &W, xh, xl, n, NULL), 0);
+    setenv("TL_ROUTER_TILE", "128", 1);
+    CHECK_EQ_INT(tl_gpu_router_gemm(y128, rows, &W, xh, xl, n, NULL), 0);
+    unsetenv("TL_ROUTER_TILE");
+    double *ref = (double *)xmalloc((size_t)n * rows * 8);
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) {
+            double a = 0;
+            for (int c = 0; c < K; c++)
+                a += ((double)bf2f(xh[(size_t)t * K + c]) + bf2f(xl[(size_t)t * K + c])) *
+                     ((double)bf2f(wh[(size_t)r * K + c]) + bf2f(wl[(size_t)r * K + c]));
+            ref[(size_t)t * rows + r] = a;
+        }
+    int diff = memcmp(y64, y128, (size_t)n * rows * 4) != 0;
+    double e = nmse(y128, ref, (size_t)n * rows);
+    printf("# router 300 tokens x 257 rows: 128x128 tile %s the 64x64 one, nmse %.2e\n",
+           diff ? "DIFFERS from" : "== (bitwise)", e);
+    CHECK_EQ_INT(diff, 0);
+    CHECK(e < 1e-9);
+    free(xh), free(xl), free(wh), free(wl), free(y64), free(y128), free(ref);
+}
+
 int main(void) {
     /* clusters are not emulated: the split-K products sum through the workspace and
      * gemm_splitk_reduce (the cluster sum is tested on the GPU: test_gemm_splitk) */
     setenv("TL_GEMM_SPLITK_CLUSTER", "0", 1);
     T_RUN(test_gdn_cols);
+    T_RUN(test_router_tiles);
     T_RUN(test_plan);
     T_RUN(test_norms);
     T_RUN(test_attention);

@@ -86,6 +86,9 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},
+    {"TL_ROUTER_TILE=128", ENGINE_CMDS,
+     "CUDA: the router GEMM of micro-batches past 256 tokens on 128x128 tiles instead of 64x64 "
+     "(x and the weights read fewer times from L2; the same bits; A/B, not yet measured)"},
     {"TL_ATTN_WG=0|1|2", ENGINE_CMDS,
      "CUDA: prefill attention on the mma.sync kernel (0), the one-warpgroup wgmma one (1) or the "
      "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "

@@ -3,62 +3,74 @@
  * planes (docs/architecture.md §5.2). */
 #include "cuda/cuda_common.cuh"
 
-/* router_mma_kernel
+/* router_mma_kernel<TM, TN>
  *   y[t, r] = sum_c (xh[t, c] + xl[t, c]) * (wh[r, c] + wl[r, c]),  r < W.rows, t < n_tok,
  *   computed as xh*wh + xl*wh + xh*wl (the xl*wl term, ~2^-18 of the product, is dropped);
  *   wl = W.sb (the low plane of a non-bf16 router) or absent.
  * Shapes: W bf16 [rows, K] (K % 64 == 0), xh / xl bf16 [n_tok, K], y f32 [n_tok, ldy].
- * Threads: 8 warps; the block owns 64 tokens x 64 rows, warp (wm, wn) = 16 tokens x 32 rows
- *   (4 n8 tiles). K runs in 64-wide tiles through a 3-stage cp.async ring into shared memory
- *   (rows padded to 72 elements: ldmatrix rows hit distinct bank groups); tokens and rows past
- *   the ends load as zeros and are not stored. Each output is one accumulation chain over k in
- *   order, so a token's result does not depend on n_tok or the other tokens (batched == alone).
+ * Threads: 8 warps; the block owns TM tokens x TN rows, warp (wm, wn) = TM/4 tokens x TN/2 rows
+ *   (MI m16 blocks x NJ n8 tiles). K runs in 64-wide tiles through a 3-stage cp.async ring into
+ *   shared memory (rows padded to 72 elements: ldmatrix rows hit distinct bank groups); tokens and
+ *   rows past the ends load as zeros and are not stored. Each output is one accumulation chain
+ *   over k in order (per 16 k: xh*wh, xl*wh, xh*wl), whatever TM and TN, so a token's result does
+ *   not depend on n_tok, the other tokens or the tile (batched == alone).
+ * Tiles: 64 x 64 (two blocks an SM, 108 KB) by default; 128 x 128 (TL_ROUTER_TILE=128, one block
+ *   an SM, 221 KB) for micro-batches past RT_SPLIT_MAX_T: 64 x 64 tiles read x five times (the 257
+ *   rows) and W once per 64 tokens from L2, ~300 MB a 4K-token prefill layer, and the kernel ran
+ *   at 88 TFLOP/s there (H100, session 23); 128 x 128 reads x three times and W once per 128
+ *   tokens (~170 MB), at a third of the rows' tile wasted (384 computed for 257).
  * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 4 x 5 blocks of 64 x 64,
  *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so with a workspace
  *   on the stream K is cut into RT_SPLIT shares (grid z); block z writes its raw sums to plane z
  *   of the workspace and router_sum_kernel adds the planes in z order. The cut depends on the
  *   token count's side of RT_SPLIT_MAX_T only, so batched == alone still holds below it.
- * FLOPs: 3 * 2 * rows * K per token. Bytes: W (both planes) once per 64 tokens, x once per 64
+ * FLOPs: 3 * 2 * rows * K per token. Bytes: W (both planes) once per TM tokens, x once per TN
  *   rows, from L2.
- * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm). */
-#define RT_M           64              /* tokens per block */
-#define RT_N           64              /* router rows per block */
-#define RT_K           64              /* k per stage */
-#define RT_LDS         72              /* padded row, elements */
-#define RT_TILE        (RT_M * RT_LDS) /* elements of one 64-row tile */
-#define RT_STAGE       (4 * RT_TILE)   /* xh, xl, wh, wl */
-#define RT_STAGES      3               /* cp.async ring: 108 KB, two blocks an SM */
-#define RT_SMEM        (RT_STAGES * RT_STAGE * 2)
+ * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm; the host
+ *   emulator, dev/emu/gemm_emu.sh, both tiles against each other). */
+#define RT_K           64  /* k per stage */
+#define RT_LDS         72  /* padded row, elements */
+#define RT_STAGES      3   /* cp.async ring */
 #define RT_SPLIT       8   /* K shares of a small micro-batch */
 #define RT_SPLIT_MAX_T 256 /* up to this many tokens */
+template <int TM, int TN> struct rt_cfg {
+    static constexpr int MI = TM / 64, NJ = TN / 16;         /* m16 blocks, n8 tiles a warp */
+    static constexpr int XT = TM * RT_LDS, WT = TN * RT_LDS; /* elements of a plane's tile */
+    static constexpr int STAGE = 2 * XT + 2 * WT;            /* xh, xl, wh, wl */
+    static constexpr int SMEM = RT_STAGES * STAGE * 2;
+};
+template <int TM, int TN>
 __global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
                       int n_tok) {
+    typedef rt_cfg<TM, TN> C;
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) uint16_t rt_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
-    const int t0 = blockIdx.x * RT_M, r0 = blockIdx.y * RT_N, K = W.cols;
+    const int t0 = blockIdx.x * TM, r0 = blockIdx.y * TN, K = W.cols;
     const int KT = K / RT_K / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
     const uint16_t *wh = (const uint16_t *)W.w, *wl = (const uint16_t *)W.sb;
-    /* this thread's 16-byte chunks of a stage: row tid/8 and tid/8 + 32, column chunk tid%8 */
+    /* this thread's 16-byte chunks of a stage: rows tid/8 + 32 h, column chunk tid%8 */
     auto load = [&](int stage, int kt) {
-        uint16_t *s = rt_smem + stage * RT_STAGE;
+        uint16_t *s = rt_smem + stage * C::STAGE;
         int c8 = (tid & 7) * 8, k0 = (kb + kt) * RT_K + c8;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = (tid >> 3) + 32 * h, t = t0 + r, w = r0 + r;
-            int tok = t < n_tok ? t : 0, row = w < W.rows ? w : 0;
+        for (int h = 0; h < TM / 32; h++) {
+            int r = (tid >> 3) + 32 * h, t = t0 + r, tok = t < n_tok ? t : 0;
             cp_async16(s + r * RT_LDS + c8, xh + (size_t)tok * K + k0, t < n_tok ? 16 : 0);
-            cp_async16(s + RT_TILE + r * RT_LDS + c8, xl + (size_t)tok * K + k0,
-                       t < n_tok ? 16 : 0);
-            cp_async16(s + 2 * RT_TILE + r * RT_LDS + c8, wh + (size_t)row * K + k0,
+            cp_async16(s + C::XT + r * RT_LDS + c8, xl + (size_t)tok * K + k0, t < n_tok ? 16 : 0);
+        }
+#pragma unroll
+        for (int h = 0; h < TN / 32; h++) {
+            int r = (tid >> 3) + 32 * h, w = r0 + r, row = w < W.rows ? w : 0;
+            cp_async16(s + 2 * C::XT + r * RT_LDS + c8, wh + (size_t)row * K + k0,
                        w < W.rows ? 16 : 0);
             if (wl)
-                cp_async16(s + 3 * RT_TILE + r * RT_LDS + c8, wl + (size_t)row * K + k0,
+                cp_async16(s + 2 * C::XT + C::WT + r * RT_LDS + c8, wl + (size_t)row * K + k0,
                            w < W.rows ? 16 : 0);
         }
     };
-    float acc[4][4] = {};
+    float acc[C::MI][C::NJ][4] = {};
 #pragma unroll
     for (int st = 0; st < RT_STAGES - 1; st++) {
         if (st < KT) load(st, st);
@@ -69,49 +81,58 @@ __global__ void __launch_bounds__(256)
         __syncthreads();                /* and every warp is past tile kt - 1: its stage is free */
         if (kt + RT_STAGES - 1 < KT) load((kt + RT_STAGES - 1) % RT_STAGES, kt + RT_STAGES - 1);
         cp_async_commit();
-        const uint16_t *s = rt_smem + (kt % RT_STAGES) * RT_STAGE;
+        const uint16_t *s = rt_smem + (kt % RT_STAGES) * C::STAGE;
+        const uint16_t *sw = s + 2 * C::XT;
 #pragma unroll
         for (int kk = 0; kk < RT_K / 16; kk++) {
-            uint32_t ah[4], al[4], bh[4][2], bl[4][2];
-            int ar = (wm * 16 + (lane & 15)) * RT_LDS + kk * 16 + (lane >> 4) * 8;
-            ldmatrix_x4(ah, s + ar);
-            ldmatrix_x4(al, s + RT_TILE + ar);
+            uint32_t ah[C::MI][4], al[C::MI][4], bh[C::NJ][2], bl[C::NJ][2];
 #pragma unroll
-            for (int np = 0; np < 2; np++) {
-                int br = (wn * 32 + np * 16 + (lane >> 4) * 8 + (lane & 7)) * RT_LDS + kk * 16 +
-                         ((lane >> 3) & 1) * 8;
+            for (int mi = 0; mi < C::MI; mi++) {
+                int ar =
+                    (wm * (TM / 4) + mi * 16 + (lane & 15)) * RT_LDS + kk * 16 + (lane >> 4) * 8;
+                ldmatrix_x4(ah[mi], s + ar);
+                ldmatrix_x4(al[mi], s + C::XT + ar);
+            }
+#pragma unroll
+            for (int np = 0; np < C::NJ / 2; np++) {
+                int br = (wn * (TN / 2) + np * 16 + (lane >> 4) * 8 + (lane & 7)) * RT_LDS +
+                         kk * 16 + ((lane >> 3) & 1) * 8;
                 uint32_t r[4];
-                ldmatrix_x4(r, s + 2 * RT_TILE + br);
+                ldmatrix_x4(r, sw + br);
                 bh[2 * np][0] = r[0], bh[2 * np][1] = r[1];
                 bh[2 * np + 1][0] = r[2], bh[2 * np + 1][1] = r[3];
                 if (wl) {
-                    ldmatrix_x4(r, s + 3 * RT_TILE + br);
+                    ldmatrix_x4(r, sw + C::WT + br);
                     bl[2 * np][0] = r[0], bl[2 * np][1] = r[1];
                     bl[2 * np + 1][0] = r[2], bl[2 * np + 1][1] = r[3];
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                mma_bf16(acc[j], ah, bh[j][0], bh[j][1]);
-                mma_bf16(acc[j], al, bh[j][0], bh[j][1]);
-                if (wl) mma_bf16(acc[j], ah, bl[j][0], bl[j][1]);
-            }
+            for (int mi = 0; mi < C::MI; mi++)
+#pragma unroll
+                for (int j = 0; j < C::NJ; j++) {
+                    mma_bf16(acc[mi][j], ah[mi], bh[j][0], bh[j][1]);
+                    mma_bf16(acc[mi][j], al[mi], bh[j][0], bh[j][1]);
+                    if (wl) mma_bf16(acc[mi][j], ah[mi], bl[j][0], bl[j][1]);
+                }
         }
     }
     cp_async_wait<0>();
     y += (size_t)blockIdx.z * n_tok * ldy; /* split: plane z of the workspace */
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int t = t0 + wm * 16 + (lane >> 2) + 8 * h;
-        if (t >= n_tok) continue;
+    for (int mi = 0; mi < C::MI; mi++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int h = 0; h < 2; h++) {
+            int t = t0 + wm * (TM / 4) + mi * 16 + (lane >> 2) + 8 * h;
+            if (t >= n_tok) continue;
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int r = r0 + wn * 32 + 8 * j + 2 * (lane & 3) + e;
-                if (r < W.rows) y[(size_t)t * ldy + r] = acc[j][2 * h + e];
-            }
-    }
+            for (int j = 0; j < C::NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int r = r0 + wn * (TN / 2) + 8 * j + 2 * (lane & 3) + e;
+                    if (r < W.rows) y[(size_t)t * ldy + r] = acc[mi][j][2 * h + e];
+                }
+        }
 }
 
 extern "C" size_t tl_gpu_router_ws_bytes(int rows, int n_tok) {
@@ -131,22 +152,40 @@ __global__ void router_sum_kernel(float *y, int ldy, const float *ws, int rows, 
     y[(size_t)(i / rows) * ldy + i % rows] = v;
 }
 
+/* The 128 x 128 tile for micro-batches past RT_SPLIT_MAX_T when TL_ROUTER_TILE=128 (read at
+ * each call: the tests switch it; A/B until measured). */
+static int router_big_tile(int n_tok) {
+    if (n_tok <= RT_SPLIT_MAX_T) return 0;
+    const char *v = getenv("TL_ROUTER_TILE");
+    return v && atoi(v) == 128;
+}
+
+template <int TM, int TN>
+static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
+                         const uint16_t *xl, int n_tok, int split, const tl_gpu_stream *st) {
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(router_mma_kernel<TM, TN>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 rt_cfg<TM, TN>::SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    dim3 grid(CEIL_DIV(n_tok, TM), CEIL_DIV(W->rows, TN), split ? RT_SPLIT : 1);
+    TL_LAUNCH(st, "router_mma", router_mma_kernel<TM, TN>, grid, dim3(256), rt_cfg<TM, TN>::SMEM,
+              split ? st->ws : y, split ? W->rows : ldy, *W, xh, xl, n_tok);
+    return 0;
+}
+
 extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
                 st->ws_bytes >= tl_gpu_router_ws_bytes(W->rows, n_tok);
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(router_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 RT_SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
-    dim3 grid(CEIL_DIV(n_tok, RT_M), CEIL_DIV(W->rows, RT_N), split ? RT_SPLIT : 1);
-    TL_LAUNCH(st, "router_mma", router_mma_kernel, grid, dim3(256), RT_SMEM, split ? st->ws : y,
-              split ? W->rows : ldy, *W, xh, xl, n_tok);
+    int rc = router_big_tile(n_tok) ? router_launch<128, 128>(y, ldy, W, xh, xl, n_tok, 0, st)
+                                    : router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
+    if (rc) return rc;
     if (split)
         TL_LAUNCH(st, "router_sum", router_sum_kernel, dim3(CEIL_DIV(n_tok * W->rows, 256)),
                   dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, RT_SPLIT);
