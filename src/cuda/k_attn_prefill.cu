@@ -671,10 +671,10 @@ static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][3
     }
 }
 
-/* PR (FA3's intra-warpgroup order): S of tile kt is issued, then P V
- * of tile kt - 1, and tile kt's softmax runs while that P V is on the tensor cores; once it is
- * done, O is rescaled by tile kt's factors and tile kt's P packed into the A fragments (not
- * before: the in-flight wgmma reads them). */
+/* PR, in FA3's intra-warpgroup order: S of tile kt is issued, then P V of tile kt - 1, and
+ * tile kt's softmax runs while that P V is on the tensor cores; once it is done, O is rescaled
+ * by tile kt's factors and tile kt's P packed into the A fragments (not before: the in-flight
+ * wgmma reads them). */
 static __device__ __forceinline__ void as_consume_r(as_cons &c, float (&o)[128], int n_kt) {
     float s[32], alpha[2];
     uint32_t pf[4][4];
@@ -833,9 +833,9 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
                   AS_SMEM, o, *q, g, *kv, n, pos0, f32);
     else if (kind == 1)
         TL_LAUNCH(st, "attn_prefill_wg", attn_prefill_wg_kernel, grid, dim3(AP_THREADS), AW_SMEM, o,
-                  *q, g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+                  *q, g, *kv, n, pos0, f32);
     else
         TL_LAUNCH(st, "attn_prefill", attn_prefill_kernel, grid, dim3(AP_THREADS), AP_SMEM, o, *q,
-                  g, *kv, n, pos0, (int)(flags & TL_ATTN_IN_F32));
+                  g, *kv, n, pos0, f32);
     return 0;
 }
