@@ -15,22 +15,19 @@
 static __device__ __forceinline__ uint32_t wg_swz(int r, int c) {
     return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
 }
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-    uint64_t d = 0;
-    d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
-    d |= (uint64_t)(16 >> 4) << 16;   /* leading byte offset (unused with 128B swizzle) */
-    d |= (uint64_t)(1024 >> 4) << 32; /* stride byte offset: 8 rows x 128 B */
-    d |= 1ull << 62;                  /* 128-byte swizzle */
-    return d;
-}
 /* MN-major, 128-byte swizzle: lbo = bytes between 64-n blocks, sbo = bytes between 8-k groups */
 static __device__ __forceinline__ uint64_t wg_desc_mn(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
     uint64_t d = 0;
     d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
     d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
     d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
-    d |= 1ull << 62;
+    d |= 1ull << 62; /* 128-byte swizzle */
     return d;
+}
+/* K-major: the same fields, the leading byte offset unused with the 128-byte swizzle (16), the
+ * stride byte offset 8 rows x 128 B */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+    return wg_desc_mn(saddr, 16, 1024);
 }
 
 #endif
