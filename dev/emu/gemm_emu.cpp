@@ -13,7 +13,8 @@
  * softmax: whole prompts, chunks over a cached prefix, a paged cache, f32 inputs; and the bf16
  * RMSNorms (k_norm.cu) and the MoE plan (k_moe.cu) against the host; the decode GDN step cut by
  * columns plus the f32 gated norm against the one-kernel step (k_gdn_decode.cu); the router GEMM
- * (k_router.cu) on its 128 x 128 tile against its 64 x 64 one (bit for bit) and a double product.
+ * (k_router.cu) on its 128 x 128 tile against its 64 x 64 one (bit for bit) and a double product;
+ * the attention prologue (k_rope.cu: q/k RMSNorm, RoPE, the paged K/V write) against a double one.
  * The emulation runs a
  * block's threads one after another and each wgmma at once: no race, no timing, no async
  * hazard can show here, only indexing and arithmetic. */
@@ -29,6 +30,7 @@
 #include "cuda/k_norm.cu"
 #include "cuda/k_gdn_decode.cu"
 #include "cuda/k_router.cu"
+#include "cuda/k_rope.cu"
 
 extern "C" {
 #include "t_check.h"
@@ -512,12 +514,75 @@ static void test_router_tiles(void) {
     free(xh), free(xl), free(wh), free(wl), free(y64), free(y128), free(ref);
 }
 
+/* ---- qk_rope_kv (k_rope.cu, a warp a head) against a double RMSNorm + NeoX RoPE: 37 tokens at
+ * positions past 262,000 over a shuffled page table, q into q_out and in place ---- */
+static void test_qk_rope(void) {
+    const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HDIM = 256, T = 37, pos0 = 262140;
+    const int ld = H * 2 * HDIM + 2 * Hk * HDIM, max_pages = (pos0 + T) / TL_KV_PAGE + 1;
+    float *proj = (float *)xmalloc((size_t)T * ld * 4), *qn = (float *)xmalloc(HDIM * 4),
+          *kn = (float *)xmalloc(HDIM * 4), *q = (float *)xmalloc((size_t)T * H * HDIM * 4);
+    for (size_t i = 0; i < (size_t)T * ld; i++) proj[i] = 2.0f * t_randf(&rs);
+    for (int i = 0; i < HDIM; i++) qn[i] = 1.0f + 0.5f * t_randf(&rs), kn[i] = 1.0f + 0.5f * t_randf(&rs);
+    int32_t *table = (int32_t *)xmalloc((size_t)max_pages * 4), *tpos = (int32_t *)xmalloc(T * 4),
+            *tslot = (int32_t *)xmalloc(T * 4);
+    for (int p = 0; p < max_pages; p++) table[p] = (p * 7 + 3) % max_pages; /* a permutation */
+    for (int t = 0; t < T; t++) tpos[t] = pos0 + t, tslot[t] = 0;
+    size_t kvn = (size_t)max_pages * TL_KV_PAGE * Hk * HDIM;
+    uint16_t *kc = (uint16_t *)xmalloc(kvn * 2), *vc = (uint16_t *)xmalloc(kvn * 2);
+    tl_gpu_kv_pages pg = {table, max_pages};
+    tl_gpu_seqs sq = {};
+    sq.tok_pos = tpos, sq.tok_slot = tslot, sq.n_tok = T;
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(q, kc, vc, proj, ld, qn, kn, H, Hk, &pg, 1e7f, 1e-6f, &sq, NULL), 0);
+    double e_q = 0, e_k = 0, vbad = 0;
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < H + Hk; hh++) {
+            const int is_q = hh < H, h = is_q ? hh : hh - H;
+            const float *x = proj + (size_t)t * ld + (is_q ? h * 2 * HDIM : H * 2 * HDIM + h * HDIM);
+            double ss = 0, y[256];
+            for (int d = 0; d < HDIM; d++) ss += (double)x[d] * x[d];
+            double r = 1.0 / sqrt(ss / HDIM + 1e-6);
+            for (int d = 0; d < HDIM; d++) y[d] = x[d] * r * (is_q ? qn : kn)[d];
+            for (int d = 0; d < 32; d++) {
+                double ang = (float)(pos0 + t) * (1.0f / powf(1e7f, (float)(2 * d) / 64.0f)); /* fp32, as HF */
+                double a = y[d], b = y[d + 32];
+                y[d] = a * cos(ang) - b * sin(ang), y[d + 32] = b * cos(ang) + a * sin(ang);
+            }
+            size_t row = (size_t)table[(pos0 + t) / TL_KV_PAGE] * TL_KV_PAGE + (pos0 + t) % TL_KV_PAGE;
+            for (int d = 0; d < HDIM; d++) {
+                if (is_q) {
+                    double g = q[((size_t)t * H + h) * HDIM + d];
+                    e_q = fmax(e_q, fabs(g - y[d]));
+                } else {
+                    double g = bf2f(kc[(row * Hk + h) * HDIM + d]);
+                    e_k = fmax(e_k, fabs(g - y[d]) / (fabs(y[d]) + 1e-3));
+                    float v = proj[(size_t)t * ld + H * 2 * HDIM + Hk * HDIM + h * HDIM + d];
+                    vbad += vc[(row * Hk + h) * HDIM + d] != f2bf(v);
+                }
+            }
+        }
+    printf("# qk_rope 37 tokens: q max |d| %.2e, k max rel %.2e, v copies wrong %d\n", e_q, e_k, (int)vbad);
+    CHECK(e_q < 1e-4); /* fp32 angles near 2.6e5 rad: ~1e-5 (the GPU test's bound against the host) */
+    CHECK(e_k < 1.0 / 128);
+    CHECK_EQ_INT((int)vbad, 0);
+    float *q2 = (float *)xmalloc((size_t)T * ld * 4);
+    memcpy(q2, proj, (size_t)T * ld * 4);
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(NULL, kc, vc, q2, ld, qn, kn, H, Hk, &pg, 1e7f, 1e-6f, &sq, NULL), 0);
+    int differ = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            differ += memcmp(q2 + (size_t)t * ld + h * 2 * HDIM, q + ((size_t)t * H + h) * HDIM, HDIM * 4) != 0;
+    CHECK_EQ_INT(differ, 0);
+    free(proj), free(qn), free(kn), free(q), free(q2), free(table), free(tpos), free(tslot), free(kc),
+        free(vc);
+}
+
 int main(void) {
     /* clusters are not emulated: the split-K products sum through the workspace and
      * gemm_splitk_reduce (the cluster sum is tested on the GPU: test_gemm_splitk) */
     setenv("TL_GEMM_SPLITK_CLUSTER", "0", 1);
     T_RUN(test_gdn_cols);
     T_RUN(test_router_tiles);
+    T_RUN(test_qk_rope);
     T_RUN(test_plan);
     T_RUN(test_norms);
     T_RUN(test_attention);

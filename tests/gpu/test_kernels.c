@@ -700,8 +700,9 @@ static void kvpages_free(kvpages *k) {
 static void test_qk_rope(void) {
     const int H = TL_N_HEAD, Hk = TL_N_HEAD_KV, HD = TL_HEAD_DIM, max_ctx = 300000;
     int ld = H * 2 * HD + 2 * Hk * HD;
-    int slot[1] = {0}, pos0[1] = {262140}, n[1] = {3},
-        T = 3; /* long positions: fp32 angles as HF */
+    /* long positions (fp32 angles as HF); 37 tokens x 18 heads: the last block of 8 warps
+     * holds only 2 items */
+    int slot[1] = {0}, pos0[1] = {262140}, n[1] = {37}, T = 37;
     float *proj = rand_vec((size_t)T * ld, 2.0f, &rs), *qn = rand_vec(HD, 1.0f, &rs),
           *kn = rand_vec(HD, 1.0f, &rs);
     dseqs d = make_seqs(1, slot, pos0, n);
@@ -752,6 +753,18 @@ static void test_qk_rope(void) {
     double ma = t_max_abs_diff(got, ref, (size_t)T * H * HD);
     printf("# qk_rope q max_abs=%.3e\n", ma);
     CHECK(ma <= 1e-5);
+    /* q_out NULL: q rotated in place in proj, the same values as into q_out */
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(NULL, dk, dv, dproj, ld, dqn, dkn, H, Hk, &pg, TL_ROPE_THETA,
+                                   1e-6f, &d.s, NULL),
+                 0);
+    float *inpl = host_from(dproj, (size_t)T * ld);
+    int differ = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            differ += memcmp(inpl + (size_t)t * ld + h * 2 * HD, got + ((size_t)t * H + h) * HD,
+                             HD * sizeof(float)) != 0;
+    CHECK_EQ_INT(differ, 0);
+    free(inpl);
     tl_gpu_free(dproj), tl_gpu_free(dqn), tl_gpu_free(dkn), tl_gpu_free(dq), tl_gpu_free(dk),
         tl_gpu_free(dv), tl_gpu_free(d.buf);
     free(proj), free(qn), free(kn), free(got), free(ref), free(gk), free(gv);

@@ -258,6 +258,10 @@ static inline float conv4_silu(float4 w, float s0, float s1, float s2, float x) 
     a = fmaf(w.w, x, a);
     return silu_f(a);
 }
+/* Pool token row of (slot, pos) in a paged KV cache (src/cuda/cuda_common.cuh's) */
+static inline int kv_row(const tl_gpu_kv_pages &pg, int slot, int pos) {
+    return pg.table[(size_t)slot * pg.max_pages + pos / TL_KV_PAGE] * TL_KV_PAGE + pos % TL_KV_PAGE;
+}
 static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
