@@ -13,9 +13,10 @@
  * Threads: one warp per (token, head), 8 a block of 256; item i = token i / (n_head + n_kv),
  *   head i % (n_head + n_kv): heads 0..n_head-1 are q heads, then n_kv k heads (which also copy
  *   V). Lane l holds dims 8l .. 8l + 7 (two float4 loads); the rotary partner of dim d < 32 is
- *   d + 32, in lane l ^ 4. The sum of squares is one warp reduction: no shared memory, no block
- *   barrier (a block of 256 a head with two barriers ran at ~1.7 TB/s: 128 us a 4K-token call
- *   on the H100).
+ *   d + 32, in lane l ^ 4; lane j computes pair j's angle (one powf, cosf, sinf a lane), which
+ *   lanes 0..7 take by shuffles. The sum of squares is one warp reduction: no shared memory, no
+ *   block barrier (a block of 256 a head with two barriers ran at ~1.7 TB/s: 128 us a
+ *   4K-token call on the H100).
  * Bytes: ~(n_head + 2 n_kv) * 256 * 4 read, q f32 + K/V bf16 written per token.
  * Tested against cpu_rmsnorm + cpu_rope_neox (test_kernels.c: test_qk_rope). */
 __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, const float *proj,
@@ -47,14 +48,15 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
     float y[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) y[i] = __shfl_xor_sync(0xffffffffu, x[i], 4);
-    if (d0 < N_ROT) { /* lanes 0..7 */
+    /* lane j < 32 computes the angle of rotary pair j once; lanes 0..7 (dims 0..63) take theirs
+     * by shuffles, so no lane evaluates more than one powf / cosf / sinf */
+    const float inv = 1.0f / powf(theta, (float)(2 * lane) / (float)N_ROT);
+    const float ang = (float)pos * inv, ca = cosf(ang), sa = sinf(ang);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int d = d0 + i, j = d & (N_ROT / 2 - 1);
-            const float inv = 1.0f / powf(theta, (float)(2 * j) / (float)N_ROT);
-            const float ang = (float)pos * inv, c = cosf(ang), sn = sinf(ang);
-            x[i] = d < N_ROT / 2 ? x[i] * c - y[i] * sn : x[i] * c + y[i] * sn;
-        }
+    for (int i = 0; i < 8; i++) {
+        const int d = d0 + i, j = d & (N_ROT / 2 - 1);
+        const float c = __shfl_sync(0xffffffffu, ca, j), sn = __shfl_sync(0xffffffffu, sa, j);
+        if (d < N_ROT) x[i] = d < N_ROT / 2 ? x[i] * c - y[i] * sn : x[i] * c + y[i] * sn;
     }
     if (is_q) {
         float *dst = q_out ? q_out + ((size_t)t * n_head + h) * HD + d0
