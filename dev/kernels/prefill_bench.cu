@@ -324,8 +324,7 @@ template <int SPLIT> static void gdn_run_prep_tc(void *p) {
     for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
         gdn_prep_tc_kernel<SPLIT><<<dim3(n_chunks, GC_NH), GC_THREADS, TP_SMEM>>>(
-            (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0,
-            gc_conv{NULL, NULL, 0, 0, 0, 0, 0});
+            (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0);
     }
 }
 template <int SPLIT> static void gdn_run_seq_tc(void *p) {
@@ -342,8 +341,7 @@ static void gdn_run_prep(void *p) {
     for (int t_seg = 0; t_seg < g->T; t_seg += GC_SEG) {
         int n_chunks = (TL_MIN_INT(g->T - t_seg, GC_SEG) + GC_L - 1) / GC_L;
         gdn_prep_kernel<<<dim3(n_chunks, GC_NH), GC_THREADS, GP_SMEM>>>(
-            (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0,
-            gc_conv{NULL, NULL, 0, 0, 0, 0, 0});
+            (float *)g->ws, g->c, g->c + 2048, g->c + 4096, 8192, g->g, g->b, t_seg, g->T, 1, 0);
     }
 }
 template <int NW> static void gdn_run_seq(void *p) {
