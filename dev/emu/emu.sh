@@ -15,7 +15,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/cuda"
 for f in $srcs; do
-    sed -e 's/extern __shared__/extern/g' -e 's/__shared__/static/g' -e '/#include <cuda_fp16.h>/d' \
+    sed -e 's/extern __shared__/extern/g' -e 's/__shared__/static/g' \
         -e 's/asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;" : "=r"(r) : "r"(a), "r"(e));/r = (a \& 0x000F000Fu) | e;/' \
         "src/cuda/$f" >"$tmp/cuda/$f"
 done

@@ -86,10 +86,6 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},
-    {"TL_GDN_CONV_FUSED=0", ENGINE_CMDS,
-     "CUDA: a prefill's GDN conv1d as its own kernel writing its output (f32, 32 KB a token) for "
-     "the chunked GDN to read, instead of inside the chunked GDN's prep kernel (the same bits; "
-     "A/B)"},
     {"TL_ROUTER_TILE=128", ENGINE_CMDS,
      "CUDA: the router GEMM of micro-batches past 256 tokens on 128x128 tiles instead of 64x64 "
      "(x and the weights read fewer times from L2; the same bits; A/B, not yet measured)"},

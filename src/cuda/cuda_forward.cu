@@ -107,7 +107,6 @@ typedef struct layer_ctx {
     /* a GDN layer's per-token state copies of speculative verifies (cuda_spec.cu); base NULL:
      * none */
     tl_gpu_ring cring, rring;
-    int conv_fused; /* gdn_chunk_seg: the conv inside the chunked GDN's prep (gdn_prefill) */
 } layer_ctx;
 
 static const tl_gpu_ring *ring_of(const tl_gpu_ring *r) { return r->base ? r : NULL; }
@@ -119,7 +118,7 @@ static layer_ctx layer_of(cuda_be *be, const cb_layer *L, int T, const tl_gpu_se
     size_t conv_layer = (size_t)be->max_seqs * 3 * be->conv_dim;
     size_t rec_layer = (size_t)be->max_seqs * c->gdn_n_v_head * 128 * 128;
     layer_ctx x;
-    x.be = be, x.L = L, x.s = s, x.st = st, x.T = T, x.conv_fused = 0;
+    x.be = be, x.L = L, x.s = s, x.st = st, x.T = T;
     x.z_off = be->conv_dim, x.b_off = x.z_off + be->val_dim, x.a_off = x.b_off + c->gdn_n_v_head;
     x.conv_st = be->conv_st + L->st_idx * conv_layer;
     x.rec_st = be->rec_st + L->st_idx * rec_layer * be->st_esz;
@@ -248,34 +247,17 @@ static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
 
 /* Prefill GDN block (input xb = normed x, bf16): in-proj GEMM, conv1d, gates, chunked delta
  * rule on slot's state, gated norm into yb. */
-/* 1 unless TL_GDN_CONV_FUSED=0 (read at each call: tests switch it): a prefill micro-batch's
- * conv1d runs inside the chunked GDN's prep kernels (tl_gpu_gdn_chunk_conv), the same bits
- * without writing and re-reading the conv output (f32, 8,192 channels a token: 64 KB). */
-static int gdn_conv_fused_on(void) { return !tl_env_is("TL_GDN_CONV_FUSED", 0); }
 /* The chunked GDN over tokens t0 .. t0 + n - 1 of the micro-batch (one segment of slot), from the
  * conv output and the gates already computed for them; raw output into be->y. */
 static int gdn_chunk_seg(const layer_ctx *x, int slot, size_t t0, int n) {
     cuda_be *be = x->be;
     int nv = be->cfg.gdn_n_v_head, nk = be->cfg.gdn_n_k_head;
-    const int flags =
-        TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 | (be->st_bf16 ? TL_GDN_STATE_BF16 : 0);
-    void *o = be->y + t0 * nv * 128, *rec = x->rec_st + (size_t)slot * nv * 128 * 128 * be->st_esz;
-    if (x->conv_fused) { /* gdn_prefill: the conv inside the prep, from the in-projection */
-        const float *in = be->proj + t0 * be->ld_gdn_in;
-        tl_gpu_gdn_conv cv = {x->L->conv_w,
-                              x->conv_st + (size_t)slot * 3 * be->conv_dim,
-                              be->conv_dim,
-                              (int)t0,
-                              0,
-                              nk * 128,
-                              2 * nk * 128};
-        return tl_gpu_gdn_chunk_conv(o, rec, in, in + nk * 128, in + 2 * nk * 128, be->ld_gdn_in,
-                                     be->gg + t0 * nv, be->gbeta + t0 * nv, n, flags, be->gdn_ws,
-                                     &cv, x->st);
-    }
     const float *cv = be->conv_out + t0 * be->conv_dim;
-    return tl_gpu_gdn_chunk(o, rec, cv, cv + nk * 128, cv + 2 * nk * 128, be->conv_dim,
-                            be->gg + t0 * nv, be->gbeta + t0 * nv, n, flags, be->gdn_ws, x->st);
+    return tl_gpu_gdn_chunk(
+        be->y + t0 * nv * 128, x->rec_st + (size_t)slot * nv * 128 * 128 * be->st_esz, cv,
+        cv + nk * 128, cv + 2 * nk * 128, be->conv_dim, be->gg + t0 * nv, be->gbeta + t0 * nv, n,
+        TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32 | (be->st_bf16 ? TL_GDN_STATE_BF16 : 0),
+        be->gdn_ws, x->st);
 }
 
 /* A snapshot point inside a segment that runs on the chunked GDN (backend.h snap_at; docs/
@@ -338,19 +320,11 @@ static int gdn_prefill(const layer_ctx *x, int slot, const seg_snap *sn) {
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head;
     TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
     if (sn->k) TRY(snap_conv(x, slot, 0, sn));
-    /* the conv fused into the chunked GDN's prep (TL_GDN_CONV_FUSED=0: the conv1d kernel first,
-     * its output through memory); then only the state rolls, after the prep read it */
-    layer_ctx xf = *x;
-    xf.conv_fused = gdn_conv_fused_on();
-    if (!xf.conv_fused)
-        TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
-                          NULL, x->st));
+    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
+                      x->st));
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
-    TRY(gdn_chunk_cut(&xf, slot, 0, T, sn));
-    if (xf.conv_fused)
-        TRY(tl_gpu_conv1d(NULL, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
-                          x->st));
+    TRY(gdn_chunk_cut(x, slot, 0, T, sn));
     return tl_gpu_gated_rmsnorm_bf16(be->yb, be->y, be->proj, ld, x->z_off, L->gdn_norm, nv, T,
                                      c->rms_eps, x->st);
 }

@@ -215,9 +215,8 @@ typedef struct tl_gpu_ring {
 
 /* Causal depthwise conv (kernel 4) + SiLU over the first C columns of in [n_tok, ld_in], per
  * segment, in token order; state [n_slot][3][C] f32 holds each slot's last 3 pre-conv inputs
- * (oldest first). out [n_tok, C]; NULL: only the state rolls (the conv was done elsewhere:
- * tl_gpu_gdn_chunk_conv). w [C, 4]. ring (NULL: none): the state after tokens of a verify, f32
- * [n_slot][ring->n][3][C]. */
+ * (oldest first). out [n_tok, C]. w [C, 4]. ring (NULL: none): the state after tokens of
+ * a verify, f32 [n_slot][ring->n][3][C]. */
 int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const float *w, int C,
                   const tl_gpu_seqs *s, const tl_gpu_ring *ring, const tl_gpu_stream *st);
 /* Decode: tl_gpu_gemv (no accumulate) for a q4 GDN in-projection of one token per sequence with
@@ -277,21 +276,6 @@ size_t tl_gpu_gdn_chunk_ws_bytes(void);
 int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const void *v,
                      int tok_stride, const float *g, const float *beta, int T, int flags, void *ws,
                      const tl_gpu_stream *st);
-/* tl_gpu_gdn_chunk with the GDN input's conv1d + SiLU (tl_gpu_conv1d's) done inside its prep
- * kernel: q, k, v are then the f32 pre-conv in-projection columns (TL_GDN_IN_F32), column j of
- * q being conv channel ch_q + j (k: ch_k + j, v: ch_v + j) of the weights w [C][4]; state [3][C]
- * f32 is the slot's conv state before the segment (oldest row first), seg_off the index of this
- * call's first token in its segment (rows before it, down to the segment's first, are read at
- * negative offsets from q, k, v). Bit-identical to tl_gpu_conv1d into a conv output followed
- * by tl_gpu_gdn_chunk on it, without writing or reading that output; the state is left as it
- * was (roll it afterwards: tl_gpu_conv1d with out NULL). */
-typedef struct tl_gpu_gdn_conv {
-    const float *w, *state;
-    int C, seg_off, ch_q, ch_k, ch_v;
-} tl_gpu_gdn_conv;
-int tl_gpu_gdn_chunk_conv(void *o, void *state, const void *q, const void *k, const void *v,
-                          int tok_stride, const float *g, const float *beta, int T, int flags,
-                          void *ws, const tl_gpu_gdn_conv *conv, const tl_gpu_stream *st);
 /* Prefill: y bf16 [n, nv*128] = RMSNorm(o; w) * silu(z) per value head (o f32 [n, nv*128], z at
  * column z_off of proj rows of stride ld_proj). */
 int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj, int ld_proj,

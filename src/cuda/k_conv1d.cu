@@ -8,7 +8,6 @@
  *   the segment's last three inputs c_{n-3..n-1}.
  * Shapes: in [n_tok, ld_in] (first C columns used), out [n_tok, C], w [C, 4], state
  *   [n_slot][3][C] f32.
- * out NULL: only chunk 0's state update runs (one chunk a segment).
  * Threads: one thread per (segment, channel, chunk of CV_CHUNK tokens), sliding over its chunk;
  *   a chunk after the first reads its three predecessors from `in`. Only chunk 0 reads and
  *   writes the state (it computes the new state from `in` right after reading the old one), so
@@ -28,7 +27,7 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
     int n = s.seg_n[g];
     if (i0 >= n) return;
     const float *ic = in + (size_t)s.seg_tok0[g] * ld_in + ch;
-    float *oc = out ? out + (size_t)s.seg_tok0[g] * C + ch : NULL;
+    float *oc = out + (size_t)s.seg_tok0[g] * C + ch;
     float s0, s1, s2;
     if (i0 == 0) {
         float *st = state + (size_t)s.seg_slot[g] * 3 * C + ch;
@@ -50,9 +49,7 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
                 }
             }
         }
-    }
-    if (!out) return; /* the state alone (the launch has one chunk) */
-    if (i0 > 0) {
+    } else {
         s0 = ic[(size_t)(i0 - 3) * ld_in], s1 = ic[(size_t)(i0 - 2) * ld_in];
         s2 = ic[(size_t)(i0 - 1) * ld_in];
     }
@@ -72,7 +69,7 @@ extern "C" int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_i
     tl_gpu_ring r = {NULL, NULL, 0};
     if (ring && ring->base) r = *ring;
     int longest = s->n_tok - s->n_seg + 1; /* every segment has at least one token */
-    dim3 grid(CEIL_DIV(C, 256), s->n_seg, out ? CEIL_DIV(longest, CV_CHUNK) : 1);
+    dim3 grid(CEIL_DIV(C, 256), s->n_seg, CEIL_DIV(longest, CV_CHUNK));
     TL_LAUNCH(st, "conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C, *s,
               r);
     return 0;

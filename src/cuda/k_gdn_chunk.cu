@@ -87,46 +87,6 @@ static __device__ __forceinline__ float4 gc_load4(const void *base, size_t idx, 
     return make_float4(bf16x2_lo(r.x), bf16x2_hi(r.x), bf16x2_lo(r.y), bf16x2_hi(r.y));
 }
 
-/* The GDN input's conv1d + SiLU fused into the prep kernels (tl_gpu_gdn_chunk's conv argument,
- * gpu.h tl_gpu_gdn_conv): q, k, v are then the f32 pre-conv in-projection columns, and element
- * (t, ch) of the conv output is conv1d_silu_kernel's conv4_silu(w[ch], c(t-3), c(t-2), c(t-1),
- * c(t)), c(r) the input row r (call-local: rows before the call's first are the same segment's,
- * read through negative offsets) or, for r + seg_off < 0, the slot's conv state row
- * r + seg_off + 3: the same expression on the same values, so the same bits as the conv1d
- * kernel's output (the conv1d kernel then only rolls the state: tl_gpu_conv1d with out NULL). */
-typedef tl_gpu_gdn_conv gc_conv; /* w NULL: no conv (q, k, v are the conv output) */
-/* Conv outputs of call-local rows r0 .. r0 + R - 1 (rows >= T: zero) at the 4 columns col ..
- * col + 3 of src (f32 rows of stride ld), channels ch .. ch + 3: the R + 3 input rows are loaded
- * first (their latencies overlap). */
-template <int R>
-static __device__ __forceinline__ void gc_conv_rows(float4 (&out)[R], const float *src, int ld,
-                                                    int col, int ch, int r0, int T,
-                                                    const gc_conv &cv) {
-    float4 in[R + 3];
-#pragma unroll
-    for (int j = 0; j < R + 3; j++) {
-        const int r = r0 - 3 + j;
-        in[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < T)
-            in[j] = r + cv.seg_off >= 0
-                        ? *(const float4 *)(src + (ptrdiff_t)r * ld + col)
-                        : *(const float4 *)(cv.state + (size_t)(r + cv.seg_off + 3) * cv.C + ch);
-    }
-    const float4 w0 = *(const float4 *)(cv.w + (size_t)ch * 4);
-    const float4 w1 = *(const float4 *)(cv.w + (size_t)(ch + 1) * 4);
-    const float4 w2 = *(const float4 *)(cv.w + (size_t)(ch + 2) * 4);
-    const float4 w3 = *(const float4 *)(cv.w + (size_t)(ch + 3) * 4);
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        out[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r0 + i < T)
-            out[i] = make_float4(conv4_silu(w0, in[i].x, in[i + 1].x, in[i + 2].x, in[i + 3].x),
-                                 conv4_silu(w1, in[i].y, in[i + 1].y, in[i + 2].y, in[i + 3].y),
-                                 conv4_silu(w2, in[i].z, in[i + 1].z, in[i + 2].z, in[i + 3].z),
-                                 conv4_silu(w3, in[i].w, in[i + 1].w, in[i + 2].w, in[i + 3].w));
-    }
-}
-
 /* Loads rows 8w..8w+7 of a chunk's q and k (key head hk) into f32 [64][128] shared arrays
  * (optionally L2-normalised, q scaled by 1/sqrt(128)) of row stride ld; rows past T are zero.
  * Lane holds dims 4*lane..4*lane+3. Kt (if non-NULL) receives the transpose of k,
@@ -134,23 +94,17 @@ static __device__ __forceinline__ void gc_conv_rows(float4 (&out)[R], const floa
 static __device__ __forceinline__ void gc_load_qk(float *sQ, float *sK, float *sKt, int ld,
                                                   const void *q, const void *k, int tok_stride,
                                                   int hk, int t0, int T, int l2, int in_f32,
-                                                  int warp, int lane, const gc_conv &cv) {
+                                                  int warp, int lane) {
     /* all 8 rows' loads first, so their latencies overlap (the norms' shuffles would otherwise
      * wait for each row in turn) */
     float4 kr[8], qr[8];
-    if (cv.w) { /* in_f32 (tl_gpu_gdn_chunk checks) */
-        const int col = hk * GC_DK + 4 * lane, r0 = t0 + warp * 8;
-        gc_conv_rows<8>(kr, (const float *)k, tok_stride, col, cv.ch_k + col, r0, T, cv);
-        gc_conv_rows<8>(qr, (const float *)q, tok_stride, col, cv.ch_q + col, r0, T, cv);
-    } else {
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int t = t0 + warp * 8 + u;
-            kr[u] = qr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t < T) {
-                size_t idx = (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
-                kr[u] = gc_load4(k, idx, in_f32), qr[u] = gc_load4(q, idx, in_f32);
-            }
+    for (int u = 0; u < 8; u++) {
+        int t = t0 + warp * 8 + u;
+        kr[u] = qr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < T) {
+            size_t idx = (size_t)t * tok_stride + hk * GC_DK + 4 * lane;
+            kr[u] = gc_load4(k, idx, in_f32), qr[u] = gc_load4(q, idx, in_f32);
         }
     }
 #pragma unroll
@@ -257,8 +211,7 @@ static __device__ __forceinline__ void gc_solve_T(float *sA, int ld, const float
 
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
-                    const float *g, const float *beta, int t_seg, int T, int l2, int in_f32,
-                    gc_conv cv) {
+                    const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float gp_smem[];
     float *sK = gp_smem + GP_OFF_K, *sKt = gp_smem + GP_OFF_KT, *sQ = gp_smem + GP_OFF_Q;
@@ -269,19 +222,12 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     const int t0 = t_seg + c * GC_L;
     float *rec = ws + ((size_t)c * GC_NH + h) * GC_WS_FLOATS;
 
-    gc_load_qk(sQ, sK, sKt, GC_DK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane, cv);
-    if (cv.w) {
-        float4 vr[8];
-        const int col = h * GC_DK + 4 * lane;
-        gc_conv_rows<8>(vr, (const float *)v, tok_stride, col, cv.ch_v + col, t0 + warp * 8, T, cv);
-        for (int u = 0; u < 8; u++) *(float4 *)(sV + (warp * 8 + u) * GC_DK + 4 * lane) = vr[u];
-    } else {
-        for (int u = 0; u < 8; u++) {
-            int i = warp * 8 + u, t = t0 + i;
-            float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t < T) vv = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
-            *(float4 *)(sV + i * GC_DK + 4 * lane) = vv;
-        }
+    gc_load_qk(sQ, sK, sKt, GC_DK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
+    for (int u = 0; u < 8; u++) {
+        int i = warp * 8 + u, t = t0 + i;
+        float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < T) vv = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
+        *(float4 *)(sV + i * GC_DK + 4 * lane) = vv;
     }
     if (warp == 0) gc_scan_g(sG, sB, rec + GC_WS_G, g, beta, t0, T, h, lane);
     __syncthreads();
@@ -759,8 +705,7 @@ static __device__ __forceinline__ void tp_wu(const gc_rec &rec, const float *sA,
 template <int SPLIT>
 __global__ void __launch_bounds__(GC_THREADS, 2)
     gdn_prep_tc_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
-                       const float *g, const float *beta, int t_seg, int T, int l2, int in_f32,
-                       gc_conv cv) {
+                       const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
     pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float tp_smem[];
     float *sK = tp_smem + TP_OFF_K, *sQV = tp_smem + TP_OFF_QV, *sA = tp_smem + TP_OFF_A;
@@ -770,7 +715,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
     const int t0 = t_seg + c * GC_L;
     const gc_rec rec = gc_rec_at<SPLIT>(ws, (size_t)c * GC_NH + h);
 
-    gc_load_qk(sQV, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane, cv);
+    gc_load_qk(sQV, sK, NULL, TP_LDK, q, k, tok_stride, hk, t0, T, l2, in_f32, warp, lane);
     if (warp == 0) gc_scan_g(sG, sB, rec.g, g, beta, t0, T, h, lane);
     __syncthreads();
     tp_kk_qk<SPLIT>(sA, rec, sK, sQV, sG, sB, warp, lane);
@@ -793,29 +738,18 @@ __global__ void __launch_bounds__(GC_THREADS, 2)
                 tc_round4<SPLIT>(make_float4(kv.x * eq, kv.y * eq, kv.z * eq, kv.w * eq));
         }
         bar_sync_named(2, GC_THREADS - 64);
-        if (cv.w) { /* rows 11 (warp - 2) .. + 10: the conv reads consecutive rows */
-            float4 vv[11];
-            const int col = h * GC_DK + 4 * lane, i0 = 11 * (warp - 2);
-            gc_conv_rows<11>(vv, (const float *)v, tok_stride, col, cv.ch_v + col, t0 + i0,
-                             TL_MIN_INT(T, t0 + GC_L), cv);
+        float4 vv[11]; /* rows warp - 2 + 6 u: every load issued before the first store */
 #pragma unroll
-            for (int u = 0; u < 11; u++)
-                if (i0 + u < GC_L)
-                    *(float4 *)(sQV + (i0 + u) * TP_LDV + 4 * lane) = tc_round4<SPLIT>(vv[u]);
-        } else {
-            float4 vv[11]; /* rows warp - 2 + 6 u: every load issued before the first store */
+        for (int u = 0; u < 11; u++) {
+            int i = warp - 2 + 6 * u, t = t0 + i;
+            vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i < GC_L && t < T)
+                vv[u] = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
+        }
 #pragma unroll
-            for (int u = 0; u < 11; u++) {
-                int i = warp - 2 + 6 * u, t = t0 + i;
-                vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (i < GC_L && t < T)
-                    vv[u] = gc_load4(v, (size_t)t * tok_stride + h * GC_DK + 4 * lane, in_f32);
-            }
-#pragma unroll
-            for (int u = 0; u < 11; u++) {
-                int i = warp - 2 + 6 * u;
-                if (i < GC_L) *(float4 *)(sQV + i * TP_LDV + 4 * lane) = tc_round4<SPLIT>(vv[u]);
-            }
+        for (int u = 0; u < 11; u++) {
+            int i = warp - 2 + 6 * u;
+            if (i < GC_L) *(float4 *)(sQV + i * TP_LDV + 4 * lane) = tc_round4<SPLIT>(vv[u]);
         }
     }
     __syncthreads();
@@ -1202,23 +1136,9 @@ static int gdn_set_smem(void) {
 extern "C" int tl_gpu_gdn_chunk(void *o, void *state, const void *q, const void *k, const void *v,
                                 int tok_stride, const float *g, const float *beta, int T, int flags,
                                 void *ws, const tl_gpu_stream *st) {
-    return tl_gpu_gdn_chunk_conv(o, state, q, k, v, tok_stride, g, beta, T, flags, ws, NULL, st);
-}
-
-extern "C" int tl_gpu_gdn_chunk_conv(void *o, void *state, const void *q, const void *k,
-                                     const void *v, int tok_stride, const float *g,
-                                     const float *beta, int T, int flags, void *ws,
-                                     const tl_gpu_gdn_conv *conv, const tl_gpu_stream *st) {
     if (!o || !state || !q || !k || !v || !g || !beta || !ws || T < 0) return TL_ERR_INVALID;
     if (tok_stride < 0 || tok_stride % 4 || ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16)
         return TL_ERR_INVALID;
-    gc_conv cv = {NULL, NULL, 0, 0, 0, 0, 0};
-    if (conv) {
-        cv = *conv;
-        if (!cv.w || !cv.state || !(flags & TL_GDN_IN_F32) || cv.C % 4 || cv.seg_off < 0 ||
-            (cv.ch_q | cv.ch_k | cv.ch_v) % 4 || ((uintptr_t)cv.w | (uintptr_t)cv.state) % 16)
-            return TL_ERR_INVALID;
-    }
     if (T == 0) return 0;
     static int attr_set;
     if (!attr_set) {
@@ -1234,17 +1154,17 @@ extern "C" int tl_gpu_gdn_chunk_conv(void *o, void *state, const void *q, const 
         const float *cws = (const float *)ws;
         if (kern == TL_GDN_KERN_FMA) {
             TL_LAUNCH(st, "gdn_prep", gdn_prep_kernel, prep_grid, dim3(GC_THREADS), GP_SMEM,
-                      (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32, cv);
+                      (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
             TL_LAUNCH(st, "gdn_seq", gdn_seq_kernel<8>, seq_grid, dim3(256), GS_SMEM, o, state, cws,
                       t_seg, n_chunks, T, flags);
         } else if (kern == TL_GDN_KERN_TF32) {
             TL_LAUNCH(st, "gdn_prep_tc", gdn_prep_tc_kernel<0>, prep_grid, dim3(GC_THREADS),
-                      TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32, cv);
+                      TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
             TL_LAUNCH(st, "gdn_seq_h", gdn_seq_h_kernel, seq_grid, dim3(GC_THREADS), TH_SMEM, o,
                       state, (const void *)ws, t_seg, n_chunks, T, flags);
         } else {
             TL_LAUNCH(st, "gdn_prep_3xtf32", gdn_prep_tc_kernel<1>, prep_grid, dim3(GC_THREADS),
-                      TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32, cv);
+                      TP_SMEM, (float *)ws, q, k, v, tok_stride, g, beta, t_seg, T, l2, in_f32);
             TL_LAUNCH(st, "gdn_seq_3xtf32", gdn_seq_tc_kernel<1>, seq_grid, dim3(GC_THREADS),
                       TS_SMEM, o, state, cws, t_seg, n_chunks, T, flags);
         }

@@ -66,37 +66,6 @@ static inline float *host_from(const void *d, size_t n_floats) {
     return h;
 }
 
-/* ---- batch metadata on the device ---- */
-
-typedef struct dseqs {
-    tl_gpu_seqs s;
-    int32_t *buf;
-} dseqs;
-
-/* Segments: n_seg of (slot, pos0, n). */
-static inline dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n) {
-    int T = 0;
-    for (int i = 0; i < n_seg; i++) T += n[i];
-    int32_t *h = (int32_t *)xcalloc((size_t)3 * T + 4 * n_seg + 8, 4);
-    int32_t *tp = h, *ts = h + T, *tg = h + 2 * T, *s0 = h + 3 * T, *sn = s0 + n_seg,
-            *ss = sn + n_seg, *sp = ss + n_seg;
-    int t = 0;
-    for (int i = 0; i < n_seg; i++) {
-        s0[i] = t, sn[i] = n[i], ss[i] = slot[i], sp[i] = pos0[i];
-        for (int j = 0; j < n[i]; j++, t++) tp[t] = pos0[i] + j, ts[t] = slot[i], tg[t] = i;
-    }
-    dseqs d;
-    size_t bytes = sizeof(int32_t) * ((size_t)3 * T + 4 * n_seg + 8);
-    d.buf = (int32_t *)dev_from(h, bytes);
-    int32_t *b = d.buf;
-    d.s.tok_pos = b, d.s.tok_slot = b + T, d.s.tok_seg = b + 2 * T;
-    d.s.seg_tok0 = b + 3 * T, d.s.seg_n = b + 3 * T + n_seg, d.s.seg_slot = b + 3 * T + 2 * n_seg;
-    d.s.seg_pos0 = b + 3 * T + 3 * n_seg;
-    d.s.n_tok = T, d.s.n_seg = n_seg;
-    free(h);
-    return d;
-}
-
 /* NMSE check with a printed line: "# name: nmse=... max_abs=...". */
 static inline void check_nmse(const char *what, const float *got, const float *ref, size_t n,
                               double tol) {

@@ -28,7 +28,6 @@
 #include "cuda/gpu.h"
 #include "model/shape.h"
 #include "cu_check.h"
-#include "gpu_util.h"
 
 static unsigned long long rng = 0x9e3779b97f4a7c15ull;
 
@@ -1024,68 +1023,6 @@ static void test_gdn_chunk_matches_recurrence(void) {
     gdn_case(2048 + 64 + 5, 1); /* more than one workspace segment */
 }
 
-/* The conv fused into the chunked GDN's prep (tl_gpu_gdn_chunk_conv) gives the same bits as the
- * conv1d kernel followed by tl_gpu_gdn_chunk: 300 tokens of one segment from a random conv and
- * recurrent state, in one call and cut in two at 130 and at 2 tokens (the second call's first
- * rows from the first call's inputs, at 2 partly from the conv state), all 32 heads; then the
- * conv state rolled by tl_gpu_conv1d(NULL, ...) equals the conv1d kernel's. */
-static void test_gdn_conv_fused(void) {
-    const int T = 300, C = 8192, ld = C + 4160, NV = 32, D = 128;
-    float *in = rand_vec((size_t)T * ld, 1.0f, &rng), *w = rand_vec((size_t)C * 4, 0.5f, &rng);
-    float *cst = rand_vec((size_t)3 * C, 1.0f, &rng),
-          *S0 = rand_vec((size_t)NV * D * D, 0.1f, &rng);
-    float *g = xmalloc((size_t)T * NV * 4), *beta = xmalloc((size_t)T * NV * 4);
-    for (int i = 0; i < T * NV; i++)
-        g[i] = -0.3f * (1.0f + t_randf(&rng)), beta[i] = 0.5f + 0.4f * t_randf(&rng);
-    int slot = 0, pos0 = 0, n = T;
-    dseqs d = make_seqs(1, &slot, &pos0, &n);
-    float *din = dev_from(in, (size_t)T * ld * 4), *dw = dev_from(w, (size_t)C * 16);
-    float *dcst = dev_from(cst, (size_t)3 * C * 4), *dcst2 = dev_from(cst, (size_t)3 * C * 4);
-    float *dg = dev_from(g, (size_t)T * NV * 4), *db = dev_from(beta, (size_t)T * NV * 4);
-    float *dcv = dmalloc((size_t)T * C * 4), *doa = dmalloc((size_t)T * NV * D * 4);
-    float *dob = dmalloc((size_t)T * NV * D * 4);
-    float *dSa = dmalloc((size_t)NV * D * D * 4), *dSb = dmalloc((size_t)NV * D * D * 4);
-    void *ws = dmalloc(tl_gpu_gdn_chunk_ws_bytes());
-    /* the unfused reference's conv output (the conv state of the fused run stays the old one) */
-    CHECK_EQ_INT(tl_gpu_conv1d(dcv, dcst2, din, ld, dw, C, &d.s, NULL, NULL), 0);
-    const int fl = TL_GDN_L2NORM | TL_GDN_OUT_F32 | TL_GDN_IN_F32;
-    static const int cuts[3] = {T, 130, 2};
-    for (int ci = 0; ci < 3; ci++) {
-        CU(cudaMemcpy(dSa, S0, (size_t)NV * D * D * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dSb, S0, (size_t)NV * D * D * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemset(dob, 0xff, (size_t)T * NV * D * 4));
-        for (int t0 = 0; t0 < T; t0 = cuts[ci]) {
-            const int m = t0 ? T - t0 : cuts[ci];
-            const float *c0 = dcv + (size_t)t0 * C, *i0 = din + (size_t)t0 * ld;
-            CHECK_EQ_INT(tl_gpu_gdn_chunk(doa + (size_t)t0 * NV * D, dSa, c0, c0 + 2048, c0 + 4096,
-                                          C, dg + t0 * NV, db + t0 * NV, m, fl, ws, NULL),
-                         0);
-            tl_gpu_gdn_conv conv = {dw, dcst, C, t0, 0, 2048, 4096};
-            CHECK_EQ_INT(tl_gpu_gdn_chunk_conv(dob + (size_t)t0 * NV * D, dSb, i0, i0 + 2048,
-                                               i0 + 4096, ld, dg + t0 * NV, db + t0 * NV, m, fl, ws,
-                                               &conv, NULL),
-                         0);
-            if (t0) break;
-        }
-        float *oa = host_from(doa, (size_t)T * NV * D), *ob = host_from(dob, (size_t)T * NV * D);
-        float *Sa = host_from(dSa, (size_t)NV * D * D), *Sb = host_from(dSb, (size_t)NV * D * D);
-        int od = memcmp(oa, ob, (size_t)T * NV * D * 4) != 0;
-        int sd = memcmp(Sa, Sb, (size_t)NV * D * D * 4) != 0;
-        printf("# gdn, conv fused, cut at %d: outputs %s, states %s\n", cuts[ci],
-               od ? "DIFFER" : "bit-identical", sd ? "DIFFER" : "bit-identical");
-        CHECK_EQ_INT(od + sd, 0);
-        free(oa), free(ob), free(Sa), free(Sb);
-    }
-    CHECK_EQ_INT(tl_gpu_conv1d(NULL, dcst, din, ld, dw, C, &d.s, NULL, NULL), 0);
-    float *s1 = host_from(dcst, (size_t)3 * C), *s2 = host_from(dcst2, (size_t)3 * C);
-    CHECK_EQ_INT(memcmp(s1, s2, (size_t)3 * C * 4) != 0, 0);
-    free(s1), free(s2);
-    cudaFree(din), cudaFree(dw), cudaFree(dcst), cudaFree(dcst2), cudaFree(dg), cudaFree(db);
-    cudaFree(dcv), cudaFree(doa), cudaFree(dob), cudaFree(dSa), cudaFree(dSb), cudaFree(ws);
-    tl_gpu_free(d.buf);
-    free(in), free(w), free(cst), free(S0), free(g), free(beta);
-}
-
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1105,6 +1042,5 @@ int main(void) {
     T_RUN(test_attn_prefill_matches_oracle);
     T_RUN(test_gdn_gates_match_oracle);
     T_RUN(test_gdn_chunk_matches_recurrence);
-    T_RUN(test_gdn_conv_fused);
     return t_summary();
 }

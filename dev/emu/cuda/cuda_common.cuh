@@ -249,41 +249,6 @@ static inline uint32_t bf16x2_pack(float lo, float hi) {
 }
 static inline float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
 static inline float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-/* fp16 (the chunked GDN's operand records): round to nearest even, subnormals, overflow to inf */
-struct __half {
-    uint16_t x;
-};
-struct __half2 {
-    __half x, y;
-};
-static inline uint16_t emu_f2h(float f) {
-    uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, m = u & 0x7fffffu;
-    int ef = (int)((u >> 23) & 0xff), e = ef - 127 + 15;
-    if (ef == 0xff) return (uint16_t)(sign | 0x7c00u | (m ? 0x200u : 0u));
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) {
-        if (e < -10) return (uint16_t)sign;
-        m |= 0x800000u;
-        int sh = 14 - e;
-        uint32_t hm = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (hm & 1))) hm++;
-        return (uint16_t)(sign | hm);
-    }
-    uint32_t hm = m >> 13, rem = m & 0x1fffu, h = sign | ((uint32_t)e << 10) | hm;
-    if (rem > 0x1000u || (rem == 0x1000u && (hm & 1))) h++;
-    return (uint16_t)h;
-}
-static inline float __half2float(__half h) {
-    uint32_t s = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu;
-    if (e == 0) return s ? -(float)m * (1.0f / 16777216.0f) : (float)m * (1.0f / 16777216.0f);
-    if (e == 31) return __uint_as_float(s | 0x7f800000u | (m << 13));
-    return __uint_as_float(s | ((e + 112) << 23) | (m << 13));
-}
-static inline __half2 __floats2half2_rn(float a, float b) {
-    __half2 r;
-    r.x.x = emu_f2h(a), r.y.x = emu_f2h(b);
-    return r;
-}
 static inline float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
 static inline float conv4_silu(float4 w, float s0, float s1, float s2, float x) {
