@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(AP_THREADS, 2)
  *   memory, no named barriers in the loop, no V fragments in registers; a row's correction
  *   factor and sum stay in the lane that holds its accumulators. FA3's intra-warpgroup order:
  *   S of tile k and P V of tile k - 1 issued together, tile k's softmax while P V runs
- *   (as_consume_v). H100: 8K causal 379 -> 406 TFLOP/s, 4K after 28K cached 414 -> 437; the same
+ *   (as_consume_r). H100: 8K causal 379 -> 406 TFLOP/s, 4K after 28K cached 414 -> 437; the same
  *   order without the overlap measured between the two (removed). Else (PR false, TL_ATTN_WG=2,
  *   the default of sessions 22-23) attn_prefill_wg_kernel's O^T += V^T P^T with P through
  *   shared memory.
@@ -671,6 +671,44 @@ static __device__ __forceinline__ void as_consume(as_cons &c, float (&oacc)[4][3
     }
 }
 
+/* PR, in FA3's intra-warpgroup order: S of tile kt is issued, then P V of tile kt - 1, and
+ * tile kt's softmax runs while that P V is on the tensor cores; once it is done, O is rescaled
+ * by tile kt's factors and tile kt's P packed into the A fragments (not before: the in-flight
+ * wgmma reads them). */
+static __device__ __forceinline__ void as_consume_r(as_cons &c, float (&o)[128], int n_kt) {
+    float s[32], alpha[2];
+    uint32_t pf[4][4];
+    c.wait_k(0);
+    aw_scores(s, c.sq_a, smem_u32(c.k_slot(0)));
+    if (c.lane == 0) mbar_arrive(&c.b->ek[0]);
+    c.softmax_s(alpha, s, 0);
+    c.pack_p(pf, s);
+    for (int kt = 1; kt < n_kt; kt++) {
+        c.wait_k(kt);
+        wg_fence(); /* s was read and written by the softmax */
+#pragma unroll
+        for (int kk = 0; kk < AP_D / 16; kk++) {
+            uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+            wg_mma_ss<64>(s, wg_desc(c.sq_a + off), wg_desc(smem_u32(c.k_slot(kt)) + off), kk);
+        }
+        wg_commit();
+        c.pv_r(o, pf, kt - 1);
+        wg_wait<1>(); /* S of tile kt is done */
+        wg_pin(s);
+        if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]);
+        c.softmax_s(alpha, s, kt);
+        wg_wait<0>(); /* P V of tile kt - 1 is done */
+        wg_pin(o);
+        if (c.lane == 0) mbar_arrive(&c.b->ev[(kt - 1) & 1]);
+        as_rescale(o, alpha);
+        c.pack_p(pf, s);
+    }
+    c.pv_r(o, pf, n_kt - 1);
+    wg_wait<0>();
+    wg_pin(o);
+    if (c.lane == 0) mbar_arrive(&c.b->ev[(n_kt - 1) & 1]);
+}
+
 /* The scheduler barriers of VAR & AS_PP (FA3's ping-pong): warpgroup w issues its wgmma only
  * after named barrier 4 + w completes, which the other warpgroup arrives at once it has issued
  * its own, so the two warpgroups' issue phases alternate and one's softmax runs under the
@@ -692,13 +730,10 @@ template <int VAR> struct as_sched {
     }
 };
 
-/* PR, in FA3's intra-warpgroup order: S of tile kt is issued, then P V of tile kt - 1, and
- * tile kt's softmax runs while that P V is on the tensor cores; once it is done (VAR 0, the
- * default), O is rescaled by tile kt's factors and tile kt's P packed (not before: the in-flight
- * wgmma reads them). VAR & AS_RS: O's rescale by tile kt - 1's factors runs instead while S of
- * tile kt is on the tensor cores (FA3's place for it; P is packed right after the softmax, so S of
- * the next tile can be issued into the same score registers). VAR & AS_PP adds the scheduler
- * barriers. */
+/* PR with FA3's order (VAR & AS_RS): tile k - 1's P is packed as soon as its softmax is done,
+ * so S of tile k can be issued into the same score registers, and O's rescale by tile k - 1's
+ * factors runs while S of tile k is on the tensor cores (not while the warpgroup has nothing in
+ * flight); P V of tile k - 1 is issued after it. VAR & AS_PP adds the scheduler barriers. */
 template <int VAR>
 static __device__ __forceinline__ void as_consume_v(as_cons &c, float (&o)[128], int n_kt) {
     float s[32], alpha[2];
@@ -812,7 +847,10 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     float *so = (float *)(stage0 + wg * AS_STAGE_BYTES); /* the output tile, after the loop */
     if constexpr (PR) {
         float oacc[128]; /* O: (query 16w + g + 8h, dim 8j + 2t + e) at oacc[4j + 2h + e] */
-        as_consume_v<VAR>(c, oacc, n_kt);
+        if constexpr (VAR != 0)
+            as_consume_v<VAR>(c, oacc, n_kt);
+        else
+            as_consume_r(c, oacc, n_kt);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) c.lrow[hr] = ap_quad_sum(c.lrow[hr]);
         bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
