@@ -330,12 +330,10 @@ static void attn_case(int n, int pos0, int gated, int in_f32, int paged) {
     if (gated) gh.p = in_f32 ? (const void *)(qf + D) : (const void *)(q + D);
     uint16_t *o = (uint16_t *)xmalloc((size_t)n * H * D * 2);
     float *of = (float *)xmalloc((size_t)n * H * D * 4);
-    static const char *kname[7] = {"mma.sync",        "wgmma",       "wgmma ws P-smem",
-                                   "wgmma ws",        "ws rescale-S", "ws ping-pong",
-                                   "ws rescale-S pp"};
+    static const char *kname[4] = {"mma.sync", "wgmma", "wgmma ws P-smem", "wgmma ws"};
     /* TL_ATTN_WG: mma.sync, wgmma, warp-specialised with P in shared memory, the default
-     * (warp-specialised, P in registers), its candidates 4-6 (FA3's rescale order, ping-pong) */
-    for (int wg = 0; wg < 7; wg++) {
+     * (warp-specialised, P in registers) */
+    for (int wg = 0; wg < 4; wg++) {
         char v[2] = {(char)('0' + wg), 0};
         setenv("TL_ATTN_WG", v, 1);
         emu_smem_base = emu_smem;

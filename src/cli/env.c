@@ -89,12 +89,11 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_TILE=128", ENGINE_CMDS,
      "CUDA: the router GEMM of micro-batches past 256 tokens on 128x128 tiles instead of 64x64 "
      "(x and the weights read fewer times from L2; the same bits; A/B, not yet measured)"},
-    {"TL_ATTN_WG=0|1|2|4|5|6", ENGINE_CMDS,
+    {"TL_ATTN_WG=0|1|2", ENGINE_CMDS,
      "CUDA: prefill attention on the mma.sync kernel (0), the one-warpgroup wgmma one (1) or the "
      "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "
      "with P in registers (two query heads a block share each K/V tile; O = P V with V read "
-     "N-major); candidates of the default: O rescaled while the next S runs (4), the two "
-     "warpgroups' wgmma issue ping-ponged by named barriers (5), both (6); A/B"},
+     "N-major; A/B)"},
     {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256, wgr 6:2 7:4 warpgroups)"},

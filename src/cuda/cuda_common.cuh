@@ -312,9 +312,5 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ void bar_sync_named(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-/* Arrival at named barrier id (counted among its n threads) without waiting for it. */
-__device__ __forceinline__ void bar_arrive_named(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 
 #endif

@@ -709,82 +709,6 @@ static __device__ __forceinline__ void as_consume_r(as_cons &c, float (&o)[128],
     if (c.lane == 0) mbar_arrive(&c.b->ev[(n_kt - 1) & 1]);
 }
 
-/* The scheduler barriers of VAR & AS_PP (FA3's ping-pong): warpgroup w issues its wgmma only
- * after named barrier 4 + w completes, which the other warpgroup arrives at once it has issued
- * its own, so the two warpgroups' issue phases alternate and one's softmax runs under the
- * other's tensor work. Warpgroup 1 opens warpgroup 0's first phase; both have n_kt + 1 phases
- * (S of tile 0; S of tile k with P V of tile k - 1; P V of the last tile) and warpgroup 1 leaves
- * out its last arrival, so every barrier completes exactly as often as it is waited on. */
-#define AS_RS 1 /* O rescaled while S of the next tile runs (FA3's order), not after P V */
-#define AS_PP 2 /* ping-pong */
-template <int VAR> struct as_sched {
-    int wg, left; /* left: arrivals still owed to the other warpgroup */
-    __device__ __forceinline__ as_sched(int w, int n_kt) : wg(w), left(n_kt + 1 - w) {
-        if ((VAR & AS_PP) && wg == 1) bar_arrive_named(4, 2 * AP_THREADS);
-    }
-    __device__ __forceinline__ void begin() const {
-        if (VAR & AS_PP) bar_sync_named(4 + wg, 2 * AP_THREADS);
-    }
-    __device__ __forceinline__ void end() {
-        if ((VAR & AS_PP) && left-- > 0) bar_arrive_named(5 - wg, 2 * AP_THREADS);
-    }
-};
-
-/* PR with FA3's order (VAR & AS_RS): tile k - 1's P is packed as soon as its softmax is done,
- * so S of tile k can be issued into the same score registers, and O's rescale by tile k - 1's
- * factors runs while S of tile k is on the tensor cores (not while the warpgroup has nothing in
- * flight); P V of tile k - 1 is issued after it. VAR & AS_PP adds the scheduler barriers. */
-template <int VAR>
-static __device__ __forceinline__ void as_consume_v(as_cons &c, float (&o)[128], int n_kt) {
-    float s[32], alpha[2];
-    uint32_t pf[4][4];
-    as_sched<VAR> sc(c.wg, n_kt);
-    sc.begin();
-    c.wait_k(0);
-    wg_fence();
-    for (int kk = 0; kk < AP_D / 16; kk++) {
-        uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-        wg_mma_ss<64>(s, wg_desc(c.sq_a + off), wg_desc(smem_u32(c.k_slot(0)) + off), kk);
-    }
-    wg_commit();
-    sc.end();
-    wg_wait<0>();
-    wg_pin(s);
-    if (c.lane == 0) mbar_arrive(&c.b->ek[0]);
-    c.softmax_s(alpha, s, 0);
-    c.pack_p(pf, s);
-    for (int kt = 1; kt < n_kt; kt++) {
-        sc.begin();
-        c.wait_k(kt);
-        wg_fence(); /* s was read and written by the softmax */
-#pragma unroll
-        for (int kk = 0; kk < AP_D / 16; kk++) {
-            uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-            wg_mma_ss<64>(s, wg_desc(c.sq_a + off), wg_desc(smem_u32(c.k_slot(kt)) + off), kk);
-        }
-        wg_commit();
-        if ((VAR & AS_RS) && kt > 1) as_rescale(o, alpha); /* tile kt - 1's factors */
-        c.pv_r(o, pf, kt - 1);
-        sc.end();
-        wg_wait<1>(); /* S of tile kt is done */
-        wg_pin(s);
-        if (c.lane == 0) mbar_arrive(&c.b->ek[kt & 1]);
-        c.softmax_s(alpha, s, kt);
-        wg_wait<0>(); /* P V of tile kt - 1 is done */
-        wg_pin(o);
-        if (c.lane == 0) mbar_arrive(&c.b->ev[(kt - 1) & 1]);
-        if (!(VAR & AS_RS)) as_rescale(o, alpha);
-        c.pack_p(pf, s);
-    }
-    if ((VAR & AS_RS) && n_kt > 1) as_rescale(o, alpha);
-    sc.begin();
-    c.pv_r(o, pf, n_kt - 1);
-    sc.end();
-    wg_wait<0>();
-    wg_pin(o);
-    if (c.lane == 0) mbar_arrive(&c.b->ev[(n_kt - 1) & 1]);
-}
-
 /* PR: O / l into so as [query][dim] f32, 256 floats a row, dims XOR 8 (query % 4) (8-byte
  * stores of a half-warp in distinct banks); l = the row sums (already summed across the quad) */
 static __device__ __forceinline__ void as_stage_out_r(float *so, const float (&o)[128],
@@ -802,7 +726,7 @@ static __device__ __forceinline__ void as_stage_out_r(float *so, const float (&o
 }
 
 /* PR: P in registers (the default); else P through shared memory (TL_ATTN_WG=2) */
-template <bool PR, int VAR = 0>
+template <bool PR>
 __global__ void __launch_bounds__(AS_THREADS, 1)
     attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
@@ -847,10 +771,7 @@ __global__ void __launch_bounds__(AS_THREADS, 1)
     float *so = (float *)(stage0 + wg * AS_STAGE_BYTES); /* the output tile, after the loop */
     if constexpr (PR) {
         float oacc[128]; /* O: (query 16w + g + 8h, dim 8j + 2t + e) at oacc[4j + 2h + e] */
-        if constexpr (VAR != 0)
-            as_consume_v<VAR>(c, oacc, n_kt);
-        else
-            as_consume_r(c, oacc, n_kt);
+        as_consume_r(c, oacc, n_kt);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) c.lrow[hr] = ap_quad_sum(c.lrow[hr]);
         bar_sync_named(3, 2 * AP_THREADS); /* both warpgroups are past their last tile */
@@ -891,15 +812,6 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
                                  AS_SMEM) != cudaSuccess ||
             cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<true, AS_RS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<true, AS_PP>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<true, AS_RS | AS_PP>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  AS_SMEM) != cudaSuccess)
             return TL_ERR_CUDA;
         attr_set = 1;
@@ -916,12 +828,6 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
     if (kind == 2)
         TL_LAUNCH(st, "attn_prefill_ws", attn_prefill_ws_kernel<false>, gws, dim3(AS_THREADS),
                   AS_SMEM, o, *q, g, *kv, n, pos0, f32);
-    else if (kind >= 4 && kind <= 6) /* 4: AS_RS, 5: AS_PP, 6: both (A/B candidates) */
-        TL_LAUNCH(st, "attn_prefill_wsr",
-                  (kind == 4   ? attn_prefill_ws_kernel<true, AS_RS>
-                   : kind == 5 ? attn_prefill_ws_kernel<true, AS_PP>
-                               : attn_prefill_ws_kernel<true, AS_RS | AS_PP>),
-                  gws, dim3(AS_THREADS), AS_SMEM, o, *q, g, *kv, n, pos0, f32);
     else if (kind != 0 && kind != 1)
         TL_LAUNCH(st, "attn_prefill_wsr", attn_prefill_ws_kernel<true>, gws, dim3(AS_THREADS),
                   AS_SMEM, o, *q, g, *kv, n, pos0, f32);

@@ -725,16 +725,10 @@ static void attn_case(int n, int pos0, int paged, int with_gate, int in_f32) {
     cpu_attention(ref, qf, kf, vf, n, pos0, H, HKV, D, 1.0f / 16.0f);
     if (with_gate)
         for (size_t i = 0; i < (size_t)n * H * D; i++) ref[i] *= cpu_sigmoid(gf[i]);
-    static const char *kname[7] = {"",
-                                   " wgmma",
-                                   " wgmma-ws-psmem",
-                                   " wgmma-ws",
-                                   " ws-rescale-s",
-                                   " ws-pingpong",
-                                   " ws-rescale-s-pp"};
+    static const char *kname[4] = {"", " wgmma", " wgmma-ws-psmem", " wgmma-ws"};
     /* TL_ATTN_WG: mma.sync, wgmma, warp-specialised with P in shared memory, the default
-     * (warp-specialised, P in registers), its candidates 4-6 (FA3's rescale order, ping-pong) */
-    for (int wg = 0; wg < 7; wg++) {
+     * (warp-specialised, P in registers) */
+    for (int wg = 0; wg < 4; wg++) {
         char v[2] = {(char)('0' + wg), 0};
         setenv("TL_ATTN_WG", v, 1);
         CU(cudaMemset(dout, 0xff, (size_t)n * H * D * 2));

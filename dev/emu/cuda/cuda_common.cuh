@@ -118,8 +118,6 @@ extern int emu_round_bf16;
 
 static inline void __syncthreads(void) { emu_barrier(0); }
 static inline void bar_sync_named(int id, int n) { emu_barrier(3000 + 2048 * id + n); }
-void emu_bar_arrive(int id, int n);
-static inline void bar_arrive_named(int id, int n) { emu_bar_arrive(id, n); }
 float emu_shfl(float v, int src_lane_or_minus1);
 uint32_t emu_shfl_u(uint32_t v, int src_lane);
 uint32_t emu_reduce_u(uint32_t v, int max); /* the warp's max (1), min (0) or sum (2) */
