@@ -530,7 +530,7 @@ static void test_qk_rope(void) {
     tl_gpu_kv_pages pg = {table, max_pages};
     tl_gpu_seqs sq = {};
     sq.tok_pos = tpos, sq.tok_slot = tslot, sq.n_tok = T;
-    CHECK_EQ_INT(tl_gpu_qk_rope_kv(q, kc, vc, proj, ld, qn, kn, H, Hk, &pg, 1e7f, 1e-6f, &sq, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(q, kc, vc, proj, ld, qn, kn, H, Hk, &pg, TL_ROPE_THETA, 1e-6f, &sq, NULL), 0);
     double e_q = 0, e_k = 0, vbad = 0;
     for (int t = 0; t < T; t++)
         for (int hh = 0; hh < H + Hk; hh++) {
@@ -541,7 +541,7 @@ static void test_qk_rope(void) {
             double r = 1.0 / sqrt(ss / HDIM + 1e-6);
             for (int d = 0; d < HDIM; d++) y[d] = x[d] * r * (is_q ? qn : kn)[d];
             for (int d = 0; d < 32; d++) {
-                double ang = (float)(pos0 + t) * (1.0f / powf(1e7f, (float)(2 * d) / 64.0f)); /* fp32, as HF */
+                double ang = (float)(pos0 + t) * (1.0f / powf(TL_ROPE_THETA, (float)(2 * d) / 64.0f)); /* fp32, as HF */
                 double a = y[d], b = y[d + 32];
                 y[d] = a * cos(ang) - b * sin(ang), y[d + 32] = b * cos(ang) + a * sin(ang);
             }
@@ -564,7 +564,7 @@ static void test_qk_rope(void) {
     CHECK_EQ_INT((int)vbad, 0);
     float *q2 = (float *)xmalloc((size_t)T * ld * 4);
     memcpy(q2, proj, (size_t)T * ld * 4);
-    CHECK_EQ_INT(tl_gpu_qk_rope_kv(NULL, kc, vc, q2, ld, qn, kn, H, Hk, &pg, 1e7f, 1e-6f, &sq, NULL), 0);
+    CHECK_EQ_INT(tl_gpu_qk_rope_kv(NULL, kc, vc, q2, ld, qn, kn, H, Hk, &pg, TL_ROPE_THETA, 1e-6f, &sq, NULL), 0);
     int differ = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
