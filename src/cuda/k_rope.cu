@@ -43,8 +43,10 @@ __global__ void qk_rope_kv_kernel(float *q_out, uint16_t *kc, uint16_t *vc, cons
 #pragma unroll
     for (int i = 0; i < 8; i++) ss = fmaf(x[i], x[i], ss);
     const float r = rsqrtf(warp_sum(ss) / (float)HD + eps);
+    const float4 wa = *(const float4 *)(nw + d0), wb = *(const float4 *)(nw + d0 + 4);
+    const float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
-    for (int i = 0; i < 8; i++) x[i] = x[i] * r * nw[d0 + i];
+    for (int i = 0; i < 8; i++) x[i] = x[i] * r * w[i];
     float y[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) y[i] = __shfl_xor_sync(0xffffffffu, x[i], 4);
@@ -79,7 +81,8 @@ extern "C" int tl_gpu_qk_rope_kv(float *q_out, uint16_t *kc, uint16_t *vc, const
                                  int n_kv, const tl_gpu_kv_pages *pg, float theta, float eps,
                                  const tl_gpu_seqs *s, const tl_gpu_stream *st) {
     if (s->n_tok <= 0) return 0;
-    if ((ld_proj & 3) || ((uintptr_t)proj & 15)) return TL_ERR_INVALID; /* float4 rows */
+    if ((ld_proj & 3) || (((uintptr_t)proj | (uintptr_t)q_norm | (uintptr_t)k_norm) & 15))
+        return TL_ERR_INVALID; /* float4 rows and norm weights */
     const int items = s->n_tok * (n_head + n_kv);
     TL_LAUNCH(st, "qk_rope_kv", qk_rope_kv_kernel, dim3(CEIL_DIV(items, 8)), dim3(256), 0, q_out,
               kc, vc, proj, ld_proj, q_norm, k_norm, n_head, n_kv, *pg, theta, eps, *s);
