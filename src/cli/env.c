@@ -97,9 +97,6 @@ static const env_switch env_switches[] = {
     {"TL_GEMM_TILE=0..8", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
      "4:64x256, wgr 6:2 7:4 warpgroups, 8: the 4-bit MoE on q4w's 64-token tiles)"},
-    {"TL_Q4W64_HALVES=1", ENGINE_CMDS,
-     "CUDA: the q4w kernel's 64-token tiles on 8 warps in two token halves instead of 4 warps "
-     "(A/B)"},
     {"TL_MOE_Q4W64_MAX=N", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of 512 to N-1 tokens on the q4w kernel's 64-token tiles (default "
      "1536; 0: off, the wgr kernel from 512)"},

@@ -301,16 +301,12 @@ template <bool WIDE> struct q4w_shape {
 /* The token tile of a q4w block: TOK = 16 (the plan's 16-row tiles: decode batches) or 64 (its
  * 64-row tiles, the wide shape only: a prefill chunk of 512-1,536 tokens, 16-48 tokens per expert,
  * whose weights a 16-token tile would stream 1-3 times). Stage: TOK token rows, then the weights
- * as in q4w_cfg. ACH: 16-byte token chunks a thread copies a stage (TOK * 8 chunks). H = 2 (64
- * only; TL_Q4W64_HALVES=1): twice the warps, warps 4-7 take the tile's second 32 tokens against
- * the same weight stage (each warp at most 4 n8 blocks: half the accumulators, no spills, but each
- * weight word dequantized twice); H = 1: 4 warps of up to 8 n8 blocks. */
+ * as in q4w_cfg. ACH: 16-byte token chunks a thread copies a stage (TOK * 8 chunks). */
 template <int TOK> using q4w_cfg_t = gm_cfg<4, 1, 4, TOK / 16>;
-template <bool WIDE, int TOK, int H = 1> struct q4w_tile {
+template <bool WIDE, int TOK> struct q4w_tile {
     static_assert(TOK == 16 || (TOK == 64 && WIDE),
                   "q4w tiles: 16 tokens, or 64 on the wide shape");
-    static_assert(H == 1 || (H == 2 && TOK == 64), "token halves: 64-token tiles only");
-    static constexpr int THREADS = q4w_shape<WIDE>::THREADS * H;
+    static constexpr int THREADS = q4w_shape<WIDE>::THREADS;
     static constexpr int ACH = TOK * 8 > THREADS ? TOK * 8 / THREADS : 1;
     static constexpr int MIN_BLOCKS = TOK == 16 ? q4w_shape<WIDE>::MIN_BLOCKS : 2;
 };
@@ -445,7 +441,7 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1, 1> &cp, 
 template <int NB, int MB, int THREADS, int TOK, int WCH, int ACH>
 static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH, ACH> cp, int KT,
                                                      float (&acc)[MB][NB][4], int wr0, int lane,
-                                                     int x_off, bool live) {
+                                                     int x_off) {
     typedef q4w_cfg_t<TOK> C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
@@ -466,7 +462,7 @@ static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH, ACH> cp, int 
             __syncthreads();
             if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
             cp_async_commit();
-            if (live) q4w_stage<NB, MB, TOK>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
+            q4w_stage<NB, MB, TOK>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
         }
     }
 }
@@ -478,17 +474,15 @@ static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH, ACH> cp, int 
  * the narrow shape measured no faster (H100, decode batches 64 and 256: 2026-12-06), the wide
  * shape +2.2% / +0.9%. Both shapes and both tiles make the same products and sums in the same
  * order: the same bits. */
-template <int NB, bool WIDE, int TOK, int H = 1>
+template <int NB, bool WIDE, int TOK>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
-                                                 int m_end, bool live = true) {
+                                                 int m_end) {
     typedef q4w_cfg_t<TOK> C;
-    typedef q4w_tile<WIDE, TOK, H> T;
+    typedef q4w_tile<WIDE, TOK> T;
     constexpr int MB = q4w_shape<WIDE>::MB, THREADS = T::THREADS, WCH = 256 / THREADS;
     constexpr int ACH = T::ACH;
-    const int tid = threadIdx.x, lane = tid & 31;
-    /* warp: its weight rows; th: its token half (H = 2: warps 4-7 the tokens from TOK / 2) */
-    const int warp = H == 2 ? (tid >> 5) & 3 : tid >> 5, th = H == 2 ? tid >> 7 : 0;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n0 = blockIdx.x * 128;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
     q4w_copy<WCH, ACH> cp;
@@ -516,19 +510,17 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     cp.s_dst = C::A_BYTES + 4096 + tid * 16;
     /* ldmatrix.x4 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15, lanes
      * 16-31 the same 16 columns further */
-    const int x_off =
-        (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16 + th * (TOK / H) * GM_LDS;
+    const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
     if constexpr (WIDE)
-        q4w_loop_lean<NB, MB, THREADS, TOK>(cp, KT, acc, warp * MB, lane, x_off, live);
+        q4w_loop_lean<NB, MB, THREADS, TOK>(cp, KT, acc, warp * MB, lane, x_off);
     else
         q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off);
     cp_async_wait<0>();
-    if (!live) return;
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
-        q4w_epilogue<NB>(p, acc[mb], m0 + th * (TOK / H), m_end, perm, n0 + (warp * MB + mb) * 16,
-                         lane >> 2, lane & 3);
+        q4w_epilogue<NB>(p, acc[mb], m0, m_end, perm, n0 + (warp * MB + mb) * 16, lane >> 2,
+                         lane & 3);
 }
 
 /* The MoE of a decode batch (TOK = 16: 2-8 tokens per expert; NB 1 or 2 by the tile's token
@@ -538,9 +530,9 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
  * 32-token q4w tiles they measured no faster at 8-64 tokens and slower at 256 (decode batch 256:
  * 9,290 -> 8,553 tok/s, 2026-12-04), and one kernel must serve every batch size (they run the wgr
  * kernel). */
-template <bool WIDE, int TOK, int H>
-__global__ void __launch_bounds__(q4w_tile<WIDE, TOK, H>::THREADS,
-                                  q4w_tile<WIDE, TOK, H>::MIN_BLOCKS) gemm_q4w_kernel(gemm_args p) {
+template <bool WIDE, int TOK>
+__global__ void __launch_bounds__(q4w_tile<WIDE, TOK>::THREADS, q4w_tile<WIDE, TOK>::MIN_BLOCKS)
+    gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
@@ -553,16 +545,6 @@ __global__ void __launch_bounds__(q4w_tile<WIDE, TOK, H>::THREADS,
             q4w_block<2, WIDE, 16>(p, wb, sbb, perm, m0, m_end);
         else
             q4w_block<1, WIDE, 16>(p, wb, sbb, perm, m0, m_end);
-    } else if constexpr (H == 2) { /* this warp's half: warp-uniform, the barriers shared */
-        const int nh = min(nt, TOK) - (threadIdx.x >> 7) * (TOK / 2);
-        if (nh > 24)
-            q4w_block<4, WIDE, TOK, 2>(p, wb, sbb, perm, m0, m_end);
-        else if (nh > 16)
-            q4w_block<3, WIDE, TOK, 2>(p, wb, sbb, perm, m0, m_end);
-        else if (nh > 8)
-            q4w_block<2, WIDE, TOK, 2>(p, wb, sbb, perm, m0, m_end);
-        else
-            q4w_block<1, WIDE, TOK, 2>(p, wb, sbb, perm, m0, m_end, nh > 0);
     } else if (nt > 48) {
         q4w_block<8, WIDE, TOK>(p, wb, sbb, perm, m0, m_end);
     } else if (nt > 32) {
@@ -814,24 +796,15 @@ static int q4w_wide_on(void) {
     return on;
 }
 
-template <bool WIDE, int TOK, int H = 1>
+template <bool WIDE, int TOK>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     typedef q4w_cfg_t<TOK> C;
-    if (gm_smem_limit<gemm_q4w_kernel<WIDE, TOK, H>>(C::SMEM, true)) return TL_ERR_CUDA;
+    if (gm_smem_limit<gemm_q4w_kernel<WIDE, TOK>>(C::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE, TOK, H>, dim3(p->N / 128, grid_y),
-              dim3(q4w_tile<WIDE, TOK, H>::THREADS), C::SMEM, *p);
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE, TOK>, dim3(p->N / 128, grid_y),
+              dim3(q4w_tile<WIDE, TOK>::THREADS), C::SMEM, *p);
     return 0;
-}
-
-/* The 4-bit MoE on q4w's 64-token tiles: 4 warps, or with TL_Q4W64_HALVES=1 8 warps in two token
- * halves (q4w_tile). */
-static int launch_q4w64(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    static int halves = -1;
-    if (halves < 0) halves = tl_env_is("TL_Q4W64_HALVES", 1);
-    return halves ? launch_q4w_as<true, 64, 2>(p, grid_y, st)
-                  : launch_q4w_as<true, 64, 1>(p, grid_y, st);
 }
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
@@ -1093,7 +1066,8 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
-    if (w->bits == 4 && moe_q4w64_on(n_tok)) return launch_q4w64(&p, moe_max_tiles(&p, 64), st);
+    if (w->bits == 4 && moe_q4w64_on(n_tok))
+        return launch_q4w_as<true, 64>(&p, moe_max_tiles(&p, 64), st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
