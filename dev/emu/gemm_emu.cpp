@@ -267,18 +267,13 @@ static void test_moe_small(void) {
     static const int counts[8] = {200, 129, 97, 65, 33, 5, 1, 128};
     static const char *const tiles[] = {"1", "3", "6", "7"};
     moe_case(200, 256, 128, counts, 8, tiles, 4, 0);
-    static const char *const sh_tiles[] = {"5", "1", "6", "8"}; /* q4w 16 / 64, mma, wgr */
-    moe_case(40, 256, 128, counts + 5, 3, sh_tiles, 4, 1);
-    /* q4w on 64-token tiles: NB 2 (5, 1), 4 (20), 6 (33, 45), 8 (a full tile) and an expert's
-     * later tiles (200 = 3 x 64 + 8, 129 = 2 x 64 + 1, 97 = 64 + 33) */
-    static const int c64[7] = {200, 129, 97, 45, 33, 20, 5};
-    static const char *const q64[] = {"8"};
-    moe_case(200, 256, 128, c64, 7, q64, 1, 1);
+    static const char *const sh_tiles[] = {"5", "1", "6"}; /* q4w (decode batches), mma, wgr */
+    moe_case(40, 256, 128, counts + 5, 3, sh_tiles, 3, 1);
 }
 static void test_moe_production(void) {
     static const int counts[3] = {40, 70, 3};
-    static const char *const tiles[] = {"6", "7", "5", "8"}; /* 5, 8: q4w at K = 2048 and 512 */
-    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 4, 0);
+    static const char *const tiles[] = {"6", "7", "5"}; /* 5: q4w at K = 2048 and 512 */
+    moe_case(72, TL_N_EMBD, TL_N_FF_EXPERT, counts, 3, tiles, 3, 0);
 }
 
 /* ---- prefill attention ---- */

@@ -229,10 +229,9 @@ static void moe_gemms_only(void *c) {
 static void bench_moe(void) {
     /* 256: the largest MoE that runs on the decode-batch kernels (gemm_wgr_of's threshold is
      * 512 tokens); a 256-token prefill takes longer than a 512-token one (session 20) */
-    static const int ns[] = {256, 512, 1024, 2048, 4096};
+    static const int ns[] = {256, 512, 4096};
     for (int bits = 16; bits >= 4; bits -= 12) {
-        for (int ni = 0; ni < 5; ni++) {
-            if (bits == 16 && (ns[ni] == 1024 || ns[ni] == 2048)) continue; /* q4w 64's range */
+        for (int ni = 0; ni < 3; ni++) {
             moe_ctx m;
             m.n = ns[ni];
             m.gu = make_w(bits, 1024, 2048, 256, 21);
@@ -256,11 +255,8 @@ static void bench_moe(void) {
                      m.n);
             row(name, time_ms(moe_gemms_only, &m, 15), flop);
             printf("    tiles mma 128x128 / 64x128 / 128x256, wgmma 128x256 / 64x256, mma 16x128, "
-                   "wgr 2 / 4 warpgroups, q4w 64:");
-            for (int ti = 0; ti <= bench_tiles; ti++) {
-                /* the last: tile 8 (q4w on 64-token tiles; bf16: chosen by size) */
-                int t = ti < bench_tiles ? ti : bench_tiles >= 8 ? 8 : -1;
-                if (t < 0) break;
+                   "wgr 2 / 4 warpgroups:");
+            for (int t = 0; t < bench_tiles; t++) {
                 char v[16];
                 snprintf(v, sizeof v, "%d", t);
                 setenv("TL_GEMM_TILE", v, 1);

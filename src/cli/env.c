@@ -94,12 +94,9 @@ static const env_switch env_switches[] = {
      "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "
      "with P in registers (two query heads a block share each K/V tile; O = P V with V read "
      "N-major; A/B)"},
-    {"TL_GEMM_TILE=0..8", ENGINE_CMDS,
+    {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
-     "4:64x256, wgr 6:2 7:4 warpgroups, 8: the 4-bit MoE on q4w's 64-token tiles)"},
-    {"TL_MOE_Q4W64_MAX=N", ENGINE_CMDS,
-     "CUDA: 4-bit MoE GEMMs of 512 to N-1 tokens on the q4w kernel's 64-token tiles (default "
-     "1536; 0: off, the wgr kernel from 512)"},
+     "4:64x256, wgr 6:2 7:4 warpgroups)"},
     {"TL_NORM_CHECK=0", LOAD_CMDS,
      "skip the load-time check of the RMSNorm weights' storage convention"},
     {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,

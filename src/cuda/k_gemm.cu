@@ -298,18 +298,6 @@ typedef gm_cfg<4, 1, 4, 1> q4w_cfg;
 template <bool WIDE> struct q4w_shape {
     static constexpr int MB = WIDE ? 2 : 1, THREADS = 256 / MB, MIN_BLOCKS = WIDE ? 5 : 4;
 };
-/* The token tile of a q4w block: TOK = 16 (the plan's 16-row tiles: decode batches) or 64 (its
- * 64-row tiles, the wide shape only: a prefill chunk of 512-1,536 tokens, 16-48 tokens per expert,
- * whose weights a 16-token tile would stream 1-3 times). Stage: TOK token rows, then the weights
- * as in q4w_cfg. ACH: 16-byte token chunks a thread copies a stage (TOK * 8 chunks). */
-template <int TOK> using q4w_cfg_t = gm_cfg<4, 1, 4, TOK / 16>;
-template <bool WIDE, int TOK> struct q4w_tile {
-    static_assert(TOK == 16 || (TOK == 64 && WIDE),
-                  "q4w tiles: 16 tokens, or 64 on the wide shape");
-    static constexpr int THREADS = q4w_shape<WIDE>::THREADS;
-    static constexpr int ACH = TOK * 8 > THREADS ? TOK * 8 / THREADS : 1;
-    static constexpr int MIN_BLOCKS = TOK == 16 ? q4w_shape<WIDE>::MIN_BLOCKS : 2;
-};
 
 /* One k stage of q4w_block (stage = the group of 64 columns in shared memory at st) for the warp
  * whose m16 blocks are wr0 .. wr0 + MB - 1 (row-block tiles 2 wr and 2 wr + 1, rows g and g + 8):
@@ -317,10 +305,10 @@ template <bool WIDE, int TOK> struct q4w_tile {
  * B fragments of the four k16 steps, their sums Sx (an mma against an all-ones A) and each m16
  * block's sums d, folded into acc with the group's scale and bias. x_off: the lane's
  * ldmatrix.x4 row offset (elements). */
-template <int NB, int MB, int TOK>
+template <int NB, int MB>
 static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)[MB][NB][4],
                                                  int wr0, int lane, int x_off) {
-    typedef q4w_cfg_t<TOK> C;
+    typedef q4w_cfg C;
     const uint32_t ONES = 0x3F803F80u, E = 0x43004300u;
     const int g = lane >> 2;
     const uint16_t *sA = (const uint16_t *)st;
@@ -378,38 +366,31 @@ static __device__ __forceinline__ void q4w_stage(const uint8_t *st, float (&acc)
     }
 }
 
-/* A thread's stage copies in q4w_block: its ACH token chunks (chunk c = tid + THREADS j of the
- * TOK * 8: token row c / 8, 16-byte column c % 8; with ACH = 1 only threads < TOK * 8 copy one;
- * a_bytes 0 past the tile), its WCH weight chunks and (threads < 32) its scale/bias words, from
- * the sources of k stage 0 of the block's share of K to the stage offsets a_dst (+ THREADS / 8
- * rows j), w_dst (+ THREADS * 16 j), s_dst. */
-template <int WCH, int ACH> struct q4w_copy {
-    const uint16_t *a[ACH];
+/* A thread's stage copies in q4w_block: its token chunk (threads < 128; a_bytes 0 past the tile),
+ * its WCH weight chunks and (threads < 32) its scale/bias words, from the sources of k stage 0 of
+ * the block's share of K to the stage offsets a_dst, w_dst (+ THREADS * 16 j), s_dst. */
+template <int WCH> struct q4w_copy {
+    const uint16_t *a;
     const uint32_t *w[WCH], *s;
     size_t s_step; /* words between the scale/bias rows of consecutive stages */
-    int a_bytes[ACH], a_dst, w_dst, s_dst;
-    /* thread tid of THREADS (tile of TOK tokens): the copies of the next stage into the stage at
-     * sm, then the sources advance one stage (the lean loop's running sources) */
-    template <int THREADS, int TOK> __device__ __forceinline__ void next(uint8_t *sm, int tid) {
-#pragma unroll
-        for (int j = 0; j < ACH; j++) {
-            if (ACH > 1 || tid < TOK * 8)
-                cp_async16(sm + a_dst + j * (THREADS / 8) * GM_LDS * 2, a[j], a_bytes[j]);
-            a[j] += GM_BK;
-        }
+    int a_bytes, a_dst, w_dst, s_dst;
+    /* thread tid of THREADS: the copies of the next stage into the stage at sm, then the
+     * sources advance one stage (the lean loop's running sources) */
+    template <int THREADS> __device__ __forceinline__ void next(uint8_t *sm, int tid) {
+        if (tid < 128) cp_async16(sm + a_dst, a, a_bytes);
 #pragma unroll
         for (int j = 0; j < WCH; j++) {
             cp_async16(sm + w_dst + THREADS * 16 * j, w[j], 16);
             w[j] += 64;
         }
         if (tid < 32) cp_async16(sm + s_dst, s, 16);
-        s += s_step;
+        a += GM_BK, s += s_step;
     }
 };
 
 /* The loop as first written (the narrow shape): each stage's copies addressed from its index. */
 template <int NB, int MB>
-static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1, 1> &cp, int KT,
+static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int KT,
                                                       float (&acc)[MB][NB][4], int wr0, int lane,
                                                       int x_off) {
     typedef q4w_cfg C;
@@ -417,8 +398,7 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1, 1> &cp, 
     const int tid = threadIdx.x;
     auto load_a = [&](int stage, int kt) {
         if (tid < 128)
-            cp_async16(gm_smem + stage * C::STAGE_BYTES + cp.a_dst, cp.a[0] + kt * GM_BK,
-                       cp.a_bytes[0]);
+            cp_async16(gm_smem + stage * C::STAGE_BYTES + cp.a_dst, cp.a + kt * GM_BK, cp.a_bytes);
     };
     auto load_b = [&](int stage, int kt) {
         uint8_t *sm = gm_smem + stage * C::STAGE_BYTES;
@@ -432,22 +412,21 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1, 1> &cp, 
         int nk = kt + C::STAGES - 1;
         if (nk < KT) load_a(nk % C::STAGES, nk), load_b(nk % C::STAGES, nk);
         cp_async_commit();
-        q4w_stage<NB, MB, 16>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, wr0, lane, x_off);
+        q4w_stage<NB, MB>(gm_smem + (kt % C::STAGES) * C::STAGE_BYTES, acc, wr0, lane, x_off);
     }
 }
 
 /* The lean loop (the wide shape): the ring run STAGES k stages an iteration (the slot a constant)
  * and the copies from running sources (one add each a stage). */
-template <int NB, int MB, int THREADS, int TOK, int WCH, int ACH>
-static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH, ACH> cp, int KT,
-                                                     float (&acc)[MB][NB][4], int wr0, int lane,
-                                                     int x_off) {
-    typedef q4w_cfg_t<TOK> C;
+template <int NB, int MB, int THREADS, int WCH>
+static __device__ __forceinline__ void
+q4w_loop_lean(q4w_copy<WCH> cp, int KT, float (&acc)[MB][NB][4], int wr0, int lane, int x_off) {
+    typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
     /* the next stage to copy, into ring slot `stage` */
     auto load_next = [&](int stage) {
-        cp.template next<THREADS, TOK>(gm_smem + stage * C::STAGE_BYTES, tid);
+        cp.template next<THREADS>(gm_smem + stage * C::STAGE_BYTES, tid);
     };
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
@@ -462,40 +441,34 @@ static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH, ACH> cp, int 
             __syncthreads();
             if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
             cp_async_commit();
-            q4w_stage<NB, MB, TOK>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
+            q4w_stage<NB, MB>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
         }
     }
 }
 
-/* The main loop and epilogue of one block of a TOK-token tile holding NB n8 blocks of tokens
+/* The main loop and epilogue of one block of a 16-token tile holding NB n8 blocks of tokens
  * (NB * 8 >= its token count), one q4w_stage per k stage. WIDE: the lean loop; PTX 166
  * instructions a warp a stage for 1,024 weight bytes against 140 for 512 (the first loop: about
  * half of those are the copies' address arithmetic and the ring slot's offsets). The lean loop on
  * the narrow shape measured no faster (H100, decode batches 64 and 256: 2026-12-06), the wide
- * shape +2.2% / +0.9%. Both shapes and both tiles make the same products and sums in the same
- * order: the same bits. */
-template <int NB, bool WIDE, int TOK>
+ * shape +2.2% / +0.9%. Both shapes make the same copies, products and sums in the same order:
+ * the same bits. */
+template <int NB, bool WIDE>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
                                                  int m_end) {
-    typedef q4w_cfg_t<TOK> C;
-    typedef q4w_tile<WIDE, TOK> T;
-    constexpr int MB = q4w_shape<WIDE>::MB, THREADS = T::THREADS, WCH = 256 / THREADS;
-    constexpr int ACH = T::ACH;
+    typedef q4w_cfg C;
+    typedef q4w_shape<WIDE> M;
+    constexpr int MB = M::MB, THREADS = M::THREADS, WCH = 256 / THREADS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n0 = blockIdx.x * 128;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
-    q4w_copy<WCH, ACH> cp;
-    /* tokens: chunk tid + THREADS j is token row tid / 8 + THREADS / 8 j, 16-byte column tid % 8 */
-#pragma unroll
-    for (int j = 0; j < ACH; j++) {
-        const int a_row = (tid >> 3) + j * (THREADS / 8);
-        const int a_ok = a_row < TOK && m0 + a_row < m_end;
-        int a_src = a_ok ? m0 + a_row : 0;
-        if (p.mode == GM_MOE_GATHER && a_ok) a_src = gm_tok(p, gm_asg(p, perm, a_src));
-        cp.a[j] = p.x + (size_t)a_src * p.K + (tid & 7) * 8 + kt_base * GM_BK;
-        cp.a_bytes[j] = a_ok ? 16 : 0;
-    }
+    q4w_copy<WCH> cp;
+    /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
+    const int a_row = tid >> 3, a_ok = tid < 128 && m0 + a_row < m_end;
+    int a_src = a_ok ? m0 + a_row : 0;
+    if (p.mode == GM_MOE_GATHER && a_ok) a_src = gm_tok(p, gm_asg(p, perm, a_src));
+    cp.a = p.x + (size_t)a_src * p.K + (tid & 7) * 8 + kt_base * GM_BK;
     /* weights: 256 chunks of 16 bytes a stage; chunk c = tid + THREADS j is 16 bytes of row block
      * c / 16 (2 tiles of 128 B each) and lands at word 4 c of the stage's weights */
     const uint32_t *wq = (const uint32_t *)wb;
@@ -505,15 +478,15 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
         cp.w[j] = wq + ((size_t)(n0 / 8 + (c >> 4)) * (p.K / 32) + kt_base * 2) * 32 + (c & 15) * 4;
     }
     cp.s = sbb + (size_t)kt_base * p.N + n0 + tid * 4; /* tid < 32 */
-    cp.s_step = p.N;
-    cp.a_dst = ((tid >> 3) * GM_LDS + (tid & 7) * 8) * 2, cp.w_dst = C::A_BYTES + tid * 16;
+    cp.s_step = p.N, cp.a_bytes = a_ok ? 16 : 0;
+    cp.a_dst = (a_row * GM_LDS + (tid & 7) * 8) * 2, cp.w_dst = C::A_BYTES + tid * 16;
     cp.s_dst = C::A_BYTES + 4096 + tid * 16;
     /* ldmatrix.x4 rows: lanes 0-7 the n8 block's tokens at k 0-7, lanes 8-15 at k 8-15, lanes
      * 16-31 the same 16 columns further */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
     if constexpr (WIDE)
-        q4w_loop_lean<NB, MB, THREADS, TOK>(cp, KT, acc, warp * MB, lane, x_off);
+        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off);
     else
         q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off);
     cp_async_wait<0>();
@@ -523,37 +496,24 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
                          lane & 3);
 }
 
-/* The MoE of a decode batch (TOK = 16: 2-8 tokens per expert; NB 1 or 2 by the tile's token
- * count) or of a prefill chunk of 512-1,536 tokens (TOK = 64: NB 2, 4, 6 or 8). A token's outputs
- * do not depend on the tile or NB (each mma column is its own dot product), so batched == alone
- * stays bitwise, and the two tiles give the same bits. Not for the dense products: with 16- and
- * 32-token q4w tiles they measured no faster at 8-64 tokens and slower at 256 (decode batch 256:
- * 9,290 -> 8,553 tok/s, 2026-12-04), and one kernel must serve every batch size (they run the wgr
- * kernel). */
-template <bool WIDE, int TOK>
-__global__ void __launch_bounds__(q4w_tile<WIDE, TOK>::THREADS, q4w_tile<WIDE, TOK>::MIN_BLOCKS)
+/* The MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token count). A token's
+ * outputs do not depend on the tile or NB (each mma column is its own dot product), so batched ==
+ * alone stays bitwise. Not for the dense products: with 16- and 32-token q4w tiles they measured
+ * no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
+ * 2026-12-04), and one kernel must serve every batch size (they run the wgr kernel). */
+template <bool WIDE>
+__global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN_BLOCKS)
     gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
     pdl_wait(); /* the plan comes from the previous kernel */
-    if (!gm_tile<4, TOK>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
-    const int nt = m_end - m0; /* block-uniform; more than TOK: not the expert's last tile */
-    if constexpr (TOK == 16) {
-        if (nt > 8)
-            q4w_block<2, WIDE, 16>(p, wb, sbb, perm, m0, m_end);
-        else
-            q4w_block<1, WIDE, 16>(p, wb, sbb, perm, m0, m_end);
-    } else if (nt > 48) {
-        q4w_block<8, WIDE, TOK>(p, wb, sbb, perm, m0, m_end);
-    } else if (nt > 32) {
-        q4w_block<6, WIDE, TOK>(p, wb, sbb, perm, m0, m_end);
-    } else if (nt > 16) {
-        q4w_block<4, WIDE, TOK>(p, wb, sbb, perm, m0, m_end);
-    } else {
-        q4w_block<2, WIDE, TOK>(p, wb, sbb, perm, m0, m_end);
-    }
+    if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    if (m_end - m0 > 8) /* block-uniform */
+        q4w_block<2, WIDE>(p, wb, sbb, perm, m0, m_end);
+    else
+        q4w_block<1, WIDE>(p, wb, sbb, perm, m0, m_end);
 }
 
 template <int BITS, int WM, int NJ, int MI>
@@ -777,17 +737,8 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
 /* Tile shapes: 0 = 128x128, 1 = 64x128, 2 = 128x256 (mma.sync); 3 = 128x256, 4 = 64x256 (wgmma);
  * 5 = 16x128 (mma.sync, one m16 row of tokens: the MoE of a decode batch, ~2-8 tokens per
  * expert); 6, 7 = the MoE's wgr kernel with 2 or 4 warpgroups (4-bit MoE only: up to 128 tokens
- * x 128 or 256 weight rows); 8 = the 4-bit MoE on q4w's 64-token tiles (gemm_q4w_kernel). */
-enum {
-    GM_T128 = 0,
-    GM_T64 = 1,
-    GM_T256 = 2,
-    GM_WG128 = 3,
-    GM_WG64 = 4,
-    GM_T16 = 5,
-    GM_WGR = 6,
-    GM_Q4W64 = 8
-};
+ * x 128 or 256 weight rows). */
+enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
 /* 1 unless TL_Q4W_WIDE=0 (read once): gemm_q4w_kernel on its wide shape (q4w_shape). */
 static int q4w_wide_on(void) {
@@ -796,20 +747,18 @@ static int q4w_wide_on(void) {
     return on;
 }
 
-template <bool WIDE, int TOK>
+template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    typedef q4w_cfg_t<TOK> C;
-    if (gm_smem_limit<gemm_q4w_kernel<WIDE, TOK>>(C::SMEM, true)) return TL_ERR_CUDA;
+    if (gm_smem_limit<gemm_q4w_kernel<WIDE>>(q4w_cfg::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE, TOK>, dim3(p->N / 128, grid_y),
-              dim3(q4w_tile<WIDE, TOK>::THREADS), C::SMEM, *p);
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE>, dim3(p->N / 128, grid_y),
+              dim3(q4w_shape<WIDE>::THREADS), q4w_cfg::SMEM, *p);
     return 0;
 }
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    return q4w_wide_on() ? launch_q4w_as<true, 16>(p, grid_y, st)
-                         : launch_q4w_as<false, 16>(p, grid_y, st);
+    return q4w_wide_on() ? launch_q4w_as<true>(p, grid_y, st) : launch_q4w_as<false>(p, grid_y, st);
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
@@ -1015,22 +964,6 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */
 
-/* Whether a 4-bit MoE GEMM of n_tok tokens runs gemm_q4w_kernel on 64-token tiles: forced by
- * TL_GEMM_TILE=8 (another forced tile: no), else from 512 tokens (below: the 16-token tiles) to
- * TL_MOE_Q4W64_MAX (default 1536; 0 turns it off), where the weight stream is the floor (16-48
- * tokens an expert). */
-static int moe_q4w64_on(int n_tok) {
-    static int max_tok = -1;
-    if (max_tok < 0) {
-        const char *e = getenv("TL_MOE_Q4W64_MAX");
-        max_tok = e && *e ? atoi(e) : 1536;
-        if (max_tok < 0) max_tok = 0;
-    }
-    int f = gemm_tile_env();
-    if (f >= 0) return f == GM_Q4W64;
-    return n_tok >= 512 && n_tok < max_tok;
-}
-
 /* Upper bound on the grouped GEMM's M tiles of bm rows: the plan's rows, one partial tile per
  * non-empty expert (at most 256), the shared expert's rows. */
 static int moe_max_tiles(const gemm_args *p, int bm) {
@@ -1066,8 +999,6 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
-    if (w->bits == 4 && moe_q4w64_on(n_tok))
-        return launch_q4w_as<true, 64>(&p, moe_max_tiles(&p, 64), st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
