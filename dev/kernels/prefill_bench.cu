@@ -229,9 +229,11 @@ static void moe_gemms_only(void *c) {
 static void bench_moe(void) {
     /* 256: the largest MoE that runs on the decode-batch kernels (gemm_wgr_of's threshold is
      * 512 tokens); a 256-token prefill takes longer than a 512-token one (session 20) */
-    static const int ns[] = {256, 512, 4096};
+    static const int ns[] = {256, 512, 1024, 2048, 4096};
     for (int bits = 16; bits >= 4; bits -= 12) {
-        for (int ni = 0; ni < 3; ni++) {
+        for (int ni = 0; ni < 5; ni++) {
+            if (bits == 16 && (ns[ni] == 1024 || ns[ni] == 2048))
+                continue; /* 4-bit: the protocol */
             moe_ctx m;
             m.n = ns[ni];
             m.gu = make_w(bits, 1024, 2048, 256, 21);
