@@ -70,9 +70,9 @@ static const env_switch env_switches[] = {
      "CUDA: the sampler's part kernel reads its rows id by id (0), or as float4s, 2 or 4 in "
      "flight a thread (default: 4 for many rows, 2 for at most 8) (A/B; same survivors, logprobs "
      "within rounding)"},
-    {"TL_MOE_SHARED_GROUPED=0", ENGINE_CMDS,
-     "CUDA: the shared expert of micro-batches of <= 256 tokens as two dense GEMMs instead of "
-     "inside the grouped MoE GEMMs (A/B)"},
+    {"TL_MOE_SHARED_GROUPED=N", ENGINE_CMDS,
+     "CUDA: the shared expert inside the grouped MoE GEMMs only in micro-batches of <= N tokens "
+     "(default: all), longer ones as two dense GEMMs; 0: always dense (A/B)"},
     {"TL_GDN_COLS=1", ENGINE_CMDS,
      "CUDA: the decode kernels' GDN step as the column-cut kernel plus the f32 gated norm (A/B)"},
     {"TL_CUDA_PF_PDL=0", ENGINE_CMDS,
@@ -86,9 +86,6 @@ static const env_switch env_switches[] = {
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},
-    {"TL_ROUTER_TILE=128", ENGINE_CMDS,
-     "CUDA: the router GEMM of micro-batches past 256 tokens on 128x128 tiles instead of 64x64 "
-     "(x and the weights read fewer times from L2; the same bits; A/B, not yet measured)"},
     {"TL_ATTN_WG=0|1|2", ENGINE_CMDS,
      "CUDA: prefill attention on the mma.sync kernel (0), the one-warpgroup wgmma one (1) or the "
      "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "

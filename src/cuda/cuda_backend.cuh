@@ -165,6 +165,9 @@ typedef struct cuda_be {
                        TL_CUDA_NO_MIX=1 */
     int tc_min;     /* micro-batches of at least this many tokens (not one long chunk) run on the
                        tensor-core decode path (TL_CUDA_TC_MIN; 0: never) */
+    int sh_max;     /* micro-batches of at most this many tokens run the shared expert inside the
+                       grouped MoE GEMMs, longer ones as two dense GEMMs (TL_MOE_SHARED_GROUPED;
+                       default: every one, be->max_tok) */
     int router_min; /* micro-batches of at least this many tokens on the GEMM paths compute the
                        router with the tensor-core GEMM, else the GEMV (TL_CUDA_ROUTER_GEMM_MIN;
                        0: never) */

@@ -344,16 +344,6 @@ static int attn_prefill(const layer_ctx *x, int slot, int pos0) {
     return tl_gpu_attn_prefill(be->yb, &qh, &gh, &kv, x->T, pos0, TL_ATTN_IN_F32, x->st);
 }
 
-/* 1 unless TL_MOE_SHARED_GROUPED=0: in micro-batches of <= TL_GEMM_SPLITK_MAX_N tokens (decode
- * batches) the shared expert runs inside the grouped MoE GEMMs as one more expert of every
- * token (gpu.h: tl_gpu_moe_pf_gate_up's shared), not as two dense products: those are bound by
- * latency at a decode batch (~14 us each, two a layer), the grouped kernels by bandwidth. */
-static int moe_shared_grouped_on(void) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_MOE_SHARED_GROUPED", 0);
-    return on;
-}
-
 /* The next layer's input norm weight, folded into layer il's MoE combine
  * (tl_gpu_moe_pf_combine_norm: the same bits as the separate rmsnorm_bf16 it replaces, one launch
  * fewer a layer), else NULL (the last layer, or TL_MOE_COMBINE_NORM=0). Measured 2026-12-06
@@ -367,9 +357,13 @@ static const float *fold_norm(const cuda_be *be, int il) {
 }
 
 /* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,
- * plan, grouped expert GEMMs, the shared expert as two dense GEMMs (inside the grouped ones for
- * <= 256 tokens: moe_shared_grouped_on), weighted combine + residual; with next_norm (fold_norm)
- * the combine also writes be->xb = the next layer's normed input.
+ * plan, grouped expert GEMMs with the shared expert inside them as one more expert of every token
+ * (gpu.h: tl_gpu_moe_pf_gate_up's shared; past be->sh_max tokens, TL_MOE_SHARED_GROUPED, as two
+ * dense GEMMs), weighted combine + residual; with next_norm (fold_norm) the combine also writes
+ * be->xb = the next layer's normed input.
+ * note: the shared expert as two dense products is bound by latency at a decode batch (~14 us
+ * each, two a layer) and still at a 1K prefill chunk (64 and 128 blocks of 32 k steps: 32 + 21
+ * us a layer, ncu, H100, session 25); inside the grouped GEMMs its tiles fill the same grid.
  * note: the router GEMM from be->router_min (64) tokens on; below, the GEMV (f32 input): measured
  * 2026-12-04 (decode batches, tulip bench --batch): GEMV faster at 16 and 32, tied at 64, GEMM
  * faster at 128, 256 and on prefill chunks (notes/2026-12-04-router-conv1d.md); then the GEMM of
@@ -391,7 +385,7 @@ static int moe_prefill(const layer_ctx *x, const float *next_norm) {
     TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T, x->st));
     TRY(tl_gpu_moe_pf_plan(be->plan, be->ids, T, x->st));
     tl_gpu_gemm_w gu0 = expert_w(&L->gate_up, 0, 2 * F), dn0 = expert_w(&L->down, 0, D);
-    int sh = T <= TL_GEMM_SPLITK_MAX_N && moe_shared_grouped_on(); /* the shared expert too */
+    int sh = T <= be->sh_max; /* the shared expert too */
     TRY(tl_gpu_moe_pf_gate_up(be->hexp, be->xb, &gu0, be->plan, T, sh, x->st));
     TRY(tl_gpu_moe_pf_down(be->yslot, be->hexp, &dn0, be->plan, T, sh, x->st));
     const uint16_t *ys = be->yslot + (size_t)T * K * D; /* the shared expert's rows */

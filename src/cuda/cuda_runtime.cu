@@ -267,6 +267,8 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
                          ? TL_MAX(0, env_int("TL_CUDA_ROUTER_GEMM_MIN"))
                          : CB_ROUTER_GEMM_MIN;
     be->tc_min = getenv("TL_CUDA_TC_MIN") ? TL_MAX(0, env_int("TL_CUDA_TC_MIN")) : CB_TC_MIN;
+    be->sh_max =
+        getenv("TL_MOE_SHARED_GROUPED") ? TL_MAX(0, env_int("TL_MOE_SHARED_GROUPED")) : be->max_tok;
     be->attn.cuda_core = env_int("TL_CUDA_ATTN_NO_TC") != 0;
     be->tc_pdl = !getenv("TL_CUDA_TC_PDL") || env_int("TL_CUDA_TC_PDL") != 0;
     be->pf_pdl = !getenv("TL_CUDA_PF_PDL") || env_int("TL_CUDA_PF_PDL") != 0;
@@ -399,8 +401,8 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->xlo, uint16_t, T * D);
     ALLOC(be->yb, uint16_t, T * yd);
     /* + the shared expert's rows where it runs inside the grouped GEMMs (moe_prefill: micro-
-     * batches of <= TL_GEMM_SPLITK_MAX_N tokens) */
-    const size_t moe_rows = (size_t)T * K + (T < TL_GEMM_SPLITK_MAX_N ? T : TL_GEMM_SPLITK_MAX_N);
+     * batches of <= be->sh_max tokens) */
+    const size_t moe_rows = (size_t)T * K + TL_MIN(T, (size_t)be->sh_max);
     ALLOC(be->hexp, uint16_t, moe_rows * F);
     ALLOC(be->yslot, uint16_t, moe_rows * D);
     ALLOC(be->hs, uint16_t, T * F);

@@ -14,11 +14,10 @@
  *   rows past the ends load as zeros and are not stored. Each output is one accumulation chain
  *   over k in order (per 16 k: xh*wh, xl*wh, xh*wl), whatever TM and TN, so a token's result does
  *   not depend on n_tok, the other tokens or the tile (batched == alone).
- * Tiles: 64 x 64 (two blocks an SM, 108 KB) by default; 128 x 128 (TL_ROUTER_TILE=128, one block
- *   an SM, 221 KB) for micro-batches past RT_SPLIT_MAX_T: 64 x 64 tiles read x five times (the 257
- *   rows) and W once per 64 tokens from L2, ~300 MB a 4K-token prefill layer, and the kernel ran
- *   at 88 TFLOP/s there (H100, session 23); 128 x 128 reads x three times and W once per 128
- *   tokens (~170 MB), at a third of the rows' tile wasted (384 computed for 257).
+ * Tiles: 64 x 64 (two blocks an SM, 108 KB). A 128 x 128 tile (one block an SM, reading x three
+ *   times instead of five and W once per 128 tokens: ~170 instead of ~300 MB from L2 a 4K-token
+ *   layer) measured the same (prefill 4K 55,315 vs 55,127 tok/s, 16K 50,931 vs 50,919, H100,
+ *   session 25) and was removed.
  * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 4 x 5 blocks of 64 x 64,
  *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so with a workspace
  *   on the stream K is cut into RT_SPLIT shares (grid z); block z writes its raw sums to plane z
@@ -152,14 +151,6 @@ __global__ void router_sum_kernel(float *y, int ldy, const float *ws, int rows, 
     y[(size_t)(i / rows) * ldy + i % rows] = v;
 }
 
-/* The 128 x 128 tile for micro-batches past RT_SPLIT_MAX_T when TL_ROUTER_TILE=128 (read at
- * each call: the tests switch it; A/B until measured). */
-static int router_big_tile(int n_tok) {
-    if (n_tok <= RT_SPLIT_MAX_T) return 0;
-    const char *v = getenv("TL_ROUTER_TILE");
-    return v && atoi(v) == 128;
-}
-
 template <int TM, int TN>
 static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                          const uint16_t *xl, int n_tok, int split, const tl_gpu_stream *st) {
@@ -183,8 +174,7 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
                 st->ws_bytes >= tl_gpu_router_ws_bytes(W->rows, n_tok);
-    int rc = router_big_tile(n_tok) ? router_launch<128, 128>(y, ldy, W, xh, xl, n_tok, 0, st)
-                                    : router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
+    int rc = router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
     if (rc) return rc;
     if (split)
         TL_LAUNCH(st, "router_sum", router_sum_kernel, dim3(CEIL_DIV(n_tok * W->rows, 256)),

@@ -4,7 +4,8 @@
 # (tools/gpu_deps.sh). Logs go under $OUT; a short summary goes to stdout. Steps, each optional:
 #   tests     bash tests/run.sh --gpu, then compute-sanitizer memcheck on test_gpu_e2e --quick, then
 #             the tests of the defaults' A/B alternatives (TL_SAMPLE_VEC=0, TL_Q4W_WIDE=0,
-#             TL_GEMM_SPLITK_CLUSTER=0, TL_MOE_COMBINE_NORM=0, TL_ATTN_WG=1, 2, TL_ROUTER_TILE=128)
+#             TL_GEMM_SPLITK_CLUSTER=0, TL_MOE_COMBINE_NORM=0, TL_ATTN_WG=1, 2,
+#             TL_MOE_SHARED_GROUPED=256)
 #   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit) on the
 #             seeds $HF_SEEDS (default 1; issue 13's yardstick: 1,2,3,5,7,11,13,21 with HF_S=600)
 #   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3: sampled with
@@ -95,7 +96,7 @@ if has prefill; then
     done
     echo "== TL_MOE_WGR / TL_DENSE_WGR / TL_ATTN_WG / TL_CUDA_MAX_TOK, prefill at 1K, 4K, 16K"
     METRIC=prefill LEN=1024,4096,16384 GEN=4 \
-        VARIANTS="-; TL_ROUTER_TILE=128; TL_CUDA_PF_PDL=0; TL_MOE_WGR=0; TL_MOE_WGR=4; TL_DENSE_WGR=0; TL_DENSE_WGR=4; TL_ATTN_WG=0; \
+        VARIANTS="-; TL_MOE_SHARED_GROUPED=256; TL_CUDA_PF_PDL=0; TL_MOE_WGR=0; TL_MOE_WGR=4; TL_DENSE_WGR=0; TL_DENSE_WGR=4; TL_ATTN_WG=0; \
 TL_CUDA_MAX_TOK=2048; TL_CUDA_MAX_TOK=4096; TL_CUDA_MAX_TOK=2048 TL_MOE_WGR=0 TL_DENSE_WGR=0 TL_ATTN_WG=0" \
         timeout 400 bash bench/env_ab.sh 2>&1 | tee "$O/wgr.txt"
     echo "== the wgr tiles forced on decode batches (B = 64, 256 at context 256)"
@@ -162,7 +163,7 @@ if has tests; then
     alt TL_MOE_COMBINE_NORM=0 prefill test_gpu_e2e 150 "prefill e2e"
     alt TL_ATTN_WG=1 prefill test_gpu_e2e 150 "prefill e2e"
     alt TL_ATTN_WG=2 prefill test_gpu_e2e 150 "prefill e2e"
-    alt TL_ROUTER_TILE=128 prefill test_gpu_e2e 150 "prefill e2e"
+    alt TL_MOE_SHARED_GROUPED=256 prefill test_gpu_e2e 150 "prefill e2e"
 fi
 if has hf; then
     echo "== hf_fullwidth"

@@ -638,7 +638,9 @@ static int cmp_double(const void *a, const void *b) {
 /* Four prompts, each from its own generator (the same draws whether the test runs alone or in
  * the suite: with the shared one, running it alone drew a prompt at NMSE 1.28e-2 with the top-1
  * equal, session 24): a routing flip near a tie moves one prompt's logits by up to ~1e-2, so the
- * median must stay under 1e-2 and every prompt under 3e-2 (a layout or indexing error: ~1). */
+ * median must stay under 1e-2 and every prompt under 3e-2 (a layout or indexing error: ~1). The
+ * last prompt has 320 tokens: a chunk past 256, whose shared expert ran as dense GEMMs before
+ * session 25 (TL_MOE_SHARED_GROUPED=256 still does). */
 static void test_prefill_gemm_vs_decode(void) {
     tl_config c;
     prod4_cfg(&c);
@@ -652,11 +654,12 @@ static void test_prefill_gemm_vs_decode(void) {
         return;
     }
     enum { N_PROMPTS = 4 };
-    int V = c.n_vocab, n = 64;
-    int32_t *tok = xmalloc(sizeof(int32_t) * (n + 8));
+    int V = c.n_vocab;
+    int32_t *tok = xmalloc(sizeof(int32_t) * (320 + 8));
     float *la = xmalloc(sizeof(float) * V), *lb = xmalloc(sizeof(float) * V);
     double e[N_PROMPTS];
     for (int k = 0; k < N_PROMPTS; k++) {
+        const int n = k == N_PROMPTS - 1 ? 320 : 64;
         unsigned long long prs = 0x5eed0632ull + (unsigned)k;
         for (int i = 0; i < n + 8; i++) tok[i] = (int32_t)(t_rng_next(&prs) % TL_N_VOCAB_TOKENS);
         CHECK_EQ_INT(b->reset_slot(b, 0), 0);
@@ -669,9 +672,9 @@ static void test_prefill_gemm_vs_decode(void) {
         float ma, mb;
         int ta = argmax_margin(la, V, &ma), tb = argmax_margin(lb, V, &mb);
         e[k] = t_nmse(la, lb, V);
-        printf("# prompt %d: prefill GEMM path vs decode path: logits nmse %.3e, top-1 %d vs %d "
-               "(margin %.3f)\n",
-               k, e[k], ta, tb, mb);
+        printf("# prompt %d (%d tokens): prefill GEMM path vs decode path: logits nmse %.3e, top-1 "
+               "%d vs %d (margin %.3f)\n",
+               k, n, e[k], ta, tb, mb);
         CHECK(e[k] <= 3e-2);
         CHECK(ta == tb || mb < 0.05f);
         for (int s = 0; s < 8; s++) {
