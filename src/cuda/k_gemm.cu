@@ -921,6 +921,26 @@ static int gemm_wgr_of(const char *env, int *cached, int n_tok) {
     return f < 0 && n_tok >= 512 ? *cached : 0;
 }
 
+/* The K split of a prefill chunk's dense product on the wgr kernel (2 warpgroups, 128 rows a
+ * block) with `tiles` token tiles: doubled from 1 while the grid is under TL_GEMM_SPLITK_PF blocks
+ * (default 264, two blocks an SM; 0: never), at most ks (gemm_splitk_of: the shape's own limit,
+ * <= 8 with the cluster sum); summed inside the tile's cluster. note: at a 1K chunk the
+ * out-projection (16 row blocks x 8 tiles, 64 k steps each) ran 128 blocks at 12% warps active,
+ * 55 us (ncu, H100, session 25). */
+static int pf_split_of(const tl_gpu_gemm_w *w, int tiles, int ks) {
+    static int min_blocks = -1;
+    if (min_blocks < 0) {
+        const char *e = getenv("TL_GEMM_SPLITK_PF");
+        min_blocks = e && *e ? atoi(e) : 2 * GM_SPLITK_SMS;
+        if (min_blocks < 0) min_blocks = 0;
+    }
+    if (!splitk_cluster_on()) return 1;
+    long blocks = (long)(w->rows / 128) * tiles;
+    int s = 1;
+    while (2 * s <= ks && blocks * s < min_blocks) s *= 2;
+    return s;
+}
+
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
                            int flags, const tl_gpu_stream *st) {
     if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
@@ -940,8 +960,11 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.mode = GM_DENSE;
     static int dense_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n) : 0;
-    if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
+    if (wgs) {
+        int tiles = (n + WR_NT - 1) / WR_NT;
+        return cb_gemm_wgr(&p, wgs, tiles, wgs == 2 ? pf_split_of(w, tiles, ks) : 1, st);
+    }
     int ws_ok = ks == 1 || (st && st->ws && tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes);
     /* a decode batch's dense 4-bit product: the wgr kernel (weights dequantized once per block
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
