@@ -911,14 +911,26 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
  * off (H200, BENCHMARKS.md session 8: 2 beat the old tiles by 4-5% each, 4 lost). note: 4
  * warpgroups (256 weight rows a block) halve the token tile's re-reads from L2 at one block an
  * SM, which measured slower. */
-static int gemm_wgr_of(const char *env, int *cached, int n_tok) {
+static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok = 512) {
     if (*cached < 0) {
         const char *e = getenv(env);
         *cached = !e || !*e ? 2 : atoi(e) == 2 || atoi(e) == 4 ? atoi(e) : 0;
     }
     int f = gemm_tile_env();
     if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
-    return f < 0 && n_tok >= 512 ? *cached : 0;
+    return f < 0 && n_tok >= min_tok ? *cached : 0;
+}
+
+/* The smallest prefill chunk whose dense 4-bit products run the wgr kernel: TL_DENSE_WGR_MIN
+ * (default 512; chunks of 257-511 tokens otherwise run the mma.sync 64x128 tile, <= 256 the decode
+ * batches' split wgr path). For A/B. */
+static int dense_wgr_min(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("TL_DENSE_WGR_MIN");
+        v = e && *e && atoi(e) > 0 ? atoi(e) : 512;
+    }
+    return v;
 }
 
 /* The K split of a prefill chunk's dense product on the wgr kernel (2 warpgroups, 128 rows a
@@ -959,7 +971,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     static int dense_wgr = -1;
-    int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n) : 0;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, dense_wgr_min()) : 0;
     int ks = gemm_splitk_of(w);
     if (wgs) {
         int tiles = (n + WR_NT - 1) / WR_NT;
