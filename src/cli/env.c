@@ -47,12 +47,6 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
-    {"TL_DENSE_WGR_MIN=N", ENGINE_CMDS,
-     "CUDA: prefill chunks of >= N tokens (default 512) run their dense 4-bit products on the wgr "
-     "kernel; shorter ones past 256 on the mma.sync 64x128 tile (A/B)"},
-    {"TL_GEMM_SPLITK_PF=N", ENGINE_CMDS,
-     "CUDA: a prefill chunk's dense 4-bit product on the wgr kernel splits K (cluster sum) while "
-     "its grid is under N blocks (default 264; 0: never) (A/B; other rounding)"},
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},

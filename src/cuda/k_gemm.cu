@@ -907,7 +907,8 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
 
 /* The wgr kernel's warpgroups for a 4-bit GEMM, 0 for another kernel: TL_GEMM_TILE=6 forces 2
  * (TL_GEMM_TILE=7: 4); else TL_MOE_WGR (MoE GEMMs) or TL_DENSE_WGR (dense products) = 2 or 4
- * takes it from 512 tokens (a prefill chunk; decode batches keep their tiles); default 2, `0`
+ * takes it from min_tok tokens (a prefill chunk: the MoE from 512, the dense products from 257,
+ * where the decode batches' split path ends); default 2, `0`
  * off (H200, BENCHMARKS.md session 8: 2 beat the old tiles by 4-5% each, 4 lost). note: 4
  * warpgroups (256 weight rows a block) halve the token tile's re-reads from L2 at one block an
  * SM, which measured slower. */
@@ -919,38 +920,6 @@ static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok = 51
     int f = gemm_tile_env();
     if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
     return f < 0 && n_tok >= min_tok ? *cached : 0;
-}
-
-/* The smallest prefill chunk whose dense 4-bit products run the wgr kernel: TL_DENSE_WGR_MIN
- * (default 512; chunks of 257-511 tokens otherwise run the mma.sync 64x128 tile, <= 256 the decode
- * batches' split wgr path). For A/B. */
-static int dense_wgr_min(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("TL_DENSE_WGR_MIN");
-        v = e && *e && atoi(e) > 0 ? atoi(e) : 512;
-    }
-    return v;
-}
-
-/* The K split of a prefill chunk's dense product on the wgr kernel (2 warpgroups, 128 rows a
- * block) with `tiles` token tiles: doubled from 1 while the grid is under TL_GEMM_SPLITK_PF blocks
- * (default 264, two blocks an SM; 0: never), at most ks (gemm_splitk_of: the shape's own limit,
- * <= 8 with the cluster sum); summed inside the tile's cluster. note: at a 1K chunk the
- * out-projection (16 row blocks x 8 tiles, 64 k steps each) ran 128 blocks at 12% warps active,
- * 55 us (ncu, H100, session 25). */
-static int pf_split_of(const tl_gpu_gemm_w *w, int tiles, int ks) {
-    static int min_blocks = -1;
-    if (min_blocks < 0) {
-        const char *e = getenv("TL_GEMM_SPLITK_PF");
-        min_blocks = e && *e ? atoi(e) : 2 * GM_SPLITK_SMS;
-        if (min_blocks < 0) min_blocks = 0;
-    }
-    if (!splitk_cluster_on()) return 1;
-    long blocks = (long)(w->rows / 128) * tiles;
-    int s = 1;
-    while (2 * s <= ks && blocks * s < min_blocks) s *= 2;
-    return s;
 }
 
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
@@ -971,12 +940,12 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     static int dense_wgr = -1;
-    int wgs = w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, dense_wgr_min()) : 0;
+    /* past the decode batches' split path (<= 256 tokens): chunks of 257-511 tokens ran the
+     * mma.sync 64x128 tile until session 25, 15% slower at a 320-token prefill (H100) */
+    int wgs =
+        w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, TL_GEMM_SPLITK_MAX_N + 1) : 0;
+    if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
-    if (wgs) {
-        int tiles = (n + WR_NT - 1) / WR_NT;
-        return cb_gemm_wgr(&p, wgs, tiles, wgs == 2 ? pf_split_of(w, tiles, ks) : 1, st);
-    }
     int ws_ok = ks == 1 || (st && st->ws && tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes);
     /* a decode batch's dense 4-bit product: the wgr kernel (weights dequantized once per block
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */

@@ -640,8 +640,8 @@ static int cmp_double(const void *a, const void *b) {
  * equal, session 24): a routing flip near a tie moves one prompt's logits by up to ~1e-2, so the
  * median must stay under 1e-2 and every prompt under 3e-2 (a layout or indexing error: ~1). The
  * last two have 320 and 600 tokens: chunks past 256, whose shared expert ran as dense GEMMs before
- * session 25 (TL_MOE_SHARED_GROUPED=256 still does), and past 512, whose dense products run the
- * wgr kernel (the out-projection split in K: TL_GEMM_SPLITK_PF). */
+ * session 25 (TL_MOE_SHARED_GROUPED=256 still does) and whose dense products run the wgr kernel
+ * since then (before: the mma.sync 64x128 tile up to 511 tokens), and past 512. */
 static void test_prefill_gemm_vs_decode(void) {
     tl_config c;
     prod4_cfg(&c);
