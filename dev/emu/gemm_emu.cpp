@@ -40,7 +40,7 @@ extern "C" {
 
 alignas(1024) uint8_t emu_smem[232 << 10]; /* the wgmma kernels' dynamic shared memory */
 alignas(1024) uint16_t ap_smem[(112 << 10) / 2]; /* attn_prefill_kernel's */
-alignas(16) uint16_t rt_smem[(222 << 10) / 2];  /* router_mma_kernel's */
+alignas(16) uint16_t rt_smem[(110 << 10) / 2];  /* router_mma_kernel's (108 KB) */
 alignas(16) uint4 xs[(220 * 1024) / 16];    /* the decode kernels' (k_gemv.cu, k_moe.cu) */
 alignas(16) uint4 xs_all[(48 * 1024) / 16];
 static int all_rows(int y) { return y >= 0; }

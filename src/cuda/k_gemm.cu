@@ -912,7 +912,7 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
  * off (H200, BENCHMARKS.md session 8: 2 beat the old tiles by 4-5% each, 4 lost). note: 4
  * warpgroups (256 weight rows a block) halve the token tile's re-reads from L2 at one block an
  * SM, which measured slower. */
-static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok = 512) {
+static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok) {
     if (*cached < 0) {
         const char *e = getenv(env);
         *cached = !e || !*e ? 2 : atoi(e) == 2 || atoi(e) == 4 ? atoi(e) : 0;
@@ -1004,7 +1004,7 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
     static int moe_wgr = -1;
-    int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok) : 0;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;

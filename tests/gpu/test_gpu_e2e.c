@@ -604,15 +604,6 @@ static void test_poisoned_router(void) {
     }
 }
 
-/* The production-shape prefill path (bf16 tensor-core GEMMs, chunked GDN, flash attention,
- * grouped MoE; gpu.h) against the decode path (f32 GEMVs, recurrent GDN) on a 4-layer
- * model with every production width and random 4-bit weights: a 64-token prompt in one chunk vs
- * token by token. Tolerance: the GEMM path rounds every GEMM input to bf16 (relative 2^-9 per
- * activation), and a routing decision near a tie (8th vs 9th expert) can flip under that, which
- * moves a token's MoE output by ~1/8; the HF comparison measured NMSE 2e-4 for this path on 4
- * layers (tools/hf_fullwidth.py, 2026-12-02). The median of four prompts under 1e-2 (each under
- * 3e-2) catches layout or indexing errors (NMSE ~1) and the greedy top-1 must agree unless the
- * decode path's top-2 margin is below 0.05 (test_prefill_gemm_vs_decode). */
 /* The production shape (every width, the full vocabulary, 256 experts) with 4 layers (3 GDN, 1
  * attention): the shape the GEMM paths are built for. */
 static void prod4_cfg(tl_config *c) {
@@ -635,13 +626,20 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Five prompts, each from its own generator (the same draws whether the test runs alone or in
- * the suite: with the shared one, running it alone drew a prompt at NMSE 1.28e-2 with the top-1
- * equal, session 24): a routing flip near a tie moves one prompt's logits by up to ~1e-2, so the
- * median must stay under 1e-2 and every prompt under 3e-2 (a layout or indexing error: ~1). The
- * last two have 320 and 600 tokens: chunks past 256, whose shared expert ran as dense GEMMs before
- * session 25 (TL_MOE_SHARED_GROUPED=256 still does) and whose dense products run the wgr kernel
- * since then (before: the mma.sync 64x128 tile up to 511 tokens), and past 512. */
+/* The production-shape prefill path (bf16 tensor-core GEMMs, chunked GDN, flash attention,
+ * grouped MoE; gpu.h) against the decode path (f32 GEMVs, recurrent GDN) on a 4-layer model with
+ * every production width and random 4-bit weights (prod4_cfg): each prompt in one chunk vs token
+ * by token. Tolerance: the GEMM path rounds every GEMM input to bf16 (relative 2^-9 per
+ * activation), and a routing decision near a tie (8th vs 9th expert) can flip under that, which
+ * moves a token's MoE output by ~1/8 and one prompt's logits by up to ~1e-2; the HF comparison
+ * measured NMSE 2e-4 for this path on 4 layers (tools/hf_fullwidth.py, 2026-12-02). So the median
+ * of five prompts must stay under 1e-2 and every prompt under 3e-2 (a layout or indexing error:
+ * ~1), and the greedy top-1 must agree unless the decode path's top-2 margin is below 0.05. Each
+ * prompt has its own generator (the same draws whether the test runs alone or in the suite: with
+ * the shared one, running it alone drew a prompt at NMSE 1.28e-2 with the top-1 equal, session
+ * 24). The last two have 320 and 600 tokens: chunks past 256, whose shared expert ran as dense
+ * GEMMs before session 25 (TL_MOE_SHARED_GROUPED=256 still does) and whose dense products run the
+ * wgr kernel since then (before: the mma.sync 64x128 tile up to 511 tokens), and past 512. */
 static void test_prefill_gemm_vs_decode(void) {
     tl_config c;
     prod4_cfg(&c);
