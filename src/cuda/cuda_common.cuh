@@ -223,6 +223,16 @@ __device__ __forceinline__ void pdl_wait(void) {
 __device__ __forceinline__ void pdl_trigger(void) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+/* pdl_enter: pdl_wait(), then pdl_trigger(): how a kernel that acts only after its predecessor
+ * starts. Once every block of it has passed this point, the next kernel's blocks may be scheduled
+ * beside its own (they launch during its last wave instead of after its last block) and run their
+ * part before their own pdl_wait: everything launched before this kernel is complete by then, so
+ * that part may read anything but this kernel's outputs (weights; gdn_cols: the recurrent state).
+ */
+__device__ __forceinline__ void pdl_enter(void) {
+    pdl_wait();
+    pdl_trigger();
+}
 
 /* ====== Thread-block clusters (sm_90) ======
  * cluster_sync: every thread of every block of the cluster arrives (release) and waits (acquire):

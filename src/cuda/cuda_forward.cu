@@ -515,8 +515,9 @@ static int attn_tc(const layer_ctx *x, int n_split, const mb_long *lg) {
 }
 
 /* All launches of one micro-batch on the tensor-core decode path (graph-capturable), under PDL
- * unless TL_CUDA_NO_PDL=1 or TL_CUDA_TC_PDL=0: every kernel on it waits for its predecessor
- * (pdl_wait), and a dense GEMM requests its first weight tiles before waiting. */
+ * unless TL_CUDA_NO_PDL=1 or TL_CUDA_TC_PDL=0: every kernel on it waits for its predecessor and
+ * then triggers its successor (pdl_enter, or triggers first where nothing it reads early depends
+ * on the predecessor), and a dense GEMM requests its first weight tiles before waiting. */
 static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split,
                          const mb_long *lg) {
     const tl_config *c = &be->cfg;

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(128, 6)
     gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
                     int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                     int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][32];
     __shared__ float sbuf[32];

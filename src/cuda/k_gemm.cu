@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
     int m0, m_end;
     /* PDL (batched path): the MoE plan comes from the previous kernel; a dense product's weights
      * do not, and its first stages of them are requested before the wait (prologue below) */
-    if (p.mode != GM_DENSE) pdl_wait();
+    if (p.mode != GM_DENSE) pdl_enter();
     if (!gm_tile<BITS, BM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
 
     /* A source rows of this thread's MI chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
-    pdl_wait(); /* the plan comes from the previous kernel */
+    pdl_enter(); /* the plan comes from the previous kernel */
     if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     if (m_end - m0 > 8) /* block-uniform */
         q4w_block<2, WIDE>(p, wb, sbb, perm, m0, m_end);
@@ -559,7 +559,7 @@ template <int BITS, int WGS> struct wg_cfg {
 
 template <int BITS, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     typedef wg_cfg<BITS, WGS> C;
     constexpr int BM = C::BM, THREADS = C::THREADS;
     extern __shared__ uint8_t wg_smem_raw[];
@@ -858,7 +858,7 @@ extern "C" size_t tl_gpu_gemm_ws_bytes(const tl_gpu_gemm_w *w, int n) {
 /* y = epilogue(sum over z of ws[z]): one thread per two adjacent outputs. SwiGLU: output o of a
  * row takes gate column (o / 8) * 16 + o % 8 and up column that + 8 (rows interleaved by 8). */
 __global__ void gemm_splitk_reduce(gemm_args p, int ksplit) {
-    pdl_wait();
+    pdl_enter();
     const int swiglu = p.flags & TL_GEMM_SWIGLU;
     const int pairs = (swiglu ? p.N / 2 : p.N) / 2;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -111,7 +111,7 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, LoadA loa
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
         if (s < KT) load_b(s, s);
-    if (dense) pdl_wait();
+    if (dense) pdl_enter();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < KT) load_a(s, s);

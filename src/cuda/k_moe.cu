@@ -772,7 +772,7 @@ static __device__ __forceinline__ int plan_prefixes(int32_t *plan, int c, int *s
 }
 
 __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ int cnt[256], cur[256], sw[8];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -795,7 +795,7 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
 #define PLAN_MB_MIN 4096
 
 __global__ void moe_plan_count_kernel(int32_t *scratch, const int32_t *ids, int n_asg) {
-    pdl_wait();
+    pdl_enter();
     __shared__ int cnt[256];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -806,7 +806,7 @@ __global__ void moe_plan_count_kernel(int32_t *scratch, const int32_t *ids, int 
 }
 
 __global__ void moe_plan_scan_kernel(int32_t *plan, int32_t *scratch, int n_chunk) {
-    pdl_wait();
+    pdl_enter();
     __shared__ int sw[8];
     const int e = threadIdx.x; /* 256 threads */
     int c = 0;
@@ -821,7 +821,7 @@ __global__ void moe_plan_scan_kernel(int32_t *plan, int32_t *scratch, int n_chun
 
 __global__ void moe_plan_place_kernel(int32_t *plan, const int32_t *scratch, const int32_t *ids,
                                       int n_asg) {
-    pdl_wait();
+    pdl_enter();
     __shared__ int cur[256];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cur[e] = scratch[blockIdx.x * 256 + e];
     __syncthreads();
@@ -874,7 +874,7 @@ __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *y
                                    const float *wts, const uint16_t *sh, const float *sh_logit,
                                    int n_embd, int out_f32, const float *nw, uint16_t *yn,
                                    float eps) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sbuf[32];
     const int t = blockIdx.x;
     for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {

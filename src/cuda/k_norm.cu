@@ -42,7 +42,7 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
  */
 __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, const float *w,
                                     int n, float eps) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sbuf[32];
     int i = blockIdx.x;
     const float *xr = x + (size_t)i * n;
@@ -92,7 +92,7 @@ extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, 
 template <bool F32>
 __global__ void gated_rmsnorm_kernel(void *y, const float *o, const float *proj, int ld_proj,
                                      int z_off, const float *w, int nv, int n, float eps) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     int pair = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (pair >= n * nv) return; /* warp-uniform */
     int t = pair / nv, h = pair % nv, c = 4 * lane;
@@ -135,7 +135,7 @@ extern "C" int tl_gpu_gated_rmsnorm_f32(float *y, const float *o, const float *p
  * mixers into the tensor-core GEMMs (cuda_forward.cu: batched decode). Grid-stride, 4 per thread.
  * Tested against the host rounding (test_kernels.c: test_cast_bf16). */
 __global__ void cast_bf16_kernel(uint16_t *y, const float *x, long n) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     long stride = (long)gridDim.x * blockDim.x;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         y[i] = f2bf(x[i]);

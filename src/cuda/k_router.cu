@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
                       int n_tok) {
     typedef rt_cfg<TM, TN> C;
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) uint16_t rt_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
     const int t0 = blockIdx.x * TM, r0 = blockIdx.y * TN, K = W.cols;
@@ -142,7 +142,7 @@ extern "C" size_t tl_gpu_router_ws_bytes(int rows, int n_tok) {
 /* y[t, r] = sum over z of ws[z][t][r] (planes of n_tok x rows), in z order. */
 __global__ void router_sum_kernel(float *y, int ldy, const float *ws, int rows, int n_tok,
                                   int n_split) {
-    pdl_wait();
+    pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_tok * rows) return;
     const size_t plane = (size_t)n_tok * rows;

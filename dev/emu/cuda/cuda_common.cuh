@@ -287,6 +287,7 @@ static inline uint64_t tl_mix64(uint64_t z) {
 #define TL_GOLDEN64 0x9E3779B97F4A7C15ull
 static inline void pdl_wait(void) {}
 static inline void pdl_trigger(void) {}
+static inline void pdl_enter(void) {}
 #define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
 int cb_grid_cap(void);
 int cb_gemv_setup(void);
