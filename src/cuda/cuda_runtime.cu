@@ -412,9 +412,8 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->shl, float, T);
     ALLOC(be->plan, int32_t, tl_gpu_moe_pf_plan_ints((int)T));
     ALLOC(be->gdn_ws, char, tl_gpu_gdn_chunk_ws_bytes());
-    /* split-K partials (k_gemm.cu, k_router.cu): the most any dense 4-bit product or the
-     * router of a decode batch needs */
-    size_t ws = tl_gpu_router_ws_bytes(c->n_expert + 1, (int)T);
+    /* split-K partials (k_gemm.cu): the most any dense 4-bit product of a decode batch needs */
+    size_t ws = 0;
     tl_gpu_gemm_w gus = be->L[0].gate_up, dns = be->L[0].down;
     gus.rows = 2 * (int)F, dns.rows = (int)D;
     const tl_gpu_gemm_w *m[2] = {&gus, &dns};

@@ -177,12 +177,11 @@ int tl_gpu_gemv_set_rows(int on);
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
  * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of
  * the normed input (tl_gpu_rmsnorm_bf16x2). W bf16, W->cols % 128 == 0; ldy >= W->rows. Up to
- * 256 tokens with a workspace on st (8 x n_tok x rows floats), K is split 8 ways (k_router.cu).
- * A token's result does not depend on n_tok on either side of 256. */
+ * 256 tokens on a stream (st not NULL: the engine's), K is split 8 ways inside a thread-block
+ * cluster (k_router.cu); st NULL (tests, the host emulator): never split. A token's result does
+ * not depend on n_tok on either side of 256. */
 int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                        const uint16_t *xl, int n_tok, const tl_gpu_stream *st);
-/* The workspace tl_gpu_router_gemm splits K with, for up to n_tok tokens of a rows-row router. */
-size_t tl_gpu_router_ws_bytes(int rows, int n_tok);
 
 /* Prefill: y[n, rows] = x[n, cols] W^T, x bf16 row-major (row stride cols), fp32 accumulate,
  * then the epilogue of `flags`. Any n >= 0 (n == 0 is a no-op). */

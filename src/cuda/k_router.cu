@@ -19,10 +19,13 @@
  *   layer) measured the same (prefill 4K 55,315 vs 55,127 tok/s, 16K 50,931 vs 50,919, H100,
  *   session 25) and was removed.
  * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 4 x 5 blocks of 64 x 64,
- *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so with a workspace
- *   on the stream K is cut into RT_SPLIT shares (grid z); block z writes its raw sums to plane z
- *   of the workspace and router_sum_kernel adds the planes in z order. The cut depends on the
- *   token count's side of RT_SPLIT_MAX_T only, so batched == alone still holds below it.
+ *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so on a stream K is
+ *   cut into RT_SPLIT shares (grid z), the RT_SPLIT blocks of a tile one cluster: each leaves its
+ *   raw sums in its shared memory and block z adds the tile's pairs z, z + RT_SPLIT, ... over the
+ *   cluster's blocks in z order (rt_cluster_sum; until session 26 through a workspace and a
+ *   router_sum kernel, the same additions in the same order: the same bits, one launch fewer a
+ *   layer). The cut depends on the token count's side of RT_SPLIT_MAX_T only, so batched ==
+ *   alone still holds below it.
  * FLOPs: 3 * 2 * rows * K per token. Bytes: W (both planes) once per TM tokens, x once per TN
  *   rows, from L2.
  * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm; the host
@@ -37,7 +40,47 @@ template <int TM, int TN> struct rt_cfg {
     static constexpr int XT = TM * RT_LDS, WT = TN * RT_LDS; /* elements of a plane's tile */
     static constexpr int STAGE = 2 * XT + 2 * WT;            /* xh, xl, wh, wl */
     static constexpr int SMEM = RT_STAGES * STAGE * 2;
+    static constexpr int LDO = TN + 2; /* the split's f32 sums in shared memory: row stride */
 };
+
+/* The split's sum (see Split-K above): this block's sums acc (the ring is free: every warp is past
+ * its last tile) into its shared memory, a cluster barrier, then block z adds its pairs over the
+ * cluster's blocks in z order from their shared memory and stores them; a second barrier keeps
+ * every block's sums alive until all have read them. */
+template <int TM, int TN>
+static __device__ __forceinline__ void rt_cluster_sum(float *y, int ldy, int rows, int n_tok,
+                                                      const float (&acc)[TM / 64][TN / 16][4],
+                                                      float *so, int t0, int r0) {
+    typedef rt_cfg<TM, TN> C;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < C::MI; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < C::NJ; j++) {
+                int t = wm * (TM / 4) + mi * 16 + (lane >> 2) + 8 * h;
+                int r = wn * (TN / 2) + 8 * j + 2 * (lane & 3);
+                *(float2 *)(so + t * C::LDO + r) =
+                    make_float2(acc[mi][j][2 * h], acc[mi][j][2 * h + 1]);
+            }
+    const uint32_t so_a = smem_u32(so);
+    cluster_sync();
+    for (int i = blockIdx.z * 256 + tid; i < TM * TN / 2; i += gridDim.z * 256) {
+        int t = i / (TN / 2), r = 2 * (i % (TN / 2)), tg = t0 + t, rg = r0 + r;
+        uint32_t a = so_a + (uint32_t)(t * C::LDO + r) * 4;
+        float v0 = 0.0f, v1 = 0.0f;
+        for (int z = 0; z < (int)gridDim.z; z++) {
+            float2 g = dsmem_ld2(dsmem_map(a, z));
+            v0 += g.x, v1 += g.y;
+        }
+        if (tg >= n_tok) continue;
+        if (rg < rows) y[(size_t)tg * ldy + rg] = v0;
+        if (rg + 1 < rows) y[(size_t)tg * ldy + rg + 1] = v1;
+    }
+    cluster_sync();
+}
 template <int TM, int TN>
 __global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
@@ -117,7 +160,8 @@ __global__ void __launch_bounds__(256)
         }
     }
     cp_async_wait<0>();
-    y += (size_t)blockIdx.z * n_tok * ldy; /* split: plane z of the workspace */
+    if (gridDim.z > 1)
+        return rt_cluster_sum<TM, TN>(y, ldy, W.rows, n_tok, acc, (float *)rt_smem, t0, r0);
 #pragma unroll
     for (int mi = 0; mi < C::MI; mi++)
 #pragma unroll
@@ -134,23 +178,6 @@ __global__ void __launch_bounds__(256)
         }
 }
 
-extern "C" size_t tl_gpu_router_ws_bytes(int rows, int n_tok) {
-    n_tok = n_tok < RT_SPLIT_MAX_T ? n_tok : RT_SPLIT_MAX_T;
-    return (size_t)RT_SPLIT * n_tok * rows * sizeof(float);
-}
-
-/* y[t, r] = sum over z of ws[z][t][r] (planes of n_tok x rows), in z order. */
-__global__ void router_sum_kernel(float *y, int ldy, const float *ws, int rows, int n_tok,
-                                  int n_split) {
-    pdl_enter();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_tok * rows) return;
-    const size_t plane = (size_t)n_tok * rows;
-    float v = 0.0f;
-    for (int z = 0; z < n_split; z++) v += ws[z * plane + i];
-    y[(size_t)(i / rows) * ldy + i % rows] = v;
-}
-
 template <int TM, int TN>
 static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                          const uint16_t *xl, int n_tok, int split, const tl_gpu_stream *st) {
@@ -163,8 +190,12 @@ static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16
         attr_set = 1;
     }
     dim3 grid(CEIL_DIV(n_tok, TM), CEIL_DIV(W->rows, TN), split ? RT_SPLIT : 1);
-    TL_LAUNCH(st, "router_mma", router_mma_kernel<TM, TN>, grid, dim3(256), rt_cfg<TM, TN>::SMEM,
-              split ? st->ws : y, split ? W->rows : ldy, *W, xh, xl, n_tok);
+    if (split)
+        TL_LAUNCH_CLUSTER(st, "router_mma_split", RT_SPLIT, router_mma_kernel<TM, TN>, grid,
+                          dim3(256), rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok);
+    else
+        TL_LAUNCH(st, "router_mma", router_mma_kernel<TM, TN>, grid, dim3(256),
+                  rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok);
     return 0;
 }
 
@@ -172,12 +203,6 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
-    int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st && st->ws &&
-                st->ws_bytes >= tl_gpu_router_ws_bytes(W->rows, n_tok);
-    int rc = router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
-    if (rc) return rc;
-    if (split)
-        TL_LAUNCH(st, "router_sum", router_sum_kernel, dim3(CEIL_DIV(n_tok * W->rows, 256)),
-                  dim3(256), 0, y, ldy, st->ws, W->rows, n_tok, RT_SPLIT);
-    return 0;
+    int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st;
+    return router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
 }

@@ -76,9 +76,9 @@ static void test_gemv_bf16(void) {
 
 /* The micro-batch router on the tensor cores (split bf16 planes of x and W) against the host
  * matvec of the normed input: NMSE <= 1e-9 (bf16 x alone would give ~1e-6: the case fails if the
- * low planes are dropped), and each token alone gives the same bits as in the batch. ws: a
- * split-K workspace on the stream (K cut 8 ways up to 256 tokens, as on the engine's streams). */
-static void router_case(int bits, int n_tok, int ws) {
+ * low planes are dropped), and each token alone gives the same bits as in the batch. on_st: on a
+ * stream (K cut 8 ways in a cluster up to 256 tokens, as on the engine's streams), else none. */
+static void router_case(int bits, int n_tok, int on_st) {
     const int rows = 257, cols = TL_N_EMBD;
     hmat W;
     hmat_random(&W, rows, cols, bits, 0.05f, &rs);
@@ -100,16 +100,12 @@ static void router_case(int bits, int n_tok, int ws) {
     float *dy = tl_gpu_malloc(sizeof(float) * n_tok * rows),
           *dy1 = tl_gpu_malloc(sizeof(float) * rows);
     CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(dxh, dxl, dx, dnw, n_tok, cols, 1e-6f, NULL), 0);
-    tl_gpu_stream st = {0}, *stp = NULL;
-    if (ws) {
-        st.ws_bytes = tl_gpu_router_ws_bytes(rows, n_tok);
-        st.ws = tl_gpu_malloc(st.ws_bytes), stp = &st;
-    }
+    tl_gpu_stream st = {0}, *stp = on_st ? &st : NULL;
     CHECK_EQ_INT(tl_gpu_router_gemm(dy, rows, &dW, dxh, dxl, n_tok, stp), 0);
     float *got = host_from(dy, (size_t)n_tok * rows);
     char what[96];
     snprintf(what, sizeof what, "router gemm %s t%d%s", bits == 8 ? "q8->bf16 hi+lo" : "bf16",
-             n_tok, ws ? (n_tok <= 256 ? " split-K" : " (too many tokens to split)") : "");
+             n_tok, on_st ? (n_tok <= 256 ? " split-K" : " (too many tokens to split)") : "");
     check_nmse(what, got, ref, (size_t)n_tok * rows, 1e-9);
     int diff = 0;
     for (int t = 0; t < n_tok; t += 7) {
@@ -124,7 +120,7 @@ static void router_case(int bits, int n_tok, int ws) {
     printf("# %s: tokens alone vs batch: %d differ (want 0)\n", what, diff);
     CHECK_EQ_INT(diff, 0);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dxh), tl_gpu_free(dxl), tl_gpu_free(dy);
-    tl_gpu_free(dy1), tl_gpu_mat_free(&dW), tl_gpu_free(st.ws);
+    tl_gpu_free(dy1), tl_gpu_mat_free(&dW);
     free(x), free(nw), free(ref), free(xn), free(got);
     hmat_free(&W);
 }
