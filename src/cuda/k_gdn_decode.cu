@@ -147,7 +147,8 @@ extern "C" int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const
  * their state loads, recurrences and stores interleave on an SM instead of alternating in two
  * large blocks. o is raw (f32 [n_tok, nv*128]); the gated RMSNorm follows
  * (tl_gpu_gated_rmsnorm_bf16). Thread (warp w, lane l) owns column 32*quarter + l, rows 32w..+31;
- * partial sums added in the fixed order of gdn_step_kernel. Waits for its predecessor (PDL).
+ * partial sums added in the fixed order of gdn_step_kernel. Loads its state, then waits for its
+ * predecessor (PDL).
  * Launch bounds of 6 blocks an SM cap ptxas at 80 registers (no spills; without them it took 96
  * and 5 blocks fit): more state loads in flight, 107.5 -> 98.2 us a call and -2.1% / -2.5% a step
  * at decode batches of 64 / 256 (H100, session 17); 8 blocks (64 registers) spilled and lost.
@@ -156,7 +157,6 @@ __global__ void __launch_bounds__(128, 6)
     gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
                     int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
                     int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][32];
     __shared__ float sbuf[32];
@@ -167,10 +167,14 @@ __global__ void __launch_bounds__(128, 6)
     int ld_qkv = 2 * nk * GDN_D + nv * GDN_D;
     size_t Sh = ((size_t)slot * nv + h) * GDN_D * GDN_D; /* element offset of the head */
     float st[32];
+    /* the state before the wait (PDL, cuda_common.cuh: pdl_enter): it was last written by this
+     * layer's step of an earlier micro-batch, complete by the time this kernel starts (the
+     * in-projection two kernels back waited before it triggered) */
 #pragma unroll
     for (int i = 0; i < 32; i++)
         st[i] = state_ld(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c);
     float dtb = dt_bias[h], an = a_neg[h];
+    pdl_enter(); /* launched with PDL on the batched path */
     for (int i = 0; i < n; i++) {
         size_t t = (size_t)(t0 + i);
         const float *row = qkv + t * ld_qkv;
