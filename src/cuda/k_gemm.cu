@@ -377,14 +377,22 @@ template <int WCH> struct q4w_copy {
     /* thread tid of THREADS: the copies of the next stage into the stage at sm, then the
      * sources advance one stage (the lean loop's running sources) */
     template <int THREADS> __device__ __forceinline__ void next(uint8_t *sm, int tid) {
+        next_a(sm, tid);
+        next_w<THREADS>(sm, tid);
+    }
+    /* the token chunk alone, and the weights and scale/bias words alone */
+    __device__ __forceinline__ void next_a(uint8_t *sm, int tid) {
         if (tid < 128) cp_async16(sm + a_dst, a, a_bytes);
+        a += GM_BK;
+    }
+    template <int THREADS> __device__ __forceinline__ void next_w(uint8_t *sm, int tid) {
 #pragma unroll
         for (int j = 0; j < WCH; j++) {
             cp_async16(sm + w_dst + THREADS * 16 * j, w[j], 16);
             w[j] += 64;
         }
         if (tid < 32) cp_async16(sm + s_dst, s, 16);
-        a += GM_BK, s += s_step;
+        s += s_step;
     }
 };
 
@@ -392,7 +400,7 @@ template <int WCH> struct q4w_copy {
 template <int NB, int MB>
 static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int KT,
                                                       float (&acc)[MB][NB][4], int wr0, int lane,
-                                                      int x_off) {
+                                                      int x_off, bool early) {
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
@@ -405,7 +413,7 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int
         cp_async16(sm + cp.w_dst, cp.w[0] + (size_t)kt * 64, 16);
         if (tid < 32) cp_async16(sm + cp.s_dst, cp.s + (size_t)kt * cp.s_step, 16);
     };
-    gm_prologue<C::STAGES>(KT, false, load_a, load_b); /* the kernel waited (MoE plan) */
+    gm_prologue<C::STAGES>(KT, early, load_a, load_b); /* else the kernel waited (MoE plan) */
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<C::STAGES - 2>();
         __syncthreads();
@@ -419,8 +427,9 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int
 /* The lean loop (the wide shape): the ring run STAGES k stages an iteration (the slot a constant)
  * and the copies from running sources (one add each a stage). */
 template <int NB, int MB, int THREADS, int WCH>
-static __device__ __forceinline__ void
-q4w_loop_lean(q4w_copy<WCH> cp, int KT, float (&acc)[MB][NB][4], int wr0, int lane, int x_off) {
+static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH> cp, int KT,
+                                                     float (&acc)[MB][NB][4], int wr0, int lane,
+                                                     int x_off, bool early) {
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
@@ -428,9 +437,20 @@ q4w_loop_lean(q4w_copy<WCH> cp, int KT, float (&acc)[MB][NB][4], int wr0, int la
     auto load_next = [&](int stage) {
         cp.template next<THREADS>(gm_smem + stage * C::STAGE_BYTES, tid);
     };
+    if (early) { /* gm_prologue's order: the weights, the wait, the tokens (group 0 holds all) */
+#pragma unroll
+        for (int s = 0; s < C::STAGES - 1; s++)
+            if (s < KT) cp.template next_w<THREADS>(gm_smem + s * C::STAGE_BYTES, tid);
+        pdl_enter();
+    }
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
-        if (s < KT) load_next(s);
+        if (s < KT) {
+            if (early)
+                cp.next_a(gm_smem + s * C::STAGE_BYTES, tid);
+            else
+                load_next(s);
+        }
         cp_async_commit();
     }
     for (int kt0 = 0; kt0 < KT; kt0 += C::STAGES) {
@@ -456,7 +476,7 @@ q4w_loop_lean(q4w_copy<WCH> cp, int KT, float (&acc)[MB][NB][4], int wr0, int la
 template <int NB, bool WIDE>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
-                                                 int m_end) {
+                                                 int m_end, bool early) {
     typedef q4w_cfg C;
     typedef q4w_shape<WIDE> M;
     constexpr int MB = M::MB, THREADS = M::THREADS, WCH = 256 / THREADS;
@@ -486,9 +506,9 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
     if constexpr (WIDE)
-        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off);
+        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off, early);
     else
-        q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off);
+        q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off, early);
     cp_async_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
@@ -508,12 +528,19 @@ __global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
-    pdl_enter(); /* the plan comes from the previous kernel */
-    if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    /* PDL: gate/up's plan comes from the previous kernel, so it waits first; the down-projection
+     * follows gate/up, which waited for the plan before it triggered (pdl_enter): its plan and
+     * weights are ready, and it requests its first weight stages before waiting (early) */
+    const bool early = p.mode == GM_MOE_SCATTER;
+    if (!early) pdl_enter();
+    if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) {
+        if (early) pdl_enter();
+        return;
+    }
     if (m_end - m0 > 8) /* block-uniform */
-        q4w_block<2, WIDE>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<2, WIDE>(p, wb, sbb, perm, m0, m_end, early);
     else
-        q4w_block<1, WIDE>(p, wb, sbb, perm, m0, m_end);
+        q4w_block<1, WIDE>(p, wb, sbb, perm, m0, m_end, early);
 }
 
 template <int BITS, int WM, int NJ, int MI>
