@@ -126,23 +126,16 @@ static __device__ __forceinline__ void wr_cluster_reduce(const gemm_args &p, con
         int tok = i / pairs, o = 2 * (i % pairs);
         int c = swiglu ? (o / 8) * 16 + o % 8 : o; /* gate column; up: c + 8 */
         uint32_t a = so_a + (uint32_t)(tok * lds + c) * 4;
-        /* every block's pair loaded first (one round trip, not nz in a row), then added in z
-         * order */
-        float2 g[8], u[8];
-#pragma unroll
-        for (int z = 0; z < 8; z++)
-            if (z < nz) {
-                uint32_t r = dsmem_map(a, z);
-                g[z] = dsmem_ld2(r);
-                if (swiglu) u[z] = dsmem_ld2(r + 32);
-            }
         float v0 = 0.f, v1 = 0.f, u0 = 0.f, u1 = 0.f;
-#pragma unroll
-        for (int z = 0; z < 8; z++)
-            if (z < nz) {
-                v0 += g[z].x, v1 += g[z].y;
-                if (swiglu) u0 += u[z].x, u1 += u[z].y;
+        for (int z = 0; z < nz; z++) {
+            uint32_t r = dsmem_map(a, z);
+            float2 g = dsmem_ld2(r);
+            v0 += g.x, v1 += g.y;
+            if (swiglu) {
+                float2 u = dsmem_ld2(r + 32);
+                u0 += u.x, u1 += u.y;
             }
+        }
         if (swiglu) v0 = silu_f(v0) * u0, v1 = silu_f(v1) * u1;
         gm_store2(p, (size_t)(m0 + tok) * p.ldy + o0 + o, v0, v1);
     }

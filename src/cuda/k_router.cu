@@ -70,12 +70,11 @@ static __device__ __forceinline__ void rt_cluster_sum(float *y, int ldy, int row
     for (int i = blockIdx.z * 256 + tid; i < TM * TN / 2; i += gridDim.z * 256) {
         int t = i / (TN / 2), r = 2 * (i % (TN / 2)), tg = t0 + t, rg = r0 + r;
         uint32_t a = so_a + (uint32_t)(t * C::LDO + r) * 4;
-        float2 g[RT_SPLIT]; /* every block's pair first (one round trip), then added in z order */
-#pragma unroll
-        for (int z = 0; z < RT_SPLIT; z++) g[z] = dsmem_ld2(dsmem_map(a, z));
         float v0 = 0.0f, v1 = 0.0f;
-#pragma unroll
-        for (int z = 0; z < RT_SPLIT; z++) v0 += g[z].x, v1 += g[z].y;
+        for (int z = 0; z < (int)gridDim.z; z++) {
+            float2 g = dsmem_ld2(dsmem_map(a, z));
+            v0 += g.x, v1 += g.y;
+        }
         if (tg >= n_tok) continue;
         if (rg < rows) y[(size_t)tg * ldy + rg] = v0;
         if (rg + 1 < rows) y[(size_t)tg * ldy + rg + 1] = v1;
