@@ -27,8 +27,9 @@ static const env_switch env_switches[] = {
      "CUDA, if set: prefill through the decode kernels, not the GEMM path"},
     {"TL_CUDA_MAX_TOK=N", ENGINE_CMDS,
      "CUDA: tokens per micro-batch, >= 16 (default 8192; no GEMM: 512)"},
-    {"TL_CUDA_TC_PDL=0", ENGINE_CMDS,
-     "CUDA: the batched tensor-core path without programmatic dependent launch (A/B)"},
+    {"TL_CUDA_TC_PDL=0|1|2", ENGINE_CMDS,
+     "CUDA: the batched tensor-core path without programmatic dependent launch (0), with it (1), "
+     "or with it and each kernel triggering its successor after its wait (2, default) (A/B)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens decode on the tensor cores (default 3; 0: never)"},
     {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,
@@ -75,8 +76,9 @@ static const env_switch env_switches[] = {
      "(default: all), longer ones as two dense GEMMs; 0: always dense (A/B)"},
     {"TL_GDN_COLS=1", ENGINE_CMDS,
      "CUDA: the decode kernels' GDN step as the column-cut kernel plus the f32 gated norm (A/B)"},
-    {"TL_CUDA_PF_PDL=0", ENGINE_CMDS,
-     "CUDA: a single sequence's prefill chunk without programmatic dependent launch (A/B)"},
+    {"TL_CUDA_PF_PDL=0|1|2", ENGINE_CMDS,
+     "CUDA: a single sequence's prefill chunk without programmatic dependent launch (0), with it "
+     "(1, default), or with the early triggers too (2) (A/B)"},
     {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
      "0: the mma.sync / wgmma tiles"},

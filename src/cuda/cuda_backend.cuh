@@ -157,8 +157,8 @@ typedef struct cuda_be {
     cudaStream_t stream;
     cudaGraphExec_t graph[CB_MAX_GRAPH_B + 1];
     int graphs_off; /* TL_CUDA_NO_GRAPH=1 or TL_CUDA_SYNC=1 */
-    int tc_pdl;     /* the batched tensor-core path under PDL (TL_CUDA_TC_PDL=0: without) */
-    int pf_pdl;     /* a prefill chunk's layers under PDL (TL_CUDA_PF_PDL=0: without) */
+    int tc_pdl;     /* the batched tensor-core path's stream pdl (gpu.h; TL_CUDA_TC_PDL, 2) */
+    int pf_pdl;     /* a prefill chunk's layers' stream pdl (TL_CUDA_PF_PDL, default 1) */
     int gdn_cols;   /* decode kernels: GDN step as gdn_cols + the gated norm (TL_GDN_COLS=1) */
     int mix;        /* long chunks share micro-batches with the short entries (batch_plan.h
                        tl_mb_begin_mixed): the tensor-core path on, tc_min <= CB_PF_MIN, and not
@@ -179,10 +179,11 @@ typedef struct cuda_be {
     size_t gemm_ws_bytes;
 } cuda_be;
 
-/* The launch context of the backend's stream: decode kernels with PDL (unless TL_CUDA_NO_PDL=1),
- * everything else without; the profiler attached when it is on. */
+/* The launch context of the backend's stream: decode kernels with PDL (pdl 1 or 2: gpu.h's
+ * tl_gpu_stream; unless TL_CUDA_NO_PDL=1), everything else without; the profiler attached when it
+ * is on. */
 static inline tl_gpu_stream cb_stream(const cuda_be *be, int pdl) {
-    tl_gpu_stream s = {(void *)be->stream, pdl && !be->pdl_off, be->prof, be->gemm_ws,
+    tl_gpu_stream s = {(void *)be->stream, be->pdl_off ? 0 : pdl, be->prof, be->gemm_ws,
                        be->gemm_ws_bytes};
     return s;
 }

@@ -270,8 +270,9 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
     be->sh_max =
         getenv("TL_MOE_SHARED_GROUPED") ? TL_MAX(0, env_int("TL_MOE_SHARED_GROUPED")) : be->max_tok;
     be->attn.cuda_core = env_int("TL_CUDA_ATTN_NO_TC") != 0;
-    be->tc_pdl = !getenv("TL_CUDA_TC_PDL") || env_int("TL_CUDA_TC_PDL") != 0;
-    be->pf_pdl = !getenv("TL_CUDA_PF_PDL") || env_int("TL_CUDA_PF_PDL") != 0;
+    /* gpu.h tl_gpu_stream.pdl: 0 none, 1 PDL, 2 PDL with the early triggers (pdl_enter) */
+    be->tc_pdl = getenv("TL_CUDA_TC_PDL") ? TL_MIN(TL_MAX(env_int("TL_CUDA_TC_PDL"), 0), 2) : 2;
+    be->pf_pdl = getenv("TL_CUDA_PF_PDL") ? TL_MIN(TL_MAX(env_int("TL_CUDA_PF_PDL"), 0), 2) : 1;
     be->gdn_cols = getenv("TL_GDN_COLS") && env_int("TL_GDN_COLS") == 1;
     be->mix = be->pf_ok && be->tc_min > 0 && be->tc_min <= CB_PF_MIN && !env_int("TL_CUDA_NO_MIX");
     be->attn.min_chunk = TL_MAX(0, env_int("TL_CUDA_ATTN_MIN_CHUNK"));

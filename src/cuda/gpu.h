@@ -46,7 +46,9 @@ typedef struct tl_gpu_prof tl_gpu_prof; /* the per-kernel profiler (cuda_bench.c
 typedef struct tl_gpu_stream {
     void *stream;      /* cudaStream_t; NULL = the legacy default stream */
     int pdl;           /* 1: programmatic dependent launch (decode kernels wait for their
-                        * predecessor inside the kernel: cuda_common.cuh) */
+                        * predecessor inside the kernel: cuda_common.cuh); 2: that, and the
+                        * kernels that wait first trigger their successor right after
+                        * (pdl_enter; the batched decode path) */
     tl_gpu_prof *prof; /* NULL, or a profiler that records an event after every launch */
     float *ws;         /* NULL, or device scratch for split-K GEMM partials (tl_gpu_gemm) */
     size_t ws_bytes;

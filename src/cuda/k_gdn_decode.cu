@@ -156,7 +156,7 @@ extern "C" int tl_gpu_gdn(float *y, void *S, int s_bf16, const float *qkv, const
 __global__ void __launch_bounds__(128, 6)
     gdn_cols_kernel(float *o_out, void *S, int s_bf16, const float *qkv, const float *proj,
                     int ld_proj, int b_off, int a_off, const float *dt_bias, const float *a_neg,
-                    int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring) {
+                    int nk, int nv, tl_gpu_seqs s, tl_gpu_ring ring, int trig) {
     __shared__ float sq[GDN_D], sk[GDN_D];
     __shared__ float s_part[4][32];
     __shared__ float sbuf[32];
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(128, 6)
     for (int i = 0; i < 32; i++)
         st[i] = state_ld(S, s_bf16, Sh + (size_t)(rp * 32 + i) * GDN_D + c);
     float dtb = dt_bias[h], an = a_neg[h];
-    pdl_enter(); /* launched with PDL on the batched path */
+    pdl_enter(trig); /* launched with PDL on the batched path */
     for (int i = 0; i < n; i++) {
         size_t t = (size_t)(t0 + i);
         const float *row = qkv + t * ld_qkv;
@@ -234,6 +234,6 @@ extern "C" int tl_gpu_gdn_raw(float *o, void *S, int s_bf16, const float *qkv, c
     tl_gpu_ring r = {NULL, NULL, 0};
     if (ring && ring->base) r = *ring;
     TL_LAUNCH(st, "gdn_cols", gdn_cols_kernel, grid, dim3(128), 0, o, S, s_bf16, qkv, proj, ld_proj,
-              b_off, a_off, dt_bias, a_neg, n_k_head, n_v_head, *s, r);
+              b_off, a_off, dt_bias, a_neg, n_k_head, n_v_head, *s, r, tl_pdl_trig(st));
     return 0;
 }

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
     int m0, m_end;
     /* PDL (batched path): the MoE plan comes from the previous kernel; a dense product's weights
      * do not, and its first stages of them are requested before the wait (prologue below) */
-    if (p.mode != GM_DENSE) pdl_enter();
+    if (p.mode != GM_DENSE) pdl_enter(p.trig);
     if (!gm_tile<BITS, BM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
 
     /* A source rows of this thread's MI chunks: chunk c = tid + THREADS j -> row c/8, 16 B column
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(128 * WM, MI == 1 ? 8 : 1) gemm_mma_kernel(gem
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    gm_prologue<C::STAGES>(KT, p.mode == GM_DENSE, load_a, load_b);
+    gm_prologue<C::STAGES>(KT, p.mode == GM_DENSE, p.trig, load_a, load_b);
 
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<C::STAGES - 2>();
@@ -400,7 +400,7 @@ template <int WCH> struct q4w_copy {
 template <int NB, int MB>
 static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int KT,
                                                       float (&acc)[MB][NB][4], int wr0, int lane,
-                                                      int x_off, bool early) {
+                                                      int x_off, bool early, int trig) {
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
@@ -413,7 +413,7 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int
         cp_async16(sm + cp.w_dst, cp.w[0] + (size_t)kt * 64, 16);
         if (tid < 32) cp_async16(sm + cp.s_dst, cp.s + (size_t)kt * cp.s_step, 16);
     };
-    gm_prologue<C::STAGES>(KT, early, load_a, load_b); /* else the kernel waited (MoE plan) */
+    gm_prologue<C::STAGES>(KT, early, trig, load_a, load_b); /* else the kernel waited (MoE plan) */
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<C::STAGES - 2>();
         __syncthreads();
@@ -429,7 +429,7 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int
 template <int NB, int MB, int THREADS, int WCH>
 static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH> cp, int KT,
                                                      float (&acc)[MB][NB][4], int wr0, int lane,
-                                                     int x_off, bool early) {
+                                                     int x_off, bool early, int trig) {
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
     const int tid = threadIdx.x;
@@ -441,7 +441,7 @@ static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH> cp, int KT,
 #pragma unroll
         for (int s = 0; s < C::STAGES - 1; s++)
             if (s < KT) cp.template next_w<THREADS>(gm_smem + s * C::STAGE_BYTES, tid);
-        pdl_enter();
+        pdl_enter(trig);
     }
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
@@ -506,9 +506,9 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
     if constexpr (WIDE)
-        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off, early);
+        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off, early, p.trig);
     else
-        q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off, early);
+        q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off, early, p.trig);
     cp_async_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
@@ -532,9 +532,9 @@ __global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN
      * follows gate/up, which waited for the plan before it triggered (pdl_enter): its plan and
      * weights are ready, and it requests its first weight stages before waiting (early) */
     const bool early = p.mode == GM_MOE_SCATTER;
-    if (!early) pdl_enter();
+    if (!early) pdl_enter(p.trig);
     if (!gm_tile<4, 16>(p, &wb, &sbb, &perm, &m0, &m_end)) {
-        if (early) pdl_enter();
+        if (early) pdl_enter(p.trig);
         return;
     }
     if (m_end - m0 > 8) /* block-uniform */
@@ -586,7 +586,7 @@ template <int BITS, int WGS> struct wg_cfg {
 
 template <int BITS, int WGS>
 __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(p.trig); /* launched with PDL on the batched path: cuda_common.cuh */
     typedef wg_cfg<BITS, WGS> C;
     constexpr int BM = C::BM, THREADS = C::THREADS;
     extern __shared__ uint8_t wg_smem_raw[];
@@ -885,7 +885,7 @@ extern "C" size_t tl_gpu_gemm_ws_bytes(const tl_gpu_gemm_w *w, int n) {
 /* y = epilogue(sum over z of ws[z]): one thread per two adjacent outputs. SwiGLU: output o of a
  * row takes gate column (o / 8) * 16 + o % 8 and up column that + 8 (rows interleaved by 8). */
 __global__ void gemm_splitk_reduce(gemm_args p, int ksplit) {
-    pdl_enter();
+    pdl_enter(p.trig);
     const int swiglu = p.flags & TL_GEMM_SWIGLU;
     const int pairs = (swiglu ? p.N / 2 : p.N) / 2;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -966,6 +966,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
     p.flags = flags;
     p.mode = GM_DENSE;
+    p.trig = tl_pdl_trig(st);
     static int dense_wgr = -1;
     /* past the decode batches' split path (<= 256 tokens): chunks of 257-511 tokens ran the
      * mma.sync 64x128 tile until session 25, 15% slower at a 320-token prefill (H100) */
@@ -1017,6 +1018,7 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
     p.ldy = (flags & TL_GEMM_SWIGLU) ? w->rows / 2 : w->rows;
     p.flags = flags;
     p.mode = mode;
+    p.trig = tl_pdl_trig(st);
     p.plan = plan;
     p.n_sh = shared ? n_tok : 0;
     if (w->bits == 16) {

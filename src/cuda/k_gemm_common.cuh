@@ -26,6 +26,7 @@ typedef struct gemm_args {
     float *ws;            /* split-K (dense only): f32 partials [gridDim.z][M][N], else NULL */
     int n_sh; /* MoE: 0, or the tokens whose shared expert (expert 256 of w) runs as plan rows
                * M .. M + n_sh - 1 after the routed ones (gm_tile, gm_asg) */
+    int trig; /* pdl_enter's: trigger the successor after the wait (tl_pdl_trig) */
 } gemm_args;
 
 /* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
@@ -107,11 +108,12 @@ static __device__ __forceinline__ void gm_store2(const gemm_args &p, size_t idx,
  * and its kernel waited before reading it), then those stages' activations. cp.async group 0
  * holds every prologue weight tile, so the main loop's waits stay correct. */
 template <int STAGES, class LoadA, class LoadB>
-static __device__ __forceinline__ void gm_prologue(int KT, bool dense, LoadA load_a, LoadB load_b) {
+static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig, LoadA load_a,
+                                                   LoadB load_b) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
         if (s < KT) load_b(s, s);
-    if (dense) pdl_enter();
+    if (dense) pdl_enter(trig);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < KT) load_a(s, s);

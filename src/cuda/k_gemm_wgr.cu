@@ -293,7 +293,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
         if (s < KT) cs.wn(smem + s * C::STAGE_BYTES, tid);
-    if (p.mode == GM_DENSE) pdl_enter();
+    if (p.mode == GM_DENSE) pdl_enter(p.trig);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < KT) cs.xn(smem + s * C::STAGE_BYTES, tid);
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     const uint32_t *sbb = p.sb;
     const int32_t *perm;
     int m0, m_end;
-    if (p.mode != GM_DENSE) pdl_enter(); /* the MoE plan; a dense product waits in wr_block */
+    if (p.mode != GM_DENSE) pdl_enter(p.trig); /* the MoE plan; a dense product waits in wr_block */
     if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
     int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
     if (nc == 4)

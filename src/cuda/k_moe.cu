@@ -771,8 +771,8 @@ static __device__ __forceinline__ int plan_prefixes(int32_t *plan, int c, int *s
     return o;
 }
 
-__global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+__global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg, int trig) {
+    pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ int cnt[256], cur[256], sw[8];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -794,8 +794,8 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg) {
 #define PLAN_CHUNK  2048
 #define PLAN_MB_MIN 4096
 
-__global__ void moe_plan_count_kernel(int32_t *scratch, const int32_t *ids, int n_asg) {
-    pdl_enter();
+__global__ void moe_plan_count_kernel(int32_t *scratch, const int32_t *ids, int n_asg, int trig) {
+    pdl_enter(trig);
     __shared__ int cnt[256];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -805,8 +805,8 @@ __global__ void moe_plan_count_kernel(int32_t *scratch, const int32_t *ids, int 
     for (int e = threadIdx.x; e < 256; e += blockDim.x) scratch[blockIdx.x * 256 + e] = cnt[e];
 }
 
-__global__ void moe_plan_scan_kernel(int32_t *plan, int32_t *scratch, int n_chunk) {
-    pdl_enter();
+__global__ void moe_plan_scan_kernel(int32_t *plan, int32_t *scratch, int n_chunk, int trig) {
+    pdl_enter(trig);
     __shared__ int sw[8];
     const int e = threadIdx.x; /* 256 threads */
     int c = 0;
@@ -820,8 +820,8 @@ __global__ void moe_plan_scan_kernel(int32_t *plan, int32_t *scratch, int n_chun
 }
 
 __global__ void moe_plan_place_kernel(int32_t *plan, const int32_t *scratch, const int32_t *ids,
-                                      int n_asg) {
-    pdl_enter();
+                                      int n_asg, int trig) {
+    pdl_enter(trig);
     __shared__ int cur[256];
     for (int e = threadIdx.x; e < 256; e += blockDim.x) cur[e] = scratch[blockIdx.x * 256 + e];
     __syncthreads();
@@ -837,19 +837,19 @@ extern "C" size_t tl_gpu_moe_pf_plan_ints(int n_tok) {
 extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok,
                                   const tl_gpu_stream *st) {
     if (!plan || !ids || n_tok < 0) return TL_ERR_INVALID;
-    int n_asg = n_tok * 8;
+    int n_asg = n_tok * 8, trig = tl_pdl_trig(st);
     if (n_asg < PLAN_MB_MIN) {
-        TL_LAUNCH(st, "moe_plan", moe_plan_kernel, dim3(1), dim3(1024), 0, plan, ids, n_asg);
+        TL_LAUNCH(st, "moe_plan", moe_plan_kernel, dim3(1), dim3(1024), 0, plan, ids, n_asg, trig);
         return 0;
     }
     int n_chunk = CEIL_DIV(n_asg, PLAN_CHUNK);
     int32_t *scratch = plan + PLAN_PERM + n_asg;
     TL_LAUNCH(st, "moe_plan_count", moe_plan_count_kernel, dim3(n_chunk), dim3(1024), 0, scratch,
-              ids, n_asg);
+              ids, n_asg, trig);
     TL_LAUNCH(st, "moe_plan_scan", moe_plan_scan_kernel, dim3(1), dim3(256), 0, plan, scratch,
-              n_chunk);
+              n_chunk, trig);
     TL_LAUNCH(st, "moe_plan_place", moe_plan_place_kernel, dim3(n_chunk), dim3(1024), 0, plan,
-              scratch, ids, n_asg);
+              scratch, ids, n_asg, trig);
     return 0;
 }
 
@@ -873,8 +873,8 @@ extern "C" int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h,
 __global__ void moe_combine_kernel(void *out, const void *res, const uint16_t *yslot,
                                    const float *wts, const uint16_t *sh, const float *sh_logit,
                                    int n_embd, int out_f32, const float *nw, uint16_t *yn,
-                                   float eps) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+                                   float eps, int trig) {
+    pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sbuf[32];
     const int t = blockIdx.x;
     for (int c0 = threadIdx.x * 8; c0 < n_embd; c0 += blockDim.x * 8) {
@@ -945,6 +945,7 @@ extern "C" int tl_gpu_moe_pf_combine_norm(void *out, const void *res, const uint
     if (nw && (!yn || !(flags & TL_GEMM_OUT_F32))) return TL_ERR_INVALID;
     if (n_tok == 0) return 0;
     TL_LAUNCH(st, "moe_combine", moe_combine_kernel, dim3(n_tok), dim3(256), 0, out, res, yslot,
-              wts, shared, sh_logit, 2048, (int)(flags & TL_GEMM_OUT_F32), nw, yn, eps);
+              wts, shared, sh_logit, 2048, (int)(flags & TL_GEMM_OUT_F32), nw, yn, eps,
+              tl_pdl_trig(st));
     return 0;
 }

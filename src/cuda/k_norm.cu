@@ -41,8 +41,8 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
  * prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and test_kernels.c: test_router_gemm.
  */
 __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, const float *w,
-                                    int n, float eps) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+                                    int n, float eps, int trig) {
+    pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sbuf[32];
     int i = blockIdx.x;
     const float *xr = x + (size_t)i * n;
@@ -75,7 +75,7 @@ extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, 
                                      int n_rows, int n, float eps, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
     TL_LAUNCH(st, "rmsnorm_bf16", rmsnorm_bf16_kernel, dim3(n_rows), dim3(256), 0, y, yl, x, w, n,
-              eps);
+              eps, tl_pdl_trig(st));
     return 0;
 }
 
@@ -91,8 +91,9 @@ extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, 
  * prefill path. */
 template <bool F32>
 __global__ void gated_rmsnorm_kernel(void *y, const float *o, const float *proj, int ld_proj,
-                                     int z_off, const float *w, int nv, int n, float eps) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+                                     int z_off, const float *w, int nv, int n, float eps,
+                                     int trig) {
+    pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     int pair = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (pair >= n * nv) return; /* warp-uniform */
     int t = pair / nv, h = pair % nv, c = 4 * lane;
@@ -117,7 +118,8 @@ static int gated_rmsnorm(void *y, const float *o, const float *proj, int ld_proj
     if (ld_proj % 4 || z_off % 4) return TL_ERR_INVALID;
     unsigned blocks = (unsigned)(((long)n * nv + 7) / 8);
     TL_LAUNCH(st, F32 ? "gated_rmsnorm_f32" : "gated_rmsnorm_bf16", gated_rmsnorm_kernel<F32>,
-              dim3(blocks), dim3(256), 0, y, o, proj, ld_proj, z_off, w, nv, n, eps);
+              dim3(blocks), dim3(256), 0, y, o, proj, ld_proj, z_off, w, nv, n, eps,
+              tl_pdl_trig(st));
     return 0;
 }
 extern "C" int tl_gpu_gated_rmsnorm_bf16(uint16_t *y, const float *o, const float *proj,
@@ -134,8 +136,8 @@ extern "C" int tl_gpu_gated_rmsnorm_f32(float *y, const float *o, const float *p
 /* cast_bf16_kernel: y[i] = bf16(x[i]) (round to nearest even), the f32 outputs of the decode
  * mixers into the tensor-core GEMMs (cuda_forward.cu: batched decode). Grid-stride, 4 per thread.
  * Tested against the host rounding (test_kernels.c: test_cast_bf16). */
-__global__ void cast_bf16_kernel(uint16_t *y, const float *x, long n) {
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+__global__ void cast_bf16_kernel(uint16_t *y, const float *x, long n, int trig) {
+    pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     long stride = (long)gridDim.x * blockDim.x;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         y[i] = f2bf(x[i]);
@@ -144,7 +146,8 @@ __global__ void cast_bf16_kernel(uint16_t *y, const float *x, long n) {
 extern "C" int tl_gpu_cast_bf16(uint16_t *y, const float *x, long n, const tl_gpu_stream *st) {
     if (n <= 0) return 0;
     long blocks = (n + 255) / 256 < 1056 ? (n + 255) / 256 : 1056;
-    TL_LAUNCH(st, "cast_bf16", cast_bf16_kernel, dim3((unsigned)blocks), dim3(256), 0, y, x, n);
+    TL_LAUNCH(st, "cast_bf16", cast_bf16_kernel, dim3((unsigned)blocks), dim3(256), 0, y, x, n,
+              tl_pdl_trig(st));
     return 0;
 }
 

@@ -84,9 +84,9 @@ static __device__ __forceinline__ void rt_cluster_sum(float *y, int ldy, int row
 template <int TM, int TN>
 __global__ void __launch_bounds__(256)
     router_mma_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
-                      int n_tok) {
+                      int n_tok, int trig) {
     typedef rt_cfg<TM, TN> C;
-    pdl_enter(); /* launched with PDL on the batched path: cuda_common.cuh */
+    pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) uint16_t rt_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
     const int t0 = blockIdx.x * TM, r0 = blockIdx.y * TN, K = W.cols;
@@ -192,10 +192,11 @@ static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16
     dim3 grid(CEIL_DIV(n_tok, TM), CEIL_DIV(W->rows, TN), split ? RT_SPLIT : 1);
     if (split)
         TL_LAUNCH_CLUSTER(st, "router_mma_split", RT_SPLIT, router_mma_kernel<TM, TN>, grid,
-                          dim3(256), rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok);
+                          dim3(256), rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok,
+                          tl_pdl_trig(st));
     else
         TL_LAUNCH(st, "router_mma", router_mma_kernel<TM, TN>, grid, dim3(256),
-                  rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok);
+                  rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok, tl_pdl_trig(st));
     return 0;
 }
 

@@ -287,7 +287,8 @@ static inline uint64_t tl_mix64(uint64_t z) {
 #define TL_GOLDEN64 0x9E3779B97F4A7C15ull
 static inline void pdl_wait(void) {}
 static inline void pdl_trigger(void) {}
-static inline void pdl_enter(void) {}
+static inline void pdl_enter(int trig) { (void)trig; }
+static inline int tl_pdl_trig(const tl_gpu_stream *st) { return st && st->pdl > 1; }
 #define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
 int cb_grid_cap(void);
 int cb_gemv_setup(void);
