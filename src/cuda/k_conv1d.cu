@@ -21,19 +21,16 @@
 __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, int ld_in,
                                    const float *w, int C, tl_gpu_seqs s, tl_gpu_ring ring) {
     pdl_trigger();
-    /* before the wait: the step's metadata (copied in before the step) and the weights; the state
-     * after it (on the decode GEMV path the kernels before this one trigger before they wait) */
+    pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y, i0 = blockIdx.z * CV_CHUNK;
     if (ch >= C) return;
     int n = s.seg_n[g];
     if (i0 >= n) return;
     const float *ic = in + (size_t)s.seg_tok0[g] * ld_in + ch;
     float *oc = out + (size_t)s.seg_tok0[g] * C + ch;
-    float4 wv = *(const float4 *)(w + (size_t)ch * 4);
     float s0, s1, s2;
-    float *st = state + (size_t)s.seg_slot[g] * 3 * C + ch;
-    pdl_wait();
     if (i0 == 0) {
+        float *st = state + (size_t)s.seg_slot[g] * 3 * C + ch;
         s0 = st[0], s1 = st[C], s2 = st[2 * C];
         float old[3] = {s0, s1, s2};
         for (int k = 0; k < 3; k++) {
@@ -56,6 +53,7 @@ __global__ void conv1d_silu_kernel(float *out, float *state, const float *in, in
         s0 = ic[(size_t)(i0 - 3) * ld_in], s1 = ic[(size_t)(i0 - 2) * ld_in];
         s2 = ic[(size_t)(i0 - 1) * ld_in];
     }
+    float4 wv = *(const float4 *)(w + (size_t)ch * 4);
     int i1 = min(n, i0 + CV_CHUNK);
     for (int i = i0; i < i1; i++) {
         float xv = ic[(size_t)i * ld_in];
