@@ -59,6 +59,9 @@ static const env_switch env_switches[] = {
     {"TL_Q4W_WIDE=0", ENGINE_CMDS,
      "CUDA: the q4w MoE GEMM on 8 warps of 16 weight rows (its first loop) instead of 4 warps of "
      "32 (A/B; same bits)"},
+    {"TL_Q4W_DOWN_R=1|2|4", ENGINE_CMDS,
+     "CUDA: 128-row blocks each block of the decode batches' MoE down-projection runs one after "
+     "the other (default 1; not measured yet) (A/B)"},
     {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 or 2 blocks an SM; 0 "
      "(default): the persistent q4m kernel only (A/B; same bits)"},
