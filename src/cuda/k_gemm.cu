@@ -399,7 +399,7 @@ template <int WCH> struct q4w_copy {
     __device__ __forceinline__ void next_item(int KT) {
 #pragma unroll
         for (int j = 0; j < WCH; j++) w[j] += (size_t)15 * 64 * KT;
-        s += 128 - (size_t)KT * s_step;
+        s += 128 - (long long)KT * s_step; /* back to the item's first k stage */
         a -= (size_t)KT * GM_BK;
     }
 };
