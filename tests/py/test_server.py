@@ -417,10 +417,13 @@ def test_abort_nonstream_waiting_client(srv):
 
 
 def test_error_inside_stream(client):
-    """After the headers an error travels as a data frame; the official client raises it."""
+    """After the headers an error travels as a data frame; the official client raises it.
+    ignore_eos: a sampled end of sequence before the third token would end the stream normally
+    (the failure is injected after the third token; the tiny model samples with temperature 1)."""
     stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=50,
                                             stream=True,
-                                            extra_body={"tulip_test_fail_after": 3})
+                                            extra_body={"tulip_test_fail_after": 3,
+                                                        "ignore_eos": True})
     with pytest.raises(openai.APIError) as ei:
         for _ in stream:
             pass
