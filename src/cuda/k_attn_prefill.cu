@@ -92,8 +92,7 @@ static __device__ __forceinline__ void ap_softmax_tile(float (&s)[32], float (&m
 __global__ void __launch_bounds__(AP_THREADS, 2)
     attn_prefill_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                         int pos0, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     const void *qv = qh.p, *gatev = gh.p;
     const int q_tok_stride = qh.tok_stride, q_head_stride = qh.head_stride;
     extern __shared__ __align__(128) uint16_t ap_smem[];
@@ -435,8 +434,7 @@ static __device__ __forceinline__ void aw_store_rows(uint16_t *o, const float *s
 __global__ void __launch_bounds__(AP_THREADS, 2)
     attn_prefill_wg_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ uint8_t aw_smem_raw[];
     uint8_t *sQ = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u); /* stays a shared pointer */
     uint8_t *sK = sQ + AW_QK_BYTES, *sP = sK + AW_QK_BYTES + AW_V_BYTES;
@@ -732,8 +730,7 @@ template <bool PR>
 __global__ void __launch_bounds__(AS_THREADS, 1)
     attn_prefill_ws_kernel(uint16_t *o, tl_gpu_heads qh, tl_gpu_heads gh, tl_gpu_kv_view kv, int n,
                            int pos0, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ uint8_t aw_smem_raw[];
     uint8_t *base = aw_smem_raw + ((0u - smem_u32(aw_smem_raw)) & 1023u);
     uint8_t *stage0 = base + 2 * AW_QK_BYTES, *sP0 = stage0 + 2 * AS_STAGE_BYTES;

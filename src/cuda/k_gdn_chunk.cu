@@ -212,8 +212,7 @@ static __device__ __forceinline__ void gc_solve_T(float *sA, int ld, const float
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_prep_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
                     const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float gp_smem[];
     float *sK = gp_smem + GP_OFF_K, *sKt = gp_smem + GP_OFF_KT, *sQ = gp_smem + GP_OFF_Q;
     float *sV = gp_smem + GP_OFF_V, *sA = gp_smem + GP_OFF_A, *sG = gp_smem + GP_OFF_G;
@@ -352,8 +351,7 @@ template <int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
     gdn_seq_kernel(void *o, void *state, const float *ws, int t_seg, int n_chunks, int T,
                    int flags) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float gs_smem[];
     float *sK = gs_smem + GS_OFF_K, *sQ = gs_smem + GS_OFF_Q, *sS = gs_smem + GS_OFF_S;
     constexpr int THREADS = NW * 32, RW = GC_L / NW, RS = GC_DK / NW; /* rows per warp */
@@ -708,8 +706,7 @@ template <int SPLIT>
 __global__ void __launch_bounds__(GC_THREADS, 2)
     gdn_prep_tc_kernel(float *ws, const void *q, const void *k, const void *v, int tok_stride,
                        const float *g, const float *beta, int t_seg, int T, int l2, int in_f32) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float tp_smem[];
     float *sK = tp_smem + TP_OFF_K, *sQV = tp_smem + TP_OFF_QV, *sA = tp_smem + TP_OFF_A;
     float *sG = tp_smem + TP_OFF_G, *sB = tp_smem + TP_OFF_B;
@@ -944,8 +941,7 @@ template <int SPLIT>
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_seq_tc_kernel(void *o, void *state, const float *ws, int t_seg, int n_chunks, int T,
                       int flags) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float ts_smem[];
     float *sS = ts_smem + TS_OFF_S, *sQ = ts_smem + TS_OFF_Q, *sK = ts_smem + TS_OFF_K;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1034,8 +1030,7 @@ static __device__ __forceinline__ void th_fetch_chunk(char *buf, const char *rec
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gdn_seq_h_kernel(void *o, void *state, const void *ws, int t_seg, int n_chunks, int T,
                      int flags) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     extern __shared__ __align__(16) float th_smem[];
     float *sS = th_smem, *sSr = th_smem + TH_OFF_SR;
     char *bufs = (char *)th_smem + TH_OFF_BUF;
@@ -1080,8 +1075,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
  * threads: one per (token, head). reference: cpu_softplus / cpu_sigmoid in the test. */
 __global__ void gdn_gates_kernel(float *g, float *beta, const float *a, const float *b, int ld,
                                  const float *dt_bias, const float *a_neg, int T) {
-    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh; no early trigger (session
-                   26: cost prefill) */
+    pdl_wait(); /* launched with PDL on the batched path: cuda_common.cuh */
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * GC_NH) return;
     int t = i / GC_NH, h = i % GC_NH;

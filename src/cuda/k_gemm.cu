@@ -802,10 +802,7 @@ enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 =
  * Not measured on a GPU yet (session 26); the same products and sums in the same order. */
 static int q4w_rows_of(const gemm_args *p) {
     static int r = -1;
-    if (r < 0) {
-        const char *v = getenv("TL_Q4W_DOWN_R");
-        r = v && (atoi(v) == 2 || atoi(v) == 4) ? atoi(v) : 1;
-    }
+    if (r < 0) r = tl_env_is("TL_Q4W_DOWN_R", 4) ? 4 : tl_env_is("TL_Q4W_DOWN_R", 2) ? 2 : 1;
     int kt = p->K / GM_BK;
     return p->mode == GM_MOE_SCATTER && p->N % (128 * r) == 0 && kt % q4w_cfg::STAGES == 0 ? r : 1;
 }

@@ -190,13 +190,9 @@ static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16
         attr_set = 1;
     }
     dim3 grid(CEIL_DIV(n_tok, TM), CEIL_DIV(W->rows, TN), split ? RT_SPLIT : 1);
-    if (split)
-        TL_LAUNCH_CLUSTER(st, "router_mma_split", RT_SPLIT, router_mma_kernel<TM, TN>, grid,
-                          dim3(256), rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok,
-                          tl_pdl_trig(st));
-    else
-        TL_LAUNCH(st, "router_mma", router_mma_kernel<TM, TN>, grid, dim3(256),
-                  rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok, tl_pdl_trig(st));
+    /* split: the RT_SPLIT blocks of a tile are one cluster (rt_cluster_sum) */
+    TL_LAUNCH_CLUSTER(st, "router_mma", split ? RT_SPLIT : 1, router_mma_kernel<TM, TN>, grid,
+                      dim3(256), rt_cfg<TM, TN>::SMEM, y, ldy, *W, xh, xl, n_tok, tl_pdl_trig(st));
     return 0;
 }
 
