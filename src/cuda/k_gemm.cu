@@ -911,12 +911,24 @@ static int splitk_cluster_on(void) {
     return on;
 }
 
+/* TL_GEMM_SPLITK_BLOCKS=N (read once): the split doubles while a tile's blocks are under N
+ * instead of one wave (GM_SPLITK_SMS); an A/B of the block count against the SMs' load balance. */
+static int gemm_splitk_blocks(void) {
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("TL_GEMM_SPLITK_BLOCKS");
+        n = e && atoi(e) > 0 ? atoi(e) : GM_SPLITK_SMS;
+    }
+    return n;
+}
+
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
     static int off = -1;
     if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
     if (off || w->bits != 4) return 1;
     int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1, smax = splitk_cluster_on() ? 8 : 64;
-    while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
+    int nb = gemm_splitk_blocks();
+    while (xb * s < nb && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
     return s;
 }
 
