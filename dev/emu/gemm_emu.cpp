@@ -360,8 +360,24 @@ static void test_norms(void) {
     const int rows = 3, n = TL_N_EMBD, T = 4, nv = 32, ld = 12416, zo = 8192;
     float *x = rand_vec(&rs, (size_t)rows * n, 3.0f), *w = rand_vec(&rs, n, 1.0f);
     uint16_t *y = (uint16_t *)xmalloc((size_t)rows * n * 2), *l = (uint16_t *)xmalloc((size_t)rows * n * 2);
-    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(y, l, x, w, rows, n, 1e-6f, NULL), 0);
+    /* with the row product of rmsnorm_bf16x2_dot (the shared gate): g at a stride of 2 */
+    uint16_t *gq = (uint16_t *)xmalloc((size_t)2 * n * 2);
+    for (int c = 0; c < 2 * n; c++) gq[c] = f2bf((c < n ? 0.05f : 2e-4f) * t_randf(&rs));
+    tl_gpu_gemm_w G = {gq, gq + n, 16, 1, n};
+    float gd[2 * rows];
+    CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2_dot(y, l, x, w, rows, n, 1e-6f, &G, gd, 2, NULL), 0);
     int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        double ss = 0, ref = 0, mag = 0;
+        for (int c = 0; c < n; c++) ss += (double)x[r * n + c] * x[r * n + c];
+        double inv = 1.0 / sqrt(ss / n + 1e-6);
+        for (int c = 0; c < n; c++) {
+            double t = x[r * n + c] * inv * w[c] * ((double)bf2f(gq[c]) + bf2f(gq[n + c]));
+            ref += t, mag += fabs(t);
+        }
+        printf("# rmsnorm_bf16x2_dot row %d: %.9g vs %.9g\n", r, gd[2 * r], ref);
+        bad += fabs(gd[2 * r] - ref) > 1e-5 * mag + 1e-7;
+    }
     for (int r = 0; r < rows; r++) {
         double ss = 0;
         for (int c = 0; c < n; c++) ss += (double)x[r * n + c] * x[r * n + c];

@@ -37,12 +37,13 @@ __global__ void __launch_bounds__(THREADS, 5)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int c = tid + THREADS * j; /* 16-byte chunk c of the stage */
-            const uint8_t *src = STAGE_MAJOR ? wb + (size_t)s * STAGE_W + c * 16
-                                             : wb + (size_t)(c >> 4) * kt * 256 + s * 256 +
-                                                   (c & 15) * 16;
+            const uint8_t *src = STAGE_MAJOR
+                                     ? wb + (size_t)s * STAGE_W + c * 16
+                                     : wb + (size_t)(c >> 4) * kt * 256 + s * 256 + (c & 15) * 16;
             cp_async16(st + c * 16, src, 16);
         }
-        if (tid < 32) cp_async16(st + STAGE_W + tid * 16, sb + ((size_t)s * nb + b) * 512 + tid * 16, 16);
+        if (tid < 32)
+            cp_async16(st + STAGE_W + tid * 16, sb + ((size_t)s * nb + b) * 512 + tid * 16, 16);
     };
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < kt) issue(s);
@@ -74,12 +75,12 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, uin
 }
 
 /* Best GB/s of REPEAT runs of one order over nb blocks of kt stages. */
-template <bool SM> static double run(const uint8_t *w, const uint8_t *sb, uint32_t *out, int nb,
-                                     int kt) {
+template <bool SM>
+static double run(const uint8_t *w, const uint8_t *sb, uint32_t *out, int nb, int kt) {
     /* the ring needs 18 KB; 40 KB keeps 5 blocks an SM resident, as q4w's registers do */
     size_t smem = 40 * 1024;
     CU(cudaFuncSetAttribute(stream_kernel<SM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)smem));
+                            (int)smem));
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
@@ -135,8 +136,10 @@ int main(void) {
     const struct {
         const char *name;
         int kt, nb;
-    } shapes[] = {{"gate/up (K = 2048)", 32, 1850}, {"down (K = 512)", 8, 3700},
-                  {"gate/up, 4x the blocks", 32, 7400}, {"down, 4x the blocks", 8, 14800}};
+    } shapes[] = {{"gate/up (K = 2048)", 32, 1850},
+                  {"down (K = 512)", 8, 3700},
+                  {"gate/up, 4x the blocks", 32, 7400},
+                  {"down, 4x the blocks", 8, 14800}};
     for (const auto &s : shapes) {
         size_t need = (size_t)s.nb * s.kt * STAGE_W;
         if (need > bytes) continue;

@@ -376,8 +376,14 @@ static int moe_prefill(const layer_ctx *x, const float *next_norm) {
     int D = c->n_embd, E = c->n_expert, K = c->n_expert_used, F = c->n_ff_expert, T = x->T;
     float eps = c->rms_eps;
     if (D % 128 == 0 && L->router.bits == 16 && be->router_min > 0 && T >= be->router_min) {
-        TRY(tl_gpu_rmsnorm_bf16x2(be->xb, be->xlo, be->x, L->ffn_norm, T, D, eps, x->st));
-        TRY(tl_gpu_router_gemm(be->rlog, E + 1, &L->router, be->xb, be->xlo, T, x->st));
+        /* the experts' E rows on the tensor cores, the shared gate's row (E) in the norm kernel */
+        tl_gpu_gemm_w rw = L->router, gw = L->router;
+        rw.rows = E, gw.rows = 1;
+        gw.w = (const uint8_t *)L->router.w + (size_t)E * D * 2;
+        if (gw.sb) gw.sb = (const uint8_t *)L->router.sb + (size_t)E * D * 2;
+        TRY(tl_gpu_rmsnorm_bf16x2_dot(be->xb, be->xlo, be->x, L->ffn_norm, T, D, eps, &gw,
+                                      be->rlog + E, E + 1, x->st));
+        TRY(tl_gpu_router_gemm(be->rlog, E + 1, &rw, be->xb, be->xlo, T, x->st));
     } else {
         TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
         TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps, x->st));

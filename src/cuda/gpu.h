@@ -148,6 +148,13 @@ int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows,
 /* The same, plus the low plane yl = bf16(v - y) of each normed value v (yl may be NULL). */
 int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, const float *w, int n_rows,
                           int n, float eps, const tl_gpu_stream *st);
+/* The same, plus one dot product a row: g[t * ldg] = sum_c v[t, c] * (G + G->sb)[0, c] of the
+ * normed f32 values with row 0 of G (bf16, cols n; its low plane in G->sb when not NULL), in
+ * fixed order (a row's bits do not depend on n_rows). The MoE's shared-expert gate: the router
+ * GEMM then runs the experts' 256 rows alone (k_router.cu). g NULL: no dot product. */
+int tl_gpu_rmsnorm_bf16x2_dot(uint16_t *y, uint16_t *yl, const float *x, const float *w, int n_rows,
+                              int n, float eps, const tl_gpu_gemm_w *G, float *g, int ldg,
+                              const tl_gpu_stream *st);
 /* The MTP head's input (docs/model.md §3.2 step 1): cat [n_tok, 2n] = [rmsnorm(e[t]; w_e) |
  * rmsnorm(h[r]; w_h)] with r = h_rows[t] (h_rows NULL: r = t), the embedding first. */
 int tl_gpu_mtp_cat(float *cat, const float *e, const float *w_e, const float *h,

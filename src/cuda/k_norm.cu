@@ -39,9 +39,20 @@ extern "C" int tl_gpu_rmsnorm(float *y, const float *x, const float *w, const in
  * as two float4 and written as one 16-byte store (yl likewise; k_rms.cuh); other widths take the
  * strided loop. Tested against cpu_rmsnorm (test_kernels.c: test_norms_bf16), through the whole
  * prefill path (test_gpu_e2e.c: test_prefill_gemm_vs_decode) and test_kernels.c: test_router_gemm.
+ * With d.g (tl_gpu_rmsnorm_bf16x2_dot): also d.g[i * d.ldg] = sum_c v[c] * (gh[c] + gl[c]), the
+ * normed f32 row against one bf16 weight row (its low plane gl optional), each thread's values in
+ * column order, then the block sum (fixed order: a row's bits do not depend on the rows beside it).
  */
+struct rms_dot {
+    const uint16_t *gh, *gl; /* the weight row and its low plane (or NULL) */
+    float *g;                /* NULL: no dot product */
+    int ldg;
+};
+static __device__ __forceinline__ float rms_dot_w(const rms_dot &d, int c) {
+    return bf2f(d.gh[c]) + (d.gl ? bf2f(d.gl[c]) : 0.0f);
+}
 __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, const float *w,
-                                    int n, float eps, int trig) {
+                                    int n, float eps, rms_dot d, int trig) {
     pdl_enter(trig); /* launched with PDL on the batched path: cuda_common.cuh */
     __shared__ float sbuf[32];
     int i = blockIdx.x;
@@ -52,9 +63,15 @@ __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, c
         float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         rms_row8(v, w, c0, n, eps, sbuf);
         rms_store8(y + (size_t)i * n + c0, yl ? yl + (size_t)i * n + c0 : NULL, v);
+        if (!d.g) return; /* block-uniform */
+        float p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) p = fmaf(v[k], rms_dot_w(d, c0 + k), p);
+        p = block_sum(p, sbuf);
+        if (threadIdx.x == 0) d.g[(size_t)i * d.ldg] = p;
         return;
     }
-    float s = 0.0f;
+    float s = 0.0f, p = 0.0f;
     for (int c = threadIdx.x; c < n; c += blockDim.x) s = fmaf(xr[c], xr[c], s);
     s = block_sum(s, sbuf);
     float inv = rsqrtf(s / (float)n + eps);
@@ -63,7 +80,11 @@ __global__ void rmsnorm_bf16_kernel(uint16_t *y, uint16_t *yl, const float *x, c
         uint16_t h = f2bf(v);
         y[(size_t)i * n + c] = h;
         if (yl) yl[(size_t)i * n + c] = f2bf(v - bf2f(h));
+        if (d.g) p = fmaf(v, rms_dot_w(d, c), p);
     }
+    if (!d.g) return;
+    p = block_sum(p, sbuf);
+    if (threadIdx.x == 0) d.g[(size_t)i * d.ldg] = p;
 }
 
 extern "C" int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, int n_rows, int n,
@@ -73,9 +94,20 @@ extern "C" int tl_gpu_rmsnorm_bf16(uint16_t *y, const float *x, const float *w, 
 
 extern "C" int tl_gpu_rmsnorm_bf16x2(uint16_t *y, uint16_t *yl, const float *x, const float *w,
                                      int n_rows, int n, float eps, const tl_gpu_stream *st) {
+    return tl_gpu_rmsnorm_bf16x2_dot(y, yl, x, w, n_rows, n, eps, NULL, NULL, 0, st);
+}
+
+extern "C" int tl_gpu_rmsnorm_bf16x2_dot(uint16_t *y, uint16_t *yl, const float *x, const float *w,
+                                         int n_rows, int n, float eps, const tl_gpu_gemm_w *G,
+                                         float *g, int ldg, const tl_gpu_stream *st) {
     if (n_rows <= 0) return 0;
+    rms_dot d = {NULL, NULL, NULL, 0};
+    if (g) {
+        if (!G || G->bits != 16 || G->rows < 1 || G->cols != n || ldg < 1) return TL_ERR_INVALID;
+        d = (rms_dot){(const uint16_t *)G->w, (const uint16_t *)G->sb, g, ldg};
+    }
     TL_LAUNCH(st, "rmsnorm_bf16", rmsnorm_bf16_kernel, dim3(n_rows), dim3(256), 0, y, yl, x, w, n,
-              eps, tl_pdl_trig(st));
+              eps, d, tl_pdl_trig(st));
     return 0;
 }
 

@@ -14,6 +14,8 @@
  *   rows past the ends load as zeros and are not stored. Each output is one accumulation chain
  *   over k in order (per 16 k: xh*wh, xl*wh, xh*wl), whatever TM and TN, so a token's result does
  *   not depend on n_tok, the other tokens or the tile (batched == alone).
+ * Rows: the forward passes the 256 experts' rows only (the shared-expert gate's row is a dot
+ *   product in the RMSNorm before it: tl_gpu_rmsnorm_bf16x2_dot), 4 row tiles instead of 5.
  * Tiles: 64 x 64 (two blocks an SM, 108 KB). A 128 x 128 tile (one block an SM, reading x three
  *   times instead of five and W once per 128 tokens: ~170 instead of ~300 MB from L2 a 4K-token
  *   layer) measured the same (prefill 4K 55,315 vs 55,127 tok/s, 16K 50,931 vs 50,919, H100,

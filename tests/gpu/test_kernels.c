@@ -1902,6 +1902,66 @@ static void test_sample_count_bits(void) {
     }
 }
 
+/* rmsnorm_bf16x2_dot's row product (the MoE's shared gate) against the host in double: g[t] =
+ * normed row t . (gh + gl), written at a stride, within 1e-5 of the sum of |terms|; with and
+ * without the low plane; each row alone gives the same bits as in the batch; the planes' outputs
+ * equal rmsnorm_bf16x2's. */
+static void norms_bf16_dot_case(const float *dx, const float *dw, const float *x, const float *w,
+                                int rows, int n) {
+    float *gf = rand_vec((size_t)2 * n, 0.05f, &rs);
+    uint16_t *gq = xmalloc((size_t)2 * n * 2);
+    for (int c = 0; c < n; c++) {
+        gq[c] = tl_f32_to_bf16(gf[c]);
+        gq[n + c] = tl_f32_to_bf16(gf[c] - tl_bf16_to_f32(gq[c]) + 1e-3f * gf[n + c]);
+    }
+    uint16_t *dg = tl_gpu_malloc((size_t)2 * n * 2), *dy = tl_gpu_malloc((size_t)rows * n * 2),
+             *dl = tl_gpu_malloc((size_t)rows * n * 2), *dy0 = tl_gpu_malloc((size_t)rows * n * 2);
+    CHECK_EQ_INT(tl_gpu_upload(dg, gq, (size_t)2 * n * 2), 0);
+    const int ldg = 3;
+    float *dgo = tl_gpu_malloc(sizeof(float) * rows * ldg), *dg1 = tl_gpu_malloc(sizeof(float));
+    for (int lo = 0; lo < 2; lo++) {
+        tl_gpu_gemm_w G = {dg, lo ? (const void *)(dg + n) : NULL, 16, 1, n};
+        CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2_dot(dy, dl, dx, dw, rows, n, 1e-6f, &G, dgo, ldg, NULL),
+                     0);
+        CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2(dy0, NULL, dx, dw, rows, n, 1e-6f, NULL), 0);
+        float *got = host_from(dgo, (size_t)rows * ldg);
+        uint16_t *y = xmalloc((size_t)rows * n * 2), *y0 = xmalloc((size_t)rows * n * 2);
+        tl_gpu_download(y, dy, (size_t)rows * n * 2);
+        tl_gpu_download(y0, dy0, (size_t)rows * n * 2);
+        int bad = 0, alone = 0;
+        for (int r = 0; r < rows; r++) {
+            double ss = 0, ref = 0, mag = 0;
+            for (int c = 0; c < n; c++) ss += (double)x[(size_t)r * n + c] * x[(size_t)r * n + c];
+            double inv = 1.0 / sqrt(ss / n + 1e-6);
+            for (int c = 0; c < n; c++) {
+                double gw = tl_bf16_to_f32(gq[c]) + (lo ? tl_bf16_to_f32(gq[n + c]) : 0.0);
+                double term = x[(size_t)r * n + c] * inv * w[c] * gw;
+                ref += term, mag += fabs(term);
+            }
+            bad += fabs(got[(size_t)r * ldg] - ref) > 1e-5 * mag + 1e-7;
+            CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2_dot(dy0, NULL, dx + (size_t)r * n, dw, 1, n, 1e-6f,
+                                                   &G, dg1, 1, NULL),
+                         0);
+            float one;
+            tl_gpu_download(&one, dg1, sizeof one);
+            alone += memcmp(&one, &got[(size_t)r * ldg], sizeof one) != 0;
+        }
+        int same = memcmp(y, y0, (size_t)rows * n * 2) == 0;
+        printf("# rmsnorm_bf16x2_dot %d x %d%s: %d dots off the double reference, %d rows alone "
+               "differ (want 0), planes as rmsnorm_bf16x2: %s\n",
+               rows, n, lo ? " (low plane)" : "", bad, alone, same ? "yes" : "no");
+        CHECK_EQ_INT(bad, 0);
+        CHECK_EQ_INT(alone, 0);
+        CHECK(same);
+        CHECK_EQ_INT(tl_gpu_rmsnorm_bf16x2_dot(dy, dl, dx, dw, rows, n, 1e-6f, NULL, dgo, 1, NULL),
+                     TL_ERR_INVALID);
+        free(got), free(y), free(y0);
+    }
+    tl_gpu_free(dg), tl_gpu_free(dy), tl_gpu_free(dl), tl_gpu_free(dy0), tl_gpu_free(dgo);
+    tl_gpu_free(dg1);
+    free(gf), free(gq);
+}
+
 /* The bf16 RMSNorms of the prefill path (k_norm.cu) against the host in double: rmsnorm_bf16x2 at
  * the model's width (the vectorised path) and at 200 columns (the strided one), its low plane
  * included; the gated norm of the GDN output with z read through the strided projection. Each
@@ -1931,6 +1991,7 @@ static void norms_bf16_rms_case(int rows, int n) {
            n, bad_hi, bad_lo);
     CHECK_EQ_INT(bad_hi, 0);
     CHECK_EQ_INT(bad_lo, 0);
+    norms_bf16_dot_case(dx, dw, x, w, rows, n);
     tl_gpu_free(dx), tl_gpu_free(dw), tl_gpu_free(dy), tl_gpu_free(dl);
     free(x), free(w), free(y), free(l);
 }
