@@ -22,6 +22,7 @@
 #define wg_smem_raw emu_smem
 #define wr_smem_raw emu_smem
 #define aw_smem_raw emu_smem
+#define rw_raw      emu_smem
 #include "cuda/k_attn_prefill.cu"
 #include "cuda/k_gemm.cu"
 #include "cuda/k_gemm_wgr.cu"
@@ -488,9 +489,9 @@ static void test_gdn_cols(void) {
     free(y1), free(y2), free(r1), free(rs1);
 }
 
-/* ---- the router GEMM (64 x 64 tiles) against a double product of the planes' sums ---- */
+/* ---- the router GEMM (64 x 64 mma.sync tiles, wgmma) against a double product of the planes' sums ---- */
 static void test_router_gemm(void) {
-    const int rows = 257, K = 256, n = 300; /* n past RT_SPLIT_MAX_T: no split */
+    const int rows = 257, K = 1024, n = 300; /* n past RT_SPLIT_MAX_T: no split; 16 k stages */
     uint16_t *xh = (uint16_t *)xmalloc((size_t)n * K * 2), *xl = (uint16_t *)xmalloc((size_t)n * K * 2);
     uint16_t *wh = (uint16_t *)xmalloc((size_t)rows * K * 2), *wl = (uint16_t *)xmalloc((size_t)rows * K * 2);
     for (size_t i = 0; i < (size_t)n * K; i++) {
@@ -503,8 +504,12 @@ static void test_router_gemm(void) {
     }
     tl_gpu_gemm_w W = {};
     W.w = wh, W.sb = (uint32_t *)wl, W.rows = rows, W.cols = K, W.bits = 16;
-    float *y64 = (float *)xmalloc((size_t)n * rows * 4);
+    float *y64 = (float *)xmalloc((size_t)n * rows * 4), *ywg = (float *)xmalloc((size_t)n * rows * 4);
+    tl_gpu_router_set_wg(0);
     CHECK_EQ_INT(tl_gpu_router_gemm(y64, rows, &W, xh, xl, n, NULL), 0);
+    tl_gpu_router_set_wg(1);
+    emu_smem_base = emu_smem;
+    CHECK_EQ_INT(tl_gpu_router_gemm(ywg, rows, &W, xh, xl, n, NULL), 0);
     double *ref = (double *)xmalloc((size_t)n * rows * 8);
     for (int t = 0; t < n; t++)
         for (int r = 0; r < rows; r++) {
@@ -514,10 +519,11 @@ static void test_router_gemm(void) {
                      ((double)bf2f(wh[(size_t)r * K + c]) + bf2f(wl[(size_t)r * K + c]));
             ref[(size_t)t * rows + r] = a;
         }
-    double e = nmse(y64, ref, (size_t)n * rows);
-    printf("# router 300 tokens x 257 rows: nmse %.2e\n", e);
+    double e = nmse(y64, ref, (size_t)n * rows), ew = nmse(ywg, ref, (size_t)n * rows);
+    printf("# router 300 tokens x 257 rows: nmse %.2e (mma.sync), %.2e (wgmma)\n", e, ew);
     CHECK(e < 1e-9);
-    free(xh), free(xl), free(wh), free(wl), free(y64), free(ref);
+    CHECK(ew < 1e-9);
+    free(xh), free(xl), free(wh), free(wl), free(y64), free(ywg), free(ref);
 }
 
 /* ---- qk_rope_kv (k_rope.cu, a warp a head) against a double RMSNorm + NeoX RoPE: 37 tokens at

@@ -48,6 +48,9 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
+    {"TL_ROUTER_WG=0", ENGINE_CMDS,
+     "CUDA: the router GEMM of micro-batches past 256 tokens (prefill chunks) on the mma.sync "
+     "64x64 tiles instead of wgmma (A/B)"},
     {"TL_GEMM_SPLITK_BLOCKS=N", ENGINE_CMDS,
      "CUDA: the split-K of decode batches' dense products doubles while a tile has fewer than N "
      "blocks (default 132, one wave; A/B)"},

@@ -2,6 +2,7 @@
  * GEMM-path counterpart of the decode router GEMV, keeping its precision with split bf16
  * planes (docs/architecture.md §5.2). */
 #include "cuda/cuda_common.cuh"
+#include "cuda/k_wgmma.cuh"
 
 /* router_mma_kernel<TM, TN>
  *   y[t, r] = sum_c (xh[t, c] + xl[t, c]) * (wh[r, c] + wl[r, c]),  r < W.rows, t < n_tok,
@@ -180,6 +181,141 @@ __global__ void __launch_bounds__(256)
         }
 }
 
+/* router_wg_kernel: router_mma_kernel's y for micro-batches past RT_SPLIT_MAX_T tokens (prefill
+ * chunks; TL_ROUTER_WG=0: the mma.sync kernel) on wgmma, at twice mma.sync's tensor rate.
+ * Threads: one warpgroup; the block owns 64 tokens x RW_N rows. LO: W has its low plane. Per
+ * 64-wide k stage the tiles xh, xl (64 x 64) and wh, wl (RW_N x 64) sit K-major with the 128-byte
+ * swizzle in shared memory (k_wgdesc.cuh) and each k16 step issues xh*wh, xl*wh, xh*wl as
+ * m64n128k16 wgmma from shared memory into one accumulator (the mma.sync kernel's three terms in
+ * its order); every output is one chain over k whatever the tile, so a token's result does not
+ * depend on n_tok. Pipeline: RW_STAGES slots of cp.async copies, RW_STAGES - 2 stages ahead of the
+ * one multiplied, whose wgmma stays in flight while the next stage's are issued (wg_wait<1>); the
+ * weights of the first stages are requested before the PDL wait (constant), the tokens after it.
+ * Grid: ceil(n_tok / 64) x ceil(rows / RW_N); one block an SM (193 KB): a 4K chunk's 128 blocks
+ *   are one wave, where the 64 x 64 mma.sync tiles (2 an SM) left 320 and then 256 blocks.
+ * Bytes: W once per 64 tokens, x once per 128 rows (from L2). Tested against the host double
+ * reference beside the mma.sync kernel (test_kernels.c: test_router_gemm; dev/emu/gemm_emu.sh). */
+#define RW_N      128
+#define RW_STAGES 4
+#define RW_XB     (64 * 128)   /* bytes of a token plane's tile in a stage */
+#define RW_WB     (RW_N * 128) /* bytes of a weight plane's tile */
+#define RW_STAGE  (2 * RW_XB + 2 * RW_WB)
+#define RW_SMEM   (RW_STAGES * RW_STAGE + 1024) /* + the 1024-byte alignment of the tiles */
+template <bool LO>
+__global__ void __launch_bounds__(128, 1)
+    router_wg_kernel(float *y, int ldy, tl_gpu_gemm_w W, const uint16_t *xh, const uint16_t *xl,
+                     int n_tok, int trig) {
+    extern __shared__ __align__(16) uint8_t rw_raw[];
+    uint8_t *sm = rw_raw + ((1024 - (smem_u32(rw_raw) & 1023)) & 1023);
+    const int tid = threadIdx.x, t0 = blockIdx.x * 64, r0 = blockIdx.y * RW_N, K = W.cols;
+    const int KT = K / RT_K;
+    const uint16_t *wh = (const uint16_t *)W.w, *wl = (const uint16_t *)W.sb;
+    /* 16-byte chunk i of a tile: row i / 8, chunk i % 8 of its 64 columns (zeros past the ends) */
+    auto load_w = [&](int slot, int kt) {
+        uint8_t *s = sm + slot * RW_STAGE + 2 * RW_XB;
+#pragma unroll
+        for (int i = tid; i < RW_N * 8; i += 128) {
+            int r = i >> 3, c = i & 7, row = r0 + r, ok = row < W.rows;
+            size_t off = (size_t)(ok ? row : 0) * K + kt * RT_K + c * 8;
+            cp_async16(s + wg_swz(r, c), wh + off, ok ? 16 : 0);
+            if (LO) cp_async16(s + RW_WB + wg_swz(r, c), wl + off, ok ? 16 : 0);
+        }
+    };
+    auto load_x = [&](int slot, int kt) {
+        uint8_t *s = sm + slot * RW_STAGE;
+#pragma unroll
+        for (int i = tid; i < 64 * 8; i += 128) {
+            int r = i >> 3, c = i & 7, t = t0 + r, ok = t < n_tok;
+            size_t off = (size_t)(ok ? t : 0) * K + kt * RT_K + c * 8;
+            cp_async16(s + wg_swz(r, c), xh + off, ok ? 16 : 0);
+            cp_async16(s + RW_XB + wg_swz(r, c), xl + off, ok ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < RW_STAGES - 2; s++)
+        if (s < KT) load_w(s, s);
+    pdl_enter(trig); /* the tokens come from the norm kernel before */
+#pragma unroll
+    for (int s = 0; s < RW_STAGES - 2; s++) {
+        if (s < KT) load_x(s, s);
+        cp_async_commit();
+    }
+    float acc[RW_N / 2];
+    const uint32_t sa = smem_u32(sm);
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<RW_STAGES - 3>(); /* this thread's copies of stage kt */
+        wg_fence_proxy();
+        __syncthreads(); /* everyone's; and the wgmma of stage kt - 2 are done (wg_wait<1>) */
+        int nk = kt + RW_STAGES - 2;
+        if (nk < KT) load_w(nk % RW_STAGES, nk), load_x(nk % RW_STAGES, nk);
+        cp_async_commit();
+        const uint32_t st = sa + (kt % RW_STAGES) * RW_STAGE;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < RT_K / 16; kk++) {
+            const uint64_t dxh = wg_desc(st + kk * 32), dxl = wg_desc(st + RW_XB + kk * 32);
+            const uint64_t dwh = wg_desc(st + 2 * RW_XB + kk * 32);
+            wg_mma_ss<RW_N>(acc, dxh, dwh, kt | kk); /* the first product starts the sums */
+            wg_mma_ss<RW_N>(acc, dxl, dwh, 1);
+            if (LO) wg_mma_ss<RW_N>(acc, dxh, wg_desc(st + 2 * RW_XB + RW_WB + kk * 32), 1);
+        }
+        wg_commit();
+        wg_wait<1>();
+    }
+    wg_wait<0>();
+    wg_pin(acc);
+    const int lane = tid & 31, w = tid >> 5;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = t0 + 16 * w + (lane >> 2) + 8 * h;
+        if (t >= n_tok) continue;
+        float *yr = y + (size_t)t * ldy;
+#pragma unroll
+        for (int j = 0; j < RW_N / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int r = r0 + 8 * j + 2 * (lane & 3) + e;
+                if (r < W.rows) yr[r] = acc[4 * j + 2 * h + e];
+            }
+    }
+}
+
+/* 1 unless TL_ROUTER_WG=0 (read once) or tl_gpu_router_set_wg: micro-batches past
+ * RT_SPLIT_MAX_T tokens (and every unsplit call: st NULL) run router_wg_kernel. */
+static int router_wg = -1;
+static int router_wg_on(void) {
+    if (router_wg < 0) router_wg = !tl_env_is("TL_ROUTER_WG", 0);
+    return router_wg;
+}
+extern "C" int tl_gpu_router_set_wg(int on) {
+    int was = router_wg_on();
+    router_wg = on != 0;
+    return was;
+}
+
+static int router_wg_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
+                            const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
+    static int attr_set;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(router_wg_kernel<true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 RW_SMEM) != cudaSuccess ||
+            cudaFuncSetAttribute(router_wg_kernel<false>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 RW_SMEM) != cudaSuccess)
+            return TL_ERR_CUDA;
+        attr_set = 1;
+    }
+    dim3 grid(CEIL_DIV(n_tok, 64), CEIL_DIV(W->rows, RW_N));
+    if (W->sb)
+        TL_LAUNCH(st, "router_wg", router_wg_kernel<true>, grid, dim3(128), RW_SMEM, y, ldy, *W, xh,
+                  xl, n_tok, tl_pdl_trig(st));
+    else
+        TL_LAUNCH(st, "router_wg", router_wg_kernel<false>, grid, dim3(128), RW_SMEM, y, ldy, *W,
+                  xh, xl, n_tok, tl_pdl_trig(st));
+    return 0;
+}
+
 template <int TM, int TN>
 static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                          const uint16_t *xl, int n_tok, int split, const tl_gpu_stream *st) {
@@ -203,5 +339,6 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st;
+    if (!split && router_wg_on()) return router_wg_launch(y, ldy, W, xh, xl, n_tok, st);
     return router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
 }

@@ -1,6 +1,7 @@
 /* The Hopper warpgroup MMA (wgmma) instructions the prefill GEMMs use (k_gemm.cu), as inline PTX:
  * the fences, the commit and wait of a wgmma group, m64n256k16 with both operands in shared
- * memory (descriptors), m64n64k16 likewise with a run-time scale-d, m64nNk16 (N = 32, 64, 96,
+ * memory (descriptors), m64n64k16 and m64n128k16 likewise with a run-time scale-d (the
+ * attention's S, the router), m64nNk16 (N = 32, 64, 96,
  * 128, 256) with A in registers, and m64n256k16 with A in registers and B N-major (wg_mma_rs_tb:
  * imm-trans-b 1, B described by wg_desc_mn). bf16 inputs, f32 accumulators, no scaling. The
  * descriptors and the swizzled tile layout they describe: k_wgdesc.cuh (wg_desc, wg_swz). The host
@@ -189,6 +190,29 @@ __device__ __forceinline__ void wg_mma_ss<64>(float *d, uint64_t da, uint64_t db
                    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
                    "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc_on));
+}
+
+template <>
+__device__ __forceinline__ void wg_mma_ss<128>(float *d, uint64_t da, uint64_t db, int acc_on) {
+    asm volatile("{\n.reg .pred sd;\nsetp.ne.b32 sd, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                 "}, %64, %65, sd, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(acc_on));
 }
 

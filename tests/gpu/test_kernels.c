@@ -127,11 +127,18 @@ static void router_case(int bits, int n_tok, int on_st) {
 
 static void test_router_gemm(void) {
     router_case(8, 37, 1); /* 8-bit router (MLX files): hi + lo planes; not a multiple of 16 */
-    router_case(8, 37, 0);
     router_case(8, 256, 1);
-    router_case(8, 300, 1);
-    router_case(0, 19, 1);  /* bf16 router: no low plane */
-    router_case(8, 700, 0); /* a prefill chunk's size: no split */
+    router_case(0, 19, 1); /* bf16 router: no low plane */
+    /* the unsplit calls on wgmma (the default) and on the mma.sync tiles */
+    for (int wg = 1; wg >= 0; wg--) {
+        printf("# unsplit router calls on %s\n", wg ? "wgmma" : "mma.sync");
+        int was = tl_gpu_router_set_wg(wg);
+        router_case(8, 37, 0);
+        router_case(8, 300, 1);
+        router_case(8, 700, 0); /* a prefill chunk's size: no split */
+        router_case(0, 333, 0);
+        tl_gpu_router_set_wg(was);
+    }
 }
 
 /* q4 GEMV: a token's outputs do not depend on the other tokens of its tile (the mma computes each
