@@ -51,9 +51,6 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_WG=0", ENGINE_CMDS,
      "CUDA: the router GEMM of micro-batches past 256 tokens (prefill chunks) on the mma.sync "
      "64x64 tiles instead of wgmma (A/B)"},
-    {"TL_GEMM_SPLITK_BLOCKS=N", ENGINE_CMDS,
-     "CUDA: the split-K of decode batches' dense products doubles while a tile has fewer than N "
-     "blocks (default 132, one wave; A/B)"},
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},
@@ -65,9 +62,6 @@ static const env_switch env_switches[] = {
     {"TL_Q4W_WIDE=0", ENGINE_CMDS,
      "CUDA: the q4w MoE GEMM on 8 warps of 16 weight rows (its first loop) instead of 4 warps of "
      "32 (A/B; same bits)"},
-    {"TL_Q4W_DOWN_R=1|2|4", ENGINE_CMDS,
-     "CUDA: 128-row blocks each block of the decode batches' MoE down-projection runs one after "
-     "the other (default 1; not measured yet) (A/B)"},
     {"TL_GEMV_SLICE=0|1|2", ENGINE_CMDS,
      "CUDA: 4-bit decode GEMVs of <= 8 tokens on the slice kernel with 1 or 2 blocks an SM; 0 "
      "(default): the persistent q4m kernel only (A/B; same bits)"},

@@ -394,14 +394,6 @@ template <int WCH> struct q4w_copy {
         if (tid < 32) cp_async16(sm + s_dst, s, 16);
         s += s_step;
     }
-    /* after an item's KT stages: the sources of the next 128 rows' first stage (row blocks of
-     * K = 64 KT words each, 16 a 128-row item; the scale rows 128 further; the same tokens) */
-    __device__ __forceinline__ void next_item(int KT) {
-#pragma unroll
-        for (int j = 0; j < WCH; j++) w[j] += (size_t)15 * 64 * KT;
-        s += 128 - (long long)KT * s_step; /* back to the item's first k stage */
-        a -= (size_t)KT * GM_BK;
-    }
 };
 
 /* The loop as first written (the narrow shape): each stage's copies addressed from its index. */
@@ -433,22 +425,17 @@ static __device__ __forceinline__ void q4w_loop_first(const q4w_copy<1> &cp, int
 }
 
 /* The lean loop (the wide shape): the ring run STAGES k stages an iteration (the slot a constant)
- * and the copies from running sources (one add each a stage). R items of 128 rows one after the
- * other (q4w_rows_of; R > 1 only when KT % STAGES == 0, so every item starts at slot 0): the ring
- * runs on across them, the next item's first stages in flight while epi(r) stores item r. */
-template <int NB, int MB, int THREADS, int R, int WCH, class Epi>
+ * and the copies from running sources (one add each a stage). */
+template <int NB, int MB, int THREADS, int WCH>
 static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH> cp, int KT,
                                                      float (&acc)[MB][NB][4], int wr0, int lane,
-                                                     int x_off, bool early, int trig, Epi epi) {
+                                                     int x_off, bool early, int trig) {
     typedef q4w_cfg C;
     extern __shared__ __align__(128) uint8_t gm_smem[];
-    const int tid = threadIdx.x, G = KT * R;
-    int left = KT; /* stages of the item being copied still to copy */
+    const int tid = threadIdx.x;
     /* the next stage to copy, into ring slot `stage` */
     auto load_next = [&](int stage) {
         cp.template next<THREADS>(gm_smem + stage * C::STAGE_BYTES, tid);
-        if constexpr (R > 1)
-            if (--left == 0) cp.next_item(KT), left = KT;
     };
     if (early) { /* gm_prologue's order: the weights, the wait, the tokens (group 0 holds all) */
 #pragma unroll
@@ -460,27 +447,22 @@ static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH> cp, int KT,
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < KT) {
             if (early)
-                cp.next_a(gm_smem + s * C::STAGE_BYTES, tid), left--;
+                cp.next_a(gm_smem + s * C::STAGE_BYTES, tid);
             else
                 load_next(s);
         }
         cp_async_commit();
     }
+    for (int kt0 = 0; kt0 < KT; kt0 += C::STAGES) {
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        for (int kt0 = 0; kt0 < KT; kt0 += C::STAGES) {
-#pragma unroll
-            for (int s = 0; s < C::STAGES; s++) {
-                if (kt0 + s >= KT) break; /* block-uniform */
-                cp_async_wait<C::STAGES - 2>();
-                __syncthreads();
-                if (r * KT + kt0 + s + C::STAGES - 1 < G)
-                    load_next((s + C::STAGES - 1) % C::STAGES);
-                cp_async_commit();
-                q4w_stage<NB, MB>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
-            }
+        for (int s = 0; s < C::STAGES; s++) {
+            if (kt0 + s >= KT) break; /* block-uniform */
+            cp_async_wait<C::STAGES - 2>();
+            __syncthreads();
+            if (kt0 + s + C::STAGES - 1 < KT) load_next((s + C::STAGES - 1) % C::STAGES);
+            cp_async_commit();
+            q4w_stage<NB, MB>(gm_smem + s * C::STAGE_BYTES, acc, wr0, lane, x_off);
         }
-        epi(r);
     }
 }
 
@@ -491,7 +473,7 @@ static __device__ __forceinline__ void q4w_loop_lean(q4w_copy<WCH> cp, int KT,
  * the narrow shape measured no faster (H100, decode batches 64 and 256: 2026-12-06), the wide
  * shape +2.2% / +0.9%. Both shapes make the same copies, products and sums in the same order:
  * the same bits. */
-template <int NB, bool WIDE, int R>
+template <int NB, bool WIDE>
 static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8_t *wb,
                                                  const uint32_t *sbb, const int32_t *perm, int m0,
                                                  int m_end, bool early) {
@@ -499,7 +481,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
     typedef q4w_shape<WIDE> M;
     constexpr int MB = M::MB, THREADS = M::THREADS, WCH = 256 / THREADS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n0 = blockIdx.x * 128 * R;
+    const int n0 = blockIdx.x * 128;
     const int KT = p.K / GM_BK / gridDim.z, kt_base = blockIdx.z * KT;
     q4w_copy<WCH> cp;
     /* tokens: threads 0..127 copy 16 bytes each, token row tid / 8, 16-byte column tid % 8 */
@@ -523,25 +505,15 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
      * 16-31 the same 16 columns further */
     const int x_off = (lane & 7) * GM_LDS + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16;
     float acc[MB][NB][4] = {};
-    /* item r's outputs (rows n0 + 128 r ..), then fresh sums for the next item */
-    auto epi = [&](int r) {
-#pragma unroll
-        for (int mb = 0; mb < MB; mb++) {
-            q4w_epilogue<NB>(p, acc[mb], m0, m_end, perm, n0 + 128 * r + (warp * MB + mb) * 16,
-                             lane >> 2, lane & 3);
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[mb][nb][c] = 0.0f;
-        }
-    };
-    if constexpr (WIDE) {
-        q4w_loop_lean<NB, MB, THREADS, R>(cp, KT, acc, warp * MB, lane, x_off, early, p.trig, epi);
-    } else {
+    if constexpr (WIDE)
+        q4w_loop_lean<NB, MB, THREADS>(cp, KT, acc, warp * MB, lane, x_off, early, p.trig);
+    else
         q4w_loop_first<NB, MB>(cp, KT, acc, warp * MB, lane, x_off, early, p.trig);
-        epi(0);
-    }
     cp_async_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++)
+        q4w_epilogue<NB>(p, acc[mb], m0, m_end, perm, n0 + (warp * MB + mb) * 16, lane >> 2,
+                         lane & 3);
 }
 
 /* The MoE of a decode batch (2-8 tokens per expert; NB 1 or 2 by the tile's token count). A token's
@@ -549,7 +521,7 @@ static __device__ __forceinline__ void q4w_block(const gemm_args &p, const uint8
  * alone stays bitwise. Not for the dense products: with 16- and 32-token q4w tiles they measured
  * no faster at 8-64 tokens and slower at 256 (decode batch 256: 9,290 -> 8,553 tok/s,
  * 2026-12-04), and one kernel must serve every batch size (they run the wgr kernel). */
-template <bool WIDE, int R>
+template <bool WIDE>
 __global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN_BLOCKS)
     gemm_q4w_kernel(gemm_args p) {
     const uint8_t *wb = p.w;
@@ -566,9 +538,9 @@ __global__ void __launch_bounds__(q4w_shape<WIDE>::THREADS, q4w_shape<WIDE>::MIN
         return;
     }
     if (m_end - m0 > 8) /* block-uniform */
-        q4w_block<2, WIDE, R>(p, wb, sbb, perm, m0, m_end, early);
+        q4w_block<2, WIDE>(p, wb, sbb, perm, m0, m_end, early);
     else
-        q4w_block<1, WIDE, R>(p, wb, sbb, perm, m0, m_end, early);
+        q4w_block<1, WIDE>(p, wb, sbb, perm, m0, m_end, early);
 }
 
 template <int BITS, int WM, int NJ, int MI>
@@ -795,18 +767,6 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
  * x 128 or 256 weight rows). */
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
-/* The 128-row items a block of the wide q4w kernel runs one after the other (q4w_loop_lean): 1,
- * or for the MoE down-projection TL_Q4W_DOWN_R = 2 or 4 (read once; default 1) where the rows
- * divide and every item's k stages fill whole rounds of the ring. Meant to halve or quarter the
- * per-block start (plan lookup, ring fill) that the down-projection's 8 k stages a block pay.
- * Not measured on a GPU yet (session 26); the same products and sums in the same order. */
-static int q4w_rows_of(const gemm_args *p) {
-    static int r = -1;
-    if (r < 0) r = tl_env_is("TL_Q4W_DOWN_R", 4) ? 4 : tl_env_is("TL_Q4W_DOWN_R", 2) ? 2 : 1;
-    int kt = p->K / GM_BK;
-    return p->mode == GM_MOE_SCATTER && p->N % (128 * r) == 0 && kt % q4w_cfg::STAGES == 0 ? r : 1;
-}
-
 /* 1 unless TL_Q4W_WIDE=0 (read once): gemm_q4w_kernel on its wide shape (q4w_shape). */
 static int q4w_wide_on(void) {
     static int on = -1;
@@ -814,22 +774,18 @@ static int q4w_wide_on(void) {
     return on;
 }
 
-template <bool WIDE, int R>
+template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    if (gm_smem_limit<gemm_q4w_kernel<WIDE, R>>(q4w_cfg::SMEM, true)) return TL_ERR_CUDA;
+    if (gm_smem_limit<gemm_q4w_kernel<WIDE>>(q4w_cfg::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
-    TL_LAUNCH(st, "gemm_q4w_moe", (gemm_q4w_kernel<WIDE, R>), dim3(p->N / (128 * R), grid_y),
+    TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE>, dim3(p->N / 128, grid_y),
               dim3(q4w_shape<WIDE>::THREADS), q4w_cfg::SMEM, *p);
     return 0;
 }
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    if (!q4w_wide_on()) return launch_q4w_as<false, 1>(p, grid_y, st);
-    int r = q4w_rows_of(p);
-    return r == 4   ? launch_q4w_as<true, 4>(p, grid_y, st)
-           : r == 2 ? launch_q4w_as<true, 2>(p, grid_y, st)
-                    : launch_q4w_as<true, 1>(p, grid_y, st);
+    return q4w_wide_on() ? launch_q4w_as<true>(p, grid_y, st) : launch_q4w_as<false>(p, grid_y, st);
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
@@ -911,24 +867,12 @@ static int splitk_cluster_on(void) {
     return on;
 }
 
-/* TL_GEMM_SPLITK_BLOCKS=N (read once): the split doubles while a tile's blocks are under N
- * instead of one wave (GM_SPLITK_SMS); an A/B of the block count against the SMs' load balance. */
-static int gemm_splitk_blocks(void) {
-    static int n = -1;
-    if (n < 0) {
-        const char *e = getenv("TL_GEMM_SPLITK_BLOCKS");
-        n = e && atoi(e) > 0 ? atoi(e) : GM_SPLITK_SMS;
-    }
-    return n;
-}
-
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
     static int off = -1;
     if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
     if (off || w->bits != 4) return 1;
     int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1, smax = splitk_cluster_on() ? 8 : 64;
-    int nb = gemm_splitk_blocks();
-    while (xb * s < nb && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
+    while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
     return s;
 }
 
