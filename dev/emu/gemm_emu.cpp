@@ -507,7 +507,7 @@ static void test_router_gemm(void) {
     float *y64 = (float *)xmalloc((size_t)n * rows * 4), *ywg = (float *)xmalloc((size_t)n * rows * 4);
     tl_gpu_router_set_wg(0);
     CHECK_EQ_INT(tl_gpu_router_gemm(y64, rows, &W, xh, xl, n, NULL), 0);
-    tl_gpu_router_set_wg(1);
+    tl_gpu_router_set_wg(2);
     emu_smem_base = emu_smem;
     CHECK_EQ_INT(tl_gpu_router_gemm(ywg, rows, &W, xh, xl, n, NULL), 0);
     double *ref = (double *)xmalloc((size_t)n * rows * 8);

@@ -48,9 +48,9 @@ static const env_switch env_switches[] = {
      "CUDA: chunked GDN prefill kernels (default tf32 tensor cores; fma: the old fp32 ones)"},
     {"TL_GEMM_SPLITK=0", ENGINE_CMDS,
      "CUDA: 4-bit GEMMs of decode batches (<= 256 tokens) without split-K (A/B; other rounding)"},
-    {"TL_ROUTER_WG=0", ENGINE_CMDS,
-     "CUDA: the router GEMM of micro-batches past 256 tokens (prefill chunks) on the mma.sync "
-     "64x64 tiles instead of wgmma (A/B)"},
+    {"TL_ROUTER_WG=0|2", ENGINE_CMDS,
+     "CUDA: the router GEMM of prefill chunks of >= 3072 tokens on the mma.sync 64x64 tiles "
+     "instead of wgmma (0), or every unsplit one on wgmma (2; A/B)"},
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},

@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(256)
         }
 }
 
-/* router_wg_kernel: router_mma_kernel's y for micro-batches past RT_SPLIT_MAX_T tokens (prefill
- * chunks; TL_ROUTER_WG=0: the mma.sync kernel) on wgmma, at twice mma.sync's tensor rate.
+/* router_wg_kernel: router_mma_kernel's y for micro-batches of at least RW_MIN_TOK tokens
+ * (prefill chunks; TL_ROUTER_WG=0: the mma.sync kernel) on wgmma, at twice mma.sync's tensor rate.
  * Threads: one warpgroup; the block owns 64 tokens x RW_N rows. LO: W has its low plane. Per
  * 64-wide k stage the tiles xh, xl (64 x 64) and wh, wl (RW_N x 64) sit K-major with the 128-byte
  * swizzle in shared memory (k_wgdesc.cuh) and each k16 step issues xh*wh, xl*wh, xh*wl as
@@ -280,16 +280,21 @@ __global__ void __launch_bounds__(128, 1)
     }
 }
 
-/* 1 unless TL_ROUTER_WG=0 (read once) or tl_gpu_router_set_wg: micro-batches past
- * RT_SPLIT_MAX_T tokens (and every unsplit call: st NULL) run router_wg_kernel. */
+/* Which unsplit calls run router_wg_kernel (TL_ROUTER_WG, read once, or tl_gpu_router_set_wg):
+ * 1 (default) those of at least RW_MIN_TOK tokens, 2 all, 0 none. Below ~3K tokens its grid
+ * (2 blocks per 64 tokens, one an SM) leaves SMs idle where the mma.sync tiles' (4 per 64 tokens,
+ * two an SM) do not: H100, prefill 1K 38,555 vs 38,295 tok/s, 2K 51,337 vs 51,125 (mma.sync vs
+ * wgmma, two rounds each); at 4K 55,770 vs 56,135, 16K 50,300 vs 50,700. */
+#define RW_MIN_TOK 3072
 static int router_wg = -1;
-static int router_wg_on(void) {
-    if (router_wg < 0) router_wg = !tl_env_is("TL_ROUTER_WG", 0);
+static int router_wg_mode(void) {
+    if (router_wg < 0)
+        router_wg = tl_env_is("TL_ROUTER_WG", 0) ? 0 : tl_env_is("TL_ROUTER_WG", 2) ? 2 : 1;
     return router_wg;
 }
-extern "C" int tl_gpu_router_set_wg(int on) {
-    int was = router_wg_on();
-    router_wg = on != 0;
+extern "C" int tl_gpu_router_set_wg(int mode) {
+    int was = router_wg_mode();
+    router_wg = mode < 0 || mode > 2 ? 1 : mode;
     return was;
 }
 
@@ -339,6 +344,8 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st;
-    if (!split && router_wg_on()) return router_wg_launch(y, ldy, W, xh, xl, n_tok, st);
+    int wg = router_wg_mode();
+    if (!split && (wg == 2 || (wg == 1 && n_tok >= RW_MIN_TOK)))
+        return router_wg_launch(y, ldy, W, xh, xl, n_tok, st);
     return router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
 }
