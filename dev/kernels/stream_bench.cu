@@ -11,7 +11,8 @@
  * set far beyond L2, best of REPEAT. A consumer reads every staged byte (an XOR into one word a
  * thread, written out), so no load is dead. Not part of any test run:
  *   make build/cuda/dev/stream_bench && build/cuda/dev/stream_bench
- * What it measured is in BENCHMARKS.md ("weight-stream layout"). */
+ * H100, session 27 (BENCHMARKS.md "2026-12-07 (session 27)"): the two orders within 3% of each
+ * other (2.7-3.0 TB/s; plain read 3.08): the experts' layout stays. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -74,20 +75,15 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, uin
     out[(size_t)blockIdx.x * 256 + threadIdx.x] = acc;
 }
 
-/* Best GB/s of REPEAT runs of one order over nb blocks of kt stages. */
-template <bool SM>
-static double run(const uint8_t *w, const uint8_t *sb, uint32_t *out, int nb, int kt) {
-    /* the ring needs 18 KB; 40 KB keeps 5 blocks an SM resident, as q4w's registers do */
-    size_t smem = 40 * 1024;
-    CU(cudaFuncSetAttribute(stream_kernel<SM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)smem));
+/* Best time of REPEAT runs of launch(), ms. */
+template <class F> static float best_ms(F launch) {
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     float best = 1e30f;
     for (int r = 0; r < REPEAT; r++) {
         CU(cudaEventRecord(e0));
-        stream_kernel<SM><<<nb, THREADS, smem>>>(w, sb, out, kt);
+        launch();
         CU(cudaEventRecord(e1));
         CU(cudaEventSynchronize(e1));
         float ms;
@@ -96,7 +92,18 @@ static double run(const uint8_t *w, const uint8_t *sb, uint32_t *out, int nb, in
     }
     CU(cudaEventDestroy(e0));
     CU(cudaEventDestroy(e1));
-    return (double)nb * kt * (STAGE_W + STAGE_S) / (best * 1e-3) / 1e9;
+    return best;
+}
+
+/* Best GB/s of one order over nb blocks of kt stages. */
+template <bool SM>
+static double run(const uint8_t *w, const uint8_t *sb, uint32_t *out, int nb, int kt) {
+    /* the ring needs 18 KB; 40 KB keeps 5 blocks an SM resident, as q4w's registers do */
+    size_t smem = 40 * 1024;
+    CU(cudaFuncSetAttribute(stream_kernel<SM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)smem));
+    float ms = best_ms([&] { stream_kernel<SM><<<nb, THREADS, smem>>>(w, sb, out, kt); });
+    return (double)nb * kt * (STAGE_W + STAGE_S) / (ms * 1e-3) / 1e9;
 }
 
 int main(void) {
@@ -114,23 +121,11 @@ int main(void) {
     CU(cudaGetDeviceProperties(&pr, dev));
     printf("# %s, %d SMs; 128 threads, %d-stage cp.async ring, 5 blocks an SM; GB/s best of %d\n",
            pr.name, pr.multiProcessorCount, STAGES, REPEAT);
-    {
-        cudaEvent_t e0, e1;
-        CU(cudaEventCreate(&e0));
-        CU(cudaEventCreate(&e1));
-        float best = 1e30f;
-        for (int r = 0; r < REPEAT; r++) {
-            CU(cudaEventRecord(e0));
-            read_kernel<<<pr.multiProcessorCount * 8, 256>>>((const uint4 *)w, bytes / 16, out);
-            CU(cudaEventRecord(e1));
-            CU(cudaEventSynchronize(e1));
-            float ms;
-            CU(cudaEventElapsedTime(&ms, e0, e1));
-            if (ms < best) best = ms;
-        }
-        printf("# plain read of 1 GB (uint4 a thread, grid stride): %.0f GB/s\n",
-               (double)bytes / (best * 1e-3) / 1e9);
-    }
+    float rd = best_ms([&] {
+        read_kernel<<<pr.multiProcessorCount * 8, 256>>>((const uint4 *)w, bytes / 16, out);
+    });
+    printf("# plain read of 1 GB (uint4 a thread, grid stride): %.0f GB/s\n",
+           (double)bytes / (rd * 1e-3) / 1e9);
     printf("| shape | stages a block | blocks | MB | tiled GB/s | stage-major GB/s |\n");
     printf("|---|---:|---:|---:|---:|---:|\n");
     const struct {
