@@ -1,8 +1,9 @@
 /* Shared by every .cu file of the CUDA backend: the one launch convention (TL_LAUNCH), the error
- * macros, and the device helpers every kernel uses (bf16 conversion, warp/block reductions,
- * programmatic dependent launch, cp.async, ldmatrix, the mma.sync wrappers (bf16, tf32), named
- * barriers, activations, the splitmix64 hash). Header-only; the only state is the read-once
- * TL_CUDA_SYNC switch. The 4-bit GEMV machinery shared by the GEMV and MoE kernels is in
+ * macros, a kernel's dynamic shared-memory limit raised once (smem_limit), and the device helpers
+ * every kernel uses (bf16 conversion, warp/block reductions, programmatic dependent launch,
+ * cp.async, ldmatrix, the mma.sync wrappers (bf16, tf32), named barriers, activations, the
+ * splitmix64 hash). Header-only; the only state is the read-once TL_CUDA_SYNC switch and
+ * smem_limit's once-flags. The 4-bit GEMV machinery shared by the GEMV and MoE kernels is in
  * k_q4m.cuh. */
 #ifndef TL_CUDA_COMMON_CUH
 #define TL_CUDA_COMMON_CUH
@@ -121,6 +122,22 @@ static inline int tl_launch_at(const char *file, int line, const char *name,
     TRY(tl_launch_at(__FILE__, __LINE__, name, st, cz, __VA_ARGS__))
 
 #define CEIL_DIV(a, b) (((a) + (b)-1) / (b))
+
+/* Raises kernel Kern's dynamic shared memory limit to bytes and, with max_carveout, asks for all
+ * of L1 as shared memory; once, before its first launch. 0 or TL_ERR_CUDA. */
+template <auto Kern> static int smem_limit(int bytes, bool max_carveout = false) {
+    static int set;
+    if (!set) {
+        if (cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
+                cudaSuccess ||
+            (max_carveout &&
+             cudaFuncSetAttribute(Kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess))
+            return TL_ERR_CUDA;
+        set = 1;
+    }
+    return 0;
+}
 
 /* Kernel setup inside the backend (tl_gpu_init calls each once, outside graph capture): the
  * dynamic shared-memory limits of the kernels that need more than 48 KB. */

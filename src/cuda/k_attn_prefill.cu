@@ -800,22 +800,10 @@ extern "C" int tl_gpu_attn_prefill(uint16_t *o, const tl_gpu_heads *q, const tl_
     if (kv->pages && (kv->page_tokens <= 0 || kv->page_tokens % AP_BK || kv->page_stride % 8))
         return TL_ERR_INVALID;
     if (n == 0) return 0;
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AP_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_wg_kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<false>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(attn_prefill_ws_kernel<true>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 AS_SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (smem_limit<attn_prefill_kernel>(AP_SMEM) || smem_limit<attn_prefill_wg_kernel>(AW_SMEM) ||
+        smem_limit<attn_prefill_ws_kernel<false>>(AS_SMEM) ||
+        smem_limit<attn_prefill_ws_kernel<true>>(AS_SMEM))
+        return TL_ERR_CUDA;
     dim3 grid((n + AP_BQ - 1) / AP_BQ, TL_N_HEAD);
     /* the warp-specialised kernel with P in registers unless TL_ATTN_WG=2 (warp-specialised, P
      * through shared memory: the default of sessions 22-23), 1 (one warpgroup a head) or 0

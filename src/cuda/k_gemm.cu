@@ -547,7 +547,7 @@ template <int BITS, int WM, int NJ, int MI>
 static int launch_gemm(const gemm_args *p, int grid_y, const tl_gpu_stream *st, int ksplit = 1) {
     typedef gm_cfg<BITS, WM, NJ, MI> C;
     /* all of L1 as shared memory: the 16-row tile runs 8 blocks an SM (launch bounds) */
-    if (gm_smem_limit<gemm_mma_kernel<BITS, WM, NJ, MI>>(C::SMEM, true)) return TL_ERR_CUDA;
+    if (smem_limit<gemm_mma_kernel<BITS, WM, NJ, MI>>(C::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid(p->N / C::BN, grid_y, ksplit);
@@ -753,7 +753,7 @@ __global__ void __launch_bounds__(128 * WGS, 1) gemm_wg_kernel(gemm_args p) {
 template <int BITS, int WGS>
 static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
     typedef wg_cfg<BITS, WGS> C;
-    if (gm_smem_limit<gemm_wg_kernel<BITS, WGS>>(C::SMEM)) return TL_ERR_CUDA;
+    if (smem_limit<gemm_wg_kernel<BITS, WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     dim3 grid((p->N + WG_BN - 1) / WG_BN, grid_y);
@@ -776,7 +776,7 @@ static int q4w_wide_on(void) {
 
 template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    if (gm_smem_limit<gemm_q4w_kernel<WIDE>>(q4w_cfg::SMEM, true)) return TL_ERR_CUDA;
+    if (smem_limit<gemm_q4w_kernel<WIDE>>(q4w_cfg::SMEM, true)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535) return TL_ERR_INVALID;
     TL_LAUNCH(st, "gemm_q4w_moe", gemm_q4w_kernel<WIDE>, dim3(p->N / 128, grid_y),

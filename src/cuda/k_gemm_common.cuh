@@ -1,6 +1,6 @@
 /* Private to the prefill GEMM kernels (k_gemm.cu, k_gemm_wgr.cu): the kernels' arguments, the
  * lookup of a block's token tile in the MoE plan, the epilogue's store of two outputs, the
- * cp.async prologue, the kernels' shared-memory limit, and the wgr kernel's launch. */
+ * cp.async prologue, and the wgr kernel's launch. */
 #ifndef TL_K_GEMM_COMMON_CUH
 #define TL_K_GEMM_COMMON_CUH
 
@@ -119,22 +119,6 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
         if (s < KT) load_a(s, s);
         cp_async_commit();
     }
-}
-
-/* Raises kernel Kern's dynamic shared memory limit to bytes and, with max_carveout, asks for all
- * of L1 as shared memory; once, before its first launch. 0 or TL_ERR_CUDA. */
-template <auto Kern> static int gm_smem_limit(int bytes, bool max_carveout = false) {
-    static int set;
-    if (!set) {
-        if (cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
-                cudaSuccess ||
-            (max_carveout &&
-             cudaFuncSetAttribute(Kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared) != cudaSuccess))
-            return TL_ERR_CUDA;
-        set = 1;
-    }
-    return 0;
 }
 
 /* The wgr kernel (k_gemm_wgr.cu) with wgs (2 or 4) warpgroups over `tiles` token tiles (grid y;

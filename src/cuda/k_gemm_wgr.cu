@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
 template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
     typedef wr_cfg<WGS> C;
-    if (gm_smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
+    if (smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
         (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)

@@ -298,40 +298,20 @@ extern "C" int tl_gpu_router_set_wg(int mode) {
     return was;
 }
 
+template <bool LO>
 static int router_wg_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                             const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(router_wg_kernel<true>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 RW_SMEM) != cudaSuccess ||
-            cudaFuncSetAttribute(router_wg_kernel<false>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 RW_SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (smem_limit<router_wg_kernel<LO>>(RW_SMEM)) return TL_ERR_CUDA;
     dim3 grid(CEIL_DIV(n_tok, 64), CEIL_DIV(W->rows, RW_N));
-    if (W->sb)
-        TL_LAUNCH(st, "router_wg", router_wg_kernel<true>, grid, dim3(128), RW_SMEM, y, ldy, *W, xh,
-                  xl, n_tok, tl_pdl_trig(st));
-    else
-        TL_LAUNCH(st, "router_wg", router_wg_kernel<false>, grid, dim3(128), RW_SMEM, y, ldy, *W,
-                  xh, xl, n_tok, tl_pdl_trig(st));
+    TL_LAUNCH(st, "router_wg", router_wg_kernel<LO>, grid, dim3(128), RW_SMEM, y, ldy, *W, xh, xl,
+              n_tok, tl_pdl_trig(st));
     return 0;
 }
 
 template <int TM, int TN>
 static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                          const uint16_t *xl, int n_tok, int split, const tl_gpu_stream *st) {
-    static int attr_set;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(router_mma_kernel<TM, TN>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 rt_cfg<TM, TN>::SMEM) != cudaSuccess)
-            return TL_ERR_CUDA;
-        attr_set = 1;
-    }
+    if (smem_limit<router_mma_kernel<TM, TN>>(rt_cfg<TM, TN>::SMEM)) return TL_ERR_CUDA;
     dim3 grid(CEIL_DIV(n_tok, TM), CEIL_DIV(W->rows, TN), split ? RT_SPLIT : 1);
     /* split: the RT_SPLIT blocks of a tile are one cluster (rt_cluster_sum) */
     TL_LAUNCH_CLUSTER(st, "router_mma", split ? RT_SPLIT : 1, router_mma_kernel<TM, TN>, grid,
@@ -346,6 +326,7 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
     int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st;
     int wg = router_wg_mode();
     if (!split && (wg == 2 || (wg == 1 && n_tok >= RW_MIN_TOK)))
-        return router_wg_launch(y, ldy, W, xh, xl, n_tok, st);
+        return W->sb ? router_wg_launch<true>(y, ldy, W, xh, xl, n_tok, st)
+                     : router_wg_launch<false>(y, ldy, W, xh, xl, n_tok, st);
     return router_launch<64, 64>(y, ldy, W, xh, xl, n_tok, split, st);
 }

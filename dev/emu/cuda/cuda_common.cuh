@@ -303,6 +303,7 @@ static inline float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x))
     } while (0)
 #define CUDA_TRY(x)               (void)(x)
 #define cudaFuncSetAttribute(...) 0
+template <auto Kern> static int smem_limit(int, bool = false) { return 0; }
 /* variadic: a kernel template's arguments hold commas */
 template <class K, class... A>
 static inline void emu_launch_kernel(K kern, dim3 grid, dim3 block, size_t shm, A... args) {
