@@ -26,6 +26,7 @@
 #include "cuda/k_attn_prefill.cu"
 #include "cuda/k_gemm.cu"
 #include "cuda/k_gemm_wgr.cu"
+#include "cuda/k_conv1d.cu"
 #include "cuda/k_gemv.cu"
 #include "cuda/k_moe.cu"
 #include "cuda/k_norm.cu"
@@ -165,6 +166,50 @@ static void dense_dec_case(int rows, int K, int flags) {
 static void test_dense_decode_batch(void) {
     dense_dec_case(256, 1024, 0);
     dense_dec_case(256, 512, TL_GEMM_SWIGLU);
+}
+
+/* ---- the conv1d fused into a GDN in-projection (tl_gpu_gemm_conv1d): the same bits as
+ * tl_gpu_gemm + tl_gpu_conv1d (conv outputs, state, the rows past C), last tiles of 1, 3 and
+ * more tokens */
+static void gemm_conv_case(int n, int rows, int K, int C) {
+    q4mat q = q4_random(&rs, rows, K);
+    float *xf = rand_vec(&rs, (size_t)n * K, 1.0f);
+    uint16_t *x = to_bf16(xf, (size_t)n * K);
+    float *cw = rand_vec(&rs, (size_t)C * 4, 0.5f), *st0 = rand_vec(&rs, (size_t)6 * C, 1.0f);
+    float *y[2], *out[2], *st[2];
+    float *edge = (float *)xmalloc(tl_gpu_gemm_conv1d_edge_floats(n, C) * 4);
+    int32_t meta[4] = {0, n, 1, 0};
+    tl_gpu_seqs sq = {};
+    sq.seg_tok0 = meta, sq.seg_n = meta + 1, sq.seg_slot = meta + 2, sq.seg_pos0 = meta + 3;
+    sq.n_tok = n, sq.n_seg = 1;
+    for (int f = 0; f < 2; f++) {
+        y[f] = (float *)xmalloc((size_t)n * rows * 4), out[f] = (float *)xmalloc((size_t)n * C * 4);
+        st[f] = (float *)xmalloc((size_t)6 * C * 4);
+        memcpy(st[f], st0, (size_t)6 * C * 4);
+        for (size_t i = 0; i < (size_t)n * rows; i++) y[f][i] = NAN;
+        for (size_t i = 0; i < (size_t)n * C; i++) out[f][i] = NAN;
+        emu_smem_base = emu_smem;
+        if (f) {
+            CHECK_EQ_INT(tl_gpu_gemm_conv1d(y[f], x, &q.m, n, out[f], st[f] + 3 * C, cw, C, edge, NULL), 0);
+        } else {
+            CHECK_EQ_INT(tl_gpu_gemm(y[f], x, &q.m, n, NULL, TL_GEMM_OUT_F32, NULL), 0);
+            CHECK_EQ_INT(tl_gpu_conv1d(out[f], st[f], y[f], rows, cw, C, &sq, NULL, NULL), 0);
+        }
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)n * C; i++) bad += memcmp(&out[0][i], &out[1][i], 4) != 0 || !isfinite(out[1][i]);
+    for (int t = 0; t < n; t++)
+        bad += memcmp(y[0] + (size_t)t * rows + C, y[1] + (size_t)t * rows + C, (size_t)(rows - C) * 4) != 0;
+    bad += memcmp(st[0], st[1], (size_t)6 * C * 4) != 0;
+    printf("# conv1d fused n=%d %dx%d C=%d: %zu differences\n", n, rows, K, C, bad);
+    CHECK_EQ_INT((int)bad, 0);
+    for (int f = 0; f < 2; f++) free(y[f]), free(out[f]), free(st[f]);
+    q4_free(&q), free(xf), free(x), free(cw), free(st0), free(edge);
+}
+static void test_gemm_conv1d(void) {
+    gemm_conv_case(257, 384, 256, 256);
+    gemm_conv_case(259, 384, 256, 256);
+    gemm_conv_case(300, 384, 256, 256);
 }
 
 /* ---- MoE: every tile through one plan ---- */
@@ -600,6 +645,7 @@ int main(void) {
     T_RUN(test_attention);
     T_RUN(test_dense_validated);
     T_RUN(test_dense_decode_batch);
+    T_RUN(test_gemm_conv1d);
     T_RUN(test_moe_small);
     T_RUN(test_moe_production);
     return t_summary();

@@ -6,5 +6,5 @@
 # Usage, from the repository root:  bash dev/emu/gemm_emu.sh   (~3 minutes; T_ONLY=name: the
 # matching tests; EMU_OPT='-O0 -g' EMU_RUN='gdb -batch -ex run -ex bt' to debug)
 exec bash dev/emu/emu.sh dev/emu/gemm_emu.cpp \
-    "k_q4m.cuh k_rms.cuh k_gemm.cuh k_gemm_common.cuh k_wgdesc.cuh k_gemm.cu k_gemm_wgr.cu k_gemv.cu k_moe.cu \
+    "k_q4m.cuh k_rms.cuh k_gemm.cuh k_gemm_common.cuh k_wgdesc.cuh k_gemm.cu k_gemm_wgr.cu k_conv1d.cu k_gemv.cu k_moe.cu \
     k_attn_prefill.cu k_norm.cu k_gdn_decode.cu k_router.cu k_rope.cu" "$@"

@@ -129,6 +129,7 @@ typedef struct cuda_be {
     float *gg, *gbeta, *shl;
     int32_t *plan;
     void *gdn_ws;
+    float *cv_edge; /* tl_gpu_gemm_conv1d's scratch (NULL without GDN layers) */
 
     /* batch metadata: device and pinned host copies of the same layout */
     int32_t *d_meta, *h_meta;

@@ -318,10 +318,19 @@ static int gdn_prefill(const layer_ctx *x, int slot, const seg_snap *sn) {
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
     int ld = be->ld_gdn_in, T = x->T, nv = c->gdn_n_v_head;
-    TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
-    if (sn->k) TRY(snap_conv(x, slot, 0, sn));
-    TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s, NULL,
-                      x->st));
+    /* the conv1d in the in-projection's epilogue, unless a snapshot needs the raw conv inputs */
+    float *cst = x->conv_st + (size_t)slot * 3 * be->conv_dim;
+    int rc = sn->k ? TL_ERR_UNSUPPORTED
+                   : tl_gpu_gemm_conv1d(be->proj, be->xb, &L->in, T, be->conv_out, cst, L->conv_w,
+                                        be->conv_dim, be->cv_edge, x->st);
+    if (rc == TL_ERR_UNSUPPORTED) {
+        TRY(tl_gpu_gemm(be->proj, be->xb, &L->in, T, NULL, TL_GEMM_OUT_F32, x->st));
+        if (sn->k) TRY(snap_conv(x, slot, 0, sn));
+        TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
+                          NULL, x->st));
+    } else {
+        TRY(rc);
+    }
     TRY(tl_gpu_gdn_gates(be->gg, be->gbeta, be->proj + x->a_off, be->proj + x->b_off, ld,
                          L->dt_bias, L->a_neg, T, x->st));
     TRY(gdn_chunk_cut(x, slot, 0, T, sn));

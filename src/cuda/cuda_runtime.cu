@@ -90,7 +90,7 @@ static void free_state(cuda_be *be) {
                   be->xb,         be->xlo,         be->yb,      be->hexp,      be->yslot,
                   be->hs,         be->ys,          be->gg,      be->gbeta,     be->shl,
                   be->plan,       be->gdn_ws,      be->gemm_ws, be->d_ptab,    be->d_rowslot,
-                  be->d_bias_ids, be->d_bias_vals, be->d_allow, be->d_rlogits};
+                  be->d_bias_ids, be->d_bias_vals, be->d_allow, be->d_rlogits, be->cv_edge};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) tl_gpu_free(ps[i]);
     void *hs[] = {be->h_meta,    be->h_ptab,    be->h_params,   be->h_keys,      be->h_out,
                   be->h_nprompt, be->h_rowslot, be->h_bias_ids, be->h_bias_vals, be->h_allow};
@@ -413,6 +413,8 @@ static int alloc_prefill(cuda_be *be, char *err, size_t errlen) {
     ALLOC(be->shl, float, T);
     ALLOC(be->plan, int32_t, tl_gpu_moe_pf_plan_ints((int)T));
     ALLOC(be->gdn_ws, char, tl_gpu_gdn_chunk_ws_bytes());
+    if (be->n_gdn > 0)
+        ALLOC(be->cv_edge, float, tl_gpu_gemm_conv1d_edge_floats((int)T, be->conv_dim));
     /* split-K partials (k_gemm.cu): the most any dense 4-bit product of a decode batch needs */
     size_t ws = 0;
     tl_gpu_gemm_w gus = be->L[0].gate_up, dns = be->L[0].down;

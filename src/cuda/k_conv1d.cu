@@ -1,6 +1,6 @@
 /* Short causal depthwise convolution (kernel 4) with a rolling state, + SiLU: the GDN input
  * mixing of docs/model.md §2.4 step 2. */
-#include "cuda/cuda_common.cuh"
+#include "cuda/k_gemm_common.cuh"
 
 /* conv1d_silu_kernel
  *   out[t, ch] = silu( sum_{k=0..3} w[ch, k] * c_{t-3+k}[ch] ),  c_t = in[t, ch] for the
@@ -72,5 +72,47 @@ extern "C" int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_i
     dim3 grid(CEIL_DIV(C, 256), s->n_seg, CEIL_DIV(longest, CV_CHUNK));
     TL_LAUNCH(st, "conv1d", conv1d_silu_kernel, grid, dim3(256), 0, out, state, in, ld_in, w, C, *s,
               r);
+    return 0;
+}
+
+/* conv1d_edges_kernel: the rest of a conv1d fused into the in-projection's wgr product
+ * (wr_store_conv, k_gemm_wgr.cu), which wrote every output but the first three tokens of each
+ * WR_NT-token tile. Thread (channel ch, tile j) computes tile j's first min(3, its tokens)
+ * outputs from raw inputs c_t (edge slots of the tile holding t; c_{-3..-1} = the old state);
+ * tile 0's thread then writes the new state c_{n-3..n-1} (after reading the old one, which no
+ * other thread reads). conv1d_silu_kernel's expression on the same values: the same bits.
+ * Bytes: 6 * C floats read a tile + 3 * C written, the state. */
+__device__ __forceinline__ float cv_edge_raw(const float *edge, const float *old, int C, int n,
+                                             int t) {
+    if (t < 0) return old[t + 3];
+    int j = t / WR_NT, o = t - j * WR_NT, len = min(WR_NT, n - j * WR_NT);
+    int slot = o < 3 ? o : 6 + o - len; /* o >= len - 3 here: every t asked lies at an edge */
+    return edge[((size_t)j * 6 + slot) * C];
+}
+
+__global__ void conv1d_edges_kernel(float *out, float *state, const float *edge, const float *w,
+                                    int C, int n, int trig) {
+    pdl_enter(trig);
+    int ch = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    if (ch >= C) return;
+    const float *ed = edge + ch;
+    float old[3] = {0.f, 0.f, 0.f};
+    float *st = state + ch;
+    if (j == 0) old[0] = st[0], old[1] = st[C], old[2] = st[2 * C];
+    float4 wv = *(const float4 *)(w + (size_t)ch * 4);
+    int t0 = j * WR_NT, t1 = min(n, t0 + 3);
+    for (int t = t0; t < t1; t++)
+        out[(size_t)t * C + ch] =
+            conv4_silu(wv, cv_edge_raw(ed, old, C, n, t - 3), cv_edge_raw(ed, old, C, n, t - 2),
+                       cv_edge_raw(ed, old, C, n, t - 1), cv_edge_raw(ed, old, C, n, t));
+    if (j == 0)
+        for (int k = 0; k < 3; k++) st[(size_t)k * C] = cv_edge_raw(ed, old, C, n, n - 3 + k);
+}
+
+int cb_conv1d_edges(float *out, float *state, const float *edge, const float *w, int C, int n,
+                    const tl_gpu_stream *st) {
+    if (n <= 0) return 0;
+    TL_LAUNCH(st, "conv1d_edges", conv1d_edges_kernel, dim3(CEIL_DIV(C, 256), CEIL_DIV(n, WR_NT)),
+              dim3(256), 0, out, state, edge, w, C, n, tl_pdl_trig(st));
     return 0;
 }

@@ -949,6 +949,14 @@ static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok) {
     return f < 0 && n_tok >= min_tok ? *cached : 0;
 }
 
+/* The wgr kernel's warpgroups for a dense product of n tokens, 0 for another kernel: past the
+ * decode batches' split path (<= 256 tokens; chunks of 257-511 tokens ran the mma.sync 64x128
+ * tile until session 25, 15% slower at a 320-token prefill, H100). */
+static int dense_wgr_of(const tl_gpu_gemm_w *w, int n) {
+    static int dense_wgr = -1;
+    return w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, TL_GEMM_SPLITK_MAX_N + 1) : 0;
+}
+
 extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
                            int flags, const tl_gpu_stream *st) {
     if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
@@ -967,11 +975,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     p.trig = tl_pdl_trig(st);
-    static int dense_wgr = -1;
-    /* past the decode batches' split path (<= 256 tokens): chunks of 257-511 tokens ran the
-     * mma.sync 64x128 tile until session 25, 15% slower at a 320-token prefill (H100) */
-    int wgs =
-        w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, TL_GEMM_SPLITK_MAX_N + 1) : 0;
+    int wgs = dense_wgr_of(w, n);
     if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
     int ws_ok = ks == 1 || (st && st->ws && tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes);
@@ -992,6 +996,45 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
         return splitk_reduce(&p, ks, st);
     }
     return gemm_launch(&p, w->bits, tile, (n + bm - 1) / bm, st);
+}
+
+/* ====== A GDN in-projection with its conv1d (a prefill chunk of one sequence). ======
+ * note: the conv1d kernel moved 8 bytes a conv column and token through DRAM (the projection's f32
+ * output read back, its output written: 3.3 ms of a 4K prefill, H100 session 23) that the wgr
+ * product already holds in shared memory in its epilogue. 1 unless TL_GEMM_CONV=0 (A/B). */
+static int gemm_conv_on(void) {
+    static int on = -1;
+    if (on < 0) on = !tl_env_is("TL_GEMM_CONV", 0);
+    return on;
+}
+
+extern "C" size_t tl_gpu_gemm_conv1d_edge_floats(int max_n, int C) {
+    return (size_t)((max_n + WR_NT - 1) / WR_NT) * 6 * C;
+}
+
+extern "C" int tl_gpu_gemm_conv1d(float *y, const uint16_t *x, const tl_gpu_gemm_w *w, int n,
+                                  float *conv_out, float *conv_state, const float *conv_w, int C,
+                                  float *edge, const tl_gpu_stream *st) {
+    if (n < 0 || !gemm_w_ok(w) || !y || !x || !conv_out || !conv_state || !conv_w || !edge ||
+        C <= 0 || C > w->rows)
+        return TL_ERR_INVALID;
+    int wgs = dense_wgr_of(w, n);
+    if (!gemm_conv_on() || !wgs || C % (64 * wgs)) return TL_ERR_UNSUPPORTED;
+    gemm_args p = {};
+    p.x = x;
+    p.w = (const uint8_t *)w->w;
+    p.sb = (const uint32_t *)w->sb;
+    p.y = y;
+    p.M = n;
+    p.N = w->rows;
+    p.K = w->cols;
+    p.ldy = w->rows;
+    p.flags = TL_GEMM_OUT_F32;
+    p.mode = GM_DENSE;
+    p.trig = tl_pdl_trig(st);
+    p.cv_out = conv_out, p.cv_edge = edge, p.cv_w = conv_w, p.cv_C = C;
+    TRY(cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st));
+    return cb_conv1d_edges(conv_out, conv_state, edge, conv_w, C, n, st);
 }
 
 /* ====== The MoE grouped GEMM (k_gemm.cuh; the plan and combine are in k_moe.cu). ====== */

@@ -27,6 +27,14 @@ typedef struct gemm_args {
     int n_sh; /* MoE: 0, or the tokens whose shared expert (expert 256 of w) runs as plan rows
                * M .. M + n_sh - 1 after the routed ones (gm_tile, gm_asg) */
     int trig; /* pdl_enter's: trigger the successor after the wait (tl_pdl_trig) */
+    /* conv1d fused into a dense wgr product (tl_gpu_gemm_conv1d; cv_C 0: none): output rows
+     * r < cv_C are the conv's inputs: cv_out [M][cv_C] gets the conv1d + SiLU of each token past
+     * its tile's first three (wr_store_conv), cv_edge [tile][6][cv_C] the raw values of each
+     * tile's first and last three tokens (cb_conv1d_edges finishes from them); y gets rows >= cv_C
+     */
+    float *cv_out, *cv_edge;
+    const float *cv_w; /* [cv_C][4] */
+    int cv_C;
 } gemm_args;
 
 /* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
@@ -126,5 +134,11 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
  * when ksplit > 1: raw partials for gemm_splitk_reduce). */
 #define WR_NT 128
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st);
+
+/* The conv1d outputs a fused product (gemm_args.cv_*) left out, its first three tokens of each
+ * WR_NT-token tile, from the tiles' edge values and the old conv state [3][C] of the one segment
+ * (tokens 0 .. n - 1); then the state becomes the last three inputs (k_conv1d.cu). */
+int cb_conv1d_edges(float *out, float *state, const float *edge, const float *w, int C, int n,
+                    const tl_gpu_stream *st);
 
 #endif

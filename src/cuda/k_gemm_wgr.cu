@@ -39,7 +39,8 @@
  *   replaced cost more than the MoE down-projection's 8-stage main loop); with split-K (dense
  *   products of decode batches: k_gemm.cu) the raw sums of blockIdx.z's share of K go to the
  *   workspace (p.ws; gemm_splitk_reduce applies the epilogue) or, the default, stay in shared
- *   memory and the tile's cluster sums them (wr_cluster_reduce).
+ *   memory and the tile's cluster sums them (wr_cluster_reduce); a GDN in-projection's conv
+ *   columns go through the conv1d on the way out (wr_store_conv, tl_gpu_gemm_conv1d).
  * PDL: a dense product requests its first weight stages before waiting for the previous kernel
  *   (gm_prologue's order); the MoE waits first (its plan comes from the previous kernel).
  * bytes: per block W of its 64 WGS rows once, the tile's tokens once (from L2); Y written once.
@@ -164,6 +165,34 @@ static __device__ __forceinline__ void wr_store_full(const gemm_args &p, const f
     }
 }
 
+/* The stores of a conv block of a fused in-projection (gemm_args.cv_*; dense, unsplit, no
+ * SwiGLU, every column a conv input): wr_store_full's walk, but token tok's pair goes through the
+ * conv1d + SiLU over tokens tok - 3 .. tok of the shared tile (conv4_silu, conv1d_silu_kernel's
+ * expression on the same f32 values: the same bits) into cv_out; the first three tokens, whose
+ * predecessors lie in the previous tile, are left to cb_conv1d_edges, which reads the raw values
+ * of every tile's first and last three tokens from cv_edge (slots 0-2 and 3-5). */
+template <int NCOL, int THREADS>
+static __device__ __forceinline__ void wr_store_conv(const gemm_args &p, const float *so, int c0,
+                                                     int m0, int ntok, int tid) {
+    constexpr int PAIRS = NCOL / 2, STEP = THREADS / PAIRS, LDS = NCOL + 4;
+    static_assert(THREADS % PAIRS == 0, "whole token rows a round");
+    const int c = 2 * (tid % PAIRS), C = p.cv_C;
+    const float4 w0 = *(const float4 *)(p.cv_w + (size_t)(c0 + c) * 4);
+    const float4 w1 = *(const float4 *)(p.cv_w + (size_t)(c0 + c + 1) * 4);
+    float *edge = p.cv_edge + (size_t)blockIdx.y * 6 * C + c0 + c;
+    for (int tok = tid / PAIRS; tok < ntok; tok += STEP) {
+        const float2 v = *(const float2 *)(so + tok * LDS + c);
+        if (tok < 3) *(float2 *)(edge + (size_t)tok * C) = v;
+        if (tok >= ntok - 3) *(float2 *)(edge + (size_t)(6 + tok - ntok) * C) = v;
+        if (tok < 3) continue;
+        const float2 a = *(const float2 *)(so + (tok - 3) * LDS + c);
+        const float2 b = *(const float2 *)(so + (tok - 2) * LDS + c);
+        const float2 d = *(const float2 *)(so + (tok - 1) * LDS + c);
+        *(float2 *)(p.cv_out + (size_t)(m0 + tok) * C + c0 + c) =
+            make_float2(conv4_silu(w0, a.x, b.x, d.x, v.x), conv4_silu(w1, a.y, b.y, d.y, v.y));
+    }
+}
+
 /* Stores a block's outputs: acc (NT tokens as the wgmma N) -> shared tile -> y rows. tid: the
  * thread among the C::THREADS that hold accumulators (warp tid / 32 owns rows 16 (tid / 32) ..);
  * sync: their barrier. The tile's output rows (srow, after the tile) are looked up once, before
@@ -199,6 +228,8 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
     const int nout = swiglu ? p.N / 2 : p.N; /* dense rows need not fill the last block */
     const int pairs = min(ncol, nout - c0) / 2;
     float *wz = p.ws ? p.ws + (size_t)blockIdx.z * p.M * p.N : NULL; /* dense only */
+    if (p.cv_C && c0 < p.cv_C) /* host-checked: dense, unsplit, cv_C % BN == 0 */
+        return wr_store_conv<C::BN, C::THREADS>(p, so, c0, m0, ntok, tid);
     if (!wz && 2 * pairs == ncol) {
         if (swiglu) return wr_store_full<C::BN / 2, C::THREADS>(p, so, srow, c0, ntok, tid);
         return wr_store_full<C::BN, C::THREADS>(p, so, srow, c0, ntok, tid);

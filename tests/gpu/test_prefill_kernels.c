@@ -1017,6 +1017,83 @@ static void test_gdn_chunk_matches_recurrence(void) {
     gdn_case(2048 + 64 + 5, 1); /* more than one workspace segment */
 }
 
+/* ====== The conv1d fused into the GDN in-projection (tl_gpu_gemm_conv1d) ======
+ * Against the two calls it replaces (tl_gpu_gemm + tl_gpu_conv1d), bit for bit: the conv outputs,
+ * the conv state after the segment and the projection's rows past C; token counts with a last
+ * tile of 1, 2, 3 and more tokens, a state of random values (slot 1 of 2). The unfused conv1d is
+ * itself checked against the CPU oracle (test_kernels.c: test_conv1d). */
+static void gemm_conv_case(int n, int rows, int K, int C) {
+    mlx_host m;
+    mlx_rand(&m, rows, K);
+    tl_gpu_gemm_w w = q4_upload(&m, 1, rows);
+    uint16_t *xb = xmalloc((size_t)n * K * 2);
+    rand_bf16(xb, NULL, (size_t)n * K, 1.0f);
+    float *cw = xmalloc((size_t)C * 4 * 4), *st0 = xmalloc((size_t)2 * 3 * C * 4);
+    for (size_t i = 0; i < (size_t)C * 4; i++) cw[i] = 0.5f * t_randf(&rng);
+    for (size_t i = 0; i < (size_t)2 * 3 * C; i++) st0[i] = t_randf(&rng);
+    void *dx = dup_to_dev(xb, (size_t)n * K * 2);
+    float *dcw = dup_to_dev(cw, (size_t)C * 16), *dst = dup_to_dev(st0, (size_t)6 * C * 4);
+    size_t ysz = (size_t)n * rows * 4, osz = (size_t)n * C * 4;
+    float *dy = dmalloc(ysz), *dout = dmalloc(osz);
+    float *dedge = dmalloc(tl_gpu_gemm_conv1d_edge_floats(n, C) * 4);
+    int32_t meta[4] = {0, n, 1, 0}; /* seg_tok0, seg_n, seg_slot, seg_pos0 */
+    int32_t *dm = dup_to_dev(meta, sizeof meta);
+    tl_gpu_seqs sq = {0};
+    sq.seg_tok0 = dm, sq.seg_n = dm + 1, sq.seg_slot = dm + 2, sq.seg_pos0 = dm + 3;
+    sq.n_tok = n, sq.n_seg = 1;
+    float *y[2], *out[2], *stt[2];
+    for (int fused = 0; fused < 2; fused++) {
+        y[fused] = xmalloc(ysz), out[fused] = xmalloc(osz), stt[fused] = xmalloc((size_t)24 * C);
+        CU(cudaMemcpy(dst, st0, (size_t)6 * C * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dy, 0xff, ysz));
+        CU(cudaMemset(dout, 0xff, osz)); /* NaN poison: every output must be written */
+        if (fused) {
+            CHECK_EQ_INT(tl_gpu_gemm_conv1d(dy, dx, &w, n, dout, dst + 3 * C, dcw, C, dedge, NULL),
+                         0);
+        } else {
+            CHECK_EQ_INT(tl_gpu_gemm(dy, dx, &w, n, NULL, TL_GEMM_OUT_F32, NULL), 0);
+            CHECK_EQ_INT(tl_gpu_conv1d(dout, dst, dy, rows, dcw, C, &sq, NULL, NULL), 0);
+        }
+        to_host(y[fused], dy, ysz);
+        to_host(out[fused], dout, osz);
+        to_host(stt[fused], dst, (size_t)24 * C);
+    }
+    size_t bad_out = 0, bad_y = 0, bad_st = 0;
+    for (size_t i = 0; i < (size_t)n * C; i++)
+        bad_out += memcmp(&out[0][i], &out[1][i], 4) != 0 || !isfinite(out[1][i]);
+    for (int t = 0; t < n; t++)
+        for (int r = C; r < rows; r++) {
+            size_t i = (size_t)t * rows + r;
+            bad_y += memcmp(&y[0][i], &y[1][i], 4) != 0 || !isfinite(y[1][i]);
+        }
+    bad_st = memcmp(stt[0], stt[1], (size_t)24 * C) != 0;
+    printf("  conv1d fused n=%d %dx%d C=%d: outputs differing %zu, rows past C %zu, state %zu\n", n,
+           rows, K, C, bad_out, bad_y, bad_st);
+    CHECK(bad_out == 0 && bad_y == 0 && bad_st == 0);
+    for (int f = 0; f < 2; f++) free(y[f]), free(out[f]), free(stt[f]);
+    mlx_free(&m), free(xb), free(cw), free(st0);
+    cudaFree(dx), cudaFree(dcw), cudaFree(dst), cudaFree(dy), cudaFree(dout), cudaFree(dedge);
+    cudaFree(dm), cudaFree((void *)w.w), cudaFree((void *)w.sb);
+}
+
+static void test_gemm_conv1d(void) {
+    static const int ns[] = {257, 258, 259, 300, 385, 640};
+    for (int i = 0; i < 6; i++) gemm_conv_case(ns[i], 512, 512, 256);
+    gemm_conv_case(1000, 12416, 2048, 8192); /* the model's in-projection and conv */
+    /* where the fused path does not apply: the caller's two calls */
+    mlx_host m;
+    mlx_rand(&m, 256, 256);
+    tl_gpu_gemm_w w = q4_upload(&m, 1, 256);
+    float *d = dmalloc(4096);
+    uint16_t *dx = dmalloc(4096);
+    CHECK_EQ_INT(tl_gpu_gemm_conv1d(d, dx, &w, 256, d, d, d, 128, d, NULL), TL_ERR_UNSUPPORTED);
+    setenv("TL_GEMM_TILE", "1", 1);
+    CHECK_EQ_INT(tl_gpu_gemm_conv1d(d, dx, &w, 300, d, d, d, 128, d, NULL), TL_ERR_UNSUPPORTED);
+    unsetenv("TL_GEMM_TILE");
+    CHECK_EQ_INT(tl_gpu_gemm_conv1d(d, dx, &w, 300, d, d, d, 64, d, NULL), TL_ERR_UNSUPPORTED);
+    mlx_free(&m), cudaFree(d), cudaFree(dx), cudaFree((void *)w.w), cudaFree((void *)w.sb);
+}
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -1030,6 +1107,7 @@ int main(void) {
     T_RUN(test_gemm_q4_matches_oracle);
     T_RUN(test_gemm_epilogues);
     T_RUN(test_gemm_splitk);
+    T_RUN(test_gemm_conv1d);
     T_RUN(test_moe_plan);
     T_RUN(test_moe_combine_norm);
     T_RUN(test_moe_grouped_matches_oracle);
