@@ -47,17 +47,18 @@
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
-/* WGS warpgroups of 64 weight rows: BN rows a block; a stage holds the token tile (WR_NT tokens
- * x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; the f32
- * output tile [WR_NT tokens][BN + 4] reuses the stages (and sets the size when larger). */
-template <int WGS> struct wr_cfg {
+/* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT, or 64
+ * for the MoE of short chunks: wr_moe64_max); a stage holds the token tile (NTM tokens x 64 k,
+ * bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST stages; the f32
+ * output tile [NTM tokens][BN + 4] reuses the stages (and sets the size when larger). */
+template <int WGS_, int NTM_ = WR_NT, int ST_ = WR_STAGES> struct wr_cfg {
+    static constexpr int WGS = WGS_, NTM = NTM_, ST = ST_;
     static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
-    static constexpr int X_BYTES = WR_NT * 128, Q_BYTES = BN * GM_BK / 2;
+    static constexpr int X_BYTES = NTM * 128, Q_BYTES = BN * GM_BK / 2;
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
-    static constexpr int OUT_BYTES = WR_NT * (BN + 4) * 4;
+    static constexpr int OUT_BYTES = NTM * (BN + 4) * 4;
     static constexpr int SMEM =
-        (WR_STAGES * STAGE_BYTES > OUT_BYTES + WR_NT * 4 ? WR_STAGES * STAGE_BYTES
-                                                         : OUT_BYTES + WR_NT * 4) +
+        (ST * STAGE_BYTES > OUT_BYTES + NTM * 4 ? ST * STAGE_BYTES : OUT_BYTES + NTM * 4) +
         1024; /* + the output rows (wr_epilogue's srow) + alignment slack */
 };
 
@@ -66,9 +67,8 @@ template <int WGS> struct wr_cfg {
 struct wr_words {
     uint32_t wl[2], wu[2], sl, su;
 };
-template <int WGS>
+template <class C>
 static __device__ __forceinline__ wr_words wr_load_words(const uint8_t *stage, int r0, int lane) {
-    typedef wr_cfg<WGS> C;
     const uint32_t *sQ = (const uint32_t *)(stage + C::X_BYTES), *sS = sQ + C::Q_BYTES / 4;
     wr_words q;
 #pragma unroll
@@ -251,8 +251,7 @@ static __device__ __forceinline__ void wr_epilogue(const gemm_args &p, float (&a
  * MoE gathers read their token's row), the weight chunks i + NTHR h (row block c >> 4, 16 bytes
  * c & 15 of its 256; rows past N load zeros) and, for i < BN / 4, the scale/bias words of rows
  * 4i .. 4i + 3. kb: the block's first k tile (split-K). */
-template <int WGS, int NT, int NTHR> struct wr_stream {
-    typedef wr_cfg<WGS> C;
+template <class C, int NT, int NTHR> struct wr_stream {
     static constexpr int XC = (NT * 8 + NTHR - 1) / NTHR, WC = 2 * C::BN / NTHR;
     const uint16_t *xb; /* the chunks' column in the next k tile; chunk j's row at xo[j] */
     int xo[XC];
@@ -310,16 +309,16 @@ template <int WGS, int NT, int NTHR> struct wr_stream {
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). The ring runs
  * STAGES steps an iteration, so stage offsets and the wgmma descriptors are constants past one
  * base (a descriptor's address field is the shared address / 16: the offset adds to it). */
-template <int WGS, int NT>
+template <class C, int NT>
 static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *smem,
                                                 const uint8_t *wb, const uint32_t *sbb,
                                                 const int32_t *perm, int m0, int m_end) {
-    typedef wr_cfg<WGS> C;
-    constexpr int S = WR_STAGES;
+    static_assert(NT <= C::NTM, "the stage holds NTM tokens");
+    constexpr int S = C::ST;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r0 = warp * 16;
     const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
-    wr_stream<WGS, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, kb);
+    wr_stream<C, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, kb);
     /* gm_prologue's order: the weights of stages 0 .. S - 2, the wait (dense), then the tokens */
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
@@ -344,7 +343,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
             cp_async_wait<S - 2>(); /* tile kt */
             wg_fence_proxy();
             __syncthreads();
-            const wr_words q = wr_load_words<WGS>(smem + s * C::STAGE_BYTES, r0, lane);
+            const wr_words q = wr_load_words<C>(smem + s * C::STAGE_BYTES, r0, lane);
             wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
             uint32_t af[4][4];
             wr_afrag(af, q);
@@ -366,12 +365,13 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     wg_wait<0>();
     cp_async_wait<0>();
     __syncthreads(); /* the stages become the output tile */
-    wr_epilogue<WGS, NT>(p, acc, (float *)smem, perm, m0, m_end, threadIdx.x,
-                         [] { __syncthreads(); });
+    wr_epilogue<C::WGS, NT>(p, acc, (float *)smem, perm, m0, m_end, threadIdx.x,
+                            [] { __syncthreads(); });
 }
 
-template <int WGS>
+template <int WGS, int NTM = WR_NT, int ST = WR_STAGES>
 __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
+    typedef wr_cfg<WGS, NTM, ST> C;
     extern __shared__ uint8_t wr_smem_raw[];
     /* aligned by an offset, so the compiler still sees a shared-memory pointer (an integer round
      * trip made every stage read a generic load, the shared window's base recomputed each step) */
@@ -381,39 +381,52 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     const int32_t *perm;
     int m0, m_end;
     if (p.mode != GM_DENSE) pdl_enter(p.trig); /* the MoE plan; a dense product waits in wr_block */
-    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
-    int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
-    if (nc == 4)
-        wr_block<WGS, 128>(p, smem, wb, sbb, perm, m0, m_end);
-    else if (nc == 3)
-        wr_block<WGS, 96>(p, smem, wb, sbb, perm, m0, m_end);
-    else if (nc == 2)
-        wr_block<WGS, 64>(p, smem, wb, sbb, perm, m0, m_end);
+    if (!gm_tile<4, NTM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    int nc = (min(m_end - m0, NTM) + 31) / 32; /* block-uniform */
+    if constexpr (NTM == 128) {
+        if (nc == 4) return wr_block<C, 128>(p, smem, wb, sbb, perm, m0, m_end);
+        if (nc == 3) return wr_block<C, 96>(p, smem, wb, sbb, perm, m0, m_end);
+    }
+    if (nc == 2)
+        wr_block<C, 64>(p, smem, wb, sbb, perm, m0, m_end);
     else
-        wr_block<WGS, 32>(p, smem, wb, sbb, perm, m0, m_end);
+        wr_block<C, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
  * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
-template <int WGS>
+template <int WGS, int NTM = WR_NT, int ST = WR_STAGES>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
-    typedef wr_cfg<WGS> C;
-    if (smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
+    typedef wr_cfg<WGS, NTM, ST> C;
+    auto kern = gemm_wgr_kernel<WGS, NTM, ST>;
+    if (smem_limit<gemm_wgr_kernel<WGS, NTM, ST>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
         (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)
         return TL_ERR_INVALID;
     dim3 grid((p->N + C::BN - 1) / C::BN, grid_y, ksplit);
     if (ksplit > 1 && !p->ws)
-        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, gemm_wgr_kernel<WGS>, grid,
-                          dim3(C::THREADS), C::SMEM, *p);
+        TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, kern, grid, dim3(C::THREADS), C::SMEM,
+                          *p);
     else
-        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", gemm_wgr_kernel<WGS>, grid,
-                  dim3(C::THREADS), C::SMEM, *p);
+        TL_LAUNCH(st,
+                  p->mode == GM_DENSE ? "gemm_wgr"
+                  : NTM == 64         ? "gemm_wgr_moe64"
+                                      : "gemm_wgr_moe",
+                  kern, grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
     return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
                     : launch_gemm_wgr<4>(p, tiles, ksplit, st);
+}
+
+/* The MoE of a short chunk on 64-token tiles (the plan's 64-row tiles) with a WR64_STAGES-deep
+ * ring: a 64-token stage is 12 KB instead of 20, so twice the weight stages are in flight in the
+ * same shared memory (two blocks an SM either way), for chunks whose experts hold few tokens each
+ * and whose weights, streamed once, are the floor. */
+#define WR64_STAGES 8
+int cb_gemm_wgr64(const gemm_args *p, int tiles, const tl_gpu_stream *st) {
+    return launch_gemm_wgr<2, 64, WR64_STAGES>(p, tiles, 1, st);
 }
