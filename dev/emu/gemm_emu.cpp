@@ -99,7 +99,7 @@ static void dense_case(int q4, int n, int rows, int K) {
             ref[(size_t)t * rows + r] = s;
         }
     float *y = (float *)xmalloc((size_t)n * rows * 4);
-    const char *tiles[] = {"1", "3", "4", "6", "7"}; /* 6, 7: the wgr kernel (bf16: ignored) */
+    const char *tiles[] = {"1", "3", "4", "6", "7", "8"}; /* 6-8: the wgr kernel (bf16: ignored) */
     for (const char *tl : tiles) {
         set_tile(tl);
         emu_smem_base = emu_smem;

@@ -91,6 +91,9 @@ static const env_switch env_switches[] = {
     {"TL_MOE_WGR64=N", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of prefill chunks of 257..N tokens on the wgr kernel's 64-token tiles "
      "with an 8-stage ring (default 0: none; A/B)"},
+    {"TL_DENSE_WGR64=N", ENGINE_CMDS,
+     "CUDA: dense 4-bit GEMMs of prefill chunks of 257..N tokens (the GDN in-projection with its "
+     "fused conv1d excepted) on the wgr kernel's 64-token tiles (default 0: none; A/B)"},
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
@@ -104,7 +107,7 @@ static const env_switch env_switches[] = {
      "N-major; A/B)"},
     {"TL_GEMM_TILE=0..8", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
-     "4:64x256, wgr 6:2 7:4 warpgroups, 8: the MoE on wgr 64-token tiles)"},
+     "4:64x256, wgr 6:2 7:4 warpgroups, 8: 4-bit products on wgr 64-token tiles)"},
     {"TL_NORM_CHECK=0", LOAD_CMDS,
      "skip the load-time check of the RMSNorm weights' storage convention"},
     {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,

@@ -949,6 +949,20 @@ static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok) {
     return f < 0 && n_tok >= min_tok ? *cached : 0;
 }
 
+/* The wgr kernel's 64-token tiles (cb_gemm_wgr64) for a 4-bit product of n tokens (a MoE's:
+ * its chunk's tokens): TL_GEMM_TILE=8 forces them; else for 256 < n <= the maximum in the
+ * environment variable env (TL_MOE_WGR64, TL_DENSE_WGR64; default 0: never; a decode batch keeps
+ * its own kernel, so batched == alone). *max_tok caches it. */
+static int wgr64_of(const char *env, int *max_tok, const tl_gpu_gemm_w *w, int n) {
+    if (*max_tok < 0) {
+        const char *e = getenv(env);
+        *max_tok = e && *e && atoi(e) > 0 ? atoi(e) : 0;
+    }
+    int f = gemm_tile_env();
+    if (w->bits != 4) return 0;
+    return f == GM_WGR + 2 || (f < 0 && n > TL_GEMM_SPLITK_MAX_N && n <= *max_tok);
+}
+
 /* The wgr kernel's warpgroups for a dense product of n tokens, 0 for another kernel: past the
  * decode batches' split path (<= 256 tokens; chunks of 257-511 tokens ran the mma.sync 64x128
  * tile until session 25, 15% slower at a 320-token prefill, H100). */
@@ -975,6 +989,8 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     p.trig = tl_pdl_trig(st);
+    static int dense64 = -1;
+    if (wgr64_of("TL_DENSE_WGR64", &dense64, w, n)) return cb_gemm_wgr64(&p, (n + 63) / 64, st);
     int wgs = dense_wgr_of(w, n);
     if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
@@ -1045,20 +1061,6 @@ static int moe_max_tiles(const gemm_args *p, int bm) {
     return (p->M + bm - 1) / bm + (p->M < 256 ? p->M : 256) + (p->n_sh + bm - 1) / bm;
 }
 
-/* The 4-bit MoE of a chunk of n_tok tokens on the wgr kernel's 64-token tiles (cb_gemm_wgr64):
- * TL_GEMM_TILE=8 forces it; else chunks of TL_GEMM_SPLITK_MAX_N < n_tok <= TL_MOE_WGR64 tokens
- * (default 0: none; a decode batch keeps its own kernel, so batched == alone). */
-static int moe_wgr64_of(const tl_gpu_gemm_w *w, int n_tok) {
-    static int max_tok = -1;
-    if (max_tok < 0) {
-        const char *e = getenv("TL_MOE_WGR64");
-        max_tok = e && *e && atoi(e) > 0 ? atoi(e) : 0;
-    }
-    int f = gemm_tile_env();
-    if (w->bits != 4) return 0;
-    return f == GM_WGR + 2 || (f < 0 && n_tok > TL_GEMM_SPLITK_MAX_N && n_tok <= max_tok);
-}
-
 int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const int32_t *plan,
                 int n_tok, int gather, int flags, int shared, const tl_gpu_stream *st) {
     int mode = gather ? GM_MOE_GATHER : GM_MOE_SCATTER;
@@ -1089,7 +1091,9 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
-    if (moe_wgr64_of(w, n_tok)) return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), st);
+    static int moe64 = -1;
+    if (wgr64_of("TL_MOE_WGR64", &moe64, w, n_tok))
+        return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);

@@ -134,8 +134,9 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
  * when ksplit > 1: raw partials for gemm_splitk_reduce). */
 #define WR_NT 128
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st);
-/* The MoE (p->plan's 64-row tiles, `tiles` of them at most) on 2 warpgroups with 64-token tiles
- * and a deeper ring (k_gemm_wgr.cu). */
+/* The wgr kernel on 2 warpgroups with 64-token tiles and a deeper ring (k_gemm_wgr.cu): a MoE
+ * (p->plan's 64-row tiles, `tiles` of them at most) or a dense product (`tiles` = its 64-token
+ * tiles). */
 int cb_gemm_wgr64(const gemm_args *p, int tiles, const tl_gpu_stream *st);
 
 /* The conv1d outputs a fused product (gemm_args.cv_*) left out, its first three tokens of each

@@ -410,9 +410,8 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
                           *p);
     else
         TL_LAUNCH(st,
-                  p->mode == GM_DENSE ? "gemm_wgr"
-                  : NTM == 64         ? "gemm_wgr_moe64"
-                                      : "gemm_wgr_moe",
+                  p->mode == GM_DENSE ? (NTM == 64 ? "gemm_wgr64" : "gemm_wgr")
+                                      : (NTM == 64 ? "gemm_wgr_moe64" : "gemm_wgr_moe"),
                   kern, grid, dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
@@ -422,10 +421,11 @@ int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu
                     : launch_gemm_wgr<4>(p, tiles, ksplit, st);
 }
 
-/* The MoE of a short chunk on 64-token tiles (the plan's 64-row tiles) with a WR64_STAGES-deep
- * ring: a 64-token stage is 12 KB instead of 20, so twice the weight stages are in flight in the
- * same shared memory (two blocks an SM either way), for chunks whose experts hold few tokens each
- * and whose weights, streamed once, are the floor. */
+/* A short chunk's MoE (the plan's 64-row tiles) or dense product on 64-token tiles with a
+ * WR64_STAGES-deep ring: a 64-token stage is 12 KB instead of 20, so twice the weight stages are
+ * in flight in the same shared memory (two blocks an SM either way), for chunks whose experts
+ * hold few tokens each and whose weights, streamed once, are the floor; a dense product gets
+ * twice the blocks of 128-token tiles. */
 #define WR64_STAGES 8
 int cb_gemm_wgr64(const gemm_args *p, int tiles, const tl_gpu_stream *st) {
     return launch_gemm_wgr<2, 64, WR64_STAGES>(p, tiles, 1, st);
