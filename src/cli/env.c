@@ -91,6 +91,8 @@ static const env_switch env_switches[] = {
     {"TL_MOE_WGR64=N", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of prefill chunks of 257..N tokens on the wgr kernel's 64-token tiles "
      "with an 8-stage ring (default 0: none; A/B)"},
+    {"TL_MOE_WGR64_DOWN=N", ENGINE_CMDS,
+     "CUDA: TL_MOE_WGR64 for the MoE's down GEMM alone (when set; A/B)"},
     {"TL_DENSE_WGR64=N", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of prefill chunks of 257..N tokens (the GDN in-projection with its "
      "fused conv1d excepted) on the wgr kernel's 64-token tiles (default 0: none; A/B)"},

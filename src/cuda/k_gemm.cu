@@ -1091,9 +1091,12 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
-    static int moe64 = -1;
-    if (wgr64_of("TL_MOE_WGR64", &moe64, w, n_tok))
-        return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), st);
+    /* TL_MOE_WGR64 for both GEMMs, or TL_MOE_WGR64_DOWN (when set) for the down one */
+    static int moe64 = -1, down64 = -1, down_set = -1;
+    if (down_set < 0) down_set = getenv("TL_MOE_WGR64_DOWN") != NULL;
+    int w64 = !gather && down_set ? wgr64_of("TL_MOE_WGR64_DOWN", &down64, w, n_tok)
+                                  : wgr64_of("TL_MOE_WGR64", &moe64, w, n_tok);
+    if (w64) return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
