@@ -921,6 +921,15 @@ static int dense_dec_wgr_on(void) {
     return on;
 }
 
+/* 1 with TL_DENSE_DEC64=1: a decode batch's dense 4-bit products of <= 64 tokens on the wgr
+ * kernel's 64-token tiles with the 8-stage ring (cb_gemm_wgr64; the same bits: a block's wgmma N
+ * is its token count rounded up to 32 either way). A/B. */
+static int dense_dec64_on(void) {
+    static int on = -1;
+    if (on < 0) on = tl_env_is("TL_DENSE_DEC64", 1);
+    return on;
+}
+
 /* Token rows of a tile shape's block. */
 static int tile_bm(int tile) {
     return tile == GM_T16 ? 16 : tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
@@ -990,7 +999,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.mode = GM_DENSE;
     p.trig = tl_pdl_trig(st);
     static int dense64 = -1;
-    if (wgr64_of("TL_DENSE_WGR64", &dense64, w, n)) return cb_gemm_wgr64(&p, (n + 63) / 64, st);
+    if (wgr64_of("TL_DENSE_WGR64", &dense64, w, n)) return cb_gemm_wgr64(&p, (n + 63) / 64, 1, st);
     int wgs = dense_wgr_of(w, n);
     if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
@@ -999,6 +1008,8 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
     if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
         dense_dec_wgr_on()) {
+        if (n <= 64 && dense_dec64_on() && (ks == 1 || splitk_cluster_on()))
+            return cb_gemm_wgr64(&p, 1, ks, st);
         if (ks > 1 && splitk_cluster_on())
             return cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st);
         if (ks > 1) p.ws = st->ws;
@@ -1096,7 +1107,7 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
     if (down_set < 0) down_set = getenv("TL_MOE_WGR64_DOWN") != NULL;
     int w64 = !gather && down_set ? wgr64_of("TL_MOE_WGR64_DOWN", &down64, w, n_tok)
                                   : wgr64_of("TL_MOE_WGR64", &moe64, w, n_tok);
-    if (w64) return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), st);
+    if (w64) return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), 1, st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);

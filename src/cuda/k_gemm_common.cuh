@@ -136,8 +136,8 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st);
 /* The wgr kernel on 2 warpgroups with 64-token tiles and a deeper ring (k_gemm_wgr.cu): a MoE
  * (p->plan's 64-row tiles, `tiles` of them at most) or a dense product (`tiles` = its 64-token
- * tiles). */
-int cb_gemm_wgr64(const gemm_args *p, int tiles, const tl_gpu_stream *st);
+ * tiles; K split ksplit ways as cb_gemm_wgr's). */
+int cb_gemm_wgr64(const gemm_args *p, int tiles, int ksplit, const tl_gpu_stream *st);
 
 /* The conv1d outputs a fused product (gemm_args.cv_*) left out, its first three tokens of each
  * WR_NT-token tile, from the tiles' edge values and the old conv state [3][C] of the one segment

@@ -427,6 +427,6 @@ int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu
  * hold few tokens each and whose weights, streamed once, are the floor; a dense product gets
  * twice the blocks of 128-token tiles. */
 #define WR64_STAGES 8
-int cb_gemm_wgr64(const gemm_args *p, int tiles, const tl_gpu_stream *st) {
-    return launch_gemm_wgr<2, 64, WR64_STAGES>(p, tiles, 1, st);
+int cb_gemm_wgr64(const gemm_args *p, int tiles, int ksplit, const tl_gpu_stream *st) {
+    return launch_gemm_wgr<2, 64, WR64_STAGES>(p, tiles, ksplit, st);
 }
