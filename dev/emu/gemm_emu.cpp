@@ -296,6 +296,20 @@ static void moe_case(int n_tok, int D, int F, const int *counts, int n_counts, c
         }
         for (size_t i = 0; i < (size_t)AR * D; i++) yf[i] = bf2f(ys[i]);
         double ey = nmse(yf, yref, (size_t)AR * D);
+        if (!strcmp(tiles[ti], "6")) /* the down GEMM walking 2 / 4 column blocks: the same bits */
+            for (int nb = 2; nb <= 4; nb *= 2) {
+                uint16_t *ys2 = (uint16_t *)xmalloc((size_t)AR * D * 2);
+                memset(ys2, 0xff, (size_t)AR * D * 2);
+                setenv("TL_MOE_DOWN_NB", nb == 2 ? "2" : "4", 1);
+                CHECK_EQ_INT(tl_gpu_moe_pf_down(ys2, h, &wd, plan, n_tok, shared, NULL), 0);
+                unsetenv("TL_MOE_DOWN_NB");
+                size_t diff = 0;
+                for (size_t i = 0; i < (size_t)AR * D; i++) diff += ys2[i] != ys[i];
+                printf("# moe n_tok=%d D=%d down walking %d column blocks: %zu outputs differ\n", n_tok, D,
+                       nb, diff);
+                CHECK_EQ_INT((int)diff, 0);
+                free(ys2);
+            }
         printf("# moe n_tok=%d D=%d F=%d%s tile %s: gate/up nmse %.2e, down nmse %.2e\n", n_tok, D,
                F, shared ? " + shared expert" : "", tiles[ti], eh, ey);
         CHECK(eh < 3e-5); /* bf16 outputs: ~1e-5 from the final rounding alone */

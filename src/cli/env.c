@@ -93,6 +93,9 @@ static const env_switch env_switches[] = {
      "with an 8-stage ring (default 0: none; A/B)"},
     {"TL_MOE_WGR64_DOWN=N", ENGINE_CMDS,
      "CUDA: TL_MOE_WGR64 for the MoE's down GEMM alone (when set; A/B)"},
+    {"TL_MOE_DOWN_NB=2|4|8", ENGINE_CMDS,
+     "CUDA: the prefill MoE's down GEMM (wgr, 2 warpgroups) with blocks that walk that many "
+     "column blocks of their token tile on one cp.async ring (A/B; the same bits)"},
     {"TL_DENSE_DEC64=1", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of decode batches of <= 64 tokens on the wgr kernel's 64-token "
      "tiles with the 8-stage ring (A/B; the same bits)"},

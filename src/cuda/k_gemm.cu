@@ -1110,6 +1110,12 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
     if (w64) return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), 1, st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
+    /* TL_MOE_DOWN_NB=2|4|8 (read at each call, the tests switch it; default 1): the down GEMM's
+     * blocks walk that many column blocks with one ring (cb_gemm_wgr_cols; the same bits) */
+    const char *nbe = getenv("TL_MOE_DOWN_NB");
+    p.nb = nbe && *nbe ? atoi(nbe) : 1;
+    if (wgs == 2 && !gather && !(flags & TL_GEMM_SWIGLU) && (p.nb == 2 || p.nb == 4 || p.nb == 8))
+        return cb_gemm_wgr_cols(&p, moe_max_tiles(&p, WR_NT), st);
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;

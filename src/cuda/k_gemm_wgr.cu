@@ -260,8 +260,8 @@ template <class C, int NT, int NTHR> struct wr_stream {
     int s_step;
 
     __device__ __forceinline__ wr_stream(const gemm_args &p, const uint8_t *wb, const uint32_t *sb,
-                                         const int32_t *perm, int m0, int m_end, int i, int kb) {
-        const int n0 = blockIdx.x * C::BN;
+                                         const int32_t *perm, int m0, int m_end, int i, int kb,
+                                         int n0) {
         x_ok = w_ok = 0;
 #pragma unroll
         for (int j = 0; j < XC; j++) {
@@ -318,7 +318,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r0 = warp * 16;
     const int KT = p.K / GM_BK / gridDim.z, kb = blockIdx.z * KT; /* split-K: z's share */
-    wr_stream<C, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, kb);
+    wr_stream<C, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, kb, blockIdx.x * C::BN);
     /* gm_prologue's order: the weights of stages 0 .. S - 2, the wait (dense), then the tokens */
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
@@ -391,6 +391,123 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
         wr_block<C, 64>(p, smem, wb, sbb, perm, m0, m_end);
     else
         wr_block<C, 32>(p, smem, wb, sbb, perm, m0, m_end);
+}
+
+/* wr_block for a MoE down-projection (scatter, no SwiGLU, one k split) that walks p.nb column
+ * blocks of its token tile (cb0 = blockIdx.x * p.nb ..): one cp.async ring runs on across them, so
+ * the next column block's first stages are in flight while this one's last wgmma finish and its
+ * outputs are stored, and the ring's fill is paid once a tile instead of once a column block
+ * (K = 512: 8 k steps a column block). The outputs go straight from the accumulators to their
+ * scatter rows (no shared-memory tile, no barrier): per element the same accumulator and the same
+ * rounding as wr_epilogue, so the same bits. A column block's first wgmma starts from zero
+ * (scale-d 0 at its k step 0). */
+template <class C, int NT>
+static __device__ __forceinline__ void
+wr_block_cols(const gemm_args &p, uint8_t *smem, const uint8_t *wb, const uint32_t *sbb,
+              const int32_t *perm, int m0, int m_end, int *srow) {
+    constexpr int S = C::ST;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = warp * 16;
+    const int KT = p.K / GM_BK, ncb = (p.N + C::BN - 1) / C::BN, cb0 = blockIdx.x * p.nb;
+    const int G = min(p.nb, ncb - cb0) * KT, ntok = min(m_end - m0, NT);
+    wr_stream<C, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, 0, cb0 * C::BN);
+    int gi = 0; /* the next step to request: column block gi / KT, k tile gi % KT */
+    auto request = [&](uint8_t *st) {
+        if (gi < G) {
+            if (gi > 0 && gi % KT == 0) /* the next column block: its rows from k tile 0 */
+                cs = wr_stream<C, NT, C::THREADS>(p, wb, sbb, perm, m0, m_end, tid, 0,
+                                                  (cb0 + gi / KT) * C::BN);
+            cs.wn(st, tid), cs.xn(st, tid);
+        }
+        cp_async_commit();
+        gi++;
+    };
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) request(smem + s * C::STAGE_BYTES);
+    if (tid < NT) srow[tid] = m0 + tid < m_end ? gm_asg(p, perm, m0 + tid) : 0;
+    float acc[NT / 2];
+    const uint64_t d0 = wg_desc(smem_u32(smem));
+    const uint32_t d0lo = (uint32_t)d0;
+    const uint64_t d0hi = d0 & 0xffffffff00000000ull;
+    const int g = lane >> 2, t = lane & 3;
+    for (int g0 = 0; g0 < G; g0 += S) {
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            const int gs = g0 + s, kt = gs % KT;
+            if (gs >= G) break; /* block-uniform */
+            cp_async_wait<S - 2>();
+            wg_fence_proxy();
+            __syncthreads();
+            const wr_words q = wr_load_words<C>(smem + s * C::STAGE_BYTES, r0, lane);
+            wg_wait<0>();
+            uint32_t af[4][4];
+            wr_afrag(af, q);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_mma_rs<NT>(acc, af[kk],
+                              d0hi | (d0lo + (uint32_t)((s * C::STAGE_BYTES + kk * 32) >> 4)),
+                              kt | kk);
+            wg_commit();
+            __syncthreads(); /* every warpgroup is past step gs - 1: its stage is free */
+            request(smem + ((s + S - 1) % S) * C::STAGE_BYTES);
+            if (kt == KT - 1) { /* column block done: its outputs, from the accumulators */
+                wg_wait<0>();
+                const int c0 = (cb0 + gs / KT) * C::BN + r0 + g;
+#pragma unroll
+                for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int tok = 8 * j + 2 * t + e;
+                        if (tok >= ntok) continue;
+                        const size_t at = (size_t)srow[tok] * p.ldy + c0;
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float v = acc[4 * j + 2 * h + e];
+                            if (p.flags & TL_GEMM_OUT_F32)
+                                ((float *)p.y)[at + 8 * h] = v;
+                            else
+                                ((uint16_t *)p.y)[at + 8 * h] =
+                                    (uint16_t)(bf16x2_pack(v, 0.f) & 0xffffu);
+                        }
+                    }
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+template <int WGS>
+__global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_cols_kernel(gemm_args p) {
+    typedef wr_cfg<WGS> C;
+    extern __shared__ uint8_t wr_smem_raw[];
+    __shared__ int srow[WR_NT];
+    uint8_t *smem = wr_smem_raw + ((0u - smem_u32(wr_smem_raw)) & 1023u);
+    const uint8_t *wb = p.w;
+    const uint32_t *sbb = p.sb;
+    const int32_t *perm;
+    int m0, m_end;
+    pdl_enter(p.trig); /* the MoE plan */
+    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
+    if (nc == 4) return wr_block_cols<C, 128>(p, smem, wb, sbb, perm, m0, m_end, srow);
+    if (nc == 3) return wr_block_cols<C, 96>(p, smem, wb, sbb, perm, m0, m_end, srow);
+    if (nc == 2) return wr_block_cols<C, 64>(p, smem, wb, sbb, perm, m0, m_end, srow);
+    wr_block_cols<C, 32>(p, smem, wb, sbb, perm, m0, m_end, srow);
+}
+
+/* The MoE down-projection (p->mode scatter, no SwiGLU) on 2 warpgroups whose blocks walk p->nb
+ * (> 1) column blocks each (wr_block_cols); tiles: the plan's 128-row tiles at most. */
+int cb_gemm_wgr_cols(const gemm_args *p, int tiles, const tl_gpu_stream *st) {
+    typedef wr_cfg<2> C;
+    if (smem_limit<gemm_wgr_cols_kernel<2>>(C::SMEM)) return TL_ERR_CUDA;
+    if (tiles <= 0) return 0;
+    if (tiles > 65535 || p->nb < 2 || p->mode != GM_MOE_SCATTER || (p->flags & TL_GEMM_SWIGLU) ||
+        p->ws)
+        return TL_ERR_INVALID;
+    int ncb = (p->N + C::BN - 1) / C::BN;
+    TL_LAUNCH(st, "gemm_wgr_moe_cols", gemm_wgr_cols_kernel<2>, dim3(CEIL_DIV(ncb, p->nb), tiles),
+              dim3(C::THREADS), C::SMEM, *p);
+    return 0;
 }
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the

@@ -525,6 +525,17 @@ static void moe_case(int q4, int n_tok) {
                      *tiles[ti] ? tiles[ti] : "auto");
             CHECK(report(buf, got, sh ? ref_sh : ref, (size_t)n_tok * D) <= 2e-5);
             if (sh) CHECK(memcmp(ys0, ys1, nys * 2) == 0);
+            if (sh && q4 && !strcmp(tiles[ti], "6")) /* the down walking 4 column blocks */
+                for (int nb = 2; nb <= 4; nb *= 2) {
+                    setenv("TL_MOE_DOWN_NB", nb == 2 ? "2" : "4", 1);
+                    CU(cudaMemset(dys, 0xff, (size_t)n_tok * 9 * D * 2));
+                    CHECK_EQ_INT(tl_gpu_moe_pf_down(dys, dh, &wd, dplan, n_tok, sh, NULL), 0);
+                    unsetenv("TL_MOE_DOWN_NB");
+                    to_host(ys0, dys, nys * 2);
+                    printf("  moe q4 n_tok=%d down walking %d column blocks: %s\n", n_tok, nb,
+                           memcmp(ys0, ys1, nys * 2) ? "DIFFERS" : "the same bits");
+                    CHECK(memcmp(ys0, ys1, nys * 2) == 0);
+                }
         }
     set_tile("");
 
