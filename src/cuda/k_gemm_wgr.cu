@@ -306,6 +306,31 @@ template <class C, int NT, int NTHR> struct wr_stream {
     }
 };
 
+/* One k step of a block's ring on stage s (a constant where the caller's loop is unrolled, so the
+ * stage offset and the descriptors are too): the stage's tile landed (cp.async group), the warp's
+ * packed words dequantized into A fragments, four wgmma (scale-d 0 at kt == 0: they start the
+ * accumulators), then a barrier: every warpgroup is past the previous step, whose stage the caller
+ * refills next. d0hi | d0lo: the descriptor of the ring's base (wg_desc). */
+template <class C, int NT>
+static __device__ __forceinline__ void wr_step(float (&acc)[NT / 2], const uint8_t *smem, int s,
+                                               uint64_t d0hi, uint32_t d0lo, int r0, int lane,
+                                               int kt) {
+    cp_async_wait<C::ST - 2>(); /* tile kt */
+    wg_fence_proxy();
+    __syncthreads();
+    const wr_words q = wr_load_words<C>(smem + s * C::STAGE_BYTES, r0, lane);
+    wg_wait<0>(); /* this warpgroup's wgmma of the previous step read its A registers */
+    uint32_t af[4][4];
+    wr_afrag(af, q);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        wg_mma_rs<NT>(acc, af[kk], d0hi | (d0lo + (uint32_t)((s * C::STAGE_BYTES + kk * 32) >> 4)),
+                      kt | kk);
+    wg_commit();
+    __syncthreads(); /* every warpgroup is past the previous step: its stage is free */
+}
+
 /* One block of a tile of at most NT tokens (rows m0 .. m_end - 1 of the plan). The ring runs
  * STAGES steps an iteration, so stage offsets and the wgmma descriptors are constants past one
  * base (a descriptor's address field is the shared address / 16: the offset adds to it). */
@@ -339,22 +364,8 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
 #pragma unroll
         for (int s = 0; s < S; s++) {
             const int kt = kt0 + s;
-            if (kt >= KT) break;    /* block-uniform */
-            cp_async_wait<S - 2>(); /* tile kt */
-            wg_fence_proxy();
-            __syncthreads();
-            const wr_words q = wr_load_words<C>(smem + s * C::STAGE_BYTES, r0, lane);
-            wg_wait<0>(); /* this warpgroup's wgmma of step kt - 1 read its A registers */
-            uint32_t af[4][4];
-            wr_afrag(af, q);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wg_mma_rs<NT>(acc, af[kk],
-                              d0hi | (d0lo + (uint32_t)((s * C::STAGE_BYTES + kk * 32) >> 4)),
-                              kt | kk);
-            wg_commit();
-            __syncthreads(); /* every warpgroup is past step kt - 1: its stage is free */
+            if (kt >= KT) break; /* block-uniform */
+            wr_step<C, NT>(acc, smem, s, d0hi, d0lo, r0, lane, kt);
             if (kt + S - 1 < KT) {
                 uint8_t *nx = smem + ((s + S - 1) % S) * C::STAGE_BYTES;
                 cs.wn(nx, tid), cs.xn(nx, tid);
@@ -434,21 +445,7 @@ wr_block_cols(const gemm_args &p, uint8_t *smem, const uint8_t *wb, const uint32
         for (int s = 0; s < S; s++) {
             const int gs = g0 + s, kt = gs % KT;
             if (gs >= G) break; /* block-uniform */
-            cp_async_wait<S - 2>();
-            wg_fence_proxy();
-            __syncthreads();
-            const wr_words q = wr_load_words<C>(smem + s * C::STAGE_BYTES, r0, lane);
-            wg_wait<0>();
-            uint32_t af[4][4];
-            wr_afrag(af, q);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wg_mma_rs<NT>(acc, af[kk],
-                              d0hi | (d0lo + (uint32_t)((s * C::STAGE_BYTES + kk * 32) >> 4)),
-                              kt | kk);
-            wg_commit();
-            __syncthreads(); /* every warpgroup is past step gs - 1: its stage is free */
+            wr_step<C, NT>(acc, smem, s, d0hi, d0lo, r0, lane, kt);
             request(smem + ((s + S - 1) % S) * C::STAGE_BYTES);
             if (kt == KT - 1) { /* column block done: its outputs, from the accumulators */
                 wg_wait<0>();
