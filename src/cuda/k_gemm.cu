@@ -980,11 +980,9 @@ static int dense_wgr_of(const tl_gpu_gemm_w *w, int n) {
     return w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, TL_GEMM_SPLITK_MAX_N + 1) : 0;
 }
 
-extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
-                           int flags, const tl_gpu_stream *st) {
-    if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
-    if ((flags & TL_GEMM_ADD_RES) && !res) return TL_ERR_INVALID;
-    if (n == 0) return 0;
+/* The kernels' arguments of a dense product y = epilogue(x W^T) of n tokens (tl_gpu_gemm's). */
+static gemm_args dense_args(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
+                            int flags, const tl_gpu_stream *st) {
     gemm_args p = {};
     p.x = (const uint16_t *)x;
     p.w = (const uint8_t *)w->w;
@@ -998,6 +996,15 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     p.flags = flags;
     p.mode = GM_DENSE;
     p.trig = tl_pdl_trig(st);
+    return p;
+}
+
+extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n, const void *res,
+                           int flags, const tl_gpu_stream *st) {
+    if (n < 0 || !gemm_w_ok(w) || !y || !x) return TL_ERR_INVALID;
+    if ((flags & TL_GEMM_ADD_RES) && !res) return TL_ERR_INVALID;
+    if (n == 0) return 0;
+    gemm_args p = dense_args(y, x, w, n, res, flags, st);
     static int dense64 = -1;
     if (wgr64_of("TL_DENSE_WGR64", &dense64, w, n)) return cb_gemm_wgr64(&p, (n + 63) / 64, 1, st);
     int wgs = dense_wgr_of(w, n);
@@ -1047,18 +1054,7 @@ extern "C" int tl_gpu_gemm_conv1d(float *y, const uint16_t *x, const tl_gpu_gemm
         return TL_ERR_INVALID;
     int wgs = dense_wgr_of(w, n);
     if (!gemm_conv_on() || !wgs || C % (64 * wgs)) return TL_ERR_UNSUPPORTED;
-    gemm_args p = {};
-    p.x = x;
-    p.w = (const uint8_t *)w->w;
-    p.sb = (const uint32_t *)w->sb;
-    p.y = y;
-    p.M = n;
-    p.N = w->rows;
-    p.K = w->cols;
-    p.ldy = w->rows;
-    p.flags = TL_GEMM_OUT_F32;
-    p.mode = GM_DENSE;
-    p.trig = tl_pdl_trig(st);
+    gemm_args p = dense_args(y, x, w, n, NULL, TL_GEMM_OUT_F32, st);
     p.cv_out = conv_out, p.cv_edge = edge, p.cv_w = conv_w, p.cv_C = C;
     TRY(cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st));
     return cb_conv1d_edges(conv_out, conv_state, edge, conv_w, C, n, st);

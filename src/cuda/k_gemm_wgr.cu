@@ -48,9 +48,10 @@
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
 /* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT, or 64
- * for the MoE of short chunks: wr_moe64_max); a stage holds the token tile (NTM tokens x 64 k,
- * bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST stages; the f32
- * output tile [NTM tokens][BN + 4] reuses the stages (and sets the size when larger). */
+ * for short chunks and small decode batches: cb_gemm_wgr64); a stage holds the token tile (NTM
+ * tokens x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST
+ * stages; the f32 output tile [NTM tokens][BN + 4] reuses the stages (and sets the size when
+ * larger). */
 template <int WGS_, int NTM_ = WR_NT, int ST_ = WR_STAGES> struct wr_cfg {
     static constexpr int WGS = WGS_, NTM = NTM_, ST = ST_;
     static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
