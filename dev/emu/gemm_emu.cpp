@@ -207,9 +207,11 @@ static void gemm_conv_case(int n, int rows, int K, int C) {
     q4_free(&q), free(xf), free(x), free(cw), free(st0), free(edge);
 }
 static void test_gemm_conv1d(void) {
+    int was = tl_gpu_gemm_set_conv(1);
     gemm_conv_case(257, 384, 256, 256);
     gemm_conv_case(259, 384, 256, 256);
     gemm_conv_case(300, 384, 256, 256);
+    tl_gpu_gemm_set_conv(was);
 }
 
 /* ---- MoE: every tile through one plan ---- */

@@ -51,9 +51,9 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_WG=0|2", ENGINE_CMDS,
      "CUDA: the router GEMM of prefill chunks of >= 3072 tokens on the mma.sync 64x64 tiles "
      "instead of wgmma (0), or every unsplit one on wgmma (2; A/B)"},
-    {"TL_GEMM_CONV=0", ENGINE_CMDS,
-     "CUDA: the conv1d of a prefill chunk's GDN layers as its own kernel instead of inside the "
-     "in-projection's epilogue (A/B)"},
+    {"TL_GEMM_CONV=1", ENGINE_CMDS,
+     "CUDA: the conv1d of a prefill chunk's GDN layers inside the in-projection's epilogue instead "
+     "of its own kernel (the same bits; off until measured on a GPU; A/B)"},
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},

@@ -238,12 +238,14 @@ int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const fl
  * rows >= C only (its first C columns are not written), the state becomes the last three inputs.
  * edge: device scratch of tl_gpu_gemm_conv1d_edge_floats(n, C) floats. Same bits as tl_gpu_gemm
  * + tl_gpu_conv1d. TL_ERR_UNSUPPORTED when this product does not run on the kernel that fuses it
- * (the wgr kernel: 4-bit weights, n > TL_GEMM_SPLITK_MAX_N; C a multiple of its 128 rows; or
- * TL_GEMM_CONV=0): then the caller makes the two calls. */
+ * (the wgr kernel: 4-bit weights, n > TL_GEMM_SPLITK_MAX_N; C a multiple of its 128 rows) or it is
+ * off (the default until it has run on a GPU; TL_GEMM_CONV=1 or tl_gpu_gemm_set_conv(1) turns it
+ * on; set_conv returns the previous setting): then the caller makes the two calls. */
 int tl_gpu_gemm_conv1d(float *y, const uint16_t *x, const tl_gpu_gemm_w *w, int n, float *conv_out,
                        float *conv_state, const float *conv_w, int C, float *edge,
                        const tl_gpu_stream *st);
 size_t tl_gpu_gemm_conv1d_edge_floats(int max_n, int C);
+int tl_gpu_gemm_set_conv(int on);
 /* Decode: tl_gpu_gemv (no accumulate) for a q4 GDN in-projection of one token per sequence with
  * the conv1d of tl_gpu_conv1d fused: rows r < C give conv_out[t, r] (SiLU of the conv over
  * conv_state[tok_slot[t]] and the new value, state shifted) instead of y[t, r]; rows >= C go

@@ -1035,11 +1035,18 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 /* ====== A GDN in-projection with its conv1d (a prefill chunk of one sequence). ======
  * note: the conv1d kernel moved 8 bytes a conv column and token through DRAM (the projection's f32
  * output read back, its output written: 3.3 ms of a 4K prefill, H100 session 23) that the wgr
- * product already holds in shared memory in its epilogue. 1 unless TL_GEMM_CONV=0 (A/B). */
+ * product already holds in shared memory in its epilogue. Off until it has run on a GPU (written
+ * in session 28, which got none): TL_GEMM_CONV=1 (read once) or tl_gpu_gemm_set_conv turns it on.
+ */
+static int gemm_conv = -1;
 static int gemm_conv_on(void) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_GEMM_CONV", 0);
-    return on;
+    if (gemm_conv < 0) gemm_conv = tl_env_is("TL_GEMM_CONV", 1);
+    return gemm_conv;
+}
+extern "C" int tl_gpu_gemm_set_conv(int on) {
+    int was = gemm_conv_on();
+    gemm_conv = on != 0;
+    return was;
 }
 
 extern "C" size_t tl_gpu_gemm_conv1d_edge_floats(int max_n, int C) {

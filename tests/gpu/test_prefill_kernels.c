@@ -1088,6 +1088,7 @@ static void gemm_conv_case(int n, int rows, int K, int C) {
 }
 
 static void test_gemm_conv1d(void) {
+    int was = tl_gpu_gemm_set_conv(1);
     static const int ns[] = {257, 258, 259, 300, 385, 640};
     for (int i = 0; i < 6; i++) gemm_conv_case(ns[i], 512, 512, 256);
     gemm_conv_case(1000, 12416, 2048, 8192); /* the model's in-projection and conv */
@@ -1102,6 +1103,9 @@ static void test_gemm_conv1d(void) {
     CHECK_EQ_INT(tl_gpu_gemm_conv1d(d, dx, &w, 300, d, d, d, 128, d, NULL), TL_ERR_UNSUPPORTED);
     unsetenv("TL_GEMM_TILE");
     CHECK_EQ_INT(tl_gpu_gemm_conv1d(d, dx, &w, 300, d, d, d, 64, d, NULL), TL_ERR_UNSUPPORTED);
+    tl_gpu_gemm_set_conv(0);
+    CHECK_EQ_INT(tl_gpu_gemm_conv1d(d, dx, &w, 300, d, d, d, 128, d, NULL), TL_ERR_UNSUPPORTED);
+    tl_gpu_gemm_set_conv(was);
     mlx_free(&m), cudaFree(d), cudaFree(dx), cudaFree((void *)w.w), cudaFree((void *)w.sb);
 }
 
