@@ -51,9 +51,9 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_WG=0|2", ENGINE_CMDS,
      "CUDA: the router GEMM of prefill chunks of >= 3072 tokens on the mma.sync 64x64 tiles "
      "instead of wgmma (0), or every unsplit one on wgmma (2; A/B)"},
-    {"TL_GEMM_CONV=1", ENGINE_CMDS,
-     "CUDA: the conv1d of a prefill chunk's GDN layers inside the in-projection's epilogue instead "
-     "of its own kernel (the same bits; off until measured on a GPU; A/B)"},
+    {"TL_GEMM_CONV=0", ENGINE_CMDS,
+     "CUDA: the conv1d of a prefill chunk's GDN layers in its own kernel instead of inside the "
+     "in-projection's epilogue (the same bits; A/B)"},
     {"TL_GEMM_SPLITK_CLUSTER=0", ENGINE_CMDS,
      "CUDA: split-K dense products of decode batches sum their partials through a workspace and a "
      "reduce kernel instead of inside a thread-block cluster (A/B; up to 16 splits instead of 8)"},
@@ -88,20 +88,6 @@ static const env_switch env_switches[] = {
     {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
      "0: the mma.sync / wgmma tiles"},
-    {"TL_MOE_WGR64=N", ENGINE_CMDS,
-     "CUDA: 4-bit MoE GEMMs of prefill chunks of 257..N tokens on the wgr kernel's 64-token tiles "
-     "with an 8-stage ring (default 0: none; A/B)"},
-    {"TL_MOE_WGR64_DOWN=N", ENGINE_CMDS,
-     "CUDA: TL_MOE_WGR64 for the MoE's down GEMM alone (when set; A/B)"},
-    {"TL_MOE_DOWN_NB=2|4|8", ENGINE_CMDS,
-     "CUDA: the prefill MoE's down GEMM (wgr, 2 warpgroups) with blocks that walk that many "
-     "column blocks of their token tile on one cp.async ring (A/B; the same bits)"},
-    {"TL_DENSE_DEC64=1", ENGINE_CMDS,
-     "CUDA: dense 4-bit GEMMs of decode batches of <= 64 tokens on the wgr kernel's 64-token "
-     "tiles with the 8-stage ring (A/B; the same bits)"},
-    {"TL_DENSE_WGR64=N", ENGINE_CMDS,
-     "CUDA: dense 4-bit GEMMs of prefill chunks of 257..N tokens (the GDN in-projection with its "
-     "fused conv1d excepted) on the wgr kernel's 64-token tiles (default 0: none; A/B)"},
     {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
@@ -113,9 +99,9 @@ static const env_switch env_switches[] = {
      "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "
      "with P in registers (two query heads a block share each K/V tile; O = P V with V read "
      "N-major; A/B)"},
-    {"TL_GEMM_TILE=0..8", ENGINE_CMDS,
+    {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
-     "4:64x256, wgr 6:2 7:4 warpgroups, 8: 4-bit products on wgr 64-token tiles)"},
+     "4:64x256, wgr 6:2 7:4 warpgroups)"},
     {"TL_NORM_CHECK=0", LOAD_CMDS,
      "skip the load-time check of the RMSNorm weights' storage convention"},
     {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,

@@ -239,8 +239,8 @@ int tl_gpu_conv1d(float *out, float *state, const float *in, int ld_in, const fl
  * edge: device scratch of tl_gpu_gemm_conv1d_edge_floats(n, C) floats. Same bits as tl_gpu_gemm
  * + tl_gpu_conv1d. TL_ERR_UNSUPPORTED when this product does not run on the kernel that fuses it
  * (the wgr kernel: 4-bit weights, n > TL_GEMM_SPLITK_MAX_N; C a multiple of its 128 rows) or it is
- * off (the default until it has run on a GPU; TL_GEMM_CONV=1 or tl_gpu_gemm_set_conv(1) turns it
- * on; set_conv returns the previous setting): then the caller makes the two calls. */
+ * off (on by default; TL_GEMM_CONV=0 or tl_gpu_gemm_set_conv(0) turns it off; set_conv returns
+ * the previous setting): then the caller makes the two calls. */
 int tl_gpu_gemm_conv1d(float *y, const uint16_t *x, const tl_gpu_gemm_w *w, int n, float *conv_out,
                        float *conv_state, const float *conv_w, int C, float *edge,
                        const tl_gpu_stream *st);

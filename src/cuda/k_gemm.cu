@@ -921,15 +921,6 @@ static int dense_dec_wgr_on(void) {
     return on;
 }
 
-/* 1 with TL_DENSE_DEC64=1: a decode batch's dense 4-bit products of <= 64 tokens on the wgr
- * kernel's 64-token tiles with the 8-stage ring (cb_gemm_wgr64; the same bits: a block's wgmma N
- * is its token count rounded up to 32 either way). A/B. */
-static int dense_dec64_on(void) {
-    static int on = -1;
-    if (on < 0) on = tl_env_is("TL_DENSE_DEC64", 1);
-    return on;
-}
-
 /* Token rows of a tile shape's block. */
 static int tile_bm(int tile) {
     return tile == GM_T16 ? 16 : tile == GM_T64 || tile == GM_WG64 ? 64 : 128;
@@ -956,20 +947,6 @@ static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok) {
     int f = gemm_tile_env();
     if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
     return f < 0 && n_tok >= min_tok ? *cached : 0;
-}
-
-/* The wgr kernel's 64-token tiles (cb_gemm_wgr64) for a 4-bit product of n tokens (a MoE's:
- * its chunk's tokens): TL_GEMM_TILE=8 forces them; else for 256 < n <= the maximum in the
- * environment variable env (TL_MOE_WGR64, TL_DENSE_WGR64; default 0: never; a decode batch keeps
- * its own kernel, so batched == alone). *max_tok caches it. */
-static int wgr64_of(const char *env, int *max_tok, const tl_gpu_gemm_w *w, int n) {
-    if (*max_tok < 0) {
-        const char *e = getenv(env);
-        *max_tok = e && *e && atoi(e) > 0 ? atoi(e) : 0;
-    }
-    int f = gemm_tile_env();
-    if (w->bits != 4) return 0;
-    return f == GM_WGR + 2 || (f < 0 && n > TL_GEMM_SPLITK_MAX_N && n <= *max_tok);
 }
 
 /* The wgr kernel's warpgroups for a dense product of n tokens, 0 for another kernel: past the
@@ -1005,8 +982,6 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     if ((flags & TL_GEMM_ADD_RES) && !res) return TL_ERR_INVALID;
     if (n == 0) return 0;
     gemm_args p = dense_args(y, x, w, n, res, flags, st);
-    static int dense64 = -1;
-    if (wgr64_of("TL_DENSE_WGR64", &dense64, w, n)) return cb_gemm_wgr64(&p, (n + 63) / 64, 1, st);
     int wgs = dense_wgr_of(w, n);
     if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
@@ -1015,8 +990,6 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
     if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
         dense_dec_wgr_on()) {
-        if (n <= 64 && dense_dec64_on() && (ks == 1 || splitk_cluster_on()))
-            return cb_gemm_wgr64(&p, 1, ks, st);
         if (ks > 1 && splitk_cluster_on())
             return cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st);
         if (ks > 1) p.ws = st->ws;
@@ -1035,12 +1008,13 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
 /* ====== A GDN in-projection with its conv1d (a prefill chunk of one sequence). ======
  * note: the conv1d kernel moved 8 bytes a conv column and token through DRAM (the projection's f32
  * output read back, its output written: 3.3 ms of a 4K prefill, H100 session 23) that the wgr
- * product already holds in shared memory in its epilogue. Off until it has run on a GPU (written
- * in session 28, which got none): TL_GEMM_CONV=1 (read once) or tl_gpu_gemm_set_conv turns it on.
+ * product already holds in shared memory in its epilogue. On by default (H100 session 29: 4K
+ * prefill 73.5 -> 71.4 ms, 16K 320 -> 314 ms); TL_GEMM_CONV=0 (read once) or
+ * tl_gpu_gemm_set_conv(0) turns it off (A/B, tests).
  */
 static int gemm_conv = -1;
 static int gemm_conv_on(void) {
-    if (gemm_conv < 0) gemm_conv = tl_env_is("TL_GEMM_CONV", 1);
+    if (gemm_conv < 0) gemm_conv = !tl_env_is("TL_GEMM_CONV", 0);
     return gemm_conv;
 }
 extern "C" int tl_gpu_gemm_set_conv(int on) {
@@ -1105,20 +1079,8 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
-    /* TL_MOE_WGR64 for both GEMMs, or TL_MOE_WGR64_DOWN (when set) for the down one */
-    static int moe64 = -1, down64 = -1, down_set = -1;
-    if (down_set < 0) down_set = getenv("TL_MOE_WGR64_DOWN") != NULL;
-    int w64 = !gather && down_set ? wgr64_of("TL_MOE_WGR64_DOWN", &down64, w, n_tok)
-                                  : wgr64_of("TL_MOE_WGR64", &moe64, w, n_tok);
-    if (w64) return cb_gemm_wgr64(&p, moe_max_tiles(&p, 64), 1, st);
     static int moe_wgr = -1;
     int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
-    /* TL_MOE_DOWN_NB=2|4|8 (read at each call, the tests switch it; default 1): the down GEMM's
-     * blocks walk that many column blocks with one ring (cb_gemm_wgr_cols; the same bits) */
-    const char *nbe = getenv("TL_MOE_DOWN_NB");
-    p.nb = nbe && *nbe ? atoi(nbe) : 1;
-    if (wgs == 2 && !gather && !(flags & TL_GEMM_SWIGLU) && (p.nb == 2 || p.nb == 4 || p.nb == 8))
-        return cb_gemm_wgr_cols(&p, moe_max_tiles(&p, WR_NT), st);
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
     int tile = gemm_forced_tile(w->rows);
     if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;

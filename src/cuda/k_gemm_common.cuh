@@ -35,7 +35,6 @@ typedef struct gemm_args {
     float *cv_out, *cv_edge;
     const float *cv_w; /* [cv_C][4] */
     int cv_C;
-    int nb; /* cb_gemm_wgr_cols: column blocks a block walks (TL_MOE_DOWN_NB) */
 } gemm_args;
 
 /* The token rows m0 .. m_end-1 of this block's tile (blockIdx.y): dense, or one expert's tile of
@@ -135,13 +134,6 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
  * when ksplit > 1: raw partials for gemm_splitk_reduce). */
 #define WR_NT 128
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st);
-/* The wgr kernel on 2 warpgroups with 64-token tiles and a deeper ring (k_gemm_wgr.cu): a MoE
- * (p->plan's 64-row tiles, `tiles` of them at most) or a dense product (`tiles` = its 64-token
- * tiles; K split ksplit ways as cb_gemm_wgr's). */
-int cb_gemm_wgr64(const gemm_args *p, int tiles, int ksplit, const tl_gpu_stream *st);
-/* A MoE down-projection on the wgr kernel whose blocks walk p->nb (> 1) column blocks of their
- * token tile with one ring (k_gemm_wgr.cu wr_block_cols). */
-int cb_gemm_wgr_cols(const gemm_args *p, int tiles, const tl_gpu_stream *st);
 
 /* The conv1d outputs a fused product (gemm_args.cv_*) left out, its first three tokens of each
  * WR_NT-token tile, from the tiles' edge values and the old conv state [3][C] of the one segment

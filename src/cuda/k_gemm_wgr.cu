@@ -47,8 +47,9 @@
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
-/* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT, or 64
- * for short chunks and small decode batches: cb_gemm_wgr64); a stage holds the token tile (NTM
+/* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT; a
+ * 64-token, 8-stage configuration for short chunks lost 2-9% at 512..16K tokens, H100 session 29,
+ * and was removed); a stage holds the token tile (NTM
  * tokens x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST
  * stages; the f32 output tile [NTM tokens][BN + 4] reuses the stages (and sets the size when
  * larger). */
@@ -405,109 +406,6 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
         wr_block<C, 32>(p, smem, wb, sbb, perm, m0, m_end);
 }
 
-/* wr_block for a MoE down-projection (scatter, no SwiGLU, one k split) that walks p.nb column
- * blocks of its token tile (cb0 = blockIdx.x * p.nb ..): one cp.async ring runs on across them, so
- * the next column block's first stages are in flight while this one's last wgmma finish and its
- * outputs are stored, and the ring's fill is paid once a tile instead of once a column block
- * (K = 512: 8 k steps a column block). The outputs go straight from the accumulators to their
- * scatter rows (no shared-memory tile, no barrier): per element the same accumulator and the same
- * rounding as wr_epilogue, so the same bits. A column block's first wgmma starts from zero
- * (scale-d 0 at its k step 0). */
-template <class C, int NT>
-static __device__ __forceinline__ void
-wr_block_cols(const gemm_args &p, uint8_t *smem, const uint8_t *wb, const uint32_t *sbb,
-              const int32_t *perm, int m0, int m_end, int *srow) {
-    constexpr int S = C::ST;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = warp * 16;
-    const int KT = p.K / GM_BK, ncb = (p.N + C::BN - 1) / C::BN, cb0 = blockIdx.x * p.nb;
-    const int G = min(p.nb, ncb - cb0) * KT, ntok = min(m_end - m0, NT);
-    wr_stream<C, NT, C::THREADS> cs(p, wb, sbb, perm, m0, m_end, tid, 0, cb0 * C::BN);
-    int gi = 0; /* the next step to request: column block gi / KT, k tile gi % KT */
-    auto request = [&](uint8_t *st) {
-        if (gi < G) {
-            if (gi > 0 && gi % KT == 0) /* the next column block: its rows from k tile 0 */
-                cs = wr_stream<C, NT, C::THREADS>(p, wb, sbb, perm, m0, m_end, tid, 0,
-                                                  (cb0 + gi / KT) * C::BN);
-            cs.wn(st, tid), cs.xn(st, tid);
-        }
-        cp_async_commit();
-        gi++;
-    };
-#pragma unroll
-    for (int s = 0; s < S - 1; s++) request(smem + s * C::STAGE_BYTES);
-    if (tid < NT) srow[tid] = m0 + tid < m_end ? gm_asg(p, perm, m0 + tid) : 0;
-    float acc[NT / 2];
-    const uint64_t d0 = wg_desc(smem_u32(smem));
-    const uint32_t d0lo = (uint32_t)d0;
-    const uint64_t d0hi = d0 & 0xffffffff00000000ull;
-    const int g = lane >> 2, t = lane & 3;
-    for (int g0 = 0; g0 < G; g0 += S) {
-#pragma unroll
-        for (int s = 0; s < S; s++) {
-            const int gs = g0 + s, kt = gs % KT;
-            if (gs >= G) break; /* block-uniform */
-            wr_step<C, NT>(acc, smem, s, d0hi, d0lo, r0, lane, kt);
-            request(smem + ((s + S - 1) % S) * C::STAGE_BYTES);
-            if (kt == KT - 1) { /* column block done: its outputs, from the accumulators */
-                wg_wait<0>();
-                const int c0 = (cb0 + gs / KT) * C::BN + r0 + g;
-#pragma unroll
-                for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int tok = 8 * j + 2 * t + e;
-                        if (tok >= ntok) continue;
-                        const size_t at = (size_t)srow[tok] * p.ldy + c0;
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const float v = acc[4 * j + 2 * h + e];
-                            if (p.flags & TL_GEMM_OUT_F32)
-                                ((float *)p.y)[at + 8 * h] = v;
-                            else
-                                ((uint16_t *)p.y)[at + 8 * h] =
-                                    (uint16_t)(bf16x2_pack(v, 0.f) & 0xffffu);
-                        }
-                    }
-            }
-        }
-    }
-    cp_async_wait<0>();
-}
-
-template <int WGS>
-__global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_cols_kernel(gemm_args p) {
-    typedef wr_cfg<WGS> C;
-    extern __shared__ uint8_t wr_smem_raw[];
-    __shared__ int srow[WR_NT];
-    uint8_t *smem = wr_smem_raw + ((0u - smem_u32(wr_smem_raw)) & 1023u);
-    const uint8_t *wb = p.w;
-    const uint32_t *sbb = p.sb;
-    const int32_t *perm;
-    int m0, m_end;
-    pdl_enter(p.trig); /* the MoE plan */
-    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
-    int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
-    if (nc == 4) return wr_block_cols<C, 128>(p, smem, wb, sbb, perm, m0, m_end, srow);
-    if (nc == 3) return wr_block_cols<C, 96>(p, smem, wb, sbb, perm, m0, m_end, srow);
-    if (nc == 2) return wr_block_cols<C, 64>(p, smem, wb, sbb, perm, m0, m_end, srow);
-    wr_block_cols<C, 32>(p, smem, wb, sbb, perm, m0, m_end, srow);
-}
-
-/* The MoE down-projection (p->mode scatter, no SwiGLU) on 2 warpgroups whose blocks walk p->nb
- * (> 1) column blocks each (wr_block_cols); tiles: the plan's 128-row tiles at most. */
-int cb_gemm_wgr_cols(const gemm_args *p, int tiles, const tl_gpu_stream *st) {
-    typedef wr_cfg<2> C;
-    if (smem_limit<gemm_wgr_cols_kernel<2>>(C::SMEM)) return TL_ERR_CUDA;
-    if (tiles <= 0) return 0;
-    if (tiles > 65535 || p->nb < 2 || p->mode != GM_MOE_SCATTER || (p->flags & TL_GEMM_SWIGLU) ||
-        p->ws)
-        return TL_ERR_INVALID;
-    int ncb = (p->N + C::BN - 1) / C::BN;
-    TL_LAUNCH(st, "gemm_wgr_moe_cols", gemm_wgr_cols_kernel<2>, dim3(CEIL_DIV(ncb, p->nb), tiles),
-              dim3(C::THREADS), C::SMEM, *p);
-    return 0;
-}
-
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
  * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
 template <int WGS, int NTM = WR_NT, int ST = WR_STAGES>
@@ -524,24 +422,12 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
         TL_LAUNCH_CLUSTER(st, "gemm_wgr_cluster", ksplit, kern, grid, dim3(C::THREADS), C::SMEM,
                           *p);
     else
-        TL_LAUNCH(st,
-                  p->mode == GM_DENSE ? (NTM == 64 ? "gemm_wgr64" : "gemm_wgr")
-                                      : (NTM == 64 ? "gemm_wgr_moe64" : "gemm_wgr_moe"),
-                  kern, grid, dim3(C::THREADS), C::SMEM, *p);
+        TL_LAUNCH(st, p->mode == GM_DENSE ? "gemm_wgr" : "gemm_wgr_moe", kern, grid,
+                  dim3(C::THREADS), C::SMEM, *p);
     return 0;
 }
 
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
     return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
                     : launch_gemm_wgr<4>(p, tiles, ksplit, st);
-}
-
-/* A short chunk's MoE (the plan's 64-row tiles) or dense product on 64-token tiles with a
- * WR64_STAGES-deep ring: a 64-token stage is 12 KB instead of 20, so twice the weight stages are
- * in flight in the same shared memory (two blocks an SM either way), for chunks whose experts
- * hold few tokens each and whose weights, streamed once, are the floor; a dense product gets
- * twice the blocks of 128-token tiles. */
-#define WR64_STAGES 8
-int cb_gemm_wgr64(const gemm_args *p, int tiles, int ksplit, const tl_gpu_stream *st) {
-    return launch_gemm_wgr<2, 64, WR64_STAGES>(p, tiles, ksplit, st);
 }
