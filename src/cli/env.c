@@ -85,18 +85,12 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_PF_PDL=0|1|2", ENGINE_CMDS,
      "CUDA: a single sequence's prefill chunk without programmatic dependent launch (0), with it "
      "(1, default), or with the early triggers too (2) (A/B)"},
-    {"TL_MOE_WGR=0|1|2|4", ENGINE_CMDS,
-     "CUDA: 4-bit MoE GEMMs of >= 512 tokens (TL_MOE_WGR_MIN) on the wgr kernel with 1, 2 "
-     "(default) or 4 warpgroups, 0: the mma.sync / wgmma tiles"},
-    {"TL_MOE_WGR_MIN=N", ENGINE_CMDS,
-     "CUDA: 4-bit MoE GEMMs of prefill chunks on the wgr kernel from N tokens (default 512), on "
-     "q4w's 16-token tiles below (A/B)"},
-    {"TL_DENSE_WGR=0|1|2|4", ENGINE_CMDS,
-     "CUDA: dense 4-bit GEMMs of >= 257 tokens on the wgr kernel with 1, 2 (default) or 4 "
+    {"TL_MOE_WGR=0|2|4", ENGINE_CMDS,
+     "CUDA: 4-bit MoE GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 warpgroups, "
+     "0: the mma.sync / wgmma tiles"},
+    {"TL_DENSE_WGR=0|2|4", ENGINE_CMDS,
+     "CUDA: dense 4-bit GEMMs of >= 512 tokens on the wgr kernel with 2 (default) or 4 "
      "warpgroups, 0: the mma.sync / wgmma tiles"},
-    {"TL_DENSE_WGR1=N", ENGINE_CMDS,
-     "CUDA: dense 4-bit GEMMs of 257..N tokens whose 2-warpgroup wgr grid is under 132 blocks on "
-     "1 warpgroup a block (twice the blocks; default 0: none; A/B)"},
     {"TL_DENSE_WGR_DEC=0", ENGINE_CMDS,
      "CUDA: dense 4-bit GEMMs of <= 256 tokens (decode batches) on the 16/64-token mma.sync tiles "
      "instead of the wgr kernel (A/B; other rounding)"},
@@ -105,9 +99,9 @@ static const env_switch env_switches[] = {
      "warp-specialised one with P through shared memory (2) instead of the warp-specialised one "
      "with P in registers (two query heads a block share each K/V tile; O = P V with V read "
      "N-major; A/B)"},
-    {"TL_GEMM_TILE=0..8", ENGINE_CMDS,
+    {"TL_GEMM_TILE=0..7", ENGINE_CMDS,
      "CUDA: force a GEMM tile (mma 0:128x128 1:64x128 2:128x256 5:16x128, wgmma 3:128x256 "
-     "4:64x256, wgr 6:2 7:4 8:1 warpgroups)"},
+     "4:64x256, wgr 6:2 7:4 warpgroups)"},
     {"TL_NORM_CHECK=0", LOAD_CMDS,
      "skip the load-time check of the RMSNorm weights' storage convention"},
     {"TL_TEST_LOAD_DELAY_MS=N", TL_CMD_SERVE,

@@ -51,13 +51,6 @@ static inline int tl_env_is(const char *name, int v) {
     return s && atoi(s) == v;
 }
 
-/* The integer value of the environment variable name, def when unset or empty (the kernels'
- * numeric A/B switches; each caller reads it once and keeps the answer). */
-static inline int tl_env_int(const char *name, int def) {
-    const char *s = getenv(name);
-    return s && *s ? atoi(s) : def;
-}
-
 /* TL_CUDA_SYNC=1: every launch is followed by a stream synchronize (outside graph capture), so
  * an asynchronous fault names the kernel that caused it. Read once. */
 static inline int tl_cuda_sync_each(void) {

@@ -827,7 +827,10 @@ static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const
  * in-projection padded to 12416 rows: 537 TFLOP/s bf16, 410 4-bit at n = 4096, run 5): the last
  * block's missing rows load as zeros and are not stored. TL_GEMM_TILE (0 mma 128x128, 1 mma 64x128,
  * 2 mma 128x256, 3 wgmma 128x256, 4 wgmma 64x256) forces one, for the tests and the dev bench. */
-static int gemm_tile_env(void) { return tl_env_int("TL_GEMM_TILE", -1); }
+static int gemm_tile_env(void) {
+    const char *e = getenv("TL_GEMM_TILE");
+    return e && *e ? atoi(e) : -1;
+}
 static int gemm_forced_tile(int rows) {
     int f = gemm_tile_env();
     return f >= 0 && f <= 5 && !(f == GM_T256 && rows % 256) ? f : -1;
@@ -930,7 +933,7 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
 }
 
 /* The wgr kernel's warpgroups for a 4-bit GEMM, 0 for another kernel: TL_GEMM_TILE=6 forces 2
- * (7: 4, 8: 1); else TL_MOE_WGR (MoE GEMMs) or TL_DENSE_WGR (dense products) = 1, 2 or 4
+ * (TL_GEMM_TILE=7: 4); else TL_MOE_WGR (MoE GEMMs) or TL_DENSE_WGR (dense products) = 2 or 4
  * takes it from min_tok tokens (a prefill chunk: the MoE from 512, the dense products from 257,
  * where the decode batches' split path ends); default 2, `0`
  * off (H200, BENCHMARKS.md session 8: 2 beat the old tiles by 4-5% each, 4 lost). note: 4
@@ -938,29 +941,20 @@ static int gemm_w_ok(const tl_gpu_gemm_w *w) {
  * SM, which measured slower. */
 static int gemm_wgr_of(const char *env, int *cached, int n_tok, int min_tok) {
     if (*cached < 0) {
-        int v = tl_env_int(env, 2);
-        *cached = v == 1 || v == 2 || v == 4 ? v : 0;
+        const char *e = getenv(env);
+        *cached = !e || !*e ? 2 : atoi(e) == 2 || atoi(e) == 4 ? atoi(e) : 0;
     }
     int f = gemm_tile_env();
-    if (f >= GM_WGR && f <= GM_WGR + 2) return f == GM_WGR ? 2 : f == GM_WGR + 1 ? 4 : 1;
+    if (f == GM_WGR || f == GM_WGR + 1) return f == GM_WGR ? 2 : 4;
     return f < 0 && n_tok >= min_tok ? *cached : 0;
 }
 
 /* The wgr kernel's warpgroups for a dense product of n tokens, 0 for another kernel: past the
  * decode batches' split path (<= 256 tokens; chunks of 257-511 tokens ran the mma.sync 64x128
- * tile until session 25, 15% slower at a 320-token prefill, H100). TL_DENSE_WGR1=N (A/B, default
- * 0): products of at most N tokens whose 2-warpgroup grid is under one block an SM (an
- * out-projection's 16 column blocks at 512 tokens: 64 blocks) run 1 warpgroup (64 rows) a block
- * instead, twice the blocks, the token tile read from L2 twice as often. */
+ * tile until session 25, 15% slower at a 320-token prefill, H100). */
 static int dense_wgr_of(const tl_gpu_gemm_w *w, int n) {
-    static int dense_wgr = -1, wgr1_max = -1;
-    if (w->bits != 4) return 0;
-    if (wgr1_max < 0) wgr1_max = max(0, tl_env_int("TL_DENSE_WGR1", 0));
-    int wgs = gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, TL_GEMM_SPLITK_MAX_N + 1);
-    if (wgs == 2 && gemm_tile_env() < 0 && n <= wgr1_max &&
-        (long)CEIL_DIV(w->rows, 128) * CEIL_DIV(n, WR_NT) < GM_SPLITK_SMS)
-        return 1;
-    return wgs;
+    static int dense_wgr = -1;
+    return w->bits == 4 ? gemm_wgr_of("TL_DENSE_WGR", &dense_wgr, n, TL_GEMM_SPLITK_MAX_N + 1) : 0;
 }
 
 /* The kernels' arguments of a dense product y = epilogue(x W^T) of n tokens (tl_gpu_gemm's). */
@@ -1085,14 +1079,10 @@ int cb_moe_gemm(uint16_t *y, const uint16_t *x, const tl_gpu_gemm_w *w, const in
      * batch: n_tok / 32 tokens per expert on average) 16x128. grid = upper bound on M
      * tiles (every non-empty expert adds at most one partial tile), the blocks past the plan's
      * tile count exit at once; the shared expert's tiles (p.n_sh rows) come after them. */
-    /* TL_MOE_WGR_MIN=N (A/B, default 512): the 4-bit MoE on the wgr kernel from N tokens, on
-     * q4w's 16-token tiles below */
-    static int moe_wgr = -1, wgr_min = -1;
-    if (wgr_min < 0) wgr_min = max(0, tl_env_int("TL_MOE_WGR_MIN", 512));
-    int q4_min = w->bits == 4 ? wgr_min : 512;
-    int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, q4_min) : 0;
+    static int moe_wgr = -1;
+    int wgs = w->bits == 4 ? gemm_wgr_of("TL_MOE_WGR", &moe_wgr, n_tok, 512) : 0;
     if (wgs) return cb_gemm_wgr(&p, wgs, moe_max_tiles(&p, WR_NT), 1, st);
     int tile = gemm_forced_tile(w->rows);
-    if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < max(512, q4_min) ? GM_T16 : GM_T64;
+    if (tile < 0) tile = n_tok >= 3072 ? GM_WG128 : n_tok < 512 ? GM_T16 : GM_T64;
     return gemm_launch(&p, w->bits, tile, moe_max_tiles(&p, tile_bm(tile)), st);
 }

@@ -129,7 +129,7 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
     }
 }
 
-/* The wgr kernel (k_gemm_wgr.cu) with wgs (1, 2 or 4) warpgroups over `tiles` token tiles (grid y;
+/* The wgr kernel (k_gemm_wgr.cu) with wgs (2 or 4) warpgroups over `tiles` token tiles (grid y;
  * WR_NT tokens each, or the MoE plan's 128-row tiles), K split ksplit ways (dense only, p->ws set
  * when ksplit > 1: raw partials for gemm_splitk_reduce). */
 #define WR_NT 128

@@ -47,11 +47,12 @@
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
-/* WGS warpgroups of 64 weight rows (1, 2 or 4): BN rows a block; tiles of at most NTM tokens
- * (WR_NT; a 64-token, 8-stage configuration for short chunks lost 2-9% at 512..16K tokens, H100
- * session 29, and was removed); a stage holds the token tile (NTM tokens x 64 k, bf16, swizzled:
- * X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST stages; the f32 output tile
- * [NTM tokens][BN + 4] reuses the stages (and sets the size when larger). */
+/* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT; a
+ * 64-token, 8-stage configuration for short chunks lost 2-9% at 512..16K tokens, H100 session 29,
+ * and was removed); a stage holds the token tile (NTM
+ * tokens x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST
+ * stages; the f32 output tile [NTM tokens][BN + 4] reuses the stages (and sets the size when
+ * larger). */
 template <int WGS_, int NTM_ = WR_NT, int ST_ = WR_STAGES> struct wr_cfg {
     static constexpr int WGS = WGS_, NTM = NTM_, ST = ST_;
     static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
@@ -382,7 +383,7 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
 }
 
 template <int WGS, int NTM = WR_NT, int ST = WR_STAGES>
-__global__ void __launch_bounds__(128 * WGS, WGS == 4 ? 1 : 2) gemm_wgr_kernel(gemm_args p) {
+__global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
     typedef wr_cfg<WGS, NTM, ST> C;
     extern __shared__ uint8_t wr_smem_raw[];
     /* aligned by an offset, so the compiler still sees a shared-memory pointer (an integer round
@@ -427,7 +428,6 @@ static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_
 }
 
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st) {
-    if (wgs == 1) return launch_gemm_wgr<1>(p, tiles, ksplit, st);
     return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
                     : launch_gemm_wgr<4>(p, tiles, ksplit, st);
 }

@@ -127,9 +127,9 @@ static tl_gpu_gemm_w q4_upload(const mlx_host *m, int n_mat, int rows) {
 
 /* The GEMM tile shapes (k_gemm.cu): "" = the entry's own choice, then each forced one
  * (0-2 and 5: mma.sync 128x128, 64x128, 128x256, 16x128; 3-4 wgmma 128x256, 64x256; 6-7 the
- * 4-bit products' wgr kernel with 2, 4 or 1 warpgroups). */
-#define N_TILES_ALL 10
-static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "5", "3", "4", "6", "7", "8"};
+ * 4-bit MoE's wgr kernel with 2 or 4 warpgroups). */
+#define N_TILES_ALL 9
+static const char *const tiles[N_TILES_ALL] = {"", "0", "1", "2", "5", "3", "4", "6", "7"};
 static int N_TILES = N_TILES_ALL; /* TL_TEST_TILES=mma: only the mma.sync shapes (first 5) */
 static void set_tile(const char *t) {
     if (*t)

@@ -218,10 +218,6 @@ static inline int tl_env_is(const char *name, int v) {
     const char *s = getenv(name);
     return s && atoi(s) == v;
 }
-static inline int tl_env_int(const char *name, int def) {
-    const char *s = getenv(name);
-    return s && *s ? atoi(s) : def;
-}
 static inline void cp_async_commit(void) {}
 template <int N> static inline void cp_async_wait(void) {}
 
