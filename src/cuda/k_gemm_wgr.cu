@@ -49,10 +49,9 @@
 #define WR_STAGES 4
 /* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT; a
  * 64-token, 8-stage configuration for short chunks lost 2-9% at 512..16K tokens, H100 session 29,
- * and was removed); a stage holds the token tile (NTM
- * tokens x 64 k, bf16, swizzled: X_BYTES), BN rows x 64 packed nibbles, BN scale/bias words; ST
- * stages; the f32 output tile [NTM tokens][BN + 4] reuses the stages (and sets the size when
- * larger). */
+ * and was removed); a stage holds the token tile (NTM tokens x 64 k, bf16, swizzled: X_BYTES),
+ * BN rows x 64 packed nibbles, BN scale/bias words; ST stages; the f32 output tile
+ * [NTM tokens][BN + 4] reuses the stages (and sets the size when larger). */
 template <int WGS_, int NTM_ = WR_NT, int ST_ = WR_STAGES> struct wr_cfg {
     static constexpr int WGS = WGS_, NTM = NTM_, ST = ST_;
     static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
