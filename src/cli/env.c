@@ -51,6 +51,9 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_WG=0|2", ENGINE_CMDS,
      "CUDA: the router GEMM of prefill chunks of >= 3072 tokens on the mma.sync 64x64 tiles "
      "instead of wgmma (0), or every unsplit one on wgmma (2; A/B)"},
+    {"TL_ROUTER_SPLIT_MAX=N", ENGINE_CMDS,
+     "CUDA: router GEMMs of up to N tokens (default 256: decode batches) split in K 8 ways in a "
+     "cluster, prefill chunks of up to N tokens included (A/B)"},
     {"TL_GEMM_CONV=0", ENGINE_CMDS,
      "CUDA: the conv1d of a prefill chunk's GDN layers in its own kernel instead of inside the "
      "in-projection's epilogue (the same bits; A/B)"},

@@ -37,7 +37,7 @@
 #define RT_LDS         72  /* padded row, elements */
 #define RT_STAGES      3   /* cp.async ring */
 #define RT_SPLIT       8   /* K shares of a small micro-batch */
-#define RT_SPLIT_MAX_T 256 /* up to this many tokens */
+#define RT_SPLIT_MAX_T 256 /* up to this many tokens (default; tl_gpu_router_split_max) */
 template <int TM, int TN> struct rt_cfg {
     static constexpr int MI = TM / 64, NJ = TN / 16;         /* m16 blocks, n8 tiles a warp */
     static constexpr int XT = TM * RT_LDS, WT = TN * RT_LDS; /* elements of a plane's tile */
@@ -308,6 +308,23 @@ static int router_wg_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uin
     return 0;
 }
 
+/* The most tokens of a split call: RT_SPLIT_MAX_T, or TL_ROUTER_SPLIT_MAX (read once; A/B: a
+ * prefill chunk of 512 tokens leaves 32 blocks of 64 x 64 unsplit, 33 us a layer on the H100
+ * against 12.5 us split at 256 tokens, session 29's profile) or tl_gpu_router_split_max. */
+static int router_split_n = -1;
+static int router_split_max(void) {
+    if (router_split_n < 0) {
+        const char *e = getenv("TL_ROUTER_SPLIT_MAX");
+        router_split_n = e && *e && atoi(e) > 0 ? atoi(e) : RT_SPLIT_MAX_T;
+    }
+    return router_split_n;
+}
+extern "C" int tl_gpu_router_split_max(int n) {
+    int was = router_split_max();
+    if (n >= 0) router_split_n = n;
+    return was;
+}
+
 template <int TM, int TN>
 static int router_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,
                          const uint16_t *xl, int n_tok, int split, const tl_gpu_stream *st) {
@@ -323,7 +340,7 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
                                   const uint16_t *xl, int n_tok, const tl_gpu_stream *st) {
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
-    int split = n_tok <= RT_SPLIT_MAX_T && (W->cols / RT_K) % RT_SPLIT == 0 && st;
+    int split = n_tok <= router_split_max() && (W->cols / RT_K) % RT_SPLIT == 0 && st;
     int wg = router_wg_mode();
     if (!split && (wg == 2 || (wg == 1 && n_tok >= RW_MIN_TOK)))
         return W->sb ? router_wg_launch<true>(y, ldy, W, xh, xl, n_tok, st)

@@ -104,12 +104,13 @@ static void router_case(int bits, int n_tok, int on_st) {
     CHECK_EQ_INT(tl_gpu_router_gemm(dy, rows, &dW, dxh, dxl, n_tok, stp), 0);
     float *got = host_from(dy, (size_t)n_tok * rows);
     char what[96];
+    const int smax = tl_gpu_router_split_max(-1);
     snprintf(what, sizeof what, "router gemm %s t%d%s", bits == 8 ? "q8->bf16 hi+lo" : "bf16",
-             n_tok, on_st ? (n_tok <= 256 ? " split-K" : " (too many tokens to split)") : "");
+             n_tok, on_st ? (n_tok <= smax ? " split-K" : " (too many tokens to split)") : "");
     check_nmse(what, got, ref, (size_t)n_tok * rows, 1e-9);
     int diff = 0;
     for (int t = 0; t < n_tok; t += 7) {
-        if (n_tok > 256) stp = NULL; /* the split is the same on one side of 256 only */
+        if (n_tok > smax) stp = NULL; /* the split is the same on one side of its limit only */
         CHECK_EQ_INT(tl_gpu_router_gemm(dy1, rows, &dW, dxh + (size_t)t * cols,
                                         dxl + (size_t)t * cols, 1, stp),
                      0);
@@ -129,6 +130,10 @@ static void test_router_gemm(void) {
     router_case(8, 37, 1); /* 8-bit router (MLX files): hi + lo planes; not a multiple of 16 */
     router_case(8, 256, 1);
     router_case(0, 19, 1); /* bf16 router: no low plane */
+    /* a prefill chunk's call split too (TL_ROUTER_SPLIT_MAX): its tokens alone the same bits */
+    int smax = tl_gpu_router_split_max(1024);
+    router_case(8, 700, 1);
+    tl_gpu_router_split_max(smax);
     /* the unsplit calls on wgmma (the default from 3,072 tokens; forced here) and on the
      * mma.sync tiles */
     for (int wg = 2; wg >= 0; wg -= 2) {
