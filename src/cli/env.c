@@ -54,6 +54,9 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_SPLIT_MAX=N", ENGINE_CMDS,
      "CUDA: router GEMMs of up to N tokens (default 256: decode batches) split in K 8 ways in a "
      "cluster, prefill chunks of up to N tokens included (A/B)"},
+    {"TL_MOE_PLAN_ONE_MAX=N", ENGINE_CMDS,
+     "CUDA: the prefill MoE plan of fewer than N assignments (8 a token) in one block instead of "
+     "three kernels (default 4096; A/B)"},
     {"TL_GEMM_CONV=0", ENGINE_CMDS,
      "CUDA: the conv1d of a prefill chunk's GDN layers in its own kernel instead of inside the "
      "in-projection's epilogue (the same bits; A/B)"},
