@@ -538,7 +538,7 @@ static void test_gdn_cols(void) {
 
 /* ---- the router GEMM (64 x 64 mma.sync tiles, wgmma) against a double product of the planes' sums ---- */
 static void test_router_gemm(void) {
-    const int rows = 257, K = 1024, n = 300; /* n past RT_SPLIT_MAX_T: no split; 16 k stages */
+    const int rows = 257, K = 1024, n = 300; /* no stream: no split; 16 k stages */
     uint16_t *xh = (uint16_t *)xmalloc((size_t)n * K * 2), *xl = (uint16_t *)xmalloc((size_t)n * K * 2);
     uint16_t *wh = (uint16_t *)xmalloc((size_t)rows * K * 2), *wl = (uint16_t *)xmalloc((size_t)rows * K * 2);
     for (size_t i = 0; i < (size_t)n * K; i++) {

@@ -52,11 +52,8 @@ static const env_switch env_switches[] = {
      "CUDA: the router GEMM of prefill chunks of >= 3072 tokens on the mma.sync 64x64 tiles "
      "instead of wgmma (0), or every unsplit one on wgmma (2; A/B)"},
     {"TL_ROUTER_SPLIT_MAX=N", ENGINE_CMDS,
-     "CUDA: router GEMMs of up to N tokens (default 256: decode batches) split in K 8 ways in a "
-     "cluster, prefill chunks of up to N tokens included (A/B)"},
-    {"TL_MOE_PLAN_ONE_MAX=N", ENGINE_CMDS,
-     "CUDA: the prefill MoE plan of fewer than N assignments (8 a token) in one block instead of "
-     "three kernels (default 4096; A/B)"},
+     "CUDA: router GEMMs of up to N tokens (default 1024) split in K 8 ways in a cluster, "
+     "unsplit past N (A/B)"},
     {"TL_GEMM_CONV=0", ENGINE_CMDS,
      "CUDA: the conv1d of a prefill chunk's GDN layers in its own kernel instead of inside the "
      "in-projection's epilogue (the same bits; A/B)"},

@@ -186,7 +186,7 @@ int tl_gpu_gemv_set_rows(int on);
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
  * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of
  * the normed input (tl_gpu_rmsnorm_bf16x2). W bf16, W->cols % 128 == 0; ldy >= W->rows. Up to
- * 256 tokens on a stream (st not NULL: the engine's; tl_gpu_router_split_max), K is split 8 ways
+ * 1,024 tokens on a stream (st not NULL: the engine's; tl_gpu_router_split_max), K is split 8 ways
  * inside a thread-block cluster (k_router.cu); otherwise (more tokens, or st NULL: tests, the host
  * emulator) never split, on wgmma (router_wg_kernel) from 3,072 tokens (tl_gpu_router_set_wg,
  * TL_ROUTER_WG). A token's result does not depend on n_tok on either side of the split's limit. */
@@ -197,7 +197,7 @@ int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t
  * 3,072 tokens, 2 all, 0 none. Returns the previous setting. */
 int tl_gpu_router_set_wg(int mode);
 /* Tests and A/B runs, instead of TL_ROUTER_SPLIT_MAX: the most tokens whose router call on a
- * stream is split in K (default 256); n < 0 only asks. Returns the previous setting. */
+ * stream is split in K (default 1,024); n < 0 only asks. Returns the previous setting. */
 int tl_gpu_router_split_max(int n);
 
 /* Prefill: y[n, rows] = x[n, cols] W^T, x bf16 row-major (row stride cols), fp32 accumulate,

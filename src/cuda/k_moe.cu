@@ -838,14 +838,7 @@ extern "C" int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok,
                                   const tl_gpu_stream *st) {
     if (!plan || !ids || n_tok < 0) return TL_ERR_INVALID;
     int n_asg = n_tok * 8, trig = tl_pdl_trig(st);
-    /* TL_MOE_PLAN_ONE_MAX=N (read once; A/B, default PLAN_MB_MIN): the one-block kernel for
-     * fewer than N assignments (its scratch-free plan fits any count) */
-    static int one_max = -1;
-    if (one_max < 0) {
-        const char *e = getenv("TL_MOE_PLAN_ONE_MAX");
-        one_max = e && *e && atoi(e) > 0 ? atoi(e) : PLAN_MB_MIN;
-    }
-    if (n_asg < one_max) {
+    if (n_asg < PLAN_MB_MIN) {
         TL_LAUNCH(st, "moe_plan", moe_plan_kernel, dim3(1), dim3(1024), 0, plan, ids, n_asg, trig);
         return 0;
     }

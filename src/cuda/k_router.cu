@@ -21,8 +21,9 @@
  *   times instead of five and W once per 128 tokens: ~170 instead of ~300 MB from L2 a 4K-token
  *   layer) measured the same (prefill 4K 55,315 vs 55,127 tok/s, 16K 50,931 vs 50,919, H100,
  *   session 25) and was removed.
- * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 4 x 5 blocks of 64 x 64,
- *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs), so on a stream K is
+ * Split-K: a micro-batch of at most RT_SPLIT_MAX_T tokens has at most 16 x 4 blocks of 64 x 64,
+ *   each streaming all of K (the router took ~26 us at 64 tokens on 5 SMs, 33 us at 512 tokens on
+ *   32 blocks: H100, session 29), so on a stream K is
  *   cut into RT_SPLIT shares (grid z), the RT_SPLIT blocks of a tile one cluster: each leaves its
  *   raw sums in its shared memory and block z adds the tile's pairs z, z + RT_SPLIT, ... over the
  *   cluster's blocks in z order (rt_cluster_sum; until session 26 through a workspace and a
@@ -33,11 +34,11 @@
  *   rows, from L2.
  * Tested against a host double reference (tests/gpu/test_kernels.c: test_router_gemm; the host
  *   emulator, dev/emu/gemm_emu.sh, both tiles against each other). */
-#define RT_K           64  /* k per stage */
-#define RT_LDS         72  /* padded row, elements */
-#define RT_STAGES      3   /* cp.async ring */
-#define RT_SPLIT       8   /* K shares of a small micro-batch */
-#define RT_SPLIT_MAX_T 256 /* up to this many tokens (default; tl_gpu_router_split_max) */
+#define RT_K           64   /* k per stage */
+#define RT_LDS         72   /* padded row, elements */
+#define RT_STAGES      3    /* cp.async ring */
+#define RT_SPLIT       8    /* K shares of a small micro-batch */
+#define RT_SPLIT_MAX_T 1024 /* up to this many tokens (default; tl_gpu_router_split_max) */
 template <int TM, int TN> struct rt_cfg {
     static constexpr int MI = TM / 64, NJ = TN / 16;         /* m16 blocks, n8 tiles a warp */
     static constexpr int XT = TM * RT_LDS, WT = TN * RT_LDS; /* elements of a plane's tile */
@@ -308,9 +309,9 @@ static int router_wg_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uin
     return 0;
 }
 
-/* The most tokens of a split call: RT_SPLIT_MAX_T, or TL_ROUTER_SPLIT_MAX (read once; A/B: a
- * prefill chunk of 512 tokens leaves 32 blocks of 64 x 64 unsplit, 33 us a layer on the H100
- * against 12.5 us split at 256 tokens, session 29's profile) or tl_gpu_router_split_max. */
+/* The most tokens of a split call: RT_SPLIT_MAX_T, or TL_ROUTER_SPLIT_MAX (read once; A/B) or
+ * tl_gpu_router_split_max. 1,024 since session 29 (256 before: prefill 384 +5.8%, 512 +3.1%, 1K
+ * +0.7%; 2,048 lost 2.4% at 2K; H100, BENCHMARKS.md). */
 static int router_split_n = -1;
 static int router_split_max(void) {
     if (router_split_n < 0) {

@@ -77,7 +77,7 @@ static void test_gemv_bf16(void) {
 /* The micro-batch router on the tensor cores (split bf16 planes of x and W) against the host
  * matvec of the normed input: NMSE <= 1e-9 (bf16 x alone would give ~1e-6: the case fails if the
  * low planes are dropped), and each token alone gives the same bits as in the batch. on_st: on a
- * stream (K cut 8 ways in a cluster up to 256 tokens, as on the engine's streams), else none. */
+ * stream (K cut 8 ways in a cluster up to 1,024 tokens, as on the engine's streams), else none. */
 static void router_case(int bits, int n_tok, int on_st) {
     const int rows = 257, cols = TL_N_EMBD;
     hmat W;
@@ -133,6 +133,8 @@ static void test_router_gemm(void) {
     /* a prefill chunk's call split too (TL_ROUTER_SPLIT_MAX): its tokens alone the same bits */
     int smax = tl_gpu_router_split_max(1024);
     router_case(8, 700, 1);
+    tl_gpu_router_split_max(512);
+    router_case(8, 700, 1); /* past the limit: unsplit */
     tl_gpu_router_split_max(smax);
     /* the unsplit calls on wgmma (the default from 3,072 tokens; forced here) and on the
      * mma.sync tiles */
