@@ -1771,6 +1771,32 @@ static void test_kv_page_copy(void) {
  * host given the history those counts and adjustments stand for. Then tl_gpu_penalty_sub takes
  * generated tokens out again (a rollback). Laws: the same survivors in the same order (ties to
  * the lower id), probabilities within 1e-5, logprobs within 1e-5 (float lse vs double). */
+/* A law row that differs from tl_sample_law's: both laws and the logits of their tokens on
+ * stdout; with TL_TEST_DUMP=DIR the row's logits, history and adjustments to DIR/law_row<r>.bin
+ * (reproducible on the host). */
+static void law_mismatch(const tl_law *g, const tl_law *h, const float *row, const int32_t *hist,
+                         int nh, int np, const int32_t *ints, int R, int r) {
+    const tl_law *l[2] = {g, h};
+    for (int k = 0; k < 2; k++) {
+        printf("#   %s law (%d):", k ? "host" : "gpu", l[k]->n);
+        for (int i = 0; i < l[k]->n; i++)
+            printf(" %d:%.6g/%.6g", l[k]->id[i], l[k]->p[i], row[l[k]->id[i]]);
+        printf("\n");
+    }
+    printf("#   history %d (prompt %d), adjustments:", nh, np);
+    for (int a = 0; a < 3 + TL_LAW_ADJ; a++) printf(" %d", ints[a * R]);
+    printf("\n");
+    const char *dir = getenv("TL_TEST_DUMP");
+    if (!dir) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/law_row%d.bin", dir, r);
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(row, sizeof(float), TL_N_VOCAB, f);
+    fwrite(&nh, sizeof nh, 1, f), fwrite(hist, sizeof(int32_t), (size_t)nh, f);
+    fclose(f);
+}
+
 static void test_sample_law(void) {
     enum { R = 6, NP = 30, NG = 20 };
     const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
@@ -1846,6 +1872,8 @@ static void test_sample_law(void) {
             }
             printf("# pass %d, law row %d: %d survivors (host %d), best %d (host %d)\n", pass, r,
                    law[r].n, ref.n, law[r].id[0], ref.id[0]);
+            if (law[r].n != ref.n || memcmp(law[r].id, ref.id, sizeof(int32_t) * ref.n))
+                law_mismatch(&law[r], &ref, row, h[r], nh[r], NP, &ints[r], R, r);
         }
         printf("# pass %d: laws vs tl_sample_law: max |dp| %.2g, max |dlogprob| %.2g\n", pass,
                dp_max, dl_max);
