@@ -54,9 +54,6 @@ static const env_switch env_switches[] = {
     {"TL_ROUTER_SPLIT_MAX=N", ENGINE_CMDS,
      "CUDA: router GEMMs of up to N tokens (default 1024) split in K 8 ways in a cluster, "
      "unsplit past N (A/B)"},
-    {"TL_DENSE_DEEP=1", ENGINE_CMDS,
-     "CUDA: dense 4-bit prefill GEMMs whose wgr grid is under 132 blocks on a 6-stage ring, one "
-     "block an SM (A/B)"},
     {"TL_GEMM_CONV=0", ENGINE_CMDS,
      "CUDA: the conv1d of a prefill chunk's GDN layers in its own kernel instead of inside the "
      "in-projection's epilogue (the same bits; A/B)"},

@@ -983,13 +983,6 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     if (n == 0) return 0;
     gemm_args p = dense_args(y, x, w, n, res, flags, st);
     int wgs = dense_wgr_of(w, n);
-    /* TL_DENSE_DEEP=1 (A/B, read once): a product whose 2-warpgroup grid is under one block an
-     * SM (an out-projection at 512 tokens: 64 blocks, bound by the bytes its blocks keep in
-     * flight) on the 6-stage ring */
-    static int deep = -1;
-    if (deep < 0) deep = tl_env_is("TL_DENSE_DEEP", 1);
-    if (wgs == 2 && deep && (long)CEIL_DIV(w->rows, 128) * CEIL_DIV(n, WR_NT) < GM_SPLITK_SMS)
-        return cb_gemm_wgr_deep(&p, CEIL_DIV(n, WR_NT), st);
     if (wgs) return cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st);
     int ks = gemm_splitk_of(w);
     int ws_ok = ks == 1 || (st && st->ws && tl_gpu_gemm_ws_bytes(w, n) <= st->ws_bytes);

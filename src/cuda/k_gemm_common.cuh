@@ -134,8 +134,6 @@ static __device__ __forceinline__ void gm_prologue(int KT, bool dense, int trig,
  * when ksplit > 1: raw partials for gemm_splitk_reduce). */
 #define WR_NT 128
 int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu_stream *st);
-/* cb_gemm_wgr with 2 warpgroups, one K share and a 6-stage ring (one block an SM). */
-int cb_gemm_wgr_deep(const gemm_args *p, int tiles, const tl_gpu_stream *st);
 
 /* The conv1d outputs a fused product (gemm_args.cv_*) left out, its first three tokens of each
  * WR_NT-token tile, from the tiles' edge values and the old conv state [3][C] of the one segment

@@ -430,9 +430,3 @@ int cb_gemm_wgr(const gemm_args *p, int wgs, int tiles, int ksplit, const tl_gpu
     return wgs == 2 ? launch_gemm_wgr<2>(p, tiles, ksplit, st)
                     : launch_gemm_wgr<4>(p, tiles, ksplit, st);
 }
-
-/* 2 warpgroups with a 6-stage ring (129 KB: one block an SM, five stages in flight instead of
- * three), for dense products whose grid is under one block an SM (k_gemm.cu, TL_DENSE_DEEP). */
-int cb_gemm_wgr_deep(const gemm_args *p, int tiles, const tl_gpu_stream *st) {
-    return launch_gemm_wgr<2, WR_NT, 6>(p, tiles, 1, st);
-}
