@@ -356,7 +356,111 @@ static void test_sample_vs_host(void) {
     law_case(248320, 248320, 1); /* mass ties: the model vocabulary, the radix selection */
 }
 
+/* tests/gpu/test_kernels.c test_sample_law's scenario (six rows of the model's vocabulary, the
+ * counts through tl_gpu_penalty_add, adjustments counting tokens in and out, two passes) over
+ * many seeds of its draws (EMU_LAW_SEEDS, default 4): device laws == tl_sample_law. A row that
+ * differs prints both laws. */
+static tl_sample_params law_greedy(void) {
+    tl_sample_params p;
+    memset(&p, 0, sizeof p);
+    p.top_p = 1.0f, p.repetition_penalty = 1.0f;
+    return p;
+}
+static int law_seed_case(unsigned long long seed) {
+    enum { R = 6, NP = 30, NG = 20 };
+    const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
+    unsigned long long g = seed;
+    float *lg = rand_vec(&g, (size_t)R * V, 3.0f);
+    int32_t hist[2][NP + NG + 8], pos[NP + NG], slot[NP + NG], tok[NP + NG], np[2] = {NP, NP};
+    int32_t *dc = (int32_t *)xcalloc((size_t)2 * V, 4);
+    uint32_t *dcb = (uint32_t *)xcalloc((size_t)2 * TL_GPU_COUNT_WORDS(V), 4);
+    for (int sl = 0; sl < 2; sl++) {
+        for (int i = 0; i < NP + NG; i++) {
+            int32_t t = (int32_t)(t_rng_next(&g) % 4000) * 61 % nv;
+            if (i >= NP && i % 3 == 0) t = hist[sl][i - 2];
+            hist[sl][i] = tok[i] = t, pos[i] = i, slot[i] = sl;
+            lg[(size_t)(sl + 1) * V + t] += 2.0f;
+        }
+        CHECK_EQ_INT(tl_gpu_penalty_add(dc, dcb, V, tok, pos, slot, np, NP + NG, NULL), 0);
+    }
+    tl_sample_params p[R];
+    for (int r = 0; r < R; r++) p[r] = law_greedy();
+    p[1].temperature = 1.0f, p[1].top_k = 20, p[1].top_p = 0.95f, p[1].presence_penalty = 1.5f;
+    p[2].temperature = 0.5f, p[2].top_k = 64, p[2].min_p = 0.01f, p[2].repetition_penalty = 1.3f;
+    p[3].temperature = 1.0f, p[3].top_k = 5, p[3].frequency_penalty = 0.7f;
+    p[4].presence_penalty = 3.0f;
+    p[5].temperature = 2.0f, p[5].top_k = 40, p[5].top_p = 0.5f, p[5].presence_penalty = 1.0f;
+    int32_t ints[(3 + TL_LAW_ADJ) * R];
+    memset(ints, 0, sizeof ints);
+    int nh[R];
+    int32_t h[R][NP + NG + 8];
+    for (int r = 0; r < R; r++) {
+        int sl = r % 2, na = 0;
+        ints[r] = R - 1 - r;
+        memcpy(h[r], hist[sl], sizeof(int32_t) * (NP + NG));
+        nh[r] = NP + NG;
+        if (r % 3 == 1)
+            for (int a = 0; a < 3; a++) {
+                int32_t t = a == 2 ? hist[sl][NP + 1] : (int32_t)(t_rng_next(&g) % (uint32_t)nv);
+                ints[3 * R + r * TL_LAW_ADJ + na++] = t + 1, h[r][nh[r]++] = t;
+            }
+        if (r % 3 == 2)
+            for (int a = 0; a < 3; a++) ints[3 * R + r * TL_LAW_ADJ + na++] = -(h[r][--nh[r]] + 1);
+        ints[R + r] = sl;
+    }
+    float *scr = (float *)xmalloc(sizeof(float) * tl_gpu_law_scratch_floats(R));
+    tl_law law[R];
+    /* the scratch and the laws as a long-running process leaves them: not zeros */
+    memset(scr, 0x5a, sizeof(float) * tl_gpu_law_scratch_floats(R));
+    memset(law, 0xa5, sizeof law);
+    int bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) p[2].top_k = 32, p[5].top_k = 32;
+        CHECK_EQ_INT(tl_gpu_sample_law(law, lg, V, nv, ints, p, pass ? p : NULL, dc,
+                                       pass ? dcb : NULL, ints + R, ints + 3 * R, scr, R, NULL),
+                     0);
+        for (int r = 0; r < R; r++) {
+            tl_law ref;
+            const float *row = lg + (size_t)(R - 1 - r) * V;
+            CHECK_EQ_INT(tl_sample_law(row, nv, &p[r], h[r], nh[r], NP, &ref), 0);
+            int same = law[r].n == ref.n && ref.n > 0;
+            double dp = 0;
+            for (int i = 0; i < ref.n && i < law[r].n; i++) {
+                same &= law[r].id[i] == ref.id[i];
+                dp = fmax(dp, fabs(law[r].p[i] - ref.p[i]));
+            }
+            if (same && dp < 1e-5) continue;
+            bad++;
+            printf("# seed %llx pass %d row %d: device %d survivors, host %d, max |dp| %.2g\n", seed,
+                   pass, r, law[r].n, ref.n, dp);
+            const tl_law *l[2] = {&law[r], &ref};
+            for (int k = 0; k < 2; k++) {
+                printf("#   %s:", k ? "host" : "device");
+                for (int i = 0; i < l[k]->n; i++) {
+                    int id = l[k]->id[i], inp = 0, ing = 0;
+                    for (int j = 0; j < nh[r]; j++) (j < NP ? inp : ing) += h[r][j] == id;
+                    printf(" %d:%.5g(%.5g; count %x, prompt %d gen %d)", id, l[k]->p[i], row[id],
+                           dc[(size_t)ints[R + r] * V + id], inp, ing);
+                }
+                printf("\n");
+            }
+        }
+    }
+    free(lg), free(dc), free(dcb), free(scr);
+    return bad;
+}
+static void test_law_seeds(void) {
+    const char *e = getenv("EMU_LAW_SEEDS");
+    int n = e ? atoi(e) : 4, bad = 0;
+    const char *s0 = getenv("EMU_LAW_SEED0");
+    unsigned long long base = s0 ? strtoull(s0, NULL, 16) : 0x1234567887654321ull;
+    for (int i = 0; i < n; i++) bad += law_seed_case(base + 0x9e3779b97f4a7c15ull * i);
+    printf("# law seeds: %d, rows that differ: %d\n", n, bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
+    T_RUN(test_law_seeds);
     T_RUN(test_sample_vs_host);
     T_RUN(test_sample_bits);
     T_RUN(test_gemv_ways);

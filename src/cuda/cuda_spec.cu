@@ -190,7 +190,9 @@ static void law_row(cb_spec *sp, int j, const tl_sample_params *p, int row, int 
     *q = *p;
     q->bias_ids = NULL, q->bias_vals = NULL, q->n_bias = 0, q->allow = NULL, q->n_logprobs = 0;
     sp->h_li[j] = row, sp->h_li[R + j] = slot;
-    for (int a = 0; a < TL_LAW_ADJ; a++) sp->h_li[(3 + a) * R + j] = a < n_adj ? adj[a] : 0;
+    /* adj rows as tl_gpu_sample_law reads them: [row][TL_LAW_ADJ] after the 3 R ints */
+    for (int a = 0; a < TL_LAW_ADJ; a++)
+        sp->h_li[3 * R + (size_t)j * TL_LAW_ADJ + a] = a < n_adj ? adj[a] : 0;
 }
 
 /* The laws of the n staged rows (law_row; logits rows of `logits`) into sp->d_law, on the stream.

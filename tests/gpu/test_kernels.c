@@ -1784,7 +1784,7 @@ static void law_mismatch(const tl_law *g, const tl_law *h, const float *row, con
         printf("\n");
     }
     printf("#   history %d (prompt %d), adjustments:", nh, np);
-    for (int a = 0; a < 3 + TL_LAW_ADJ; a++) printf(" %d", ints[a * R]);
+    for (int a = 0; a < TL_LAW_ADJ; a++) printf(" %d", ints[3 * R + r * TL_LAW_ADJ + a]);
     printf("\n");
     const char *dir = getenv("TL_TEST_DUMP");
     if (!dir) return;
@@ -1837,10 +1837,10 @@ static void test_sample_law(void) {
         if (r % 3 == 1) /* counted in: two new tokens and one already generated */
             for (int a = 0; a < 3; a++) {
                 int32_t t = a == 2 ? hist[sl][NP + 1] : (int32_t)(t_rng_next(&rs) % (uint32_t)nv);
-                ints[(3 + na++) * R + r] = t + 1, h[r][nh[r]++] = t;
+                ints[3 * R + r * TL_LAW_ADJ + na++] = t + 1, h[r][nh[r]++] = t;
             }
         if (r % 3 == 2) /* taken out: the last three generated tokens */
-            for (int a = 0; a < 3; a++) ints[(3 + na++) * R + r] = -(h[r][--nh[r]] + 1);
+            for (int a = 0; a < 3; a++) ints[3 * R + r * TL_LAW_ADJ + na++] = -(h[r][--nh[r]] + 1);
         ints[R + r] = sl;
     }
     float *dl = dev_from(lg, sizeof(float) * (size_t)R * V);
@@ -1873,7 +1873,7 @@ static void test_sample_law(void) {
             printf("# pass %d, law row %d: %d survivors (host %d), best %d (host %d)\n", pass, r,
                    law[r].n, ref.n, law[r].id[0], ref.id[0]);
             if (law[r].n != ref.n || memcmp(law[r].id, ref.id, sizeof(int32_t) * ref.n))
-                law_mismatch(&law[r], &ref, row, h[r], nh[r], NP, &ints[r], R, r);
+                law_mismatch(&law[r], &ref, row, h[r], nh[r], NP, ints, R, r);
         }
         printf("# pass %d: laws vs tl_sample_law: max |dp| %.2g, max |dlogprob| %.2g\n", pass,
                dp_max, dl_max);
