@@ -1391,6 +1391,29 @@ static void sp_check_pages(tl_backend *b, const int *len, int n) {
     CHECK_EQ_INT(ks.pages_total - ks.pages_free, held);
 }
 
+/* A verify's law rows (all_laws under lp) against the host's tl_sample_law of the same logits
+ * rows (all_logits) and histories: row i counts the history before pos and tokens 0..i. The same
+ * survivors, probabilities to 1e-5. */
+static void sp_check_laws(const sp_seq *x, int pos, const float *al, const tl_law *laws,
+                          const tl_sample_params *lp, int V) {
+    int32_t h[SP_P + SP_N + TL_MAX_SPEC + 8];
+    memcpy(h, x->hist, sizeof(int32_t) * pos);
+    int nv = TL_MIN(V, TL_N_VOCAB_TOKENS), bad = 0;
+    for (int i = 0; i <= x->k; i++) {
+        h[pos + i] = x->vt[i];
+        tl_law ref;
+        CHECK_EQ_INT(tl_sample_law(al + (size_t)i * V, nv, lp, h, pos + i + 1, SP_P, &ref), 0);
+        int same = laws[i].n == ref.n && ref.n > 0;
+        for (int j = 0; same && j < ref.n; j++)
+            same = laws[i].id[j] == ref.id[j] && fabsf(laws[i].p[j] - ref.p[j]) <= 1e-5f;
+        if (!same)
+            printf("#   verify law row %d at pos %d: %d survivors (host %d), best %d (host %d)\n",
+                   i, pos, laws[i].n, ref.n, laws[i].id[0], ref.id[0]);
+        bad += !same;
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* One step of the run: K chained drafts of sequences 0 and 1 (steered), the verify of both and a
  * plain decode token of sequence 2 in one forward; acceptance on the host by argmax (the
  * engine's greedy rule), rollback of the rejected drafts. Every verify row that follows only
@@ -1429,6 +1452,14 @@ static int sp_step(tl_backend *b, const sp_ref *r, sp_seq *q, int K, int V, doub
         e[s].n_tok = q[s].k + 1, e[s].all_logits = al + (size_t)s * (K + 1) * V;
         e[s].n_prompt = SP_P;
     }
+    /* sequence 0's verify rows also as laws under penalised sampling (cuda_spec.cu's law rows,
+     * each with its own count adjustments): checked against tl_sample_law below */
+    tl_sample_params lp;
+    memset(&lp, 0, sizeof lp);
+    lp.temperature = 1.0f, lp.top_k = 20, lp.top_p = 0.95f, lp.presence_penalty = 1.5f;
+    lp.frequency_penalty = 0.5f, lp.repetition_penalty = 1.2f;
+    tl_law laws[TL_MAX_SPEC + 1];
+    e[0].all_laws = laws, e[0].law_sample = &lp;
     /* sequence 2 decodes plainly in the same step (its own reference position) */
     int n_e = q[2].n_out <= SP_N ? 3 : 2;
     if (n_e == 3) {
@@ -1443,6 +1474,7 @@ static int sp_step(tl_backend *b, const sp_ref *r, sp_seq *q, int K, int V, doub
         q[2].hist[SP_P + q[2].n_out] = argmax_margin(pl, V, &m);
         q[2].n_out++;
     }
+    sp_check_laws(&q[0], e[0].pos, al, laws, &lp, V);
     for (int s = 0; s < 2; s++) {
         int acc = 0, stop = 0;
         for (int i = 0; i <= q[s].k && !stop; i++) {
