@@ -6,7 +6,7 @@
 #             the tests of the defaults' A/B alternatives (TL_SAMPLE_VEC=0, TL_Q4W_WIDE=0,
 #             TL_GEMM_SPLITK_CLUSTER=0, TL_MOE_COMBINE_NORM=0, TL_ATTN_WG=1, 2,
 #             TL_MOE_SHARED_GROUPED=256, TL_CUDA_TC_PDL=1, TL_CUDA_PF_PDL=2,
-#             TL_ROUTER_WG=2, TL_GEMM_CONV=0)
+#             TL_ROUTER_WG=2, TL_GEMM_CONV=0, TL_ROUTER_SPLIT_MAX=256)
 #   hf        tools/hf_fullwidth.py (transformers on the GPU machine; bf16 and 4-bit) on the
 #             seeds $HF_SEEDS (default 1; issue 13's yardstick: 1,2,3,5,7,11,13,21 with HF_S=600)
 #   bench     tulip bench $BENCH (default: --random-weights --bits 4 --repeats 3: sampled with
@@ -169,6 +169,7 @@ if has tests; then
     alt TL_CUDA_PF_PDL=2 prefill test_gpu_e2e 150 "prefill e2e"
     alt TL_ROUTER_WG=2 prefill test_gpu_e2e 150 "prefill e2e"
     alt TL_GEMM_CONV=0 prefill test_gpu_e2e 150 "prefill e2e"
+    alt TL_ROUTER_SPLIT_MAX=256 prefill test_gpu_e2e 150 "prefill e2e"
 fi
 if has hf; then
     echo "== hf_fullwidth"
