@@ -47,13 +47,13 @@
  * reference: cpu_matmul through the MoE plan (tests/gpu/test_prefill_kernels.c, tiles 6 and 7);
  *   the host emulator (dev/emu/gemm_emu.sh) against a double product. */
 #define WR_STAGES 4
-/* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM tokens (WR_NT; a
+/* WGS warpgroups of 64 weight rows: BN rows a block; tiles of at most NTM = WR_NT tokens (a
  * 64-token, 8-stage configuration for short chunks lost 2-9% at 512..16K tokens, H100 session 29,
  * and was removed); a stage holds the token tile (NTM tokens x 64 k, bf16, swizzled: X_BYTES),
- * BN rows x 64 packed nibbles, BN scale/bias words; ST stages; the f32 output tile
+ * BN rows x 64 packed nibbles, BN scale/bias words; ST = WR_STAGES stages; the f32 output tile
  * [NTM tokens][BN + 4] reuses the stages (and sets the size when larger). */
-template <int WGS_, int NTM_ = WR_NT, int ST_ = WR_STAGES> struct wr_cfg {
-    static constexpr int WGS = WGS_, NTM = NTM_, ST = ST_;
+template <int WGS_> struct wr_cfg {
+    static constexpr int WGS = WGS_, NTM = WR_NT, ST = WR_STAGES;
     static constexpr int BN = 64 * WGS, THREADS = 128 * WGS;
     static constexpr int X_BYTES = NTM * 128, Q_BYTES = BN * GM_BK / 2;
     static constexpr int STAGE_BYTES = (X_BYTES + Q_BYTES + BN * 4 + 1023) / 1024 * 1024;
@@ -381,9 +381,9 @@ static __device__ __forceinline__ void wr_block(const gemm_args &p, uint8_t *sme
                             [] { __syncthreads(); });
 }
 
-template <int WGS, int NTM = WR_NT, int ST = WR_STAGES>
+template <int WGS>
 __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(gemm_args p) {
-    typedef wr_cfg<WGS, NTM, ST> C;
+    typedef wr_cfg<WGS> C;
     extern __shared__ uint8_t wr_smem_raw[];
     /* aligned by an offset, so the compiler still sees a shared-memory pointer (an integer round
      * trip made every stage read a generic load, the shared window's base recomputed each step) */
@@ -393,12 +393,10 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
     const int32_t *perm;
     int m0, m_end;
     if (p.mode != GM_DENSE) pdl_enter(p.trig); /* the MoE plan; a dense product waits in wr_block */
-    if (!gm_tile<4, NTM>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
-    int nc = (min(m_end - m0, NTM) + 31) / 32; /* block-uniform */
-    if constexpr (NTM == 128) {
-        if (nc == 4) return wr_block<C, 128>(p, smem, wb, sbb, perm, m0, m_end);
-        if (nc == 3) return wr_block<C, 96>(p, smem, wb, sbb, perm, m0, m_end);
-    }
+    if (!gm_tile<4, WR_NT>(p, &wb, &sbb, &perm, &m0, &m_end)) return;
+    int nc = (min(m_end - m0, WR_NT) + 31) / 32; /* block-uniform */
+    if (nc == 4) return wr_block<C, 128>(p, smem, wb, sbb, perm, m0, m_end);
+    if (nc == 3) return wr_block<C, 96>(p, smem, wb, sbb, perm, m0, m_end);
     if (nc == 2)
         wr_block<C, 64>(p, smem, wb, sbb, perm, m0, m_end);
     else
@@ -407,11 +405,11 @@ __global__ void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1) gemm_wgr_kernel(g
 
 /* ksplit > 1: with p->ws, the partials to the workspace (gemm_splitk_reduce follows); without, the
  * ksplit blocks of a tile as one cluster (wr_cluster_reduce; ksplit <= 8). */
-template <int WGS, int NTM = WR_NT, int ST = WR_STAGES>
+template <int WGS>
 static int launch_gemm_wgr(const gemm_args *p, int grid_y, int ksplit, const tl_gpu_stream *st) {
-    typedef wr_cfg<WGS, NTM, ST> C;
-    auto kern = gemm_wgr_kernel<WGS, NTM, ST>;
-    if (smem_limit<gemm_wgr_kernel<WGS, NTM, ST>>(C::SMEM)) return TL_ERR_CUDA;
+    typedef wr_cfg<WGS> C;
+    auto kern = gemm_wgr_kernel<WGS>;
+    if (smem_limit<gemm_wgr_kernel<WGS>>(C::SMEM)) return TL_ERR_CUDA;
     if (grid_y <= 0) return 0;
     if (grid_y > 65535 || ksplit < 1 || (ksplit > 1 && p->mode != GM_DENSE) ||
         (ksplit == 1 && p->ws) || (!p->ws && ksplit > 8) || (p->K / GM_BK) % ksplit)

@@ -1764,18 +1764,10 @@ static void test_kv_page_copy(void) {
     free(hs), free(hd), free(want), free(got);
 }
 
-/* tl_gpu_sample_law against the host's tl_sample_law on random full-vocabulary rows, as
- * speculative decoding uses it: rows read through a row map (in reverse order), counts of two
- * slots built by tl_gpu_penalty_add from a prompt and a generated part, adjusted per row (tokens
- * counted in, as a draft row's chain; tokens taken out, as a verify row's later drafts), and the
- * host given the history those counts and adjustments stand for. Then tl_gpu_penalty_sub takes
- * generated tokens out again (a rollback). Laws: the same survivors in the same order (ties to
- * the lower id), probabilities within 1e-5, logprobs within 1e-5 (float lse vs double). */
-/* A law row that differs from tl_sample_law's: both laws and the logits of their tokens on
- * stdout; with TL_TEST_DUMP=DIR the row's logits, history and adjustments to DIR/law_row<r>.bin
- * (reproducible on the host). */
-static void law_mismatch(const tl_law *g, const tl_law *h, const float *row, const int32_t *hist,
-                         int nh, int np, const int32_t *ints, int R, int r) {
+/* A law row that differs from tl_sample_law's: both laws, the logits of their tokens and the
+ * row's count adjustments on stdout. */
+static void law_mismatch(const tl_law *g, const tl_law *h, const float *row, int nh, int np,
+                         const int32_t *adj) {
     const tl_law *l[2] = {g, h};
     for (int k = 0; k < 2; k++) {
         printf("#   %s law (%d):", k ? "host" : "gpu", l[k]->n);
@@ -1784,19 +1776,17 @@ static void law_mismatch(const tl_law *g, const tl_law *h, const float *row, con
         printf("\n");
     }
     printf("#   history %d (prompt %d), adjustments:", nh, np);
-    for (int a = 0; a < TL_LAW_ADJ; a++) printf(" %d", ints[3 * R + r * TL_LAW_ADJ + a]);
+    for (int a = 0; a < TL_LAW_ADJ; a++) printf(" %d", adj[a]);
     printf("\n");
-    const char *dir = getenv("TL_TEST_DUMP");
-    if (!dir) return;
-    char path[512];
-    snprintf(path, sizeof path, "%s/law_row%d.bin", dir, r);
-    FILE *f = fopen(path, "wb");
-    if (!f) return;
-    fwrite(row, sizeof(float), TL_N_VOCAB, f);
-    fwrite(&nh, sizeof nh, 1, f), fwrite(hist, sizeof(int32_t), (size_t)nh, f);
-    fclose(f);
 }
 
+/* tl_gpu_sample_law against the host's tl_sample_law on random full-vocabulary rows, as
+ * speculative decoding uses it: rows read through a row map (in reverse order), counts of two
+ * slots built by tl_gpu_penalty_add from a prompt and a generated part, adjusted per row (tokens
+ * counted in, as a draft row's chain; tokens taken out, as a verify row's later drafts), and the
+ * host given the history those counts and adjustments stand for. Then tl_gpu_penalty_sub takes
+ * generated tokens out again (a rollback). Laws: the same survivors in the same order (ties to
+ * the lower id), probabilities within 1e-5, logprobs within 1e-5 (float lse vs double). */
 static void test_sample_law(void) {
     enum { R = 6, NP = 30, NG = 20 };
     const int V = TL_N_VOCAB, nv = TL_N_VOCAB_TOKENS;
@@ -1873,7 +1863,7 @@ static void test_sample_law(void) {
             printf("# pass %d, law row %d: %d survivors (host %d), best %d (host %d)\n", pass, r,
                    law[r].n, ref.n, law[r].id[0], ref.id[0]);
             if (law[r].n != ref.n || memcmp(law[r].id, ref.id, sizeof(int32_t) * ref.n))
-                law_mismatch(&law[r], &ref, row, h[r], nh[r], NP, ints, R, r);
+                law_mismatch(&law[r], &ref, row, nh[r], NP, ints + 3 * R + r * TL_LAW_ADJ);
         }
         printf("# pass %d: laws vs tl_sample_law: max |dp| %.2g, max |dlogprob| %.2g\n", pass,
                dp_max, dl_max);
