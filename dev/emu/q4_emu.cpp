@@ -106,6 +106,56 @@ static void test_gemv_ways(void) {
     gemv_case(8704, 4096, 1, 0, 0); /* 1088 units: too many for the slice kernel (rows kernel) */
 }
 
+/* The q4v dot (one or two tokens, TL_Q4V) against the double product and against q4m_dot (the
+ * same accuracy, other bits), and two tokens together == each alone, bit for bit. */
+static void q4v_case(int R, int K, int T, int norm, int acc) {
+    q4mat q = q4_random(&rs, R, K);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f),
+          *y0 = rand_vec(&rs, (size_t)T * R, 1.0f);
+    int old = tl_gpu_q4v_set(0);
+    float *m = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
+    tl_gpu_q4v_set(1);
+    float *v = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
+    float *hr = (float *)xmalloc((size_t)T * R * 4);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < K; c++) ss += (double)x[t * K + c] * x[t * K + c];
+        double inv = norm ? 1.0 / sqrt(ss / K + 1e-6) : 1.0;
+        for (int r = 0; r < R; r++) {
+            double s = 0;
+            for (int c = 0; c < K; c++)
+                s += q4_at(q, r, c) * x[(size_t)t * K + c] * (norm ? nw[c] : 1.0);
+            hr[(size_t)t * R + r] = (float)(s * inv + (acc ? y0[(size_t)t * R + r] : 0.0));
+        }
+    }
+    int alone = 0;
+    for (int t = 0; t < T; t++) {
+        float *one = gemv_way(0, 0, q, x + (size_t)t * K, norm ? nw : NULL, 1, acc,
+                              y0 + (size_t)t * R);
+        alone += memcmp(one, v + (size_t)t * R, (size_t)R * 4) != 0;
+        free(one);
+    }
+    tl_gpu_q4v_set(old);
+    double nv = t_nmse(v, hr, (size_t)T * R), nm = t_nmse(m, hr, (size_t)T * R);
+    double d = t_nmse(v, m, (size_t)T * R);
+    printf("# q4v %dx%d t%d n%d a%d: nmse vs double %.2e (q4m %.2e), vs q4m %.2e; %d tokens "
+           "differ alone\n",
+           R, K, T, norm, acc, nv, nm, d, alone);
+    CHECK(nv < 1e-8);
+    CHECK(memcmp(v, m, (size_t)T * R * 4) != 0 || R * T < 64); /* really the other dot */
+    CHECK_EQ_INT(alone, 0);
+    free(x), free(nw), free(y0), free(m), free(v), free(hr), q4_free(&q);
+}
+
+static void test_q4v(void) {
+    q4v_case(256, 2048, 1, 1, 0); /* KPW 16, KS 4 */
+    q4v_case(256, 2048, 2, 1, 0);
+    q4v_case(128, 4096, 2, 0, 1); /* KS 8, residual */
+    q4v_case(96, 768, 1, 1, 1);   /* KPW 8, KS 3 */
+    q4v_case(96, 768, 2, 0, 0);
+    q4v_case(8, 256, 2, 1, 0); /* one row block */
+}
+
 /* The bf16 GEMV (the router: two planes, its first weights loaded before the PDL wait) against a
  * double product: 257 rows (2 a block) and 2048 rows (8 a block), with and without the low plane. */
 static void bf16_case(int R, int K, int T, int lo) {
@@ -221,7 +271,41 @@ static void moe_case(int D, int k, int T) {
     free(lg), free(h0), free(nw), q4_free(&gu), q4_free(&dn);
 }
 
+/* moe_up on the q4v dot (one token a block row) against q4m_dot: the same products within
+ * NMSE 1e-10 (act and the combined h), other bits. */
+static void q4v_moe_case(int D, int k, int T) {
+    const int E = 16, F = 512;
+    q4mat gu = q4_random(&rs, (E + 1) * 2 * F, D), dn = q4_random(&rs, (E + 1) * D, F);
+    float *lg = rand_vec(&rs, (size_t)T * (E + 1), 3.0f), *h0 = rand_vec(&rs, (size_t)T * D, 1.0f);
+    float *nw = rand_vec(&rs, D, 1.0f);
+    float *act[2], *h[2];
+    float *w = (float *)xcalloc((size_t)T * k, 4), *wsh = (float *)xcalloc(T, 4);
+    int32_t *ids = (int32_t *)xcalloc((size_t)T * k, 4);
+    CHECK_EQ_INT(tl_gpu_moe_route(ids, w, wsh, NULL, lg, E + 1, E, k, T, NULL), 0);
+    int old = tl_gpu_q4v_set(0);
+    for (int m = 0; m < 2; m++) {
+        tl_gpu_q4v_set(m);
+        act[m] = (float *)xcalloc((size_t)T * (k + 1) * F, 4);
+        h[m] = (float *)xmalloc((size_t)T * D * 4);
+        memcpy(h[m], h0, (size_t)T * D * 4);
+        CHECK_EQ_INT(tl_gpu_moe_up(act[m], &gu.m, h0, nw, 1e-6f, ids, k, E, T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_down(h[m], &dn.m, act[m], ids, w, wsh, k, E, T, NULL), 0);
+    }
+    tl_gpu_q4v_set(old);
+    size_t na = (size_t)T * (k + 1) * F;
+    double nact = t_nmse(act[1], act[0], na), nh = t_nmse(h[1], h[0], (size_t)T * D);
+    int other = memcmp(act[0], act[1], na * 4) != 0;
+    printf("# moe q4v D%d k%d T%d: act nmse vs q4m %.2e (%s bits), h %.2e\n", D, k, T, nact,
+           other ? "other" : "SAME", nh);
+    CHECK(nact < 1e-10 && nh < 1e-10 && other);
+    for (int m = 0; m < 2; m++) free(act[m]), free(h[m]);
+    free(w), free(wsh), free(ids), free(lg), free(h0), free(nw), q4_free(&gu), q4_free(&dn);
+}
+
 static void test_moe_ways(void) {
+    q4v_moe_case(2048, 8, 1);
+    q4v_moe_case(2048, 8, 2);
+    q4v_moe_case(256, 4, 1);
     moe_case(2048, 8, 1); /* moe_up_q4s */
     moe_case(2048, 8, 4); /* moe_up_q4x */
     moe_case(2048, 8, 8);
@@ -463,6 +547,7 @@ int main(void) {
     T_RUN(test_law_seeds);
     T_RUN(test_sample_vs_host);
     T_RUN(test_sample_bits);
+    T_RUN(test_q4v);
     T_RUN(test_gemv_ways);
     T_RUN(test_gemv_conv);
     T_RUN(test_gemv_bf16);

@@ -87,7 +87,7 @@ __device__ __forceinline__ void gemv_stage_x(uint4 *xs, float *sx, float *s_ss, 
     __syncthreads();
 }
 
-template <int KPW>
+template <int KPW, bool V>
 __global__ void __launch_bounds__(256, 2)
     gemv_q4m_kernel(gemv_out o, tl_gpu_gemm_w W, const float *x, int ldx, int n_rows) {
     extern __shared__ uint4 xs[];
@@ -112,10 +112,10 @@ __global__ void __launch_bounds__(256, 2)
                                  gemv_emit(o, s_ss, u * RBB + warp, lane, &s_part[warp * KS][lane],
                                            32);
     };
-    int g = lane >> 2, nt = o.nt;
-    q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
-                        xs + min(g, nt - 1) * q4m_lds(K), sx + min(g, nt - 1) * (KB >> 1), s_part,
-                        (char *)xs + q4m_smem(K, n_rows));
+    int gx = V ? 0 : min(lane >> 2, o.nt - 1); /* V: the kernel reads both tokens itself */
+    q4m_persistent<KPW, V>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
+                           xs + gx * q4m_lds(K), sx + gx * (KB >> 1), s_part,
+                           (char *)xs + q4m_smem(K, n_rows), o.nt);
 }
 
 /* gemv_q4s_kernel ("slice"): gemv_q4m_kernel's products and sums for one tile of <= 8 tokens,
@@ -312,9 +312,11 @@ __global__ void __launch_bounds__(256)
 int cb_gemv_setup(void) {
 #define GEMV_SHM_ATTR(kern)                                                                        \
     CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM))
-    GEMV_SHM_ATTR(gemv_q4m_kernel<8>);
-    GEMV_SHM_ATTR(gemv_q4m_kernel<16>);
-    GEMV_SHM_ATTR(gemv_q4m_kernel<32>);
+    GEMV_SHM_ATTR((gemv_q4m_kernel<8, false>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<16, false>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<32, false>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<8, true>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<16, true>));
     GEMV_SHM_ATTR(gemv_q4s_kernel<8>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<16>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<32>);
@@ -339,6 +341,18 @@ static int gemv_slice_per_sm(void) {
 extern "C" int tl_gpu_gemv_set_slice(int per_sm) {
     int old = gemv_slice_per_sm();
     gemv_slice = TL_MAX(0, TL_MIN(2, per_sm));
+    return old;
+}
+
+/* The q4v dot for one or two tokens (TL_Q4V=1 or tl_gpu_q4v_set(1); default off: q4m_dot). */
+static int q4v_on = -1;
+int cb_q4v_on(void) {
+    if (q4v_on < 0) q4v_on = tl_env_is("TL_Q4V", 1);
+    return q4v_on;
+}
+extern "C" int tl_gpu_q4v_set(int on) {
+    int old = cb_q4v_on();
+    q4v_on = on != 0;
     return old;
 }
 
@@ -424,9 +438,10 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
         dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tt)), n_tt);
-        auto kern = kpw == 32   ? gemv_q4m_kernel<32>
-                    : kpw == 16 ? gemv_q4m_kernel<16>
-                                : gemv_q4m_kernel<8>;
+        bool v = n_tok <= 2 && kpw <= 16 && cb_q4v_on();
+        auto kern = kpw == 32 ? gemv_q4m_kernel<32, false>
+                    : v       ? (kpw == 16 ? gemv_q4m_kernel<16, true> : gemv_q4m_kernel<8, true>)
+                        : (kpw == 16 ? gemv_q4m_kernel<16, false> : gemv_q4m_kernel<8, false>);
         TL_LAUNCH(st, conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, o, *W, x,
                   ldx, n_rows);
         return 0;

@@ -183,7 +183,7 @@ __device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const 
  *   outputs 8p.. (the whole n_embd each).
  * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
  * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
-template <int KPW>
+template <int KPW, bool V>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
                       int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(256, 2)
         moe_up_emit(act, &s_part[(2 * p) * KS][r >> 1], &s_part[(2 * p + 1) * KS][r >> 1], 32, KS,
                     s_ss, K, eps, t, j, k, F, rbg, r);
     };
-    q4m_persistent<KPW>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs, sx, s_part,
-                        (char *)xs + q4m_smem(K, 1));
+    q4m_persistent<KPW, V>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs, sx,
+                           s_part, (char *)xs + q4m_smem(K, 1), 1);
 }
 
 /* moe_up_q4s_kernel: moe_up_q4m_kernel with routing for one token (the batch-1 decode step),
@@ -547,9 +547,11 @@ __global__ void __launch_bounds__(32 * (MOE_DOWN_EARLY_K + 1), 3)
 int cb_moe_setup(void) {
 #define MOE_SHM_ATTR(kern)                                                                         \
     CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_MAX_SHM))
-    MOE_SHM_ATTR(moe_up_q4m_kernel<8>);
-    MOE_SHM_ATTR(moe_up_q4m_kernel<16>);
-    MOE_SHM_ATTR(moe_up_q4m_kernel<32>);
+    MOE_SHM_ATTR((moe_up_q4m_kernel<8, false>));
+    MOE_SHM_ATTR((moe_up_q4m_kernel<16, false>));
+    MOE_SHM_ATTR((moe_up_q4m_kernel<32, false>));
+    MOE_SHM_ATTR((moe_up_q4m_kernel<8, true>));
+    MOE_SHM_ATTR((moe_up_q4m_kernel<16, true>));
     MOE_SHM_ATTR(moe_up_q4s_kernel<8>);
     MOE_SHM_ATTR(moe_up_q4s_kernel<16>);
     MOE_SHM_ATTR(moe_up_q4s_kernel<32>);
@@ -632,9 +634,10 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     if (shm > MOE_MAX_SHM) return TL_ERR_INVALID;
     int n_units = (k + 1) * CEIL_DIV(2 * F / 8, 8 / ks);
     dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tok)), n_tok);
-    auto kern = kpw == 32   ? moe_up_q4m_kernel<32>
-                : kpw == 16 ? moe_up_q4m_kernel<16>
-                            : moe_up_q4m_kernel<8>;
+    bool v = kpw <= 16 && cb_q4v_on(); /* one token a block row */
+    auto kern = kpw == 32 ? moe_up_q4m_kernel<32, false>
+                : v       ? (kpw == 16 ? moe_up_q4m_kernel<16, true> : moe_up_q4m_kernel<8, true>)
+                    : (kpw == 16 ? moe_up_q4m_kernel<16, false> : moe_up_q4m_kernel<8, false>);
     TL_LAUNCH(st, "moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k,
               n_expert, F, ks, logits, ld, wts, w_sh);
     return 0;

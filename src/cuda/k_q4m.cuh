@@ -36,6 +36,8 @@
  * (16, else 32, else 8; dividing KB) and KS = KB / KPW warps along K (<= max_ks); 0 or
  * TL_ERR_INVALID when no split fits. */
 int q4m_split(int K, int max_ks, int *kpw, int *ks);
+/* Whether the decode GEMV / MoE kernels use the q4v dot for one or two tokens (k_gemv.cu). */
+int cb_q4v_on(void);
 __host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
 __host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
     return (size_t)n_rows * q4m_lds(K) * 16 + (size_t)n_rows * (K >> 6) * 4;
@@ -184,6 +186,89 @@ __device__ __forceinline__ void q4m_item_dot(float &a0, float &a1, const char *i
     q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
 }
 
+/* ---- the one-mma-per-word dot for one or two tokens ("q4v") ----
+ * q4m_dot spends two mmas on each weight word (rows 8..15 of A hold the lo halves of x) and reads
+ * x's A registers from shared memory for every tile. q4v takes the word of lane (g, t) (row g of
+ * the tile, columns 2t + Q4_COL[n]) as the A fragment of one mma.m16n8k16 over 32 columns:
+ * A[g][k] = W[g][k], A[g + 8][k] = W[g][16 + k] (k < 16), i.e. a0 = nib(w), a1 = nib(w >> 8),
+ * a2 = nib(w >> 4), a3 = nib(w >> 12). B's column n carries token n >> 2's x, the hi (n & 2 = 0)
+ * or lo half, of columns 16 (n & 1) + 0..15: then D[g][2t'] (c0 of lane (g, t')) and
+ * D[g + 8][2t' + 1] (c3) are row g's products with token t' >> 1's hi (t' even) or lo (t' odd)
+ * half of the first and the second 16 columns, and lane (g, t) keeps c0 + c3 (c1, c2 are cross
+ * terms, dropped). A warp's B registers do not change across its units (a fixed K-slice): they
+ * are read from the staged x once (q4v_load_x: 2 per tile), so the tiles need no shared-memory
+ * x reads. Per group of 64 columns the lane adds s * (its half's sum), and the even lane also
+ * (b - 128 s) * Sx; the two halves meet by one shuffle (q4v_pairs). Accuracy as q4m_dot's (the
+ * same hi + lo split, fp32 accumulation); the summation order differs, so the bits do too. */
+template <int KPW> struct q4v_x {
+    uint32_t b[KPW][2]; /* B registers of the warp's tiles kb0 .. kb0 + KPW - 1 */
+    float sx[KPW / 2];  /* group sums of token t >> 1 (q4m_sx) for its KPW / 2 groups */
+};
+
+/* X := the B registers and group sums of the warp's K-slice (tiles kb0.., even) for nt = 1 or
+ * 2 staged tokens (q4m_stage layout at xs, sx). */
+template <int KPW>
+__device__ __forceinline__ void q4v_load_x(q4v_x<KPW> &X, const uint4 *xs, const float *sx, int K,
+                                           int nt, int kb0) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, KB = K >> 5;
+    const uint4 *row = xs + (size_t)min(g >> 2, nt - 1) * q4m_lds(K) + t * 2 + (g & 1);
+    bool lo = g & 2;
+#pragma unroll
+    for (int j = 0; j < KPW; j++) {
+        uint4 v = row[(kb0 + j) * 8]; /* {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)} */
+        X.b[j][0] = lo ? v.y : v.x;
+        X.b[j][1] = lo ? v.w : v.z;
+    }
+    const float *s = sx + (size_t)min(t >> 1, nt - 1) * (KB >> 1) + (kb0 >> 1);
+#pragma unroll
+    for (int q = 0; q < KPW / 2; q++) X.sx[q] = s[q];
+}
+
+/* acc (row g of the tile, token t >> 1, half t & 1) += the dot of the loaded words with X;
+ * sbw[q] = row g's scale/bias word of group q. */
+template <int KPW>
+__device__ __forceinline__ void q4v_dot(float &acc, const uint32_t (&wq)[KPW],
+                                        const uint32_t (&sbw)[KPW / 2], const q4v_x<KPW> &X) {
+    const uint32_t E = 0x43004300u;
+    bool even = !(threadIdx.x & 1);
+#pragma unroll
+    for (int q = 0; q < KPW / 2; q++) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t w = wq[2 * q + h];
+            mma_bf16(d, q4m_nib(w, E), q4m_nib(w >> 8, E), q4m_nib(w >> 4, E), q4m_nib(w >> 12, E),
+                     X.b[2 * q + h][0], X.b[2 * q + h][1]);
+        }
+        float s = __uint_as_float(sbw[q] << 16), b = __uint_as_float(sbw[q] & 0xffff0000u);
+        float base = even ? fmaf(fmaf(-128.0f, s, b), X.sx[q], acc) : acc;
+        acc = fmaf(s, d[0] + d[3], base);
+    }
+}
+
+/* q4v_dot over a landed q4m item (q4m_issue layout). */
+template <int KPW>
+__device__ __forceinline__ void q4v_item_dot(float &acc, const char *item, const q4v_x<KPW> &X) {
+    int lane = threadIdx.x & 31;
+    const uint32_t *ws = (const uint32_t *)item, *ss = (const uint32_t *)(item + KPW * 128);
+    uint32_t wq[KPW], sbw[KPW / 2];
+#pragma unroll
+    for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
+#pragma unroll
+    for (int q = 0; q < KPW / 2; q++) sbw[q] = ss[q * 8 + (lane >> 2)];
+    q4v_dot<KPW>(acc, wq, sbw, X);
+}
+
+/* The q4v lane sums in q4m_dot's layout: (a0, a1) of lane (g, t) = token g's rows 2t, 2t + 1
+ * (tokens 0 and 1; lanes g >= 2 get token 1's, their callers drop them). Whole warp. */
+__device__ __forceinline__ void q4v_pairs(float acc, float &a0, float &a1) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1); /* hi + lo: lanes (r, 2 tok), (r, 2 tok + 1) */
+    int tok2 = 2 * min(g, 1);
+    a0 = __shfl_sync(0xffffffffu, acc, 8 * t + tok2);
+    a1 = __shfl_sync(0xffffffffu, acc, 8 * t + 4 + tok2);
+}
+
 /* cp.async.wait_group with a run-time count n (0 <= n < 8): the slice kernels' items. */
 #define Q4S_UMAX 8 /* work items a warp at most in the slice kernels */
 __device__ __forceinline__ void cp_async_wait_dyn(int n) {
@@ -226,14 +311,16 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
  * prologue() runs (the PDL wait and the x staging go there, so those loads overlap the previous
  * kernel). After each unit the warps' (acc0, acc1) meet in s_part[warp][lane]; emit(u) reads them
  * between two barriers. Called by every thread of the block (barriers inside); ring = the
- * block's Q4M_NS * 8 * q4m_stage_bytes(KPW) bytes of shared memory (16-byte aligned). */
+ * block's Q4M_NS * 8 * q4m_stage_bytes(KPW) bytes of shared memory (16-byte aligned).
+ * V (nt = 1 or 2 tokens): the q4v dot; xrow / sxrow are then the staged rows of token 0 (xs,
+ * q4m_sx), read once into registers after prologue(). Else q4m_dot on lane's rows xrow, sxrow. */
 #define Q4M_NS 4
 __host__ __device__ __forceinline__ int q4m_stage_bytes(int kpw) { return kpw * 128 + kpw * 16; }
 
-template <int KPW, class Src, class Prologue, class Emit>
+template <int KPW, bool V, class Src, class Prologue, class Emit>
 __device__ __forceinline__ void
 q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue prologue, Emit emit,
-               const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring) {
+               const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring, int nt) {
     constexpr int SB = KPW * 128 + KPW * 16;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp / KS, kb0 = (warp % KS) * KPW;
     char *my = ring + (size_t)warp * Q4M_NS * SB;
@@ -251,13 +338,21 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
 #pragma unroll
     for (int j = 0; j < Q4M_NS - 1; j++) issue(u + j * ustep, j);
     prologue();
+    q4v_x<KPW> X;
+    if (V) q4v_load_x<KPW>(X, xrow, sxrow, K, nt, kb0);
     for (int i = 0; u < n_units; i++, u += ustep) {
         int stage = i % Q4M_NS;
         issue(u + (Q4M_NS - 1) * ustep, (i + Q4M_NS - 1) % Q4M_NS);
         cp_async_wait<Q4M_NS - 1>();
         __syncwarp();
         float a0 = 0.0f, a1 = 0.0f;
-        if (live & (1u << stage)) q4m_item_dot<KPW>(a0, a1, my + stage * SB, xrow, sxrow, kb0);
+        if (V) {
+            float acc = 0.0f;
+            if (live & (1u << stage)) q4v_item_dot<KPW>(acc, my + stage * SB, X);
+            q4v_pairs(acc, a0, a1);
+        } else if (live & (1u << stage)) {
+            q4m_item_dot<KPW>(a0, a1, my + stage * SB, xrow, sxrow, kb0);
+        }
         s_part[warp][lane] = make_float2(a0, a1);
         __syncthreads(); /* also: every lane has read this stage before it is refilled */
         emit(u);

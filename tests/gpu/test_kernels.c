@@ -62,6 +62,13 @@ static void gemv_case(int rows, int cols, int bits, int n_tok, int with_norm, in
     hmat_free(&W);
 }
 
+/* The current q4v setting (tl_gpu_q4v_set returns the previous one). */
+static int q4v_now(void) {
+    int v = tl_gpu_q4v_set(0);
+    tl_gpu_q4v_set(v);
+    return v;
+}
+
 static void test_gemv_bf16(void) {
     gemv_case(2048, TL_N_EMBD, 0, 1, 0, 0);
     gemv_case(9216, TL_N_EMBD, 0, 3, 1, 0); /* attention in-proj, 3 tokens (tile of 2 + 1) */
@@ -153,6 +160,7 @@ static void test_router_gemm(void) {
  * output row of A on its own), so 5 tokens together == each token alone, bit for bit. */
 static void test_gemv_q4_batch_exact(void) {
     const int rows = 2048, cols = 4096, T = 5;
+    int old_v = tl_gpu_q4v_set(0); /* alone on q4m_dot too (test_q4v: the q4v dot) */
     hmat W;
     hmat_random(&W, rows, cols, 4, 0.05f, &rs);
     const tl_mat *parts[1] = {&W.m};
@@ -174,6 +182,7 @@ static void test_gemv_q4_batch_exact(void) {
     }
     printf("# gemv q4 5 tokens vs alone: %d of %d tokens differ (want 0)\n", diff, T);
     CHECK_EQ_INT(diff, 0);
+    tl_gpu_q4v_set(old_v);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_free(dy1);
     tl_gpu_mat_free(&dW);
     free(x), free(nw), free(all);
@@ -341,8 +350,8 @@ static dseqs make_seqs(int n_seg, const int *slot, const int *pos0, const int *n
  * 2, 0, 1 of 3) gives the same bits as gemv then conv1d: conv outputs, states and the rows >= C;
  * unfused on the persistent q4m kernel, fused on it and on the slice kernel (1 and 2 blocks an SM,
  * k_gemv.cu), which must give the same bits. */
-static void test_gemv_conv1d_fused(void) {
-    const int rows = 12416, cols = TL_N_EMBD, C = 8192, T = 3, n_slot = 3, ld = rows;
+static void conv_fused_case(int T) {
+    const int rows = 12416, cols = TL_N_EMBD, C = 8192, n_slot = 3, ld = rows;
     hmat W;
     hmat_random(&W, rows, cols, 4, 0.05f, &rs);
     const tl_mat *parts[1] = {&W.m};
@@ -367,7 +376,9 @@ static void test_gemv_conv1d_fused(void) {
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *y1 = host_from(dy1, (size_t)T * ld), *c1 = host_from(dc1, (size_t)T * C);
     float *s1 = host_from(dst1, (size_t)n_slot * 3 * C);
-    for (int mode = 0; mode <= 2; mode++) { /* fused: q4m, slice 1 and 2 blocks an SM */
+    /* fused: q4m, slice 1 and 2 blocks an SM (q4m_dot: not with the q4v dot on 1 or 2 tokens) */
+    int n_mode = q4v_now() && T <= 2 ? 0 : 2;
+    for (int mode = 0; mode <= n_mode; mode++) {
         tl_gpu_gemv_set_slice(mode);
         CHECK_EQ_INT(tl_gpu_upload(dst2, st, sizeof(float) * n_slot * 3 * C), 0);
         CHECK_EQ_INT(tl_gpu_gemv_conv1d(dy2, ld, &dW, dx, cols, dnw, 1e-6f, T, dc2, dst2, dcw, C,
@@ -383,9 +394,9 @@ static void test_gemv_conv1d_fused(void) {
         int bad_c = memcmp(c1, c2, sizeof(float) * T * C) != 0,
             bad_s = memcmp(s1, s2, sizeof(float) * n_slot * 3 * C) != 0;
         double nm = t_nmse(c2, c1, (size_t)T * C);
-        printf("# gemv+conv1d fused (slice %d) vs unfused: rows>=C differ in %d tokens, conv out "
-               "differs %d, state differs %d (conv nmse %.2e)\n",
-               mode, bad_y, bad_c, bad_s, nm);
+        printf("# gemv+conv1d fused (slice %d, %d tokens, q4v %d) vs unfused: rows>=C differ in "
+               "%d tokens, conv out differs %d, state differs %d (conv nmse %.2e)\n",
+               mode, T, q4v_now(), bad_y, bad_c, bad_s, nm);
         CHECK_EQ_INT(bad_y, 0);
         CHECK_EQ_INT(bad_c, 0);
         CHECK_EQ_INT(bad_s, 0);
@@ -400,6 +411,8 @@ static void test_gemv_conv1d_fused(void) {
     free(x), free(nw), free(cw), free(st), free(y1), free(c1), free(s1);
     hmat_free(&W);
 }
+
+static void test_gemv_conv1d_fused(void) { conv_fused_case(3); }
 
 /* One 4-bit GEMV of T tokens into dy (y0 first), the slice kernel at `mode` blocks an SM (0: off)
  * and the rows kernel on or off for the call; the result downloaded into *out. */
@@ -434,6 +447,7 @@ static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
     float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *ref, *got, *one;
     const float *n = with_norm ? dnw : NULL;
+    int old_v = tl_gpu_q4v_set(0); /* the slice and rows kernels compute q4m_dot's sums */
     CHECK_EQ_INT(slice_run(0, 0, &dW, dx, n, T, acc, y0, dy, &ref), 0);
     int diff0 = 0; /* the default kernel: each token alone (q4m_stage's sums of squares) */
     for (int t = 0; t < T; t++) {
@@ -463,6 +477,7 @@ static void gemv_ways_case(int rows, int cols, int T, int with_norm, int acc) {
         CHECK_EQ_INT(diff, 0);
         free(got);
     }
+    tl_gpu_q4v_set(old_v);
     tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_mat_free(&dW);
     free(x), free(nw), free(y0), free(ref);
     hmat_free(&W);
@@ -986,7 +1001,8 @@ static void moe_case(int bits, int D, int K, int T) {
     /* the decode step's fused form (routing inside moe_up, moe_down after it): same ids,
      * bit-identical h, with the batch-1 slice kernels off (0) and on (1: moe_up_q4s when T = 1,
      * moe_down routing early) */
-    for (int mode = 0; bits && mode <= 1; mode++) {
+    /* the slice kernels (mode 1) compute q4m_dot's sums: not beside the q4v dot */
+    for (int mode = 0; bits && mode <= (q4v_now() ? 0 : 1); mode++) {
         int32_t *hid = (int32_t *)host_from(dids, (size_t)T * K), *hid2;
         float *dh2 = dev_from(h, sizeof(float) * T * D);
         int old = tl_gpu_moe_set_slice(mode);
@@ -2058,6 +2074,67 @@ static void norms_bf16_gated_case(int n, int nv, int ld, int z_off) {
     tl_gpu_free(d_o), tl_gpu_free(dp), tl_gpu_free(dw), tl_gpu_free(dy);
     free(o), free(proj), free(w), free(y);
 }
+/* Two tokens through the q4v dot together == each alone, bit for bit, and other bits than
+ * q4m_dot's (really the other dot) within NMSE 1e-10 of them. */
+static void q4v_pair_case(int rows, int cols) {
+    hmat W;
+    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
+    const tl_mat *parts[1] = {&W.m};
+    tl_gpu_gemm_w dW;
+    char err[256] = "";
+    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
+    float *x = rand_vec((size_t)2 * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
+    float *dx = dev_from(x, sizeof(float) * 2 * cols), *dnw = dev_from(nw, sizeof(float) * cols);
+    float *dy = tl_gpu_malloc(sizeof(float) * 2 * rows), *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+    int old = tl_gpu_q4v_set(0);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, 2, 0, NULL), 0);
+    float *m = host_from(dy, (size_t)2 * rows);
+    tl_gpu_q4v_set(1);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, 2, 0, NULL), 0);
+    float *v = host_from(dy, (size_t)2 * rows);
+    int diff = 0;
+    for (int t = 0; t < 2; t++) {
+        CHECK_EQ_INT(
+            tl_gpu_gemv(dy1, rows, &dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0, NULL), 0);
+        float *one = host_from(dy1, rows);
+        diff += memcmp(one, v + (size_t)t * rows, sizeof(float) * rows) != 0;
+        free(one);
+    }
+    tl_gpu_q4v_set(old);
+    int other = memcmp(m, v, sizeof(float) * 2 * rows) != 0;
+    double nm = t_nmse(v, m, (size_t)2 * rows);
+    printf("# q4v %dx%d: 2 tokens vs alone %d differ (want 0); vs q4m_dot %s bits, nmse %.2e\n",
+           rows, cols, diff, other ? "other" : "THE SAME", nm);
+    CHECK_EQ_INT(diff, 0);
+    CHECK(other);
+    CHECK(nm < 1e-10);
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_free(dy1), tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(m), free(v);
+    hmat_free(&W);
+}
+
+/* The q4v dot (k_q4m.cuh, TL_Q4V) of the decode GEMV and moe_up for one and two tokens: the
+ * model's decode shapes against the CPU oracle (gemv_case, moe_case: NMSE 1e-9), two tokens ==
+ * each alone, the GDN in-projection's fused conv1d == gemv then conv1d. Appended to the suite so
+ * the tests above keep their random draws. */
+static void test_q4v(void) {
+    int old = tl_gpu_q4v_set(1);
+    gemv_case(12416, TL_N_EMBD, 4, 1, 1, 0);      /* GDN in-projection: KPW 16, KS 4 */
+    gemv_case(2048, 4096, 4, 1, 0, 1);            /* out-projection + residual: KS 8 */
+    gemv_case(9216, TL_N_EMBD, 4, 2, 1, 0);       /* attention in-projection, 2 tokens */
+    gemv_case(248320 / 8, TL_N_EMBD, 4, 1, 0, 0); /* LM-head-like row count */
+    gemv_case(1024, 768, 4, 2, 1, 1);             /* KPW 8, KS 3 */
+    gemv_case(3200, 256, 4, 1, 1, 0);             /* the small e2e model */
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1);
+    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 2);
+    moe_case(4, 256, 4, 1);
+    conv_fused_case(1);
+    conv_fused_case(2);
+    tl_gpu_q4v_set(old);
+    q4v_pair_case(12416, TL_N_EMBD);
+    q4v_pair_case(2048, 4096);
+}
+
 static void test_norms_bf16(void) {
     norms_bf16_rms_case(5, TL_N_EMBD);
     norms_bf16_rms_case(3, 200);
@@ -2102,5 +2179,6 @@ int main(void) {
     T_RUN(test_slice_kernels); /* appended: the tests above keep their random draws */
     T_RUN(test_sample_count_bits);
     T_RUN(test_norms_bf16);
+    T_RUN(test_q4v);
     return t_summary();
 }
