@@ -49,6 +49,7 @@ static float *gemv_way(int slice, int rows_on, const q4mat &q, const float *x, c
 }
 
 static void gemv_case(int R, int K, int T, int norm, int acc) {
+    int old_v = tl_gpu_q4v_set(0); /* every way on q4m_dot (q4v_case: the q4v dot) */
     q4mat q = q4_random(&rs, R, K);
     float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f),
           *y0 = rand_vec(&rs, (size_t)T * R, 1.0f);
@@ -91,6 +92,7 @@ static void gemv_case(int R, int K, int T, int norm, int acc) {
     CHECK(nm < 1e-8);
     CHECK(same);
     CHECK_EQ_INT(alone, 0);
+    tl_gpu_q4v_set(old_v);
     free(x), free(nw), free(y0), free(ref), free(hr), q4_free(&q);
 }
 
@@ -244,8 +246,8 @@ static void moe_case(int D, int k, int T) {
         w[m] = (float *)xcalloc((size_t)T * k, 4), wsh[m] = (float *)xcalloc(T, 4);
         ids[m] = (int32_t *)xcalloc((size_t)T * k, 4);
     }
-    /* the plain path: route kernel, q4m moe_up, moe_down */
-    int old = tl_gpu_moe_set_slice(0);
+    /* the plain path: route kernel, q4m moe_up, moe_down (q4m_dot, as the slice kernels) */
+    int old = tl_gpu_moe_set_slice(0), old_v = tl_gpu_q4v_set(0);
     CHECK_EQ_INT(tl_gpu_moe_route(ids[0], w[0], wsh[0], NULL, lg, E + 1, E, k, T, NULL), 0);
     CHECK_EQ_INT(tl_gpu_moe_up(act[0], &gu.m, h0, nw, 1e-6f, ids[0], k, E, T, NULL), 0);
     CHECK_EQ_INT(tl_gpu_moe_down(h[0], &dn.m, act[0], ids[0], w[0], wsh[0], k, E, T, NULL), 0);
@@ -257,7 +259,7 @@ static void moe_case(int D, int k, int T) {
     CHECK_EQ_INT(tl_gpu_moe_down_after_route(h[1], &dn.m, act[1], ids[1], lg, E + 1, w[1], wsh[1], k,
                                              E, T, NULL),
                  0);
-    tl_gpu_moe_set_slice(old);
+    tl_gpu_moe_set_slice(old), tl_gpu_q4v_set(old_v);
     int s_ids = !memcmp(ids[0], ids[1], (size_t)T * k * 4);
     int s_w = !memcmp(w[0], w[1], (size_t)T * k * 4) && !memcmp(wsh[0], wsh[1], (size_t)T * 4);
     int s_act = !memcmp(act[0], act[1], (size_t)T * (k + 1) * F * 4);
@@ -271,8 +273,8 @@ static void moe_case(int D, int k, int T) {
     free(lg), free(h0), free(nw), q4_free(&gu), q4_free(&dn);
 }
 
-/* moe_up on the q4v dot (one token a block row) against q4m_dot: the same products within
- * NMSE 1e-10 (act and the combined h), other bits. */
+/* moe_up and moe_down on the q4v dot (one token a block row) against q4m_dot: the same
+ * products within NMSE 1e-10 (act and the combined h), other bits. */
 static void q4v_moe_case(int D, int k, int T) {
     const int E = 16, F = 512;
     q4mat gu = q4_random(&rs, (E + 1) * 2 * F, D), dn = q4_random(&rs, (E + 1) * D, F);
@@ -284,7 +286,7 @@ static void q4v_moe_case(int D, int k, int T) {
     CHECK_EQ_INT(tl_gpu_moe_route(ids, w, wsh, NULL, lg, E + 1, E, k, T, NULL), 0);
     int old = tl_gpu_q4v_set(0);
     for (int m = 0; m < 2; m++) {
-        tl_gpu_q4v_set(m);
+        tl_gpu_q4v_set(2 * m); /* off; moe_up and moe_down */
         act[m] = (float *)xcalloc((size_t)T * (k + 1) * F, 4);
         h[m] = (float *)xmalloc((size_t)T * D * 4);
         memcpy(h[m], h0, (size_t)T * D * 4);

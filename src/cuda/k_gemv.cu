@@ -344,15 +344,18 @@ extern "C" int tl_gpu_gemv_set_slice(int per_sm) {
     return old;
 }
 
-/* The q4v dot for one or two tokens (TL_Q4V=1 or tl_gpu_q4v_set(1); default off: q4m_dot). */
+/* Where the q4v dot runs (k_q4m.cuh cb_q4v_on): TL_Q4V=0|1|2 or tl_gpu_q4v_set; default 1. */
 static int q4v_on = -1;
 int cb_q4v_on(void) {
-    if (q4v_on < 0) q4v_on = tl_env_is("TL_Q4V", 1);
+    if (q4v_on < 0) {
+        const char *e = getenv("TL_Q4V");
+        q4v_on = e ? TL_MAX(0, TL_MIN(2, atoi(e))) : 1;
+    }
     return q4v_on;
 }
-extern "C" int tl_gpu_q4v_set(int on) {
+extern "C" int tl_gpu_q4v_set(int level) {
     int old = cb_q4v_on();
-    q4v_on = on != 0;
+    q4v_on = TL_MAX(0, TL_MIN(2, level));
     return old;
 }
 

@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(256)
  * has completed and written the logits when this kernel starts; they are read through L2
  * (__ldcg in route_warp: no stale L1 line from the previous layer). Same ids as moe_up's (same
  * function of the same logits), so the same bits. */
-template <int BITS, int KPW, bool EARLY>
+template <int BITS, int KPW, bool EARLY, bool V>
 __device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, const float *act,
                                               const int32_t *ids, const float *logits, int ld,
                                               const float *wt, const float *w_sh, int k,
@@ -486,7 +486,27 @@ __device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, 
     const void *w;
     const uint32_t *sb;
     expert_slice(W, e, n_embd, &w, &sb);
-    if (BITS == 4) {
+    if (BITS == 4 && V) { /* the q4v dot (k_q4m.cuh): one mma a weight word */
+        uint32_t wq[KPW], sbw[KPW / 2];
+        int KB = F >> 5;
+        q4v_load<KPW>(wq, sbw, (const uint32_t *)w, sb, n_embd, F, rb, 0);
+        if (EARLY) pdl_wait(); /* the first weights are in flight: now act */
+        uint4 *xs = xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16);
+        float *sx = q4m_sx(xs, F, 1);
+        q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
+        __syncwarp();
+        float acc = 0.0f, a0, a1;
+        q4v_x<KPW> X;
+        q4v_load_x<KPW>(X, xs, sx, F, 1, 0);
+        q4v_dot<KPW>(acc, wq, sbw, X);
+        for (int kb0 = KPW; kb0 < KB; kb0 += KPW) {
+            q4v_load<KPW>(wq, sbw, (const uint32_t *)w, sb, n_embd, F, rb, kb0);
+            q4v_load_x<KPW>(X, xs, sx, F, 1, kb0);
+            q4v_dot<KPW>(acc, wq, sbw, X);
+        }
+        q4v_pairs(acc, a0, a1);
+        if (lane < 4) s_v[j][2 * lane] = a0, s_v[j][2 * lane + 1] = a1;
+    } else if (BITS == 4) {
         uint32_t wq[KPW];
         uint2 sbv[KPW / 2];
         int KB = F >> 5, kb0 = 0;
@@ -524,11 +544,11 @@ __device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, 
     h[(size_t)t * n_embd + 8 * rb + r] += out;
 }
 
-template <int BITS, int KPW>
+template <int BITS, int KPW, bool V>
 __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, const int32_t *ids,
                                 const float *wt, const float *w_sh, int k, int n_expert,
                                 int n_embd) {
-    moe_down_body<BITS, KPW, false>(h, W, act, ids, NULL, 0, wt, w_sh, k, n_expert, n_embd);
+    moe_down_body<BITS, KPW, false, V>(h, W, act, ids, NULL, 0, wt, w_sh, k, n_expert, n_embd);
 }
 
 /* The early form: at most MOE_DOWN_EARLY_K + 1 warps, registers for 3 blocks an SM, so two of
@@ -538,7 +558,7 @@ template <int KPW>
 __global__ void __launch_bounds__(32 * (MOE_DOWN_EARLY_K + 1), 3)
     moe_down_early_kernel(float *h, tl_gpu_gemm_w W, const float *act, const float *logits, int ld,
                           const float *wt, const float *w_sh, int k, int n_expert, int n_embd) {
-    moe_down_body<4, KPW, true>(h, W, act, NULL, logits, ld, wt, w_sh, k, n_expert, n_embd);
+    moe_down_body<4, KPW, true, false>(h, W, act, NULL, logits, ld, wt, w_sh, k, n_expert, n_embd);
 }
 
 /* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
@@ -666,8 +686,8 @@ static int moe_down_impl(float *h, const tl_gpu_gemm_w *down, const float *act, 
     if (n_embd % 8 || F % 256 || k + 1 > 17) return TL_ERR_INVALID;
     dim3 grid(n_embd / 8, n_tok), block(32 * (k + 1));
     if (down->bits != 4) {
-        TL_LAUNCH(st, "moe_down", (moe_down_kernel<16, 8>), grid, block, 0, h, *down, act, ids, w,
-                  w_sh, k, n_expert, n_embd);
+        TL_LAUNCH(st, "moe_down", (moe_down_kernel<16, 8, false>), grid, block, 0, h, *down, act,
+                  ids, w, w_sh, k, n_expert, n_embd);
         return 0;
     }
     int kpw, ks;
@@ -680,9 +700,10 @@ static int moe_down_impl(float *h, const tl_gpu_gemm_w *down, const float *act, 
                   k, n_expert, n_embd);
         return 0;
     }
-    auto kern = kpw == 32   ? moe_down_kernel<4, 32>
-                : kpw == 16 ? moe_down_kernel<4, 16>
-                            : moe_down_kernel<4, 8>;
+    bool v = kpw <= 16 && cb_q4v_on() >= 2; /* one token a block */
+    auto kern = kpw == 32 ? moe_down_kernel<4, 32, false>
+                : v       ? (kpw == 16 ? moe_down_kernel<4, 16, true> : moe_down_kernel<4, 8, true>)
+                    : (kpw == 16 ? moe_down_kernel<4, 16, false> : moe_down_kernel<4, 8, false>);
     TL_LAUNCH(st, "moe_down", kern, grid, block, shm, h, *down, act, ids, w, w_sh, k, n_expert,
               n_embd);
     return 0;

@@ -36,7 +36,8 @@
  * (16, else 32, else 8; dividing KB) and KS = KB / KPW warps along K (<= max_ks); 0 or
  * TL_ERR_INVALID when no split fits. */
 int q4m_split(int K, int max_ks, int *kpw, int *ks);
-/* Whether the decode GEMV / MoE kernels use the q4v dot for one or two tokens (k_gemv.cu). */
+/* Where the decode kernels use the q4v dot (k_gemv.cu, TL_Q4V): 0 nowhere, 1 the GEMV and
+ * moe_up kernels of one or two tokens, 2 moe_down of single tokens too. */
 int cb_q4v_on(void);
 __host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
 __host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
@@ -244,6 +245,21 @@ __device__ __forceinline__ void q4v_dot(float &acc, const uint32_t (&wq)[KPW],
         float base = even ? fmaf(fmaf(-128.0f, s, b), X.sx[q], acc) : acc;
         acc = fmaf(s, d[0] + d[3], base);
     }
+}
+
+/* The words of tiles (rb, kb0 .. kb0 + KPW - 1) as q4m_load, and row g's scale/bias words of
+ * their KPW / 2 groups (g = lane / 4), for q4v_dot. */
+template <int KPW>
+__device__ __forceinline__ void q4v_load(uint32_t (&wq)[KPW], uint32_t (&sbw)[KPW / 2],
+                                         const uint32_t *w, const uint32_t *sb, int rows, int K,
+                                         int rb, int kb0) {
+    int lane = threadIdx.x & 31;
+    const uint32_t *wp = w + ((size_t)rb * (K >> 5) + kb0) * 32 + lane;
+#pragma unroll
+    for (int i = 0; i < KPW; i++) wq[i] = __ldcs(wp + (size_t)i * 32);
+    const uint32_t *sp = sb + (size_t)(kb0 >> 1) * rows + rb * 8 + (lane >> 2);
+#pragma unroll
+    for (int q = 0; q < KPW / 2; q++) sbw[q] = __ldcs(sp + (size_t)q * rows);
 }
 
 /* q4v_dot over a landed q4m item (q4m_issue layout). */

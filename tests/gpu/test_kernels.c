@@ -1044,11 +1044,13 @@ static void test_moe(void) {
 }
 
 static void test_slice_kernels(void) {
+    int old_v = tl_gpu_q4v_set(0); /* the slice kernels compute q4m_dot's sums (moe_case) */
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1); /* batch 1: moe_up_q4s, early moe_down */
     moe_case(4, 256, 4, 1);                      /* the small model's shapes (KPW 8) */
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 4); /* a verify's 4 tokens: moe_up_q4x */
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 8);
     moe_case(4, 256, 4, 5);
+    tl_gpu_q4v_set(old_v);
     gemv_ways_case(12416, TL_N_EMBD, 1, 1, 0); /* GDN in-proj: KPW 16, KS 4, 6 units */
     gemv_ways_case(2048, 4096, 1, 0, 1);       /* GDN out-proj + residual: KS 8 */
     gemv_ways_case(2048, 4096, 4, 0, 1);       /* attention o-proj, 4 tokens: KS 8 */
@@ -2113,12 +2115,12 @@ static void q4v_pair_case(int rows, int cols) {
     hmat_free(&W);
 }
 
-/* The q4v dot (k_q4m.cuh, TL_Q4V) of the decode GEMV and moe_up for one and two tokens: the
+/* The q4v dot (k_q4m.cuh, TL_Q4V) of the decode GEMV, moe_up and moe_down: the
  * model's decode shapes against the CPU oracle (gemv_case, moe_case: NMSE 1e-9), two tokens ==
  * each alone, the GDN in-projection's fused conv1d == gemv then conv1d. Appended to the suite so
  * the tests above keep their random draws. */
 static void test_q4v(void) {
-    int old = tl_gpu_q4v_set(1);
+    int old = tl_gpu_q4v_set(2);                  /* the GEMV, moe_up and moe_down */
     gemv_case(12416, TL_N_EMBD, 4, 1, 1, 0);      /* GDN in-projection: KPW 16, KS 4 */
     gemv_case(2048, 4096, 4, 1, 0, 1);            /* out-projection + residual: KS 8 */
     gemv_case(9216, TL_N_EMBD, 4, 2, 1, 0);       /* attention in-projection, 2 tokens */
