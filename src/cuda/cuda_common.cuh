@@ -285,6 +285,12 @@ __device__ __forceinline__ float2 dsmem_ld2(uint32_t a) {
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+/* Asks L2 to fetch [p, p + bytes) from memory (p 16-byte aligned, bytes a multiple of 16): a
+ * hint with nothing to wait for (cp.async.bulk.prefetch.L2); a later kernel's loads of those
+ * bytes then hit L2. */
+__device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
 /* 16-byte async copy global -> shared; src_bytes 0 zero-fills the destination (out of range). */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),

@@ -197,8 +197,10 @@ static int moe_decode(const layer_ctx *x) {
     float eps = c->rms_eps;
     TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
     if (L->gate_up.bits == 4) {
+        tl_gpu_stream ust = *x->st; /* moe_up asks L2 for its experts' down weights */
+        ust.moe_down = &L->down;
         TRY(tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &L->gate_up, be->x, L->ffn_norm,
-                                eps, be->rlog, E + 1, K, E, T, x->st));
+                                eps, be->rlog, E + 1, K, E, T, &ust));
         return tl_gpu_moe_down_after_route(be->x, &L->down, be->act, be->ids, be->rlog, E + 1,
                                            be->wts, be->wsh, K, E, T, x->st);
     } else {

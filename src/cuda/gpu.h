@@ -52,6 +52,9 @@ typedef struct tl_gpu_stream {
     tl_gpu_prof *prof; /* NULL, or a profiler that records an event after every launch */
     float *ws;         /* NULL, or device scratch for split-K GEMM partials (tl_gpu_gemm) */
     size_t ws_bytes;
+    /* NULL, or the experts' down matrix of the MoE whose tl_gpu_moe_up_route this is: the q4
+     * moe_up kernel asks L2 for its tokens' experts of it once routed (TL_MOE_L2PF) */
+    const struct tl_gpu_gemm_w *moe_down;
 } tl_gpu_stream;
 
 /* ====== Weights ======

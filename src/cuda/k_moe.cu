@@ -183,11 +183,31 @@ __device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const 
  *   outputs 8p.. (the whole n_embd each).
  * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
  * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
+/* The L2 prefetch of moe_up (moe_down_pf): the down matrix's expert slices (w, sb) and their
+ * bytes, or w = NULL for none. */
+typedef struct moe_pf {
+    const char *w, *sb;
+    size_t ew, es;
+} moe_pf;
+
+/* Block blockIdx.x's share of the down weights of the k + 1 experts s_e[0..k] (gridDim.x
+ * shares of each expert's w and sb slices) asked of L2 by threads 0 .. 2k+1: moe_down, which
+ * waits for this kernel, then reads them from L2. */
+__device__ __forceinline__ void moe_down_pf(const moe_pf &pf, const int *s_e, int k) {
+    int i = threadIdx.x;
+    if (!pf.w || i >= 2 * (k + 1)) return;
+    size_t per = (i & 1) ? pf.es : pf.ew;
+    const char *base = ((i & 1) ? pf.sb : pf.w) + (size_t)s_e[i >> 1] * per;
+    size_t chunk = (CEIL_DIV(per, (size_t)gridDim.x) + 255) & ~(size_t)255,
+           off = blockIdx.x * chunk;
+    if (off < per) l2_prefetch(base + off, (uint32_t)(chunk < per - off ? chunk : per - off));
+}
+
 template <int KPW, bool V>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
                       int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
-                      float *wts, float *w_sh) {
+                      float *wts, float *w_sh, moe_pf pf) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
@@ -205,6 +225,7 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
     __syncthreads();
+    moe_down_pf(pf, s_e, k);
     const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
     size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
     auto src = [&](int u, int q, const uint32_t **pw, const uint32_t **ps, int *rows, int *rb) {
@@ -596,6 +617,13 @@ extern "C" int tl_gpu_moe_set_slice(int on) {
     return old;
 }
 
+/* moe_up's L2 prefetch of the routed experts' down weights (TL_MOE_L2PF=1; default off). */
+static int moe_l2pf = -1;
+static int moe_l2pf_on(void) {
+    if (moe_l2pf < 0) moe_l2pf = tl_env_is("TL_MOE_L2PF", 1);
+    return moe_l2pf;
+}
+
 /* moe_up_q4s_kernel for one routed token when its items fit (1 launched, 0 not, < 0 error). */
 static int launch_moe_up_q4s(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                              const float *norm_w, float eps, int32_t *ids, int k, int n_expert,
@@ -658,8 +686,15 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     auto kern = kpw == 32 ? moe_up_q4m_kernel<32, false>
                 : v       ? (kpw == 16 ? moe_up_q4m_kernel<16, true> : moe_up_q4m_kernel<8, true>)
                     : (kpw == 16 ? moe_up_q4m_kernel<16, false> : moe_up_q4m_kernel<8, false>);
+    moe_pf pf = {NULL, NULL, 0, 0};
+    const tl_gpu_gemm_w *dn = st ? st->moe_down : NULL;
+    if (dn && dn->bits == 4 && logits && moe_l2pf_on()) {
+        int rows_e = dn->rows / (n_expert + 1);
+        pf = {(const char *)dn->w, (const char *)dn->sb, (size_t)rows_e * dn->cols / 2,
+              (size_t)rows_e * (dn->cols / 64) * 4};
+    }
     TL_LAUNCH(st, "moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k,
-              n_expert, F, ks, logits, ld, wts, w_sh);
+              n_expert, F, ks, logits, ld, wts, w_sh, pf);
     return 0;
 }
 
