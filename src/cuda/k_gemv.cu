@@ -330,12 +330,14 @@ int cb_gemv_setup(void) {
 /* Blocks a SM of the slice kernel (TL_GEMV_SLICE: 1 or 2; default 0 = off, gemv_q4m only: the
  * slice kernels measured slower on the H200, BENCHMARKS.md session 8), or what a test set with
  * tl_gpu_gemv_set_slice. */
+/* A 0..2 setting from the environment variable `name`, dflt when unset. */
+static int env_level(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e ? TL_MAX(0, TL_MIN(2, atoi(e))) : dflt;
+}
 static int gemv_slice = -1;
 static int gemv_slice_per_sm(void) {
-    if (gemv_slice < 0) {
-        const char *e = getenv("TL_GEMV_SLICE");
-        gemv_slice = e ? TL_MAX(0, TL_MIN(2, atoi(e))) : 0;
-    }
+    if (gemv_slice < 0) gemv_slice = env_level("TL_GEMV_SLICE", 0);
     return gemv_slice;
 }
 extern "C" int tl_gpu_gemv_set_slice(int per_sm) {
@@ -347,10 +349,7 @@ extern "C" int tl_gpu_gemv_set_slice(int per_sm) {
 /* Where the q4v dot runs (k_q4m.cuh cb_q4v_on): TL_Q4V=0|1|2 or tl_gpu_q4v_set; default 1. */
 static int q4v_on = -1;
 int cb_q4v_on(void) {
-    if (q4v_on < 0) {
-        const char *e = getenv("TL_Q4V");
-        q4v_on = e ? TL_MAX(0, TL_MIN(2, atoi(e))) : 1;
-    }
+    if (q4v_on < 0) q4v_on = env_level("TL_Q4V", 1);
     return q4v_on;
 }
 extern "C" int tl_gpu_q4v_set(int level) {

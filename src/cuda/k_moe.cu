@@ -483,6 +483,43 @@ __global__ void __launch_bounds__(256)
  * has completed and written the logits when this kernel starts; they are read through L2
  * (__ldcg in route_warp: no stale L1 line from the previous layer). Same ids as moe_up's (same
  * function of the same logits), so the same bits. */
+/* One warp of moe_down, 4-bit: row block rb of the expert slice (w, sb; n_embd rows, F columns)
+ * dotted with the act row arow, staged in the warp's xs; lane t < 4 ends with rows 2t, 2t + 1 in
+ * (a0, a1). The first KPW tiles are loaded before the PDL wait when EARLY. V: the q4v dot (one
+ * mma a weight word), else q4m_dot. */
+template <int KPW, bool EARLY, bool V>
+__device__ __forceinline__ void moe_down_q4(float &a0, float &a1, const uint32_t *w,
+                                            const uint32_t *sb, int n_embd, int F, int rb,
+                                            const float *arow, uint4 *xs) {
+    int KB = F >> 5, lane = threadIdx.x & 31;
+    uint32_t wq[KPW], sbw[KPW / 2];
+    uint2 sbv[KPW / 2];
+    auto load = [&](int kb0) {
+        if (V)
+            q4v_load<KPW>(wq, sbw, w, sb, n_embd, F, rb, kb0);
+        else
+            q4m_load<KPW>(wq, sbv, w, sb, n_embd, F, rb, kb0);
+    };
+    load(0);
+    if (EARLY) pdl_wait(); /* the first weights are in flight: now act */
+    float *sx = q4m_sx(xs, F, 1);
+    q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
+    __syncwarp();
+    float acc = 0.0f;
+    q4v_x<KPW> X;
+    a0 = 0.0f, a1 = 0.0f;
+    for (int kb0 = 0; kb0 < KB; kb0 += KPW) {
+        if (kb0) load(kb0);
+        if (V) {
+            q4v_load_x<KPW>(X, xs, sx, F, 1, kb0);
+            q4v_dot<KPW>(acc, wq, sbw, X);
+        } else {
+            q4m_dot<KPW>(a0, a1, wq, sbv, xs, sx, kb0);
+        }
+    }
+    if (V) q4v_pairs(acc, a0, a1);
+}
+
 template <int BITS, int KPW, bool EARLY, bool V>
 __device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, const float *act,
                                               const int32_t *ids, const float *logits, int ld,
@@ -507,43 +544,11 @@ __device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, 
     const void *w;
     const uint32_t *sb;
     expert_slice(W, e, n_embd, &w, &sb);
-    if (BITS == 4 && V) { /* the q4v dot (k_q4m.cuh): one mma a weight word */
-        uint32_t wq[KPW], sbw[KPW / 2];
-        int KB = F >> 5;
-        q4v_load<KPW>(wq, sbw, (const uint32_t *)w, sb, n_embd, F, rb, 0);
-        if (EARLY) pdl_wait(); /* the first weights are in flight: now act */
-        uint4 *xs = xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16);
-        float *sx = q4m_sx(xs, F, 1);
-        q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
-        __syncwarp();
-        float acc = 0.0f, a0, a1;
-        q4v_x<KPW> X;
-        q4v_load_x<KPW>(X, xs, sx, F, 1, 0);
-        q4v_dot<KPW>(acc, wq, sbw, X);
-        for (int kb0 = KPW; kb0 < KB; kb0 += KPW) {
-            q4v_load<KPW>(wq, sbw, (const uint32_t *)w, sb, n_embd, F, rb, kb0);
-            q4v_load_x<KPW>(X, xs, sx, F, 1, kb0);
-            q4v_dot<KPW>(acc, wq, sbw, X);
-        }
-        q4v_pairs(acc, a0, a1);
+    if (BITS == 4) {
+        float a0, a1;
+        moe_down_q4<KPW, EARLY, V>(a0, a1, (const uint32_t *)w, sb, n_embd, F, rb, arow,
+                                   xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16));
         if (lane < 4) s_v[j][2 * lane] = a0, s_v[j][2 * lane + 1] = a1;
-    } else if (BITS == 4) {
-        uint32_t wq[KPW];
-        uint2 sbv[KPW / 2];
-        int KB = F >> 5, kb0 = 0;
-        q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, 0);
-        if (EARLY) pdl_wait(); /* the first weights are in flight: now act */
-        uint4 *xs = xs_all + (size_t)j * CEIL_DIV(q4m_smem(F, 1), 16);
-        float *sx = q4m_sx(xs, F, 1);
-        q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
-        __syncwarp();
-        float acc0 = 0.0f, acc1 = 0.0f;
-        q4m_dot<KPW>(acc0, acc1, wq, sbv, xs, sx, 0);
-        for (kb0 = KPW; kb0 < KB; kb0 += KPW) {
-            q4m_load<KPW>(wq, sbv, (const uint32_t *)w, sb, n_embd, F, rb, kb0);
-            q4m_dot<KPW>(acc0, acc1, wq, sbv, xs, sx, kb0);
-        }
-        if (lane < 4) s_v[j][2 * lane] = acc0, s_v[j][2 * lane + 1] = acc1;
     } else {
         const float *xp[1] = {arow};
         float acc[8][1], ss[1];
