@@ -48,13 +48,10 @@ static float *gemv_way(int slice, int rows_on, const q4mat &q, const float *x, c
     return y;
 }
 
-static void gemv_case(int R, int K, int T, int norm, int acc) {
-    int old_v = tl_gpu_q4v_set(0); /* every way on q4m_dot (q4v_case: the q4v dot) */
-    q4mat q = q4_random(&rs, R, K);
-    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f),
-          *y0 = rand_vec(&rs, (size_t)T * R, 1.0f);
-    float *ref = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
-    /* the q4m kernel against the double product (the emulator's own check) */
+/* The double product of the dequantized weights with x (normed when norm), + y0 when acc. */
+static float *gemv_double(const q4mat &q, const float *x, const float *nw, int T, int norm, int acc,
+                          const float *y0) {
+    int R = q.m.rows, K = q.m.cols;
     float *hr = (float *)xmalloc((size_t)T * R * 4);
     for (int t = 0; t < T; t++) {
         double ss = 0;
@@ -67,6 +64,17 @@ static void gemv_case(int R, int K, int T, int norm, int acc) {
             hr[(size_t)t * R + r] = (float)(s * inv + (acc ? y0[(size_t)t * R + r] : 0.0));
         }
     }
+    return hr;
+}
+
+static void gemv_case(int R, int K, int T, int norm, int acc) {
+    int old_v = tl_gpu_q4v_set(0); /* every way on q4m_dot (q4v_case: the q4v dot) */
+    q4mat q = q4_random(&rs, R, K);
+    float *x = rand_vec(&rs, (size_t)T * K, 1.0f), *nw = rand_vec(&rs, K, 1.0f),
+          *y0 = rand_vec(&rs, (size_t)T * R, 1.0f);
+    float *ref = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
+    /* the q4m kernel against the double product (the emulator's own check) */
+    float *hr = gemv_double(q, x, nw, T, norm, acc, y0);
     double nm = t_nmse(ref, hr, (size_t)T * R);
     static const int ways[4][2] = {{1, 0}, {2, 0}, {0, 1}, {1, 1}};
     int same = 1;
@@ -118,18 +126,7 @@ static void q4v_case(int R, int K, int T, int norm, int acc) {
     float *m = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
     tl_gpu_q4v_set(1);
     float *v = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
-    float *hr = (float *)xmalloc((size_t)T * R * 4);
-    for (int t = 0; t < T; t++) {
-        double ss = 0;
-        for (int c = 0; c < K; c++) ss += (double)x[t * K + c] * x[t * K + c];
-        double inv = norm ? 1.0 / sqrt(ss / K + 1e-6) : 1.0;
-        for (int r = 0; r < R; r++) {
-            double s = 0;
-            for (int c = 0; c < K; c++)
-                s += q4_at(q, r, c) * x[(size_t)t * K + c] * (norm ? nw[c] : 1.0);
-            hr[(size_t)t * R + r] = (float)(s * inv + (acc ? y0[(size_t)t * R + r] : 0.0));
-        }
-    }
+    float *hr = gemv_double(q, x, nw, T, norm, acc, y0);
     int alone = 0;
     for (int t = 0; t < T; t++) {
         float *one = gemv_way(0, 0, q, x + (size_t)t * K, norm ? nw : NULL, 1, acc,

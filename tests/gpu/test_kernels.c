@@ -156,11 +156,31 @@ static void test_router_gemm(void) {
     }
 }
 
+/* The T tokens' outputs of dW on device x (norm fused) at q4v level lvl, downloaded; *diff +=
+ * the tokens whose outputs alone differ in any bit. */
+static float *gemv_batch_alone(const tl_gpu_gemm_w *dW, const float *dx, const float *dnw, int T,
+                               int lvl, int *diff) {
+    int rows = dW->rows, cols = dW->cols, old = tl_gpu_q4v_set(lvl);
+    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *dy1 = tl_gpu_malloc(sizeof(float) * rows);
+    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
+    float *all = host_from(dy, (size_t)T * rows);
+    for (int t = 0; t < T; t++) {
+        CHECK_EQ_INT(
+            tl_gpu_gemv(dy1, rows, dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0, NULL), 0);
+        float *one = host_from(dy1, rows);
+        *diff += memcmp(one, all + (size_t)t * rows, sizeof(float) * rows) != 0;
+        free(one);
+    }
+    tl_gpu_q4v_set(old);
+    tl_gpu_free(dy), tl_gpu_free(dy1);
+    return all;
+}
+
 /* q4 GEMV: a token's outputs do not depend on the other tokens of its tile (the mma computes each
- * output row of A on its own), so 5 tokens together == each token alone, bit for bit. */
-static void test_gemv_q4_batch_exact(void) {
-    const int rows = 2048, cols = 4096, T = 5;
-    int old_v = tl_gpu_q4v_set(0); /* alone on q4m_dot too (test_q4v: the q4v dot) */
+ * output row of A on its own, q4m_dot and q4v alike), so T tokens together == each token alone,
+ * bit for bit; with T <= 2 the q4v dot too, whose bits must differ from q4m_dot's (really the
+ * other dot) within NMSE 1e-10. */
+static void batch_exact_case(int rows, int cols, int T) {
     hmat W;
     hmat_random(&W, rows, cols, 4, 0.05f, &rs);
     const tl_mat *parts[1] = {&W.m};
@@ -169,25 +189,29 @@ static void test_gemv_q4_batch_exact(void) {
     CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
     float *x = rand_vec((size_t)T * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
     float *dx = dev_from(x, sizeof(float) * T * cols), *dnw = dev_from(nw, sizeof(float) * cols);
-    float *dy = tl_gpu_malloc(sizeof(float) * T * rows), *dy1 = tl_gpu_malloc(sizeof(float) * rows);
-    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, T, 0, NULL), 0);
-    float *all = host_from(dy, (size_t)T * rows);
-    int diff = 0;
-    for (int t = 0; t < T; t++) {
-        CHECK_EQ_INT(
-            tl_gpu_gemv(dy1, rows, &dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0, NULL), 0);
-        float *one = host_from(dy1, rows);
-        diff += memcmp(one, all + (size_t)t * rows, sizeof(float) * rows) != 0;
-        free(one);
-    }
-    printf("# gemv q4 5 tokens vs alone: %d of %d tokens differ (want 0)\n", diff, T);
+    int diff = 0, diff_v = 0;
+    float *m = gemv_batch_alone(&dW, dx, dnw, T, 0, &diff);
+    printf("# gemv q4 %dx%d, %d tokens vs alone (q4m_dot): %d differ (want 0)\n", rows, cols, T,
+           diff);
     CHECK_EQ_INT(diff, 0);
-    tl_gpu_q4v_set(old_v);
-    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_free(dy1);
-    tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(all);
+    if (T <= 2) {
+        float *v = gemv_batch_alone(&dW, dx, dnw, T, 1, &diff_v);
+        int other = memcmp(m, v, sizeof(float) * T * rows) != 0;
+        double nm = t_nmse(v, m, (size_t)T * rows);
+        printf("# q4v %dx%d: %d tokens vs alone %d differ (want 0); vs q4m_dot %s bits, nmse "
+               "%.2e\n",
+               rows, cols, T, diff_v, other ? "other" : "THE SAME", nm);
+        CHECK_EQ_INT(diff_v, 0);
+        CHECK(other);
+        CHECK(nm < 1e-10);
+        free(v);
+    }
+    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_mat_free(&dW);
+    free(x), free(nw), free(m);
     hmat_free(&W);
 }
+
+static void test_gemv_q4_batch_exact(void) { batch_exact_case(2048, 4096, 5); }
 
 static void test_gemv_q4(void) {
     gemv_case(2048, TL_N_EMBD, 4, 1, 0, 0);
@@ -2076,45 +2100,6 @@ static void norms_bf16_gated_case(int n, int nv, int ld, int z_off) {
     tl_gpu_free(d_o), tl_gpu_free(dp), tl_gpu_free(dw), tl_gpu_free(dy);
     free(o), free(proj), free(w), free(y);
 }
-/* Two tokens through the q4v dot together == each alone, bit for bit, and other bits than
- * q4m_dot's (really the other dot) within NMSE 1e-10 of them. */
-static void q4v_pair_case(int rows, int cols) {
-    hmat W;
-    hmat_random(&W, rows, cols, 4, 0.05f, &rs);
-    const tl_mat *parts[1] = {&W.m};
-    tl_gpu_gemm_w dW;
-    char err[256] = "";
-    CHECK_EQ_INT(tl_gpu_mat_upload(&dW, parts, 1, 0, err, sizeof err), 0);
-    float *x = rand_vec((size_t)2 * cols, 1.0f, &rs), *nw = rand_vec(cols, 1.0f, &rs);
-    float *dx = dev_from(x, sizeof(float) * 2 * cols), *dnw = dev_from(nw, sizeof(float) * cols);
-    float *dy = tl_gpu_malloc(sizeof(float) * 2 * rows), *dy1 = tl_gpu_malloc(sizeof(float) * rows);
-    int old = tl_gpu_q4v_set(0);
-    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, 2, 0, NULL), 0);
-    float *m = host_from(dy, (size_t)2 * rows);
-    tl_gpu_q4v_set(1);
-    CHECK_EQ_INT(tl_gpu_gemv(dy, rows, &dW, dx, cols, dnw, 1e-6f, 2, 0, NULL), 0);
-    float *v = host_from(dy, (size_t)2 * rows);
-    int diff = 0;
-    for (int t = 0; t < 2; t++) {
-        CHECK_EQ_INT(
-            tl_gpu_gemv(dy1, rows, &dW, dx + (size_t)t * cols, cols, dnw, 1e-6f, 1, 0, NULL), 0);
-        float *one = host_from(dy1, rows);
-        diff += memcmp(one, v + (size_t)t * rows, sizeof(float) * rows) != 0;
-        free(one);
-    }
-    tl_gpu_q4v_set(old);
-    int other = memcmp(m, v, sizeof(float) * 2 * rows) != 0;
-    double nm = t_nmse(v, m, (size_t)2 * rows);
-    printf("# q4v %dx%d: 2 tokens vs alone %d differ (want 0); vs q4m_dot %s bits, nmse %.2e\n",
-           rows, cols, diff, other ? "other" : "THE SAME", nm);
-    CHECK_EQ_INT(diff, 0);
-    CHECK(other);
-    CHECK(nm < 1e-10);
-    tl_gpu_free(dx), tl_gpu_free(dnw), tl_gpu_free(dy), tl_gpu_free(dy1), tl_gpu_mat_free(&dW);
-    free(x), free(nw), free(m), free(v);
-    hmat_free(&W);
-}
-
 /* The q4v dot (k_q4m.cuh, TL_Q4V) of the decode GEMV, moe_up and moe_down: the
  * model's decode shapes against the CPU oracle (gemv_case, moe_case: NMSE 1e-9), two tokens ==
  * each alone, the GDN in-projection's fused conv1d == gemv then conv1d. Appended to the suite so
@@ -2133,8 +2118,8 @@ static void test_q4v(void) {
     conv_fused_case(1);
     conv_fused_case(2);
     tl_gpu_q4v_set(old);
-    q4v_pair_case(12416, TL_N_EMBD);
-    q4v_pair_case(2048, 4096);
+    batch_exact_case(12416, TL_N_EMBD, 2);
+    batch_exact_case(2048, 4096, 2);
 }
 
 static void test_norms_bf16(void) {
