@@ -80,6 +80,10 @@ static const env_switch env_switches[] = {
     {"TL_MOE_L2PF=1", ENGINE_CMDS,
      "CUDA: the decode moe_up asks L2 for its routed experts' down weights once routed (A/B; same "
      "bits); default off"},
+    {"TL_L2PF_NEXT=0..7", ENGINE_CMDS,
+     "CUDA decode GEMVs ask L2 for a later kernel's weights before their wait: bit 1 the router "
+     "for the shared expert's gate/up, 2 the in-projections for their out-projection, 4 the "
+     "out-projections for the router (A/B; same bits); default 0"},
     {"TL_MOE_SLICE=1", ENGINE_CMDS,
      "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_SAMPLE_VEC=0|2|4", ENGINE_CMDS,

@@ -43,6 +43,13 @@ int tl_gpu_sync(void);
 
 /* Where and how an entry launches its kernels. */
 typedef struct tl_gpu_prof tl_gpu_prof; /* the per-kernel profiler (cuda_bench.cu) */
+/* Memory a later kernel of the step reads (its weights): the decode GEMV kernels ask L2 for it
+ * before their wait, each block a share (a hint: nothing waits for it). n[i] = 0: none. */
+typedef struct tl_gpu_l2pf {
+    const void *p[2];
+    size_t n[2];
+} tl_gpu_l2pf;
+
 typedef struct tl_gpu_stream {
     void *stream;      /* cudaStream_t; NULL = the legacy default stream */
     int pdl;           /* 1: programmatic dependent launch (decode kernels wait for their
@@ -55,6 +62,7 @@ typedef struct tl_gpu_stream {
     /* NULL, or the experts' down matrix of the MoE whose tl_gpu_moe_up_route this is: the q4
      * moe_up kernel asks L2 for its tokens' experts of it once routed (TL_MOE_L2PF) */
     const struct tl_gpu_gemm_w *moe_down;
+    tl_gpu_l2pf l2pf; /* for the GEMV of this launch (TL_L2PF_NEXT) */
 } tl_gpu_stream;
 
 /* ====== Weights ======

@@ -197,10 +197,7 @@ __device__ __forceinline__ void moe_down_pf(const moe_pf &pf, const int *s_e, in
     int i = threadIdx.x;
     if (!pf.w || i >= 2 * (k + 1)) return;
     size_t per = (i & 1) ? pf.es : pf.ew;
-    const char *base = ((i & 1) ? pf.sb : pf.w) + (size_t)s_e[i >> 1] * per;
-    size_t chunk = (CEIL_DIV(per, (size_t)gridDim.x) + 255) & ~(size_t)255,
-           off = blockIdx.x * chunk;
-    if (off < per) l2_prefetch(base + off, (uint32_t)(chunk < per - off ? chunk : per - off));
+    l2_prefetch_share(((i & 1) ? pf.sb : pf.w) + (size_t)s_e[i >> 1] * per, per);
 }
 
 template <int KPW, bool V>
