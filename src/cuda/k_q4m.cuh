@@ -1,6 +1,7 @@
 /* The 4-bit GEMV machinery on tensor cores ("q4m"), shared by the decode GEMV (k_gemv.cu) and
- * the decode MoE (k_moe.cu): staging of x as bf16 hi/lo rows, the per-tile dot product, the
- * persistent cp.async weight ring, and the bf16 R-row dot of the bf16 GEMV paths. */
+ * the decode MoE (k_moe.cu): staging of x as bf16 hi/lo rows, the per-tile dot products (q4m_dot
+ * for up to 8 tokens, the q4v dot for one or two), the persistent cp.async weight ring, and the
+ * bf16 R-row dot of the bf16 GEMV paths. */
 #ifndef TL_K_Q4M_CUH
 #define TL_K_Q4M_CUH
 
