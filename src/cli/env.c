@@ -84,6 +84,9 @@ static const env_switch env_switches[] = {
      "CUDA decode GEMVs ask L2 for a later kernel's weights before their wait: bit 1 the router "
      "for the shared expert's gate/up, 2 the in-projections for their out-projection, 4 the "
      "out-projections for the router (A/B; same bits); default 0"},
+    {"TL_MOE_DOWN_EARLY=1", ENGINE_CMDS,
+     "CUDA: the batch-1 moe_down routes again before its wait and loads its first weights "
+     "meanwhile, without the slice moe_up (A/B; same bits); default off"},
     {"TL_MOE_SLICE=1", ENGINE_CMDS,
      "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_SAMPLE_VEC=0|2|4", ENGINE_CMDS,

@@ -437,6 +437,9 @@ int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, const float
 /* Tests and A/B runs: the batch-1 MoE levers on (1, default) or off (0) instead of TL_MOE_SLICE:
  * moe_up's slice kernel for one routed token and moe_down's early routing. Returns the previous. */
 int tl_gpu_moe_set_slice(int on);
+/* moe_down's early routing after tl_gpu_moe_up_route without the slice moe_up, instead of
+ * TL_MOE_DOWN_EARLY: 1 on, 0 off (default). Same bits. Returns the previous setting. */
+int tl_gpu_moe_set_early(int on);
 
 /* Prefill (grouped GEMM over the 256 experts):
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's

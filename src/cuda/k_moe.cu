@@ -577,11 +577,11 @@ __global__ void moe_down_kernel(float *h, tl_gpu_gemm_w W, const float *act, con
 /* The early form: at most MOE_DOWN_EARLY_K + 1 warps, registers for 3 blocks an SM, so two of
  * its blocks fit beside a moe_up_q4s block and prefetch while it runs. */
 #define MOE_DOWN_EARLY_K 8
-template <int KPW>
+template <int KPW, bool V>
 __global__ void __launch_bounds__(32 * (MOE_DOWN_EARLY_K + 1), 3)
     moe_down_early_kernel(float *h, tl_gpu_gemm_w W, const float *act, const float *logits, int ld,
                           const float *wt, const float *w_sh, int k, int n_expert, int n_embd) {
-    moe_down_body<4, KPW, true, false>(h, W, act, NULL, logits, ld, wt, w_sh, k, n_expert, n_embd);
+    moe_down_body<4, KPW, true, V>(h, W, act, NULL, logits, ld, wt, w_sh, k, n_expert, n_embd);
 }
 
 /* moe_up's x staging + weight rings exceed the default 48 KB of dynamic shared memory. */
@@ -616,6 +616,19 @@ static int moe_slice_on(void) {
 extern "C" int tl_gpu_moe_set_slice(int on) {
     int old = moe_slice_on();
     moe_slice = on != 0;
+    return old;
+}
+
+/* moe_down routing again before its wait, its first weights in flight meanwhile, without the
+ * slice moe_up (TL_MOE_DOWN_EARLY=1; default off; TL_MOE_SLICE=1 implies it). */
+static int moe_early = -1;
+static int moe_early_on(void) {
+    if (moe_early < 0) moe_early = tl_env_is("TL_MOE_DOWN_EARLY", 1);
+    return moe_early;
+}
+extern "C" int tl_gpu_moe_set_early(int on) {
+    int old = moe_early_on();
+    moe_early = on != 0;
     return old;
 }
 
@@ -731,13 +744,15 @@ static int moe_down_impl(float *h, const tl_gpu_gemm_w *down, const float *act, 
     if (q4m_split(F, 8, &kpw, &ks)) return TL_ERR_INVALID; /* one warp loops over the ks chunks */
     size_t shm = (size_t)(k + 1) * (CEIL_DIV(q4m_smem(F, 1), 16) * 16);
     if (shm > 48 * 1024) return TL_ERR_INVALID;
+    bool v = kpw <= 16 && cb_q4v_on() >= 2; /* one token a block */
     if (logits && k <= MOE_DOWN_EARLY_K && n_expert <= 32 * ROUTE_PER && kpw <= 16) {
-        auto kern = kpw == 16 ? moe_down_early_kernel<16> : moe_down_early_kernel<8>;
+        auto kern =
+            v ? (kpw == 16 ? moe_down_early_kernel<16, true> : moe_down_early_kernel<8, true>)
+              : (kpw == 16 ? moe_down_early_kernel<16, false> : moe_down_early_kernel<8, false>);
         TL_LAUNCH(st, "moe_down_early", kern, grid, block, shm, h, *down, act, logits, ld, w, w_sh,
                   k, n_expert, n_embd);
         return 0;
     }
-    bool v = kpw <= 16 && cb_q4v_on() >= 2; /* one token a block */
     auto kern = kpw == 32 ? moe_down_kernel<4, 32, false>
                 : v       ? (kpw == 16 ? moe_down_kernel<4, 16, true> : moe_down_kernel<4, 8, true>)
                     : (kpw == 16 ? moe_down_kernel<4, 16, false> : moe_down_kernel<4, 8, false>);
@@ -756,8 +771,8 @@ extern "C" int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, 
                                            const int32_t *ids, const float *logits, int ld,
                                            const float *w, const float *w_sh, int k, int n_expert,
                                            int n_tok, const tl_gpu_stream *st) {
-    return moe_down_impl(h, down, act, ids, moe_slice_on() ? logits : NULL, ld, w, w_sh, k,
-                         n_expert, n_tok, st);
+    return moe_down_impl(h, down, act, ids, moe_slice_on() || moe_early_on() ? logits : NULL, ld, w,
+                         w_sh, k, n_expert, n_tok, st);
 }
 
 /* ====== Prefill MoE: plan, grouped GEMMs (k_gemm.cu), combine. ====== */
