@@ -67,6 +67,19 @@ static float *gemv_double(const q4mat &q, const float *x, const float *nw, int T
     return hr;
 }
 
+/* How many of the T tokens, run alone on the default way, differ in any bit from their rows of
+ * the tile's result `all`. */
+static int differ_alone(const q4mat &q, const float *x, const float *nw, int T, int acc,
+                        const float *y0, const float *all) {
+    int R = q.m.rows, K = q.m.cols, n = 0;
+    for (int t = 0; t < T; t++) {
+        float *one = gemv_way(0, 0, q, x + (size_t)t * K, nw, 1, acc, y0 + (size_t)t * R);
+        n += memcmp(one, all + (size_t)t * R, (size_t)R * 4) != 0;
+        free(one);
+    }
+    return n;
+}
+
 static void gemv_case(int R, int K, int T, int norm, int acc) {
     int old_v = tl_gpu_q4v_set(0); /* every way on q4m_dot (q4v_case: the q4v dot) */
     q4mat q = q4_random(&rs, R, K);
@@ -87,13 +100,7 @@ static void gemv_case(int R, int K, int T, int norm, int acc) {
         free(got);
     }
     /* each token alone gives its bits in the tile (the normed input's sum of squares included) */
-    int alone = 0;
-    for (int t = 0; t < T; t++) {
-        float *one = gemv_way(0, 0, q, x + (size_t)t * K, norm ? nw : NULL, 1, acc,
-                              y0 + (size_t)t * R);
-        alone += memcmp(one, ref + (size_t)t * R, (size_t)R * 4) != 0;
-        free(one);
-    }
+    int alone = differ_alone(q, x, norm ? nw : NULL, T, acc, y0, ref);
     printf("# gemv %dx%d t%d n%d a%d: q4m vs double nmse %.2e; slice 1/2, rows, default: %s; "
            "%d tokens differ alone\n",
            R, K, T, norm, acc, nm, same ? "same bits as q4m" : "DIFFERENT", alone);
@@ -127,13 +134,7 @@ static void q4v_case(int R, int K, int T, int norm, int acc) {
     tl_gpu_q4v_set(1);
     float *v = gemv_way(0, 0, q, x, norm ? nw : NULL, T, acc, y0);
     float *hr = gemv_double(q, x, nw, T, norm, acc, y0);
-    int alone = 0;
-    for (int t = 0; t < T; t++) {
-        float *one = gemv_way(0, 0, q, x + (size_t)t * K, norm ? nw : NULL, 1, acc,
-                              y0 + (size_t)t * R);
-        alone += memcmp(one, v + (size_t)t * R, (size_t)R * 4) != 0;
-        free(one);
-    }
+    int alone = differ_alone(q, x, norm ? nw : NULL, T, acc, y0, v);
     tl_gpu_q4v_set(old);
     double nv = t_nmse(v, hr, (size_t)T * R), nm = t_nmse(m, hr, (size_t)T * R);
     double d = t_nmse(v, m, (size_t)T * R);

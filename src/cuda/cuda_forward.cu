@@ -142,18 +142,26 @@ static layer_ctx layer_at(cuda_be *be, int il, int T, const tl_gpu_seqs *s,
     return layer_of(be, &be->L[il], T, s, st);
 }
 
-static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e);
+/* Expert e of a stacked expert matrix as a one-expert tl_gpu_gemm_w (rows_e rows). */
+static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
+    tl_gpu_gemm_w r = *W;
+    size_t K = (size_t)W->cols;
+    r.rows = rows_e;
+    if (W->bits == 4) {
+        r.w = (const char *)W->w + (size_t)e * rows_e * K / 2;
+        r.sb = (const char *)W->sb + (size_t)e * rows_e * (K / 64) * 4;
+    } else {
+        r.w = (const char *)W->w + (size_t)e * rows_e * K * 2;
+    }
+    return r;
+}
 
 /* x's stream with the L2 prefetch of W's bytes (w, sb) when bit `bit` of TL_L2PF_NEXT is set
  * (1: the router asks for the shared expert's gate/up, 2: an in-projection for its
  * out-projection, 4: an out-projection for the router); else x's stream as is. */
 static tl_gpu_stream pf_stream(const layer_ctx *x, int bit, const tl_gpu_gemm_w *W) {
     tl_gpu_stream st = *x->st;
-    if (!(x->be->l2pf_next & bit)) return st;
-    size_t n = (size_t)W->rows * W->cols;
-    st.l2pf.p[0] = W->w, st.l2pf.n[0] = W->bits == 4 ? n / 2 : n * 2;
-    st.l2pf.p[1] = W->sb;
-    st.l2pf.n[1] = !W->sb ? 0 : W->bits == 4 ? (size_t)W->rows * (W->cols / 64) * 4 : n * 2;
+    if (x->be->l2pf_next & bit) st.l2pf = tl_gpu_mat_regions(W);
     return st;
 }
 
@@ -250,20 +258,6 @@ static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, in
         TRY(moe_decode(&x));
     }
     return run_head(be, n_out, out_row0, &st);
-}
-
-/* Expert e of a stacked expert matrix as a one-expert tl_gpu_gemm_w (rows_e rows). */
-static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
-    tl_gpu_gemm_w r = *W;
-    size_t K = (size_t)W->cols;
-    r.rows = rows_e;
-    if (W->bits == 4) {
-        r.w = (const char *)W->w + (size_t)e * rows_e * K / 2;
-        r.sb = (const char *)W->sb + (size_t)e * rows_e * (K / 64) * 4;
-    } else {
-        r.w = (const char *)W->w + (size_t)e * rows_e * K * 2;
-    }
-    return r;
 }
 
 /* Prefill GDN block (input xb = normed x, bf16): in-proj GEMM, conv1d, gates, chunked delta

@@ -98,6 +98,8 @@ size_t tl_gpu_q4_w_bytes(int rows, int cols);
 size_t tl_gpu_q4_sb_bytes(int rows, int cols);
 /* Size in bytes of a device matrix's weights (w + sb). */
 size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m);
+/* A device matrix's memory as the two regions of an L2 prefetch (w; sb or the low plane). */
+tl_gpu_l2pf tl_gpu_mat_regions(const tl_gpu_gemm_w *m);
 
 /* Stacks n_parts host matrices by rows into one device matrix of rows_pad rows (>= the sum;
  * extra rows are zero). 4-bit when every part is MLX affine 4-bit with group 64 and the row

@@ -330,14 +330,15 @@ int cb_gemv_setup(void) {
     return 0;
 }
 
-/* Blocks a SM of the slice kernel (TL_GEMV_SLICE: 1 or 2; default 0 = off, gemv_q4m only: the
- * slice kernels measured slower on the H200, BENCHMARKS.md session 8), or what a test set with
- * tl_gpu_gemv_set_slice. */
 /* A 0..2 setting from the environment variable `name`, dflt when unset. */
 static int env_level(const char *name, int dflt) {
     const char *e = getenv(name);
     return e ? TL_MAX(0, TL_MIN(2, atoi(e))) : dflt;
 }
+
+/* Blocks a SM of the slice kernel (TL_GEMV_SLICE: 1 or 2; default 0 = off, gemv_q4m only: the
+ * slice kernels measured slower on the H200, BENCHMARKS.md session 8), or what a test set with
+ * tl_gpu_gemv_set_slice. */
 static int gemv_slice = -1;
 static int gemv_slice_per_sm(void) {
     if (gemv_slice < 0) gemv_slice = env_level("TL_GEMV_SLICE", 0);

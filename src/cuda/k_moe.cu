@@ -169,20 +169,6 @@ __device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const 
     act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = moe_swiglu_normed(gv, uv, s_ss, 0, K, eps);
 }
 
-/* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
- *   x = rmsnorm(h[t]; norm_w);  act[t, j, f] = silu(gate_e[f] . x) * (up_e[f] . x)
- *   for j < k: e = ids[t, j]; j == k: e = n_expert (shared expert)
- * Shapes: gate_up stacked [(n_expert+1) * 2F, n_embd], per expert rows interleaved by 8
- *   (16i..16i+7 = gate rows 8i.., 16i+8..16i+15 = up rows 8i..); h [n_tok, n_embd];
- *   act [n_tok, k+1, F].
- * Threads: q4: persistent blocks of 8 warps per token (blockIdx.y) running the q4m loop of
- *   cuda_common.cuh over units (slot j, gate/up row-block pair): 8 / KS row blocks x KS warps
- *   along K; the block stages the normalised input once (times norm_w, summing h^2); the gate
- *   row block 2i and the up row block 2i+1 meet in shared memory. bf16: block of 8 warps per
- *   (32 outputs, slot, token); warp pair (2p, 2p+1) reads the gate and the up row block of
- *   outputs 8p.. (the whole n_embd each).
- * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
- * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
 /* The L2 prefetch of moe_up (moe_down_pf): the down matrix's expert slices (w, sb) and their
  * bytes, or w = NULL for none. */
 typedef struct moe_pf {
@@ -200,6 +186,20 @@ __device__ __forceinline__ void moe_down_pf(const moe_pf &pf, const int *s_e, in
     l2_prefetch_share(((i & 1) ? pf.sb : pf.w) + (size_t)s_e[i >> 1] * per, per);
 }
 
+/* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
+ *   x = rmsnorm(h[t]; norm_w);  act[t, j, f] = silu(gate_e[f] . x) * (up_e[f] . x)
+ *   for j < k: e = ids[t, j]; j == k: e = n_expert (shared expert)
+ * Shapes: gate_up stacked [(n_expert+1) * 2F, n_embd], per expert rows interleaved by 8
+ *   (16i..16i+7 = gate rows 8i.., 16i+8..16i+15 = up rows 8i..); h [n_tok, n_embd];
+ *   act [n_tok, k+1, F].
+ * Threads: q4: persistent blocks of 8 warps per token (blockIdx.y) running the q4m loop of
+ *   cuda_common.cuh over units (slot j, gate/up row-block pair): 8 / KS row blocks x KS warps
+ *   along K; the block stages the normalised input once (times norm_w, summing h^2); the gate
+ *   row block 2i and the up row block 2i+1 meet in shared memory. bf16: block of 8 warps per
+ *   (32 outputs, slot, token); warp pair (2p, 2p+1) reads the gate and the up row block of
+ *   outputs 8p.. (the whole n_embd each).
+ * Bytes: (k+1) * 2F * n_embd weights per token (bf16 2 B, q4 0.5625 B per weight).
+ * Tested against cpu_ffn_swiglu + cpu_moe_route (test_kernels.c: test_moe). */
 template <int KPW, bool V>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
@@ -466,20 +466,6 @@ __global__ void __launch_bounds__(256)
     act[((size_t)t * (k + 1) + j) * F + 8 * grp + lane] = silu_f(g) * u;
 }
 
-/* moe_down_kernel  (docs/model.md §2.5 steps 3-6, second half)
- *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] .
- * act[t,k]) Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok,
- * n_embd]. Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows
- * (q4: issues its weight loads, then stages act row j in its own shared memory and runs the q4m
- * dot; bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
- *   order (deterministic).
- * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe.
- * With logits (q4, right after moe_up with routing): each warp routes the token again from the
- * router's logits and loads its expert's first weights before the PDL wait. That is safe because
- * both moe_up kernels trigger their dependents only after their own wait, so the router kernel
- * has completed and written the logits when this kernel starts; they are read through L2
- * (__ldcg in route_warp: no stale L1 line from the previous layer). Same ids as moe_up's (same
- * function of the same logits), so the same bits. */
 /* One warp of moe_down, 4-bit: row block rb of the expert slice (w, sb; n_embd rows, F columns)
  * dotted with the act row arow, staged in the warp's xs; lane t < 4 ends with rows 2t, 2t + 1 in
  * (a0, a1). The first KPW tiles are loaded before the PDL wait when EARLY. V: the q4v dot (one
@@ -517,6 +503,20 @@ __device__ __forceinline__ void moe_down_q4(float &a0, float &a1, const uint32_t
     if (V) q4v_pairs(acc, a0, a1);
 }
 
+/* moe_down_kernel  (docs/model.md §2.5 steps 3-6, second half)
+ *   h[t, r] += sum_{j<k} w[t,j] * (down_{ids[t,j]}[r] . act[t,j]) + w_sh[t] * (down_sh[r] .
+ * act[t,k]) Shapes: down stacked [(n_expert+1) * n_embd, F]; act [n_tok, k+1, F]; h [n_tok,
+ * n_embd]. Threads: block of k+1 warps per (8 output rows, token): warp j reads expert j's 8 rows
+ * (q4: issues its weight loads, then stages act row j in its own shared memory and runs the q4m
+ * dot; bf16: CUDA-core dot); the k+1 partial rows meet in shared memory and are summed in slot
+ *   order (deterministic).
+ * Bytes: (k+1) * n_embd * F weights per token. Tested in test_moe.
+ * With logits (q4, right after moe_up with routing): each warp routes the token again from the
+ * router's logits and loads its expert's first weights before the PDL wait. That is safe because
+ * both moe_up kernels trigger their dependents only after their own wait, so the router kernel
+ * has completed and written the logits when this kernel starts; they are read through L2
+ * (__ldcg in route_warp: no stale L1 line from the previous layer). Same ids as moe_up's (same
+ * function of the same logits), so the same bits. */
 template <int BITS, int KPW, bool EARLY, bool V>
 __device__ __forceinline__ void moe_down_body(float *h, const tl_gpu_gemm_w &W, const float *act,
                                               const int32_t *ids, const float *logits, int ld,
@@ -706,7 +706,7 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     if (dn && dn->bits == 4 && logits && moe_l2pf_on()) {
         int rows_e = dn->rows / (n_expert + 1);
         pf = {(const char *)dn->w, (const char *)dn->sb, (size_t)rows_e * dn->cols / 2,
-              (size_t)rows_e * (dn->cols / 64) * 4};
+              (size_t)rows_e * (dn->cols / 64) * 4}; /* as expert_slice steps */
     }
     TL_LAUNCH(st, "moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k,
               n_expert, F, ks, logits, ld, wts, w_sh, pf);
