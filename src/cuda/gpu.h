@@ -195,9 +195,13 @@ int tl_gpu_gemv_set_slice(int per_sm);
  * large for the slice kernel, the LM head) instead of TL_GEMV_ROWS: 1 on (default), 0 off (the
  * persistent q4m kernel; the same bits). Returns the previous setting. */
 int tl_gpu_gemv_set_rows(int on);
-/* The q4v dot (k_q4m.cuh) in the decode GEMV and moe_up kernels for one or two tokens instead of
- * TL_Q4V: 1 on, 0 off (q4m_dot; other bits, the same accuracy). Returns the previous setting. */
+/* The q4v dot (k_q4m.cuh) instead of TL_Q4V: level 1 the decode GEMV and moe_up kernels of one
+ * or two tokens, 2 moe_down too, 0 nowhere (q4m_dot; other bits, the same accuracy). Returns the
+ * previous setting. */
 int tl_gpu_q4v_set(int on);
+/* The 3-4 token GEMVs on the two-pair q4v dot (TL_Q4V4; off by default): on != 0; returns the
+ * previous setting. */
+int tl_gpu_q4v4_set(int on);
 
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
  * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of
