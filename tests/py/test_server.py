@@ -386,7 +386,9 @@ def test_16_concurrent_streams(srv):
 
 def test_client_abort_frees_session(srv, client):
     before = srv.metrics().get('tulip_sequences_finished_total{reason="cancelled"}', 0)
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=400,
+    # max_tokens near the context (2,048): a client slowed by a loaded machine must still find the
+    # sequence running when it hangs up (with 400 the tiny model once finished first: no cancel)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=1900,
                                             stream=True, extra_body={"ignore_eos": True})
     got = 0
     for ch in stream:
@@ -405,7 +407,7 @@ def test_client_abort_frees_session(srv, client):
 def test_abort_nonstream_waiting_client(srv):
     """A non-streaming client that hangs up while its request runs is cancelled too."""
     before = srv.metrics().get('tulip_sequences_finished_total{reason="cancelled"}', 0)
-    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 450,
+    body = json.dumps({"model": MODEL_NAME, "messages": USER, "max_tokens": 1900,
                        "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port))
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
