@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 extern "C" {
+#include "cuda/cb_level.h"
 #include "cuda/gpu.h"
 #include "common/status.h"
 }

@@ -374,10 +374,10 @@ static int attn_prefill(const layer_ctx *x, int slot, int pos0) {
  * (session 19, H100): decode batches 8 / 64 / 256 -1.2% / -0.5% / -0.3% a step, prefill 4K +1.1%.
  */
 static const float *fold_norm(const cuda_be *be, int il) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_MOE_COMBINE_NORM", 0);
-    return on && il + 1 < be->cfg.n_layer && be->cfg.n_embd == 2048 ? be->L[il + 1].attn_norm
-                                                                    : NULL;
+    static cb_level on = {"TL_MOE_COMBINE_NORM", 1, 1, -1};
+    return cb_level_get(&on) && il + 1 < be->cfg.n_layer && be->cfg.n_embd == 2048
+               ? be->L[il + 1].attn_norm
+               : NULL;
 }
 
 /* Prefill MoE block: normed x as bf16 hi + lo planes, router GEMM (split precision) + top-k,

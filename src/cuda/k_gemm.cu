@@ -768,11 +768,8 @@ static int launch_gemm_wg(const gemm_args *p, int grid_y, const tl_gpu_stream *s
 enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 = 5, GM_WGR = 6 };
 
 /* 1 unless TL_Q4W_WIDE=0 (read once): gemm_q4w_kernel on its wide shape (q4w_shape). */
-static int q4w_wide_on(void) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_Q4W_WIDE", 0);
-    return on;
-}
+static cb_level q4w_wide = {"TL_Q4W_WIDE", 1, 1, -1};
+static int q4w_wide_on(void) { return cb_level_get(&q4w_wide); }
 
 template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
@@ -789,11 +786,8 @@ static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
-static int gemm_q4w_on(void) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_GEMM_Q4W", 0);
-    return on;
-}
+static cb_level gemm_q4w = {"TL_GEMM_Q4W", 1, 1, -1};
+static int gemm_q4w_on(void) { return cb_level_get(&gemm_q4w); }
 
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const tl_gpu_stream *st,
                        int ksplit = 1) {
@@ -861,17 +855,13 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
 /* 1 unless TL_GEMM_SPLITK_CLUSTER=0 (read once): a split wgr product sums its partials inside
  * the tile's cluster (wr_cluster_reduce, k_gemm_wgr.cu; at most 8 splits, the portable cluster
  * size) instead of through the workspace and gemm_splitk_reduce. */
-static int splitk_cluster_on(void) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_GEMM_SPLITK_CLUSTER", 0);
-    return on;
-}
+static cb_level splitk_cluster = {"TL_GEMM_SPLITK_CLUSTER", 1, 1, -1};
+static cb_level splitk = {"TL_GEMM_SPLITK", 1, 1, -1};
 
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
-    static int off = -1;
-    if (off < 0) off = tl_env_is("TL_GEMM_SPLITK", 0);
-    if (off || w->bits != 4) return 1;
-    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1, smax = splitk_cluster_on() ? 8 : 64;
+    if (!cb_level_get(&splitk) || w->bits != 4) return 1;
+    int xb = w->rows / 128, kt = w->cols / GM_BK, s = 1;
+    int smax = cb_level_get(&splitk_cluster) ? 8 : 64;
     while (xb * s < GM_SPLITK_SMS && kt % (2 * s) == 0 && kt / (2 * s) >= 4 && s < smax) s *= 2;
     return s;
 }
@@ -915,11 +905,8 @@ static int splitk_reduce(const gemm_args *p, int ksplit, const tl_gpu_stream *st
 }
 
 /* 1 unless TL_DENSE_WGR_DEC=0: the dense 4-bit products of decode batches run the wgr kernel. */
-static int dense_dec_wgr_on(void) {
-    static int on = -1;
-    if (on < 0) on = !tl_env_is("TL_DENSE_WGR_DEC", 0);
-    return on;
-}
+static cb_level dense_dec_wgr = {"TL_DENSE_WGR_DEC", 1, 1, -1};
+static int dense_dec_wgr_on(void) { return cb_level_get(&dense_dec_wgr); }
 
 /* Token rows of a tile shape's block. */
 static int tile_bm(int tile) {
@@ -990,7 +977,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
     if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
         dense_dec_wgr_on()) {
-        if (ks > 1 && splitk_cluster_on())
+        if (ks > 1 && cb_level_get(&splitk_cluster))
             return cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st);
         if (ks > 1) p.ws = st->ws;
         TRY(cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st));
@@ -1012,16 +999,9 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
  * prefill 73.5 -> 71.4 ms, 16K 320 -> 314 ms); TL_GEMM_CONV=0 (read once) or
  * tl_gpu_gemm_set_conv(0) turns it off (A/B, tests).
  */
-static int gemm_conv = -1;
-static int gemm_conv_on(void) {
-    if (gemm_conv < 0) gemm_conv = !tl_env_is("TL_GEMM_CONV", 0);
-    return gemm_conv;
-}
-extern "C" int tl_gpu_gemm_set_conv(int on) {
-    int was = gemm_conv_on();
-    gemm_conv = on != 0;
-    return was;
-}
+static cb_level gemm_conv = {"TL_GEMM_CONV", 1, 1, -1};
+static int gemm_conv_on(void) { return cb_level_get(&gemm_conv); }
+extern "C" int tl_gpu_gemm_set_conv(int on) { return cb_level_set(&gemm_conv, on); }
 
 extern "C" size_t tl_gpu_gemm_conv1d_edge_floats(int max_n, int C) {
     return (size_t)((max_n + WR_NT - 1) / WR_NT) * 6 * C;

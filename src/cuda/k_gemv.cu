@@ -334,50 +334,21 @@ int cb_gemv_setup(void) {
     return 0;
 }
 
-/* A 0..2 setting from the environment variable `name`, dflt when unset. */
-static int env_level(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e ? TL_MAX(0, TL_MIN(2, atoi(e))) : dflt;
-}
-
 /* Blocks a SM of the slice kernel (TL_GEMV_SLICE: 1 or 2; default 0 = off, gemv_q4m only: the
  * slice kernels measured slower on the H200, BENCHMARKS.md session 8), or what a test set with
  * tl_gpu_gemv_set_slice. */
-static int gemv_slice = -1;
-static int gemv_slice_per_sm(void) {
-    if (gemv_slice < 0) gemv_slice = env_level("TL_GEMV_SLICE", 0);
-    return gemv_slice;
-}
-extern "C" int tl_gpu_gemv_set_slice(int per_sm) {
-    int old = gemv_slice_per_sm();
-    gemv_slice = TL_MAX(0, TL_MIN(2, per_sm));
-    return old;
-}
+static cb_level gemv_slice = {"TL_GEMV_SLICE", 0, 2, -1};
+extern "C" int tl_gpu_gemv_set_slice(int per_sm) { return cb_level_set(&gemv_slice, per_sm); }
 
 /* Where the q4v dot runs (k_q4m.cuh cb_q4v_on): TL_Q4V=0|1|2 or tl_gpu_q4v_set; default 1. */
-static int q4v_on = -1;
-int cb_q4v_on(void) {
-    if (q4v_on < 0) q4v_on = env_level("TL_Q4V", 1);
-    return q4v_on;
-}
-extern "C" int tl_gpu_q4v_set(int level) {
-    int old = cb_q4v_on();
-    q4v_on = TL_MAX(0, TL_MIN(2, level));
-    return old;
-}
+static cb_level q4v = {"TL_Q4V", 1, 2, -1};
+int cb_q4v_on(void) { return cb_level_get(&q4v); }
+extern "C" int tl_gpu_q4v_set(int level) { return cb_level_set(&q4v, level); }
 
 /* The GEMVs of 3-4 tokens on the two-pair q4v dot (when TL_Q4V is on): TL_Q4V4=0|1 or
  * tl_gpu_q4v4_set; default 0 (off until measured). */
-static int q4v4 = -1;
-static int q4v4_on(void) {
-    if (q4v4 < 0) q4v4 = env_level("TL_Q4V4", 0);
-    return q4v4;
-}
-extern "C" int tl_gpu_q4v4_set(int on) {
-    int old = q4v4_on();
-    q4v4 = on != 0;
-    return old;
-}
+static cb_level q4v4 = {"TL_Q4V4", 0, 1, -1};
+extern "C" int tl_gpu_q4v4_set(int on) { return cb_level_set(&q4v4, on); }
 
 int q4m_split(int K, int max_ks, int *kpw, int *ks) {
     int KB = K >> 5;
@@ -405,19 +376,11 @@ int cb_grid_cap(void) {
 /* The rows kernel for one tile of <= 8 tokens (TL_GEMV_ROWS=1 or tl_gpu_gemv_set_rows(1): on;
  * off by default, measured slower on the H200).
  * 1 if launched, 0 if not, < 0 on a launch error. */
-static int gemv_rows = -1;
-static int gemv_rows_on(void) {
-    if (gemv_rows < 0) gemv_rows = tl_env_is("TL_GEMV_ROWS", 1);
-    return gemv_rows;
-}
-extern "C" int tl_gpu_gemv_set_rows(int on) {
-    int old = gemv_rows_on();
-    gemv_rows = on != 0;
-    return old;
-}
+static cb_level gemv_rows = {"TL_GEMV_ROWS", 0, 1, -1};
+extern "C" int tl_gpu_gemv_set_rows(int on) { return cb_level_set(&gemv_rows, on); }
 static int launch_q4r(const gemv_out &o, const tl_gpu_gemm_w *W, const float *x, int ldx, int kpw,
                       int n_rows, const tl_gpu_stream *st) {
-    if (!gemv_rows_on() || o.nt > 8) return 0;
+    if (!cb_level_get(&gemv_rows) || o.nt > 8) return 0;
     size_t shm = q4m_smem(W->cols, n_rows) + (size_t)8 * Q4M_NS * q4m_stage_bytes(kpw);
     if (shm > GEMV_MAX_SHM) return 0;
     auto kern = kpw == 32   ? gemv_q4r_kernel<32>
@@ -433,7 +396,7 @@ static int launch_q4r(const gemv_out &o, const tl_gpu_gemm_w *W, const float *x,
  * shared memory): 1 if launched, 0 if not, < 0 on a launch error. */
 static int launch_q4s(const gemv_out &o, const tl_gpu_gemm_w *W, const float *x, int ldx, int kpw,
                       int n_rows, const tl_gpu_stream *st) {
-    int per_sm = gemv_slice_per_sm();
+    int per_sm = cb_level_get(&gemv_slice);
     if (!per_sm || o.nt > 8) return 0;
     int n_units = CEIL_DIV(o.n_rb, 8 / o.KS);
     int upb = CEIL_DIV(n_units, cb_grid_cap() / 2 * per_sm);
@@ -463,7 +426,10 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
         dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tt)), n_tt);
-        int p = kpw > 16 || !cb_q4v_on() ? 0 : n_tok <= 2 ? 1 : n_tok <= 4 && q4v4_on() ? 2 : 0;
+        int p = kpw > 16 || !cb_q4v_on()            ? 0
+                : n_tok <= 2                        ? 1
+                : n_tok <= 4 && cb_level_get(&q4v4) ? 2
+                                                    : 0;
         auto kern = kpw == 32 ? gemv_q4m_kernel<32, 0>
                     : p == 1  ? (kpw == 16 ? gemv_q4m_kernel<16, 1> : gemv_q4m_kernel<8, 1>)
                     : p == 2  ? (kpw == 16 ? gemv_q4m_kernel<16, 2> : gemv_q4m_kernel<8, 2>)

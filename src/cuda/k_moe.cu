@@ -608,36 +608,17 @@ int cb_moe_setup(void) {
 /* The small-batch MoE levers (TL_MOE_SLICE=1; default 0: measured slower on the H200):
  * moe_up_q4s_kernel for one token with routing, moe_up_q4x_kernel for 2..8, and moe_down routing
  * early after moe_up_route. Same bits either way. */
-static int moe_slice = -1;
-static int moe_slice_on(void) {
-    if (moe_slice < 0) moe_slice = tl_env_is("TL_MOE_SLICE", 1);
-    return moe_slice;
-}
-extern "C" int tl_gpu_moe_set_slice(int on) {
-    int old = moe_slice_on();
-    moe_slice = on != 0;
-    return old;
-}
+static cb_level moe_slice = {"TL_MOE_SLICE", 0, 1, -1};
+static int moe_slice_on(void) { return cb_level_get(&moe_slice); }
+extern "C" int tl_gpu_moe_set_slice(int on) { return cb_level_set(&moe_slice, on); }
 
 /* moe_down routing again before its wait, its first weights in flight meanwhile, without the
  * slice moe_up (TL_MOE_DOWN_EARLY=1; default off; TL_MOE_SLICE=1 implies it). */
-static int moe_early = -1;
-static int moe_early_on(void) {
-    if (moe_early < 0) moe_early = tl_env_is("TL_MOE_DOWN_EARLY", 1);
-    return moe_early;
-}
-extern "C" int tl_gpu_moe_set_early(int on) {
-    int old = moe_early_on();
-    moe_early = on != 0;
-    return old;
-}
+static cb_level moe_early = {"TL_MOE_DOWN_EARLY", 0, 1, -1};
+extern "C" int tl_gpu_moe_set_early(int on) { return cb_level_set(&moe_early, on); }
 
 /* moe_up's L2 prefetch of the routed experts' down weights (TL_MOE_L2PF=1; default off). */
-static int moe_l2pf = -1;
-static int moe_l2pf_on(void) {
-    if (moe_l2pf < 0) moe_l2pf = tl_env_is("TL_MOE_L2PF", 1);
-    return moe_l2pf;
-}
+static cb_level moe_l2pf = {"TL_MOE_L2PF", 0, 1, -1};
 
 /* moe_up_q4s_kernel for one routed token when its items fit (1 launched, 0 not, < 0 error). */
 static int launch_moe_up_q4s(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
@@ -703,7 +684,7 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                     : (kpw == 16 ? moe_up_q4m_kernel<16, false> : moe_up_q4m_kernel<8, false>);
     moe_pf pf = {NULL, NULL, 0, 0};
     const tl_gpu_gemm_w *dn = st ? st->moe_down : NULL;
-    if (dn && dn->bits == 4 && logits && moe_l2pf_on()) {
+    if (dn && dn->bits == 4 && logits && cb_level_get(&moe_l2pf)) {
         int rows_e = dn->rows / (n_expert + 1);
         pf = {(const char *)dn->w, (const char *)dn->sb, (size_t)rows_e * dn->cols / 2,
               (size_t)rows_e * (dn->cols / 64) * 4}; /* as expert_slice steps */
@@ -771,8 +752,9 @@ extern "C" int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, 
                                            const int32_t *ids, const float *logits, int ld,
                                            const float *w, const float *w_sh, int k, int n_expert,
                                            int n_tok, const tl_gpu_stream *st) {
-    return moe_down_impl(h, down, act, ids, moe_slice_on() || moe_early_on() ? logits : NULL, ld, w,
-                         w_sh, k, n_expert, n_tok, st);
+    return moe_down_impl(h, down, act, ids,
+                         moe_slice_on() || cb_level_get(&moe_early) ? logits : NULL, ld, w, w_sh, k,
+                         n_expert, n_tok, st);
 }
 
 /* ====== Prefill MoE: plan, grouped GEMMs (k_gemm.cu), combine. ====== */

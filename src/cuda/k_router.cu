@@ -287,17 +287,9 @@ __global__ void __launch_bounds__(128, 1)
  * two an SM) do not: H100, prefill 1K 38,555 vs 38,295 tok/s, 2K 51,337 vs 51,125 (mma.sync vs
  * wgmma, two rounds each); at 4K 55,770 vs 56,135, 16K 50,300 vs 50,700. */
 #define RW_MIN_TOK 3072
-static int router_wg = -1;
-static int router_wg_mode(void) {
-    if (router_wg < 0)
-        router_wg = tl_env_is("TL_ROUTER_WG", 0) ? 0 : tl_env_is("TL_ROUTER_WG", 2) ? 2 : 1;
-    return router_wg;
-}
-extern "C" int tl_gpu_router_set_wg(int mode) {
-    int was = router_wg_mode();
-    router_wg = mode < 0 || mode > 2 ? 1 : mode;
-    return was;
-}
+static cb_level router_wg = {"TL_ROUTER_WG", 1, 2, -1};
+static int router_wg_mode(void) { return cb_level_get(&router_wg); }
+extern "C" int tl_gpu_router_set_wg(int mode) { return cb_level_set(&router_wg, mode); }
 
 template <bool LO>
 static int router_wg_launch(float *y, int ldy, const tl_gpu_gemm_w *W, const uint16_t *xh,

@@ -19,6 +19,7 @@
 #include <functional>
 
 extern "C" {
+#include "cuda/cb_level.h"
 #include "cuda/gpu.h"
 #include "common/status.h"
 }
