@@ -322,8 +322,6 @@ int cb_gemv_setup(void) {
     GEMV_SHM_ATTR((gemv_q4m_kernel<16, 1>));
     GEMV_SHM_ATTR((gemv_q4m_kernel<8, 2>));
     GEMV_SHM_ATTR((gemv_q4m_kernel<16, 2>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<8, 2>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<16, 2>));
     GEMV_SHM_ATTR(gemv_q4s_kernel<8>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<16>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<32>);
