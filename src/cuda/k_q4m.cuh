@@ -64,35 +64,24 @@ __device__ __forceinline__ void q4m_stage(uint4 *xs, float *sx, const float *x, 
                                           float *ss) {
     int KB = K >> 5, per_row = KB * 4, lds = q4m_lds(K), n_items = nt * per_row;
     int lane = threadIdx.x & 31;
-    /* item it's 8 raw x values and norm weights: the next item's are loaded before this one is
-     * worked, so a thread's items cost one L2 latency, not one each (same arithmetic, same bits) */
-    auto load = [&](int it, float(&v)[8], float(&m)[8]) {
-        if (it >= n_items) return;
+    for (int it = tid; it < n_items; it += nthr) { /* a warp's 32 items lie in one row */
         int r = it / per_row, rem = it - r * per_row, kb = rem >> 2, t = rem & 3;
-        const float *xp = x + (size_t)r * ldx + kb * 32 + 2 * t, *wp = xw + kb * 32 + 2 * t;
+        const float *xp = x + (size_t)r * ldx + kb * 32 + 2 * t;
+        float v[8], sq = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float2 p = *(const float2 *)(xp + 8 * j);
             v[2 * j] = p.x, v[2 * j + 1] = p.y;
-            if (xw) {
-                float2 q = *(const float2 *)(wp + 8 * j);
-                m[2 * j] = q.x, m[2 * j + 1] = q.y;
-            }
         }
-    };
-    float nv[8] = {}, nm[8] = {};
-    load(tid, nv, nm);
-    for (int it = tid; it < n_items; it += nthr) { /* a warp's 32 items lie in one row */
-        int r = it / per_row, rem = it - r * per_row, kb = rem >> 2, t = rem & 3;
-        float v[8], m[8], sq = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = nv[i], m[i] = nm[i];
-        load(it + nthr, nv, nm);
 #pragma unroll
         for (int i = 0; i < 8; i++) sq = fmaf(v[i], v[i], sq);
         if (xw) {
+            const float *wp = xw + kb * 32 + 2 * t;
 #pragma unroll
-            for (int i = 0; i < 8; i++) v[i] *= m[i];
+            for (int j = 0; j < 4; j++) {
+                float2 p = *(const float2 *)(wp + 8 * j);
+                v[2 * j] *= p.x, v[2 * j + 1] *= p.y;
+            }
         }
         float hi[8], lo[8], s = 0.0f;
 #pragma unroll
