@@ -77,9 +77,6 @@ static const env_switch env_switches[] = {
     {"TL_Q4V=0|1|2", ENGINE_CMDS,
      "CUDA: the q4v dot (one mma a weight word, x in registers) in the 4-bit decode GEMVs and "
      "moe_up of 1-2 tokens (1, default), and in moe_down too (2); 0: q4m_dot everywhere (A/B)"},
-    {"TL_Q4V4=1", ENGINE_CMDS,
-     "CUDA: the 4-bit decode GEMVs of 3-4 tokens on the q4v dot too (two token pairs sharing each "
-     "weight word's mma operand; a K = 3 verify with TL_CUDA_TC_MIN=5); default off (A/B)"},
     {"TL_MOE_L2PF=1", ENGINE_CMDS,
      "CUDA: the decode moe_up asks L2 for its routed experts' down weights once routed (A/B; same "
      "bits); default off"},

@@ -199,9 +199,6 @@ int tl_gpu_gemv_set_rows(int on);
  * or two tokens, 2 moe_down too, 0 nowhere (q4m_dot; other bits, the same accuracy). Returns the
  * previous setting. */
 int tl_gpu_q4v_set(int on);
-/* The 3-4 token GEMVs on the two-pair q4v dot (TL_Q4V4; off by default): on != 0; returns the
- * previous setting. */
-int tl_gpu_q4v4_set(int on);
 
 /* A micro-batch's router: y[t, r] = sum_c (xh + xl)[t, c] * (w + sb)[r, c] for r < W->rows on
  * the tensor cores (k_router.cu: precision of the GEMV to ~2^-17), xh / xl the bf16 planes of

@@ -88,7 +88,7 @@ __device__ __forceinline__ void gemv_stage_x(uint4 *xs, float *sx, float *s_ss, 
     __syncthreads();
 }
 
-template <int KPW, int P>
+template <int KPW, bool V>
 __global__ void __launch_bounds__(256, 2)
     gemv_q4m_kernel(gemv_out o, tl_gpu_gemm_w W, const float *x, int ldx, int n_rows) {
     extern __shared__ uint4 xs[];
@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(256, 2)
                                  gemv_emit(o, s_ss, u * RBB + warp, lane, &s_part[warp * KS][lane],
                                            32);
     };
-    int gx = P ? 0 : min(lane >> 2, o.nt - 1); /* P: the kernel reads all tokens itself */
-    q4m_persistent<KPW, P>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
+    int gx = V ? 0 : min(lane >> 2, o.nt - 1); /* V: the kernel reads both tokens itself */
+    q4m_persistent<KPW, V>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit,
                            xs + gx * q4m_lds(K), sx + gx * (KB >> 1), s_part,
                            (char *)xs + q4m_smem(K, n_rows), o.nt);
 }
@@ -315,13 +315,11 @@ __global__ void __launch_bounds__(256)
 int cb_gemv_setup(void) {
 #define GEMV_SHM_ATTR(kern)                                                                        \
     CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_MAX_SHM))
-    GEMV_SHM_ATTR((gemv_q4m_kernel<8, 0>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<16, 0>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<32, 0>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<8, 1>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<16, 1>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<8, 2>));
-    GEMV_SHM_ATTR((gemv_q4m_kernel<16, 2>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<8, false>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<16, false>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<32, false>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<8, true>));
+    GEMV_SHM_ATTR((gemv_q4m_kernel<16, true>));
     GEMV_SHM_ATTR(gemv_q4s_kernel<8>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<16>);
     GEMV_SHM_ATTR(gemv_q4s_kernel<32>);
@@ -342,11 +340,6 @@ extern "C" int tl_gpu_gemv_set_slice(int per_sm) { return cb_level_set(&gemv_sli
 static cb_level q4v = {"TL_Q4V", 1, 2, -1};
 int cb_q4v_on(void) { return cb_level_get(&q4v); }
 extern "C" int tl_gpu_q4v_set(int level) { return cb_level_set(&q4v, level); }
-
-/* The GEMVs of 3-4 tokens on the two-pair q4v dot (when TL_Q4V is on): TL_Q4V4=0|1 or
- * tl_gpu_q4v4_set; default 0 (off until measured). */
-static cb_level q4v4 = {"TL_Q4V4", 0, 1, -1};
-extern "C" int tl_gpu_q4v4_set(int on) { return cb_level_set(&q4v4, on); }
 
 int q4m_split(int K, int max_ks, int *kpw, int *ks) {
     int KB = K >> 5;
@@ -424,14 +417,10 @@ static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x
         if (shm > GEMV_MAX_SHM) return TL_ERR_INVALID;
         int n_units = CEIL_DIV(W->rows / 8, 8 / ks), n_tt = CEIL_DIV(n_tok, 8);
         dim3 grid(TL_MAX(1, TL_MIN(n_units, cb_grid_cap() / n_tt)), n_tt);
-        int p = kpw > 16 || !cb_q4v_on()            ? 0
-                : n_tok <= 2                        ? 1
-                : n_tok <= 4 && cb_level_get(&q4v4) ? 2
-                                                    : 0;
-        auto kern = kpw == 32 ? gemv_q4m_kernel<32, 0>
-                    : p == 1  ? (kpw == 16 ? gemv_q4m_kernel<16, 1> : gemv_q4m_kernel<8, 1>)
-                    : p == 2  ? (kpw == 16 ? gemv_q4m_kernel<16, 2> : gemv_q4m_kernel<8, 2>)
-                              : (kpw == 16 ? gemv_q4m_kernel<16, 0> : gemv_q4m_kernel<8, 0>);
+        bool v = n_tok <= 2 && kpw <= 16 && cb_q4v_on();
+        auto kern = kpw == 32 ? gemv_q4m_kernel<32, false>
+                    : v       ? (kpw == 16 ? gemv_q4m_kernel<16, true> : gemv_q4m_kernel<8, true>)
+                        : (kpw == 16 ? gemv_q4m_kernel<16, false> : gemv_q4m_kernel<8, false>);
         TL_LAUNCH(st, conv.out ? "gemv_q4_conv1d" : "gemv_q4", kern, grid, dim3(256), shm, o, *W, x,
                   ldx, n_rows);
         return 0;

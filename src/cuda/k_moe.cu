@@ -243,8 +243,8 @@ __global__ void __launch_bounds__(256, 2)
         moe_up_emit(act, &s_part[(2 * p) * KS][r >> 1], &s_part[(2 * p + 1) * KS][r >> 1], 32, KS,
                     s_ss, K, eps, t, j, k, F, rbg, r);
     };
-    q4m_persistent<KPW, V ? 1 : 0>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs,
-                                   sx, s_part, (char *)xs + q4m_smem(K, 1), 1);
+    q4m_persistent<KPW, V>(blockIdx.x, gridDim.x, n_units, K, KS, src, prologue, emit, xs, sx,
+                           s_part, (char *)xs + q4m_smem(K, 1), 1);
 }
 
 /* moe_up_q4s_kernel: moe_up_q4m_kernel with routing for one token (the batch-1 decode step),
@@ -488,7 +488,7 @@ __device__ __forceinline__ void moe_down_q4(float &a0, float &a1, const uint32_t
     float *sx = q4m_sx(xs, F, 1);
     q4m_stage(xs, sx, arow, F, NULL, F, 1, lane, 32, NULL);
     __syncwarp();
-    float acc[1] = {0.0f};
+    float acc = 0.0f;
     q4v_x<KPW> X;
     a0 = 0.0f, a1 = 0.0f;
     for (int kb0 = 0; kb0 < KB; kb0 += KPW) {

@@ -1,6 +1,6 @@
 /* The 4-bit GEMV machinery on tensor cores ("q4m"), shared by the decode GEMV (k_gemv.cu) and
  * the decode MoE (k_moe.cu): staging of x as bf16 hi/lo rows, the per-tile dot products (q4m_dot
- * for up to 8 tokens, the q4v dot for up to four), the persistent cp.async weight ring, and the
+ * for up to 8 tokens, the q4v dot for one or two), the persistent cp.async weight ring, and the
  * bf16 R-row dot of the bf16 GEMV paths. */
 #ifndef TL_K_Q4M_CUH
 #define TL_K_Q4M_CUH
@@ -38,8 +38,7 @@
  * TL_ERR_INVALID when no split fits. */
 int q4m_split(int K, int max_ks, int *kpw, int *ks);
 /* Where the decode kernels use the q4v dot (k_gemv.cu, TL_Q4V): 0 nowhere, 1 the GEMV and
- * moe_up kernels of one to four tokens (GEMV: two token pairs from 3 on), 2 moe_down of single
- * tokens too. */
+ * moe_up kernels of one or two tokens, 2 moe_down of single tokens too. */
 int cb_q4v_on(void);
 __host__ __device__ __forceinline__ int q4m_lds(int K) { return (K >> 5) * 8 + 1; }
 __host__ __device__ __forceinline__ size_t q4m_smem(int K, int n_rows) {
@@ -189,7 +188,7 @@ __device__ __forceinline__ void q4m_item_dot(float &a0, float &a1, const char *i
     q4m_dot<KPW>(a0, a1, wq, sbv, xrow, sxrow, kb0);
 }
 
-/* ---- the one-mma-per-word dot for one to four tokens ("q4v") ----
+/* ---- the one-mma-per-word dot for one or two tokens ("q4v") ----
  * q4m_dot spends two mmas on each weight word (rows 8..15 of A hold the lo halves of x) and reads
  * x's A registers from shared memory for every tile. q4v takes the word of lane (g, t) (row g of
  * the tile, columns 2t + Q4_COL[n]) as the A fragment of one mma.m16n8k16 over 32 columns:
@@ -202,75 +201,50 @@ __device__ __forceinline__ void q4m_item_dot(float &a0, float &a1, const char *i
  * are read from the staged x once (q4v_load_x: 2 per tile), so the tiles need no shared-memory
  * x reads. Per group of 64 columns the lane adds s * (its half's sum), and the even lane also
  * (b - 128 s) * Sx; the two halves meet by one shuffle (q4v_pairs). Accuracy as q4m_dot's (the
- * same hi + lo split, fp32 accumulation); the summation order differs, so the bits do too.
- * Three or four tokens: P = 2 pairs, one mma each on the same A fragment (B registers of both
- * pairs held: 4 KPW registers). */
-template <int KPW, int P = 1> struct q4v_x {
-    static constexpr int NS = P == 1 ? KPW / 2 : 1;
-    uint32_t b[P][KPW][2]; /* B registers of token pair p's tiles kb0 .. kb0 + KPW - 1 */
-    float sx[NS];          /* P = 1: the group sums (q4m_sx) of token t >> 1, KPW / 2 groups */
-    const float *sxp[P];   /* P = 2: those of token 2p + (t >> 1), in shared memory (registers) */
-    __device__ __forceinline__ float gsum(int p, int q) const {
-        if constexpr (P == 1)
-            return sx[q];
-        else
-            return sxp[p][q];
-    }
+ * same hi + lo split, fp32 accumulation); the summation order differs, so the bits do too. */
+template <int KPW> struct q4v_x {
+    uint32_t b[KPW][2]; /* B registers of the warp's tiles kb0 .. kb0 + KPW - 1 */
+    float sx[KPW / 2];  /* group sums of token t >> 1 (q4m_sx) for its KPW / 2 groups */
 };
 
-/* X := the B registers and group sums of the warp's K-slice (tiles kb0.., even) for nt staged
- * tokens (q4m_stage layout at xs, sx), 1 <= nt <= 2P: pair p holds tokens 2p, 2p + 1 (past nt:
- * the last token again, whose products the callers drop). */
-template <int KPW, int P = 1>
-__device__ __forceinline__ void q4v_load_x(q4v_x<KPW, P> &X, const uint4 *xs, const float *sx,
-                                           int K, int nt, int kb0) {
+/* X := the B registers and group sums of the warp's K-slice (tiles kb0.., even) for nt = 1 or
+ * 2 staged tokens (q4m_stage layout at xs, sx). */
+template <int KPW>
+__device__ __forceinline__ void q4v_load_x(q4v_x<KPW> &X, const uint4 *xs, const float *sx, int K,
+                                           int nt, int kb0) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, KB = K >> 5;
+    const uint4 *row = xs + (size_t)min(g >> 2, nt - 1) * q4m_lds(K) + t * 2 + (g & 1);
     bool lo = g & 2;
 #pragma unroll
-    for (int p = 0; p < P; p++) {
-        const uint4 *row =
-            xs + (size_t)min(2 * p + (g >> 2), nt - 1) * q4m_lds(K) + t * 2 + (g & 1);
-#pragma unroll
-        for (int j = 0; j < KPW; j++) {
-            uint4 v = row[(kb0 + j) * 8]; /* {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)} */
-            X.b[p][j][0] = lo ? v.y : v.x;
-            X.b[p][j][1] = lo ? v.w : v.z;
-        }
-        X.sxp[p] = sx + (size_t)min(2 * p + (t >> 1), nt - 1) * (KB >> 1) + (kb0 >> 1);
+    for (int j = 0; j < KPW; j++) {
+        uint4 v = row[(kb0 + j) * 8]; /* {hi(c, c+1), lo(c, c+1), hi(c+8, c+9), lo(c+8, c+9)} */
+        X.b[j][0] = lo ? v.y : v.x;
+        X.b[j][1] = lo ? v.w : v.z;
     }
-    if constexpr (P == 1) {
+    const float *s = sx + (size_t)min(t >> 1, nt - 1) * (KB >> 1) + (kb0 >> 1);
 #pragma unroll
-        for (int q = 0; q < KPW / 2; q++) X.sx[q] = X.sxp[0][q];
-    }
+    for (int q = 0; q < KPW / 2; q++) X.sx[q] = s[q];
 }
 
-/* acc[p] (row g of the tile, token 2p + (t >> 1), half t & 1) += the dot of the loaded words
- * with X; sbw[q] = row g's scale/bias word of group q. The pairs share each word's A fragment. */
-template <int KPW, int P = 1>
-__device__ __forceinline__ void q4v_dot(float (&acc)[P], const uint32_t (&wq)[KPW],
-                                        const uint32_t (&sbw)[KPW / 2], const q4v_x<KPW, P> &X) {
+/* acc (row g of the tile, token t >> 1, half t & 1) += the dot of the loaded words with X;
+ * sbw[q] = row g's scale/bias word of group q. */
+template <int KPW>
+__device__ __forceinline__ void q4v_dot(float &acc, const uint32_t (&wq)[KPW],
+                                        const uint32_t (&sbw)[KPW / 2], const q4v_x<KPW> &X) {
     const uint32_t E = 0x43004300u;
     bool even = !(threadIdx.x & 1);
 #pragma unroll
     for (int q = 0; q < KPW / 2; q++) {
-        float d[P][4];
-#pragma unroll
-        for (int p = 0; p < P; p++) d[p][0] = d[p][1] = d[p][2] = d[p][3] = 0.0f;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             uint32_t w = wq[2 * q + h];
-            uint32_t a0 = q4m_nib(w, E), a1 = q4m_nib(w >> 8, E), a2 = q4m_nib(w >> 4, E),
-                     a3 = q4m_nib(w >> 12, E);
-#pragma unroll
-            for (int p = 0; p < P; p++)
-                mma_bf16(d[p], a0, a1, a2, a3, X.b[p][2 * q + h][0], X.b[p][2 * q + h][1]);
+            mma_bf16(d, q4m_nib(w, E), q4m_nib(w >> 8, E), q4m_nib(w >> 4, E), q4m_nib(w >> 12, E),
+                     X.b[2 * q + h][0], X.b[2 * q + h][1]);
         }
         float s = __uint_as_float(sbw[q] << 16), b = __uint_as_float(sbw[q] & 0xffff0000u);
-#pragma unroll
-        for (int p = 0; p < P; p++) {
-            float base = even ? fmaf(fmaf(-128.0f, s, b), X.gsum(p, q), acc[p]) : acc[p];
-            acc[p] = fmaf(s, d[p][0] + d[p][3], base);
-        }
+        float base = even ? fmaf(fmaf(-128.0f, s, b), X.sx[q], acc) : acc;
+        acc = fmaf(s, d[0] + d[3], base);
     }
 }
 
@@ -290,9 +264,8 @@ __device__ __forceinline__ void q4v_load(uint32_t (&wq)[KPW], uint32_t (&sbw)[KP
 }
 
 /* q4v_dot over a landed q4m item (q4m_issue layout). */
-template <int KPW, int P = 1>
-__device__ __forceinline__ void q4v_item_dot(float (&acc)[P], const char *item,
-                                             const q4v_x<KPW, P> &X) {
+template <int KPW>
+__device__ __forceinline__ void q4v_item_dot(float &acc, const char *item, const q4v_x<KPW> &X) {
     int lane = threadIdx.x & 31;
     const uint32_t *ws = (const uint32_t *)item, *ss = (const uint32_t *)(item + KPW * 128);
     uint32_t wq[KPW], sbw[KPW / 2];
@@ -300,23 +273,17 @@ __device__ __forceinline__ void q4v_item_dot(float (&acc)[P], const char *item,
     for (int j = 0; j < KPW; j++) wq[j] = ws[j * 32 + lane];
 #pragma unroll
     for (int q = 0; q < KPW / 2; q++) sbw[q] = ss[q * 8 + (lane >> 2)];
-    q4v_dot<KPW, P>(acc, wq, sbw, X);
+    q4v_dot<KPW>(acc, wq, sbw, X);
 }
 
-/* The q4v lane sums in q4m_dot's layout: (a0, a1) of lane (g, t) = token g's rows 2t, 2t + 1.
- * P = 1: tokens 0 and 1 (lanes g >= 2 get token 1's, their callers drop them); P = 2: tokens
- * 0..3 (pair g >> 1). Whole warp. */
-template <int P = 1>
-__device__ __forceinline__ void q4v_pairs(float (&acc)[P], float &a0, float &a1) {
+/* The q4v lane sums in q4m_dot's layout: (a0, a1) of lane (g, t) = token g's rows 2t, 2t + 1
+ * (tokens 0 and 1; lanes g >= 2 get token 1's, their callers drop them). Whole warp. */
+__device__ __forceinline__ void q4v_pairs(float acc, float &a0, float &a1) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int tok2 = P == 1 ? 2 * min(g, 1) : 2 * (g & 1);
-#pragma unroll
-    for (int p = 0; p < P; p++) {
-        float v = acc[p] + __shfl_xor_sync(0xffffffffu, acc[p], 1); /* hi + lo halves */
-        float b0 = __shfl_sync(0xffffffffu, v, 8 * t + tok2);
-        float b1 = __shfl_sync(0xffffffffu, v, 8 * t + 4 + tok2);
-        if (p == 0 || (g >> 1) == p) a0 = b0, a1 = b1;
-    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1); /* hi + lo: lanes (r, 2 tok), (r, 2 tok + 1) */
+    int tok2 = 2 * min(g, 1);
+    a0 = __shfl_sync(0xffffffffu, acc, 8 * t + tok2);
+    a1 = __shfl_sync(0xffffffffu, acc, 8 * t + 4 + tok2);
 }
 
 /* cp.async.wait_group with a run-time count n (0 <= n < 8): the slice kernels' items. */
@@ -362,13 +329,12 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
  * kernel). After each unit the warps' (acc0, acc1) meet in s_part[warp][lane]; emit(u) reads them
  * between two barriers. Called by every thread of the block (barriers inside); ring = the
  * block's Q4M_NS * 8 * q4m_stage_bytes(KPW) bytes of shared memory (16-byte aligned).
- * P > 0 (nt <= 2P tokens): the q4v dot over P token pairs; xrow / sxrow are then the staged rows
- * of token 0 (xs, q4m_sx), read once into registers after prologue(). P = 0: q4m_dot on lane's
- * rows xrow, sxrow. */
+ * V (nt = 1 or 2 tokens): the q4v dot; xrow / sxrow are then the staged rows of token 0 (xs,
+ * q4m_sx), read once into registers after prologue(). Else q4m_dot on lane's rows xrow, sxrow. */
 #define Q4M_NS 4
 __host__ __device__ __forceinline__ int q4m_stage_bytes(int kpw) { return kpw * 128 + kpw * 16; }
 
-template <int KPW, int P, class Src, class Prologue, class Emit>
+template <int KPW, bool V, class Src, class Prologue, class Emit>
 __device__ __forceinline__ void
 q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue prologue, Emit emit,
                const uint4 *xrow, const float *sxrow, float2 (*s_part)[32], char *ring, int nt) {
@@ -389,19 +355,18 @@ q4m_persistent(int u, int ustep, int n_units, int K, int KS, Src src, Prologue p
 #pragma unroll
     for (int j = 0; j < Q4M_NS - 1; j++) issue(u + j * ustep, j);
     prologue();
-    constexpr int NP = P > 0 ? P : 1;
-    q4v_x<KPW, NP> X;
-    if (P) q4v_load_x<KPW, NP>(X, xrow, sxrow, K, nt, kb0);
+    q4v_x<KPW> X;
+    if (V) q4v_load_x<KPW>(X, xrow, sxrow, K, nt, kb0);
     for (int i = 0; u < n_units; i++, u += ustep) {
         int stage = i % Q4M_NS;
         issue(u + (Q4M_NS - 1) * ustep, (i + Q4M_NS - 1) % Q4M_NS);
         cp_async_wait<Q4M_NS - 1>();
         __syncwarp();
         float a0 = 0.0f, a1 = 0.0f;
-        if (P) {
-            float acc[NP] = {};
-            if (live & (1u << stage)) q4v_item_dot<KPW, NP>(acc, my + stage * SB, X);
-            q4v_pairs<NP>(acc, a0, a1);
+        if (V) {
+            float acc = 0.0f;
+            if (live & (1u << stage)) q4v_item_dot<KPW>(acc, my + stage * SB, X);
+            q4v_pairs(acc, a0, a1);
         } else if (live & (1u << stage)) {
             q4m_item_dot<KPW>(a0, a1, my + stage * SB, xrow, sxrow, kb0);
         }

@@ -68,13 +68,6 @@ static int q4v_now(void) {
     tl_gpu_q4v_set(v);
     return v;
 }
-/* The current TL_Q4V4 setting, and the most tokens the decode GEMV runs on the q4v dot now. */
-static int q4v4_now(void) {
-    int v = tl_gpu_q4v4_set(0);
-    tl_gpu_q4v4_set(v);
-    return v;
-}
-static int q4v_tokens(void) { return q4v_now() ? (q4v4_now() ? 4 : 2) : 0; }
 
 static void test_gemv_bf16(void) {
     gemv_case(2048, TL_N_EMBD, 0, 1, 0, 0);
@@ -185,8 +178,8 @@ static float *gemv_batch_alone(const tl_gpu_gemm_w *dW, const float *dx, const f
 
 /* q4 GEMV: a token's outputs do not depend on the other tokens of its tile (the mma computes each
  * output row of A on its own, q4m_dot and q4v alike), so T tokens together == each token alone,
- * bit for bit; with T <= 2 (4 with TL_Q4V4) the q4v dot too, whose bits must differ from
- * q4m_dot's (really the other dot) within NMSE 1e-10. */
+ * bit for bit; with T <= 2 the q4v dot too, whose bits must differ from q4m_dot's (really the
+ * other dot) within NMSE 1e-10. */
 static void batch_exact_case(int rows, int cols, int T) {
     hmat W;
     hmat_random(&W, rows, cols, 4, 0.05f, &rs);
@@ -201,7 +194,7 @@ static void batch_exact_case(int rows, int cols, int T) {
     printf("# gemv q4 %dx%d, %d tokens vs alone (q4m_dot): %d differ (want 0)\n", rows, cols, T,
            diff);
     CHECK_EQ_INT(diff, 0);
-    if (T <= (q4v4_now() ? 4 : 2)) {
+    if (T <= 2) {
         float *v = gemv_batch_alone(&dW, dx, dnw, T, 1, &diff_v);
         int other = memcmp(m, v, sizeof(float) * T * rows) != 0;
         double nm = t_nmse(v, m, (size_t)T * rows);
@@ -407,8 +400,8 @@ static void conv_fused_case(int T) {
     CHECK_EQ_INT(tl_gpu_sync(), 0);
     float *y1 = host_from(dy1, (size_t)T * ld), *c1 = host_from(dc1, (size_t)T * C);
     float *s1 = host_from(dst1, (size_t)n_slot * 3 * C);
-    /* fused: q4m, slice 1 and 2 blocks an SM (q4m_dot: not beside the q4v dot) */
-    int n_mode = T <= q4v_tokens() ? 0 : 2;
+    /* fused: q4m, slice 1 and 2 blocks an SM (q4m_dot: not with the q4v dot on 1 or 2 tokens) */
+    int n_mode = q4v_now() && T <= 2 ? 0 : 2;
     for (int mode = 0; mode <= n_mode; mode++) {
         tl_gpu_gemv_set_slice(mode);
         CHECK_EQ_INT(tl_gpu_upload(dst2, st, sizeof(float) * n_slot * 3 * C), 0);
@@ -2109,8 +2102,8 @@ static void norms_bf16_gated_case(int n, int nv, int ld, int z_off) {
 }
 /* The q4v dot (k_q4m.cuh, TL_Q4V) of the decode GEMV, moe_up and moe_down: the
  * model's decode shapes against the CPU oracle (gemv_case, moe_case: NMSE 1e-9), two tokens ==
- * each alone (the GEMV's two token pairs, TL_Q4V4: four), the GDN in-projection's fused conv1d ==
- * gemv then conv1d. Appended to the suite so the tests above keep their random draws. */
+ * each alone, the GDN in-projection's fused conv1d == gemv then conv1d. Appended to the suite so
+ * the tests above keep their random draws. */
 static void test_q4v(void) {
     int old = tl_gpu_q4v_set(2);                  /* the GEMV, moe_up and moe_down */
     gemv_case(12416, TL_N_EMBD, 4, 1, 1, 0);      /* GDN in-projection: KPW 16, KS 4 */
@@ -2130,18 +2123,6 @@ static void test_q4v(void) {
     tl_gpu_q4v_set(old);
     batch_exact_case(12416, TL_N_EMBD, 2);
     batch_exact_case(2048, 4096, 2);
-    /* 3-4 tokens on two token pairs (TL_Q4V4) */
-    int old4 = tl_gpu_q4v4_set(1);
-    old = tl_gpu_q4v_set(1);
-    gemv_case(12416, TL_N_EMBD, 4, 3, 1, 0);
-    gemv_case(2048, 4096, 4, 4, 0, 1);
-    gemv_case(248320 / 8, TL_N_EMBD, 4, 4, 0, 0);
-    gemv_case(1024, 768, 4, 3, 1, 1);
-    conv_fused_case(4);
-    tl_gpu_q4v_set(old);
-    batch_exact_case(12416, TL_N_EMBD, 4);
-    batch_exact_case(2048, 4096, 3);
-    tl_gpu_q4v4_set(old4);
 }
 
 static void test_norms_bf16(void) {
