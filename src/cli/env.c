@@ -77,18 +77,6 @@ static const env_switch env_switches[] = {
     {"TL_Q4V=0|1|2", ENGINE_CMDS,
      "CUDA: the q4v dot (one mma a weight word, x in registers) in the 4-bit decode GEMVs and "
      "moe_up of 1-2 tokens (1, default), and in moe_down too (2); 0: q4m_dot everywhere (A/B)"},
-    {"TL_MOE_L2PF=1", ENGINE_CMDS,
-     "CUDA: the decode moe_up asks L2 for its routed experts' down weights once routed (A/B; same "
-     "bits); default off; measured slower, session 31"},
-    {"TL_L2PF_NEXT=0..7", ENGINE_CMDS,
-     "CUDA decode GEMVs ask L2 for a later kernel's weights before their wait: bit 1 the router "
-     "for the shared expert's gate/up, 2 the in-projections for their out-projection, 4 the "
-     "out-projections for the router (A/B; same bits); default 0; no bit measured faster, "
-     "session 31"},
-    {"TL_MOE_DOWN_EARLY=1", ENGINE_CMDS,
-     "CUDA: the batch-1 moe_down routes again before its wait and loads its first weights "
-     "meanwhile, without the slice moe_up (A/B; same bits); default off; measured slower, "
-     "session 31"},
     {"TL_MOE_SLICE=1", ENGINE_CMDS,
      "CUDA: batch-1 MoE with the slice moe_up and the early-routing moe_down (A/B; same bits)"},
     {"TL_SAMPLE_VEC=0|2|4", ENGINE_CMDS,

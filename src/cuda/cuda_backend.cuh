@@ -161,7 +161,6 @@ typedef struct cuda_be {
     int tc_pdl;     /* the batched tensor-core path's stream pdl (gpu.h; TL_CUDA_TC_PDL, 2) */
     int pf_pdl;     /* a prefill chunk's layers' stream pdl (TL_CUDA_PF_PDL, default 1) */
     int gdn_cols;   /* decode kernels: GDN step as gdn_cols + the gated norm (TL_GDN_COLS=1) */
-    int l2pf_next;  /* decode GEMVs asking L2 for later kernels' weights (TL_L2PF_NEXT bits) */
     int mix;        /* long chunks share micro-batches with the short entries (batch_plan.h
                        tl_mb_begin_mixed): the tensor-core path on, tc_min <= CB_PF_MIN, and not
                        TL_CUDA_NO_MIX=1 */

@@ -286,24 +286,6 @@ __device__ __forceinline__ float2 dsmem_ld2(uint32_t a) {
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
-/* Asks L2 to fetch [p, p + bytes) from memory (p 16-byte aligned, bytes a multiple of 16): a
- * hint with nothing to wait for (cp.async.bulk.prefetch.L2); a later kernel's loads of those
- * bytes then hit L2. */
-__device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-/* Block blockIdx.x's share (one of gridDim.x, in 256-byte pieces) of [p, p + bytes) asked of
- * L2 (l2_prefetch) by the calling thread. */
-__device__ __forceinline__ void l2_prefetch_share(const char *p, size_t bytes) {
-    size_t chunk = (CEIL_DIV(bytes, (size_t)gridDim.x) + 255) & ~(size_t)255;
-    size_t off = (size_t)blockIdx.x * chunk;
-    if (off < bytes) l2_prefetch(p + off, (uint32_t)(chunk < bytes - off ? chunk : bytes - off));
-}
-/* The block's shares of both regions of pf, by threads 0 and 1. */
-__device__ __forceinline__ void l2pf_issue(const tl_gpu_l2pf &pf) {
-    int i = threadIdx.x;
-    if (i < 2 && pf.n[i]) l2_prefetch_share((const char *)pf.p[i], pf.n[i]);
-}
 /* 16-byte async copy global -> shared; src_bytes 0 zero-fills the destination (out of range). */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),

@@ -156,15 +156,6 @@ static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
     return r;
 }
 
-/* x's stream with the L2 prefetch of W's bytes (w, sb) when bit `bit` of TL_L2PF_NEXT is set
- * (1: the router asks for the shared expert's gate/up, 2: an in-projection for its
- * out-projection, 4: an out-projection for the router); else x's stream as is. */
-static tl_gpu_stream pf_stream(const layer_ctx *x, int bit, const tl_gpu_gemm_w *W) {
-    tl_gpu_stream st = *x->st;
-    if (x->be->l2pf_next & bit) st.l2pf = tl_gpu_mat_regions(W);
-    return st;
-}
-
 /* Decode GDN block: in-proj (norm fused; for q4 with one token per sequence the conv1d too),
  * GDN step, out-proj + residual. */
 static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
@@ -173,12 +164,11 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
     const cb_layer *L = x->L;
     int ld = be->ld_gdn_in, D = c->n_embd, T = x->T;
     float eps = c->rms_eps;
-    tl_gpu_stream ist = pf_stream(x, 2, &L->out), ost = pf_stream(x, 4, &L->router);
     if (L->in.bits == 4 && x->s->n_seg == T) {
         TRY(tl_gpu_gemv_conv1d(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, be->conv_out,
-                               x->conv_st, L->conv_w, be->conv_dim, tok_slot, &ist));
+                               x->conv_st, L->conv_w, be->conv_dim, tok_slot, x->st));
     } else {
-        TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0, &ist));
+        TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, eps, T, 0, x->st));
         TRY(tl_gpu_conv1d(be->conv_out, x->conv_st, be->proj, ld, L->conv_w, be->conv_dim, x->s,
                           ring_of(&x->cring), x->st));
     }
@@ -193,7 +183,7 @@ static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
                        x->b_off, x->a_off, L->dt_bias, L->a_neg, L->gdn_norm, c->gdn_n_k_head,
                        c->gdn_n_v_head, eps, x->s, ring_of(&x->rring), x->st));
     }
-    return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, &ost);
+    return tl_gpu_gemv(be->x, D, &L->out, be->y, be->val_dim, NULL, 0.0f, T, 1, x->st);
 }
 
 /* Decode attention block: in-proj (norm fused), q/k norm + RoPE + KV write, split-KV attention
@@ -203,13 +193,12 @@ static int attn_decode(const layer_ctx *x, int n_split) {
     const tl_config *c = &be->cfg;
     const cb_layer *L = x->L;
     int ld = be->ld_attn_in, D = c->n_embd, T = x->T;
-    tl_gpu_stream ist = pf_stream(x, 2, &L->out), ost = pf_stream(x, 4, &L->router);
-    TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, c->rms_eps, T, 0, &ist));
+    TRY(tl_gpu_gemv(be->proj, ld, &L->in, be->x, D, L->attn_norm, c->rms_eps, T, 0, x->st));
     TRY(tl_gpu_qk_rope_kv(be->q, x->kc, x->vc, be->proj, ld, L->q_norm, L->k_norm, c->n_head,
                           c->n_head_kv, &x->pg, c->rope_theta, c->rms_eps, x->s, x->st));
     TRY(tl_gpu_attn(be->y, be->part, be->q, x->kc, x->vc, be->proj, ld, c->n_head, c->n_head_kv,
                     &x->pg, n_split, x->s, &be->attn, x->st));
-    return tl_gpu_gemv(be->x, D, &L->out, be->y, c->n_head * 256, NULL, 0.0f, T, 1, &ost);
+    return tl_gpu_gemv(be->x, D, &L->out, be->y, c->n_head * 256, NULL, 0.0f, T, 1, x->st);
 }
 
 /* Decode MoE block: router GEMV (norm fused), top-k (inside moe_up for q4 experts), experts
@@ -220,14 +209,10 @@ static int moe_decode(const layer_ctx *x) {
     const cb_layer *L = x->L;
     int D = c->n_embd, E = c->n_expert, K = c->n_expert_used, T = x->T;
     float eps = c->rms_eps;
-    tl_gpu_gemm_w shared = expert_w(&L->gate_up, E, L->gate_up.rows / (E + 1));
-    tl_gpu_stream rst = pf_stream(x, 1, &shared);
-    TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, &rst));
+    TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
     if (L->gate_up.bits == 4) {
-        tl_gpu_stream ust = *x->st; /* moe_up asks L2 for its experts' down weights */
-        ust.moe_down = &L->down;
         TRY(tl_gpu_moe_up_route(be->act, be->ids, be->wts, be->wsh, &L->gate_up, be->x, L->ffn_norm,
-                                eps, be->rlog, E + 1, K, E, T, &ust));
+                                eps, be->rlog, E + 1, K, E, T, x->st));
         return tl_gpu_moe_down_after_route(be->x, &L->down, be->act, be->ids, be->rlog, E + 1,
                                            be->wts, be->wsh, K, E, T, x->st);
     } else {

@@ -274,7 +274,6 @@ static void set_params(cuda_be *be, const tl_config *c, const tl_cuda_params *p)
     be->tc_pdl = getenv("TL_CUDA_TC_PDL") ? TL_MIN(TL_MAX(env_int("TL_CUDA_TC_PDL"), 0), 2) : 2;
     be->pf_pdl = getenv("TL_CUDA_PF_PDL") ? TL_MIN(TL_MAX(env_int("TL_CUDA_PF_PDL"), 0), 2) : 1;
     be->gdn_cols = getenv("TL_GDN_COLS") && env_int("TL_GDN_COLS") == 1;
-    be->l2pf_next = getenv("TL_L2PF_NEXT") ? TL_MIN(TL_MAX(env_int("TL_L2PF_NEXT"), 0), 7) : 0;
     be->mix = be->pf_ok && be->tc_min > 0 && be->tc_min <= CB_PF_MIN && !env_int("TL_CUDA_NO_MIX");
     be->attn.min_chunk = TL_MAX(0, env_int("TL_CUDA_ATTN_MIN_CHUNK"));
     int ia = 0, ig = 0;

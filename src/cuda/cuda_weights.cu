@@ -138,14 +138,6 @@ extern "C" size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m) {
     return mat_w_bytes(m->bits, m->rows, m->cols) + mat_sb_bytes(m->bits, m->rows, m->cols) + lo;
 }
 
-extern "C" tl_gpu_l2pf tl_gpu_mat_regions(const tl_gpu_gemm_w *m) {
-    tl_gpu_l2pf r = {{m->w, m->sb}, {mat_w_bytes(m->bits, m->rows, m->cols), 0}};
-    if (m->sb) /* q4 scale/bias words, or a bf16 matrix's low plane */
-        r.n[1] =
-            m->bits == 4 ? mat_sb_bytes(4, m->rows, m->cols) : mat_w_bytes(16, m->rows, m->cols);
-    return r;
-}
-
 static int mat_alloc(tl_gpu_gemm_w *m, int bits, int rows, int cols, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->bits = bits, m->rows = rows, m->cols = cols;

@@ -43,13 +43,6 @@ int tl_gpu_sync(void);
 
 /* Where and how an entry launches its kernels. */
 typedef struct tl_gpu_prof tl_gpu_prof; /* the per-kernel profiler (cuda_bench.cu) */
-/* Memory a later kernel of the step reads (its weights): the decode GEMV kernels ask L2 for it
- * before their wait, each block a share (a hint: nothing waits for it). n[i] = 0: none. */
-typedef struct tl_gpu_l2pf {
-    const void *p[2];
-    size_t n[2];
-} tl_gpu_l2pf;
-
 typedef struct tl_gpu_stream {
     void *stream;      /* cudaStream_t; NULL = the legacy default stream */
     int pdl;           /* 1: programmatic dependent launch (decode kernels wait for their
@@ -59,10 +52,6 @@ typedef struct tl_gpu_stream {
     tl_gpu_prof *prof; /* NULL, or a profiler that records an event after every launch */
     float *ws;         /* NULL, or device scratch for split-K GEMM partials (tl_gpu_gemm) */
     size_t ws_bytes;
-    /* NULL, or the experts' down matrix of the MoE whose tl_gpu_moe_up_route this is: the q4
-     * moe_up kernel asks L2 for its tokens' experts of it once routed (TL_MOE_L2PF) */
-    const struct tl_gpu_gemm_w *moe_down;
-    tl_gpu_l2pf l2pf; /* for the GEMV of this launch (TL_L2PF_NEXT) */
 } tl_gpu_stream;
 
 /* ====== Weights ======
@@ -98,8 +87,6 @@ size_t tl_gpu_q4_w_bytes(int rows, int cols);
 size_t tl_gpu_q4_sb_bytes(int rows, int cols);
 /* Size in bytes of a device matrix's weights (w + sb). */
 size_t tl_gpu_mat_bytes(const tl_gpu_gemm_w *m);
-/* A device matrix's memory as the two regions of an L2 prefetch (w; sb or the low plane). */
-tl_gpu_l2pf tl_gpu_mat_regions(const tl_gpu_gemm_w *m);
 
 /* Stacks n_parts host matrices by rows into one device matrix of rows_pad rows (>= the sum;
  * extra rows are zero). 4-bit when every part is MLX affine 4-bit with group 64 and the row
@@ -440,9 +427,6 @@ int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, const float
 /* Tests and A/B runs: the batch-1 MoE levers on (1, default) or off (0) instead of TL_MOE_SLICE:
  * moe_up's slice kernel for one routed token and moe_down's early routing. Returns the previous. */
 int tl_gpu_moe_set_slice(int on);
-/* moe_down's early routing after tl_gpu_moe_up_route without the slice moe_up, instead of
- * TL_MOE_DOWN_EARLY: 1 on, 0 off (default). Same bits. Returns the previous setting. */
-int tl_gpu_moe_set_early(int on);
 
 /* Prefill (grouped GEMM over the 256 experts):
  * 1. tl_gpu_moe_pf_plan groups the n_tok*8 (token, slot) assignments by expert from the router's

@@ -36,7 +36,6 @@ typedef struct gemv_out {
     float eps;
     int ldy, n_rb, K, KS, t0, nt, accumulate;
     gemv_conv_epi conv;
-    tl_gpu_l2pf pf; /* asked of L2 before the wait (the stream's l2pf) */
 } gemv_out;
 
 /* The outputs of lane ln of row block rb: token t0 + ln / 4, rows 8 rb + 2 (ln % 4), +1, from the
@@ -105,7 +104,6 @@ __global__ void __launch_bounds__(256, 2)
     };
     auto prologue = [&]() {
         pdl_trigger();
-        l2pf_issue(o.pf);
         pdl_wait();
         gemv_stage_x(xs, sx, s_ss, x, ldx, o);
     };
@@ -246,7 +244,7 @@ __global__ void __launch_bounds__(256, 2)
 template <int NT, int R>
 __global__ void __launch_bounds__(256)
     gemv_bf16_splitk_kernel(float *y, int ldy, tl_gpu_gemm_w W, const float *x, int ldx,
-                            const float *nw, float eps, int n_tok, int accumulate, tl_gpu_l2pf pf) {
+                            const float *nw, float eps, int n_tok, int accumulate) {
     __shared__ float s_part[8][R * NT + NT];
     int t0 = blockIdx.y * NT, nt = min(NT, n_tok - t0);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = blockIdx.x * R;
@@ -254,7 +252,6 @@ __global__ void __launch_bounds__(256)
     bf16_rows_first<R>(pre, (const uint16_t *)W.w, W.cols, r0, W.rows, warp);
     if (W.sb) bf16_rows_first<R>(pre2, (const uint16_t *)W.sb, W.cols, r0, W.rows, warp);
     pdl_trigger();
-    l2pf_issue(pf);
     pdl_wait();
     const float *xp[NT];
 #pragma unroll
@@ -301,11 +298,11 @@ __global__ void __launch_bounds__(256)
         if (W->rows <= 1024)                                                                       \
             TL_LAUNCH(st, "gemv_bf16", (gemv_bf16_splitk_kernel<NT_, 2>),                          \
                       dim3(CEIL_DIV(W->rows, 2), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W,  \
-                      x, ldx, nw, eps, n_tok, acc, pf);                                            \
+                      x, ldx, nw, eps, n_tok, acc);                                                \
         else                                                                                       \
             TL_LAUNCH(st, "gemv_bf16", (gemv_bf16_splitk_kernel<NT_, 8>),                          \
                       dim3(CEIL_DIV(W->rows, 8), CEIL_DIV(n_tok, NT_)), dim3(256), 0, y, ldy, *W,  \
-                      x, ldx, nw, eps, n_tok, acc, pf);                                            \
+                      x, ldx, nw, eps, n_tok, acc);                                                \
         break;
 
 /* The q4m kernels stage up to 8 token rows of x in dynamic shared memory (K = 4096: 133 KB)
@@ -404,12 +401,10 @@ static int launch_q4s(const gemv_out &o, const tl_gpu_gemm_w *W, const float *x,
 static int launch_gemv(float *y, int ldy, const tl_gpu_gemm_w *W, const float *x, int ldx,
                        const float *nw, float eps, int n_tok, int acc, gemv_conv_epi conv,
                        const tl_gpu_stream *st) {
-    tl_gpu_l2pf pf = {{NULL, NULL}, {0, 0}};
-    if (st) pf = st->l2pf;
     if (W->bits == 4) {
         int kpw, ks, n_rows = n_tok < 8 ? n_tok : 8;
         if (q4m_split(W->cols, 8, &kpw, &ks)) return TL_ERR_INVALID;
-        gemv_out o = {y, nw, eps, ldy, W->rows / 8, W->cols, ks, 0, n_tok, acc, conv, pf};
+        gemv_out o = {y, nw, eps, ldy, W->rows / 8, W->cols, ks, 0, n_tok, acc, conv};
         int rc = launch_q4s(o, W, x, ldx, kpw, n_rows, st);
         if (!rc) rc = launch_q4r(o, W, x, ldx, kpw, n_rows, st);
         if (rc) return rc < 0 ? rc : 0;

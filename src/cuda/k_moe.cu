@@ -169,23 +169,6 @@ __device__ __forceinline__ void moe_up_emit(float *act, const float2 *gp, const 
     act[((size_t)t * (k + 1) + j) * F + 4 * rbg + r] = moe_swiglu_normed(gv, uv, s_ss, 0, K, eps);
 }
 
-/* The L2 prefetch of moe_up (moe_down_pf): the down matrix's expert slices (w, sb) and their
- * bytes, or w = NULL for none. */
-typedef struct moe_pf {
-    const char *w, *sb;
-    size_t ew, es;
-} moe_pf;
-
-/* Block blockIdx.x's share of the down weights of the k + 1 experts s_e[0..k] (gridDim.x
- * shares of each expert's w and sb slices) asked of L2 by threads 0 .. 2k+1: moe_down, which
- * waits for this kernel, then reads them from L2. */
-__device__ __forceinline__ void moe_down_pf(const moe_pf &pf, const int *s_e, int k) {
-    int i = threadIdx.x;
-    if (!pf.w || i >= 2 * (k + 1)) return;
-    size_t per = (i & 1) ? pf.es : pf.ew;
-    l2_prefetch_share(((i & 1) ? pf.sb : pf.w) + (size_t)s_e[i >> 1] * per, per);
-}
-
 /* moe_up_kernel  (docs/model.md §2.5 steps 3 and 5, first half)
  *   x = rmsnorm(h[t]; norm_w);  act[t, j, f] = silu(gate_e[f] . x) * (up_e[f] . x)
  *   for j < k: e = ids[t, j]; j == k: e = n_expert (shared expert)
@@ -204,7 +187,7 @@ template <int KPW, bool V>
 __global__ void __launch_bounds__(256, 2)
     moe_up_q4m_kernel(float *act, tl_gpu_gemm_w W, const float *h, const float *norm_w, float eps,
                       int32_t *ids, int k, int n_expert, int F, int KS, const float *logits, int ld,
-                      float *wts, float *w_sh, moe_pf pf) {
+                      float *wts, float *w_sh) {
     extern __shared__ uint4 xs[];
     __shared__ float s_ss[8 * 8];
     __shared__ float2 s_part[8][32];
@@ -222,7 +205,6 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (lane < 8) s_ss[warp * 8 + lane] = 0.0f;
     __syncthreads();
-    moe_down_pf(pf, s_e, k);
     const uint32_t *w0 = (const uint32_t *)W.w, *sb0 = (const uint32_t *)W.sb;
     size_t ew = (size_t)2 * F * K / 8, es = (size_t)2 * F * (K / 64);
     auto src = [&](int u, int q, const uint32_t **pw, const uint32_t **ps, int *rows, int *rb) {
@@ -612,14 +594,6 @@ static cb_level moe_slice = {"TL_MOE_SLICE", 0, 1, -1};
 static int moe_slice_on(void) { return cb_level_get(&moe_slice); }
 extern "C" int tl_gpu_moe_set_slice(int on) { return cb_level_set(&moe_slice, on); }
 
-/* moe_down routing again before its wait, its first weights in flight meanwhile, without the
- * slice moe_up (TL_MOE_DOWN_EARLY=1; default off; TL_MOE_SLICE=1 implies it). */
-static cb_level moe_early = {"TL_MOE_DOWN_EARLY", 0, 1, -1};
-extern "C" int tl_gpu_moe_set_early(int on) { return cb_level_set(&moe_early, on); }
-
-/* moe_up's L2 prefetch of the routed experts' down weights (TL_MOE_L2PF=1; default off). */
-static cb_level moe_l2pf = {"TL_MOE_L2PF", 0, 1, -1};
-
 /* moe_up_q4s_kernel for one routed token when its items fit (1 launched, 0 not, < 0 error). */
 static int launch_moe_up_q4s(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
                              const float *norm_w, float eps, int32_t *ids, int k, int n_expert,
@@ -682,15 +656,8 @@ static int moe_up_impl(float *act, const tl_gpu_gemm_w *gate_up, const float *h,
     auto kern = kpw == 32 ? moe_up_q4m_kernel<32, false>
                 : v       ? (kpw == 16 ? moe_up_q4m_kernel<16, true> : moe_up_q4m_kernel<8, true>)
                     : (kpw == 16 ? moe_up_q4m_kernel<16, false> : moe_up_q4m_kernel<8, false>);
-    moe_pf pf = {NULL, NULL, 0, 0};
-    const tl_gpu_gemm_w *dn = st ? st->moe_down : NULL;
-    if (dn && dn->bits == 4 && logits && cb_level_get(&moe_l2pf)) {
-        int rows_e = dn->rows / (n_expert + 1);
-        pf = {(const char *)dn->w, (const char *)dn->sb, (size_t)rows_e * dn->cols / 2,
-              (size_t)rows_e * (dn->cols / 64) * 4}; /* as expert_slice steps */
-    }
     TL_LAUNCH(st, "moe_up", kern, grid, dim3(256), shm, act, *gate_up, h, norm_w, eps, ids, k,
-              n_expert, F, ks, logits, ld, wts, w_sh, pf);
+              n_expert, F, ks, logits, ld, wts, w_sh);
     return 0;
 }
 
@@ -752,8 +719,7 @@ extern "C" int tl_gpu_moe_down_after_route(float *h, const tl_gpu_gemm_w *down, 
                                            const int32_t *ids, const float *logits, int ld,
                                            const float *w, const float *w_sh, int k, int n_expert,
                                            int n_tok, const tl_gpu_stream *st) {
-    return moe_down_impl(h, down, act, ids,
-                         moe_slice_on() || cb_level_get(&moe_early) ? logits : NULL, ld, w, w_sh, k,
+    return moe_down_impl(h, down, act, ids, moe_slice_on() ? logits : NULL, ld, w, w_sh, k,
                          n_expert, n_tok, st);
 }
 

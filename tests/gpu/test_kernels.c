@@ -2115,9 +2115,6 @@ static void test_q4v(void) {
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1);
     moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 2);
     moe_case(4, 256, 4, 1);
-    int old_e = tl_gpu_moe_set_early(1); /* moe_down routing early (moe_case mode 0): same bits */
-    moe_case(4, TL_N_EMBD, TL_N_EXPERT_USED, 1);
-    tl_gpu_moe_set_early(old_e);
     conv_fused_case(1);
     conv_fused_case(2);
     tl_gpu_q4v_set(old);

@@ -211,9 +211,6 @@ static inline float __shfl_down_sync(unsigned m, float v, int off) {
     return emu_shfl(v, l > 31 ? (int)(threadIdx.x & 31) : l);
 }
 
-static inline void l2_prefetch(const void *p, uint32_t bytes) { (void)p, (void)bytes; }
-static inline void l2_prefetch_share(const char *p, size_t bytes) { (void)p, (void)bytes; }
-static inline void l2pf_issue(const tl_gpu_l2pf &pf) { (void)pf; }
 static inline void cp_async16(void *d, const void *s, int n) {
     memset(d, 0, 16);
     memcpy(d, s, (size_t)n);
