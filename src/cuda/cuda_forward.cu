@@ -142,20 +142,6 @@ static layer_ctx layer_at(cuda_be *be, int il, int T, const tl_gpu_seqs *s,
     return layer_of(be, &be->L[il], T, s, st);
 }
 
-/* Expert e of a stacked expert matrix as a one-expert tl_gpu_gemm_w (rows_e rows). */
-static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
-    tl_gpu_gemm_w r = *W;
-    size_t K = (size_t)W->cols;
-    r.rows = rows_e;
-    if (W->bits == 4) {
-        r.w = (const char *)W->w + (size_t)e * rows_e * K / 2;
-        r.sb = (const char *)W->sb + (size_t)e * rows_e * (K / 64) * 4;
-    } else {
-        r.w = (const char *)W->w + (size_t)e * rows_e * K * 2;
-    }
-    return r;
-}
-
 /* Decode GDN block: in-proj (norm fused; for q4 with one token per sequence the conv1d too),
  * GDN step, out-proj + residual. */
 static int gdn_decode(const layer_ctx *x, const int32_t *tok_slot) {
@@ -243,6 +229,20 @@ static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, in
         TRY(moe_decode(&x));
     }
     return run_head(be, n_out, out_row0, &st);
+}
+
+/* Expert e of a stacked expert matrix as a one-expert tl_gpu_gemm_w (rows_e rows). */
+static tl_gpu_gemm_w expert_w(const tl_gpu_gemm_w *W, int e, int rows_e) {
+    tl_gpu_gemm_w r = *W;
+    size_t K = (size_t)W->cols;
+    r.rows = rows_e;
+    if (W->bits == 4) {
+        r.w = (const char *)W->w + (size_t)e * rows_e * K / 2;
+        r.sb = (const char *)W->sb + (size_t)e * rows_e * (K / 64) * 4;
+    } else {
+        r.w = (const char *)W->w + (size_t)e * rows_e * K * 2;
+    }
+    return r;
 }
 
 /* Prefill GDN block (input xb = normed x, bf16): in-proj GEMM, conv1d, gates, chunked delta

@@ -769,7 +769,6 @@ enum { GM_T128 = 0, GM_T64 = 1, GM_T256 = 2, GM_WG128 = 3, GM_WG64 = 4, GM_T16 =
 
 /* 1 unless TL_Q4W_WIDE=0 (read once): gemm_q4w_kernel on its wide shape (q4w_shape). */
 static cb_level q4w_wide = {"TL_Q4W_WIDE", 1, 1, -1};
-static int q4w_wide_on(void) { return cb_level_get(&q4w_wide); }
 
 template <bool WIDE>
 static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
@@ -782,16 +781,17 @@ static int launch_q4w_as(const gemm_args *p, int grid_y, const tl_gpu_stream *st
 }
 
 static int launch_q4w(const gemm_args *p, int grid_y, const tl_gpu_stream *st) {
-    return q4w_wide_on() ? launch_q4w_as<true>(p, grid_y, st) : launch_q4w_as<false>(p, grid_y, st);
+    return cb_level_get(&q4w_wide) ? launch_q4w_as<true>(p, grid_y, st)
+                                   : launch_q4w_as<false>(p, grid_y, st);
 }
 
 /* 1 unless TL_GEMM_Q4W=0: the MoE grouped GEMMs on the 16-token 4-bit tile run gemm_q4w_kernel. */
 static cb_level gemm_q4w = {"TL_GEMM_Q4W", 1, 1, -1};
-static int gemm_q4w_on(void) { return cb_level_get(&gemm_q4w); }
 
 static int gemm_launch(const gemm_args *p, int bits, int tile, int grid_y, const tl_gpu_stream *st,
                        int ksplit = 1) {
-    if (bits == 4 && tile == GM_T16 && p->mode != GM_DENSE && ksplit == 1 && gemm_q4w_on())
+    if (bits == 4 && tile == GM_T16 && p->mode != GM_DENSE && ksplit == 1 &&
+        cb_level_get(&gemm_q4w))
         return launch_q4w(p, grid_y, st);
 #define GM_CASE(B, T, WM, NJ, MI)                                                                  \
     if (bits == B && tile == T) return launch_gemm<B, WM, NJ, MI>(p, grid_y, st, ksplit);
@@ -856,6 +856,7 @@ static int gemm_pick_tile(int n, int rows, int cols, int bits) {
  * the tile's cluster (wr_cluster_reduce, k_gemm_wgr.cu; at most 8 splits, the portable cluster
  * size) instead of through the workspace and gemm_splitk_reduce. */
 static cb_level splitk_cluster = {"TL_GEMM_SPLITK_CLUSTER", 1, 1, -1};
+/* 1 unless TL_GEMM_SPLITK=0 (read once): the 4-bit dense products of decode batches split K. */
 static cb_level splitk = {"TL_GEMM_SPLITK", 1, 1, -1};
 
 static int gemm_splitk_of(const tl_gpu_gemm_w *w) {
@@ -906,7 +907,6 @@ static int splitk_reduce(const gemm_args *p, int ksplit, const tl_gpu_stream *st
 
 /* 1 unless TL_DENSE_WGR_DEC=0: the dense 4-bit products of decode batches run the wgr kernel. */
 static cb_level dense_dec_wgr = {"TL_DENSE_WGR_DEC", 1, 1, -1};
-static int dense_dec_wgr_on(void) { return cb_level_get(&dense_dec_wgr); }
 
 /* Token rows of a tile shape's block. */
 static int tile_bm(int tile) {
@@ -976,7 +976,7 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
     /* a decode batch's dense 4-bit product: the wgr kernel (weights dequantized once per block
      * for all its tokens), K split by the matrix's shape alone (batched == alone, bitwise) */
     if (w->bits == 4 && n <= TL_GEMM_SPLITK_MAX_N && ws_ok && gemm_tile_env() < 0 &&
-        dense_dec_wgr_on()) {
+        cb_level_get(&dense_dec_wgr)) {
         if (ks > 1 && cb_level_get(&splitk_cluster))
             return cb_gemm_wgr(&p, 2, (n + WR_NT - 1) / WR_NT, ks, st);
         if (ks > 1) p.ws = st->ws;
@@ -1000,7 +1000,6 @@ extern "C" int tl_gpu_gemm(void *y, const void *x, const tl_gpu_gemm_w *w, int n
  * tl_gpu_gemm_set_conv(0) turns it off (A/B, tests).
  */
 static cb_level gemm_conv = {"TL_GEMM_CONV", 1, 1, -1};
-static int gemm_conv_on(void) { return cb_level_get(&gemm_conv); }
 extern "C" int tl_gpu_gemm_set_conv(int on) { return cb_level_set(&gemm_conv, on); }
 
 extern "C" size_t tl_gpu_gemm_conv1d_edge_floats(int max_n, int C) {
@@ -1014,7 +1013,7 @@ extern "C" int tl_gpu_gemm_conv1d(float *y, const uint16_t *x, const tl_gpu_gemm
         C <= 0 || C > w->rows)
         return TL_ERR_INVALID;
     int wgs = dense_wgr_of(w, n);
-    if (!gemm_conv_on() || !wgs || C % (64 * wgs)) return TL_ERR_UNSUPPORTED;
+    if (!cb_level_get(&gemm_conv) || !wgs || C % (64 * wgs)) return TL_ERR_UNSUPPORTED;
     gemm_args p = dense_args(y, x, w, n, NULL, TL_GEMM_OUT_F32, st);
     p.cv_out = conv_out, p.cv_edge = edge, p.cv_w = conv_w, p.cv_C = C;
     TRY(cb_gemm_wgr(&p, wgs, (n + WR_NT - 1) / WR_NT, 1, st));

@@ -288,7 +288,6 @@ __global__ void __launch_bounds__(128, 1)
  * wgmma, two rounds each); at 4K 55,770 vs 56,135, 16K 50,300 vs 50,700. */
 #define RW_MIN_TOK 3072
 static cb_level router_wg = {"TL_ROUTER_WG", 1, 2, -1};
-static int router_wg_mode(void) { return cb_level_get(&router_wg); }
 extern "C" int tl_gpu_router_set_wg(int mode) { return cb_level_set(&router_wg, mode); }
 
 template <bool LO>
@@ -334,7 +333,7 @@ extern "C" int tl_gpu_router_gemm(float *y, int ldy, const tl_gpu_gemm_w *W, con
     if (n_tok <= 0) return 0;
     if (W->bits != 16 || W->cols % RT_K || ldy < W->rows) return TL_ERR_INVALID;
     int split = n_tok <= router_split_max() && (W->cols / RT_K) % RT_SPLIT == 0 && st;
-    int wg = router_wg_mode();
+    int wg = cb_level_get(&router_wg);
     if (!split && (wg == 2 || (wg == 1 && n_tok >= RW_MIN_TOK)))
         return W->sb ? router_wg_launch<true>(y, ldy, W, xh, xl, n_tok, st)
                      : router_wg_launch<false>(y, ldy, W, xh, xl, n_tok, st);
