@@ -72,9 +72,13 @@ typedef struct cb_spec {
      * kernels' scratch */
     tl_sample_params *d_lp, *h_lp;
     int32_t *d_li, *h_li;
-    tl_law *d_law;
+    tl_law *d_law, *h_law; /* h_law: pinned, the chain's laws on their way back */
     float *d_lscr;
     int law_rows;
+    /* drafts chained on the device (cuda_spec.cu draft_chain): [K][CHAIN_ARRAYS][max_seqs]
+     * metadata, [max_seqs] control rows */
+    int32_t *d_chain, *h_chain;
+    tl_gpu_chain *d_ctl, *h_ctl;
     /* per slot (host) */
     int *len;         /* tokens the slot holds */
     int *ok;          /* the head's rows cover the slot (0 after a load without a hidden) */
@@ -236,9 +240,9 @@ int cb_kv_grow(cuda_be *be, const int *slot, const int *len, int n, char *err, s
 tl_mb_meta cb_meta_at(const cuda_be *be, int32_t *base);
 /* The whole forward (the rollback's recompute calls it). */
 int cb_forward_impl(cuda_be *be, const tl_fwd_entry *e, int n, char *err, size_t errlen);
-/* The MTP head's block over T rows (metadata at d_base, hiddens sp->hid[src_rows]); full 0: K
- * and V only; and the final norm + LM head over n rows (cuda_forward.cu). */
-int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int tc, int n_split,
+/* The MTP head's block over T rows (metadata: device views dm, hiddens sp->hid[src_rows]); full
+ * 0: K and V only; and the final norm + LM head over n rows (cuda_forward.cu). */
+int cb_mtp_block(cuda_be *be, const tl_mb_meta *dm, int T, int n_seg, int full, int tc, int n_split,
                  const int32_t *src_rows);
 int cb_lm_head(cuda_be *be, float *logits, float *xo, const float *x, const float *norm_w, int n,
                int tc);

@@ -54,8 +54,8 @@ static tl_mb_meta meta_at(const cuda_be *be, int32_t *base) {
 
 tl_mb_meta cb_meta_at(const cuda_be *be, int32_t *base) { return meta_at(be, base); }
 
-static tl_gpu_seqs seqs_at(const cuda_be *be, int32_t *base, int n_tok, int n_seg) {
-    tl_mb_meta d = meta_at(be, base);
+static tl_gpu_seqs seqs_of(const tl_mb_meta *m, int n_tok, int n_seg) {
+    const tl_mb_meta &d = *m;
     tl_gpu_seqs s;
     s.tok_pos = d.tok_pos, s.tok_slot = d.tok_slot, s.tok_seg = d.tok_seg;
     s.seg_tok0 = d.seg_tok0, s.seg_n = d.seg_n, s.seg_slot = d.seg_slot, s.seg_pos0 = d.seg_pos0;
@@ -64,7 +64,8 @@ static tl_gpu_seqs seqs_at(const cuda_be *be, int32_t *base, int n_tok, int n_se
 }
 
 tl_gpu_seqs cb_seqs(const cuda_be *be, int n_tok, int n_seg) {
-    return seqs_at(be, be->d_meta, n_tok, n_seg);
+    tl_mb_meta d = meta_at(be, be->d_meta);
+    return seqs_of(&d, n_tok, n_seg);
 }
 
 /* The final norm and the LM head over the n_out output rows (logits rows out_row0..). */
@@ -574,15 +575,15 @@ static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int
  * into the head's KV layer (all a trunk forward needs: later draft steps attend to them); full =
  * 1: the whole block (attention with the gate, o-proj, MoE), leaving t in be->x. tc: the
  * tensor-core GEMMs (bf16 activations), as the trunk's micro-batch used; else the GEMVs. */
-int cb_mtp_block(cuda_be *be, int32_t *d_base, int T, int n_seg, int full, int tc, int n_split,
+int cb_mtp_block(cuda_be *be, const tl_mb_meta *dm, int T, int n_seg, int full, int tc, int n_split,
                  const int32_t *src_rows) {
     cb_spec *sp = be->sp;
     const tl_config *c = &be->cfg;
     int D = c->n_embd;
     float eps = c->rms_eps;
     tl_gpu_stream st = cb_stream(be, 0);
-    tl_mb_meta d = meta_at(be, d_base);
-    tl_gpu_seqs s = seqs_at(be, d_base, T, n_seg);
+    const tl_mb_meta &d = *dm;
+    tl_gpu_seqs s = seqs_of(dm, T, n_seg);
     layer_ctx x = layer_of(be, &sp->L, T, &s, &st);
     const cb_layer *L = &sp->L;
     TRY(tl_gpu_embed(sp->eb, &be->embd, d.tokens, T, &st));

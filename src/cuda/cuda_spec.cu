@@ -31,6 +31,9 @@ static int32_t *extra(const cuda_be *be, int32_t *base, int k) {
     return base + be->meta_ints + (size_t)k * be->max_tok;
 }
 
+/* Arrays of max_seqs ints a chained draft step's metadata has (chain_meta). */
+#define CHAIN_ARRAYS 10
+
 #define SP_ALLOC(ptr, type, count)                                                                 \
     do {                                                                                           \
         size_t n_ = (size_t)(count) * sizeof(type);                                                \
@@ -76,7 +79,12 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     SP_ALLOC(sp->d_li, int32_t, li);
     SP_ALLOC(sp->d_law, tl_law, R);
     SP_ALLOC(sp->d_lscr, float, tl_gpu_law_scratch_floats((int)R));
-    if (cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
+    SP_ALLOC(sp->d_chain, int32_t, (size_t)sp->K * CHAIN_ARRAYS * S);
+    SP_ALLOC(sp->d_ctl, tl_gpu_chain, S);
+    if (cudaMallocHost(&sp->h_chain, (size_t)sp->K * CHAIN_ARRAYS * S * 4) != cudaSuccess ||
+        cudaMallocHost(&sp->h_ctl, S * sizeof(tl_gpu_chain)) != cudaSuccess ||
+        cudaMallocHost(&sp->h_law, R * sizeof(tl_law)) != cudaSuccess ||
+        cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
         cudaMallocHost(&sp->h_lp, R * sizeof(tl_sample_params)) != cudaSuccess ||
         cudaMallocHost(&sp->h_li, li * 4) != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
@@ -99,14 +107,17 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
 void cb_spec_free(cuda_be *be) {
     cb_spec *sp = be->sp;
     if (!sp) return;
-    void *ds[] = {sp->hid,    sp->cat,       sp->eb,       sp->alog,   sp->gdn,
-                  sp->d_meta, sp->conv_ring, sp->rec_ring, sp->d_rpos, sp->d_lp,
-                  sp->d_li,   sp->d_law,     sp->d_lscr};
+    void *ds[] = {sp->hid,    sp->cat,       sp->eb,       sp->alog,    sp->gdn,
+                  sp->d_meta, sp->conv_ring, sp->rec_ring, sp->d_rpos,  sp->d_lp,
+                  sp->d_li,   sp->d_law,     sp->d_lscr,   sp->d_chain, sp->d_ctl};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) tl_gpu_free(ds[i]);
     if (sp->h_meta) cudaFreeHost(sp->h_meta);
     if (sp->h_lp) cudaFreeHost(sp->h_lp);
     if (sp->h_li) cudaFreeHost(sp->h_li);
     if (sp->h_rpos) cudaFreeHost(sp->h_rpos);
+    if (sp->h_chain) cudaFreeHost(sp->h_chain);
+    if (sp->h_ctl) cudaFreeHost(sp->h_ctl);
+    if (sp->h_law) cudaFreeHost(sp->h_law);
     if (sp->meta_ev) cudaEventDestroy(sp->meta_ev);
     free(sp->len), free(sp->ok), free(sp->vpos), free(sp->vn);
     free(sp->vtok), free(sp->vprompt), free(sp->arow), free(sp->snap_ok);
@@ -175,8 +186,10 @@ int cb_spec_micro(cuda_be *be, const tl_fwd_entry *e, const void *segs_v, int n_
         TRY(cb_lm_head(be, sp->alog + (size_t)sp->n_alog * V, sp->eb, sp->eb, NULL, na, tc));
         sp->n_alog += na;
     }
-    if (nt > 0)
-        TRY(cb_mtp_block(be, sp->d_meta, nt, ns, 0, tc && sp->tc_ok, 0, extra(be, sp->d_meta, 0)));
+    if (nt > 0) {
+        tl_mb_meta dm = cb_meta_at(be, sp->d_meta);
+        TRY(cb_mtp_block(be, &dm, nt, ns, 0, tc && sp->tc_ok, 0, extra(be, sp->d_meta, 0)));
+    }
     return tl_gpu_copy_rows(sp->hid, extra(be, sp->d_meta, 1), sp->hid, extra(be, sp->d_meta, 2),
                             nr, D, &st);
 }
@@ -195,20 +208,32 @@ static void law_row(cb_spec *sp, int j, const tl_sample_params *p, int row, int 
         sp->h_li[3 * R + (size_t)j * TL_LAW_ADJ + a] = a < n_adj ? adj[a] : 0;
 }
 
-/* The laws of the n staged rows (law_row; logits rows of `logits`) into sp->d_law, on the stream.
- * The pinned staging is free: every earlier upload from it finished at the synchronize that
- * ends each draft call and each forward. */
-static int law_launch(cuda_be *be, int n, const float *logits) {
+/* The n staged rows (law_row) to the device, on the stream. The pinned staging is free: every
+ * earlier upload from it finished at the synchronize that ends each draft call and forward. */
+static int law_upload(cuda_be *be, int n) {
     cb_spec *sp = be->sp;
     size_t R = (size_t)sp->law_rows;
     CUDA_TRY(cudaMemcpyAsync(sp->d_lp, sp->h_lp, n * sizeof(tl_sample_params),
                              cudaMemcpyHostToDevice, be->stream));
     CUDA_TRY(cudaMemcpyAsync(sp->d_li, sp->h_li, (3 + TL_LAW_ADJ) * R * sizeof(int32_t),
                              cudaMemcpyHostToDevice, be->stream));
+    return 0;
+}
+
+/* The laws of the first n uploaded rows (logits rows of `logits`) into laws (device). */
+static int law_run(cuda_be *be, tl_law *laws, int n, const float *logits) {
+    cb_spec *sp = be->sp;
+    size_t R = (size_t)sp->law_rows;
     tl_gpu_stream st = cb_stream(be, 0);
-    return tl_gpu_sample_law(sp->d_law, logits, be->cfg.n_vocab, be->n_valid, sp->d_li, sp->d_lp,
+    return tl_gpu_sample_law(laws, logits, be->cfg.n_vocab, be->n_valid, sp->d_li, sp->d_lp,
                              sp->h_lp, be->d_counts, be->d_cbits, sp->d_li + R, sp->d_li + 3 * R,
                              sp->d_lscr, n, &st);
+}
+
+/* The laws of the n staged rows into sp->d_law. */
+static int law_launch(cuda_be *be, int n, const float *logits) {
+    TRY(law_upload(be, n));
+    return law_run(be, be->sp->d_law, n, logits);
 }
 
 /* The verify entries' laws (all_laws): row k of entry i counts its tokens 0..k (the forward fed
@@ -369,7 +394,8 @@ static int draft_impl(cuda_be *be, const tl_draft_entry *d, int n, char *err, si
                              cudaMemcpyHostToDevice, be->stream));
     CUDA_TRY(cudaEventRecord(sp->meta_ev, be->stream));
     int tc = be->pf_ok && sp->tc_ok && be->tc_min > 0 && n >= be->tc_min;
-    TRY(cb_mtp_block(be, sp->d_meta, n, n, 1, tc, CB_DECODE_SPLIT, extra(be, sp->d_meta, 0)));
+    tl_mb_meta dm = cb_meta_at(be, sp->d_meta);
+    TRY(cb_mtp_block(be, &dm, n, n, 1, tc, CB_DECODE_SPLIT, extra(be, sp->d_meta, 0)));
     tl_gpu_stream st = cb_stream(be, 0);
     TRY(tl_gpu_rmsnorm(be->xo, be->x, sp->norm, NULL, n, be->cfg.n_embd, be->cfg.rms_eps, &st));
     TRY(tl_gpu_copy_rows(sp->hid, extra(be, sp->d_meta, 1), be->xo, NULL, n, be->cfg.n_embd, &st));
@@ -387,6 +413,146 @@ static int cb_draft(tl_backend *b, const tl_draft_entry *d, int n, char *err, si
     cuda_be *be = (cuda_be *)b->impl;
     TRY(op_begin(be, err, errlen));
     return op_end(be, draft_impl(be, d, n, err, errlen), "CUDA draft step", err, errlen);
+}
+
+/* ====== Drafts chained on the device (backend.h draft_chain) ======
+ * Entries sorted by k, most first, so step j runs the first n_j of them (those with k > j):
+ * each step is draft_impl's block, norm, LM head and law for n_j rows, then tl_gpu_draft_pick
+ * draws the drafts and feeds them to step j + 1's tokens and penalty adjustments. The metadata
+ * of every step goes up in one copy, the laws and picks come back in one, one synchronize. */
+
+/* Step j's metadata views (device or host base): arrays of max_seqs ints, CHAIN_ARRAYS a step:
+ * the tl_mb_meta ones but out_rows, then the hiddens' source rows and the chain rows. */
+static tl_mb_meta chain_meta(const cuda_be *be, int32_t *base, int j, int32_t **src,
+                             int32_t **cdst) {
+    size_t S = (size_t)be->max_seqs;
+    int32_t *a = base + (size_t)j * CHAIN_ARRAYS * S;
+    tl_mb_meta m = {a,         a + S,     a + 2 * S, a + 3 * S, a + 4 * S,
+                    a + 5 * S, a + 6 * S, a + 7 * S, NULL};
+    *src = a + 8 * S, *cdst = a + 9 * S;
+    return m;
+}
+
+static int check_chain(cuda_be *be, const tl_chain_entry *d, int n, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    if (!sp || !sp->on)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "draft_chain: speculative decoding is not on");
+    if (n < 1 || n > be->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "draft_chain: %d entries", n);
+    for (int i = 0; i < n; i++) {
+        int s = d[i].slot;
+        if (s < 0 || s >= be->max_seqs || d[i].k < 1 || d[i].k > sp->K || d[i].token < 0 ||
+            d[i].token >= be->cfg.n_vocab || !d[i].law || !d[i].drafts || !d[i].sample ||
+            !tl_law_ok(d[i].sample))
+            return tl_errf(err, errlen, TL_ERR_INVALID,
+                           "draft_chain %d: bad slot %d / k %d / token %d", i, s, d[i].k,
+                           d[i].token);
+        for (int j = 0; j < i; j++)
+            if (d[j].slot == s)
+                return tl_errf(err, errlen, TL_ERR_INVALID, "draft_chain: slot %d twice", s);
+        if (!sp->ok[s] || sp->len[s] < 1)
+            return tl_errf(err, errlen, TL_ERR_INTERNAL,
+                           "draft_chain: slot %d has no MTP rows up to its length %d", s,
+                           sp->len[s]);
+        if (sp->len[s] + d[i].k - 1 > be->max_ctx)
+            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                           "draft_chain: slot %d at %d tokens, %d drafts pass the context of %d", s,
+                           sp->len[s], d[i].k, be->max_ctx);
+    }
+    return 0;
+}
+
+/* The host side of a chain: entries in order of k (ord), their pages, every step's metadata and
+ * the control rows, the law rows (penalty adjustment: the sampled token), uploaded. */
+static int chain_stage(cuda_be *be, const tl_chain_entry *d, int n, int *ord, char *err,
+                       size_t errlen) {
+    cb_spec *sp = be->sp;
+    int slot[CB_MAX_SEQS], len[CB_MAX_SEQS], need[CB_MAX_SEQS], step[CB_MAX_SEQS];
+    int32_t tok[CB_MAX_SEQS];
+    for (int i = 0; i < n; i++) ord[i] = i;
+    for (int i = 1; i < n; i++) /* insertion sort, k descending, stable */
+        for (int j = i; j > 0 && d[ord[j]].k > d[ord[j - 1]].k; j--) {
+            int t = ord[j];
+            ord[j] = ord[j - 1], ord[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        const tl_chain_entry *x = &d[ord[i]];
+        slot[i] = x->slot, len[i] = sp->len[x->slot], tok[i] = x->token;
+        need[i] = len[i] + x->k - 1;
+        tl_gpu_chain *c = &sp->h_ctl[i];
+        memset(c, 0, sizeof *c);
+        memcpy(c->u, x->u, sizeof c->u);
+        c->k = x->k, c->greedy = x->greedy, c->tok = x->token, c->live = 1;
+        int32_t adj = x->token + 1;
+        law_row(sp, i, x->sample, i, x->slot, &adj, 1);
+    }
+    TRY(cb_kv_grow(be, slot, need, n, err, errlen));
+    tl_spec_layout l = layout(be);
+    for (int j = 0, nj = n; j < d[ord[0]].k; j++) {
+        while (d[ord[nj - 1]].k <= j) nj--;
+        int32_t *src, *cdst;
+        tl_mb_meta m = chain_meta(be, sp->h_chain, j, &src, &cdst);
+        for (int i = 0; i < nj; i++) step[i] = j;
+        tl_spec_draft_rows(&l, slot, len, step, tok, nj, &m, src, cdst);
+    }
+    size_t S = (size_t)be->max_seqs;
+    CUDA_TRY(cudaMemcpyAsync(sp->d_chain, sp->h_chain,
+                             (size_t)d[ord[0]].k * CHAIN_ARRAYS * S * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, be->stream));
+    CUDA_TRY(cudaMemcpyAsync(sp->d_ctl, sp->h_ctl, n * sizeof(tl_gpu_chain), cudaMemcpyHostToDevice,
+                             be->stream));
+    return law_upload(be, n);
+}
+
+/* Step j of a staged chain over its first nj entries (n in all). */
+static int chain_step(cuda_be *be, int j, int nj, int n, int last) {
+    cb_spec *sp = be->sp;
+    int32_t *src, *cdst, *nsrc, *ncdst, *next_tok = NULL;
+    tl_mb_meta m = chain_meta(be, sp->d_chain, j, &src, &cdst);
+    if (!last) next_tok = chain_meta(be, sp->d_chain, j + 1, &nsrc, &ncdst).tokens;
+    int tc = be->pf_ok && sp->tc_ok && be->tc_min > 0 && nj >= be->tc_min;
+    TRY(cb_mtp_block(be, &m, nj, nj, 1, tc, CB_DECODE_SPLIT, src));
+    tl_gpu_stream st = cb_stream(be, 0);
+    TRY(tl_gpu_rmsnorm(be->xo, be->x, sp->norm, NULL, nj, be->cfg.n_embd, be->cfg.rms_eps, &st));
+    TRY(tl_gpu_copy_rows(sp->hid, cdst, be->xo, NULL, nj, be->cfg.n_embd, &st));
+    TRY(cb_lm_head(be, be->logits, be->xo, be->xo, NULL, nj, tc));
+    tl_law *laws = sp->d_law + (size_t)j * n;
+    TRY(law_run(be, laws, nj, be->logits));
+    return tl_gpu_draft_pick(sp->d_ctl, laws, j, nj, next_tok, sp->d_li + 3 * (size_t)sp->law_rows,
+                             &st);
+}
+
+static int chain_impl(cuda_be *be, tl_chain_entry *d, int n, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    int ord[CB_MAX_SEQS];
+    TRY(check_chain(be, d, n, err, errlen));
+    TRY(chain_stage(be, d, n, ord, err, errlen));
+    int K = d[ord[0]].k;
+    for (int j = 0, nj = n; j < K; j++) {
+        while (d[ord[nj - 1]].k <= j) nj--;
+        TRY(chain_step(be, j, nj, n, j + 1 == K));
+    }
+    CUDA_TRY(cudaMemcpyAsync(sp->h_ctl, sp->d_ctl, n * sizeof(tl_gpu_chain), cudaMemcpyDeviceToHost,
+                             be->stream));
+    CUDA_TRY(cudaMemcpyAsync(sp->h_law, sp->d_law, (size_t)K * n * sizeof(tl_law),
+                             cudaMemcpyDeviceToHost, be->stream));
+    CUDA_TRY(cudaStreamSynchronize(be->stream));
+    for (int i = 0; i < n; i++) {
+        tl_chain_entry *x = &d[ord[i]];
+        const tl_gpu_chain *c = &sp->h_ctl[i];
+        x->n_drafted = c->n_drafted, x->n_draws = c->n_draws;
+        for (int j = 0; j < c->n_drafted; j++) {
+            x->drafts[j] = c->drafts[j];
+            x->law[j] = sp->h_law[(size_t)j * n + i];
+        }
+    }
+    return 0;
+}
+
+static int cb_draft_chain(tl_backend *b, tl_chain_entry *d, int n, char *err, size_t errlen) {
+    cuda_be *be = (cuda_be *)b->impl;
+    TRY(op_begin(be, err, errlen));
+    return op_end(be, chain_impl(be, d, n, err, errlen), "CUDA draft chain", err, errlen);
 }
 
 /* The slot's GDN state := the copies after the verify's token j (every GDN layer: one strided
@@ -522,6 +688,8 @@ void cb_spec_attach(cuda_be *be, tl_backend *b) {
     b->spec_init = cb_spec_init;
     b->spec_ready = cb_spec_ready;
     b->draft = cb_draft;
+    const char *ch = getenv("TL_CUDA_SPEC_CHAIN");
+    b->draft_chain = ch && atoi(ch) == 0 ? NULL : cb_draft_chain;
     b->rollback = cb_rollback;
     b->can_law = be->sp != NULL;
 }

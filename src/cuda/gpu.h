@@ -525,6 +525,25 @@ int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_vali
                       const uint32_t *count_bits, const int32_t *count_slot, const int32_t *adj,
                       float *scratch, int n_rows, const tl_gpu_stream *st);
 size_t tl_gpu_law_scratch_floats(int max_rows);
+/* One entry of drafts chained on the device (cuda_spec.cu draft_chain): the host fills u, k,
+ * greedy, tok, live = 1 and zeroes the rest; tl_gpu_draft_pick fills the rest. */
+typedef struct tl_gpu_chain {
+    double u[TL_MAX_SPEC]; /* uniforms in [0, 1) the draws take in order (the session RNG's) */
+    int32_t k;             /* drafts wanted */
+    int32_t greedy;        /* 1: a draft is its law's first id (no draw) */
+    int32_t tok;           /* the token the next step feeds (in: the sampled one) */
+    int32_t live;          /* 0 once k drafts are drawn or a law was empty */
+    int32_t n_drafted, n_draws;
+    int32_t drafts[TL_MAX_SPEC];
+} tl_gpu_chain;
+/* Draft step j of n chained entries (one thread each): entry i draws draft j + 1 from laws[i]
+ * exactly as the host's tl_law_draw does (engine/sample.c: the same double sums, the next
+ * uniform of c[i].u where it draws), records it, and writes the token the next step feeds to
+ * next_tok[i] (device, may be NULL) and, as a penalty adjustment (token + 1), to
+ * adj[i * TL_LAW_ADJ + j + 1] (device, may be NULL). An entry whose law is empty, or that
+ * has its k drafts, stops (live 0) and feeds its last token again. */
+int tl_gpu_draft_pick(tl_gpu_chain *c, const tl_law *laws, int j, int n, int32_t *next_tok,
+                      int32_t *adj, const tl_gpu_stream *st);
 
 /* ====== Bench and profiler (cuda_bench.cu) ====== */
 

@@ -1064,6 +1064,46 @@ extern "C" int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *t
     return 0;
 }
 
+/* tl_gpu_draft_pick: one thread an entry; the draw is tl_law_draw's loop, term for term. */
+__global__ void draft_pick_kernel(tl_gpu_chain *ch, const tl_law *laws, int j, int n,
+                                  int32_t *next_tok, int32_t *adj) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    tl_gpu_chain *c = ch + i;
+    const tl_law *q = laws + i;
+    int32_t tok = c->tok;
+    if (c->live && q->n < 1) c->live = 0;
+    if (c->live) {
+        if (c->greedy || q->n == 1) {
+            tok = q->id[0];
+        } else {
+            double tot = 0, acc = 0;
+            for (int a = 0; a < q->n; a++) tot += q->p[a];
+            double u = c->u[c->n_draws++] * tot;
+            int last = 0, hit = -1;
+            for (int a = 0; a < q->n && hit < 0; a++) {
+                if (q->p[a] <= 0) continue;
+                acc += q->p[a], last = a;
+                if (u < acc) hit = a;
+            }
+            tok = q->id[hit >= 0 ? hit : last];
+        }
+        c->drafts[j] = tok, c->n_drafted = j + 1, c->tok = tok;
+        if (j + 1 >= c->k) c->live = 0;
+    }
+    if (next_tok) next_tok[i] = tok;
+    if (adj && j + 1 < TL_LAW_ADJ) adj[(size_t)i * TL_LAW_ADJ + j + 1] = tok + 1;
+}
+
+extern "C" int tl_gpu_draft_pick(tl_gpu_chain *c, const tl_law *laws, int j, int n,
+                                 int32_t *next_tok, int32_t *adj, const tl_gpu_stream *st) {
+    if (n <= 0) return 0;
+    if (j < 0 || j >= TL_MAX_SPEC) return TL_ERR_INVALID;
+    TL_LAUNCH(st, "draft_pick", draft_pick_kernel, dim3(CEIL_DIV(n, 128)), dim3(128), 0, c, laws, j,
+              n, next_tok, adj);
+    return 0;
+}
+
 extern "C" size_t tl_gpu_law_scratch_floats(int max_rows) {
     size_t n = (size_t)max_rows * PART_SCR(FP);
     size_t f = (size_t)(max_rows < FEW_ROWS ? max_rows : FEW_ROWS) * PART_SCR(FP_FEW);

@@ -81,6 +81,22 @@ typedef struct tl_draft_entry {
     const int32_t *chain;
 } tl_draft_entry;
 
+/* One entry of a whole chain of drafts (draft_chain): k draft steps from `token` (the sampled
+ * one, chain[0] of tl_draft_entry), each draft drawn on the backend from its law exactly as
+ * tl_law_draw draws it (the first id when greedy or the law has one survivor, else with the
+ * next of u[0..k): the uniforms the session's RNG would give, in order). Stops early at an empty
+ * law (n_drafted < k). */
+typedef struct tl_chain_entry {
+    int slot, k;
+    int32_t token;
+    int greedy;
+    double u[TL_MAX_SPEC];
+    const tl_sample_params *sample; /* tl_law_ok */
+    tl_law *law;                    /* out: [k] the draft laws (valid below n_drafted) */
+    int32_t *drafts;                /* out: [k] drafts 1 .. n_drafted */
+    int n_drafted, n_draws;         /* out: drafts made, uniforms used (a prefix of u) */
+} tl_chain_entry;
+
 typedef struct tl_backend {
     const char *name;
     int can_sample; /* 1: forward() samples on the device when e->sample is set */
@@ -112,6 +128,10 @@ typedef struct tl_backend {
     int (*spec_ready)(struct tl_backend *b, int slot);
     /* One draft step for n entries (distinct slots). */
     int (*draft)(struct tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen);
+    /* Optional (can_law backends; NULL: the engine calls draft step by step): all the draft
+     * steps of n entries (distinct slots) in one call, the drafts drawn on the backend; the
+     * same laws, drafts and head rows as draft() with the host drawing between steps. */
+    int (*draft_chain)(struct tl_backend *b, tl_chain_entry *d, int n, char *err, size_t errlen);
     /* After a forward with all_logits: the slot back to n_keep tokens (the accepted ones), as if
      * only those had been fed: GDN conv and recurrent state, KV length and pages, the head's
      * rows (valid below n_keep - 1) and its hidden (that of position n_keep - 1). */

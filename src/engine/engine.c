@@ -685,6 +685,60 @@ static int draft_law(tl_engine *e, tl_batch_entry *x, const tl_draft_entry *d, i
     return 0;
 }
 
+/* The drafts of spec_draft in one backend call (draft_chain): the draws on the backend with the
+ * uniforms each session's RNG would give, then the RNG advanced past those used: the same
+ * drafts, laws and RNG state as the step-by-step loop. */
+static int spec_chain(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err, size_t errlen) {
+    int K = e->spec_k;
+    tl_chain_entry stackc[16];
+    tl_chain_entry *c = n <= 16 ? stackc : calloc(n, sizeof *c);
+    int *ent = malloc(sizeof(int) * (size_t)n);
+    if (!c || !ent) {
+        if (c != stackc) free(c);
+        free(ent);
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "out of memory");
+    }
+    int nc = 0;
+    for (int i = 0; i < n; i++) {
+        if (k[i] < 1) continue;
+        tl_session *s = b[i].sess;
+        int32_t *tok = e->spec_tok + (size_t)s->slot * (K + 1);
+        tok[0] = b[i].tokens[0], s->tokens[s->n_tokens] = tok[0];
+        tl_chain_entry *x = &c[nc];
+        *x = (tl_chain_entry){.slot = s->slot,
+                              .k = k[i],
+                              .token = tok[0],
+                              .greedy = b[i].sample->temperature <= 0,
+                              .sample = b[i].sample,
+                              .law = e->spec_qlaw + (size_t)s->slot * K,
+                              .drafts = tok + 1};
+        uint64_t r = s->rng;
+        for (int j = 0; j < k[i]; j++) x->u[j] = tl_rng_uniform(&r);
+        ent[nc++] = i;
+    }
+    double t0 = tl_time_s();
+    int rc = nc ? e->be->draft_chain(e->be, c, nc, err, errlen) : 0;
+    e->spec.s_draft += tl_time_s() - t0;
+    for (int t = 0; t < nc && !rc; t++) {
+        tl_session *s = b[ent[t]].sess;
+        k[ent[t]] = c[t].n_drafted;
+        for (int j = 0; j < c[t].n_drafted; j++) s->tokens[s->n_tokens + 1 + j] = c[t].drafts[j];
+        for (int j = 0; j < c[t].n_draws; j++) tl_rng_uniform(&s->rng);
+    }
+    if (c != stackc) free(c);
+    free(ent);
+    return rc;
+}
+
+/* Whether spec_chain serves these entries: a backend that chains, every drafting entry's law
+ * on it. */
+static int chain_ok(const tl_engine *e, const tl_batch_entry *b, const int *k, int n) {
+    if (!e->be->draft_chain || !e->be->can_law) return 0;
+    for (int i = 0; i < n; i++)
+        if (k[i] > 0 && !tl_law_ok(b[i].sample)) return 0;
+    return 1;
+}
+
 /* The drafts: k[i] chained steps of the MTP head per entry, all entries' step j in one backend
  * call. Each draft is drawn from its own law q (the sampling parameters applied to the draft
  * logits, with the drafts before it in the history): the argmax when greedy, else one draw from
@@ -693,6 +747,7 @@ static int draft_law(tl_engine *e, tl_batch_entry *x, const tl_draft_entry *d, i
 static int spec_draft(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err, size_t errlen) {
     size_t V = (size_t)e->cfg.n_vocab;
     int K = e->spec_k, Vs = e->n_sample_vocab;
+    if (chain_ok(e, b, k, n)) return spec_chain(e, b, k, n, err, errlen);
     tl_draft_entry stackd[64];
     tl_draft_entry *d = n <= 64 ? stackd : calloc(n, sizeof *d);
     int *ent = malloc(sizeof(int) * (size_t)n);

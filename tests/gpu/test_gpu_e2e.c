@@ -1333,6 +1333,114 @@ static void test_spec_without_head(void) {
     rm_free(&r);
 }
 
+/* One law's bits: survivors, ids, probabilities and logprobs. */
+static int law_same(const tl_law *a, const tl_law *b) {
+    if (a->n != b->n) return 0;
+    for (int i = 0; i < a->n; i++)
+        if (a->id[i] != b->id[i] || memcmp(&a->p[i], &b->p[i], 4) ||
+            memcmp(&a->lp[i], &b->lp[i], 4))
+            return 0;
+    return 1;
+}
+
+/* Drafts chained on the device (draft_chain) against the step-by-step drafts with the host
+ * drawing between steps (draft + tl_law_draw, as the engine did): three sequences wanting 3, 1
+ * and 2 drafts (the chain runs them sorted, 3 rows, then 2, then 1), two with the model card's
+ * sampling (top-k 20, top-p 0.95, presence penalty 1.5: the penalty counts the chain's tokens)
+ * and one greedy. The drafts do not change a slot's state, so both runs start alike and must
+ * give the same laws bit for bit, the same drafts, and use the same uniforms. Then the op's
+ * errors: k past K, a slot twice. */
+static void mtp_chain_case(int full) {
+    rmodel r;
+    rm_build(&r, full, 4);
+    rm_add_mtp(&r, 4);
+    int V = r.m.cfg.n_vocab, K = 3, N = 3, kk[3] = {3, 1, 2}, len[3] = {12, 7, 9};
+    tl_backend *b = open_spec(&r.m, N, 64, K, 0);
+    if (!b || !b->draft_chain) {
+        if (b) b->close(b);
+        CHECK(b && b->draft_chain);
+        rm_free(&r);
+        return;
+    }
+    int32_t prompt[3][12], t0[3];
+    tl_fwd_entry e[3];
+    memset(e, 0, sizeof e);
+    float *lg = xmalloc(sizeof(float) * N * V);
+    for (int s = 0; s < N; s++) {
+        for (int i = 0; i < 12; i++) prompt[s][i] = (int32_t)(t_rng_next(&rs) % V);
+        e[s].slot = s, e[s].tokens = prompt[s], e[s].n_tok = len[s], e[s].logits = lg + s * V;
+        t0[s] = (int32_t)(t_rng_next(&rs) % V);
+    }
+    char err[256] = "";
+    CHECK_EQ_INT(b->forward(b, e, N, err, sizeof err), 0);
+    tl_sample_params sp[3];
+    for (int s = 0; s < N; s++) {
+        memset(&sp[s], 0, sizeof sp[s]);
+        sp[s].temperature = s == 1 ? 0.0f : 1.0f, sp[s].top_k = 20, sp[s].top_p = 0.95f;
+        sp[s].repetition_penalty = 1.0f, sp[s].presence_penalty = 1.5f;
+        CHECK(tl_law_ok(&sp[s]));
+    }
+    /* step by step: the engine's loop before draft_chain */
+    tl_law law_a[3][TL_MAX_SPEC], law_b[3][TL_MAX_SPEC];
+    int32_t chain[3][TL_MAX_SPEC + 1], drafts_b[3][TL_MAX_SPEC];
+    int draws_a[3] = {0, 0, 0};
+    for (int s = 0; s < N; s++) chain[s][0] = t0[s];
+    for (int j = 0; j < K; j++) {
+        tl_draft_entry d[3];
+        int nd = 0;
+        for (int s = 0; s < N; s++)
+            if (kk[s] > j)
+                d[nd++] = (tl_draft_entry){.slot = s,
+                                           .step = j,
+                                           .token = chain[s][j],
+                                           .law = &law_a[s][j],
+                                           .sample = &sp[s],
+                                           .chain = chain[s]};
+        CHECK_EQ_INT(b->draft(b, d, nd, err, sizeof err), 0);
+        for (int s = 0; s < N; s++) {
+            if (kk[s] <= j) continue;
+            CHECK(law_a[s][j].n >= 1);
+            uint64_t rng = 1000 + s;
+            for (int u = 0; u < draws_a[s]; u++) tl_rng_uniform(&rng);
+            uint64_t before = rng;
+            chain[s][j + 1] = tl_law_draw(&law_a[s][j], sp[s].temperature <= 0, &rng);
+            draws_a[s] += rng != before;
+        }
+    }
+    /* chained on the device, entries in another order than their k */
+    tl_chain_entry c[3];
+    for (int s = 0; s < N; s++) {
+        c[s] = (tl_chain_entry){.slot = s,
+                                .k = kk[s],
+                                .token = t0[s],
+                                .greedy = sp[s].temperature <= 0,
+                                .sample = &sp[s],
+                                .law = law_b[s],
+                                .drafts = drafts_b[s]};
+        uint64_t rng = 1000 + s;
+        for (int j = 0; j < kk[s]; j++) c[s].u[j] = tl_rng_uniform(&rng);
+    }
+    CHECK_EQ_INT(b->draft_chain(b, c, N, err, sizeof err), 0);
+    int same = 1;
+    for (int s = 0; s < N; s++) {
+        same &= c[s].n_drafted == kk[s] && c[s].n_draws == draws_a[s];
+        for (int j = 0; j < kk[s] && j < c[s].n_drafted; j++)
+            same &= law_same(&law_a[s][j], &law_b[s][j]) && drafts_b[s][j] == chain[s][j + 1];
+        printf("# chain %s seq %d: %d drafts (%d draws) %s\n", full ? "full-width" : "small", s,
+               c[s].n_drafted, c[s].n_draws, same ? "== step by step" : "DIFFER");
+    }
+    CHECK(same);
+    c[0].k = K + 1;
+    CHECK_EQ_INT(b->draft_chain(b, c, 1, err, sizeof err), TL_ERR_INVALID);
+    c[0].k = 1, c[1] = c[0];
+    CHECK_EQ_INT(b->draft_chain(b, c, 2, err, sizeof err), TL_ERR_INVALID);
+    b->close(b);
+    free(lg);
+    rm_free(&r);
+}
+static void test_mtp_chain_small(void) { mtp_chain_case(0); }
+static void test_mtp_chain_fullwidth(void) { mtp_chain_case(1); }
+
 static void test_mtp_draft_small_bf16(void) { mtp_draft_case(0, 0); }
 static void test_mtp_draft_small_q4(void) { mtp_draft_case(0, 4); }
 static void test_mtp_draft_fullwidth_q4(void) { mtp_draft_case(1, 4); }
@@ -1943,6 +2051,8 @@ int main(int argc, char **argv) {
     T_RUN(test_spec_without_head);
     T_RUN(test_mtp_draft_small_bf16);
     T_RUN(test_mtp_draft_small_q4);
+    T_RUN(test_mtp_chain_small);
+    T_RUN(test_mtp_chain_fullwidth);
     if (!quick) T_RUN(test_mtp_draft_fullwidth_q4);
     T_RUN(test_spec_greedy_small_bf16);
     T_RUN(test_spec_greedy_small_q4);
