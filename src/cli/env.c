@@ -66,6 +66,9 @@ static const env_switch env_switches[] = {
     {"TL_MOE_COMBINE_NORM=0", ENGINE_CMDS,
      "CUDA: the next layer's input norm as its own launch instead of inside the MoE combine "
      "(A/B; same bits)"},
+    {"TL_MOE_ROUTE_PLAN=1", ENGINE_CMDS,
+     "CUDA: micro-batches of <= 32 tokens on the tensor cores route and plan their MoE in one "
+     "launch instead of two (A/B; the same bits)"},
     {"TL_GEMM_Q4W=0", ENGINE_CMDS,
      "CUDA: a decode batch's 4-bit MoE GEMMs dequantize to bf16 (old kernel) instead of q4w (A/B)"},
     {"TL_Q4W_WIDE=0", ENGINE_CMDS,

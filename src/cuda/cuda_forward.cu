@@ -398,8 +398,14 @@ static int moe_prefill(const layer_ctx *x, const float *next_norm) {
         TRY(tl_gpu_gemv(be->rlog, E + 1, &L->router, be->x, D, L->ffn_norm, eps, T, 0, x->st));
         TRY(tl_gpu_rmsnorm_bf16(be->xb, be->x, L->ffn_norm, T, D, eps, x->st));
     }
-    TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T, x->st));
-    TRY(tl_gpu_moe_pf_plan(be->plan, be->ids, T, x->st));
+    static cb_level fused = {"TL_MOE_ROUTE_PLAN", 0, 1, -1};
+    if (T <= 32 && K == 8 && cb_level_get(&fused)) { /* a decode batch: one launch */
+        TRY(tl_gpu_moe_route_plan(be->plan, be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E,
+                                  K, T, x->st));
+    } else {
+        TRY(tl_gpu_moe_route(be->ids, be->wts, be->wsh, be->shl, be->rlog, E + 1, E, K, T, x->st));
+        TRY(tl_gpu_moe_pf_plan(be->plan, be->ids, T, x->st));
+    }
     tl_gpu_gemm_w gu0 = expert_w(&L->gate_up, 0, 2 * F), dn0 = expert_w(&L->down, 0, D);
     int sh = T <= be->sh_max; /* the shared expert too */
     TRY(tl_gpu_moe_pf_gate_up(be->hexp, be->xb, &gu0, be->plan, T, sh, x->st));

@@ -454,6 +454,11 @@ int tl_gpu_moe_set_slice(int on);
 #define PLAN_PERM  1028
 size_t tl_gpu_moe_pf_plan_ints(int n_tok);
 int tl_gpu_moe_pf_plan(int32_t *plan, const int32_t *ids, int n_tok, const tl_gpu_stream *st);
+/* tl_gpu_moe_route then tl_gpu_moe_pf_plan in one launch, for 1 <= n_tok <= 32 and k == 8
+ * (TL_ERR_INVALID otherwise): the same ids, w, w_sh, sh_logit and plan. */
+int tl_gpu_moe_route_plan(int32_t *plan, int32_t *ids, float *w, float *w_sh, float *sh_logit,
+                          const float *logits, int ld, int n_expert, int k, int n_tok,
+                          const tl_gpu_stream *st);
 int tl_gpu_moe_pf_gate_up(uint16_t *h, const uint16_t *x, const tl_gpu_gemm_w *w_expert0,
                           const int32_t *plan, int n_tok, int shared, const tl_gpu_stream *st);
 int tl_gpu_moe_pf_down(uint16_t *yslot, const uint16_t *h, const tl_gpu_gemm_w *w_expert0,

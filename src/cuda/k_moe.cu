@@ -808,6 +808,50 @@ __global__ void moe_plan_kernel(int32_t *plan, const int32_t *ids, int n_asg, in
     plan_place(plan, cur, ids, 0, n_asg);
 }
 
+/* moe_route_plan_kernel: moe_route_kernel then moe_plan_kernel in one block of 1024 threads, for
+ * micro-batches of at most ROUTE_PLAN_MAX tokens (the batched decode path): warp t routes token
+ * t, the block then plans from the ids it wrote (visible to it after the barrier): one
+ * dependent launch less a layer, the same ids, weights and plan (perm in any order inside an
+ * expert, as moe_plan_kernel's). */
+#define ROUTE_PLAN_MAX 32
+__global__ void __launch_bounds__(1024)
+    moe_route_plan_kernel(int32_t *plan, int32_t *ids, float *w, float *w_sh, float *sh_logit,
+                          const float *logits, int ld, int n_expert, int n_tok, int trig) {
+    pdl_enter(trig);
+    __shared__ int cnt[256], cur[256], sw[8];
+    int t = threadIdx.x >> 5, lane = threadIdx.x & 31, k = 8;
+    if (t < n_tok) {
+        const float *lg = logits + (size_t)t * ld;
+        int id;
+        float wn;
+        route_warp(&id, &wn, lg, n_expert, k);
+        if (lane < k) ids[(size_t)t * k + lane] = id, w[(size_t)t * k + lane] = wn;
+        if (lane == 0) {
+            w_sh[t] = sigmoid_f(lg[n_expert]);
+            if (sh_logit) sh_logit[t] = lg[n_expert];
+        }
+    }
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    plan_count(cnt, ids, 0, n_tok * k);
+    __syncthreads();
+    int o = plan_prefixes(plan, threadIdx.x < 256 ? cnt[threadIdx.x] : 0, sw);
+    if (threadIdx.x < 256) cur[threadIdx.x] = o;
+    __syncthreads();
+    plan_place(plan, cur, ids, 0, n_tok * k);
+}
+
+extern "C" int tl_gpu_moe_route_plan(int32_t *plan, int32_t *ids, float *w, float *w_sh,
+                                     float *sh_logit, const float *logits, int ld, int n_expert,
+                                     int k, int n_tok, const tl_gpu_stream *st) {
+    if (!plan || !ids || n_tok < 1 || n_tok > ROUTE_PLAN_MAX || k != 8 ||
+        n_expert > 32 * ROUTE_PER || n_expert > 256)
+        return TL_ERR_INVALID;
+    TL_LAUNCH(st, "moe_route_plan", moe_route_plan_kernel, dim3(1), dim3(1024), 0, plan, ids, w,
+              w_sh, sh_logit, logits, ld, n_expert, n_tok, tl_pdl_trig(st));
+    return 0;
+}
+
 /* ---- The plan of a prefill chunk: PLAN_CHUNK assignments a block, three kernels. ----
  * One block of 1024 threads walks n_asg assignments twice (78 us a call at a 4K-token chunk's
  * 32K assignments on the H100, 3% of that prefill), so from PLAN_MB_MIN assignments on: each

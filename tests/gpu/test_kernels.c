@@ -960,6 +960,73 @@ static void test_moe_route(void) {
     free(lg);
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* tl_gpu_moe_route_plan against tl_gpu_moe_route + tl_gpu_moe_pf_plan on random logits (one
+ * token with many exact ties), 1..32 tokens: ids, weights, shared weights and logits bit for bit,
+ * the plan's offsets and tile starts bit for bit, and each expert's assignments (perm: in any
+ * order inside an expert) the same set. Then the sizes it refuses. */
+static void test_moe_route_plan(void) {
+    const int E = TL_N_EXPERT, K = TL_N_EXPERT_USED, ld = E + 1, sizes[] = {1, 3, 4, 8, 17, 32};
+    const int TM = 32, PN = PLAN_PERM + TM * 8;
+    float *dl = tl_gpu_malloc(sizeof(float) * TM * ld);
+    int32_t *di[2], *dp[2];
+    float *dw[2], *dsh[2], *dsl[2];
+    for (int v = 0; v < 2; v++) {
+        di[v] = tl_gpu_malloc(4 * TM * K), dp[v] = tl_gpu_malloc(4 * (size_t)PN);
+        dw[v] = tl_gpu_malloc(4 * TM * K), dsh[v] = tl_gpu_malloc(4 * TM);
+        dsl[v] = tl_gpu_malloc(4 * TM);
+    }
+    int32_t ids[2][32 * 8], plan[2][PLAN_PERM + 32 * 8];
+    float w[2][32 * 8], sh[2][32], sl[2][32];
+    int bad = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int T = sizes[si], n = T * K;
+        float *lg = rand_vec((size_t)T * ld, 4.0f, &rs);
+        for (int e = 0; e < E; e++) lg[(T / 2) * ld + e] = 0.25f * (float)(e % 3);
+        CHECK_EQ_INT(tl_gpu_upload(dl, lg, sizeof(float) * T * ld), 0);
+        for (int v = 0; v < 2; v++) CHECK_EQ_INT(tl_gpu_memset(dp[v], 0xff, 4 * (size_t)PN), 0);
+        CHECK_EQ_INT(tl_gpu_moe_route(di[0], dw[0], dsh[0], dsl[0], dl, ld, E, K, T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_pf_plan(dp[0], di[0], T, NULL), 0);
+        CHECK_EQ_INT(
+            tl_gpu_moe_route_plan(dp[1], di[1], dw[1], dsh[1], dsl[1], dl, ld, E, K, T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_sync(), 0);
+        for (int v = 0; v < 2; v++) {
+            tl_gpu_download(ids[v], di[v], 4 * (size_t)n),
+                tl_gpu_download(w[v], dw[v], 4 * (size_t)n);
+            tl_gpu_download(sh[v], dsh[v], 4 * (size_t)T),
+                tl_gpu_download(sl[v], dsl[v], 4 * (size_t)T);
+            tl_gpu_download(plan[v], dp[v], 4 * (size_t)(PLAN_PERM + n));
+        }
+        int same = !memcmp(ids[0], ids[1], 4 * (size_t)n) && !memcmp(w[0], w[1], 4 * (size_t)n) &&
+                   !memcmp(sh[0], sh[1], 4 * (size_t)T) && !memcmp(sl[0], sl[1], 4 * (size_t)T) &&
+                   !memcmp(plan[0], plan[1], 4 * PLAN_PERM);
+        for (int e = 0; same && e < E; e++) {
+            int a = plan[0][PLAN_OFF + e], b = plan[0][PLAN_OFF + e + 1];
+            same = a >= 0 && b >= a && b <= n;
+            if (!same) break;
+            for (int v = 0; v < 2; v++) qsort(plan[v] + PLAN_PERM + a, (size_t)(b - a), 4, cmp_i32);
+            same = !memcmp(plan[0] + PLAN_PERM + a, plan[1] + PLAN_PERM + a, 4 * (size_t)(b - a));
+        }
+        printf("# moe_route_plan %d tokens: %s\n", T, same ? "== route + plan" : "DIFFERS");
+        bad += !same;
+        free(lg);
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(tl_gpu_moe_route_plan(dp[1], di[1], dw[1], dsh[1], NULL, dl, ld, E, K, 33, NULL),
+                 TL_ERR_INVALID);
+    CHECK_EQ_INT(tl_gpu_moe_route_plan(dp[1], di[1], dw[1], dsh[1], NULL, dl, ld, E, 7, 4, NULL),
+                 TL_ERR_INVALID);
+    tl_gpu_free(dl);
+    for (int v = 0; v < 2; v++) {
+        tl_gpu_free(di[v]), tl_gpu_free(dp[v]), tl_gpu_free(dw[v]), tl_gpu_free(dsh[v]);
+        tl_gpu_free(dsl[v]);
+    }
+}
+
 /* Experts at production per-expert dims (n_embd 2048, F 512, or the small e2e model's n_embd
  * 256) but 16 experts (host memory). */
 static void moe_case(int bits, int D, int K, int T) {
@@ -2150,6 +2217,7 @@ int main(void) {
     T_RUN(test_attn);
     T_RUN(test_moe_route);
     T_RUN(test_moe_route_poisoned);
+    T_RUN(test_moe_route_plan);
     T_RUN(test_moe);
     T_RUN(test_sample_greedy_logprobs);
     T_RUN(test_sample_distribution);
