@@ -32,6 +32,9 @@ static const env_switch env_switches[] = {
      "or with it and each kernel triggering its successor after its wait (2, default) (A/B)"},
     {"TL_CUDA_TC_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens decode on the tensor cores (default 3; 0: never)"},
+    {"TL_CUDA_GEMV_DENSE_MAX=N", ENGINE_CMDS,
+     "CUDA: tensor-core micro-batches of <= N tokens keep their dense products on the GEMV "
+     "kernels, only the MoE on the tensor cores (default 0: off; A/B)"},
     {"TL_CUDA_ROUTER_GEMM_MIN=N", ENGINE_CMDS,
      "CUDA: batches of >= N tokens compute the router on the tensor cores (default 64; 0: never)"},
     {"TL_CUDA_STATE_BF16=1", ENGINE_CMDS,

@@ -216,9 +216,13 @@ static int count_tokens(cuda_be *be, int T, const tl_gpu_stream *st) {
                               d.tok_slot, be->d_nprompt, T, st);
 }
 
+static int moe_prefill(const layer_ctx *x, const float *next_norm);
+
 /* All launches of one micro-batch on the decode kernels (graph-capturable: no host sync, no
- * allocation), under programmatic dependent launch unless TL_CUDA_NO_PDL=1. */
-static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split) {
+ * allocation), under programmatic dependent launch unless TL_CUDA_NO_PDL=1. tc_moe: the MoE as
+ * the tensor-core path's grouped GEMMs (moe_prefill), the rest on the GEMV kernels. */
+static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split,
+                      int tc_moe) {
     tl_gpu_stream st = cb_stream(be, 1);
     tl_mb_meta d = meta_at(be, be->d_meta);
     tl_gpu_seqs s = cb_seqs(be, T, n_seg);
@@ -227,7 +231,7 @@ static int run_layers(cuda_be *be, int T, int n_seg, int n_out, int out_row0, in
     for (int il = 0; il < be->cfg.n_layer; il++) {
         layer_ctx x = layer_at(be, il, T, &s, &st);
         TRY(x.L->kind == TL_LAYER_GDN ? gdn_decode(&x, d.tok_slot) : attn_decode(&x, n_split));
-        TRY(moe_decode(&x));
+        TRY(tc_moe ? moe_prefill(&x, NULL) : moe_decode(&x));
     }
     return run_head(be, n_out, out_row0, &st);
 }
@@ -566,12 +570,18 @@ static int run_layers_tc(cuda_be *be, int T, int n_seg, int n_out, int out_row0,
  * production shapes), else the GEMV decode kernels. lg: its long segments (NULL: none). */
 static int run_short(cuda_be *be, int T, int n_seg, int n_out, int out_row0, int n_split,
                      const mb_long *lg) {
-    if (be->pf_ok && be->tc_min > 0 && T >= be->tc_min) {
+    /* TL_CUDA_GEMV_DENSE_MAX=N: micro-batches of up to N tokens (no long segment) keep their
+     * dense products on the GEMV kernels and take only the MoE onto the tensor cores */
+    static cb_level gemv_dense = {"TL_CUDA_GEMV_DENSE_MAX", 0, 64, -1};
+    int tc = be->pf_ok && be->tc_min > 0 && T >= be->tc_min;
+    if (tc && !lg && T <= cb_level_get(&gemv_dense))
+        return run_layers(be, T, n_seg, n_out, out_row0, n_split, 1);
+    if (tc) {
         mb_long none;
         mb_long_none(&none, T, n_seg);
         return run_layers_tc(be, T, n_seg, n_out, out_row0, n_split, lg ? lg : &none);
     }
-    return run_layers(be, T, n_seg, n_out, out_row0, n_split);
+    return run_layers(be, T, n_seg, n_out, out_row0, n_split, 0);
 }
 
 /* ====== The MTP head's block (docs/model.md §3.2; driven by cuda_spec.cu) ======
