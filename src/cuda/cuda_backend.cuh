@@ -79,6 +79,8 @@ typedef struct cb_spec {
      * metadata, [max_seqs] control rows */
     int32_t *d_chain, *h_chain;
     tl_gpu_chain *d_ctl, *h_ctl;
+    int chain_mode;                              /* TL_CUDA_SPEC_CHAIN: 0 off, 1, 2 graphs */
+    cudaGraphExec_t chain_g[TL_MAX_SPEC + 1][2]; /* one entry, [k][few law parts] (mode 2) */
     /* per slot (host) */
     int *len;         /* tokens the slot holds */
     int *ok;          /* the head's rows cover the slot (0 after a load without a hidden) */

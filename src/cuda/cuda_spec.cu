@@ -56,6 +56,8 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     SP_ALLOC(sp->cat, float, T * 2 * D);
     SP_ALLOC(sp->eb, float, T *D);
     SP_ALLOC(sp->alog, float, S *K1 *V);
+    const char *ch = getenv("TL_CUDA_SPEC_CHAIN"); /* 0: off, 1 (default): eager, 2: graphs */
+    sp->chain_mode = ch && *ch ? TL_MAX(0, TL_MIN(2, atoi(ch))) : 1;
     const char *rv = getenv("TL_CUDA_SPEC_RECOMPUTE");
     sp->recompute = rv && atoi(rv) != 0;
     if (sp->recompute) {
@@ -115,6 +117,9 @@ void cb_spec_free(cuda_be *be) {
     if (sp->h_lp) cudaFreeHost(sp->h_lp);
     if (sp->h_li) cudaFreeHost(sp->h_li);
     if (sp->h_rpos) cudaFreeHost(sp->h_rpos);
+    for (int k = 0; k <= TL_MAX_SPEC; k++)
+        for (int f = 0; f < 2; f++)
+            if (sp->chain_g[k][f]) cudaGraphExecDestroy(sp->chain_g[k][f]);
     if (sp->h_chain) cudaFreeHost(sp->h_chain);
     if (sp->h_ctl) cudaFreeHost(sp->h_ctl);
     if (sp->h_law) cudaFreeHost(sp->h_law);
@@ -522,16 +527,53 @@ static int chain_step(cuda_be *be, int j, int nj, int n, int last) {
                              &st);
 }
 
+/* Every step of a staged chain whose entries want k[ord[i]] drafts. */
+static int chain_steps(cuda_be *be, const tl_chain_entry *d, int n, const int *ord) {
+    int K = d[ord[0]].k;
+    for (int j = 0, nj = n; j < K; j++) {
+        while (d[ord[nj - 1]].k <= j) nj--;
+        TRY(chain_step(be, j, nj, n, j + 1 == K));
+    }
+    return 0;
+}
+
+/* The steps of a one-entry chain of k drafts as a graph (TL_CUDA_SPEC_CHAIN=2), captured the
+ * first time for each k and law parts count (the only host choices inside). */
+static int chain_graph(cuda_be *be, const tl_chain_entry *d, const int *ord, char *err,
+                       size_t errlen) {
+    cb_spec *sp = be->sp;
+    int few = tl_gpu_law_parts(sp->h_lp, 1) != tl_gpu_law_parts(NULL, 1);
+    cudaGraphExec_t *ge = &sp->chain_g[d[0].k][few];
+    if (!*ge) {
+        cudaGraph_t g;
+        CUDA_TRY(cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal));
+        int st = chain_steps(be, d, 1, ord);
+        cudaError_t ce = cudaStreamEndCapture(be->stream, &g);
+        if (st || ce != cudaSuccess)
+            return tl_errf(err, errlen, TL_ERR_CUDA, "draft chain graph capture failed (%s)",
+                           st ? tl_status_str(st) : cudaGetErrorString(ce));
+        ce = cudaGraphInstantiate(ge, g, 0);
+        cudaGraphDestroy(g);
+        if (ce != cudaSuccess) {
+            *ge = NULL;
+            return tl_errf(err, errlen, TL_ERR_CUDA, "draft chain graph: %s",
+                           cudaGetErrorString(ce));
+        }
+    }
+    CUDA_TRY(cudaGraphLaunch(*ge, be->stream));
+    return 0;
+}
+
 static int chain_impl(cuda_be *be, tl_chain_entry *d, int n, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
     int ord[CB_MAX_SEQS];
     TRY(check_chain(be, d, n, err, errlen));
     TRY(chain_stage(be, d, n, ord, err, errlen));
     int K = d[ord[0]].k;
-    for (int j = 0, nj = n; j < K; j++) {
-        while (d[ord[nj - 1]].k <= j) nj--;
-        TRY(chain_step(be, j, nj, n, j + 1 == K));
-    }
+    if (sp->chain_mode == 2 && n == 1 && !be->graphs_off && !be->prof)
+        TRY(chain_graph(be, d, ord, err, errlen));
+    else
+        TRY(chain_steps(be, d, n, ord));
     CUDA_TRY(cudaMemcpyAsync(sp->h_ctl, sp->d_ctl, n * sizeof(tl_gpu_chain), cudaMemcpyDeviceToHost,
                              be->stream));
     CUDA_TRY(cudaMemcpyAsync(sp->h_law, sp->d_law, (size_t)K * n * sizeof(tl_law),
@@ -688,8 +730,7 @@ void cb_spec_attach(cuda_be *be, tl_backend *b) {
     b->spec_init = cb_spec_init;
     b->spec_ready = cb_spec_ready;
     b->draft = cb_draft;
-    const char *ch = getenv("TL_CUDA_SPEC_CHAIN");
-    b->draft_chain = ch && atoi(ch) == 0 ? NULL : cb_draft_chain;
+    b->draft_chain = be->sp && be->sp->chain_mode ? cb_draft_chain : NULL;
     b->rollback = cb_rollback;
     b->can_law = be->sp != NULL;
 }

@@ -530,6 +530,9 @@ int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_vali
                       const uint32_t *count_bits, const int32_t *count_slot, const int32_t *adj,
                       float *scratch, int n_rows, const tl_gpu_stream *st);
 size_t tl_gpu_law_scratch_floats(int max_rows);
+/* The parts a row of tl_gpu_sample_law is cut into for these n_rows host parameters: launches
+ * with the same count run the same kernels (a captured graph's key). */
+int tl_gpu_law_parts(const tl_sample_params *h_params, int n_rows);
 /* One entry of drafts chained on the device (cuda_spec.cu draft_chain): the host fills u, k,
  * greedy, tok, live = 1 and zeroes the rest; tl_gpu_draft_pick fills the rest. */
 typedef struct tl_gpu_chain {

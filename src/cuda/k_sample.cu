@@ -1110,6 +1110,10 @@ extern "C" size_t tl_gpu_law_scratch_floats(int max_rows) {
     return n > f ? n : f;
 }
 
+extern "C" int tl_gpu_law_parts(const tl_sample_params *h_params, int n_rows) {
+    return pick_parts(h_params, n_rows, (size_t)PART_SCR(FP_FEW));
+}
+
 extern "C" int tl_gpu_sample_law(tl_law *laws, const float *logits, int n_vocab, int n_valid,
                                  const int32_t *row_of, const tl_sample_params *params,
                                  const tl_sample_params *h_params, const int32_t *counts,

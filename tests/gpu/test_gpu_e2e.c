@@ -1350,12 +1350,14 @@ static int law_same(const tl_law *a, const tl_law *b) {
  * and one greedy. The drafts do not change a slot's state, so both runs start alike and must
  * give the same laws bit for bit, the same drafts, and use the same uniforms. Then the op's
  * errors: k past K, a slot twice. */
-static void mtp_chain_case(int full) {
+static void mtp_chain_case(int full, const char *mode) {
     rmodel r;
     rm_build(&r, full, 4);
     rm_add_mtp(&r, 4);
     int V = r.m.cfg.n_vocab, K = 3, N = 3, kk[3] = {3, 1, 2}, len[3] = {12, 7, 9};
+    setenv("TL_CUDA_SPEC_CHAIN", mode, 1);
     tl_backend *b = open_spec(&r.m, N, 64, K, 0);
+    unsetenv("TL_CUDA_SPEC_CHAIN");
     if (!b || !b->draft_chain) {
         if (b) b->close(b);
         CHECK(b && b->draft_chain);
@@ -1430,6 +1432,16 @@ static void mtp_chain_case(int full) {
                c[s].n_drafted, c[s].n_draws, same ? "== step by step" : "DIFFER");
     }
     CHECK(same);
+    /* sequence 0 alone, twice (TL_CUDA_SPEC_CHAIN=2: captured, then replayed) */
+    for (int rep = 0; rep < 2; rep++) {
+        memset(law_b[0], 0, sizeof law_b[0]);
+        CHECK_EQ_INT(b->draft_chain(b, c, 1, err, sizeof err), 0);
+        int one = c[0].n_drafted == kk[0] && c[0].n_draws == draws_a[0];
+        for (int j = 0; j < kk[0] && one; j++)
+            one = law_same(&law_a[0][j], &law_b[0][j]) && drafts_b[0][j] == chain[0][j + 1];
+        printf("# chain alone, call %d: %s\n", rep, one ? "== step by step" : "DIFFERS");
+        CHECK(one);
+    }
     c[0].k = K + 1;
     CHECK_EQ_INT(b->draft_chain(b, c, 1, err, sizeof err), TL_ERR_INVALID);
     c[0].k = 1, c[1] = c[0];
@@ -1438,8 +1450,9 @@ static void mtp_chain_case(int full) {
     free(lg);
     rm_free(&r);
 }
-static void test_mtp_chain_small(void) { mtp_chain_case(0); }
-static void test_mtp_chain_fullwidth(void) { mtp_chain_case(1); }
+static void test_mtp_chain_small(void) { mtp_chain_case(0, "1"); }
+static void test_mtp_chain_fullwidth(void) { mtp_chain_case(1, "1"); }
+static void test_mtp_chain_graph(void) { mtp_chain_case(1, "2"); }
 
 static void test_mtp_draft_small_bf16(void) { mtp_draft_case(0, 0); }
 static void test_mtp_draft_small_q4(void) { mtp_draft_case(0, 4); }
@@ -2053,6 +2066,7 @@ int main(int argc, char **argv) {
     T_RUN(test_mtp_draft_small_q4);
     T_RUN(test_mtp_chain_small);
     T_RUN(test_mtp_chain_fullwidth);
+    T_RUN(test_mtp_chain_graph);
     if (!quick) T_RUN(test_mtp_draft_fullwidth_q4);
     T_RUN(test_spec_greedy_small_bf16);
     T_RUN(test_spec_greedy_small_q4);
