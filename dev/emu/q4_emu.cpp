@@ -7,7 +7,9 @@
  * moe_up_route (slice / expert-major kernels) and moe_down after it (early routing) must give the
  * bits of the plain path (route kernel, q4m moe_up, moe_down); the two-pass sampler and the laws
  * with the count bits must give what they give without them, and the laws and greedy tokens what
- * the host sampler (engine/sample.c) gives, with vocabularies of whole float4s or not. Random weights and inputs,
+ * the host sampler (engine/sample.c) gives, with vocabularies of whole float4s or not; the chained
+ * drafts' pick (tl_gpu_draft_pick) what the engine's host draws give (tests/gpu/draft_pick_case.h)
+ * and the fused route + plan of decode batches what the two kernels give. Random weights and inputs,
  * production per-expert sizes, 16 experts, a 32K vocabulary. For checking indexing without a
  * GPU; the emulation runs a kernel's threads one after another, so it shows no race and no
  * timing. */
@@ -21,6 +23,7 @@ extern "C" {
 #include "engine/sample.h"
 }
 #include "emu_q4.h"
+#include "gpu/draft_pick_case.h"
 
 alignas(16) uint4 xs[(220 * 1024) / 16];   /* the kernels' dynamic shared memory */
 alignas(16) uint4 xs_all[(48 * 1024) / 16]; /* moe_down's */
@@ -543,7 +546,58 @@ static void test_law_seeds(void) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* ---- the chained drafts' pick and the decode batches' route + plan ---- */
+
+static int pick_on_emu(tl_gpu_chain *c, int n, const tl_law *laws, int j, int32_t *next,
+                       int32_t *adj) {
+    return tl_gpu_draft_pick(c, laws, j, n, next, adj, NULL);
+}
+static void test_draft_pick(void) {
+    int bad = 0, sizes[3] = {1, 7, 300};
+    for (int i = 0; i < 3; i++) bad += draft_pick_case(&rs, sizes[i], 4, pick_on_emu);
+    printf("# draft_pick: %d mismatches with the host draws\n", bad);
+    CHECK_EQ_INT(bad, 0);
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* tl_gpu_moe_route_plan against tl_gpu_moe_route + tl_gpu_moe_pf_plan (256 experts, 1..32
+ * tokens, one token of exact ties): ids, weights, shared weights and logits bit for bit, the
+ * plan's offsets and tile starts, and each expert's assignments as a set. */
+static void test_route_plan(void) {
+    const int E = 256, K = 8, ld = E + 1, sizes[] = {1, 3, 4, 9, 32};
+    int bad = 0;
+    for (int si = 0; si < 5; si++) {
+        int T = sizes[si], n = T * K;
+        float *lg = rand_vec(&rs, (size_t)T * ld, 4.0f);
+        for (int e = 0; e < E; e++) lg[(T / 2) * ld + e] = 0.25f * (float)(e % 3);
+        static int32_t ids[2][256], plan[2][PLAN_PERM + 256];
+        static float w[2][256], sh[2][32], sl[2][32];
+        memset(plan, 0xff, sizeof plan);
+        CHECK_EQ_INT(tl_gpu_moe_route(ids[0], w[0], sh[0], sl[0], lg, ld, E, K, T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_pf_plan(plan[0], ids[0], T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_route_plan(plan[1], ids[1], w[1], sh[1], sl[1], lg, ld, E, K, T, NULL), 0);
+        int same = !memcmp(ids[0], ids[1], 4 * n) && !memcmp(w[0], w[1], 4 * n) &&
+                   !memcmp(sh[0], sh[1], 4 * T) && !memcmp(sl[0], sl[1], 4 * T) &&
+                   !memcmp(plan[0], plan[1], 4 * PLAN_PERM);
+        for (int e = 0; same && e < E; e++) {
+            int a = plan[0][PLAN_OFF + e], b = plan[0][PLAN_OFF + e + 1];
+            for (int v = 0; v < 2; v++) qsort(plan[v] + PLAN_PERM + a, (size_t)(b - a), 4, cmp_i32);
+            same = !memcmp(plan[0] + PLAN_PERM + a, plan[1] + PLAN_PERM + a, 4 * (size_t)(b - a));
+        }
+        printf("# moe_route_plan %d tokens: %s\n", T, same ? "== route + plan" : "DIFFERS");
+        bad += !same;
+        free(lg);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
+    T_RUN(test_draft_pick);
+    T_RUN(test_route_plan);
     T_RUN(test_law_seeds);
     T_RUN(test_sample_vs_host);
     T_RUN(test_sample_bits);

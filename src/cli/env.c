@@ -42,9 +42,9 @@ static const env_switch env_switches[] = {
     {"TL_CUDA_SPEC_RECOMPUTE=1", ENGINE_CMDS,
      "CUDA, --speculative-tokens: roll back by restore + recompute, not state copies"},
     {"TL_CUDA_SPEC_CHAIN=0|1|2", ENGINE_CMDS,
-     "CUDA, --speculative-tokens: one draft call a step, the host drawing between them (0), "
-     "instead of the whole chain drawn on the device (1, default), or that chain as a CUDA graph "
-     "for a single drafting sequence (2) (A/B; the same drafts)"},
+     "CUDA, --speculative-tokens: one draft call a step, the host drawing between them (0, "
+     "default), or the whole chain in one call drawn on the device (1), or that chain as a CUDA "
+     "graph for a single drafting sequence (2) (A/B; the same drafts; not yet run on a GPU)"},
     {"TL_CUDA_ATTN_NO_TC=1", ENGINE_CMDS,
      "CUDA: CUDA-core split-KV decode attention instead of tensor-core"},
     {"TL_CUDA_ATTN_MIN_CHUNK=N", ENGINE_CMDS,

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include "engine/sample.h"
 #include "gpu_util.h"
+#include "gpu/draft_pick_case.h"
 #include "model/shape.h"
 
 static unsigned long long rs = 0x1234567887654321ull;
@@ -958,6 +959,29 @@ static void test_moe_route(void) {
     }
     tl_gpu_free(dl), tl_gpu_free(dids), tl_gpu_free(dw), tl_gpu_free(dsh);
     free(lg);
+}
+
+/* draft_pick_call on the GPU: the host arrays up, one tl_gpu_draft_pick, back down. */
+static int pick_on_gpu(tl_gpu_chain *c, int n, const tl_law *laws, int j, int32_t *next,
+                       int32_t *adj) {
+    tl_gpu_chain *dc = dev_from(c, sizeof *c * n);
+    tl_law *dl = dev_from(laws, sizeof *laws * n);
+    int32_t *dn = dev_from(next, 4 * (size_t)n), *da = dev_from(adj, 4 * (size_t)n * TL_LAW_ADJ);
+    int st = tl_gpu_draft_pick(dc, dl, j, n, dn, da, NULL);
+    if (!st) st = tl_gpu_sync();
+    tl_gpu_download(c, dc, sizeof *c * n), tl_gpu_download(next, dn, 4 * (size_t)n);
+    tl_gpu_download(adj, da, 4 * (size_t)n * TL_LAW_ADJ);
+    tl_gpu_free(dc), tl_gpu_free(dl), tl_gpu_free(dn), tl_gpu_free(da);
+    return st;
+}
+
+/* tl_gpu_draft_pick against the engine's host draws (tests/gpu/draft_pick_case.h): 1, 7 and 300
+ * entries (three blocks), 4 steps; then a step past TL_MAX_SPEC is refused. */
+static void test_draft_pick(void) {
+    int bad = 0, sizes[3] = {1, 7, 300};
+    for (int i = 0; i < 3; i++) bad += draft_pick_case(&rs, sizes[i], 4, pick_on_gpu);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(tl_gpu_draft_pick(NULL, NULL, TL_MAX_SPEC, 1, NULL, NULL, NULL), TL_ERR_INVALID);
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -2218,6 +2242,7 @@ int main(void) {
     T_RUN(test_moe_route);
     T_RUN(test_moe_route_poisoned);
     T_RUN(test_moe_route_plan);
+    T_RUN(test_draft_pick);
     T_RUN(test_moe);
     T_RUN(test_sample_greedy_logprobs);
     T_RUN(test_sample_distribution);
