@@ -730,10 +730,10 @@ static int spec_chain(tl_engine *e, tl_batch_entry *b, int *k, int n, char *err,
     return rc;
 }
 
-/* Whether spec_chain serves these entries: a backend that chains, every drafting entry's law
- * on it. */
+/* Whether spec_chain serves these entries: a backend that chains (it makes the laws itself),
+ * every drafting entry's sampling one with a law. */
 static int chain_ok(const tl_engine *e, const tl_batch_entry *b, const int *k, int n) {
-    if (!e->be->draft_chain || !e->be->can_law) return 0;
+    if (!e->be->draft_chain) return 0;
     for (int i = 0; i < n; i++)
         if (k[i] > 0 && !tl_law_ok(b[i].sample)) return 0;
     return 1;

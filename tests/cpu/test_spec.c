@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include "common/util.h"
 #include "engine/backend.h"
+#include "engine/sample.h"
 #include "tulip.h"
 #include "t_check.h"
 
@@ -226,6 +227,111 @@ static void test_greedy_exact(void) {
     }
     for (int i = 0; i < 4; i++) tl_session_close(ref[i].s);
     tl_engine_close(e0);
+}
+
+/* ====== The engine's chained drafts (backend.h draft_chain) ======
+ * A stand-in for the CUDA backend's draft_chain over the CPU backend's draft op: each step's
+ * logits from the real head, the law on the host (no penalties: the stand-in has no history),
+ * each draft drawn as tl_law_draw draws with the uniforms the engine handed over. */
+static int chain_draw(const tl_law *q, int greedy, const double *u, int *used) {
+    if (greedy || q->n == 1) return q->id[0];
+    double tot = 0, acc = 0, x;
+    for (int i = 0; i < q->n; i++) tot += q->p[i];
+    x = u[(*used)++] * tot;
+    int last = 0;
+    for (int i = 0; i < q->n; i++) {
+        if (q->p[i] <= 0) continue;
+        acc += q->p[i], last = i;
+        if (x < acc) return q->id[i];
+    }
+    return q->id[last];
+}
+
+static int (*chain_inner)(tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen);
+static int chain_by_steps(tl_backend *b, tl_chain_entry *d, int n, char *err, size_t errlen) {
+    static float lg[MAXS][320];
+    int32_t chain[MAXS][TL_MAX_SPEC + 1];
+    for (int i = 0; i < n; i++) chain[i][0] = d[i].token, d[i].n_drafted = d[i].n_draws = 0;
+    for (int j = 0; j < TL_MAX_SPEC; j++) {
+        tl_draft_entry s[MAXS];
+        int m = 0, who[MAXS];
+        for (int i = 0; i < n; i++)
+            if (d[i].k > j && d[i].n_drafted == j) {
+                s[m] = (tl_draft_entry){
+                    .slot = d[i].slot, .step = j, .token = chain[i][j], .logits = lg[m]};
+                who[m++] = i;
+            }
+        if (!m) break;
+        int rc = chain_inner(b, s, m, err, errlen);
+        if (rc) return rc;
+        for (int t = 0; t < m; t++) {
+            tl_chain_entry *x = &d[who[t]];
+            CHECK_EQ_INT(tl_sample_law(lg[t], 320, x->sample, NULL, 0, 0, &x->law[j]), 0);
+            if (x->law[j].n < 1) continue;
+            x->drafts[j] = chain[who[t]][j + 1] =
+                chain_draw(&x->law[j], x->greedy, x->u, &x->n_draws);
+            x->n_drafted = j + 1;
+        }
+    }
+    return 0;
+}
+
+static void chain_compare(gen (*g)[4], const tl_spec_stats *st, int cheat) {
+    int same = st[0].drafted == st[1].drafted && st[0].accepted == st[1].accepted;
+    for (int i = 0; i < 4; i++)
+        same &= !memcmp(g[0][i].tok, g[1][i].tok, sizeof(int32_t) * NGEN) &&
+                !memcmp(g[0][i].lp, g[1][i].lp, sizeof(float) * NGEN);
+    printf("# chain vs loop, %s drafts: %lld / %lld drafted, %lld / %lld accepted, tokens %s\n",
+           cheat ? "steered" : "head", st[0].drafted, st[1].drafted, st[0].accepted, st[1].accepted,
+           same ? "the same" : "DIFFER");
+    CHECK(same && st[0].drafted > 0);
+    if (cheat) CHECK(st[0].accepted >= 10 && st[0].accepted < st[0].drafted); /* both paths */
+}
+
+/* The engine with a backend's draft_chain (the stand-in above) against its loop of draft calls:
+ * K = 3, four sequences batched (greedy, two sampled with the sparse laws and their own seeds,
+ * one greedy never speculating), with the head's own drafts and with drafts steered to a
+ * reference run's tokens (cheat_draft: so drafts are accepted and rejected): the same tokens and
+ * logprobs bit for bit and the same drafted and accepted counts, so the chain path consumes each
+ * session's RNG exactly as the loop does. */
+static void test_chain_vs_loop(void) {
+    make_prompts();
+    tl_sample_params sp[4] = {GREEDY, GREEDY, GREEDY, GREEDY};
+    for (int i = 1; i <= 2; i++)
+        sp[i].temperature = 1.0f, sp[i].top_k = 20, sp[i].top_p = 0.95f, sp[i].seed = 7 + i;
+    static const int NP[4] = {16, 9, 3, 12};
+    static gen ref[4], g[2][4];
+    tl_engine *e0 = open_engine(MODEL, 0, MAXS, -1);
+    CHECK(e0 != NULL);
+    if (!e0) return;
+    for (int i = 0; i < 4; i++) gen_init(e0, &ref[i], i, NP[i], NGEN, &sp[i]);
+    CHECK_EQ_INT(run_all(e0, ref, 4, 0), 0);
+    for (int cheat = 0; cheat < 2; cheat++) {
+        tl_spec_stats st[2];
+        for (int v = 0; v < 2; v++) {
+            tl_engine *e = open_engine(MODEL, 3, MAXS, -1);
+            CHECK(e != NULL);
+            if (!e) return;
+            tl_backend *be = tl_engine_backend_impl(e);
+            real_draft = be->draft, chain_inner = cheat ? cheat_draft : be->draft;
+            if (v)
+                be->draft_chain = chain_by_steps;
+            else
+                be->draft = chain_inner;
+            for (int i = 0; i < 4; i++) {
+                gen_init(e, &g[v][i], i, NP[i], NGEN, &sp[i]);
+                CHEAT_GEN[i] = &g[v][i], CHEAT_REF[i] = ref[i].tok;
+            }
+            CHECK_EQ_INT(run_all(e, g[v], 4, 1u << 3), 0);
+            CHECK_EQ_INT(tl_engine_spec_stats(e, &st[v]), 0);
+            for (int i = 0; i < 4; i++) tl_session_close(g[v][i].s);
+            tl_engine_close(e);
+        }
+        chain_compare(g, st, cheat);
+    }
+    for (int i = 0; i < 4; i++) tl_session_close(ref[i].s);
+    tl_engine_close(e0);
+    memset(CHEAT_GEN, 0, sizeof CHEAT_GEN);
 }
 
 /* Sampling: the law of each emitted position. RUNS short generations (a 10-token prompt, 5
@@ -533,6 +639,7 @@ static void test_warm_up(void) {
 int main(void) {
     T_RUN(test_greedy_exact);
     T_RUN(test_sampling_law);
+    T_RUN(test_chain_vs_loop);
     T_RUN(test_off_and_limits);
     T_RUN(test_prefix_cache_hit);
     T_RUN(test_cache_pressure);

@@ -37,7 +37,8 @@ static int draft_pick_case(unsigned long long *g, int n, int K, draft_pick_call 
     tl_gpu_chain *ref = (tl_gpu_chain *)calloc((size_t)n, sizeof *ref);
     tl_law *laws = (tl_law *)calloc((size_t)n, sizeof *laws);
     uint64_t *rng = (uint64_t *)calloc((size_t)n, sizeof *rng);
-    int32_t *next = (int32_t *)calloc((size_t)n, 4), *adj = (int32_t *)calloc((size_t)n * TL_LAW_ADJ, 4);
+    int32_t *next = (int32_t *)calloc((size_t)n, 4),
+            *adj = (int32_t *)calloc((size_t)n * TL_LAW_ADJ, 4);
     int bad = 0;
     for (int i = 0; i < n; i++) {
         rng[i] = t_rng_next(g) | 1;
