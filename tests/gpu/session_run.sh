@@ -38,7 +38,14 @@
 #             then prefill of $AB_PREFILL_BINS (default: $BINS; empty: none) at $AB_LENGTHS
 #             (default 1024,4096,16384; one repeat), tok/s. One line per binary and
 #             measurement (a failed run: "failed: " and its error), all in $OUT/ab.txt
-# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench] [ab]
+#   chain     session 32's levers, written without a GPU (all off by default): the chained drafts
+#             (TL_CUDA_SPEC_CHAIN=1|2) against the step-by-step drafts (test_mtp_chain_*,
+#             test_draft_pick), route + plan in one launch (test_moe_route_plan), the trained tiny
+#             model's ids with each chain mode (sampled and greedy; greedy also against no
+#             speculation), then their cost: --speculative-tokens 3 at 4K for each lever
+#             (alternated twice) and bench/env_ab.sh at --batch 8 (TL_MOE_ROUTE_PLAN=1,
+#             TL_CUDA_GEMV_DENSE_MAX=16)
+# Usage: bash tests/gpu/session_run.sh [tests] [hf] [bench] [load] [levers] [prefill] [kbench] [ab] [chain]
 #   (no argument: tests hf bench load)
 set -u
 export LD_LIBRARY_PATH=$PWD/.deps/lib:${LD_LIBRARY_PATH:-}
@@ -48,6 +55,46 @@ steps=${*:-tests hf bench load}  # levers, prefill and kbench only when asked
 has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
+
+if has chain; then
+    echo "== chain: tests"
+    T_ONLY=mtp_chain timeout 120 build/cuda/tests/test_gpu_e2e >"$O/chain-e2e.txt" 2>&1
+    echo "test_mtp_chain_* rc=$?"
+    for t in test_draft_pick test_moe_route_plan; do
+        T_ONLY=$t timeout 60 build/cuda/tests/test_kernels >"$O/$t.txt" 2>&1
+        echo "$t rc=$?"
+    done
+    grep -hE '^(PASS|FAIL)|^# (chain|moe_route)' "$O/chain-e2e.txt" "$O"/test_*.txt | head -24
+    echo "== chain: the trained tiny model's ids (modes 1, 2 against 0)"
+    run=(build/cuda/tulip run --model tests/data/tiny-trained --allow-test-shape --backend cuda
+        --prompt-ids "10,20,30,40,50,60" -n 300 --seed 3 --print-ids --presence-penalty 1.5)
+    for t in 0 1; do
+        for ch in 0 1 2; do
+            TL_CUDA_SPEC_CHAIN=$ch timeout 60 "${run[@]}" --temperature $t \
+                --speculative-tokens 3 >"$O/chain-run-c$ch-t$t.txt" 2>"$O/chain-run-c$ch-t$t.err"
+        done
+        timeout 60 "${run[@]}" --temperature $t >"$O/chain-run-plain-t$t.txt" 2>/dev/null
+        for ch in 1 2; do
+            cmp -s "$O/chain-run-c0-t$t.txt" "$O/chain-run-c$ch-t$t.txt" &&
+                echo "t=$t: mode $ch == loop" || echo "t=$t: mode $ch DIFFERS from the loop"
+        done
+        tail -n 1 "$O/chain-run-c1-t$t.err"
+    done
+    cmp -s "$O/chain-run-plain-t0.txt" "$O/chain-run-c1-t0.txt" && echo "greedy: chain == plain" ||
+        echo "greedy: chain DIFFERS from plain"
+    echo "== chain: cost (--speculative-tokens 3 at 4K)"
+    for r in 1 2; do
+        for v in TL_CUDA_SPEC_CHAIN=0 TL_CUDA_SPEC_CHAIN=1 TL_CUDA_SPEC_CHAIN=2 \
+            TL_CUDA_GEMV_DENSE_MAX=8 TL_MOE_ROUTE_PLAN=1; do
+            line=$(env "$v" timeout 60 build/cuda/tulip bench --random-weights --bits 4 \
+                --lengths 4096 --gen 64 --repeats 1 --speculative-tokens 3 2>&1 |
+                grep 'per speculating' | head -1 | sed 's/.*sequence-step: //')
+            echo "round $r $v: ${line:-failed}"
+        done
+    done
+    VARIANTS="-; TL_MOE_ROUTE_PLAN=1; TL_CUDA_GEMV_DENSE_MAX=16" LEN=1024 GEN=48 ROUNDS=2 \
+        ARGS="--random-weights --bits 4 --batch 8" timeout 200 bash bench/env_ab.sh
+fi
 
 if has levers; then
     echo "== lever tests"
