@@ -1358,9 +1358,10 @@ static void mtp_chain_case(int full, const char *mode) {
     setenv("TL_CUDA_SPEC_CHAIN", mode, 1);
     tl_backend *b = open_spec(&r.m, N, 64, K, 0);
     unsetenv("TL_CUDA_SPEC_CHAIN");
-    if (!b || !b->draft_chain) {
+    int chains = b && b->draft_chain;
+    CHECK(chains);
+    if (!chains) {
         if (b) b->close(b);
-        CHECK(b && b->draft_chain);
         rm_free(&r);
         return;
     }
