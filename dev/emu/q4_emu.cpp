@@ -24,6 +24,7 @@ extern "C" {
 }
 #include "emu_q4.h"
 #include "gpu/draft_pick_case.h"
+#include "gpu/route_plan_case.h"
 
 alignas(16) uint4 xs[(220 * 1024) / 16];   /* the kernels' dynamic shared memory */
 alignas(16) uint4 xs_all[(48 * 1024) / 16]; /* moe_down's */
@@ -559,11 +560,6 @@ static void test_draft_pick(void) {
     CHECK_EQ_INT(bad, 0);
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* tl_gpu_moe_route_plan against tl_gpu_moe_route + tl_gpu_moe_pf_plan (256 experts, 1..32
  * tokens, one token of exact ties): ids, weights, shared weights and logits bit for bit, the
  * plan's offsets and tile starts, and each expert's assignments as a set. */
@@ -571,23 +567,17 @@ static void test_route_plan(void) {
     const int E = 256, K = 8, ld = E + 1, sizes[] = {1, 3, 4, 9, 32};
     int bad = 0;
     for (int si = 0; si < 5; si++) {
-        int T = sizes[si], n = T * K;
+        int T = sizes[si];
         float *lg = rand_vec(&rs, (size_t)T * ld, 4.0f);
         for (int e = 0; e < E; e++) lg[(T / 2) * ld + e] = 0.25f * (float)(e % 3);
-        static int32_t ids[2][256], plan[2][PLAN_PERM + 256];
-        static float w[2][256], sh[2][32], sl[2][32];
-        memset(plan, 0xff, sizeof plan);
-        CHECK_EQ_INT(tl_gpu_moe_route(ids[0], w[0], sh[0], sl[0], lg, ld, E, K, T, NULL), 0);
-        CHECK_EQ_INT(tl_gpu_moe_pf_plan(plan[0], ids[0], T, NULL), 0);
-        CHECK_EQ_INT(tl_gpu_moe_route_plan(plan[1], ids[1], w[1], sh[1], sl[1], lg, ld, E, K, T, NULL), 0);
-        int same = !memcmp(ids[0], ids[1], 4 * n) && !memcmp(w[0], w[1], 4 * n) &&
-                   !memcmp(sh[0], sh[1], 4 * T) && !memcmp(sl[0], sl[1], 4 * T) &&
-                   !memcmp(plan[0], plan[1], 4 * PLAN_PERM);
-        for (int e = 0; same && e < E; e++) {
-            int a = plan[0][PLAN_OFF + e], b = plan[0][PLAN_OFF + e + 1];
-            for (int v = 0; v < 2; v++) qsort(plan[v] + PLAN_PERM + a, (size_t)(b - a), 4, cmp_i32);
-            same = !memcmp(plan[0] + PLAN_PERM + a, plan[1] + PLAN_PERM + a, 4 * (size_t)(b - a));
-        }
+        static route_plan_out o[2];
+        memset(o, 0xff, sizeof o);
+        CHECK_EQ_INT(tl_gpu_moe_route(o[0].ids, o[0].w, o[0].sh, o[0].sl, lg, ld, E, K, T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_pf_plan(o[0].plan, o[0].ids, T, NULL), 0);
+        CHECK_EQ_INT(tl_gpu_moe_route_plan(o[1].plan, o[1].ids, o[1].w, o[1].sh, o[1].sl, lg, ld, E,
+                                           K, T, NULL),
+                     0);
+        int same = route_plan_same(o, T, E);
         printf("# moe_route_plan %d tokens: %s\n", T, same ? "== route + plan" : "DIFFERS");
         bad += !same;
         free(lg);

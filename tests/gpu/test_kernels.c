@@ -14,6 +14,7 @@
 #include "engine/sample.h"
 #include "gpu_util.h"
 #include "gpu/draft_pick_case.h"
+#include "gpu/route_plan_case.h"
 #include "model/shape.h"
 
 static unsigned long long rs = 0x1234567887654321ull;
@@ -984,11 +985,6 @@ static void test_draft_pick(void) {
     CHECK_EQ_INT(tl_gpu_draft_pick(NULL, NULL, TL_MAX_SPEC, 1, NULL, NULL, NULL), TL_ERR_INVALID);
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* tl_gpu_moe_route_plan against tl_gpu_moe_route + tl_gpu_moe_pf_plan on random logits (one
  * token with many exact ties), 1..32 tokens: ids, weights, shared weights and logits bit for bit,
  * the plan's offsets and tile starts bit for bit, and each expert's assignments (perm: in any
@@ -1004,8 +1000,7 @@ static void test_moe_route_plan(void) {
         dw[v] = tl_gpu_malloc(4 * TM * K), dsh[v] = tl_gpu_malloc(4 * TM);
         dsl[v] = tl_gpu_malloc(4 * TM);
     }
-    int32_t ids[2][32 * 8], plan[2][PLAN_PERM + 32 * 8];
-    float w[2][32 * 8], sh[2][32], sl[2][32];
+    static route_plan_out o[2];
     int bad = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         int T = sizes[si], n = T * K;
@@ -1019,22 +1014,13 @@ static void test_moe_route_plan(void) {
             tl_gpu_moe_route_plan(dp[1], di[1], dw[1], dsh[1], dsl[1], dl, ld, E, K, T, NULL), 0);
         CHECK_EQ_INT(tl_gpu_sync(), 0);
         for (int v = 0; v < 2; v++) {
-            tl_gpu_download(ids[v], di[v], 4 * (size_t)n),
-                tl_gpu_download(w[v], dw[v], 4 * (size_t)n);
-            tl_gpu_download(sh[v], dsh[v], 4 * (size_t)T),
-                tl_gpu_download(sl[v], dsl[v], 4 * (size_t)T);
-            tl_gpu_download(plan[v], dp[v], 4 * (size_t)(PLAN_PERM + n));
+            tl_gpu_download(o[v].ids, di[v], 4 * (size_t)n),
+                tl_gpu_download(o[v].w, dw[v], 4 * (size_t)n);
+            tl_gpu_download(o[v].sh, dsh[v], 4 * (size_t)T),
+                tl_gpu_download(o[v].sl, dsl[v], 4 * (size_t)T);
+            tl_gpu_download(o[v].plan, dp[v], 4 * (size_t)(PLAN_PERM + n));
         }
-        int same = !memcmp(ids[0], ids[1], 4 * (size_t)n) && !memcmp(w[0], w[1], 4 * (size_t)n) &&
-                   !memcmp(sh[0], sh[1], 4 * (size_t)T) && !memcmp(sl[0], sl[1], 4 * (size_t)T) &&
-                   !memcmp(plan[0], plan[1], 4 * PLAN_PERM);
-        for (int e = 0; same && e < E; e++) {
-            int a = plan[0][PLAN_OFF + e], b = plan[0][PLAN_OFF + e + 1];
-            same = a >= 0 && b >= a && b <= n;
-            if (!same) break;
-            for (int v = 0; v < 2; v++) qsort(plan[v] + PLAN_PERM + a, (size_t)(b - a), 4, cmp_i32);
-            same = !memcmp(plan[0] + PLAN_PERM + a, plan[1] + PLAN_PERM + a, 4 * (size_t)(b - a));
-        }
+        int same = route_plan_same(o, T, E);
         printf("# moe_route_plan %d tokens: %s\n", T, same ? "== route + plan" : "DIFFERS");
         bad += !same;
         free(lg);
