@@ -25,7 +25,8 @@ static int route_plan_cmp_i32(const void *a, const void *b) {
 static int route_plan_same(route_plan_out *o, int T, int E) {
     size_t n = (size_t)T * 8;
     int same = !memcmp(o[0].ids, o[1].ids, 4 * n) && !memcmp(o[0].w, o[1].w, 4 * n) &&
-               !memcmp(o[0].sh, o[1].sh, 4 * (size_t)T) && !memcmp(o[0].sl, o[1].sl, 4 * (size_t)T) &&
+               !memcmp(o[0].sh, o[1].sh, 4 * (size_t)T) &&
+               !memcmp(o[0].sl, o[1].sl, 4 * (size_t)T) &&
                !memcmp(o[0].plan, o[1].plan, 4 * PLAN_PERM);
     for (int e = 0; same && e < E; e++) {
         int a = o[0].plan[PLAN_OFF + e], b = o[0].plan[PLAN_OFF + e + 1];
