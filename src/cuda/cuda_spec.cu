@@ -43,6 +43,23 @@ static int32_t *extra(const cuda_be *be, int32_t *base, int k) {
                            #ptr);                                                                  \
     } while (0)
 
+/* TL_CUDA_SPEC_CHAIN (0, the default until a GPU has run test_mtp_chain_* and measured it: off;
+ * 1: eager; 2: graphs) and, when on, the chain's buffers (cb_spec). */
+static int chain_alloc(cuda_be *be, char *err, size_t errlen) {
+    cb_spec *sp = be->sp;
+    const char *ch = getenv("TL_CUDA_SPEC_CHAIN");
+    sp->chain_mode = ch && *ch ? TL_MAX(0, TL_MIN(2, atoi(ch))) : 0;
+    if (!sp->chain_mode) return 0;
+    size_t S = be->max_seqs, R = (size_t)sp->law_rows;
+    SP_ALLOC(sp->d_chain, int32_t, (size_t)sp->K * CHAIN_ARRAYS * S);
+    SP_ALLOC(sp->d_ctl, tl_gpu_chain, S);
+    if (cudaMallocHost(&sp->h_chain, (size_t)sp->K * CHAIN_ARRAYS * S * 4) != cudaSuccess ||
+        cudaMallocHost(&sp->h_ctl, S * sizeof(tl_gpu_chain)) != cudaSuccess ||
+        cudaMallocHost(&sp->h_law, R * sizeof(tl_law)) != cudaSuccess)
+        return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
+    return 0;
+}
+
 /* At open, after the activations and before the KV pool (the weights made be->sp). */
 int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     cb_spec *sp = be->sp;
@@ -56,9 +73,6 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     SP_ALLOC(sp->cat, float, T * 2 * D);
     SP_ALLOC(sp->eb, float, T *D);
     SP_ALLOC(sp->alog, float, S *K1 *V);
-    /* 0 (default until a GPU has run test_mtp_chain_* and measured it): off, 1: eager, 2: graphs */
-    const char *ch = getenv("TL_CUDA_SPEC_CHAIN");
-    sp->chain_mode = ch && *ch ? TL_MAX(0, TL_MIN(2, atoi(ch))) : 0;
     const char *rv = getenv("TL_CUDA_SPEC_RECOMPUTE");
     sp->recompute = rv && atoi(rv) != 0;
     if (sp->recompute) {
@@ -82,12 +96,7 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     SP_ALLOC(sp->d_li, int32_t, li);
     SP_ALLOC(sp->d_law, tl_law, R);
     SP_ALLOC(sp->d_lscr, float, tl_gpu_law_scratch_floats((int)R));
-    SP_ALLOC(sp->d_chain, int32_t, (size_t)sp->K * CHAIN_ARRAYS * S);
-    SP_ALLOC(sp->d_ctl, tl_gpu_chain, S);
-    if (cudaMallocHost(&sp->h_chain, (size_t)sp->K * CHAIN_ARRAYS * S * 4) != cudaSuccess ||
-        cudaMallocHost(&sp->h_ctl, S * sizeof(tl_gpu_chain)) != cudaSuccess ||
-        cudaMallocHost(&sp->h_law, R * sizeof(tl_law)) != cudaSuccess ||
-        cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
+    if (cudaMallocHost(&sp->h_meta, mi * 4) != cudaSuccess ||
         cudaMallocHost(&sp->h_lp, R * sizeof(tl_sample_params)) != cudaSuccess ||
         cudaMallocHost(&sp->h_li, li * 4) != cudaSuccess)
         return tl_errf(err, errlen, TL_ERR_NOMEM, "speculative decoding: pinned memory");
@@ -104,7 +113,7 @@ int cb_spec_alloc(cuda_be *be, char *err, size_t errlen) {
     sp->snap_ok = (int *)xcalloc((size_t)TL_MAX(be->pc_n_snap, 1), sizeof(int));
     for (size_t i = 0; i < S; i++) sp->ok[i] = 1;
     sp->tc_ok = be->pf_ok && (size_t)TL_MAX(be->val_dim, c->n_head * 256) >= 2 * D;
-    return 0;
+    return chain_alloc(be, err, errlen);
 }
 
 void cb_spec_free(cuda_be *be) {
@@ -329,32 +338,48 @@ static int cb_spec_ready(tl_backend *b, int slot) {
     return sp && sp->on && slot >= 0 && slot < be->max_seqs && sp->ok[slot] && sp->len[slot] > 0;
 }
 
+/* What every draft op checks first: speculation on, 1 .. max_seqs entries. */
+static int draft_op_ok(const cuda_be *be, int n, const char *op, char *err, size_t errlen) {
+    if (!be->sp || !be->sp->on)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "%s: speculative decoding is not on", op);
+    if (n < 1 || n > be->max_seqs)
+        return tl_errf(err, errlen, TL_ERR_INVALID, "%s: %d entries", op, n);
+    return 0;
+}
+
+/* Entry i's slot, slot[i] (slot[0 .. i) the earlier entries'): not repeated, the head's rows up
+ * to its length, and its last draft step's row (position len - 1 + last) inside the context;
+ * *need = len + last, the tokens its pages must hold. */
+static int draft_slot_ok(const cuda_be *be, const int *slot, int i, int last, const char *op,
+                         int *need, char *err, size_t errlen) {
+    const cb_spec *sp = be->sp;
+    int s = slot[i];
+    for (int j = 0; j < i; j++)
+        if (slot[j] == s) return tl_errf(err, errlen, TL_ERR_INVALID, "%s: slot %d twice", op, s);
+    if (!sp->ok[s] || sp->len[s] < 1)
+        return tl_errf(err, errlen, TL_ERR_INTERNAL,
+                       "%s: slot %d has no MTP rows up to its length %d", op, s, sp->len[s]);
+    *need = sp->len[s] + last;
+    if (*need > be->max_ctx)
+        return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
+                       "%s: slot %d at %d tokens, draft step %d is past the context of %d", op, s,
+                       sp->len[s], last, be->max_ctx);
+    return 0;
+}
+
 static int check_drafts(cuda_be *be, const tl_draft_entry *d, int n, int *slot, int *need,
                         char *err, size_t errlen) {
-    cb_spec *sp = be->sp;
-    if (!sp || !sp->on)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "draft: speculative decoding is not on");
-    if (n < 1 || n > be->max_seqs)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "draft: %d entries", n);
+    TRY(draft_op_ok(be, n, "draft", err, errlen));
     for (int i = 0; i < n; i++) {
         int s = d[i].slot;
-        if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= sp->K ||
+        if (s < 0 || s >= be->max_seqs || d[i].step < 0 || d[i].step >= be->sp->K ||
             (!d[i].logits && !d[i].law) || d[i].token < 0 || d[i].token >= be->cfg.n_vocab ||
             (d[i].law && (!d[i].sample || !d[i].chain || !tl_law_ok(d[i].sample))))
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "draft %d: bad slot %d / step %d / token %d", i, s, d[i].step,
                            d[i].token);
-        for (int j = 0; j < i; j++)
-            if (d[j].slot == s)
-                return tl_errf(err, errlen, TL_ERR_INVALID, "draft: slot %d twice", s);
-        if (!sp->ok[s] || sp->len[s] < 1)
-            return tl_errf(err, errlen, TL_ERR_INTERNAL,
-                           "draft: slot %d has no MTP rows up to its length %d", s, sp->len[s]);
-        slot[i] = s, need[i] = sp->len[s] + d[i].step; /* positions up to len - 1 + step */
-        if (need[i] > be->max_ctx)
-            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
-                           "draft: slot %d at %d tokens, step %d is past the context of %d", s,
-                           sp->len[s], d[i].step, be->max_ctx);
+        slot[i] = s;
+        TRY(draft_slot_ok(be, slot, i, d[i].step, "draft", &need[i], err, errlen));
     }
     return 0;
 }
@@ -440,30 +465,18 @@ static tl_mb_meta chain_meta(const cuda_be *be, int32_t *base, int j, int32_t **
 }
 
 static int check_chain(cuda_be *be, const tl_chain_entry *d, int n, char *err, size_t errlen) {
-    cb_spec *sp = be->sp;
-    if (!sp || !sp->on)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "draft_chain: speculative decoding is not on");
-    if (n < 1 || n > be->max_seqs)
-        return tl_errf(err, errlen, TL_ERR_INVALID, "draft_chain: %d entries", n);
+    int slot[CB_MAX_SEQS], need;
+    TRY(draft_op_ok(be, n, "draft_chain", err, errlen));
     for (int i = 0; i < n; i++) {
         int s = d[i].slot;
-        if (s < 0 || s >= be->max_seqs || d[i].k < 1 || d[i].k > sp->K || d[i].token < 0 ||
+        if (s < 0 || s >= be->max_seqs || d[i].k < 1 || d[i].k > be->sp->K || d[i].token < 0 ||
             d[i].token >= be->cfg.n_vocab || !d[i].law || !d[i].drafts || !d[i].sample ||
             !tl_law_ok(d[i].sample))
             return tl_errf(err, errlen, TL_ERR_INVALID,
                            "draft_chain %d: bad slot %d / k %d / token %d", i, s, d[i].k,
                            d[i].token);
-        for (int j = 0; j < i; j++)
-            if (d[j].slot == s)
-                return tl_errf(err, errlen, TL_ERR_INVALID, "draft_chain: slot %d twice", s);
-        if (!sp->ok[s] || sp->len[s] < 1)
-            return tl_errf(err, errlen, TL_ERR_INTERNAL,
-                           "draft_chain: slot %d has no MTP rows up to its length %d", s,
-                           sp->len[s]);
-        if (sp->len[s] + d[i].k - 1 > be->max_ctx)
-            return tl_errf(err, errlen, TL_ERR_CONTEXT_FULL,
-                           "draft_chain: slot %d at %d tokens, %d drafts pass the context of %d", s,
-                           sp->len[s], d[i].k, be->max_ctx);
+        slot[i] = s;
+        TRY(draft_slot_ok(be, slot, i, d[i].k - 1, "draft_chain", &need, err, errlen));
     }
     return 0;
 }

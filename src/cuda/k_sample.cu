@@ -1064,7 +1064,8 @@ extern "C" int tl_gpu_penalty_sub(int32_t *counts, int n_vocab, const int32_t *t
     return 0;
 }
 
-/* tl_gpu_draft_pick: one thread an entry; the draw is tl_law_draw's loop, term for term. */
+/* tl_gpu_draft_pick: one thread an entry; the draw is tl_law_pick's (engine/sample.c), term for
+ * term. */
 __global__ void draft_pick_kernel(tl_gpu_chain *ch, const tl_law *laws, int j, int n,
                                   int32_t *next_tok, int32_t *adj) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -336,11 +336,10 @@ int tl_sample_law(const float *logits, int V, const tl_sample_params *p, const i
     return rc;
 }
 
-int tl_law_draw(const tl_law *q, int greedy, uint64_t *rng) {
-    if (greedy || q->n == 1) return q->id[0];
+int tl_law_pick(const tl_law *q, double u01) {
     double tot = 0, acc = 0;
     for (int i = 0; i < q->n; i++) tot += q->p[i];
-    double u = tl_rng_uniform(rng) * tot;
+    double u = u01 * tot;
     int last = 0;
     for (int i = 0; i < q->n; i++) {
         if (q->p[i] <= 0) continue;
@@ -348,6 +347,11 @@ int tl_law_draw(const tl_law *q, int greedy, uint64_t *rng) {
         if (u < acc) return q->id[i];
     }
     return q->id[last];
+}
+
+int tl_law_draw(const tl_law *q, int greedy, uint64_t *rng) {
+    if (greedy || q->n == 1) return q->id[0];
+    return tl_law_pick(q, tl_rng_uniform(rng));
 }
 
 static float law_p(const tl_law *l, int token) {

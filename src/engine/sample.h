@@ -54,9 +54,12 @@ int tl_law_ok(const tl_sample_params *p);
  * TL_ERR_NOMEM. */
 int tl_sample_law(const float *logits, int n_vocab, const tl_sample_params *p,
                   const int32_t *history, int n_history, int n_prompt, tl_law *law);
-/* One token from a law (n >= 1): the first survivor when greedy (no uniform drawn), else one
- * uniform from *rng over the survivors. */
+/* One token from a law (n >= 1): the first survivor when greedy or the only one (no uniform
+ * drawn), else tl_law_pick with one uniform from *rng. */
 int tl_law_draw(const tl_law *q, int greedy, uint64_t *rng);
+/* The survivor that the uniform u01 in [0, 1) falls on (n >= 1; double sums over the
+ * probabilities in order; tl_gpu_draft_pick repeats them on the device). */
+int tl_law_pick(const tl_law *q, double u01);
 /* tl_spec_accept on laws: d drawn from q, accepted with probability min(1, p(d) / q(d)), else the
  * token drawn from max(0, p - q) renormalised (from p when that has no mass). *logprob: the
  * returned token's logprob under the unmodified logits (it is always one of p's survivors). */

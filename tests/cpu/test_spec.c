@@ -232,19 +232,9 @@ static void test_greedy_exact(void) {
 /* ====== The engine's chained drafts (backend.h draft_chain) ======
  * A stand-in for the CUDA backend's draft_chain over the CPU backend's draft op: each step's
  * logits from the real head, the law on the host (no penalties: the stand-in has no history),
- * each draft drawn as tl_law_draw draws with the uniforms the engine handed over. */
+ * each draft drawn as tl_law_draw draws, with the uniforms the engine handed over. */
 static int chain_draw(const tl_law *q, int greedy, const double *u, int *used) {
-    if (greedy || q->n == 1) return q->id[0];
-    double tot = 0, acc = 0, x;
-    for (int i = 0; i < q->n; i++) tot += q->p[i];
-    x = u[(*used)++] * tot;
-    int last = 0;
-    for (int i = 0; i < q->n; i++) {
-        if (q->p[i] <= 0) continue;
-        acc += q->p[i], last = i;
-        if (x < acc) return q->id[i];
-    }
-    return q->id[last];
+    return greedy || q->n == 1 ? q->id[0] : tl_law_pick(q, u[(*used)++]);
 }
 
 static int (*chain_inner)(tl_backend *b, const tl_draft_entry *d, int n, char *err, size_t errlen);
